@@ -1,0 +1,135 @@
+"""The interfaces every TTS engine and LLM backend implements, and the one error type.
+
+Engines never know about sessions or sockets. A TTS engine turns one piece of text into a
+*stream* of PCM16 chunks; the gateway's lane worker advances that stream one step at a
+time (``SynthesisStream.step``) on the lane's single worker thread, so it can switch to a
+more urgent job between two steps. An LLM backend turns a chat request into an async
+stream of text deltas followed by one final ``LlmDone``.
+
+Every engine emits **PCM16 little-endian mono at 24,000 Hz** (``OUTPUT_RATE``); an engine
+whose model runs at another rate resamples inside its stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+OUTPUT_RATE = 24_000
+"""Sample rate of every chunk an engine returns, in Hz."""
+
+Lane = Literal["gpu", "ane", "cpu", "remote"]
+
+
+class EngineError(Exception):
+    """Any failure of an engine or LLM backend, mapped at the boundary.
+
+    ``code`` is a stable, machine-readable word that ends up in the client's ``error``
+    event (``engine_failed``, ``engine_timeout``, ``engine_runaway``, ``llm_unavailable``,
+    ``llm_failed``, ...). Library errors are chained with ``raise EngineError(...) from exc``.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisRequest:
+    """One piece of text to speak, with the per-request knobs an engine may honour."""
+
+    text: str
+    voice: str | None = None
+    speed: float = 1.0
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class SynthesisStream(Protocol):
+    """One synthesis in progress. Not thread-safe: only the lane's worker thread calls it."""
+
+    def step(self) -> bytes | None:
+        """Run one step and return its PCM16 chunk (24 kHz mono), or ``None`` when done.
+
+        Blocking; may take as long as one model step. An empty ``bytes`` is allowed (a
+        step that produced no audio). Raises ``EngineError`` on failure.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop early and free what the stream holds. Idempotent; safe after the end."""
+        ...
+
+
+@runtime_checkable
+class TtsEngine(Protocol):
+    """A text-to-speech engine. Created by ``engines.registry.create_engine``."""
+
+    name: str
+    lane: Lane
+    streams: bool
+    """True when a step is a bounded chunk; False when one step is the whole segment."""
+    reads_digits: bool
+    """True when the engine reads numbers, symbols and abbreviations itself."""
+
+    def voices(self) -> list[str]:
+        """Names of the voices this engine can speak with."""
+        ...
+
+    def load(self) -> None:
+        """Load models and warm up. Blocking; called once on the engine's lane thread."""
+        ...
+
+    def open(self, request: SynthesisRequest) -> SynthesisStream:
+        """Begin a synthesis. Cheap; the work happens in ``step``. Lane thread only."""
+        ...
+
+    def close(self) -> None:
+        """Release models and threads. Idempotent."""
+        ...
+
+
+# --- LLM backends -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LlmRequest:
+    messages: list[dict[str, str]]
+    model: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LlmDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class LlmDone:
+    finish_reason: str | None = None
+    tokens_per_s: float | None = None
+    """Decode rate as reported by the server's usage (never inferred from chunk counts)."""
+    usage: dict[str, Any] | None = None
+
+
+LlmEvent = LlmDelta | LlmDone
+
+
+class LlmBackend(Protocol):
+    name: str
+
+    def stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+        """Stream the reply: ``LlmDelta`` items, then exactly one ``LlmDone``.
+
+        Raises ``EngineError`` (``llm_unavailable``, ``llm_failed``) instead of library
+        errors. Cancelling the consuming task closes the HTTP stream (safe to cancel).
+        """
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,253 @@
+"""Protocol v1 codec: client JSON text frames in, typed messages out; events and audio
+frames out. Pure: no I/O, no clock.
+
+``decode_client`` either returns one of the ``Client*`` dataclasses or raises
+``ProtocolError`` with a stable ``code`` (see protocol.md, "Errors"). The caller turns the
+error into an ``error`` event; the session stays usable.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+PROTOCOL_VERSION = 1
+SAMPLE_RATE = 24_000
+BYTES_PER_MS = SAMPLE_RATE * 2 // 1000  # PCM16 mono: 48 bytes per millisecond
+
+MAX_MESSAGE_BYTES = 64 * 1024
+"""Largest client text frame answered with an event; larger ones get ``message_too_large``."""
+MAX_TEXT_CHARS = 4_000
+"""Longest ``transcript``/``say`` text."""
+MAX_INSTRUCTIONS_CHARS = 16_000
+FRAME_MS_CHOICES = (20, 40, 60, 80, 100, 120)
+
+FRAME_HEADER = struct.Struct("<BBHII")
+"""u8 version, u8 flags, u16 sentence index, u32 turn_id, u32 seq (little-endian)."""
+FLAG_SENTENCE_END = 0x01
+FLAG_TURN_END = 0x02
+
+
+class ProtocolError(Exception):
+    """A client message that cannot be accepted. ``code`` is stable and documented."""
+
+    def __init__(self, code: str, message: str, turn_id: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.turn_id = turn_id
+
+
+# --- client messages ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSessionUpdate:
+    settings: dict[str, Any]
+    """Validated subset of the session settings (only the keys the client sent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTranscript:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSay:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCancel:
+    turn_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPlayback:
+    turn_id: int
+    played_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPing:
+    id: Any = None
+
+
+ClientMessage = (
+    ClientSessionUpdate | ClientTranscript | ClientSay | ClientCancel | ClientPlayback | ClientPing
+)
+
+
+def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], required: bool = True):
+    if name not in obj or obj[name] is None:
+        if required:
+            raise ProtocolError("missing_field", f"field {name!r} is required")
+        return None
+    value = obj[name]
+    # bool is an int in Python; never accept it where a number is asked for
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ProtocolError("invalid_field", f"field {name!r} must be {_kind_name(kind)}")
+    if not isinstance(value, kind):
+        raise ProtocolError("invalid_field", f"field {name!r} must be {_kind_name(kind)}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "a string", int: "an integer", float: "a number", dict: "an object",
+             bool: "a boolean"}
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def _text(obj: dict[str, Any]) -> str:
+    text = _field(obj, "text", str)
+    if len(text) > MAX_TEXT_CHARS:
+        raise ProtocolError("text_too_long", f"text is {len(text)} characters; the limit is "
+                            f"{MAX_TEXT_CHARS}")
+    if not text.strip():
+        raise ProtocolError("invalid_field", "field 'text' is empty")
+    return text
+
+
+def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool = False):
+    value = _field(obj, name, int if integer else (int, float), required=False)
+    if value is None:
+        return None
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise ProtocolError("invalid_field", f"field {name!r} must be between {lo:g} and {hi:g}")
+    return value
+
+
+def _settings(session: dict[str, Any]) -> dict[str, Any]:
+    known = {"voice", "instructions", "llm", "frame_ms", "max_lead_ms", "segmenter"}
+    unknown = set(session) - known
+    if unknown:
+        raise ProtocolError("invalid_field", f"unknown session setting(s): "
+                            f"{', '.join(sorted(unknown))}")
+    out: dict[str, Any] = {}
+    if "voice" in session:
+        out["voice"] = _field(session, "voice", str)
+    if "instructions" in session:
+        instructions = _field(session, "instructions", str)
+        if len(instructions) > MAX_INSTRUCTIONS_CHARS:
+            raise ProtocolError("text_too_long", f"instructions are limited to "
+                                f"{MAX_INSTRUCTIONS_CHARS} characters")
+        out["instructions"] = instructions
+    if "frame_ms" in session:
+        frame_ms = _field(session, "frame_ms", int)
+        if frame_ms not in FRAME_MS_CHOICES:
+            raise ProtocolError("invalid_field", f"frame_ms must be one of {FRAME_MS_CHOICES}")
+        out["frame_ms"] = frame_ms
+    if "max_lead_ms" in session:
+        out["max_lead_ms"] = _number(session, "max_lead_ms", 100, 30_000, integer=True)
+    if "llm" in session:
+        llm = _field(session, "llm", dict)
+        unknown = set(llm) - {"model", "temperature", "max_tokens"}
+        if unknown:
+            raise ProtocolError("invalid_field", f"unknown llm setting(s): "
+                                f"{', '.join(sorted(unknown))}")
+        llm_out: dict[str, Any] = {}
+        if "model" in llm:
+            llm_out["model"] = _field(llm, "model", str)
+        if "temperature" in llm:
+            llm_out["temperature"] = _number(llm, "temperature", 0, 2)
+        if "max_tokens" in llm:
+            llm_out["max_tokens"] = _number(llm, "max_tokens", 1, 32_768, integer=True)
+        out["llm"] = llm_out
+    if "segmenter" in session:
+        seg = _field(session, "segmenter", dict)
+        seg_out: dict[str, Any] = {}
+        bounds = {"first_min_words": (1, 50), "min_chars": (0, 1000), "max_chars": (40, 4000)}
+        unknown = set(seg) - set(bounds)
+        if unknown:
+            raise ProtocolError("invalid_field", f"unknown segmenter setting(s): "
+                                f"{', '.join(sorted(unknown))}")
+        for key, (lo, hi) in bounds.items():
+            if key in seg:
+                seg_out[key] = _number(seg, key, lo, hi, integer=True)
+        out["segmenter"] = seg_out
+    return out
+
+
+def decode_client(data: str | bytes) -> ClientMessage:
+    """Parse one client WebSocket message. Raises ``ProtocolError`` for anything invalid."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError("binary_not_supported",
+                            "binary frames are not accepted from clients; send JSON text")
+    if len(data) > MAX_MESSAGE_BYTES // 4 and len(data.encode("utf-8", "surrogatepass")) > \
+            MAX_MESSAGE_BYTES:
+        raise ProtocolError("message_too_large",
+                            f"text frames are limited to {MAX_MESSAGE_BYTES} bytes")
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("invalid_message", "a message must be a JSON object with a 'type'")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("invalid_message", "field 'type' is required and must be a string")
+    match kind:
+        case "transcript":
+            return ClientTranscript(_text(obj))
+        case "say":
+            return ClientSay(_text(obj))
+        case "cancel":
+            turn_id = _number(obj, "turn_id", 0, 2**32 - 1, integer=True)
+            return ClientCancel(turn_id)
+        case "playback":
+            turn_id = _field(obj, "turn_id", int)
+            played = _number(obj, "played_ms", 0, 24 * 3600 * 1000)
+            if played is None:
+                raise ProtocolError("missing_field", "field 'played_ms' is required")
+            return ClientPlayback(turn_id, float(played))
+        case "session.update":
+            session = _field(obj, "session", dict)
+            return ClientSessionUpdate(_settings(session))
+        case "ping":
+            return ClientPing(obj.get("id"))
+        case _:
+            raise ProtocolError("unknown_type", f"unknown message type {kind[:64]!r}")
+
+
+# --- server side ------------------------------------------------------------------------
+
+
+def encode_event(event: dict[str, Any]) -> str:
+    return orjson.dumps(event).decode()
+
+
+def frame_header(flags: int, sentence: int, turn_id: int, seq: int) -> bytes:
+    return FRAME_HEADER.pack(PROTOCOL_VERSION, flags, sentence & 0xFFFF, turn_id, seq & 0xFFFFFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFrame:
+    """A decoded binary frame (what a client sees)."""
+
+    flags: int
+    sentence: int
+    turn_id: int
+    seq: int
+    pcm: bytes
+
+    @property
+    def sentence_end(self) -> bool:
+        return bool(self.flags & FLAG_SENTENCE_END)
+
+    @property
+    def turn_end(self) -> bool:
+        return bool(self.flags & FLAG_TURN_END)
+
+
+def decode_frame(data: bytes) -> AudioFrame:
+    if len(data) < FRAME_HEADER.size:
+        raise ProtocolError("invalid_frame", "frame shorter than its 12-byte header")
+    version, flags, sentence, turn_id, seq = FRAME_HEADER.unpack_from(data)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("invalid_frame", f"unknown frame version {version}")
+    return AudioFrame(flags, sentence, turn_id, seq, bytes(data[FRAME_HEADER.size:]))
