@@ -1,0 +1,58 @@
+"""Playback model of one listener: how much audio it holds at time ``now``.
+
+The client plays frames back to back. When a frame arrives after the client ran out of
+audio, playback restarts at arrival (an underrun). So after sending a frame of ``d`` ms at
+``now``: ``play_end = max(play_end, now) + d``; the client's buffered lead is
+``play_end - now``. A ``playback`` mark (``played_ms``) replaces the estimate with what the
+client says it holds: ``sent_ms - played_ms``.
+
+Pure: every method takes ``now`` in seconds from any monotonic origin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_EPSILON_MS = 1e-6  # float time arithmetic must not let one extra frame through
+
+
+@dataclass(slots=True)
+class Pacer:
+    max_lead_ms: float
+    sent_ms: float = 0.0
+    play_end: float | None = None
+    """When the client will have played everything sent so far (seconds, clock of ``now``)."""
+    underruns: int = 0
+    played_ms: float | None = None
+    """Last ``played_ms`` reported by the client, if any."""
+
+    def lead_ms(self, now: float) -> float:
+        """Audio the client holds but has not played yet, in ms (0 when starved)."""
+        if self.play_end is None:
+            return 0.0
+        return max(0.0, (self.play_end - now) * 1000.0)
+
+    def may_send(self, now: float) -> bool:
+        return self.lead_ms(now) < self.max_lead_ms - _EPSILON_MS
+
+    def wake_at(self) -> float | None:
+        """Earliest time ``may_send`` becomes true again (None: it already is or never was)."""
+        if self.play_end is None:
+            return None
+        return self.play_end - self.max_lead_ms / 1000.0
+
+    def sent(self, duration_ms: float, now: float) -> None:
+        if self.play_end is not None and self.play_end < now and self.sent_ms > 0:
+            self.underruns += 1
+        start = now if self.play_end is None else max(self.play_end, now)
+        self.play_end = start + duration_ms / 1000.0
+        self.sent_ms += duration_ms
+
+    def deadline(self, now: float) -> float:
+        """When the listener runs out of audio: the due time of the next chunk."""
+        return now if self.play_end is None else max(now, self.play_end)
+
+    def mark(self, played_ms: float, now: float) -> None:
+        played_ms = min(played_ms, self.sent_ms)
+        self.played_ms = played_ms if self.played_ms is None else max(self.played_ms, played_ms)
+        self.play_end = now + (self.sent_ms - self.played_ms) / 1000.0

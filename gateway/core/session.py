@@ -1,0 +1,586 @@
+"""One voice session and its turns, as a sans-I/O state machine.
+
+Everything that changes a session's state lives here. Inputs are facts, each a method
+taking ``now`` (seconds, any monotonic origin) and returning the effects the caller must
+execute, in order:
+
+* ``receive(message, now)``        a decoded client message (``codec.decode_client``)
+* ``protocol_error(error, now)``   a client message that failed to decode
+* ``llm_delta / llm_done / llm_failed``   from the LLM stream of a turn
+* ``audio / synthesis_done / synthesis_failed``   from the lane worker of a turn's segment
+* ``tick(now)``                    the pacing timer fired (see ``wake_at``)
+
+Effects are commands (``SendEvent``, ``SendAudio``, ``StartLlm``, ``CancelLlm``,
+``StartSynthesis``, ``CancelSynthesis``). Inputs that belong to a turn carry its
+``turn_id``; anything for a turn that is no longer active is ignored (the fence that makes
+late chunks after a barge-in harmless).
+
+After executing the effects the caller asks ``wake_at()`` when to call ``tick`` next.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, assert_never
+
+from engines.base import LlmRequest
+from gateway.core import codec
+from gateway.core.codec import (
+    BYTES_PER_MS,
+    FLAG_SENTENCE_END,
+    FLAG_TURN_END,
+    ClientCancel,
+    ClientMessage,
+    ClientPing,
+    ClientPlayback,
+    ClientSay,
+    ClientSessionUpdate,
+    ClientTranscript,
+    ProtocolError,
+)
+from gateway.core.pacer import Pacer
+from gateway.core.segmenter import Segment, Segmenter, SegmenterConfig
+
+_MS_PER_CHAR = 65.0
+"""Speech length estimate (about 15 characters per second) for text not yet synthesized."""
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful voice assistant. Your replies are spoken aloud: answer in one to three "
+    "short sentences of plain text, without markdown, lists or emoji."
+)
+
+
+# --- effects ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendEvent:
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SendAudio:
+    """One binary frame, header included. ``duration_ms`` is the payload's audio length."""
+
+    data: bytes
+    duration_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class StartLlm:
+    turn_id: int
+    request: LlmRequest
+
+
+@dataclass(frozen=True, slots=True)
+class CancelLlm:
+    turn_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartSynthesis:
+    turn_id: int
+    index: int
+    text: str
+    voice: str | None
+    deadline: float
+    """When the listener needs this segment's first audio (seconds, clock of ``now``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSynthesis:
+    turn_id: int
+
+
+Effect = SendEvent | SendAudio | StartLlm | CancelLlm | StartSynthesis | CancelSynthesis
+
+
+# --- settings -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """What a client may change with ``session.update``."""
+
+    voice: str | None = None
+    instructions: str = DEFAULT_INSTRUCTIONS
+    llm_model: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    frame_ms: int = 40
+    max_lead_ms: int = 1000
+    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
+
+    def to_event(self) -> dict[str, Any]:
+        seg = self.segmenter
+        return {
+            "voice": self.voice,
+            "instructions": self.instructions,
+            "llm": {"model": self.llm_model, "temperature": self.temperature,
+                    "max_tokens": self.max_tokens},
+            "frame_ms": self.frame_ms,
+            "max_lead_ms": self.max_lead_ms,
+            "segmenter": {"first_min_words": seg.first_min_words, "min_chars": seg.min_chars,
+                          "max_chars": seg.max_chars},
+        }
+
+    def updated(self, changes: dict[str, Any]) -> SessionSettings:
+        new = self
+        for key, value in changes.items():
+            if key == "llm":
+                renames = {"model": "llm_model", "temperature": "temperature",
+                           "max_tokens": "max_tokens"}
+                new = replace(new, **{renames[k]: v for k, v in value.items()})
+            elif key == "segmenter":
+                new = replace(new, segmenter=replace(new.segmenter, **value))
+            else:
+                new = replace(new, **{key: value})
+        return new
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    history_turns: int = 20
+    """User/assistant pairs kept for the LLM; older ones are dropped first."""
+
+
+# --- turns --------------------------------------------------------------------------------
+
+
+class TurnState(enum.Enum):
+    STREAMING = "streaming"  # text still arriving (LLM) or being segmented
+    SPEAKING = "speaking"  # all text known; audio still being produced or sent
+    ENDED = "ended"
+
+
+@dataclass(slots=True)
+class _SegmentAudio:
+    segment: Segment
+    pending: bytearray = field(default_factory=bytearray)
+    synthesized: bool = False  # the engine finished this segment
+    announced: bool = False  # `sentence` event sent
+    sent_ms: float = 0.0
+    engine: str | None = None
+    finished: bool = False  # last frame and `sentence.done` sent
+
+
+@dataclass(slots=True)
+class Turn:
+    id: int
+    source: str  # "transcript" | "say"
+    user_text: str
+    started: float
+    settings: SessionSettings
+    segmenter: Segmenter
+    pacer: Pacer
+    state: TurnState = TurnState.STREAMING
+    reply: str = ""
+    segments: list[_SegmentAudio] = field(default_factory=list)
+    current: int = 0  # index of the segment whose frames are being sent
+    llm_done: bool = False
+    failed: tuple[str, str] | None = None  # (code, message) of the first failure
+    t_first_delta: float | None = None
+    t_first_segment: float | None = None
+    t_first_audio: float | None = None
+    tokens_per_s: float | None = None
+    engines: list[str] = field(default_factory=list)
+    last_frame_turn_end: bool = False
+
+
+class Session:
+    """State of one connection. Not thread-safe: call from one task/thread at a time."""
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        settings: SessionSettings | None = None,
+        limits: SessionLimits | None = None,
+        voices: Iterable[str] | None = None,
+        reads_digits: bool = True,
+    ) -> None:
+        self.id = session_id
+        self.settings = settings or SessionSettings()
+        self.limits = limits or SessionLimits()
+        self.voices = frozenset(voices) if voices is not None else None
+        self.reads_digits = reads_digits
+        self.history: list[dict[str, str]] = []
+        self.turn: Turn | None = None
+        self._next_turn_id = 1
+        self._seq = 0
+
+    # ---- opening ---------------------------------------------------------------------
+
+    def open(self) -> list[Effect]:
+        return [SendEvent({
+            "type": "session.created",
+            "session_id": self.id,
+            "protocol": codec.PROTOCOL_VERSION,
+            "audio": {"format": "pcm16", "sample_rate": codec.SAMPLE_RATE,
+                      "frame_ms": self.settings.frame_ms},
+            "session": self.settings.to_event(),
+        })]
+
+    # ---- client input ----------------------------------------------------------------
+
+    def receive(self, message: ClientMessage, now: float) -> list[Effect]:
+        match message:
+            case ClientTranscript(text=text):
+                return self._start_turn("transcript", text, now)
+            case ClientSay(text=text):
+                return self._start_turn("say", text, now)
+            case ClientCancel(turn_id=turn_id):
+                turn = self.turn
+                if turn is None or turn.state is TurnState.ENDED:
+                    return []  # nothing to cancel: idempotent
+                if turn_id is not None and turn_id != turn.id:
+                    return []  # a cancel that raced with the end of its turn
+                return self._end_turn(turn, "cancelled", now)
+            case ClientPlayback(turn_id=turn_id, played_ms=played_ms):
+                turn = self.turn
+                if turn is not None and turn.id == turn_id and turn.state is not TurnState.ENDED:
+                    turn.pacer.mark(played_ms, now)
+                    return self._pump(turn, now)
+                return []
+            case ClientSessionUpdate(settings=changes):
+                voice = changes.get("voice")
+                if voice is not None and self.voices is not None and voice not in self.voices:
+                    return self.protocol_error(ProtocolError(
+                        "unknown_voice", f"unknown voice {voice!r}; available: "
+                        f"{', '.join(sorted(self.voices)[:20])}"), now)
+                try:
+                    self.settings = self.settings.updated(changes)
+                except (TypeError, ValueError) as exc:  # a segmenter config it rejects
+                    return self.protocol_error(ProtocolError("invalid_field", str(exc)), now)
+                return [SendEvent({"type": "session.updated",
+                                   "session": self.settings.to_event()})]
+            case ClientPing(id=ping_id):
+                event: dict[str, Any] = {"type": "pong"}
+                if ping_id is not None:
+                    event["id"] = ping_id
+                return [SendEvent(event)]
+            case _:
+                assert_never(message)
+
+    def protocol_error(self, error: ProtocolError, now: float) -> list[Effect]:
+        event: dict[str, Any] = {"type": "error",
+                                 "error": {"code": error.code, "message": error.message}}
+        if error.turn_id is not None:
+            event["turn_id"] = error.turn_id
+        return [SendEvent(event)]
+
+    # ---- LLM input -------------------------------------------------------------------
+
+    def llm_delta(self, turn_id: int, text: str, now: float) -> list[Effect]:
+        turn = self._active(turn_id)
+        if turn is None or turn.llm_done or not text:
+            return []
+        if turn.t_first_delta is None:
+            turn.t_first_delta = now
+        turn.reply += text
+        effects: list[Effect] = [SendEvent({"type": "text.delta", "turn_id": turn.id,
+                                            "delta": text})]
+        effects += self._add_segments(turn, turn.segmenter.feed(text), now)
+        return effects
+
+    def llm_done(self, turn_id: int, tokens_per_s: float | None, now: float) -> list[Effect]:
+        turn = self._active(turn_id)
+        if turn is None or turn.llm_done:
+            return []
+        turn.llm_done = True
+        turn.tokens_per_s = tokens_per_s
+        effects = self._add_segments(turn, turn.segmenter.finish(), now)
+        turn.state = TurnState.SPEAKING
+        return effects + self._pump(turn, now)
+
+    def llm_failed(self, turn_id: int, code: str, message: str, now: float) -> list[Effect]:
+        """The LLM stream broke. Segments already complete are still spoken; the rest of
+        the text is dropped and the turn ends ``failed``."""
+        turn = self._active(turn_id)
+        if turn is None or turn.llm_done:
+            return []
+        turn.llm_done = True
+        turn.failed = (code, message)
+        turn.state = TurnState.SPEAKING
+        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
+                                            "error": {"code": code, "message": message}})]
+        return effects + self._pump(turn, now)
+
+    # ---- synthesis input -------------------------------------------------------------
+
+    def audio(self, turn_id: int, index: int, pcm: bytes, engine: str, now: float) -> list[Effect]:
+        turn = self._active(turn_id)
+        if turn is None or index >= len(turn.segments):
+            return []
+        seg = turn.segments[index]
+        if seg.synthesized:
+            return []
+        if seg.engine is None:
+            seg.engine = engine
+        if engine not in turn.engines:
+            turn.engines.append(engine)
+        seg.pending += pcm
+        return self._pump(turn, now) if index == turn.current else []
+
+    def synthesis_done(self, turn_id: int, index: int, now: float) -> list[Effect]:
+        turn = self._active(turn_id)
+        if turn is None or index >= len(turn.segments):
+            return []
+        turn.segments[index].synthesized = True
+        return self._pump(turn, now)
+
+    def synthesis_failed(self, turn_id: int, index: int, code: str, message: str,
+                         now: float) -> list[Effect]:
+        """An engine failed on a segment: the turn ends ``failed`` (a fallback engine, when
+        configured, has already had its chance below this layer)."""
+        turn = self._active(turn_id)
+        if turn is None:
+            return []
+        turn.failed = turn.failed or (code, message)
+        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
+                                            "error": {"code": code, "message": message}})]
+        return effects + self._end_turn(turn, "failed", now)
+
+    # ---- time ------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Effect]:
+        turn = self.turn
+        if turn is None or turn.state is TurnState.ENDED:
+            return []
+        return self._pump(turn, now)
+
+    def wake_at(self) -> float | None:
+        """When ``tick`` may release more frames, or None when only new input can."""
+        turn = self.turn
+        if turn is None or turn.state is TurnState.ENDED or turn.current >= len(turn.segments):
+            return None
+        if not self._frame_ready(turn, turn.segments[turn.current]):
+            return None
+        return turn.pacer.wake_at()
+
+    def deadline(self, turn_id: int, now: float) -> float | None:
+        """When the listener of ``turn_id`` runs out of audio (None: turn not active)."""
+        turn = self._active(turn_id)
+        return None if turn is None else turn.pacer.deadline(now)
+
+    def lead_ms(self, turn_id: int, now: float) -> float | None:
+        turn = self._active(turn_id)
+        return None if turn is None else turn.pacer.lead_ms(now)
+
+    def close(self, now: float) -> list[Effect]:
+        """The connection is going away: stop whatever runs for this session."""
+        turn = self.turn
+        if turn is None or turn.state is TurnState.ENDED:
+            return []
+        return [e for e in self._end_turn(turn, "cancelled", now)
+                if not isinstance(e, SendEvent | SendAudio)]
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _active(self, turn_id: int) -> Turn | None:
+        turn = self.turn
+        if turn is None or turn.id != turn_id or turn.state is TurnState.ENDED:
+            return None
+        return turn
+
+    def _start_turn(self, source: str, text: str, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        if self.turn is not None and self.turn.state is not TurnState.ENDED:
+            effects += self._end_turn(self.turn, "cancelled", now)  # barge-in by text
+        turn_id = self._next_turn_id
+        self._next_turn_id = (self._next_turn_id % 0xFFFFFFFF) + 1
+        s = self.settings
+        turn = Turn(
+            id=turn_id, source=source, user_text=text, started=now, settings=s,
+            segmenter=Segmenter(s.segmenter, reads_digits=self.reads_digits),
+            pacer=Pacer(max_lead_ms=s.max_lead_ms),
+        )
+        self.turn = turn
+        effects.append(SendEvent({"type": "turn.started", "turn_id": turn_id, "source": source}))
+        if source == "say":
+            turn.reply = text
+            turn.llm_done = True
+            turn.state = TurnState.SPEAKING
+            segments = turn.segmenter.feed(text) + turn.segmenter.finish()
+            effects += self._add_segments(turn, segments, now)
+            effects += self._pump(turn, now)
+        else:
+            messages = [{"role": "system", "content": s.instructions}, *self.history,
+                        {"role": "user", "content": text}]
+            effects.append(StartLlm(turn_id, LlmRequest(
+                messages=messages, model=s.llm_model, temperature=s.temperature,
+                max_tokens=s.max_tokens)))
+        return effects
+
+    def _add_segments(self, turn: Turn, segments: list[Segment], now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for segment in segments:
+            if turn.t_first_segment is None:
+                turn.t_first_segment = now
+            turn.segments.append(_SegmentAudio(segment))
+            if segment.spoken.strip():
+                deadline = now if segment.index == 0 else turn.pacer.deadline(now)
+                effects.append(StartSynthesis(turn.id, segment.index, segment.spoken,
+                                              turn.settings.voice, deadline))
+            else:  # nothing to say (an emoji, a lone list marker): no audio expected
+                turn.segments[-1].synthesized = True
+        if segments:
+            effects += self._pump(turn, now)
+        return effects
+
+    def _frame_ready(self, turn: Turn, seg: _SegmentAudio) -> bool:
+        """Is there a frame to send for ``seg`` right now (pacing aside)?
+
+        Less than a full frame is held back until the segment is synthesized, so that the
+        segment's last frame carries its flags.
+        """
+        frame_bytes = turn.settings.frame_ms * BYTES_PER_MS
+        if len(seg.pending) > frame_bytes:
+            return True
+        return seg.synthesized and (len(seg.pending) > 0 or not seg.finished)
+
+    def _pump(self, turn: Turn, now: float) -> list[Effect]:
+        """Release every frame that is ready and due; end the turn when all is sent."""
+        effects: list[Effect] = []
+        frame_bytes = turn.settings.frame_ms * BYTES_PER_MS
+        while turn.current < len(turn.segments):
+            seg = turn.segments[turn.current]
+            if not self._frame_ready(turn, seg):
+                return effects
+            if seg.pending and not seg.announced:
+                effects.append(self._announce(turn, seg))
+            if not seg.pending:
+                # synthesized, nothing left: the segment ends without another frame
+                effects += self._finish_segment(turn, seg)
+                continue
+            if not turn.pacer.may_send(now):
+                return effects
+            take = min(frame_bytes, len(seg.pending))
+            payload = bytes(seg.pending[:take])
+            del seg.pending[:take]
+            closing = seg.synthesized and not seg.pending
+            flags = 0
+            if closing:
+                flags |= FLAG_SENTENCE_END
+                if self._is_last_segment(turn, turn.current):
+                    flags |= FLAG_TURN_END
+            duration = take / BYTES_PER_MS
+            effects.append(self._frame(turn, seg, flags, payload, duration, now))
+            if closing:
+                effects += self._finish_segment(turn, seg)
+        if turn.llm_done and turn.current >= len(turn.segments):
+            if turn.t_first_audio is not None and not turn.last_frame_turn_end:
+                # The end of the turn became known after its last audio frame went out
+                # (the LLM finished late, or the last segments were silent): close the
+                # turn with a frame that carries no samples.
+                effects.append(self._closing_frame(turn))
+            effects += self._end_turn(turn, "failed" if turn.failed else "completed", now)
+        return effects
+
+    def _closing_frame(self, turn: Turn) -> SendAudio:
+        index = turn.segments[-1].segment.index
+        header = codec.frame_header(FLAG_SENTENCE_END | FLAG_TURN_END, index, turn.id, self._seq)
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        turn.last_frame_turn_end = True
+        return SendAudio(header, 0.0)
+
+    def _is_last_segment(self, turn: Turn, index: int) -> bool:
+        return turn.llm_done and index == len(turn.segments) - 1
+
+    def _announce(self, turn: Turn, seg: _SegmentAudio) -> SendEvent:
+        seg.announced = True
+        segment = seg.segment
+        return SendEvent({"type": "sentence", "turn_id": turn.id, "index": segment.index,
+                          "text": segment.text, "spoken": segment.spoken,
+                          "engine": seg.engine})
+
+    def _frame(self, turn: Turn, seg: _SegmentAudio, flags: int, payload: bytes,
+               duration: float, now: float) -> SendAudio:
+        header = codec.frame_header(flags, seg.segment.index, turn.id, self._seq)
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        seg.sent_ms += duration
+        turn.pacer.sent(duration, now)
+        turn.last_frame_turn_end = bool(flags & FLAG_TURN_END)
+        if turn.t_first_audio is None:
+            turn.t_first_audio = now
+        return SendAudio(header + payload, duration)
+
+    def _finish_segment(self, turn: Turn, seg: _SegmentAudio) -> list[Effect]:
+        effects: list[Effect] = []
+        if not seg.announced:
+            effects.append(self._announce(turn, seg))
+        seg.finished = True
+        turn.current += 1
+        effects.append(SendEvent({"type": "sentence.done", "turn_id": turn.id,
+                                  "index": seg.segment.index, "audio_ms": round(seg.sent_ms)}))
+        return effects
+
+    def _end_turn(self, turn: Turn, status: str, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        if not turn.llm_done and turn.source == "transcript":
+            effects.append(CancelLlm(turn.id))
+        if any(not s.synthesized for s in turn.segments):
+            effects.append(CancelSynthesis(turn.id))
+        turn.llm_done = True
+        turn.state = TurnState.ENDED
+        if turn.source == "transcript":
+            self._remember(turn, status)
+        for seg in turn.segments:
+            seg.pending.clear()
+        effects.append(SendEvent({"type": "turn.done", "turn_id": turn.id, "status": status,
+                                  "metrics": self._metrics(turn, now)}))
+        return effects
+
+    def _spoken_reply(self, turn: Turn, status: str) -> str:
+        """The assistant text the listener heard: all of it for a completed turn; otherwise
+        what the client reported played (else what was sent), the sentence that was playing
+        cut by words in proportion to its audio (estimated from its length while unknown)."""
+        if status == "completed":
+            return turn.reply.strip()
+        heard_ms = turn.pacer.sent_ms if turn.pacer.played_ms is None else turn.pacer.played_ms
+        parts: list[str] = []
+        for seg in turn.segments:
+            if heard_ms <= 0:
+                break
+            if seg.finished and heard_ms >= seg.sent_ms:
+                parts.append(seg.segment.text)
+                heard_ms -= seg.sent_ms
+                continue
+            known_ms = seg.sent_ms + len(seg.pending) / BYTES_PER_MS
+            total_ms = known_ms if seg.synthesized else max(
+                known_ms, len(seg.segment.text) * _MS_PER_CHAR)
+            words = seg.segment.text.split()
+            keep = int(len(words) * min(1.0, heard_ms / total_ms)) if total_ms else 0
+            if keep:
+                parts.append(" ".join(words[:keep]) + " …")
+            break
+        return " ".join(parts)
+
+    def _remember(self, turn: Turn, status: str) -> None:
+        spoken = self._spoken_reply(turn, status)
+        self.history.append({"role": "user", "content": turn.user_text})
+        if spoken:
+            self.history.append({"role": "assistant", "content": spoken})
+        # keep the newest turns; a turn starts at a user message
+        users = [i for i, m in enumerate(self.history) if m["role"] == "user"]
+        if len(users) > self.limits.history_turns:
+            del self.history[: users[len(users) - self.limits.history_turns]]
+
+    def _metrics(self, turn: Turn, now: float) -> dict[str, Any]:
+        def ms(t: float | None) -> float | None:
+            return None if t is None else round((t - turn.started) * 1000.0, 1)
+
+        return {
+            "ttft_ms": ms(turn.t_first_delta),
+            "first_sentence_ms": ms(turn.t_first_segment),
+            "ttfa_ms": ms(turn.t_first_audio),
+            "audio_ms": round(turn.pacer.sent_ms),
+            "duration_ms": ms(now),
+            "llm_tokens_per_s": turn.tokens_per_s,
+            "engine": turn.engines[0] if turn.engines else None,
+            "engines": list(turn.engines),
+            "underruns": turn.pacer.underruns,
+            "sentences": len(turn.segments),
+        }

@@ -1,0 +1,285 @@
+"""Session core: inputs in, exact effects out, with a fake clock. No sockets, no threads."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.codec import (
+    BYTES_PER_MS,
+    ClientCancel,
+    ClientPing,
+    ClientPlayback,
+    ClientSay,
+    ClientSessionUpdate,
+    ClientTranscript,
+    decode_frame,
+)
+from gateway.core.session import (
+    CancelLlm,
+    CancelSynthesis,
+    SendAudio,
+    SendEvent,
+    Session,
+    SessionSettings,
+    StartLlm,
+    StartSynthesis,
+)
+
+
+def events(effects, kind=None):
+    out = [e.event for e in effects if isinstance(e, SendEvent)]
+    return [e for e in out if kind is None or e["type"] == kind]
+
+
+def frames(effects):
+    return [decode_frame(e.data) for e in effects if isinstance(e, SendAudio)]
+
+
+def pcm(ms: float) -> bytes:
+    n = int(ms * BYTES_PER_MS)
+    return bytes([1, 0]) * (n // 2)
+
+
+class Clock:
+    """Fake clock: seconds, advanced by hand."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, ms: float) -> float:
+        self.t += ms / 1000.0
+        return self.t
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def start(session: Session, clock: Clock, text="hello there") -> int:
+    effects = session.receive(ClientTranscript(text), clock())
+    (started,) = events(effects, "turn.started")
+    (llm,) = [e for e in effects if isinstance(e, StartLlm)]
+    assert llm.turn_id == started["turn_id"]
+    return started["turn_id"]
+
+
+def test_open_announces_protocol_and_audio_format():
+    (effect,) = Session("s1").open()
+    assert effect.event["type"] == "session.created"
+    assert effect.event["protocol"] == 1
+    assert effect.event["audio"] == {"format": "pcm16", "sample_rate": 24000, "frame_ms": 40}
+
+
+def test_transcript_starts_llm_with_instructions_history_and_settings(clock):
+    s = Session("s", settings=SessionSettings(instructions="be brief", temperature=0.3))
+    effects = s.receive(ClientTranscript("what time is it"), clock())
+    (llm,) = [e for e in effects if isinstance(e, StartLlm)]
+    assert llm.request.messages == [{"role": "system", "content": "be brief"},
+                                    {"role": "user", "content": "what time is it"}]
+    assert llm.request.temperature == 0.3
+
+
+def test_full_turn_frames_flags_and_events_in_order(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    out = s.llm_delta(tid, "Hello there. How", clock.advance(100))
+    assert events(out, "text.delta") == [{"type": "text.delta", "turn_id": tid,
+                                          "delta": "Hello there. How"}]
+    assert not [e for e in out if isinstance(e, StartSynthesis)]  # "How" may be "However"
+    out = s.llm_delta(tid, " are", clock())
+    (job,) = [e for e in out if isinstance(e, StartSynthesis)]
+    assert (job.index, job.text) == (0, "Hello there.")
+    assert job.deadline == clock()
+    out = s.audio(tid, 0, pcm(100), "espeak", clock.advance(10))
+    # 100 ms = 2 full 40 ms frames + 20 ms; the tail is held until the sentence is complete
+    assert events(out, "sentence") == [{"type": "sentence", "turn_id": tid, "index": 0,
+                                        "text": "Hello there.", "spoken": "Hello there.",
+                                        "engine": "espeak"}]
+    assert [len(f.pcm) for f in frames(out)] == [40 * BYTES_PER_MS] * 2
+    out = s.synthesis_done(tid, 0, clock())
+    (last,) = frames(out)
+    assert last.sentence_end and not last.turn_end and len(last.pcm) == 20 * BYTES_PER_MS
+    assert events(out, "sentence.done")[0]["audio_ms"] == 100
+    out = s.llm_delta(tid, " you?", clock.advance(5))
+    assert not [e for e in out if isinstance(e, StartSynthesis)]  # no word after "?" yet
+    out = s.llm_done(tid, 51.5, clock.advance(5))
+    (job,) = [e for e in out if isinstance(e, StartSynthesis)]
+    assert job.text == "How are you?"
+    s.audio(tid, 1, pcm(40), "espeak", clock())
+    out = s.synthesis_done(tid, 1, clock())
+    (last,) = frames(out)
+    assert last.sentence_end and last.turn_end and last.sentence == 1
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "completed"
+    m = done["metrics"]
+    assert m["ttft_ms"] == 100.0 and m["ttfa_ms"] == 110.0 and m["audio_ms"] == 140
+    assert m["llm_tokens_per_s"] == 51.5 and m["engine"] == "espeak"
+    # frame sequence numbers are gapless from 0
+    assert s.history == [{"role": "user", "content": "hello there"},
+                         {"role": "assistant", "content": "Hello there. How are you?"}]
+
+
+def test_seq_is_gapless_across_turns(clock):
+    s = Session("s")
+    seqs = []
+    for _ in range(3):
+        effects = s.receive(ClientSay("One sentence here."), clock())
+        effects += s.audio(effects[0].event["turn_id"] if False else s.turn.id, 0, pcm(130),
+                           "x", clock())
+        effects += s.synthesis_done(s.turn.id, 0, clock.advance(2000))
+        seqs += [f.seq for f in frames(effects)]
+    assert seqs == list(range(len(seqs)))
+
+
+def test_pacing_holds_frames_beyond_max_lead_and_releases_on_tick(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=200))
+    out = s.receive(ClientSay("A long sentence to speak."), clock())
+    tid = s.turn.id
+    out = s.audio(tid, 0, pcm(1000), "x", clock())
+    assert len(frames(out)) == 5  # 5 × 40 ms reach the 200 ms lead
+    wake = s.wake_at()
+    assert wake == pytest.approx(clock() + 0.0)  # lead is at the limit: due as playback moves
+    clock.advance(80)
+    out = s.tick(clock())
+    assert len(frames(out)) == 2
+    assert s.lead_ms(tid, clock()) == pytest.approx(200)
+
+
+def test_playback_mark_replaces_the_estimate(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=200))
+    s.receive(ClientSay("Something to say here."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(1000), "x", clock())
+    clock.advance(100)
+    # the wall clock says 100 ms were played (3 frames due), the client says only 40 ms
+    # (its buffer started late): it holds 160 ms, so exactly one more frame is due
+    out = s.receive(ClientPlayback(tid, 40.0), clock())
+    assert len(frames(out)) == 1
+    assert s.lead_ms(tid, clock()) == pytest.approx(200)
+
+
+def test_barge_in_by_transcript_cancels_and_fences_late_chunks(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "First sentence here. Second one", clock())
+    s.audio(tid, 0, pcm(1000), "x", clock())
+    out = s.receive(ClientTranscript("stop, new question"), clock.advance(50))
+    assert [type(e) for e in out[:3]] == [CancelLlm, CancelSynthesis, SendEvent]
+    (done,) = events(out, "turn.done")
+    assert done == {**done, "turn_id": tid, "status": "cancelled"}
+    (started,) = events(out, "turn.started")
+    assert started["turn_id"] == tid + 1
+    # the old turn's engine and LLM keep talking for a moment: nothing comes out
+    assert s.audio(tid, 0, pcm(200), "x", clock()) == []
+    assert s.synthesis_done(tid, 0, clock()) == []
+    assert s.llm_delta(tid, " more", clock()) == []
+    # history keeps what was sent (no playback marks): 960 ms of a sentence estimated at
+    # 1.3 s (its synthesis had not finished), so two of its three words
+    assert s.history == [{"role": "user", "content": "hello there"},
+                         {"role": "assistant", "content": "First sentence …"}]
+
+
+def test_cancel_is_idempotent_and_ignores_other_turn_ids(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    assert s.receive(ClientCancel(tid + 7), clock()) == []
+    out = s.receive(ClientCancel(None), clock())
+    assert events(out, "turn.done")[0]["status"] == "cancelled"
+    assert s.receive(ClientCancel(None), clock()) == []
+
+
+def test_playback_marks_decide_what_history_keeps(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "One two three four. Five six seven eight. Nine ten", clock())
+    s.audio(tid, 0, pcm(400), "x", clock())
+    s.synthesis_done(tid, 0, clock())
+    s.audio(tid, 1, pcm(400), "x", clock())
+    s.synthesis_done(tid, 1, clock())
+    s.receive(ClientPlayback(tid, 600.0), clock.advance(600))
+    s.receive(ClientCancel(tid), clock())
+    assert s.history[1]["content"] == "One two three four. Five six …"
+
+
+def test_llm_failure_speaks_what_is_complete_then_fails(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "Complete sentence. Incomplete one", clock())
+    out = s.llm_failed(tid, "llm_failed", "HTTP 500", clock())
+    assert events(out, "error") == [{"type": "error", "turn_id": tid,
+                                     "error": {"code": "llm_failed", "message": "HTTP 500"}}]
+    assert not events(out, "turn.done")
+    s.audio(tid, 0, pcm(40), "x", clock())
+    out = s.synthesis_done(tid, 0, clock())
+    assert frames(out)[-1].turn_end
+    assert events(out, "turn.done")[0]["status"] == "failed"
+
+
+def test_llm_unavailable_before_any_text_fails_at_once(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    out = s.llm_failed(tid, "llm_unavailable", "connection refused", clock())
+    assert [e["type"] for e in events(out)] == ["error", "turn.done"]
+    assert events(out, "turn.done")[0]["status"] == "failed"
+
+
+def test_engine_failure_ends_turn_failed_and_stops_llm(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "Complete sentence. More", clock())
+    out = s.synthesis_failed(tid, 0, "engine_failed", "boom", clock())
+    assert isinstance(out[1], CancelLlm)
+    assert events(out, "turn.done")[0]["status"] == "failed"
+
+
+def test_turn_end_known_late_is_closed_with_an_empty_frame(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "Spoken sentence. Hmm ", clock())  # sentence 0 is certain
+    s.audio(tid, 0, pcm(80), "x", clock())
+    out = s.synthesis_done(tid, 0, clock())
+    last_seq = frames(out)[-1].seq
+    assert frames(out)[-1].sentence_end and not frames(out)[-1].turn_end
+    s.llm_done(tid, None, clock())
+    out = s.synthesis_done(tid, 1, clock())  # the engine had nothing to say for "Hmm"
+    (closing,) = frames(out)
+    assert closing.turn_end and closing.sentence_end and closing.pcm == b""
+    assert (closing.sentence, closing.seq) == (1, last_seq + 1)
+    assert [e["type"] for e in events(out)] == ["sentence", "sentence.done", "turn.done"]
+    assert events(out, "turn.done")[0]["status"] == "completed"
+
+
+def test_empty_reply_completes_without_frames(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    out = s.llm_done(tid, None, clock())
+    assert frames(out) == []
+    assert events(out, "turn.done")[0]["status"] == "completed"
+
+
+def test_session_update_and_unknown_voice(clock):
+    s = Session("s", voices=["en-us", "en-gb"])
+    out = s.receive(ClientSessionUpdate({"voice": "en-gb", "frame_ms": 20}), clock())
+    assert events(out)[0]["session"]["voice"] == "en-gb"
+    assert s.settings.frame_ms == 20
+    out = s.receive(ClientSessionUpdate({"voice": "klingon"}), clock())
+    assert events(out)[0]["error"]["code"] == "unknown_voice"
+    assert s.settings.voice == "en-gb"
+
+
+def test_ping_pong(clock):
+    assert events(Session("s").receive(ClientPing(7), clock())) == [{"type": "pong", "id": 7}]
+
+
+def test_history_is_bounded(clock):
+    from gateway.core.session import SessionLimits
+
+    s = Session("s", limits=SessionLimits(history_turns=2))
+    for i in range(5):
+        tid = start(s, clock, f"question {i}")
+        s.llm_done(tid, None, clock())
+    assert [m["content"] for m in s.history] == ["question 3", "question 4"]
