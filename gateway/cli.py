@@ -1,0 +1,62 @@
+"""``voice-gateway`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from gateway.config import load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voice-gateway",
+                                     description="Realtime voice gateway for a local assistant.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve voice sessions on a WebSocket")
+    s.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default 8780; 0 picks a free one)")
+    s.add_argument("--llm-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8081/v1 "
+                   "(default: the scripted replay backend)")
+    s.add_argument("--llm-model", help="model name sent to the LLM server")
+    s.add_argument("--replies", help="JSONL of {transcript, reply} for the replay backend")
+    s.add_argument("--tts", help="TTS engine: espeak (default), synthetic, qwen3, chatterbox, "
+                   "http, ane")
+    s.add_argument("--tts-model", help="model path or cached Hugging Face id")
+    s.add_argument("--voice", help="voice name")
+    s.add_argument("--voice-ref", help="reference WAV to clone the voice from")
+    s.add_argument("--voice-ref-text", help="transcript of the reference WAV")
+    s.add_argument("--tts-url", help="URL of a remote TTS server (engine http)")
+    s.add_argument("--fallback", help="fallback TTS engine")
+    s.add_argument("--frame-ms", type=int, help="audio frame duration (default 40)")
+    s.add_argument("--max-lead-ms", type=int, help="audio sent ahead of playback (default 1000)")
+    s.add_argument("--config", help="TOML config file (flags override it)")
+    s.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(
+            args.config,
+            server={"host": args.host, "port": args.port},
+            llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},
+            tts={"engine": args.tts, "model": args.tts_model, "voice": args.voice,
+                 "voice_ref": args.voice_ref, "voice_ref_text": args.voice_ref_text,
+                 "url": args.tts_url, "fallback": args.fallback},
+            session={"frame_ms": args.frame_ms, "max_lead_ms": args.max_lead_ms},
+        )
+    except (OSError, ValueError) as exc:
+        print(f"voice-gateway: {exc}", file=sys.stderr)
+        return 2
+    from gateway.io.server import run
+
+    run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Gateway configuration: small frozen dataclasses with defaults that serve, and the one
+place that turns a TOML file and command-line flags into them (flags win over the file).
+
+TOML layout (every key optional; see examples/hub.toml)::
+
+    [server]   host, port, max_sessions
+    [llm]      url, model, api_key, temperature, max_tokens, replies (replay file), tokens_per_s
+    [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, options = {...}
+    [tts.fallback_options]   options for the fallback engine
+    [session]  instructions, frame_ms, max_lead_ms, history_turns
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from gateway.core.session import DEFAULT_INSTRUCTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8780
+    max_sessions: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class LlmConfig:
+    url: str | None = None
+    """OpenAI-compatible base URL (``.../v1``). None: the scripted ``replay`` backend."""
+    model: str | None = None
+    api_key: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    replies: str | None = None
+    """JSONL of {transcript, reply} for the replay backend (default: the shipped set)."""
+    tokens_per_s: float = 51.5
+    """Pace of the replay backend (oMLX's measured decode rate); 0 = no delay."""
+
+    @property
+    def backend(self) -> str:
+        return "openai" if self.url else "replay"
+
+
+@dataclass(frozen=True, slots=True)
+class TtsConfig:
+    engine: str = "espeak"
+    model: str | None = None
+    voice: str | None = None
+    voice_ref: str | None = None
+    voice_ref_text: str | None = None
+    url: str | None = None
+    fallback: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    fallback_options: dict[str, Any] = field(default_factory=dict)
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments for the primary engine's constructor."""
+        named = {"model": self.model, "ref_audio": self.voice_ref,
+                 "ref_text": self.voice_ref_text, "url": self.url}
+        out = {k: v for k, v in named.items() if v is not None}
+        if self.voice is not None:
+            out["voice"] = self.voice
+        return {**out, **self.options}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDefaults:
+    instructions: str = DEFAULT_INSTRUCTIONS
+    frame_ms: int = 40
+    max_lead_ms: int = 1000
+    history_turns: int = 20
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
+    session: SessionDefaults = field(default_factory=SessionDefaults)
+
+
+_SECTIONS = {"server": ServerConfig, "llm": LlmConfig, "tts": TtsConfig,
+             "session": SessionDefaults}
+
+
+def _section(cls: type, values: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(sorted(names))}")
+    return cls(**values)
+
+
+def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> GatewayConfig:
+    """Read ``path`` (TOML) if given, then apply ``overrides`` ({section: {key: value}},
+    ``None`` values ignored)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise ValueError(f"{path}: unknown section(s) {', '.join(sorted(unknown))}")
+    parts = {}
+    for name, cls in _SECTIONS.items():
+        section = _section(cls, data.get(name, {}), f"{path}[{name}]")
+        changes = {k: v for k, v in overrides.get(name, {}).items() if v is not None}
+        parts[name] = replace(section, **changes)
+    return GatewayConfig(**parts)

@@ -1,0 +1,223 @@
+"""The gateway process: the WebSocket voice server, its GET routes, the engine lane and the
+LLM backend, started and stopped together.
+
+``Gateway(config)``; ``await gateway.start()`` binds (port 0 picks a free port, read it back
+from ``gateway.port``), loads the engine on its lane thread and starts serving;
+``await gateway.aclose()`` closes every connection with 1001, cancels turns and releases
+the engine. ``run(config)`` does both around SIGINT/SIGTERM under uvloop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import http
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import orjson
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from engines.base import LlmBackend, TtsEngine
+from engines.registry import create_engine, create_llm
+from gateway.config import GatewayConfig
+from gateway.core.codec import MAX_MESSAGE_BYTES
+from gateway.core.session import Session, SessionLimits, SessionSettings
+from gateway.io.connection import VoiceConnection, job_deadline
+from gateway.io.lanes import Lane
+
+log = logging.getLogger("gateway")
+
+VOICE_PATH = "/v1/voice"
+WS_MAX_SIZE = 1024 * 1024
+"""Frames above this are refused by the WebSocket layer itself (close 1009); frames between
+``MAX_MESSAGE_BYTES`` and this get a ``message_too_large`` error event."""
+
+
+def version() -> str:
+    try:
+        return metadata.version("voice-gateway")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(slots=True)
+class Metrics:
+    turns: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    frames: int = 0
+    sessions_opened: int = 0
+
+    def turn_done(self, event: dict[str, Any]) -> None:
+        self.turns[event["status"]] += 1
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, *, engine: TtsEngine | None = None,
+                 llm: LlmBackend | None = None) -> None:
+        self.config = config
+        self.engine = engine or create_engine(config.tts.engine, **config.tts.engine_options())
+        self.llm = llm or self._make_llm()
+        self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline)
+        self.metrics = Metrics()
+        self.connections: set[VoiceConnection] = set()
+        self.started_at = time.time()
+        self.ready = False
+        self._server: Server | None = None
+        self._lane_task: asyncio.Task[None] | None = None
+        self.voices: list[str] = []
+
+    def _make_llm(self) -> LlmBackend:
+        c = self.config.llm
+        if c.url:
+            return create_llm("openai", url=c.url, model=c.model, api_key=c.api_key)
+        return create_llm("replay", path=c.replies, tokens_per_s=c.tokens_per_s)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._lane_task = asyncio.create_task(self.lane.run(), name=f"lane-{self.lane.name}")
+        seconds = await self.lane.load()
+        self.voices = list(self.engine.voices())
+        log.info("engine %s loaded on lane %s in %.2f s", self.engine.name, self.lane.name,
+                 seconds)
+        s = self.config.server
+        self._server = await serve(
+            self._handle, s.host, s.port,
+            process_request=self._process_request,
+            max_size=WS_MAX_SIZE,
+            compression=None,  # PCM does not compress; deflate would only cost CPU
+            ping_interval=20, ping_timeout=20,
+        )
+        self.ready = True
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "start() first"
+        return self._server.sockets[0].getsockname()[1]
+
+    async def aclose(self) -> None:
+        """Close connections with 1001 (going away), cancel turns, release the engine."""
+        self.ready = False
+        if self._server is not None:
+            self._server.close(close_connections=True)
+            await self._server.wait_closed()
+        if self._lane_task is not None:
+            self._lane_task.cancel()
+            try:
+                await self._lane_task
+            except asyncio.CancelledError:
+                pass
+        await self.lane.aclose()
+        await self.llm.aclose()
+
+    # ---- HTTP on the voice port ----------------------------------------------------------
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == VOICE_PATH:
+            if len(self.connections) >= self.config.server.max_sessions:
+                return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      {"error": {"code": "server_full",
+                                                 "message": "too many sessions; retry later"}})
+            return None  # go on with the WebSocket handshake
+        if path == "/health":
+            health = self.health()
+            status = http.HTTPStatus.OK if health["status"] == "ok" else \
+                http.HTTPStatus.SERVICE_UNAVAILABLE
+            return _json_response(status, health)
+        return _json_response(http.HTTPStatus.NOT_FOUND,
+                              {"error": {"code": "not_found", "message": f"no route {path}"}})
+
+    def health(self) -> dict[str, Any]:
+        lane = self.lane
+        active = sum(1 for c in self.connections
+                     if c.session.turn is not None and c.session.turn.state.value != "ended")
+        return {
+            "status": "ok" if self.ready and lane.loaded else "starting",
+            "version": version(),
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "sessions": len(self.connections),
+            "active_turns": active,
+            "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
+                       "voices": len(self.voices)},
+            "lanes": {lane.name: {"queue_depth": lane.queue_depth, "busy": lane.busy,
+                                  "steps": lane.stats.steps,
+                                  "busy_s": round(lane.stats.busy_s, 3)}},
+            "llm": {"backend": self.llm.name, "url": self.config.llm.url},
+            "turns": dict(self.metrics.turns),
+            "errors": dict(self.metrics.errors),
+            "frames": self.metrics.frames,
+            "limits": {"message_bytes": MAX_MESSAGE_BYTES, "max_sessions":
+                       self.config.server.max_sessions},
+        }
+
+    # ---- WebSocket ---------------------------------------------------------------------
+
+    def new_session(self) -> Session:
+        d = self.config.session
+        settings = SessionSettings(voice=self.config.tts.voice, instructions=d.instructions,
+                                   llm_model=self.config.llm.model,
+                                   temperature=self.config.llm.temperature,
+                                   max_tokens=self.config.llm.max_tokens,
+                                   frame_ms=d.frame_ms, max_lead_ms=d.max_lead_ms)
+        return Session(f"sess_{secrets.token_urlsafe(9)}", settings=settings,
+                       limits=SessionLimits(history_turns=d.history_turns),
+                       voices=self.voices or None,
+                       reads_digits=getattr(self.engine, "reads_digits", True))
+
+    async def _handle(self, websocket: ServerConnection) -> None:
+        conn = VoiceConnection(self, websocket, self.new_session())
+        self.connections.add(conn)
+        self.metrics.sessions_opened += 1
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+
+
+def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
+    data = orjson.dumps(body)
+    headers = Headers([("Content-Type", "application/json"),
+                       ("Content-Length", str(len(data))), ("Cache-Control", "no-store")])
+    return Response(status.value, status.phrase, headers, data)
+
+
+async def serve_until_signalled(config: GatewayConfig) -> None:
+    gateway = Gateway(config)
+    await gateway.start()
+    c = config
+    print(f"voice-gateway {version()} serving ws://{c.server.host}:{gateway.port}{VOICE_PATH} "
+          f"(health: http://{c.server.host}:{gateway.port}/health)", flush=True)
+    llm = f"openai at {c.llm.url}" + (f" model {c.llm.model}" if c.llm.model else "") \
+        if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
+    print(f"  LLM:   {llm}", flush=True)
+    print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
+          f" (voice {c.tts.voice or 'default'}, {len(gateway.voices)} available)", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        print("shutting down: closing sessions (1001)", flush=True)
+        await gateway.aclose()
+
+
+def run(config: GatewayConfig) -> None:
+    try:
+        import uvloop
+    except ImportError:  # Windows
+        asyncio.run(serve_until_signalled(config))
+    else:
+        uvloop.run(serve_until_signalled(config))
