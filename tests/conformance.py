@@ -90,16 +90,19 @@ class _Worker:
     def __init__(self, call_timeout_s: float) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="conformance")
         self._timeout = call_timeout_s
+        self.hung = False
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         future = self._pool.submit(fn)
         try:
             return future.result(timeout=self._timeout)
         except concurrent.futures.TimeoutError:
+            self.hung = True
             raise ConformanceError(f"{what} hung (> {self._timeout} s)") from None
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        # A hung call cannot be interrupted: leave its thread behind rather than hang too.
+        self._pool.shutdown(wait=not self.hung, cancel_futures=True)
 
 
 def _default_seconds(text: str) -> tuple[float, float]:
@@ -255,7 +258,7 @@ def check_engine(
         passed = True
         return ConformanceReport(engine_name=name, full=full, longer=longer)
     finally:
-        if engine is not None:
+        if engine is not None and not worker.hung:
             try:
                 worker.call("engine.close() in cleanup", engine.close)
             except Exception:  # noqa: BLE001 - the first failure is the one worth reporting

@@ -3,6 +3,8 @@ specific to each engine."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -213,3 +215,30 @@ def test_espeak_speed_changes_duration() -> None:
     slow = len(b"".join(_run(engine.open(SynthesisRequest(text=text, speed=0.75)))))
     fast = len(b"".join(_run(engine.open(SynthesisRequest(text=text, speed=1.5)))))
     assert fast < slow * 0.7
+
+
+def test_espeak_two_engines_on_two_threads_do_not_crash_the_process() -> None:
+    """The library is not thread-safe; the process-wide lock must serialise two lanes."""
+    results: dict[str, list[int]] = {"en-us": [], "en-gb": []}
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def lane(voice: str) -> None:
+        try:
+            engine = espeak.EspeakEngine(voice=voice, step_ms=50)
+            engine.load()
+            start.wait()
+            for i in range(5):
+                pcm = b"".join(_run(engine.open(SynthesisRequest(text=f"Lane {voice} turn {i}."))))
+                results[voice].append(len(pcm))
+            engine.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=lane, args=(v,)) for v in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert all(len(r) == 5 and min(r) > 0 for r in results.values())
