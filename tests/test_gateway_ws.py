@@ -1,0 +1,216 @@
+"""The real gateway on 127.0.0.1:0, a real websockets client, the replay LLM and espeak.
+
+Steps are ordered by awaiting events, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from gateway.config import load_config
+from gateway.core.codec import BYTES_PER_MS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS
+from gateway.io.server import Gateway
+from tests.wsclient import read_turn, recv_event, send
+
+REPLY = ("Hosting came to $184.50 last month. That's about 12% more than October, "
+         "mostly from extra bandwidth.")
+
+
+@pytest.fixture
+def replies(tmp_path):
+    path = tmp_path / "replies.jsonl"
+    path.write_text(orjson.dumps({"transcript": "How much did we spend on hosting?",
+                                  "reply": REPLY}).decode() + "\n")
+    return str(path)
+
+
+@pytest.fixture
+async def gateway(replies):
+    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
+                         llm={"replies": replies, "tokens_per_s": 400.0})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.aclose()
+
+
+def url(gw: Gateway) -> str:
+    return f"ws://127.0.0.1:{gw.port}/v1/voice"
+
+
+def check_frames(result, first_seq: int | None = None) -> None:
+    """Gapless seq, flags consistent with sentence events, audio not silent."""
+    seqs = [f.seq for f in result.frames]
+    start = seqs[0] if first_seq is None else first_seq
+    assert seqs == list(range(start, start + len(seqs)))
+    assert all(f.turn_id == result.turn_id for f in result.frames)
+    assert result.frames[-1].turn_end and result.frames[-1].sentence_end
+    assert sum(f.turn_end for f in result.frames) == 1
+    ends = [f.sentence for f in result.frames if f.sentence_end]
+    assert ends == [e["index"] for e in result.of("sentence.done")]
+    audio = result.audio.astype(np.float64)
+    assert np.sqrt(np.mean(audio**2)) > 300  # speech, not silence
+    assert result.done["metrics"]["audio_ms"] == pytest.approx(result.audio_ms, abs=1)
+    per_sentence = {e["index"]: e["audio_ms"] for e in result.of("sentence.done")}
+    for index, ms in per_sentence.items():
+        got = sum(len(f.pcm) for f in result.frames if f.sentence == index) / BYTES_PER_MS
+        assert ms == pytest.approx(got, abs=1)
+
+
+async def test_session_created_then_full_turn_through_replay_and_espeak(gateway):
+    async with connect(url(gateway)) as ws:
+        created = await recv_event(ws)
+        assert created["type"] == "session.created"
+        assert created["protocol"] == 1
+        assert created["audio"] == {"format": "pcm16", "sample_rate": 24000, "frame_ms": 40}
+        await send(ws, type="transcript", text="How much did we spend on hosting?")
+        result = await read_turn(ws)
+    assert result.reply == REPLY
+    sentences = result.of("sentence")
+    assert [s["text"] for s in sentences][-1].endswith("bandwidth.")
+    assert "".join(s["text"] for s in sentences).replace(" ", "") == REPLY.replace(" ", "")
+    for s in sentences:
+        assert REPLY.find(s["text"]) >= 0 and s["engine"] == "espeak"
+    assert result.done["status"] == "completed"
+    m = result.done["metrics"]
+    assert 0 <= m["ttft_ms"] <= m["first_sentence_ms"] <= m["ttfa_ms"]
+    assert m["engine"] == "espeak" and m["llm_tokens_per_s"] is not None
+    check_frames(result, first_seq=0)
+    assert {len(f.pcm) for f in result.frames[:-1] if not f.sentence_end} == {40 * BYTES_PER_MS}
+
+
+async def test_say_speaks_verbatim_without_llm(gateway):
+    async with connect(url(gateway)) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text="Dr. Patel will call at 3 p.m. today.")
+        result = await read_turn(ws)
+    assert result.of("turn.started")[0]["source"] == "say"
+    assert result.of("text.delta") == []
+    assert result.done["status"] == "completed"
+    check_frames(result, first_seq=0)
+
+
+async def test_session_update_changes_frames_and_voice(gateway):
+    async with connect(url(gateway)) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="session.update", session={"frame_ms": 20, "voice": "en-gb"})
+        updated = await recv_event(ws)
+        assert updated["type"] == "session.updated"
+        assert updated["session"]["frame_ms"] == 20 and updated["session"]["voice"] == "en-gb"
+        await send(ws, type="say", text="A short one.")
+        result = await read_turn(ws)
+    assert max(len(f.pcm) for f in result.frames) == 20 * BYTES_PER_MS
+
+
+async def test_barge_in_by_cancel_and_by_new_transcript(gateway):
+    long = "Here is a longer reply. " * 10
+    async with connect(url(gateway)) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text=long)
+        first = await read_turn(ws, until="sentence")  # audio is about to flow
+        await send(ws, type="cancel", turn_id=first.turn_id)
+        first_rest = await read_turn(ws, first.turn_id)
+        assert first_rest.done["status"] == "cancelled"
+        # a new transcript mid-turn cancels that turn and starts the next
+        await send(ws, type="say", text=long)
+        second = await read_turn(ws, until="sentence")
+        await send(ws, type="transcript", text="How much did we spend on hosting?")
+        second_rest = await read_turn(ws, second.turn_id)
+        assert second_rest.done["status"] == "cancelled"
+        third = await read_turn(ws)
+        assert third.turn_id == second.turn_id + 1
+        assert third.done["status"] == "completed"
+    # no frame of a turn after its turn.done; seq gapless across the three turns
+    assert all(f.turn_id == third.turn_id for f in third.frames)
+    frames = first.frames + first_rest.frames + second.frames + second_rest.frames + third.frames
+    assert [f.seq for f in frames] == list(range(len(frames)))
+    check_frames(third)
+
+
+async def test_bad_input_gets_error_and_session_stays_usable(gateway):
+    cases = [
+        ("{not json", "invalid_json"),
+        ("[1, 2]", "invalid_message"),
+        ('{"type": "dance"}', "unknown_type"),
+        ('{"type": "transcript"}', "missing_field"),
+        ('{"type": "transcript", "text": 5}', "invalid_field"),
+        ('{"type": "playback", "turn_id": 1, "played_ms": "x"}', "invalid_field"),
+        ('{"type": "session.update", "session": {"frame_ms": 33}}', "invalid_field"),
+        ('{"type": "session.update", "session": {"voice": "no-such-voice"}}', "unknown_voice"),
+        (orjson.dumps({"type": "say", "text": "a" * (MAX_TEXT_CHARS + 1)}).decode(),
+         "text_too_long"),
+        (orjson.dumps({"type": "say", "text": "a" * MAX_MESSAGE_BYTES}).decode(),
+         "message_too_large"),
+        (b"\x00\x01binary", "binary_not_supported"),
+    ]
+    async with connect(url(gateway)) as ws:
+        await recv_event(ws, "session.created")
+        for raw, code in cases:
+            await ws.send(raw)
+            error = await recv_event(ws)
+            assert error["type"] == "error", raw
+            assert error["error"]["code"] == code, raw
+            assert error["error"]["message"]
+        await send(ws, type="ping", id="still-there")
+        assert await recv_event(ws) == {"type": "pong", "id": "still-there"}
+        await send(ws, type="say", text="Still working.")
+        result = await read_turn(ws)
+        assert result.done["status"] == "completed"
+    assert gateway.metrics.errors["invalid_json"] == 1
+
+
+async def test_llm_down_fails_the_turn_with_a_clear_error(replies):
+    config = load_config(server={"port": 0}, llm={"url": "http://127.0.0.1:9/v1"})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="hello?")
+            result = await read_turn(ws)
+    finally:
+        await gw.aclose()
+    (error,) = result.of("error")
+    assert error["error"]["code"] == "llm_unavailable" and error["turn_id"] == result.turn_id
+    assert result.done["status"] == "failed"
+    assert result.frames == []
+
+
+async def test_health_on_the_voice_port_follows_sessions(gateway):
+    base = f"http://127.0.0.1:{gateway.port}"
+    async with httpx.AsyncClient() as client:
+        health = (await client.get(f"{base}/health")).json()
+        assert health["status"] == "ok" and health["sessions"] == 0
+        assert health["engine"]["name"] == "espeak" and health["engine"]["loaded"]
+        async with connect(url(gateway)) as ws:
+            await recv_event(ws, "session.created")
+            health = (await client.get(f"{base}/health")).json()
+            assert health["sessions"] == 1
+        assert (await client.get(f"{base}/nope")).status_code == 404
+
+
+async def test_shutdown_closes_sessions_with_1001_mid_turn(replies):
+    config = load_config(server={"port": 0}, llm={"replies": replies})
+    gw = Gateway(config)
+    await gw.start()
+    async with connect(url(gw)) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text="Here is a longer reply. " * 10)
+        await recv_event(ws, "sentence")
+        closing = asyncio.create_task(gw.aclose())
+        with pytest.raises(ConnectionClosed) as info:
+            while True:
+                await ws.recv()
+        assert info.value.rcvd.code == 1001
+        await closing
+    assert gw.lane.queue_depth == 0
+    assert gw.connections == set()

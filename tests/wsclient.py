@@ -1,0 +1,73 @@
+"""A protocol-exact test client: reads a turn's events and frames off a real WebSocket."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+from websockets.asyncio.client import ClientConnection
+
+from gateway.core.codec import BYTES_PER_MS, AudioFrame, decode_frame
+
+
+@dataclass
+class TurnResult:
+    turn_id: int | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    frames: list[AudioFrame] = field(default_factory=list)
+    after_done: list[Any] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+    @property
+    def done(self) -> dict[str, Any]:
+        (done,) = self.of("turn.done")
+        return done
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.frombuffer(b"".join(f.pcm for f in self.frames), dtype="<i2")
+
+    @property
+    def audio_ms(self) -> float:
+        return sum(len(f.pcm) for f in self.frames) / BYTES_PER_MS
+
+    @property
+    def reply(self) -> str:
+        return "".join(e["delta"] for e in self.of("text.delta"))
+
+
+async def send(ws: ClientConnection, **message: Any) -> None:
+    await ws.send(orjson.dumps(message).decode())
+
+
+async def recv_event(ws: ClientConnection, kind: str | None = None) -> dict[str, Any]:
+    """Next JSON event (skipping frames), or the next of ``kind``."""
+    while True:
+        message = await ws.recv()
+        if isinstance(message, bytes):
+            continue
+        event = orjson.loads(message)
+        if kind is None or event["type"] == kind:
+            return event
+
+
+async def read_turn(ws: ClientConnection, turn_id: int | None = None,
+                    *, until: str = "turn.done") -> TurnResult:
+    """Collect everything up to and including the ``turn.done`` of ``turn_id`` (the first
+    turn started when None). Frames and events of other turns are kept in order too."""
+    result = TurnResult(turn_id=turn_id)
+    while True:
+        message = await ws.recv()
+        if isinstance(message, bytes):
+            result.frames.append(decode_frame(message))
+            continue
+        event = orjson.loads(message)
+        result.events.append(event)
+        if event["type"] == "turn.started" and result.turn_id is None:
+            result.turn_id = event["turn_id"]
+        if event["type"] == until and event.get("turn_id") == result.turn_id:
+            return result
