@@ -1,0 +1,212 @@
+"""LLM backend for any OpenAI-compatible streaming chat server (oMLX, mlx_lm.server, vLLM, ...).
+
+One ``httpx.AsyncClient`` per backend keeps connections alive between turns; SSE framing is
+parsed by ``httpx-sse``. What this module adds on top is the knowledge of how these servers
+actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
+
+* keep-alive comment lines (``: keepalive 12/40``) arrive before the first token;
+* every delta may repeat ``role``; a chunk may carry many tokens (oMLX sends bursts);
+* with ``stream_options.include_usage`` the usage arrives in its own chunk *after* the
+  ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``;
+* the decode rate comes from the server (oMLX's ``generation_tokens_per_second``, or
+  llama.cpp's ``timings``), never from counting chunks.
+
+Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
+or stops answering in time (connection refused, DNS, connect/read timeout), ``llm_failed``
+when it answers wrongly (HTTP status >= 400, an error payload, malformed JSON, a stream that
+breaks off or ends without ``finish_reason`` or ``[DONE]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from httpx_sse import aconnect_sse
+
+from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=10.0, pool=10.0)
+"""``read`` bounds the silence between two received bytes (servers send keep-alives while
+they process a long prompt), not the length of the whole reply."""
+
+_SNIPPET = 200
+"""How many characters of a bad body end up in an error message."""
+
+
+def _snippet(text: str | bytes) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    return repr(text[:_SNIPPET]) + ("..." if len(text) > _SNIPPET else "")
+
+
+def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> float | None:
+    """The decode rate the server reported, or ``None`` when it reported none.
+
+    oMLX puts ``generation_tokens_per_second`` in ``usage``; llama.cpp sends a ``timings``
+    object (``predicted_per_second``, or ``predicted_n`` tokens in ``predicted_ms``).
+    """
+    if usage:
+        rate = usage.get("generation_tokens_per_second")
+        if isinstance(rate, int | float) and rate > 0:
+            return float(rate)
+    if timings:
+        rate = timings.get("predicted_per_second")
+        if isinstance(rate, int | float) and rate > 0:
+            return float(rate)
+        tokens = timings.get("predicted_n")
+        if tokens is None and usage:
+            tokens = usage.get("completion_tokens")
+        ms = timings.get("predicted_ms")
+        if isinstance(tokens, int | float) and isinstance(ms, int | float) and ms > 0:
+            return tokens / (ms / 1000.0)
+    return None
+
+
+class OpenAiLlm:
+    """Streams chat completions from ``{url}/chat/completions``.
+
+    ``url`` is the API base, as an OpenAI SDK would take it (``http://127.0.0.1:8081/v1``).
+    ``model`` is sent only when given: mlx_lm.server tries to download unknown model names.
+    ``timeout`` is a number of seconds or an ``httpx.Timeout``.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self._endpoint = f"{self.url}/chat/completions"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout)
+
+    def _body(self, request: LlmRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "messages": request.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        model = request.model or self.model
+        if model is not None:
+            body["model"] = model
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        return body
+
+    async def stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+        """Yield ``LlmDelta`` items as the server sends them, then one ``LlmDone``.
+
+        Safe to cancel: cancelling the consuming task (or closing this generator, e.g. with
+        ``contextlib.aclosing``) closes the HTTP response, and with it the connection, so
+        the server sees the client go and stops decoding. A consumer that merely stops
+        iterating leaves the connection open until the generator is garbage-collected:
+        close it explicitly.
+        """
+        try:
+            async for event in self._stream(request):
+                yield event
+        except httpx.TimeoutException as exc:
+            raise EngineError(
+                "llm_unavailable", f"LLM server {self.url} timed out ({type(exc).__name__})"
+            ) from exc
+        except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
+            raise EngineError(
+                "llm_unavailable", f"cannot reach LLM server {self.url}: {exc}"
+            ) from exc
+        except httpx.HTTPError as exc:
+            # RemoteProtocolError, ReadError, ...: it answered, then broke off.
+            raise EngineError(
+                "llm_failed", f"LLM stream from {self.url} broke off: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+        finish_reason: str | None = None
+        usage: dict[str, Any] | None = None
+        timings: dict[str, Any] | None = None
+        seen_done = False
+        deltas = 0
+        async with aconnect_sse(
+            self._client, "POST", self._endpoint, json=self._body(request)
+        ) as source:
+            response = source.response
+            if response.status_code >= 400:
+                raise EngineError(
+                    "llm_failed",
+                    f"LLM server answered HTTP {response.status_code}: "
+                    f"{_snippet(await _read_head(response))}",
+                )
+            content_type = response.headers.get("content-type", "")
+            if "text/event-stream" not in content_type:
+                raise EngineError(
+                    "llm_failed",
+                    f"LLM server answered {content_type or 'no content type'!r}, not an event "
+                    f"stream: {_snippet(await _read_head(response))}",
+                )
+            async for sse in source.aiter_sse():
+                data = sse.data
+                if not data:  # comments never get here; an id-only or empty event does
+                    continue
+                if seen_done:
+                    continue  # read to the end of the body so the connection can be reused
+                if data == "[DONE]":
+                    seen_done = True
+                    continue
+                try:
+                    chunk = orjson.loads(data)
+                except orjson.JSONDecodeError as exc:
+                    raise EngineError(
+                        "llm_failed", f"malformed JSON in LLM stream: {_snippet(data)}"
+                    ) from exc
+                if not isinstance(chunk, dict):
+                    raise EngineError("llm_failed", f"unexpected LLM chunk: {_snippet(data)}")
+                if chunk.get("error"):
+                    raise EngineError("llm_failed", f"LLM server error: {_snippet(data)}")
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                if isinstance(chunk.get("timings"), dict):
+                    timings = chunk["timings"]
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content")
+                    if text:
+                        deltas += 1
+                        yield LlmDelta(text)
+                    if choice.get("finish_reason"):
+                        finish_reason = choice["finish_reason"]
+                # A burst of chunks can sit fully buffered; let other sessions run between.
+                await asyncio.sleep(0)
+        if not seen_done and finish_reason is None:
+            raise EngineError(
+                "llm_failed",
+                f"LLM stream ended after {deltas} deltas without finish_reason or [DONE]",
+            )
+        yield LlmDone(
+            finish_reason=finish_reason,
+            tokens_per_s=tokens_per_s_from(usage, timings),
+            usage=usage,
+        )
+
+    async def aclose(self) -> None:
+        """Close pooled connections. Idempotent."""
+        await self._client.aclose()
+
+
+async def _read_head(response: httpx.Response, limit: int = 2048) -> bytes:
+    """The first ``limit`` bytes of a (possibly endless) response body."""
+    head = b""
+    async for part in response.aiter_bytes():
+        head += part
+        if len(head) >= limit:
+            break
+    return head[:limit]

@@ -1,0 +1,438 @@
+"""HTTP servers that tests (and benchmarks) talk to over real sockets on 127.0.0.1.
+
+* ``ScriptedLlmServer``: a TEST DOUBLE of an OpenAI-compatible streaming chat server, run by
+  uvicorn in the test's own event loop; each request plays a script of steps.
+* ``TinyLlamaServer``: a real ``mlx_lm.server`` process serving a tiny random-weight llama
+  built locally (``tests.tiny_models.llama``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+# --- script steps -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Text:
+    """One ``chat.completion.chunk`` whose delta carries ``text`` (and repeats ``role``)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The chunk with ``finish_reason`` and an empty delta."""
+
+    reason: str = "stop"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The usage chunk (``choices: []``), as mlx_lm.server and oMLX send it after finishing."""
+
+    usage: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Done:
+    """``data: [DONE]``."""
+
+
+@dataclass(frozen=True)
+class Comment:
+    """An SSE comment line, e.g. mlx_lm.server's ``: keepalive 3/40``."""
+
+    text: str = "keepalive"
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Bytes written as they are (malformed JSON, odd framing)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Several steps written in one ``send`` (one read on the client side, like oMLX)."""
+
+    steps: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Status:
+    """Answer with this HTTP status and body instead of a stream. Must be the only step."""
+
+    code: int
+    body: bytes = b'{"error": {"message": "scripted failure"}}'
+    content_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Abort the connection mid-response (the client sees an incomplete chunked body)."""
+
+
+@dataclass(frozen=True)
+class Hang:
+    """Send nothing more until the client goes away (or the server shuts down).
+
+    As the first step it hangs before the response headers are sent.
+    """
+
+
+def reply_script(
+    pieces: Sequence[str],
+    usage: dict[str, Any] | None = None,
+    finish: str = "stop",
+) -> list[Any]:
+    """A well-behaved stream: one chunk per piece, finish, usage (if any), ``[DONE]``."""
+    steps: list[Any] = [Text(p) for p in pieces]
+    steps.append(Finish(finish))
+    if usage is not None:
+        steps.append(Usage(usage))
+    steps.append(Done())
+    return steps
+
+
+# --- the test double ----------------------------------------------------------------------
+
+
+class _DroppedConnection(Exception):
+    """Raised inside the ASGI app to make uvicorn abort the connection."""
+
+
+@dataclass
+class RecordedRequest:
+    """What the double saw of one request, and events for what happened to it."""
+
+    path: str
+    body: dict[str, Any] | None
+    headers: dict[str, str]
+    client_port: int | None
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the client closed the connection before the response was complete."""
+    completed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the script ran to its end (the whole response was written)."""
+
+
+class ScriptedLlmServer:
+    """TEST DOUBLE: an OpenAI-compatible ``/v1/chat/completions`` that plays scripts.
+
+    Not a model and not a simulation of one: each POST pops the next script queued with
+    ``script(...)`` (or replays ``default_script``) and writes exactly those steps, so a test
+    controls every byte: chunk boundaries, keep-alives, bursts, usage after the finish,
+    HTTP errors, malformed JSON, a dropped connection, a server that hangs. ``requests``
+    records what the client sent and when it went away. ``GET /v1/models`` answers too.
+    Runs as a real uvicorn server on ``127.0.0.1:0`` in the current event loop.
+    """
+
+    def __init__(self) -> None:
+        self._scripts: deque[list[Any]] = deque()
+        self.default_script: list[Any] = reply_script(["Hello", " there", "."])
+        self.requests: list[RecordedRequest] = []
+        self.request_arrived = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        """The API base, as clients take it (ends in ``/v1``)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *scripts: Iterable[Any]) -> None:
+        """Queue one script per coming request, in order."""
+        for steps in scripts:
+            self._scripts.append(list(steps))
+
+    # ASGI --------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        client = scope.get("client")
+        record = RecordedRequest(
+            path=scope["path"],
+            body=body,
+            headers={k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
+            client_port=client[1] if client else None,
+        )
+        self.requests.append(record)
+        self.request_arrived.set()
+
+        if scope["path"] == "/v1/models":
+            await _send_plain(send, 200, b'{"object": "list", "data": [{"id": "scripted"}]}')
+            record.completed.set()
+            return
+        if scope["path"] != "/v1/chat/completions" or scope["method"] != "POST":
+            await _send_plain(send, 404, b'{"error": "not found"}')
+            return
+
+        steps = self._scripts.popleft() if self._scripts else list(self.default_script)
+
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not record.completed.is_set():
+                record.disconnected.set()
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await self._play(steps, send, record)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _play(self, steps: list[Any], send: Any, record: RecordedRequest) -> None:
+        if steps and isinstance(steps[0], Status):
+            status = steps[0]
+            record.completed.set()
+            await _send_plain(send, status.code, status.body, status.content_type)
+            return
+        if steps and isinstance(steps[0], Hang):
+            await self._hang(record)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                ],
+            }
+        )
+        for step in steps:
+            if isinstance(step, Drop):
+                raise _DroppedConnection("scripted drop")
+            if isinstance(step, Hang):
+                await self._hang(record)
+                return
+            await send({"type": "http.response.body", "body": _encode(step), "more_body": True})
+        record.completed.set()  # before the last send: from then on a disconnect is normal
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _hang(self, record: RecordedRequest) -> None:
+        closing = asyncio.create_task(self._closing.wait())
+        gone = asyncio.create_task(record.disconnected.wait())
+        try:
+            await asyncio.wait({closing, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            gone.cancel()
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind 127.0.0.1:0, start uvicorn in this loop, and return once it serves."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self, lifespan="off", log_level="warning", access_log=False, log_config=None
+        )
+        self._server = _StartedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        started = asyncio.create_task(self._server.started_event.wait())
+        await asyncio.wait({started, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            started.cancel()
+            await self._task  # raises what made start-up fail
+            raise RuntimeError("uvicorn stopped before it started serving")
+
+    async def stop(self) -> None:
+        """Release hanging scripts, stop uvicorn and wait for it."""
+        self._closing.set()
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task
+
+
+class _StartedServer(uvicorn.Server):
+    """uvicorn.Server with an event for "listening", so nobody sleeps or polls for it."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.started_event = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.started_event.set()
+
+
+def _encode(step: Any) -> bytes:
+    match step:
+        case Text(text):
+            return _data(_chunk({"role": "assistant", "content": text}, None))
+        case Finish(reason):
+            return _data(_chunk({"role": "assistant"}, reason))
+        case Usage(usage):
+            return _data(
+                {
+                    "id": "chatcmpl-scripted",
+                    "object": "chat.completion",
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+        case Done():
+            return b"data: [DONE]\n\n"
+        case Comment(text):
+            return f": {text}\n\n".encode()
+        case Raw(data):
+            return data
+        case Burst(steps):
+            return b"".join(_encode(s) for s in steps)
+    raise TypeError(f"cannot encode step {step!r}")
+
+
+def _chunk(delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion.chunk",
+        "model": "scripted",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+
+
+def _data(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _send_plain(
+    send: Any, status: int, body: bytes, content_type: str = "application/json"
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type.encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+# --- a real mlx_lm.server -----------------------------------------------------------------
+
+
+class TinyLlamaServer:
+    """A real ``mlx_lm.server`` subprocess serving a tiny llama from ``model_dir``.
+
+    Offline by construction: ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` pointing at an
+    existing empty directory (mlx_lm.server's ``/v1/models`` crashes if it is missing).
+    Readiness is its own log line ("Starting httpd ...", printed once the socket is bound),
+    confirmed by one ``GET /v1/models``.
+    """
+
+    START_TIMEOUT = 120.0
+
+    def __init__(self, model_dir: Path, cache_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.cache_dir = cache_dir
+        self.port = _free_port()
+        self.log: list[str] = []
+        self._ready = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(self.cache_dir))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm",
+                "server",
+                "--model",
+                str(self.model_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "INFO",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        threading.Thread(target=self._read_log, daemon=True, name="mlx_lm.server log").start()
+        if not self._ready.wait(self.START_TIMEOUT) or self._proc.poll() is not None:
+            self.stop()
+            raise RuntimeError("mlx_lm.server did not start:\n" + "".join(self.log[-30:]))
+        # Bound and serving once it logged; a few tries only cover a slow first accept.
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                httpx.get(f"{self.url}/models", timeout=5.0).raise_for_status()
+                return
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise
+                time.sleep(0.1)
+
+    def _read_log(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.log.append(line)
+            if "Starting httpd" in line:
+                self._ready.set()
+        self._ready.set()  # exited: wake the waiter, which checks poll()
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+
+def _free_port() -> int:
+    """A port free right now (mlx_lm.server cannot report the port it got for 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

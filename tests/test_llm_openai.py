@@ -1,0 +1,311 @@
+"""OpenAiLlm against a scripted server (exact bytes) and a real mlx_lm.server (tiny llama)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import httpx
+import pytest
+
+from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
+from engines.llm_openai import OpenAiLlm, tokens_per_s_from
+from tests.servers import (
+    Burst,
+    Comment,
+    Done,
+    Drop,
+    Finish,
+    Hang,
+    Raw,
+    ScriptedLlmServer,
+    Status,
+    Text,
+    Usage,
+    reply_script,
+)
+
+REQUEST = LlmRequest(messages=[{"role": "user", "content": "Hi"}])
+OMLX_USAGE = {
+    "prompt_tokens": 12,
+    "completion_tokens": 3,
+    "total_tokens": 15,
+    "time_to_first_token": 0.21,
+    "prompt_tokens_per_second": 240.0,
+    "generation_tokens_per_second": 51.5,
+}
+
+
+async def collect(llm: OpenAiLlm, request: LlmRequest = REQUEST) -> list[LlmEvent]:
+    async with asyncio.timeout(20):  # a safety net only; client timeouts are what is tested
+        return [event async for event in llm.stream(request)]
+
+
+@pytest.fixture
+async def llm(scripted_llm_server: ScriptedLlmServer):
+    backend = OpenAiLlm(scripted_llm_server.url, timeout=httpx.Timeout(5.0, read=1.0))
+    yield backend
+    await backend.aclose()
+
+
+async def test_exact_text_and_usage_after_finish(llm, scripted_llm_server):
+    scripted_llm_server.script(
+        [
+            Comment("keepalive 1/2"),
+            Comment("keepalive 2/2"),
+            Text("Hel"),
+            Text("lo, "),
+            Text("world."),
+            Finish("stop"),
+            Usage(OMLX_USAGE),  # after finish_reason, as oMLX and mlx_lm.server send it
+            Done(),
+        ]
+    )
+    events = await collect(llm)
+    assert events == [
+        LlmDelta("Hel"),
+        LlmDelta("lo, "),
+        LlmDelta("world."),
+        LlmDone(finish_reason="stop", tokens_per_s=51.5, usage=OMLX_USAGE),
+    ]
+
+
+async def test_request_body_and_headers(scripted_llm_server):
+    plain = OpenAiLlm(scripted_llm_server.url)
+    named = OpenAiLlm(scripted_llm_server.url + "/", model="gemma", api_key="sk-test")
+    try:
+        await collect(plain)
+        await collect(named, LlmRequest(REQUEST.messages, temperature=0.2, max_tokens=7))
+    finally:
+        await plain.aclose()
+        await named.aclose()
+    first, second = scripted_llm_server.requests
+    assert first.path == second.path == "/v1/chat/completions"
+    assert first.body == {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # no "model": mlx_lm.server would try the hub for an unknown name
+    assert "authorization" not in first.headers
+    assert second.body["model"] == "gemma"
+    assert second.body["temperature"] == 0.2
+    assert second.body["max_tokens"] == 7
+    assert second.headers["authorization"] == "Bearer sk-test"
+
+
+async def test_burst_of_chunks_in_one_write_yields_to_the_loop(llm, scripted_llm_server):
+    words = [f" w{i}" for i in range(300)]
+    pieces = ["".join(words[i : i + 7]) for i in range(0, 300, 7)]  # 43 chunks, ~7 tokens each
+    scripted_llm_server.script([Burst(tuple(reply_script(pieces, usage=OMLX_USAGE)))])
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    seen: list[int] = []
+    text = ""
+    done = None
+    task = asyncio.create_task(ticker())
+    try:
+        async with asyncio.timeout(20):
+            async for event in llm.stream(REQUEST):
+                if isinstance(event, LlmDelta):
+                    text += event.text
+                    seen.append(ticks)
+                else:
+                    done = event
+    finally:
+        task.cancel()
+    assert text == "".join(words)
+    assert done == LlmDone("stop", 51.5, OMLX_USAGE)
+    # Another task ran while the buffered burst was being consumed.
+    assert seen[-1] - seen[0] >= len(pieces) - 1
+
+
+async def test_keepalives_ids_and_role_only_deltas_are_skipped(llm, scripted_llm_server):
+    scripted_llm_server.script(
+        [
+            Comment("keepalive 3/40"),
+            Raw(b"id: 1\n\n"),  # an event without data
+            Raw(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'),
+            Text("A"),
+            Comment(""),
+            Text("B"),
+            Raw(b'data: {"choices":[{"index":0,"delta":{"content":""}}]}\n\n'),
+            Finish("length"),
+            Done(),
+        ]
+    )
+    assert await collect(llm) == [LlmDelta("A"), LlmDelta("B"), LlmDone("length", None, None)]
+
+
+async def test_replacement_chars_and_invalid_utf8_pass_through_as_text(llm, scripted_llm_server):
+    scripted_llm_server.script(
+        [
+            Text("a\ufffdb"),
+            Raw(b'data: {"choices":[{"index":0,"delta":{"content":"x\xffy"}}]}\n\n'),
+            Finish(),
+            Done(),
+        ]
+    )
+    events = await collect(llm)
+    assert events[:2] == [LlmDelta("a\ufffdb"), LlmDelta("x\ufffdy")]
+
+
+async def test_finish_without_done_is_accepted_and_done_without_finish_too(
+    llm, scripted_llm_server
+):
+    scripted_llm_server.script([Text("a"), Finish("stop")], [Text("b"), Done()])
+    assert await collect(llm) == [LlmDelta("a"), LlmDone("stop")]
+    assert await collect(llm) == [LlmDelta("b"), LlmDone(None)]
+
+
+async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
+    await collect(llm)
+    await collect(llm)
+    ports = {r.client_port for r in scripted_llm_server.requests}
+    assert len(scripted_llm_server.requests) == 2 and len(ports) == 1
+
+
+@pytest.mark.parametrize(
+    ("script", "fragment"),
+    [
+        ([Status(500, b"Internal meltdown")], "HTTP 500: 'Internal meltdown'"),
+        ([Status(404, b'{"error": "no such model"}')], "HTTP 404"),
+        ([Status(200, b'{"choices": []}', "application/json")], "not an event stream"),
+        ([Text("ok"), Raw(b"data: {not json\n\n"), Done()], "malformed JSON"),
+        ([Raw(b'data: {"error": {"message": "model crashed"}}\n\n')], "model crashed"),
+        ([Text("half a rep"), Drop()], "broke off"),
+        ([Text("no ending")], "without finish_reason or [DONE]"),
+    ],
+    ids=["500", "404", "not-sse", "bad-json", "error-payload", "dropped", "no-finish"],
+)
+async def test_failures_map_to_llm_failed(llm, scripted_llm_server, script, fragment):
+    scripted_llm_server.script(script)
+    with pytest.raises(EngineError) as info:
+        await collect(llm)
+    assert info.value.code == "llm_failed"
+    assert fragment in info.value.message
+
+
+@pytest.mark.parametrize(
+    "script", [[Hang()], [Comment(), Text("a"), Hang()]], ids=["before-headers", "mid-stream"]
+)
+async def test_a_server_that_hangs_times_out_as_unavailable(scripted_llm_server, script):
+    llm = OpenAiLlm(scripted_llm_server.url, timeout=httpx.Timeout(5.0, read=0.3))
+    scripted_llm_server.script(script)
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+    assert info.value.code == "llm_unavailable"
+    assert "timed out" in info.value.message
+    async with asyncio.timeout(5):
+        await scripted_llm_server.requests[0].disconnected.wait()
+
+
+async def test_connection_refused_is_unavailable():
+    with socket.socket() as s:  # a port that was free a moment ago and has no listener
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    llm = OpenAiLlm(f"http://127.0.0.1:{port}/v1", timeout=2.0)
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+    assert info.value.code == "llm_unavailable"
+    assert f"127.0.0.1:{port}" in info.value.message
+
+
+async def test_unresolvable_host_is_unavailable():
+    llm = OpenAiLlm("http://llm.invalid/v1", timeout=2.0)
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+    assert info.value.code == "llm_unavailable"
+
+
+async def test_cancelling_the_consumer_closes_the_connection(llm, scripted_llm_server):
+    scripted_llm_server.script([Text("first"), Hang()])
+    got_first = asyncio.Event()
+
+    async def consume() -> None:
+        async for event in llm.stream(REQUEST):
+            if isinstance(event, LlmDelta):
+                got_first.set()
+
+    task = asyncio.create_task(consume())
+    async with asyncio.timeout(5):
+        await got_first.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(5):
+        await scripted_llm_server.requests[0].disconnected.wait()
+
+
+async def test_closing_the_stream_early_closes_the_connection(llm, scripted_llm_server):
+    scripted_llm_server.script([Text("first"), Hang()])
+    async with contextlib.aclosing(llm.stream(REQUEST)) as events:
+        assert await anext(events) == LlmDelta("first")
+    async with asyncio.timeout(5):
+        await scripted_llm_server.requests[0].disconnected.wait()
+
+
+@pytest.mark.parametrize(
+    ("usage", "timings", "expected"),
+    [
+        ({"completion_tokens": 30, "generation_tokens_per_second": 51.5}, None, 51.5),
+        ({"completion_tokens": 30}, None, None),  # no server time: no rate, never chunk counts
+        (None, None, None),
+        ({"completion_tokens": 30}, {"predicted_per_second": 42.0}, 42.0),
+        ({"completion_tokens": 30}, {"predicted_n": 30, "predicted_ms": 600.0}, 50.0),
+        ({"completion_tokens": 30}, {"predicted_ms": 1500.0}, 20.0),
+    ],
+)
+def test_tokens_per_s_comes_from_the_server(usage, timings, expected):
+    assert tokens_per_s_from(usage, timings) == expected
+
+
+async def test_llama_cpp_timings_give_the_rate(llm, scripted_llm_server):
+    timings = b'"timings": {"predicted_n": 4, "predicted_ms": 100.0}'
+    scripted_llm_server.script(
+        [
+            Text("ab"),
+            Raw(
+                b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+                + timings
+                + b"}\n\n"
+            ),
+            Done(),
+        ]
+    )
+    events = await collect(llm)
+    assert events[-1] == LlmDone("stop", 40.0, None)
+
+
+@pytest.mark.slow
+async def test_real_stream_from_mlx_lm_server(tiny_llama_server):
+    llm = OpenAiLlm(tiny_llama_server.url, timeout=httpx.Timeout(30.0))
+    try:
+        events = await collect(llm, LlmRequest(REQUEST.messages, max_tokens=5))
+        again = await collect(llm, LlmRequest(REQUEST.messages, max_tokens=3))
+    finally:
+        await llm.aclose()
+    deltas, done = events[:-1], events[-1]
+    assert deltas and all(isinstance(d, LlmDelta) and d.text for d in deltas)
+    assert isinstance(done, LlmDone)
+    assert done.finish_reason in {"length", "stop"}
+    assert done.usage is not None and 1 <= done.usage["completion_tokens"] <= 5
+    assert done.usage["prompt_tokens"] > 0
+    assert done.tokens_per_s is None  # mlx_lm.server reports no decode rate
+    assert isinstance(again[-1], LlmDone) and again[-1].usage["completion_tokens"] <= 3
