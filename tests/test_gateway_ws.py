@@ -86,6 +86,12 @@ async def test_session_created_then_full_turn_through_replay_and_espeak(gateway)
     assert m["engine"] == "espeak" and m["llm_tokens_per_s"] is not None
     check_frames(result, first_seq=0)
     assert {len(f.pcm) for f in result.frames[:-1] if not f.sentence_end} == {40 * BYTES_PER_MS}
+    # paced: no frame arrives more than max_lead_ms (1000) ahead of real-time playback
+    # (a slow machine only makes frames later, so this cannot fail for slowness)
+    t0, played = result.arrivals[0], 0.0
+    for frame, arrival in zip(result.frames, result.arrivals, strict=True):
+        assert played - (arrival - t0) * 1000 <= 1000 + 5
+        played += len(frame.pcm) / BYTES_PER_MS
 
 
 async def test_say_speaks_verbatim_without_llm(gateway):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,8 @@ class TurnResult:
     turn_id: int | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     frames: list[AudioFrame] = field(default_factory=list)
-    after_done: list[Any] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    """Loop time at which each frame arrived."""
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == kind]
@@ -60,10 +62,12 @@ async def read_turn(ws: ClientConnection, turn_id: int | None = None,
     """Collect everything up to and including the ``turn.done`` of ``turn_id`` (the first
     turn started when None). Frames and events of other turns are kept in order too."""
     result = TurnResult(turn_id=turn_id)
+    loop = asyncio.get_running_loop()
     while True:
         message = await ws.recv()
         if isinstance(message, bytes):
             result.frames.append(decode_frame(message))
+            result.arrivals.append(loop.time())
             continue
         event = orjson.loads(message)
         result.events.append(event)
