@@ -58,6 +58,9 @@ class LaneScheduler:
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def owners(self) -> list[Hashable]:
+        return list(self._queues)
+
     def next_job(self, now: float) -> Job | None:
         """The job whose next step should run now, or None when nothing waits."""
         best: Job | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, assert_never
 
@@ -55,6 +56,9 @@ class VoiceConnection:
         self._timer: asyncio.TimerHandle | None = None
         self._closing = False
         self.frames_sent = 0
+        # tracing (bench/turn_latency.py); None in normal operation
+        self._received_at = 0.0
+        self._trace_frames: dict[int, float] = {}
 
     def now(self) -> float:
         return self.loop.time()
@@ -92,6 +96,8 @@ class VoiceConnection:
     async def _reader(self) -> None:
         async for message in self.ws:
             now = self.now()
+            if self.gateway.tracer is not None:
+                self._received_at = time.perf_counter()
             try:
                 decoded = codec.decode_client(message)
             except ProtocolError as error:
@@ -108,7 +114,13 @@ class VoiceConnection:
                 self._outbox_ready.clear()
                 await self._outbox_ready.wait()
                 continue
-            await self.ws.send(outbox.popleft())
+            item = outbox.popleft()
+            await self.ws.send(item)
+            if self._trace_frames:
+                ready_at = self._trace_frames.pop(id(item), None)
+                if ready_at is not None and self.gateway.tracer is not None:
+                    self.gateway.tracer.add("chunk_to_frame_written",
+                                            time.perf_counter() - ready_at)
 
     # ---- effects -----------------------------------------------------------------------
 
@@ -182,6 +194,9 @@ class VoiceConnection:
     async def _run_llm(self, turn_id: int, request: LlmRequest) -> None:
         """Stream one turn's reply into the session. Cancelled on barge-in (closes the HTTP
         stream); every failure becomes an ``llm_*`` error on the turn, never a hang."""
+        tracer = self.gateway.tracer
+        if tracer is not None:
+            tracer.add("transcript_to_llm_request", time.perf_counter() - self._received_at)
         try:
             async for event in self.gateway.llm.stream(request):
                 match event:
@@ -207,9 +222,14 @@ class VoiceConnection:
         deadline = self.session.deadline(turn_id, now)
         return job.deadline if deadline is None else deadline
 
-    def on_audio(self, job: Job, pcm: bytes, engine: str) -> None:
+    def on_audio(self, job: Job, pcm: bytes, engine: str, ready_at: float) -> None:
         payload: SynthesisJob = job.payload
-        self._apply(self.session.audio(job.owner[1], payload.index, pcm, engine, self.now()))
+        effects = self.session.audio(job.owner[1], payload.index, pcm, engine, self.now())
+        if self.gateway.tracer is not None:
+            first = next((e for e in effects if isinstance(e, SendAudio)), None)
+            if first is not None:
+                self._trace_frames[id(first.data)] = ready_at
+        self._apply(effects)
 
     def on_done(self, job: Job) -> None:
         payload: SynthesisJob = job.payload

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 class JobSink(Protocol):
     """Where a job's results go (a voice connection, an HTTP speech response)."""
 
-    def on_audio(self, job: Job, pcm: bytes, engine: str) -> None: ...
+    def on_audio(self, job: Job, pcm: bytes, engine: str, ready_at: float) -> None:
+        """``ready_at``: ``time.perf_counter()`` when the engine returned the chunk."""
     def on_done(self, job: Job) -> None: ...
     def on_failed(self, job: Job, code: str, message: str) -> None: ...
 
@@ -121,7 +122,7 @@ class Lane:
         try:
             if job.state is None:
                 job.state = await self.call(self.engine.open, payload.request)
-            chunk = await self.call(job.state.step)
+            chunk, ready_at = await self.call(_timed_step, job.state)
         except EngineError as exc:
             self._drop(job)
             self.stats.jobs_failed += 1
@@ -152,7 +153,7 @@ class Lane:
             return
         job.steps += 1
         engine_name = getattr(job.state, "engine_name", None) or self.engine.name
-        payload.sink.on_audio(job, chunk, engine_name)
+        payload.sink.on_audio(job, chunk, engine_name, ready_at)
 
     def _drop(self, job: Job) -> None:
         self.scheduler.finish(job)
@@ -161,12 +162,17 @@ class Lane:
 
     async def aclose(self) -> None:
         """Cancel every job and release the engine on its thread."""
-        for owner in list(self.scheduler._queues):
+        for owner in self.scheduler.owners():
             self.cancel(owner)
         try:
             await self.call(self.engine.close)
         finally:
             self._executor.shutdown(wait=False)
+
+
+def _timed_step(stream: SynthesisStream) -> tuple[bytes | None, float]:
+    chunk = stream.step()
+    return chunk, time.perf_counter()
 
 
 def _close_quietly(stream: SynthesisStream) -> None:

@@ -50,6 +50,16 @@ def version() -> str:
 
 
 @dataclass(slots=True)
+class Tracer:
+    """Latency samples (seconds) by name, for bench/turn_latency.py."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.samples.setdefault(name, []).append(seconds)
+
+
+@dataclass(slots=True)
 class Metrics:
     turns: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -74,6 +84,8 @@ class Gateway:
         self._server: Server | None = None
         self._lane_task: asyncio.Task[None] | None = None
         self.voices: list[str] = []
+        self.tracer: Tracer | None = None
+        """Set by benchmarks to collect the gateway's own latencies."""
 
     def _make_llm(self) -> LlmBackend:
         c = self.config.llm
