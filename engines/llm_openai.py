@@ -83,6 +83,9 @@ class OpenAiLlm:
         api_key: str | None = None,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
     ) -> None:
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"LLM url must be http(s)://host[:port]/base, got {url!r}")
         self.url = url.rstrip("/")
         self.model = model
         self._endpoint = f"{self.url}/chat/completions"
@@ -120,7 +123,7 @@ class OpenAiLlm:
             raise EngineError(
                 "llm_unavailable", f"LLM server {self.url} timed out ({type(exc).__name__})"
             ) from exc
-        except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
+        except httpx.ConnectError as exc:
             raise EngineError(
                 "llm_unavailable", f"cannot reach LLM server {self.url}: {exc}"
             ) from exc

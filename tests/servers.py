@@ -257,7 +257,10 @@ class ScriptedLlmServer:
 
     async def start(self) -> None:
         """Bind 127.0.0.1:0, start uvicorn in this loop, and return once it serves."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only when
+        # the listener says TCP; with proto 0, Nagle + delayed ACK add ~40 ms per response
+        # on a reused connection.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]

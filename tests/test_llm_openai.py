@@ -224,6 +224,12 @@ async def test_connection_refused_is_unavailable():
     assert f"127.0.0.1:{port}" in info.value.message
 
 
+@pytest.mark.parametrize("url", ["127.0.0.1:8081/v1", "ftp://host/v1", "http:///v1"])
+def test_a_bad_url_is_refused_at_construction(url):
+    with pytest.raises(ValueError, match="LLM url"):
+        OpenAiLlm(url)
+
+
 async def test_unresolvable_host_is_unavailable():
     llm = OpenAiLlm("http://llm.invalid/v1", timeout=2.0)
     try:
