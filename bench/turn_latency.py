@@ -131,12 +131,12 @@ def _table(report: dict) -> str:
              f"{'sessions':>8} {'turns':>6} {'frames':>7} | {'transcript→LLM p50':>19} "
              f"{'p99':>8} | {'chunk→frame p50':>16} {'p99':>8}"]
     for row in report["levels"]:
+        nan = float("nan")
         a = row.get("transcript_to_llm_request", {})
         b = row.get("chunk_to_frame_written", {})
         lines.append(f"{row['sessions']:>8} {row['turns']:>6} {row['frames']:>7} | "
-                     f"{a.get('p50_ms', float('nan')):>16.3f} ms {a.get('p99_ms', float('nan')):>5.3f}"
-                     f" ms | {b.get('p50_ms', float('nan')):>13.3f} ms "
-                     f"{b.get('p99_ms', float('nan')):>5.3f} ms")
+                     f"{a.get('p50_ms', nan):>16.3f} ms {a.get('p99_ms', nan):>5.3f} ms | "
+                     f"{b.get('p50_ms', nan):>13.3f} ms {b.get('p99_ms', nan):>5.3f} ms")
     return "\n".join(lines)
 
 

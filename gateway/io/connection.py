@@ -9,6 +9,7 @@ so the session is only ever touched by one thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -198,13 +199,14 @@ class VoiceConnection:
         if tracer is not None:
             tracer.add("transcript_to_llm_request", time.perf_counter() - self._received_at)
         try:
-            async for event in self.gateway.llm.stream(request):
-                match event:
-                    case LlmDelta(text=text):
-                        self._apply(self.session.llm_delta(turn_id, text, self.now()))
-                    case LlmDone(tokens_per_s=rate):
-                        self._apply(self.session.llm_done(turn_id, rate, self.now()))
-                        return
+            async with contextlib.aclosing(self.gateway.llm.stream(request)) as stream:
+                async for event in stream:
+                    match event:
+                        case LlmDelta(text=text):
+                            self._apply(self.session.llm_delta(turn_id, text, self.now()))
+                        case LlmDone(tokens_per_s=rate):
+                            self._apply(self.session.llm_done(turn_id, rate, self.now()))
+                            return
             raise EngineError("llm_failed", "the LLM stream ended without finishing")
         except EngineError as exc:
             self.gateway.metrics.errors[exc.code] += 1
