@@ -282,4 +282,4 @@ def test_history_is_bounded(clock):
     for i in range(5):
         tid = start(s, clock, f"question {i}")
         s.llm_done(tid, None, clock())
-    assert [m["content"] for m in s.history] == ["question 3", "question 4"]
+    assert [m["content"] for m in s.history] == ["question 3", "…", "question 4", "…"]

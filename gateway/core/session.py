@@ -559,10 +559,11 @@ class Session:
         return " ".join(parts)
 
     def _remember(self, turn: Turn, status: str) -> None:
-        spoken = self._spoken_reply(turn, status)
+        # Roles must alternate (Gemma's chat template refuses two user messages in a row):
+        # a reply interrupted before anything was heard is recorded as an ellipsis.
+        spoken = self._spoken_reply(turn, status) or "…"
         self.history.append({"role": "user", "content": turn.user_text})
-        if spoken:
-            self.history.append({"role": "assistant", "content": spoken})
+        self.history.append({"role": "assistant", "content": spoken})
         # keep the newest turns; a turn starts at a user message
         users = [i for i, m in enumerate(self.history) if m["role"] == "user"]
         if len(users) > self.limits.history_turns:

@@ -1,0 +1,154 @@
+"""Turns through real HTTP LLM servers: the scripted SSE double and a real mlx_lm.server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from gateway.config import load_config
+from gateway.io.server import Gateway
+from tests.servers import Burst, Comment, Done, Drop, Finish, Hang, Status, Text, Usage
+from tests.wsclient import read_turn, recv_event, send
+
+OMLX_USAGE = {"prompt_tokens": 20, "completion_tokens": 14, "total_tokens": 34,
+              "generation_tokens_per_second": 51.5}
+
+
+async def start_gateway(llm_url: str, **llm) -> Gateway:
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": llm_url, **llm}))
+    await gw.start()
+    return gw
+
+
+async def turn(gw: Gateway, text: str = "hi", **session):
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        if session:
+            await send(ws, type="session.update", session=session)
+            await recv_event(ws, "session.updated")
+        await send(ws, type="transcript", text=text)
+        return await read_turn(ws)
+
+
+async def test_burst_with_usage_after_finish_gives_exact_text_and_rate(scripted_llm_server):
+    pieces = ["The design review ", "starts at 3:30 p.m. ", "in the big room. ",
+              "Your call is ", "at 5 p.m. sharp."]
+    scripted_llm_server.script([Comment(), Burst(tuple(Text(p) for p in pieces)),
+                                Finish(), Usage(OMLX_USAGE), Done()])
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        result = await turn(gw, "What's on my calendar?", max_lead_ms=30000)
+    finally:
+        await gw.aclose()
+    assert result.reply == "".join(pieces)
+    assert result.done["status"] == "completed"
+    assert result.done["metrics"]["llm_tokens_per_s"] == 51.5
+    assert [s["text"] for s in result.of("sentence")][-1] == "Your call is at 5 p.m. sharp."
+    (request,) = scripted_llm_server.requests
+    assert request.body["stream"] is True
+    assert request.body["stream_options"] == {"include_usage": True}
+    assert request.body["messages"][-1] == {"role": "user", "content": "What's on my calendar?"}
+    assert "model" not in request.body
+
+
+@pytest.mark.parametrize("script, code", [
+    ([Status(500)], "llm_failed"),
+    ([Text("Half a sentence. And then"), Drop()], "llm_failed"),
+    ([Text("Okay. "), Text("{broken"), Finish(), Done()], None),  # text, not JSON: fine
+])
+async def test_llm_failures_end_the_turn_failed_and_speak_what_was_complete(
+        scripted_llm_server, script, code):
+    scripted_llm_server.script(script)
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        result = await turn(gw, max_lead_ms=30000)
+    finally:
+        await gw.aclose()
+    if code is None:
+        assert result.done["status"] == "completed"
+        return
+    (error,) = result.of("error")
+    assert error["error"]["code"] == code and error["turn_id"] == result.turn_id
+    assert result.done["status"] == "failed"
+    if script[0] != Status(500):  # the complete sentence before the drop is still spoken
+        assert [s["text"] for s in result.of("sentence")] == ["Half a sentence."]
+        assert result.frames and result.frames[-1].turn_end
+
+
+async def test_malformed_sse_is_llm_failed(scripted_llm_server):
+    from tests.servers import Raw
+
+    scripted_llm_server.script([Raw(b"data: {not json}\n\n")])
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        result = await turn(gw)
+    finally:
+        await gw.aclose()
+    assert result.of("error")[0]["error"]["code"] == "llm_failed"
+    assert result.done["status"] == "failed"
+
+
+async def test_barge_in_closes_the_llm_stream(scripted_llm_server):
+    scripted_llm_server.script([Text("Thinking about it. "), Text("Still here "), Hang()],
+                               [Text("Fine."), Finish(), Done()])
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="first")
+            first_id = (await recv_event(ws, "text.delta"))["turn_id"]
+            await send(ws, type="transcript", text="second")
+            first = await read_turn(ws, first_id)
+            assert first.done["status"] == "cancelled"
+            second = await read_turn(ws)
+            assert second.done["status"] == "completed"
+        # the hanging stream of the first turn was closed by the gateway
+        await asyncio.wait_for(scripted_llm_server.requests[0].disconnected.wait(), 10)
+        history = scripted_llm_server.requests[1].body["messages"]
+        assert [m["role"] for m in history] == ["system", "user", "assistant", "user"]
+    finally:
+        await gw.aclose()
+
+
+@pytest.mark.slow
+async def test_full_turn_through_a_real_mlx_lm_server(tiny_llama_server):
+    gw = await start_gateway(tiny_llama_server.url, max_tokens=12)
+    try:
+        result = await turn(gw, "Say something.", max_lead_ms=30000)
+    finally:
+        await gw.aclose()
+    # random weights: the text is noise, but it streams, ends and is counted by the server
+    assert result.done["status"] == "completed", result.events
+    assert result.of("text.delta")
+    assert result.done["metrics"]["ttft_ms"] is not None
+
+
+def test_cli_serves_and_exits_cleanly_on_sigterm(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        lines = []
+        while line := proc.stdout.readline():  # (iteration reads ahead past what we need)
+            lines.append(line)
+            if line.startswith("voice-gateway") and "serving" in line:
+                break
+        url = lines[-1].split()[3]
+        assert url.startswith("ws://127.0.0.1:") and url.endswith("/v1/voice")
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json()["status"] == "ok"
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=30)[0]
+        assert proc.returncode == 0, rest
+        assert "LLM:" in "".join(lines) + rest and "shutting down" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
