@@ -59,16 +59,24 @@ class Segment:
 
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
-_STOP = re.compile(r"[.!?\u2026,;:\u2014\u2013\-\n\"\u201c\u201d()\[\]`]")
+_STOP = re.compile(
+    "[.!?\u2026,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`"
+    "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
+)
 _TERMINATORS = frozenset(".!?\u2026")
 _CLAUSE = frozenset(",;:\u2014\u2013-")
 _CLOSERS = frozenset("\"'\u201d\u2019)]*_")
 _SPACE = frozenset(" \t\r\u00a0")
 
-# "Dr. Smith": these never end a sentence.
-_NEVER_END = frozenset(
-    "mr mrs ms dr prof st sr sen rep gov gen col capt lt sgt rev hon mt ft vs e.g i.e "
-    "cf approx dept est".split()
+# "Dr. Smith": titles (as written) and these lowercase forms never end a sentence.
+_TITLES = frozenset(
+    "Mr Mrs Ms Dr Prof St Sr Sen Rep Gov Gen Col Capt Lt Sgt Rev Hon Mt Ft MR MRS MS DR".split()
+)
+_NEVER_END = frozenset("vs e.g i.e cf approx dept est".split())
+# "3 p.m. Eastern": a time zone goes on the sentence.
+_ZONES = frozenset(
+    "Eastern Central Mountain Pacific UTC GMT EST EDT CST CDT MST MDT PST PDT CET CEST BST "
+    "IST JST AEST".split()
 )
 # "in the U.S. The": end a sentence only before a capital.
 _CAPITAL_END = frozenset(
@@ -161,9 +169,9 @@ class Segmenter:
                 i = m.start()
                 c = buf[i]
                 if c in _TERMINATORS:
-                    if self._terminator(i, out):
+                    if self._terminator(i, out):  # sets _pos either way
                         buf = self._buf
-                        continue
+                    continue
                 elif c == "\n":
                     self._quote = self._paren = 0
                     self._clause = None
@@ -184,6 +192,10 @@ class Segmenter:
                     self._paren += 1
                 elif c in ")]":
                     self._paren = max(0, self._paren - 1)
+                elif _is_emoji(c):
+                    if self._emoji(i, out):  # sets _pos either way
+                        buf = self._buf
+                    continue
                 elif c == "`":
                     if self._at_fence(i):
                         self._fence = True
@@ -264,7 +276,7 @@ class Segmenter:
                 continue
             break
         if end < len(buf) and buf[end] not in _SPACE and buf[end] != "\n":
-            self._pos = i + 1  # "8.4", "example.org", "?q=1": not a boundary
+            self._pos = j  # "8.4", "example.org", "?q=1": not a boundary
             return False
         # Next visible character (None at the end of the stream or at a newline).
         k = end
@@ -277,7 +289,7 @@ class Segmenter:
             self._quote, self._paren = quote, paren
             return False
         if quote or paren or not self._ends_sentence(i, run, nxt):
-            self._pos = i + 1
+            self._pos = j
             return False
         self._quote, self._paren = quote, paren
         if self._index > 0 and end - self._seg < self.config.min_chars:
@@ -287,16 +299,37 @@ class Segmenter:
         out.extend(self._emit(end, k))
         return True
 
+    def _emoji(self, i: int, out: list[Segment]) -> bool:
+        """An emoji run then a capitalized word ends a sentence ("Done ✅ The reminder...")."""
+        buf = self._buf
+        end = i
+        while self._need(end) and _is_emoji(buf[end]):
+            end += 1
+        k = end
+        while self._need(k) and buf[k] in _SPACE:
+            k += 1
+        self._pos = end  # only once nothing is left to wait for
+        if k == end or k >= len(buf) or self._quote or self._paren or not buf[k].isupper():
+            return False
+        if self._index > 0 and end - self._seg < self.config.min_chars:
+            return False
+        out.extend(self._emit(end, k))
+        return True
+
     def _ends_sentence(self, i: int, run: str, nxt: str) -> bool:
         if nxt.islower():
             return False  # "3 p.m. in", "e.g. this", "well... maybe"
         if run != ".":
-            return True
+            # "Well... I think": an ellipsis before the pronoun I goes on.
+            return not (nxt == "I" and run[0] in ".\u2026"
+                        and self._next_word(i + len(run)) in ("I", "I'm", "I've", "I'd"))
         buf = self._buf
         ws = max(buf.rfind(" ", self._seg, i), buf.rfind("\n", 0, i), self._seg - 1) + 1
         word = buf[ws:i].lstrip("(\"'\u201c*_[")
         low = word.lower()
-        if low in _NEVER_END:
+        if word in _TITLES or low in _NEVER_END:
+            return False
+        if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES:
             return False
         if low in _BEFORE_NUMBER and nxt.isdigit():
             return False
@@ -308,6 +341,16 @@ class Segmenter:
             return False  # "1. " list marker at the start of a line
         return True
 
+    def _next_word(self, j: int) -> str:
+        """The whole word after position ``j`` (waits until it is complete)."""
+        buf = self._buf
+        while self._need(j) and buf[j] in _SPACE:
+            j += 1
+        k = j
+        while self._need(k) and (buf[k].isalnum() or buf[k] in "'\u2019"):
+            k += 1
+        return buf[j:k]
+
     def _line_start(self, i: int) -> int:
         return max(self._buf.rfind("\n", 0, i) + 1, self._seg)
 
@@ -315,14 +358,16 @@ class Segmenter:
         """Note a clause mark at ``i``; True if it cut the eager first segment."""
         buf = self._buf
         c = buf[i]
-        self._pos = i + 1
         if c in "-\u2013\u2014" and (
             i == 0 or buf[i - 1] not in _SPACE
             or c == "-" and not buf[self._line_start(i):i].strip()
         ):
+            self._pos = i + 1
             return False  # only a spaced dash is a clause mark ("well - maybe", "now — then")
         end, quote, paren = self._skip_closers(i + 1)
-        if not self._need(end) or buf[end] not in _SPACE or quote or paren:
+        ok = self._need(end) and buf[end] in _SPACE and not quote and not paren
+        self._pos = i + 1  # only once nothing is left to wait for
+        if not ok:
             return False
         self._clause = (end, end, quote, paren)
         fmw = self.config.first_min_words
@@ -368,7 +413,8 @@ class Segmenter:
 
 # --- speakable text ----------------------------------------------------------------------
 
-_URL = re.compile(r"\b(?:https?://|www\.)([^\s/<>()\"']+)[^\s<>()\"']*", re.I)
+_URL = re.compile(r"\b(?:https?://|www\.)([^\s/<>()\"']+)(?:[^\s<>()\"']*[^\s<>()\"'.,;:!?])?",
+                  re.I)
 _LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]*)\)")
 _EMPHASIS = re.compile(r"(\*\*|__|~~)(?=\S)(.+?)(?<=\S)\1")
 _ITALIC = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
@@ -516,7 +562,13 @@ def _time(m: re.Match[str]) -> str:
     return _int_words(h) + " " + ("oh " + _ONES[mi] if mi < 10 else _int_words(mi))
 
 
+_MONTH_DAY = re.compile(
+    r"\b((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?\s)(\d{1,2})\b(?![:.]\d)"
+)
+
+
 def _numbers_to_words(s: str) -> str:
+    s = _MONTH_DAY.sub(lambda m: m.group(1) + _ordinal_words(int(m.group(2))), s)
     s = _TIME.sub(_time, s)
     s = _ORD.sub(lambda m: _ordinal_words(int(m.group(1))), s)
     return _NUMBER.sub(_number, s)
