@@ -197,3 +197,15 @@ def test_speakable_writes_numbers_out_for_engines_that_need_it(text, spoken):
 def test_segments_carry_the_engines_needs():
     [seg] = run("It costs $5.", reads_digits=False)
     assert (seg.text, seg.spoken) == ("It costs $5.", "It costs five dollars.")
+
+
+def test_eager_clause_keeps_dates_whole_and_sentences_after_it():
+    text = "The company was founded on Jan 1, 1980, in a small garage. It grew fast."
+    got = [s.text for s in run(text, [2] * 40, SegmenterConfig(first_min_words=3))]
+    assert got == ["The company was founded on Jan 1, 1980,", "in a small garage.", "It grew fast."]
+
+
+def test_a_number_ending_a_sentence_is_no_list_marker_after_a_cut():
+    got = [s.text for s in run("Sure, it was 1998. Then it moved.",
+                               config=SegmenterConfig(first_min_words=1))]
+    assert got == ["Sure,", "it was 1998.", "Then it moved."]

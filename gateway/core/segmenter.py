@@ -122,6 +122,7 @@ class Segmenter:
         self._quote = 0  # open straight/curly double quotes (0 or 1)
         self._paren = 0  # open brackets
         self._fence = False  # inside a ``` code block
+        self._fresh_line = True  # the pending segment starts a line
         self._clause: tuple[int, int, int, int] | None = None  # (end, resume, quote, paren)
         self._final = False
 
@@ -337,7 +338,7 @@ class Segmenter:
             return False  # an initial: "J. K. Rowling"
         if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
             return nxt.isupper()
-        if word.isdigit() and not buf[self._line_start(ws):ws].strip():
+        if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
             return False  # "1. " list marker at the start of a line
         return True
 
@@ -351,8 +352,13 @@ class Segmenter:
             k += 1
         return buf[j:k]
 
-    def _line_start(self, i: int) -> int:
-        return max(self._buf.rfind("\n", 0, i) + 1, self._seg)
+    def _starts_line(self, i: int) -> bool:
+        """True when only spaces stand between the start of the line and ``i``."""
+        buf = self._buf
+        nl = buf.rfind("\n", 0, i)
+        if nl >= self._seg:
+            return not buf[nl + 1:i].strip()
+        return self._fresh_line and not buf[self._seg:i].strip()
 
     def _clause_mark(self, i: int, out: list[Segment]) -> bool:
         """Note a clause mark at ``i``; True if it cut the eager first segment."""
@@ -360,12 +366,17 @@ class Segmenter:
         c = buf[i]
         if c in "-\u2013\u2014" and (
             i == 0 or buf[i - 1] not in _SPACE
-            or c == "-" and not buf[self._line_start(i):i].strip()
+            or c == "-" and self._starts_line(i)
         ):
             self._pos = i + 1
             return False  # only a spaced dash is a clause mark ("well - maybe", "now — then")
         end, quote, paren = self._skip_closers(i + 1)
         ok = self._need(end) and buf[end] in _SPACE and not quote and not paren
+        if ok and c == ",":  # "Jan 1, 1980", "1, 2, 3": not a clause
+            k = end
+            while self._need(k) and buf[k] in _SPACE:
+                k += 1
+            ok = k >= len(buf) or not buf[k].isdigit()
         self._pos = i + 1  # only once nothing is left to wait for
         if not ok:
             return False
@@ -403,6 +414,7 @@ class Segmenter:
         self._seg = 0
         self._pos = 0
         self._clause = None
+        self._fresh_line = "\n" in buf[end:resume]
         if not stripped:
             return []
         spoken = "" if code else speakable(stripped, reads_digits=self.reads_digits)
