@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class SegmenterConfig:
-    first_min_words: int = 5
+    first_min_words: int = 4
     """The first segment of a turn may end at a clause mark once it has this many words
-    (0 disables the eager first clause). Measured in bench/SEGMENTATION.md."""
+    (0 disables the eager first clause). 4 measured in bench/SEGMENTATION.md."""
     min_chars: int = 0
     """Sentences after the first shorter than this are merged with the next one."""
     max_chars: int = 400
