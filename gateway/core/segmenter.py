@@ -1,12 +1,33 @@
 """Incremental speech segmenter: LLM text in (any chunking), speakable segments out.
 
 Pure and synchronous. ``feed`` returns the segments that became certain with that chunk;
-``finish`` flushes the rest at end of stream. A sentence is emitted only once a whole word
-of the next one has arrived (or at the end), so "8." followed later by "4 seconds" is
-never split.
+``finish`` flushes the rest at end of stream.
 
-PLACEHOLDER: minimal first version so the end-to-end turn works; the segmentation issue
-replaces the boundary rules (same interface).
+How a boundary is decided
+-------------------------
+The scanner walks the reply once, left to right, and jumps between the few characters that
+can matter (terminators, clause marks, quotes, brackets, newlines, backticks). A decision
+that needs text not yet received *waits* instead of guessing, so the result never depends
+on how the stream was chunked:
+
+* A sentence ends at ``.``, ``!``, ``?``, ``...`` or ``…`` (plus closing quotes, brackets,
+  markdown emphasis and trailing emoji) followed by whitespace; the first character of the
+  next word decides the ambiguous cases. ``8.`` + ``4`` never splits (no whitespace),
+  neither do ``192.168.1.1``, ``example.org``, ``a@b.io``, ``11:15``. A lowercase next word
+  means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``). Titles
+  (``Dr.``, ``Mr.``) never end a sentence; ``a.m.``, ``etc.``, ``U.S.`` and initials end one
+  only before a capital; ``No. 5``, ``Jan. 3``, ``fig. 2`` never before a digit.
+* Nothing splits inside an open quote or bracket.
+* A newline ends a segment (list items, headings, table rows); a fenced code block is one
+  segment whose spoken form is empty.
+* The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
+  once it holds ``first_min_words`` words: the engine can start speaking sooner.
+* Later sentences shorter than ``min_chars`` are merged with the next (never across a
+  newline); a sentence longer than ``max_chars`` is cut at its last clause mark (else its
+  last space) before ``max_chars``.
+
+``text`` is the exact substring of the reply; ``spoken`` is what the TTS engine receives
+(see ``speakable``).
 """
 
 from __future__ import annotations
@@ -17,10 +38,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class SegmenterConfig:
-    first_min_words: int = 5
-    """The first segment of a turn may end at a clause boundary once it has this many words."""
+    first_min_words: int = 4
+    """The first segment of a turn may end at a clause mark once it has this many words
+    (0 disables the eager first clause). 4 measured in bench/SEGMENTATION.md."""
     min_chars: int = 0
+    """Sentences after the first shorter than this are merged with the next one."""
     max_chars: int = 400
+    """A sentence longer than this is cut at its best clause boundary before this length."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,47 +54,533 @@ class Segment:
     """Exact substring of the reply (``reply[start:start+len(text)]``), stripped."""
     start: int
     spoken: str
-    """What the engine receives."""
+    """What the engine receives. May be empty (a code block, an emoji-only line): then
+    there is nothing to synthesize."""
 
 
-_BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=\S+\s)")
+# Characters the scanner stops at; everything else is skipped with one regex search.
+_STOP = re.compile(
+    "[.!?\u2026,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`"
+    "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
+)
+_TERMINATORS = frozenset(".!?\u2026")
+_CLAUSE = frozenset(",;:\u2014\u2013-")
+_CLOSERS = frozenset("\"'\u201d\u2019)]*_")
+_SPACE = frozenset(" \t\r\u00a0")
+
+# "Dr. Smith": titles (as written) and these lowercase forms never end a sentence.
+_TITLES = frozenset(
+    "Mr Mrs Ms Dr Prof St Sr Sen Rep Gov Gen Col Capt Lt Sgt Rev Hon Mt Ft MR MRS MS DR".split()
+)
+_NEVER_END = frozenset("vs e.g i.e cf approx dept est".split())
+# "3 p.m. Eastern": a time zone goes on the sentence.
+_ZONES = frozenset(
+    "Eastern Central Mountain Pacific UTC GMT EST EDT CST CDT MST MDT PST PDT CET CEST BST "
+    "IST JST AEST".split()
+)
+# "in the U.S. The": end a sentence only before a capital.
+_CAPITAL_END = frozenset(
+    "a.m p.m etc inc ltd co corp jr u.s u.k u.n ph.d b.c a.d st".split()
+)
+# "No. 5", "Jan. 3": never before a digit.
+_BEFORE_NUMBER = frozenset(
+    "no nos vol fig figs p pp ch sec art jan feb mar apr jun jul aug sep sept oct nov dec "
+    "approx tel".split()
+)
+_DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
+
+
+def _is_emoji(ch: str) -> bool:
+    o = ord(ch)
+    return (
+        o >= 0x1F000
+        or 0x2600 <= o <= 0x27BF
+        or 0x2B00 <= o <= 0x2BFF
+        or o in (0xFE0F, 0x200D, 0x20E3)
+    )
+
+
+class _Wait(Exception):
+    """Internal: the decision at this position needs text that has not arrived yet."""
 
 
 class Segmenter:
+    """Turns a stream of LLM text deltas into segments ready for speech.
+
+    Call ``feed`` with each delta (any size, even one character) and send the segments it
+    returns in order; call ``finish`` once at the end of the stream for the remainder.
+    """
+
     def __init__(self, config: SegmenterConfig | None = None, *, reads_digits: bool = True):
         self.config = config or SegmenterConfig()
         self.reads_digits = reads_digits
         self._buf = ""
         self._offset = 0  # offset of _buf[0] in the reply
         self._index = 0
+        self._seg = 0  # start of the pending segment in _buf
+        self._pos = 0  # scanner position in _buf
+        self._quote = 0  # open straight/curly double quotes (0 or 1)
+        self._paren = 0  # open brackets
+        self._fence = False  # inside a ``` code block
+        self._fresh_line = True  # the pending segment starts a line
+        self._clause: tuple[int, int, int, int] | None = None  # (end, resume, quote, paren)
+        self._final = False
+
+    # --- public --------------------------------------------------------------------------
 
     def feed(self, text: str) -> list[Segment]:
+        """Add a delta; return the segments that are now certain (often none)."""
+        if self._final:
+            raise RuntimeError("feed() after finish()")
+        if not text:
+            return []
         self._buf += text
-        out: list[Segment] = []
-        while True:
-            m = _BOUNDARY.search(self._buf)
-            if m is None:
-                break
-            out.extend(self._emit(m.start(), m.end()))
-        return out
+        return self._scan()
 
     def finish(self) -> list[Segment]:
-        out = self._emit(len(self._buf), len(self._buf))
+        """End of stream: return the remaining segments. The segmenter is then spent."""
+        if self._final:
+            return []
+        self._final = True
+        out = self._scan()
+        out.extend(self._emit(len(self._buf), len(self._buf)))
         return out
 
-    def _emit(self, end: int, resume: int) -> list[Segment]:
-        raw = self._buf[:end]
+    # --- scanner -------------------------------------------------------------------------
+
+    def _scan(self) -> list[Segment]:
+        out: list[Segment] = []
+        buf = self._buf
+        try:
+            while True:
+                if self._fence:
+                    if not self._scan_fence(out):
+                        break
+                    buf = self._buf
+                    continue
+                m = _STOP.search(buf, self._pos)
+                limit = self._seg + self.config.max_chars
+                if m is None or m.start() > limit:
+                    if (m is not None or len(buf) > limit) and self._cut_long(out):
+                        buf = self._buf
+                        continue
+                    if m is None:
+                        self._pos = len(buf)
+                        break
+                i = m.start()
+                c = buf[i]
+                if c in _TERMINATORS:
+                    if self._terminator(i, out):  # sets _pos either way
+                        buf = self._buf
+                    continue
+                elif c == "\n":
+                    self._quote = self._paren = 0
+                    self._clause = None
+                    out.extend(self._emit(i, i + 1))
+                    buf = self._buf
+                    continue
+                elif c in _CLAUSE:
+                    if self._clause_mark(i, out):
+                        buf = self._buf
+                    continue
+                elif c == '"':
+                    self._quote ^= 1
+                elif c == "\u201c":
+                    self._quote = 1
+                elif c == "\u201d":
+                    self._quote = 0
+                elif c in "([":
+                    self._paren += 1
+                elif c in ")]":
+                    self._paren = max(0, self._paren - 1)
+                elif _is_emoji(c):
+                    if self._emoji(i, out):  # sets _pos either way
+                        buf = self._buf
+                    continue
+                elif c == "`":
+                    if self._at_fence(i):
+                        self._fence = True
+                        self._pos = i + 3
+                        continue
+                self._pos = i + 1
+        except _Wait:
+            pass
+        return out
+
+    def _need(self, j: int) -> bool:
+        """True when ``_buf[j]`` exists; at the end of the stream False; else wait."""
+        if j < len(self._buf):
+            return True
+        if self._final:
+            return False
+        raise _Wait
+
+    def _at_fence(self, i: int) -> bool:
+        buf = self._buf
+        line = buf.rfind("\n", 0, i) + 1
+        if buf[line:i].strip(" \t"):
+            return False
+        self._need(i + 2)
+        return buf.startswith("```", i)
+
+    def _scan_fence(self, out: list[Segment]) -> bool:
+        """Inside a code block: find the closing fence line. False when waiting."""
+        buf = self._buf
+        close = buf.find("\n```", self._pos)
+        if close < 0:
+            if self._final:
+                self._pos = len(buf)
+                self._fence = False
+                return False
+            self._pos = max(self._pos, len(buf) - 3)
+            return False
+        eol = buf.find("\n", close + 4)
+        if eol < 0:
+            if not self._final:
+                self._pos = close
+                return False
+            eol = len(buf)
+        self._fence = False
+        out.extend(self._emit(eol, min(eol + 1, len(buf)), code=True))
+        return True
+
+    def _skip_closers(self, j: int) -> tuple[int, int, int]:
+        """Step over closing quotes/brackets/emphasis after a mark; returns (j, quote, paren)."""
+        buf = self._buf
+        quote, paren = self._quote, self._paren
+        while self._need(j) and buf[j] in _CLOSERS:
+            c = buf[j]
+            if c == '"' or c == "\u201d":
+                quote = 0
+            elif c in ")]":
+                paren = max(0, paren - 1)
+            j += 1
+        return j, quote, paren
+
+    def _terminator(self, i: int, out: list[Segment]) -> bool:
+        """Decide at a terminator run starting at ``i``. True if a segment was cut."""
+        buf = self._buf
+        j = i
+        while self._need(j) and buf[j] in _TERMINATORS:
+            j += 1
+        run = buf[i:j]
+        end, quote, paren = self._skip_closers(j)
+        # Trailing emoji belong to the sentence they follow ("Well done! 🎉").
+        while True:
+            k = end
+            while self._need(k) and buf[k] in _SPACE:
+                k += 1
+            if k < len(buf) and _is_emoji(buf[k]):
+                while self._need(k) and _is_emoji(buf[k]):
+                    k += 1
+                end = k
+                continue
+            break
+        if end < len(buf) and buf[end] not in _SPACE and buf[end] != "\n":
+            self._pos = j  # "8.4", "example.org", "?q=1": not a boundary
+            return False
+        # Next visible character (None at the end of the stream or at a newline).
+        k = end
+        while self._need(k) and buf[k] in _SPACE:
+            k += 1
+        nxt = buf[k] if k < len(buf) else None
+        if nxt is None or nxt == "\n":
+            # The newline (or the end) cuts anyway; keep the marks with this sentence.
+            self._pos = max(end, i + 1) if nxt == "\n" else len(buf)
+            self._quote, self._paren = quote, paren
+            return False
+        if quote or paren or not self._ends_sentence(i, run, nxt):
+            self._pos = j
+            return False
+        self._quote, self._paren = quote, paren
+        if self._index > 0 and end - self._seg < self.config.min_chars:
+            self._pos = end  # merge a short sentence with the next one
+            self._clause = None
+            return False
+        out.extend(self._emit(end, k))
+        return True
+
+    def _emoji(self, i: int, out: list[Segment]) -> bool:
+        """An emoji run then a capitalized word ends a sentence ("Done ✅ The reminder...")."""
+        buf = self._buf
+        end = i
+        while self._need(end) and _is_emoji(buf[end]):
+            end += 1
+        k = end
+        while self._need(k) and buf[k] in _SPACE:
+            k += 1
+        self._pos = end  # only once nothing is left to wait for
+        if k == end or k >= len(buf) or self._quote or self._paren or not buf[k].isupper():
+            return False
+        if self._index > 0 and end - self._seg < self.config.min_chars:
+            return False
+        out.extend(self._emit(end, k))
+        return True
+
+    def _ends_sentence(self, i: int, run: str, nxt: str) -> bool:
+        if nxt.islower():
+            return False  # "3 p.m. in", "e.g. this", "well... maybe"
+        if run != ".":
+            # "Well... I think": an ellipsis before the pronoun I goes on.
+            return not (nxt == "I" and run[0] in ".\u2026"
+                        and self._next_word(i + len(run)) in ("I", "I'm", "I've", "I'd"))
+        buf = self._buf
+        ws = max(buf.rfind(" ", self._seg, i), buf.rfind("\n", 0, i), self._seg - 1) + 1
+        word = buf[ws:i].lstrip("(\"'\u201c*_[")
+        low = word.lower()
+        if word in _TITLES or low in _NEVER_END:
+            return False
+        if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES:
+            return False
+        if low in _BEFORE_NUMBER and nxt.isdigit():
+            return False
+        if len(word) == 1 and word.isupper():
+            return False  # an initial: "J. K. Rowling"
+        if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
+            return nxt.isupper()
+        if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
+            return False  # "1. " list marker at the start of a line
+        return True
+
+    def _next_word(self, j: int) -> str:
+        """The whole word after position ``j`` (waits until it is complete)."""
+        buf = self._buf
+        while self._need(j) and buf[j] in _SPACE:
+            j += 1
+        k = j
+        while self._need(k) and (buf[k].isalnum() or buf[k] in "'\u2019"):
+            k += 1
+        return buf[j:k]
+
+    def _starts_line(self, i: int) -> bool:
+        """True when only spaces stand between the start of the line and ``i``."""
+        buf = self._buf
+        nl = buf.rfind("\n", 0, i)
+        if nl >= self._seg:
+            return not buf[nl + 1:i].strip()
+        return self._fresh_line and not buf[self._seg:i].strip()
+
+    def _clause_mark(self, i: int, out: list[Segment]) -> bool:
+        """Note a clause mark at ``i``; True if it cut the eager first segment."""
+        buf = self._buf
+        c = buf[i]
+        if c in "-\u2013\u2014" and (
+            i == 0 or buf[i - 1] not in _SPACE
+            or c == "-" and self._starts_line(i)
+        ):
+            self._pos = i + 1
+            return False  # only a spaced dash is a clause mark ("well - maybe", "now — then")
+        end, quote, paren = self._skip_closers(i + 1)
+        ok = self._need(end) and buf[end] in _SPACE and not quote and not paren
+        if ok and c == ",":  # "Jan 1, 1980", "1, 2, 3": not a clause
+            k = end
+            while self._need(k) and buf[k] in _SPACE:
+                k += 1
+            ok = k >= len(buf) or not buf[k].isdigit()
+        self._pos = i + 1  # only once nothing is left to wait for
+        if not ok:
+            return False
+        self._clause = (end, end, quote, paren)
+        fmw = self.config.first_min_words
+        if self._index == 0 and fmw > 0 and len(buf[self._seg:end].split()) >= fmw:
+            out.extend(self._emit(end, end))
+            return True
+        return False
+
+    def _cut_long(self, out: list[Segment]) -> bool:
+        """The pending segment passed max_chars without a sentence end: cut it."""
+        buf = self._buf
+        limit = self._seg + self.config.max_chars
+        if self._clause is not None and self._clause[0] > self._seg:
+            end, resume, quote, paren = self._clause
+        else:
+            sp = buf.rfind(" ", self._seg + 1, limit + 1)
+            if sp < 0:
+                return False  # one huge word: never cut inside it
+            end, resume = sp, sp + 1
+            quote, paren = 0, 0
+        self._quote, self._paren = quote, paren
+        out.extend(self._emit(end, resume))
+        return True
+
+    def _emit(self, end: int, resume: int, *, code: bool = False) -> list[Segment]:
+        buf = self._buf
+        raw = buf[self._seg:end]
         stripped = raw.strip()
-        lead = len(raw) - len(raw.lstrip())
-        start = self._offset + lead
-        self._buf = self._buf[resume:]
+        start = self._offset + self._seg + (len(raw) - len(raw.lstrip()))
+        # Trim the buffer so it never grows with the reply.
+        self._buf = buf[resume:]
         self._offset += resume
+        self._seg = 0
+        self._pos = 0
+        self._clause = None
+        self._fresh_line = "\n" in buf[end:resume]
         if not stripped:
             return []
-        seg = Segment(self._index, stripped, start, speakable(stripped))
+        spoken = "" if code else speakable(stripped, reads_digits=self.reads_digits)
+        seg = Segment(self._index, stripped, start, spoken)
         self._index += 1
         return [seg]
 
 
-def speakable(text: str) -> str:
-    return text
+# --- speakable text ----------------------------------------------------------------------
+
+_URL = re.compile(r"\b(?:https?://|www\.)([^\s/<>()\"']+)(?:[^\s<>()\"']*[^\s<>()\"'.,;:!?])?",
+                  re.I)
+_LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]*)\)")
+_EMPHASIS = re.compile(r"(\*\*|__|~~)(?=\S)(.+?)(?<=\S)\1")
+_ITALIC = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
+_LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+)")
+_TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-{3}[\s:|-]*$|^\s*(?:[-*_]\s*){3,}$")
+_SPACES = re.compile(r"\s+")
+_EMOJI = re.compile(
+    "[\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D\u20E3]+"
+)
+
+_ABBREVIATIONS = [
+    (re.compile(r"\bDr\.(?=\s+[A-Z])"), "Doctor"),
+    (re.compile(r"\bMr\.(?=\s)"), "Mister"),
+    (re.compile(r"\bMrs\.(?=\s)"), "Missus"),
+    (re.compile(r"\bMs\.(?=\s)"), "Miz"),
+    (re.compile(r"\bProf\.(?=\s)"), "Professor"),
+    (re.compile(r"\be\.g\.(?=\s|,)", re.I), "for example"),
+    (re.compile(r"\bi\.e\.(?=\s|,)", re.I), "that is"),
+    (re.compile(r"\betc\."), "et cetera."),
+    (re.compile(r"\bvs\.?(?=\s)"), "versus"),
+    (re.compile(r"\b([ap])\.m\.", re.I), lambda m: m.group(1).upper() + " M"),
+    (re.compile(r"\bapprox\.(?=\s)"), "approximately"),
+    (re.compile(r"\bU\.S\."), "U S"),
+    (re.compile(r"&"), " and "),
+]
+
+
+def speakable(text: str, *, reads_digits: bool = True) -> str:
+    """What to say for one segment of a reply.
+
+    Drops markdown markers (emphasis, headings, list numbering and bullets, quote marks,
+    table pipes and rules, code fences and inline-code backticks) and emoji; a link says
+    its label, a bare URL its host. With ``reads_digits=False`` (engines that read
+    "3.5" or "$184.50" badly) numbers, currency, percentages, times, ordinals and common
+    abbreviations are written out as words.
+    """
+    s = text.strip()
+    if s.startswith("```") or _TABLE_RULE.match(s):
+        return ""
+    s = _LINE_MARK.sub("", s)
+    s = _LINK.sub(lambda m: m.group(1), s)
+    s = _URL.sub(lambda m: m.group(1).removeprefix("www.").rstrip(".,;:!?"), s)
+    s = _EMPHASIS.sub(r"\2", s)
+    s = _ITALIC.sub(r"\2", s)
+    s = s.replace("`", "")
+    if "|" in s:
+        s = ", ".join(p.strip() for p in s.strip().strip("|").split("|") if p.strip())
+    s = _EMOJI.sub(" ", s)
+    if not reads_digits:
+        for pattern, repl in _ABBREVIATIONS:
+            s = pattern.sub(repl, s)
+        s = _numbers_to_words(s)
+    s = _SPACES.sub(" ", s).strip()
+    return "" if not any(ch.isalnum() for ch in s) else s
+
+
+# --- numbers as words (for engines with reads_digits=False) ------------------------------
+
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+         "fourteen fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_ORDINAL = {"one": "first", "two": "second", "three": "third", "five": "fifth",
+            "eight": "eighth", "nine": "ninth", "twelve": "twelfth"}
+
+
+def _int_words(n: int) -> str:
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        t, o = divmod(n, 10)
+        return _TENS[t] + ("-" + _ONES[o] if o else "")
+    for size, name in ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"),
+                       (1000, "thousand"), (100, "hundred")):
+        if n >= size:
+            q, r = divmod(n, size)
+            return _int_words(q) + " " + name + (" " + _int_words(r) if r else "")
+    raise AssertionError(n)
+
+
+def _year_words(n: int) -> str:
+    hi, lo = divmod(n, 100)
+    if lo == 0:
+        return _int_words(hi) + " hundred"
+    if hi % 10 == 0 and lo < 10:  # 2005 -> two thousand five
+        return _int_words(n)
+    return _int_words(hi) + " " + ("oh " + _ONES[lo] if lo < 10 else _int_words(lo))
+
+
+def _ordinal_words(n: int) -> str:
+    w = _int_words(n)
+    head, _, last = w.rpartition(" ")
+    sep = " " if head else ""
+    if "-" in last:
+        h2, _, last = last.rpartition("-")
+        head, sep = (head + sep + h2), "-"
+    if last in _ORDINAL:
+        last = _ORDINAL[last]
+    elif last.endswith("y"):
+        last = last[:-1] + "ieth"
+    else:
+        last += "th"
+    return head + sep + last
+
+
+def _digits(s: str) -> str:
+    return " ".join(_ONES[int(d)] for d in s)
+
+
+def _number(m: re.Match[str]) -> str:
+    whole = m.group(0)
+    cur, body, pct = m.group("cur"), m.group("num"), m.group("pct")
+    body = body.replace(",", "")
+    if "." in body and body.count(".") > 1:  # 2.4.1, 192.168.1.1
+        return " dot ".join(_int_words(int(p)) if len(p) < 4 else _digits(p)
+                            for p in body.split("."))
+    ip, _, fp = body.partition(".")
+    if len(ip) > 15:
+        return _digits(ip)
+    n = int(ip)
+    if cur:
+        words = _int_words(n) + (" dollar" if n == 1 else " dollars")
+        if fp:
+            cents = int((fp + "0")[:2])
+            words += f" and {_int_words(cents)} cent" + ("" if cents == 1 else "s")
+        return words
+    if fp:
+        words = _int_words(n) + " point " + _digits(fp)
+    elif len(ip) == 4 and 1100 <= n <= 2099 and "," not in whole and not pct:
+        words = _year_words(n)
+    else:
+        words = _int_words(n)
+    return words + (" percent" if pct else "")
+
+
+_NUMBER = re.compile(r"(?P<cur>\$)?(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*)"
+                     r"(?P<pct>\s?%)?")
+_TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
+_ORD = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
+
+
+def _time(m: re.Match[str]) -> str:
+    h, mi = int(m.group(1)), int(m.group(2))
+    if mi == 0:
+        return _int_words(h) + (" o'clock" if h <= 12 else " hundred")
+    return _int_words(h) + " " + ("oh " + _ONES[mi] if mi < 10 else _int_words(mi))
+
+
+_MONTH_DAY = re.compile(
+    r"\b((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?\s)(\d{1,2})\b(?![:.]\d)"
+)
+
+
+def _numbers_to_words(s: str) -> str:
+    s = _MONTH_DAY.sub(lambda m: m.group(1) + _ordinal_words(int(m.group(2))), s)
+    s = _TIME.sub(_time, s)
+    s = _ORD.sub(lambda m: _ordinal_words(int(m.group(1))), s)
+    return _NUMBER.sub(_number, s)

@@ -1,0 +1,437 @@
+"""Speech segmentation benchmark: this segmenter against the peers, on the same streams.
+
+    python bench/segmentation.py --setup-peers      # once: peer venvs under /work/peer-venvs
+    python bench/segmentation.py [--replies engines/data/replies.jsonl]
+
+Every splitter gets the same input: the corpus (tests/data/segmentation.jsonl) fed in random
+chunk sizes (seeded), and the replay replies streamed like oMLX (51.5 tok/s, 4-9 tokens per
+chunk). Peers run in their own venvs through a subprocess (this same file with --run-peer);
+a peer whose venv is missing is reported "not installed". Printed per splitter:
+
+* bad: boundaries where the corpus has none (a split inside "8.4", "p.m.", a quote...);
+* missed: corpus boundaries the splitter did not make;
+* exact: share of (reply, chunking) runs whose segments match the corpus exactly;
+* p50/p99 cost of one feed call (µs), over all chunks;
+* first: median time from the first token to the first segment on the replay replies,
+  streamed at oMLX's pace (virtual time: chunk arrival, plus the measured cost).
+
+Boundaries are compared as counts of non-space characters before each segment, so a peer
+that strips or reflows whitespace is not penalised; a peer that drops characters (emoji,
+links) is aligned with difflib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENVS = Path(os.environ.get("PEER_VENVS", "/work/peer-venvs"))
+TOK_PER_S = 51.5
+
+# name -> (venv or None for the project venv, pip packages, note)
+SPLITTERS: dict[str, tuple[str | None, list[str], str]] = {
+    "ours": (None, [], "gateway.core.segmenter, sentence mode (first_min_words=0)"),
+    "ours-eager": (None, [], "gateway.core.segmenter, default config (eager first clause)"),
+    "regex": (None, [], r"naive (?<=[.!?])\s+, emits all but the last piece"),
+    "pysbd": ("pysbd", ["pysbd"], "pysbd re-run on the buffer, emits all but the last"),
+    "pipecat": ("pipecat", ["pipecat-ai"], "SimpleTextAggregator (sentencex + lookahead)"),
+    "livekit-basic": ("livekit", ["livekit-agents", "blingfire"],
+                      "tokenize.basic.SentenceTokenizer(min_sentence_len=1).stream()"),
+    "livekit-blingfire": ("livekit", ["livekit-agents", "blingfire"],
+                          "tokenize.blingfire.SentenceTokenizer(min_sentence_len=1).stream()"),
+    "stream2sentence": ("stream2sentence", ["stream2sentence"],
+                        "generate_sentences(min lengths 1); latency with its fast first fragment"),
+}
+
+
+# --- splitters (run inside whichever venv has the package) ------------------------------
+
+def _timed_feed(feed, finish, chunks):
+    """Drive a feed/finish splitter; returns (segments, cost_ns per chunk, chunk of first)."""
+    segs: list[str] = []
+    costs: list[int] = []
+    first = None
+    clock = time.perf_counter_ns
+    for n, chunk in enumerate(chunks):
+        t0 = clock()
+        out = feed(chunk)
+        costs.append(clock() - t0)
+        if out:
+            segs += out
+            if first is None:
+                first = n
+    segs += finish()
+    return segs, costs, first
+
+
+def _ours(chunks, eager):
+    sys.path.insert(0, str(ROOT))
+    from gateway.core.segmenter import Segmenter, SegmenterConfig
+
+    cfg = SegmenterConfig() if eager else SegmenterConfig(first_min_words=0, max_chars=10_000)
+    seg = Segmenter(cfg)
+    return _timed_feed(lambda c: [s.text for s in seg.feed(c)],
+                       lambda: [s.text for s in seg.finish()], chunks)
+
+
+def _buffered(split, chunks):
+    """Re-split the buffer on each chunk; everything but the last piece is final."""
+    buf = [""]
+
+    def feed(c):
+        buf[0] += c
+        parts = [p for p in split(buf[0]) if p.strip()]
+        if len(parts) < 2:
+            return []
+        last = parts[-1]
+        buf[0] = buf[0][buf[0].rfind(last.strip()):] if last.strip() in buf[0] else last
+        return [p.strip() for p in parts[:-1]]
+
+    return _timed_feed(feed, lambda: [buf[0].strip()] if buf[0].strip() else [], chunks)
+
+
+def _regex(chunks):
+    pattern = re.compile(r"(?<=[.!?])\s+")
+    return _buffered(pattern.split, chunks)
+
+
+def _pysbd(chunks):
+    import pysbd
+
+    seg = pysbd.Segmenter(language="en", clean=False)
+    return _buffered(seg.segment, chunks)
+
+
+def _pipecat(chunks):
+    import asyncio
+
+    from pipecat.utils.text.simple_text_aggregator import SimpleTextAggregator
+
+    async def main():
+        agg = SimpleTextAggregator()
+
+        async def feed(c):
+            return [a.text async for a in agg.aggregate(c)]
+
+        segs, costs, first = [], [], None
+        for n, c in enumerate(chunks):
+            t0 = time.perf_counter_ns()
+            out = await feed(c)
+            costs.append(time.perf_counter_ns() - t0)
+            if out:
+                segs += out
+                first = n if first is None else first
+        last = await agg.flush()
+        if last and last.text.strip():
+            segs.append(last.text)
+        return segs, costs, first
+
+    return asyncio.run(main())
+
+
+def _livekit(chunks, kind):
+    import asyncio
+
+    if kind == "basic":
+        from livekit.agents.tokenize.basic import SentenceTokenizer
+    else:
+        from livekit.agents.tokenize.blingfire import SentenceTokenizer
+
+    async def main():
+        stream = SentenceTokenizer(min_sentence_len=1).stream()
+        ch = stream._event_ch
+
+        def drain():
+            out = []
+            while True:
+                try:
+                    out.append(ch.recv_nowait().token)
+                except Exception:
+                    return out
+
+        segs, costs, first = [], [], None
+        for n, c in enumerate(chunks):
+            t0 = time.perf_counter_ns()
+            stream.push_text(c)
+            out = drain()
+            costs.append(time.perf_counter_ns() - t0)
+            if out:
+                segs += out
+                first = n if first is None else first
+        stream.end_input()
+        segs += drain()
+        return segs, costs, first
+
+    return asyncio.run(main())
+
+
+def _stream2sentence(chunks, fast):
+    from stream2sentence import generate_sentences
+
+    stamps: list[int] = []
+
+    def source():
+        for c in chunks:
+            stamps.append(time.perf_counter_ns())
+            yield c
+        stamps.append(time.perf_counter_ns())
+
+    opts = ({"quick_yield_single_sentence_fragment": True} if fast else
+            {"minimum_sentence_length": 1, "minimum_first_fragment_length": 1})
+    segs, first = [], None
+    for s in generate_sentences(source(), **opts):
+        if first is None:
+            first = min(len(stamps), len(chunks)) - 1
+        segs.append(s)
+    costs = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return segs, costs, first
+
+
+def _run_one(name, chunks, latency):
+    match name:
+        case "ours" | "ours-eager":
+            return _ours(chunks, eager=name == "ours-eager")
+        case "regex":
+            return _regex(chunks)
+        case "pysbd":
+            return _pysbd(chunks)
+        case "pipecat":
+            return _pipecat(chunks)
+        case "livekit-basic" | "livekit-blingfire":
+            return _livekit(chunks, name.removeprefix("livekit-"))
+        case "stream2sentence":
+            return _stream2sentence(chunks, fast=latency)
+    raise ValueError(name)
+
+
+def run_peer(name: str, job_path: str) -> None:
+    """Subprocess entry: run one splitter over the job, print JSON results."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    job = json.loads(Path(job_path).read_text())
+    out = {"corpus": [], "latency": []}
+    for chunks in job["corpus"]:
+        # Cost of each chunk: the least over a few runs (the machine is shared; the
+        # splitters are deterministic, so the same chunk does the same work each time).
+        runs = [_run_one(name, chunks, latency=False) for _ in range(job["repeat"])]
+        costs = [min(c) for c in zip(*(r[1] for r in runs), strict=True)]
+        out["corpus"].append({"segments": runs[0][0], "costs": costs})
+    for chunks in job["latency"]:
+        segs, costs, first = _run_one(name, chunks, latency=True)
+        out["latency"].append({"first": first, "costs": costs})
+    print(json.dumps(out))
+
+
+# --- the comparison ---------------------------------------------------------------------
+
+def _nonspace(s: str) -> str:
+    return re.sub(r"\s+", "", s)
+
+
+def boundaries(reply: str, segments: list[str]) -> set[int]:
+    """Segment starts as counts of non-space reply characters before them (first excluded)."""
+    target = _nonspace(reply)
+    pieces = [_nonspace(s) for s in segments]
+    pieces = [p for p in pieces if p]
+    starts, total = [], 0
+    for p in pieces:
+        starts.append(total)
+        total += len(p)
+    joined = "".join(pieces)
+    if joined != target:  # the peer dropped or changed characters: align
+        mapping = {}
+        sm = difflib.SequenceMatcher(None, joined, target, autojunk=False)
+        for a, b, size in sm.get_matching_blocks():
+            for d in range(size + 1):
+                mapping.setdefault(a + d, b + d)
+        starts = [mapping.get(s, mapping[min(mapping, key=lambda k: abs(k - s))])
+                  for s in starts]
+    return {s for s in starts if 0 < s < len(target)}
+
+
+def chunk_corpus(text: str, rng: random.Random) -> list[str]:
+    out, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 32)
+        out.append(text[i:i + n])
+        i += n
+    return out
+
+
+_TOKEN = re.compile(r"\s*[A-Za-z]+|\s*\d|\s*[^\sA-Za-z\d]|\s+")
+
+
+def chunk_omlx(text: str, rng: random.Random) -> tuple[list[str], list[float]]:
+    """Approximate LLM tokens, grouped 4-9 per chunk like oMLX's SSE bursts.
+
+    Returns the chunks and the arrival time (s after the first token) of each."""
+    tokens = _TOKEN.findall(text)
+    assert "".join(tokens) == text
+    chunks, times, i = [], [], 0
+    while i < len(tokens):
+        n = rng.randint(4, 9)
+        chunks.append("".join(tokens[i:i + n]))
+        i = min(i + n, len(tokens))
+        times.append((i - 1) / TOK_PER_S)
+    return chunks, times
+
+
+def python_for(name: str) -> str | None:
+    venv = SPLITTERS[name][0]
+    if venv is None:
+        return sys.executable
+    exe = VENVS / venv / "bin" / "python"
+    return str(exe) if exe.exists() else None
+
+
+def setup_peers() -> None:
+    done: set[str] = set()
+    for name, (venv, packages, _) in SPLITTERS.items():
+        if venv is None or venv in done:
+            continue
+        done.add(venv)
+        path = VENVS / venv
+        print(f"{name}: creating {path} with {' '.join(packages)}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+        try:
+            subprocess.run([str(path / "bin" / "pip"), "install", "-q", *packages],
+                           check=True, timeout=600)
+        except (subprocess.SubprocessError, OSError) as exc:
+            print(f"  failed: {exc}", flush=True)
+
+
+def sweep_first_min_words(sets: dict[str, list[str]], seed: int) -> None:
+    """Median first-segment time and length against first_min_words (0 = sentences only)."""
+    sys.path.insert(0, str(ROOT))
+    from gateway.core.segmenter import Segmenter, SegmenterConfig
+
+    print("| first_min_words | " + " | ".join(
+        f"{k}: first segment ms (median) | words (median)" for k in sets) + " |")
+    print("|---:|" + "---:|---:|" * len(sets))
+    for fmw in (0, 2, 3, 4, 5, 6, 8):
+        cells = []
+        for texts in sets.values():
+            rng = random.Random(seed)
+            ms, words = [], []
+            for text in texts:
+                chunks, times = chunk_omlx(text, rng)
+                seg = Segmenter(SegmenterConfig(first_min_words=fmw))
+                out, at = [], len(chunks) - 1
+                for n, c in enumerate(chunks):
+                    out = seg.feed(c)
+                    if out:
+                        at = n
+                        break
+                out = out or seg.finish()
+                ms.append(times[at] * 1000)
+                words.append(len(out[0].text.split()))
+            cells.append(f"{statistics.median(ms):.0f} | {statistics.median(words):.0f}")
+        print(f"| {fmw} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", default=str(ROOT / "tests/data/segmentation.jsonl"))
+    ap.add_argument("--replies", default="/work/shared/data/replay.jsonl",
+                    help="JSONL with a 'reply' field per line (the replay set)")
+    ap.add_argument("--chunkings", type=int, default=3, help="random chunkings per reply")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=5, help="runs per chunking; least cost kept")
+    ap.add_argument("--only", nargs="*", help="splitters to run (default: all)")
+    ap.add_argument("--setup-peers", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="tune first_min_words (ours only)")
+    ap.add_argument("--run-peer", help=argparse.SUPPRESS)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.run_peer:
+        run_peer(args.run_peer, args.job)
+        return
+    if args.setup_peers:
+        setup_peers()
+        return
+
+    rng = random.Random(args.seed)
+    corpus = [json.loads(line) for line in Path(args.corpus).read_text().splitlines()]
+    replies = [json.loads(line)["reply"] for line in Path(args.replies).read_text().splitlines()
+               if line.strip()]
+    if args.sweep:
+        sweep_first_min_words({"replay set": replies,
+                               "corpus": [r["reply"] for r in corpus],
+                               "corpus, first sentence >= 12 words": [
+                                   r["reply"] for r in corpus
+                                   if len(r["segments"][0].split()) >= 12]}, args.seed)
+        return
+    runs = [(row, chunk_corpus(row["reply"], rng)) for row in corpus
+            for _ in range(args.chunkings)]
+    latency = [chunk_omlx(r, rng) for r in replies]
+    job = {"corpus": [c for _, c in runs], "latency": [c for c, _ in latency],
+           "repeat": args.repeat}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(job, fh)
+    n_chunks = sum(len(c) for _, c in runs)
+    print(f"corpus: {len(corpus)} replies x {args.chunkings} chunkings ({n_chunks} chunks of "
+          f"1-32 chars); latency: {len(replies)} replies from {args.replies} at "
+          f"{TOK_PER_S} tok/s, 4-9 tokens per chunk\n")
+
+    rows = []
+    try:
+        for name in args.only or SPLITTERS:
+            exe = python_for(name)
+            if exe is None:
+                rows.append((name, None))
+                continue
+            proc = subprocess.run([exe, __file__, "--run-peer", name, "--job", fh.name],
+                                  capture_output=True, text=True, cwd=ROOT)
+            if proc.returncode != 0:
+                print(f"{name}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+                rows.append((name, "failed"))
+                continue
+            rows.append((name, json.loads(proc.stdout.strip().splitlines()[-1])))
+    finally:
+        os.unlink(fh.name)
+
+    print("| splitter | bad splits | missed | exact lines | p50 µs/chunk | p99 µs/chunk "
+          "| first segment (median ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, res in rows:
+        if not isinstance(res, dict):
+            print(f"| {name} | {res or 'not installed'} | | | | | |")
+            continue
+        bad = missed = exact = 0
+        costs: list[int] = []
+        for (row, _), r in zip(runs, res["corpus"], strict=True):
+            want = boundaries(row["reply"], row["segments"])
+            got = boundaries(row["reply"], r["segments"])
+            if name == "ours-eager":  # its first-clause cuts are intended, not bad
+                target = _nonspace(row["reply"])
+                got = {b for b in got if b in want or target[b - 1] not in ",;:-\u2013\u2014"}
+            bad += len(got - want)
+            missed += len(want - got)
+            exact += got == want
+            costs += r["costs"]
+        firsts = []
+        for (chunks, times), r in zip(latency, res["latency"], strict=True):
+            n = r["first"] if r["first"] is not None else len(chunks) - 1
+            firsts.append((times[n] + sum(r["costs"][:n + 1]) / 1e9) * 1000)
+        costs.sort()
+        p50 = costs[len(costs) // 2] / 1000
+        p99 = costs[int(len(costs) * 0.99)] / 1000
+        print(f"| {name} | {bad} | {missed} | {exact / len(runs):.1%} | {p50:.1f} | {p99:.1f} "
+              f"| {statistics.median(firsts):.0f} |")
+    print("\n" + "\n".join(f"* {n}: {SPLITTERS[n][2]}" for n in (args.only or SPLITTERS)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Segmenter: the corpus, the invariants (hypothesis), the knobs and speakable text."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.core.segmenter import Segment, Segmenter, SegmenterConfig, speakable
+
+CORPUS = [json.loads(line) for line in
+          (Path(__file__).parent / "data" / "segmentation.jsonl").read_text().splitlines()]
+SENTENCES = SegmenterConfig(first_min_words=0, min_chars=0, max_chars=10_000)
+
+
+def run(text: str, sizes: list[int] | None = None, config: SegmenterConfig | None = None,
+        **kw) -> list[Segment]:
+    seg = Segmenter(config, **kw)
+    out: list[Segment] = []
+    i = 0
+    for n in sizes or [len(text)]:
+        out += seg.feed(text[i:i + n])
+        i += n
+    out += seg.feed(text[i:])
+    return out + seg.finish()
+
+
+def chunks(text: str, rng: random.Random, hi: int) -> list[int]:
+    sizes, total = [], 0
+    while total < len(text):
+        sizes.append(rng.randint(1, hi))
+        total += sizes[-1]
+    return sizes
+
+
+def test_corpus_is_big_and_covers_the_cases():
+    assert len(CORPUS) >= 200
+    tags = {r["tag"] for r in CORPUS}
+    assert {"ellipses", "emoji", "quotes and parentheses", "long replies"} <= tags
+
+
+@pytest.mark.parametrize("row", CORPUS, ids=lambda r: str(r["id"]))
+def test_corpus_boundaries_whatever_the_chunking(row):
+    rng = random.Random(row["id"])
+    for hi in (1, 4, 30, 10_000):
+        got = [s.text for s in run(row["reply"], chunks(row["reply"], rng, hi), SENTENCES)]
+        assert got == row["segments"], f"chunks up to {hi}"
+
+
+# --- invariants --------------------------------------------------------------------------
+
+_pieces = st.sampled_from([
+    "Hi", "Dr.", "p.m.", "8.", "4", "3.5", " ", "  ", ". ", "! ", "? ", "... ", "…", ", ",
+    "; ", ": ", " — ", " - ", "\n", "\n\n", "\"", "“", "”", "(", ")", "e.g.", "U.S.", "J.",
+    "example.org", "$184.50", "15%", "11:15", "🎉", "👍🏽", "**", "*", "`", "```", "1. ", "- ",
+    "# ", "the", "The", "I", "word", "Okay", "192.168.1.1", "a@b.io", "https://x.io/a?b=1",
+])
+_texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=_texts, data=st.data(),
+       config=st.builds(SegmenterConfig, first_min_words=st.integers(0, 6),
+                        min_chars=st.integers(0, 60), max_chars=st.integers(40, 200)))
+def test_invariants(text, data, config):
+    whole = run(text, None, config)
+    sizes = data.draw(st.lists(st.integers(1, 12), max_size=60))
+    assert run(text, sizes, config) == whole, "result depends on the chunking"
+    pos = 0
+    for i, s in enumerate(whole):
+        assert s.index == i
+        assert s.text and s.text == s.text.strip()
+        assert text[s.start:s.start + len(s.text)] == s.text
+        assert not text[pos:s.start].strip(), "text was lost between segments"
+        pos = s.start + len(s.text)
+    assert not text[pos:].strip()
+
+
+# --- knobs -------------------------------------------------------------------------------
+
+def test_first_segment_is_an_eager_clause_and_later_ones_are_sentences():
+    text = ("Sure, I looked at the logs for you, and nothing stands out. "
+            "The disk is fine, the memory is fine, and the network is fine.")
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=5))]
+    assert got == ["Sure, I looked at the logs for you,", "and nothing stands out.",
+                   "The disk is fine, the memory is fine, and the network is fine."]
+
+
+def test_eager_clause_arrives_before_the_sentence_ends():
+    seg = Segmenter(SegmenterConfig(first_min_words=4))
+    assert seg.feed("The design review starts") == []
+    assert [s.text for s in seg.feed(" at 3:30 p.m. today, in the")] == [
+        "The design review starts at 3:30 p.m. today,"]
+    assert seg.feed(" big room.") == []
+    assert [s.text for s in seg.finish()] == ["in the big room."]
+
+
+def test_eager_clause_never_cuts_numbers_or_inside_quotes():
+    text = 'We paid 1,250 dollars for "the big one, with extras" last week, I think.'
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=2))]
+    assert got == ['We paid 1,250 dollars for "the big one, with extras" last week,', "I think."]
+
+
+def test_short_sentences_merge_after_the_first():
+    text = "Yes. Done. Okay. The rest of the reply is long enough on its own. Bye."
+    got = [s.text for s in run(text, config=SegmenterConfig(min_chars=20))]
+    assert got == ["Yes.", "Done. Okay. The rest of the reply is long enough on its own.", "Bye."]
+
+
+def test_short_sentences_never_merge_across_a_newline():
+    got = [s.text for s in run("Intro here.\n- A.\n- B.", config=SegmenterConfig(min_chars=50))]
+    assert got == ["Intro here.", "- A.", "- B."]
+
+
+def test_long_sentence_cut_at_last_clause_before_max_chars():
+    text = ("The first part of this sentence runs on for a while, the second part keeps going "
+            "with more words, and the third part finally ends it here.")
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=100))]
+    assert got == ["The first part of this sentence runs on for a while, the second part keeps "
+                   "going with more words,", "and the third part finally ends it here."]
+    assert all(len(s) <= 100 for s in got)
+
+
+def test_long_sentence_without_clause_cut_at_a_space():
+    text = " ".join(["word"] * 60) + "."
+    got = run(text, [7] * 60, SegmenterConfig(first_min_words=0, max_chars=50))
+    assert all(len(s.text) <= 50 for s in got) and len(got) > 1
+    assert " ".join(s.text for s in got) == text
+
+
+def test_decimal_split_across_chunks_waits():
+    seg = Segmenter(SENTENCES)
+    assert seg.feed("It took 8.") == []
+    assert seg.feed("4 seconds. Then") == [Segment(0, "It took 8.4 seconds.", 0,
+                                                   "It took 8.4 seconds.")]
+
+
+def test_code_block_is_one_silent_segment():
+    text = "Run this:\n```\npip install .\nmake test. Done\n```\nThen wait."
+    got = run(text, [3] * 30, SENTENCES)
+    assert [(s.text, s.spoken) for s in got] == [
+        ("Run this:", "Run this:"),
+        ("```\npip install .\nmake test. Done\n```", ""),
+        ("Then wait.", "Then wait."),
+    ]
+
+
+def test_feed_after_finish_is_an_error():
+    seg = Segmenter()
+    seg.finish()
+    with pytest.raises(RuntimeError):
+        seg.feed("x")
+
+
+# --- speakable ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "spoken"), [
+    ("1. Open the **app**.", "Open the app."),
+    ("- [x] Book *flights*", "Book flights"),
+    ("## Summary", "Summary"),
+    ("> Be kind.", "Be kind."),
+    ("Great job! 🎉", "Great job!"),
+    ("🎉", ""),
+    ("|------|------|", ""),
+    ("| Paris | 18 °C |", "Paris, 18 °C"),
+    ("Use `git rebase -i` now.", "Use git rebase -i now."),
+    ("Try the [docs](https://example.com/docs) first.", "Try the docs first."),
+    ("The docs are at https://docs.python.org/3/library/asyncio.html.",
+     "The docs are at docs.python.org."),
+    ("Keep snake_case and 5 * 3 as they are.", "Keep snake_case and 5 * 3 as they are."),
+])
+def test_speakable_markdown(text, spoken):
+    assert speakable(text) == spoken
+
+
+@pytest.mark.parametrize(("text", "spoken"), [
+    ("Hosting came to $184.50.",
+     "Hosting came to one hundred eighty-four dollars and fifty cents."),
+    ("It took 8.4 seconds.", "It took eight point four seconds."),
+    ("About 12% more.", "About twelve percent more."),
+    ("Your 11:15 moved to 11:05.", "Your eleven fifteen moved to eleven oh five."),
+    ("Born July 4, 1976.", "Born July fourth, nineteen seventy-six."),
+    ("On the 21st and 22nd.", "On the twenty-first and twenty-second."),
+    ("Version 2.4.1 is out.", "Version two dot four dot one is out."),
+    ("Dr. Patel at 3 p.m.", "Doctor Patel at three P M"),
+    ("1,204 visitors", "one thousand two hundred four visitors"),
+])
+def test_speakable_writes_numbers_out_for_engines_that_need_it(text, spoken):
+    assert speakable(text, reads_digits=False) == spoken
+    assert speakable(text, reads_digits=True) == text.replace("**", "")
+
+
+def test_segments_carry_the_engines_needs():
+    [seg] = run("It costs $5.", reads_digits=False)
+    assert (seg.text, seg.spoken) == ("It costs $5.", "It costs five dollars.")
+
+
+def test_eager_clause_keeps_dates_whole_and_sentences_after_it():
+    text = "The company was founded on Jan 1, 1980, in a small garage. It grew fast."
+    got = [s.text for s in run(text, [2] * 40, SegmenterConfig(first_min_words=3))]
+    assert got == ["The company was founded on Jan 1, 1980,", "in a small garage.", "It grew fast."]
+
+
+def test_a_number_ending_a_sentence_is_no_list_marker_after_a_cut():
+    got = [s.text for s in run("Sure, it was 1998. Then it moved.",
+                               config=SegmenterConfig(first_min_words=1))]
+    assert got == ["Sure,", "it was 1998.", "Then it moved."]
