@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from gateway.config import load_config
@@ -30,9 +31,23 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--fallback", help="fallback TTS engine")
     s.add_argument("--frame-ms", type=int, help="audio frame duration (default 40)")
     s.add_argument("--max-lead-ms", type=int, help="audio sent ahead of playback (default 1000)")
+    s.add_argument("--token", action="append", help="accepted bearer token (repeatable; "
+                   "also VOICE_GATEWAY_TOKENS=a,b). Without any, only loopback may be bound")
+    s.add_argument("--insecure-bind", action="store_true", default=None,
+                   help="allow a non-loopback --host without tokens")
+    s.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
+    s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM)")
+    s.add_argument("--tls-key", help="private key for --tls-cert")
     s.add_argument("--config", help="TOML config file (flags override it)")
     s.add_argument("--log-level", default="INFO")
     return parser
+
+
+def _tokens(args: argparse.Namespace) -> tuple[str, ...] | None:
+    tokens = list(args.token or [])
+    tokens += [t.strip() for t in os.environ.get("VOICE_GATEWAY_TOKENS", "").split(",")
+               if t.strip()]
+    return tuple(tokens) or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(
             args.config,
-            server={"host": args.host, "port": args.port},
+            server={"host": args.host, "port": args.port, "tokens": _tokens(args),
+                    "insecure_bind": args.insecure_bind,
+                    "origins": tuple(args.origin) if args.origin else None,
+                    "tls_cert": args.tls_cert, "tls_key": args.tls_key},
             llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},
             tts={"engine": args.tts, "model": args.tts_model, "voice": args.voice,
                  "voice_ref": args.voice_ref, "voice_ref_text": args.voice_ref_text,
@@ -54,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from gateway.io.server import run
 
-    run(config)
+    try:
+        run(config)
+    except ValueError as exc:  # refused configuration (e.g. public bind without a token)
+        print(f"voice-gateway: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -25,6 +25,21 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8780
     max_sessions: int = 10_000
+    tokens: tuple[str, ...] = ()
+    """Accepted bearer tokens. Empty: no auth, and only a loopback address may be bound."""
+    insecure_bind: bool = False
+    """Allow binding a non-loopback address without tokens (say you mean it)."""
+    origins: tuple[str, ...] | None = None
+    """Allowed browser ``Origin`` values (None: any). Clients without ``Origin`` pass."""
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    turns_per_minute: int = 60
+    """Per session; 0 disables the limit."""
+    resume_window_s: float = 30.0
+    """How long a session whose socket dropped waits for ``session.resume``."""
+    outbox_bytes: int = 4 * 1024 * 1024
+    """Per session: unread output past this closes the session (``slow_consumer``); also
+    what a resume can replay."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +108,9 @@ def _section(cls: type, values: dict[str, Any], where: str) -> Any:
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
                          f"known: {', '.join(sorted(names))}")
+    for f in fields(cls):  # TOML arrays arrive as lists; the dataclasses hold tuples
+        if isinstance(values.get(f.name), list):
+            values = {**values, f.name: tuple(values[f.name])}
     return cls(**values)
 
 

@@ -77,6 +77,15 @@ class ClientPing:
     id: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class ClientResume:
+    """Handled by the connection (first message only), never by ``Session.receive``."""
+
+    session_id: str
+    resume_token: str
+    last_seq: int | None
+
+
 ClientMessage = (
     ClientSessionUpdate | ClientTranscript | ClientSay | ClientCancel | ClientPlayback | ClientPing
 )
@@ -173,7 +182,7 @@ def _settings(session: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decode_client(data: str | bytes) -> ClientMessage:
+def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
     """Parse one client WebSocket message. Raises ``ProtocolError`` for anything invalid."""
     if isinstance(data, bytes | bytearray | memoryview):
         raise ProtocolError("binary_not_supported",
@@ -210,6 +219,12 @@ def decode_client(data: str | bytes) -> ClientMessage:
             return ClientSessionUpdate(_settings(session))
         case "ping":
             return ClientPing(obj.get("id"))
+        case "session.resume":
+            session_id = _field(obj, "session_id", str)
+            token = _field(obj, "resume_token", str)
+            last_seq = _number(obj, "last_seq", -1, 2**32 - 1, integer=True)
+            return ClientResume(session_id[:128], token[:256],
+                                None if last_seq is None or last_seq < 0 else last_seq)
         case _:
             raise ProtocolError("unknown_type", f"unknown message type {kind[:64]!r}")
 

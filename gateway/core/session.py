@@ -213,15 +213,20 @@ class Session:
 
     # ---- opening ---------------------------------------------------------------------
 
-    def open(self) -> list[Effect]:
-        return [SendEvent({
+    def open(self, *, resume_token: str | None = None,
+             resume_window_s: float | None = None) -> list[Effect]:
+        event: dict[str, Any] = {
             "type": "session.created",
             "session_id": self.id,
             "protocol": codec.PROTOCOL_VERSION,
             "audio": {"format": "pcm16", "sample_rate": codec.SAMPLE_RATE,
                       "frame_ms": self.settings.frame_ms},
             "session": self.settings.to_event(),
-        })]
+        }
+        if resume_token is not None:
+            event["resume_token"] = resume_token
+            event["resume_window_s"] = resume_window_s
+        return [SendEvent(event)]
 
     # ---- client input ----------------------------------------------------------------
 

@@ -1,26 +1,34 @@
-"""One voice WebSocket connection: the thin shell around a core ``Session``.
+"""Voice sessions and the WebSocket connections that carry them: the thin shell around a
+core ``Session``.
 
-The handler task reads client messages; a writer task owns ``websocket.send``; each turn's
-LLM stream runs in its own task; synthesis runs on the shared lanes. All of them feed
-inputs to the session and execute the effects it returns (``_apply``), on the event loop,
-so the session is only ever touched by one thread.
+* ``SessionRunner`` owns a ``Session``, its outbox, its LLM tasks, its lane jobs and its
+  pacing timer. It outlives a dropped connection for ``resume_window_s`` so a client can
+  reconnect and continue (``session.resume``); then it is closed.
+* ``VoiceConnection`` is one socket: a reader task feeding client messages to the runner
+  and a writer task sending the runner's outbox from its cursor.
+
+All inputs reach the session on the event loop (``SessionRunner._apply``), so the session
+is only ever touched by one thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import secrets
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any, assert_never
 
+import orjson
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from engines.base import EngineError, LlmDelta, LlmDone, LlmRequest, SynthesisRequest
 from gateway.core import codec
 from gateway.core.codec import ProtocolError
+from gateway.core.outbox import Outbox
 from gateway.core.scheduler import Job, Priority
 from gateway.core.session import (
     CancelLlm,
@@ -39,91 +47,91 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OUTBOX_LIMIT = 4096
-"""Messages queued for a client that is not reading. Past it the connection is closed
-(1008 would be a policy code; we use 1013 "try again later" with reason ``slow_consumer``)."""
+CLOSE_SLOW_CONSUMER = (1013, "slow_consumer")
 
 
-class VoiceConnection:
-    def __init__(self, gateway: Gateway, websocket: ServerConnection, session: Session):
+class SessionRunner:
+    def __init__(self, gateway: Gateway, session: Session, *, outbox_bytes: int,
+                 resume_window_s: float) -> None:
         self.gateway = gateway
-        self.ws = websocket
         self.session = session
         self.loop = asyncio.get_running_loop()
-        self._outbox: deque[str | bytes] = deque()
+        self.resume_token = secrets.token_urlsafe(24)
+        self.outbox = Outbox(outbox_bytes)
+        self.resume_window_s = resume_window_s
+        self.connection: VoiceConnection | None = None
+        self.closed = False
         self._outbox_ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._llm_tasks: dict[int, asyncio.Task[None]] = {}
-        self._tasks: asyncio.TaskGroup | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._closing = False
-        self.frames_sent = 0
-        # tracing (bench/turn_latency.py); None in normal operation
-        self._received_at = 0.0
+        self._expiry: asyncio.TimerHandle | None = None
+        self._turn_times: list[float] = []
+        # tracing (bench/turn_latency.py); unused when gateway.tracer is None
+        self.received_at = 0.0
         self._trace_frames: dict[int, float] = {}
 
     def now(self) -> float:
         return self.loop.time()
 
-    # ---- lifecycle ---------------------------------------------------------------------
+    # ---- attachment ------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Serve the connection until the client leaves or the server shuts down."""
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                self._tasks = tasks
-                writer = tasks.create_task(self._writer())
-                self._apply(self.session.open())
-                try:
-                    await self._reader()
-                finally:
-                    self._shutdown()
-                    writer.cancel()
-        except* ConnectionClosed:
-            pass
+    def attach(self, connection: VoiceConnection, position: int) -> None:
+        """Let ``connection`` carry this session, writing from outbox ``position`` on."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self.connection = connection
+        self.outbox.cursor = position
+        self._outbox_ready.set()
 
-    def _shutdown(self) -> None:
-        """Stop everything the session started (LLM streams, lane jobs, the timer)."""
-        if self._closing:
+    def detach(self, connection: VoiceConnection, *, resumable: bool) -> None:
+        """The socket is gone. Keep the session for a resume, or close it now."""
+        if self.connection is not connection:
+            return  # already taken over by a resumed connection
+        self.connection = None
+        if not resumable or self.closed:
+            self.close()
             return
-        self._closing = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._expiry = self.loop.call_later(self.resume_window_s, self.close)
+
+    def close(self) -> None:
+        """End the session: cancel its turn, its LLM streams, its lane jobs, its timers."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in (self._timer, self._expiry):
+            if handle is not None:
+                handle.cancel()
         for effect in self.session.close(self.now()):
             if isinstance(effect, CancelLlm | CancelSynthesis):
                 self._execute(effect)
-        for task in self._llm_tasks.values():
+        for task in list(self._tasks):
             task.cancel()
+        self._outbox_ready.set()  # wake a writer so it sees the end
+        self.gateway.forget(self)
 
-    async def _reader(self) -> None:
-        async for message in self.ws:
-            now = self.now()
-            if self.gateway.tracer is not None:
-                self._received_at = time.perf_counter()
-            try:
-                decoded = codec.decode_client(message)
-            except ProtocolError as error:
-                self.gateway.metrics.errors[error.code] += 1
-                self._apply(self.session.protocol_error(error, now))
-                continue
-            self._apply(self.session.receive(decoded, now))
+    def check_resume_token(self, token: str) -> bool:
+        return hmac.compare_digest(self.resume_token.encode(), token.encode())
 
-    async def _writer(self) -> None:
-        """The only caller of ``send``. Cancelling it is how the connection stops writing."""
-        outbox = self._outbox
-        while True:
-            if not outbox:
-                self._outbox_ready.clear()
-                await self._outbox_ready.wait()
-                continue
-            item = outbox.popleft()
-            await self.ws.send(item)
-            if self._trace_frames:
-                ready_at = self._trace_frames.pop(id(item), None)
-                if ready_at is not None and self.gateway.tracer is not None:
-                    self.gateway.tracer.add("chunk_to_frame_written",
-                                            time.perf_counter() - ready_at)
+    # ---- input -----------------------------------------------------------------------
 
-    # ---- effects -----------------------------------------------------------------------
+    def receive(self, message: codec.ClientMessage, now: float) -> None:
+        if isinstance(message, codec.ClientTranscript | codec.ClientSay):
+            limit = self.gateway.config.server.turns_per_minute
+            self._turn_times = [t for t in self._turn_times if now - t < 60.0]
+            if limit and len(self._turn_times) >= limit:
+                self.protocol_error(ProtocolError(
+                    "rate_limited", f"more than {limit} turns in a minute; wait and retry"), now)
+                return
+            self._turn_times.append(now)
+        self._apply(self.session.receive(message, now))
+
+    def protocol_error(self, error: ProtocolError, now: float) -> None:
+        self.gateway.metrics.errors[error.code] += 1
+        self._apply(self.session.protocol_error(error, now))
+
+    # ---- effects ---------------------------------------------------------------------
 
     def _apply(self, effects: list[Effect]) -> None:
         for effect in effects:
@@ -133,18 +141,18 @@ class VoiceConnection:
     def _execute(self, effect: Effect) -> None:
         match effect:
             case SendAudio(data=data):
-                self._send(data)
-                self.frames_sent += 1
                 self.gateway.metrics.frames += 1
+                self.send(data)
             case SendEvent(event=event):
-                self._send(codec.encode_event(event))
                 if event["type"] == "turn.done":
                     self.gateway.metrics.turn_done(event)
+                self.send(codec.encode_event(event))
             case StartLlm(turn_id=turn_id, request=request):
-                if self._tasks is not None and not self._closing:
-                    task = self._tasks.create_task(self._run_llm(turn_id, request))
+                if not self.closed:
+                    task = self.loop.create_task(self._run_llm(turn_id, request))
+                    self._tasks.add(task)
                     self._llm_tasks[turn_id] = task
-                    task.add_done_callback(lambda _t, t=turn_id: self._llm_tasks.pop(t, None))
+                    task.add_done_callback(self._llm_task_done)
             case CancelLlm(turn_id=turn_id):
                 task = self._llm_tasks.get(turn_id)
                 if task is not None:
@@ -160,27 +168,35 @@ class VoiceConnection:
             case _:
                 assert_never(effect)
 
-    def _send(self, item: str | bytes) -> None:
-        if self._closing:
+    def _llm_task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        for turn_id, t in list(self._llm_tasks.items()):
+            if t is task:
+                del self._llm_tasks[turn_id]
+
+    def send(self, item: str | bytes) -> None:
+        if self.closed:
             return
-        if len(self._outbox) >= OUTBOX_LIMIT:
+        if not self.outbox.append(item):
             self.gateway.metrics.errors["slow_consumer"] += 1
-            self._closing = True
-            self._tasks_cancel_llm()
-            self.loop.create_task(self.ws.close(1013, "slow_consumer"))  # noqa: RUF006
+            log.warning("session %s: %d bytes unread; closing (slow consumer)",
+                        self.session.id, self.outbox.nbytes)
+            connection = self.connection
+            self.close()
+            if connection is not None:
+                connection.close_soon(*CLOSE_SLOW_CONSUMER)
             return
-        self._outbox.append(item)
         self._outbox_ready.set()
 
-    def _tasks_cancel_llm(self) -> None:
-        for task in self._llm_tasks.values():
-            task.cancel()
+    async def wait_outbox(self) -> None:
+        self._outbox_ready.clear()
+        await self._outbox_ready.wait()
 
     def _rearm_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._closing:
+        if self.closed:
             return
         wake = self.session.wake_at()
         if wake is not None:
@@ -197,7 +213,7 @@ class VoiceConnection:
         stream); every failure becomes an ``llm_*`` error on the turn, never a hang."""
         tracer = self.gateway.tracer
         if tracer is not None:
-            tracer.add("transcript_to_llm_request", time.perf_counter() - self._received_at)
+            tracer.add("transcript_to_llm_request", time.perf_counter() - self.received_at)
         try:
             async with contextlib.aclosing(self.gateway.llm.stream(request)) as stream:
                 async for event in stream:
@@ -220,8 +236,7 @@ class VoiceConnection:
     # ---- lane sink (called on the event loop by the lane task) -----------------------
 
     def deadline(self, job: Job, now: float) -> float:
-        turn_id = job.owner[1]
-        deadline = self.session.deadline(turn_id, now)
+        deadline = self.session.deadline(job.owner[1], now)
         return job.deadline if deadline is None else deadline
 
     def on_audio(self, job: Job, pcm: bytes, engine: str, ready_at: float) -> None:
@@ -242,6 +257,146 @@ class VoiceConnection:
         self.gateway.metrics.errors[code] += 1
         self._apply(self.session.synthesis_failed(job.owner[1], payload.index, code, message,
                                                   self.now()))
+
+    def frame_written(self, item: str | bytes) -> None:
+        ready_at = self._trace_frames.pop(id(item), None)
+        if ready_at is not None and self.gateway.tracer is not None:
+            self.gateway.tracer.add("chunk_to_frame_written", time.perf_counter() - ready_at)
+
+
+class VoiceConnection:
+    """One WebSocket carrying one session (a new one, or a resumed one)."""
+
+    def __init__(self, gateway: Gateway, websocket: ServerConnection) -> None:
+        self.gateway = gateway
+        self.ws = websocket
+        self.loop = asyncio.get_running_loop()
+        self.runner: SessionRunner | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        self._writer_first: str | None = None
+        self._closing: asyncio.Task[None] | None = None
+        """The close started by ``close_soon``; ``run`` waits for it."""
+
+    async def run(self) -> None:
+        """Serve the socket until the client leaves or the server shuts down."""
+        runner = self.gateway.new_runner()
+        self._use(runner, 0)
+        runner._apply(runner.session.open(resume_token=runner.resume_token,
+                                          resume_window_s=runner.resume_window_s))
+        clean = False
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._writer_task = tasks.create_task(self._writer())
+                try:
+                    await self._reader()
+                    clean = True
+                finally:
+                    self._writer_task.cancel()
+        except* ConnectionClosed as group:
+            closed = group.exceptions[0]
+            assert isinstance(closed, ConnectionClosed)
+            clean = closed.rcvd is not None and closed.rcvd.code in (1000, 1001)
+        finally:
+            if self.runner is not None:
+                self.runner.detach(self, resumable=not clean and not self.gateway.closing)
+            if self._closing is not None:
+                await self._closing
+
+    def _use(self, runner: SessionRunner, position: int) -> None:
+        self.runner = runner
+        runner.attach(self, position)
+
+    def close_soon(self, code: int, reason: str, *, grace_s: float = 1.0) -> None:
+        """Stop writing and close. A client that does not read will not read the close
+        frame either: after ``grace_s`` the TCP connection is aborted."""
+        if self._writer_task is not None:
+            self._writer_task.cancel()
+        if self._closing is None:
+            self._closing = self.loop.create_task(self._close(code, reason, grace_s))
+
+    async def _close(self, code: int, reason: str, grace_s: float) -> None:
+        try:
+            async with asyncio.timeout(grace_s):
+                await self.ws.close(code, reason)
+        except TimeoutError:
+            self.ws.transport.abort()
+
+    async def _reader(self) -> None:
+        first = True
+        async for message in self.ws:
+            runner = self.runner
+            assert runner is not None
+            now = self.loop.time()
+            if self.gateway.tracer is not None:
+                runner.received_at = time.perf_counter()
+            try:
+                decoded = codec.decode_client(message)
+            except ProtocolError as error:
+                runner.protocol_error(error, now)
+                first = False
+                continue
+            if isinstance(decoded, codec.ClientResume):
+                if first:
+                    self._resume(decoded, now)
+                else:
+                    runner.protocol_error(ProtocolError(
+                        "invalid_message", "session.resume must be the first message"), now)
+            else:
+                runner.receive(decoded, now)
+            first = False
+
+    def _resume(self, request: codec.ClientResume, now: float) -> None:
+        """``session.resume`` as the first message: swap the fresh session for the old one
+        and replay what the client missed; on any problem, keep the fresh session."""
+        fresh = self.runner
+        assert fresh is not None
+        old = self.gateway.runners.get(request.session_id)
+        problem = None
+        if old is None or old.closed or not old.check_resume_token(request.resume_token):
+            problem = "unknown or expired session, or wrong resume_token"
+        else:
+            position = old.outbox.position_after_frame(request.last_seq)
+            if position is None:
+                problem = "the frames after last_seq are no longer buffered"
+        if problem is not None:
+            fresh.protocol_error(ProtocolError(
+                "resume_failed", f"cannot resume: {problem}; continuing with the new session "
+                f"{fresh.session.id}"), now)
+            return
+        if old.connection is not None:
+            old.connection.close_soon(4000, "session resumed elsewhere")
+        fresh.close()
+        replayed = old.outbox.end - position
+        # the resumed event goes first, then the replay from `position`
+        self._use(old, position)
+        self._writer_first = orjson.dumps({
+            "type": "session.resumed", "session_id": old.session.id,
+            "last_seq": request.last_seq, "replayed": replayed,
+        }).decode()
+
+    async def _writer(self) -> None:
+        """The only caller of ``send``. Cancelling it is how the connection stops writing."""
+        while True:
+            runner = self.runner
+            assert runner is not None
+            if self._writer_first is not None:
+                first, self._writer_first = self._writer_first, None
+                await self.ws.send(first)
+                continue
+            outbox = runner.outbox
+            if runner.closed and outbox.cursor >= outbox.end:
+                await self.ws.close(1011 if not self.gateway.closing else 1001,
+                                    "session ended")
+                return
+            if outbox.cursor >= outbox.end:
+                await runner.wait_outbox()
+                continue
+            position = outbox.cursor
+            item = outbox.get(position)
+            outbox.cursor = position + 1
+            await self.ws.send(item)
+            if self.gateway.tracer is not None:
+                runner.frame_written(item)
 
 
 def job_deadline(job: Job, now: float) -> float:

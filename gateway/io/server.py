@@ -31,7 +31,8 @@ from engines.registry import create_engine, create_llm
 from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.session import Session, SessionLimits, SessionSettings
-from gateway.io.connection import VoiceConnection, job_deadline
+from gateway.io.auth import check_token, is_loopback, select_subprotocol
+from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
 from gateway.io.lanes import Lane
 
 log = logging.getLogger("gateway")
@@ -79,6 +80,10 @@ class Gateway:
         self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline)
         self.metrics = Metrics()
         self.connections: set[VoiceConnection] = set()
+        self.runners: dict[str, SessionRunner] = {}
+        """Live sessions by id, attached to a connection or waiting for a resume."""
+        self.closing = False
+        self._runners_changed = asyncio.Event()
         self.started_at = time.time()
         self.ready = False
         self._server: Server | None = None
@@ -96,18 +101,30 @@ class Gateway:
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        s = self.config.server
+        if not s.tokens and not is_loopback(s.host) and not s.insecure_bind:
+            raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
+                             "(--token) or pass --insecure-bind")
         self._lane_task = asyncio.create_task(self.lane.run(), name=f"lane-{self.lane.name}")
         seconds = await self.lane.load()
         self.voices = list(self.engine.voices())
         log.info("engine %s loaded on lane %s in %.2f s", self.engine.name, self.lane.name,
                  seconds)
-        s = self.config.server
+        ssl_context = None
+        if s.tls_cert:
+            import ssl
+
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(s.tls_cert, s.tls_key)
         self._server = await serve(
             self._handle, s.host, s.port,
             process_request=self._process_request,
             max_size=WS_MAX_SIZE,
             compression=None,  # PCM does not compress; deflate would only cost CPU
             ping_interval=20, ping_timeout=20,
+            origins=None if s.origins is None else [*s.origins, None],
+            select_subprotocol=select_subprotocol,
+            ssl=ssl_context,
         )
         self.ready = True
 
@@ -119,6 +136,7 @@ class Gateway:
     async def aclose(self) -> None:
         """Close connections with 1001 (going away), cancel turns, release the engine."""
         self.ready = False
+        self.closing = True
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
@@ -128,6 +146,8 @@ class Gateway:
                 await self._lane_task
             except asyncio.CancelledError:
                 pass
+        for runner in list(self.runners.values()):
+            runner.close()
         await self.lane.aclose()
         await self.llm.aclose()
 
@@ -136,7 +156,14 @@ class Gateway:
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == VOICE_PATH:
-            if len(self.connections) >= self.config.server.max_sessions:
+            tokens = self.config.server.tokens
+            if tokens and not check_token(request, tokens):
+                self.metrics.errors["unauthorized"] += 1
+                return _json_response(http.HTTPStatus.UNAUTHORIZED, {"error": {
+                    "code": "unauthorized",
+                    "message": "a valid token is required (Authorization: Bearer, ?token=, "
+                               "or a 'bearer.<token>' WebSocket subprotocol)"}})
+            if len(self.runners) >= self.config.server.max_sessions:
                 return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       {"error": {"code": "server_full",
                                                  "message": "too many sessions; retry later"}})
@@ -151,14 +178,15 @@ class Gateway:
 
     def health(self) -> dict[str, Any]:
         lane = self.lane
-        active = sum(1 for c in self.connections
-                     if c.session.turn is not None and c.session.turn.state.value != "ended")
+        active = sum(1 for r in self.runners.values()
+                     if r.session.turn is not None and r.session.turn.state.value != "ended")
         return {
             "status": "ok" if self.ready and lane.loaded else "starting",
             "version": version(),
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 1),
-            "sessions": len(self.connections),
+            "sessions": len(self.runners),
+            "connections": len(self.connections),
             "active_turns": active,
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
                        "voices": len(self.voices)},
@@ -175,6 +203,24 @@ class Gateway:
 
     # ---- WebSocket ---------------------------------------------------------------------
 
+    def new_runner(self) -> SessionRunner:
+        s = self.config.server
+        runner = SessionRunner(self, self.new_session(), outbox_bytes=s.outbox_bytes,
+                               resume_window_s=s.resume_window_s)
+        self.runners[runner.session.id] = runner
+        return runner
+
+    def forget(self, runner: SessionRunner) -> None:
+        if self.runners.get(runner.session.id) is runner:
+            del self.runners[runner.session.id]
+            self._runners_changed.set()
+
+    async def wait_no_sessions(self) -> None:
+        """Return once no session is live (attached or waiting for a resume)."""
+        while self.runners:
+            self._runners_changed.clear()
+            await self._runners_changed.wait()
+
     def new_session(self) -> Session:
         d = self.config.session
         settings = SessionSettings(voice=self.config.tts.voice, instructions=d.instructions,
@@ -188,7 +234,7 @@ class Gateway:
                        reads_digits=getattr(self.engine, "reads_digits", True))
 
     async def _handle(self, websocket: ServerConnection) -> None:
-        conn = VoiceConnection(self, websocket, self.new_session())
+        conn = VoiceConnection(self, websocket)
         self.connections.add(conn)
         self.metrics.sessions_opened += 1
         try:
@@ -215,6 +261,10 @@ async def serve_until_signalled(config: GatewayConfig) -> None:
     print(f"  LLM:   {llm}", flush=True)
     print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
           f" (voice {c.tts.voice or 'default'}, {len(gateway.voices)} available)", flush=True)
+    auth = f"{len(c.server.tokens)} token(s) required" if c.server.tokens else \
+        "none (no token configured: loopback only)" if not c.server.insecure_bind else \
+        "NONE, and bound beyond loopback (--insecure-bind)"
+    print(f"  auth:  {auth}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

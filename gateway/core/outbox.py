@@ -1,0 +1,77 @@
+"""What a session has sent or will send, kept for writing and for resume. Pure.
+
+Every outbound message (event text or binary frame) gets an absolute position. A writer
+keeps a cursor and sends ``get(cursor)`` until it reaches ``end``. Messages already written
+stay for a while (up to ``max_bytes`` in all) so a client that reconnects can ask for
+everything after the last frame it received (``position_after_frame(last_seq)``).
+
+Bounds, and what happens at them:
+* written messages are dropped oldest first to stay under ``max_bytes``;
+* if the messages *not yet written* alone exceed ``max_bytes`` (a client that stopped
+  reading, or a detached session whose client never comes back), ``append`` returns False
+  and the caller ends the session (``slow_consumer``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+
+_SEQ = struct.Struct("<I")
+_SEQ_OFFSET = 8  # see codec.FRAME_HEADER
+
+
+class Outbox:
+    def __init__(self, max_bytes: int = 4 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._items: deque[str | bytes] = deque()
+        self._sizes: deque[int] = deque()
+        self._start = 0  # absolute position of _items[0]
+        self._bytes = 0
+        self.cursor = 0
+        """Position of the next message to write (owned by the writer)."""
+
+    @property
+    def start(self) -> int:
+        return self._start
+
+    @property
+    def end(self) -> int:
+        return self._start + len(self._items)
+
+    @property
+    def pending(self) -> int:
+        """Messages appended but not yet written."""
+        return self.end - self.cursor
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def append(self, item: str | bytes) -> bool:
+        """Queue ``item``. False when the unwritten backlog exceeds ``max_bytes``."""
+        size = len(item)
+        self._items.append(item)
+        self._sizes.append(size)
+        self._bytes += size
+        while self._bytes > self.max_bytes and self._start < self.cursor:
+            self._bytes -= self._sizes.popleft()
+            self._items.popleft()
+            self._start += 1
+        return self._bytes <= self.max_bytes
+
+    def get(self, position: int) -> str | bytes:
+        return self._items[position - self._start]
+
+    def position_after_frame(self, seq: int | None) -> int | None:
+        """Where to resume for a client whose last received frame is ``seq`` (None: it
+        received no frame): the position right after that frame, or None when the buffer
+        no longer reaches back that far."""
+        if seq is None:
+            return 0 if self._start == 0 else None
+        for offset in range(len(self._items) - 1, -1, -1):
+            item = self._items[offset]
+            if isinstance(item, bytes) and len(item) >= 12 and \
+                    _SEQ.unpack_from(item, _SEQ_OFFSET)[0] == seq:
+                return self._start + offset + 1
+        return None

@@ -1,0 +1,184 @@
+"""Auth, limits, slow consumers and resume after reconnect, on the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from gateway.config import load_config
+from gateway.io.server import Gateway
+from tests.wsclient import read_turn, recv_event, send
+
+LONG = "Here is a longer reply for the test. " * 5
+
+
+async def started(session=None, **server) -> Gateway:
+    gw = Gateway(load_config(server={"port": 0, **server}, tts={"engine": "espeak"},
+                             llm={"tokens_per_s": 0}, session=session or {}))
+    await gw.start()
+    return gw
+
+
+@pytest.fixture
+async def gateway():
+    gw = await started(resume_window_s=30.0)
+    yield gw
+    await gw.aclose()
+
+
+async def no_sessions(gw: Gateway) -> None:
+    """Server-side effects of a client's close are asynchronous to the client: wait for
+    the gateway to say its sessions are gone."""
+    await asyncio.wait_for(gw.wait_no_sessions(), 10)
+
+
+def url(gw: Gateway, suffix: str = "") -> str:
+    return f"ws://127.0.0.1:{gw.port}/v1/voice{suffix}"
+
+
+async def test_tokens_are_checked_before_the_upgrade():
+    gw = await started(tokens=("s3cret", "other"))
+    try:
+        for bad in ({}, {"additional_headers": {"Authorization": "Bearer nope"}}):
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(url(gw), **bad):
+                    pass
+            assert info.value.response.status_code == 401
+        async with connect(url(gw), additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+            assert (await recv_event(ws))["type"] == "session.created"
+        async with connect(url(gw, "?token=other")) as ws:
+            assert (await recv_event(ws))["type"] == "session.created"
+        async with connect(url(gw), subprotocols=["voice.v1", "bearer.s3cret"]) as ws:
+            assert ws.subprotocol == "voice.v1"
+            assert (await recv_event(ws))["type"] == "session.created"
+        assert gw.metrics.errors["unauthorized"] == 2
+    finally:
+        await gw.aclose()
+
+
+async def test_public_bind_without_token_is_refused():
+    gw = Gateway(load_config(server={"host": "0.0.0.0", "port": 0}))
+    with pytest.raises(ValueError, match="without a token"):
+        await gw.start()
+    await gw.aclose()
+
+
+async def test_turns_per_minute_limit():
+    gw = await started(turns_per_minute=2)
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            for _ in range(2):
+                await send(ws, type="say", text="Quick.")
+                await read_turn(ws)
+            await send(ws, type="say", text="One too many.")
+            error = await recv_event(ws)
+            assert error["error"]["code"] == "rate_limited"
+    finally:
+        await gw.aclose()
+
+
+async def test_resume_after_a_dropped_socket_replays_gaplessly(gateway):
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    assert created["resume_token"] and created["resume_window_s"] == 30.0
+    await send(ws, type="say", text=LONG)
+    first = await read_turn(ws, until="sentence")
+    while len(first.frames) < 5:
+        message = await ws.recv()
+        if isinstance(message, bytes):
+            from gateway.core.codec import decode_frame
+
+            first.frames.append(decode_frame(message))
+    ws.transport.abort()  # the phone goes into a tunnel: no close handshake
+    await ws.wait_closed()
+    last_seq = first.frames[-1].seq
+    async with connect(url(gateway)) as ws2:
+        fresh = await recv_event(ws2)
+        assert fresh["type"] == "session.created" and fresh["session_id"] != created["session_id"]
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"], last_seq=last_seq)
+        resumed = await recv_event(ws2)
+        assert resumed["type"] == "session.resumed"
+        assert resumed["session_id"] == created["session_id"] and resumed["replayed"] > 0
+        rest = await read_turn(ws2, first.turn_id)
+        assert rest.done["status"] == "completed"
+        # the session keeps working after the resume
+        await send(ws2, type="say", text="Back again.")
+        again = await read_turn(ws2)
+    seqs = [f.seq for f in first.frames + rest.frames + again.frames]
+    assert seqs == list(range(len(seqs)))  # nothing lost, nothing repeated
+    assert rest.frames[-1].turn_end
+    await no_sessions(gateway)  # the clean close ended the session
+
+
+async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    ws.transport.abort()
+    await ws.wait_closed()
+    async with connect(url(gateway)) as ws2:
+        fresh = await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token="not-it", last_seq=-1)
+        error = await recv_event(ws2)
+        assert error["error"]["code"] == "resume_failed"
+        assert fresh["session_id"] in error["error"]["message"]
+        await send(ws2, type="say", text="Fresh session works.")
+        assert (await read_turn(ws2)).done["status"] == "completed"
+        await send(ws2, type="session.resume", session_id="x", resume_token="y")
+        assert (await recv_event(ws2))["error"]["code"] == "invalid_message"
+
+
+async def test_clean_close_ends_the_session_at_once(gateway):
+    async with connect(url(gateway)) as ws:
+        created = await recv_event(ws, "session.created")
+    async with connect(url(gateway)) as ws2:
+        await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        assert (await recv_event(ws2))["error"]["code"] == "resume_failed"
+
+
+async def test_detached_session_expires_after_the_window():
+    gw = await started(resume_window_s=0.2)
+    try:
+        ws = await connect(url(gw))
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text=LONG)
+        await recv_event(ws, "sentence")
+        ws.transport.abort()
+        await ws.wait_closed()
+        await no_sessions(gw)  # the expiry ran
+        assert gw.lane.queue_depth == 0
+    finally:
+        await gw.aclose()
+
+
+async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
+    # no pacing (a lead of 10 minutes): the whole reply is released at once
+    gw = await started(outbox_bytes=64 * 1024, session={"max_lead_ms": 600_000})
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gw.port))
+        stalled = await connect(url(gw), sock=sock, max_queue=1)
+        await recv_event(stalled, "session.created")
+        await send(stalled, type="say", text=("A very long reply that nobody reads. " * 100)[:3999])
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="I am still served.")
+            ok = await read_turn(ws)
+        assert ok.done["status"] == "completed"
+        # stop reading entirely: the gateway must give up on the stalled client
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(stalled.wait_closed(), 60)
+            raise ConnectionClosed(None, None)
+        await no_sessions(gw)
+        assert gw.metrics.errors["slow_consumer"] == 1
+    finally:
+        await gw.aclose()
