@@ -1,19 +1,38 @@
 """Which synthesis job a lane runs next. Sans-I/O: ``now`` is passed in.
 
-A lane runs one engine *step* at a time. Between steps it asks ``next_job(now)``: the
-eligible job with the best (priority class, deadline, arrival) wins. Jobs of one owner (a
-turn) run in submission order: only the head of each owner's queue is eligible, so a later
-sentence never overtakes an earlier one. Deadlines are dynamic: the scheduler asks
-``deadline_of(job, now)`` (for a voice session: when its listener runs out of audio).
+A lane runs one engine *step* at a time. Between steps it asks ``next_job(now)``; the rules,
+in order:
 
-Cancellation removes an owner's queued jobs at once; a job whose step is in flight is
-marked cancelled and the lane drops it at the step boundary.
+1. **One owner, in order.** Jobs of one owner (a turn) run in submission order: only the
+   head of each owner's queue is a candidate, so a later sentence never overtakes an
+   earlier one.
+2. **Priority class first** (interactive > background > warm-up), then **earliest
+   deadline**, then arrival. Deadlines are dynamic: the scheduler asks
+   ``deadline_of(job, now)`` (for a voice session: when its listener runs out of audio; a
+   new turn's first audio is due now).
+3. **Just in time.** With ``max_lead`` set, a job whose deadline is more than ``max_lead``
+   seconds away is not eligible: its listener has enough audio, and synthesizing further
+   ahead only takes the device from everyone else (the LLM included). When nothing is
+   eligible, ``next_job`` returns None and ``next_eligible_at`` says when to ask again
+   (new submissions also change the answer).
+4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
+   is marked cancelled and the lane drops it at the step boundary.
+
+Cost: each priority class keeps a heap of owner heads keyed by their last known deadline.
+Deadlines only move later while a job waits (its listener gains audio, time passes), so a
+stale key is never later than the true one and it suffices to refresh the top of a heap
+until it is fresh (or overdue: every overdue job is due now). A decision costs a few
+``deadline_of`` calls and O(log n), not one call per queued owner. A deadline that moves
+*earlier* (a playback report saying the client holds less than estimated) must be announced
+with ``touch(owner)``.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -44,48 +63,124 @@ class Job:
 
 DeadlineOf = Callable[[Job, float], float]
 
+_UNKNOWN = -math.inf
+"""Heap key of a head whose deadline has not been asked yet: refreshed before anything else."""
+
+
+class _Entry:
+    """A heap entry: an owner's head job under its last known deadline."""
+
+    __slots__ = ("key", "seq", "job", "live")
+
+    def __init__(self, key: float, job: Job):
+        self.key = key
+        self.seq = job.seq
+        self.job = job
+        self.live = True
+
+    def __lt__(self, other: _Entry) -> bool:
+        return (self.key, self.seq) < (other.key, other.seq)
+
 
 @dataclass(slots=True)
 class LaneScheduler:
     deadline_of: DeadlineOf | None = None
+    max_lead: float | None = None
+    """Seconds: a job whose deadline is further away than this yields the lane (None: never)."""
+    next_eligible_at: float | None = None
+    """Set by ``next_job`` when it returns None although jobs wait: when the earliest of them
+    becomes eligible (None when nothing waits)."""
     _queues: dict[Hashable, deque[Job]] = field(default_factory=dict)
+    _entries: dict[Hashable, _Entry] = field(default_factory=dict)
+    _heaps: tuple[list[_Entry], ...] = field(
+        default_factory=lambda: tuple([] for _ in Priority))
+    _size: int = 0
     _counter: itertools.count = field(default_factory=itertools.count)
+
+    # ---- queue -------------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
         job.seq = next(self._counter)
-        self._queues.setdefault(job.owner, deque()).append(job)
+        queue = self._queues.get(job.owner)
+        if queue is None:
+            self._queues[job.owner] = deque([job])
+            self._push_head(job)
+        else:
+            queue.append(job)
+        self._size += 1
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return self._size
 
     def owners(self) -> list[Hashable]:
         return list(self._queues)
 
-    def next_job(self, now: float) -> Job | None:
-        """The job whose next step should run now, or None when nothing waits."""
-        best: Job | None = None
-        best_key: tuple[int, float, int] | None = None
-        for queue in self._queues.values():
-            job = queue[0]
-            deadline = self.deadline_of(job, now) if self.deadline_of else job.deadline
-            key = (job.priority, deadline, job.seq)
-            if best_key is None or key < best_key:
-                best, best_key = job, key
-        return best
-
     def finish(self, job: Job) -> None:
-        """The job produced its last step (or failed): remove it."""
+        """The job produced its last step (or failed): remove it; the owner's next job
+        becomes a candidate."""
         queue = self._queues.get(job.owner)
-        if queue and queue[0] is job:
-            queue.popleft()
-            if not queue:
-                del self._queues[job.owner]
+        if not queue or queue[0] is not job:
+            return
+        queue.popleft()
+        self._size -= 1
+        self._entries.pop(job.owner).live = False
+        if queue:
+            self._push_head(queue[0])
+        else:
+            del self._queues[job.owner]
 
     def cancel(self, owner: Hashable) -> list[Job]:
         """Drop every job of ``owner``; returns them (the lane closes their streams)."""
         queue = self._queues.pop(owner, None)
         if not queue:
             return []
+        self._entries.pop(owner).live = False
+        self._size -= len(queue)
         for job in queue:
             job.cancelled = True
         return list(queue)
+
+    def touch(self, owner: Hashable) -> None:
+        """``owner``'s deadline may have moved earlier: ask ``deadline_of`` again."""
+        queue = self._queues.get(owner)
+        if queue:
+            self._entries.pop(owner).live = False
+            self._push_head(queue[0])
+
+    # ---- decision ----------------------------------------------------------------------
+
+    def next_job(self, now: float) -> Job | None:
+        """The job whose next step should run now, or None when nothing is eligible (then
+        ``next_eligible_at`` says when a waiting job becomes eligible)."""
+        wake = math.inf
+        for heap in self._heaps:
+            while heap:
+                entry = heap[0]
+                if not entry.live:
+                    heapq.heappop(heap)
+                    continue
+                job = entry.job
+                deadline = self.deadline_of(job, now) if self.deadline_of else job.deadline
+                if deadline > entry.key and (deadline > now or entry.key == _UNKNOWN):
+                    # Stale: it waited under an earlier deadline. Re-file it and look again.
+                    # (Overdue heads are all due now: they keep their order, not re-filed.)
+                    fresh = _Entry(deadline, job)
+                    self._entries[job.owner] = fresh
+                    entry.live = False
+                    heapq.heapreplace(heap, fresh)
+                    continue
+                if deadline < entry.key:
+                    entry.key = deadline  # earlier, and at the top: the heap stays valid
+                if self.max_lead is None or deadline - now <= self.max_lead:
+                    self.next_eligible_at = None
+                    return job
+                # Every other head of this class is due no earlier: none is eligible.
+                wake = min(wake, deadline - self.max_lead)
+                break
+        self.next_eligible_at = None if wake == math.inf else wake
+        return None
+
+    def _push_head(self, job: Job) -> None:
+        entry = _Entry(_UNKNOWN, job)
+        self._entries[job.owner] = entry
+        heapq.heappush(self._heaps[job.priority], entry)

@@ -9,6 +9,7 @@ most one step of whatever is running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Hashable
@@ -48,10 +49,11 @@ class LaneStats:
 
 
 class Lane:
-    def __init__(self, name: str, engine: TtsEngine, deadline_of: DeadlineOf | None = None):
+    def __init__(self, name: str, engine: TtsEngine, deadline_of: DeadlineOf | None = None,
+                 max_lead: float | None = None):
         self.name = name
         self.engine = engine
-        self.scheduler = LaneScheduler(deadline_of=deadline_of)
+        self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead)
         self.stats = LaneStats()
         self.loaded = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{name}")
@@ -110,8 +112,13 @@ class Lane:
         while True:
             job = self.scheduler.next_job(loop.time())
             if job is None:
+                # Nothing eligible: sleep until a submission, or until a job that is too far
+                # ahead of its listener (just in time) becomes eligible.
                 self._wake.clear()
-                await self._wake.wait()
+                wake_at = self.scheduler.next_eligible_at
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(wake_at):
+                        await self._wake.wait()
                 continue
             await self._step(job)
 

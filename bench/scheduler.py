@@ -1,0 +1,660 @@
+"""GPU turn-taking policies in virtual time, against a GPU model calibrated from the hub.
+
+    python -m bench.scheduler [--json PATH] [--seed N] [--quick]
+
+Model (calibration.json): the GPU time-slices whatever runs on it, work-conserving, by
+weight. Alone, Gemma decodes 51.5 tok/s; beside one TTS generation 28 tok/s, so the LLM gets
+28/51.5 = 0.544 of the GPU and TTS the other 0.456 (TTS weight 1, LLM weight 1.19). A
+Qwen3-TTS step is GPU work: 0.445 s per second of audio (320 ms per step); the first step of
+a job is 16 ms of host time then 91 ms of GPU work (solves 107 ms idle / 216 ms busy).
+Jitter (seeded, lognormal) per job and per first step reproduces the measured p90s. The ANE
+lane does not share the GPU: first audio 45 ms, then 80 ms chunks at rtf 0.705.
+
+Policies: ``naive`` (every synthesis runs at once, time-sliced), ``fifo`` (the old sidecar:
+one whole generation at a time, first come first served), ``scheduler`` (the real
+``gateway.core.scheduler.LaneScheduler``: one step at a time, priority, deadline from
+playback, just in time), ``sched-80ms`` (the same with 80 ms steps for background jobs),
+``sched+ane`` (``gateway.core.placement.place`` puts interactive jobs on an ANE lane).
+
+Scenarios: 1 validation, 2 shared voice, 3 ramp, 4 ANE lane; plus the decision-time
+micro-benchmark at 1,000 queued jobs against the old linear scan (same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import math
+import random
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.core.placement import LaneLoad, LaneProfile, place
+from gateway.core.scheduler import Job, LaneScheduler, Priority
+
+CALIBRATION = Path(__file__).resolve().parents[1].parent / "shared/data/calibration.json"
+for _p in (Path("/work/shared/data/calibration.json"), CALIBRATION):
+    if _p.exists():
+        CALIBRATION = _p
+        break
+
+
+@dataclass(frozen=True)
+class Model:
+    tts_weight: float
+    llm_weight: float
+    first_host_s: float
+    first_gpu_s: float
+    gpu_s_per_audio_s: float
+    step_audio_s: float
+    llm_tok_s: float
+    ane_first_s: float
+    ane_rtf: float
+    ane_chunk_s: float
+    job_sigma: float = 0.08
+    first_sigma: float = 0.11
+
+    @classmethod
+    def from_calibration(cls, cal: dict[str, Any]) -> Model:
+        tts = cal["tts"]["qwen3_0.6b_bf16"]
+        llm = cal["llm"]["gemma4_26b_a4b_4bit"]
+        ane = cal["tts"]["qwen3_0.6b_ane_fp16"]
+        llm_share = llm["decode_tok_s_with_tts_0.6b"] / llm["decode_tok_s_alone"]
+        tts_share = 1.0 - llm_share
+        idle, busy = tts["idle"]["ttfa_ms"] / 1e3, tts["llm_decoding"]["ttfa_ms"] / 1e3
+        first_gpu = (busy - idle) / (1.0 / tts_share - 1.0)
+        return cls(tts_weight=1.0, llm_weight=llm_share / tts_share,
+                   first_host_s=idle - first_gpu, first_gpu_s=first_gpu,
+                   gpu_s_per_audio_s=tts["idle"]["rtf"],
+                   step_audio_s=cal["audio"]["qwen3_stream_step_audio_ms"] / 1e3,
+                   llm_tok_s=llm["decode_tok_s_alone"],
+                   ane_first_s=ane["first_pcm_ms_p50"] / 1e3, ane_rtf=ane["rtf"],
+                   ane_chunk_s=ane["chunk_audio_ms"] / 1e3)
+
+
+# ---- the virtual machine: a time-sliced GPU, timers ------------------------------------
+
+
+class Sim:
+    def __init__(self, model: Model, seed: int):
+        self.m = model
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._ids = itertools.count()
+        self.gpu: dict[int, list] = {}  # id -> [work_left, weight, on_done]
+        self.llm_streams: dict[int, list] = {}  # id -> [work_left, on_done]
+        self.llm_busy_s = 0.0  # time with an LLM stream decoding
+        self.llm_work_s = 0.0  # GPU-alone seconds of LLM progress
+        self.tts_gpu_busy_s = 0.0
+        self.probe: Callable[[float, float, float], None] | None = None
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (t, next(self._ids), fn))
+
+    def gpu_task(self, work: float, on_done: Callable[[], None]) -> None:
+        self.gpu[next(self._ids)] = [work, self.m.tts_weight, on_done]
+
+    def llm_stream(self, work: float, on_done: Callable[[], None]) -> None:
+        self.llm_streams[next(self._ids)] = [work, on_done]
+
+    def _rates(self) -> tuple[float, float]:
+        total = sum(t[1] for t in self.gpu.values())
+        llm_w = self.m.llm_weight if self.llm_streams else 0.0
+        total += llm_w
+        if total == 0:
+            return 0.0, 0.0
+        return self.m.tts_weight / total, llm_w / total
+
+    def run(self, until: float) -> None:
+        while True:
+            tts_rate, llm_rate = self._rates()
+            t_next = self._timers[0][0] if self._timers else math.inf
+            for work, weight, _ in self.gpu.values():
+                t_next = min(t_next, self.now + work / (tts_rate * weight / self.m.tts_weight))
+            for work, _ in self.llm_streams.values():
+                t_next = min(t_next, self.now + work / llm_rate)
+            if t_next > until:
+                t_next = until
+            dt = t_next - self.now
+            if dt > 0:
+                for task in self.gpu.values():
+                    task[0] -= dt * tts_rate
+                for stream in self.llm_streams.values():
+                    stream[0] -= dt * llm_rate
+                if self.llm_streams:
+                    self.llm_busy_s += dt
+                    self.llm_work_s += dt * llm_rate
+                if self.gpu:
+                    self.tts_gpu_busy_s += dt
+                if self.probe:
+                    self.probe(dt, llm_rate if self.llm_streams else None, len(self.gpu))
+            self.now = t_next
+            if self.now >= until:
+                return
+            done = [k for k, t in self.gpu.items() if t[0] <= 1e-12]
+            for k in done:
+                self.gpu.pop(k)[2]()
+            done = [k for k, s in self.llm_streams.items() if s[0] <= 1e-12]
+            for k in done:
+                self.llm_streams.pop(k)[1]()
+            while self._timers and self._timers[0][0] <= self.now + 1e-12:
+                heapq.heappop(self._timers)[2]()
+
+    def lognormal(self, sigma: float) -> float:
+        return math.exp(self.rng.gauss(0.0, sigma))
+
+
+# ---- synthesis jobs and their listeners ------------------------------------------------
+
+
+@dataclass(eq=False)
+class Turn:
+    """One listener: segments play in order; audio arrives chunk by chunk."""
+
+    start: float
+    interactive: bool = True
+    segments: list[SimJob] = field(default_factory=list)
+    chunks: list[tuple[int, float, float]] = field(default_factory=list)  # seg, t, dur
+    play_end: float | None = None
+
+    def deliver(self, seg: int, dur: float, now: float) -> None:
+        self.chunks.append((seg, now, dur))
+        self.play_end = (now if self.play_end is None else max(self.play_end, now)) + dur
+
+    def metrics(self) -> tuple[float | None, int, float]:
+        """(TTFA from the first segment's submission, underruns caused by synthesis, seconds
+        the listener waited in them). A gap counts only when the segment's text was there
+        before the listener ran out (a slow LLM is not the lane's fault)."""
+        if not self.chunks:
+            return None, 0, 0.0
+        first = self.segments[0]
+        ttfa = min(t for s, t, _ in self.chunks if s == 0) - first.submitted
+        play_end, underruns, stalled = None, 0, 0.0
+        for seg, t, dur in sorted(self.chunks, key=lambda c: (c[0], c[1])):
+            seg_submitted = self.segments[seg].submitted
+            if play_end is not None and t > play_end + 1e-9 and seg_submitted <= play_end:
+                underruns += 1
+                stalled += t - play_end
+            play_end = (t if play_end is None else max(play_end, t)) + dur
+        return ttfa, underruns, stalled
+
+
+@dataclass(eq=False)
+class SimJob:
+    turn: Turn
+    index: int
+    audio_s: float
+    submitted: float
+    priority: Priority
+    step_audio_s: float
+    factor: float = 1.0
+    produced_s: float = 0.0
+    steps: int = 0
+    lane: str = "gpu"
+
+    @property
+    def done(self) -> bool:
+        return self.produced_s >= self.audio_s - 1e-9
+
+
+def run_step(sim: Sim, job: SimJob, lane: str, on_done: Callable[[], None]) -> None:
+    """One engine step of ``job``; delivers its audio to the listener, then ``on_done``."""
+    m = sim.m
+    step_audio = m.ane_chunk_s if lane == "ane" else job.step_audio_s
+    audio = min(step_audio, job.audio_s - job.produced_s)
+    first = job.steps == 0
+
+    def finished() -> None:
+        job.steps += 1
+        job.produced_s += audio
+        job.turn.deliver(job.index, audio, sim.now)
+        on_done()
+
+    if lane == "ane":
+        dur = m.ane_first_s if first else m.ane_rtf * audio
+        sim.at(sim.now + dur * job.factor * (sim.lognormal(m.first_sigma) if first else 1.0),
+               finished)
+        return
+    if first:
+        work = m.first_gpu_s * job.factor * sim.lognormal(m.first_sigma)
+        sim.at(sim.now + m.first_host_s, lambda: sim.gpu_task(work, finished))
+    else:
+        sim.gpu_task(m.gpu_s_per_audio_s * audio * job.factor, finished)
+
+
+# ---- policies ------------------------------------------------------------------------
+
+
+class Naive:
+    """Every synthesis starts at once and runs all its steps back to back (time-sliced)."""
+
+    name = "naive"
+
+    def __init__(self, sim: Sim, **_: Any):
+        self.sim = sim
+
+    def submit(self, job: SimJob) -> None:
+        def step() -> None:
+            if not job.done:
+                run_step(self.sim, job, "gpu", step)
+        step()
+
+    def lane_busy_s(self) -> float:
+        return self.sim.tts_gpu_busy_s
+
+
+class Fifo:
+    """The old TTS sidecar: one whole generation at a time, first come first served."""
+
+    name = "fifo"
+
+    def __init__(self, sim: Sim, **_: Any):
+        self.sim = sim
+        self.queue: deque[SimJob] = deque()
+        self.busy = False
+        self.busy_s = 0.0
+
+    def submit(self, job: SimJob) -> None:
+        self.queue.append(job)
+        self._kick()
+
+    def _kick(self) -> None:
+        if self.busy or not self.queue:
+            return
+        job = self.queue.popleft()
+        self.busy = True
+        started = self.sim.now
+
+        def step() -> None:
+            if job.done:
+                self.busy = False
+                self.busy_s += self.sim.now - started
+                self._kick()
+            else:
+                run_step(self.sim, job, "gpu", step)
+        step()
+
+    def lane_busy_s(self) -> float:
+        return self.busy_s
+
+
+class SimLane:
+    """A lane driven exactly like ``gateway.io.lanes.Lane``: the real ``LaneScheduler``
+    picks the next job between steps; when nothing is eligible it sleeps until
+    ``next_eligible_at`` or the next submission."""
+
+    def __init__(self, sim: Sim, name: str, max_lead: float):
+        self.sim, self.name = sim, name
+        self.sched = LaneScheduler(deadline_of=self._deadline, max_lead=max_lead)
+        self.busy = False
+        self.busy_s = 0.0
+        self.active: set[int] = set()  # interactive turns with queued work (for placement)
+        self._wake_at: float | None = None
+
+    @staticmethod
+    def _deadline(job: Job, now: float) -> float:
+        sj: SimJob = job.payload
+        if sj.priority is not Priority.INTERACTIVE or sj.turn.play_end is None:
+            return job.deadline  # first audio (or a background job): due at submission
+        return max(now, sj.turn.play_end)
+
+    def submit(self, sj: SimJob) -> None:
+        sj.lane = self.name
+        self.sched.submit(Job(owner=id(sj.turn), priority=sj.priority,
+                              deadline=self.sim.now, payload=sj))
+        if sj.priority is Priority.INTERACTIVE:
+            self.active.add(id(sj.turn))
+        self.kick()
+
+    def kick(self) -> None:
+        if self.busy:
+            return
+        job = self.sched.next_job(self.sim.now)
+        if job is None:
+            at = self.sched.next_eligible_at
+            if at is not None and (self._wake_at is None or at < self._wake_at
+                                   or self._wake_at <= self.sim.now):
+                self._wake_at = at
+                self.sim.at(at, self.kick)
+            return
+        sj: SimJob = job.payload
+        self.busy = True
+        started = self.sim.now
+
+        def done() -> None:
+            self.busy = False
+            self.busy_s += self.sim.now - started
+            if sj.done:
+                self.sched.finish(job)
+                if job.owner not in self.sched.owners():
+                    self.active.discard(job.owner)
+            self.kick()
+        run_step(self.sim, sj, self.name, done)
+
+
+class Scheduler:
+    name = "scheduler"
+
+    def __init__(self, sim: Sim, max_lead: float = 1.0, ane: bool = False, **_: Any):
+        self.sim = sim
+        self.gpu = SimLane(sim, "gpu", max_lead)
+        self.ane = SimLane(sim, "ane", max_lead) if ane else None
+        m = sim.m
+        self.profiles = {
+            "gpu": LaneProfile("gpu", m.first_host_s + m.first_gpu_s, m.gpu_s_per_audio_s,
+                               shares_gpu=True,
+                               first_s_llm=m.first_host_s + m.first_gpu_s * (1 + m.llm_weight),
+                               rtf_llm=m.gpu_s_per_audio_s * (1 + m.llm_weight)),
+            "ane": LaneProfile("ane", m.ane_first_s, m.ane_rtf),
+        }
+
+    def submit(self, job: SimJob) -> None:
+        lane = self.gpu
+        if self.ane is not None and job.priority is Priority.INTERACTIVE:
+            if job.index > 0:  # a turn stays on the lane its first segment chose
+                lane = self.ane if job.turn.segments[0].lane == "ane" else self.gpu
+            else:
+                options = [LaneLoad(self.profiles[ln.name], len(ln.active))
+                           for ln in (self.gpu, self.ane)]
+                chosen = place(options, llm_decoding=bool(self.sim.llm_streams))
+                lane = self.ane if chosen == "ane" else self.gpu
+        lane.submit(job)
+
+    def lane_busy_s(self) -> float:
+        return self.gpu.busy_s
+
+
+POLICIES: dict[str, Callable[..., Any]] = {
+    "naive": Naive,
+    "fifo": Fifo,
+    "scheduler": Scheduler,
+    "sched-80ms": Scheduler,
+    "sched+ane": lambda sim, **kw: Scheduler(sim, ane=True, **kw),
+}
+
+
+# ---- workloads -----------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def make_job(sim: Sim, turn: Turn, audio_s: float, priority: Priority,
+             step_audio_s: float) -> SimJob:
+    job = SimJob(turn=turn, index=len(turn.segments), audio_s=audio_s, submitted=sim.now,
+                 priority=priority, step_audio_s=step_audio_s,
+                 factor=sim.lognormal(sim.m.job_sigma))
+    turn.segments.append(job)
+    return job
+
+
+def scenario_validation(model: Model, seed: int, runs: int) -> dict[str, Any]:
+    """One voice session (5 s utterances), naive concurrency, LLM idle or decoding nonstop."""
+    out: dict[str, Any] = {}
+    for label, llm in (("idle", False), ("llm_decoding", True)):
+        sim = Sim(model, seed)
+        policy = Naive(sim)
+        turns: list[Turn] = []
+        window = {"t": 0.0, "work": 0.0}
+
+        def probe(dt: float, llm_rate: float | None, n_tts: int, w=window) -> None:
+            if n_tts and llm_rate is not None:
+                w["t"] += dt
+                w["work"] += dt * llm_rate
+        sim.probe = probe
+        if llm:
+            sim.llm_stream(math.inf, lambda: None)
+        t = 0.0
+        for _ in range(runs):
+            t += 8.0
+            turn = Turn(start=t)
+            turns.append(turn)
+            sim.at(t, lambda turn=turn, sim=sim, policy=policy: policy.submit(
+                make_job(sim, turn, 5.0, Priority.INTERACTIVE, model.step_audio_s)))
+        sim.run(t + 10.0)
+        ttfa = [tr.metrics()[0] * 1e3 for tr in turns]
+        rtf = [(max(c[1] for c in tr.chunks) - tr.start) / 5.0 for tr in turns]
+        out[label] = {"ttfa_ms": pct(ttfa, 0.5), "ttfa_p90_ms": pct(ttfa, 0.9),
+                      "rtf": pct(rtf, 0.5), "rtf_p90": pct(rtf, 0.9)}
+        if llm:
+            out[label]["llm_tok_s"] = model.llm_tok_s * window["work"] / window["t"]
+        else:
+            out[label]["llm_tok_s_alone"] = model.llm_tok_s
+    return out
+
+
+def hub_session(sim: Sim, policy: Any, turns: list[Turn], until: float, step_s: float,
+                llm: bool, tokens_per_s_audio: float = 3.75) -> None:
+    """A hub session taking turns: the user speaks (1 s) after a pause (exp, mean 3 s);
+    the reply is 1-2 sentences of 2-6 s of audio each. With ``llm`` the reply is decoded by
+    the LLM first (TTFT work 0.25 s, then the sentence's tokens) and each sentence is
+    submitted when its last token arrives; without, the text is there at once (``say``)."""
+    rng = sim.rng
+
+    def start_turn() -> None:
+        if sim.now >= until:
+            return
+        turn = Turn(start=sim.now)
+        turns.append(turn)
+        lengths = [rng.uniform(2.0, 6.0) for _ in range(1 if rng.random() < 0.5 else 2)]
+        if not llm:
+            for a in lengths:
+                policy.submit(make_job(sim, turn, a, Priority.INTERACTIVE, step_s))
+        else:
+            phases = [0.25 + lengths[0] * tokens_per_s_audio / sim.m.llm_tok_s]
+            phases += [a * tokens_per_s_audio / sim.m.llm_tok_s for a in lengths[1:]]
+
+            def decode(k: int) -> None:
+                if k > 0:
+                    policy.submit(make_job(sim, turn, lengths[k - 1], Priority.INTERACTIVE,
+                                           step_s))
+                if k < len(phases):
+                    sim.llm_stream(phases[k], lambda: decode(k + 1))
+            decode(0)
+        watch(turn, sum(lengths))
+
+    def watch(turn: Turn, total: float) -> None:
+        produced = sum(c[2] for c in turn.chunks)
+        if produced >= total - 1e-9 and turn.play_end is not None:
+            sim.at(max(sim.now, turn.play_end) + 1.0 + rng.expovariate(1 / 3.0), start_turn)
+        else:
+            sim.at(sim.now + 0.25, lambda: watch(turn, total))
+
+    sim.at(sim.now + rng.uniform(0.0, 4.0), start_turn)
+
+
+def summarize(turns: list[Turn]) -> dict[str, Any]:
+    ms = [t.metrics() for t in turns]
+    ttfa = [m[0] * 1e3 for m in ms if m[0] is not None]
+    return {"turns": len(ttfa), "ttfa_p50_ms": pct(ttfa, 0.5), "ttfa_p90_ms": pct(ttfa, 0.9),
+            "underruns": sum(m[1] for m in ms), "stall_s": sum(m[2] for m in ms),
+            "turns_with_underrun": sum(1 for m in ms if m[1])}
+
+
+def scenario_shared(model: Model, seed: int, duration: float, policy_name: str
+                    ) -> dict[str, Any]:
+    """A hub session (say-style turns) while a background app sends 20-40 s utterances back
+    to back."""
+    sim = Sim(model, seed)
+    policy = POLICIES[policy_name](sim)
+    bg_step = 0.08 if policy_name == "sched-80ms" else model.step_audio_s
+    hub: list[Turn] = []
+    bg_audio = [0.0]
+
+    def background() -> None:
+        turn = Turn(start=sim.now, interactive=False)
+        job = make_job(sim, turn, sim.rng.uniform(20.0, 40.0), Priority.BACKGROUND, bg_step)
+        policy.submit(job)
+
+        def wait() -> None:
+            if job.done:
+                bg_audio[0] += job.audio_s
+                background()
+            else:
+                sim.at(sim.now + 0.05, wait)
+        wait()
+
+    sim.at(0.0, background)
+    hub_session(sim, policy, hub, duration, model.step_audio_s, llm=False)
+    sim.run(duration)
+    out = summarize(hub)
+    out["background_audio_s_per_s"] = bg_audio[0] / duration
+    return out
+
+
+def scenario_ramp(model: Model, seed: int, duration: float, policy_name: str,
+                  sessions: int) -> dict[str, Any]:
+    """``sessions`` hub sessions with LLM replies: underruns and TTFA against lane load."""
+    sim = Sim(model, seed + sessions)
+    policy = POLICIES[policy_name](sim)
+    turns: list[Turn] = []
+    for _ in range(sessions):
+        hub_session(sim, policy, turns, duration, model.step_audio_s, llm=True)
+    sim.run(duration)
+    out = summarize(turns)
+    out["lane_load"] = policy.lane_busy_s() / duration
+    out["llm_tok_s"] = (model.llm_tok_s * sim.llm_work_s / sim.llm_busy_s
+                        if sim.llm_busy_s else None)
+    if isinstance(policy, Scheduler) and policy.ane is not None:
+        on_ane = sum(1 for t in turns if t.segments and t.segments[0].lane == "ane")
+        out["ane_share"] = on_ane / max(1, len(turns))
+        out["ane_load"] = policy.ane.busy_s / duration
+    return out
+
+
+# ---- decision time -------------------------------------------------------------------
+
+
+def linear_next_job(queues: dict, deadline_of: Callable[[Job, float], float], now: float):
+    """The old LaneScheduler.next_job: ask every owner's head (the baseline)."""
+    best = best_key = None
+    for queue in queues.values():
+        job = queue[0]
+        key = (job.priority, deadline_of(job, now), job.seq)
+        if best_key is None or key < best_key:
+            best, best_key = job, key
+    return best
+
+
+def bench_decision(n: int = 1000, decisions: int = 20000, seed: int = 1) -> dict[str, Any]:
+    """``n`` queued jobs (one per owner, the worst case); each decision is followed by the
+    chosen job's step, which moves its listener's deadline later (as a real step does)."""
+    rng = random.Random(seed)
+    play_end: dict[int, float] = {}
+
+    def deadline_of(job: Job, now: float) -> float:
+        return max(now, play_end[job.owner])
+
+    sched = LaneScheduler(deadline_of=deadline_of, max_lead=1.0)
+    for owner in range(n):
+        play_end[owner] = rng.uniform(0.0, 1.0)
+        sched.submit(Job(owner=owner, priority=Priority.INTERACTIVE, deadline=0.0))
+    now, times = 0.0, []
+    for _ in range(decisions):
+        now += 0.0001
+        t0 = time.perf_counter_ns()
+        job = sched.next_job(now)
+        times.append(time.perf_counter_ns() - t0)
+        if job is not None:
+            play_end[job.owner] = max(now, play_end[job.owner]) + 0.32
+        else:
+            now = sched.next_eligible_at or now
+    queues = {o: deque([Job(owner=o, priority=Priority.INTERACTIVE, deadline=0.0)])
+              for o in range(n)}
+    base = []
+    for _ in range(min(decisions, 2000)):
+        now += 0.0001
+        t0 = time.perf_counter_ns()
+        job = linear_next_job(queues, deadline_of, now)
+        base.append(time.perf_counter_ns() - t0)
+        play_end[job.owner] = max(now, play_end[job.owner]) + 0.32
+    return {"queued": len(sched), "decisions": len(times),
+            "heap_us_p50": pct(times, 0.5) / 1e3, "heap_us_p99": pct(times, 0.99) / 1e3,
+            "heap_us_mean": statistics.fmean(times) / 1e3,
+            "linear_us_p50": pct(base, 0.5) / 1e3, "goal_us": 20.0}
+
+
+# ---- main ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--quick", action="store_true", help="shorter runs (a smoke test)")
+    ap.add_argument("--max-sessions", type=int, default=6)
+    args = ap.parse_args(argv)
+    cal = json.loads(CALIBRATION.read_text())
+    model = Model.from_calibration(cal)
+    duration = 300.0 if args.quick else 1800.0
+    res: dict[str, Any] = {"model": model.__dict__, "seed": args.seed}
+
+    v = scenario_validation(model, args.seed, 60 if args.quick else 400)
+    tts = cal["tts"]["qwen3_0.6b_bf16"]
+    llm = cal["llm"]["gemma4_26b_a4b_4bit"]
+    measured = {"idle": {**tts["idle"]}, "llm_decoding": {**tts["llm_decoding"],
+                "llm_tok_s": llm["decode_tok_s_with_tts_0.6b"]}}
+    print("1. validation (naive, one session; simulated vs measured, error)")
+    ok = True
+    for label, fig in measured.items():
+        for key, want in fig.items():
+            got = v[label][key]
+            err = (got - want) / want
+            ok &= key.endswith("p90") or key.endswith("p90_ms") or abs(err) <= 0.10
+            print(f"   {label:13} {key:12} {got:8.3f} vs {want:8.3f}  {err:+6.1%}")
+    v["within_10pct"] = ok
+    res["validation"] = v
+
+    idle_p90 = v["idle"]["ttfa_p90_ms"]
+    print(f"\n2. shared voice ({duration:.0f} s): hub turns + background 20-40 s utterances")
+    print(f"   goal: hub TTFA p90 <= 1.3 x idle p90 = {1.3 * idle_p90:.0f} ms")
+    print(f"   {'policy':11} {'ttfa p50':>9} {'ttfa p90':>9} {'underruns':>9} {'bg audio/s':>10}")
+    res["shared"] = {}
+    for name in ("fifo", "naive", "scheduler", "sched-80ms"):
+        r = scenario_shared(model, args.seed, duration, name)
+        r["meets_goal"] = r["ttfa_p90_ms"] <= 1.3 * idle_p90
+        res["shared"][name] = r
+        print(f"   {name:11} {r['ttfa_p50_ms']:9.0f} {r['ttfa_p90_ms']:9.0f} "
+              f"{r['underruns']:9d} {r['background_audio_s_per_s']:10.2f}")
+
+    print(f"\n3./4. ramp ({duration:.0f} s each): sessions with LLM replies")
+    print(f"   {'policy':11} {'n':>2} {'load':>5} {'ttfa p50':>9} {'ttfa p90':>9} "
+          f"{'underruns':>9} {'stall s':>7} {'turns':>5} {'llm tok/s':>9} {'ane':>5}")
+    res["ramp"] = {}
+    for name in ("fifo", "naive", "scheduler", "sched+ane"):
+        rows = []
+        for n in range(1, args.max_sessions + 1):
+            r = scenario_ramp(model, args.seed, duration, name, n)
+            r["sessions"] = n
+            rows.append(r)
+            ane = f"{r['ane_share']:5.0%}" if "ane_share" in r else "    -"
+            print(f"   {name:11} {n:2d} {r['lane_load']:5.0%} {r['ttfa_p50_ms']:9.0f} "
+                  f"{r['ttfa_p90_ms']:9.0f} {r['underruns']:9d} {r['stall_s']:7.1f} "
+                  f"{r['turns']:5d} "
+                  f"{r['llm_tok_s'] or 0:9.1f} {ane}")
+        res["ramp"][name] = rows
+
+    d = bench_decision()
+    res["decision"] = d
+    print(f"\ndecision time, {d['queued']} queued jobs: heap p50 {d['heap_us_p50']:.1f} µs, "
+          f"p99 {d['heap_us_p99']:.1f} µs (goal {d['goal_us']:.0f}); old linear scan p50 "
+          f"{d['linear_us_p50']:.1f} µs")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""The scheduler simulator (bench/scheduler.py): calibrated, and the real LaneScheduler in it
+beats the old FIFO sidecar on the hub's first audio."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import scheduler as sim
+
+
+@pytest.fixture(scope="module")
+def model() -> sim.Model:
+    return sim.Model.from_calibration(json.loads(sim.CALIBRATION.read_text()))
+
+
+def test_validation_reproduces_the_hub_within_10_percent(model: sim.Model) -> None:
+    cal = json.loads(sim.CALIBRATION.read_text())
+    got = sim.scenario_validation(model, seed=3, runs=60)
+    tts = cal["tts"]["qwen3_0.6b_bf16"]
+    for label in ("idle", "llm_decoding"):
+        for key in ("ttfa_ms", "rtf"):
+            assert got[label][key] == pytest.approx(tts[label][key], rel=0.10), (label, key)
+    assert got["llm_decoding"]["llm_tok_s"] == pytest.approx(
+        cal["llm"]["gemma4_26b_a4b_4bit"]["decode_tok_s_with_tts_0.6b"], rel=0.10)
+
+
+def test_shared_voice_scheduler_against_fifo(model: sim.Model) -> None:
+    fifo = sim.scenario_shared(model, seed=5, duration=240.0, policy_name="fifo")
+    sched = sim.scenario_shared(model, seed=5, duration=240.0, policy_name="scheduler")
+    assert sched["turns"] > 10
+    assert sched["ttfa_p90_ms"] < fifo["ttfa_p90_ms"] / 10  # seconds behind a long job vs a step
+    assert sched["underruns"] == 0
+    assert sched["background_audio_s_per_s"] > 1.0  # the background app still gets the lane
+
+
+def test_decision_is_fast_at_1000_jobs() -> None:
+    """Not a speed assertion: the heap asks deadline_of a few times, the scan 1,000 times."""
+    calls = 0
+    inner = sim.LaneScheduler
+    play_end = {o: o / 1000 for o in range(1000)}
+
+    def deadline_of(job, now):
+        nonlocal calls
+        calls += 1
+        return max(now, play_end[job.owner])
+
+    sched = inner(deadline_of=deadline_of, max_lead=1.0)
+    for o in range(1000):
+        sched.submit(sim.Job(owner=o, priority=sim.Priority.INTERACTIVE, deadline=0.0))
+    sched.next_job(0.0)  # first decision asks every new head once
+    calls = 0
+    for i in range(100):
+        job = sched.next_job(0.001 * i)
+        play_end[job.owner] += 0.32
+    assert calls < 100 * 4

@@ -1,0 +1,168 @@
+"""LaneScheduler rules, one table row per rule, with a fake clock (``now`` is a number)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.core.scheduler import Job, LaneScheduler, Priority
+
+IA, B, W = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.WARMUP
+
+
+class Deadlines(dict):
+    """The listener model of a test: owner -> deadline; missing: the job's own deadline."""
+
+    def __call__(self, job: Job, now: float) -> float:
+        return self.get(job.owner, job.deadline)
+
+
+def make(jobs: list[tuple[str, Priority, float]], **kw) -> tuple[LaneScheduler, dict[str, Job]]:
+    """A scheduler whose deadline_of reads a mutable table ``deadlines[owner]`` (the
+    listener model of a test), falling back to the job's own deadline."""
+    sched = LaneScheduler(deadline_of=Deadlines(), **kw)
+    by_name: dict[str, Job] = {}
+    for i, (owner, prio, deadline) in enumerate(jobs):
+        job = Job(owner=owner, priority=prio, deadline=deadline, payload=f"{owner}{i}")
+        sched.submit(job)
+        by_name.setdefault(owner, job)
+    return sched, by_name
+
+
+@pytest.mark.parametrize(("rule", "jobs", "now", "expected"), [
+    ("priority beats deadline", [("bg", B, 0.0), ("hub", IA, 9.0)], 0.0, "hub"),
+    ("warm-up comes last", [("warm", W, 0.0), ("bg", B, 5.0)], 0.0, "bg"),
+    ("earliest deadline within a class",
+     [("a", IA, 3.0), ("b", IA, 1.0), ("c", IA, 2.0)], 0.0, "b"),
+    ("arrival breaks a tie", [("a", IA, 1.0), ("b", IA, 1.0)], 0.0, "a"),
+    ("nothing queued", [], 0.0, None),
+])
+def test_choice(rule: str, jobs, now: float, expected: str | None) -> None:
+    sched, _ = make(jobs)
+    job = sched.next_job(now)
+    assert (job.owner if job else None) == expected, rule
+
+
+def test_one_owner_runs_in_order_even_against_its_own_deadlines() -> None:
+    sched, _ = make([("t", IA, 5.0), ("t", IA, 0.0), ("u", IA, 3.0)])
+    first = sched.next_job(0.0)
+    assert first is not None and first.owner == "u"  # only t's head (deadline 5) competes
+    sched.finish(first)
+    head = sched.next_job(0.0)
+    assert head is not None and head.payload == "t0"
+    sched.finish(head)
+    assert sched.next_job(0.0).payload == "t1"  # type: ignore[union-attr]
+
+
+def test_dynamic_deadline_is_asked_again() -> None:
+    sched, _ = make([("a", IA, 0.0), ("b", IA, 1.0)])
+    assert sched.next_job(0.0).owner == "a"  # type: ignore[union-attr]
+    sched.deadline_of["a"] = 2.0  # type: ignore[index]  # a's step gave its listener audio
+    assert sched.next_job(0.1).owner == "b"  # type: ignore[union-attr]
+
+
+def test_earlier_deadline_needs_touch() -> None:
+    sched, _ = make([("a", IA, 1.0), ("b", IA, 2.0)])
+    assert sched.next_job(0.0).owner == "a"  # type: ignore[union-attr]
+    sched.deadline_of["b"] = 0.5  # type: ignore[index]  # a playback report: b holds less
+    sched.touch("b")
+    assert sched.next_job(0.0).owner == "b"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("rule", "jobs", "now", "expected", "eligible_at"), [
+    ("within max_lead runs", [("a", IA, 0.4)], 0.0, "a", None),
+    ("exactly max_lead runs", [("a", IA, 1.0)], 0.5, "a", None),
+    ("too far ahead yields", [("a", IA, 2.0)], 0.0, None, 1.5),
+    ("earliest wake of all classes", [("a", IA, 3.0), ("bg", B, 2.0)], 0.0, None, 1.5),
+    ("background takes the lane a session yields",
+     [("a", IA, 3.0), ("bg", B, 0.0)], 0.0, "bg", None),
+    ("first audio is due now", [("a", IA, 0.0)], 0.0, "a", None),
+])
+def test_just_in_time(rule, jobs, now, expected, eligible_at) -> None:
+    sched, _ = make(jobs, max_lead=0.5)
+    job = sched.next_job(now)
+    assert (job.owner if job else None) == expected, rule
+    assert sched.next_eligible_at == eligible_at, rule
+
+
+def test_just_in_time_wakes_when_the_listener_catches_up() -> None:
+    sched, _ = make([("a", IA, 2.0)], max_lead=0.5)
+    assert sched.next_job(0.0) is None
+    assert sched.next_job(sched.next_eligible_at).owner == "a"  # type: ignore[arg-type,union-attr]
+
+
+@pytest.mark.parametrize(("rule", "cancel", "expected_next", "expected_len"), [
+    ("queued jobs go at once", "a", "b", 1),
+    ("unknown owner is a no-op", "zzz", "a", 3),
+])
+def test_cancel(rule, cancel, expected_next, expected_len) -> None:
+    sched, _ = make([("a", IA, 0.0), ("a", IA, 0.0), ("b", IA, 1.0)])
+    dropped = sched.cancel(cancel)
+    assert all(j.cancelled for j in dropped), rule
+    assert len(sched) == expected_len, rule
+    assert sched.next_job(0.0).owner == expected_next, rule  # type: ignore[union-attr]
+    assert cancel not in sched.owners(), rule
+
+
+def test_cancel_of_the_running_job_marks_it_for_the_step_boundary() -> None:
+    sched, _ = make([("a", IA, 0.0), ("b", IA, 1.0)])
+    running = sched.next_job(0.0)
+    assert running is not None
+    running.running = True
+    assert sched.cancel("a") == [running] and running.cancelled
+    sched.finish(running)  # the lane drops it after its step: a no-op for the queue
+    assert len(sched) == 1 and sched.next_job(0.0).owner == "b"  # type: ignore[union-attr]
+
+
+def test_finish_then_resubmit_same_owner() -> None:
+    sched, jobs = make([("a", IA, 0.0)])
+    sched.finish(jobs["a"])
+    assert len(sched) == 0 and sched.owners() == [] and sched.next_job(0.0) is None
+    again = Job(owner="a", priority=IA, deadline=0.0)
+    sched.submit(again)
+    assert sched.next_job(0.0) is again
+
+
+def test_matches_a_brute_force_reference() -> None:
+    """Random submissions, finishes, cancels and deadline moves (later only, as listeners
+    gain audio): the heap gives the same answer as scanning every head."""
+    rng = random.Random(7)
+    deadlines: dict[int, float] = {}
+    sched = LaneScheduler(deadline_of=lambda j, now: max(now, deadlines[j.owner]), max_lead=1.0)
+    queues: dict[int, list[Job]] = {}
+    now = 0.0
+    for _ in range(3000):
+        now += rng.random() * 0.05
+        op = rng.random()
+        if op < 0.35:
+            owner = rng.randrange(40)
+            job = Job(owner=owner, priority=Priority(rng.randrange(3)), deadline=now)
+            deadlines.setdefault(owner, now + rng.random() * 2)
+            sched.submit(job)
+            queues.setdefault(owner, []).append(job)
+        elif op < 0.45 and queues:
+            owner = rng.choice(list(queues))
+            assert sched.cancel(owner) == queues.pop(owner)
+        got = sched.next_job(now)
+        heads = [(q[0].priority, max(now, deadlines[o]), q[0].seq, q[0])
+                 for o, q in queues.items()]
+        eligible = [h for h in heads if h[1] - now <= 1.0]
+        if not eligible:
+            assert got is None
+            later = [h[1] - 1.0 for h in heads]
+            assert sched.next_eligible_at == (min(later) if later else None)
+            continue
+        best = min(eligible, key=lambda h: h[:3])
+        assert got is not None
+        # Overdue heads are all due now; among them any order by last known deadline is fine.
+        assert (got.priority, max(now, deadlines[got.owner])) == best[:2]
+        if rng.random() < 0.5:  # the step produced the last chunk
+            sched.finish(got)
+            queues[got.owner].pop(0)
+            if not queues[got.owner]:
+                del queues[got.owner]
+                del deadlines[got.owner]
+        else:  # the step gave its listener audio: the deadline moves later
+            deadlines[got.owner] = max(now, deadlines[got.owner]) + rng.random() * 0.4
+        assert len(sched) == sum(len(q) for q in queues.values())
