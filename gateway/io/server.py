@@ -33,6 +33,7 @@ from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.connection import VoiceConnection, job_deadline
 from gateway.io.lanes import Lane
+from gateway.io.static import static_response
 
 log = logging.getLogger("gateway")
 
@@ -146,6 +147,8 @@ class Gateway:
             status = http.HTTPStatus.OK if health["status"] == "ok" else \
                 http.HTTPStatus.SERVICE_UNAVAILABLE
             return _json_response(status, health)
+        if (page := static_response(path)) is not None:  # the browser console
+            return page
         return _json_response(http.HTTPStatus.NOT_FOUND,
                               {"error": {"code": "not_found", "message": f"no route {path}"}})
 
