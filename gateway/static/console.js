@@ -117,14 +117,23 @@ function onEvent(ev) {
       turn = {id: ev.turn_id, source: ev.source, sentAt: pendingSentAt ?? performance.now(),
               playedBase: state.samplesPlayed, firstAudioAt: null};
       state.turnId = ev.turn_id;
-      $("reply").textContent = "";
+      reply = {text: "", cuts: [0]};
+      renderReply();
       $("sentences").innerHTML = "";
       break;
     case "text.delta":
-      if (turn && ev.turn_id === turn.id) $("reply").textContent += ev.delta;
+      if (turn && ev.turn_id === turn.id) {
+        reply.text += ev.delta;
+        renderReply();
+      }
       break;
     case "sentence": {
       if (!turn || ev.turn_id !== turn.id) break;
+      const at = reply.text.indexOf(ev.text, reply.cuts.at(-1)); // exact substring of the reply
+      if (at >= 0) {
+        reply.cuts.push(at + ev.text.length);
+        renderReply();
+      }
       const li = document.createElement("li");
       li.value = ev.index;
       li.textContent = ev.text;
@@ -149,6 +158,18 @@ function onEvent(ev) {
                 (ev.turn_id ? ` (turn ${ev.turn_id})` : ""));
       break;
   }
+}
+
+// the streamed reply, with a boundary after each sentence the segmenter cut
+let reply = {text: "", cuts: [0]};
+function renderReply() {
+  const parts = reply.cuts.slice(1).map((end, i) => {
+    const span = document.createElement("span");
+    span.className = "cut";
+    span.textContent = reply.text.slice(reply.cuts[i], end);
+    return span;
+  });
+  $("reply").replaceChildren(...parts, reply.text.slice(reply.cuts.at(-1)));
 }
 
 function onFrame(buffer) {
