@@ -34,6 +34,7 @@ from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.auth import check_token, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
 from gateway.io.lanes import Lane
+from gateway.io.static import static_response
 
 log = logging.getLogger("gateway")
 
@@ -173,6 +174,8 @@ class Gateway:
             status = http.HTTPStatus.OK if health["status"] == "ok" else \
                 http.HTTPStatus.SERVICE_UNAVAILABLE
             return _json_response(status, health)
+        if (page := static_response(path)) is not None:  # the browser console
+            return page
         return _json_response(http.HTTPStatus.NOT_FOUND,
                               {"error": {"code": "not_found", "message": f"no route {path}"}})
 

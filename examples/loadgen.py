@@ -1,0 +1,524 @@
+"""Load generator for the voice gateway: N sessions talking at once, each listened to by a
+virtual speaker that plays the audio in real time.
+
+    python examples/loadgen.py --url ws://127.0.0.1:8780/v1/voice --sessions 8 --turns 5 \\
+        [--transcripts FILE] [--arrival 2.0] [--seed 1] [--json OUT] [--plot OUT.png]
+
+Each session connects, then for each turn sends a transcript (from ``--transcripts``: JSONL
+with a ``transcript`` field, or plain text one per line; default the replay set
+engines/data/replies.jsonl), reads the reply, and *listens* to it: a virtual playback clock
+starts when the first frame of the turn arrives (plus ``--prebuffer-ms``) and consumes audio
+at 24,000 samples per second, like a phone speaker. While audio plays the session sends a
+``playback`` mark every 250 ms, as a real client must. The next transcript goes out once
+the reply has finished playing plus a think time drawn from an exponential distribution
+with mean ``--arrival`` seconds (seeded; 0 means right away).
+
+Measured per turn (client side, from the moment the transcript was sent):
+
+* TTFA: first audio frame arrived; first sentence: first ``sentence`` event arrived;
+* lateness of every audio frame: arrival minus when the player needed it (negative = it
+  came early, which is normal: the server keeps up to ``max_lead_ms`` ahead);
+* underruns: the player ran dry in the middle of a sentence (a gap the listener hears as a
+  stutter); sentence gaps: it ran dry between two sentences (a longer pause);
+* ``seq`` gaps or repeats, frames after their ``turn.done``, ``error`` events, failed turns.
+
+A progress line goes to stderr while it runs, a p50/p90/p99 table to stdout at the end.
+The exit status is 1 when any turn failed, any error arrived or ``seq`` broke.
+
+The accounting is ``SessionAccount``: pure (times are passed in), unit-tested in
+tests/test_loadgen.py. Needs ``websockets``; ``--plot`` needs matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SAMPLE_RATE = 24_000
+HEADER = struct.Struct("<BBHII")  # version, flags, sentence index, turn_id, seq
+FLAG_SENTENCE_END, FLAG_TURN_END = 0x01, 0x02
+SEQ_MOD = 2**32
+MARK_INTERVAL_S = 0.25
+DEFAULT_TRANSCRIPTS = Path(__file__).resolve().parent.parent / "engines/data/replies.jsonl"
+
+
+# ---- accounting (pure) -------------------------------------------------------------------
+
+
+@dataclass
+class TurnStats:
+    """One turn as the listener experienced it. Times are seconds on the caller's clock."""
+
+    sent_at: float
+    turn_id: int | None = None
+    status: str | None = None
+    """``completed``, ``cancelled``, ``failed`` (from ``turn.done``), or ``lost`` when the
+    socket closed or the turn timed out before its ``turn.done``."""
+    ttfa_s: float | None = None
+    first_sentence_s: float | None = None
+    done_s: float | None = None
+    frames: int = 0
+    audio_s: float = 0.0
+    lateness_s: list[float] = field(default_factory=list)
+    """Per audio frame: arrival minus the moment the player needed it."""
+    arrivals: list[float] = field(default_factory=list)
+    """Arrival time of each frame in ``lateness_s`` (same order)."""
+    underruns: int = 0
+    sentence_gaps: int = 0
+    starved_s: float = 0.0
+    """Total time the player sat with nothing to play after playback began."""
+    server_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class SessionAccount:
+    """What one session's listener saw: feed it every message with its arrival time.
+
+    ``sent(now)`` when a transcript goes out, ``event(obj, now)`` for each JSON event,
+    ``frame(data, now)`` for each binary frame. ``played_ms(now)`` is what to report in a
+    ``playback`` mark; ``playback_end`` is when the last audio received will have played.
+
+    The player: playback of a turn starts ``prebuffer_s`` after its first frame arrives and
+    runs at real time. A frame is needed when everything before it has played; if it
+    arrives later than that the player was starved (an underrun when the frame continues a
+    sentence, a sentence gap when it starts a new one) and resumes on arrival.
+    """
+
+    def __init__(self, *, prebuffer_s: float = 0.0, sample_rate: int = SAMPLE_RATE) -> None:
+        self.prebuffer_s = prebuffer_s
+        self.rate = sample_rate
+        self.turns: list[TurnStats] = []
+        self.errors: list[str] = []
+        """``error`` event codes (and ``closed``/``timeout`` from the runner)."""
+        self.violations: list[str] = []
+        """Broken protocol promises: frames after ``turn.done``, of an unknown turn, bad header."""
+        self.seq_gaps = 0
+        """Frames missing from the ``seq`` sequence."""
+        self.seq_repeats = 0
+        """Frames whose ``seq`` repeated or went backwards."""
+        self._next_seq: int | None = None
+        self._turn: TurnStats | None = None
+        self._ended: set[int] = set()
+        self._play_end: float | None = None  # when the buffered audio runs out
+        self._received_s = 0.0  # audio received in the current turn
+        self._last_sentence: int | None = None
+
+    # -- inputs --
+
+    def sent(self, now: float) -> TurnStats:
+        """A transcript went out: a new turn begins (the previous one is no longer heard)."""
+        self._turn = TurnStats(sent_at=now)
+        self.turns.append(self._turn)
+        self._play_end = None
+        self._received_s = 0.0
+        self._last_sentence = None
+        return self._turn
+
+    def event(self, event: dict[str, Any], now: float) -> None:
+        kind = event.get("type")
+        turn = self._turn
+        if kind == "turn.started" and turn is not None and turn.turn_id is None:
+            turn.turn_id = event["turn_id"]
+        elif kind == "sentence" and self._is_current(event):
+            if turn is not None and turn.first_sentence_s is None:
+                turn.first_sentence_s = now - turn.sent_at
+        elif kind == "turn.done":
+            self._ended.add(event["turn_id"])
+            if turn is not None and self._is_current(event):
+                turn.status = event["status"]
+                turn.done_s = now - turn.sent_at
+                turn.server_metrics = dict(event.get("metrics") or {})
+        elif kind == "error":
+            self.errors.append(event.get("error", {}).get("code", "unknown"))
+
+    def frame(self, data: bytes, now: float) -> None:
+        if len(data) < HEADER.size or data[0] != 1:
+            self.violations.append(f"bad frame header {bytes(data[:HEADER.size]).hex()}")
+            return
+        _, flags, sentence, turn_id, seq = HEADER.unpack_from(data)
+        self._check_seq(seq)
+        turn = self._turn
+        if turn_id in self._ended:
+            self.violations.append(f"frame seq {seq} of turn {turn_id} after its turn.done")
+            return
+        if turn is None or turn.turn_id != turn_id:
+            self.violations.append(f"frame seq {seq} of turn {turn_id}, not the current turn")
+            return
+        samples = (len(data) - HEADER.size) // 2
+        turn.frames += 1
+        if samples == 0:
+            return  # an empty end-of-turn marker: nothing to play
+        duration = samples / self.rate
+        if self._play_end is None:  # first audio of the turn: playback starts
+            turn.ttfa_s = now - turn.sent_at
+            self._play_end = now + self.prebuffer_s
+            lateness = -self.prebuffer_s
+        else:
+            lateness = now - self._play_end
+            if lateness > 0:  # the player ran dry before this frame came
+                turn.starved_s += lateness
+                if sentence == self._last_sentence:
+                    turn.underruns += 1
+                else:
+                    turn.sentence_gaps += 1
+                self._play_end = now
+        turn.lateness_s.append(lateness)
+        turn.arrivals.append(now)
+        self._play_end += duration
+        self._received_s += duration
+        turn.audio_s += duration
+        self._last_sentence = sentence
+        del flags  # sentence/turn ends need no accounting: turn.done is the authority
+
+    def lost(self, reason: str) -> None:
+        """The current turn will never finish (socket closed, timeout)."""
+        self.errors.append(reason)
+        if self._turn is not None and self._turn.status is None:
+            self._turn.status = "lost"
+
+    # -- outputs --
+
+    def played_ms(self, now: float) -> float:
+        """Audio of the current turn played by ``now`` (what a ``playback`` mark reports)."""
+        if self._play_end is None:
+            return 0.0
+        buffered = max(0.0, self._play_end - now)
+        return max(0.0, self._received_s - buffered) * 1000
+
+    @property
+    def playback_end(self) -> float | None:
+        return self._play_end
+
+    @property
+    def current_turn_id(self) -> int | None:
+        return self._turn.turn_id if self._turn is not None else None
+
+    def _is_current(self, event: dict[str, Any]) -> bool:
+        return self._turn is not None and event.get("turn_id") == self._turn.turn_id
+
+    def _check_seq(self, seq: int) -> None:
+        expected = 0 if self._next_seq is None else self._next_seq
+        ahead = (seq - expected) % SEQ_MOD
+        if ahead == 0:
+            pass
+        elif ahead < SEQ_MOD // 2:
+            self.seq_gaps += ahead
+        else:
+            self.seq_repeats += 1
+        if ahead < SEQ_MOD // 2:  # a repeat does not move the expectation back
+            self._next_seq = (seq + 1) % SEQ_MOD
+
+
+# ---- report ------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class Report:
+    sessions: int
+    turns_requested: int
+    wall_s: float
+    accounts: list[SessionAccount]
+    t0: float
+
+    def all_turns(self) -> list[TurnStats]:
+        return [t for a in self.accounts for t in a.turns]
+
+    def summary(self) -> dict[str, Any]:
+        turns = self.all_turns()
+        statuses: dict[str, int] = {}
+        for t in turns:
+            statuses[t.status or "lost"] = statuses.get(t.status or "lost", 0) + 1
+
+        def dist(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
+            out: dict[str, float | None] = {"n": len(values)}
+            for q in (50, 90, 99):
+                p = percentile(values, q)
+                out[f"p{q}"] = None if p is None else round(p * scale, 1)
+            out["max"] = None if not values else round(max(values) * scale, 1)
+            return out
+
+        lateness = [x for t in turns for x in t.lateness_s]
+        server = [t.server_metrics.get("ttfa_ms") for t in turns]
+        return {
+            "sessions": self.sessions,
+            "turns": {"requested": self.sessions * self.turns_requested, **statuses},
+            "wall_s": round(self.wall_s, 2),
+            "ttfa_ms": dist([t.ttfa_s for t in turns if t.ttfa_s is not None]),
+            "server_ttfa_ms": dist([s / 1000 for s in server if s is not None]),
+            "first_sentence_ms": dist([t.first_sentence_s for t in turns
+                                       if t.first_sentence_s is not None]),
+            "turn_ms": dist([t.done_s for t in turns if t.done_s is not None]),
+            "lateness_ms": dist(lateness),
+            "late_frames": sum(1 for x in lateness if x > 0),
+            "frames": sum(t.frames for t in turns),
+            "audio_s": round(sum(t.audio_s for t in turns), 2),
+            "underruns": sum(t.underruns for t in turns),
+            "sentence_gaps": sum(t.sentence_gaps for t in turns),
+            "starved_ms": round(sum(t.starved_s for t in turns) * 1000, 1),
+            "seq_gaps": sum(a.seq_gaps for a in self.accounts),
+            "seq_repeats": sum(a.seq_repeats for a in self.accounts),
+            "errors": [e for a in self.accounts for e in a.errors],
+            "violations": [v for a in self.accounts for v in a.violations],
+        }
+
+    @property
+    def ok(self) -> bool:
+        s = self.summary()
+        return not (s["errors"] or s["violations"] or s["seq_gaps"] or s["seq_repeats"]
+                    or set(s["turns"]) - {"requested", "completed"})
+
+    def table(self) -> str:
+        s = self.summary()
+        lines = [f"{s['sessions']} sessions, turns {s['turns']}, {s['wall_s']} s wall, "
+                 f"{s['frames']} frames, {s['audio_s']} s audio",
+                 f"{'':22}{'n':>6}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}"]
+        for key, label in (("ttfa_ms", "TTFA (client) ms"), ("server_ttfa_ms", "TTFA (server) ms"),
+                           ("first_sentence_ms", "first sentence ms"),
+                           ("turn_ms", "turn.done ms"), ("lateness_ms", "frame lateness ms")):
+            d = s[key]
+            cells = "".join(f"{'-' if d[k] is None else d[k]:>9}"
+                            for k in ("p50", "p90", "p99", "max"))
+            lines.append(f"{label:22}{d['n']:>6}{cells}")
+        lines.append(f"late frames {s['late_frames']}, underruns {s['underruns']}, sentence gaps "
+                     f"{s['sentence_gaps']}, starved {s['starved_ms']} ms, seq gaps "
+                     f"{s['seq_gaps']}, seq repeats {s['seq_repeats']}, errors "
+                     f"{len(s['errors'])}, violations {len(s['violations'])}")
+        for e in sorted(set(s["errors"])):
+            lines.append(f"  error {e} x{s['errors'].count(e)}")
+        lines.extend(f"  violation: {v}" for v in s["violations"][:10])
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        turns = []
+        for i, a in enumerate(self.accounts):
+            for t in a.turns:
+                d = asdict(t)
+                d["session"] = i
+                d["sent_at"] = round(t.sent_at - self.t0, 4)
+                d["arrivals"] = [round(x - self.t0, 4) for x in t.arrivals]
+                d["lateness_s"] = [round(x, 4) for x in t.lateness_s]
+                turns.append(d)
+        return {"summary": self.summary(), "turns": turns}
+
+
+def plot(report: Report, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("--plot needs matplotlib: pip install matplotlib")
+    turns = report.all_turns()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ttfa = [t.ttfa_s * 1000 for t in turns if t.ttfa_s is not None]
+    ax1.hist(ttfa, bins=min(30, max(5, len(ttfa) // 2)), color="#3572b0")
+    ax1.set_title(f"TTFA, {len(ttfa)} turns")
+    ax1.set_xlabel("ms from transcript sent to first audio frame")
+    ax1.set_ylabel("turns")
+    for i, a in enumerate(report.accounts):
+        xs = [x - report.t0 for t in a.turns for x in t.arrivals]
+        ys = [y * 1000 for t in a.turns for y in t.lateness_s]
+        ax2.plot(xs, ys, ".", markersize=2, label=f"session {i}" if i < 8 else None)
+    ax2.axhline(0, color="red", linewidth=0.8)
+    ax2.set_title("frame lateness (above 0: the player was starved)")
+    ax2.set_xlabel("s since start")
+    ax2.set_ylabel("ms")
+    if len(report.accounts) <= 8:
+        ax2.legend(fontsize=7, markerscale=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---- the sessions ------------------------------------------------------------------------
+
+
+def load_transcripts(path: str | Path | None) -> list[str]:
+    """JSONL with a ``transcript`` field per line, or plain text (one per line)."""
+    lines = Path(path or DEFAULT_TRANSCRIPTS).read_text(encoding="utf-8").splitlines()
+    out = []
+    for line in (x.strip() for x in lines):
+        if not line:
+            continue
+        out.append(json.loads(line)["transcript"] if line.startswith("{") else line)
+    if not out:
+        raise ValueError(f"no transcripts in {path}")
+    return out
+
+
+@dataclass
+class Progress:
+    connected: int = 0
+    turns_done: int = 0
+    frames: int = 0
+
+
+async def run_session(url: str, index: int, account: SessionAccount, *, turns: int,
+                      transcripts: list[str], arrival_s: float, seed: int,
+                      progress: Progress, turn_timeout_s: float = 60.0) -> None:
+    """One speaker: connect, talk ``turns`` times, listen to every reply to its end."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    rng = random.Random(seed * 100_003 + index)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    async def reader(ws: Any) -> None:
+        try:
+            async for message in ws:
+                now = loop.time()
+                if isinstance(message, bytes):
+                    account.frame(message, now)
+                    progress.frames += 1
+                    continue
+                event = json.loads(message)
+                account.event(event, now)
+                if event["type"] == "turn.done" and event["turn_id"] == account.current_turn_id:
+                    await done.put(event)
+        except ConnectionClosed:
+            pass
+        finally:
+            await done.put(None)  # wakes a turn waiting on a closed socket
+
+    async def marks(ws: Any) -> None:
+        # what a real player does: report progress every 250 ms while audio is playing
+        last = None
+        while True:
+            await asyncio.sleep(MARK_INTERVAL_S)
+            if ws.close_code is not None:
+                return
+            turn_id, now = account.current_turn_id, loop.time()
+            end = account.playback_end
+            if turn_id is None or end is None:
+                continue
+            played = round(account.played_ms(now))
+            if (turn_id, played) != last:
+                last = (turn_id, played)
+                try:
+                    await ws.send(json.dumps({"type": "playback", "turn_id": turn_id,
+                                              "played_ms": played}))
+                except ConnectionClosed:
+                    return
+
+    await asyncio.sleep(rng.uniform(0, arrival_s))  # stagger the sessions' first turns
+    try:
+        async with connect(url, compression=None, max_size=2**20, open_timeout=30) as ws:
+            created = json.loads(await ws.recv())
+            if created.get("type") != "session.created":
+                account.violations.append(f"first message was {created.get('type')}")
+            progress.connected += 1
+            async with asyncio.TaskGroup() as tasks:
+                read = tasks.create_task(reader(ws))
+                mark = tasks.create_task(marks(ws))
+                for k in range(turns):
+                    if k:
+                        await asyncio.sleep(rng.expovariate(1 / arrival_s) if arrival_s else 0)
+                    account.sent(loop.time())
+                    await ws.send(json.dumps({"type": "transcript",
+                                              "text": rng.choice(transcripts)}))
+                    try:
+                        event = await asyncio.wait_for(done.get(), turn_timeout_s)
+                    except TimeoutError:
+                        account.lost("timeout")
+                        break
+                    if event is None:
+                        account.lost(f"closed {ws.close_code}")
+                        break
+                    progress.turns_done += 1
+                    end = account.playback_end
+                    if end is not None:  # the speaker listens to the end of the reply
+                        await asyncio.sleep(max(0.0, end - loop.time()))
+                mark.cancel()
+                await ws.close()
+                await read
+    except (OSError, InvalidStatus, TimeoutError) as exc:
+        account.lost(f"connect failed: {exc}")
+
+
+async def run_load(url: str, *, sessions: int, turns: int, transcripts: list[str],
+                   arrival_s: float = 0.0, seed: int = 1, prebuffer_s: float = 0.0,
+                   show_progress: bool = False) -> Report:
+    loop = asyncio.get_running_loop()
+    accounts = [SessionAccount(prebuffer_s=prebuffer_s) for _ in range(sessions)]
+    progress = Progress()
+    t0 = loop.time()
+
+    async def ticker() -> None:
+        tty = sys.stderr.isatty()
+        while True:
+            await asyncio.sleep(1.0)
+            errors = sum(len(a.errors) for a in accounts)
+            under = sum(t.underruns for a in accounts for t in a.turns)
+            gaps = sum(a.seq_gaps for a in accounts)
+            line = (f"[{loop.time() - t0:6.1f}s] connected {progress.connected}/{sessions} "
+                    f"turns {progress.turns_done}/{sessions * turns} frames {progress.frames} "
+                    f"underruns {under} seq-gaps {gaps} errors {errors}")
+            print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr,
+                  flush=True)
+
+    async with asyncio.TaskGroup() as tasks:
+        tick = tasks.create_task(ticker()) if show_progress else None
+        async with asyncio.TaskGroup() as speakers:
+            for i in range(sessions):
+                speakers.create_task(run_session(
+                    url, i, accounts[i], turns=turns, transcripts=transcripts,
+                    arrival_s=arrival_s, seed=seed, progress=progress))
+        if tick is not None:
+            tick.cancel()
+    if show_progress:
+        print(file=sys.stderr)
+    return Report(sessions, turns, loop.time() - t0, accounts, t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice")
+    p.add_argument("--sessions", type=int, default=4)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--transcripts", help=f"JSONL or text file (default {DEFAULT_TRANSCRIPTS})")
+    p.add_argument("--arrival", type=float, default=0.0,
+                   help="mean seconds of think time between a reply's end and the next turn")
+    p.add_argument("--prebuffer-ms", type=float, default=0.0,
+                   help="audio the player waits for before starting (default 0)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", help="write the summary and every turn as JSON here")
+    p.add_argument("--plot", help="write a PNG: TTFA histogram and lateness over time")
+    args = p.parse_args(argv)
+    if args.sessions < 1 or args.turns < 1:
+        p.error("--sessions and --turns must be at least 1")
+    transcripts = load_transcripts(args.transcripts)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    report = asyncio.run(run_load(args.url, sessions=args.sessions, turns=args.turns,
+                                  transcripts=transcripts, arrival_s=args.arrival,
+                                  seed=args.seed, prebuffer_s=args.prebuffer_ms / 1000,
+                                  show_progress=True))
+    print(f"loadgen {started} {args.url}")
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""What the phone app does, in Python: a reference client for protocol v1 (protocol.md).
+
+    python examples/phone_client.py "What's on my calendar?" "And tomorrow?"
+    python examples/phone_client.py --file transcripts.txt --out turns/
+    python examples/phone_client.py --play          # type transcripts; a line typed while
+                                                    # the reply plays interrupts it (barge-in)
+
+One WebSocket holds the session across turns. For each transcript the client:
+
+1. sends ``{"type":"transcript","text":...}`` and waits for ``turn.started`` (its turn_id);
+2. reads ``text.delta`` / ``sentence`` events and binary audio frames (12-byte header +
+   PCM16 mono 24 kHz), saving each turn's audio as ``turn-NNN.wav`` in ``--out`` and, with
+   ``--play``, playing it on the default output device (skipped if there is none);
+3. plays at real time (a virtual clock when not playing aloud) and sends
+   ``{"type":"playback","turn_id":...,"played_ms":...}`` every 250 ms while audio plays, so
+   the server paces its sending and knows what the listener heard;
+4. on ``turn.done`` closes the WAV; with ``cancelled`` it drops the audio not yet played.
+
+Barge-in: a new transcript while a reply is playing sends a final ``playback`` mark, drops
+the buffered audio and then sends the transcript (which cancels the turn server-side). From
+args or ``--file`` each reply is heard to its end unless ``--barge-in-after SECONDS``.
+From stdin, any line typed while the reply plays barges in.
+
+If the socket drops, the client reconnects with exponential backoff (0.5 s doubling to 8 s,
+with jitter), re-applies its session settings and sends again the transcript whose reply
+was cut off. (The server keeps history per socket, so the new session starts fresh.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import struct
+import sys
+import threading
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+RATE = 24_000
+HEADER = struct.Struct("<BBHII")  # version u8, flags u8, sentence u16, turn_id u32, seq u32
+MARK_EVERY_S = 0.25
+
+
+class ClockPlayer:
+    """Plays nothing, but consumes audio at real time: what a speaker would have played."""
+
+    def __init__(self) -> None:
+        self._end = 0.0  # monotonic time when the buffered audio runs out
+        self._queued_s = 0.0  # audio fed since start_turn()
+
+    def start_turn(self) -> None:
+        self._end, self._queued_s = 0.0, 0.0
+
+    def feed(self, pcm: bytes) -> None:
+        now, seconds = time.monotonic(), len(pcm) / 2 / RATE
+        self._end = max(self._end, now) + seconds  # after an underrun, resume on arrival
+        self._queued_s += seconds
+
+    def buffered_s(self) -> float:
+        return max(0.0, self._end - time.monotonic())
+
+    def played_ms(self) -> float:
+        return (self._queued_s - self.buffered_s()) * 1000
+
+    def flush(self) -> None:
+        self._queued_s -= self.buffered_s()
+        self._end = time.monotonic()
+
+    def close(self) -> None:
+        pass
+
+
+class SpeakerPlayer(ClockPlayer):
+    """Plays through the default output device (``sounddevice``); counts what it played."""
+
+    def __init__(self) -> None:
+        import sounddevice  # raises ImportError/OSError when there is no library or device
+
+        super().__init__()
+        self._buf = bytearray()
+        self._played = 0  # bytes played in this turn
+        self._lock = threading.Lock()
+        self._stream = sounddevice.RawOutputStream(samplerate=RATE, channels=1, dtype="int16",
+                                                   callback=self._callback)
+        self._stream.start()
+
+    def _callback(self, out: Any, frames: int, _time: Any, _status: Any) -> None:
+        with self._lock:  # audio thread: copy what we have, pad the rest with silence
+            n = min(len(out), len(self._buf))
+            out[:n] = self._buf[:n]
+            out[n:] = bytes(len(out) - n)
+            del self._buf[:n]
+            self._played += n
+
+    def start_turn(self) -> None:
+        with self._lock:
+            self._buf.clear()
+            self._played = 0
+
+    def feed(self, pcm: bytes) -> None:
+        with self._lock:
+            self._buf += pcm
+
+    def buffered_s(self) -> float:
+        return len(self._buf) / 2 / RATE
+
+    def played_ms(self) -> float:
+        return self._played / 2 / RATE * 1000
+
+    def flush(self) -> None:
+        with self._lock:
+            self._buf.clear()
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class PhoneClient:
+    def __init__(self, url: str, out_dir: Path, player: ClockPlayer, *,
+                 settings: dict[str, Any] | None = None, verbose: bool = True) -> None:
+        self.url, self.out_dir, self.player = url, out_dir, player
+        self.settings = settings or {}
+        self.verbose = verbose
+        self.turns = 0  # local turn counter: names the WAV files across reconnects
+        self.saved: list[Path] = []
+        self.results: list[dict[str, Any]] = []  # turn.done events, in order
+        self._ws: ClientConnection | None = None
+        self._turn_id: int | None = None  # the turn whose audio we are receiving
+        self._wav: wave.Wave_write | None = None
+        self._pending: list[int] = []  # local numbers of transcripts sent, not yet started
+        self._done = asyncio.Event()  # set on the turn.done of the last transcript sent
+        self._done.set()
+        self._in_flight = False  # a transcript was sent and its turn.done has not come
+        self._lost = False  # the socket dropped before the last transcript's turn.done
+        self._connected = asyncio.Event()
+
+    def say(self, *parts: Any) -> None:
+        if self.verbose:
+            print(*parts, file=sys.stderr, flush=True)
+
+    # ---- connection, with reconnect --------------------------------------------------
+
+    async def run(self, transcripts: Any, *, sequential: bool, barge_in_after: float | None
+                  ) -> None:
+        """Connect (and reconnect) while ``talk`` sends ``transcripts`` (an async iterator)."""
+        async with asyncio.TaskGroup() as tasks:
+            link = tasks.create_task(self._keep_connected())
+            try:
+                await self._talk(transcripts, sequential, barge_in_after)
+            finally:
+                link.cancel()
+                if self._ws is not None:
+                    await self._ws.close()
+
+    async def _keep_connected(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                async with connect(self.url, compression=None, max_size=2**20) as ws:
+                    created = json.loads(await ws.recv())
+                    assert created["type"] == "session.created", created
+                    if self.settings:
+                        await ws.send(json.dumps({"type": "session.update",
+                                                  "session": self.settings}))
+                    self.say(f"[connected: {created['session_id']}]")
+                    self._ws, backoff = ws, 0.5
+                    self._connected.set()
+                    await self._read(ws)
+            except (OSError, InvalidStatus, ConnectionClosed) as exc:
+                self.say(f"[connection failed: {exc}]")
+            self._connected.clear()
+            self._ws, self._turn_id = None, None
+            self._close_wav()
+            self.player.flush()
+            if self._in_flight:  # the reply was cut off: _talk sends it again
+                self._in_flight, self._lost = False, True
+                self._pending.clear()
+                self._done.set()
+            delay = backoff * random.uniform(0.8, 1.2)
+            self.say(f"[disconnected; reconnecting in {delay:.1f} s]")
+            await asyncio.sleep(delay)
+            backoff = min(backoff * 2, 8.0)
+
+    async def _send(self, **message: Any) -> None:
+        await self._connected.wait()
+        assert self._ws is not None
+        await self._ws.send(json.dumps(message))
+
+    # ---- what the user says ------------------------------------------------------------
+
+    async def _talk(self, transcripts: Any, sequential: bool, barge_in_after: float | None
+                    ) -> None:
+        async for text in transcripts:
+            await self._barge_in_if_speaking()
+            self._lost = True
+            while self._lost:  # resent after a reconnect if the reply was cut off
+                self._lost = False
+                await self._connected.wait()
+                self.turns += 1
+                self._pending.append(self.turns)
+                self._done.clear()
+                self._in_flight = True
+                self.say(f"> {text}")
+                await self._send(type="transcript", text=text)
+                if sequential:
+                    await self._listen(barge_in_after)
+        await self._listen(None)  # hear the last reply out
+
+    async def _listen(self, barge_in_after: float | None) -> None:
+        """Wait for the turn to end and its audio to play (or ``barge_in_after`` seconds of
+        it), sending playback marks at the playback pace."""
+        started = time.monotonic()
+        while not (self._done.is_set() and self.player.buffered_s() == 0):
+            try:
+                await asyncio.wait_for(self._done.wait(), MARK_EVERY_S)
+            except TimeoutError:
+                pass
+            if self._done.is_set():  # let the buffered audio play out
+                await asyncio.sleep(min(MARK_EVERY_S, self.player.buffered_s()))
+            await self._mark()
+            if barge_in_after is not None and time.monotonic() - started >= barge_in_after:
+                return
+
+    async def _mark(self) -> None:
+        if self._turn_id is not None and self._ws is not None:
+            try:
+                await self._ws.send(json.dumps({"type": "playback", "turn_id": self._turn_id,
+                                                "played_ms": round(self.player.played_ms())}))
+            except ConnectionClosed:
+                pass  # the reader notices and reconnects
+
+    async def _barge_in_if_speaking(self) -> None:
+        if self._turn_id is not None and (not self._done.is_set() or self.player.buffered_s()):
+            await self._mark()  # tell the server what was heard, then stop the sound
+            self.player.flush()
+            self.say("[barge-in]")
+
+    # ---- what the server says --------------------------------------------------------
+
+    async def _read(self, ws: ClientConnection) -> None:
+        async for message in ws:
+            if isinstance(message, bytes):
+                _version, _flags, _sentence, turn_id, _seq = HEADER.unpack_from(message)
+                if turn_id == self._turn_id and self._wav is not None:
+                    pcm = message[HEADER.size:]
+                    self._wav.writeframes(pcm)
+                    self.player.feed(pcm)
+                continue
+            event = json.loads(message)
+            match event["type"]:
+                case "turn.started":
+                    self._close_wav()
+                    self._turn_id = event["turn_id"]
+                    number = self._pending.pop(0) if self._pending else self.turns
+                    path = self.out_dir / f"turn-{number:03d}.wav"
+                    self._wav = wave.open(str(path), "wb")
+                    self._wav.setnchannels(1)
+                    self._wav.setsampwidth(2)
+                    self._wav.setframerate(RATE)
+                    self.saved.append(path)
+                    self.player.start_turn()
+                case "text.delta":
+                    if self.verbose:
+                        print(event["delta"], end="", file=sys.stderr, flush=True)
+                case "turn.done" if event["turn_id"] == self._turn_id:
+                    self._close_wav()
+                    self.results.append(event)
+                    m = event["metrics"]
+                    self.say(f"\n[turn {event['turn_id']} {event['status']}: first audio "
+                             f"{m.get('ttfa_ms')} ms, {m.get('audio_ms')} ms of audio]")
+                    if event["status"] != "completed":
+                        self.player.flush()  # nothing more of this turn will be heard
+                    if not self._pending:
+                        self._in_flight = False
+                        self._done.set()
+                case "error":
+                    self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
+                case _:
+                    pass  # session.updated, sentence, sentence.done, pong
+
+    def _close_wav(self) -> None:
+        if self._wav is not None:
+            self._wav.close()
+            self._wav = None
+
+
+async def _from_list(items: list[str]) -> Any:
+    for item in items:
+        yield item
+
+
+async def _from_stdin() -> Any:
+    while line := await asyncio.to_thread(sys.stdin.readline):
+        if line.strip():
+            yield line.strip()
+
+
+def make_player(play: bool) -> ClockPlayer:
+    if play:
+        try:
+            return SpeakerPlayer()
+        except Exception as exc:  # ImportError, OSError, sounddevice.PortAudioError
+            print(f"[no audio device ({exc}); saving WAV files only]", file=sys.stderr)
+    return ClockPlayer()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Reference voice client (protocol v1).")
+    p.add_argument("transcripts", nargs="*", help="what the user says, one turn each")
+    p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice")
+    p.add_argument("--file", help="transcripts, one per line ('-' for stdin)")
+    p.add_argument("--out", default="turns", help="directory for turn-NNN.wav (default turns/)")
+    p.add_argument("--play", action="store_true", help="play through the default device")
+    p.add_argument("--voice")
+    p.add_argument("--instructions")
+    p.add_argument("--frame-ms", type=int)
+    p.add_argument("--barge-in-after", type=float, metavar="SECONDS",
+                   help="send the next transcript this long into each reply")
+    args = p.parse_args(argv)
+    settings = {k: v for k, v in {"voice": args.voice, "instructions": args.instructions,
+                                  "frame_ms": args.frame_ms}.items() if v is not None}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.transcripts:
+        source, sequential = _from_list(args.transcripts), True
+    elif args.file and args.file != "-":
+        lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+        source, sequential = _from_list([x.strip() for x in lines if x.strip()]), True
+    else:
+        source, sequential = _from_stdin(), False
+    player = make_player(args.play)
+    client = PhoneClient(args.url, out, player, settings=settings)
+    try:
+        asyncio.run(client.run(source, sequential=sequential,
+                               barge_in_after=args.barge_in_after))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        player.close()
+    for path in client.saved:
+        print(path)
+    return 0 if all(r["status"] != "failed" for r in client.results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The browser test console's files, served on the voice port: ``GET /`` is the page,
+``GET /static/<name>`` its assets, read from gateway/static/ (no build step).
+
+``static_response(path)`` returns a ``Response``, or None when ``path`` is not one of these
+routes. Only flat file names with a known type are served, so ``..`` cannot leave the folder.
+"""
+
+from __future__ import annotations
+
+import http
+from pathlib import Path
+
+from websockets.datastructures import Headers
+from websockets.http11 import Response
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+}
+
+
+def static_response(path: str, root: Path = STATIC_DIR) -> Response | None:
+    if path == "/":
+        name = "index.html"
+    elif path.startswith("/static/"):
+        name = path.removeprefix("/static/")
+    else:
+        return None
+    kind = CONTENT_TYPES.get(Path(name).suffix)
+    file = root / name
+    if "/" in name or "\\" in name or name.startswith(".") or kind is None or not file.is_file():
+        return _response(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+    return _response(http.HTTPStatus.OK, file.read_bytes(), kind)
+
+
+def _response(status: http.HTTPStatus, body: bytes, kind: str) -> Response:
+    headers = Headers([("Content-Type", kind), ("Content-Length", str(len(body))),
+                       ("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff")])
+    return Response(status.value, status.phrase, headers, body)

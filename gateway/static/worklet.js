@@ -1,0 +1,70 @@
+// AudioWorklet: plays PCM pushed from the page, with a small jitter buffer.
+// Messages in:  {type: "pcm", samples: Float32Array}, {type: "end"} (turn over: play out
+// what is left), {type: "flush"} (barge-in: drop everything).
+// Messages out: {type: "status", played, buffered, playing, underruns} about every 50 ms.
+const PREBUFFER = 2400; // 100 ms at 24 kHz before starting (and after an underrun)
+
+class PcmPlayer extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.chunks = [];
+    this.offset = 0; // read position in chunks[0]
+    this.buffered = 0;
+    this.played = 0;
+    this.playing = false;
+    this.ending = false;
+    this.underruns = 0;
+    this.quanta = 0;
+    this.port.onmessage = (e) => {
+      const m = e.data;
+      if (m.type === "pcm") {
+        this.chunks.push(m.samples);
+        this.buffered += m.samples.length;
+        this.ending = false;
+      } else if (m.type === "end") {
+        this.ending = true;
+      } else if (m.type === "flush") {
+        this.chunks = [];
+        this.offset = 0;
+        this.buffered = 0;
+        this.playing = false;
+        this.ending = false;
+      }
+    };
+  }
+
+  process(_inputs, outputs) {
+    const out = outputs[0][0];
+    let i = 0;
+    if (!this.playing && (this.buffered >= PREBUFFER || (this.ending && this.buffered > 0))) {
+      this.playing = true;
+    }
+    if (this.playing) {
+      while (i < out.length && this.chunks.length) {
+        const chunk = this.chunks[0];
+        const n = Math.min(out.length - i, chunk.length - this.offset);
+        out.set(chunk.subarray(this.offset, this.offset + n), i);
+        i += n;
+        this.offset += n;
+        if (this.offset === chunk.length) {
+          this.chunks.shift();
+          this.offset = 0;
+        }
+      }
+      this.buffered -= i;
+      this.played += i;
+      if (this.buffered === 0) {
+        if (!this.ending) this.underruns += 1; // starved mid-turn: rebuffer
+        this.playing = false;
+      }
+    }
+    out.fill(0, i);
+    if (++this.quanta % 10 === 0) {
+      this.port.postMessage({type: "status", played: this.played, buffered: this.buffered,
+                             playing: this.playing, underruns: this.underruns});
+    }
+    return true;
+  }
+}
+
+registerProcessor("pcm-player", PcmPlayer);

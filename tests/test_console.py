@@ -1,0 +1,124 @@
+"""The browser console in real headless Chromium (Debian's /usr/bin/chromium, driven by
+Playwright) against the real gateway: it connects, a typed transcript is spoken through
+the AudioWorklet, Stop cancels the turn and silences it. Also the static routes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gateway.config import load_config
+from gateway.io.server import Gateway
+from gateway.io.static import STATIC_DIR
+
+CHROMIUM = "/usr/bin/chromium"
+LONG = " ".join(f"This is sentence number {i} of a long answer." for i in range(1, 30))
+
+
+def keep_screenshot(shot: Path) -> None:
+    """Copy to $OUT/console.png when OUT is set (CI keeps it as an artefact)."""
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(os.environ["OUT"]) / "console.png")
+
+
+@pytest.fixture
+async def gateway(tmp_path):
+    replies = tmp_path / "replies.jsonl"
+    replies.write_text("".join(orjson.dumps(r).decode() + "\n" for r in (
+        {"transcript": "Hello", "reply": "Hi. Nice to hear you."},
+        {"transcript": "Tell me everything", "reply": LONG})))
+    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
+                         llm={"replies": str(replies), "tokens_per_s": 400.0})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.aclose()
+
+
+async def test_static_routes_have_types_and_refuse_escapes(gateway):
+    base = f"http://127.0.0.1:{gateway.port}"
+    async with httpx.AsyncClient() as client:
+        page = await client.get(f"{base}/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert page.content == (STATIC_DIR / "index.html").read_bytes()
+        for name, kind in (("console.js", "text/javascript"), ("worklet.js", "text/javascript"),
+                           ("console.css", "text/css")):
+            r = await client.get(f"{base}/static/{name}")
+            assert r.status_code == 200 and r.headers["content-type"].startswith(kind), name
+        for bad in ("/static/nope.js", "/static/..%2Fio%2Fstatic.py", "/static/../io/static.py",
+                    "/static/.hidden.js", "/static/"):
+            assert (await client.get(f"{base}{bad}")).status_code == 404, bad
+        assert (await client.get(f"{base}/health")).json()["status"] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                    reason=f"{CHROMIUM} missing (Debian: apt-get install -y chromium)")
+async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"])
+        try:
+            page = await browser.new_page()
+            page_errors: list[str] = []
+            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            await page.goto(f"http://127.0.0.1:{gateway.port}/")
+            await page.wait_for_function(
+                "window.consoleState.connected && window.consoleState.audioReady")
+
+            # a short turn: spoken to the end through the worklet
+            await page.fill("#transcript", "Hello")
+            await page.click("#send")
+            await page.wait_for_function(
+                "window.consoleState.lastTurn && window.consoleState.lastTurn.status === "
+                "'completed'", timeout=30_000)
+            await page.wait_for_function(  # the worklet plays out everything it was sent
+                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+                arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
+            state = await page.evaluate("window.consoleState")
+            assert state["framesReceived"] > 10
+            assert state["samplesPlayed"] == state["samplesReceived"] > 24_000 // 2
+            assert await page.inner_text("#reply") == "Hi. Nice to hear you."
+            assert await page.locator("#sentences li").count() >= 1
+            assert await page.locator("#timeline .turn").count() == 1
+
+            # a long turn, stopped while it plays
+            await page.fill("#transcript", "Tell me everything")
+            await page.click("#send")
+            played_before = state["samplesPlayed"]
+            await page.wait_for_function(
+                f"window.consoleState.samplesPlayed > {played_before} + 12000")
+            await page.click("#stop")
+            await page.wait_for_function(
+                "window.consoleState.lastTurn.status === 'cancelled'")
+            await page.wait_for_function(
+                "!window.consoleState.playing && window.consoleState.bufferedSamples === 0")
+            stopped = await page.evaluate("window.consoleState")
+            # audio stays stopped: wait for five more worklet reports, nothing more played
+            await page.wait_for_function(
+                f"window.consoleState.workletReports >= {stopped['workletReports']} + 5")
+            after = await page.evaluate("window.consoleState")
+            assert after["samplesPlayed"] == stopped["samplesPlayed"]
+            assert stopped["samplesPlayed"] < played_before + len(LONG) * 24_000 // 15
+            assert [t["status"] for t in after["turns"]] == ["completed", "cancelled"]
+            assert after["errors"] == [] and page_errors == []
+
+            shot = tmp_path / "console.png"
+            await page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            keep_screenshot(shot)
+        finally:
+            await browser.close()

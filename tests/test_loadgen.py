@@ -1,0 +1,175 @@
+"""The load generator's listener accounting (pure, fake times) and one real run against the
+gateway (replay LLM + espeak on 127.0.0.1:0)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from examples.loadgen import (
+    HEADER,
+    SessionAccount,
+    load_transcripts,
+    percentile,
+    run_load,
+)
+from gateway.config import load_config
+from gateway.io.server import Gateway
+
+MS = 24  # samples per millisecond
+
+
+def frame(seq: int, turn_id: int = 1, sentence: int = 0, ms: int = 40, flags: int = 0) -> bytes:
+    return HEADER.pack(1, flags, sentence, turn_id, seq) + b"\x01\x00" * (ms * MS)
+
+
+def started(account: SessionAccount, turn_id: int = 1, now: float = 0.0) -> None:
+    account.sent(now)
+    account.event({"type": "turn.started", "turn_id": turn_id, "source": "transcript"}, now)
+
+
+def test_frames_ahead_of_playback_are_early_and_playback_runs_in_real_time():
+    a = SessionAccount()
+    started(a, now=10.0)
+    a.event({"type": "sentence", "turn_id": 1, "index": 0}, 10.2)
+    for seq in range(5):  # a burst: 200 ms of audio at once
+        a.frame(frame(seq), 10.25)
+    (turn,) = a.turns
+    assert turn.ttfa_s == pytest.approx(0.25) and turn.first_sentence_s == pytest.approx(0.2)
+    assert turn.lateness_s == pytest.approx([0, -0.04, -0.08, -0.12, -0.16])
+    assert a.played_ms(10.25) == pytest.approx(0, abs=1e-6)
+    assert a.played_ms(10.35) == pytest.approx(100)
+    assert a.played_ms(11.0) == pytest.approx(200)  # never more than was received
+    assert a.playback_end == pytest.approx(10.45)
+    assert turn.underruns == turn.sentence_gaps == 0 and turn.audio_s == pytest.approx(0.2)
+
+
+def test_starved_mid_sentence_is_an_underrun_between_sentences_a_gap():
+    a = SessionAccount()
+    started(a)
+    a.frame(frame(0, sentence=0), 1.0)  # plays 1.00–1.04
+    a.frame(frame(1, sentence=0), 1.10)  # needed at 1.04: 60 ms late, same sentence
+    a.frame(frame(2, sentence=1, flags=1), 1.30)  # needed at 1.14: 160 ms late, new sentence
+    a.frame(frame(3, sentence=1), 1.31)  # early again
+    (turn,) = a.turns
+    assert turn.lateness_s == pytest.approx([0, 0.06, 0.16, -0.03])
+    assert turn.underruns == 1 and turn.sentence_gaps == 1
+    assert turn.starved_s == pytest.approx(0.22)
+    assert a.played_ms(1.34) == pytest.approx(120)  # resumed at 1.30 with 80 ms in hand
+
+
+def test_prebuffer_delays_playback_start():
+    a = SessionAccount(prebuffer_s=0.15)
+    started(a)
+    a.frame(frame(0), 1.0)
+    a.frame(frame(1), 1.18)  # needed at 1.19
+    assert a.turns[0].lateness_s == pytest.approx([-0.15, -0.01])
+    assert a.turns[0].underruns == 0
+
+
+def test_seq_gaps_repeats_and_wraparound():
+    a = SessionAccount()
+    started(a)
+    for seq in (0, 1, 4, 4, 2, 5):
+        a.frame(frame(seq), 1.0)
+    assert a.seq_gaps == 2 and a.seq_repeats == 2
+    b = SessionAccount()
+    started(b)
+    b._next_seq = 2**32 - 1
+    b.frame(frame(2**32 - 1), 1.0)
+    b.frame(frame(0), 1.0)
+    assert b.seq_gaps == 0 and b.seq_repeats == 0
+
+
+def test_first_seq_of_a_session_must_be_zero():
+    a = SessionAccount()
+    started(a)
+    a.frame(frame(3), 1.0)
+    assert a.seq_gaps == 3
+
+
+def test_turn_done_errors_and_frames_after_done_are_violations():
+    a = SessionAccount()
+    started(a)
+    a.frame(frame(0, flags=3), 1.0)
+    a.event({"type": "error", "turn_id": 1, "error": {"code": "engine_failed", "message": "x"}},
+            1.1)
+    a.event({"type": "turn.done", "turn_id": 1, "status": "failed",
+             "metrics": {"ttfa_ms": 12.5}}, 1.2)
+    a.frame(frame(1), 1.3)
+    a.frame(frame(2, turn_id=9), 1.3)
+    a.frame(b"\x02" + bytes(11), 1.3)
+    (turn,) = a.turns
+    assert turn.status == "failed" and turn.server_metrics == {"ttfa_ms": 12.5}
+    assert turn.done_s == pytest.approx(1.2) and turn.frames == 1
+    assert a.errors == ["engine_failed"]
+    assert len(a.violations) == 3
+    assert "after its turn.done" in a.violations[0] and "not the current turn" in a.violations[1]
+
+
+def test_a_new_turn_restarts_the_player_and_empty_end_frames_play_nothing():
+    a = SessionAccount()
+    started(a, 1, now=0.0)
+    a.frame(frame(0), 0.5)
+    a.frame(HEADER.pack(1, 3, 0, 1, 1), 0.6)  # zero samples: end marker
+    a.event({"type": "turn.done", "turn_id": 1, "status": "completed", "metrics": {}}, 0.6)
+    started(a, 2, now=5.0)
+    a.frame(frame(2, turn_id=2), 5.3)
+    first, second = a.turns
+    assert first.frames == 2 and len(first.lateness_s) == 1
+    assert second.ttfa_s == pytest.approx(0.3) and second.lateness_s == [0]
+    assert a.played_ms(5.32) == pytest.approx(20)
+    assert not a.violations and a.seq_gaps == 0
+
+
+def test_lost_turn_and_percentiles():
+    a = SessionAccount()
+    started(a)
+    a.lost("closed 1011")
+    assert a.turns[0].status == "lost" and a.errors == ["closed 1011"]
+    assert percentile([], 50) is None
+    assert percentile([3, 1, 2, 4], 50) == 2 and percentile([3, 1, 2, 4], 99) == 4
+
+
+def test_transcripts_from_jsonl_or_text(tmp_path):
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"transcript": "Hi there", "reply": "Hello."}\n\n')
+    text = tmp_path / "t.txt"
+    text.write_text("first one\nsecond one\n")
+    assert load_transcripts(jsonl) == ["Hi there"]
+    assert load_transcripts(text) == ["first one", "second one"]
+    assert len(load_transcripts(None)) > 5  # the project's replay set
+
+
+@pytest.fixture
+async def short_gateway(tmp_path):
+    replies = tmp_path / "replies.jsonl"
+    replies.write_text("".join(orjson.dumps(r).decode() + "\n" for r in (
+        {"transcript": "Hello", "reply": "Hi. Nice to hear you."},
+        {"transcript": "Time", "reply": "It is noon. Lunch is soon."})))
+    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
+                         llm={"replies": str(replies), "tokens_per_s": 400.0})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.aclose()
+
+
+@pytest.mark.slow
+async def test_three_sessions_two_turns_against_the_real_gateway(short_gateway):
+    report = await run_load(f"ws://127.0.0.1:{short_gateway.port}/v1/voice", sessions=3,
+                            turns=2, transcripts=["Hello", "Time"], arrival_s=0.05, seed=7)
+    s = report.summary()
+    assert s["turns"] == {"requested": 6, "completed": 6}
+    assert s["seq_gaps"] == 0 and s["seq_repeats"] == 0
+    assert s["errors"] == [] and s["violations"] == []
+    assert report.ok
+    for account in report.accounts:
+        assert [t.turn_id for t in account.turns] == [1, 2]
+        for turn in account.turns:
+            assert turn.ttfa_s is not None and turn.first_sentence_s <= turn.ttfa_s
+            assert turn.audio_s * 1000 == pytest.approx(turn.server_metrics["audio_ms"], abs=1)
+    assert s["ttfa_ms"]["n"] == 6 and "TTFA (client) ms" in report.table()
+    assert report.to_json()["summary"]["frames"] == s["frames"] > 0
