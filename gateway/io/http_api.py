@@ -219,7 +219,7 @@ class SpeechStream:
     _waiting_next: bool = False
 
     def start(self) -> None:
-        self.gateway.http.streams.add(self)
+        self.gateway.http.opened(self)
         self._submit_next()
 
     def _submit_next(self) -> None:
@@ -281,7 +281,7 @@ class SpeechStream:
         if not self.finished:
             self.gateway.lane.cancel(self.owner)
             self.finished = True
-        self.gateway.http.streams.discard(self)
+        self.gateway.http.closed(self)
 
     def _finish(self, item: Any) -> None:
         self.finished = True
@@ -544,6 +544,9 @@ class HttpServer:
         self.host, self.requested_port = host, port
         self.api = SpeechApi(gateway)
         self.streams: set[SpeechStream] = set()
+        self.idle = asyncio.Event()
+        """Set while no speech response is open (tests await it after a disconnect)."""
+        self.idle.set()
         self._socket: socket.socket | None = None
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
@@ -570,6 +573,15 @@ class HttpServer:
             serving.cancel()
             self._task.result()  # raises what stopped uvicorn
             raise RuntimeError("the HTTP server stopped while starting")
+
+    def opened(self, stream: SpeechStream) -> None:
+        self.streams.add(stream)
+        self.idle.clear()
+
+    def closed(self, stream: SpeechStream) -> None:
+        self.streams.discard(stream)
+        if not self.streams:
+            self.idle.set()
 
     @property
     def started(self) -> bool:
