@@ -17,6 +17,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve voice sessions on a WebSocket")
     s.add_argument("--host", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default 8780; 0 picks a free one)")
+    s.add_argument("--http-port", type=int, help="HTTP API port: /v1/audio/speech, /health, "
+                   "/metrics (default: --port + 1, i.e. 8781; 0 picks a free one)")
     s.add_argument("--llm-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8081/v1 "
                    "(default: the scripted replay backend)")
     s.add_argument("--llm-model", help="model name sent to the LLM server")
@@ -57,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(
             args.config,
-            server={"host": args.host, "port": args.port, "tokens": _tokens(args),
-                    "insecure_bind": args.insecure_bind,
+            server={"host": args.host, "port": args.port, "http_port": args.http_port,
+                    "tokens": _tokens(args), "insecure_bind": args.insecure_bind,
                     "origins": tuple(args.origin) if args.origin else None,
                     "tls_cert": args.tls_cert, "tls_key": args.tls_key},
             llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},

@@ -3,7 +3,7 @@ place that turns a TOML file and command-line flags into them (flags win over th
 
 TOML layout (every key optional; see examples/hub.toml)::
 
-    [server]   host, port, max_sessions
+    [server]   host, port, max_sessions, http_port
     [llm]      url, model, api_key, temperature, max_tokens, replies (replay file), tokens_per_s
     [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, options = {...}
     [tts.fallback_options]   options for the fallback engine
@@ -40,6 +40,9 @@ class ServerConfig:
     outbox_bytes: int = 4 * 1024 * 1024
     """Per session: unread output past this closes the session (``slow_consumer``); also
     what a resume can replay."""
+    http_port: int | None = None
+    """HTTP API (speech, health, metrics). None: ``port + 1`` (8781), or a free port when
+    ``port`` is 0; 0: a free port."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,17 @@ class JobSink(Protocol):
     def on_failed(self, job: Job, code: str, message: str) -> None: ...
 
 
+class LaneObserver(Protocol):
+    """Watches a lane's compute for metrics (``gateway.io.telemetry``). Called on the loop."""
+
+    def job_queued(self, lane: str, job: Job) -> None: ...
+    def job_step(self, lane: str, job: Job, started: float, seconds: float,
+                 audio_bytes: int) -> None:
+        """One step ran from ``started`` (perf_counter) for ``seconds`` of lane time."""
+    def job_ended(self, lane: str, job: Job, outcome: str) -> None:
+        """``outcome``: ``done``, ``failed`` or ``cancelled``."""
+
+
 @dataclass(frozen=True, slots=True)
 class SynthesisJob:
     request: SynthesisRequest
@@ -59,6 +70,7 @@ class Lane:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{name}")
         self._wake = asyncio.Event()
         self._busy_since: float | None = None
+        self.observer: LaneObserver | None = None
 
     # ---- thread helpers ----------------------------------------------------------------
 
@@ -84,6 +96,8 @@ class Lane:
                priority: Priority = Priority.INTERACTIVE) -> Job:
         job = Job(owner=owner, priority=priority, deadline=deadline, payload=payload)
         self.scheduler.submit(job)
+        if self.observer is not None:
+            self.observer.job_queued(self.name, job)
         self._wake.set()
         return job
 
@@ -92,6 +106,8 @@ class Lane:
         jobs = self.scheduler.cancel(owner)
         for job in jobs:
             self.stats.jobs_cancelled += 1
+            if self.observer is not None:
+                self.observer.job_ended(self.name, job, "cancelled")
             if not job.running:
                 self._close_later(job.state)
                 job.state = None
@@ -125,7 +141,8 @@ class Lane:
     async def _step(self, job: Job) -> None:
         payload: SynthesisJob = job.payload
         job.running = True
-        self._busy_since = time.perf_counter()
+        self._busy_since = started = time.perf_counter()
+        chunk: bytes | None = None
         try:
             if job.state is None:
                 job.state = await self.call(self.engine.open, payload.request)
@@ -133,6 +150,7 @@ class Lane:
         except EngineError as exc:
             self._drop(job)
             self.stats.jobs_failed += 1
+            self._ended(job, "failed")
             if not job.cancelled:
                 payload.sink.on_failed(job, exc.code, exc.message)
             return
@@ -140,15 +158,19 @@ class Lane:
             log.exception("engine %s failed", self.engine.name)
             self._drop(job)
             self.stats.jobs_failed += 1
+            self._ended(job, "failed")
             if not job.cancelled:
                 payload.sink.on_failed(job, "engine_failed", f"{type(exc).__name__}: {exc}")
             return
         finally:
             job.running = False
-            if self._busy_since is not None:
-                self.stats.busy_s += time.perf_counter() - self._busy_since
-                self._busy_since = None
+            seconds = time.perf_counter() - started
+            self.stats.busy_s += seconds
+            self._busy_since = None
             self.stats.steps += 1
+            if self.observer is not None:
+                self.observer.job_step(self.name, job, started, seconds,
+                                       0 if chunk is None else len(chunk))
         if job.cancelled:
             self._close_later(job.state)
             job.state = None
@@ -156,11 +178,16 @@ class Lane:
         if chunk is None:
             self._drop(job)
             self.stats.jobs_done += 1
+            self._ended(job, "done")
             payload.sink.on_done(job)
             return
         job.steps += 1
         engine_name = getattr(job.state, "engine_name", None) or self.engine.name
         payload.sink.on_audio(job, chunk, engine_name, ready_at)
+
+    def _ended(self, job: Job, outcome: str) -> None:
+        if self.observer is not None:
+            self.observer.job_ended(self.name, job, outcome)
 
     def _drop(self, job: Job) -> None:
         self.scheduler.finish(job)

@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -33,8 +34,11 @@ from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.auth import check_token, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
+from gateway.io.http_api import HttpServer, models_body
 from gateway.io.lanes import Lane
 from gateway.io.static import static_response
+from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.io.telemetry import Telemetry
 
 log = logging.getLogger("gateway")
 
@@ -67,9 +71,13 @@ class Metrics:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     frames: int = 0
     sessions_opened: int = 0
+    listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """Called with every turn.done event (telemetry's histograms)."""
 
     def turn_done(self, event: dict[str, Any]) -> None:
         self.turns[event["status"]] += 1
+        for listener in self.listeners:
+            listener(event)
 
 
 class Gateway:
@@ -80,6 +88,10 @@ class Gateway:
         self.llm = llm or self._make_llm()
         self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline)
         self.metrics = Metrics()
+        self.telemetry = Telemetry(self)
+        s = config.server
+        self.http = HttpServer(self, s.host, s.http_port if s.http_port is not None
+                               else (s.port + 1 if s.port else 0))
         self.connections: set[VoiceConnection] = set()
         self.runners: dict[str, SessionRunner] = {}
         """Live sessions by id, attached to a connection or waiting for a resume."""
@@ -106,8 +118,13 @@ class Gateway:
         if not s.tokens and not is_loopback(s.host) and not s.insecure_bind:
             raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
                              "(--token) or pass --insecure-bind")
+        await self.http.start()  # first, so /health answers 503 while the engine warms up
         self._lane_task = asyncio.create_task(self.lane.run(), name=f"lane-{self.lane.name}")
-        seconds = await self.lane.load()
+        try:
+            seconds = await self.lane.load()
+        except BaseException:
+            await self.http.aclose()
+            raise
         self.voices = list(self.engine.voices())
         log.info("engine %s loaded on lane %s in %.2f s", self.engine.name, self.lane.name,
                  seconds)
@@ -134,10 +151,15 @@ class Gateway:
         assert self._server is not None, "start() first"
         return self._server.sockets[0].getsockname()[1]
 
+    @property
+    def http_port(self) -> int:
+        return self.http.port
+
     async def aclose(self) -> None:
         """Close connections with 1001 (going away), cancel turns, release the engine."""
         self.ready = False
         self.closing = True
+        await self.http.aclose()
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
@@ -151,6 +173,7 @@ class Gateway:
             runner.close()
         await self.lane.aclose()
         await self.llm.aclose()
+        await self.telemetry.aclose()
 
     # ---- HTTP on the voice port ----------------------------------------------------------
 
@@ -174,6 +197,12 @@ class Gateway:
             status = http.HTTPStatus.OK if health["status"] == "ok" else \
                 http.HTTPStatus.SERVICE_UNAVAILABLE
             return _json_response(status, health)
+        if path == "/metrics":
+            data = self.telemetry.exposition()
+            return Response(200, "OK", Headers([("Content-Type", METRICS_CONTENT_TYPE),
+                                                ("Content-Length", str(len(data)))]), data)
+        if path == "/v1/models":
+            return _json_response(http.HTTPStatus.OK, models_body(self))
         if (page := static_response(path)) is not None:  # the browser console
             return page
         return _json_response(http.HTTPStatus.NOT_FOUND,
@@ -191,12 +220,15 @@ class Gateway:
             "sessions": len(self.runners),
             "connections": len(self.connections),
             "active_turns": active,
+            "engines": {self.engine.name: {"loaded": lane.loaded, "lane": lane.name,
+                                           "warm": lane.loaded and lane.stats.jobs_done > 0,
+                                           "voices": len(self.voices)}},
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
                        "voices": len(self.voices)},
-            "lanes": {lane.name: {"queue_depth": lane.queue_depth, "busy": lane.busy,
-                                  "steps": lane.stats.steps,
-                                  "busy_s": round(lane.stats.busy_s, 3)}},
-            "llm": {"backend": self.llm.name, "url": self.config.llm.url},
+            "lanes": self.telemetry.lane_health(),
+            "llm": self.telemetry.llm_health(),
+            "http": {"port": self.http.port if self.http.started else None,
+                     "speech_streams": len(self.http.streams)},
             "turns": dict(self.metrics.turns),
             "errors": dict(self.metrics.errors),
             "frames": self.metrics.frames,
@@ -261,6 +293,8 @@ async def serve_until_signalled(config: GatewayConfig) -> None:
           f"(health: http://{c.server.host}:{gateway.port}/health)", flush=True)
     llm = f"openai at {c.llm.url}" + (f" model {c.llm.model}" if c.llm.model else "") \
         if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
+    print(f"  HTTP:  http://{c.server.host}:{gateway.http_port}/v1/audio/speech "
+          "(OpenAI-compatible), /v1/models, /health, /metrics", flush=True)
     print(f"  LLM:   {llm}", flush=True)
     print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
           f" (voice {c.tts.voice or 'default'}, {len(gateway.voices)} available)", flush=True)

@@ -1,0 +1,601 @@
+"""The gateway's HTTP API: OpenAI-compatible speech for every app on the hub, plus health,
+metrics and what is loaded. Starlette on uvicorn, in the gateway's own process and event
+loop, so HTTP speech shares the one loaded engine (and its lane) with the voice sessions.
+
+Routes (docs/http-api.md has the details and examples):
+
+* ``POST /v1/audio/speech``: text in, PCM16 24 kHz mono out, as a whole ``wav``/``pcm``
+  file, as chunked raw PCM (``"stream": true``, mlx-audio's convention) or as OpenAI SSE
+  (``"stream_format": "sse"``);
+* ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health``, ``GET /metrics``.
+
+A speech request becomes one lane job per segment (``Segmenter``), all owned by the request
+and run in order at ``Priority.BACKGROUND`` (voice sessions go first). Its sink,
+``SpeechStream``, feeds a queue the response reads from. Backpressure: the next segment is
+submitted only once the reader has drained the queue to ``LOW_WATER_CHUNKS``; if a single
+segment still piles up more than ``MAX_BUFFERED_S`` of unread audio, the request fails with
+``slow_consumer`` (the lane is never held for one slow reader). A client that disconnects
+cancels its jobs (``lane.cancel(owner)``) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import itertools
+import logging
+import socket
+import time
+import wave
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from engines.base import OUTPUT_RATE, SynthesisRequest
+from gateway.core.scheduler import Job, Priority
+from gateway.core.segmenter import Segmenter
+from gateway.io.lanes import SynthesisJob
+from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from gateway.io.server import Gateway
+
+log = logging.getLogger(__name__)
+
+MAX_INPUT_CHARS = 4096
+"""Longest ``input`` accepted (OpenAI's own limit for this endpoint)."""
+MAX_BODY_BYTES = 64 * 1024
+"""Longest request body read; beyond it the request is refused with 413."""
+FORMATS = ("pcm", "wav")
+SPEED_RANGE = (0.25, 4.0)
+BYTES_PER_S = OUTPUT_RATE * 2
+MAX_BUFFERED_S = 60.0
+"""Unread audio one response may hold before it fails with ``slow_consumer``."""
+LOW_WATER_CHUNKS = 8
+"""The next segment is submitted once the reader has this few chunks left unread."""
+SHUTDOWN_GRACE_S = 2.0
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
+                 type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.type = (
+            status, message, code, param, type)
+
+    def response(self, headers: dict[str, str] | None = None) -> Response:
+        return _json(self.status, {"error": {"message": self.message, "type": self.type,
+                                             "param": self.param, "code": self.code}},
+                     headers=headers)
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json",
+                    headers={"Cache-Control": "no-store", **(headers or {})})
+
+
+# ---- the request ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechParams:
+    input: str
+    model: str | None
+    voice: str | None
+    response_format: str
+    stream_format: str  # "sse" or "audio"
+    stream: bool  # chunked raw PCM (mlx-audio)
+    speed: float
+    seed: int | None
+    temperature: float | None
+    instructions: str | None
+
+    @property
+    def mode(self) -> str:
+        if self.stream_format == "sse":
+            return "sse"
+        return "chunked" if self.stream else "none"
+
+
+def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
+    """Validate a speech request body; raises ``ApiError`` (400) naming the bad parameter."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise ApiError(400, "'input' is required: the text to speak", code="missing_input",
+                       param="input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise ApiError(400, f"'input' is {len(text)} characters; the limit is "
+                       f"{MAX_INPUT_CHARS}", code="string_above_max_length", param="input")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", code="invalid_type", param="model")
+    voice = body.get("voice")
+    if voice is not None:
+        if not isinstance(voice, str):
+            raise ApiError(400, "'voice' must be a string", code="invalid_type", param="voice")
+        if gateway.voices and voice not in gateway.voices:
+            raise ApiError(400, f"unknown voice {voice!r}; GET /v1/audio/voices lists the "
+                           f"{len(gateway.voices)} available", code="unknown_voice",
+                           param="voice")
+    stream_format = body.get("stream_format", "audio")
+    if stream_format not in ("sse", "audio"):
+        raise ApiError(400, f"'stream_format' must be 'sse' or 'audio', not {stream_format!r}",
+                       code="unsupported_stream_format", param="stream_format")
+    default_format = "pcm" if stream_format == "sse" else "wav"
+    response_format = body.get("response_format") or default_format
+    if response_format not in FORMATS:
+        raise ApiError(400, f"response_format {response_format!r} is not supported; use "
+                       f"{' or '.join(FORMATS)}", code="unsupported_format",
+                       param="response_format")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", code="invalid_type", param="stream")
+    if stream_format == "sse" and response_format != "pcm":
+        raise ApiError(400, "SSE deltas carry base64 PCM16; use response_format 'pcm' with "
+                       "stream_format 'sse'", code="unsupported_format", param="response_format")
+    if stream and response_format != "pcm":
+        raise ApiError(400, "'stream': true streams raw PCM; use response_format 'pcm'",
+                       code="unsupported_format", param="response_format")
+    speed = body.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or \
+            not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
+        raise ApiError(400, f"'speed' must be a number from {SPEED_RANGE[0]} to "
+                       f"{SPEED_RANGE[1]}", code="invalid_value", param="speed")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ApiError(400, "'seed' must be an integer", code="invalid_type", param="seed")
+    temperature = body.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool) or
+                                    not isinstance(temperature, int | float) or
+                                    not 0 <= temperature <= 2):
+        raise ApiError(400, "'temperature' must be a number from 0 to 2", code="invalid_value",
+                       param="temperature")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ApiError(400, "'instructions' must be a string", code="invalid_type",
+                       param="instructions")
+    return SpeechParams(input=text, model=model, voice=voice, response_format=response_format,
+                        stream_format=stream_format, stream=stream, speed=float(speed),
+                        seed=seed, temperature=None if temperature is None else float(temperature),
+                        instructions=instructions or None)
+
+
+# ---- the lane sink ------------------------------------------------------------------------
+
+
+class SpeechFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    code: str
+    message: str
+
+
+_DONE = object()
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class SpeechStream:
+    """One speech request on the lane: its jobs, their audio queue, its figures.
+
+    A ``JobSink``; the lane calls ``on_audio``/``on_done``/``on_failed`` on the event loop.
+    The response reads ``chunks()``. ``close()`` cancels whatever is still queued or running.
+    """
+
+    gateway: Gateway
+    requests: list[SynthesisRequest]
+    owner: tuple[str, int] = field(default_factory=lambda: ("http", next(_ids)))
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    started: float = field(default_factory=time.perf_counter)
+    loop_started: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+    audio_bytes: int = 0
+    buffered_bytes: int = 0
+    compute_s: float = 0.0
+    engines: list[str] = field(default_factory=list)
+    first_audio_s: float | None = None
+    finished: bool = False
+    _next: int = 0
+    _waiting_next: bool = False
+
+    def start(self) -> None:
+        self.gateway.http.opened(self)
+        self._submit_next()
+
+    def _submit_next(self) -> None:
+        index = self._next
+        self._next += 1
+        self._waiting_next = False
+        self.gateway.lane.submit(self.owner, SynthesisJob(self.requests[index], self, index),
+                                 deadline=self.deadline(None, self.gateway_now()),
+                                 priority=Priority.BACKGROUND)
+
+    def gateway_now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def deadline(self, job: Job | None, now: float) -> float:
+        """When a listener playing in real time from the start would run out of audio: a
+        request far ahead of real time yields the lane to a newer background request."""
+        return self.loop_started + self.audio_bytes / BYTES_PER_S
+
+    # JobSink
+    def on_audio(self, job: Job, pcm: bytes, engine: str, ready_at: float) -> None:
+        if self.finished or not pcm:
+            return
+        if engine not in self.engines:
+            self.engines.append(engine)
+        if self.first_audio_s is None:
+            self.first_audio_s = ready_at - self.started
+        self.audio_bytes += len(pcm)
+        self.buffered_bytes += len(pcm)
+        if self.buffered_bytes > MAX_BUFFERED_S * BYTES_PER_S:
+            self.fail("slow_consumer", f"more than {MAX_BUFFERED_S:.0f} s of audio unread")
+            return
+        self.queue.put_nowait(pcm)
+
+    def on_done(self, job: Job) -> None:
+        if self.finished:
+            return
+        if self._next >= len(self.requests):
+            self._finish(_DONE)
+        else:
+            self._waiting_next = True
+            self._refill()
+
+    def on_failed(self, job: Job, code: str, message: str) -> None:
+        self.gateway.metrics.errors[code] += 1
+        self.fail(code, message)
+
+    def add_compute(self, seconds: float) -> None:
+        """Lane compute spent on this request (from telemetry's lane observer)."""
+        self.compute_s += seconds
+
+    # control
+    def fail(self, code: str, message: str) -> None:
+        if not self.finished:
+            self.gateway.lane.cancel(self.owner)
+            self._finish(_Failed(code, message))
+
+    def close(self) -> None:
+        """Cancel the request's jobs (queued ones now, a running step at its end)."""
+        if not self.finished:
+            self.gateway.lane.cancel(self.owner)
+            self.finished = True
+        self.gateway.http.closed(self)
+
+    def _finish(self, item: Any) -> None:
+        self.finished = True
+        self.queue.put_nowait(item)
+
+    def _refill(self) -> None:
+        if self._waiting_next and not self.finished and \
+                self.queue.qsize() <= LOW_WATER_CHUNKS:
+            self._submit_next()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The PCM16 chunks in order; raises ``SpeechFailed``. Safe to cancel (the caller
+        then calls ``close()``)."""
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, bytes):
+                self.buffered_bytes -= len(item)
+                self._refill()
+                yield item
+            elif item is _DONE:
+                return
+            else:
+                raise SpeechFailed(item.code, item.message)
+
+    def usage(self) -> dict[str, Any]:
+        audio_ms = self.audio_bytes / BYTES_PER_S * 1000.0
+        chars = sum(len(r.text) for r in self.requests)
+        return {"input_tokens": chars, "output_tokens": round(audio_ms / 80.0),
+                "total_tokens": chars + round(audio_ms / 80.0),
+                "audio_ms": round(audio_ms), "compute_ms": round(self.compute_s * 1000.0, 1),
+                "segments": len(self.requests), "engine": ",".join(self.engines) or None}
+
+
+# ---- the app ------------------------------------------------------------------------------
+
+
+class SpeechApi:
+    """The Starlette app bound to one gateway."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.app = Starlette(routes=[
+            Route("/v1/audio/speech", self.speech, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/audio/voices", self.voices, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+        ])
+
+    async def health(self, request: Request) -> Response:
+        body = self.gateway.health()
+        return _json(200 if body["status"] == "ok" else 503, body)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.gateway.telemetry.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+    async def models(self, request: Request) -> Response:
+        return _json(200, models_body(self.gateway))
+
+    async def voices(self, request: Request) -> Response:
+        gw = self.gateway
+        return _json(200, {"object": "list", "engine": gw.engine.name,
+                           "default": gw.config.tts.voice,
+                           "data": [{"id": v, "object": "voice"} for v in gw.voices]})
+
+    async def speech(self, request: Request) -> Response:
+        gw = self.gateway
+        try:
+            if not (gw.ready and gw.lane.loaded):
+                raise ApiError(503, "the engine is still warming up; retry shortly",
+                               code="warming_up", type="server_error")
+            params = parse_speech(await _read_json(request), gw)
+        except ApiError as error:
+            gw.telemetry.http_speech.labels("-", "-", "rejected").inc()
+            return error.response({"Retry-After": "1"} if error.status == 503 else None)
+        notes = self._notes(params)
+        segmenter = Segmenter(reads_digits=getattr(gw.engine, "reads_digits", True))
+        segments = segmenter.feed(params.input) + segmenter.finish()
+        options = {"instructions": params.instructions} if params.instructions and \
+            getattr(gw.engine, "instructions", False) else {}
+        requests = [SynthesisRequest(text=s.spoken, voice=params.voice or gw.config.tts.voice,
+                                     speed=params.speed, temperature=params.temperature,
+                                     seed=params.seed, options=options) for s in segments]
+        stream = SpeechStream(gw, requests)
+        stream.start()
+        fmt, mode = params.response_format, params.mode
+
+        def counter(status: str) -> None:
+            gw.telemetry.http_speech.labels(fmt, mode, status).inc()
+
+        headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(OUTPUT_RATE),
+                   "X-Engine": gw.engine.name}
+        if notes:
+            headers["X-Speech-Notes"] = "; ".join(notes)
+        if mode == "sse":
+            return StreamingResponse(_sse(stream, notes, counter),
+                                     media_type="text/event-stream",
+                                     headers={**headers, "X-Accel-Buffering": "no"})
+        if mode == "chunked":
+            return StreamingResponse(_raw(stream, counter),
+                                     media_type="audio/pcm", headers=headers)
+        return await _whole(request, stream, fmt, headers, counter)
+
+    def _notes(self, params: SpeechParams) -> list[str]:
+        engine = self.gateway.engine
+        notes = []
+        if params.instructions and not getattr(engine, "instructions", False):
+            notes.append(f"instructions ignored: engine {engine.name} does not take them")
+        return notes
+
+
+def models_body(gateway: Gateway) -> dict[str, Any]:
+    lane = gateway.lane
+    return {"object": "list", "data": [{
+        "id": gateway.engine.name, "object": "model", "created": int(gateway.started_at),
+        "owned_by": "voice-gateway", "lane": lane.name, "loaded": lane.loaded,
+        "streams": getattr(gateway.engine, "streams", True), "voices": len(gateway.voices),
+        "sample_rate": OUTPUT_RATE}]}
+
+
+async def _read_json(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes",
+                       code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes",
+                           code="body_too_large")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def _sse_event(event: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(event) + b"\n\n"
+
+
+async def _sse(stream: SpeechStream, notes: list[str],
+               counter: Callable[[str], None]) -> AsyncIterator[bytes]:
+    status = "disconnected"
+    try:
+        async for pcm in stream.chunks():
+            yield _sse_event({"type": "speech.audio.delta",
+                              "audio": base64.b64encode(pcm).decode("ascii")})
+        status = "completed"
+        done: dict[str, Any] = {"type": "speech.audio.done", "usage": stream.usage()}
+        if notes:
+            done["notes"] = notes
+        yield _sse_event(done)
+    except SpeechFailed as exc:
+        status = "failed"
+        yield _sse_event({"type": "speech.audio.error",
+                          "error": {"message": exc.message, "type": "server_error",
+                                    "param": None, "code": exc.code}})
+    finally:
+        stream.close()
+        counter(status)
+
+
+async def _raw(stream: SpeechStream, counter: Callable[[str], None]) -> AsyncIterator[bytes]:
+    """Chunked raw PCM. A failure mid-stream aborts the connection (no final chunk), which
+    is the only way a raw stream can say it is incomplete."""
+    status = "disconnected"
+    try:
+        async for pcm in stream.chunks():
+            yield pcm
+        status = "completed"
+    except SpeechFailed:
+        status = "failed"
+        raise
+    finally:
+        stream.close()
+        counter(status)
+
+
+async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict[str, str],
+                 counter: Callable[[str], None]) -> Response:
+    """Collect the whole file; a client that leaves while we wait cancels the request."""
+
+    async def collect() -> bytes:
+        return b"".join([pcm async for pcm in stream.chunks()])
+
+    collecting = asyncio.ensure_future(collect())
+    leaving = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        if not collecting.done():
+            counter("disconnected")
+            return Response(status_code=499)  # nobody is listening
+        try:
+            pcm = collecting.result()
+        except SpeechFailed as exc:
+            counter("failed")
+            status = 503 if exc.code == "shutting_down" else 502
+            return ApiError(status, exc.message, code=exc.code, type="server_error").response()
+    finally:
+        for task in (collecting, leaving):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SpeechFailed):
+            await collecting
+        with contextlib.suppress(asyncio.CancelledError):
+            await leaving
+        stream.close()
+    counter("completed")
+    usage = stream.usage()
+    headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
+               "X-Compute-Ms": str(usage["compute_ms"])}
+    if fmt == "wav":
+        return Response(wav_bytes(pcm), media_type="audio/wav", headers=headers)
+    return Response(pcm, media_type="audio/pcm", headers=headers)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body was read already, so the next ASGI
+    message can only be ``http.disconnect``)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def wav_bytes(pcm: bytes) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(OUTPUT_RATE)
+        w.writeframes(pcm)
+    return buf.getvalue()
+
+
+# ---- the server ---------------------------------------------------------------------------
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn in someone else's loop: tells when it serves, leaves signals to the gateway."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.serving = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.serving.set()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # Gateway's run() owns SIGINT/SIGTERM
+
+
+class HttpServer:
+    """The HTTP API on its own port, in the running loop. ``start()``; ``port``; ``aclose()``."""
+
+    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+        self.gateway = gateway
+        self.host, self.requested_port = host, port
+        self.api = SpeechApi(gateway)
+        self.streams: set[SpeechStream] = set()
+        self.idle = asyncio.Event()
+        """Set while no speech response is open (tests await it after a disconnect)."""
+        self.idle.set()
+        self._socket: socket.socket | None = None
+        self._server: _Uvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind (port 0 picks a free port) and serve; returns once uvicorn accepts."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.requested_port))
+        except OSError:
+            sock.close()
+            raise
+        self._socket = sock
+        config = uvicorn.Config(self.api.app, lifespan="off", log_config=None,
+                                access_log=False, ws="none",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        self._server = _Uvicorn(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
+        serving = asyncio.create_task(self._server.serving.wait())
+        await asyncio.wait({self._task, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if not serving.done():
+            serving.cancel()
+            self._task.result()  # raises what stopped uvicorn
+            raise RuntimeError("the HTTP server stopped while starting")
+
+    def opened(self, stream: SpeechStream) -> None:
+        self.streams.add(stream)
+        self.idle.clear()
+
+    def closed(self, stream: SpeechStream) -> None:
+        self.streams.discard(stream)
+        if not self.streams:
+            self.idle.set()
+
+    @property
+    def started(self) -> bool:
+        return self._server is not None and self._server.serving.is_set()
+
+    @property
+    def port(self) -> int:
+        assert self._socket is not None, "start() first"
+        return int(self._socket.getsockname()[1])
+
+    async def aclose(self) -> None:
+        """End every open speech response (``shutting_down``), then stop uvicorn."""
+        for stream in list(self.streams):
+            stream.fail("shutting_down", "the gateway is shutting down")
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task

@@ -1,0 +1,301 @@
+"""What the gateway reports about itself: Prometheus metrics and the richer ``/health``.
+
+One ``Telemetry`` per ``Gateway``, with its own ``CollectorRegistry`` (never the global one,
+so tests that run several gateways in one process do not clash).
+
+Where the figures come from, each observed once, where the data already exists:
+
+* ``turn.done`` events (``Metrics.turn_done``): TTFT, first segment, TTFA, underruns,
+  fallbacks (a turn spoken by more than one engine);
+* the lane (``Lane.observer``): step time, queue wait (submit → first step), real-time
+  factor per job (compute seconds / audio seconds) and the busy share of the last minute.
+  All of these count **compute only** (time inside ``engine.open``/``step`` on the lane
+  thread), never the time a client kept a stream open;
+* counters the gateway already keeps (turns by status, frames, errors by code, sessions,
+  lane cancels) are read at scrape time by a custom collector, so nothing is counted twice.
+
+The LLM probe asks ``GET {llm.url}/models`` at most every ``LLM_PROBE_INTERVAL_S`` seconds,
+in a background task started by ``health()``; ``health()`` itself never waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engines.base import OUTPUT_RATE
+from gateway.core.scheduler import Job
+
+if TYPE_CHECKING:
+    from gateway.io.server import Gateway
+
+log = logging.getLogger(__name__)
+
+BUSY_WINDOW_S = 60
+LLM_PROBE_INTERVAL_S = 5.0
+LLM_PROBE_TIMEOUT_S = 2.0
+_BYTES_PER_S = OUTPUT_RATE * 2
+
+_LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 5.0)
+_RTF_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.44, 0.6, 0.8, 1.0, 1.5, 2.0, 4.0)
+
+
+class BusyWindow:
+    """Seconds of compute per wall-clock second over the last ``window_s`` seconds.
+
+    Pure: ``now`` is passed in. One bucket per second; a step is booked in the second it
+    ended (a step longer than a second is booked whole there; shares are capped at 1).
+    """
+
+    def __init__(self, window_s: int = BUSY_WINDOW_S, started: float = 0.0) -> None:
+        self.window_s = window_s
+        self.started = started
+        self._buckets: collections.deque[tuple[int, float]] = collections.deque()
+
+    def add(self, now: float, seconds: float) -> None:
+        second = math.floor(now)
+        if self._buckets and self._buckets[-1][0] == second:
+            self._buckets[-1] = (second, self._buckets[-1][1] + seconds)
+        else:
+            self._buckets.append((second, seconds))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        horizon = math.floor(now) - self.window_s
+        while self._buckets and self._buckets[0][0] <= horizon:
+            self._buckets.popleft()
+
+    def busy_s(self, now: float) -> float:
+        self._trim(now)
+        return sum(s for _, s in self._buckets)
+
+    def share(self, now: float) -> float:
+        """Busy fraction of the window (of the time since ``started`` while shorter)."""
+        span = min(float(self.window_s), max(now - self.started, 1e-9))
+        return min(1.0, self.busy_s(now) / span)
+
+
+@dataclass(slots=True)
+class _JobTally:
+    queued_at: float | None
+    compute_s: float = 0.0
+    audio_bytes: int = 0
+
+
+class LlmProbe:
+    """Is the LLM server answering? Cached; refreshed at most every ``interval_s``."""
+
+    def __init__(self, url: str | None, api_key: str | None = None,
+                 interval_s: float = LLM_PROBE_INTERVAL_S) -> None:
+        self.url = url
+        self.api_key = api_key
+        self.interval_s = interval_s
+        self.reachable: bool | None = None if url else True
+        self.detail: str | None = None if url else "in-process replay backend"
+        self.checked_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def refresh_if_stale(self) -> None:
+        """Start a probe in the background when the cached answer is too old."""
+        if self.url is None or (self._task is not None and not self._task.done()):
+            return
+        if self.checked_at is not None and time.monotonic() - self.checked_at < self.interval_s:
+            return
+        self._task = asyncio.get_running_loop().create_task(self.probe())
+
+    async def probe(self) -> None:
+        """GET ``{url}/models``; any HTTP answer below 500 counts as reachable."""
+        assert self.url is not None
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S) as client:
+                response = await client.get(self.url.rstrip("/") + "/models", headers=headers)
+            self.reachable = response.status_code < 500
+            self.detail = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            self.reachable = False
+            self.detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        finally:
+            self.checked_at = time.monotonic()
+
+    async def aclose(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def status(self) -> dict[str, Any]:
+        age = None if self.checked_at is None else round(time.monotonic() - self.checked_at, 1)
+        return {"reachable": self.reachable, "detail": self.detail, "checked_s_ago": age}
+
+
+class Telemetry:
+    """Metrics of one gateway. Attach with ``Telemetry(gateway)``; see the module docstring."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("gateway_turn_ttft_seconds", "Transcript to first LLM token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.first_segment = Histogram("gateway_turn_first_segment_seconds",
+                                       "Transcript to first speakable segment",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttfa = Histogram("gateway_turn_ttfa_seconds", "Transcript to first audio frame sent",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.step = Histogram("gateway_lane_step_seconds", "Compute time of one engine step",
+                              ["lane"], buckets=_STEP_BUCKETS, registry=r)
+        self.queue_wait = Histogram("gateway_lane_queue_wait_seconds",
+                                    "Synthesis job submitted to its first step starting",
+                                    ["lane"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram("gateway_synthesis_rtf",
+                             "Compute seconds per second of audio, per finished job",
+                             ["lane"], buckets=_RTF_BUCKETS, registry=r)
+        self.underruns = Counter("gateway_underruns", "Playback underruns reported in turn.done",
+                                 registry=r)
+        self.fallbacks = Counter("gateway_fallbacks", "Turns spoken by more than one engine",
+                                 registry=r)
+        self.http_speech = Counter("gateway_http_speech_requests",
+                                   "POST /v1/audio/speech requests by outcome",
+                                   ["format", "stream", "status"], registry=r)
+        r.register(_StateCollector(self))
+        self.llm_tokens_per_s: float | None = None
+        self.busy = {gateway.lane.name: BusyWindow(started=time.perf_counter())}
+        self.llm_probe = LlmProbe(gateway.config.llm.url, gateway.config.llm.api_key)
+        self._jobs: dict[Job, _JobTally] = {}
+        gateway.lane.observer = self
+        gateway.metrics.listeners.append(self.turn_done)
+
+    # ---- hooks -----------------------------------------------------------------------
+
+    def turn_done(self, event: dict[str, Any]) -> None:
+        m = event.get("metrics") or {}
+        for histogram, key in ((self.ttft, "ttft_ms"), (self.first_segment, "first_sentence_ms"),
+                               (self.ttfa, "ttfa_ms")):
+            value = m.get(key)
+            if value is not None:
+                histogram.observe(value / 1000.0)
+        if m.get("underruns"):
+            self.underruns.inc(m["underruns"])
+        if len(set(m.get("engines") or ())) > 1:
+            self.fallbacks.inc()
+        if m.get("llm_tokens_per_s") is not None:
+            self.llm_tokens_per_s = m["llm_tokens_per_s"]
+
+    def job_queued(self, lane: str, job: Job) -> None:
+        self._jobs[job] = _JobTally(queued_at=time.perf_counter())
+
+    def job_step(self, lane: str, job: Job, started: float, seconds: float,
+                 audio_bytes: int) -> None:
+        self.step.labels(lane).observe(seconds)
+        self.busy.setdefault(lane, BusyWindow(started=started)).add(started + seconds, seconds)
+        tally = self._jobs.get(job)
+        if tally is None:
+            return
+        if tally.queued_at is not None:
+            self.queue_wait.labels(lane).observe(max(0.0, started - tally.queued_at))
+            tally.queued_at = None
+        tally.compute_s += seconds
+        tally.audio_bytes += audio_bytes
+        add_compute = getattr(job.payload.sink, "add_compute", None)
+        if add_compute is not None:
+            add_compute(seconds)
+
+    def job_ended(self, lane: str, job: Job, outcome: str) -> None:
+        tally = self._jobs.pop(job, None)
+        if tally is not None and outcome == "done" and tally.audio_bytes:
+            self.rtf.labels(lane).observe(tally.compute_s / (tally.audio_bytes / _BYTES_PER_S))
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def lane_health(self) -> dict[str, Any]:
+        lane = self.gateway.lane
+        now = time.perf_counter()
+        window = self.busy.get(lane.name)
+        return {lane.name: {
+            "queue_depth": lane.queue_depth,
+            "busy": lane.busy,
+            "busy_share_1m": round(window.share(now), 4) if window else 0.0,
+            "compute_s_1m": round(window.busy_s(now), 3) if window else 0.0,
+            "compute_s": round(lane.stats.busy_s, 3),
+            "steps": lane.stats.steps,
+            "jobs": {"done": lane.stats.jobs_done, "failed": lane.stats.jobs_failed,
+                     "cancelled": lane.stats.jobs_cancelled},
+        }}
+
+    def llm_health(self) -> dict[str, Any]:
+        self.llm_probe.refresh_if_stale()
+        return {"backend": self.gateway.llm.name, "url": self.gateway.config.llm.url,
+                **self.llm_probe.status(), "tokens_per_s": self.llm_tokens_per_s}
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def aclose(self) -> None:
+        await self.llm_probe.aclose()
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _StateCollector(Collector):
+    """Counters and gauges the gateway already keeps, read at scrape time."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.t = telemetry
+
+    def collect(self) -> Iterator[Metric]:
+        gw = self.t.gateway
+        m = gw.metrics
+        turns = CounterMetricFamily("gateway_turns", "Turns ended, by status", labels=["status"])
+        for status, n in sorted(m.turns.items()):
+            turns.add_metric([status], n)
+        yield turns
+        errors = CounterMetricFamily("gateway_errors", "Errors by code", labels=["code"])
+        for code, n in sorted(m.errors.items()):
+            errors.add_metric([code], n)
+        yield errors
+        yield CounterMetricFamily("gateway_frames", "Audio frames sent to voice clients",
+                                  value=m.frames)
+        yield CounterMetricFamily("gateway_sessions_opened", "Voice sessions opened",
+                                  value=m.sessions_opened)
+        cancels = CounterMetricFamily("gateway_lane_cancels", "Synthesis jobs cancelled",
+                                      labels=["lane"])
+        cancels.add_metric([gw.lane.name], gw.lane.stats.jobs_cancelled)
+        yield cancels
+        compute = CounterMetricFamily("gateway_lane_compute_seconds",
+                                      "Compute time spent in engine steps", labels=["lane"])
+        compute.add_metric([gw.lane.name], gw.lane.stats.busy_s)
+        yield compute
+        yield GaugeMetricFamily("gateway_sessions", "Open voice sessions",
+                                value=len(gw.runners))
+        speech = getattr(gw, "http", None)
+        yield GaugeMetricFamily("gateway_http_speech_streams", "Open HTTP speech responses",
+                                value=len(speech.streams) if speech is not None else 0)
+        depth = GaugeMetricFamily("gateway_lane_queue_depth", "Synthesis jobs queued or running",
+                                  labels=["lane"])
+        depth.add_metric([gw.lane.name], gw.lane.queue_depth)
+        yield depth
+        busy = GaugeMetricFamily("gateway_lane_busy_share", "Busy share over the last minute",
+                                 labels=["lane"])
+        window = self.t.busy.get(gw.lane.name)
+        busy.add_metric([gw.lane.name], window.share(time.perf_counter()) if window else 0.0)
+        yield busy
+        rate = self.t.llm_tokens_per_s
+        yield GaugeMetricFamily("gateway_llm_tokens_per_second",
+                                "LLM decode rate reported with the last finished turn",
+                                value=float("nan") if rate is None else rate)

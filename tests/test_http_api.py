@@ -1,0 +1,444 @@
+"""The HTTP API against the real gateway on 127.0.0.1:0: the official ``openai`` client,
+httpx + httpx-sse, real espeak (and the synthetic engine where a lane must stay busy).
+
+Steps are ordered by awaiting events, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import threading
+import wave
+
+import httpx
+import numpy as np
+import openai
+import orjson
+import pytest
+from httpx_sse import aconnect_sse
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.asyncio.client import connect
+
+from engines.base import EngineError, SynthesisRequest
+from engines.synthetic import SyntheticEngine
+from gateway.config import load_config
+from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
+from gateway.io.server import Gateway
+from tests.wsclient import read_turn, recv_event, send
+
+TEXT = "The build finished at nine. Two tests failed, both in the parser."
+REPLY = "About two hundred dollars. A bit more."
+SHORT = "Done at nine. Two failed."
+"""Voice turns are paced in real time: keep what they say short."""
+
+
+@pytest.fixture
+def replies(tmp_path):
+    path = tmp_path / "replies.jsonl"
+    path.write_text(orjson.dumps({"transcript": "What about hosting?", "reply": REPLY}).decode()
+                    + "\n")
+    return str(path)
+
+
+async def start_gateway(replies: str, engine=None) -> Gateway:
+    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
+                         llm={"replies": replies, "tokens_per_s": 400.0})
+    gw = Gateway(config, engine=engine)
+    await gw.start()
+    return gw
+
+
+@pytest.fixture
+async def gateway(replies):
+    gw = await start_gateway(replies)
+    try:
+        yield gw
+    finally:
+        await gw.aclose()
+
+
+def base(gw: Gateway) -> str:
+    return f"http://127.0.0.1:{gw.http_port}"
+
+
+def pcm16(data: bytes) -> np.ndarray:
+    assert len(data) % 2 == 0, "PCM16 comes in whole samples"
+    return np.frombuffer(data, dtype="<i2")
+
+
+def is_speech(samples: np.ndarray) -> bool:
+    return len(samples) > 0 and float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) > 300
+
+
+def metrics(text: str) -> dict[str, float]:
+    """``{sample name{labels}: value}`` from the Prometheus text."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+async def read_sse(response) -> list[dict]:
+    """``data:`` events of an httpx response or an openai streamed response."""
+    lines = response.iter_lines() if hasattr(response, "iter_lines") and \
+        not isinstance(response, httpx.Response) else response.aiter_lines()
+    return [orjson.loads(line[len("data: "):]) async for line in lines
+            if line.startswith("data: ")]
+
+
+# ---- the official client ----------------------------------------------------------------
+
+
+async def test_openai_sdk_sse_and_whole_file(gateway):
+    client = openai.AsyncOpenAI(base_url=base(gateway) + "/v1", api_key="not-needed")
+    async with client.audio.speech.with_streaming_response.create(
+            model="espeak", voice="en-us", input=TEXT, response_format="pcm",
+            stream_format="sse") as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = await read_sse(response)
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert deltas and events[-1]["type"] == "speech.audio.done"
+    streamed = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    usage = events[-1]["usage"]
+    assert usage["audio_ms"] == pytest.approx(len(streamed) / 48, abs=1)
+    assert usage["segments"] == 2 and usage["engine"] == "espeak" and usage["compute_ms"] > 0
+
+    whole = await client.audio.speech.create(model="espeak", voice="en-us", input=TEXT,
+                                             response_format="wav")
+    with wave.open(io.BytesIO(whole.content)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        frames = w.readframes(w.getnframes())
+    assert is_speech(pcm16(frames))
+    # espeak varies a few samples between runs; the same text gives the same length of speech
+    assert len(frames) == pytest.approx(len(streamed), rel=0.02)
+    await client.close()
+
+
+async def test_openai_sdk_sees_openai_style_errors(gateway):
+    client = openai.AsyncOpenAI(base_url=base(gateway) + "/v1", api_key="not-needed")
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.audio.speech.create(model="espeak", voice="alloy", input=TEXT,
+                                         response_format="wav")
+    assert info.value.code == "unknown_voice" and info.value.param == "voice"
+    await client.close()
+
+
+# ---- SSE with httpx-sse, raw chunks ------------------------------------------------------
+
+
+async def test_every_sse_delta_is_pcm16_at_24khz(gateway):
+    body = {"model": "espeak", "input": TEXT, "voice": "en-gb", "stream_format": "sse",
+            "speed": 1.5}
+    async with httpx.AsyncClient(base_url=base(gateway)) as client, \
+            aconnect_sse(client, "POST", "/v1/audio/speech", json=body) as source:
+        assert source.response.headers["x-sample-rate"] == "24000"
+        events = [orjson.loads(sse.data) async for sse in source.aiter_sse()]
+    types = [e["type"] for e in events]
+    assert types[-1] == "speech.audio.done" and set(types[:-1]) == {"speech.audio.delta"}
+    chunks = [pcm16(base64.b64decode(e["audio"])) for e in events[:-1]]
+    assert all(len(c) for c in chunks)
+    assert is_speech(np.concatenate(chunks))
+    # speed 1.5 says the same text in less audio than speed 1
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        slow = await client.post("/v1/audio/speech", json={**body, "stream_format": "audio",
+                                                           "response_format": "pcm",
+                                                           "speed": 1.0})
+    assert sum(len(c) for c in chunks) * 2 < len(slow.content)
+
+
+async def test_chunked_raw_pcm_equals_the_whole_file(gateway):
+    body = {"model": "espeak", "input": TEXT, "response_format": "pcm"}
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        whole = await client.post("/v1/audio/speech", json=body)
+        async with client.stream("POST", "/v1/audio/speech",
+                                 json={**body, "stream": True}) as response:
+            assert response.headers.get("transfer-encoding") == "chunked"
+            streamed = b"".join([c async for c in response.aiter_raw()])
+    assert whole.headers["content-type"] == "audio/pcm"
+    assert len(streamed) == pytest.approx(len(whole.content), rel=0.02)
+    assert is_speech(pcm16(streamed)) and is_speech(pcm16(whole.content))
+
+
+async def test_instructions_are_ignored_with_a_note(gateway):
+    body = {"input": "Hello.", "stream_format": "sse", "instructions": "whisper"}
+    async with httpx.AsyncClient(base_url=base(gateway)) as client, \
+            client.stream("POST", "/v1/audio/speech", json=body) as response:
+        events = await read_sse(response)
+    assert "instructions ignored" in response.headers["x-speech-notes"]
+    assert events[-1]["type"] == "speech.audio.done"
+    assert "instructions ignored" in events[-1]["notes"][0]
+
+
+# ---- cancellation, failure, shutdown ------------------------------------------------------
+
+
+async def test_disconnect_mid_stream_cancels_the_job_and_frees_the_lane(replies):
+    # a real-time synthetic engine keeps the job on the lane long after the first delta
+    gw = await start_gateway(replies, SyntheticEngine(rtf=1.0, ttfa_ms=0, step_ms=100))
+    try:
+        long = "This sentence goes on for a long while without stopping at all " * 8 + "."
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            async with client.stream("POST", "/v1/audio/speech",
+                                     json={"input": long, "stream_format": "sse"}) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        assert orjson.loads(line[6:])["type"] == "speech.audio.delta"
+                        break
+                assert gw.lane.queue_depth == 1
+            # leaving the block closed the connection mid-stream
+            await asyncio.wait_for(gw.http.idle.wait(), 10)
+            assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 1
+            health = (await client.get("/health")).json()
+            assert health["lanes"]["gpu"]["queue_depth"] == 0
+            assert health["http"]["speech_streams"] == 0
+            m = metrics((await client.get("/metrics")).text)
+        key = "gateway_http_speech_requests_total{format=pcm,status=disconnected,stream=sse}"
+        assert m[key] == 1
+        assert m["gateway_lane_cancels_total{lane=gpu}"] == 1
+    finally:
+        await gw.aclose()
+
+
+class FailingEngine(SyntheticEngine):
+    """Test double: a synthetic engine whose streams fail on their second step."""
+
+    def open(self, request: SynthesisRequest):
+        stream = super().open(request)
+        inner_step, steps = stream.step, [0]
+
+        def step():
+            steps[0] += 1
+            if steps[0] == 2:
+                raise EngineError("engine_failed", "the model fell over")
+            return inner_step()
+
+        stream.step = step
+        return stream
+
+
+async def test_engine_failure_mid_stream_sends_speech_audio_error(replies):
+    gw = await start_gateway(replies, FailingEngine(rtf=0, ttfa_ms=0))
+    try:
+        body = {"input": "A sentence long enough for two steps of audio.",
+                "stream_format": "sse"}
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+                events = await read_sse(response)
+            assert [e["type"] for e in events] == ["speech.audio.delta", "speech.audio.error"]
+            assert events[-1]["error"]["code"] == "engine_failed"
+            whole = await client.post("/v1/audio/speech", json={**body, "stream_format": "audio"})
+        assert whole.status_code == 502 and whole.json()["error"]["code"] == "engine_failed"
+        assert gw.metrics.errors["engine_failed"] == 2
+    finally:
+        await gw.aclose()
+
+
+async def test_shutdown_ends_open_streams_with_an_error(replies):
+    gw = await start_gateway(replies, SyntheticEngine(rtf=1.0, ttfa_ms=0, step_ms=100))
+    closed = False
+    try:
+        long = "Still talking and talking for quite some time " * 8 + "."
+        async with httpx.AsyncClient(base_url=base(gw)) as client, \
+                client.stream("POST", "/v1/audio/speech",
+                              json={"input": long, "stream_format": "sse"}) as response:
+            lines = response.aiter_lines()
+            async for line in lines:
+                if line.startswith("data: "):
+                    break
+            closing = asyncio.create_task(gw.aclose())
+            closed = True
+            rest = [orjson.loads(line[6:]) async for line in lines if line.startswith("data: ")]
+            await closing
+        assert rest[-1]["type"] == "speech.audio.error"
+        assert rest[-1]["error"]["code"] == "shutting_down"
+    finally:
+        if not closed:
+            await gw.aclose()
+
+
+# ---- warm-up, health, metrics ------------------------------------------------------------
+
+
+class SlowLoadingEngine(SyntheticEngine):
+    """Test double: a free synthetic engine whose ``load`` waits for the test's go-ahead."""
+
+    def __init__(self) -> None:
+        super().__init__(rtf=0, ttfa_ms=0)
+        self.loading = threading.Event()
+        self.release = threading.Event()
+
+    def load(self) -> None:
+        self.loading.set()
+        self.release.wait(30)
+        super().load()
+
+
+async def test_health_and_speech_answer_503_while_warming_up(replies):
+    engine = SlowLoadingEngine()
+    config = load_config(server={"port": 0}, llm={"replies": replies})
+    gw = Gateway(config, engine=engine)
+    starting = asyncio.create_task(gw.start())
+    try:
+        await asyncio.to_thread(engine.loading.wait, 30)  # HTTP is up before the engine loads
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            health = await client.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "starting"
+            assert health.json()["engines"]["synthetic"]["loaded"] is False
+            speech = await client.post("/v1/audio/speech", json={"input": "Hi."})
+            assert speech.status_code == 503 and speech.headers["retry-after"] == "1"
+            assert speech.json()["error"]["code"] == "warming_up"
+            engine.release.set()
+            await starting
+            health = await client.get("/health")
+            assert health.status_code == 200 and health.json()["status"] == "ok"
+    finally:
+        engine.release.set()
+        await starting
+        await gw.aclose()
+
+
+async def test_health_follows_sessions_and_compute(gateway):
+    gone = asyncio.Event()
+    connections = gateway.connections
+
+    class Watched(set):
+        def discard(self, item):
+            super().discard(item)
+            gone.set()
+
+    gateway.connections = Watched(connections)
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        before = (await client.get("/health")).json()
+        assert before["sessions"] == 0 and before["engines"]["espeak"]["warm"] is False
+        assert before["lanes"]["cpu"]["compute_s"] == 0
+        async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            during = (await client.get("/health")).json()
+            assert during["sessions"] == 1
+            await send(ws, type="say", text=SHORT)
+            assert (await read_turn(ws)).done["status"] == "completed"
+        await asyncio.wait_for(gone.wait(), 10)
+        after = (await client.get("/health")).json()
+        # the voice port answers the same JSON
+        voice_port = (await client.get(f"http://127.0.0.1:{gateway.port}/health")).json()
+    assert after["sessions"] == 0 and after["turns"] == {"completed": 1}
+    assert after["engines"]["espeak"]["warm"] is True
+    lane = after["lanes"]["cpu"]
+    assert lane["compute_s"] > 0 and lane["compute_s_1m"] > 0 and 0 < lane["busy_share_1m"] <= 1
+    assert lane["queue_depth"] == 0 and lane["jobs"]["done"] == 2
+    assert after["llm"]["reachable"] is True and after["llm"]["backend"] == "replay"
+    assert voice_port.keys() == after.keys() and voice_port["sessions"] == 0
+
+
+async def test_llm_reachability_is_probed_and_cached(replies, scripted_llm_server):
+    config = load_config(server={"port": 0}, llm={"url": scripted_llm_server.url})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        assert gw.health()["llm"]["reachable"] is None  # not checked yet; check started
+        probe = gw.telemetry.llm_probe
+        await probe._task
+        first = gw.health()["llm"]
+        assert first["reachable"] is True and first["detail"].startswith("HTTP ")
+        assert [r.path for r in scripted_llm_server.requests] == ["/v1/models"]
+        gw.health()
+        assert probe._task.done()  # cached: no new probe within the interval
+    finally:
+        await gw.aclose()
+
+
+@pytest.mark.slow
+async def test_metrics_move_after_turns_and_speech(gateway):
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        m0 = metrics((await client.get("/metrics")).text)
+        assert m0["gateway_turn_ttfa_seconds_count{}"] == 0
+        async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text=SHORT)
+            await read_turn(ws)
+            await send(ws, type="transcript", text="What about hosting?")
+            await read_turn(ws)
+        speech = await client.post("/v1/audio/speech", json={"input": TEXT,
+                                                             "response_format": "pcm"})
+        assert speech.status_code == 200
+        await client.post("/v1/audio/speech", json={"input": ""})
+        text = (await client.get("/metrics")).text
+        voice_port = (await client.get(f"http://127.0.0.1:{gateway.port}/metrics")).text
+    m = metrics(text)
+    assert m["gateway_turn_ttfa_seconds_count{}"] == 2
+    assert m["gateway_turn_ttft_seconds_count{}"] == 1  # `say` has no LLM
+    assert m["gateway_turn_first_segment_seconds_count{}"] == 2
+    assert m["gateway_turns_total{status=completed}"] == 2
+    assert m["gateway_frames_total{}"] == gateway.metrics.frames > 0
+    jobs = 2 + 2 + 2  # two segments per turn and per speech request
+    assert m["gateway_lane_queue_wait_seconds_count{lane=cpu}"] == jobs
+    assert m["gateway_synthesis_rtf_count{lane=cpu}"] == jobs
+    assert m["gateway_lane_step_seconds_count{lane=cpu}"] == gateway.lane.stats.steps
+    assert m["gateway_lane_step_seconds_sum{lane=cpu}"] == pytest.approx(
+        gateway.lane.stats.busy_s)
+    assert m["gateway_http_speech_requests_total{format=pcm,status=completed,stream=none}"] == 1
+    assert m["gateway_http_speech_requests_total{format=-,status=rejected,stream=-}"] == 1
+    assert m["gateway_llm_tokens_per_second{}"] > 0
+    assert m["gateway_sessions{}"] == 0 and m["gateway_lane_queue_depth{lane=cpu}"] == 0
+    assert "gateway_turn_ttfa_seconds_count" in voice_port
+
+
+async def test_models_and_voices(gateway):
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        models = (await client.get("/v1/models")).json()
+        voices = (await client.get("/v1/audio/voices")).json()
+        on_voice_port = (await client.get(f"http://127.0.0.1:{gateway.port}/v1/models")).json()
+    (model,) = models["data"]
+    assert model["id"] == "espeak" and model["loaded"] is True and model["lane"] == "cpu"
+    assert on_voice_port == models
+    ids = [v["id"] for v in voices["data"]]
+    assert "en-us" in ids and len(ids) == model["voices"] == len(gateway.voices)
+
+
+# ---- bad requests ---------------------------------------------------------------------------
+
+
+BAD = [
+    ({"model": "espeak"}, 400, "missing_input", "input"),
+    ({"input": "   "}, 400, "missing_input", "input"),
+    ({"input": 42}, 400, "missing_input", "input"),
+    ({"input": "x" * (MAX_INPUT_CHARS + 1)}, 400, "string_above_max_length", "input"),
+    ({"input": "Hi.", "voice": "alloy"}, 400, "unknown_voice", "voice"),
+    ({"input": "Hi.", "response_format": "mp3"}, 400, "unsupported_format", "response_format"),
+    ({"input": "Hi.", "stream_format": "sse", "response_format": "wav"}, 400,
+     "unsupported_format", "response_format"),
+    ({"input": "Hi.", "stream": True, "response_format": "wav"}, 400, "unsupported_format",
+     "response_format"),
+    ({"input": "Hi.", "stream_format": "websocket"}, 400, "unsupported_stream_format",
+     "stream_format"),
+    ({"input": "Hi.", "speed": 10}, 400, "invalid_value", "speed"),
+    ({"input": "Hi.", "seed": "lucky"}, 400, "invalid_type", "seed"),
+    ({"input": "Hi.", "temperature": 7}, 400, "invalid_value", "temperature"),
+    (["input", "Hi."], 400, "invalid_json", None),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code", "param"), BAD,
+                         ids=[c for _, _, c, _ in BAD[:1]] + [str(i) for i in range(1, len(BAD))])
+async def test_bad_requests_get_openai_style_errors(gateway, body, status, code, param):
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        response = await client.post("/v1/audio/speech", json=body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["code"] == code and error["param"] == param
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert gateway.lane.stats.steps == 0  # nothing reached the engine
+
+
+async def test_malformed_and_oversized_bodies(gateway):
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        broken = await client.post("/v1/audio/speech", content=b"{not json",
+                                   headers={"content-type": "application/json"})
+        huge = await client.post("/v1/audio/speech", content=b" " * (MAX_BODY_BYTES + 1),
+                                 headers={"content-type": "application/json"})
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
