@@ -177,6 +177,7 @@ def check_settings(changes: dict) -> None:
 @example('{"type":"say","text":"\ud800"}')
 @example('{"type":"say","text":"\\ud800"}')
 @example('{"type":"ping","id":' + nested(300) + "}")
+@example('{"type":"ping","id":' + nested(254) + "}")  # the pong adds one level
 @example('{"type":"cancel","turn_id":' + "9" * 400 + "}")
 @example('{"type":"cancel","turn_id":1e400}')
 @example('{"type":"playback","turn_id":1,"played_ms":NaN}')

@@ -215,8 +215,8 @@ def decode_client(data: str | bytes) -> ClientMessage:
             return ClientSessionUpdate(_settings(session))
         case "ping":
             ping_id = obj.get("id")
-            try:  # the pong echoes it: refuse what cannot be encoded back (nested too deep)
-                orjson.dumps(ping_id)
+            try:  # the pong echoes it, one level down: refuse what cannot be encoded back
+                orjson.dumps({"id": ping_id})
             except orjson.JSONEncodeError:
                 raise ProtocolError("invalid_field", "field 'id' cannot be echoed "
                                     "(nested too deeply)") from None
