@@ -122,8 +122,9 @@ def _text(obj: dict[str, Any]) -> str:
     return text
 
 
-def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool = False):
-    value = _field(obj, name, int if integer else (int, float), required=False)
+def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool = False,
+            required: bool = False):
+    value = _field(obj, name, int if integer else (int, float), required=required)
     if value is None:
         return None
     if not math.isfinite(value) or not lo <= value <= hi:
@@ -132,6 +133,8 @@ def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool 
 
 
 def _settings(session: dict[str, Any]) -> dict[str, Any]:
+    # Every key sent must carry a value: a null would reach the pacer or the segmenter as
+    # None and break the next turn (so null is ``missing_field``, as for any field).
     known = {"voice", "instructions", "llm", "frame_ms", "max_lead_ms", "segmenter"}
     unknown = set(session) - known
     if unknown:
@@ -152,7 +155,8 @@ def _settings(session: dict[str, Any]) -> dict[str, Any]:
             raise ProtocolError("invalid_field", f"frame_ms must be one of {FRAME_MS_CHOICES}")
         out["frame_ms"] = frame_ms
     if "max_lead_ms" in session:
-        out["max_lead_ms"] = _number(session, "max_lead_ms", 100, 30_000, integer=True)
+        out["max_lead_ms"] = _number(session, "max_lead_ms", 100, 30_000, integer=True,
+                                      required=True)
     if "llm" in session:
         llm = _field(session, "llm", dict)
         unknown = set(llm) - {"model", "temperature", "max_tokens"}
@@ -163,9 +167,10 @@ def _settings(session: dict[str, Any]) -> dict[str, Any]:
         if "model" in llm:
             llm_out["model"] = _field(llm, "model", str)
         if "temperature" in llm:
-            llm_out["temperature"] = _number(llm, "temperature", 0, 2)
+            llm_out["temperature"] = _number(llm, "temperature", 0, 2, required=True)
         if "max_tokens" in llm:
-            llm_out["max_tokens"] = _number(llm, "max_tokens", 1, 32_768, integer=True)
+            llm_out["max_tokens"] = _number(llm, "max_tokens", 1, 32_768, integer=True,
+                                               required=True)
         out["llm"] = llm_out
     if "segmenter" in session:
         seg = _field(session, "segmenter", dict)
@@ -177,7 +182,7 @@ def _settings(session: dict[str, Any]) -> dict[str, Any]:
                                 f"{', '.join(sorted(unknown))}")
         for key, (lo, hi) in bounds.items():
             if key in seg:
-                seg_out[key] = _number(seg, key, lo, hi, integer=True)
+                seg_out[key] = _number(seg, key, lo, hi, integer=True, required=True)
         out["segmenter"] = seg_out
     return out
 
@@ -218,7 +223,13 @@ def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
             session = _field(obj, "session", dict)
             return ClientSessionUpdate(_settings(session))
         case "ping":
-            return ClientPing(obj.get("id"))
+            ping_id = obj.get("id")
+            try:  # the pong echoes it, one level down: refuse what cannot be encoded back
+                orjson.dumps({"id": ping_id})
+            except orjson.JSONEncodeError:
+                raise ProtocolError("invalid_field", "field 'id' cannot be echoed "
+                                    "(nested too deeply)") from None
+            return ClientPing(ping_id)
         case "session.resume":
             session_id = _field(obj, "session_id", str)
             token = _field(obj, "resume_token", str)

@@ -296,8 +296,8 @@ class Session:
             return []
         turn.llm_done = True
         turn.tokens_per_s = tokens_per_s
+        turn.state = TurnState.SPEAKING  # before: adding silent segments may end the turn
         effects = self._add_segments(turn, turn.segmenter.finish(), now)
-        turn.state = TurnState.SPEAKING
         return effects + self._pump(turn, now)
 
     def llm_failed(self, turn_id: int, code: str, message: str, now: float) -> list[Effect]:
@@ -449,6 +449,8 @@ class Session:
     def _pump(self, turn: Turn, now: float) -> list[Effect]:
         """Release every frame that is ready and due; end the turn when all is sent."""
         effects: list[Effect] = []
+        if turn.state is TurnState.ENDED:  # a pump nested in this call ended it already
+            return effects
         frame_bytes = turn.settings.frame_ms * BYTES_PER_MS
         while turn.current < len(turn.segments):
             seg = turn.segments[turn.current]

@@ -1,0 +1,388 @@
+"""Property tests of the protocol codec: whatever a client sends, ``decode_client`` returns
+a well-formed message or raises ``ProtocolError`` with a documented code; valid messages
+decode to the right dataclass; audio frame headers round-trip for every field value."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import orjson
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
+
+from gateway.core.codec import (
+    FRAME_HEADER,
+    FRAME_MS_CHOICES,
+    MAX_INSTRUCTIONS_CHARS,
+    MAX_MESSAGE_BYTES,
+    MAX_TEXT_CHARS,
+    PROTOCOL_VERSION,
+    ClientCancel,
+    ClientPing,
+    ClientPlayback,
+    ClientSay,
+    ClientSessionUpdate,
+    ClientTranscript,
+    ProtocolError,
+    decode_client,
+    decode_frame,
+    encode_event,
+    frame_header,
+)
+from gateway.core.session import SendAudio, SendEvent, Session
+
+PROTOCOL_MD = Path(__file__).resolve().parents[1] / "protocol.md"
+
+
+def documented_codes() -> set[str]:
+    """The codes of the "Errors" table in protocol.md (read, not copied)."""
+    text = PROTOCOL_MD.read_text()
+    section = text.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE))
+
+
+CODES = documented_codes()
+# codes only the session or a turn can produce (not decode_client)
+DECODE_CODES = CODES - {"unknown_voice", "llm_unavailable", "llm_failed", "engine_failed"}
+TYPES = ["session.update", "transcript", "say", "cancel", "playback", "ping"]
+FIELDS = ["type", "text", "turn_id", "played_ms", "session", "id", "voice", "instructions",
+          "llm", "frame_ms", "max_lead_ms", "segmenter", "model", "temperature", "max_tokens",
+          "first_min_words", "min_chars", "max_chars"]
+
+
+def test_documented_codes_were_found():
+    assert {"invalid_json", "invalid_message", "unknown_type", "missing_field",
+            "invalid_field", "text_too_long", "message_too_large",
+            "binary_not_supported"} <= DECODE_CODES
+
+
+# --- strategies ---------------------------------------------------------------------------
+
+# every code point, lone surrogates included (hypothesis excludes category Cs by default)
+any_char = st.characters(exclude_categories=())
+any_text = st.text(any_char, max_size=60)
+
+huge_ints = st.one_of(st.integers(), st.integers(min_value=2**63 - 2, max_value=2**64 + 2),
+                      st.integers(min_value=-(2**70), max_value=2**70),
+                      st.sampled_from([10**30, -(10**30), 10**400]))
+floats = st.floats(allow_nan=True, allow_infinity=True)
+scalars = st.one_of(st.none(), st.booleans(), huge_ints, floats, any_text,
+                    st.sampled_from(TYPES + FIELDS + ["", " ", "\u0000"]))
+keys = st.one_of(st.sampled_from(FIELDS), any_text)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(keys, inner, max_size=5)),
+    max_leaves=25,
+)
+
+
+@st.composite
+def message_like(draw):
+    """An object shaped like a client message with any field of any type."""
+    obj = draw(st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4))
+    if draw(st.booleans()):
+        obj["type"] = draw(st.one_of(st.sampled_from(TYPES), json_values))
+    if draw(st.booleans()):
+        obj["session"] = draw(st.one_of(
+            st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4), json_values))
+    return obj
+
+
+def dumps_any(value, ascii_only: bool) -> str:
+    # stdlib json: writes huge ints exactly, NaN/Infinity as bare words (not JSON), and
+    # lone surrogates either raw (ensure_ascii=False) or as \\udXXX escapes
+    return json.dumps(value, ensure_ascii=ascii_only)
+
+
+def nested(depth: int, leaf: str = "1") -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+# --- the central property: only ProtocolError, only documented codes ----------------------
+
+
+def check_decode(data: str | bytes) -> None:
+    """Decode and check the outcome is either an error with a documented code or a message
+    that the rest of the gateway can use without failing."""
+    try:
+        message = decode_client(data)
+    except ProtocolError as error:
+        assert error.code in DECODE_CODES, error.code
+        assert isinstance(error.message, str) and error.message
+        return
+    check_valid(message)
+
+
+def check_valid(message) -> None:
+    """A decoded message obeys protocol.md, and the session can act on it."""
+    match message:
+        case ClientTranscript(text=text) | ClientSay(text=text):
+            assert isinstance(text, str) and 1 <= len(text) <= MAX_TEXT_CHARS and text.strip()
+        case ClientCancel(turn_id=turn_id):
+            assert turn_id is None or (type(turn_id) is int and 0 <= turn_id < 2**32)
+        case ClientPlayback(turn_id=turn_id, played_ms=played_ms):
+            assert type(turn_id) is int
+            assert type(played_ms) is float and math.isfinite(played_ms) and played_ms >= 0
+        case ClientPing(id=ping_id):
+            pong = {"type": "pong"} if ping_id is None else {"type": "pong", "id": ping_id}
+            assert orjson.loads(encode_event(pong)) == pong
+        case ClientSessionUpdate(settings=changes):
+            check_settings(changes)
+            # the update applies, and a turn under the new settings runs
+            s = Session("p")
+            effects = s.receive(message, 0.0)
+            assert [e.event["type"] for e in effects if isinstance(e, SendEvent)] in (
+                ["session.updated"], ["error"])
+            s.receive(ClientSay("Hello there, this is one sentence. And a second one."), 0.0)
+            out = s.audio(s.turn.id, 0, b"\x01\x00" * 24_000, "x", 0.0)
+            out += s.synthesis_done(s.turn.id, 0, 0.0)
+            out += s.tick(10.0)
+            assert any(isinstance(e, SendAudio) for e in out)
+        case _:
+            raise AssertionError(f"not a client message: {message!r}")
+
+
+def check_settings(changes: dict) -> None:
+    for key, value in changes.items():
+        assert value is not None, key
+        match key:
+            case "voice":
+                assert isinstance(value, str)
+            case "instructions":
+                assert isinstance(value, str) and len(value) <= MAX_INSTRUCTIONS_CHARS
+            case "frame_ms":
+                assert value in FRAME_MS_CHOICES and type(value) is int
+            case "max_lead_ms":
+                assert type(value) is int and 100 <= value <= 30_000
+            case "llm":
+                for k, v in value.items():
+                    assert v is not None, k
+                    assert k in {"model", "temperature", "max_tokens"}
+            case "segmenter":
+                bounds = {"first_min_words": (0, 50), "min_chars": (0, 1000),
+                          "max_chars": (40, 4000)}
+                for k, v in value.items():
+                    lo, hi = bounds[k]
+                    assert type(v) is int and lo <= v <= hi, (k, v)
+            case _:
+                raise AssertionError(f"unknown setting {key}")
+
+
+@given(st.text(any_char, max_size=200))
+@example("\ud800")
+@example('{"type":"say","text":"\ud800"}')
+@example('{"type":"say","text":"\\ud800"}')
+@example('{"type":"ping","id":' + nested(300) + "}")
+@example('{"type":"ping","id":' + nested(254) + "}")  # the pong adds one level
+@example('{"type":"cancel","turn_id":' + "9" * 400 + "}")
+@example('{"type":"cancel","turn_id":1e400}')
+@example('{"type":"playback","turn_id":1,"played_ms":NaN}')
+@example('{"type":"session.update","session":{"max_lead_ms":null}}')
+@example('{"type":"session.update","session":{"segmenter":{"min_chars":null}}}')
+@example('{"type":"session.update","session":{"llm":{"temperature":null}}}')
+@example('{"type":"session.update","session":{"segmenter":{"min_chars":1000,"max_chars":40}}}')
+@example(nested(5000))
+def test_any_text_decodes_or_raises_a_documented_protocol_error(data):
+    check_decode(data)
+
+
+@given(st.binary(max_size=100))
+def test_binary_is_always_refused(data):
+    for value in (data, bytearray(data), memoryview(data)):
+        try:
+            decode_client(value)
+        except ProtocolError as error:
+            assert error.code == "binary_not_supported"
+        else:
+            raise AssertionError("binary accepted")
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(json_values, st.booleans())
+def test_any_json_value_decodes_or_raises_a_documented_protocol_error(value, ascii_only):
+    check_decode(dumps_any(value, ascii_only))
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(message_like(), st.booleans())
+def test_message_shaped_objects_with_wrong_types_everywhere(obj, ascii_only):
+    check_decode(dumps_any(obj, ascii_only))
+
+
+@given(st.sampled_from(TYPES), st.sampled_from(["text", "turn_id", "played_ms", "session",
+                                                 "id"]),
+       st.integers(min_value=1, max_value=1500))
+def test_deep_nesting_in_any_field(kind, name, depth):
+    check_decode(f'{{"type":"{kind}","{name}":{nested(depth)}}}')
+    check_decode(f'{{"type":"session.update","session":{{"llm":{nested(depth, "{}")}}}}}')
+
+
+@given(st.integers(min_value=MAX_MESSAGE_BYTES - 64, max_value=MAX_MESSAGE_BYTES + 64),
+       st.sampled_from(["a", "é", "\u20ac", "\U0001f600"]))
+def test_size_limit_is_in_utf8_bytes(size, char):
+    prefix, suffix = '{"type":"say","text":"', '"}'
+    n = (size - len(prefix) - len(suffix)) // len(char.encode())
+    data = prefix + char * n + suffix
+    nbytes = len(data.encode())
+    try:
+        decode_client(data)
+    except ProtocolError as error:
+        if nbytes > MAX_MESSAGE_BYTES:
+            assert error.code == "message_too_large"
+        else:
+            assert error.code == "text_too_long"  # under the frame limit, over 4,000 chars
+    else:
+        raise AssertionError("a 64 KiB say was accepted")
+
+
+# --- valid messages round-trip -------------------------------------------------------------
+
+good_text = st.text(st.characters(exclude_categories=("Cs",)), min_size=1,
+                    max_size=MAX_TEXT_CHARS).filter(lambda t: t.strip() != "")
+u32 = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+@st.composite
+def valid_settings(draw):
+    out = {}
+    if draw(st.booleans()):
+        out["voice"] = draw(st.text(max_size=20))
+    if draw(st.booleans()):
+        out["instructions"] = draw(st.text(max_size=200))
+    if draw(st.booleans()):
+        out["frame_ms"] = draw(st.sampled_from(FRAME_MS_CHOICES))
+    if draw(st.booleans()):
+        out["max_lead_ms"] = draw(st.integers(100, 30_000))
+    if draw(st.booleans()):
+        out["llm"] = draw(st.fixed_dictionaries({}, optional={
+            "model": st.text(max_size=20),
+            "temperature": st.one_of(st.integers(0, 2), st.floats(0, 2)),
+            "max_tokens": st.integers(1, 32_768)}))
+    if draw(st.booleans()):
+        out["segmenter"] = draw(st.fixed_dictionaries({}, optional={
+            "first_min_words": st.integers(0, 50), "min_chars": st.integers(0, 1000),
+            "max_chars": st.integers(40, 4000)}))
+    return out
+
+
+
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def parseable(value) -> bool:
+    """JSON orjson reads: no NaN/Infinity, no number beyond a double's range (orjson refuses
+    1e400 as ``invalid_json`` even in an ignored field: a parser limit RFC 8259 allows), no
+    lone surrogate (not Unicode; a client cannot send it as UTF-8 text)."""
+    if isinstance(value, str):
+        return not SURROGATE.search(value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) < 1e308
+    if isinstance(value, list):
+        return all(parseable(v) for v in value)
+    if isinstance(value, dict):
+        return all(parseable(k) and parseable(v) for k, v in value.items())
+    return True
+
+
+def as_parsed(value):
+    """``value`` as orjson reads it back: integers beyond 64 bits become floats."""
+    if isinstance(value, int) and not isinstance(value, bool) and not (
+            -(2**63) <= value < 2**64):
+        return float(value)
+    if isinstance(value, list):
+        return [as_parsed(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_parsed(v) for k, v in value.items()}
+    return value
+
+
+extra_fields = st.dictionaries(st.text(max_size=8).filter(parseable).filter(
+    lambda k: k not in {"type", "text", "turn_id", "played_ms", "session", "id"}),
+    json_values.filter(parseable), max_size=3)
+
+
+@st.composite
+def valid_messages(draw):
+    """(wire object, the dataclass it must decode to)."""
+    kind = draw(st.sampled_from(TYPES))
+    extra = draw(extra_fields)  # unknown fields are ignored on client messages
+    match kind:
+        case "transcript" | "say":
+            text = draw(good_text)
+            cls = ClientTranscript if kind == "transcript" else ClientSay
+            return {**extra, "type": kind, "text": text}, cls(text)
+        case "cancel":
+            turn_id = draw(st.one_of(st.none(), u32))
+            obj = {**extra, "type": kind}
+            if turn_id is not None or draw(st.booleans()):
+                obj["turn_id"] = turn_id  # an explicit null means "the turn in progress"
+            return obj, ClientCancel(turn_id)
+        case "playback":
+            turn_id = draw(u32)
+            played = draw(st.one_of(st.integers(0, 24 * 3600 * 1000),
+                                    st.floats(0, 24 * 3600 * 1000)))
+            return ({**extra, "type": kind, "turn_id": turn_id, "played_ms": played},
+                    ClientPlayback(turn_id, float(played)))
+        case "ping":
+            obj = {**extra, "type": kind}
+            ping_id = None
+            if draw(st.booleans()):
+                ping_id = draw(json_values.filter(parseable))
+                obj["id"] = ping_id
+            return obj, ClientPing(ping_id)
+        case "session.update":
+            s = draw(valid_settings())
+            return {**extra, "type": kind, "session": s}, ClientSessionUpdate(s)
+    raise AssertionError(kind)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_messages(), st.booleans())
+def test_valid_messages_decode_to_their_dataclass(pair, ascii_only):
+    obj, expected = pair
+    data = dumps_any(obj, ascii_only)
+    assume(len(data.encode("utf-8", "surrogatepass")) <= MAX_MESSAGE_BYTES)
+    message = decode_client(data)
+    assert type(message) is type(expected)
+    if isinstance(expected, ClientPing):
+        assert message.id == as_parsed(expected.id)
+    else:
+        assert message == expected
+    check_valid(message)
+
+
+# --- audio frames ----------------------------------------------------------------------------
+
+
+@given(st.integers(0, 255), st.integers(0, 2**16 - 1), u32, u32, st.binary(max_size=200))
+def test_frame_header_round_trips_for_every_field_value(flags, sentence, turn_id, seq, pcm):
+    data = frame_header(flags, sentence, turn_id, seq) + pcm
+    assert len(data) == FRAME_HEADER.size + len(pcm)
+    assert data[0] == PROTOCOL_VERSION
+    frame = decode_frame(data)
+    assert (frame.flags, frame.sentence, frame.turn_id, frame.seq, frame.pcm) == (
+        flags, sentence, turn_id, seq, pcm)
+    assert frame.sentence_end == bool(flags & 1) and frame.turn_end == bool(flags & 2)
+
+
+@given(st.integers(0, 2**40), st.integers(0, 2**20))
+def test_seq_wraps_at_2_32_and_sentence_at_2_16(seq, sentence):
+    frame = decode_frame(frame_header(3, sentence, 1, seq))
+    assert frame.seq == seq % 2**32 and frame.sentence == sentence % 2**16
+
+
+@given(st.binary(max_size=40))
+def test_decode_frame_raises_only_protocol_error(data):
+    try:
+        frame = decode_frame(data)
+    except ProtocolError as error:
+        assert error.code == "invalid_frame"
+        assert len(data) < FRAME_HEADER.size or data[0] != PROTOCOL_VERSION
+    else:
+        assert data[0] == PROTOCOL_VERSION and frame.pcm == data[FRAME_HEADER.size:]
