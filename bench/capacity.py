@@ -304,7 +304,7 @@ def client_main(target, port, n, say, jitter_s, idle, window, queue) -> None:
 
 
 def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float, idle: bool,
-             warmup_s: float, seconds: float) -> dict:
+             warmup_s: float, seconds: float, profile: str | None = None) -> dict:
     """Connect ``n`` sessions from ``clients`` processes, measure a window, return figures."""
     ctx = mp.get_context("spawn")
     window = ctx.RawArray("d", 2)
@@ -326,6 +326,13 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     time.sleep(max(0.0, t_start - time.monotonic()))
     cpu0 = cpu_seconds(server.pid)
     ccpu0 = sum(cpu_seconds(p.pid) for p in procs)
+    spy = None
+    if profile:  # py-spy competes for the CPU: a profiled run's figures are not the bench's
+        spy_bin = str(Path(sys.executable).parent / "py-spy")
+        spy = subprocess.Popen([spy_bin, "record", "-p", str(server.pid), "-d",
+                                str(int(seconds)), "-r", "100", "-f", "raw", "-o", profile,
+                                "--nonblocking"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     time.sleep(max(0.0, t_end - time.monotonic()))
     cpu1 = cpu_seconds(server.pid)
     ccpu1 = sum(cpu_seconds(p.pid) for p in procs)
@@ -333,6 +340,8 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     results = [queue.get(timeout=120)[1] for _ in procs]
     for p in procs:
         p.join(30)
+    if spy is not None:
+        spy.wait(60)
     lateness = array("f")
     for r in results:
         lateness.frombytes(r["lateness"])
@@ -435,9 +444,55 @@ def bench_stream(args) -> dict:
     return out
 
 
+def hotspots(raw: str, top: int = 15) -> str:
+    """Self and inclusive share of samples per function from py-spy's collapsed stacks."""
+    self_n: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    for line in Path(raw).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        k = int(count)
+        total += k
+        frames = stack.split(";")
+        if frames and frames[0].startswith(("process ", "thread ")):
+            frames = frames[1:]
+        if not frames:
+            continue
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + k
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + k
+    lines = [f"{total} samples; self time:"]
+    for f, k in sorted(self_n.items(), key=lambda x: -x[1])[:top]:
+        lines.append(f"  {100 * k / total:5.1f}%  {f}")
+    lines.append("inclusive:")
+    for f, k in sorted(incl.items(), key=lambda x: -x[1])[:top * 2]:
+        lines.append(f"  {100 * k / total:5.1f}%  {f}")
+    return "\n".join(lines)
+
+
+def bench_profile(args) -> dict:
+    target, n = args.targets[0], args.ramp[0]
+    say = long_text(args.seconds + args.warmup + 20 + n / 200)
+    server = Server(target, *(["--say", say] if target == "pipecat" else []))
+    raw = f"/tmp/capacity-profile-{target}-{n}.txt"
+    try:
+        r = run_load(server, n, clients=args.clients, say=say, jitter_s=args.jitter_ms / 1000,
+                     idle=False, warmup_s=args.warmup, seconds=args.seconds, profile=raw)
+    finally:
+        server.close()
+    print(HEADER)
+    r["pass"] = r["underruns"] == 0
+    print(row(target, r))
+    report = hotspots(raw)
+    print(report)
+    return {"run": r, "hotspots": report}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("mode", choices=["idle", "stream"])
+    p.add_argument("mode", choices=["idle", "stream", "profile"])
     p.add_argument("--targets", nargs="+", default=["gateway"], choices=list(PYTHONS))
     p.add_argument("--sessions", type=int, default=10_000, help="idle: sessions to open")
     p.add_argument("--ramp", type=int, nargs="+",
@@ -452,7 +507,7 @@ def main() -> None:
     meta = {"mode": args.mode, "argv": sys.argv[1:], "cpus": os.cpu_count(),
             "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    result = bench_idle(args) if args.mode == "idle" else bench_stream(args)
+    result = {"idle": bench_idle, "stream": bench_stream, "profile": bench_profile}[args.mode](args)
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": result}, indent=1))
 
