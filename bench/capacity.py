@@ -1,0 +1,516 @@
+"""Capacity of one gateway process (issue 9): idle sessions, streaming sessions, and peers.
+
+    python bench/capacity.py idle   [--sessions 10000] [--json OUT]
+    python bench/capacity.py stream [--targets gateway fastapi pipecat] [--ramp 50 100 200 ...]
+                                    [--seconds 15] [--clients 1] [--json OUT]
+
+Every server runs in its own process (the gateway: bench/capacity_server.py, the synthetic
+engine at zero cost; the peers: bench/peers/*.py in their own venvs); its CPU time
+(utime+stime) and resident memory are read from /proc/<pid>. The load comes from
+``--clients`` separate client processes: a lean raw-socket WebSocket client (asyncio
+protocol under uvloop, no library per message) so that the client costs less than the
+servers it measures; on this 2-core machine the client still competes for CPU, so its CPU
+is reported too.
+
+``idle``: open N sessions that do nothing (the gateway: wait for ``session.created``);
+report accept time and the server's RSS per session.
+
+``stream``: N sessions each in one continuous turn (a long ``say``; pipecat: a
+``TTSSpeakFrame`` on connect), 40 ms frames. Each client plays its audio on a model
+playback clock: lateness of a frame = arrival − (first frame arrival + audio before it);
+underrun = a frame arrives after the listener, who started playing ``--jitter-ms`` after the
+first frame, has played everything before it (playback then restarts at arrival). A step
+passes when p99 lateness ≤ 40 ms, no underruns, and every session streamed. The ramp stops
+at the first failing step. CPU seconds per 1,000 frames = the server's CPU in the measuring
+window / frames the clients received in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import multiprocessing as mp
+import os
+import resource
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HZ = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+FRAME_MS = 40
+MAX_LATENESS_MS = 40.0
+
+PYTHONS = {
+    "gateway": "/work/venv/bin/python",
+    "fastapi": "/work/peer-venvs/fastapi/bin/python",
+    "pipecat": "/work/peer-venvs/pipecat/bin/python",
+}
+SCRIPTS = {
+    "gateway": ROOT / "bench" / "capacity_server.py",
+    "fastapi": ROOT / "bench" / "peers" / "fastapi_server.py",
+    "pipecat": ROOT / "bench" / "peers" / "pipecat_server.py",
+}
+
+
+def long_text(seconds: float) -> str:
+    """Plain sentences lasting about ``seconds`` of synthetic speech (14 chars/s)."""
+    out, k = [], 0
+    while sum(len(s) + 1 for s in out) < seconds * 14:
+        k += 1
+        out.append(f"This is sentence number {k} of a long reply, spoken to keep the audio "
+                   f"flowing for the listener.")
+    return " ".join(out)[:4000]
+
+
+# ---- /proc -------------------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ  # utime, stime
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class Server:
+    """One server process; ``PORT <n>`` on its stdout says it is serving."""
+
+    def __init__(self, target: str, *extra: str) -> None:
+        self.target = target
+        self.proc = subprocess.Popen(
+            [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
+            stdout=subprocess.PIPE, stderr=open(f"/tmp/capacity-{target}.log", "w"),
+            text=True, cwd=ROOT)
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.proc.kill()
+            raise RuntimeError(f"{target} server did not start; see /tmp/capacity-{target}.log")
+        self.port = int(line.split()[1])
+        self.pid = self.proc.pid
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ---- a lean WebSocket client ---------------------------------------------------------------
+
+def _masked(opcode: int, payload: bytes) -> bytes:
+    mask = os.urandom(4)
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65536:
+        head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+    key = int.from_bytes((mask * (n // 4 + 1))[:n], "little")
+    body = (int.from_bytes(payload, "little") ^ key).to_bytes(n, "little")
+    return head + mask + body
+
+
+class Listener(asyncio.Protocol):
+    """One session: handshake, then parse server frames; audio goes to the playback model."""
+
+    def __init__(self, target: str, say: str, stats: Stats, jitter_s: float,
+                 idle: bool = False) -> None:
+        self.target, self.say, self.stats, self.jitter = target, say, stats, jitter_s
+        self.idle = idle
+        self.buf = bytearray()
+        self.upgraded = False
+        self.ready = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.t0 = None  # first frame arrival
+        self.audio_s = 0.0  # audio received before the current frame
+        self.play_end = 0.0
+        self.done = False
+        self.closed = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        key = base64.b64encode(os.urandom(16)).decode()
+        transport.write((f"GET /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                         f"Sec-WebSocket-Version: 13\r\n\r\n").encode())
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError("closed before ready"))
+
+    def send_text(self, text: str) -> None:
+        self.transport.write(_masked(1, text.encode()))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        if not self.upgraded:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            status = bytes(buf[:12])
+            del buf[:end + 4]
+            if b" 101" not in status:
+                self.transport.close()
+                return
+            self.upgraded = True
+            if self.target == "pipecat" or (self.idle and self.target == "fastapi"):
+                self.ready.set_result(None)
+            elif self.target == "fastapi":
+                self.send_text(json.dumps({"type": "say", "text": self.say}))
+                self.ready.set_result(None)
+        pos, n = 0, len(buf)
+        while n - pos >= 2:
+            b0, b1 = buf[pos], buf[pos + 1]
+            length, head = b1 & 0x7F, 2
+            if length == 126:
+                if n - pos < 4:
+                    break
+                length, head = int.from_bytes(buf[pos + 2:pos + 4], "big"), 4
+            elif length == 127:
+                if n - pos < 10:
+                    break
+                length, head = int.from_bytes(buf[pos + 2:pos + 10], "big"), 10
+            if n - pos < head + length:
+                break
+            start = pos + head
+            pos = start + length
+            self.message(b0 & 0x0F, buf, start, length)
+        del buf[:pos]
+
+    def message(self, opcode: int, buf: bytearray, start: int, length: int) -> None:
+        if opcode == 2:  # binary: gateway frame (12-byte header) or pipecat protobuf
+            if self.target == "gateway":
+                self.audio(length - 12)
+            else:  # protobuf overhead is a few dozen bytes: round to 10 ms
+                self.audio(round(length / 480) * 480)
+        elif opcode == 1:
+            if self.target == "fastapi":
+                if buf.find(b'"audio"', start, start + 20) >= 0:
+                    # {"type": "audio", "audio": "<base64>"}: 30 bytes around the base64
+                    self.audio((length - 30) * 3 // 4)
+                else:
+                    self.done = True
+                return
+            event = json.loads(bytes(buf[start:start + length]))
+            kind = event.get("type")
+            if kind == "session.created":
+                if not self.idle:
+                    self.send_text(json.dumps({"type": "say", "text": self.say}))
+                if not self.ready.done():
+                    self.ready.set_result(None)
+            elif kind == "turn.done":
+                self.done = True
+            elif kind == "error":
+                self.stats.errors += 1
+        elif opcode == 9:  # ping
+            self.transport.write(_masked(10, bytes(buf[start:start + length])))
+        elif opcode == 8:
+            self.transport.close()
+
+    def audio(self, nbytes: int) -> None:
+        now = time.monotonic()
+        s = self.stats
+        d = nbytes / 48000
+        if now > s.t_end:
+            return
+        if self.t0 is None:
+            self.t0 = now
+            self.play_end = now + self.jitter
+            s.started += 1
+        else:
+            s.lateness.append((now - (self.t0 + self.audio_s)) * 1000.0)
+            if now > self.play_end:
+                s.underruns += 1
+                self.play_end = now
+        self.play_end += d
+        self.audio_s += d
+        if now >= s.t_start:
+            s.frames += 1
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.t_start = float("inf")
+        self.t_end = float("inf")
+        self.lateness = array("f")
+        self.underruns = 0
+        self.frames = 0
+        self.started = 0
+        self.errors = 0
+
+
+async def _client(target: str, port: int, n: int, say: str, jitter_s: float, idle: bool,
+                  window, queue) -> None:
+    loop = asyncio.get_running_loop()
+    stats = Stats()
+    sem = asyncio.Semaphore(64)
+    listeners: list[Listener] = []
+    failed = 0
+
+    async def connect() -> None:
+        nonlocal failed
+        async with sem:
+            try:
+                _, proto = await loop.create_connection(
+                    lambda: Listener(target, say, stats, jitter_s, idle), "127.0.0.1", port)
+                await asyncio.wait_for(proto.ready, 30)
+                listeners.append(proto)
+            except (TimeoutError, OSError, ConnectionError):
+                failed += 1
+
+    t = time.monotonic()
+    await asyncio.gather(*(connect() for _ in range(n)))
+    queue.put(("ready", len(listeners), failed, time.monotonic() - t))
+    while window[1] == 0.0:  # noqa: ASYNC110 (set by another process)
+        await asyncio.sleep(0.05)
+    stats.t_start, stats.t_end = window[0], window[1]
+    await asyncio.sleep(max(0.0, stats.t_end - time.monotonic()) + 0.2)
+    ended = sum(1 for p in listeners if p.done or p.closed)
+    for p in listeners:
+        p.transport.close()
+    queue.put(("result", {"sessions": len(listeners), "failed": failed, "ended_early": ended,
+                          "started": stats.started, "frames": stats.frames,
+                          "underruns": stats.underruns, "errors": stats.errors,
+                          "lateness": stats.lateness.tobytes()}))
+
+
+def client_main(target, port, n, say, jitter_s, idle, window, queue) -> None:
+    raise_nofile()
+    import uvloop
+
+    uvloop.run(_client(target, port, n, say, jitter_s, idle, window, queue))
+
+
+def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float, idle: bool,
+             warmup_s: float, seconds: float, profile: str | None = None) -> dict:
+    """Connect ``n`` sessions from ``clients`` processes, measure a window, return figures."""
+    ctx = mp.get_context("spawn")
+    window = ctx.RawArray("d", 2)
+    queue = ctx.Queue()
+    rss0 = rss_bytes(server.pid)
+    shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
+    procs = [ctx.Process(target=client_main, args=(server.target, server.port, k, say,
+                                                   jitter_s, idle, window, queue))
+             for k in shares if k]
+    t_connect = time.monotonic()
+    for p in procs:
+        p.start()
+    ready = [queue.get(timeout=600) for _ in procs]
+    accept_s = time.monotonic() - t_connect
+    connected = sum(r[1] for r in ready)
+    t_start = time.monotonic() + warmup_s
+    t_end = t_start + seconds
+    window[0], window[1] = t_start, t_end
+    time.sleep(max(0.0, t_start - time.monotonic()))
+    cpu0 = cpu_seconds(server.pid)
+    ccpu0 = sum(cpu_seconds(p.pid) for p in procs)
+    spy = None
+    if profile:  # py-spy competes for the CPU: a profiled run's figures are not the bench's
+        spy_bin = str(Path(sys.executable).parent / "py-spy")
+        spy = subprocess.Popen([spy_bin, "record", "-p", str(server.pid), "-d",
+                                str(int(seconds)), "-r", "100", "-f", "raw", "-o", profile,
+                                "--nonblocking"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    time.sleep(max(0.0, t_end - time.monotonic()))
+    cpu1 = cpu_seconds(server.pid)
+    ccpu1 = sum(cpu_seconds(p.pid) for p in procs)
+    rss1 = rss_bytes(server.pid)
+    results = [queue.get(timeout=120)[1] for _ in procs]
+    for p in procs:
+        p.join(30)
+    if spy is not None:
+        spy.wait(60)
+    lateness = array("f")
+    for r in results:
+        lateness.frombytes(r["lateness"])
+    late = sorted(lateness)
+
+    def pct(q: float) -> float | None:
+        return round(late[min(len(late) - 1, int(q * len(late)))], 1) if late else None
+
+    frames = sum(r["frames"] for r in results)
+    server_cpu = cpu1 - cpu0
+    return {
+        "sessions": n, "connected": connected,
+        "failed": sum(r["failed"] for r in results),
+        "accept_s": round(accept_s, 2),
+        "rss_mib": round(rss1 / 2**20, 1),
+        "rss_per_session_kib": round((rss1 - rss0) / max(1, connected) / 1024, 1),
+        "streaming": sum(r["started"] for r in results),
+        "ended_early": sum(r["ended_early"] for r in results),
+        "frames": frames, "frames_per_s": round(frames / seconds),
+        "lateness_p50_ms": pct(0.50), "lateness_p99_ms": pct(0.99),
+        "lateness_max_ms": round(late[-1], 1) if late else None,
+        "underruns": sum(r["underruns"] for r in results),
+        "errors": sum(r["errors"] for r in results),
+        "server_cpu_s": round(server_cpu, 2),
+        "server_cpu_pct": round(100 * server_cpu / seconds),
+        "client_cpu_pct": round(100 * (ccpu1 - ccpu0) / seconds),
+        "cpu_s_per_1000_frames": round(1000 * server_cpu / frames, 4) if frames else None,
+    }
+
+
+# ---- benchmarks ------------------------------------------------------------------------------
+
+def bench_idle(args) -> dict:
+    out = {}
+    for target in args.targets:
+        extra = ["--idle"] if target == "pipecat" else []
+        server = Server(target, *extra)
+        try:
+            time.sleep(1.0)
+            base = rss_bytes(server.pid)
+            r = run_load(server, args.sessions, clients=args.clients, say="", jitter_s=0.2,
+                         idle=True, warmup_s=1.0, seconds=2.0)
+            r["rss_base_mib"] = round(base / 2**20, 1)
+            r["rss_per_session_kib"] = round((rss_bytes(server.pid) - base)
+                                             / max(1, r["connected"]) / 1024, 1)
+            r["accepts_per_s"] = round(r["connected"] / r["accept_s"])
+            out[target] = r
+        finally:
+            server.close()
+        print(f"{target:8} {r['connected']:>6}/{args.sessions} sessions  accept "
+              f"{r['accept_s']:.1f} s ({r['accepts_per_s']}/s)  RSS {r['rss_base_mib']} → "
+              f"{r['rss_mib']} MiB = {r['rss_per_session_kib']} KiB/session "
+              f"(× 10,000 = {10_000 * r['rss_per_session_kib'] / 2**20:.2f} GiB)", flush=True)
+    return out
+
+
+HEADER = (f"{'target':8} {'N':>5} {'conn':>5} {'strm':>5} {'frames/s':>8} {'p50ms':>7} "
+          f"{'p99ms':>7} {'maxms':>7} {'underr':>6} {'srvCPU%':>7} {'cliCPU%':>7} "
+          f"{'cpu s/1k fr':>11} {'RSS MiB':>8}  ok")
+
+
+def row(target: str, r: dict) -> str:
+    return (f"{target:8} {r['sessions']:>5} {r['connected']:>5} {r['streaming']:>5} "
+            f"{r['frames_per_s']:>8} {r['lateness_p50_ms']!s:>7} {r['lateness_p99_ms']!s:>7} "
+            f"{r['lateness_max_ms']!s:>7} {r['underruns']:>6} {r['server_cpu_pct']:>7} "
+            f"{r['client_cpu_pct']:>7} {r['cpu_s_per_1000_frames']!s:>11} {r['rss_mib']:>8}  "
+            f"{'yes' if r['pass'] else 'NO'}")
+
+
+def bench_stream(args) -> dict:
+    out: dict[str, list[dict]] = {}
+    print(HEADER, flush=True)
+    for target in args.targets:
+        out[target] = []
+        for n in args.ramp:
+            # audio for connecting, warm-up and the window, with margin
+            say = long_text(args.seconds + args.warmup + 20 + n / 200)
+            extra = ["--say", say] if target == "pipecat" else []
+            server = Server(target, *extra)
+            try:
+                r = run_load(server, n, clients=args.clients, say=say,
+                             jitter_s=args.jitter_ms / 1000, idle=False,
+                             warmup_s=args.warmup, seconds=args.seconds)
+            finally:
+                server.close()
+            r["pass"] = (r["connected"] == n and r["streaming"] == n and r["ended_early"] == 0
+                         and r["underruns"] == 0 and r["lateness_p99_ms"] is not None
+                         and r["lateness_p99_ms"] <= MAX_LATENESS_MS)
+            out[target].append(r)
+            print(row(target, r), flush=True)
+            if not r["pass"]:
+                break
+    print()
+    for target, rows in out.items():
+        passing = [r for r in rows if r["pass"]]
+        best = passing[-1] if passing else None
+        print(f"{target:8} max passing N = {best['sessions'] if best else 0}; "
+              f"cpu s / 1,000 frames at that N = "
+              f"{best['cpu_s_per_1000_frames'] if best else '-'}")
+    return out
+
+
+def hotspots(raw: str, top: int = 15) -> str:
+    """Self and inclusive share of samples per function from py-spy's collapsed stacks."""
+    self_n: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    for line in Path(raw).read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        k = int(count)
+        total += k
+        frames = stack.split(";")
+        if frames and frames[0].startswith(("process ", "thread ")):
+            frames = frames[1:]
+        if not frames:
+            continue
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + k
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + k
+    lines = [f"{total} samples; self time:"]
+    for f, k in sorted(self_n.items(), key=lambda x: -x[1])[:top]:
+        lines.append(f"  {100 * k / total:5.1f}%  {f}")
+    lines.append("inclusive:")
+    for f, k in sorted(incl.items(), key=lambda x: -x[1])[:top * 2]:
+        lines.append(f"  {100 * k / total:5.1f}%  {f}")
+    return "\n".join(lines)
+
+
+def bench_profile(args) -> dict:
+    target, n = args.targets[0], args.ramp[0]
+    say = long_text(args.seconds + args.warmup + 20 + n / 200)
+    server = Server(target, *(["--say", say] if target == "pipecat" else []))
+    raw = f"/tmp/capacity-profile-{target}-{n}.txt"
+    try:
+        r = run_load(server, n, clients=args.clients, say=say, jitter_s=args.jitter_ms / 1000,
+                     idle=False, warmup_s=args.warmup, seconds=args.seconds, profile=raw)
+    finally:
+        server.close()
+    print(HEADER)
+    r["pass"] = r["underruns"] == 0
+    print(row(target, r))
+    report = hotspots(raw)
+    print(report)
+    return {"run": r, "hotspots": report}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("mode", choices=["idle", "stream", "profile"])
+    p.add_argument("--targets", nargs="+", default=["gateway"], choices=list(PYTHONS))
+    p.add_argument("--sessions", type=int, default=10_000, help="idle: sessions to open")
+    p.add_argument("--ramp", type=int, nargs="+",
+                   default=[50, 100, 200, 400, 800, 1200, 1600, 2000, 2500, 3000])
+    p.add_argument("--seconds", type=float, default=15.0, help="measuring window per step")
+    p.add_argument("--warmup", type=float, default=3.0, help="after all connected")
+    p.add_argument("--jitter-ms", type=float, default=200.0)
+    p.add_argument("--clients", type=int, default=1, help="client processes")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    raise_nofile()
+    meta = {"mode": args.mode, "argv": sys.argv[1:], "cpus": os.cpu_count(),
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    result = {"idle": bench_idle, "stream": bench_stream, "profile": bench_profile}[args.mode](args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

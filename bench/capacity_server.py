@@ -1,0 +1,57 @@
+"""The gateway under capacity load: the real server, the synthetic engine at zero cost.
+
+    python bench/capacity_server.py [--port 0] [--max-lead-ms 1000]
+
+Prints ``PORT <n>`` once it is serving, then serves until SIGTERM/SIGINT. Built for
+bench/capacity.py, which runs it as its own process and reads its CPU time and RSS from
+/proc: ``Gateway(load_config(...), engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))``
+under uvloop, like ``voice-gateway serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engines.synthetic import SyntheticEngine  # noqa: E402
+from gateway.config import load_config  # noqa: E402
+from gateway.io.server import Gateway  # noqa: E402
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+async def main(args: argparse.Namespace) -> None:
+    config = load_config(server={"port": args.port, "max_sessions": args.max_sessions},
+                         session={"max_lead_ms": args.max_lead_ms})
+    gateway = Gateway(config, engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gateway.start()
+    print(f"PORT {gateway.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await gateway.aclose()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--max-lead-ms", type=int, default=1000)
+    p.add_argument("--max-sessions", type=int, default=100_000)
+    a = p.parse_args()
+    raise_nofile()
+    import uvloop
+
+    uvloop.run(main(a))
