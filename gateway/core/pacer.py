@@ -19,6 +19,8 @@ _EPSILON_MS = 1e-6  # float time arithmetic must not let one extra frame through
 @dataclass(slots=True)
 class Pacer:
     max_lead_ms: float
+    refill_ms: float = 200.0
+    """Hysteresis: the lead moves between ``max_lead_ms - refill_ms`` and ``max_lead_ms``."""
     sent_ms: float = 0.0
     play_end: float | None = None
     """When the client will have played everything sent so far (seconds, clock of ``now``)."""
@@ -32,14 +34,19 @@ class Pacer:
             return 0.0
         return max(0.0, (self.play_end - now) * 1000.0)
 
-    def may_send(self, now: float) -> bool:
-        return self.lead_ms(now) < self.max_lead_ms - _EPSILON_MS
+    def may_send(self, now: float, duration_ms: float) -> bool:
+        """May a frame of ``duration_ms`` go out now without the lead passing the limit?
+        (The first frame always may: the limit is on audio ahead of playback.)"""
+        return self.lead_ms(now) + duration_ms <= self.max_lead_ms + _EPSILON_MS
 
     def wake_at(self) -> float | None:
-        """Earliest time ``may_send`` becomes true again (None: it already is or never was)."""
+        """When to release frames again: once the lead has dropped by ``refill_ms``, so one
+        wake-up sends several frames instead of one timer per frame (None: no audio sent
+        yet, frames go out as they come)."""
         if self.play_end is None:
             return None
-        return self.play_end - self.max_lead_ms / 1000.0
+        refill = min(self.refill_ms, self.max_lead_ms / 2)
+        return self.play_end - (self.max_lead_ms - refill) / 1000.0
 
     def sent(self, duration_ms: float, now: float) -> None:
         if self.play_end is not None and self.play_end < now and self.sent_ms > 0:

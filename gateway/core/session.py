@@ -462,9 +462,9 @@ class Session:
                 # synthesized, nothing left: the segment ends without another frame
                 effects += self._finish_segment(turn, seg)
                 continue
-            if not turn.pacer.may_send(now):
-                return effects
             take = min(frame_bytes, len(seg.pending))
+            if not turn.pacer.may_send(now, take / BYTES_PER_MS):
+                return effects
             payload = bytes(seg.pending[:take])
             del seg.pending[:take]
             closing = seg.synthesized and not seg.pending

@@ -193,12 +193,13 @@ class SessionRunner:
         await self._outbox_ready.wait()
 
     def _rearm_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        wake = None if self.closed else self.session.wake_at()
+        timer = self._timer
+        if timer is not None:
+            if wake is not None and timer.when() == wake:
+                return  # already armed for that moment: most inputs do not move it
+            timer.cancel()
             self._timer = None
-        if self.closed:
-            return
-        wake = self.session.wake_at()
         if wake is not None:
             self._timer = self.loop.call_at(wake, self._tick)
 
