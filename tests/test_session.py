@@ -284,3 +284,15 @@ def test_history_is_bounded(clock):
         tid = start(s, clock, f"question {i}")
         s.llm_done(tid, None, clock())
     assert [m["content"] for m in s.history] == ["question 3", "…", "question 4", "…"]
+
+
+def test_deadline_counts_audio_held_back_by_pacing(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=200))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    assert s.deadline(tid, clock()) == clock()  # first audio: due now
+    s.audio(tid, 0, pcm(1000), "x", clock())
+    # 200 ms sent (the lead), 800 ms held: the listener is covered for a whole second,
+    # so just-in-time scheduling can let other work take the lane until then
+    assert s.deadline(tid, clock()) == pytest.approx(clock() + 1.0)
+    assert s.deadline(tid + 1, clock()) is None

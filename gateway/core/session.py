@@ -366,9 +366,14 @@ class Session:
         return turn.pacer.wake_at()
 
     def deadline(self, turn_id: int, now: float) -> float | None:
-        """When the listener of ``turn_id`` runs out of audio (None: turn not active)."""
+        """When the listener of ``turn_id`` runs out of audio, counting the audio sent and
+        the audio made but not yet sent (None: turn not active). The next chunk of the
+        turn's synthesis is due then."""
         turn = self._active(turn_id)
-        return None if turn is None else turn.pacer.deadline(now)
+        if turn is None:
+            return None
+        held = sum(len(seg.pending) for seg in turn.segments[turn.current:])
+        return turn.pacer.deadline(now) + held / BYTES_PER_MS / 1000.0
 
     def lead_ms(self, turn_id: int, now: float) -> float | None:
         turn = self._active(turn_id)

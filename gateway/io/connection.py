@@ -126,6 +126,9 @@ class SessionRunner:
                 return
             self._turn_times.append(now)
         self._apply(self.session.receive(message, now))
+        if isinstance(message, codec.ClientPlayback):
+            # a mark may move the listener's deadline earlier: tell the scheduler
+            self.gateway.lane.touch((self.session.id, message.turn_id))
 
     def protocol_error(self, error: ProtocolError, now: float) -> None:
         self.gateway.metrics.errors[error.code] += 1

@@ -101,6 +101,12 @@ class Lane:
         self._wake.set()
         return job
 
+    def touch(self, owner: Hashable) -> None:
+        """``owner``'s deadline may have moved earlier (a playback mark): re-rank it and
+        wake the lane if it was waiting for a just-in-time job."""
+        self.scheduler.touch(owner)
+        self._wake.set()
+
     def cancel(self, owner: Hashable) -> int:
         """Drop ``owner``'s jobs. Queued ones go now; a running step finishes, then stops."""
         jobs = self.scheduler.cancel(owner)

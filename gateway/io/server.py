@@ -86,7 +86,9 @@ class Gateway:
         self.config = config
         self.engine = engine or create_engine(config.tts.engine, **config.tts.engine_options())
         self.llm = llm or self._make_llm()
-        self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline)
+        # just in time: a turn more than max_lead ahead of its listener yields the lane
+        self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline,
+                         max_lead=config.session.max_lead_ms / 1000.0)
         self.metrics = Metrics()
         self.telemetry = Telemetry(self)
         s = config.server
