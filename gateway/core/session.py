@@ -187,6 +187,7 @@ class Turn:
     tokens_per_s: float | None = None
     engines: list[str] = field(default_factory=list)
     last_frame_turn_end: bool = False
+    held_bytes: int = 0  # audio received from engines and not yet sent, all segments
 
 
 class Session:
@@ -327,6 +328,7 @@ class Session:
         if engine not in turn.engines:
             turn.engines.append(engine)
         seg.pending += pcm
+        turn.held_bytes += len(pcm)
         return self._pump(turn, now) if index == turn.current else []
 
     def synthesis_done(self, turn_id: int, index: int, now: float) -> list[Effect]:
@@ -372,8 +374,7 @@ class Session:
         turn = self._active(turn_id)
         if turn is None:
             return None
-        held = sum(len(seg.pending) for seg in turn.segments[turn.current:])
-        return turn.pacer.deadline(now) + held / BYTES_PER_MS / 1000.0
+        return turn.pacer.deadline(now) + turn.held_bytes / BYTES_PER_MS / 1000.0
 
     def lead_ms(self, turn_id: int, now: float) -> float | None:
         turn = self._active(turn_id)
@@ -472,6 +473,7 @@ class Session:
                 return effects
             payload = bytes(seg.pending[:take])
             del seg.pending[:take]
+            turn.held_bytes -= take
             closing = seg.synthesized and not seg.pending
             flags = 0
             if closing:
@@ -541,6 +543,7 @@ class Session:
             self._remember(turn, status)
         for seg in turn.segments:
             seg.pending.clear()
+        turn.held_bytes = 0
         effects.append(SendEvent({"type": "turn.done", "turn_id": turn.id, "status": status,
                                   "metrics": self._metrics(turn, now)}))
         return effects
