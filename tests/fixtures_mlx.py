@@ -1,0 +1,55 @@
+"""Pytest fixtures for the MLX engines: tiny Qwen3-TTS models built once per test session.
+
+Register with ``pytest_plugins = ["tests.fixtures_mlx"]`` in the root ``tests/conftest.py``.
+Each fixture skips (with the reason) when mlx-audio is not installed, so the plain test
+suite runs without the ``mlx`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+def _require_mlx_audio() -> None:
+    pytest.importorskip("mlx.core", reason="needs the mlx extra (mlx[cpu] on Linux)")
+    pytest.importorskip("mlx_audio", reason="needs the mlx extra (mlx-audio)")
+
+
+@pytest.fixture(scope="session")
+def offline_hf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty, existing HF cache with the hub switched off, so nothing can be fetched."""
+    cache = tmp_path_factory.mktemp("hf-cache")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_HUB_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_custom_voice(
+    tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path
+) -> Path:
+    """Directory of a tiny ``custom_voice`` Qwen3-TTS model (speakers ``aria``, ``bram``)."""
+    _require_mlx_audio()
+    from tests.tiny_models.qwen3 import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("qwen3-cv"), "custom_voice")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_base(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path) -> Path:
+    """Directory of a tiny ``base`` Qwen3-TTS model with a speaker encoder (x-vector clone)."""
+    _require_mlx_audio()
+    from tests.tiny_models.qwen3 import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("qwen3-base"), "base")
+
+
+@pytest.fixture(scope="session")
+def reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1.5 s, 24 kHz, 16-bit mono reference WAV (a gliding tone plus noise)."""
+    from tests.tiny_models.qwen3 import write_reference_wav
+
+    return write_reference_wav(tmp_path_factory.mktemp("ref") / "ref.wav")
