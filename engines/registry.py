@@ -44,6 +44,8 @@ def create_llm(name: str, **options: Any) -> LlmBackend:
     try:
         target = LLM_BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown LLM backend {name!r}; known: {', '.join(LLM_BACKENDS)}") from None
+        raise ValueError(
+            f"unknown LLM backend {name!r}; known: {', '.join(LLM_BACKENDS)}"
+        ) from None
     backend: LlmBackend = _import(target)(**options)
     return backend

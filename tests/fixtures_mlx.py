@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Before anything imports huggingface_hub (it reads these at import time).
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 
 def _require_mlx_audio() -> None:
     pytest.importorskip("mlx.core", reason="needs the mlx extra (mlx[cpu] on Linux)")
@@ -24,6 +27,13 @@ def offline_hf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("hf-cache")
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HUB_CACHE"] = str(cache)
+    try:  # already imported by an earlier test: update its import-time constants too
+        import huggingface_hub.constants as hf_constants
+
+        hf_constants.HF_HUB_CACHE = str(cache)
+        hf_constants.HF_HUB_OFFLINE = True
+    except ImportError:
+        pass
     return cache
 
 
@@ -53,3 +63,21 @@ def reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_models.qwen3 import write_reference_wav
 
     return write_reference_wav(tmp_path_factory.mktemp("ref") / "ref.wav")
+
+
+@pytest.fixture(scope="session")
+def tiny_chatterbox(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path) -> Path:
+    """Directory of a tiny Chatterbox (1-layer T3), with S3TokenizerV2 seeded in the HF cache.
+
+    Registers the tiny T3 size in mlx-audio's ``LLAMA_CONFIGS`` for this process.
+    """
+    _require_mlx_audio()
+    from tests.tiny_models.chatterbox import (
+        build_tiny_chatterbox,
+        register_tiny_llama,
+        seed_s3_tokenizer_cache,
+    )
+
+    register_tiny_llama()
+    seed_s3_tokenizer_cache(offline_hf_cache)
+    return build_tiny_chatterbox(tmp_path_factory.mktemp("chatterbox"))
