@@ -1,0 +1,328 @@
+"""espeak-ng, the offline default voice: libespeak-ng from the ``espeakng-loader`` wheel.
+
+The library is driven with ctypes in synchronous mode: ``espeak_Synth`` runs on the calling
+thread and hands 22,050 Hz int16 audio to a callback every ``buffer_ms``; the callback
+returns 1 to abort (espeak stops within about a millisecond). The audio is resampled to
+24 kHz with one streaming ``soxr.ResampleStream`` per synthesis, so chunk boundaries carry
+no clicks.
+
+libespeak-ng keeps global state and is **not thread-safe** (two threads crashed the process
+in tests). The gateway calls one engine from one lane thread only; this module guards that
+anyway with one process-wide lock around every library call, and initialises the library
+once per process (it is never terminated: another engine instance may still use it).
+
+Streaming: espeak is about 700x faster than real time, so the first ``step()`` synthesises
+the whole segment (a sentence takes ~4 ms) and every step hands out ``step_ms`` of it. The
+synthesis checks the stream's ``closed`` flag at every buffer, so a ``close()`` from another
+thread aborts a long synthesis within one buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest
+
+ESPEAK_RATE = 22_050
+"""What libespeak-ng produces, in Hz."""
+DEFAULT_VOICE = "en-us"
+DEFAULT_STEP_MS = 200
+BUFFER_MS = 50
+RATE_NORMAL = 175
+"""espeak's default speaking rate, words per minute; ``speed=1.0`` maps to it."""
+RATE_MIN, RATE_MAX = 80, 450
+
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_ENDPAUSE = 0x1000
+_RATE = 1  # espeak_PARAMETER espeakRATE
+_EE_OK = 0
+
+
+class _Voice(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("languages", ctypes.c_void_p),  # (priority byte, NUL-terminated name)*, then 0
+        ("identifier", ctypes.c_char_p),
+        ("gender", ctypes.c_ubyte),
+        ("age", ctypes.c_ubyte),
+        ("variant", ctypes.c_ubyte),
+        ("xx1", ctypes.c_ubyte),
+        ("score", ctypes.c_int),
+        ("spare", ctypes.c_void_p),
+    ]
+
+
+_SynthCallback = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
+
+
+class _Library:
+    """libespeak-ng, initialised once per process; every call made under ``lock``."""
+
+    lock = threading.Lock()
+    _instance: _Library | None = None
+
+    def __init__(self) -> None:
+        import espeakng_loader
+
+        data_path = espeakng_loader.get_data_path()
+        lib = ctypes.CDLL(espeakng_loader.get_library_path())
+        lib.espeak_Initialize.restype = ctypes.c_int
+        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.espeak_SetSynthCallback.restype = None
+        lib.espeak_SetSynthCallback.argtypes = [_SynthCallback]
+        lib.espeak_SetVoiceByName.restype = ctypes.c_int
+        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_SetParameter.restype = ctypes.c_int
+        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
+        lib.espeak_ListVoices.argtypes = [ctypes.c_void_p]
+        lib.espeak_Synth.restype = ctypes.c_int
+        lib.espeak_Synth.argtypes = [
+            ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
+            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+        ]
+        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, BUFFER_MS, data_path.encode(), 0)
+        if rate != ESPEAK_RATE:
+            raise EngineError("engine_failed", f"espeak_Initialize returned {rate}")
+        self.lib = lib
+        # One callback for the process, kept alive here; it forwards to the current sink.
+        self.sink: _Synthesis | None = None
+        self._callback = _SynthCallback(self._on_audio)
+        lib.espeak_SetSynthCallback(self._callback)
+        self.voices = self._list_voices()
+        self.variants = frozenset(
+            p.name for p in (Path(data_path) / "voices" / "!v").iterdir() if p.is_file()
+        )
+
+    @classmethod
+    def get(cls) -> _Library:
+        """The process's library (call with ``lock`` held)."""
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def _on_audio(self, wav: ctypes.Array[ctypes.c_short] | None, n: int, events: int) -> int:
+        sink = self.sink
+        if sink is None:
+            return 1
+        try:
+            return sink.accept(np.ctypeslib.as_array(wav, (n,)).copy() if n > 0 and wav else None)
+        except BaseException as exc:  # noqa: BLE001 - never unwind through C; re-raised later
+            sink.error = exc
+            return 1
+
+    def _list_voices(self) -> dict[str, str]:
+        """Usable voice name → espeak identifier: file names (``en-us``) and languages
+        (``en-gb``), lower case; the first voice claiming a name wins."""
+        names: dict[str, str] = {}
+        entries = self.lib.espeak_ListVoices(None)
+        i = 0
+        while entries[i]:
+            v = entries[i].contents
+            ident = v.identifier.decode()
+            candidates = [os.path.basename(ident).lower()]
+            p = v.languages
+            while ctypes.c_ubyte.from_address(p).value:
+                lang = ctypes.string_at(p + 1)
+                candidates.append(lang.decode().lower())
+                p += len(lang) + 2
+            for c in candidates[:2]:  # file name and primary language; not bare "en" aliases
+                names.setdefault(c, ident)
+            i += 1
+        return names
+
+
+class _Synthesis:
+    """The callback's sink for one ``espeak_Synth`` call: resamples into ``out``."""
+
+    def __init__(self, stream: EspeakStream) -> None:
+        self.stream = stream
+        self.resampler = soxr.ResampleStream(ESPEAK_RATE, OUTPUT_RATE, 1, dtype="int16")
+        self.error: BaseException | None = None
+        self.calls = 0
+
+    def accept(self, samples: np.ndarray | None) -> int:
+        self.calls += 1
+        if self.stream.closed:
+            return 1
+        if samples is not None and len(samples):
+            self.stream._push(self.resampler.resample_chunk(samples))
+        return 0
+
+    def flush(self) -> None:
+        self.stream._push(self.resampler.resample_chunk(np.zeros(0, np.int16), last=True))
+
+
+class EspeakEngine:
+    """libespeak-ng on the cpu lane; reads digits itself; ~700x faster than real time."""
+
+    name = "espeak"
+    lane: Lane = "cpu"
+    streams = True
+    reads_digits = True
+
+    def __init__(self, *, voice: str = DEFAULT_VOICE, step_ms: int = DEFAULT_STEP_MS) -> None:
+        if step_ms <= 0:
+            raise ValueError("step_ms must be > 0")
+        self.default_voice = voice
+        self.step_samples = round(step_ms / 1000 * OUTPUT_RATE)
+        self._lib: _Library | None = None
+        self._closed = False
+        self._streams: set[EspeakStream] = set()
+        self._streams_lock = threading.Lock()
+
+    def voices(self) -> list[str]:
+        with _Library.lock:
+            return sorted(_Library.get().voices)
+
+    def load(self) -> None:
+        if self._closed:
+            raise EngineError("engine_closed", "espeak engine is closed")
+        with _Library.lock:
+            try:
+                self._lib = _Library.get()
+            except OSError as exc:
+                raise EngineError("engine_failed", f"cannot load libespeak-ng: {exc}") from exc
+        self._resolve(self.default_voice)  # a bad default voice fails at load, not mid-turn
+        warm = self.open(SynthesisRequest(text="ok"))
+        try:
+            while warm.step() is not None:
+                pass
+        finally:
+            warm.close()
+
+    def open(self, request: SynthesisRequest) -> EspeakStream:
+        if self._closed:
+            raise EngineError("engine_closed", "espeak engine is closed")
+        if self._lib is None:
+            self.load()
+        voice = self._resolve(request.voice or self.default_voice)
+        if not request.speed > 0:
+            raise EngineError("bad_request", f"speed must be > 0, got {request.speed}")
+        rate = min(RATE_MAX, max(RATE_MIN, round(RATE_NORMAL * request.speed)))
+        stream = EspeakStream(self, request.text, voice, rate)
+        with self._streams_lock:
+            self._streams.add(stream)
+        return stream
+
+    def close(self) -> None:
+        self._closed = True
+        with self._streams_lock:
+            streams, self._streams = list(self._streams), set()
+        for s in streams:
+            s.close()
+
+    def _resolve(self, voice: str) -> bytes:
+        """``en-us`` or ``en-gb+f3`` → the identifier string espeak_SetVoiceByName wants."""
+        base, plus, variant = voice.lower().partition("+")
+        lib = self._lib or _Library.get()
+        ident = lib.voices.get(base)
+        if ident is None or (plus and variant not in {v.lower() for v in lib.variants}):
+            raise EngineError("unknown_voice", f"espeak has no voice {voice!r}")
+        if plus:
+            variant = next(v for v in lib.variants if v.lower() == variant)
+        return f"{ident}+{variant}".encode() if plus else ident.encode()
+
+    def _forget(self, stream: EspeakStream) -> None:
+        with self._streams_lock:
+            self._streams.discard(stream)
+
+
+class EspeakStream:
+    """One espeak synthesis: synthesised on the first step, handed out ``step_ms`` at a time."""
+
+    def __init__(self, engine: EspeakEngine, text: str, voice: bytes, rate: int) -> None:
+        self._engine = engine
+        self._text = text
+        self._voice = voice
+        self._rate = rate
+        self._pending: deque[np.ndarray] = deque()
+        self._pending_len = 0
+        self._lock = threading.Lock()
+        self._synthesised = False
+        self.closed = False
+        self.callbacks = 0
+        """How many audio buffers espeak delivered (for tests of the abort path)."""
+
+    def step(self) -> bytes | None:
+        if self.closed:
+            return None
+        if not self._synthesised:
+            self._synthesise()
+            self._synthesised = True
+        with self._lock:
+            if self.closed or not self._pending_len:
+                self._release()
+                return None
+            return self._take(self._engine.step_samples)
+
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            self._pending.clear()
+            self._pending_len = 0
+        self._release()
+
+    def _release(self) -> None:
+        self.closed = True
+        self._engine._forget(self)
+
+    def _push(self, samples: np.ndarray) -> None:
+        if len(samples):
+            with self._lock:
+                if not self.closed:
+                    self._pending.append(samples)
+                    self._pending_len += len(samples)
+
+    def _take(self, n: int) -> bytes:
+        parts: list[np.ndarray] = []
+        while n > 0 and self._pending:
+            head = self._pending.popleft()
+            if len(head) > n:
+                self._pending.appendleft(head[n:])
+                head = head[:n]
+            parts.append(head)
+            n -= len(head)
+            self._pending_len -= len(head)
+        return np.concatenate(parts).astype("<i2").tobytes()
+
+    def _synthesise(self) -> None:
+        text = self._text.encode("utf-8", "replace")
+        if not text.strip():
+            return
+        sink = _Synthesis(self)
+        with _Library.lock:
+            lib = _Library.get()
+            if lib.lib.espeak_SetVoiceByName(self._voice) != _EE_OK:
+                raise EngineError("unknown_voice", f"espeak refused voice {self._voice!r}")
+            lib.lib.espeak_SetParameter(_RATE, self._rate, 0)
+            lib.sink = sink
+            try:
+                err = lib.lib.espeak_Synth(
+                    text, len(text) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE,
+                    None, None,
+                )
+            finally:
+                lib.sink = None
+        self.callbacks = sink.calls
+        if sink.error is not None:
+            raise EngineError("engine_failed", f"espeak callback failed: {sink.error}") from (
+                sink.error
+            )
+        if self.closed:
+            return
+        # espeak_Synth reports EE_INTERNAL_ERROR after an abort; only a real failure counts.
+        if err != _EE_OK:
+            raise EngineError("engine_failed", f"espeak_Synth returned {err}")
+        sink.flush()

@@ -1,0 +1,173 @@
+"""A TTS engine with calibrated timing and no model, for load tests and scheduler experiments.
+
+**It is not a voice.** It speaks no words: it returns a deterministic buzzing tone shaped
+into syllable-like bursts, as long as the text would take to say, and it *occupies its
+worker thread* for as long as the modelled engine would. That makes a lane full of
+synthetic sessions behave, for the scheduler and the pacer, like a lane full of Qwen3-TTS
+sessions, on a machine without the model.
+
+Timing model (defaults: Qwen3-TTS 0.6B bf16 on an idle M5 Max, from
+``shared/data/calibration.json`` → ``tts.qwen3_0.6b_bf16.idle``):
+
+* audio length = ``len(text) / chars_per_second / speed`` seconds, with
+  ``chars_per_second = 14`` (about 150 words per minute of English prose), at least one
+  syllable (0.25 s) for any non-blank text;
+* step 1 returns the first ``step_ms`` of audio and costs ``ttfa_ms``;
+* every later step returns the next ``step_ms`` of audio and costs ``rtf * step_ms``
+  (pro rata for the shorter last chunk);
+* ``streams=False`` models a non-streaming engine (Chatterbox): one step returns the whole
+  segment and costs ``ttfa_ms + rtf * duration``.
+
+The cost is spent by calling ``sleep`` (``time.sleep`` by default) on the calling thread, the
+lane worker, exactly where a real model would compute; tests inject a fake ``sleep`` to
+check the model without waiting. ``rtf=0`` and ``ttfa_ms=0`` make every step free.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+
+from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest
+
+DEFAULT_RTF = 0.44
+DEFAULT_TTFA_MS = 107.0
+DEFAULT_STEP_MS = 320.0
+CHARS_PER_SECOND = 14.0
+SYLLABLE_S = 0.25
+VOICES: dict[str, float] = {"low": 110.0, "mid": 150.0, "high": 220.0}
+"""Voice name → fundamental frequency in Hz."""
+DEFAULT_VOICE = "mid"
+_LANES = ("gpu", "ane", "cpu", "remote")
+
+
+class SyntheticEngine:
+    """Calibrated timing, tone output, no model. Not a voice; see the module docstring."""
+
+    name = "synthetic"
+    reads_digits = True
+
+    def __init__(
+        self,
+        *,
+        rtf: float = DEFAULT_RTF,
+        ttfa_ms: float = DEFAULT_TTFA_MS,
+        step_ms: float = DEFAULT_STEP_MS,
+        lane: Lane = "gpu",
+        streams: bool = True,
+        chars_per_second: float = CHARS_PER_SECOND,
+        voice: str = DEFAULT_VOICE,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rtf < 0 or ttfa_ms < 0:
+            raise ValueError("rtf and ttfa_ms must be >= 0")
+        if step_ms <= 0 or chars_per_second <= 0:
+            raise ValueError("step_ms and chars_per_second must be > 0")
+        if lane not in _LANES:
+            raise ValueError(f"lane must be one of {_LANES}, not {lane!r}")
+        if voice not in VOICES:
+            raise ValueError(f"unknown synthetic voice {voice!r}; known: {', '.join(VOICES)}")
+        self.rtf = float(rtf)
+        self.ttfa_ms = float(ttfa_ms)
+        self.step_ms = float(step_ms)
+        self.lane: Lane = lane
+        self.streams = bool(streams)
+        self.chars_per_second = float(chars_per_second)
+        self.default_voice = voice
+        self._sleep = sleep
+        self._closed = False
+        self._lock = threading.Lock()
+        self._streams: set[SyntheticStream] = set()
+
+    def voices(self) -> list[str]:
+        return list(VOICES)
+
+    def load(self) -> None:
+        if self._closed:
+            raise EngineError("engine_closed", "synthetic engine is closed")
+
+    def open(self, request: SynthesisRequest) -> SyntheticStream:
+        if self._closed:
+            raise EngineError("engine_closed", "synthetic engine is closed")
+        voice = request.voice or self.default_voice
+        if voice not in VOICES:
+            raise EngineError("unknown_voice", f"synthetic voice {voice!r} does not exist")
+        if not request.speed > 0:
+            raise EngineError("bad_request", f"speed must be > 0, got {request.speed}")
+        stream = SyntheticStream(self, request.text, VOICES[voice], request.speed)
+        with self._lock:
+            self._streams.add(stream)
+        return stream
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            streams, self._streams = list(self._streams), set()
+        for s in streams:
+            s.close()
+
+    def audio_seconds(self, text: str, speed: float = 1.0) -> float:
+        """How long the synthetic speech for ``text`` lasts (the model, for callers' sums)."""
+        if not text.strip():
+            return 0.0
+        return max(SYLLABLE_S, len(text.strip()) / self.chars_per_second) / speed
+
+    def _forget(self, stream: SyntheticStream) -> None:
+        with self._lock:
+            self._streams.discard(stream)
+
+
+class SyntheticStream:
+    """One synthetic synthesis; the tone is a function of the absolute sample index."""
+
+    def __init__(self, engine: SyntheticEngine, text: str, f0: float, speed: float) -> None:
+        self._engine = engine
+        self._total = round(engine.audio_seconds(text, speed) * OUTPUT_RATE)
+        self._pos = 0
+        self._steps = 0
+        self._closed = False
+        self._f0 = f0 * (1.0 + (zlib.crc32(text.encode()) % 17 - 8) / 100.0)  # per-text pitch
+        self._syllable = SYLLABLE_S / speed
+
+    def step(self) -> bytes | None:
+        if self._closed or self._pos >= self._total:
+            self._finish()
+            return None
+        eng = self._engine
+        if eng.streams:
+            n = min(self._total - self._pos, round(eng.step_ms / 1000 * OUTPUT_RATE))
+            cost = eng.ttfa_ms / 1000 if self._steps == 0 else eng.rtf * n / OUTPUT_RATE
+        else:
+            n = self._total - self._pos
+            cost = eng.ttfa_ms / 1000 + eng.rtf * n / OUTPUT_RATE
+        if cost > 0:
+            eng._sleep(cost)
+        if self._closed:  # closed from another thread while the "model" was busy
+            return None
+        chunk = self._render(self._pos, n)
+        self._pos += n
+        self._steps += 1
+        return chunk
+
+    def close(self) -> None:
+        self._closed = True
+        self._finish()
+
+    def _finish(self) -> None:
+        self._engine._forget(self)
+
+    def _render(self, start: int, n: int) -> bytes:
+        t = (start + np.arange(n)) / OUTPUT_RATE
+        # A gently gliding fundamental with three harmonics, voiced in syllable-like bursts.
+        # Instantaneous frequency f0 * (1 + 0.04 sin(2 pi 0.7 t)), integrated in closed form.
+        phase = 2 * math.pi * self._f0 * (t + 0.04 / (2 * math.pi * 0.7) * (1 - np.cos(
+            2 * math.pi * 0.7 * t)))
+        tone = (np.sin(phase) + 0.5 * np.sin(2 * phase) + 0.25 * np.sin(3 * phase)) / 1.75
+        envelope = np.sin(math.pi * ((t / self._syllable) % 1.0)) ** 2
+        return (tone * envelope * 0.3 * 32767).astype("<i2").tobytes()
+

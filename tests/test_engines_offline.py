@@ -1,0 +1,244 @@
+"""The offline engines (espeak, synthetic) against the shared conformance suite, plus checks
+specific to each engine."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from engines.base import OUTPUT_RATE, EngineError, SynthesisRequest
+from engines.synthetic import SyntheticEngine
+from tests.conformance import check_engine
+
+# --- synthetic ------------------------------------------------------------------------------
+
+
+class FakeSleep:
+    """Test double for ``time.sleep``: records the modelled cost of each step, waits for nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+
+def test_synthetic_free_conforms() -> None:
+    check_engine(lambda: SyntheticEngine(rtf=0, ttfa_ms=0))
+
+
+def test_synthetic_timed_conforms() -> None:
+    check_engine(lambda: SyntheticEngine(rtf=0.01, ttfa_ms=2, step_ms=320))
+
+
+def test_synthetic_non_streaming_conforms() -> None:
+    report = check_engine(lambda: SyntheticEngine(rtf=0, ttfa_ms=0, streams=False))
+    assert len(report.full.chunks) == 1
+
+
+def _run(stream) -> list[bytes]:
+    chunks = []
+    while (chunk := stream.step()) is not None:
+        chunks.append(chunk)
+    return chunks
+
+
+def test_synthetic_timing_model_first_step_ttfa_then_rtf() -> None:
+    sleep = FakeSleep()
+    engine = SyntheticEngine(rtf=0.5, ttfa_ms=100, step_ms=320, sleep=sleep)
+    engine.load()
+    text = "x" * 28  # 28 chars at 14 chars/s = 2.0 s of audio
+    chunks = _run(engine.open(SynthesisRequest(text=text)))
+    sizes = [len(c) // 2 for c in chunks]
+    assert sum(sizes) == 2 * OUTPUT_RATE
+    assert sizes[:-1] == [7680] * (len(sizes) - 1)  # 320 ms per step
+    assert len(sleep.calls) == len(chunks)
+    assert sleep.calls[0] == pytest.approx(0.100)
+    assert sleep.calls[1:-1] == [pytest.approx(0.5 * 0.320)] * (len(chunks) - 2)
+    assert sleep.calls[-1] == pytest.approx(0.5 * sizes[-1] / OUTPUT_RATE)  # pro rata
+
+
+def test_synthetic_non_streaming_costs_ttfa_plus_whole_segment() -> None:
+    sleep = FakeSleep()
+    engine = SyntheticEngine(rtf=0.97, ttfa_ms=216, streams=False, sleep=sleep)
+    chunks = _run(engine.open(SynthesisRequest(text="y" * 42)))  # 3.0 s
+    assert [len(c) // 2 for c in chunks] == [3 * OUTPUT_RATE]
+    assert sleep.calls == [pytest.approx(0.216 + 0.97 * 3.0)]
+
+
+def test_synthetic_free_engine_never_sleeps_and_speed_shortens_audio() -> None:
+    sleep = FakeSleep()
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0, sleep=sleep)
+    normal = b"".join(_run(engine.open(SynthesisRequest(text="z" * 28))))
+    fast = b"".join(_run(engine.open(SynthesisRequest(text="z" * 28, speed=2.0))))
+    assert sleep.calls == []
+    assert len(normal) // 2 == 2 * OUTPUT_RATE
+    assert len(fast) // 2 == OUTPUT_RATE
+
+
+def test_synthetic_defaults_come_from_calibration() -> None:
+    import json
+    from pathlib import Path
+
+    cal = Path("/work/shared/data/calibration.json")
+    if not cal.exists():
+        pytest.skip("calibration.json not on this machine")
+    idle = json.loads(cal.read_text())["tts"]["qwen3_0.6b_bf16"]["idle"]
+    engine = SyntheticEngine()
+    assert (engine.rtf, engine.ttfa_ms, engine.step_ms) == (idle["rtf"], idle["ttfa_ms"], 320)
+
+
+def test_synthetic_is_deterministic_and_continuous_across_steps() -> None:
+    a = SyntheticEngine(rtf=0, ttfa_ms=0, step_ms=50)
+    b = SyntheticEngine(rtf=0, ttfa_ms=0, step_ms=320)
+    text = "Deterministic audio, whatever the step size."
+    pcm_a = b"".join(_run(a.open(SynthesisRequest(text=text))))
+    pcm_b = b"".join(_run(b.open(SynthesisRequest(text=text))))
+    assert pcm_a == pcm_b  # same signal however it is cut: no seams at chunk boundaries
+    other = b"".join(_run(a.open(SynthesisRequest(text=text, voice="low"))))
+    assert other != pcm_a
+
+
+def test_synthetic_close_from_another_thread_during_a_step_drops_the_chunk() -> None:
+    engine = SyntheticEngine(rtf=0, ttfa_ms=50)
+    stream = engine.open(SynthesisRequest(text="Closed while the model works."))
+
+    def sleep_and_get_closed(seconds: float) -> None:
+        stream.close()  # what the gateway's canceller does while the lane thread is busy
+
+    engine._sleep = sleep_and_get_closed
+    assert stream.step() is None
+    assert stream.step() is None
+
+
+def test_synthetic_rejects_bad_options() -> None:
+    with pytest.raises(ValueError):
+        SyntheticEngine(lane="tpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        SyntheticEngine(step_ms=0)
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0)
+    with pytest.raises(EngineError) as err:
+        engine.open(SynthesisRequest(text="hi", speed=0))
+    assert err.value.code == "bad_request"
+
+
+# --- espeak ---------------------------------------------------------------------------------
+
+espeak = pytest.importorskip("engines.espeak")
+
+
+def test_espeak_conforms() -> None:
+    report = check_engine(lambda: espeak.EspeakEngine())
+    assert report.engine_name == "espeak"
+
+
+def test_espeak_conforms_with_another_voice_and_speed() -> None:
+    check_engine(
+        lambda: espeak.EspeakEngine(voice="en-gb", step_ms=100),
+        request=SynthesisRequest(text="Good evening. It is 9:30 p.m. on the 3rd.", speed=1.3),
+    )
+
+
+def test_espeak_voices_include_english_variants_and_others() -> None:
+    engine = espeak.EspeakEngine()
+    voices = engine.voices()
+    assert {"en-us", "en-gb", "fr", "de", "es"} <= set(voices)
+    engine.load()
+    for voice in ("en-gb", "fr", "en-us+f3"):
+        assert _run(engine.open(SynthesisRequest(text="Bonjour hello", voice=voice)))
+    for bad in ("klingon", "en-us+nosuchvariant", ""):
+        with pytest.raises(EngineError) as err:
+            engine.open(SynthesisRequest(text="hi", voice=bad or "+"))
+        assert err.value.code == "unknown_voice"
+
+
+def test_espeak_resamples_to_24k_seamlessly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import soxr
+
+    fed: list[np.ndarray] = []
+
+    class RecordingResampleStream(soxr.ResampleStream):
+        """Test double around soxr's stream: records the 22,050 Hz input, then delegates."""
+
+        def resample_chunk(self, x: np.ndarray, last: bool = False) -> np.ndarray:
+            fed.append(np.array(x, copy=True))
+            return super().resample_chunk(x, last)
+
+    monkeypatch.setattr(espeak.soxr, "ResampleStream", RecordingResampleStream)
+    text = "Resampling must not click at the seams between chunks."
+    engine = espeak.EspeakEngine(step_ms=20)  # many small steps: many seams
+    engine.load()
+    fed.clear()  # forget the warm-up
+    out = np.frombuffer(b"".join(_run(engine.open(SynthesisRequest(text=text)))), "<i2")
+    raw = np.concatenate(fed)
+    assert len(fed) > 10  # espeak delivered many buffers, each resampled as it came
+    # Length follows the rate change 22,050 -> 24,000 (the resampler's delay is flushed).
+    assert abs(len(out) - len(raw) * OUTPUT_RATE / espeak.ESPEAK_RATE) <= 1
+    # Same signal as resampling the whole utterance at once: nothing added at the seams.
+    whole = soxr.resample(raw, espeak.ESPEAK_RATE, OUTPUT_RATE)
+    assert len(whole) == len(out)
+    # (a seam click would be hundreds of LSB; int16 rounding inside soxr gives a couple)
+    assert np.max(np.abs(out.astype(np.int32) - whole.astype(np.int32))) <= 4
+
+
+def test_espeak_close_aborts_synthesis_within_one_buffer() -> None:
+    engine = espeak.EspeakEngine()
+    engine.load()
+    text = "This sentence is long enough to need many buffers of audio. " * 20
+    full = engine.open(SynthesisRequest(text=text))
+    _run(full)
+    assert full.callbacks > 50
+
+    stream = engine.open(SynthesisRequest(text=text))
+    real_push = stream._push
+    pushes = 0
+
+    def push_then_close(samples: np.ndarray) -> None:
+        nonlocal pushes
+        pushes += 1
+        real_push(samples)
+        if pushes == 3:
+            stream.close()  # as if the canceller closed it from another thread mid-synthesis
+
+    stream._push = push_then_close
+    assert stream.step() is None
+    assert stream.callbacks <= 5  # espeak stopped at the next buffer, not at the end
+    assert stream.step() is None
+
+
+def test_espeak_speed_changes_duration() -> None:
+    engine = espeak.EspeakEngine()
+    engine.load()
+    text = "Speed maps onto the espeak rate in words per minute."
+    slow = len(b"".join(_run(engine.open(SynthesisRequest(text=text, speed=0.75)))))
+    fast = len(b"".join(_run(engine.open(SynthesisRequest(text=text, speed=1.5)))))
+    assert fast < slow * 0.7
+
+
+def test_espeak_two_engines_on_two_threads_do_not_crash_the_process() -> None:
+    """The library is not thread-safe; the process-wide lock must serialise two lanes."""
+    results: dict[str, list[int]] = {"en-us": [], "en-gb": []}
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def lane(voice: str) -> None:
+        try:
+            engine = espeak.EspeakEngine(voice=voice, step_ms=50)
+            engine.load()
+            start.wait()
+            for i in range(5):
+                pcm = b"".join(_run(engine.open(SynthesisRequest(text=f"Lane {voice} turn {i}."))))
+                results[voice].append(len(pcm))
+            engine.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=lane, args=(v,)) for v in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert all(len(r) == 5 and min(r) > 0 for r in results.values())
