@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ class ChatterboxEngine:
         self._model: Any = None
         self._conds: Any = None
         self._guard = LaneThreadGuard()
+        self._streams: weakref.WeakSet[ChatterboxStream] = weakref.WeakSet()
 
     def voices(self) -> list[str]:
         return [self.voice_name]
@@ -142,9 +144,13 @@ class ChatterboxEngine:
         self._guard.check()
         if request.voice is not None and request.voice != self.voice_name:
             raise EngineError("voice_unknown", f"chatterbox has no voice {request.voice!r}")
-        return ChatterboxStream(self, request)
+        stream = ChatterboxStream(self, request)
+        self._streams.add(stream)
+        return stream
 
     def close(self) -> None:
+        for stream in list(self._streams):
+            stream.close()
         if self._model is not None:
             self._model = self._conds = None
             import mlx.core as mx

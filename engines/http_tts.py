@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -65,6 +66,7 @@ class HttpTtsEngine:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._client: httpx.Client | None = None
+        self._streams: weakref.WeakSet[HttpTtsStream] = weakref.WeakSet()
 
     def voices(self) -> list[str]:
         return [self.default_voice] if self.default_voice else []
@@ -76,9 +78,13 @@ class HttpTtsEngine:
     def open(self, request: SynthesisRequest) -> HttpTtsStream:
         if self._client is None:
             raise EngineError("engine_failed", "http engine used before load()")
-        return HttpTtsStream(self._client, self.url, self._body(request), self.format)
+        stream = HttpTtsStream(self._client, self.url, self._body(request), self.format)
+        self._streams.add(stream)
+        return stream
 
     def close(self) -> None:
+        for stream in list(self._streams):
+            stream.close()
         client, self._client = self._client, None
         if client is not None:
             client.close()
@@ -131,9 +137,6 @@ class HttpTtsStream:
         except httpx.TimeoutException as exc:
             self.close()
             raise EngineError("engine_timeout", f"TTS server {self._url}: {exc!r}") from exc
-        except (httpx.HTTPError, ValueError) as exc:  # httpx_sse.SSEError is a ValueError... or not
-            self.close()
-            raise EngineError("engine_failed", f"TTS server {self._url}: {exc!r}") from exc
         except Exception as exc:
             self.close()
             raise EngineError("engine_failed", f"TTS server {self._url}: {exc!r}") from exc

@@ -107,3 +107,17 @@ def mlx_failure(exc: BaseException, what: str) -> EngineError:
     if isinstance(exc, EngineError):
         return exc
     return EngineError("engine_failed", f"{what}: {type(exc).__name__}: {exc}")
+
+
+def quiet_tqdm() -> None:
+    """Stop tqdm from starting its ``tqdm_monitor`` thread.
+
+    mlx-audio wraps every generation in a (disabled) tqdm bar; the first bar starts a
+    process-wide monitor thread that only tunes progress-bar refresh and outlives every
+    engine. A gateway has no progress bars to tune.
+    """
+    try:
+        import tqdm
+    except ImportError:
+        return
+    tqdm.tqdm.monitor_interval = 0

@@ -37,6 +37,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from engines.mlx_common import (
     float_to_pcm16,
     mlx_failure,
     process_memory,
+    quiet_tqdm,
     resolve_model_path,
 )
 
@@ -129,12 +131,15 @@ class Qwen3Engine:
         self._embeddings: PrecomputedSpeakerEmbeddings | None = None
         self._guard = LaneThreadGuard()
         self._lock = threading.Lock()  # only to make a wrong-thread close() harmless
+        self._streams: weakref.WeakSet[Qwen3Stream] = weakref.WeakSet()
 
     # -- TtsEngine -------------------------------------------------------------------
 
     def voices(self) -> list[str]:
         if self._model is None:
-            return [self.default_voice] if self.default_voice else []
+            if self.default_voice:
+                return [self.default_voice]
+            return [self._clone_name()] if self.ref_audio else []
         if self._kind == "custom_voice":
             return list(self._model.get_supported_speakers())
         return [self._clone_name()]
@@ -143,6 +148,7 @@ class Qwen3Engine:
         if self._model is not None:
             return
         self._guard.claim()
+        quiet_tqdm()
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
         try:
@@ -217,11 +223,15 @@ class Qwen3Engine:
         if self._model is None:
             raise EngineError("engine_failed", "qwen3 engine used before load()")
         self._guard.check()
-        return Qwen3Stream(self, request, self._voice_for(request.voice))
+        stream = Qwen3Stream(self, request, self._voice_for(request.voice))
+        self._streams.add(stream)
+        return stream
 
     def close(self) -> None:
         with self._lock:
             model, self._model = self._model, None
+        for stream in list(self._streams):
+            stream.close()
         if model is not None:
             self._ref_array = None
             self._embeddings = None

@@ -165,9 +165,12 @@ class SyntheticStream:
         t = (start + np.arange(n)) / OUTPUT_RATE
         # A gently gliding fundamental with three harmonics, voiced in syllable-like bursts.
         # Instantaneous frequency f0 * (1 + 0.04 sin(2 pi 0.7 t)), integrated in closed form.
-        phase = 2 * math.pi * self._f0 * (t + 0.04 / (2 * math.pi * 0.7) * (1 - np.cos(
-            2 * math.pi * 0.7 * t)))
+        phase = (
+            2
+            * math.pi
+            * self._f0
+            * (t + 0.04 / (2 * math.pi * 0.7) * (1 - np.cos(2 * math.pi * 0.7 * t)))
+        )
         tone = (np.sin(phase) + 0.5 * np.sin(2 * phase) + 0.25 * np.sin(3 * phase)) / 1.75
         envelope = np.sin(math.pi * ((t / self._syllable) % 1.0)) ** 2
         return (tone * envelope * 0.3 * 32767).astype("<i2").tobytes()
-

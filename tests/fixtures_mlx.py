@@ -8,6 +8,8 @@ suite runs without the ``mlx`` extra.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,23 @@ def tiny_chatterbox(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: 
     register_tiny_llama()
     seed_s3_tokenizer_cache(offline_hf_cache)
     return build_tiny_chatterbox(tmp_path_factory.mktemp("chatterbox"))
+
+
+@pytest.fixture(scope="session")
+def mlx_audio_server(tiny_qwen3_custom_voice: Path, offline_hf_cache: Path):
+    """mlx-audio's real HTTP server in a subprocess on 127.0.0.1:0: (base URL, model path)."""
+    pytest.importorskip("mlx_audio.server", reason="needs mlx-audio's server extras")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(offline_hf_cache))
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.servers.mlx_audio_server"],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}/v1", str(tiny_qwen3_custom_voice)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from engines.base import EngineError, SynthesisRequest, TtsEngine
@@ -126,25 +122,6 @@ def test_close_mid_stream_disconnects_and_the_connection_is_reused(sse_server, e
 
 
 # --- mlx-audio's real server -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mlx_audio_server(tiny_qwen3_custom_voice, offline_hf_cache):
-    pytest.importorskip("mlx_audio.server", reason="needs mlx-audio's server extras")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(offline_hf_cache))
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.servers.mlx_audio_server"],
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
-    try:
-        port = int(proc.stdout.readline())
-        yield f"http://127.0.0.1:{port}/v1", str(tiny_qwen3_custom_voice)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.slow
