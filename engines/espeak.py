@@ -89,8 +89,14 @@ class _Library:
         lib.espeak_ListVoices.argtypes = [ctypes.c_void_p]
         lib.espeak_Synth.restype = ctypes.c_int
         lib.espeak_Synth.argtypes = [
-            ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
-            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_uint,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
         ]
         rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, BUFFER_MS, data_path.encode(), 0)
         if rate != ESPEAK_RATE:
@@ -310,8 +316,14 @@ class EspeakStream:
             lib.sink = sink
             try:
                 err = lib.lib.espeak_Synth(
-                    text, len(text) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8 | _ENDPAUSE,
-                    None, None,
+                    text,
+                    len(text) + 1,
+                    0,
+                    _POS_CHARACTER,
+                    0,
+                    _CHARS_UTF8 | _ENDPAUSE,
+                    None,
+                    None,
                 )
             finally:
                 lib.sink = None

@@ -111,8 +111,14 @@ def _default_seconds(text: str) -> tuple[float, float]:
     return 0.12 * words, 1.0 * words + 2.0
 
 
-def _drain(worker: _Worker, stream: SynthesisStream, *, max_steps: int, max_chunk_s: float | None,
-           label: str) -> StreamResult:
+def _drain(
+    worker: _Worker,
+    stream: SynthesisStream,
+    *,
+    max_steps: int,
+    max_chunk_s: float | None,
+    label: str,
+) -> StreamResult:
     result = StreamResult()
     for _ in range(max_steps):
         chunk = worker.call(f"{label}: step()", stream.step)
@@ -207,13 +213,18 @@ def check_engine(
         longer = None
         if check_text_scaling:
             doubled = SynthesisRequest(
-                text=f"{request.text} {request.text}", voice=request.voice, speed=request.speed,
-                temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                text=f"{request.text} {request.text}",
+                voice=request.voice,
+                speed=request.speed,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                seed=request.seed,
                 options=dict(request.options),
             )
             s2 = worker.call("open() longer text", lambda: engine.open(doubled))
-            longer = _drain(worker, s2, max_steps=2 * max_steps, max_chunk_s=chunk_bound,
-                            label="longer")
+            longer = _drain(
+                worker, s2, max_steps=2 * max_steps, max_chunk_s=chunk_bound, label="longer"
+            )
             worker.call("close()", s2.close)
             if not longer.seconds > full.seconds * 1.3:
                 raise ConformanceError(

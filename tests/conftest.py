@@ -8,6 +8,8 @@ import pytest
 
 from tests.servers import ScriptedLlmServer, TinyLlamaServer
 
+pytest_plugins = ["tests.fixtures_mlx"]
+
 
 @pytest.fixture
 async def scripted_llm_server() -> AsyncIterator[ScriptedLlmServer]:

@@ -146,7 +146,10 @@ def test_cli_serves_and_exits_cleanly_on_sigterm(tmp_path):
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         assert httpx.get(f"http://127.0.0.1:{port}/health").json()["status"] == "ok"
         proc.send_signal(signal.SIGTERM)
-        rest = proc.communicate(timeout=30)[0]
+        # (not communicate(): with a timeout it reads the raw pipe and loses what
+        # readline already buffered)
+        rest = proc.stdout.read()
+        proc.wait(timeout=30)
         assert proc.returncode == 0, rest
         assert "LLM:" in "".join(lines) + rest and "shutting down" in rest
     finally:

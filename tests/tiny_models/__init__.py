@@ -1,0 +1,1 @@
+"""Tiny random-weight models built locally and loaded through the libraries' real loaders."""

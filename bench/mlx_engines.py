@@ -1,0 +1,129 @@
+"""Benchmark the MLX engines on this machine: time to first chunk, RTF, peak memory, and the
+overhead of the gateway's engine wrapper over calling mlx-audio's ``generate`` directly.
+
+    PYTHONPATH=. /work/venv/bin/python bench/mlx_engines.py [--repeats 5] [--max-tokens 8] [--json]
+
+Both rows run in the same process on the same tiny random-weight Qwen3-TTS model (built in
+a temp dir; nothing downloaded), same text, same seeds, interleaved (direct, engine, direct,
+engine, ...) so machine drift hits both equally:
+
+* ``mlx-audio generate``: the baseline: ``model.generate(stream=True)``, each chunk forced
+  with ``mx.eval``.
+* ``qwen3 engine``: ``Qwen3Engine`` as the lane drives it (open, step until None), which
+  adds the PCM16 conversion, the runaway and thread checks, and ``mx.clear_cache()``.
+
+Goal: wrapper overhead <= 2 % of total synthesis time. Peak memory is MLX's peak (reset
+before each row) and the process's peak RSS. Random weights never stop: every utterance is
+``--max-tokens`` codec frames long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    import mlx.core as mx
+
+    from engines.base import SynthesisRequest
+    from engines.qwen3 import Qwen3Engine
+    from tests.tiny_models.qwen3 import build_tiny_qwen3
+
+    text = "The quick brown fox jumps over the lazy dog."
+    tmp = tempfile.mkdtemp(prefix="bench-qwen3-")
+    path = build_tiny_qwen3(Path(tmp) / "cv", "custom_voice")
+    engine = Qwen3Engine(str(path), voice="aria", max_tokens=args.max_tokens)
+    engine.load()
+    model = engine._model
+
+    def direct(seed: int) -> tuple[float, float, int]:
+        mx.random.seed(seed)
+        t0 = time.perf_counter()
+        first = None
+        samples = 0
+        for r in model.generate(
+            text=text,
+            voice="aria",
+            temperature=0.7,
+            stream=True,
+            streaming_interval=0.32,
+            max_tokens=args.max_tokens,
+            split_pattern="",
+        ):
+            mx.eval(r.audio)
+            samples += r.audio.shape[0]
+            first = first or time.perf_counter() - t0
+        return first, time.perf_counter() - t0, samples
+
+    def wrapped(seed: int) -> tuple[float, float, int]:
+        t0 = time.perf_counter()
+        stream = engine.open(SynthesisRequest(text, seed=seed))
+        first = None
+        nbytes = 0
+        while (chunk := stream.step()) is not None:
+            nbytes += len(chunk)
+            first = first or time.perf_counter() - t0
+        return first, time.perf_counter() - t0, nbytes // 2
+
+    rows: dict[str, list[tuple[float, float, int]]] = {"mlx-audio generate": [], "qwen3 engine": []}
+    peaks: dict[str, int] = {}
+    for i in range(args.repeats):
+        for name, fn in (("mlx-audio generate", direct), ("qwen3 engine", wrapped)):
+            mx.reset_peak_memory()
+            rows[name].append(fn(1000 + i))
+            peaks[name] = max(peaks.get(name, 0), mx.get_peak_memory())
+
+    result = {}
+    for name, runs in rows.items():
+        total = sum(r[1] for r in runs)
+        audio = sum(r[2] for r in runs) / 24_000
+        result[name] = {
+            "ttfc_ms_median": statistics.median(r[0] for r in runs) * 1000,
+            "rtf": total / audio,
+            "total_s": total,
+            "mlx_peak_mb": peaks[name] / 1e6,
+        }
+    base, eng = result["mlx-audio generate"], result["qwen3 engine"]
+    overhead = (eng["total_s"] - base["total_s"]) / base["total_s"] * 100
+    mem = engine.memory()
+    out = {
+        "rows": result,
+        "wrapper_overhead_pct": overhead,
+        "warmup_s": engine.warmup_s,
+        "rss_peak_mb": mem["rss_peak_bytes"] / 1e6,
+        "repeats": args.repeats,
+        "max_tokens": args.max_tokens,
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+    }
+    engine.close()
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(f"{'row':<20} {'TTFC ms':>9} {'RTF':>7} {'total s':>8} {'MLX peak MB':>12}")
+    for name, r in result.items():
+        print(
+            f"{name:<20} {r['ttfc_ms_median']:>9.0f} {r['rtf']:>7.2f} {r['total_s']:>8.2f} "
+            f"{r['mlx_peak_mb']:>12.1f}"
+        )
+    print(
+        f"wrapper overhead: {overhead:+.2f} % of synthesis time (goal <= 2 %); "
+        f"warm-up {engine.warmup_s:.2f} s; process peak RSS {out['rss_peak_mb']:.0f} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()

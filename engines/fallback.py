@@ -1,0 +1,262 @@
+"""A primary engine with a fallback and a circuit breaker (qwen3, falling back to chatterbox).
+
+When the fallback takes over
+    * ``open()`` or the first ``step()`` of the primary raises ``EngineError`` (including
+      ``engine_runaway`` before any audio): the fallback speaks the whole segment, in the
+      same ``step()`` call, so the caller sees no gap and no error.
+    * The breaker is open: the segment goes straight to the fallback.
+
+Mid-segment failure (the primary already produced audio, then raised, e.g. the runaway
+guard): the two engines share no alignment between text and audio, so the fallback cannot
+say "the rest"; saying the whole segment again would repeat words the listener just heard.
+The rule is therefore: **the segment ends where the primary stopped** (``step()`` returns
+``None``), the frames already sent stay gapless and are never duplicated, the failure is
+recorded in ``stream.error`` / ``stream.truncated`` and counts against the breaker, so the
+*next* segments go to the fallback.
+
+"Too slow": a step in flight cannot be interrupted, so slowness is measured, not
+pre-empted. If the primary's first step takes longer than ``first_chunk_timeout_s``
+(``clock()`` before and after), its chunk is still used (the fallback would only be later
+still) but the slowness counts as a breaker failure. A lane worker that knows a deadline
+has already passed may open with ``request.options["deadline_passed"] = True`` to skip the
+primary for this segment.
+
+Circuit breaker: ``breaker_failures`` consecutive failures open it; while open, segments go
+to the fallback; after ``breaker_reset_s`` one segment probes the primary (half-open): a
+clean segment closes the breaker, a failure re-opens it for another ``breaker_reset_s``.
+
+``stream.engine_name`` names the engine that produced the audio (updated on a switch) for
+the gateway's ``sentence`` event. Both engines must run on the same lane (the stream's steps
+run on one lane thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from enum import Enum
+
+from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+
+log = logging.getLogger(__name__)
+
+
+class BreakerState(Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class FallbackEngine:
+    name = "fallback"
+
+    def __init__(
+        self,
+        primary: TtsEngine,
+        fallback: TtsEngine,
+        first_chunk_timeout_s: float = 1.0,
+        breaker_failures: int = 3,
+        breaker_reset_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if primary.lane != fallback.lane:
+            raise ValueError(
+                f"primary ({primary.lane}) and fallback ({fallback.lane}) must share a lane"
+            )
+        self.primary = primary
+        self.fallback = fallback
+        self.lane = primary.lane
+        self.streams = primary.streams and fallback.streams
+        self.reads_digits = primary.reads_digits and fallback.reads_digits
+        self.first_chunk_timeout_s = first_chunk_timeout_s
+        self.breaker_failures = breaker_failures
+        self.breaker_reset_s = breaker_reset_s
+        self.clock = clock
+        self.state = BreakerState.CLOSED
+        self.consecutive_failures = 0
+        self.opened_at: float | None = None
+        self.switches = 0
+        """Segments the fallback spoke after the primary failed at their start."""
+        self.truncations = 0
+        self.breaker_opens = 0
+        self._probing = False
+
+    # -- TtsEngine -------------------------------------------------------------------
+
+    def voices(self) -> list[str]:
+        return self.primary.voices()
+
+    def load(self) -> None:
+        self.fallback.load()
+        try:
+            self.primary.load()
+        except EngineError as exc:
+            log.error(
+                "primary engine %s failed to load (%s); using %s",
+                self.primary.name,
+                exc.message,
+                self.fallback.name,
+            )
+            self.consecutive_failures = self.breaker_failures - 1
+            self.record_failure(exc)
+
+    def open(self, request: SynthesisRequest) -> FallbackStream:
+        use_primary = self._allow_primary() and not request.options.get("deadline_passed")
+        return FallbackStream(self, request, use_primary)
+
+    def close(self) -> None:
+        try:
+            self.primary.close()
+        finally:
+            self.fallback.close()
+
+    # -- breaker -----------------------------------------------------------------------
+
+    def counters(self) -> dict[str, object]:
+        return {
+            "breaker_state": self.state.value,
+            "consecutive_failures": self.consecutive_failures,
+            "breaker_opens": self.breaker_opens,
+            "switches": self.switches,
+            "truncations": self.truncations,
+        }
+
+    def _allow_primary(self) -> bool:
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN:
+            assert self.opened_at is not None
+            if self.clock() - self.opened_at < self.breaker_reset_s:
+                return False
+            self.state = BreakerState.HALF_OPEN
+            self._probing = False
+        if self._probing:  # one probe at a time
+            return False
+        self._probing = True
+        return True
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+        if self.state is not BreakerState.CLOSED:
+            log.info("primary engine %s recovered; breaker closed", self.primary.name)
+        self.state = BreakerState.CLOSED
+        self._probing = False
+
+    def record_failure(self, exc: EngineError) -> None:
+        self.consecutive_failures += 1
+        self._probing = False
+        if (
+            self.state is BreakerState.HALF_OPEN
+            or self.consecutive_failures >= self.breaker_failures
+        ):
+            if self.state is not BreakerState.OPEN:
+                self.breaker_opens += 1
+                log.warning(
+                    "breaker open for %s after %s: %s", self.primary.name, exc.code, exc.message
+                )
+            self.state = BreakerState.OPEN
+            self.opened_at = self.clock()
+
+
+class FallbackStream:
+    """One segment: the primary's stream, or the fallback's after a switch."""
+
+    def __init__(self, owner: FallbackEngine, request: SynthesisRequest, use_primary: bool):
+        self._owner = owner
+        self._request = request
+        self._inner: SynthesisStream | None = None
+        self._on_primary = use_primary
+        self.engine_name = owner.primary.name if use_primary else owner.fallback.name
+        self.error: EngineError | None = None
+        self.truncated = False
+        self._produced = False
+        self._first_step_done = False
+        self._slow = False
+        self._done = False
+
+    def step(self) -> bytes | None:
+        if self._done:
+            return None
+        owner = self._owner
+        if not self._on_primary:
+            return self._step_fallback()
+        t0 = owner.clock()
+        try:
+            if self._inner is None:
+                self._inner = owner.primary.open(self._request)
+            chunk = self._inner.step()
+        except EngineError as exc:
+            owner.record_failure(exc)
+            self._close_inner()
+            if self._produced:
+                self.error, self.truncated = exc, True
+                owner.truncations += 1
+                self._done = True
+                return None
+            owner.switches += 1
+            log.warning(
+                "%s failed before audio (%s); %s speaks the segment",
+                owner.primary.name,
+                exc.code,
+                owner.fallback.name,
+            )
+            self._on_primary = False
+            self.engine_name = owner.fallback.name
+            return self._step_fallback()
+        if not self._first_step_done:
+            self._first_step_done = True
+            elapsed = owner.clock() - t0
+            if elapsed > owner.first_chunk_timeout_s:
+                self._slow = True
+                owner.record_failure(
+                    EngineError(
+                        "engine_timeout",
+                        f"first chunk took {elapsed:.2f} s > {owner.first_chunk_timeout_s:.2f} s",
+                    )
+                )
+        if chunk is None:
+            self._done = True
+            self._close_inner()
+            if not self._slow:
+                owner.record_success()
+            return None
+        if chunk:
+            self._produced = True
+        return chunk
+
+    def close(self) -> None:
+        self._done = True
+        self._close_inner()
+        if self._on_primary and self._owner._probing:  # an abandoned probe proves nothing
+            self._owner._probing = False
+
+    def _step_fallback(self) -> bytes | None:
+        if self._inner is None:
+            request = self._request
+            if self._owner.fallback.voices() and request.voice not in self._owner.fallback.voices():
+                request = SynthesisRequest(
+                    request.text,
+                    None,
+                    request.speed,
+                    request.temperature,
+                    request.top_p,
+                    request.seed,
+                    request.options,
+                )
+            self._inner = self._owner.fallback.open(request)
+        try:
+            chunk = self._inner.step()
+        except EngineError:
+            self._done = True
+            self._close_inner()
+            raise
+        if chunk is None:
+            self._done = True
+            self._close_inner()
+        return chunk
+
+    def _close_inner(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()

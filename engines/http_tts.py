@@ -1,0 +1,192 @@
+"""A remote TTS server over HTTP: OpenAI-style SSE or mlx-audio's raw PCM stream.
+
+Two wire formats, both answering ``POST <url>`` (``url`` is the full endpoint, or a base
+URL to which ``/audio/speech`` is appended):
+
+``format="sse"`` (OpenAI speech streaming; what the hub's old sidecar spoke)
+    request ``{"model", "input", "voice", "response_format": "pcm", "stream_format": "sse"}``;
+    ``text/event-stream`` of ``speech.audio.delta`` (base64 PCM16 24 kHz),
+    ``speech.audio.done`` and, on failure, ``speech.audio.error``. Parsed with ``httpx-sse``.
+``format="pcm"`` (mlx-audio's server)
+    request ``{..., "response_format": "pcm", "stream": true, "streaming_interval": 0.32}``;
+    a chunked body of raw PCM16 LE.
+
+One ``step`` returns the next piece of audio as it arrives (one SSE delta, or one network
+chunk of the raw body), so the lane is not held longer than the server's own pacing. The
+synchronous ``httpx.Client`` is shared by all streams of the engine (connection reuse);
+steps run on the ``remote`` lane's thread. ``close()`` closes the response, which closes
+the connection mid-body so the server sees the client leave. Both formats are assumed to
+carry 24 kHz mono PCM16 (OpenAI's ``pcm`` and mlx-audio's Qwen3-TTS are).
+
+Errors: transport failures and non-2xx answers raise ``engine_failed`` (timeouts
+``engine_timeout``), a ``speech.audio.error`` event raises ``engine_failed`` with its message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import weakref
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import httpx
+
+from engines.base import EngineError, SynthesisRequest
+
+
+class HttpTtsEngine:
+    name = "http"
+    lane = "remote"
+    streams = True
+
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        voice: str | None = None,
+        format: Literal["sse", "pcm"] = "sse",
+        api_key: str | None = None,
+        streaming_interval: float = 0.32,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        reads_digits: bool = True,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if format not in ("sse", "pcm"):
+            raise ValueError(f"format must be 'sse' or 'pcm', not {format!r}")
+        url = url.rstrip("/")
+        self.url = url if url.endswith("/audio/speech") else url + "/audio/speech"
+        self.model = model
+        self.default_voice = voice
+        self.format = format
+        self.streaming_interval = streaming_interval
+        self.reads_digits = reads_digits
+        self.extra_body = dict(extra_body or {})
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self._client: httpx.Client | None = None
+        self._streams: weakref.WeakSet[HttpTtsStream] = weakref.WeakSet()
+
+    def voices(self) -> list[str]:
+        return [self.default_voice] if self.default_voice else []
+
+    def load(self) -> None:
+        if self._client is None:
+            self._client = httpx.Client(timeout=self._timeout, headers=self._headers)
+
+    def open(self, request: SynthesisRequest) -> HttpTtsStream:
+        if self._client is None:
+            raise EngineError("engine_failed", "http engine used before load()")
+        stream = HttpTtsStream(self._client, self.url, self._body(request), self.format)
+        self._streams.add(stream)
+        return stream
+
+    def close(self) -> None:
+        for stream in list(self._streams):
+            stream.close()
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _body(self, request: SynthesisRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {"input": request.text, "response_format": "pcm"}
+        if self.model is not None:
+            body["model"] = self.model
+        voice = request.voice or self.default_voice
+        if voice is not None:
+            body["voice"] = voice
+        if request.speed != 1.0:
+            body["speed"] = request.speed
+        for key in ("temperature", "top_p", "seed"):
+            if (value := getattr(request, key)) is not None:
+                body[key] = value
+        if self.format == "sse":
+            body["stream_format"] = "sse"
+        else:
+            body["stream"] = True
+            body["streaming_interval"] = self.streaming_interval
+        body |= self.extra_body
+        body |= request.options.get("http_body", {})
+        return body
+
+
+class HttpTtsStream:
+    """One remote synthesis; the request is sent by the first ``step``."""
+
+    def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str) -> None:
+        self._client = client
+        self._url = url
+        self._body = body
+        self._format = fmt
+        self._response: httpx.Response | None = None
+        self._pieces: Iterator[bytes] | None = None
+        self._carry = b""  # an odd trailing byte waits for its partner
+        self._done = False
+
+    def step(self) -> bytes | None:
+        if self._done:
+            return None
+        try:
+            if self._pieces is None:
+                self._pieces = self._start()
+            piece = next(self._pieces, None)
+        except EngineError:
+            self.close()
+            raise
+        except httpx.TimeoutException as exc:
+            self.close()
+            raise EngineError("engine_timeout", f"TTS server {self._url}: {exc!r}") from exc
+        except Exception as exc:
+            self.close()
+            raise EngineError("engine_failed", f"TTS server {self._url}: {exc!r}") from exc
+        if piece is None:
+            self.close()
+            return None
+        data = self._carry + piece
+        cut = len(data) & ~1
+        self._carry = data[cut:]
+        return data[:cut]
+
+    def close(self) -> None:
+        self._done = True
+        response, self._response = self._response, None
+        if response is not None:
+            response.close()
+
+    def _start(self) -> Iterator[bytes]:
+        request = self._client.build_request("POST", self._url, json=self._body)
+        response = self._client.send(request, stream=True)
+        self._response = response
+        if response.status_code >= 400:
+            detail = response.read()[:300].decode("utf-8", "replace")
+            raise EngineError(
+                "engine_failed", f"TTS server {self._url} answered {response.status_code}: {detail}"
+            )
+        if self._format == "sse":
+            return self._sse_audio(response)
+        ctype = response.headers.get("content-type", "")
+        if ctype.startswith(("application/json", "text/")):
+            detail = response.read()[:300].decode("utf-8", "replace")
+            raise EngineError("engine_failed", f"TTS server sent {ctype}, not PCM: {detail}")
+        return response.iter_raw()
+
+    def _sse_audio(self, response: httpx.Response) -> Iterator[bytes]:
+        from httpx_sse import EventSource
+
+        for sse in EventSource(response).iter_sse():
+            if not sse.data or sse.data == "[DONE]":
+                continue
+            event = json.loads(sse.data)
+            kind = event.get("type", sse.event)
+            if kind == "speech.audio.delta":
+                yield base64.b64decode(event.get("audio", ""))
+            elif kind == "speech.audio.done":
+                return
+            elif kind == "speech.audio.error":
+                err = event.get("error", event)
+                message = err.get("message", json.dumps(err)) if isinstance(err, dict) else err
+                raise EngineError("engine_failed", f"TTS server error: {message}")
+        raise EngineError(
+            "engine_failed", "TTS server ended the SSE stream without speech.audio.done"
+        )

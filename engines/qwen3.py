@@ -1,0 +1,362 @@
+"""Qwen3-TTS through mlx-audio, in process: the production voice.
+
+One ``step`` is one streaming chunk of mlx-audio's ``Model.generate(..., stream=True)``:
+with ``streaming_interval=0.32`` that is 4 codec frames (12.5 Hz) = 7,680 samples =
+320 ms of audio. A step in flight cannot be interrupted, so this size bounds how long
+newly arrived interactive work waits for the gpu lane.
+
+Voices
+    * a ``custom_voice`` model speaks its built-in speakers (``voice="vivian"``);
+    * a ``base`` model clones the voice of ``ref_audio`` (a WAV). With ``ref_audio`` only it
+      uses the x-vector speaker embedding (what the hub uses); with ``ref_text`` too and a
+      speech tokenizer that has an encoder, mlx-audio's ICL mode (reference codes prefixed).
+
+Per-voice conditioning is computed once. mlx-audio's ``_prepare_generation_inputs`` (and
+the ICL variant) call ``self.extract_speaker_embedding(ref_audio)`` on *every* generation,
+running the ECAPA speaker encoder over the whole reference each time. The engine loads
+the reference once into one ``mx.array``, computes its embedding once at ``load``, and
+shadows ``extract_speaker_embedding`` on the model *instance* with
+``PrecomputedSpeakerEmbeddings``: called with that very array object (mlx-audio's
+``load_audio`` returns an ``mx.array`` unchanged, so identity survives the call chain) it
+returns the stored embedding; called with anything else it delegates to the original
+method. This is the narrowest hook: no copy of mlx-audio's 300-line generation loop, no
+change to its outputs, and it covers the x-vector and ICL paths alike. ICL reference codes
+are already memoised by mlx-audio in ``Model._icl_cache``; the warm-up fills it.
+
+Threading: load, open and step run on the gpu lane's single worker thread (see
+``engines.mlx_common``); a step from another thread raises ``engine_failed``.
+
+``reads_digits = True``: Qwen3-TTS's talker reads text through the Qwen tokenizer and was
+trained on ordinary multilingual text, so it speaks "3:30", "$5" or "Dr." itself; an
+English-only number normaliser in front of it would be wrong for its other languages.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from engines.base import EngineError, SynthesisRequest
+from engines.mlx_common import (
+    LaneThreadGuard,
+    float_to_pcm16,
+    mlx_failure,
+    process_memory,
+    quiet_tqdm,
+    resolve_model_path,
+)
+
+log = logging.getLogger(__name__)
+
+CODEC_HZ = 12.5
+SAMPLE_RATE = 24_000
+
+
+class PrecomputedSpeakerEmbeddings:
+    """Stands in for ``Model.extract_speaker_embedding`` on one model instance.
+
+    Returns the embedding computed at registration for a registered reference array
+    (matched by identity), and delegates anything else to the original method.
+    ``computed`` counts how many times the speaker encoder actually ran.
+    """
+
+    def __init__(self, original: Any) -> None:
+        self._original = original
+        self._by_id: dict[int, tuple[Any, Any]] = {}
+        self.computed = 0
+
+    def register(self, audio: Any) -> Any:
+        embedding = self._compute(audio)
+        self._by_id[id(audio)] = (audio, embedding)  # holding `audio` keeps its id unique
+        return embedding
+
+    def __call__(self, audio: Any, sr: int = SAMPLE_RATE) -> Any:
+        hit = self._by_id.get(id(audio))
+        if hit is not None and hit[0] is audio and sr == SAMPLE_RATE:
+            return hit[1]
+        return self._compute(audio, sr)
+
+    def _compute(self, audio: Any, sr: int = SAMPLE_RATE) -> Any:
+        self.computed += 1
+        return self._original(audio, sr)
+
+
+class Qwen3Engine:
+    """Qwen3-TTS (mlx-audio) on the gpu lane. See the module docstring."""
+
+    name = "qwen3"
+    lane = "gpu"
+    streams = True
+    reads_digits = True
+
+    def __init__(
+        self,
+        model: str,
+        voice: str | None = None,
+        ref_audio: str | None = None,
+        ref_text: str | None = None,
+        temperature: float = 0.7,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        streaming_interval: float = 0.32,
+        runaway_factor: float = 0.25,
+        runaway_min_s: float = 3.0,
+        language: str = "auto",
+        warmup_text: str = "Hello.",
+    ) -> None:
+        """``runaway_factor`` is seconds of audio allowed per character of text; a
+        synthesis longer than ``max(runaway_min_s, len(text) * runaway_factor)`` is a
+        runaway (normal speech is ~0.07 s per character)."""
+        self.model_ref = model
+        self.default_voice = voice
+        self.ref_audio = ref_audio
+        self.ref_text = ref_text
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_tokens = max_tokens
+        self.streaming_interval = streaming_interval
+        self.runaway_factor = runaway_factor
+        self.runaway_min_s = runaway_min_s
+        self.language = language
+        self.warmup_text = warmup_text
+        self.warmup_s: float | None = None
+        self._model: Any = None
+        self._kind: str | None = None
+        self._ref_array: Any = None
+        self._embeddings: PrecomputedSpeakerEmbeddings | None = None
+        self._guard = LaneThreadGuard()
+        self._lock = threading.Lock()  # only to make a wrong-thread close() harmless
+        self._streams: weakref.WeakSet[Qwen3Stream] = weakref.WeakSet()
+
+    # -- TtsEngine -------------------------------------------------------------------
+
+    def voices(self) -> list[str]:
+        if self._model is None:
+            if self.default_voice:
+                return [self.default_voice]
+            return [self._clone_name()] if self.ref_audio else []
+        if self._kind == "custom_voice":
+            return list(self._model.get_supported_speakers())
+        return [self._clone_name()]
+
+    def load(self) -> None:
+        if self._model is not None:
+            return
+        self._guard.claim()
+        quiet_tqdm()
+        path = resolve_model_path(self.model_ref)
+        t0 = time.perf_counter()
+        try:
+            import mlx.core as mx
+            from mlx_audio.tts.utils import load_model
+            from mlx_audio.utils import load_audio
+
+            model = load_model(path)
+        except Exception as exc:
+            raise mlx_failure(exc, f"loading {path}") from exc
+        # mlx-audio's post_load_hook prints a warning and carries on when the tokenizers
+        # fail to load; a half-loaded model must not pass for a loaded one.
+        if getattr(model, "model_type", None) != "qwen3_tts":
+            raise EngineError("engine_failed", f"{path} is not a Qwen3-TTS model")
+        if model.tokenizer is None or model.speech_tokenizer is None:
+            raise EngineError("engine_failed", f"{path}: text or speech tokenizer did not load")
+        kind = getattr(model.config, "tts_model_type", "base")
+        self._kind = kind
+        if kind == "custom_voice":
+            speakers = [s.lower() for s in model.get_supported_speakers()]
+            if not speakers:
+                raise EngineError("engine_failed", f"{path}: custom_voice model without speakers")
+            if self.default_voice is None:
+                self.default_voice = speakers[0]
+            elif self.default_voice.lower() not in speakers:
+                raise EngineError(
+                    "voice_unknown", f"voice {self.default_voice!r} not in {speakers}"
+                )
+        elif kind == "base":
+            if self.ref_audio is None:
+                raise EngineError("engine_failed", "a base Qwen3-TTS model needs ref_audio")
+            if model.speaker_encoder is None:
+                raise EngineError("engine_failed", f"{path}: base model has no speaker encoder")
+            try:
+                self._ref_array = load_audio(str(self.ref_audio), sample_rate=SAMPLE_RATE)
+                self._embeddings = PrecomputedSpeakerEmbeddings(model.extract_speaker_embedding)
+                self._embeddings.register(self._ref_array)
+                mx.eval(self._ref_array)
+            except Exception as exc:
+                raise mlx_failure(exc, f"reference audio {self.ref_audio}") from exc
+            model.extract_speaker_embedding = self._embeddings
+            if self.ref_text is not None and not model.speech_tokenizer.has_encoder:
+                log.warning(
+                    "qwen3: ref_text given but the speech tokenizer has no encoder; "
+                    "using x-vector cloning (ref_audio only)"
+                )
+        else:
+            raise EngineError("engine_failed", f"unsupported Qwen3-TTS model type {kind!r}")
+        self._model = model
+        load_s = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        stream = self.open(SynthesisRequest(self.warmup_text, options={"max_tokens": 4}))
+        try:
+            while stream.step() is not None:
+                pass
+        finally:
+            stream.close()
+        self.warmup_s = time.perf_counter() - t1
+        mem = self.memory()
+        log.info(
+            "qwen3 loaded %s (%s) in %.2f s; warm-up took %.2f s; mlx active %.0f MB, peak %.0f MB",
+            path,
+            kind,
+            load_s,
+            self.warmup_s,
+            mem["mlx_active_bytes"] / 1e6,
+            mem["mlx_peak_bytes"] / 1e6,
+        )
+
+    def open(self, request: SynthesisRequest) -> Qwen3Stream:
+        if self._model is None:
+            raise EngineError("engine_failed", "qwen3 engine used before load()")
+        self._guard.check()
+        stream = Qwen3Stream(self, request, self._voice_for(request.voice))
+        self._streams.add(stream)
+        return stream
+
+    def close(self) -> None:
+        with self._lock:
+            model, self._model = self._model, None
+        for stream in list(self._streams):
+            stream.close()
+        if model is not None:
+            self._ref_array = None
+            self._embeddings = None
+            import mlx.core as mx
+
+            mx.clear_cache()
+
+    # -- extras ------------------------------------------------------------------------
+
+    def memory(self) -> dict[str, int | None]:
+        """MLX active and peak bytes, process RSS and peak RSS."""
+        return process_memory()
+
+    @property
+    def conditioning_computations(self) -> int:
+        """How many times the speaker encoder ran (1 per cloned voice when all is well)."""
+        return 0 if self._embeddings is None else self._embeddings.computed
+
+    def runaway_budget_s(self, text: str) -> float:
+        return max(self.runaway_min_s, len(text) * self.runaway_factor)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _clone_name(self) -> str:
+        return self.default_voice or Path(str(self.ref_audio)).stem
+
+    def _voice_for(self, requested: str | None) -> str | None:
+        """The speaker to pass to mlx-audio (None for a clone)."""
+        if self._kind == "custom_voice":
+            voice = (requested or self.default_voice or "").lower()
+            if voice not in [s.lower() for s in self._model.get_supported_speakers()]:
+                raise EngineError("voice_unknown", f"qwen3 has no voice {requested!r}")
+            return voice
+        if requested is not None and requested != self._clone_name():
+            raise EngineError("voice_unknown", f"qwen3 has no voice {requested!r}")
+        return None
+
+
+class Qwen3Stream:
+    """One Qwen3-TTS synthesis; ``step`` = ``next()`` of mlx-audio's streaming generator."""
+
+    def __init__(self, engine: Qwen3Engine, request: SynthesisRequest, speaker: str | None):
+        self._engine = engine
+        self._request = request
+        self._speaker = speaker
+        # The gateway hands over one sentence; mlx-audio would otherwise split on "\n"
+        # and restart its streaming decoder per line.
+        self._text = " ".join(request.text.split())
+        self._budget_samples = int(engine.runaway_budget_s(self._text) * SAMPLE_RATE)
+        self._samples = 0
+        self._gen: Any = None
+        self._done = False
+
+    @property
+    def samples(self) -> int:
+        return self._samples
+
+    def step(self) -> bytes | None:
+        if self._done:
+            return None
+        engine = self._engine
+        engine._guard.check()
+        try:
+            if self._gen is None:
+                self._gen = self._start()
+            result = next(self._gen)
+            audio = result.audio
+            n = int(audio.shape[0])
+            if self._samples + n > self._budget_samples:
+                raise EngineError(
+                    "engine_runaway",
+                    f"qwen3 produced more than {self._budget_samples / SAMPLE_RATE:.1f} s of "
+                    f"audio for {len(self._text)} characters; generation stopped",
+                )
+            pcm = float_to_pcm16(audio)
+        except StopIteration:
+            self._finish()
+            return None
+        except Exception as exc:
+            self._finish()
+            raise mlx_failure(exc, "qwen3 generation failed") from exc
+        self._samples += n
+        return pcm
+
+    def close(self) -> None:
+        self._finish()
+
+    def _start(self) -> Any:
+        import mlx.core as mx
+
+        engine, req = self._engine, self._request
+        if req.seed is not None:
+            mx.random.seed(req.seed)
+        max_tokens = req.options.get("max_tokens", engine.max_tokens)
+        if max_tokens is None:
+            # One chunk past the runaway budget is enough to detect a runaway.
+            chunk = max(1, int(engine.streaming_interval * CODEC_HZ))
+            max_tokens = math.ceil(self._budget_samples / SAMPLE_RATE * CODEC_HZ) + chunk
+        kwargs: dict[str, Any] = dict(
+            text=self._text,
+            temperature=req.temperature if req.temperature is not None else engine.temperature,
+            top_p=req.top_p if req.top_p is not None else engine.top_p,
+            max_tokens=max_tokens,
+            lang_code=req.options.get("language", engine.language),
+            stream=True,
+            streaming_interval=engine.streaming_interval,
+            split_pattern="",
+        )
+        if self._speaker is not None:
+            kwargs["voice"] = self._speaker
+        else:
+            kwargs["ref_audio"] = engine._ref_array
+            if engine.ref_text is not None:
+                kwargs["ref_text"] = engine.ref_text
+        return engine._model.generate(**kwargs)
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        gen, self._gen = self._gen, None
+        try:
+            if gen is not None:
+                gen.close()
+        finally:
+            import mlx.core as mx
+
+            mx.clear_cache()  # upstream leak: GBs per request without it

@@ -1,0 +1,210 @@
+"""FallbackEngine with scripted test-double engines and a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines.base import EngineError, SynthesisRequest, TtsEngine
+from engines.fallback import BreakerState, FallbackEngine
+
+
+class FakeClock:
+    """Test double: a clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedEngine:
+    """Test double: each ``open`` plays the next script; a script item is bytes, an
+    ``EngineError`` to raise, or ``("slow", seconds, bytes)`` which advances the clock."""
+
+    lane = "gpu"
+    streams = True
+    reads_digits = True
+
+    def __init__(
+        self,
+        name: str,
+        clock: FakeClock,
+        scripts: list[list] | None = None,
+        default: list | None = None,
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self.scripts = list(scripts or [])
+        self.default = default if default is not None else [b"\x01\x00" * 4]
+        self.opened: list[SynthesisRequest] = []
+        self.closed_streams = 0
+
+    def voices(self) -> list[str]:
+        return [f"{self.name}-voice"]
+
+    def load(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def open(self, request: SynthesisRequest):
+        self.opened.append(request)
+        script = self.scripts.pop(0) if self.scripts else list(self.default)
+        engine = self
+
+        class Stream:
+            def __init__(self) -> None:
+                self.items = list(script)
+
+            def step(self):
+                if not self.items:
+                    return None
+                item = self.items.pop(0)
+                if isinstance(item, EngineError):
+                    raise item
+                if isinstance(item, tuple):
+                    engine.clock.now += item[1]
+                    return item[2]
+                return item
+
+            def close(self) -> None:
+                engine.closed_streams += 1
+                self.items = []
+
+        return Stream()
+
+
+def fail(code="engine_failed"):
+    return EngineError(code, "scripted")
+
+
+def setup(primary_scripts=None, **kw):
+    clock = FakeClock()
+    primary = ScriptedEngine("qwen3", clock, primary_scripts)
+    fallback = ScriptedEngine("chatterbox", clock, default=[b"\x09\x00" * 8])
+    engine = FallbackEngine(
+        primary,
+        fallback,
+        first_chunk_timeout_s=1.0,
+        breaker_failures=2,
+        breaker_reset_s=30,
+        clock=clock,
+        **kw,
+    )
+    engine.load()
+    return engine, primary, fallback, clock
+
+
+def drain(stream):
+    out = []
+    while (c := stream.step()) is not None:
+        out.append(c)
+    return out
+
+
+def test_primary_speaks_when_healthy():
+    engine, primary, fallback, _ = setup([[b"\x01\x00", b"\x02\x00"]])
+    assert isinstance(engine, TtsEngine)
+    stream = engine.open(SynthesisRequest("Hi.", voice="qwen3-voice"))
+    assert drain(stream) == [b"\x01\x00", b"\x02\x00"]
+    assert stream.engine_name == "qwen3" and not fallback.opened
+    assert engine.counters()["switches"] == 0
+
+
+def test_failure_before_audio_switches_to_fallback_for_the_whole_segment():
+    engine, primary, fallback, _ = setup([[fail()]])
+    stream = engine.open(SynthesisRequest("Hi.", voice="qwen3-voice"))
+    assert drain(stream) == [b"\x09\x00" * 8]
+    assert stream.engine_name == "chatterbox"
+    assert fallback.opened[0].text == "Hi." and fallback.opened[0].voice is None
+    assert engine.switches == 1 and primary.closed_streams == 1
+
+
+def test_failure_mid_segment_ends_the_segment_without_duplicating_audio():
+    engine, _, fallback, _ = setup([[b"\x01\x00", fail("engine_runaway")]])
+    stream = engine.open(SynthesisRequest("Hi."))
+    assert drain(stream) == [b"\x01\x00"]
+    assert stream.truncated and stream.error.code == "engine_runaway"
+    assert stream.engine_name == "qwen3" and not fallback.opened
+    assert engine.counters()["truncations"] == 1
+
+
+def test_breaker_opens_after_consecutive_failures_then_probes_and_closes():
+    engine, primary, fallback, clock = setup([[fail()], [fail()]])
+    for _ in range(2):
+        drain(engine.open(SynthesisRequest("a")))
+    assert engine.state is BreakerState.OPEN and engine.breaker_opens == 1
+    stream = engine.open(SynthesisRequest("b"))  # primary not tried while open
+    assert drain(stream) and stream.engine_name == "chatterbox" and len(primary.opened) == 2
+    clock.now += 30
+    probe = engine.open(SynthesisRequest("c"))
+    assert engine.state is BreakerState.HALF_OPEN
+    other = engine.open(SynthesisRequest("d"))  # one probe at a time
+    assert other.engine_name == "chatterbox"
+    assert drain(probe) == [b"\x01\x00" * 4] and probe.engine_name == "qwen3"
+    assert engine.state is BreakerState.CLOSED and engine.consecutive_failures == 0
+
+
+def test_failed_probe_reopens_for_another_reset_period():
+    engine, primary, _, clock = setup([[fail()], [fail()], [fail()]])
+    for _ in range(2):
+        drain(engine.open(SynthesisRequest("a")))
+    clock.now += 30
+    assert drain(engine.open(SynthesisRequest("probe"))) == [b"\x09\x00" * 8]
+    assert engine.state is BreakerState.OPEN and engine.opened_at == clock.now
+    clock.now += 29
+    assert engine.open(SynthesisRequest("x")).engine_name == "chatterbox"
+    assert len(primary.opened) == 3
+
+
+def test_slow_first_chunk_is_kept_but_counts_against_the_primary():
+    slow = [("slow", 1.5, b"\x01\x00"), b"\x02\x00"]
+    engine, _, fallback, _ = setup([list(slow), list(slow)])
+    assert drain(engine.open(SynthesisRequest("a"))) == [b"\x01\x00", b"\x02\x00"]
+    assert engine.consecutive_failures == 1 and engine.state is BreakerState.CLOSED
+    drain(engine.open(SynthesisRequest("b")))
+    assert engine.state is BreakerState.OPEN
+    assert engine.open(SynthesisRequest("c")).engine_name == "chatterbox"
+    assert not fallback.opened  # no audio was thrown away or re-spoken
+
+
+def test_deadline_passed_skips_the_primary_for_one_segment():
+    engine, primary, _, _ = setup()
+    stream = engine.open(SynthesisRequest("a", options={"deadline_passed": True}))
+    assert stream.engine_name == "chatterbox" and drain(stream)
+    assert not primary.opened and engine.state is BreakerState.CLOSED
+
+
+def test_fallback_failure_is_raised():
+    engine, _, fallback, _ = setup([[fail()]])
+    fallback.scripts = [[fail("engine_timeout")]]
+    stream = engine.open(SynthesisRequest("a"))
+    with pytest.raises(EngineError) as err:
+        stream.step()
+    assert err.value.code == "engine_timeout"
+    assert stream.step() is None
+
+
+def test_primary_that_fails_to_load_opens_the_breaker():
+    clock = FakeClock()
+
+    class Broken(ScriptedEngine):
+        def load(self) -> None:
+            raise EngineError("engine_failed", "no model")
+
+    engine = FallbackEngine(
+        Broken("qwen3", clock), ScriptedEngine("chatterbox", clock), breaker_failures=3, clock=clock
+    )
+    engine.load()
+    assert engine.state is BreakerState.OPEN
+    assert engine.open(SynthesisRequest("a")).engine_name == "chatterbox"
+
+
+def test_lanes_must_match():
+    clock = FakeClock()
+    other = ScriptedEngine("remote", clock)
+    other.lane = "remote"
+    with pytest.raises(ValueError, match="share a lane"):
+        FallbackEngine(ScriptedEngine("qwen3", clock), other)

@@ -1,0 +1,143 @@
+"""HttpTtsEngine against a scripted SSE test double and against mlx-audio's real server."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines.base import EngineError, SynthesisRequest, TtsEngine
+from engines.http_tts import HttpTtsEngine
+from tests.tts_servers.sse_tts_double import DONE, ScriptedSseServer, delta
+
+
+@pytest.fixture
+def sse_server():
+    server = ScriptedSseServer()
+    url = server.start()
+    yield server, url
+    server.stop()
+
+
+@pytest.fixture
+def engine_for(sse_server):
+    engines = []
+
+    def make(**kw):
+        eng = HttpTtsEngine(sse_server[1], model="tts-1", voice="serena", **kw)
+        eng.load()
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        eng.close()
+
+
+def run(stream):
+    out = []
+    while (chunk := stream.step()) is not None:
+        out.append(chunk)
+    return out
+
+
+def test_sse_deltas_are_returned_one_per_step(sse_server, engine_for):
+    server, _ = sse_server
+    server.script = [delta(b"\x01\x00\x02\x00"), delta(b"\x03\x00"), DONE]
+    engine = engine_for()
+    assert isinstance(engine, TtsEngine) and engine.lane == "remote"
+    stream = engine.open(SynthesisRequest("Hello.", seed=5, temperature=0.6))
+    assert run(stream) == [b"\x01\x00\x02\x00", b"\x03\x00"]
+    assert stream.step() is None
+    body = server.requests[0]
+    assert body == {
+        "input": "Hello.",
+        "model": "tts-1",
+        "voice": "serena",
+        "response_format": "pcm",
+        "stream_format": "sse",
+        "temperature": 0.6,
+        "seed": 5,
+    }
+
+
+def test_odd_byte_counts_are_carried_to_the_next_step(sse_server, engine_for):
+    server, _ = sse_server
+    server.script = [delta(b"\x01"), delta(b"\x00\x02\x00\x03"), delta(b"\x00"), DONE]
+    assert b"".join(run(engine_for().open(SynthesisRequest("x")))) == b"\x01\x00\x02\x00\x03\x00"
+
+
+def test_error_event_is_an_engine_failure(sse_server, engine_for):
+    server, _ = sse_server
+    server.script = [
+        delta(b"\x00\x00"),
+        {"type": "speech.audio.error", "error": {"message": "boom"}},
+    ]
+    stream = engine_for().open(SynthesisRequest("x"))
+    assert stream.step() == b"\x00\x00"
+    with pytest.raises(EngineError, match="boom") as err:
+        stream.step()
+    assert err.value.code == "engine_failed"
+    assert stream.step() is None
+
+
+@pytest.mark.parametrize("script", [[delta(b"\x00\x00"), "hangup"], [delta(b"\x00\x00")]])
+def test_stream_ending_without_done_is_an_engine_failure(sse_server, engine_for, script):
+    server, _ = sse_server
+    server.script = script
+    stream = engine_for().open(SynthesisRequest("x"))
+    assert stream.step() == b"\x00\x00"
+    with pytest.raises(EngineError) as err:
+        stream.step()
+    assert err.value.code == "engine_failed"
+
+
+def test_http_error_status_is_an_engine_failure(sse_server, engine_for):
+    server, _ = sse_server
+    server.status = 503
+    with pytest.raises(EngineError, match="503") as err:
+        engine_for().open(SynthesisRequest("x")).step()
+    assert err.value.code == "engine_failed"
+
+
+def test_unreachable_server_is_an_engine_failure():
+    engine = HttpTtsEngine("http://127.0.0.1:9/v1", connect_timeout_s=2)
+    engine.load()
+    with pytest.raises(EngineError) as err:
+        engine.open(SynthesisRequest("x")).step()
+    assert err.value.code in ("engine_failed", "engine_timeout")
+    engine.close()
+
+
+def test_close_mid_stream_disconnects_and_the_connection_is_reused(sse_server, engine_for):
+    server, _ = sse_server
+    server.script = [delta(b"\x00\x00"), DONE]
+    server.hold = True
+    engine = engine_for()
+    stream = engine.open(SynthesisRequest("x"))
+    assert stream.step() == b"\x00\x00"
+    stream.close()
+    assert stream.step() is None
+    assert server.disconnected.wait(timeout=10)
+    server.hold = False
+    assert run(engine.open(SynthesisRequest("again"))) == [b"\x00\x00"]
+
+
+# --- mlx-audio's real server -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_raw_pcm_from_real_mlx_audio_server(mlx_audio_server):
+    url, model = mlx_audio_server
+    engine = HttpTtsEngine(url, model=model, voice="aria", format="pcm", read_timeout_s=120)
+    engine.load()
+    try:
+        request = SynthesisRequest("Hello there.", options={"http_body": {"max_tokens": 8}})
+        chunks = run(engine.open(request))
+        assert all(len(c) % 2 == 0 for c in chunks)
+        assert sum(len(c) for c in chunks) == 2 * 7680 * 2  # 8 codec frames of 24 kHz PCM16
+        with pytest.raises(EngineError) as err:  # unknown voice: the server's error surfaces
+            engine.open(
+                SynthesisRequest("Hi.", voice="nobody", options={"http_body": {"max_tokens": 4}})
+            ).step()
+        assert err.value.code == "engine_failed"
+    finally:
+        engine.close()

@@ -1,0 +1,162 @@
+"""Qwen3Engine on tiny random-weight models loaded through mlx-audio's real loader."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+
+pytestmark = pytest.mark.slow
+
+CHUNK_BYTES = 7680 * 2  # 4 codec frames at 12.5 Hz -> 320 ms at 24 kHz, PCM16
+
+
+@pytest.fixture(scope="module")
+def cv_engine(tiny_qwen3_custom_voice):
+    from engines.qwen3 import Qwen3Engine
+
+    engine = Qwen3Engine(str(tiny_qwen3_custom_voice), voice="aria", max_tokens=8)
+    engine.load()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def clone_engine(tiny_qwen3_base, reference_wav):
+    from engines.qwen3 import Qwen3Engine
+
+    engine = Qwen3Engine(str(tiny_qwen3_base), ref_audio=str(reference_wav), max_tokens=4)
+    engine.load()
+    yield engine
+    engine.close()
+
+
+def run(stream: SynthesisStream) -> list[bytes]:
+    chunks = []
+    while (chunk := stream.step()) is not None:
+        chunks.append(chunk)
+    return chunks
+
+
+def test_is_a_tts_engine_on_the_gpu_lane(cv_engine):
+    assert isinstance(cv_engine, TtsEngine)
+    assert (cv_engine.lane, cv_engine.streams) == ("gpu", True)
+    assert cv_engine.voices() == ["aria", "bram"]
+    assert cv_engine.warmup_s is not None
+
+
+def test_streams_320_ms_pcm16_chunks_then_none(cv_engine):
+    stream = cv_engine.open(SynthesisRequest("Hello there.", seed=1))
+    chunks = run(stream)
+    assert [len(c) for c in chunks] == [CHUNK_BYTES, CHUNK_BYTES]  # max_tokens=8
+    assert stream.step() is None
+    stream.close()
+    stream.close()
+    assert any(np.frombuffer(c, "<i2").any() for c in chunks)
+
+
+def test_same_seed_same_audio_other_seed_other_audio(cv_engine):
+    a = run(cv_engine.open(SynthesisRequest("Hi.", seed=7, options={"max_tokens": 4})))
+    b = run(cv_engine.open(SynthesisRequest("Hi.", seed=7, options={"max_tokens": 4})))
+    c = run(cv_engine.open(SynthesisRequest("Hi.", seed=8, options={"max_tokens": 4})))
+    assert a == b
+    assert a != c
+
+
+def test_other_builtin_speaker_and_unknown_voice(cv_engine):
+    assert (
+        len(run(cv_engine.open(SynthesisRequest("Hi.", voice="bram", options={"max_tokens": 4}))))
+        == 1
+    )
+    with pytest.raises(EngineError) as err:
+        cv_engine.open(SynthesisRequest("Hi.", voice="nobody"))
+    assert err.value.code == "voice_unknown"
+
+
+def test_close_mid_stream_stops_at_the_next_step(cv_engine):
+    stream = cv_engine.open(SynthesisRequest("Hello there."))
+    assert len(stream.step()) == CHUNK_BYTES
+    stream.close()
+    assert stream.step() is None
+
+
+def test_runaway_guard_stops_generation(tiny_qwen3_custom_voice):
+    from engines.qwen3 import Qwen3Engine
+
+    engine = Qwen3Engine(
+        str(tiny_qwen3_custom_voice), max_tokens=8, runaway_factor=0.01, runaway_min_s=0.5
+    )
+    engine.load()  # warm-up is 4 tokens = 0.32 s, within the 0.5 s budget
+    try:
+        stream = engine.open(SynthesisRequest("Hi."))
+        assert len(stream.step()) == CHUNK_BYTES  # 0.32 s
+        with pytest.raises(EngineError) as err:
+            stream.step()  # would reach 0.64 s
+        assert err.value.code == "engine_runaway"
+        assert stream.step() is None
+    finally:
+        engine.close()
+
+
+def test_step_from_another_thread_is_refused(cv_engine):
+    stream = cv_engine.open(SynthesisRequest("Hi.", options={"max_tokens": 4}))
+    errors = []
+
+    def other():
+        try:
+            stream.step()
+        except EngineError as exc:
+            errors.append(exc.code)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert errors == ["engine_failed"]
+    stream.close()
+
+
+def test_library_errors_are_mapped(cv_engine, monkeypatch):
+    def broken(*args, **kwargs):  # stands in for a failing mlx kernel
+        raise RuntimeError("[metal] command encoder already encoding")
+
+    monkeypatch.setattr(cv_engine._model, "_sample_token", broken)
+    stream = cv_engine.open(SynthesisRequest("Hi."))
+    with pytest.raises(EngineError, match="command encoder") as err:
+        stream.step()
+    assert err.value.code == "engine_failed"
+    assert stream.step() is None
+
+
+def test_memory_report(cv_engine):
+    mem = cv_engine.memory()
+    assert mem["mlx_peak_bytes"] >= mem["mlx_active_bytes"] > 0
+    assert mem["rss_peak_bytes"] > 0
+
+
+def test_clone_voice_conditioning_is_computed_once(clone_engine, reference_wav):
+    assert clone_engine.voices() == [reference_wav.stem]
+    assert clone_engine.conditioning_computations == 1  # at load, before the warm-up
+    for seed in (1, 2):
+        chunks = run(clone_engine.open(SynthesisRequest("Hello.", seed=seed)))
+        assert [len(c) for c in chunks] == [CHUNK_BYTES]
+    assert clone_engine.conditioning_computations == 1
+
+
+def test_cached_embedding_equals_a_fresh_one(clone_engine):
+    import mlx.core as mx
+
+    cache = clone_engine._embeddings
+    cached = cache(clone_engine._ref_array)
+    fresh = cache(mx.array(np.asarray(clone_engine._ref_array)))  # another array: recomputed
+    assert cache.computed == 2
+    assert mx.allclose(cached, fresh).item()
+
+
+def test_base_model_without_reference_is_refused(tiny_qwen3_base):
+    from engines.qwen3 import Qwen3Engine
+
+    with pytest.raises(EngineError, match="needs ref_audio"):
+        Qwen3Engine(str(tiny_qwen3_base)).load()

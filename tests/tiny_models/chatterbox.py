@@ -1,0 +1,88 @@
+"""Build a tiny random-weight Chatterbox model that ``mlx_audio.tts.utils.load_model`` loads.
+
+Chatterbox has three parts: T3 (a Llama that writes speech tokens), S3Gen (flow matching +
+HiFi-GAN vocoder) and a voice encoder, plus the S3TokenizerV2 speech tokenizer that its
+``post_load_hook`` fetches from ``mlx-community/S3TokenizerV2``. Offline, the hook only
+works against a pre-seeded Hugging Face cache, which ``seed_s3_tokenizer_cache`` writes.
+
+What is tiny and what is not:
+  * T3's size comes from ``LLAMA_CONFIGS[llama_config_name]`` (a module dict, not the
+    config file). ``register_tiny_llama()`` adds a 1-layer entry (1024 wide:
+    the conditioning Perceiver hard-codes that width); it must run in
+    the process that loads the model (the test fixture does it).
+  * S3Gen, the voice encoder and S3TokenizerV2 have fixed sizes. Every component loads
+    with ``strict=False``, so parameters missing from the files keep the random values
+    the constructors drew: the files hold T3 and the voice encoder (small) and one
+    S3TokenizerV2 tensor, instead of ~1.1 GB of random S3Gen/tokenizer weights.
+Random weights never emit the stop token: cap ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TINY_LLAMA = "TinyLlama_test"
+S3_REPO = "mlx-community/S3TokenizerV2"
+_FAKE_SHA = "0" * 40
+
+
+def register_tiny_llama() -> None:
+    from mlx_audio.tts.models.chatterbox import config as cb_config
+
+    cb_config.LLAMA_CONFIGS[TINY_LLAMA] = dict(
+        cb_config.LLAMA_520M_CONFIG,
+        num_hidden_layers=1,  # hidden stays 1024: the conditioning Perceiver is fixed at 1024
+        intermediate_size=1024,
+    )
+
+
+def _write_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    specials = ["[STOP]", "[UNK]", "[SPACE]"]
+    letters = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;\"")
+    vocab = {t: i for i, t in enumerate(specials + letters)}
+    vocab["[START]"] = 255  # T3Config.start_text_token
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens(["[START]", "[STOP]", "[UNK]", "[SPACE]"])
+    tok.save(str(out / "tokenizer.json"))
+
+
+def build_tiny_chatterbox(directory: str | Path) -> Path:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_audio.tts.models.chatterbox.chatterbox import Model
+    from mlx_audio.tts.models.chatterbox.config import ModelConfig, T3Config
+
+    register_tiny_llama()
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(0)
+    t3 = {"llama_config_name": TINY_LLAMA, "text_tokens_dict_size": 704}
+    (out / "config.json").write_text(json.dumps({"model_type": "chatterbox", "t3_config": t3}))
+    model = Model(ModelConfig(t3_config=T3Config(**t3)))
+    weights = {f"t3.{k}": v for k, v in tree_flatten(model.t3.parameters())}
+    weights |= {f"ve.{k}": v for k, v in tree_flatten(model.ve.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    _write_tokenizer(out)
+    return out
+
+
+def seed_s3_tokenizer_cache(hf_cache: str | Path) -> Path:
+    """Write ``models--mlx-community--S3TokenizerV2`` into ``hf_cache`` (random weights)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_audio.tts.models.chatterbox.s3tokenizer import S3TokenizerV2
+
+    repo = Path(hf_cache) / "models--mlx-community--S3TokenizerV2"
+    snap = repo / "snapshots" / _FAKE_SHA
+    snap.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(_FAKE_SHA)
+    (snap / "config.json").write_text(json.dumps({"name": "speech_tokenizer_v2_25hz"}))
+    params = tree_flatten(S3TokenizerV2("speech_tokenizer_v2_25hz").parameters())
+    name, value = min(params, key=lambda kv: kv[1].size)
+    mx.save_safetensors(str(snap / "model.safetensors"), {name: value})
+    return snap

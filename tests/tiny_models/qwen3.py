@@ -1,0 +1,193 @@
+"""Build a tiny random-weight Qwen3-TTS model that ``mlx_audio.tts.utils.load_model`` loads.
+
+Nothing is downloaded: the text tokenizer is a byte-level BPE trained here with
+``tokenizers``; the weights are the random initial parameters of mlx-audio's own
+``Model`` / ``Qwen3TTSSpeechTokenizer`` classes, saved with MLX key names.
+
+Shapes respect the loader's traps (see shared/notes/platform-facts.md): every 1x1 conv has
+more than 64 input channels (``check_array_shape_qwen3`` would transpose it otherwise), and
+the codec's total upsampling is 1920 (12.5 Hz codes -> 24 kHz audio).
+
+Random weights never emit EOS: callers cap ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import wave
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+Kind = Literal["custom_voice", "base"]
+
+SPEAKERS = {"aria": 3000, "bram": 3001}
+"""Speaker names of the tiny ``custom_voice`` model and their codec ids."""
+
+TEXT_VOCAB = 512
+_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|tts_pad|>",
+    "<|tts_bos|>",
+    "<|tts_eos|>",
+]
+_CORPUS = [
+    "Hello there, how are you today? The weather is fine.",
+    "The quick brown fox jumps over the lazy dog 0123456789.",
+    "assistant user system: a voice gateway speaks sentences aloud!",
+]
+
+
+def _write_tokenizer(out: Path) -> dict[str, int]:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    ids = {s: tok.token_to_id(s) for s in _SPECIALS}
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "unk_token": None,
+                "model_max_length": 4096,
+                "additional_special_tokens": _SPECIALS[3:],
+            }
+        )
+    )
+    return ids
+
+
+def _decoder_config() -> dict:
+    return {
+        "latent_dim": 64,
+        "codebook_dim": 160,
+        "codebook_size": 2048,
+        "decoder_dim": 260,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "head_dim": 16,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "num_quantizers": 4,
+        "num_semantic_quantizers": 1,
+        "semantic_codebook_size": 2048,
+        "sliding_window": 16,
+        "upsample_rates": [40, 12],
+        "upsampling_ratios": [2, 2],
+        "vector_quantization_hidden_dimension": 80,
+    }
+
+
+def model_config(kind: Kind, ids: dict[str, int]) -> dict:
+    talker = {
+        "vocab_size": 3072,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "rope_scaling": {"interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"},
+        "num_code_groups": 4,
+        "text_hidden_size": 32,
+        "text_vocab_size": TEXT_VOCAB,
+        "codec_language_id": {"english": 2050, "chinese": 2055},
+        "spk_id": dict(SPEAKERS) if kind == "custom_voice" else None,
+        "code_predictor_config": {
+            "vocab_size": 2048,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "num_code_groups": 4,
+        },
+    }
+    cfg = {
+        "model_type": "qwen3_tts",
+        "tts_model_type": kind,
+        "talker_config": talker,
+        "im_start_token_id": ids["<|im_start|>"],
+        "im_end_token_id": ids["<|im_end|>"],
+        "tts_pad_token_id": ids["<|tts_pad|>"],
+        "tts_bos_token_id": ids["<|tts_bos|>"],
+        "tts_eos_token_id": ids["<|tts_eos|>"],
+    }
+    if kind == "base":
+        cfg["speaker_encoder_config"] = {
+            "mel_dim": 128,
+            "enc_dim": 32,  # must equal the talker's hidden size (it is a codec-prefix slot)
+            "enc_channels": [96, 96, 96, 96, 288],
+            "enc_kernel_sizes": [5, 3, 3, 3, 1],
+            "enc_dilations": [1, 2, 3, 4, 1],
+            "enc_attention_channels": 72,
+            "enc_res2net_scale": 4,
+            "enc_se_channels": 72,
+        }
+    return cfg
+
+
+def build_tiny_qwen3(directory: str | Path, kind: Kind = "custom_voice", seed: int = 0) -> Path:
+    """Write a tiny ``kind`` Qwen3-TTS model to ``directory`` and return its path."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_audio.tts.models.qwen3_tts import Model, ModelConfig
+    from mlx_audio.tts.models.qwen3_tts.config import Qwen3TTSTokenizerConfig
+    from mlx_audio.tts.models.qwen3_tts.speech_tokenizer import Qwen3TTSSpeechTokenizer
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(seed)
+    ids = _write_tokenizer(out)
+    cfg = model_config(kind, ids)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    model = Model(ModelConfig.from_dict(cfg))
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+
+    st = out / "speech_tokenizer"
+    st.mkdir(exist_ok=True)
+    st_cfg = {"decoder_config": _decoder_config(), "decode_upsample_rate": 1920}
+    (st / "config.json").write_text(json.dumps(st_cfg, indent=1))
+    tokenizer = Qwen3TTSSpeechTokenizer(
+        Qwen3TTSTokenizerConfig(decoder_config=st_cfg["decoder_config"])
+    )
+    mx.save_safetensors(str(st / "model.safetensors"), dict(tree_flatten(tokenizer.parameters())))
+    (out / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.9, "top_k": 50, "top_p": 1.0, "max_new_tokens": 8})
+    )
+    return out
+
+
+def write_reference_wav(
+    path: str | Path, seconds: float = 1.5, rate: int = 24_000, seed: int = 0
+) -> Path:
+    """Write a 16-bit mono WAV: a gliding tone with a little noise (a stand-in voice)."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    f = 140 + 60 * np.sin(2 * np.pi * 0.7 * t)
+    x = 0.4 * np.sin(2 * np.pi * np.cumsum(f) / rate) + 0.03 * rng.standard_normal(t.size)
+    pcm = (np.clip(x, -1, 1) * 32767).astype("<i2")
+    path = Path(path)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return path
