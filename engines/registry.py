@@ -40,6 +40,20 @@ def create_engine(name: str, **options: Any) -> TtsEngine:
     return engine
 
 
+def create_voice(engine: str, options: dict[str, Any], fallback: str | None = None,
+                 fallback_options: dict[str, Any] | None = None,
+                 fallback_policy: dict[str, Any] | None = None) -> TtsEngine:
+    """The configured voice: ``engine``, wrapped with ``fallback`` when one is named."""
+    primary = create_engine(engine, **options)
+    if not fallback:
+        return primary
+    from engines.fallback import FallbackEngine
+
+    backup = create_engine(fallback, **(fallback_options or {}))
+    wrapped: TtsEngine = FallbackEngine(primary, backup, **(fallback_policy or {}))
+    return wrapped
+
+
 def create_llm(name: str, **options: Any) -> LlmBackend:
     try:
         target = LLM_BACKENDS[name]

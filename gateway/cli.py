@@ -30,7 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--voice-ref", help="reference WAV to clone the voice from")
     s.add_argument("--voice-ref-text", help="transcript of the reference WAV")
     s.add_argument("--tts-url", help="URL of a remote TTS server (engine http)")
-    s.add_argument("--fallback", help="fallback TTS engine")
+    s.add_argument("--fallback", help="fallback TTS engine (its options: [tts.fallback_options]"
+                   " in --config)")
+    s.add_argument("--synthetic-rtf", type=float, help="synthetic engine: seconds of work per "
+                   "second of audio (default 0.44; 0 = free)")
+    s.add_argument("--synthetic-ttfa-ms", type=float, help="synthetic engine: first-step cost")
+    s.add_argument("--synthetic-step-ms", type=float, help="synthetic engine: audio per step")
     s.add_argument("--frame-ms", type=int, help="audio frame duration (default 40)")
     s.add_argument("--max-lead-ms", type=int, help="audio sent ahead of playback (default 1000)")
     s.add_argument("--token", action="append", help="accepted bearer token (repeatable; "
@@ -52,6 +57,15 @@ def _tokens(args: argparse.Namespace) -> tuple[str, ...] | None:
     return tuple(tokens) or None
 
 
+def _synthetic_options(args: argparse.Namespace) -> dict[str, float] | None:
+    named = {"rtf": args.synthetic_rtf, "ttfa_ms": args.synthetic_ttfa_ms,
+             "step_ms": args.synthetic_step_ms}
+    options = {k: v for k, v in named.items() if v is not None}
+    if options and (args.tts or "espeak") != "synthetic":
+        raise ValueError("--synthetic-* options need --tts synthetic")
+    return options or None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
@@ -66,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},
             tts={"engine": args.tts, "model": args.tts_model, "voice": args.voice,
                  "voice_ref": args.voice_ref, "voice_ref_text": args.voice_ref_text,
-                 "url": args.tts_url, "fallback": args.fallback},
+                 "url": args.tts_url, "fallback": args.fallback,
+                 "options": _synthetic_options(args)},
             session={"frame_ms": args.frame_ms, "max_lead_ms": args.max_lead_ms},
         )
     except (OSError, ValueError) as exc:

@@ -5,8 +5,10 @@ TOML layout (every key optional; see examples/hub.toml)::
 
     [server]   host, port, max_sessions, http_port
     [llm]      url, model, api_key, temperature, max_tokens, replies (replay file), tokens_per_s
-    [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, options = {...}
-    [tts.fallback_options]   options for the fallback engine
+    [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback
+    [tts.options]            more options of the primary engine
+    [tts.fallback_options]   options of the fallback engine
+    [tts.fallback_policy]    first_chunk_timeout_s, breaker_failures, breaker_reset_s
     [session]  instructions, frame_ms, max_lead_ms, history_turns
 """
 
@@ -73,7 +75,11 @@ class TtsConfig:
     url: str | None = None
     fallback: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    """Further constructor options of the primary engine (e.g. ``temperature``, ``rtf``)."""
     fallback_options: dict[str, Any] = field(default_factory=dict)
+    """Constructor options of the fallback engine (its own ``model``, ``ref_audio``, ...)."""
+    fallback_policy: dict[str, Any] = field(default_factory=dict)
+    """``first_chunk_timeout_s``, ``breaker_failures``, ``breaker_reset_s``."""
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for the primary engine's constructor."""
@@ -131,5 +137,8 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
     for name, cls in _SECTIONS.items():
         section = _section(cls, data.get(name, {}), f"{path}[{name}]")
         changes = {k: v for k, v in overrides.get(name, {}).items() if v is not None}
+        for key, value in changes.items():  # option tables merge, flags win
+            if isinstance(value, dict):
+                changes[key] = {**getattr(section, key), **value}
         parts[name] = replace(section, **changes)
     return GatewayConfig(**parts)

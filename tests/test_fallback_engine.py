@@ -202,9 +202,8 @@ def test_primary_that_fails_to_load_opens_the_breaker():
     assert engine.open(SynthesisRequest("a")).engine_name == "chatterbox"
 
 
-def test_lanes_must_match():
+def test_runs_on_the_primary_lane():
     clock = FakeClock()
-    other = ScriptedEngine("remote", clock)
-    other.lane = "remote"
-    with pytest.raises(ValueError, match="share a lane"):
-        FallbackEngine(ScriptedEngine("qwen3", clock), other)
+    other = ScriptedEngine("espeak", clock)
+    other.lane = "cpu"
+    assert FallbackEngine(ScriptedEngine("qwen3", clock), other).lane == "gpu"

@@ -28,7 +28,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from engines.base import LlmBackend, TtsEngine
-from engines.registry import create_engine, create_llm
+from engines.registry import create_llm, create_voice
 from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.session import Session, SessionLimits, SessionSettings
@@ -84,7 +84,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, engine: TtsEngine | None = None,
                  llm: LlmBackend | None = None) -> None:
         self.config = config
-        self.engine = engine or create_engine(config.tts.engine, **config.tts.engine_options())
+        t = config.tts
+        self.engine = engine or create_voice(t.engine, t.engine_options(), t.fallback,
+                                             t.fallback_options, t.fallback_policy)
         self.llm = llm or self._make_llm()
         # just in time: a turn more than max_lead ahead of its listener yields the lane
         self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline,

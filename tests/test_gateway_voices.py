@@ -1,0 +1,104 @@
+"""The gateway speaking with the production engines: qwen3 (tiny random-weight model through
+mlx-audio's real loader) and a primary that fails mid-turn with espeak taking over."""
+
+from __future__ import annotations
+
+import pytest
+from websockets.asyncio.client import connect
+
+from engines.base import EngineError, SynthesisRequest
+from engines.registry import create_voice
+from engines.synthetic import SyntheticEngine
+from gateway.config import load_config
+from gateway.io.server import Gateway
+from tests.wsclient import read_turn, recv_event, send
+
+
+async def say(gw: Gateway, text: str, **session):
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="session.update", session={"max_lead_ms": 30000, **session})
+        await recv_event(ws, "session.updated")
+        await send(ws, type="say", text=text)
+        return await read_turn(ws)
+
+
+def gapless(result) -> None:
+    seqs = [f.seq for f in result.frames]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert result.frames[-1].turn_end
+
+
+@pytest.mark.slow
+async def test_a_turn_spoken_by_tiny_qwen3(tiny_qwen3_custom_voice):
+    config = load_config(server={"port": 0},
+                         tts={"engine": "qwen3", "model": str(tiny_qwen3_custom_voice),
+                              "voice": "aria", "options": {"max_tokens": 6}})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        result = await say(gw, "Hello there. Second sentence.")
+    finally:
+        await gw.aclose()
+    assert result.done["status"] == "completed"
+    assert [s["engine"] for s in result.of("sentence")] == ["qwen3", "qwen3"]
+    gapless(result)
+    # random weights, capped tokens: a few 320 ms steps of quiet noise, but real samples
+    assert result.audio_ms >= 320 and result.audio.any()
+
+
+class FailingSynthetic(SyntheticEngine):
+    """TEST DOUBLE: the synthetic engine, made to fail on the segments it is told to."""
+
+    name = "flaky"
+
+    def __init__(self, fail_on: str, **options) -> None:
+        super().__init__(**options)
+        self.fail_on = fail_on
+
+    def open(self, request: SynthesisRequest):
+        stream = super().open(request)
+        if self.fail_on not in request.text:
+            return stream
+        steps = 0
+        real_step = stream.step
+
+        def step():
+            nonlocal steps
+            steps += 1
+            if steps > 1:  # one chunk of audio, then the "model" breaks mid-sentence
+                raise EngineError("engine_failed", "injected failure")
+            return real_step()
+
+        stream.step = step
+        return stream
+
+
+async def test_primary_failing_mid_turn_is_finished_by_the_fallback():
+    from engines.espeak import EspeakEngine
+    from engines.fallback import FallbackEngine
+
+    primary = FailingSynthetic("Second", rtf=0, ttfa_ms=0, lane="cpu", step_ms=80)
+    engine = FallbackEngine(primary, EspeakEngine(), breaker_failures=1, breaker_reset_s=600)
+    gw = Gateway(load_config(server={"port": 0}), engine=engine)
+    await gw.start()
+    try:
+        result = await say(gw, "First sentence here. Second sentence breaks. Third one is fine.")
+    finally:
+        await gw.aclose()
+    assert result.done["status"] == "completed"
+    engines = [s["engine"] for s in result.of("sentence")]
+    # sentence 2 stops where the primary failed (no word said twice); the breaker opens and
+    # the fallback speaks the rest
+    assert engines == ["flaky", "flaky", "espeak"]
+    assert result.done["metrics"]["engines"] == ["flaky", "espeak"]
+    per_sentence = {e["index"]: e["audio_ms"] for e in result.of("sentence.done")}
+    assert per_sentence[1] == 80  # the one chunk the primary made before failing
+    gapless(result)
+    counters = engine.counters()
+    assert (counters["truncations"], counters["breaker_opens"]) == (1, 1)
+
+
+def test_create_voice_wraps_the_fallback_by_name():
+    voice = create_voice("synthetic", {"rtf": 0}, "espeak", {}, {"breaker_failures": 2})
+    assert voice.name == "fallback" and voice.lane == "gpu"
