@@ -133,7 +133,6 @@ class SessionRunner:
             self.gateway.lane.touch((self.session.id, message.turn_id))
 
     def protocol_error(self, error: ProtocolError, now: float) -> None:
-        self.gateway.metrics.errors[error.code] += 1
         self._apply(self.session.protocol_error(error, now))
 
     # ---- effects ---------------------------------------------------------------------
@@ -151,6 +150,8 @@ class SessionRunner:
             case SendEvent(event=event):
                 if event["type"] == "turn.done":
                     self.gateway.metrics.turn_done(event)
+                elif event["type"] == "error":  # every error a client is told of, once
+                    self.gateway.metrics.errors[event["error"]["code"]] += 1
                 self.send(codec.encode_event(event))
             case StartLlm(turn_id=turn_id, request=request):
                 if not self.closed:
@@ -231,11 +232,9 @@ class SessionRunner:
                             return
             raise EngineError("llm_failed", "the LLM stream ended without finishing")
         except EngineError as exc:
-            self.gateway.metrics.errors[exc.code] += 1
             self._apply(self.session.llm_failed(turn_id, exc.code, exc.message, self.now()))
         except Exception as exc:
             log.exception("LLM backend failed")
-            self.gateway.metrics.errors["llm_failed"] += 1
             self._apply(self.session.llm_failed(turn_id, "llm_failed",
                                                 f"{type(exc).__name__}: {exc}", self.now()))
 
@@ -260,7 +259,6 @@ class SessionRunner:
 
     def on_failed(self, job: Job, code: str, message: str) -> None:
         payload: SynthesisJob = job.payload
-        self.gateway.metrics.errors[code] += 1
         self._apply(self.session.synthesis_failed(job.owner[1], payload.index, code, message,
                                                   self.now()))
 
