@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--synthetic-step-ms", type=float, help="synthetic engine: audio per step")
     s.add_argument("--frame-ms", type=int, help="audio frame duration (default 40)")
     s.add_argument("--max-lead-ms", type=int, help="audio sent ahead of playback (default 1000)")
+    s.add_argument("--lane-policy", choices=("scheduler", "fifo"),
+                   help="how jobs share the engine lane (default scheduler; fifo: the old "
+                   "sidecar, whole generations in arrival order)")
     s.add_argument("--token", action="append", help="accepted bearer token (repeatable; "
                    "also VOICE_GATEWAY_TOKENS=a,b). Without any, only loopback may be bound")
     s.add_argument("--insecure-bind", action="store_true", default=None,
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(
             args.config,
             server={"host": args.host, "port": args.port, "http_port": args.http_port,
+                    "lane_policy": args.lane_policy,
                     "tokens": _tokens(args), "insecure_bind": args.insecure_bind,
                     "origins": tuple(args.origin) if args.origin else None,
                     "tls_cert": args.tls_cert, "tls_key": args.tls_key},

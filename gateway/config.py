@@ -3,7 +3,7 @@ place that turns a TOML file and command-line flags into them (flags win over th
 
 TOML layout (every key optional; see examples/hub.toml)::
 
-    [server]   host, port, max_sessions, http_port
+    [server]   host, port, max_sessions, http_port, lane_policy
     [llm]      url, model, api_key, temperature, max_tokens, replies (replay file), tokens_per_s
     [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback
     [tts.options]            more options of the primary engine
@@ -45,6 +45,15 @@ class ServerConfig:
     http_port: int | None = None
     """HTTP API (speech, health, metrics). None: ``port + 1`` (8781), or a free port when
     ``port`` is 0; 0: a free port."""
+    lane_policy: str = "scheduler"
+    """How the engine lane shares its steps: ``scheduler`` (interactive first, by deadline,
+    just in time) or ``fifo`` (whole generations, first come first served: the old sidecar,
+    a baseline). See ``gateway.core.scheduler``."""
+
+    def __post_init__(self) -> None:
+        if self.lane_policy not in ("scheduler", "fifo"):
+            raise ValueError(f"lane_policy must be 'scheduler' or 'fifo', not "
+                             f"{self.lane_policy!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.core.scheduler import Job, LaneScheduler, Priority
+from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority
 
 IA, B, W = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.WARMUP
 
@@ -166,3 +166,47 @@ def test_matches_a_brute_force_reference() -> None:
         else:  # the step gave its listener audio: the deadline moves later
             deadlines[got.owner] = max(now, deadlines[got.owner]) + rng.random() * 0.4
         assert len(sched) == sum(len(q) for q in queues.values())
+
+
+# ---- the FIFO policy (the old sidecar) ----------------------------------------------------
+
+
+def test_fifo_runs_the_first_owner_to_the_end_whatever_the_priority() -> None:
+    sched, _ = make([("bg", B, 9.0), ("bg", B, 9.0), ("hub", IA, 0.0)],
+                    policy=LanePolicy.FIFO, max_lead=1.0)
+    order = []
+    while (job := sched.next_job(0.0)) is not None:
+        order.append(job.payload)
+        sched.finish(job)
+    assert order == ["bg0", "bg1", "hub2"]  # max_lead and priority ignored
+    assert sched.next_eligible_at is None
+
+
+def test_fifo_holder_keeps_the_lane_for_a_job_submitted_from_on_done() -> None:
+    sched, jobs = make([("bg", B, 0.0), ("hub", IA, 0.0)], policy=LanePolicy.FIFO)
+    first = sched.next_job(0.0)
+    assert first is jobs["bg"]
+    sched.finish(first)  # the lane finishes the job, then the sink submits the next segment
+    nxt = Job(owner="bg", priority=B, deadline=0.0, payload="bg-next")
+    sched.submit(nxt)
+    assert sched.next_job(0.0) is nxt
+    sched.finish(nxt)
+    assert sched.next_job(0.0) is jobs["hub"]  # bg had nothing when the lane asked
+    late = Job(owner="bg", priority=B, deadline=0.0)
+    sched.submit(late)
+    assert sched.next_job(0.0) is jobs["hub"]  # bg lost its turn: behind hub now
+
+
+def test_fifo_after_idle_and_cancel_goes_by_arrival() -> None:
+    sched, jobs = make([("a", IA, 0.0)], policy=LanePolicy.FIFO)
+    sched.finish(sched.next_job(0.0))
+    assert sched.next_job(0.0) is None
+    b = Job(owner="b", priority=B, deadline=0.0)
+    a = Job(owner="a", priority=IA, deadline=0.0)
+    sched.submit(b)
+    sched.submit(a)
+    assert sched.next_job(0.0) is b  # a held the lane last, but b arrived first
+    assert sched.cancel("b") == [b] and b.cancelled
+    assert sched.next_job(0.0) is a
+    sched.touch("a")  # harmless under FIFO
+    assert sched.next_job(0.0) is a and len(sched) == 1

@@ -18,6 +18,12 @@ in order:
 4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
    is marked cancelled and the lane drops it at the step boundary.
 
+Policy ``fifo`` (``LanePolicy.FIFO``, the old TTS sidecar, kept as a baseline and a fallback)
+replaces rules 2 and 3: the owner that arrived first runs all its jobs to the end before any
+other owner starts, including a job it submits before the lane asks for the next one (an
+HTTP request's next segment, submitted from ``on_done``); priority, deadlines and
+``max_lead`` are ignored. Rules 1 and 4 hold.
+
 Cost: each priority class keeps a heap of owner heads keyed by their last known deadline.
 Deadlines only move later while a job waits (its listener gains audio, time passes), so a
 stale key is never later than the true one and it suffices to refresh the top of a heap
@@ -37,6 +43,13 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class LanePolicy(enum.StrEnum):
+    SCHEDULER = "scheduler"
+    """One step at a time: priority, then deadline, just in time (rules 1-4)."""
+    FIFO = "fifo"
+    """Whole generations, first come first served (the old sidecar)."""
 
 
 class Priority(enum.IntEnum):
@@ -87,6 +100,8 @@ class LaneScheduler:
     deadline_of: DeadlineOf | None = None
     max_lead: float | None = None
     """Seconds: a job whose deadline is further away than this yields the lane (None: never)."""
+    policy: LanePolicy = LanePolicy.SCHEDULER
+    """Set before the first ``submit``; ``fifo`` keeps no heaps."""
     next_eligible_at: float | None = None
     """Set by ``next_job`` when it returns None although jobs wait: when the earliest of them
     becomes eligible (None when nothing waits)."""
@@ -95,6 +110,7 @@ class LaneScheduler:
     _heaps: tuple[list[_Entry], ...] = field(
         default_factory=lambda: tuple([] for _ in Priority))
     _size: int = 0
+    _holder: Hashable = None
     _counter: itertools.count = field(default_factory=itertools.count)
 
     # ---- queue -------------------------------------------------------------------------
@@ -123,7 +139,7 @@ class LaneScheduler:
             return
         queue.popleft()
         self._size -= 1
-        self._entries.pop(job.owner).live = False
+        self._drop_entry(job.owner)
         if queue:
             self._push_head(queue[0])
         else:
@@ -134,7 +150,7 @@ class LaneScheduler:
         queue = self._queues.pop(owner, None)
         if not queue:
             return []
-        self._entries.pop(owner).live = False
+        self._drop_entry(owner)
         self._size -= len(queue)
         for job in queue:
             job.cancelled = True
@@ -144,7 +160,7 @@ class LaneScheduler:
         """``owner``'s deadline may have moved earlier: ask ``deadline_of`` again."""
         queue = self._queues.get(owner)
         if queue:
-            self._entries.pop(owner).live = False
+            self._drop_entry(owner)
             self._push_head(queue[0])
 
     # ---- decision ----------------------------------------------------------------------
@@ -152,6 +168,18 @@ class LaneScheduler:
     def next_job(self, now: float) -> Job | None:
         """The job whose next step should run now, or None when nothing is eligible (then
         ``next_eligible_at`` says when a waiting job becomes eligible)."""
+        if self.policy is LanePolicy.FIFO:
+            # Owners are kept in arrival order (a dict). The owner of the last job handed out
+            # holds the lane while it has work, even if its queue emptied in between (a
+            # sink submits the next segment from ``on_done``, after ``finish``).
+            self.next_eligible_at = None
+            queue = self._queues.get(self._holder)
+            if queue is None:
+                if not self._queues:
+                    self._holder = None
+                    return None
+                self._holder, queue = next(iter(self._queues.items()))
+            return queue[0]
         wake = math.inf
         for heap in self._heaps:
             while heap:
@@ -181,6 +209,13 @@ class LaneScheduler:
         return None
 
     def _push_head(self, job: Job) -> None:
+        if self.policy is LanePolicy.FIFO:
+            return
         entry = _Entry(_UNKNOWN, job)
         self._entries[job.owner] = entry
         heapq.heappush(self._heaps[job.priority], entry)
+
+    def _drop_entry(self, owner: Hashable) -> None:
+        entry = self._entries.pop(owner, None)
+        if entry is not None:
+            entry.live = False

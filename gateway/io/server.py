@@ -31,6 +31,7 @@ from engines.base import LlmBackend, TtsEngine
 from engines.registry import create_llm, create_voice
 from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
+from gateway.core.scheduler import LanePolicy
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.auth import check_token, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
@@ -91,6 +92,7 @@ class Gateway:
         # just in time: a turn more than max_lead ahead of its listener yields the lane
         self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline,
                          max_lead=config.session.max_lead_ms / 1000.0)
+        self.lane.scheduler.policy = LanePolicy(config.server.lane_policy)
         self.metrics = Metrics()
         self.telemetry = Telemetry(self)
         s = config.server
