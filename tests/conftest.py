@@ -41,3 +41,39 @@ def tiny_llama_server(
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+async def start_gateway(tmp_path):
+    """Start real gateways on 127.0.0.1:0 (espeak and the replay LLM by default); every one
+    started is closed at teardown.
+
+    ``await start_gateway(replies, tokens_per_s=400, server={...}, ...)``: ``replies`` are
+    ``{"transcript", "reply"}`` dicts written to a JSONL file for the replay backend; other
+    keyword arguments are config sections merged over the defaults; ``engine=`` passes a
+    ready engine object."""
+    import orjson
+
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+
+    started: list[Gateway] = []
+
+    async def start(replies=(), *, tokens_per_s: float = 400.0, engine=None,
+                    **sections) -> Gateway:
+        llm = {"tokens_per_s": tokens_per_s, **sections.pop("llm", {})}
+        if replies:
+            path = tmp_path / f"replies-{len(started)}.jsonl"
+            path.write_text("".join(orjson.dumps(r).decode() + "\n" for r in replies))
+            llm["replies"] = str(path)
+        config = load_config(server={"port": 0, **sections.pop("server", {})},
+                             tts={"engine": "espeak", **sections.pop("tts", {})},
+                             llm=llm, **sections)
+        gw = Gateway(config, engine=engine)
+        started.append(gw)
+        await gw.start()
+        return gw
+
+    yield start
+    for gw in reversed(started):
+        await gw.aclose()

@@ -9,11 +9,8 @@ import shutil
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
 
-from gateway.config import load_config
-from gateway.io.server import Gateway
 from gateway.io.static import STATIC_DIR
 
 CHROMIUM = "/usr/bin/chromium"
@@ -28,19 +25,9 @@ def keep_screenshot(shot: Path) -> None:
 
 
 @pytest.fixture
-async def gateway(tmp_path):
-    replies = tmp_path / "replies.jsonl"
-    replies.write_text("".join(orjson.dumps(r).decode() + "\n" for r in (
-        {"transcript": "Hello", "reply": "Hi. Nice to hear you."},
-        {"transcript": "Tell me everything", "reply": LONG})))
-    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
-                         llm={"replies": str(replies), "tokens_per_s": 400.0})
-    gw = Gateway(config)
-    await gw.start()
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
+async def gateway(start_gateway):
+    return await start_gateway([{"transcript": "Hello", "reply": "Hi. Nice to hear you."},
+                                {"transcript": "Tell me everything", "reply": LONG}])
 
 
 async def test_static_routes_have_types_and_refuse_escapes(gateway):

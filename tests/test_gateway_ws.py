@@ -32,15 +32,9 @@ def replies(tmp_path):
 
 
 @pytest.fixture
-async def gateway(replies):
-    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
-                         llm={"replies": replies, "tokens_per_s": 400.0})
-    gw = Gateway(config)
-    await gw.start()
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
+async def gateway(start_gateway):
+    return await start_gateway([{"transcript": "How much did we spend on hosting?",
+                                 "reply": REPLY}])
 
 
 def url(gw: Gateway) -> str:

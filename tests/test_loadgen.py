@@ -3,7 +3,6 @@ gateway (replay LLM + espeak on 127.0.0.1:0)."""
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from examples.loadgen import (
@@ -13,8 +12,6 @@ from examples.loadgen import (
     percentile,
     run_load,
 )
-from gateway.config import load_config
-from gateway.io.server import Gateway
 
 MS = 24  # samples per millisecond
 
@@ -142,19 +139,9 @@ def test_transcripts_from_jsonl_or_text(tmp_path):
 
 
 @pytest.fixture
-async def short_gateway(tmp_path):
-    replies = tmp_path / "replies.jsonl"
-    replies.write_text("".join(orjson.dumps(r).decode() + "\n" for r in (
-        {"transcript": "Hello", "reply": "Hi. Nice to hear you."},
-        {"transcript": "Time", "reply": "It is noon. Lunch is soon."})))
-    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
-                         llm={"replies": str(replies), "tokens_per_s": 400.0})
-    gw = Gateway(config)
-    await gw.start()
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
+async def short_gateway(start_gateway):
+    return await start_gateway([{"transcript": "Hello", "reply": "Hi. Nice to hear you."},
+                                {"transcript": "Time", "reply": "It is noon. Lunch is soon."}])
 
 
 @pytest.mark.slow

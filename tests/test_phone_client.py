@@ -6,12 +6,9 @@ import asyncio
 import wave
 
 import numpy as np
-import orjson
 import pytest
 
 from examples import phone_client
-from gateway.config import load_config
-from gateway.io.server import Gateway
 
 REPLIES = (
     {"transcript": "Hello", "reply": "Hi. Nice to hear you."},
@@ -21,17 +18,8 @@ REPLIES = (
 
 
 @pytest.fixture
-async def gateway(tmp_path):
-    replies = tmp_path / "replies.jsonl"
-    replies.write_text("".join(orjson.dumps(r).decode() + "\n" for r in REPLIES))
-    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
-                         llm={"replies": str(replies), "tokens_per_s": 400.0})
-    gw = Gateway(config)
-    await gw.start()
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
+async def gateway(start_gateway):
+    return await start_gateway(REPLIES)
 
 
 def read_wav(path) -> tuple[int, np.ndarray]:

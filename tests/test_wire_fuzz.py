@@ -20,7 +20,6 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from gateway.config import load_config
 from gateway.core.codec import MAX_MESSAGE_BYTES, MAX_TEXT_CHARS
 from gateway.io.server import WS_MAX_SIZE, Gateway
 from tests.test_gateway_ws import REPLY, check_frames, url
@@ -33,23 +32,9 @@ SAY = "Dr. Patel will call at 3 p.m. today. Please keep the line free, and take 
 
 
 @pytest.fixture
-def replies(tmp_path):
-    path = tmp_path / "replies.jsonl"
-    path.write_text(orjson.dumps({"transcript": "How much did we spend on hosting?",
-                                  "reply": REPLY}).decode() + "\n")
-    return str(path)
-
-
-@pytest.fixture
-async def gateway(replies):
-    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
-                         llm={"replies": replies, "tokens_per_s": 2000.0})
-    gw = Gateway(config)
-    await gw.start()
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
+async def gateway(start_gateway):
+    return await start_gateway([{"transcript": "How much did we spend on hosting?",
+                                 "reply": REPLY}], tokens_per_s=2000.0)
 
 
 # --- malformed frames, each with the error code it must get ---------------------------------
