@@ -34,6 +34,7 @@ from engines.mlx_common import (
     mlx_failure,
     process_memory,
     resolve_model_path,
+    warm_up,
 )
 
 log = logging.getLogger(__name__)
@@ -118,14 +119,7 @@ class ChatterboxEngine:
         self._model, self._conds = model, conds
         load_s = time.perf_counter() - t0
 
-        t2 = time.perf_counter()
-        stream = self.open(SynthesisRequest(self.warmup_text, options={"max_tokens": 4}))
-        try:
-            while stream.step() is not None:
-                pass
-        finally:
-            stream.close()
-        self.warmup_s = time.perf_counter() - t2
+        self.warmup_s = warm_up(self, self.warmup_text)
         mem = self.memory()
         log.info(
             "chatterbox loaded %s in %.2f s (voice conditioning %.2f s); warm-up took %.2f s; "

@@ -15,12 +15,13 @@ import os
 import resource
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engines.base import EngineError
+from engines.base import EngineError, SynthesisRequest, TtsEngine
 
 INT16_SCALE = 32767.0
 """Full scale for float -> PCM16: +1.0 -> 32767, -1.0 -> -32767 (symmetric, no overflow)."""
@@ -100,6 +101,19 @@ class LaneThreadGuard:
                 "MLX engine used from a thread other than the one that loaded it: "
                 "all MLX work must run on the gpu lane's single worker thread",
             )
+
+
+def warm_up(engine: TtsEngine, text: str) -> float:
+    """Speak ``text`` once (4 tokens at most) so the first real request pays no compile or
+    allocation cost; returns the seconds it took."""
+    started = time.perf_counter()
+    stream = engine.open(SynthesisRequest(text, options={"max_tokens": 4}))
+    try:
+        while stream.step() is not None:
+            pass
+    finally:
+        stream.close()
+    return time.perf_counter() - started
 
 
 def mlx_failure(exc: BaseException, what: str) -> EngineError:

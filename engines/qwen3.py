@@ -49,6 +49,7 @@ from engines.mlx_common import (
     process_memory,
     quiet_tqdm,
     resolve_model_path,
+    warm_up,
 )
 
 log = logging.getLogger(__name__)
@@ -200,14 +201,7 @@ class Qwen3Engine:
         self._model = model
         load_s = time.perf_counter() - t0
 
-        t1 = time.perf_counter()
-        stream = self.open(SynthesisRequest(self.warmup_text, options={"max_tokens": 4}))
-        try:
-            while stream.step() is not None:
-                pass
-        finally:
-            stream.close()
-        self.warmup_s = time.perf_counter() - t1
+        self.warmup_s = warm_up(self, self.warmup_text)
         mem = self.memory()
         log.info(
             "qwen3 loaded %s (%s) in %.2f s; warm-up took %.2f s; mlx active %.0f MB, peak %.0f MB",
