@@ -81,6 +81,9 @@ class SyntheticEngine:
             raise ValueError(f"unknown synthetic voice {voice!r}; known: {', '.join(VOICES)}")
         self.rtf = float(rtf)
         self.ttfa_ms = float(ttfa_ms)
+        self.blocks = self.rtf > 0 or self.ttfa_ms > 0
+        """At zero cost a step is a slice of a cached signal: the gateway may run it inline
+        on its event loop instead of paying a thread hop per step."""
         self.step_ms = float(step_ms)
         self.lane: Lane = lane
         self.streams = bool(streams)

@@ -64,6 +64,7 @@ class Lane:
                  max_lead: float | None = None):
         self.name = name
         self.engine = engine
+        self.inline = getattr(engine, "blocks", True) is False
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead)
         self.stats = LaneStats()
         self.loaded = False
@@ -79,8 +80,22 @@ class Lane:
         call already running there; its result is discarded."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def _call_step(self, fn: Any, *args: Any) -> Any:
+        """A step or an ``open``: on the lane thread, or inline on the event loop for an
+        engine whose steps cost (next to) nothing (``blocks = False``), where the thread
+        hop and the GIL hand-over would cost more than the step itself."""
+        if self.inline:
+            result = fn(*args)
+            await asyncio.sleep(0)  # let the loop breathe between inline steps
+            return result
+        return await self.call(fn, *args)
+
     def _close_later(self, stream: SynthesisStream | None) -> None:
-        if stream is not None:
+        if stream is None:
+            return
+        if self.inline:
+            _close_quietly(stream)
+        else:
             self._executor.submit(_close_quietly, stream)
 
     # ---- API ---------------------------------------------------------------------------
@@ -151,8 +166,8 @@ class Lane:
         chunk: bytes | None = None
         try:
             if job.state is None:
-                job.state = await self.call(self.engine.open, payload.request)
-            chunk, ready_at = await self.call(_timed_step, job.state)
+                job.state = await self._call_step(self.engine.open, payload.request)
+            chunk, ready_at = await self._call_step(_timed_step, job.state)
         except EngineError as exc:
             self._drop(job)
             self.stats.jobs_failed += 1
