@@ -269,6 +269,7 @@ class _Joined(dict):
         return np.frombuffer(b"".join(self._chunks[index]), dtype="<i2")
 
 
+@pytest.mark.slow
 async def test_opus_watch_hears_what_a_direct_client_hears(gateway, relay):
     direct, direct_sentences = await direct_turn(gateway, TEXT)
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
@@ -305,6 +306,7 @@ async def test_opus_watch_hears_what_a_direct_client_hears(gateway, relay):
     assert abs(len(total) - gateway_samples) <= len(sentences) * (480 + ps) + 4
 
 
+@pytest.mark.slow
 async def test_pcm16k_chosen_by_first_message(gateway, relay):
     direct, direct_sentences = await direct_turn(gateway, TEXT)
     async with connect(f"ws://127.0.0.1:{relay.port}/") as ws:
@@ -323,6 +325,7 @@ async def test_pcm16k_chosen_by_first_message(gateway, relay):
         assert local_similarity(reference, sentences[index], 640, 320) > 0.75
 
 
+@pytest.mark.slow
 async def test_transcript_and_cancel_go_through(gateway, relay):
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
         await recv_event(ws, "session.created")
@@ -344,6 +347,7 @@ async def test_transcript_and_cancel_go_through(gateway, relay):
     del message
 
 
+@pytest.mark.slow
 async def test_dropped_gateway_socket_is_resumed_without_the_watch_noticing(gateway, relay):
     direct, direct_sentences = await direct_turn(gateway, TEXT)
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
