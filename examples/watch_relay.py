@@ -1,0 +1,583 @@
+"""Watch relay: runs on the phone, holds the gateway session, and serves the watch a thinner
+audio format over its own WebSocket.
+
+    python examples/watch_relay.py --upstream ws://127.0.0.1:8780/v1/voice --port 8790
+    # the watch connects to ws://127.0.0.1:8790/?format=opus   (or format=pcm16-16k)
+
+The watch speaks protocol v1 (protocol.md) to the relay, with three differences:
+
+* **Audio format.** Chosen by the watch with the query parameter ``?format=opus`` or
+  ``?format=pcm16-16k``, or (no query parameter) by its first message
+  ``{"type":"relay.hello","format":"opus"}``; the relay sends ``session.created`` once it
+  knows the format. ``session.created.audio`` announces it:
+
+  - ``{"format":"opus","sample_rate":24000,"channels":1,"frame_ms":20,"bitrate":24000,
+    "pre_skip":312}``: one Opus packet (libopus, VOIP, 24 kHz mono, 20 ms) per binary frame.
+    The encoder is new for every turn, so the watch starts a new decoder when ``turn_id``
+    changes and drops the first ``pre_skip`` decoded samples of each turn (48 kHz samples, as
+    in Ogg Opus: the encoder's 6.5 ms look-ahead). The last packet of each sentence is padded
+    with silence to a whole 20 ms frame, and by at least the look-ahead, so all of a
+    sentence's audio is decodable from that sentence's packets: the watch hears up to
+    26.5 ms of extra silence per sentence.
+  - ``{"format":"pcm16","sample_rate":16000,"channels":1,"frame_ms":...}``: PCM16 LE mono
+    at 16 kHz (resampled with soxr, one stream per sentence, flushed at its end), one binary
+    frame per gateway frame.
+
+  ``session.created`` carries the gateway's ``session_id`` and settings but no
+  ``resume_token``: the relay, not the watch, resumes the gateway session.
+
+* **Binary frames** (relay → watch) keep the gateway's 12-byte little-endian header:
+
+  | offset | type | field |
+  | --- | --- | --- |
+  | 0 | u8 | version = 1 |
+  | 1 | u8 | flags: bit0 = last frame of its sentence, bit1 = last frame of the turn |
+  | 2 | u16 | sentence index |
+  | 4 | u32 | turn_id (the gateway's) |
+  | 8 | u32 | seq: the relay's own, per watch connection, from 0, +1 per frame, gapless |
+  | 12 | … | one Opus packet, or PCM16 samples |
+
+  A frame with an empty payload is, as upstream, only a turn's end marker (flags 0x03).
+
+* **Playback marks** are in the watch's time (what it played, padding included); the relay
+  translates ``played_ms`` to the gateway's audio time of the same turn before forwarding.
+
+Every other JSON message goes through unchanged both ways (``transcript``, ``say``,
+``cancel``, ``session.update``, ``ping`` up; all events down). ``session.resume`` from the
+watch is answered with ``error`` ``invalid_message``: when the watch goes away the relay
+ends the gateway session. When the *gateway* socket drops (no close frame), the relay
+reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
+replayed messages it had already relayed, and the watch sees one unbroken session; if the
+resume fails the watch is closed with 1011.
+
+Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` /
+``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
+that translates playback marks; ``WatchRelay`` is the asyncio shell. ``WatchDecoder`` is
+what the watch does with the frames (used by the tests and bench/watch_bytes.py).
+Needs ``av`` (PyAV, bundles libopus), ``soxr``, ``numpy``, ``websockets``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import struct
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import orjson
+import soxr
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+HEADER = struct.Struct("<BBHII")  # version, flags, sentence, turn_id, seq
+VERSION = 1
+FLAG_SENTENCE_END, FLAG_TURN_END = 0x01, 0x02
+SEQ_MOD = 2**32
+UP_RATE = 24_000
+UP_SAMPLES_PER_MS = UP_RATE // 1000
+OPUS_FRAME = 480  # 20 ms at 24 kHz
+FORMATS = ("opus", "pcm16-16k")
+
+
+@dataclass(frozen=True, slots=True)
+class Packet:
+    """One downstream frame before its header: payload, flags and sentence index."""
+
+    payload: bytes
+    flags: int
+    sentence: int
+
+
+class Timeline:
+    """One turn's audio as the watch plays it vs as the gateway sent it, in milliseconds.
+
+    ``add(down_ms, up_ms)`` appends a stretch (``up_ms`` 0 for inserted padding);
+    ``to_upstream(played_ms)`` interpolates, clamped to what was sent."""
+
+    def __init__(self) -> None:
+        self._down = [0.0]
+        self._up = [0.0]
+
+    def add(self, down_ms: float, up_ms: float) -> None:
+        if down_ms <= 0:
+            return
+        self._down.append(self._down[-1] + down_ms)
+        self._up.append(self._up[-1] + up_ms)
+
+    def to_upstream(self, played_ms: float) -> float:
+        if played_ms <= 0:
+            return 0.0
+        i = bisect.bisect_left(self._down, played_ms)
+        if i >= len(self._down):
+            return self._up[-1]
+        d0, d1, u0, u1 = self._down[i - 1], self._down[i], self._up[i - 1], self._up[i]
+        return u0 + (u1 - u0) * (played_ms - d0) / (d1 - d0)
+
+
+class OpusAudio:
+    """24 kHz PCM16 frames of one turn at a time → 20 ms Opus packets (one encoder per
+    turn; each sentence's tail padded with silence, see the module docstring)."""
+
+    def __init__(self, bitrate: int = 24_000) -> None:
+        self.bitrate = bitrate
+        self.pre_skip_24k = _opus_lookahead(bitrate)
+        self.audio = {"format": "opus", "sample_rate": UP_RATE, "channels": 1, "frame_ms": 20,
+                      "bitrate": bitrate, "pre_skip": 2 * self.pre_skip_24k}
+        self.turn_id: int | None = None
+        self.timeline = Timeline()
+        self._encoder: Any = None
+        self._pending = np.zeros(0, dtype="<i2")
+        self._open = False  # audio fed since the last sentence end
+        self._pts = 0
+
+    def feed(self, turn_id: int, sentence: int, flags: int, pcm: bytes) -> list[Packet]:
+        if turn_id != self.turn_id:
+            self.reset(turn_id)
+        samples = np.frombuffer(pcm, dtype="<i2")
+        if len(samples):
+            self._open = True
+            self._pending = np.concatenate([self._pending, samples])
+            self.timeline.add(len(samples) / UP_SAMPLES_PER_MS, len(samples) / UP_SAMPLES_PER_MS)
+        whole = len(self._pending) // OPUS_FRAME * OPUS_FRAME
+        payloads = self._encode(self._pending[:whole])
+        self._pending = self._pending[whole:]
+        packets = [Packet(p, 0, sentence) for p in payloads]
+        if flags & FLAG_SENTENCE_END:
+            if self._open:
+                pad = self.pre_skip_24k + (-(len(self._pending) + self.pre_skip_24k)) % OPUS_FRAME
+                self.timeline.add(pad / UP_SAMPLES_PER_MS, 0.0)
+                tail = np.concatenate([self._pending, np.zeros(pad, dtype="<i2")])
+                packets += [Packet(p, 0, sentence) for p in self._encode(tail)]
+                self._pending = np.zeros(0, dtype="<i2")
+                self._open = False
+            if packets:
+                packets[-1] = Packet(packets[-1].payload, flags, sentence)
+            else:  # an empty end-of-turn marker after the sentence had ended
+                packets.append(Packet(b"", flags, sentence))
+        return packets
+
+    def reset(self, turn_id: int | None) -> None:
+        """A new turn (or none): a fresh encoder and timeline, buffered samples dropped."""
+        self.turn_id = turn_id
+        self.timeline = Timeline()
+        self._encoder = None if turn_id is None else _opus_encoder(self.bitrate)
+        self._pending = np.zeros(0, dtype="<i2")
+        self._open = False
+        self._pts = 0
+
+    def _encode(self, samples: np.ndarray) -> list[bytes]:
+        import av
+
+        out: list[bytes] = []
+        for start in range(0, len(samples), OPUS_FRAME):
+            frame = av.AudioFrame.from_ndarray(samples[start:start + OPUS_FRAME].reshape(1, -1),
+                                               format="s16", layout="mono")
+            frame.sample_rate = UP_RATE
+            frame.pts = self._pts
+            self._pts += OPUS_FRAME
+            out += [bytes(p) for p in self._encoder.encode(frame)]
+        return out
+
+
+def _opus_encoder(bitrate: int) -> Any:
+    import av
+
+    encoder = av.CodecContext.create("libopus", "w")
+    encoder.sample_rate = UP_RATE
+    encoder.layout = "mono"
+    encoder.format = "s16"
+    encoder.bit_rate = bitrate
+    encoder.time_base = Fraction(1, UP_RATE)
+    encoder.options = {"application": "voip", "frame_duration": "20"}
+    encoder.open()
+    return encoder
+
+
+def _opus_lookahead(bitrate: int) -> int:
+    """The encoder's look-ahead in 24 kHz samples: minus the first packet's pts."""
+    import av
+
+    encoder = _opus_encoder(bitrate)
+    frame = av.AudioFrame.from_ndarray(np.zeros((1, OPUS_FRAME), dtype="<i2"), format="s16",
+                                       layout="mono")
+    frame.sample_rate, frame.pts = UP_RATE, 0
+    (packet,) = encoder.encode(frame)
+    return -int(packet.pts)
+
+
+class Pcm16kAudio:
+    """24 kHz PCM16 frames → 16 kHz PCM16 frames (one soxr stream per sentence)."""
+
+    RATE = 16_000
+
+    def __init__(self) -> None:
+        self.audio: dict[str, Any] = {"format": "pcm16", "sample_rate": self.RATE,
+                                      "channels": 1}
+        self.turn_id: int | None = None
+        self.timeline = Timeline()
+        self._stream = soxr.ResampleStream(UP_RATE, self.RATE, 1, dtype="int16")
+
+    def feed(self, turn_id: int, sentence: int, flags: int, pcm: bytes) -> list[Packet]:
+        if turn_id != self.turn_id:
+            self.reset(turn_id)
+        samples = np.frombuffer(pcm, dtype="<i2")
+        end = bool(flags & FLAG_SENTENCE_END)
+        out = self._stream.resample_chunk(samples, last=end) if len(samples) or end else samples
+        if end:
+            self._stream.clear()
+        self.timeline.add(len(out) / (self.RATE / 1000), len(samples) / UP_SAMPLES_PER_MS)
+        if not len(out) and not flags:
+            return []  # the resampler holds these few samples back until the next frame
+        return [Packet(np.ascontiguousarray(out, dtype="<i2").tobytes(), flags, sentence)]
+
+    def reset(self, turn_id: int | None) -> None:
+        self.turn_id = turn_id
+        self.timeline = Timeline()
+        self._stream.clear()
+
+
+def make_audio(fmt: str, *, opus_bitrate: int = 24_000) -> OpusAudio | Pcm16kAudio:
+    if fmt == "opus":
+        return OpusAudio(opus_bitrate)
+    if fmt == "pcm16-16k":
+        return Pcm16kAudio()
+    raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+class RelayCore:
+    """The relay's logic, without I/O: gateway messages in → watch messages out, watch
+    messages in → gateway messages out, and the bookkeeping a resume needs."""
+
+    def __init__(self, audio: OpusAudio | Pcm16kAudio) -> None:
+        self.audio = audio
+        self.session_id: str | None = None
+        self.resume_token: str | None = None
+        self.last_seq: int | None = None
+        """The gateway ``seq`` of the last frame received (for ``session.resume``)."""
+        self._since_frame = 0  # gateway messages handled after that frame
+        self._skip = 0  # replayed messages still to drop after a resume
+        self._seq = 0  # the watch's own frame seq
+
+    # -- gateway → watch --
+
+    def created(self, event: dict[str, Any]) -> str:
+        """The gateway's first ``session.created`` → the watch's ``session.created``."""
+        self._since_frame += 1
+        self.session_id, self.resume_token = event["session_id"], event["resume_token"]
+        down = {k: v for k, v in event.items() if k not in ("resume_token", "resume_window_s")}
+        down["relay"] = {"upstream_audio": event.get("audio")}
+        down["audio"] = dict(self.audio.audio)
+        if isinstance(self.audio, Pcm16kAudio):  # one watch frame per gateway frame
+            down["audio"]["frame_ms"] = event.get("audio", {}).get("frame_ms")
+        return orjson.dumps(down).decode()
+
+    def from_gateway(self, message: str | bytes) -> list[str | bytes]:
+        if self._skip:
+            self._skip -= 1  # relayed before the gateway socket dropped
+            return []
+        if isinstance(message, bytes):
+            _v, flags, sentence, turn_id, seq = HEADER.unpack_from(message)
+            self.last_seq, self._since_frame = seq, 0
+            return [self._frame(p, turn_id)
+                    for p in self.audio.feed(turn_id, sentence, flags, message[HEADER.size:])]
+        self._since_frame += 1
+        event = orjson.loads(message)
+        kind = event.get("type")
+        if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
+            self.audio.reset(None)  # a cancelled turn's buffered tail is never sent
+        if kind in ("session.created", "session.resumed"):
+            return []  # the relay's business, not the watch's
+        return [message]
+
+    def _frame(self, packet: Packet, turn_id: int) -> bytes:
+        header = HEADER.pack(VERSION, packet.flags, packet.sentence, turn_id, self._seq)
+        self._seq = (self._seq + 1) % SEQ_MOD
+        return header + packet.payload
+
+    # -- watch → gateway --
+
+    def from_watch(self, message: str | bytes) -> tuple[str | None, str | None]:
+        """(message for the gateway, reply for the watch); either may be None."""
+        if isinstance(message, bytes):
+            return None, _error("binary_not_supported", "the relay accepts text frames only")
+        try:
+            event = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            return message, None  # the gateway answers invalid_json
+        if not isinstance(event, dict):
+            return message, None
+        kind = event.get("type")
+        if kind == "relay.hello":
+            return None, _error("invalid_message", "relay.hello is only accepted first")
+        if kind == "session.resume":
+            return None, _error("invalid_message", "the watch cannot resume through the relay")
+        if (kind == "playback" and event.get("turn_id") == self.audio.turn_id
+                and isinstance(event.get("played_ms"), int | float)
+                and not isinstance(event.get("played_ms"), bool)):
+            event["played_ms"] = round(self.audio.timeline.to_upstream(event["played_ms"]), 1)
+            return orjson.dumps(event).decode(), None
+        return message, None
+
+    # -- resume --
+
+    def resume_request(self) -> str:
+        request: dict[str, Any] = {"type": "session.resume", "session_id": self.session_id,
+                                   "resume_token": self.resume_token}
+        if self.last_seq is not None:
+            request["last_seq"] = self.last_seq
+        return orjson.dumps(request).decode()
+
+    def resumed(self, replayed: int) -> None:
+        """The gateway re-sends ``replayed`` messages; the first ones were already relayed."""
+        self._skip = min(self._since_frame, replayed)
+
+
+def _error(code: str, message: str) -> str:
+    return orjson.dumps({"type": "error", "error": {"code": code, "message": message}}).decode()
+
+
+# ---- asyncio shell --------------------------------------------------------------------------
+
+
+class UpstreamLost(Exception):
+    """The gateway session could not be resumed."""
+
+
+class RelaySession:
+    """One watch connection and the gateway session behind it."""
+
+    def __init__(self, relay: WatchRelay, watch: ServerConnection, core: RelayCore) -> None:
+        self.relay, self.watch, self.core = relay, watch, core
+        self.gateway: ClientConnection | None = None
+        self._ready = asyncio.Event()  # set while self.gateway is usable (or gone for good)
+        self._gone = False
+        self._closing = False
+
+    async def run(self) -> None:
+        try:
+            self.gateway = await self.relay.connect_upstream()
+            created = orjson.loads(await self.gateway.recv())
+        except (OSError, InvalidStatus, ConnectionClosed, TimeoutError) as exc:
+            await self.watch.close(1011, f"gateway unavailable: {exc}"[:120])
+            return
+        self._ready.set()
+        await self.watch.send(self.core.created(created))
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                down = tasks.create_task(self._gateway_to_watch())
+                try:
+                    await self._watch_to_gateway()
+                finally:
+                    self._closing = True
+                    down.cancel()
+        finally:
+            if self.gateway is not None:
+                await self.gateway.close(1000)  # the watch left: end the gateway session
+
+    async def _watch_to_gateway(self) -> None:
+        async for message in self.watch:
+            up, reply = self.core.from_watch(message)
+            if reply is not None:
+                await self.watch.send(reply)
+            if up is not None:
+                await self._send_upstream(up)
+
+    async def _send_upstream(self, message: str) -> None:
+        """Waits out a gateway reconnect; dropped if the gateway session is gone."""
+        while True:
+            await self._ready.wait()
+            gateway = self.gateway
+            if self._gone or gateway is None:
+                return
+            try:
+                await gateway.send(message)
+                return
+            except ConnectionClosed:
+                if self.gateway is gateway:  # the reader has not replaced it yet
+                    self._ready.clear()
+
+    async def _gateway_to_watch(self) -> None:
+        while True:
+            gateway = self.gateway
+            assert gateway is not None
+            try:
+                while True:
+                    for out in self.core.from_gateway(await gateway.recv()):
+                        await self.watch.send(out)
+            except ConnectionClosed as exc:
+                if self._closing:
+                    return
+                if exc.rcvd is not None:  # the gateway closed it on purpose: tell the watch
+                    self._gone = True
+                    self._ready.set()
+                    code = exc.rcvd.code if exc.rcvd.code in (1000, 1001, 1013) else 1011
+                    await self.watch.close(code, exc.rcvd.reason or "gateway closed")
+                    return
+            if self.gateway is gateway:
+                self._ready.clear()
+            try:
+                await self._resume()
+            except UpstreamLost as exc:
+                self._gone = True
+                self._ready.set()
+                await self.watch.close(1011, str(exc)[:120])
+                return
+
+    async def _resume(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.relay.resume_window_s
+        delay = 0.1
+        while loop.time() < deadline:
+            try:
+                gateway = await self.relay.connect_upstream()
+            except (OSError, InvalidStatus, TimeoutError):
+                await asyncio.sleep(delay)  # back off before the next attempt
+                delay = min(delay * 2, 2.0)
+                continue
+            try:
+                await gateway.recv()  # the fresh session's session.created: ignored
+                await gateway.send(self.core.resume_request())
+                answer = orjson.loads(await gateway.recv())
+            except ConnectionClosed:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if answer.get("type") != "session.resumed":
+                await gateway.close(1000)
+                raise UpstreamLost(f"gateway session lost: {answer.get('error', answer)}")
+            self.core.resumed(int(answer.get("replayed", 0)))
+            self.gateway = gateway
+            self._ready.set()
+            return
+        raise UpstreamLost("gateway unreachable for the whole resume window")
+
+
+class WatchRelay:
+    """The relay's WebSocket server (``start()``, ``port``, ``aclose()``)."""
+
+    def __init__(self, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, opus_bitrate: int = 24_000,
+                 resume_window_s: float = 30.0, hello_timeout_s: float = 10.0) -> None:
+        self.upstream_url, self.host, self.requested_port = upstream_url, host, port
+        self.token, self.opus_bitrate = token, opus_bitrate
+        self.resume_window_s, self.hello_timeout_s = resume_window_s, hello_timeout_s
+        self.sessions: set[RelaySession] = set()
+        self._server: Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        self._server = await serve(self._handle, self.host, self.requested_port,
+                                   compression=None, max_size=2**20)
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def connect_upstream(self) -> ClientConnection:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        return await asyncio.wait_for(
+            connect(self.upstream_url, compression=None, max_size=2**20,
+                    additional_headers=headers), 10.0)
+
+    async def _handle(self, watch: ServerConnection) -> None:
+        assert watch.request is not None
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(watch.request.path).query)
+        fmt = query.get("format", [None])[0]
+        if fmt is None:
+            try:
+                hello = orjson.loads(await asyncio.wait_for(watch.recv(), self.hello_timeout_s))
+            except (TimeoutError, ConnectionClosed, orjson.JSONDecodeError, TypeError):
+                await watch.close(1008, "expected ?format= or a relay.hello first message")
+                return
+            if isinstance(hello, dict) and hello.get("type") == "relay.hello":
+                fmt = hello.get("format")
+        if fmt not in FORMATS:
+            await watch.send(_error("invalid_field", f"format must be one of {FORMATS}"))
+            await watch.close(1008, "unknown audio format")
+            return
+        session = RelaySession(self, watch, RelayCore(make_audio(fmt,
+                                                                 opus_bitrate=self.opus_bitrate)))
+        self.sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            self.sessions.discard(session)
+
+
+# ---- what the watch does ---------------------------------------------------------------------
+
+
+class WatchDecoder:
+    """Reference watch side: turns the relay's binary frames back into PCM16 mono.
+
+    ``feed(frame)`` returns ``(turn_id, sentence, flags, pcm)`` with ``pcm`` at
+    ``self.rate`` (48 kHz for Opus, as libopus decodes; 16 kHz for pcm16)."""
+
+    def __init__(self, audio: dict[str, Any]) -> None:
+        self.format = audio["format"]
+        self.rate = 48_000 if self.format == "opus" else audio["sample_rate"]
+        self.pre_skip = int(audio.get("pre_skip", 0))
+        self._turn: int | None = None
+        self._decoder: Any = None
+        self._to_skip = 0
+
+    def feed(self, frame: bytes) -> tuple[int, int, int, bytes]:
+        _v, flags, sentence, turn_id, _seq = HEADER.unpack_from(frame)
+        payload = frame[HEADER.size:]
+        if self.format != "opus" or not payload:
+            return turn_id, sentence, flags, payload
+        import av
+
+        if turn_id != self._turn:
+            self._turn, self._to_skip = turn_id, self.pre_skip
+            self._decoder = av.CodecContext.create("libopus", "r")
+            self._decoder.sample_rate, self._decoder.layout = 48_000, "mono"
+        pcm = b"".join(
+            np.ascontiguousarray(f.to_ndarray().reshape(-1), dtype="<i2").tobytes()
+            for f in self._decoder.decode(av.Packet(payload)))
+        drop = min(self._to_skip, len(pcm) // 2)
+        self._to_skip -= drop
+        return turn_id, sentence, flags, pcm[2 * drop:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Relay a gateway session to a watch.")
+    p.add_argument("--upstream", default="ws://127.0.0.1:8780/v1/voice")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8790)
+    p.add_argument("--token", help="gateway bearer token")
+    p.add_argument("--opus-bitrate", type=int, default=24_000, help="bits/s (24000–32000)")
+    args = p.parse_args(argv)
+
+    async def run() -> None:
+        relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=args.token,
+                           opus_bitrate=args.opus_bitrate)
+        await relay.start()
+        print(f"watch relay on ws://{args.host}:{relay.port}/?format=opus|pcm16-16k "
+              f"→ {args.upstream}", file=sys.stderr)
+        try:
+            await asyncio.Future()
+        finally:
+            await relay.aclose()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""The watch relay (examples/watch_relay.py): its sans-I/O parts with synthetic audio, then
+the real gateway (replay LLM + espeak) on 127.0.0.1:0 behind the relay, compared with a
+direct client. Steps are ordered by awaiting messages, never by sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import numpy as np
+import orjson
+import pytest
+import soxr
+from websockets.asyncio.client import connect
+
+from engines.base import SynthesisRequest
+from engines.espeak import EspeakEngine
+from examples.watch_relay import (
+    FLAG_SENTENCE_END,
+    FLAG_TURN_END,
+    HEADER,
+    OpusAudio,
+    Pcm16kAudio,
+    RelayCore,
+    WatchDecoder,
+    WatchRelay,
+)
+from gateway.config import load_config
+from gateway.io.server import Gateway
+from tests.wsclient import read_turn, recv_event, send
+
+END = FLAG_SENTENCE_END | FLAG_TURN_END
+
+
+@functools.cache
+def _espeak(text: str) -> np.ndarray:
+    engine = EspeakEngine()
+    engine.load()
+    stream = engine.open(SynthesisRequest(text=text))
+    chunks = []
+    while (chunk := stream.step()) is not None:
+        chunks.append(chunk)
+    stream.close()
+    return np.frombuffer(b"".join(chunks), dtype="<i2")
+
+
+def speechlike(n: int, seed: int = 0) -> np.ndarray:
+    """``n`` samples of real espeak speech at 24 kHz (two different texts by ``seed``)."""
+    text = ("Speech for the codec test, long enough to cut where we like, with pauses. "
+            if seed == 0 else "Another voice line, so that the sentences differ a little. ")
+    x = _espeak(text * 3)
+    assert len(x) >= n
+    return x[:n].copy()
+
+
+def feed_chunks(audio, turn_id, sentence, x, *, end_flags, chunk=960):
+    packets = []
+    for start in range(0, len(x), chunk):
+        last = start + chunk >= len(x)
+        packets += audio.feed(turn_id, sentence, end_flags if last else 0,
+                              x[start:start + chunk].tobytes())
+    return packets
+
+
+def frame(packet, turn_id, seq=0):
+    return HEADER.pack(1, packet.flags, packet.sentence, turn_id, seq) + packet.payload
+
+
+def best_correlation(a: np.ndarray, b: np.ndarray, max_lag: int) -> float:
+    """Peak normalized cross-correlation of ``a`` and ``b`` within ±``max_lag`` samples."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    n = len(a) + len(b)
+    xc = np.fft.irfft(np.fft.rfft(a, n) * np.conj(np.fft.rfft(b, n)), n)
+    lags = np.r_[xc[:max_lag + 1], xc[-max_lag:]]
+    return float(np.max(lags) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def local_similarity(a: np.ndarray, b: np.ndarray, window: int = 960, search: int = 480
+                     ) -> float:
+    """How alike two takes of the same speech are, robust to the small time warps between
+    two espeak runs: each 40 ms window of ``a`` is matched (normalized correlation) at its
+    best offset within ±``search`` samples around the same relative place in ``b``; the
+    result is the energy-weighted mean. Same text: ~0.9; another sentence: ~0.2."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    scale, num, den = len(b) / len(a), 0.0, 0.0
+    for start in range(0, len(a) - window, window):
+        w = a[start:start + window]
+        energy = float(np.dot(w, w))
+        if energy < window * 300.0**2:
+            continue  # pauses say nothing about likeness
+        centre = int(start * scale)
+        seg = b[max(0, centre - search):min(len(b), centre + window + search)]
+        if len(seg) < window:
+            continue
+        norms = np.sqrt(np.convolve(seg**2, np.ones(window), "valid")) * np.sqrt(energy)
+        num += energy * float(np.max(np.correlate(seg, w, "valid") / (norms + 1e-9)))
+        den += energy
+    return num / den
+
+
+def decode(audio_desc, frames: list[bytes]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Whole decoded turn at 24 kHz (Opus) or 16 kHz (pcm16), and the same per sentence."""
+    decoder = WatchDecoder(audio_desc)
+    per: dict[int, list[bytes]] = {}
+    for data in frames:
+        _turn, sentence, _flags, pcm = decoder.feed(data)
+        per.setdefault(sentence, []).append(pcm)
+
+    def at_rate(chunks: list[bytes]) -> np.ndarray:
+        x = np.frombuffer(b"".join(chunks), dtype="<i2")
+        return soxr.resample(x, 48_000, 24_000) if decoder.rate == 48_000 else x
+
+    return (at_rate([c for s in sorted(per) for c in per[s]]),
+            {s: at_rate(c) for s, c in per.items()})
+
+
+# ---- sans-I/O ---------------------------------------------------------------------------------
+
+
+def test_opus_round_trip_keeps_the_signal_and_pads_the_sentence_tail():
+    audio = OpusAudio()
+    ps = audio.pre_skip_24k
+    assert audio.audio["pre_skip"] == 2 * ps and 0 < ps < 480
+    x = speechlike(24_000 + 130)  # not a whole number of 20 ms frames
+    packets = feed_chunks(audio, 1, 0, x, end_flags=END)
+    pad = ps + (-(len(x) + ps)) % 480
+    assert len(packets) == (len(x) + pad) // 480
+    assert [p.flags for p in packets] == [0] * (len(packets) - 1) + [END]
+    bits_per_s = sum(len(p.payload) for p in packets) * 8 / (len(packets) * 0.020)
+    assert 12_000 < bits_per_s < 32_000 and max(len(p.payload) for p in packets) < 200
+    y, _ = decode(audio.audio, [frame(p, 1) for p in packets])
+    assert len(y) == len(x) + pad - ps  # the watch drops pre_skip: its time = encoder input
+    # aligned within 2 samples once pre_skip is dropped (the codec's own delay is sub-ms)
+    assert best_correlation(x, y[:len(x)], 2) > 0.9
+    assert np.sqrt(np.mean(y[len(x) + 60:].astype(float) ** 2)) < 300  # the pad is silence
+    # playback marks: the watch's time → the gateway's; the padding adds no gateway audio
+    ms = len(x) / 24
+    assert audio.timeline.to_upstream(500) == pytest.approx(500)
+    assert audio.timeline.to_upstream(ms + pad / 24) == pytest.approx(ms)
+    assert audio.timeline.to_upstream(ms + 5) == pytest.approx(ms)
+
+
+def test_opus_sentences_flags_end_marker_and_new_encoder_per_turn():
+    audio = OpusAudio()
+    a = feed_chunks(audio, 3, 0, speechlike(9_000), end_flags=FLAG_SENTENCE_END)
+    b = feed_chunks(audio, 3, 1, speechlike(7_000, 1), end_flags=FLAG_SENTENCE_END)
+    marker = audio.feed(3, 1, END, b"")  # the turn's end became known after its audio
+    assert [p.sentence for p in a] == [0] * len(a) and [p.sentence for p in b] == [1] * len(b)
+    assert a[-1].flags == b[-1].flags == FLAG_SENTENCE_END
+    assert sum(p.flags != 0 for p in a + b) == 2
+    assert len(marker) == 1 and marker[0].payload == b"" and marker[0].flags == END
+    # two sentences: the watch time runs ahead by both paddings, the mapping removes them
+    assert audio.timeline.to_upstream(10_000) == pytest.approx(16_000 / 24)
+    # a cancelled turn leaves samples behind; the next turn starts clean
+    audio.feed(4, 0, 0, speechlike(700).tobytes())
+    first = feed_chunks(audio, 5, 0, speechlike(4_800), end_flags=END)
+    assert audio.timeline.to_upstream(10_000) == pytest.approx(200)
+    y, _ = decode(audio.audio, [frame(p, 5) for p in first])
+    assert best_correlation(speechlike(4_800), y[:4_800], 8) > 0.9
+
+
+def test_pcm16k_resamples_each_sentence_to_two_thirds():
+    audio = Pcm16kAudio()
+    x0, x1 = speechlike(24_000 + 7), speechlike(12_345, 1)
+    p0 = feed_chunks(audio, 1, 0, x0, end_flags=FLAG_SENTENCE_END)
+    p1 = feed_chunks(audio, 1, 1, x1, end_flags=END)
+    assert p0[-1].flags == FLAG_SENTENCE_END and p1[-1].flags == END
+    for x, packets in ((x0, p0), (x1, p1)):
+        y = np.frombuffer(b"".join(p.payload for p in packets), dtype="<i2")
+        assert abs(len(y) - len(x) * 2 / 3) <= 1
+        assert np.corrcoef(soxr.resample(x, 24_000, 16_000)[:len(y)], y)[0, 1] > 0.99
+    assert audio.timeline.to_upstream(1000) == pytest.approx(1000, abs=1)
+
+
+def test_core_skips_replayed_messages_and_translates_marks():
+    core = RelayCore(OpusAudio())
+    created = {"type": "session.created", "session_id": "s1", "resume_token": "t",
+               "resume_window_s": 30, "protocol": 1,
+               "audio": {"format": "pcm16", "sample_rate": 24000, "frame_ms": 40}}
+    down = orjson.loads(core.created(created))
+    assert "resume_token" not in down and down["audio"]["format"] == "opus"
+    started = orjson.dumps({"type": "turn.started", "turn_id": 1, "source": "say"}).decode()
+    assert core.from_gateway(started) == [started]
+    pcm = speechlike(960).tobytes()
+    out = core.from_gateway(HEADER.pack(1, 0, 0, 1, 7) + pcm)
+    assert [HEADER.unpack_from(f)[4] for f in out] == [0, 1]  # the watch's own seq
+    sentence = orjson.dumps({"type": "sentence", "turn_id": 1, "index": 0}).decode()
+    assert core.from_gateway(sentence) == [sentence]
+    assert orjson.loads(core.resume_request())["last_seq"] == 7
+    core.resumed(replayed=2)  # the gateway re-sends `sentence`, then a new frame
+    assert core.from_gateway(sentence) == []
+    again = core.from_gateway(HEADER.pack(1, 0, 0, 1, 8) + pcm)
+    assert [HEADER.unpack_from(f)[4] for f in again] == [2, 3]
+    mark = orjson.dumps({"type": "playback", "turn_id": 1, "played_ms": 30}).decode()
+    up, reply = core.from_watch(mark)
+    assert reply is None and orjson.loads(up)["played_ms"] == pytest.approx(30)
+    up, reply = core.from_watch(b"\x00")
+    assert up is None and orjson.loads(reply)["error"]["code"] == "binary_not_supported"
+
+
+# ---- against the real gateway -----------------------------------------------------------------
+
+TEXT = "The watch hears the same words. It speaks a second sentence, a little longer."
+
+
+@pytest.fixture
+def replies(tmp_path):
+    path = tmp_path / "replies.jsonl"
+    path.write_text(orjson.dumps({"transcript": "What is on today?",
+                                  "reply": "Two meetings. The first is at ten."}).decode() + "\n")
+    return str(path)
+
+
+@pytest.fixture
+async def gateway(replies):
+    config = load_config(server={"port": 0}, tts={"engine": "espeak"},
+                         llm={"replies": replies, "tokens_per_s": 400.0})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.aclose()
+
+
+@pytest.fixture
+async def relay(gateway):
+    r = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", resume_window_s=5.0)
+    await r.start()
+    try:
+        yield r
+    finally:
+        await r.aclose()
+
+
+async def direct_turn(gateway, text):
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text=text)
+        result = await read_turn(ws)
+    per = {}
+    for f in result.frames:
+        per.setdefault(f.sentence, []).append(f.pcm)
+    return result, {s: np.frombuffer(b"".join(c), dtype="<i2") for s, c in per.items()}
+
+
+def tap(relay: WatchRelay) -> dict[int, np.ndarray]:
+    """Record, per sentence, the PCM the gateway sends the relay's only session from now on
+    (the samples are filled in as frames pass; read them after the turn)."""
+    (session,) = relay.sessions
+    chunks: dict[int, list[bytes]] = {}
+    original = session.core.from_gateway
+
+    def from_gateway(message):
+        if isinstance(message, bytes):
+            chunks.setdefault(HEADER.unpack_from(message)[2], []).append(message[HEADER.size:])
+        return original(message)
+
+    session.core.from_gateway = from_gateway
+    return _Joined(chunks)
+
+
+class _Joined(dict):
+    def __init__(self, chunks: dict[int, list[bytes]]) -> None:
+        super().__init__()
+        self._chunks = chunks
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return np.frombuffer(b"".join(self._chunks[index]), dtype="<i2")
+
+
+@pytest.mark.slow
+async def test_opus_watch_hears_what_a_direct_client_hears(gateway, relay):
+    direct, direct_sentences = await direct_turn(gateway, TEXT)
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
+        created = await recv_event(ws)
+        assert created["type"] == "session.created" and "resume_token" not in created
+        audio = created["audio"]
+        assert audio["format"] == "opus" and audio["frame_ms"] == 20
+        upstream = tap(relay)
+        await send(ws, type="say", text=TEXT)
+        watch = await read_turn(ws)
+    assert watch.done["status"] == "completed"
+    assert [e["text"] for e in watch.of("sentence")] == [e["text"] for e in direct.of("sentence")]
+    frames = [HEADER.pack(1, f.flags, f.sentence, f.turn_id, f.seq) + f.pcm
+              for f in watch.frames]  # read_turn parsed them with the gateway's codec
+    assert [f.seq for f in watch.frames] == list(range(len(frames)))
+    assert sum(f.turn_end for f in watch.frames) == 1 and watch.frames[-1].turn_end
+    assert all(len(f.pcm) < 200 for f in watch.frames)  # Opus packets, not PCM
+    total, sentences = decode(audio, frames)
+    assert set(sentences) == set(direct_sentences) and len(sentences) >= 2
+    ps = audio["pre_skip"] // 2
+    gateway_samples = 0
+    for index, done in enumerate(watch.of("sentence.done")):
+        n = len(upstream[index])
+        assert n == pytest.approx(done["audio_ms"] * 24, abs=24)
+        gateway_samples += n
+        pad = ps + (-(n + ps)) % 480
+        assert abs(n - len(direct_sentences[index])) <= 480  # equal length within one frame
+        # the watch hears the sentence plus its padding (the turn's pre_skip dropped once)
+        assert len(sentences[index]) == n + pad - (ps if index == 0 else 0)
+        # the very PCM the gateway sent this session: Opus keeps the waveform
+        assert best_correlation(upstream[index], sentences[index], 2 * 480) > 0.9
+        # another espeak run of the same text, by a direct client: alike, not identical
+        assert local_similarity(direct_sentences[index], sentences[index]) > 0.75
+    assert abs(len(total) - gateway_samples) <= len(sentences) * (480 + ps) + 4
+
+
+@pytest.mark.slow
+async def test_pcm16k_chosen_by_first_message(gateway, relay):
+    direct, direct_sentences = await direct_turn(gateway, TEXT)
+    async with connect(f"ws://127.0.0.1:{relay.port}/") as ws:
+        await send(ws, type="relay.hello", format="pcm16-16k")
+        created = await recv_event(ws)
+        assert created["audio"] == {"format": "pcm16", "sample_rate": 16000, "channels": 1,
+                                    "frame_ms": 40}
+        await send(ws, type="say", text=TEXT)
+        watch = await read_turn(ws)
+    assert watch.done["status"] == "completed"
+    _total, sentences = decode(created["audio"], [
+        HEADER.pack(1, f.flags, f.sentence, f.turn_id, f.seq) + f.pcm for f in watch.frames])
+    for index, pcm in direct_sentences.items():
+        assert abs(len(sentences[index]) - len(pcm) * 2 / 3) <= 320  # within a 20 ms frame
+        reference = soxr.resample(pcm, 24_000, 16_000)
+        assert local_similarity(reference, sentences[index], 640, 320) > 0.75
+
+
+@pytest.mark.slow
+async def test_transcript_and_cancel_go_through(gateway, relay):
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="transcript", text="What is on today?")
+        turn = await read_turn(ws)
+        assert turn.done["status"] == "completed"
+        assert turn.reply == "Two meetings. The first is at ten."
+        await send(ws, type="say", text=" ".join(["This reply is long enough to cancel."] * 12))
+        started = await recv_event(ws, "turn.started")
+        while not isinstance(message := await ws.recv(), bytes):
+            pass  # the first audio packet has arrived: the turn is speaking
+        await send(ws, type="playback", turn_id=started["turn_id"], played_ms=20)
+        await send(ws, type="cancel")
+        cancelled = await read_turn(ws, started["turn_id"])
+        assert cancelled.done["status"] == "cancelled"
+        await send(ws, type="ping", id=7)
+        pong = await recv_event(ws, "pong")  # no frame of the cancelled turn after turn.done
+    assert pong["id"] == 7
+    del message
+
+
+@pytest.mark.slow
+async def test_dropped_gateway_socket_is_resumed_without_the_watch_noticing(gateway, relay):
+    direct, direct_sentences = await direct_turn(gateway, TEXT)
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        created = await recv_event(ws, "session.created")
+        await send(ws, type="say", text=TEXT)
+        started = await recv_event(ws, "turn.started")
+        before = await read_turn(ws, started["turn_id"], until="sentence")
+        (session,) = relay.sessions
+        dropped = session.gateway
+        dropped.transport.abort()  # the phone's uplink drops mid-turn (no close frame)
+        watch = await read_turn(ws, started["turn_id"])
+        watch.events[:0], watch.frames[:0] = before.events, before.frames
+        assert session.gateway is not dropped
+        await send(ws, type="say", text="Still here.")
+        after = await read_turn(ws)
+    assert after.done["status"] == "completed"
+    assert watch.done["status"] == "completed"
+    assert [e["index"] for e in watch.of("sentence")] == sorted(direct_sentences)
+    assert len(watch.of("turn.done")) == 1
+    seqs = [f.seq for f in watch.frames + after.frames]
+    assert seqs == list(range(len(seqs)))
+    _t, sentences = decode(created["audio"], [
+        HEADER.pack(1, f.flags, f.sentence, f.turn_id, f.seq) + f.pcm for f in watch.frames])
+    for index, pcm in direct_sentences.items():
+        assert abs(len(sentences[index]) - len(pcm) * 2 / 3) <= 320
+
+
+async def test_unknown_format_is_refused(relay):
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=mp3") as ws:
+        error = await recv_event(ws)
+        assert error["error"]["code"] == "invalid_field"
+        await asyncio.wait_for(ws.wait_closed(), 5)
+    assert ws.close_code == 1008
