@@ -296,3 +296,15 @@ def test_deadline_counts_audio_held_back_by_pacing(clock):
     # so just-in-time scheduling can let other work take the lane until then
     assert s.deadline(tid, clock()) == pytest.approx(clock() + 1.0)
     assert s.deadline(tid + 1, clock()) is None
+
+
+def test_frames_longer_than_the_lead_still_flow(clock):
+    # frame_ms 120 with max_lead_ms 100: each frame goes out when the listener runs dry
+    s = Session("s", settings=SessionSettings(frame_ms=120, max_lead_ms=100))
+    s.receive(ClientSay("Something to say here."), clock())
+    tid = s.turn.id
+    assert len(frames(s.audio(tid, 0, pcm(600), "x", clock()))) == 1
+    wake = s.wake_at()
+    assert wake == pytest.approx(clock() + 0.12)
+    clock.advance(120)
+    assert len(frames(s.tick(clock()))) == 1

@@ -19,6 +19,7 @@ _EPSILON_MS = 1e-6  # float time arithmetic must not let one extra frame through
 @dataclass(slots=True)
 class Pacer:
     max_lead_ms: float
+    frame_ms: float = 40.0
     refill_ms: float = 200.0
     """Hysteresis: the lead moves between ``max_lead_ms - refill_ms`` and ``max_lead_ms``."""
     sent_ms: float = 0.0
@@ -36,17 +37,19 @@ class Pacer:
 
     def may_send(self, now: float, duration_ms: float) -> bool:
         """May a frame of ``duration_ms`` go out now without the lead passing the limit?
-        (The first frame always may: the limit is on audio ahead of playback.)"""
-        return self.lead_ms(now) + duration_ms <= self.max_lead_ms + _EPSILON_MS
+        A listener with nothing left to play always gets the next frame, even one longer
+        than the limit."""
+        lead = self.lead_ms(now)
+        return lead <= _EPSILON_MS or lead + duration_ms <= self.max_lead_ms + _EPSILON_MS
 
     def wake_at(self) -> float | None:
-        """When to release frames again: once the lead has dropped by ``refill_ms``, so one
-        wake-up sends several frames instead of one timer per frame (None: no audio sent
-        yet, frames go out as they come)."""
+        """When to release frames again: once the lead has dropped by ``refill_ms`` (at
+        least one frame), so one wake-up sends several frames instead of one timer per
+        frame (None: no audio sent yet, frames go out as they come)."""
         if self.play_end is None:
             return None
-        refill = min(self.refill_ms, self.max_lead_ms / 2)
-        return self.play_end - (self.max_lead_ms - refill) / 1000.0
+        drop = max(min(self.refill_ms, self.max_lead_ms / 2), self.frame_ms)
+        return self.play_end - max(0.0, self.max_lead_ms - drop) / 1000.0
 
     def sent(self, duration_ms: float, now: float) -> None:
         if self.play_end is not None and self.play_end < now and self.sent_ms > 0:

@@ -406,7 +406,7 @@ class Session:
         turn = Turn(
             id=turn_id, source=source, user_text=text, started=now, settings=s,
             segmenter=Segmenter(s.segmenter, reads_digits=self.reads_digits),
-            pacer=Pacer(max_lead_ms=s.max_lead_ms),
+            pacer=Pacer(max_lead_ms=s.max_lead_ms, frame_ms=s.frame_ms),
         )
         self.turn = turn
         effects.append(SendEvent({"type": "turn.started", "turn_id": turn_id, "source": source}))
