@@ -214,8 +214,10 @@ class Gateway:
         lane = self.lane
         active = sum(1 for r in self.runners.values()
                      if r.session.turn is not None and r.session.turn.state.value != "ended")
+        status = "unhealthy" if lane.unhealthy is not None else \
+            "ok" if self.ready and lane.loaded else "starting"
         return {
-            "status": "ok" if self.ready and lane.loaded else "starting",
+            "status": status,
             "version": version(),
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 1),
@@ -226,7 +228,7 @@ class Gateway:
                                            "warm": lane.loaded and lane.stats.jobs_done > 0,
                                            "voices": len(self.voices)}},
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
-                       "voices": len(self.voices)},
+                       "voices": len(self.voices), "unhealthy": lane.unhealthy},
             "lanes": self.telemetry.lane_health(),
             "llm": self.telemetry.llm_health(),
             "http": {"port": self.http.port if self.http.started else None,
