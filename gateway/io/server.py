@@ -32,7 +32,7 @@ from engines.registry import create_engine, create_llm
 from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.session import Session, SessionLimits, SessionSettings
-from gateway.io.auth import check_token, is_loopback, select_subprotocol
+from gateway.io.auth import check_token, install_redaction, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
 from gateway.io.http_api import HttpServer, models_body
 from gateway.io.lanes import Lane
@@ -117,6 +117,7 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.config.server
+        install_redaction()  # no token reaches a log line (websockets logs request paths)
         if not s.tokens and not is_loopback(s.host) and not s.insecure_bind:
             raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
                              "(--token) or pass --insecure-bind")
@@ -181,14 +182,16 @@ class Gateway:
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
+        tokens = self.config.server.tokens
+        # like the HTTP API port: everything but /health and the console page needs a token
+        if path in (VOICE_PATH, "/metrics", "/v1/models") and tokens and \
+                not check_token(request, tokens):
+            self.metrics.errors["unauthorized"] += 1
+            return _json_response(http.HTTPStatus.UNAUTHORIZED, {"error": {
+                "code": "unauthorized",
+                "message": "a valid token is required (Authorization: Bearer, ?token=, "
+                           "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
-            tokens = self.config.server.tokens
-            if tokens and not check_token(request, tokens):
-                self.metrics.errors["unauthorized"] += 1
-                return _json_response(http.HTTPStatus.UNAUTHORIZED, {"error": {
-                    "code": "unauthorized",
-                    "message": "a valid token is required (Authorization: Bearer, ?token=, "
-                               "or a 'bearer.<token>' WebSocket subprotocol)"}})
             if len(self.runners) >= self.config.server.max_sessions:
                 return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       {"error": {"code": "server_full",
