@@ -302,3 +302,31 @@ def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+STUCK_THEN_EXIT = """
+import asyncio
+from tests.test_faults import FaultyEngine, start, url, say
+from websockets.asyncio.client import connect
+from tests.wsclient import recv_event
+
+async def main():
+    gw = await start(FaultyEngine())
+    gw.lane.step_timeout_s = 0.3
+    async with connect(url(gw)) as ws:
+        await recv_event(ws, "session.created")
+        result = await say(ws, "It starts. Then HANG forever.")
+        assert result.done["status"] == "failed" and gw.lane.unhealthy
+    await gw.aclose()
+
+asyncio.run(main())
+print("exiting with a stuck lane thread", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_stuck_engine_thread_does_not_keep_the_process_alive():
+    done = subprocess.run([sys.executable, "-c", STUCK_THEN_EXIT], capture_output=True,
+                          text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stderr
+    assert "exiting with a stuck lane thread" in done.stdout

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Hashable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,6 +67,50 @@ class LaneObserver(Protocol):
         """``outcome``: ``done``, ``failed`` or ``cancelled``."""
 
 
+class LaneThread:
+    """One worker thread running calls in order: ``ThreadPoolExecutor(max_workers=1)``,
+    except that the thread is a daemon. A pool's threads are joined at interpreter exit,
+    so an engine call stuck forever (``engine_timeout``) would keep a SIGTERMed gateway
+    from ever exiting; a daemon thread does not."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Any, tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._shutdown = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        with self._lock:
+            if self._shutdown or not self._thread.is_alive():
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            future: Future[Any] = Future()
+            self._queue.put((future, fn, args))
+            return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No more calls; the ones queued still run. ``wait``: until they have."""
+        with self._lock:
+            if not self._shutdown:
+                self._shutdown = True
+                self._queue.put(None)
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
 @dataclass(frozen=True, slots=True)
 class SynthesisJob:
     request: SynthesisRequest
@@ -95,7 +141,7 @@ class Lane:
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead)
         self.stats = LaneStats()
         self.loaded = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{name}")
+        self._executor = LaneThread(f"lane-{name}")
         self._wake = asyncio.Event()
         self._busy_since: float | None = None
         self.observer: LaneObserver | None = None
