@@ -14,6 +14,9 @@ frame accounting) loops over turns until the time is up; each turn, by a seeded 
 * ``cancel`` (15 %): after a few frames, send ``cancel``: the turn ends ``cancelled``;
 * ``slow`` (10 %): stop reading for 1-4 s mid-reply (TCP backpressure), then go on.
 
+Every ``--renew-every`` turns a session closes cleanly and a new one opens (session churn:
+what a leak per session would show up in).
+
 Reported: RSS and descriptors over time (start, after warm-up, peak, end, and after every
 session closed), frames lost (seq gaps) and duplicated (seq repeats) across resumes (goal
 0), turns completed / cancelled / failed (goal 0) / lost (no ``turn.done``), resumes and
@@ -104,13 +107,15 @@ class SoakStats:
     resume_failed: int = 0
     connects: int = 0
     connect_failures: int = 0
+    renewals: int = 0
 
 
 class SoakSession:
     """One speaker that keeps talking until ``deadline``, with faults of its own making."""
 
     def __init__(self, url: str, index: int, seed: int, transcripts: list[str],
-                 stats: SoakStats, turn_timeout_s: float) -> None:
+                 stats: SoakStats, turn_timeout_s: float, renew_every: int = 0) -> None:
+        self.renew_every = renew_every
         self.url, self.index = url, index
         self.rng = random.Random(seed * 100_003 + index)
         self.transcripts = transcripts
@@ -139,12 +144,25 @@ class SoakSession:
             self.account.lost(f"connect failed: {exc}")
             return
         try:
+            turns = 0
             while self.loop.time() < deadline:
                 await self._turn()
+                turns += 1
                 await asyncio.sleep(self.rng.expovariate(1 / 1.0))
+                if self.renew_every and turns % self.renew_every == 0:
+                    await self._renew()
         finally:
             if self.ws is not None:
                 await self.ws.close()
+
+    async def _renew(self) -> None:
+        """Close cleanly (the session ends) and open a new session."""
+        old, self.ws = self.ws, None
+        await old.close()
+        self.stats.renewals += 1
+        self.account = _carry(self.account)
+        self.last_seq = -1
+        await self._connect(resume=False)
 
     async def _connect(self, *, resume: bool) -> None:
         from websockets.asyncio.client import connect
@@ -254,6 +272,15 @@ class SoakSession:
                 pass  # an abort in progress: the next mark goes to the new socket
 
 
+def _carry(account: SessionAccount) -> SessionAccount:
+    """A fresh account for a new session (seq starts again at 0), keeping what was counted."""
+    fresh = SessionAccount()
+    fresh.turns, fresh.errors, fresh.violations = account.turns, account.errors, \
+        account.violations
+    fresh.seq_gaps, fresh.seq_repeats = account.seq_gaps, account.seq_repeats
+    return fresh
+
+
 # ---- the run ---------------------------------------------------------------------------
 
 
@@ -284,7 +311,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         sample("start")
         deadline = loop.time() + args.minutes * 60
         sessions = [SoakSession(gateway.url, i, args.seed, transcripts, stats,
-                                args.turn_timeout) for i in range(args.sessions)]
+                                args.turn_timeout, args.renew_every)
+                    for i in range(args.sessions)]
         tick = loop.create_task(sampler())
         await asyncio.gather(*(s.run(deadline) for s in sessions))
         tick.cancel()
@@ -306,7 +334,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "sessions": args.sessions, "minutes": args.minutes, "seed": args.seed,
         "actions": dict(stats.actions), "turns": dict(stats.statuses),
         "resumes": stats.resumes, "resume_failed": stats.resume_failed,
-        "connects": stats.connects, "connect_failures": stats.connect_failures,
+        "connects": stats.connects, "renewals": stats.renewals,
+        "connect_failures": stats.connect_failures,
         "frames": sum(t.frames for a in accounts for t in a.turns),
         "seq_gaps": sum(a.seq_gaps for a in accounts),
         "seq_repeats": sum(a.seq_repeats for a in accounts),
@@ -336,6 +365,7 @@ def table(r: dict[str, Any]) -> str:
         ("turns", ", ".join(f"{k} {v}" for k, v in sorted(r["turns"].items()))),
         ("actions", ", ".join(f"{k} {v}" for k, v in sorted(r["actions"].items()))),
         ("resumes (failed)", f"{r['resumes']} ({r['resume_failed']})"),
+        ("sessions renewed", str(r["renewals"])),
         ("frames", str(r["frames"])),
         ("frames lost / duplicated", f"{r['seq_gaps']} / {r['seq_repeats']}"),
         ("protocol violations", str(r["violations"])),
@@ -360,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-lead-ms", type=int, default=1000)
     p.add_argument("--sample-s", type=float, default=10.0)
     p.add_argument("--turn-timeout", type=float, default=120.0)
+    p.add_argument("--renew-every", type=int, default=10,
+                   help="turns before a session closes and a new one opens (0: never)")
     p.add_argument("--json", help="write the result (with every sample) here")
     args = p.parse_args(argv)
     import uvloop
