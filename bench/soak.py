@@ -323,8 +323,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             if health["sessions"] == 0:
                 break
             await asyncio.sleep(0.1)
-        after = sample("sessions gone")
         health = gateway.health()
+        # sockets close asynchronously (the last health probe's too): give them 5 s
+        for _ in range(50):
+            if fd_count(gateway.pid) <= samples[0]["fds"]:
+                break
+            await asyncio.sleep(0.1)
+        after = sample("sessions gone")
     finally:
         code = gateway.stop()
     accounts = [s.account for s in sessions]
