@@ -143,6 +143,11 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
                     assert health.status_code == 503
                     assert health.json()["status"] == "unhealthy"
                     assert "engine_timeout" in health.json()["engine"]["unhealthy"]
+                speech = await http.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
+                                         json={"input": "Hello."})
+                assert speech.status_code == 503
+                assert speech.json()["error"]["code"] == "engine_unavailable"
+                assert speech.headers["retry-after"] == "1"
             # a new turn while stuck fails at once too
             fast = await say(other, "Still stuck?")
             assert fast.of("error")[0]["error"]["code"] == "engine_unavailable"
@@ -294,11 +299,9 @@ def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
         rest = proc.communicate(timeout=30)[0]
         assert proc.returncode == 0, rest
         assert "Traceback" not in rest, rest
-        # nothing left running: the port is closed and no child survived
+        # nothing left running: the port is closed
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True)
-        assert children.stdout == b""
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -389,6 +389,9 @@ class SpeechApi:
             if not (gw.ready and gw.lane.loaded):
                 raise ApiError(503, "the engine is still warming up; retry shortly",
                                code="warming_up", type="server_error")
+            if gw.lane.unhealthy is not None:
+                raise ApiError(503, f"the engine cannot synthesize now: {gw.lane.unhealthy}",
+                               code="engine_unavailable", type="server_error")
             params = parse_speech(await _read_json(request), gw)
         except ApiError as error:
             gw.telemetry.http_speech.labels("-", "-", "rejected").inc()
@@ -515,7 +518,8 @@ async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict
             pcm = collecting.result()
         except SpeechFailed as exc:
             counter("failed")
-            status = 503 if exc.code == "shutting_down" else 502
+            status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
+                504 if exc.code == "engine_timeout" else 502
             return ApiError(status, exc.message, code=exc.code, type="server_error").response()
     finally:
         for task in (collecting, leaving):
