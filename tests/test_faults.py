@@ -333,3 +333,35 @@ def test_a_stuck_engine_thread_does_not_keep_the_process_alive():
                           text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0, done.stderr
     assert "exiting with a stuck lane thread" in done.stdout
+
+
+async def test_ended_sessions_are_freed():
+    """No reference to a closed or expired session survives (the soak's RSS plateau is
+    buffers and the allocator, not sessions kept alive)."""
+    import gc
+    import weakref
+
+    gw = await start(FaultyEngine(), resume_window_s=0.05)
+    refs: list[weakref.ref] = []
+    new_runner = gw.new_runner
+
+    def tracked():
+        runner = new_runner()
+        refs.append(weakref.ref(runner))
+        return runner
+
+    gw.new_runner = tracked  # type: ignore[method-assign]
+    try:
+        for i in range(6):
+            ws = await connect(url(gw))
+            await recv_event(ws, "session.created")
+            assert (await say(ws, "A short turn. Then one more.")).done["status"] == "completed"
+            if i % 2:
+                await ws.close()
+            else:
+                ws.transport.abort()  # kept for the resume window, then closed
+        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        gc.collect()
+        assert len(refs) == 6 and [r for r in refs if r() is not None] == []
+    finally:
+        await gw.aclose()
