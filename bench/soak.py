@@ -65,10 +65,11 @@ def fd_count(pid: int) -> int:
 
 
 class GatewayProcess:
-    def __init__(self, max_lead_ms: int) -> None:
+    def __init__(self, max_lead_ms: int, outbox_bytes: int | None = None) -> None:
+        extra = ["--outbox-bytes", str(outbox_bytes)] if outbox_bytes else []
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "bench/capacity_server.py"), "--port", "0",
-             "--max-lead-ms", str(max_lead_ms)],
+             "--max-lead-ms", str(max_lead_ms), *extra],
             stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -285,7 +286,7 @@ def _carry(account: SessionAccount) -> SessionAccount:
 
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
-    gateway = GatewayProcess(args.max_lead_ms)
+    gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes)
     loop = asyncio.get_running_loop()
     samples: list[dict[str, float]] = []
     stats = SoakStats()
@@ -337,6 +338,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     running = [s for s in samples if not s["label"]]
     result = {
         "sessions": args.sessions, "minutes": args.minutes, "seed": args.seed,
+        "outbox_bytes": args.outbox_bytes,
         "actions": dict(stats.actions), "turns": dict(stats.statuses),
         "resumes": stats.resumes, "resume_failed": stats.resume_failed,
         "connects": stats.connects, "renewals": stats.renewals,
@@ -397,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turn-timeout", type=float, default=120.0)
     p.add_argument("--renew-every", type=int, default=10,
                    help="turns before a session closes and a new one opens (0: never)")
+    p.add_argument("--outbox-bytes", type=int,
+                   help="the gateway's per-session output buffer (default 4 MiB)")
     p.add_argument("--json", help="write the result (with every sample) here")
     args = p.parse_args(argv)
     import uvloop
