@@ -97,3 +97,49 @@ def test_redact_masks_query_and_bearer_tokens():
     assert redact("Authorization: Bearer abc.def") == "Authorization: Bearer ***"
     assert redact("subprotocol bearer.abc") == "subprotocol bearer.***"
     assert redact("nothing secret here") == "nothing secret here"
+
+
+@pytest.mark.slow
+def test_the_cli_at_debug_level_never_prints_a_token():
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
+                             "--tts", "synthetic", "--token", SECRET, "--log-level", "DEBUG"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        seen = []
+        while line := proc.stdout.readline():
+            seen.append(line)
+            if line.startswith("voice-gateway") and "serving" in line:
+                break
+        voice = line.split()[3]
+        http_port = int(next(x for x in seen + [proc.stdout.readline()] if "HTTP:" in x)
+                        .split("//")[1].split("/")[0].rsplit(":", 1)[1])
+
+        async def talk() -> None:
+            with pytest.raises(InvalidStatus):
+                async with connect(f"{voice}?token=wrong-{SECRET}"):
+                    pass
+            async with connect(f"{voice}?token={SECRET}") as ws:
+                await recv_event(ws, "session.created")
+                await send(ws, type="say", text="Hello.")
+                await read_turn(ws)
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"http://127.0.0.1:{http_port}/v1/audio/speech"
+                                    f"?token={SECRET}", json={"input": "Hi."})
+                assert r.status_code == 200
+
+        asyncio.run(talk())
+        proc.send_signal(signal.SIGTERM)
+        output = "".join(seen) + proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "/v1/voice?token=***" in output  # the request line was logged, masked
+    assert SECRET not in output

@@ -91,9 +91,7 @@ def redact(text: str) -> str:
 
 
 class RedactTokens(logging.Filter):
-    """Masks ``token=`` query values and bearer tokens in a record's message and args.
-    Installed on the ``websockets`` and ``gateway`` loggers' handlers-to-be by
-    ``install_redaction``."""
+    """Masks ``token=`` query values and bearer tokens in a record's message and args."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str):
@@ -112,10 +110,14 @@ _FILTER = RedactTokens()
 
 
 def install_redaction() -> None:
-    """Redact on the loggers that see request lines (idempotent). Logger filters apply
-    to records created on that logger, so each is named."""
-    for name in ("websockets", "websockets.server", "websockets.client", "gateway",
-                 "uvicorn", "uvicorn.error", "uvicorn.access"):
+    """Redact on the loggers that see request lines and on the root logger's handlers
+    (idempotent). A logger's filter only sees records created on that very logger, so the
+    request-line loggers are named; a handler's filter sees everything that reaches it, so
+    the root handlers (``logging.basicConfig`` in the CLI) cover every other logger."""
+    for name in ("websockets.server", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+    for handler in logging.getLogger().handlers:
+        if _FILTER not in handler.filters:
+            handler.addFilter(_FILTER)
