@@ -32,7 +32,10 @@ def raise_nofile() -> int:
 
 
 async def main(args: argparse.Namespace) -> None:
-    config = load_config(server={"port": args.port, "max_sessions": args.max_sessions},
+    server = {"port": args.port, "max_sessions": args.max_sessions}
+    if args.outbox_bytes:
+        server["outbox_bytes"] = args.outbox_bytes
+    config = load_config(server=server,
                          session={"max_lead_ms": args.max_lead_ms})
     gateway = Gateway(config, engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
     await gateway.start()
@@ -50,6 +53,7 @@ if __name__ == "__main__":
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--max-lead-ms", type=int, default=1000)
     p.add_argument("--max-sessions", type=int, default=100_000)
+    p.add_argument("--outbox-bytes", type=int, help="per-session output buffer (default 4 MiB)")
     a = p.parse_args()
     raise_nofile()
     import uvloop

@@ -22,8 +22,12 @@ args or ``--file`` each reply is heard to its end unless ``--barge-in-after SECO
 From stdin, any line typed while the reply plays barges in.
 
 If the socket drops, the client reconnects with exponential backoff (0.5 s doubling to 8 s,
-with jitter), re-applies its session settings and sends again the transcript whose reply
-was cut off. (The server keeps history per socket, so the new session starts fresh.)
+with jitter) and resumes its session (protocol.md, Resume): the first message on the new
+socket is ``session.resume`` with the ``seq`` of the last frame it received, and the server
+re-sends what followed, so the reply goes on where it was cut, into the same WAV, with
+``seq`` gapless. Events the server re-sends are handled once. If the resume fails (the
+window passed, the gateway restarted), the client falls back: it re-applies its settings
+and sends again the transcript whose reply was cut off, in the fresh session.
 """
 
 from __future__ import annotations
@@ -140,6 +144,14 @@ class PhoneClient:
         self._in_flight = False  # a transcript was sent and its turn.done has not come
         self._lost = False  # the socket dropped before the last transcript's turn.done
         self._connected = asyncio.Event()
+        self._session_id: str | None = None
+        self._resume_token: str | None = None
+        self._last_seq: int | None = None  # seq of the last frame received
+        self._ended: set[int] = set()  # turn ids whose turn.done was handled
+        self.resumes = 0
+        self.resumes_failed = 0
+        self.frames_lost = 0  # seq gaps seen (should stay 0, resumes included)
+        self.frames_repeated = 0
 
     def say(self, *parts: Any) -> None:
         if self.verbose:
@@ -166,27 +178,55 @@ class PhoneClient:
                 async with connect(self.url, compression=None, max_size=2**20) as ws:
                     created = json.loads(await ws.recv())
                     assert created["type"] == "session.created", created
-                    if self.settings:
-                        await ws.send(json.dumps({"type": "session.update",
-                                                  "session": self.settings}))
-                    self.say(f"[connected: {created['session_id']}]")
+                    if not await self._resume(ws, created):
+                        self._cut_off()  # the old session is gone: start over in this one
+                        self._session_id = created["session_id"]
+                        self._resume_token = created.get("resume_token")
+                        self._last_seq = None
+                        if self.settings:
+                            await ws.send(json.dumps({"type": "session.update",
+                                                      "session": self.settings}))
+                        self.say(f"[connected: {created['session_id']}]")
                     self._ws, backoff = ws, 0.5
                     self._connected.set()
                     await self._read(ws)
             except (OSError, InvalidStatus, ConnectionClosed) as exc:
                 self.say(f"[connection failed: {exc}]")
             self._connected.clear()
-            self._ws, self._turn_id = None, None
-            self._close_wav()
-            self.player.flush()
-            if self._in_flight:  # the reply was cut off: _talk sends it again
-                self._in_flight, self._lost = False, True
-                self._pending.clear()
-                self._done.set()
+            self._ws = None
             delay = backoff * random.uniform(0.8, 1.2)
             self.say(f"[disconnected; reconnecting in {delay:.1f} s]")
             await asyncio.sleep(delay)
             backoff = min(backoff * 2, 8.0)
+
+    async def _resume(self, ws: ClientConnection, created: dict[str, Any]) -> bool:
+        """Continue the previous session on ``ws``; False when there is none to continue
+        or the server refused (``resume_failed``)."""
+        if self._session_id is None or self._resume_token is None:
+            return False
+        await ws.send(json.dumps({"type": "session.resume", "session_id": self._session_id,
+                                  "resume_token": self._resume_token,
+                                  "last_seq": -1 if self._last_seq is None else self._last_seq}))
+        answer = json.loads(await ws.recv())
+        if answer["type"] == "session.resumed":
+            self.resumes += 1
+            self.say(f"[resumed {self._session_id}: {answer['replayed']} messages replayed]")
+            return True
+        self.resumes_failed += 1
+        self.say(f"[resume failed ({answer.get('error', {}).get('message')}); "
+                 f"continuing in {created['session_id']}]")
+        return False
+
+    def _cut_off(self) -> None:
+        """The reply in progress will never finish: drop it, and have _talk send its
+        transcript again."""
+        self._turn_id = None
+        self._close_wav()
+        self.player.flush()
+        if self._in_flight:
+            self._in_flight, self._lost = False, True
+            self._pending.clear()
+            self._done.set()
 
     async def _send(self, **message: Any) -> None:
         await self._connected.wait()
@@ -247,7 +287,8 @@ class PhoneClient:
     async def _read(self, ws: ClientConnection) -> None:
         async for message in ws:
             if isinstance(message, bytes):
-                _version, _flags, _sentence, turn_id, _seq = HEADER.unpack_from(message)
+                _version, _flags, _sentence, turn_id, seq = HEADER.unpack_from(message)
+                self._count_seq(seq)
                 if turn_id == self._turn_id and self._wav is not None:
                     pcm = message[HEADER.size:]
                     self._wav.writeframes(pcm)
@@ -255,6 +296,10 @@ class PhoneClient:
                 continue
             event = json.loads(message)
             match event["type"]:
+                case "turn.started" | "turn.done" if event["turn_id"] in self._ended:
+                    pass  # re-sent after a resume: already handled
+                case "turn.started" if event["turn_id"] == self._turn_id:
+                    pass  # re-sent after a resume: the WAV is open
                 case "turn.started":
                     self._close_wav()
                     self._turn_id = event["turn_id"]
@@ -270,6 +315,7 @@ class PhoneClient:
                     if self.verbose:
                         print(event["delta"], end="", file=sys.stderr, flush=True)
                 case "turn.done" if event["turn_id"] == self._turn_id:
+                    self._ended.add(event["turn_id"])
                     self._close_wav()
                     self.results.append(event)
                     m = event["metrics"]
@@ -284,6 +330,17 @@ class PhoneClient:
                     self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
                 case _:
                     pass  # session.updated, sentence, sentence.done, pong
+
+    def _count_seq(self, seq: int) -> None:
+        expected = 0 if self._last_seq is None else (self._last_seq + 1) % 2**32
+        if seq == expected:
+            self._last_seq = seq
+        elif (seq - expected) % 2**32 < 2**31:
+            self.frames_lost += (seq - expected) % 2**32
+            self.say(f"\n[{(seq - expected) % 2**32} frames lost]")
+            self._last_seq = seq
+        else:
+            self.frames_repeated += 1
 
     def _close_wav(self) -> None:
         if self._wav is not None:

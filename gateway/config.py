@@ -39,7 +39,7 @@ class ServerConfig:
     """Per session; 0 disables the limit."""
     resume_window_s: float = 30.0
     """How long a session whose socket dropped waits for ``session.resume``."""
-    outbox_bytes: int = 4 * 1024 * 1024
+    outbox_bytes: int = 1024 * 1024
     """Per session: unread output past this closes the session (``slow_consumer``); also
     what a resume can replay."""
     http_port: int | None = None
@@ -89,6 +89,8 @@ class TtsConfig:
     """Constructor options of the fallback engine (its own ``model``, ``ref_audio``, ...)."""
     fallback_policy: dict[str, Any] = field(default_factory=dict)
     """``first_chunk_timeout_s``, ``breaker_failures``, ``breaker_reset_s``."""
+    step_timeout_s: float | None = 30.0
+    """An engine call running longer marks the lane unhealthy (``engine_timeout``)."""
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for the primary engine's constructor."""

@@ -62,3 +62,85 @@ async def test_barge_in_cancels_the_playing_turn_after_reporting_playback(gatewa
     assert cut["metrics"]["audio_ms"] < 0.6 * 1000 + 1000 + 200
     _, first = read_wav(client.saved[0])
     assert len(first) / 24 == pytest.approx(cut["metrics"]["audio_ms"], abs=1)
+
+
+class CuttingProxy:
+    """A TCP proxy between the client and the gateway that aborts its first connection
+    (both sides, no close handshake) once ``cut_after`` bytes went to the client: the
+    phone going into a tunnel mid-reply. Later connections pass through untouched."""
+
+    def __init__(self, upstream_port: int, cut_after: int) -> None:
+        self.upstream_port, self.cut_after = upstream_port, cut_after
+        self.connections = 0
+        self.cut = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.connections += 1
+        cutting = self.connections == 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+
+        async def pipe(src, dst, count: bool) -> None:
+            sent = 0
+            while data := await src.read(65536):
+                dst.write(data)
+                sent += len(data)
+                if count and cutting and sent >= self.cut_after:
+                    writer.transport.abort()
+                    up_writer.transport.abort()
+                    self.cut.set()
+                    return
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True),
+                             return_exceptions=True)
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+@pytest.mark.slow
+async def test_a_dropped_socket_resumes_the_turn_into_the_same_wav(gateway, tmp_path):
+    proxy = CuttingProxy(gateway.port, cut_after=60_000)  # about 1.2 s of audio in
+    port = await proxy.start()
+    try:
+        client = phone_client.PhoneClient(f"ws://127.0.0.1:{port}/v1/voice", tmp_path,
+                                          phone_client.ClockPlayer(), verbose=False)
+        await client.run(phone_client._from_list(["Time"]), sequential=True,
+                         barge_in_after=None)
+    finally:
+        await proxy.aclose()
+    assert proxy.cut.is_set() and proxy.connections == 2
+    assert client.resumes == 1 and client.resumes_failed == 0
+    assert client.frames_lost == 0 and client.frames_repeated == 0
+    (done,) = client.results
+    assert done["status"] == "completed"
+    (path,) = client.saved  # one WAV: the reply went on where it was cut
+    _, samples = read_wav(path)
+    assert len(samples) / 24 == pytest.approx(done["metrics"]["audio_ms"], abs=1)
+    assert gateway.metrics.turns["completed"] == 1  # the transcript was not sent again
+
+
+@pytest.mark.slow
+async def test_when_the_resume_fails_the_transcript_is_sent_again(tmp_path, start_gateway):
+    gw = await start_gateway(REPLIES, server={"resume_window_s": 0.01})
+    proxy = CuttingProxy(gw.port, cut_after=60_000)
+    port = await proxy.start()
+    try:
+        client = phone_client.PhoneClient(f"ws://127.0.0.1:{port}/v1/voice", tmp_path,
+                                          phone_client.ClockPlayer(), verbose=False)
+        await client.run(phone_client._from_list(["Time"]), sequential=True,
+                         barge_in_after=None)
+    finally:
+        await proxy.aclose()
+    assert proxy.cut.is_set()
+    assert client.resumes == 0 and client.resumes_failed == 1  # the window had passed
+    assert [r["status"] for r in client.results] == ["completed"]
+    assert len(client.saved) == 2  # the cut reply, then the whole one in the new session
+    _, samples = read_wav(client.saved[1])
+    assert len(samples) / 24 == pytest.approx(client.results[0]["metrics"]["audio_ms"], abs=1)

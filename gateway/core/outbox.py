@@ -22,7 +22,7 @@ _SEQ_OFFSET = 8  # see codec.FRAME_HEADER
 
 
 class Outbox:
-    def __init__(self, max_bytes: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 1024 * 1024) -> None:
         self.max_bytes = max_bytes
         self._items: deque[str | bytes] = deque()
         self._sizes: deque[int] = deque()

@@ -211,6 +211,9 @@ class Session:
         self.turn: Turn | None = None
         self._next_turn_id = 1
         self._seq = 0
+        self.held = False
+        """True while no client is attached: frames stay in the session (the listener is
+        not playing), so a resume continues where the listener stopped."""
 
     # ---- opening ---------------------------------------------------------------------
 
@@ -361,7 +364,8 @@ class Session:
     def wake_at(self) -> float | None:
         """When ``tick`` may release more frames, or None when only new input can."""
         turn = self.turn
-        if turn is None or turn.state is TurnState.ENDED or turn.current >= len(turn.segments):
+        if (self.held or turn is None or turn.state is TurnState.ENDED
+                or turn.current >= len(turn.segments)):
             return None
         if not self._frame_ready(turn, turn.segments[turn.current]):
             return None
@@ -469,7 +473,7 @@ class Session:
                 effects += self._finish_segment(turn, seg)
                 continue
             take = min(frame_bytes, len(seg.pending))
-            if not turn.pacer.may_send(now, take / BYTES_PER_MS):
+            if self.held or not turn.pacer.may_send(now, take / BYTES_PER_MS):
                 return effects
             payload = bytes(seg.pending[:take])
             del seg.pending[:take]

@@ -1,14 +1,19 @@
-"""Who may open a voice session: bearer tokens checked before the WebSocket upgrade.
+"""Who may use the gateway: bearer tokens (``config.server.tokens``), checked before the
+WebSocket upgrade on the voice port and by ``AuthMiddleware`` on the HTTP API port.
 
 A token is accepted from ``Authorization: Bearer <token>``, from a ``?token=`` query
 parameter, or from a ``bearer.<token>`` entry of ``Sec-WebSocket-Protocol`` (browsers can
 set neither headers nor, safely, URLs that end up in logs). Comparison is constant-time.
+Tokens never reach the logs: ``RedactTokens`` masks ``token=`` query values in any record
+(the websockets server logs request paths on handshake failures).
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
@@ -21,13 +26,19 @@ _TOKEN_PREFIX = "bearer."
 
 
 def presented_tokens(request: Request) -> list[str]:
+    return tokens_from(request.headers.get("Authorization", ""), request.path,
+                       request.headers.get_all("Sec-WebSocket-Protocol"))
+
+
+def tokens_from(authorization: str, path: str, subprotocols: Iterable[str] = ()) -> list[str]:
+    """The tokens a request presents: its ``Authorization`` header value, its path with
+    query, its ``Sec-WebSocket-Protocol`` header values."""
     out = []
-    auth = request.headers.get("Authorization", "")
-    if auth[:7].lower() == "bearer ":
-        out.append(auth[7:].strip())
-    query = parse_qs(urlsplit(request.path).query)
+    if authorization[:7].lower() == "bearer ":
+        out.append(authorization[7:].strip())
+    query = parse_qs(urlsplit(path).query)
     out += query.get("token", [])
-    for header in request.headers.get_all("Sec-WebSocket-Protocol"):
+    for header in subprotocols:
         for entry in header.split(","):
             entry = entry.strip()
             if entry.startswith(_TOKEN_PREFIX):
@@ -36,9 +47,13 @@ def presented_tokens(request: Request) -> list[str]:
 
 
 def check_token(request: Request, tokens: Iterable[str]) -> bool:
-    """True when any presented token equals a configured one (constant-time compares;
-    every configured token is compared, so timing does not reveal which matched)."""
-    presented = presented_tokens(request)
+    """True when any presented token equals a configured one."""
+    return token_ok(presented_tokens(request), tokens)
+
+
+def token_ok(presented: Iterable[str], tokens: Iterable[str]) -> bool:
+    """Constant-time compares; every configured token is compared, so timing does not
+    reveal which matched."""
     ok = False
     for candidate in presented:
         for token in tokens:
@@ -65,3 +80,44 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+_TOKEN_IN_TEXT = re.compile(r"((?:[?&]|\b)token=)[^&\s\"']+")
+_BEARER_IN_TEXT = re.compile(r"((?:[Bb]earer[ .]))[A-Za-z0-9._~+/=-]+")
+
+
+def redact(text: str) -> str:
+    return _BEARER_IN_TEXT.sub(r"\1***", _TOKEN_IN_TEXT.sub(r"\1***", text))
+
+
+class RedactTokens(logging.Filter):
+    """Masks ``token=`` query values and bearer tokens in a record's message and args."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if record.args:
+            if isinstance(record.args, dict):
+                record.args = {k: redact(v) if isinstance(v, str) else v
+                               for k, v in record.args.items()}
+            else:
+                record.args = tuple(redact(a) if isinstance(a, str) else a
+                                    for a in record.args)
+        return True
+
+
+_FILTER = RedactTokens()
+
+
+def install_redaction() -> None:
+    """Redact on the loggers that see request lines and on the root logger's handlers
+    (idempotent). A logger's filter only sees records created on that very logger, so the
+    request-line loggers are named; a handler's filter sees everything that reaches it, so
+    the root handlers (``logging.basicConfig`` in the CLI) cover every other logger."""
+    for name in ("websockets.server", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+    for handler in logging.getLogger().handlers:
+        if _FILTER not in handler.filters:
+            handler.addFilter(_FILTER)

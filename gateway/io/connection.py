@@ -66,7 +66,8 @@ class SessionRunner:
         self._outbox_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._llm_tasks: dict[int, asyncio.Task[None]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = 0.0
         self._expiry: asyncio.TimerHandle | None = None
         self._turn_times: list[float] = []
         # tracing (bench/turn_latency.py); unused when gateway.tracer is None
@@ -86,6 +87,9 @@ class SessionRunner:
         self.connection = connection
         self.outbox.cursor = position
         self._outbox_ready.set()
+        if self.session.held:
+            self.session.held = False
+            self._apply(self.session.tick(self.now()))
 
     def detach(self, connection: VoiceConnection, *, resumable: bool) -> None:
         """The socket is gone. Keep the session for a resume, or close it now."""
@@ -95,6 +99,9 @@ class SessionRunner:
         if not resumable or self.closed:
             self.close()
             return
+        # Nobody is listening: release no more audio until a resume (the turn goes on
+        # making it, just in time, into the session's held audio).
+        self.session.held = True
         self._expiry = self.loop.call_later(self.resume_window_s, self.close)
 
     def close(self) -> None:
@@ -200,14 +207,15 @@ class SessionRunner:
 
     def _rearm_timer(self) -> None:
         wake = None if self.closed else self.session.wake_at()
-        timer = self._timer
-        if timer is not None:
-            if wake is not None and timer.when() == wake:
+        if self._timer is not None:
+            if wake is not None and self._timer_at == wake:
                 return  # already armed for that moment: most inputs do not move it
-            timer.cancel()
+            self._timer.cancel()
             self._timer = None
         if wake is not None:
+            # (uvloop returns a plain Handle, without when(), for a time already past)
             self._timer = self.loop.call_at(wake, self._tick)
+            self._timer_at = wake
 
     def _tick(self) -> None:
         self._timer = None

@@ -9,6 +9,11 @@ Routes (docs/http-api.md has the details and examples):
   (``"stream_format": "sse"``);
 * ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health``, ``GET /metrics``.
 
+Auth: with tokens configured (``config.server.tokens``, the voice socket's), every route
+but ``GET /health`` needs one (``Authorization: Bearer``, as OpenAI clients send it, or
+``?token=``); otherwise 401 with an OpenAI-style error (``invalid_api_key``). ``/health``
+stays open for load balancers and probes; it reveals counts and versions, not content.
+
 A speech request becomes one lane job per segment (``Segmenter``), all owned by the request
 and run in order at ``Priority.BACKGROUND`` (voice sessions go first). Its sink,
 ``SpeechStream``, feeds a queue the response reads from. Backpressure: the next segment is
@@ -43,6 +48,7 @@ from starlette.routing import Route
 from engines.base import OUTPUT_RATE, SynthesisRequest
 from gateway.core.scheduler import Job, Priority
 from gateway.core.segmenter import Segmenter
+from gateway.io.auth import token_ok, tokens_from
 from gateway.io.lanes import SynthesisJob
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -318,6 +324,35 @@ class SpeechStream:
 # ---- the app ------------------------------------------------------------------------------
 
 
+OPEN_PATHS = frozenset({"/health"})
+
+
+class AuthMiddleware:
+    """Pure ASGI (streaming responses pass through untouched): a request to anything but
+    ``OPEN_PATHS`` must present one of the gateway's tokens when any is configured."""
+
+    def __init__(self, app: Any, gateway: Gateway) -> None:
+        self.app, self.gateway = app, gateway
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        tokens = self.gateway.config.server.tokens
+        if scope["type"] != "http" or not tokens or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        authorization = ""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        if token_ok(tokens_from(authorization, f"?{query}"), tokens):
+            await self.app(scope, receive, send)
+            return
+        self.gateway.metrics.errors["unauthorized"] += 1
+        error = ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
+                         "<token>' with one of the gateway's tokens", code="invalid_api_key")
+        await error.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
+
+
 class SpeechApi:
     """The Starlette app bound to one gateway."""
 
@@ -330,6 +365,7 @@ class SpeechApi:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ])
+        self.asgi = AuthMiddleware(self.app, gateway)
 
     async def health(self, request: Request) -> Response:
         body = self.gateway.health()
@@ -353,6 +389,9 @@ class SpeechApi:
             if not (gw.ready and gw.lane.loaded):
                 raise ApiError(503, "the engine is still warming up; retry shortly",
                                code="warming_up", type="server_error")
+            if gw.lane.unhealthy is not None:
+                raise ApiError(503, f"the engine cannot synthesize now: {gw.lane.unhealthy}",
+                               code="engine_unavailable", type="server_error")
             params = parse_speech(await _read_json(request), gw)
         except ApiError as error:
             gw.telemetry.http_speech.labels("-", "-", "rejected").inc()
@@ -479,7 +518,8 @@ async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict
             pcm = collecting.result()
         except SpeechFailed as exc:
             counter("failed")
-            status = 503 if exc.code == "shutting_down" else 502
+            status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
+                504 if exc.code == "engine_timeout" else 502
             return ApiError(status, exc.message, code=exc.code, type="server_error").response()
     finally:
         for task in (collecting, leaving):
@@ -562,7 +602,7 @@ class HttpServer:
             sock.close()
             raise
         self._socket = sock
-        config = uvicorn.Config(self.api.app, lifespan="off", log_config=None,
+        config = uvicorn.Config(self.api.asgi, lifespan="off", log_config=None,
                                 access_log=False, ws="none",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
         self._server = _Uvicorn(config)

@@ -4,6 +4,15 @@ MLX rejects concurrent command encoders and libespeak-ng is not thread-safe, so 
 into an engine (load, open, step, close) happens on its lane's single thread. The task
 picks the next job from the core ``LaneScheduler`` between steps, so an urgent job waits at
 most one step of whatever is running.
+
+Faults. An engine that raises fails that job only (``engine_failed``, or the
+``EngineError``'s code) and the lane goes on. A call that does not return within
+``step_timeout_s`` (an engine hung in a kernel, a dead remote) fails its job with
+``engine_timeout``; the lane thread is still stuck in that call, so the lane is marked
+unhealthy (``unhealthy`` says why; ``/health`` answers 503 with it) and every queued or
+newly submitted job fails at once with ``engine_unavailable`` instead of waiting forever.
+If the stuck call ever returns, the lane is healthy again. A lane whose executor can no
+longer run anything (shut down, broken) is unhealthy for good, with the same fast failure.
 """
 
 from __future__ import annotations
@@ -11,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Hashable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +32,19 @@ from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngi
 from gateway.core.scheduler import DeadlineOf, Job, LaneScheduler, Priority
 
 log = logging.getLogger(__name__)
+
+STEP_TIMEOUT_S = 30.0
+"""Default limit for one engine call on the lane thread (open or step), seconds. A real
+engine's step is one chunk (tens to hundreds of ms); the first step of a cold model may take
+a few seconds. Loading the engine is not limited."""
+
+
+class StepTimeout(Exception):
+    """An engine call did not return within ``step_timeout_s``."""
+
+
+class LaneUnavailable(Exception):
+    """The lane cannot run engine calls (its thread is stuck, or its executor is gone)."""
 
 
 class JobSink(Protocol):
@@ -43,6 +67,50 @@ class LaneObserver(Protocol):
         """``outcome``: ``done``, ``failed`` or ``cancelled``."""
 
 
+class LaneThread:
+    """One worker thread running calls in order: ``ThreadPoolExecutor(max_workers=1)``,
+    except that the thread is a daemon. A pool's threads are joined at interpreter exit,
+    so an engine call stuck forever (``engine_timeout``) would keep a SIGTERMed gateway
+    from ever exiting; a daemon thread does not."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Any, tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._shutdown = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        with self._lock:
+            if self._shutdown or not self._thread.is_alive():
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            future: Future[Any] = Future()
+            self._queue.put((future, fn, args))
+            return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No more calls; the ones queued still run. ``wait``: until they have."""
+        with self._lock:
+            if not self._shutdown:
+                self._shutdown = True
+                self._queue.put(None)
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
 @dataclass(frozen=True, slots=True)
 class SynthesisJob:
     request: SynthesisRequest
@@ -61,24 +129,95 @@ class LaneStats:
 
 class Lane:
     def __init__(self, name: str, engine: TtsEngine, deadline_of: DeadlineOf | None = None,
-                 max_lead: float | None = None):
+                 max_lead: float | None = None, step_timeout_s: float | None = STEP_TIMEOUT_S):
         self.name = name
+        self.step_timeout_s = step_timeout_s
+        """None: no limit (a hung engine then holds the lane forever)."""
+        self._unhealthy: str | None = None
+        self._healthy = asyncio.Event()
+        self._healthy.set()
+        self._broken = False
         self.engine = engine
         self.inline = getattr(engine, "blocks", True) is False
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead)
         self.stats = LaneStats()
         self.loaded = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{name}")
+        self._executor = LaneThread(f"lane-{name}")
         self._wake = asyncio.Event()
         self._busy_since: float | None = None
         self.observer: LaneObserver | None = None
+
+    @property
+    def unhealthy(self) -> str | None:
+        """Why the lane cannot run jobs now, or None when it can."""
+        return self._unhealthy
+
+    @unhealthy.setter
+    def unhealthy(self, reason: str | None) -> None:
+        self._unhealthy = reason
+        if reason is None:
+            self._healthy.set()
+        else:
+            self._healthy.clear()
+
+    async def wait_healthy(self) -> None:
+        await self._healthy.wait()
 
     # ---- thread helpers ----------------------------------------------------------------
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """Run ``fn(*args)`` on the lane thread. Cancelling the await does not stop the
         call already running there; its result is discarded."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.wrap_future(self._submit(fn, *args))
+
+    def _submit(self, fn: Any, *args: Any) -> Future[Any]:
+        try:
+            return self._executor.submit(fn, *args)
+        except RuntimeError as exc:  # shut down, or BrokenThreadPool: no thread will run it
+            self._mark_broken(f"the lane executor cannot run jobs: {type(exc).__name__}: {exc}")
+            raise LaneUnavailable(self.unhealthy) from exc
+
+    async def _call_limited(self, fn: Any, *args: Any) -> Any:
+        """``call`` with the step deadline. On timeout the lane turns unhealthy until the
+        stuck call returns (if ever)."""
+        if self.step_timeout_s is None:
+            return await self.call(fn, *args)
+        future = self._submit(fn, *args)
+        wrapped = asyncio.wrap_future(future)
+        try:
+            done, _ = await asyncio.wait({wrapped}, timeout=self.step_timeout_s)
+        except asyncio.CancelledError:
+            wrapped.cancel()
+            raise
+        if done:
+            return wrapped.result()
+        wrapped.cancel()  # stop waiting; the call itself goes on on the lane thread
+        self.unhealthy = (f"engine_timeout: an engine call ({getattr(fn, '__name__', fn)}) "
+                          f"of {self.engine.name} ran more than {self.step_timeout_s:g} s "
+                          "and still holds the lane thread")
+        log.error("lane %s: %s", self.name, self.unhealthy)
+        loop = asyncio.get_running_loop()
+
+        def returned(_f: Future[Any]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop may be closed by then
+                loop.call_soon_threadsafe(self._stuck_call_returned)
+
+        future.add_done_callback(returned)
+        raise StepTimeout(self.unhealthy)
+
+    def _stuck_call_returned(self) -> None:
+        if not self._broken and self.unhealthy is not None:
+            log.warning("lane %s: the stuck engine call returned; the lane is healthy again",
+                        self.name)
+            self.unhealthy = None
+            self._wake.set()
+
+    def _mark_broken(self, reason: str) -> None:
+        if not self._broken:
+            log.error("lane %s: %s", self.name, reason)
+        self._broken = True
+        self.unhealthy = reason
+        self._wake.set()
 
     async def _call_step(self, fn: Any, *args: Any) -> Any:
         """A step or an ``open``: on the lane thread, or inline on the event loop for an
@@ -88,7 +227,7 @@ class Lane:
             result = fn(*args)
             await asyncio.sleep(0)  # let the loop breathe between inline steps
             return result
-        return await self.call(fn, *args)
+        return await self._call_limited(fn, *args)
 
     def _close_later(self, stream: SynthesisStream | None) -> None:
         if stream is None:
@@ -111,6 +250,9 @@ class Lane:
                priority: Priority = Priority.INTERACTIVE) -> Job:
         job = Job(owner=owner, priority=priority, deadline=deadline, payload=payload)
         self.scheduler.submit(job)
+        if self.unhealthy is not None:
+            # fail fast, but never inside the caller's own call (sinks are not re-entrant)
+            asyncio.get_running_loop().call_soon(self._fail_queued)
         if self.observer is not None:
             self.observer.job_queued(self.name, job)
         self._wake.set()
@@ -130,7 +272,7 @@ class Lane:
             if self.observer is not None:
                 self.observer.job_ended(self.name, job, "cancelled")
             if not job.running:
-                self._close_later(job.state)
+                self._close_later_safe(job.state)
                 job.state = None
         return len(jobs)
 
@@ -147,6 +289,11 @@ class Lane:
         its thread and is discarded."""
         loop = asyncio.get_running_loop()
         while True:
+            if self.unhealthy is not None:
+                self._fail_queued()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             job = self.scheduler.next_job(loop.time())
             if job is None:
                 # Nothing eligible: sleep until a submission, or until a job that is too far
@@ -159,6 +306,24 @@ class Lane:
                 continue
             await self._step(job)
 
+    def _fail_queued(self) -> None:
+        """The lane is unhealthy: every job waiting for it fails now."""
+        reason = self.unhealthy or "the lane is unavailable"
+        for owner in self.scheduler.owners():
+            for job in self.scheduler.cancel(owner):
+                if job.running:
+                    continue  # its step is in flight; _step reports it
+                self._close_later_safe(job.state)
+                job.state = None
+                self.stats.jobs_failed += 1
+                self._ended(job, "failed")
+                job.payload.sink.on_failed(job, "engine_unavailable",
+                                           f"the {self.name} lane cannot synthesize: {reason}")
+
+    def _close_later_safe(self, stream: SynthesisStream | None) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._close_later(stream)
+
     async def _step(self, job: Job) -> None:
         payload: SynthesisJob = job.payload
         job.running = True
@@ -168,6 +333,22 @@ class Lane:
             if job.state is None:
                 job.state = await self._call_step(self.engine.open, payload.request)
             chunk, ready_at = await self._call_step(_timed_step, job.state)
+        except StepTimeout:
+            self.scheduler.finish(job)  # the stream stays with the stuck thread
+            self.stats.jobs_failed += 1
+            self._ended(job, "failed")
+            if not job.cancelled:
+                payload.sink.on_failed(job, "engine_timeout",
+                                       f"{self.engine.name} did not answer within "
+                                       f"{self.step_timeout_s:g} s")
+            return
+        except LaneUnavailable as exc:
+            self.scheduler.finish(job)
+            self.stats.jobs_failed += 1
+            self._ended(job, "failed")
+            if not job.cancelled:
+                payload.sink.on_failed(job, "engine_unavailable", str(exc))
+            return
         except EngineError as exc:
             self._drop(job)
             self.stats.jobs_failed += 1
@@ -193,7 +374,7 @@ class Lane:
                 self.observer.job_step(self.name, job, started, seconds,
                                        0 if chunk is None else len(chunk))
         if job.cancelled:
-            self._close_later(job.state)
+            self._close_later_safe(job.state)
             job.state = None
             return
         if chunk is None:
@@ -212,7 +393,7 @@ class Lane:
 
     def _drop(self, job: Job) -> None:
         self.scheduler.finish(job)
-        self._close_later(job.state)
+        self._close_later_safe(job.state)
         job.state = None
 
     async def aclose(self) -> None:
@@ -220,7 +401,10 @@ class Lane:
         for owner in self.scheduler.owners():
             self.cancel(owner)
         try:
-            await self.call(self.engine.close)
+            if self.unhealthy is None:
+                await self.call(self.engine.close)
+            else:  # a stuck thread would never run it: do not wait for it
+                log.warning("lane %s: not closing the engine (%s)", self.name, self.unhealthy)
         finally:
             self._executor.shutdown(wait=False)
 

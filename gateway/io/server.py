@@ -33,7 +33,7 @@ from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.scheduler import LanePolicy
 from gateway.core.session import Session, SessionLimits, SessionSettings
-from gateway.io.auth import check_token, is_loopback, select_subprotocol
+from gateway.io.auth import check_token, install_redaction, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
 from gateway.io.http_api import HttpServer, models_body
 from gateway.io.lanes import Lane
@@ -91,7 +91,8 @@ class Gateway:
         self.llm = llm or self._make_llm()
         # just in time: a turn more than max_lead ahead of its listener yields the lane
         self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline,
-                         max_lead=config.session.max_lead_ms / 1000.0)
+                         max_lead=config.session.max_lead_ms / 1000.0,
+                         step_timeout_s=config.tts.step_timeout_s)
         self.lane.scheduler.policy = LanePolicy(config.server.lane_policy)
         self.metrics = Metrics()
         self.telemetry = Telemetry(self)
@@ -121,6 +122,7 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.config.server
+        install_redaction()  # no token reaches a log line (websockets logs request paths)
         if not s.tokens and not is_loopback(s.host) and not s.insecure_bind:
             raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
                              "(--token) or pass --insecure-bind")
@@ -185,14 +187,16 @@ class Gateway:
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
+        tokens = self.config.server.tokens
+        # like the HTTP API port: everything but /health and the console page needs a token
+        if path in (VOICE_PATH, "/metrics", "/v1/models") and tokens and \
+                not check_token(request, tokens):
+            self.metrics.errors["unauthorized"] += 1
+            return _json_response(http.HTTPStatus.UNAUTHORIZED, {"error": {
+                "code": "unauthorized",
+                "message": "a valid token is required (Authorization: Bearer, ?token=, "
+                           "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
-            tokens = self.config.server.tokens
-            if tokens and not check_token(request, tokens):
-                self.metrics.errors["unauthorized"] += 1
-                return _json_response(http.HTTPStatus.UNAUTHORIZED, {"error": {
-                    "code": "unauthorized",
-                    "message": "a valid token is required (Authorization: Bearer, ?token=, "
-                               "or a 'bearer.<token>' WebSocket subprotocol)"}})
             if len(self.runners) >= self.config.server.max_sessions:
                 return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       {"error": {"code": "server_full",
@@ -218,8 +222,10 @@ class Gateway:
         lane = self.lane
         active = sum(1 for r in self.runners.values()
                      if r.session.turn is not None and r.session.turn.state.value != "ended")
+        status = "unhealthy" if lane.unhealthy is not None else \
+            "ok" if self.ready and lane.loaded else "starting"
         return {
-            "status": "ok" if self.ready and lane.loaded else "starting",
+            "status": status,
             "version": version(),
             "pid": os.getpid(),
             "uptime_s": round(time.time() - self.started_at, 1),
@@ -230,7 +236,7 @@ class Gateway:
                                            "warm": lane.loaded and lane.stats.jobs_done > 0,
                                            "voices": len(self.voices)}},
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
-                       "voices": len(self.voices)},
+                       "voices": len(self.voices), "unhealthy": lane.unhealthy},
             "lanes": self.telemetry.lane_health(),
             "llm": self.telemetry.llm_health(),
             "http": {"port": self.http.port if self.http.started else None,

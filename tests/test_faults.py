@@ -1,0 +1,368 @@
+"""Faults the gateway survives, on the real server: engines that raise, hang or lose their
+thread, an LLM process killed mid-stream, clients that vanish mid-turn, SIGTERM during
+turns. In each, a well-behaved session runs alongside and must not notice (gapless seq,
+turn completed), except where the fault takes the shared lane itself (then its turn fails
+fast with a clear error instead of hanging)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from engines.base import EngineError, SynthesisRequest
+from engines.synthetic import SyntheticEngine
+from gateway.config import load_config
+from gateway.io.server import Gateway
+from tests.servers import Hang, Text, TinyLlamaServer
+from tests.wsclient import TurnResult, read_turn, recv_event, send
+
+NO_PACING = {"max_lead_ms": 30_000}  # the whole reply is released at once
+WELL = "A well behaved session speaks. It says a few sentences. Nothing goes wrong here."
+
+
+class FaultyEngine(SyntheticEngine):
+    """TEST DOUBLE: the synthetic engine (zero cost), except for texts holding a marker:
+    ``RAISE`` raises ``fault`` at its second step; ``HANG`` blocks its second step until
+    ``release`` is set."""
+
+    def __init__(self, fault: BaseException | None = None) -> None:
+        super().__init__(rtf=0, ttfa_ms=0, lane="cpu")
+        self.blocks = True  # it can hang like a real model: keep it on the lane thread
+        self.fault = fault or EngineError("engine_failed", "scripted engine failure")
+        self.release = threading.Event()
+        self.hung = threading.Event()
+
+    def open(self, request: SynthesisRequest):
+        stream = super().open(request)
+        if "RAISE" not in request.text and "HANG" not in request.text:
+            return stream
+        engine, step, steps = self, stream.step, [0]
+
+        def faulty_step() -> bytes | None:
+            steps[0] += 1
+            if steps[0] == 2:
+                if "RAISE" in request.text:
+                    raise engine.fault
+                engine.hung.set()
+                engine.release.wait()
+            return step()
+
+        stream.step = faulty_step  # type: ignore[method-assign]
+        return stream
+
+
+async def start(engine=None, llm_url: str | None = None, **server) -> Gateway:
+    gw = Gateway(load_config(server={"port": 0, **server}, llm={"tokens_per_s": 0,
+                             **({"url": llm_url, "max_tokens": 4000} if llm_url else {})},
+                             session=NO_PACING), engine=engine)
+    await gw.start()
+    return gw
+
+
+def url(gw: Gateway) -> str:
+    return f"ws://127.0.0.1:{gw.port}/v1/voice"
+
+
+async def say(ws, text: str) -> TurnResult:
+    await send(ws, type="say", text=text)
+    return await read_turn(ws)
+
+
+def gapless(*turns: TurnResult) -> bool:
+    seqs = [f.seq for t in turns for f in t.frames]
+    return seqs == list(range(len(seqs)))
+
+
+async def well_behaved(gw: Gateway, started: asyncio.Event | None = None) -> TurnResult:
+    async with connect(url(gw)) as ws:
+        await recv_event(ws, "session.created")
+        if started is not None:
+            await started.wait()
+        result = await say(ws, WELL)
+    assert result.done["status"] == "completed", result.events
+    assert gapless(result) and result.frames[-1].turn_end
+    return result
+
+
+# ---- the engine -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", [EngineError("engine_failed", "the model fell over"),
+                                   RuntimeError("a bug in the engine")])
+async def test_engine_raising_mid_sentence_fails_that_turn_only(fault):
+    gw = await start(FaultyEngine(fault))
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            other = asyncio.create_task(well_behaved(gw))
+            bad = await say(ws, "This part is fine. But RAISE breaks this sentence midway.")
+            (error,) = bad.of("error")
+            assert error["error"]["code"] == "engine_failed"
+            assert error["turn_id"] == bad.turn_id
+            assert bad.done["status"] == "failed"
+            await other
+            again = await say(ws, "The lane still works.")  # the lane went on
+            assert again.done["status"] == "completed"
+            assert gapless(bad, again)
+        assert gw.lane.unhealthy is None and gw.health()["status"] == "ok"
+    finally:
+        await gw.aclose()
+
+
+async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
+    engine = FaultyEngine()
+    gw = await start(engine)
+    gw.lane.step_timeout_s = 0.5
+    try:
+        async with connect(url(gw)) as ws, connect(url(gw)) as other:
+            await recv_event(ws, "session.created")
+            await recv_event(other, "session.created")
+            await send(ws, type="say", text="It starts well. Then HANG stops it cold.")
+            # the other session's turn queues behind the stuck step...
+            await asyncio.to_thread(engine.hung.wait, 10)
+            await send(other, type="say", text=WELL)
+            bad = await read_turn(ws)
+            assert [e["error"]["code"] for e in bad.of("error")] == ["engine_timeout"]
+            assert bad.done["status"] == "failed"
+            # ...and fails fast with a clear error instead of waiting forever
+            queued = await read_turn(other)
+            assert [e["error"]["code"] for e in queued.of("error")] == ["engine_unavailable"]
+            assert "engine_timeout" in queued.of("error")[0]["error"]["message"]
+            assert queued.done["status"] == "failed"
+            async with httpx.AsyncClient() as http:
+                for port in (gw.port, gw.http_port):
+                    health = await http.get(f"http://127.0.0.1:{port}/health")
+                    assert health.status_code == 503
+                    assert health.json()["status"] == "unhealthy"
+                    assert "engine_timeout" in health.json()["engine"]["unhealthy"]
+                speech = await http.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
+                                         json={"input": "Hello."})
+                assert speech.status_code == 503
+                assert speech.json()["error"]["code"] == "engine_unavailable"
+                assert speech.headers["retry-after"] == "1"
+            # a new turn while stuck fails at once too
+            fast = await say(other, "Still stuck?")
+            assert fast.of("error")[0]["error"]["code"] == "engine_unavailable"
+            # the stuck call returns: the lane is healthy again and serves
+            engine.release.set()
+            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            assert gw.health()["status"] == "ok"
+            after = await say(other, WELL)
+            assert after.done["status"] == "completed"
+            assert gapless(queued, fast, after) and gapless(bad)
+    finally:
+        engine.release.set()
+        await gw.aclose()
+
+
+async def test_dead_lane_executor_fails_jobs_with_a_clear_error():
+    gw = await start(FaultyEngine())
+    try:
+        gw.lane._executor.shutdown(wait=True)  # the lane's worker thread is gone
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            result = await say(ws, "Nobody can speak this.")
+            (error,) = result.of("error")
+            assert error["error"]["code"] == "engine_unavailable"
+            assert "executor" in error["error"]["message"]
+            assert result.done["status"] == "failed"
+            again = await say(ws, "Nor this.")  # fails at once, no hang
+            assert again.of("error")[0]["error"]["code"] == "engine_unavailable"
+        health = gw.health()
+        assert health["status"] == "unhealthy" and "executor" in health["engine"]["unhealthy"]
+    finally:
+        await gw.aclose()
+
+
+# ---- the LLM ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_llm_process_killed_mid_stream(tiny_llama_dir, tmp_path):
+    server = TinyLlamaServer(tiny_llama_dir, tmp_path / "hf-cache")
+    (tmp_path / "hf-cache").mkdir()
+    await asyncio.to_thread(server.start)
+    gw = await start(FaultyEngine(), llm_url=server.url)
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            other = asyncio.create_task(well_behaved(gw))
+            await send(ws, type="transcript", text="Talk for a long time.")
+            result = TurnResult()
+            result.events.append(await recv_event(ws, "turn.started"))
+            result.turn_id = result.events[0]["turn_id"]
+            result.events.append(await recv_event(ws, "text.delta"))  # it is streaming
+            assert server._proc is not None
+            server._proc.kill()  # SIGKILL: no goodbye on the socket
+            await asyncio.to_thread(server._proc.wait)
+            rest = await read_turn(ws, result.turn_id)
+            codes = [e["error"]["code"] for e in rest.of("error")]
+            assert codes and codes[0] in ("llm_failed", "llm_unavailable"), rest.events
+            assert rest.done["status"] == "failed"
+            await other
+    finally:
+        await gw.aclose()
+        server.stop()
+
+
+# ---- the client -------------------------------------------------------------------------
+
+
+async def _hanging_turn(gw: Gateway, llm, ws) -> None:
+    await recv_event(ws, "session.created")
+    await send(ws, type="transcript", text="Say a lot.")
+    await recv_event(ws, "sentence")  # audio is being made, the LLM still streams
+    await asyncio.wait_for(llm.request_arrived.wait(), 10)
+
+
+async def test_client_closing_mid_turn_closes_the_llm_stream_and_frees_the_lane(
+        scripted_llm_server):
+    scripted_llm_server.script([Text("A first sentence to speak. "), Text("And more "), Hang()])
+    gw = await start(FaultyEngine(), llm_url=scripted_llm_server.url)
+    try:
+        other = asyncio.create_task(well_behaved(gw))
+        async with connect(url(gw)) as ws:
+            await _hanging_turn(gw, scripted_llm_server, ws)
+        # a clean close ends the session at once: stream closed, jobs cancelled
+        await asyncio.wait_for(scripted_llm_server.requests[0].disconnected.wait(), 10)
+        await other
+        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        async with httpx.AsyncClient() as http:
+            health = (await http.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
+        assert health["lanes"][gw.lane.name]["queue_depth"] == 0
+        assert health["sessions"] == 0 and health["active_turns"] == 0
+    finally:
+        await gw.aclose()
+
+
+async def test_client_aborting_mid_turn_keeps_the_session_until_the_window_ends(
+        scripted_llm_server):
+    scripted_llm_server.script([Text("A first sentence to speak. "), Text("And more "), Hang()])
+    gw = await start(FaultyEngine(), llm_url=scripted_llm_server.url, resume_window_s=0.3)
+    try:
+        other = asyncio.create_task(well_behaved(gw))
+        ws = await connect(url(gw))
+        await _hanging_turn(gw, scripted_llm_server, ws)
+        ws.transport.abort()  # no close handshake: the session waits for a resume
+        await ws.wait_closed()
+        request = scripted_llm_server.requests[0]
+        await asyncio.wait_for(gw.wait_no_sessions(), 10)  # the window expired
+        await asyncio.wait_for(request.disconnected.wait(), 10)  # then the stream closed
+        await other
+        assert gw.lane.queue_depth == 0
+        assert gw.health()["active_turns"] == 0
+    finally:
+        await gw.aclose()
+
+
+# ---- the process ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
+                             "--tts", "synthetic", "--max-lead-ms", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        assert proc.stdout is not None
+        while line := proc.stdout.readline():
+            if line.startswith("voice-gateway") and "serving" in line:
+                break
+        port = int(line.split()[3].rsplit(":", 1)[1].split("/")[0])
+
+        async def talk() -> list[int | None]:
+            sockets = [await connect(f"ws://127.0.0.1:{port}/v1/voice") for _ in range(3)]
+            for ws in sockets:
+                await recv_event(ws, "session.created")
+                await send(ws, type="say", text=WELL * 3)
+                await recv_event(ws, "sentence")  # mid-turn
+            proc.send_signal(signal.SIGTERM)
+            codes = []
+            for ws in sockets:
+                with pytest.raises(ConnectionClosed):
+                    while True:
+                        await ws.recv()
+                codes.append(ws.close_code)
+            return codes
+
+        assert asyncio.run(talk()) == [1001, 1001, 1001]
+        rest = proc.communicate(timeout=30)[0]
+        assert proc.returncode == 0, rest
+        assert "Traceback" not in rest, rest
+        # nothing left running: the port is closed
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+STUCK_THEN_EXIT = """
+import asyncio
+from tests.test_faults import FaultyEngine, start, url, say
+from websockets.asyncio.client import connect
+from tests.wsclient import recv_event
+
+async def main():
+    gw = await start(FaultyEngine())
+    gw.lane.step_timeout_s = 0.3
+    async with connect(url(gw)) as ws:
+        await recv_event(ws, "session.created")
+        result = await say(ws, "It starts. Then HANG forever.")
+        assert result.done["status"] == "failed" and gw.lane.unhealthy
+    await gw.aclose()
+
+asyncio.run(main())
+print("exiting with a stuck lane thread", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_stuck_engine_thread_does_not_keep_the_process_alive():
+    done = subprocess.run([sys.executable, "-c", STUCK_THEN_EXIT], capture_output=True,
+                          text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stderr
+    assert "exiting with a stuck lane thread" in done.stdout
+
+
+async def test_ended_sessions_are_freed():
+    """No reference to a closed or expired session survives (the soak's RSS plateau is
+    buffers and the allocator, not sessions kept alive)."""
+    import gc
+    import weakref
+
+    gw = await start(FaultyEngine(), resume_window_s=0.05)
+    refs: list[weakref.ref] = []
+    new_runner = gw.new_runner
+
+    def tracked():
+        runner = new_runner()
+        refs.append(weakref.ref(runner))
+        return runner
+
+    gw.new_runner = tracked  # type: ignore[method-assign]
+    try:
+        for i in range(6):
+            ws = await connect(url(gw))
+            await recv_event(ws, "session.created")
+            assert (await say(ws, "A short turn. Then one more.")).done["status"] == "completed"
+            if i % 2:
+                await ws.close()
+            else:
+                ws.transport.abort()  # kept for the resume window, then closed
+        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        gc.collect()
+        assert len(refs) == 6 and [r for r in refs if r() is not None] == []
+    finally:
+        await gw.aclose()

@@ -1,0 +1,145 @@
+"""The HTTP API port takes the voice socket's tokens; no token ever reaches a log line."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from engines.synthetic import SyntheticEngine
+from gateway.config import load_config
+from gateway.io.auth import redact
+from gateway.io.server import Gateway
+from tests.wsclient import read_turn, recv_event, send
+
+SECRET = "s3cret-Token_value"
+OTHER = "second-token-xyz"
+
+
+@pytest.fixture
+async def gateway():
+    gw = Gateway(load_config(server={"port": 0, "tokens": (SECRET, OTHER)},
+                             llm={"tokens_per_s": 0}, session={"max_lead_ms": 30_000}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.aclose()
+
+
+def assert_openai_401(response: httpx.Response) -> None:
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json() == {"error": {
+        "message": response.json()["error"]["message"], "type": "invalid_request_error",
+        "param": None, "code": "invalid_api_key"}}
+
+
+async def test_http_api_requires_a_token_except_health(gateway):
+    base = f"http://127.0.0.1:{gateway.http_port}"
+    speech = {"input": "Hello there.", "response_format": "wav"}
+    async with httpx.AsyncClient(base_url=base) as http:
+        assert_openai_401(await http.post("/v1/audio/speech", json=speech))
+        assert_openai_401(await http.post("/v1/audio/speech", json=speech,
+                                          headers={"Authorization": "Bearer nope"}))
+        for path in ("/v1/models", "/v1/audio/voices", "/metrics"):
+            assert_openai_401(await http.get(path))
+        assert (await http.get("/health")).status_code == 200  # open for probes
+        ok = await http.post("/v1/audio/speech", json=speech,
+                             headers={"Authorization": f"Bearer {SECRET}"})
+        assert ok.status_code == 200 and ok.content[:4] == b"RIFF"
+        assert (await http.get(f"/v1/models?token={OTHER}")).status_code == 200
+        assert (await http.get("/metrics", headers={"Authorization": f"bearer {OTHER}"})
+                ).status_code == 200
+    assert gateway.metrics.errors["unauthorized"] == 5
+
+
+async def test_voice_port_routes_need_the_token_too(gateway):
+    base = f"http://127.0.0.1:{gateway.port}"
+    async with httpx.AsyncClient(base_url=base) as http:
+        for path in ("/metrics", "/v1/models"):
+            assert (await http.get(path)).status_code == 401
+            assert (await http.get(path, headers={"Authorization": f"Bearer {SECRET}"})
+                    ).status_code == 200
+        assert (await http.get("/health")).status_code == 200
+
+
+async def test_tokens_never_reach_the_logs(gateway, caplog):
+    caplog.set_level(logging.DEBUG)  # websockets logs every request line at DEBUG
+    voice = f"ws://127.0.0.1:{gateway.port}/v1/voice"
+    with pytest.raises(InvalidStatus):
+        async with connect(f"{voice}?token=wrong-{SECRET}"):
+            pass
+    async with connect(f"{voice}?token={SECRET}") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text="A turn with a token.")
+        assert (await read_turn(ws)).done["status"] == "completed"
+    async with connect(voice, additional_headers={"Authorization": f"Bearer {OTHER}"}) as ws:
+        await recv_event(ws, "session.created")
+    async with httpx.AsyncClient() as http:
+        r = await http.post(f"http://127.0.0.1:{gateway.http_port}/v1/audio/speech?token={OTHER}",
+                            json={"input": "Hi."})
+        assert r.status_code == 200
+    # the gateway's side: not the test's own clients (httpx, websockets.client)
+    server_side = [r for r in caplog.records
+                   if not r.name.startswith(("httpx", "httpcore", "websockets.client"))]
+    text = "\n".join(r.getMessage() + (r.exc_text or "") for r in server_side)
+    assert "v1/voice" in text  # the request lines were logged...
+    assert SECRET not in text and OTHER not in text  # ...without the tokens
+
+
+def test_redact_masks_query_and_bearer_tokens():
+    assert redact("GET /v1/voice?token=abc&x=1 HTTP/1.1") == "GET /v1/voice?token=***&x=1 HTTP/1.1"
+    assert redact("Authorization: Bearer abc.def") == "Authorization: Bearer ***"
+    assert redact("subprotocol bearer.abc") == "subprotocol bearer.***"
+    assert redact("nothing secret here") == "nothing secret here"
+
+
+@pytest.mark.slow
+def test_the_cli_at_debug_level_never_prints_a_token():
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
+                             "--tts", "synthetic", "--token", SECRET, "--log-level", "DEBUG"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        seen = []
+        while line := proc.stdout.readline():
+            seen.append(line)
+            if line.startswith("voice-gateway") and "serving" in line:
+                break
+        voice = line.split()[3]
+        http_port = int(next(x for x in seen + [proc.stdout.readline()] if "HTTP:" in x)
+                        .split("//")[1].split("/")[0].rsplit(":", 1)[1])
+
+        async def talk() -> None:
+            with pytest.raises(InvalidStatus):
+                async with connect(f"{voice}?token=wrong-{SECRET}"):
+                    pass
+            async with connect(f"{voice}?token={SECRET}") as ws:
+                await recv_event(ws, "session.created")
+                await send(ws, type="say", text="Hello.")
+                await read_turn(ws)
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"http://127.0.0.1:{http_port}/v1/audio/speech"
+                                    f"?token={SECRET}", json={"input": "Hi."})
+                assert r.status_code == 200
+
+        asyncio.run(talk())
+        proc.send_signal(signal.SIGTERM)
+        output = "".join(seen) + proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "/v1/voice?token=***" in output  # the request line was logged, masked
+    assert SECRET not in output
