@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import random
 import statistics
 import sys
 import time
@@ -47,10 +48,11 @@ def _transcripts() -> list[str]:
 
 
 async def _client(url: str, transcripts: list[str], turns: int, offset: int,
-                  max_lead_ms: int) -> int:
+                  max_lead_ms: int, start_delay: float) -> int:
     from websockets.asyncio.client import connect
 
     frames = 0
+    await asyncio.sleep(start_delay)  # sessions start apart, as people do (see --stagger-s)
     async with connect(url, compression=None, max_size=None) as ws:
         await ws.recv()  # session.created
         await ws.send(orjson.dumps({"type": "session.update",
@@ -69,12 +71,14 @@ async def _client(url: str, transcripts: list[str], turns: int, offset: int,
     return frames
 
 
-def _clients_main(url: str, sessions: int, turns: int, max_lead_ms: int,
+def _clients_main(url: str, sessions: int, turns: int, max_lead_ms: int, stagger_s: float,
                   result: multiprocessing.Queue) -> None:
     async def main() -> int:
         transcripts = _transcripts()
-        counts = await asyncio.gather(*(_client(url, transcripts, turns, i, max_lead_ms)
-                                        for i in range(sessions)))
+        rng = random.Random(7)
+        counts = await asyncio.gather(*(
+            _client(url, transcripts, turns, i, max_lead_ms, rng.uniform(0, stagger_s))
+            for i in range(sessions)))
         return sum(counts)
 
     result.put(asyncio.run(main()))
@@ -97,7 +101,8 @@ async def _loop_hop(n: int = 2000) -> list[float]:
     return out
 
 
-async def run_level(sessions: int, turns: int, tokens_per_s: float, max_lead_ms: int) -> dict:
+async def run_level(sessions: int, turns: int, tokens_per_s: float, max_lead_ms: int,
+                    stagger_s: float) -> dict:
     config = load_config(server={"port": 0, "max_sessions": 100_000},
                          llm={"tokens_per_s": tokens_per_s})
     gateway = Gateway(config)
@@ -106,7 +111,8 @@ async def run_level(sessions: int, turns: int, tokens_per_s: float, max_lead_ms:
     url = f"ws://127.0.0.1:{gateway.port}/v1/voice"
     ctx = multiprocessing.get_context("spawn")
     queue: multiprocessing.Queue = ctx.Queue()
-    proc = ctx.Process(target=_clients_main, args=(url, sessions, turns, max_lead_ms, queue))
+    proc = ctx.Process(target=_clients_main,
+                       args=(url, sessions, turns, max_lead_ms, stagger_s, queue))
     started = time.perf_counter()
     proc.start()
     frames = await asyncio.get_running_loop().run_in_executor(None, queue.get)
@@ -126,7 +132,7 @@ async def main(args: argparse.Namespace) -> dict:
     hop = await _loop_hop()
     baseline = {"loop_hop": {"n": len(hop), "p50_ms": round(_pct(hop, 50), 3),
                              "p99_ms": round(_pct(hop, 99), 3)}}
-    rows = [await run_level(n, args.turns, args.tokens_per_s, args.max_lead_ms)
+    rows = [await run_level(n, args.turns, args.tokens_per_s, args.max_lead_ms, args.stagger_s)
             for n in args.sessions]
     return {"baseline": baseline, "levels": rows, "goal": "p99 <= 1 ms at 100 sessions"}
 
@@ -157,6 +163,10 @@ if __name__ == "__main__":
                         help="pacing lead of the sessions: 30000 (default) sends audio as "
                         "soon as it is made, in bursts; 1000 is the gateway's real pacing, "
                         "where a frame held by the pacer is not counted as latency")
+    parser.add_argument("--stagger-s", type=float, default=0.0,
+                        help="start each session after a random 0..S s (default 0: every "
+                        "session sends its first transcript at the same instant, the worst "
+                        "case: the last of 100 simultaneous transcripts queues behind 99)")
     parser.add_argument("--json", help="write the report here too")
     args = parser.parse_args()
     try:
