@@ -1,7 +1,7 @@
 """Benchmark the MLX engines on this machine: time to first chunk, RTF, peak memory, and the
 overhead of the gateway's engine wrapper over calling mlx-audio's ``generate`` directly.
 
-    PYTHONPATH=. /work/venv/bin/python bench/mlx_engines.py [--repeats 5] [--max-tokens 8] [--json]
+    python bench/mlx_engines.py [--repeats 5] [--max-tokens 8] [--http] [--chatterbox] [--json]
 
 Both rows run in the same process on the same tiny random-weight Qwen3-TTS model (built in
 a temp dir; nothing downloaded), same text, same seeds, interleaved (direct, engine, direct,
@@ -11,6 +11,12 @@ engine, ...) so machine drift hits both equally:
   with ``mx.eval``.
 * ``qwen3 engine``: ``Qwen3Engine`` as the lane drives it (open, step until None), which
   adds the PCM16 conversion, the runaway and thread checks, and ``mx.clear_cache()``.
+
+* ``http (mlx-audio server)`` (``--http``): ``HttpTtsEngine`` in raw-PCM mode against
+  mlx-audio's own server in a subprocess serving the same model directory: what a remote
+  or shared TTS server costs over the in-process engine.
+* ``chatterbox`` (``--chatterbox``, one run: its tiny model keeps the full 150M-parameter
+  S3Gen, ~100 s per synthesis on mlx-cpu): time to its single chunk and RTF.
 
 Goal: wrapper overhead <= 2 % of total synthesis time. Peak memory is MLX's peak (reset
 before each row) and the process's peak RSS. Random weights never stop: every utterance is
@@ -23,11 +29,89 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # engines/, tests/tiny_models
+
+
+def _timed(stream) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    first = None
+    nbytes = 0
+    while (chunk := stream.step()) is not None:
+        nbytes += len(chunk)
+        first = first or time.perf_counter() - t0
+    return first or 0.0, time.perf_counter() - t0, nbytes // 2
+
+
+def _summary(runs: list[tuple[float, float, int]], peak_bytes: int | None) -> dict:
+    total = sum(r[1] for r in runs)
+    audio = sum(r[2] for r in runs) / 24_000
+    return {"ttfc_ms_median": statistics.median(r[0] for r in runs) * 1000,
+            "rtf": total / audio if audio else float("nan"), "total_s": total,
+            "mlx_peak_mb": float("nan") if peak_bytes is None else peak_bytes / 1e6}
+
+
+def _http_row(model_dir: Path, text: str, args: argparse.Namespace) -> dict:
+    import subprocess
+
+    from engines.base import SynthesisRequest
+    from engines.http_tts import HttpTtsEngine
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get(
+        "PYTHONPATH", "")]), HF_HUB_CACHE=tempfile.mkdtemp(prefix="bench-hf-"))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.tts_servers.mlx_audio_server"],
+                            stdout=subprocess.PIPE, env=env, text=True, cwd=root)
+    try:
+        port = int(proc.stdout.readline())
+        engine = HttpTtsEngine(f"http://127.0.0.1:{port}/v1", model=str(model_dir),
+                               voice="aria", format="pcm", read_timeout_s=300)
+        engine.load()
+        body = {"http_body": {"max_tokens": args.max_tokens}}
+        _timed(engine.open(SynthesisRequest(text, options=body)))  # server warm-up
+        runs = [_timed(engine.open(SynthesisRequest(text, options=body)))
+                for _ in range(args.repeats)]
+        engine.close()
+        return _summary(runs, None)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _chatterbox_row(tmp: Path, text: str) -> dict:
+    import mlx.core as mx
+
+    from engines.base import SynthesisRequest
+    from engines.chatterbox import ChatterboxEngine
+    from tests.tiny_models.chatterbox import (
+        build_tiny_chatterbox,
+        register_tiny_llama,
+        seed_s3_tokenizer_cache,
+    )
+    from tests.tiny_models.qwen3 import write_reference_wav
+
+    cache = tmp / "hf-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["HF_HUB_CACHE"] = str(cache)
+    import huggingface_hub.constants as hf_constants  # imported already: update it too
+
+    hf_constants.HF_HUB_CACHE = str(cache)
+    hf_constants.HF_HUB_OFFLINE = True
+    register_tiny_llama()
+    seed_s3_tokenizer_cache(cache)
+    ref = write_reference_wav(tmp / "ref.wav")
+    engine = ChatterboxEngine(str(build_tiny_chatterbox(tmp / "cb")), ref_audio=str(ref),
+                              max_tokens=8)
+    engine.load()
+    mx.reset_peak_memory()
+    run = _timed(engine.open(SynthesisRequest(text)))
+    engine.close()
+    return _summary([run], mx.get_peak_memory())
 
 
 def main() -> None:
@@ -35,6 +119,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--http", action="store_true", help="add the http engine row")
+    ap.add_argument("--chatterbox", action="store_true", help="add a chatterbox row (slow)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -97,6 +183,10 @@ def main() -> None:
             "total_s": total,
             "mlx_peak_mb": peaks[name] / 1e6,
         }
+    if args.http:
+        result["http (mlx-audio server)"] = _http_row(path, text, args)
+    if args.chatterbox:
+        result["chatterbox"] = _chatterbox_row(Path(tmp), text)
     base, eng = result["mlx-audio generate"], result["qwen3 engine"]
     overhead = (eng["total_s"] - base["total_s"]) / base["total_s"] * 100
     mem = engine.memory()
