@@ -41,6 +41,7 @@ def test_qwen3_clone_conforms(tiny_qwen3_base, reference_wav):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the suite runs ~8 syntheses of ~100 s each on mlx-cpu
 @pytest.mark.skipif(
     os.environ.get("VG_CHATTERBOX_TESTS") != "1", reason="see test_chatterbox_engine"
 )
