@@ -11,9 +11,7 @@ under uvloop, like ``voice-gateway serve``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import resource
-import signal
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.synthetic import SyntheticEngine  # noqa: E402
 from gateway.config import load_config  # noqa: E402
-from gateway.io.server import Gateway  # noqa: E402
+from gateway.io.server import Gateway, until_signalled  # noqa: E402
 
 
 def raise_nofile() -> int:
@@ -40,11 +38,7 @@ async def main(args: argparse.Namespace) -> None:
     gateway = Gateway(config, engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
     await gateway.start()
     print(f"PORT {gateway.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_signalled()
     await gateway.aclose()
 
 

@@ -63,18 +63,14 @@ def sentence(rng: random.Random, seconds: float) -> str:
 async def serve(policy: str) -> None:
     from engines.synthetic import SyntheticEngine
     from gateway.config import load_config
-    from gateway.io.server import Gateway
+    from gateway.io.server import Gateway, until_signalled
 
     config = load_config(server={"port": 0, "http_port": 0, "lane_policy": policy})
     gateway = Gateway(config, engine=SyntheticEngine(rtf=0.44, ttfa_ms=107, step_ms=320,
                                                      lane="gpu"))
     await gateway.start()
     print(f"PORT {gateway.port} {gateway.http_port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_signalled()
     await gateway.aclose()
 
 

@@ -297,6 +297,15 @@ def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
     return Response(status.value, status.phrase, headers, data)
 
 
+async def until_signalled() -> None:
+    """Return at the first SIGINT or SIGTERM (the process's way of asking to stop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 async def serve_until_signalled(config: GatewayConfig) -> None:
     gateway = Gateway(config)
     await gateway.start()
@@ -314,12 +323,8 @@ async def serve_until_signalled(config: GatewayConfig) -> None:
         "none (no token configured: loopback only)" if not c.server.insecure_bind else \
         "NONE, and bound beyond loopback (--insecure-bind)"
     print(f"  auth:  {auth}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         print("shutting down: closing sessions (1001)", flush=True)
         await gateway.aclose()
