@@ -331,6 +331,7 @@ async def test_health_follows_sessions_and_compute(gateway):
     assert lane["compute_s"] > 0 and lane["compute_s_1m"] > 0 and 0 < lane["busy_share_1m"] <= 1
     assert lane["queue_depth"] == 0 and lane["jobs"]["done"] == 2
     assert after["llm"]["reachable"] is True and after["llm"]["backend"] == "replay"
+    assert 0 <= after["loop"]["lag_max_ms_1m"] < 60_000
     assert voice_port.keys() == after.keys() and voice_port["sessions"] == 0
 
 
@@ -384,6 +385,7 @@ async def test_metrics_move_after_turns_and_speech(gateway):
     assert m["gateway_http_speech_requests_total{format=-,status=rejected,stream=-}"] == 1
     assert m["gateway_llm_tokens_per_second{}"] > 0
     assert m["gateway_sessions{}"] == 0 and m["gateway_lane_queue_depth{lane=cpu}"] == 0
+    assert m["gateway_loop_lag_seconds_count{}"] >= 1  # the probe wakes every 100 ms
     assert "gateway_turn_ttfa_seconds_count" in voice_port
 
 

@@ -127,10 +127,12 @@ class Gateway:
             raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
                              "(--token) or pass --insecure-bind")
         await self.http.start()  # first, so /health answers 503 while the engine warms up
+        self.telemetry.loop_lag.start()
         self._lane_task = asyncio.create_task(self.lane.run(), name=f"lane-{self.lane.name}")
         try:
             seconds = await self.lane.load()
         except BaseException:
+            await self.telemetry.loop_lag.aclose()
             await self.http.aclose()
             raise
         self.voices = list(self.engine.voices())
@@ -239,6 +241,7 @@ class Gateway:
                        "voices": len(self.voices), "unhealthy": lane.unhealthy},
             "lanes": self.telemetry.lane_health(),
             "llm": self.telemetry.llm_health(),
+            "loop": self.telemetry.loop_lag.health(),
             "http": {"port": self.http.port if self.http.started else None,
                      "speech_streams": len(self.http.streams)},
             "turns": dict(self.metrics.turns),

@@ -50,6 +50,8 @@ _BYTES_PER_S = OUTPUT_RATE * 2
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 5.0)
 _RTF_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.44, 0.6, 0.8, 1.0, 1.5, 2.0, 4.0)
+_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+LOOP_LAG_INTERVAL_S = 0.1
 
 
 class BusyWindow:
@@ -143,6 +145,71 @@ class LlmProbe:
         return {"reachable": self.reachable, "detail": self.detail, "checked_s_ago": age}
 
 
+class WindowMax:
+    """Largest value seen over the last ``window_s`` seconds. Pure: ``now`` is passed in.
+
+    A monotonic deque: each new value drops the older, smaller ones, so the head is always
+    the window's maximum and ``add`` is amortised O(1)."""
+
+    def __init__(self, window_s: float = BUSY_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._values: collections.deque[tuple[float, float]] = collections.deque()
+
+    def add(self, now: float, value: float) -> None:
+        while self._values and self._values[-1][1] <= value:
+            self._values.pop()
+        self._values.append((now, value))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._values and self._values[0][0] <= now - self.window_s:
+            self._values.popleft()
+
+    def max(self, now: float) -> float:
+        self._trim(now)
+        return self._values[0][1] if self._values else 0.0
+
+
+class LoopLagMonitor:
+    """How late the event loop runs callbacks: a timer asks to wake every ``interval_s``
+    and books how much later it woke. A session's frames wait behind whatever callback
+    holds the loop, so this is the first figure to read when frames arrive late."""
+
+    def __init__(self, histogram: Any, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
+        """``histogram``: anything with ``observe(seconds)`` (a prometheus Histogram)."""
+        self.histogram = histogram
+        self.interval_s = interval_s
+        self.recent = WindowMax()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            now = loop.time()
+            lag = max(0.0, now - due)
+            self.histogram.observe(lag)
+            self.recent.add(now, lag)
+
+    def health(self) -> dict[str, float]:
+        return {"lag_max_ms_1m": round(self.recent.max(asyncio.get_running_loop().time())
+                                       * 1000.0, 1)}
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+
 class Telemetry:
     """Metrics of one gateway. Attach with ``Telemetry(gateway)``; see the module docstring."""
 
@@ -172,6 +239,9 @@ class Telemetry:
         self.http_speech = Counter("gateway_http_speech_requests",
                                    "POST /v1/audio/speech requests by outcome",
                                    ["format", "stream", "status"], registry=r)
+        self.loop_lag = LoopLagMonitor(Histogram(
+            "gateway_loop_lag_seconds", "How late the event loop woke a timer due every "
+            f"{LOOP_LAG_INTERVAL_S:g} s", buckets=_LAG_BUCKETS, registry=r))
         r.register(_StateCollector(self))
         self.llm_tokens_per_s: float | None = None
         self.busy = {gateway.lane.name: BusyWindow(started=time.perf_counter())}
@@ -246,6 +316,7 @@ class Telemetry:
         return generate_latest(self.registry)
 
     async def aclose(self) -> None:
+        await self.loop_lag.aclose()
         await self.llm_probe.aclose()
 
 

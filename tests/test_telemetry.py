@@ -1,0 +1,78 @@
+"""Telemetry pieces that do not need a gateway: the windowed maximum and the loop-lag probe."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+from gateway.io.telemetry import LoopLagMonitor, WindowMax
+
+
+@pytest.mark.parametrize(("events", "now", "expected"), [
+    ([], 0.0, 0.0),
+    ([(0.0, 5.0)], 0.0, 5.0),
+    ([(0.0, 5.0), (1.0, 3.0)], 1.0, 5.0),          # older but larger stays the max
+    ([(0.0, 5.0), (1.0, 3.0)], 60.5, 3.0),         # ... until it leaves the window
+    ([(0.0, 5.0), (1.0, 3.0)], 61.0, 0.0),         # everything left the window
+    ([(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)], 2.0, 3.0),
+    ([(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)], 61.5, 2.0),
+    ([(0.0, 2.0), (0.0, 2.0)], 59.9, 2.0),         # equal values: the newer is kept
+])
+def test_window_max(events, now, expected):
+    window = WindowMax(window_s=60)
+    for at, value in events:
+        window.add(at, value)
+    assert window.max(now) == expected
+
+
+def test_window_max_keeps_only_candidates():
+    window = WindowMax(window_s=60)
+    for i in range(1000):
+        window.add(i * 0.01, float(i))  # rising: each value evicts all before it
+    assert len(window._values) == 1 and window.max(10.0) == 999.0
+
+
+class _Observed:
+    """Test double around a real Histogram: wakes the test after each observation."""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+        self.samples: list[float] = []
+        self.changed = asyncio.Event()
+
+    def observe(self, value: float) -> None:
+        self.histogram.observe(value)
+        self.samples.append(value)
+        self.changed.set()
+
+    async def next(self) -> float:
+        self.changed.clear()
+        await self.changed.wait()
+        return self.samples[-1]
+
+
+def _hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)  # a callback that never yields, like a slow engine call on the loop
+
+
+async def test_loop_lag_monitor_sees_a_blocked_loop():
+    registry = CollectorRegistry()
+    observed = _Observed(Histogram("lag", "test", buckets=(0.01, 0.1, 1.0), registry=registry))
+    monitor = LoopLagMonitor(observed, interval_s=0.01)
+    monitor.start()
+    try:
+        for _ in range(3):
+            await observed.next()
+        assert monitor.health()["lag_max_ms_1m"] < 250
+        asyncio.get_running_loop().call_soon(_hold_the_loop, 0.3)
+        lags = [await observed.next() for _ in range(2)]
+        assert max(lags) >= 0.25  # the wake-up due during the hold came ~300 ms late
+        assert monitor.health()["lag_max_ms_1m"] >= 250
+        assert registry.get_sample_value("lag_bucket", {"le": "0.1"}) < \
+            registry.get_sample_value("lag_count")
+    finally:
+        await monitor.aclose()
+    assert monitor._task is None
