@@ -286,14 +286,26 @@ async def _client(target: str, port: int, n: int, say: str, jitter_s: float, idl
     while window[1] == 0.0:  # noqa: ASYNC110 (set by another process)
         await asyncio.sleep(0.05)
     stats.t_start, stats.t_end = window[0], window[1]
+    lags = array("f")  # this client's own loop lag over the window: late arrivals may be ours
+
+    async def probe() -> None:
+        while True:
+            due = loop.time() + 0.1
+            await asyncio.sleep(0.1)
+            if stats.t_start <= time.monotonic() <= stats.t_end:
+                lags.append(max(0.0, loop.time() - due) * 1000)
+
+    prober = asyncio.ensure_future(probe())
     await asyncio.sleep(max(0.0, stats.t_end - time.monotonic()) + 0.2)
+    prober.cancel()
     ended = sum(1 for p in listeners if p.done or p.closed)
     for p in listeners:
         p.transport.close()
     queue.put(("result", {"sessions": len(listeners), "failed": failed, "ended_early": ended,
                           "started": stats.started, "frames": stats.frames,
                           "underruns": stats.underruns, "errors": stats.errors,
-                          "lateness": stats.lateness.tobytes()}))
+                          "lateness": stats.lateness.tobytes(),
+                          "client_lag_max_ms": round(max(lags, default=0.0), 1)}))
 
 
 def client_main(target, port, n, say, jitter_s, idle, window, queue) -> None:
@@ -324,6 +336,7 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     t_end = t_start + seconds
     window[0], window[1] = t_start, t_end
     time.sleep(max(0.0, t_start - time.monotonic()))
+    lag0 = loop_lag_buckets(server)
     cpu0 = cpu_seconds(server.pid)
     ccpu0 = sum(cpu_seconds(p.pid) for p in procs)
     spy = None
@@ -337,6 +350,7 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     cpu1 = cpu_seconds(server.pid)
     ccpu1 = sum(cpu_seconds(p.pid) for p in procs)
     rss1 = rss_bytes(server.pid)
+    lag = loop_lag_summary(lag0, loop_lag_buckets(server))
     results = [queue.get(timeout=120)[1] for _ in procs]
     for p in procs:
         p.join(30)
@@ -369,7 +383,45 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
         "server_cpu_pct": round(100 * server_cpu / seconds),
         "client_cpu_pct": round(100 * (ccpu1 - ccpu0) / seconds),
         "cpu_s_per_1000_frames": round(1000 * server_cpu / frames, 4) if frames else None,
+        "client_lag_max_ms": max(r["client_lag_max_ms"] for r in results),
+        **lag,
     }
+
+
+def loop_lag_buckets(server: Server) -> dict[float, float] | None:
+    """The gateway's ``gateway_loop_lag_seconds`` buckets (cumulative counts by upper
+    bound), scraped from its /metrics; None for the peers, which have no such probe."""
+    if server.target != "gateway":
+        return None
+    from urllib.request import urlopen
+
+    with urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith("gateway_loop_lag_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def loop_lag_summary(before: dict[float, float] | None,
+                     after: dict[float, float] | None) -> dict:
+    """Over the window: wake-ups of the 100 ms probe, how many came > 40 ms late, and the
+    bucket bound under which 99 % and all of them fell (ms)."""
+    if before is None or after is None:
+        return {}
+    counts = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    total = counts[-1][1]
+    if not total:
+        return {}
+
+    def bound_for(share: float) -> float:
+        return next(b for b, c in counts if c >= share * total) * 1000
+
+    late = total - next(c for b, c in counts if b >= 0.04)
+    return {"loop_wakeups": int(total), "loop_late_40ms": int(late),
+            "loop_lag_p99_le_ms": bound_for(0.99), "loop_lag_max_le_ms": bound_for(1.0)}
 
 
 # ---- benchmarks ------------------------------------------------------------------------------
@@ -400,15 +452,24 @@ def bench_idle(args) -> dict:
 
 HEADER = (f"{'target':8} {'N':>5} {'conn':>5} {'strm':>5} {'frames/s':>8} {'p50ms':>7} "
           f"{'p99ms':>7} {'maxms':>7} {'underr':>6} {'srvCPU%':>7} {'cliCPU%':>7} "
-          f"{'cpu s/1k fr':>11} {'RSS MiB':>8}  ok")
+          f"{'cpu s/1k fr':>11} {'RSS MiB':>8} {'lag99':>6} {'lagmax':>6} {'clilag':>6}  ok")
 
 
 def row(target: str, r: dict) -> str:
     return (f"{target:8} {r['sessions']:>5} {r['connected']:>5} {r['streaming']:>5} "
             f"{r['frames_per_s']:>8} {r['lateness_p50_ms']!s:>7} {r['lateness_p99_ms']!s:>7} "
             f"{r['lateness_max_ms']!s:>7} {r['underruns']:>6} {r['server_cpu_pct']:>7} "
-            f"{r['client_cpu_pct']:>7} {r['cpu_s_per_1000_frames']!s:>11} {r['rss_mib']:>8}  "
+            f"{r['client_cpu_pct']:>7} {r['cpu_s_per_1000_frames']!s:>11} {r['rss_mib']:>8} "
+            f"{_le(r.get('loop_lag_p99_le_ms')):>6} {_le(r.get('loop_lag_max_le_ms')):>6} "
+            f"{r['client_lag_max_ms']:>6}  "
             f"{'yes' if r['pass'] else 'NO'}")
+
+
+def _le(ms: float | None) -> str:
+    """A bucket bound as the table prints it: "≤20" (ms), "inf" past the last bucket."""
+    if ms is None:
+        return "-"
+    return "inf" if ms == float("inf") else f"≤{ms:g}"
 
 
 def bench_stream(args) -> dict:
