@@ -92,6 +92,25 @@ def test_just_in_time_wakes_when_the_listener_catches_up() -> None:
     assert sched.next_job(sched.next_eligible_at).owner == "a"  # type: ignore[arg-type,union-attr]
 
 
+@pytest.mark.parametrize(("rule", "tolerance", "now", "expected", "eligible_at"), [
+    # deadline 1.0 + 1e-13 is a float sum's error away from 1.0: with max_lead 0.5, eligible
+    # at 0.5 + 1e-13; a lane woken at 0.5 by a clock that did not move would ask again
+    ("exact: a hair early is not eligible", 0.0, 0.5, None, 0.5 + 1e-13),
+    ("tolerance: a hair early is eligible", 0.001, 0.5, "a", None),
+    ("tolerance: a clock tick early is eligible", 0.001, 0.4999, "a", None),
+    ("tolerance: further than a tick still yields", 0.001, 0.498, None, 0.5 + 1e-13),
+])
+def test_just_in_time_tolerance(rule, tolerance, now, expected, eligible_at) -> None:
+    sched, _ = make([("a", IA, 1.0 + 1e-13)], max_lead=0.5)
+    sched.tolerance = tolerance
+    job = sched.next_job(now)
+    assert (job.owner if job else None) == expected, rule
+    if eligible_at is None:
+        assert sched.next_eligible_at is None, rule
+    else:
+        assert sched.next_eligible_at == pytest.approx(eligible_at, abs=1e-15), rule
+
+
 @pytest.mark.parametrize(("rule", "cancel", "expected_next", "expected_len"), [
     ("queued jobs go at once", "a", "b", 1),
     ("unknown owner is a no-op", "zzz", "a", 3),

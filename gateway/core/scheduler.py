@@ -100,6 +100,12 @@ class LaneScheduler:
     deadline_of: DeadlineOf | None = None
     max_lead: float | None = None
     """Seconds: a job whose deadline is further away than this yields the lane (None: never)."""
+    tolerance: float = 0.0
+    """Seconds: a job this close to eligible is eligible now. Set it to the resolution of
+    the clock that drives the lane (uvloop's ``loop.time()`` moves in 1 ms steps): a lane
+    woken at ``next_eligible_at`` may read a clock that has not moved past it, or find the
+    job a float rounding error early, and would re-arm for the same instant until the clock
+    ticks, spinning the event loop (measured: 12 empty decisions per step at 400 sessions)."""
     policy: LanePolicy = LanePolicy.SCHEDULER
     """Set before the first ``submit``; ``fifo`` keeps no heaps."""
     next_eligible_at: float | None = None
@@ -199,7 +205,7 @@ class LaneScheduler:
                     continue
                 if deadline < entry.key:
                     entry.key = deadline  # earlier, and at the top: the heap stays valid
-                if self.max_lead is None or deadline - now <= self.max_lead:
+                if self.max_lead is None or deadline - now <= self.max_lead + self.tolerance:
                     self.next_eligible_at = None
                     return job
                 # Every other head of this class is due no earlier: none is eligible.

@@ -127,6 +127,9 @@ class LaneStats:
     jobs_cancelled: int = 0
 
 
+CLOCK_RESOLUTION_S = 0.001
+
+
 class Lane:
     def __init__(self, name: str, engine: TtsEngine, deadline_of: DeadlineOf | None = None,
                  max_lead: float | None = None, step_timeout_s: float | None = STEP_TIMEOUT_S):
@@ -139,7 +142,9 @@ class Lane:
         self._broken = False
         self.engine = engine
         self.inline = getattr(engine, "blocks", True) is False
-        self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead)
+        # loop.time() is the lane's clock; uvloop's moves in 1 ms steps
+        self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead,
+                                       tolerance=CLOCK_RESOLUTION_S)
         self.stats = LaneStats()
         self.loaded = False
         self._executor = LaneThread(f"lane-{name}")
