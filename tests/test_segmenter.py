@@ -209,3 +209,111 @@ def test_a_number_ending_a_sentence_is_no_list_marker_after_a_cut():
     got = [s.text for s in run("Sure, it was 1998. Then it moved.",
                                config=SegmenterConfig(first_min_words=1))]
     assert got == ["Sure,", "it was 1998.", "Then it moved."]
+
+
+# --- cases the held-out corpus exposed (tests/data/segmentation-heldout.jsonl) -----------
+
+def sentences(text: str) -> list[str]:
+    """Sentence-mode segments; the same whatever the chunking."""
+    got = [s.text for s in run(text, config=SENTENCES)]
+    rng = random.Random(text)
+    for hi in (1, 3, 7):
+        assert [s.text for s in run(text, chunks(text, rng, hi), SENTENCES)] == got
+    return got
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("We're going with Plan B. Then we'll see.", ["We're going with Plan B.", "Then we'll see."]),
+    ("Oranges have vitamin C. So do peppers.", ["Oranges have vitamin C.", "So do peppers."]),
+    ("The answer is option A. Option B is a trap.",
+     ["The answer is option A.", "Option B is a trap."]),
+    ("The ticket is for Row F. Seats 12 and 13.", ["The ticket is for Row F.", "Seats 12 and 13."]),
+    ("It went from a C to an A. Great work!", ["It went from a C to an A.", "Great work!"]),
+    # initials still go on
+    ("John F. Kennedy was born in 1917.", ["John F. Kennedy was born in 1917."]),
+    ("Our contact is M. Dubois in Lyon.", ["Our contact is M. Dubois in Lyon."]),
+    ("It was written by T. S. Eliot, not E. M. Forster.",
+     ["It was written by T. S. Eliot, not E. M. Forster."]),
+])
+def test_a_single_capital_is_a_label_before_a_sentence_and_an_initial_before_a_name(text, want):
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("The U.S. Army Corps is repairing it.", ["The U.S. Army Corps is repairing it."]),
+    ("The U.N. Security Council met today.", ["The U.N. Security Council met today."]),
+    ("We moved to the U.S. Then she followed.", ["We moved to the U.S.", "Then she followed."]),
+    ("It was fined in the U.K. The fine was large.",
+     ["It was fined in the U.K.", "The fine was large."]),
+    ("She works at 10 Downing St. That's the office.",
+     ["She works at 10 Downing St.", "That's the office."]),
+    ("In St. Louis it's hot. Drink water.", ["In St. Louis it's hot.", "Drink water."]),
+    ("From the 7th c. B.C. to the 17th c. A.D. Its length is 21,196 km.",
+     ["From the 7th c. B.C. to the 17th c. A.D.", "Its length is 21,196 km."]),
+])
+def test_dotted_abbreviation_before_a_name_goes_on_before_a_sentence_ends(text, want):
+    assert sentences(text) == want
+
+
+def test_time_units_before_a_number_do_not_end_a_sentence():
+    assert sentences("It takes 1 hr. 35 min. by train. Trains are frequent.") == [
+        "It takes 1 hr. 35 min. by train.", "Trains are frequent."]
+    assert sentences("Light takes 8 min. 20 sec. to reach us.") == [
+        "Light takes 8 min. 20 sec. to reach us."]
+
+
+def test_a_straight_quote_after_a_digit_is_an_inch_mark():
+    assert sentences('The 5" screen is small? The 6.7" one is $100 more. Buy it.') == [
+        'The 5" screen is small?', 'The 6.7" one is $100 more.', "Buy it."]
+    assert sentences('She said "call at 5" and left. Fine.') == [
+        'She said "call at 5" and left.', "Fine."]
+
+
+def test_a_bracket_or_quote_after_an_abbreviation_is_decided_by_its_first_letter():
+    assert sentences("It opens at 9 a.m. (It closes at noon.) Bring a card.") == [
+        "It opens at 9 a.m.", "(It closes at noon.)", "Bring a card."]
+    assert sentences("It opens at 9 a.m. (local time) on weekdays.") == [
+        "It opens at 9 a.m. (local time) on weekdays."]
+
+
+def test_an_ellipsis_before_a_number_is_a_pause():
+    assert sentences("So the total is... $42.17. Not bad!") == [
+        "So the total is... $42.17.", "Not bad!"]
+
+
+def test_no_opening_a_sentence_is_the_answer_not_a_number_sign():
+    assert sentences("No. 91 isn't prime. It's 7 × 13.") == [
+        "No.", "91 isn't prime.", "It's 7 × 13."]
+    assert sentences("It's No. 5 on the list. Last week No. 1.") == [
+        "It's No. 5 on the list.", "Last week No. 1."]
+
+
+# --- held-out regression guard -----------------------------------------------------------
+
+HELDOUT = [json.loads(line) for line in
+           (Path(__file__).parent / "data" / "segmentation-heldout.jsonl").read_text().splitlines()]
+# Measured on the held-out corpus after the fixes above (bench/SEGMENTATION.md): the one
+# remaining miss is "Hmm... I don't see" (the segmenter keeps "ellipsis + I" together).
+HELDOUT_BAD, HELDOUT_MISSED = 0, 1
+
+
+def _starts(reply: str, segments: list[str]) -> set[int]:
+    """Segment starts as counts of non-space characters before them (first excluded)."""
+    out, total = set(), 0
+    for s in segments:
+        out.add(total)
+        total += len("".join(s.split()))
+    return out - {0}
+
+
+def test_heldout_corpus_does_not_get_worse():
+    assert len(HELDOUT) >= 150
+    rng = random.Random(7)
+    bad = missed = 0
+    for row in HELDOUT:
+        reply = row["reply"]
+        got = [s.text for s in run(reply, chunks(reply, rng, 32), SENTENCES)]
+        want, have = _starts(reply, row["segments"]), _starts(reply, got)
+        bad += len(have - want)
+        missed += len(want - have)
+    assert bad <= HELDOUT_BAD and missed <= HELDOUT_MISSED, (bad, missed)

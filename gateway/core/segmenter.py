@@ -14,9 +14,15 @@ on how the stream was chunked:
   markdown emphasis and trailing emoji) followed by whitespace; the first character of the
   next word decides the ambiguous cases. ``8.`` + ``4`` never splits (no whitespace),
   neither do ``192.168.1.1``, ``example.org``, ``a@b.io``, ``11:15``. A lowercase next word
-  means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``). Titles
-  (``Dr.``, ``Mr.``) never end a sentence; ``a.m.``, ``etc.``, ``U.S.`` and initials end one
-  only before a capital; ``No. 5``, ``Jan. 3``, ``fig. 2`` never before a digit.
+  means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``); so does an
+  ellipsis before a digit or symbol (``is... $42``). Titles (``Dr.``, ``Mr.``) never end a
+  sentence; ``a.m.`` and ``etc.`` end one only before a capital; a single capital
+  (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` end one only
+  before a word that opens sentences (``Then``, ``It's``...), or after a label word
+  (``option A.``), so ``the U.S. Army`` and ``John F. Kennedy`` go on; ``No. 5``,
+  ``Jan. 3``, ``fig. 2``, ``1 hr. 35`` never before a digit, except ``No.`` opening a
+  sentence (the answer). An opening bracket or quote is looked through (``a.m. (It``).
+  A straight ``"`` right after a digit is an inch mark, not a quote.
 * Nothing splits inside an open quote or bracket.
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty.
@@ -84,9 +90,30 @@ _CAPITAL_END = frozenset(
 )
 # "No. 5", "Jan. 3": never before a digit.
 _BEFORE_NUMBER = frozenset(
-    "no nos vol fig figs p pp ch sec art jan feb mar apr jun jul aug sep sept oct nov dec "
-    "approx tel".split()
+    "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
+    "sept oct nov dec approx tel".split()
 )
+# Words that open sentences far more often than they continue a proper name: after
+# "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
+# capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
+_STARTERS = frozenset(
+    "The A An This That These Those It Its It's That's There There's Here Here's Then Now "
+    "Next So But And Or If When While After Before Also However Still Yet Please Let Let's "
+    "I I'm I've I'll I'd We We're We'll We've You You're You'll You've He He's She She's "
+    "They They're They'll His Her Their Our My Your Don't Do Does Did Is Are Was Were Will "
+    "Would Can Could Should What Who Where Why How Which Yes No Not Some All Most Many Each "
+    "Every Both In On At For From To With By As Just Only Once Otherwise Finally Meanwhile "
+    "Instead Overall Thanks Sure Okay OK Great Good Last Today Tomorrow Yesterday Later "
+    "Since Because Although Even Other Another One Two Three Either Neither".split()
+)
+# "Plan B.", "vitamin C.", "Row F.", "an A.": a single capital after these is a label, not
+# an initial, so it ends a sentence before any capital.
+_LABELS = frozenset(
+    "a an plan option vitamin type grade row seat gate terminal zone group class section "
+    "part step level size block building platform exit route channel category model "
+    "appendix exhibit figure letter".split()
+)
+_OPENERS = frozenset("([\"\u201c'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
 
 
@@ -184,7 +211,8 @@ class Segmenter:
                         buf = self._buf
                     continue
                 elif c == '"':
-                    self._quote ^= 1
+                    if self._quote or i == 0 or not buf[i - 1].isdigit():
+                        self._quote ^= 1  # else an inch mark: 'a 6.1" screen'
                 elif c == "\u201c":
                     self._quote = 1
                 elif c == "\u201d":
@@ -289,6 +317,12 @@ class Segmenter:
             self._pos = max(end, i + 1) if nxt == "\n" else len(buf)
             self._quote, self._paren = quote, paren
             return False
+        while nxt in _OPENERS and self._need(k + 1) and buf[k + 1] not in _SPACE:
+            k += 1  # "9 a.m. (It closes": the bracket's first letter decides
+            nxt = buf[k]
+        k = end
+        while buf[k] in _SPACE:
+            k += 1
         if quote or paren or not self._ends_sentence(i, run, nxt):
             self._pos = j
             return False
@@ -321,6 +355,8 @@ class Segmenter:
         if nxt.islower():
             return False  # "3 p.m. in", "e.g. this", "well... maybe"
         if run != ".":
+            if run[-1] in ".\u2026" and not nxt.isupper():
+                return False  # "the total is... $42.17": a pause, not an end
             # "Well... I think": an ellipsis before the pronoun I goes on.
             return not (nxt == "I" and run[0] in ".\u2026"
                         and self._next_word(i + len(run)) in ("I", "I'm", "I've", "I'd"))
@@ -328,19 +364,46 @@ class Segmenter:
         ws = max(buf.rfind(" ", self._seg, i), buf.rfind("\n", 0, i), self._seg - 1) + 1
         word = buf[ws:i].lstrip("(\"'\u201c*_[")
         low = word.lower()
+        if (len(word) == 1 and word.isupper()) or word in ("St", "c", "ca") or (
+                "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
+            return self._name_or_end(i, ws, word)
+        if word == "No" and not buf[self._seg:ws].strip():
+            return True  # "No. 91 isn't prime.": the answer, not "No. 5"
         if word in _TITLES or low in _NEVER_END:
             return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES:
             return False
         if low in _BEFORE_NUMBER and nxt.isdigit():
             return False
-        if len(word) == 1 and word.isupper():
-            return False  # an initial: "J. K. Rowling"
         if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
             return nxt.isupper()
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
             return False  # "1. " list marker at the start of a line
         return True
+
+    def _name_or_end(self, i: int, ws: int, word: str) -> bool:
+        """After "B.", "U.S." or "St." before a capital: a name going on or a new sentence.
+
+        "John F. Kennedy", "the U.S. Army", "St. Louis" go on; "Plan B. Then", "vitamin C.
+        It's", "the U.S. Most", "Downing St. That's" end."""
+        buf = self._buf
+        j = i + 1
+        while self._need(j) and buf[j] in _SPACE:
+            j += 1
+        nxt = self._next_word(j)
+        k = j + len(nxt)
+        if len(nxt) == 1 and self._need(k) and buf[k] == ".":
+            return False  # another initial: "J. R. R. Tolkien", "7th c. B.C."
+        if nxt in _STARTERS or nxt.replace("\u2019", "'") in _STARTERS:
+            return True
+        if len(word) != 1:
+            return False
+        p = ws - 1
+        while p >= self._seg and buf[p] in _SPACE:
+            p -= 1
+        q = max(buf.rfind(" ", self._seg, p), self._seg - 1) + 1
+        prev = buf[q:p + 1].strip("(\"'\u201c*_[,;:")
+        return prev.lower() in _LABELS
 
     def _next_word(self, j: int) -> str:
         """The whole word after position ``j`` (waits until it is complete)."""
