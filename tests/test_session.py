@@ -290,12 +290,27 @@ def test_deadline_counts_audio_held_back_by_pacing(clock):
     s = Session("s", settings=SessionSettings(max_lead_ms=200))
     s.receive(ClientSay("Something long to say here."), clock())
     tid = s.turn.id
-    assert s.deadline(tid, clock()) == clock()  # first audio: due now
+    due = clock()
+    assert s.deadline(tid, clock()) == due  # first audio: due when the segment was ready
+    clock.advance(50)
+    assert s.deadline(tid, clock()) == due  # ... and stays there: overdue, not "now"
     s.audio(tid, 0, pcm(1000), "x", clock())
     # 200 ms sent (the lead), 800 ms held: the listener is covered for a whole second,
     # so just-in-time scheduling can let other work take the lane until then
     assert s.deadline(tid, clock()) == pytest.approx(clock() + 1.0)
     assert s.deadline(tid + 1, clock()) is None
+
+
+def test_deadline_of_a_starved_listener_does_not_slide_with_the_clock(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000, frame_ms=40))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(110), "x", clock())  # two 40 ms frames go out, 30 ms is held back
+    ran_dry = clock() + 0.080                 # (a part frame waits for the segment's end)
+    assert s.deadline(tid, clock()) == pytest.approx(ran_dry + 0.030)
+    for _ in range(5):  # the listener starves: the deadline stays where it was
+        clock.advance(100)
+        assert s.deadline(tid, clock()) == pytest.approx(ran_dry + 0.030)
 
 
 def test_frames_longer_than_the_lead_still_flow(clock):

@@ -25,9 +25,11 @@ HTTP request's next segment, submitted from ``on_done``); priority, deadlines an
 ``max_lead`` are ignored. Rules 1 and 4 hold.
 
 Cost: each priority class keeps a heap of owner heads keyed by their last known deadline.
-Deadlines only move later while a job waits (its listener gains audio, time passes), so a
+Deadlines only move later while a job waits (its listener gains audio), and never with the
+clock alone: an overdue deadline stays in the past (``deadline_of`` must not return
+``max(now, ...)``, or every overdue head would be stale at every decision). So a
 stale key is never later than the true one and it suffices to refresh the top of a heap
-until it is fresh (or overdue: every overdue job is due now). A decision costs a few
+until it is fresh; overdue heads go most overdue first. A decision costs a few
 ``deadline_of`` calls and O(log n), not one call per queued owner. A deadline that moves
 *earlier* (a playback report saying the client holds less than estimated) must be announced
 with ``touch(owner)``.
@@ -195,9 +197,8 @@ class LaneScheduler:
                     continue
                 job = entry.job
                 deadline = self.deadline_of(job, now) if self.deadline_of else job.deadline
-                if deadline > entry.key and (deadline > now or entry.key == _UNKNOWN):
+                if deadline > entry.key:
                     # Stale: it waited under an earlier deadline. Re-file it and look again.
-                    # (Overdue heads are all due now: they keep their order, not re-filed.)
                     fresh = _Entry(deadline, job)
                     self._entries[job.owner] = fresh
                     entry.live = False

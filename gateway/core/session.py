@@ -374,11 +374,23 @@ class Session:
     def deadline(self, turn_id: int, now: float) -> float | None:
         """When the listener of ``turn_id`` runs out of audio, counting the audio sent and
         the audio made but not yet sent (None: turn not active). The next chunk of the
-        turn's synthesis is due then."""
+        turn's synthesis is due then.
+
+        It does not move with ``now``: a listener who already ran dry (or one whose first
+        audio is due) has a deadline in the past — when it ran dry, when the first segment
+        was ready — and the most overdue goes first. A deadline that slid with the clock
+        (``max(now, ...)``) would make every starved head's heap key stale at every decision:
+        measured at 1,000 sessions, the scheduler then re-filed every head per step, spent
+        90 % of the loop doing it, and the overload it caused never cleared."""
         turn = self._active(turn_id)
         if turn is None:
             return None
-        return turn.pacer.deadline(now) + turn.held_bytes / BYTES_PER_MS / 1000.0
+        pacer = turn.pacer
+        if pacer.play_end is not None:
+            due = pacer.play_end
+        else:
+            due = turn.t_first_segment if turn.t_first_segment is not None else turn.started
+        return due + turn.held_bytes / BYTES_PER_MS / 1000.0
 
     def lead_ms(self, turn_id: int, now: float) -> float | None:
         turn = self._active(turn_id)
