@@ -2,6 +2,7 @@
 overhead of the gateway's engine wrapper over calling mlx-audio's ``generate`` directly.
 
     python bench/mlx_engines.py [--repeats 5] [--max-tokens 8] [--http] [--chatterbox] [--json]
+        [--chatterbox-flow-steps 1] [--chatterbox-ref-s 0.2] [--chatterbox-repeats 3]
 
 Both rows run in the same process on the same tiny random-weight Qwen3-TTS model (built in
 a temp dir; nothing downloaded), same text, same seeds, interleaved (direct, engine, direct,
@@ -15,8 +16,12 @@ engine, ...) so machine drift hits both equally:
 * ``http (mlx-audio server)`` (``--http``): ``HttpTtsEngine`` in raw-PCM mode against
   mlx-audio's own server in a subprocess serving the same model directory: what a remote
   or shared TTS server costs over the in-process engine.
-* ``chatterbox`` (``--chatterbox``, one run: its tiny model keeps the full 150M-parameter
-  S3Gen, ~100 s per synthesis on mlx-cpu): time to its single chunk and RTF.
+* ``chatterbox generate`` / ``chatterbox engine`` (``--chatterbox``): the tiny Chatterbox
+  (1-layer T3 but the full 150M-parameter S3Gen), direct ``Model.generate`` with the same
+  conditioning vs ``ChatterboxEngine``, interleaved. It does not stream: TTFC is the whole
+  synthesis. Defaults: 4 speech tokens, a 0.2 s reference, 1 flow step (the checkpoint's 10
+  multiply the flow's share ~10x; a longer reference adds ~0.1 s per 20 ms of it per step
+  here). See ``tests/tiny_models/chatterbox.py`` for where the time goes.
 
 Goal: wrapper overhead <= 2 % of total synthesis time. Peak memory is MLX's peak (reset
 before each row) and the process's peak RSS. Random weights never stop: every utterance is
@@ -83,12 +88,14 @@ def _http_row(model_dir: Path, text: str, args: argparse.Namespace) -> dict:
         proc.wait(timeout=30)
 
 
-def _chatterbox_row(tmp: Path, text: str) -> dict:
+def _chatterbox_rows(tmp: Path, text: str, args: argparse.Namespace) -> dict:
+    """Direct ``Model.generate`` vs ``ChatterboxEngine``, interleaved, same conditioning."""
     import mlx.core as mx
 
     from engines.base import SynthesisRequest
     from engines.chatterbox import ChatterboxEngine
     from tests.tiny_models.chatterbox import (
+        TINY_ENGINE_OPTIONS,
         build_tiny_chatterbox,
         register_tiny_llama,
         seed_s3_tokenizer_cache,
@@ -104,14 +111,39 @@ def _chatterbox_row(tmp: Path, text: str) -> dict:
     hf_constants.HF_HUB_OFFLINE = True
     register_tiny_llama()
     seed_s3_tokenizer_cache(cache)
-    ref = write_reference_wav(tmp / "ref.wav")
-    engine = ChatterboxEngine(str(build_tiny_chatterbox(tmp / "cb")), ref_audio=str(ref),
-                              max_tokens=8)
+    ref = write_reference_wav(tmp / "ref.wav", seconds=args.chatterbox_ref_s)
+    opts = dict(TINY_ENGINE_OPTIONS, flow_steps=args.chatterbox_flow_steps)
+    engine = ChatterboxEngine(str(build_tiny_chatterbox(tmp / "cb")), ref_audio=str(ref), **opts)
     engine.load()
-    mx.reset_peak_memory()
-    run = _timed(engine.open(SynthesisRequest(text)))
+    model = engine._model
+
+    def direct(seed: int) -> tuple[float, float, int]:
+        mx.random.seed(seed)
+        t0 = time.perf_counter()
+        samples = 0
+        for r in model.generate(text, conds=engine._conds, exaggeration=engine.exaggeration,
+                                cfg_weight=engine.cfg_weight, temperature=engine.temperature,
+                                max_tokens=opts["max_tokens"], verbose=False):
+            mx.eval(r.audio)
+            samples += r.audio.shape[0]
+        elapsed = time.perf_counter() - t0
+        return elapsed, elapsed, samples  # one chunk: the first is the whole
+
+    rows: dict[str, list[tuple[float, float, int]]] = {"chatterbox generate": [],
+                                                      "chatterbox engine": []}
+    peaks: dict[str, int] = {}
+    for i in range(args.chatterbox_repeats):
+        for name, fn in (("chatterbox generate", direct),
+                         ("chatterbox engine",
+                          lambda seed: _timed(engine.open(SynthesisRequest(text, seed=seed))))):
+            mx.reset_peak_memory()
+            rows[name].append(fn(2000 + i))
+            peaks[name] = max(peaks.get(name, 0), mx.get_peak_memory())
+    out = {name: _summary(runs, peaks[name]) for name, runs in rows.items()}
+    out["chatterbox engine"]["load_s"] = engine.conditioning_s
+    out["chatterbox engine"]["warmup_s"] = engine.warmup_s
     engine.close()
-    return _summary([run], mx.get_peak_memory())
+    return out
 
 
 def main() -> None:
@@ -120,7 +152,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--http", action="store_true", help="add the http engine row")
-    ap.add_argument("--chatterbox", action="store_true", help="add a chatterbox row (slow)")
+    ap.add_argument("--chatterbox", action="store_true",
+                    help="add chatterbox rows: direct generate vs the engine")
+    ap.add_argument("--chatterbox-repeats", type=int, default=3)
+    ap.add_argument("--chatterbox-flow-steps", type=int, default=1,
+                    help="S3Gen Euler steps (the checkpoint's default is 10: ~10x the flow time)")
+    ap.add_argument("--chatterbox-ref-s", type=float, default=0.2,
+                    help="reference length; S3Gen re-runs its flow over all of it per sentence")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -186,13 +224,19 @@ def main() -> None:
     if args.http:
         result["http (mlx-audio server)"] = _http_row(path, text, args)
     if args.chatterbox:
-        result["chatterbox"] = _chatterbox_row(Path(tmp), text)
+        result |= _chatterbox_rows(Path(tmp), text, args)
     base, eng = result["mlx-audio generate"], result["qwen3 engine"]
     overhead = (eng["total_s"] - base["total_s"]) / base["total_s"] * 100
+    if args.chatterbox:
+        cb_base, cb_eng = result["chatterbox generate"], result["chatterbox engine"]
+        cb_overhead = (cb_eng["total_s"] - cb_base["total_s"]) / cb_base["total_s"] * 100
     mem = engine.memory()
     out = {
         "rows": result,
         "wrapper_overhead_pct": overhead,
+        "chatterbox_wrapper_overhead_pct": cb_overhead if args.chatterbox else None,
+        "chatterbox_flow_steps": args.chatterbox_flow_steps if args.chatterbox else None,
+        "chatterbox_ref_s": args.chatterbox_ref_s if args.chatterbox else None,
         "warmup_s": engine.warmup_s,
         "rss_peak_mb": mem["rss_peak_bytes"] / 1e6,
         "repeats": args.repeats,
@@ -213,6 +257,13 @@ def main() -> None:
         f"wrapper overhead: {overhead:+.2f} % of synthesis time (goal <= 2 %); "
         f"warm-up {engine.warmup_s:.2f} s; process peak RSS {out['rss_peak_mb']:.0f} MB"
     )
+    if args.chatterbox:
+        cb = result["chatterbox engine"]
+        print(
+            f"chatterbox wrapper overhead: {cb_overhead:+.2f} % ({args.chatterbox_repeats} runs, "
+            f"{args.chatterbox_flow_steps} flow steps, {args.chatterbox_ref_s} s reference); "
+            f"voice conditioning {cb['load_s']:.2f} s, warm-up {cb['warmup_s']:.2f} s"
+        )
 
 
 if __name__ == "__main__":

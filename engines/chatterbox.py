@@ -14,6 +14,14 @@ Note: mlx-audio's ``post_load_hook`` fetches ``mlx-community/S3TokenizerV2`` wit
 ``snapshot_download``; fetch it once beforehand (``hf download mlx-community/S3TokenizerV2``)
 and run with ``HF_HUB_OFFLINE=1`` so loading never touches the network.
 
+Speed: after T3 writes the speech tokens, S3Gen's flow matching runs ``flow_steps`` Euler
+steps (the checkpoint's 10 by default), each a full pass of its 71M-parameter estimator over
+the reference prompt's mel frames *plus* the new ones, twice (classifier-free guidance);
+then HiFi-GAN. So the reference's length (S3Gen keeps up to 10 s of it, 50 mel frames per
+second) is paid on every sentence, and ``flow_steps`` scales S3Gen's time linearly. Fewer
+steps trade mel quality for latency (the distilled Chatterbox-Turbo gets away with 2); keep
+the default unless the fallback's time to audio matters more and the voice was listened to.
+
 ``reads_digits = False``: its English text frontend is a character tokenizer with only
 punctuation normalisation; "$5" or "3:30" come out badly, so the gateway spells them out.
 Threading as for every MLX engine: see ``engines.mlx_common``.
@@ -63,6 +71,7 @@ class ChatterboxEngine:
         runaway_min_s: float = 3.0,
         language: str = "en",
         warmup_text: str = "Hello.",
+        flow_steps: int | None = None,
     ) -> None:
         self.model_ref = model
         self.ref_audio = ref_audio
@@ -76,6 +85,9 @@ class ChatterboxEngine:
         self.runaway_min_s = runaway_min_s
         self.language = language
         self.warmup_text = warmup_text
+        if flow_steps is not None and (not isinstance(flow_steps, int) or flow_steps < 1):
+            raise ValueError(f"flow_steps must be a positive int, got {flow_steps!r}")
+        self.flow_steps = flow_steps
         self.warmup_s: float | None = None
         self.conditioning_s: float | None = None
         self._model: Any = None
@@ -103,6 +115,13 @@ class ChatterboxEngine:
             and getattr(model, "mtl_tokenizer", None) is None
         ):
             raise EngineError("engine_failed", f"{path}: Chatterbox text tokenizer did not load")
+        if self.flow_steps is not None:
+            flow = getattr(getattr(model, "s3gen", None), "flow", None)
+            if not isinstance(getattr(flow, "n_timesteps", None), int):
+                raise EngineError(
+                    "engine_failed", f"{path}: this mlx-audio has no S3Gen flow steps to set"
+                )
+            flow.n_timesteps = self.flow_steps  # read by every flow.inference() call
         t1 = time.perf_counter()
         if self.ref_audio is not None:
             try:

@@ -68,6 +68,15 @@ def reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def short_reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 0.2 s reference WAV: S3Gen re-runs its flow over every reference mel frame on every
+    sentence, so on mlx-cpu a 1.5 s reference makes one tiny Chatterbox synthesis ~7x slower."""
+    from tests.tiny_models.qwen3 import write_reference_wav
+
+    return write_reference_wav(tmp_path_factory.mktemp("ref-short") / "short.wav", seconds=0.2)
+
+
+@pytest.fixture(scope="session")
 def tiny_chatterbox(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path) -> Path:
     """Directory of a tiny Chatterbox (1-layer T3), with S3TokenizerV2 seeded in the HF cache.
 

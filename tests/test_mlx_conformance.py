@@ -6,8 +6,6 @@ so the duration and text-scaling checks are off for them.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from engines.base import SynthesisRequest
@@ -41,16 +39,16 @@ def test_qwen3_clone_conforms(tiny_qwen3_base, reference_wav):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # the suite runs ~8 syntheses of ~100 s each on mlx-cpu
-@pytest.mark.skipif(
-    os.environ.get("VG_CHATTERBOX_TESTS") != "1", reason="see test_chatterbox_engine"
-)
-def test_chatterbox_conforms(tiny_chatterbox, reference_wav):
+def test_chatterbox_conforms(tiny_chatterbox, short_reference_wav):
+    """The production code path with a short reference and one flow step (~5 s a synthesis)."""
     from engines.chatterbox import ChatterboxEngine
+    from tests.tiny_models.chatterbox import TINY_ENGINE_OPTIONS
 
     check_engine(
-        lambda: ChatterboxEngine(str(tiny_chatterbox), ref_audio=str(reference_wav), max_tokens=8),
-        **{**TINY, "max_chunk_s": 60},
+        lambda: ChatterboxEngine(
+            str(tiny_chatterbox), ref_audio=str(short_reference_wav), **TINY_ENGINE_OPTIONS
+        ),
+        **TINY,
     )
 
 
