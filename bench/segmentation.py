@@ -2,6 +2,7 @@
 
     python bench/segmentation.py --setup-peers      # once: peer venvs under /work/peer-venvs
     python bench/segmentation.py [--replies engines/data/replies.jsonl]
+    python bench/segmentation.py --sweep            # first_min_words, first_phrase_words
 
 Every splitter gets the same input: the corpus (tests/data/segmentation.jsonl) fed in random
 chunk sizes (seeded), and the replay replies streamed like oMLX (51.5 tok/s, 4-9 tokens per
@@ -38,11 +39,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = Path(os.environ.get("PEER_VENVS", "/work/peer-venvs"))
 TOK_PER_S = 51.5
+PHRASE_WORDS = 3  # first_phrase_words of the "ours-phrase" row (chosen by --sweep)
 
 # name -> (venv or None for the project venv, pip packages, note)
 SPLITTERS: dict[str, tuple[str | None, list[str], str]] = {
     "ours": (None, [], "gateway.core.segmenter, sentence mode (first_min_words=0)"),
     "ours-eager": (None, [], "gateway.core.segmenter, default config (eager first clause)"),
+    "ours-phrase": (None, [], f"gateway.core.segmenter, default config + "
+                              f"first_phrase_words={PHRASE_WORDS} (opt-in first phrase)"),
     "regex": (None, [], r"naive (?<=[.!?])\s+, emits all but the last piece"),
     "pysbd": ("pysbd", ["pysbd"], "pysbd re-run on the buffer, emits all but the last"),
     "pipecat": ("pipecat", ["pipecat-ai"], "SimpleTextAggregator (sentencex + lookahead)"),
@@ -75,11 +79,13 @@ def _timed_feed(feed, finish, chunks):
     return segs, costs, first
 
 
-def _ours(chunks, eager):
+def _ours(chunks, name):
     sys.path.insert(0, str(ROOT))
     from gateway.core.segmenter import Segmenter, SegmenterConfig
 
-    cfg = SegmenterConfig() if eager else SegmenterConfig(first_min_words=0, max_chars=10_000)
+    cfg = {"ours": SegmenterConfig(first_min_words=0, max_chars=10_000),
+           "ours-eager": SegmenterConfig(),
+           "ours-phrase": SegmenterConfig(first_phrase_words=PHRASE_WORDS)}[name]
     seg = Segmenter(cfg)
     return _timed_feed(lambda c: [s.text for s in seg.feed(c)],
                        lambda: [s.text for s in seg.finish()], chunks)
@@ -200,8 +206,8 @@ def _stream2sentence(chunks, fast):
 
 def _run_one(name, chunks, latency):
     match name:
-        case "ours" | "ours-eager":
-            return _ours(chunks, eager=name == "ours-eager")
+        case "ours" | "ours-eager" | "ours-phrase":
+            return _ours(chunks, name)
         case "regex":
             return _regex(chunks)
         case "pysbd":
@@ -261,6 +267,21 @@ def boundaries(reply: str, segments: list[str]) -> set[int]:
     return {s for s in starts if 0 < s < len(target)}
 
 
+def _opens_phrase(reply: str, b: int) -> bool:
+    """True when the word at non-space offset ``b`` of the reply is a phrase opener that
+    first_phrase_words may cut before (its intended cut)."""
+    sys.path.insert(0, str(ROOT))
+    from gateway.core.segmenter import _PHRASE_OPENERS
+
+    seen = 0
+    for i, c in enumerate(reply):
+        if seen == b and not c.isspace():
+            return i > 0 and reply[i - 1].isspace() and \
+                reply[i:].split(maxsplit=1)[0] in _PHRASE_OPENERS
+        seen += not c.isspace()
+    return False
+
+
 def chunk_corpus(text: str, rng: random.Random) -> list[str]:
     out, i = [], 0
     while i < len(text):
@@ -312,33 +333,63 @@ def setup_peers() -> None:
             print(f"  failed: {exc}", flush=True)
 
 
-def sweep_first_min_words(sets: dict[str, list[str]], seed: int) -> None:
-    """Median first-segment time and length against first_min_words (0 = sentences only)."""
+def first_segments(texts: list[str], config, seed: int) -> list[tuple[float, str]]:
+    """(ms after the first token, text) of each reply's first segment, streamed like oMLX."""
     sys.path.insert(0, str(ROOT))
-    from gateway.core.segmenter import Segmenter, SegmenterConfig
+    from gateway.core.segmenter import Segmenter
 
-    print("| first_min_words | " + " | ".join(
+    rng = random.Random(seed)
+    firsts = []
+    for text in texts:
+        chunks, times = chunk_omlx(text, rng)
+        seg = Segmenter(config)
+        out, at = [], len(chunks) - 1
+        for n, c in enumerate(chunks):
+            out = seg.feed(c)
+            if out:
+                at = n
+                break
+        out = out or seg.finish()
+        firsts.append((times[at] * 1000, out[0].text))
+    return firsts
+
+
+def sweep(sets: dict[str, list[str]], seed: int, knob: str, values: tuple[int, ...]) -> None:
+    """Median first-segment time and length against one knob (the others at defaults)."""
+    sys.path.insert(0, str(ROOT))
+    from gateway.core.segmenter import SegmenterConfig
+
+    print(f"| {knob} | " + " | ".join(
         f"{k}: first segment ms (median) | words (median)" for k in sets) + " |")
     print("|---:|" + "---:|---:|" * len(sets))
-    for fmw in (0, 2, 3, 4, 5, 6, 8):
+    for value in values:
         cells = []
         for texts in sets.values():
-            rng = random.Random(seed)
-            ms, words = [], []
-            for text in texts:
-                chunks, times = chunk_omlx(text, rng)
-                seg = Segmenter(SegmenterConfig(first_min_words=fmw))
-                out, at = [], len(chunks) - 1
-                for n, c in enumerate(chunks):
-                    out = seg.feed(c)
-                    if out:
-                        at = n
-                        break
-                out = out or seg.finish()
-                ms.append(times[at] * 1000)
-                words.append(len(out[0].text.split()))
-            cells.append(f"{statistics.median(ms):.0f} | {statistics.median(words):.0f}")
-        print(f"| {fmw} | " + " | ".join(cells) + " |")
+            firsts = first_segments(texts, SegmenterConfig(**{knob: value}), seed)
+            cells.append(f"{statistics.median(ms for ms, _ in firsts):.0f} | "
+                         f"{statistics.median(len(t.split()) for _, t in firsts):.0f}")
+        print(f"| {value} | " + " | ".join(cells) + " |")
+    print()
+
+
+def show_first_phrases(replies: list[str], seed: int, words: int, n: int = 10) -> None:
+    """The first segment of ``n`` replies with first_phrase_words=words beside the default's,
+    to judge the prosody: the replies it changes first, then unchanged ones."""
+    sys.path.insert(0, str(ROOT))
+    from gateway.core.segmenter import SegmenterConfig
+
+    off = first_segments(replies, SegmenterConfig(), seed)
+    on = first_segments(replies, SegmenterConfig(first_phrase_words=words), seed)
+    pairs = list(zip(off, on, strict=True))
+    changed = [(a, b) for a, b in pairs if a[1] != b[1]]
+    same = [(a, b) for a, b in pairs if a[1] == b[1]]
+    print(f"first_phrase_words={words} changes the first segment of {len(changed)} of "
+          f"{len(replies)} replies:\n")
+    print(f"| default (first_phrase_words=0) | ms | first_phrase_words={words} | ms |")
+    print("|---|---:|---|---:|")
+    for (ms0, t0), (ms1, t1) in (changed + same)[:max(n, len(changed))]:
+        print(f"| {t0} | {ms0:.0f} | {t1 if t1 != t0 else '(same)'} | {ms1:.0f} |")
+    print()
 
 
 def main() -> None:
@@ -351,7 +402,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="runs per chunking; least cost kept")
     ap.add_argument("--only", nargs="*", help="splitters to run (default: all)")
     ap.add_argument("--setup-peers", action="store_true")
-    ap.add_argument("--sweep", action="store_true", help="tune first_min_words (ours only)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="tune first_min_words and first_phrase_words (ours only)")
+    ap.add_argument("--heldout", default=str(ROOT / "tests/data/segmentation-heldout.jsonl"),
+                    help="second corpus for --sweep")
+    ap.add_argument("--phrase-words", type=int, default=PHRASE_WORDS,
+                    help="first_phrase_words whose first segments --sweep shows")
     ap.add_argument("--run-peer", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -367,11 +423,15 @@ def main() -> None:
     replies = [json.loads(line)["reply"] for line in Path(args.replies).read_text().splitlines()
                if line.strip()]
     if args.sweep:
-        sweep_first_min_words({"replay set": replies,
-                               "corpus": [r["reply"] for r in corpus],
-                               "corpus, first sentence >= 12 words": [
-                                   r["reply"] for r in corpus
-                                   if len(r["segments"][0].split()) >= 12]}, args.seed)
+        heldout = [json.loads(line) for line in Path(args.heldout).read_text().splitlines()]
+        sets = {"replay set": replies,
+                "corpus": [r["reply"] for r in corpus],
+                "corpus, first sentence >= 12 words": [
+                    r["reply"] for r in corpus if len(r["segments"][0].split()) >= 12],
+                "held-out": [r["reply"] for r in heldout]}
+        sweep(sets, args.seed, "first_min_words", (0, 2, 3, 4, 5, 6, 8))
+        sweep(sets, args.seed, "first_phrase_words", (0, 1, 2, 3, 4, 5, 6))
+        show_first_phrases(replies, args.seed, args.phrase_words)
         return
     runs = [(row, chunk_corpus(row["reply"], rng)) for row in corpus
             for _ in range(args.chunkings)]
@@ -414,9 +474,12 @@ def main() -> None:
         for (row, _), r in zip(runs, res["corpus"], strict=True):
             want = boundaries(row["reply"], row["segments"])
             got = boundaries(row["reply"], r["segments"])
-            if name == "ours-eager":  # its first-clause cuts are intended, not bad
+            if name in ("ours-eager", "ours-phrase"):  # intended first cuts are not bad
                 target = _nonspace(row["reply"])
-                got = {b for b in got if b in want or target[b - 1] not in ",;:-\u2013\u2014"}
+                first = min(got - want, default=None)
+                got = {b for b in got if b in want or target[b - 1] not in ",;:-\u2013\u2014"
+                       and not (name == "ours-phrase" and b == first
+                                and _opens_phrase(row["reply"], b))}
             bad += len(got - want)
             missed += len(want - got)
             exact += got == want

@@ -50,7 +50,7 @@ DECODE_CODES = CODES - {"unknown_voice", "llm_unavailable", "llm_failed", "engin
 TYPES = ["session.update", "transcript", "say", "cancel", "playback", "ping"]
 FIELDS = ["type", "text", "turn_id", "played_ms", "session", "id", "voice", "instructions",
           "llm", "frame_ms", "max_lead_ms", "segmenter", "model", "temperature", "max_tokens",
-          "first_min_words", "min_chars", "max_chars"]
+          "first_min_words", "first_phrase_words", "min_chars", "max_chars"]
 
 
 def test_documented_codes_were_found():
@@ -163,7 +163,8 @@ def check_settings(changes: dict) -> None:
                     assert v is not None, k
                     assert k in {"model", "temperature", "max_tokens"}
             case "segmenter":
-                bounds = {"first_min_words": (0, 50), "min_chars": (0, 1000),
+                bounds = {"first_min_words": (0, 50), "first_phrase_words": (0, 50),
+                          "min_chars": (0, 1000),
                           "max_chars": (40, 4000)}
                 for k, v in value.items():
                     lo, hi = bounds[k]
@@ -264,7 +265,8 @@ def valid_settings(draw):
             "max_tokens": st.integers(1, 32_768)}))
     if draw(st.booleans()):
         out["segmenter"] = draw(st.fixed_dictionaries({}, optional={
-            "first_min_words": st.integers(0, 50), "min_chars": st.integers(0, 1000),
+            "first_min_words": st.integers(0, 50), "first_phrase_words": st.integers(0, 50),
+            "min_chars": st.integers(0, 1000),
             "max_chars": st.integers(40, 4000)}))
     return out
 

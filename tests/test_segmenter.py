@@ -58,6 +58,7 @@ _pieces = st.sampled_from([
     "; ", ": ", " — ", " - ", "\n", "\n\n", "\"", "“", "”", "(", ")", "e.g.", "U.S.", "J.",
     "example.org", "$184.50", "15%", "11:15", "🎉", "👍🏽", "**", "*", "`", "```", "1. ", "- ",
     "# ", "the", "The", "I", "word", "Okay", "192.168.1.1", "a@b.io", "https://x.io/a?b=1",
+    " and ", " in ", "in", "side", " with ", " because ", " is ", " a ", "Mr.", " 3 ", " or ",
 ])
 _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 
@@ -65,6 +66,7 @@ _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 @settings(max_examples=300, deadline=None)
 @given(text=_texts, data=st.data(),
        config=st.builds(SegmenterConfig, first_min_words=st.integers(0, 6),
+                        first_phrase_words=st.integers(0, 6),
                         min_chars=st.integers(0, 60), max_chars=st.integers(40, 200)))
 def test_invariants(text, data, config):
     whole = run(text, None, config)
@@ -103,6 +105,79 @@ def test_eager_clause_never_cuts_numbers_or_inside_quotes():
     text = 'We paid 1,250 dollars for "the big one, with extras" last week, I think.'
     got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=2))]
     assert got == ['We paid 1,250 dollars for "the big one, with extras" last week,', "I think."]
+
+
+def phrase(text: str, words: int, **kw) -> list[str]:
+    """Segments with first_phrase_words; the same whatever the chunking."""
+    config = SegmenterConfig(first_phrase_words=words, **kw)
+    got = [s.text for s in run(text, config=config)]
+    rng = random.Random(text)
+    for hi in (1, 3, 7):
+        assert [s.text for s in run(text, chunks(text, rng, hi), config)] == got
+    return got
+
+
+def test_first_phrase_is_off_by_default():
+    assert SegmenterConfig().first_phrase_words == 0
+    assert [s.text for s in run("The home team won 3 to 2 in overtime. Great game.")] == [
+        "The home team won 3 to 2 in overtime.", "Great game."]
+
+
+@pytest.mark.parametrize(("words", "want"), [
+    (4, ["Okay, I cancelled the sync", "with the design team and sent them a note.", "Done?"]),
+    (5, ["Okay, I cancelled the sync", "with the design team and sent them a note.", "Done?"]),
+    (9, ["Okay, I cancelled the sync with the design team", "and sent them a note.", "Done?"]),
+    (10, ["Okay, I cancelled the sync with the design team and sent them a note.", "Done?"]),
+])
+def test_first_phrase_cuts_before_an_opener_once_it_holds_enough_words(words, want):
+    text = "Okay, I cancelled the sync with the design team and sent them a note. Done?"
+    assert phrase(text, words, first_min_words=0) == want
+
+
+def test_first_phrase_waits_for_the_whole_opener_and_never_cuts_mid_word():
+    seg = Segmenter(SegmenterConfig(first_phrase_words=3))
+    assert seg.feed("The cat was sleeping in") == []  # "in" or "inside"?
+    assert seg.feed("side the box") == []
+    assert [s.text for s in seg.finish()] == ["The cat was sleeping inside the box"]
+    seg = Segmenter(SegmenterConfig(first_phrase_words=3))
+    assert seg.feed("The cat was sleeping in") == []
+    assert [s.text for s in seg.feed(" the")] == ["The cat was sleeping"]
+    assert [s.text for s in seg.feed(" box. Then it woke up in a hurry.")] == [
+        "in the box."]  # later sentences are never cut at a phrase
+    assert [s.text for s in seg.finish()] == ["Then it woke up in a hurry."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # never leave the piece ending in an article, a determiner, a copula or a function word
+    ("He saw the in crowd at last.", ["He saw the in crowd", "at last."]),
+    ("The docs are at the usual place.", ["The docs are at the usual place."]),
+    ("Your password must be at least twelve characters.",
+     ["Your password must be at least twelve characters."]),
+    ("It is one of in total ten.", ["It is one of in total ten."]),
+    # never inside a protected token
+    ("Mr. and Mrs. Smith are here with us.", ["Mr. and Mrs. Smith are here", "with us."]),
+    ("Pick 3 or 4 apples for the pie.", ["Pick 3 or 4 apples", "for the pie."]),
+    ("It starts at 3 p.m. in the big room.", ["It starts", "at 3 p.m. in the big room."]),
+    ("Go to https://x.io/in and to www.in.com now.",
+     ["Go to https://x.io/in", "and to www.in.com now."]),
+    # never inside quotes or brackets; the cut may come right after them
+    ('He said "meet me in the hall" and left.', ['He said "meet me in the hall"', "and left."]),
+    ("The call (with the landlord at noon) moved.",
+     ["The call (with the landlord at noon) moved."]),
+    # a sentence that ends before the opener is whole goes as one
+    ("It is done. Then we go in the car.", ["It is done.", "Then we go in the car."]),
+    ("Timer set for ten minutes.", ["Timer set", "for ten minutes."]),
+])
+def test_first_phrase_respects_words_and_tokens(text, want):
+    assert phrase(text, 2, first_min_words=0) == want
+
+
+def test_first_phrase_and_eager_clause_whichever_comes_first():
+    text = "Sure, the build passed on the main branch, and the tests are green."
+    assert phrase(text, 3, first_min_words=4) == [
+        "Sure, the build passed", "on the main branch, and the tests are green."]
+    assert phrase(text, 8, first_min_words=4) == [
+        "Sure, the build passed on the main branch,", "and the tests are green."]
 
 
 def test_short_sentences_merge_after_the_first():

@@ -28,6 +28,13 @@ on how the stream was chunked:
   segment whose spoken form is empty.
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
   once it holds ``first_min_words`` words: the engine can start speaking sooner.
+* Opt-in (``first_phrase_words`` > 0): the first segment may also end right before a
+  lowercase phrase-opening function word (``and``, ``but``, ``because``, ``which``,
+  ``in``, ``with``...) once it holds that many words, inside no quote or bracket, with the
+  function word complete (whitespace after it) and the piece before it not ending in an
+  article, a determiner or another function word (``the``, ``my``, ``of``...). It is
+  decided at the whitespace after the function word, so a sentence that ends before that
+  goes whole, and the result does not depend on the chunking.
 * Later sentences shorter than ``min_chars`` are merged with the next (never across a
   newline); a sentence longer than ``max_chars`` is cut at its last clause mark (else its
   last space) before ``max_chars``.
@@ -47,6 +54,11 @@ class SegmenterConfig:
     first_min_words: int = 4
     """The first segment of a turn may end at a clause mark once it has this many words
     (0 disables the eager first clause). 4 measured in bench/SEGMENTATION.md."""
+    first_phrase_words: int = 0
+    """Opt-in (0 = off): the first segment of a turn may also end right before a
+    phrase-opening function word (``and``, ``because``, ``in``, ``with``... see
+    ``_PHRASE_OPENERS``) once it holds this many words. Trades some prosody for latency;
+    measured in bench/SEGMENTATION.md."""
     min_chars: int = 0
     """Sentences after the first shorter than this are merged with the next one."""
     max_chars: int = 400
@@ -113,6 +125,30 @@ _LABELS = frozenset(
     "part step level size block building platform exit route channel category model "
     "appendix exhibit figure letter".split()
 )
+# A phrase may open at these (first_phrase_words): conjunctions and prepositions that
+# begin a constituent of their own, so a pause before them is one a speaker makes. Left
+# out on purpose: "to" (mostly the infinitive marker: "you need | to restart"), "of"
+# (binds to the noun before: "most | of them"), "that" ("is | that right", "so | that"),
+# "so" and "as" (mostly intensifier/comparative: "it's | so good", "as big | as"),
+# "than" ("more | than").
+_PHRASE_OPENERS = frozenset(
+    "and but or because while when whenever if unless although though whereas which who "
+    "whom whose where until since in at on for with from about after before by during "
+    "through without within into across between".split()
+)
+_PHRASE = re.compile(
+    r"(?<=[ \t\u00a0])(?:" + "|".join(sorted(_PHRASE_OPENERS, key=len, reverse=True))
+    + r")(?=[ \t\u00a0])"
+)
+_PHRASE_LONGEST = max(map(len, _PHRASE_OPENERS))
+# The piece before a phrase cut never ends in one of these: it would promise a word that
+# is not there ("the | in", "my | and", "of | with", "Mr. | and"), or leave a predicate
+# without its complement ("The docs are | at", "It must be | at least").
+_NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
+    "a an the my your his her its our their this these those some any no every each "
+    "of to than as so that not very is are was were be been being am do does did has have "
+    "had will would can could should shall may might must".split()
+)
 _OPENERS = frozenset("([\"\u201c'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
 
@@ -151,6 +187,7 @@ class Segmenter:
         self._fence = False  # inside a ``` code block
         self._fresh_line = True  # the pending segment starts a line
         self._clause: tuple[int, int, int, int] | None = None  # (end, resume, quote, paren)
+        self._phrase_pos = 0  # phrase openers before this are decided (first segment only)
         self._final = False
 
     # --- public --------------------------------------------------------------------------
@@ -187,6 +224,10 @@ class Segmenter:
                     continue
                 m = _STOP.search(buf, self._pos)
                 limit = self._seg + self.config.max_chars
+                if (self._index == 0 and self.config.first_phrase_words > 0
+                        and self._phrase(min(m.start() if m else len(buf), limit), out)):
+                    buf = self._buf
+                    continue
                 if m is None or m.start() > limit:
                     if (m is not None or len(buf) > limit) and self._cut_long(out):
                         buf = self._buf
@@ -450,6 +491,33 @@ class Segmenter:
             return True
         return False
 
+    def _phrase(self, endpos: int, out: list[Segment]) -> bool:
+        """Cut the first segment before a phrase opener in ``_buf[:endpos]`` (no stop char
+        in between); True if it did. Openers not yet followed by whitespace wait."""
+        buf = self._buf
+        start = max(self._phrase_pos, self._seg)
+        if endpos <= start:
+            return False
+        if self._quote or self._paren:
+            self._phrase_pos = endpos
+            return False
+        for m in _PHRASE.finditer(buf, start, endpos):
+            p = m.start()
+            words = [w for w in buf[self._seg:p].split() if any(c.isalnum() for c in w)]
+            if len(words) < self.config.first_phrase_words:
+                continue
+            prev = words[-1]
+            low = prev.lower().rstrip("\"'\u201d\u2019)]*_")
+            if low in _NO_PHRASE_END or prev.rstrip(".") in _TITLES:
+                continue
+            if m.group() in ("and", "or") and any(c.isdigit() for c in prev):
+                continue  # "between 3 | and 5", "2 | or 3"
+            out.extend(self._emit(p, p))
+            return True
+        # An opener that ends the region is not yet whole: look at it again next time.
+        self._phrase_pos = max(start, endpos - _PHRASE_LONGEST)
+        return False
+
     def _cut_long(self, out: list[Segment]) -> bool:
         """The pending segment passed max_chars without a sentence end: cut it."""
         buf = self._buf
@@ -476,6 +544,7 @@ class Segmenter:
         self._offset += resume
         self._seg = 0
         self._pos = 0
+        self._phrase_pos = 0
         self._clause = None
         self._fresh_line = "\n" in buf[end:resume]
         if not stripped:

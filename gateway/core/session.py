@@ -122,8 +122,9 @@ class SessionSettings:
                     "max_tokens": self.max_tokens},
             "frame_ms": self.frame_ms,
             "max_lead_ms": self.max_lead_ms,
-            "segmenter": {"first_min_words": seg.first_min_words, "min_chars": seg.min_chars,
-                          "max_chars": seg.max_chars},
+            "segmenter": {"first_min_words": seg.first_min_words,
+                          "first_phrase_words": seg.first_phrase_words,
+                          "min_chars": seg.min_chars, "max_chars": seg.max_chars},
         }
 
     def updated(self, changes: dict[str, Any]) -> SessionSettings:
