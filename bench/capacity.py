@@ -17,7 +17,8 @@ report accept time and the server's RSS per session.
 
 ``stream``: N sessions each in one continuous turn (a long ``say``; pipecat: a
 ``TTSSpeakFrame`` on connect), 40 ms frames. Each client plays its audio on a model
-playback clock: lateness of a frame = arrival − (first frame arrival + audio before it);
+playback clock: lateness of a frame = arrival − (first frame arrival + audio before it +
+every stall so far; a stall — an underrun — pushes the listener's schedule back by its length);
 underrun = a frame arrives after the listener, who started playing ``--jitter-ms`` after the
 first frame, has played everything before it (playback then restarts at arrival). Lateness
 and underruns are judged over the measuring window (after every session has connected and
@@ -245,14 +246,16 @@ class Listener(asyncio.Protocol):
         else:
             # Steady state is measured in the window; what happens while the other
             # sessions are still connecting is counted apart (startup_underruns).
-            if now >= s.t_start:
-                s.lateness.append((now - (self.t0 + self.audio_s)) * 1000.0)
             if now > self.play_end:
                 if now >= s.t_start:
                     s.underruns += 1
                 else:
                     s.startup_underruns += 1
+                # playback stalled and restarts now: the whole schedule moves back with it
+                self.t0 += now - self.play_end
                 self.play_end = now
+            if now >= s.t_start:
+                s.lateness.append((now - (self.t0 + self.audio_s)) * 1000.0)
         self.play_end += d
         self.audio_s += d
         if now >= s.t_start:
