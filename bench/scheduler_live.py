@@ -5,9 +5,10 @@
 
 For each policy the gateway runs in its own process (``--serve``) with the ``synthetic``
 engine on a ``gpu`` lane at the hub's calibrated timing (``SyntheticEngine(rtf=0.44,
-ttfa_ms=107, step_ms=320)``: it sleeps in the lane thread, so it occupies the lane like
-Qwen3-TTS on an idle GPU; it does not model the LLM sharing the GPU). Two clients, in this
-process, over the real sockets:
+ttfa_ms=107, step_ms=320, step_overhead_ms=5)``; the overhead is the simulator's assumed
+cost per step, paid by the background requests' 80 ms steps. It sleeps in the lane
+thread, so it occupies the lane like Qwen3-TTS on an idle GPU; it does not model the LLM
+sharing the GPU. Two clients, in this process, over the real sockets:
 
 * **hub**: one voice session taking ``say`` turns over the WebSocket, like scenario 2 of
   bench/scheduler.py: 1-2 sentences of 2-6 s of audio each, the next turn 1 s + exp(mean
@@ -67,7 +68,7 @@ async def serve(policy: str) -> None:
 
     config = load_config(server={"port": 0, "http_port": 0, "lane_policy": policy})
     gateway = Gateway(config, engine=SyntheticEngine(rtf=0.44, ttfa_ms=107, step_ms=320,
-                                                     lane="gpu"))
+                                                     step_overhead_ms=5, lane="gpu"))
     await gateway.start()
     print(f"PORT {gateway.port} {gateway.http_port}", flush=True)
     await until_signalled()

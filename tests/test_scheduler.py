@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority
+from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority, step_ms
 
 IA, B, W = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.WARMUP
 
@@ -210,3 +210,12 @@ def test_fifo_after_idle_and_cancel_goes_by_arrival() -> None:
     assert sched.next_job(0.0) is a
     sched.touch("a")  # harmless under FIFO
     assert sched.next_job(0.0) is a and len(sched) == 1
+
+
+@pytest.mark.parametrize(("rule", "priority", "expected"), [
+    ("voice keeps the engine's own step", IA, None),
+    ("background work takes one codec frame per step", B, 80.0),
+    ("warm-up too", W, 80.0),
+])
+def test_step_size_per_class(rule, priority, expected) -> None:
+    assert step_ms(priority) == expected, rule

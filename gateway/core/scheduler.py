@@ -18,6 +18,16 @@ in order:
 4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
    is marked cancelled and the lane drops it at the step boundary.
 
+**Step sizes.** A step in flight cannot be interrupted, so the step size of the work already
+on a lane bounds how long newly arrived interactive work waits for it. ``step_ms(priority)``
+is the audio per step a job of each class asks its engine for (``SynthesisRequest.step_ms``):
+background and warm-up jobs take the smallest step a streaming engine offers (80 ms, one
+Qwen3-TTS codec frame at 12.5 Hz), so a voice session's first audio waits at most ~40 ms of
+lane time behind them instead of ~140 ms; interactive jobs keep the engine's own step (320 ms
+for Qwen3-TTS): they only wait for each other, and every step carries a fixed overhead (one
+codec-decoder call and a host sync), so small steps for everything would cost capacity
+(bench/SCHEDULER.md: the assumption and its sensitivity).
+
 Policy ``fifo`` (``LanePolicy.FIFO``, the old TTS sidecar, kept as a baseline and a fallback)
 replaces rules 2 and 3: the owner that arrived first runs all its jobs to the end before any
 other owner starts, including a job it submits before the lane asks for the next one (an
@@ -56,6 +66,20 @@ class Priority(enum.IntEnum):
     INTERACTIVE = 0  # live voice sessions
     BACKGROUND = 1  # HTTP speech requests, `say` from other apps
     WARMUP = 2
+
+
+STEP_MS: dict[Priority, float | None] = {
+    Priority.INTERACTIVE: None,  # the engine's own step (Qwen3-TTS: 320 ms)
+    Priority.BACKGROUND: 80.0,
+    Priority.WARMUP: 80.0,
+}
+"""Audio per engine step for each class, in ms (None: the engine's default); see the module
+docstring, "Step sizes"."""
+
+
+def step_ms(priority: Priority) -> float | None:
+    """The step size a job of ``priority`` asks its engine for (``SynthesisRequest.step_ms``)."""
+    return STEP_MS[priority]
 
 
 @dataclass(slots=True, eq=False)

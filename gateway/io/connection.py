@@ -29,7 +29,7 @@ from engines.base import EngineError, LlmDelta, LlmDone, LlmRequest, SynthesisRe
 from gateway.core import codec
 from gateway.core.codec import ProtocolError
 from gateway.core.outbox import Outbox
-from gateway.core.scheduler import Job, Priority
+from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.session import (
     CancelLlm,
     CancelSynthesis,
@@ -171,7 +171,8 @@ class SessionRunner:
                 if task is not None:
                     task.cancel()
             case StartSynthesis():
-                request = SynthesisRequest(text=effect.text, voice=effect.voice)
+                request = SynthesisRequest(text=effect.text, voice=effect.voice,
+                                           step_ms=step_ms(Priority.INTERACTIVE))
                 self.gateway.lane.submit((self.session.id, effect.turn_id),
                                          SynthesisJob(request, self, effect.index),
                                          deadline=effect.deadline,
