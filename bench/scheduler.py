@@ -15,7 +15,9 @@ one whole generation at a time, first come first served), ``scheduler`` (the rea
 ``gateway.core.scheduler.LaneScheduler``: one step at a time, priority, deadline from
 playback, just in time, background jobs in 80 ms steps: ``step_ms``), ``sched-320ms``
 (the same with the engine's 320 ms steps for background jobs too: the step-size rule off),
-``sched+ane`` (``gateway.core.placement.place`` puts interactive jobs on an ANE lane).
+``sched-edf`` (playing listeners by earliest deadline, ``Rank.DEADLINE``, instead of oldest
+stream first), ``sched+ane`` (``gateway.core.placement.place`` puts interactive jobs on an
+ANE lane).
 
 Scenarios: 1 validation, 2 shared voice, 3 ramp, 4 ANE lane; plus the decision-time
 micro-benchmark at 1,000 queued jobs against the old linear scan (same run).
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.placement import LaneLoad, LaneProfile, place
-from gateway.core.scheduler import Job, LaneScheduler, Priority, step_ms
+from gateway.core.scheduler import Job, LaneScheduler, Priority, Rank, step_ms
 
 CALIBRATION = Path(__file__).resolve().parents[1].parent / "shared/data/calibration.json"
 for _p in (Path("/work/shared/data/calibration.json"), CALIBRATION):
@@ -300,9 +302,9 @@ class SimLane:
     picks the next job between steps; when nothing is eligible it sleeps until
     ``next_eligible_at`` or the next submission."""
 
-    def __init__(self, sim: Sim, name: str, max_lead: float):
+    def __init__(self, sim: Sim, name: str, max_lead: float, rank: Rank = Rank.STREAM_AGE):
         self.sim, self.name = sim, name
-        self.sched = LaneScheduler(deadline_of=self._deadline, max_lead=max_lead)
+        self.sched = LaneScheduler(deadline_of=self._deadline, max_lead=max_lead, rank=rank)
         self.busy = False
         self.busy_s = 0.0
         self.active: set[int] = set()  # interactive turns with queued work (for placement)
@@ -317,8 +319,9 @@ class SimLane:
 
     def submit(self, sj: SimJob) -> None:
         sj.lane = self.name
+        since = sj.turn.segments[0].submitted if sj.index else None
         self.sched.submit(Job(owner=id(sj.turn), priority=sj.priority,
-                              deadline=self.sim.now, payload=sj))
+                              deadline=self.sim.now, payload=sj, since=since))
         if sj.priority is Priority.INTERACTIVE:
             self.active.add(id(sj.turn))
         self.kick()
@@ -341,6 +344,7 @@ class SimLane:
         def done() -> None:
             self.busy = False
             self.busy_s += self.sim.now - started
+            job.steps += 1
             if sj.done:
                 self.sched.finish(job)
                 if job.owner not in self.sched.owners():
@@ -352,10 +356,11 @@ class SimLane:
 class Scheduler:
     name = "scheduler"
 
-    def __init__(self, sim: Sim, max_lead: float = 1.0, ane: bool = False, **_: Any):
+    def __init__(self, sim: Sim, max_lead: float = 1.0, ane: bool = False,
+                 rank: Rank = Rank.STREAM_AGE, **_: Any):
         self.sim = sim
-        self.gpu = SimLane(sim, "gpu", max_lead)
-        self.ane = SimLane(sim, "ane", max_lead) if ane else None
+        self.gpu = SimLane(sim, "gpu", max_lead, rank)
+        self.ane = SimLane(sim, "ane", max_lead, rank) if ane else None
         m = sim.m
         self.profiles = {
             "gpu": LaneProfile("gpu", m.first_host_s + m.first_gpu_s, m.gpu_s_per_audio_s,
@@ -386,6 +391,7 @@ POLICIES: dict[str, Callable[..., Any]] = {
     "fifo": Fifo,
     "scheduler": Scheduler,
     "sched-320ms": Scheduler,
+    "sched-edf": lambda sim, **kw: Scheduler(sim, rank=Rank.DEADLINE, **kw),
     "sched+ane": lambda sim, **kw: Scheduler(sim, ane=True, **kw),
 }
 
@@ -656,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   {'policy':11} {'n':>2} {'load':>5} {'ttfa p50':>9} {'ttfa p90':>9} "
           f"{'underruns':>9} {'stall s':>7} {'turns':>5} {'llm tok/s':>9} {'ane':>5}")
     res["ramp"] = {}
-    for name in ("fifo", "naive", "scheduler", "sched+ane"):
+    for name in ("fifo", "naive", "sched-edf", "scheduler", "sched+ane"):
         rows = []
         for n in range(1, args.max_sessions + 1):
             r = scenario_ramp(model, args.seed, duration, name, n)

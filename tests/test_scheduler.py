@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority, step_ms
+from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority, Rank, step_ms
 
 IA, B, W = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.WARMUP
 
@@ -124,12 +124,21 @@ def test_finish_then_resubmit_same_owner() -> None:
     assert sched.next_job(0.0) is again
 
 
-def test_matches_a_brute_force_reference() -> None:
-    """Random submissions, finishes, cancels and deadline moves (later only, as listeners
-    gain audio): the heap gives the same answer as scanning every head."""
+def reference_rank(rank: Rank, job: Job, due: float) -> tuple[float, float]:
+    """Rules 2 and 2b written out plainly (``due``: the deadline, overdue clamped to now)."""
+    if rank is Rank.STREAM_AGE and job.priority is IA and (job.steps or job.since is not None):
+        return (1, job.deadline if job.since is None else job.since)
+    return (0, due)
+
+
+@pytest.mark.parametrize("rank", list(Rank))
+def test_matches_a_brute_force_reference(rank: Rank) -> None:
+    """Random submissions, finishes, cancels, steps and deadline moves (later only, as
+    listeners gain audio): the heaps give the same answer as scanning every head."""
     rng = random.Random(7)
     deadlines: dict[int, float] = {}
-    sched = LaneScheduler(deadline_of=lambda j, now: max(now, deadlines[j.owner]), max_lead=1.0)
+    sched = LaneScheduler(deadline_of=lambda j, now: max(now, deadlines[j.owner]), max_lead=1.0,
+                          rank=rank)
     queues: dict[int, list[Job]] = {}
     now = 0.0
     for _ in range(3000):
@@ -137,7 +146,9 @@ def test_matches_a_brute_force_reference() -> None:
         op = rng.random()
         if op < 0.35:
             owner = rng.randrange(40)
-            job = Job(owner=owner, priority=Priority(rng.randrange(3)), deadline=now)
+            since = rng.choice([None, rng.random() * now])
+            job = Job(owner=owner, priority=Priority(rng.randrange(3)), deadline=now,
+                      since=since)
             deadlines.setdefault(owner, now + rng.random() * 2)
             sched.submit(job)
             queues.setdefault(owner, []).append(job)
@@ -145,18 +156,21 @@ def test_matches_a_brute_force_reference() -> None:
             owner = rng.choice(list(queues))
             assert sched.cancel(owner) == queues.pop(owner)
         got = sched.next_job(now)
-        heads = [(q[0].priority, max(now, deadlines[o]), q[0].seq, q[0])
-                 for o, q in queues.items()]
-        eligible = [h for h in heads if h[1] - now <= 1.0]
+        heads = [(q[0].priority, reference_rank(rank, q[0], max(now, deadlines[o])), q[0].seq,
+                  max(now, deadlines[o])) for o, q in queues.items()]
+        eligible = [h for h in heads if h[3] - now <= 1.0]
         if not eligible:
             assert got is None
-            later = [h[1] - 1.0 for h in heads]
-            assert sched.next_eligible_at == (min(later) if later else None)
+            later = [h[3] - 1.0 for h in heads]
+            assert sched.next_eligible_at == pytest.approx(min(later)) if later else \
+                sched.next_eligible_at is None
             continue
         best = min(eligible, key=lambda h: h[:3])
         assert got is not None
         # Overdue heads are all due now; among them any order by last known deadline is fine.
-        assert (got.priority, max(now, deadlines[got.owner])) == best[:2]
+        due = max(now, deadlines[got.owner])
+        assert (got.priority, reference_rank(rank, got, due)) == best[:2]
+        got.steps += 1
         if rng.random() < 0.5:  # the step produced the last chunk
             sched.finish(got)
             queues[got.owner].pop(0)
@@ -219,3 +233,55 @@ def test_fifo_after_idle_and_cancel_goes_by_arrival() -> None:
 ])
 def test_step_size_per_class(rule, priority, expected) -> None:
     assert step_ms(priority) == expected, rule
+
+
+# ---- rule 2b: playing listeners, oldest stream first ---------------------------------------
+
+
+def stream(owner: str, submitted: float, due: float, *, steps: int = 0,
+           since: float | None = None, priority: Priority = IA) -> tuple[Job, float]:
+    """A head job: submitted at ``submitted`` (its first-audio deadline), ``steps`` run so
+    far, its listener due at ``due``."""
+    return Job(owner=owner, priority=priority, deadline=submitted, steps=steps,
+               since=since), due
+
+
+@pytest.mark.parametrize(("rule", "heads", "now", "age", "edf"), [
+    ("first audio of a new stream goes first (due now)",
+     [stream("old", 0.0, 1.5, steps=3), stream("new", 1.0, 1.0)], 1.0, "new", "new"),
+    ("playing: the oldest stream first, whatever its deadline",
+     [stream("old", 0.0, 1.8, steps=3), stream("young", 1.0, 1.3, steps=1)], 1.2, "old",
+     "young"),
+    ("a later segment ranks by its stream's start",
+     [stream("seg2", 5.0, 5.6, since=0.0), stream("young", 1.0, 5.2, steps=2)], 5.0, "seg2",
+     "young"),
+    ("an old stream max_lead ahead yields to a younger one",
+     [stream("old", 0.0, 3.5, steps=9), stream("young", 1.0, 2.2, steps=1)], 2.0, "young",
+     "young"),
+    ("background stays earliest deadline first",
+     [stream("bg1", 0.0, 1.4, steps=5, priority=B), stream("bg2", 1.0, 1.1, steps=1,
+                                                           priority=B)], 1.0, "bg2", "bg2"),
+])
+def test_playing_listeners_oldest_stream_first(rule, heads, now, age, edf) -> None:
+    for rank, expected in ((Rank.STREAM_AGE, age), (Rank.DEADLINE, edf)):
+        dues = Deadlines()
+        sched = LaneScheduler(deadline_of=dues, max_lead=1.0, rank=rank)
+        for job, due in heads:
+            dues[job.owner] = due
+            sched.submit(job)
+        job = sched.next_job(now)
+        assert (job.owner if job else None) == expected, (rule, rank)
+
+
+def test_a_stream_turns_playing_after_its_first_step() -> None:
+    """Before its first step a job is first audio (by deadline); after it, it ranks by its
+    stream's start: behind an older playing stream even with an earlier deadline."""
+    dues = Deadlines(old=0.9, new=0.0)
+    sched = LaneScheduler(deadline_of=dues, max_lead=1.0)
+    sched.submit(Job(owner="old", priority=IA, deadline=0.0, steps=2))
+    new = Job(owner="new", priority=IA, deadline=0.5)
+    sched.submit(new)
+    assert sched.next_job(0.5) is new  # its first audio
+    new.steps += 1
+    dues["new"] = 0.82  # its listener now holds one step, less than old's
+    assert sched.next_job(0.5).owner == "old"  # type: ignore[union-attr]

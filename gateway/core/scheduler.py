@@ -10,6 +10,16 @@ in order:
    deadline**, then arrival. Deadlines are dynamic: the scheduler asks
    ``deadline_of(job, now)`` (for a voice session: when its listener runs out of audio; a
    new turn's first audio is due now).
+2b. **Playing listeners, oldest stream first** (``Rank.STREAM_AGE``, the default). Within
+   the interactive class a stream's first audio still goes by deadline (it is due now, so it
+   runs first); once a stream plays, its jobs rank by when the stream started
+   (``Job.since``; the first job's own submission deadline when not given), not by
+   deadline. While the LLM decodes, a TTS step runs at RTF ~0.97: the lane feeds about one
+   real-time stream, and earliest-deadline-first spread that shortage over every playing
+   listener (thousands of short underruns from three sessions up). Oldest first keeps the
+   streams that play fed and concentrates the shortage on the newest one; just in time
+   (rule 3) still hands the lane to the next stream once an older one is ``max_lead``
+   ahead. ``Rank.DEADLINE`` is plain earliest deadline (bench/SCHEDULER.md compares them).
 3. **Just in time.** With ``max_lead`` set, a job whose deadline is more than ``max_lead``
    seconds away is not eligible: its listener has enough audio, and synthesizing further
    ahead only takes the device from everyone else (the LLM included). When nothing is
@@ -34,13 +44,15 @@ other owner starts, including a job it submits before the lane asks for the next
 HTTP request's next segment, submitted from ``on_done``); priority, deadlines and
 ``max_lead`` are ignored. Rules 1 and 4 hold.
 
-Cost: each priority class keeps a heap of owner heads keyed by their last known deadline.
-Deadlines only move later while a job waits (its listener gains audio, time passes), so a
-stale key is never later than the true one and it suffices to refresh the top of a heap
-until it is fresh (or overdue: every overdue job is due now). A decision costs a few
-``deadline_of`` calls and O(log n), not one call per queued owner. A deadline that moves
-*earlier* (a playback report saying the client holds less than estimated) must be announced
-with ``touch(owner)``.
+Cost: each priority class keeps two heaps of owner heads: *ready* keyed by rank (rule 2/2b)
+under the last known deadline, *waiting* (too far ahead, rule 3) keyed by when they become
+eligible. Deadlines only move later while a job waits (its listener gains audio, time
+passes) and a rank only moves later (a stream's first step makes it "playing"), so a stale
+key is never later than the true one and it suffices to refresh the top of a heap until it
+is fresh (or overdue: every overdue job is due now). A head moves between the heaps at most
+once per step it gets, so a decision costs a few ``deadline_of`` calls and O(log n), not one
+call per queued owner. A deadline that moves *earlier* (a playback report saying the client
+holds less than estimated) must be announced with ``touch(owner)``.
 """
 
 from __future__ import annotations
@@ -60,6 +72,13 @@ class LanePolicy(enum.StrEnum):
     """One step at a time: priority, then deadline, just in time (rules 1-4)."""
     FIFO = "fifo"
     """Whole generations, first come first served (the old sidecar)."""
+
+
+class Rank(enum.StrEnum):
+    STREAM_AGE = "stream_age"
+    """Interactive: first audio by deadline, then playing streams oldest first (rule 2b)."""
+    DEADLINE = "deadline"
+    """Earliest deadline first in every class."""
 
 
 class Priority(enum.IntEnum):
@@ -96,20 +115,26 @@ class Job:
     state: Any = None
     """What the lane keeps between steps (the engine stream)."""
     steps: int = 0
+    """Steps this job has run (the lane counts them)."""
+    since: float | None = None
+    """When the job's stream started (a turn's first segment), for rule 2b. Set it on every
+    job of a stream after the first; None: the stream starts with this job (then its
+    ``deadline`` at submission stands for the start)."""
 
 
 DeadlineOf = Callable[[Job, float], float]
 
-_UNKNOWN = -math.inf
-"""Heap key of a head whose deadline has not been asked yet: refreshed before anything else."""
+_UNKNOWN = (-1, -math.inf)
+"""Ready-heap key of a head whose deadline has not been asked yet: refreshed first."""
 
 
 class _Entry:
-    """A heap entry: an owner's head job under its last known deadline."""
+    """A heap entry: an owner's head job under its last known rank (ready heap, a tuple
+    ``(tier, time)``) or eligibility time (waiting heap, ``(time,)``)."""
 
     __slots__ = ("key", "seq", "job", "live")
 
-    def __init__(self, key: float, job: Job):
+    def __init__(self, key: tuple[float, ...], job: Job):
         self.key = key
         self.seq = job.seq
         self.job = job
@@ -126,12 +151,15 @@ class LaneScheduler:
     """Seconds: a job whose deadline is further away than this yields the lane (None: never)."""
     policy: LanePolicy = LanePolicy.SCHEDULER
     """Set before the first ``submit``; ``fifo`` keeps no heaps."""
+    rank: Rank = Rank.STREAM_AGE
     next_eligible_at: float | None = None
     """Set by ``next_job`` when it returns None although jobs wait: when the earliest of them
     becomes eligible (None when nothing waits)."""
     _queues: dict[Hashable, deque[Job]] = field(default_factory=dict)
     _entries: dict[Hashable, _Entry] = field(default_factory=dict)
     _heaps: tuple[list[_Entry], ...] = field(
+        default_factory=lambda: tuple([] for _ in Priority))
+    _waiting: tuple[list[_Entry], ...] = field(
         default_factory=lambda: tuple([] for _ in Priority))
     _size: int = 0
     _holder: Hashable = None
@@ -205,32 +233,74 @@ class LaneScheduler:
                 self._holder, queue = next(iter(self._queues.items()))
             return queue[0]
         wake = math.inf
-        for heap in self._heaps:
+        for heap, waiting in zip(self._heaps, self._waiting, strict=True):
+            # Heads that were too far ahead and may be eligible now go back to ready.
+            while waiting and (not waiting[0].live or waiting[0].key[0] <= now):
+                entry = heapq.heappop(waiting)
+                if entry.live:
+                    self._file(entry.job, now, self._deadline(entry.job, now))
             while heap:
                 entry = heap[0]
                 if not entry.live:
                     heapq.heappop(heap)
                     continue
                 job = entry.job
-                deadline = self.deadline_of(job, now) if self.deadline_of else job.deadline
-                if deadline > entry.key and (deadline > now or entry.key == _UNKNOWN):
-                    # Stale: it waited under an earlier deadline. Re-file it and look again.
+                deadline = self._deadline(job, now)
+                key = self._rank(job, deadline)
+                if key > entry.key and (entry.key == _UNKNOWN or key[0] != entry.key[0]
+                                        or key[1] > now):
+                    # Stale: it waited under an earlier rank. Re-file it and look again.
                     # (Overdue heads are all due now: they keep their order, not re-filed.)
-                    fresh = _Entry(deadline, job)
+                    fresh = _Entry(key, job)
                     self._entries[job.owner] = fresh
                     entry.live = False
                     heapq.heapreplace(heap, fresh)
                     continue
-                if deadline < entry.key:
-                    entry.key = deadline  # earlier, and at the top: the heap stays valid
+                if key < entry.key:
+                    entry.key = key  # earlier, and at the top: the heap stays valid
                 if self.max_lead is None or deadline - now <= self.max_lead:
                     self.next_eligible_at = None
                     return job
-                # Every other head of this class is due no earlier: none is eligible.
-                wake = min(wake, deadline - self.max_lead)
+                # Too far ahead (rule 3): it waits until its listener catches up.
+                entry.live = False
+                heapq.heappop(heap)
+                self._file(job, now, deadline)
+            while waiting:  # when the first waiting head becomes eligible
+                entry = waiting[0]
+                if not entry.live:
+                    heapq.heappop(waiting)
+                    continue
+                at = self._deadline(entry.job, now) - self.max_lead  # type: ignore[operator]
+                if at > entry.key[0]:
+                    fresh = _Entry((at,), entry.job)
+                    self._entries[entry.job.owner] = fresh
+                    entry.live = False
+                    heapq.heapreplace(waiting, fresh)
+                    continue
+                wake = min(wake, at)
                 break
         self.next_eligible_at = None if wake == math.inf else wake
         return None
+
+    def _deadline(self, job: Job, now: float) -> float:
+        return self.deadline_of(job, now) if self.deadline_of else job.deadline
+
+    def _rank(self, job: Job, deadline: float) -> tuple[float, float]:
+        """Rules 2 and 2b: ``(tier, time)``, smaller first."""
+        if (self.rank is Rank.STREAM_AGE and job.priority is Priority.INTERACTIVE
+                and (job.steps or job.since is not None)):
+            return (1, job.deadline if job.since is None else job.since)
+        return (0, deadline)
+
+    def _file(self, job: Job, now: float, deadline: float) -> None:
+        """File a head in ready (eligible now) or waiting (too far ahead)."""
+        if self.max_lead is not None and deadline - now > self.max_lead:
+            entry = _Entry((deadline - self.max_lead,), job)
+            heapq.heappush(self._waiting[job.priority], entry)
+        else:
+            entry = _Entry(self._rank(job, deadline), job)
+            heapq.heappush(self._heaps[job.priority], entry)
+        self._entries[job.owner] = entry
 
     def _push_head(self, job: Job) -> None:
         if self.policy is LanePolicy.FIFO:

@@ -176,7 +176,7 @@ class SessionRunner:
                 self.gateway.lane.submit((self.session.id, effect.turn_id),
                                          SynthesisJob(request, self, effect.index),
                                          deadline=effect.deadline,
-                                         priority=Priority.INTERACTIVE)
+                                         priority=Priority.INTERACTIVE, since=effect.since)
             case CancelSynthesis(turn_id=turn_id):
                 self.gateway.lane.cancel((self.session.id, turn_id))
             case _:

@@ -247,8 +247,10 @@ class Lane:
         return time.perf_counter() - started
 
     def submit(self, owner: Hashable, payload: SynthesisJob, *, deadline: float,
-               priority: Priority = Priority.INTERACTIVE) -> Job:
-        job = Job(owner=owner, priority=priority, deadline=deadline, payload=payload)
+               priority: Priority = Priority.INTERACTIVE, since: float | None = None) -> Job:
+        """``since``: when the owner's stream started (``Job.since``), for a later job of it."""
+        job = Job(owner=owner, priority=priority, deadline=deadline, payload=payload,
+                  since=since)
         self.scheduler.submit(job)
         if self.unhealthy is not None:
             # fail fast, but never inside the caller's own call (sinks are not re-entrant)
