@@ -124,9 +124,11 @@ def test_finish_then_resubmit_same_owner() -> None:
     assert sched.next_job(0.0) is again
 
 
-def reference_rank(rank: Rank, job: Job, due: float) -> tuple[float, float]:
+def reference_rank(rank: Rank, job: Job, due: float, now: float) -> tuple[float, float]:
     """Rules 2 and 2b written out plainly (``due``: the deadline, overdue clamped to now)."""
     if rank is Rank.STREAM_AGE and job.priority is IA and (job.steps or job.since is not None):
+        if due - now >= 0.4:  # protect_lead: holds enough, waits behind the short ones
+            return (2, due)
         return (1, job.deadline if job.since is None else job.since)
     return (0, due)
 
@@ -156,12 +158,15 @@ def test_matches_a_brute_force_reference(rank: Rank) -> None:
             owner = rng.choice(list(queues))
             assert sched.cancel(owner) == queues.pop(owner)
         got = sched.next_job(now)
-        heads = [(q[0].priority, reference_rank(rank, q[0], max(now, deadlines[o])), q[0].seq,
+        heads = [(q[0].priority, reference_rank(rank, q[0], max(now, deadlines[o]), now), q[0].seq,
                   max(now, deadlines[o])) for o, q in queues.items()]
-        eligible = [h for h in heads if h[3] - now <= 1.0]
+        # background is held to max_lead only while interactive work is queued (rule 3)
+        shared = any(j.priority is IA for q in queues.values() for j in q)
+        paced = [h for h in heads if shared or h[0] is IA]
+        eligible = [h for h in heads if h[3] - now <= 1.0 or h not in paced]
         if not eligible:
             assert got is None
-            later = [h[3] - 1.0 for h in heads]
+            later = [h[3] - 1.0 for h in paced]
             assert sched.next_eligible_at == pytest.approx(min(later)) if later else \
                 sched.next_eligible_at is None
             continue
@@ -169,7 +174,7 @@ def test_matches_a_brute_force_reference(rank: Rank) -> None:
         assert got is not None
         # Overdue heads are all due now; among them any order by last known deadline is fine.
         due = max(now, deadlines[got.owner])
-        assert (got.priority, reference_rank(rank, got, due)) == best[:2]
+        assert (got.priority, reference_rank(rank, got, due, now)) == best[:2]
         got.steps += 1
         if rng.random() < 0.5:  # the step produced the last chunk
             sched.finish(got)
@@ -249,11 +254,17 @@ def stream(owner: str, submitted: float, due: float, *, steps: int = 0,
 @pytest.mark.parametrize(("rule", "heads", "now", "age", "edf"), [
     ("first audio of a new stream goes first (due now)",
      [stream("old", 0.0, 1.5, steps=3), stream("new", 1.0, 1.0)], 1.0, "new", "new"),
-    ("playing: the oldest stream first, whatever its deadline",
-     [stream("old", 0.0, 1.8, steps=3), stream("young", 1.0, 1.3, steps=1)], 1.2, "old",
+    ("playing, short of protect_lead: the oldest stream first, whatever its deadline",
+     [stream("old", 0.0, 1.5, steps=3), stream("young", 1.0, 1.3, steps=1)], 1.2, "old",
+     "young"),
+    ("a playing stream holding protect_lead waits behind one short of it",
+     [stream("old", 0.0, 1.8, steps=3), stream("young", 1.0, 1.5, steps=1)], 1.2, "young",
+     "young"),
+    ("holding protect_lead or more: earliest deadline among them",
+     [stream("old", 0.0, 2.1, steps=3), stream("young", 1.0, 1.7, steps=1)], 1.2, "young",
      "young"),
     ("a later segment ranks by its stream's start",
-     [stream("seg2", 5.0, 5.6, since=0.0), stream("young", 1.0, 5.2, steps=2)], 5.0, "seg2",
+     [stream("seg2", 5.0, 5.3, since=0.0), stream("young", 1.0, 5.2, steps=2)], 5.0, "seg2",
      "young"),
     ("an old stream max_lead ahead yields to a younger one",
      [stream("old", 0.0, 3.5, steps=9), stream("young", 1.0, 2.2, steps=1)], 2.0, "young",
@@ -275,13 +286,54 @@ def test_playing_listeners_oldest_stream_first(rule, heads, now, age, edf) -> No
 
 def test_a_stream_turns_playing_after_its_first_step() -> None:
     """Before its first step a job is first audio (by deadline); after it, it ranks by its
-    stream's start: behind an older playing stream even with an earlier deadline."""
-    dues = Deadlines(old=0.9, new=0.0)
+    stream's start: behind an older playing stream (both short of ``protect_lead``) even
+    with an earlier deadline."""
+    dues = Deadlines(old=0.8, new=0.0)
     sched = LaneScheduler(deadline_of=dues, max_lead=1.0)
     sched.submit(Job(owner="old", priority=IA, deadline=0.0, steps=2))
     new = Job(owner="new", priority=IA, deadline=0.5)
     sched.submit(new)
     assert sched.next_job(0.5) is new  # its first audio
     new.steps += 1
-    dues["new"] = 0.82  # its listener now holds one step, less than old's
+    dues["new"] = 0.7  # its listener now holds less than old's
     assert sched.next_job(0.5).owner == "old"  # type: ignore[union-attr]
+
+
+# ---- rule 3 for background work: paced only while the lane is shared ----------------------
+
+
+@pytest.mark.parametrize(("rule", "jobs", "llm", "always", "expected", "eligible_at"), [
+    ("alone, a background job far ahead runs flat out", [("bg", B, 5.0)], 0, False, "bg",
+     None),
+    ("an LLM decoding: it is paced", [("bg", B, 5.0)], 1, False, None, 4.0),
+    ("interactive work queued (itself just in time): paced",
+     [("bg", B, 5.0), ("hub", IA, 3.0)], 0, False, None, 2.0),
+    ("pace_background_always: paced alone too", [("bg", B, 5.0)], 0, True, None, 4.0),
+    ("warm-up follows background", [("warm", W, 5.0)], 0, False, "warm", None),
+])
+def test_background_is_paced_only_while_the_lane_is_shared(rule, jobs, llm, always, expected,
+                                                          eligible_at) -> None:
+    sched, _ = make(jobs, max_lead=1.0, pace_background_always=always)
+    sched.llm_decoding = llm
+    job = sched.next_job(0.0)
+    assert (job.owner if job else None) == expected, rule
+    assert sched.next_eligible_at == eligible_at, rule
+
+
+def test_background_held_back_runs_once_the_interactive_turn_is_done() -> None:
+    sched, jobs = make([("hub", IA, 3.0), ("bg", B, 5.0)], max_lead=1.0)
+    assert sched.next_job(0.0) is None  # both ahead of their listeners
+    sched.finish(jobs["hub"])
+    assert sched.next_job(0.0) is jobs["bg"]  # alone again: flat out
+
+
+def test_a_comfortable_stream_becomes_protected_as_its_listener_plays() -> None:
+    """Above ``protect_lead`` the old stream waits behind a younger one short of it; as time
+    passes its lead drops below, and it is first again (no touch needed)."""
+    dues = Deadlines(old=1.0, young=0.5)
+    sched = LaneScheduler(deadline_of=dues, max_lead=1.0, protect_lead=0.4)
+    sched.submit(Job(owner="old", priority=IA, deadline=0.0, steps=4))
+    sched.submit(Job(owner="young", priority=IA, deadline=0.2, steps=1))
+    assert sched.next_job(0.3).owner == "young"  # type: ignore[union-attr]  # old holds 0.7
+    dues["young"] = 0.75  # young ran a step
+    assert sched.next_job(0.65).owner == "old"  # type: ignore[union-attr]  # old holds 0.35

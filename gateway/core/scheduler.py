@@ -10,21 +10,25 @@ in order:
    deadline**, then arrival. Deadlines are dynamic: the scheduler asks
    ``deadline_of(job, now)`` (for a voice session: when its listener runs out of audio; a
    new turn's first audio is due now).
-2b. **Playing listeners, oldest stream first** (``Rank.STREAM_AGE``, the default). Within
-   the interactive class a stream's first audio still goes by deadline (it is due now, so it
-   runs first); once a stream plays, its jobs rank by when the stream started
-   (``Job.since``; the first job's own submission deadline when not given), not by
-   deadline. While the LLM decodes, a TTS step runs at RTF ~0.97: the lane feeds about one
-   real-time stream, and earliest-deadline-first spread that shortage over every playing
-   listener (thousands of short underruns from three sessions up). Oldest first keeps the
-   streams that play fed and concentrates the shortage on the newest one; just in time
-   (rule 3) still hands the lane to the next stream once an older one is ``max_lead``
-   ahead. ``Rank.DEADLINE`` is plain earliest deadline (bench/SCHEDULER.md compares them).
+2b. **Playing listeners short of audio, oldest stream first** (``Rank.STREAM_AGE``, the
+   default). Within the interactive class a stream's first audio still goes by deadline
+   (it is due now, so it runs first). A stream that plays and holds less than
+   ``protect_lead`` of audio ranks by when it started (``Job.since``; the first job's own
+   submission deadline when not given), oldest first; one that holds more ranks after
+   those, by deadline. While the LLM decodes, a TTS step runs at RTF ~0.97: the lane feeds
+   about one real-time stream, and earliest-deadline-first spread that shortage over every
+   playing listener (thousands of short underruns from three sessions up). Protecting the
+   oldest streams concentrates it on the newest; the ``protect_lead`` bound stops an old
+   stream from taking the lane to build lead it does not need while a young one runs dry.
+   ``Rank.DEADLINE`` is plain earliest deadline (bench/SCHEDULER.md compares them).
 3. **Just in time.** With ``max_lead`` set, a job whose deadline is more than ``max_lead``
    seconds away is not eligible: its listener has enough audio, and synthesizing further
    ahead only takes the device from everyone else (the LLM included). When nothing is
    eligible, ``next_job`` returns None and ``next_eligible_at`` says when to ask again
-   (new submissions also change the answer).
+   (new submissions also change the answer). Background and warm-up jobs are held to it
+   only while the lane is *shared*: an interactive job is queued or an LLM decodes
+   (``llm_decoding``, set by the I/O layer). Alone they run flat out (an app rendering a
+   file gets ~2x real time instead of real time), unless ``pace_background_always``.
 4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
    is marked cancelled and the lane drops it at the step boundary.
 
@@ -44,9 +48,10 @@ other owner starts, including a job it submits before the lane asks for the next
 HTTP request's next segment, submitted from ``on_done``); priority, deadlines and
 ``max_lead`` are ignored. Rules 1 and 4 hold.
 
-Cost: each priority class keeps two heaps of owner heads: *ready* keyed by rank (rule 2/2b)
-under the last known deadline, *waiting* (too far ahead, rule 3) keyed by when they become
-eligible. Deadlines only move later while a job waits (its listener gains audio, time
+Cost: each priority class keeps three heaps of owner heads: *ready* keyed by rank (rule
+2/2b) under the last known deadline, *comfortable* (playing, at least ``protect_lead``
+ahead, rule 2b) keyed by deadline, *waiting* (too far ahead, rule 3) keyed by when they
+become eligible. Deadlines only move later while a job waits (its listener gains audio, time
 passes) and a rank only moves later (a stream's first step makes it "playing"), so a stale
 key is never later than the true one and it suffices to refresh the top of a heap until it
 is fresh (or overdue: every overdue job is due now). A head moves between the heaps at most
@@ -124,6 +129,10 @@ class Job:
 
 DeadlineOf = Callable[[Job, float], float]
 
+_EPSILON = 1e-9
+"""Seconds: ``deadline - now <= lead`` and ``deadline - lead <= now`` round differently; a
+timer set for ``next_eligible_at`` must find the job eligible when it fires."""
+
 _UNKNOWN = (-1, -math.inf)
 """Ready-heap key of a head whose deadline has not been asked yet: refreshed first."""
 
@@ -152,6 +161,15 @@ class LaneScheduler:
     policy: LanePolicy = LanePolicy.SCHEDULER
     """Set before the first ``submit``; ``fifo`` keeps no heaps."""
     rank: Rank = Rank.STREAM_AGE
+    protect_lead: float = 0.4
+    """Seconds (rule 2b): a playing listener holding less audio than this is fed oldest stream
+    first; one holding more waits behind them, earliest deadline first. About one 320 ms
+    step plus the jitter of the next one (bench/SCHEDULER.md: 0.2-0.7 s measured)."""
+    pace_background_always: bool = False
+    """True: ``max_lead`` holds background and warm-up jobs even when they are alone."""
+    llm_decoding: int = 0
+    """LLM streams decoding on this lane's device now (the I/O layer keeps it up to date;
+    background work is paced while it is non-zero: rule 3)."""
     next_eligible_at: float | None = None
     """Set by ``next_job`` when it returns None although jobs wait: when the earliest of them
     becomes eligible (None when nothing waits)."""
@@ -159,9 +177,12 @@ class LaneScheduler:
     _entries: dict[Hashable, _Entry] = field(default_factory=dict)
     _heaps: tuple[list[_Entry], ...] = field(
         default_factory=lambda: tuple([] for _ in Priority))
+    _comfortable: tuple[list[_Entry], ...] = field(
+        default_factory=lambda: tuple([] for _ in Priority))
     _waiting: tuple[list[_Entry], ...] = field(
         default_factory=lambda: tuple([] for _ in Priority))
     _size: int = 0
+    _interactive: int = 0
     _holder: Hashable = None
     _counter: itertools.count = field(default_factory=itertools.count)
 
@@ -176,6 +197,7 @@ class LaneScheduler:
         else:
             queue.append(job)
         self._size += 1
+        self._interactive += job.priority is Priority.INTERACTIVE
 
     def __len__(self) -> int:
         return self._size
@@ -191,6 +213,7 @@ class LaneScheduler:
             return
         queue.popleft()
         self._size -= 1
+        self._interactive -= job.priority is Priority.INTERACTIVE
         self._drop_entry(job.owner)
         if queue:
             self._push_head(queue[0])
@@ -204,6 +227,7 @@ class LaneScheduler:
             return []
         self._drop_entry(owner)
         self._size -= len(queue)
+        self._interactive -= sum(job.priority is Priority.INTERACTIVE for job in queue)
         for job in queue:
             job.cancelled = True
         return list(queue)
@@ -233,44 +257,55 @@ class LaneScheduler:
                 self._holder, queue = next(iter(self._queues.items()))
             return queue[0]
         wake = math.inf
-        for heap, waiting in zip(self._heaps, self._waiting, strict=True):
-            # Heads that were too far ahead and may be eligible now go back to ready.
-            while waiting and (not waiting[0].live or waiting[0].key[0] <= now):
-                entry = heapq.heappop(waiting)
-                if entry.live:
-                    self._file(entry.job, now, self._deadline(entry.job, now))
-            while heap:
-                entry = heap[0]
-                if not entry.live:
-                    heapq.heappop(heap)
-                    continue
-                job = entry.job
-                deadline = self._deadline(job, now)
-                key = self._rank(job, deadline)
-                if key > entry.key and (entry.key == _UNKNOWN or key[0] != entry.key[0]
-                                        or key[1] > now):
-                    # Stale: it waited under an earlier rank. Re-file it and look again.
-                    # (Overdue heads are all due now: they keep their order, not re-filed.)
-                    fresh = _Entry(key, job)
-                    self._entries[job.owner] = fresh
-                    entry.live = False
-                    heapq.heapreplace(heap, fresh)
-                    continue
-                if key < entry.key:
-                    entry.key = key  # earlier, and at the top: the heap stays valid
-                if self.max_lead is None or deadline - now <= self.max_lead:
+        shared = self._interactive > 0 or self.llm_decoding > 0
+        for priority in Priority:
+            ready, comfortable, waiting = (self._heaps[priority], self._comfortable[priority],
+                                           self._waiting[priority])
+            lead = self.max_lead
+            if priority is not Priority.INTERACTIVE and not (shared or
+                                                             self.pace_background_always):
+                lead = None  # alone on the lane: flat out (rule 3)
+            # Heads that may have become eligible (waiting) or short of audio (comfortable)
+            # are filed again. Stale keys are early, so this never misses one.
+            while waiting and (lead is None or not waiting[0].live
+                               or waiting[0].key[0] <= now + _EPSILON):
+                self._refile(heapq.heappop(waiting), now, lead)
+            while comfortable and (not comfortable[0].live or comfortable[0].key[0]
+                                   - self.protect_lead <= now + _EPSILON):
+                self._refile(heapq.heappop(comfortable), now, lead)
+            for heap in (ready, comfortable):
+                while heap:
+                    entry = heap[0]
+                    if not entry.live:
+                        heapq.heappop(heap)
+                        continue
+                    job = entry.job
+                    target, key = self._place(job, now, self._deadline(job, now), lead)
+                    if target is not heap:
+                        # Too far ahead now (rule 3), or its lead crossed ``protect_lead``.
+                        entry.live = False
+                        heapq.heappop(heap)
+                        self._push(target, key, job)
+                        continue
+                    if key > entry.key and (entry.key == _UNKNOWN or key[0] != entry.key[0]
+                                            or key[-1] > now):
+                        # Stale: it waited under an earlier rank. Re-file it and look again.
+                        # (Overdue heads are all due now: they keep their order, not re-filed.)
+                        fresh = _Entry(key, job)
+                        self._entries[job.owner] = fresh
+                        entry.live = False
+                        heapq.heapreplace(heap, fresh)
+                        continue
+                    if key < entry.key:
+                        entry.key = key  # earlier, and at the top: the heap stays valid
                     self.next_eligible_at = None
                     return job
-                # Too far ahead (rule 3): it waits until its listener catches up.
-                entry.live = False
-                heapq.heappop(heap)
-                self._file(job, now, deadline)
             while waiting:  # when the first waiting head becomes eligible
                 entry = waiting[0]
                 if not entry.live:
                     heapq.heappop(waiting)
                     continue
-                at = self._deadline(entry.job, now) - self.max_lead  # type: ignore[operator]
+                at = self._deadline(entry.job, now) - lead  # type: ignore[operator]
                 if at > entry.key[0]:
                     fresh = _Entry((at,), entry.job)
                     self._entries[entry.job.owner] = fresh
@@ -285,22 +320,29 @@ class LaneScheduler:
     def _deadline(self, job: Job, now: float) -> float:
         return self.deadline_of(job, now) if self.deadline_of else job.deadline
 
-    def _rank(self, job: Job, deadline: float) -> tuple[float, float]:
-        """Rules 2 and 2b: ``(tier, time)``, smaller first."""
+    def _place(self, job: Job, now: float, deadline: float, lead: float | None
+               ) -> tuple[list[_Entry], tuple[float, ...]]:
+        """Rules 2, 2b and 3: the heap a head belongs in now, and its key there."""
+        if lead is not None and deadline - now > lead + _EPSILON:
+            return self._waiting[job.priority], (deadline - lead,)
         if (self.rank is Rank.STREAM_AGE and job.priority is Priority.INTERACTIVE
                 and (job.steps or job.since is not None)):
-            return (1, job.deadline if job.since is None else job.since)
-        return (0, deadline)
+            if deadline - now >= self.protect_lead - _EPSILON:
+                return self._comfortable[job.priority], (deadline,)
+            return self._heaps[job.priority], (1, job.deadline if job.since is None
+                                               else job.since)
+        return self._heaps[job.priority], (0, deadline)
 
-    def _file(self, job: Job, now: float, deadline: float) -> None:
-        """File a head in ready (eligible now) or waiting (too far ahead)."""
-        if self.max_lead is not None and deadline - now > self.max_lead:
-            entry = _Entry((deadline - self.max_lead,), job)
-            heapq.heappush(self._waiting[job.priority], entry)
-        else:
-            entry = _Entry(self._rank(job, deadline), job)
-            heapq.heappush(self._heaps[job.priority], entry)
+    def _push(self, heap: list[_Entry], key: tuple[float, ...], job: Job) -> None:
+        entry = _Entry(key, job)
+        heapq.heappush(heap, entry)
         self._entries[job.owner] = entry
+
+    def _refile(self, entry: _Entry, now: float, lead: float | None) -> None:
+        if entry.live:
+            entry.live = False
+            job = entry.job
+            self._push(*self._place(job, now, self._deadline(job, now), lead), job)
 
     def _push_head(self, job: Job) -> None:
         if self.policy is LanePolicy.FIFO:
