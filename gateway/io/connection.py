@@ -163,6 +163,7 @@ class SessionRunner:
             case StartLlm(turn_id=turn_id, request=request):
                 if not self.closed:
                     task = self.loop.create_task(self._run_llm(turn_id, request))
+                    self.gateway.lane.llm_started()  # ended in _llm_task_done
                     self._tasks.add(task)
                     self._llm_tasks[turn_id] = task
                     task.add_done_callback(self._llm_task_done)
@@ -184,6 +185,7 @@ class SessionRunner:
 
     def _llm_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self.gateway.lane.llm_ended()
         for turn_id, t in list(self._llm_tasks.items()):
             if t is task:
                 del self._llm_tasks[turn_id]

@@ -260,6 +260,19 @@ class Lane:
         self._wake.set()
         return job
 
+    def llm_started(self) -> None:
+        """An LLM stream of this gateway began decoding. On a ``gpu`` lane (the LLM shares the
+        device) background work is then paced just in time (scheduler rule 3)."""
+        if self.name == "gpu":
+            self.scheduler.llm_decoding += 1
+
+    def llm_ended(self) -> None:
+        """The LLM stream ended (done, failed or cancelled): background work may run flat
+        out again, so wake the lane."""
+        if self.name == "gpu" and self.scheduler.llm_decoding > 0:
+            self.scheduler.llm_decoding -= 1
+            self._wake.set()
+
     def touch(self, owner: Hashable) -> None:
         """``owner``'s deadline may have moved earlier (a playback mark): re-rank it and
         wake the lane if it was waiting for a just-in-time job."""
