@@ -54,10 +54,10 @@ ahead, rule 2b) keyed by deadline, *waiting* (too far ahead, rule 3) keyed by wh
 become eligible. Deadlines only move later while a job waits (its listener gains audio, time
 passes) and a rank only moves later (a stream's first step makes it "playing"), so a stale
 key is never later than the true one and it suffices to refresh the top of a heap until it
-is fresh (or overdue: every overdue job is due now). A head moves between the heaps at most
-once per step it gets, so a decision costs a few ``deadline_of`` calls and O(log n), not one
-call per queued owner. A deadline that moves *earlier* (a playback report saying the client
-holds less than estimated) must be announced with ``touch(owner)``.
+is fresh (or overdue: every overdue job is due now). A head moves between the heaps a
+bounded number of times per step it gets, so a decision costs a few ``deadline_of`` calls
+and O(log n), not one call per queued owner. A deadline that moves *earlier* (a playback
+report saying the client holds less than estimated) must be announced with ``touch(owner)``.
 """
 
 from __future__ import annotations
