@@ -5,9 +5,10 @@
 
 For each policy the gateway runs in its own process (``--serve``) with the ``synthetic``
 engine on a ``gpu`` lane at the hub's calibrated timing (``SyntheticEngine(rtf=0.44,
-ttfa_ms=107, step_ms=320)``: it sleeps in the lane thread, so it occupies the lane like
-Qwen3-TTS on an idle GPU; it does not model the LLM sharing the GPU). Two clients, in this
-process, over the real sockets:
+ttfa_ms=107, step_ms=320, step_overhead_ms=5)``; the overhead is the simulator's assumed
+cost per step, paid by the background requests' 80 ms steps. It sleeps in the lane
+thread, so it occupies the lane like Qwen3-TTS on an idle GPU; it does not model the LLM
+sharing the GPU. Two clients, in this process, over the real sockets:
 
 * **hub**: one voice session taking ``say`` turns over the WebSocket, like scenario 2 of
   bench/scheduler.py: 1-2 sentences of 2-6 s of audio each, the next turn 1 s + exp(mean
@@ -19,9 +20,13 @@ process, over the real sockets:
   /v1/audio/speech`` with SSE, reading the deltas as fast as they come. Measured: audio
   seconds received per wall second (partial requests at the end count).
 
-Policies: ``fifo`` (the old sidecar: whole generations, first come first served) and
+Policies: ``fifo`` (the old sidecar: whole generations, first come first served),
 ``scheduler`` (the real LaneScheduler: one step at a time, interactive first, just in
-time). Same seed, same scripts, same run.
+time, background requests in 80 ms steps and flat out when alone), ``sched-320ms`` (the
+same with background in the engine's 320 ms steps: the step-size rule off), ``sched-bg-rt``
+(background held to real time + max_lead even when alone), ``idle`` (``scheduler`` with no
+background app: the hub's idle TTFA, the goal's reference, measured in the same run).
+Same seed, same scripts, same run.
 """
 
 from __future__ import annotations
@@ -63,11 +68,17 @@ def sentence(rng: random.Random, seconds: float) -> str:
 async def serve(policy: str) -> None:
     from engines.synthetic import SyntheticEngine
     from gateway.config import load_config
+    from gateway.core import scheduler
     from gateway.io.server import Gateway, until_signalled
 
-    config = load_config(server={"port": 0, "http_port": 0, "lane_policy": policy})
+    if policy == "sched-320ms":  # the step-size rule off: background in the engine's steps
+        scheduler.STEP_MS[scheduler.Priority.BACKGROUND] = None
+    lane_policy = "fifo" if policy == "fifo" else "scheduler"
+    config = load_config(server={"port": 0, "http_port": 0, "lane_policy": lane_policy})
     gateway = Gateway(config, engine=SyntheticEngine(rtf=0.44, ttfa_ms=107, step_ms=320,
-                                                     lane="gpu"))
+                                                     step_overhead_ms=5, lane="gpu"))
+    if policy == "sched-bg-rt":  # background held to real time even when alone
+        gateway.lane.scheduler.pace_background_always = True
     await gateway.start()
     print(f"PORT {gateway.port} {gateway.http_port}", flush=True)
     await until_signalled()
@@ -169,8 +180,9 @@ def run_policy(policy: str, duration: float, seed: int) -> dict[str, Any]:
             started = loop.time()
             until = started + duration
             async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(background(f"http://127.0.0.1:{http_port}", until,
-                                             random.Random(seed + 1), got))
+                if policy != "idle":
+                    tasks.create_task(background(f"http://127.0.0.1:{http_port}", until,
+                                                 random.Random(seed + 1), got))
                 tasks.create_task(hub(f"ws://127.0.0.1:{ws_port}/v1/voice", until,
                                       random.Random(seed), account))
             return loop.time() - started
@@ -199,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serve", metavar="POLICY", help=argparse.SUPPRESS)
     ap.add_argument("--duration", type=float, default=90.0, help="seconds per policy")
-    ap.add_argument("--policies", default="fifo,scheduler")
+    ap.add_argument("--policies", default="idle,fifo,sched-320ms,scheduler")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)

@@ -6,6 +6,16 @@ ramp scenario (sessions with LLM replies): kept to reproduce bench/SCHEDULER.md,
 ``slack``: "keep playing listeners fed first": a new turn's first chunk is due ``slack``
 seconds after its submission instead of at once, so a listener that is playing and holds
 less than ``slack`` of audio goes first. ``lead``: ``max_lead`` (just in time).
+
+    python -m bench.scheduler_variants --holds [--duration 600]
+
+LLM-aware start-of-playback prebuffer (section 5 of bench/SCHEDULER.md): a reply's first
+audio is held until the listener holds ``A * (1 - 1/r)`` seconds, where ``A`` is the first
+sentence's length and ``r`` the predicted RTF of its stream: 0.97 (TTS beside a decoding
+LLM, calibration.json) or 0.44 (idle), times a margin, times the number of streams the lane
+feeds at once (the new one and every playing stream with queued work). Below ``r = 1`` the
+rate sustains the sentence and nothing is held. Also ``protect_lead`` (rule 2b) and the
+ranking (``Rank``).
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import json
 from typing import Any
 
 from bench import scheduler as sim
-from gateway.core.scheduler import Job, Priority
+from gateway.core.scheduler import Job, Priority, Rank
 
 
 def variant(slack: float, lead: float) -> Any:
@@ -31,7 +41,7 @@ def variant(slack: float, lead: float) -> Any:
                 return job.deadline
             if sj.turn.play_end is None:
                 return job.deadline + slack
-            return max(now, sj.turn.play_end)
+            return sj.turn.play_end
 
     class FeedFirst(sim.Scheduler):
         def __init__(self, s: sim.Sim, **kw: Any):
@@ -41,6 +51,73 @@ def variant(slack: float, lead: float) -> Any:
     return FeedFirst
 
 
+class HeldTurn(sim.Turn):
+    """A listener whose playback starts only once ``hold(turn)`` seconds are buffered (or
+    the first segment is complete). TTFA is then the start of playback."""
+
+    hold: Any = None
+    _buffered: float = 0.0
+    _pending: list | None = None
+    _playing: bool = False
+
+    def deliver(self, seg: int, dur: float, now: float) -> None:
+        if not self._playing:
+            self._buffered += dur
+            self._pending = (self._pending or []) + [(seg, dur)]
+            job = self.segments[seg]
+            if self._buffered + 1e-9 < self.hold(self) and job.produced_s + 1e-9 < job.audio_s:
+                return
+            self._playing = True
+            for s_, d in self._pending:
+                super().deliver(s_, d, now)
+            return
+        super().deliver(seg, dur, now)
+
+
+def holding(margin: float, rank: Rank = Rank.STREAM_AGE, protect: float = 0.4) -> Any:
+    class Holding(sim.Scheduler):
+        def __init__(self, s: sim.Sim, **kw: Any):
+            super().__init__(s, rank=rank, **kw)
+            self.gpu.sched.protect_lead = protect
+            gpu = self.gpu
+
+            def hold(turn: HeldTurn) -> float:
+                if margin <= 0:
+                    return 0.0
+                r = (0.97 if s.llm_streams else 0.44) * margin
+                playing = sum(1 for o in gpu.sched.owners() if o != id(turn)
+                              and gpu.sched._queues[o][0].payload.turn.chunks)
+                r *= playing + 1
+                return turn.segments[0].audio_s * max(0.0, 1.0 - 1.0 / r)
+            HeldTurn.hold = staticmethod(hold)
+    return Holding
+
+
+def holds(model: sim.Model, args: argparse.Namespace) -> None:
+    sim.Turn, plain = HeldTurn, sim.Turn  # hub_session makes Turn(...) by name
+    try:
+        print("variant: per sessions: lane load, underruns, stall s, TTFA p50/p90 ms")
+        for label, factory in (
+                ("edf, no hold", holding(0.0, Rank.DEADLINE)),
+                ("stream age (protect 0.2)", holding(0.0, protect=0.2)),
+                ("stream age (protect 0.4)", holding(0.0)),
+                ("stream age (protect 0.7)", holding(0.0, protect=0.7)),
+                ("edf + hold x1.1", holding(1.1, Rank.DEADLINE)),
+                ("stream age + hold x1.0", holding(1.0)),
+                ("stream age + hold x1.1", holding(1.1)),
+                ("stream age + hold x1.2", holding(1.2))):
+            sim.POLICIES["variant"] = factory
+            cells = []
+            for n in range(1, args.sessions + 1):
+                r = sim.scenario_ramp(model, args.seed, args.duration, "variant", n)
+                cells.append(f"{n}: {r['lane_load']:.0%} u{r['underruns']} "
+                             f"s{r['stall_s']:.0f} {r['ttfa_p50_ms']:.0f}/"
+                             f"{r['ttfa_p90_ms']:.0f}")
+            print(f"{label:26} | " + " | ".join(cells), flush=True)
+    finally:
+        sim.Turn = plain
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=600.0)
@@ -48,8 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lead", default="1,2")
     ap.add_argument("--sessions", type=int, default=6)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--holds", action="store_true", help="the prebuffer / ranking variants")
     args = ap.parse_args(argv)
     model = sim.Model.from_calibration(json.loads(sim.CALIBRATION.read_text()))
+    if args.holds:
+        holds(model, args)
+        return 0
     print("sessions: lane load, underruns, TTFA p90 ms")
     for slack in (float(x) for x in args.slack.split(",")):
         for lead in (float(x) for x in args.lead.split(",")):

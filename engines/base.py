@@ -47,6 +47,11 @@ class SynthesisRequest:
     top_p: float | None = None
     seed: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    step_ms: float | None = None
+    """Audio per step the lane would like, in ms (None: the engine's default). A streaming
+    engine honours it as closely as its frame size allows (Qwen3-TTS: whole 80 ms codec
+    frames); one that cannot ignores it. The lane asks for small steps for background work
+    so that interactive work arriving meanwhile waits less (``gateway.core.scheduler``)."""
 
 
 @runtime_checkable

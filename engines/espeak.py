@@ -218,6 +218,8 @@ class EspeakEngine:
             raise EngineError("bad_request", f"speed must be > 0, got {request.speed}")
         rate = min(RATE_MAX, max(RATE_MIN, round(RATE_NORMAL * request.speed)))
         stream = EspeakStream(self, request.text, voice, rate)
+        if request.step_ms is not None and request.step_ms > 0:
+            stream._step_samples = max(1, round(request.step_ms / 1000 * OUTPUT_RATE))
         with self._streams_lock:
             self._streams.add(stream)
         return stream
@@ -253,6 +255,7 @@ class EspeakStream:
         self._text = text
         self._voice = voice
         self._rate = rate
+        self._step_samples = engine.step_samples
         self._pending: deque[np.ndarray] = deque()
         self._pending_len = 0
         self._lock = threading.Lock()
@@ -271,7 +274,7 @@ class EspeakStream:
             if self.closed or not self._pending_len:
                 self._release()
                 return None
-            return self._take(self._engine.step_samples)
+            return self._take(self._step_samples)
 
     def close(self) -> None:
         self.closed = True

@@ -33,6 +33,7 @@ fallback of qwen3 is safe there too (it serialises its own calls).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -232,15 +233,7 @@ class FallbackStream:
         if self._inner is None:
             request = self._request
             if self._owner.fallback.voices() and request.voice not in self._owner.fallback.voices():
-                request = SynthesisRequest(
-                    request.text,
-                    None,
-                    request.speed,
-                    request.temperature,
-                    request.top_p,
-                    request.seed,
-                    request.options,
-                )
+                request = dataclasses.replace(request, voice=None)
             self._inner = self._owner.fallback.open(request)
         try:
             chunk = self._inner.step()

@@ -105,7 +105,8 @@ class HttpTtsEngine:
             body["stream_format"] = "sse"
         else:
             body["stream"] = True
-            body["streaming_interval"] = self.streaming_interval
+            body["streaming_interval"] = (self.streaming_interval if request.step_ms is None
+                                          else request.step_ms / 1000)
         body |= self.extra_body
         body |= request.options.get("http_body", {})
         return body

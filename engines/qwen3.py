@@ -252,6 +252,14 @@ class Qwen3Engine:
     def _clone_name(self) -> str:
         return self.default_voice or Path(str(self.ref_audio)).stem
 
+    def interval_for(self, request: SynthesisRequest) -> float:
+        """mlx-audio's ``streaming_interval`` for ``request``: its ``step_ms`` in whole codec
+        frames (at least one, 80 ms), or the engine's own interval."""
+        if request.step_ms is None:
+            return self.streaming_interval
+        frames = max(1, round(request.step_ms / 1000 * CODEC_HZ))
+        return frames / CODEC_HZ
+
     def _voice_for(self, requested: str | None) -> str | None:
         """The speaker to pass to mlx-audio (None for a clone)."""
         if self._kind == "custom_voice":
@@ -320,9 +328,10 @@ class Qwen3Stream:
         if req.seed is not None:
             mx.random.seed(req.seed)
         max_tokens = req.options.get("max_tokens", engine.max_tokens)
+        interval = engine.interval_for(req)
         if max_tokens is None:
             # One chunk past the runaway budget is enough to detect a runaway.
-            chunk = max(1, int(engine.streaming_interval * CODEC_HZ))
+            chunk = max(1, int(interval * CODEC_HZ))
             max_tokens = math.ceil(self._budget_samples / SAMPLE_RATE * CODEC_HZ) + chunk
         kwargs: dict[str, Any] = dict(
             text=self._text,
@@ -331,7 +340,7 @@ class Qwen3Stream:
             max_tokens=max_tokens,
             lang_code=req.options.get("language", engine.language),
             stream=True,
-            streaming_interval=engine.streaming_interval,
+            streaming_interval=interval,
             split_pattern="",
         )
         if self._speaker is not None:

@@ -13,8 +13,13 @@ Timing model (defaults: Qwen3-TTS 0.6B bf16 on an idle M5 Max, from
   ``chars_per_second = 14`` (about 150 words per minute of English prose), at least one
   syllable (0.25 s) for any non-blank text;
 * step 1 returns the first ``step_ms`` of audio and costs ``ttfa_ms``;
-* every later step returns the next ``step_ms`` of audio and costs ``rtf * step_ms``
-  (pro rata for the shorter last chunk);
+* every later step returns the next ``step_ms`` of audio (a request's own
+  ``SynthesisRequest.step_ms`` if it asks for one) and costs ``rtf * step_ms`` (pro rata
+  for the shorter last chunk), plus ``step_overhead_ms`` for steps shorter than the
+  engine's ``step_ms``: ``rtf`` is measured at ``step_ms``, where the overhead is already
+  in it, so a step of ``s`` ms costs ``rtf * s + step_overhead_ms * (1 - s / step_ms)``
+  (the per-step cost of a codec-decoder call and a host sync that smaller steps pay more
+  often; bench/SCHEDULER.md);
 * ``streams=False`` models a non-streaming engine (Chatterbox): one step returns the whole
   segment and costs ``ttfa_ms + rtf * duration``.
 
@@ -65,14 +70,15 @@ class SyntheticEngine:
         rtf: float = DEFAULT_RTF,
         ttfa_ms: float = DEFAULT_TTFA_MS,
         step_ms: float = DEFAULT_STEP_MS,
+        step_overhead_ms: float = 0.0,
         lane: Lane = "gpu",
         streams: bool = True,
         chars_per_second: float = CHARS_PER_SECOND,
         voice: str = DEFAULT_VOICE,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if rtf < 0 or ttfa_ms < 0:
-            raise ValueError("rtf and ttfa_ms must be >= 0")
+        if rtf < 0 or ttfa_ms < 0 or step_overhead_ms < 0:
+            raise ValueError("rtf, ttfa_ms and step_overhead_ms must be >= 0")
         if step_ms <= 0 or chars_per_second <= 0:
             raise ValueError("step_ms and chars_per_second must be > 0")
         if lane not in _LANES:
@@ -85,6 +91,7 @@ class SyntheticEngine:
         """At zero cost a step is a slice of a cached signal: the gateway may run it inline
         on its event loop instead of paying a thread hop per step."""
         self.step_ms = float(step_ms)
+        self.step_overhead_ms = float(step_overhead_ms)
         self.lane: Lane = lane
         self.streams = bool(streams)
         self.chars_per_second = float(chars_per_second)
@@ -110,7 +117,10 @@ class SyntheticEngine:
             raise EngineError("unknown_voice", f"synthetic voice {voice!r} does not exist")
         if not request.speed > 0:
             raise EngineError("bad_request", f"speed must be > 0, got {request.speed}")
-        stream = SyntheticStream(self, request.text, VOICES[voice], request.speed)
+        if request.step_ms is not None and not request.step_ms > 0:
+            raise EngineError("bad_request", f"step_ms must be > 0, got {request.step_ms}")
+        stream = SyntheticStream(self, request.text, VOICES[voice], request.speed,
+                                 request.step_ms or self.step_ms)
         with self._lock:
             self._streams.add(stream)
         return stream
@@ -147,8 +157,10 @@ class SyntheticEngine:
 class SyntheticStream:
     """One synthetic synthesis; the tone is a function of the absolute sample index."""
 
-    def __init__(self, engine: SyntheticEngine, text: str, f0: float, speed: float) -> None:
+    def __init__(self, engine: SyntheticEngine, text: str, f0: float, speed: float,
+                 step_ms: float | None = None) -> None:
         self._engine = engine
+        self._step_ms = engine.step_ms if step_ms is None else step_ms
         self._total = round(engine.audio_seconds(text, speed) * OUTPUT_RATE)
         self._pos = 0
         self._steps = 0
@@ -162,8 +174,10 @@ class SyntheticStream:
             return None
         eng = self._engine
         if eng.streams:
-            n = min(self._total - self._pos, round(eng.step_ms / 1000 * OUTPUT_RATE))
+            n = min(self._total - self._pos, round(self._step_ms / 1000 * OUTPUT_RATE))
             cost = eng.ttfa_ms / 1000 if self._steps == 0 else eng.rtf * n / OUTPUT_RATE
+            if self._steps and self._step_ms < eng.step_ms:
+                cost += eng.step_overhead_ms / 1000 * (1 - self._step_ms / eng.step_ms)
         else:
             n = self._total - self._pos
             cost = eng.ttfa_ms / 1000 + eng.rtf * n / OUTPUT_RATE

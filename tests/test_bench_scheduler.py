@@ -55,3 +55,17 @@ def test_decision_is_fast_at_1000_jobs() -> None:
         job = sched.next_job(0.001 * i)
         play_end[job.owner] += 0.32
     assert calls < 100 * 4
+
+
+def test_small_background_steps_shorten_the_hubs_wait(model: sim.Model) -> None:
+    big = sim.scenario_shared(model, seed=5, duration=300.0, policy_name="sched-320ms")
+    small = sim.scenario_shared(model, seed=5, duration=300.0, policy_name="scheduler")
+    assert small["ttfa_p90_ms"] < big["ttfa_p90_ms"]
+    assert small["underruns"] == big["underruns"] == 0
+
+
+def test_protecting_old_streams_cuts_underruns_at_three_sessions(model: sim.Model) -> None:
+    edf = sim.scenario_ramp(model, seed=42, duration=600.0, policy_name="sched-edf", sessions=3)
+    age = sim.scenario_ramp(model, seed=42, duration=600.0, policy_name="scheduler", sessions=3)
+    assert age["underruns"] < edf["underruns"] / 2
+    assert age["stall_s"] < edf["stall_s"] * 1.25  # the shortage moves, it does not grow

@@ -242,3 +242,38 @@ def test_espeak_two_engines_on_two_threads_do_not_crash_the_process() -> None:
         t.join(60)
     assert not errors
     assert all(len(r) == 5 and min(r) > 0 for r in results.values())
+
+
+@pytest.mark.parametrize(("step_ms", "sizes", "later_cost"), [
+    (None, [7680, 7680, 7680, 960], 0.5 * 0.320),  # the engine's own step
+    (80.0, [1920] * 12 + [960], 0.5 * 0.080 + 0.010 * 0.75),  # smaller: pays the overhead
+])
+def test_synthetic_honours_a_requested_step_and_charges_its_overhead(step_ms, sizes,
+                                                                     later_cost) -> None:
+    sleep = FakeSleep()
+    engine = SyntheticEngine(rtf=0.5, ttfa_ms=100, step_ms=320, step_overhead_ms=10,
+                             sleep=sleep)
+    chunks = _run(engine.open(SynthesisRequest(text="x" * 14, step_ms=step_ms)))  # 1.0 s
+    assert [len(c) // 2 for c in chunks] == sizes
+    assert sleep.calls[0] == pytest.approx(0.100)
+    assert sleep.calls[1:-1] == [pytest.approx(later_cost)] * (len(chunks) - 2)
+
+
+@pytest.mark.parametrize(("step_ms", "interval"), [
+    (None, 0.32), (80.0, 0.08), (100.0, 0.08), (160.0, 0.16), (10.0, 0.08),
+])
+def test_qwen3_step_ms_becomes_whole_codec_frames(step_ms, interval) -> None:
+    from engines.qwen3 import Qwen3Engine
+
+    engine = Qwen3Engine(model="unused", streaming_interval=0.32)  # nothing loaded
+    assert engine.interval_for(SynthesisRequest("x", step_ms=step_ms)) == pytest.approx(interval)
+
+
+def test_espeak_honours_a_requested_step() -> None:
+    engine = espeak.EspeakEngine(step_ms=320)
+    engine.load()
+    try:
+        chunks = _run(engine.open(SynthesisRequest(text="Hello there.", step_ms=80)))
+        assert {len(c) // 2 for c in chunks[:-1]} == {1920}
+    finally:
+        engine.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import math
 import threading
 import wave
 
@@ -171,6 +172,33 @@ async def test_instructions_are_ignored_with_a_note(gateway):
     assert "instructions ignored" in response.headers["x-speech-notes"]
     assert events[-1]["type"] == "speech.audio.done"
     assert "instructions ignored" in events[-1]["notes"][0]
+
+
+async def test_background_speech_runs_in_small_steps_voice_turns_in_the_engines(replies):
+    """The lane's step-size rule: an HTTP request is background work and asks the engine for
+    80 ms steps (``step_ms``), so a voice turn arriving meanwhile waits less; a voice turn
+    keeps the engine's own 320 ms step."""
+    gw = await start_gateway(replies, SyntheticEngine(rtf=0, ttfa_ms=0, step_ms=320))
+    try:
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            async with client.stream("POST", "/v1/audio/speech",
+                                     json={"input": "One sentence that lasts a while.",
+                                           "stream_format": "sse"}) as response:
+                events = await read_sse(response)
+        sizes = [len(base64.b64decode(e["audio"])) // 2 for e in events[:-1]]
+        assert len(sizes) > 2 and set(sizes[:-1]) == {1920}  # 80 ms at 24 kHz
+        text = "One sentence that lasts a while."
+        before = gw.lane.stats.steps
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text=text)
+            turn = await read_turn(ws)
+        assert turn.done["status"] == "completed"
+        # the pacer re-frames audio for the socket: count the lane's steps instead
+        chunks = math.ceil(gw.engine.audio_seconds(text) / 0.320)
+        assert gw.lane.stats.steps - before == chunks + 1  # + the step that ends the stream
+    finally:
+        await gw.aclose()
 
 
 # ---- cancellation, failure, shutdown ------------------------------------------------------

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority
+from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority, Rank, step_ms
 
 IA, B, W = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.WARMUP
 
@@ -93,22 +93,22 @@ def test_just_in_time_wakes_when_the_listener_catches_up() -> None:
 
 
 @pytest.mark.parametrize(("rule", "tolerance", "now", "expected", "eligible_at"), [
-    # deadline 1.0 + 1e-13 is a float sum's error away from 1.0: with max_lead 0.5, eligible
-    # at 0.5 + 1e-13; a lane woken at 0.5 by a clock that did not move would ask again
-    ("exact: a hair early is not eligible", 0.0, 0.5, None, 0.5 + 1e-13),
-    ("tolerance: a hair early is eligible", 0.001, 0.5, "a", None),
-    ("tolerance: a clock tick early is eligible", 0.001, 0.4999, "a", None),
-    ("tolerance: further than a tick still yields", 0.001, 0.498, None, 0.5 + 1e-13),
+    # deadline 1.0 + 1 µs, max_lead 0.5: eligible from 0.5 + 1 µs. A lane woken at 0.5 by a
+    # clock that moves in 1 ms steps (uvloop) would find it early and ask again, spinning.
+    ("exact: a microsecond early is not eligible", 0.0, 0.5, None, 0.5 + 1e-6),
+    ("tolerance: a microsecond early is eligible", 0.001, 0.5, "a", None),
+    ("tolerance: most of a clock tick early is eligible", 0.001, 0.4991, "a", None),
+    ("tolerance: further than a tick still yields", 0.001, 0.498, None, 0.5 + 1e-6),
 ])
 def test_just_in_time_tolerance(rule, tolerance, now, expected, eligible_at) -> None:
-    sched, _ = make([("a", IA, 1.0 + 1e-13)], max_lead=0.5)
+    sched, _ = make([("a", IA, 1.0 + 1e-6)], max_lead=0.5)
     sched.tolerance = tolerance
     job = sched.next_job(now)
     assert (job.owner if job else None) == expected, rule
     if eligible_at is None:
         assert sched.next_eligible_at is None, rule
     else:
-        assert sched.next_eligible_at == pytest.approx(eligible_at, abs=1e-15), rule
+        assert sched.next_eligible_at == pytest.approx(eligible_at, abs=1e-12), rule
 
 
 @pytest.mark.parametrize(("rule", "cancel", "expected_next", "expected_len"), [
@@ -143,12 +143,23 @@ def test_finish_then_resubmit_same_owner() -> None:
     assert sched.next_job(0.0) is again
 
 
-def test_matches_a_brute_force_reference() -> None:
-    """Random submissions, finishes, cancels and deadline moves (later only, as listeners
-    gain audio): the heap gives the same answer as scanning every head."""
+def reference_rank(rank: Rank, job: Job, due: float, now: float) -> tuple[float, float]:
+    """Rules 2 and 2b written out plainly (``due``: the deadline, in the past when overdue)."""
+    if rank is Rank.STREAM_AGE and job.priority is IA and (job.steps or job.since is not None):
+        if due - now >= 0.4:  # protect_lead: holds enough, waits behind the short ones
+            return (2, due)
+        return (1, job.deadline if job.since is None else job.since)
+    return (0, due)
+
+
+@pytest.mark.parametrize("rank", list(Rank))
+def test_matches_a_brute_force_reference(rank: Rank) -> None:
+    """Random submissions, finishes, cancels, steps and deadline moves (later only, as
+    listeners gain audio): the heaps give the same answer as scanning every head."""
     rng = random.Random(7)
     deadlines: dict[int, float] = {}
-    sched = LaneScheduler(deadline_of=lambda j, now: deadlines[j.owner], max_lead=1.0)
+    sched = LaneScheduler(deadline_of=lambda j, now: deadlines[j.owner], max_lead=1.0,
+                          rank=rank)
     queues: dict[int, list[Job]] = {}
     now = 0.0
     for _ in range(3000):
@@ -156,7 +167,9 @@ def test_matches_a_brute_force_reference() -> None:
         op = rng.random()
         if op < 0.35:
             owner = rng.randrange(40)
-            job = Job(owner=owner, priority=Priority(rng.randrange(3)), deadline=now)
+            since = rng.choice([None, rng.random() * now])
+            job = Job(owner=owner, priority=Priority(rng.randrange(3)), deadline=now,
+                      since=since)
             deadlines.setdefault(owner, now + rng.random() * 2)
             sched.submit(job)
             queues.setdefault(owner, []).append(job)
@@ -164,17 +177,23 @@ def test_matches_a_brute_force_reference() -> None:
             owner = rng.choice(list(queues))
             assert sched.cancel(owner) == queues.pop(owner)
         got = sched.next_job(now)
-        heads = [(q[0].priority, deadlines[o], q[0].seq, q[0])
-                 for o, q in queues.items()]
-        eligible = [h for h in heads if h[1] - now <= 1.0]
+        heads = [(q[0].priority, reference_rank(rank, q[0], deadlines[o], now), q[0].seq,
+                  deadlines[o]) for o, q in queues.items()]
+        # background is held to max_lead only while interactive work is queued (rule 3)
+        shared = any(j.priority is IA for q in queues.values() for j in q)
+        paced = [h for h in heads if shared or h[0] is IA]
+        eligible = [h for h in heads if h[3] - now <= 1.0 or h not in paced]
         if not eligible:
             assert got is None
-            later = [h[1] - 1.0 for h in heads]
-            assert sched.next_eligible_at == (min(later) if later else None)
+            later = [h[3] - 1.0 for h in paced]
+            assert sched.next_eligible_at == pytest.approx(min(later)) if later else \
+                sched.next_eligible_at is None
             continue
         best = min(eligible, key=lambda h: h[:3])
         assert got is not None
-        assert (got.priority, deadlines[got.owner]) == best[:2]  # overdue too: earliest first
+        # overdue heads too: the most overdue first (deadlines do not slide with the clock)
+        assert (got.priority, reference_rank(rank, got, deadlines[got.owner], now)) == best[:2]
+        got.steps += 1
         if rng.random() < 0.5:  # the step produced the last chunk
             sched.finish(got)
             queues[got.owner].pop(0)
@@ -255,3 +274,111 @@ def test_overdue_heads_cost_a_few_questions_per_decision() -> None:
         deadlines[job.owner] += 1.0  # its step gave the listener a second of audio
     assert served == list(range(1000)) * 2  # most overdue first
     assert asked < 5 * 2000
+
+
+@pytest.mark.parametrize(("rule", "priority", "expected"), [
+    ("voice keeps the engine's own step", IA, None),
+    ("background work takes one codec frame per step", B, 80.0),
+    ("warm-up too", W, 80.0),
+])
+def test_step_size_per_class(rule, priority, expected) -> None:
+    assert step_ms(priority) == expected, rule
+
+
+# ---- rule 2b: playing listeners, oldest stream first ---------------------------------------
+
+
+def stream(owner: str, submitted: float, due: float, *, steps: int = 0,
+           since: float | None = None, priority: Priority = IA) -> tuple[Job, float]:
+    """A head job: submitted at ``submitted`` (its first-audio deadline), ``steps`` run so
+    far, its listener due at ``due``."""
+    return Job(owner=owner, priority=priority, deadline=submitted, steps=steps,
+               since=since), due
+
+
+@pytest.mark.parametrize(("rule", "heads", "now", "age", "edf"), [
+    ("first audio of a new stream goes first (due now)",
+     [stream("old", 0.0, 1.5, steps=3), stream("new", 1.0, 1.0)], 1.0, "new", "new"),
+    ("playing, short of protect_lead: the oldest stream first, whatever its deadline",
+     [stream("old", 0.0, 1.5, steps=3), stream("young", 1.0, 1.3, steps=1)], 1.2, "old",
+     "young"),
+    ("a playing stream holding protect_lead waits behind one short of it",
+     [stream("old", 0.0, 1.8, steps=3), stream("young", 1.0, 1.5, steps=1)], 1.2, "young",
+     "young"),
+    ("holding protect_lead or more: earliest deadline among them",
+     [stream("old", 0.0, 2.1, steps=3), stream("young", 1.0, 1.7, steps=1)], 1.2, "young",
+     "young"),
+    ("a later segment ranks by its stream's start",
+     [stream("seg2", 5.0, 5.3, since=0.0), stream("young", 1.0, 5.2, steps=2)], 5.0, "seg2",
+     "young"),
+    ("an old stream max_lead ahead yields to a younger one",
+     [stream("old", 0.0, 3.5, steps=9), stream("young", 1.0, 2.2, steps=1)], 2.0, "young",
+     "young"),
+    ("background stays earliest deadline first",
+     [stream("bg1", 0.0, 1.4, steps=5, priority=B), stream("bg2", 1.0, 1.1, steps=1,
+                                                           priority=B)], 1.0, "bg2", "bg2"),
+])
+def test_playing_listeners_oldest_stream_first(rule, heads, now, age, edf) -> None:
+    for rank, expected in ((Rank.STREAM_AGE, age), (Rank.DEADLINE, edf)):
+        dues = Deadlines()
+        sched = LaneScheduler(deadline_of=dues, max_lead=1.0, rank=rank)
+        for job, due in heads:
+            dues[job.owner] = due
+            sched.submit(job)
+        job = sched.next_job(now)
+        assert (job.owner if job else None) == expected, (rule, rank)
+
+
+def test_a_stream_turns_playing_after_its_first_step() -> None:
+    """Before its first step a job is first audio (by deadline); after it, it ranks by its
+    stream's start: behind an older playing stream (both short of ``protect_lead``) even
+    with an earlier deadline."""
+    dues = Deadlines(old=0.8, new=0.0)
+    sched = LaneScheduler(deadline_of=dues, max_lead=1.0)
+    sched.submit(Job(owner="old", priority=IA, deadline=0.0, steps=2))
+    new = Job(owner="new", priority=IA, deadline=0.5)
+    sched.submit(new)
+    assert sched.next_job(0.5) is new  # its first audio
+    new.steps += 1
+    dues["new"] = 0.7  # its listener now holds less than old's
+    assert sched.next_job(0.5).owner == "old"  # type: ignore[union-attr]
+
+
+# ---- rule 3 for background work: paced only while the lane is shared ----------------------
+
+
+@pytest.mark.parametrize(("rule", "jobs", "llm", "always", "expected", "eligible_at"), [
+    ("alone, a background job far ahead runs flat out", [("bg", B, 5.0)], 0, False, "bg",
+     None),
+    ("an LLM decoding: it is paced", [("bg", B, 5.0)], 1, False, None, 4.0),
+    ("interactive work queued (itself just in time): paced",
+     [("bg", B, 5.0), ("hub", IA, 3.0)], 0, False, None, 2.0),
+    ("pace_background_always: paced alone too", [("bg", B, 5.0)], 0, True, None, 4.0),
+    ("warm-up follows background", [("warm", W, 5.0)], 0, False, "warm", None),
+])
+def test_background_is_paced_only_while_the_lane_is_shared(rule, jobs, llm, always, expected,
+                                                          eligible_at) -> None:
+    sched, _ = make(jobs, max_lead=1.0, pace_background_always=always)
+    sched.llm_decoding = llm
+    job = sched.next_job(0.0)
+    assert (job.owner if job else None) == expected, rule
+    assert sched.next_eligible_at == eligible_at, rule
+
+
+def test_background_held_back_runs_once_the_interactive_turn_is_done() -> None:
+    sched, jobs = make([("hub", IA, 3.0), ("bg", B, 5.0)], max_lead=1.0)
+    assert sched.next_job(0.0) is None  # both ahead of their listeners
+    sched.finish(jobs["hub"])
+    assert sched.next_job(0.0) is jobs["bg"]  # alone again: flat out
+
+
+def test_a_comfortable_stream_becomes_protected_as_its_listener_plays() -> None:
+    """Above ``protect_lead`` the old stream waits behind a younger one short of it; as time
+    passes its lead drops below, and it is first again (no touch needed)."""
+    dues = Deadlines(old=1.0, young=0.5)
+    sched = LaneScheduler(deadline_of=dues, max_lead=1.0, protect_lead=0.4)
+    sched.submit(Job(owner="old", priority=IA, deadline=0.0, steps=4))
+    sched.submit(Job(owner="young", priority=IA, deadline=0.2, steps=1))
+    assert sched.next_job(0.3).owner == "young"  # type: ignore[union-attr]  # old holds 0.7
+    dues["young"] = 0.75  # young ran a step
+    assert sched.next_job(0.65).owner == "old"  # type: ignore[union-attr]  # old holds 0.35

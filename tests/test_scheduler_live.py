@@ -98,3 +98,33 @@ async def test_voice_turn_preempts_a_long_background_request(policy: str) -> Non
     else:
         assert log.index("bg-done") < hub  # the whole generation went first
         assert log[say:hub].count("bg") > total / 2
+
+
+async def test_the_lane_knows_while_an_llm_decodes(tmp_path) -> None:
+    """Scheduler rule 3 paces background work while this gateway's LLM decodes on the GPU:
+    the connection tells the lane when a reply's stream starts and ends (also on barge-in)."""
+    long_reply = " ".join(f"Sentence number {n} of a long reply." for n in range(1, 30))
+    replies = tmp_path / "replies.jsonl"
+    replies.write_text("".join(orjson.dumps(r).decode() + "\n" for r in (
+        {"transcript": "talk", "reply": long_reply}, {"transcript": "stop", "reply": "Fine."})))
+    gw = Gateway(load_config(server={"port": 0},
+                             llm={"replies": str(replies), "tokens_per_s": 40.0}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="gpu"))
+    await gw.start()
+    assert gw.lane.scheduler.llm_decoding == 0
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="talk")
+            while not isinstance(await ws.recv(), bytes):  # first audio: the reply still streams
+                pass
+            assert gw.lane.scheduler.llm_decoding == 1
+            await send(ws, type="transcript", text="stop")  # barge-in cancels the first stream
+            while True:
+                message = await ws.recv()
+                if isinstance(message, str) and orjson.loads(message)["type"] == "turn.done" \
+                        and orjson.loads(message)["status"] == "completed":
+                    break
+    finally:
+        await gw.aclose()  # every connection task has ended (their done callbacks ran)
+    assert gw.lane.scheduler.llm_decoding == 0

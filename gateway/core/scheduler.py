@@ -10,13 +10,37 @@ in order:
    deadline**, then arrival. Deadlines are dynamic: the scheduler asks
    ``deadline_of(job, now)`` (for a voice session: when its listener runs out of audio; a
    new turn's first audio is due now).
+2b. **Playing listeners short of audio, oldest stream first** (``Rank.STREAM_AGE``, the
+   default). Within the interactive class a stream's first audio still goes by deadline
+   (it is due now, so it runs first). A stream that plays and holds less than
+   ``protect_lead`` of audio ranks by when it started (``Job.since``; the first job's own
+   submission deadline when not given), oldest first; one that holds more ranks after
+   those, by deadline. While the LLM decodes, a TTS step runs at RTF ~0.97: the lane feeds
+   about one real-time stream, and earliest-deadline-first spread that shortage over every
+   playing listener (thousands of short underruns from three sessions up). Protecting the
+   oldest streams concentrates it on the newest; the ``protect_lead`` bound stops an old
+   stream from taking the lane to build lead it does not need while a young one runs dry.
+   ``Rank.DEADLINE`` is plain earliest deadline (bench/SCHEDULER.md compares them).
 3. **Just in time.** With ``max_lead`` set, a job whose deadline is more than ``max_lead``
    seconds away is not eligible: its listener has enough audio, and synthesizing further
    ahead only takes the device from everyone else (the LLM included). When nothing is
    eligible, ``next_job`` returns None and ``next_eligible_at`` says when to ask again
-   (new submissions also change the answer).
+   (new submissions also change the answer). Background and warm-up jobs are held to it
+   only while the lane is *shared*: an interactive job is queued or an LLM decodes
+   (``llm_decoding``, set by the I/O layer). Alone they run flat out (an app rendering a
+   file gets ~2x real time instead of real time), unless ``pace_background_always``.
 4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
    is marked cancelled and the lane drops it at the step boundary.
+
+**Step sizes.** A step in flight cannot be interrupted, so the step size of the work already
+on a lane bounds how long newly arrived interactive work waits for it. ``step_ms(priority)``
+is the audio per step a job of each class asks its engine for (``SynthesisRequest.step_ms``):
+background and warm-up jobs take the smallest step a streaming engine offers (80 ms, one
+Qwen3-TTS codec frame at 12.5 Hz), so a voice session's first audio waits at most ~40 ms of
+lane time behind them instead of ~140 ms; interactive jobs keep the engine's own step (320 ms
+for Qwen3-TTS): they only wait for each other, and every step carries a fixed overhead (one
+codec-decoder call and a host sync), so small steps for everything would cost capacity
+(bench/SCHEDULER.md: the assumption and its sensitivity).
 
 Policy ``fifo`` (``LanePolicy.FIFO``, the old TTS sidecar, kept as a baseline and a fallback)
 replaces rules 2 and 3: the owner that arrived first runs all its jobs to the end before any
@@ -24,15 +48,19 @@ other owner starts, including a job it submits before the lane asks for the next
 HTTP request's next segment, submitted from ``on_done``); priority, deadlines and
 ``max_lead`` are ignored. Rules 1 and 4 hold.
 
-Cost: each priority class keeps a heap of owner heads keyed by their last known deadline.
-Deadlines only move later while a job waits (its listener gains audio), and never with the
-clock alone: an overdue deadline stays in the past (``deadline_of`` must not return
-``max(now, ...)``, or every overdue head would be stale at every decision). So a
-stale key is never later than the true one and it suffices to refresh the top of a heap
-until it is fresh; overdue heads go most overdue first. A decision costs a few
-``deadline_of`` calls and O(log n), not one call per queued owner. A deadline that moves
-*earlier* (a playback report saying the client holds less than estimated) must be announced
-with ``touch(owner)``.
+Cost: each priority class keeps three heaps of owner heads: *ready* keyed by rank (rule
+2/2b) under the last known deadline, *comfortable* (playing, at least ``protect_lead``
+ahead, rule 2b) keyed by deadline, *waiting* (too far ahead, rule 3) keyed by when they
+become eligible. Deadlines only move later while a job waits (its listener gains audio),
+and never with the clock alone: an overdue deadline stays in the past (``deadline_of`` must
+not return ``max(now, ...)``, or every overdue head would be stale at every decision: at
+1,000 sessions that re-filed every head per step and the lane never caught up). A rank only
+moves later (a stream's first step makes it "playing"), so a stale key is never later than
+the true one and it suffices to refresh the top of a heap until it is fresh; overdue heads
+go most overdue first. A head moves between the heaps a
+bounded number of times per step it gets, so a decision costs a few ``deadline_of`` calls
+and O(log n), not one call per queued owner. A deadline that moves *earlier* (a playback
+report saying the client holds less than estimated) must be announced with ``touch(owner)``.
 """
 
 from __future__ import annotations
@@ -54,10 +82,31 @@ class LanePolicy(enum.StrEnum):
     """Whole generations, first come first served (the old sidecar)."""
 
 
+class Rank(enum.StrEnum):
+    STREAM_AGE = "stream_age"
+    """Interactive: first audio by deadline, then playing streams oldest first (rule 2b)."""
+    DEADLINE = "deadline"
+    """Earliest deadline first in every class."""
+
+
 class Priority(enum.IntEnum):
     INTERACTIVE = 0  # live voice sessions
     BACKGROUND = 1  # HTTP speech requests, `say` from other apps
     WARMUP = 2
+
+
+STEP_MS: dict[Priority, float | None] = {
+    Priority.INTERACTIVE: None,  # the engine's own step (Qwen3-TTS: 320 ms)
+    Priority.BACKGROUND: 80.0,
+    Priority.WARMUP: 80.0,
+}
+"""Audio per engine step for each class, in ms (None: the engine's default); see the module
+docstring, "Step sizes"."""
+
+
+def step_ms(priority: Priority) -> float | None:
+    """The step size a job of ``priority`` asks its engine for (``SynthesisRequest.step_ms``)."""
+    return STEP_MS[priority]
 
 
 @dataclass(slots=True, eq=False)
@@ -74,20 +123,30 @@ class Job:
     state: Any = None
     """What the lane keeps between steps (the engine stream)."""
     steps: int = 0
+    """Steps this job has run (the lane counts them)."""
+    since: float | None = None
+    """When the job's stream started (a turn's first segment), for rule 2b. Set it on every
+    job of a stream after the first; None: the stream starts with this job (then its
+    ``deadline`` at submission stands for the start)."""
 
 
 DeadlineOf = Callable[[Job, float], float]
 
-_UNKNOWN = -math.inf
-"""Heap key of a head whose deadline has not been asked yet: refreshed before anything else."""
+_EPSILON = 1e-9
+"""Seconds: ``deadline - now <= lead`` and ``deadline - lead <= now`` round differently; a
+timer set for ``next_eligible_at`` must find the job eligible when it fires."""
+
+_UNKNOWN = (-1, -math.inf)
+"""Ready-heap key of a head whose deadline has not been asked yet: refreshed first."""
 
 
 class _Entry:
-    """A heap entry: an owner's head job under its last known deadline."""
+    """A heap entry: an owner's head job under its last known rank (ready heap, a tuple
+    ``(tier, time)``) or eligibility time (waiting heap, ``(time,)``)."""
 
     __slots__ = ("key", "seq", "job", "live")
 
-    def __init__(self, key: float, job: Job):
+    def __init__(self, key: tuple[float, ...], job: Job):
         self.key = key
         self.seq = job.seq
         self.job = job
@@ -110,6 +169,16 @@ class LaneScheduler:
     ticks, spinning the event loop (measured: 12 empty decisions per step at 400 sessions)."""
     policy: LanePolicy = LanePolicy.SCHEDULER
     """Set before the first ``submit``; ``fifo`` keeps no heaps."""
+    rank: Rank = Rank.STREAM_AGE
+    protect_lead: float = 0.4
+    """Seconds (rule 2b): a playing listener holding less audio than this is fed oldest stream
+    first; one holding more waits behind them, earliest deadline first. About one 320 ms
+    step plus the jitter of the next one (bench/SCHEDULER.md: 0.2-0.7 s measured)."""
+    pace_background_always: bool = False
+    """True: ``max_lead`` holds background and warm-up jobs even when they are alone."""
+    llm_decoding: int = 0
+    """LLM streams decoding on this lane's device now (the I/O layer keeps it up to date;
+    background work is paced while it is non-zero: rule 3)."""
     next_eligible_at: float | None = None
     """Set by ``next_job`` when it returns None although jobs wait: when the earliest of them
     becomes eligible (None when nothing waits)."""
@@ -117,7 +186,12 @@ class LaneScheduler:
     _entries: dict[Hashable, _Entry] = field(default_factory=dict)
     _heaps: tuple[list[_Entry], ...] = field(
         default_factory=lambda: tuple([] for _ in Priority))
+    _comfortable: tuple[list[_Entry], ...] = field(
+        default_factory=lambda: tuple([] for _ in Priority))
+    _waiting: tuple[list[_Entry], ...] = field(
+        default_factory=lambda: tuple([] for _ in Priority))
     _size: int = 0
+    _interactive: int = 0
     _holder: Hashable = None
     _counter: itertools.count = field(default_factory=itertools.count)
 
@@ -132,6 +206,7 @@ class LaneScheduler:
         else:
             queue.append(job)
         self._size += 1
+        self._interactive += job.priority is Priority.INTERACTIVE
 
     def __len__(self) -> int:
         return self._size
@@ -147,6 +222,7 @@ class LaneScheduler:
             return
         queue.popleft()
         self._size -= 1
+        self._interactive -= job.priority is Priority.INTERACTIVE
         self._drop_entry(job.owner)
         if queue:
             self._push_head(queue[0])
@@ -160,6 +236,7 @@ class LaneScheduler:
             return []
         self._drop_entry(owner)
         self._size -= len(queue)
+        self._interactive -= sum(job.priority is Priority.INTERACTIVE for job in queue)
         for job in queue:
             job.cancelled = True
         return list(queue)
@@ -189,31 +266,91 @@ class LaneScheduler:
                 self._holder, queue = next(iter(self._queues.items()))
             return queue[0]
         wake = math.inf
-        for heap in self._heaps:
-            while heap:
-                entry = heap[0]
-                if not entry.live:
-                    heapq.heappop(heap)
-                    continue
-                job = entry.job
-                deadline = self.deadline_of(job, now) if self.deadline_of else job.deadline
-                if deadline > entry.key:
-                    # Stale: it waited under an earlier deadline. Re-file it and look again.
-                    fresh = _Entry(deadline, job)
-                    self._entries[job.owner] = fresh
-                    entry.live = False
-                    heapq.heapreplace(heap, fresh)
-                    continue
-                if deadline < entry.key:
-                    entry.key = deadline  # earlier, and at the top: the heap stays valid
-                if self.max_lead is None or deadline - now <= self.max_lead + self.tolerance:
+        shared = self._interactive > 0 or self.llm_decoding > 0
+        for priority in Priority:
+            ready, comfortable, waiting = (self._heaps[priority], self._comfortable[priority],
+                                           self._waiting[priority])
+            lead = self.max_lead
+            if priority is not Priority.INTERACTIVE and not (shared or
+                                                             self.pace_background_always):
+                lead = None  # alone on the lane: flat out (rule 3)
+            # Heads that may have become eligible (waiting) or short of audio (comfortable)
+            # are filed again. Stale keys are early, so this never misses one.
+            slack = _EPSILON + self.tolerance
+            while waiting and (lead is None or not waiting[0].live
+                               or waiting[0].key[0] <= now + slack):
+                self._refile(heapq.heappop(waiting), now, lead)
+            while comfortable and (not comfortable[0].live or comfortable[0].key[0]
+                                   - self.protect_lead <= now + _EPSILON):
+                self._refile(heapq.heappop(comfortable), now, lead)
+            for heap in (ready, comfortable):
+                while heap:
+                    entry = heap[0]
+                    if not entry.live:
+                        heapq.heappop(heap)
+                        continue
+                    job = entry.job
+                    target, key = self._place(job, now, self._deadline(job, now), lead)
+                    if target is not heap:
+                        # Too far ahead now (rule 3), or its lead crossed ``protect_lead``.
+                        entry.live = False
+                        heapq.heappop(heap)
+                        self._push(target, key, job)
+                        continue
+                    if key > entry.key:
+                        # Stale: it waited under an earlier rank. Re-file it and look again.
+                        fresh = _Entry(key, job)
+                        self._entries[job.owner] = fresh
+                        entry.live = False
+                        heapq.heapreplace(heap, fresh)
+                        continue
+                    if key < entry.key:
+                        entry.key = key  # earlier, and at the top: the heap stays valid
                     self.next_eligible_at = None
                     return job
-                # Every other head of this class is due no earlier: none is eligible.
-                wake = min(wake, deadline - self.max_lead)
+            while waiting:  # when the first waiting head becomes eligible
+                entry = waiting[0]
+                if not entry.live:
+                    heapq.heappop(waiting)
+                    continue
+                at = self._deadline(entry.job, now) - lead  # type: ignore[operator]
+                if at > entry.key[0]:
+                    fresh = _Entry((at,), entry.job)
+                    self._entries[entry.job.owner] = fresh
+                    entry.live = False
+                    heapq.heapreplace(waiting, fresh)
+                    continue
+                wake = min(wake, at)
                 break
         self.next_eligible_at = None if wake == math.inf else wake
         return None
+
+    def _deadline(self, job: Job, now: float) -> float:
+        return self.deadline_of(job, now) if self.deadline_of else job.deadline
+
+    def _place(self, job: Job, now: float, deadline: float, lead: float | None
+               ) -> tuple[list[_Entry], tuple[float, ...]]:
+        """Rules 2, 2b and 3: the heap a head belongs in now, and its key there."""
+        if lead is not None and deadline - now > lead + _EPSILON + self.tolerance:
+            return self._waiting[job.priority], (deadline - lead,)
+        if (self.rank is Rank.STREAM_AGE and job.priority is Priority.INTERACTIVE
+                and (job.steps or job.since is not None)):
+            if deadline - now >= self.protect_lead - _EPSILON:
+                return self._comfortable[job.priority], (deadline,)
+            return self._heaps[job.priority], (1, job.deadline if job.since is None
+                                               else job.since)
+        return self._heaps[job.priority], (0, deadline)
+
+    def _push(self, heap: list[_Entry], key: tuple[float, ...], job: Job) -> None:
+        entry = _Entry(key, job)
+        heapq.heappush(heap, entry)
+        self._entries[job.owner] = entry
+
+    def _refile(self, entry: _Entry, now: float, lead: float | None) -> None:
+        if entry.live:
+            entry.live = False
+            job = entry.job
+            self._push(*self._place(job, now, self._deadline(job, now), lead), job)
 
     def _push_head(self, job: Job) -> None:
         if self.policy is LanePolicy.FIFO:

@@ -87,6 +87,9 @@ class StartSynthesis:
     voice: str | None
     deadline: float
     """When the listener needs this segment's first audio (seconds, clock of ``now``)."""
+    since: float | None = None
+    """When the turn's first segment was ready, for every segment after the first: the lane
+    ranks playing streams oldest first (``gateway.core.scheduler``, rule 2b)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,8 +453,9 @@ class Session:
             turn.segments.append(_SegmentAudio(segment))
             if segment.spoken.strip():
                 deadline = now if segment.index == 0 else turn.pacer.deadline(now)
+                since = turn.t_first_segment if segment.index else None
                 effects.append(StartSynthesis(turn.id, segment.index, segment.spoken,
-                                              turn.settings.voice, deadline))
+                                              turn.settings.voice, deadline, since))
             else:  # nothing to say (an emoji, a lone list marker): no audio expected
                 turn.segments[-1].synthesized = True
         if segments:

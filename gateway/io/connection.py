@@ -29,7 +29,7 @@ from engines.base import EngineError, LlmDelta, LlmDone, LlmRequest, SynthesisRe
 from gateway.core import codec
 from gateway.core.codec import ProtocolError
 from gateway.core.outbox import Outbox
-from gateway.core.scheduler import Job, Priority
+from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.session import (
     CancelLlm,
     CancelSynthesis,
@@ -163,6 +163,7 @@ class SessionRunner:
             case StartLlm(turn_id=turn_id, request=request):
                 if not self.closed:
                     task = self.loop.create_task(self._run_llm(turn_id, request))
+                    self.gateway.lane.llm_started()  # ended in _llm_task_done
                     self._tasks.add(task)
                     self._llm_tasks[turn_id] = task
                     task.add_done_callback(self._llm_task_done)
@@ -171,11 +172,12 @@ class SessionRunner:
                 if task is not None:
                     task.cancel()
             case StartSynthesis():
-                request = SynthesisRequest(text=effect.text, voice=effect.voice)
+                request = SynthesisRequest(text=effect.text, voice=effect.voice,
+                                           step_ms=step_ms(Priority.INTERACTIVE))
                 self.gateway.lane.submit((self.session.id, effect.turn_id),
                                          SynthesisJob(request, self, effect.index),
                                          deadline=effect.deadline,
-                                         priority=Priority.INTERACTIVE)
+                                         priority=Priority.INTERACTIVE, since=effect.since)
             case CancelSynthesis(turn_id=turn_id):
                 self.gateway.lane.cancel((self.session.id, turn_id))
             case _:
@@ -183,6 +185,7 @@ class SessionRunner:
 
     def _llm_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self.gateway.lane.llm_ended()
         for turn_id, t in list(self._llm_tasks.items()):
             if t is task:
                 del self._llm_tasks[turn_id]

@@ -46,7 +46,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from engines.base import OUTPUT_RATE, SynthesisRequest
-from gateway.core.scheduler import Job, Priority
+from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import Segmenter
 from gateway.io.auth import token_ok, tokens_from
 from gateway.io.lanes import SynthesisJob
@@ -403,7 +403,8 @@ class SpeechApi:
             getattr(gw.engine, "instructions", False) else {}
         requests = [SynthesisRequest(text=s.spoken, voice=params.voice or gw.config.tts.voice,
                                      speed=params.speed, temperature=params.temperature,
-                                     seed=params.seed, options=options) for s in segments]
+                                     seed=params.seed, step_ms=step_ms(Priority.BACKGROUND),
+                                     options=options) for s in segments]
         stream = SpeechStream(gw, requests)
         stream.start()
         fmt, mode = params.response_format, params.mode

@@ -252,8 +252,10 @@ class Lane:
         return time.perf_counter() - started
 
     def submit(self, owner: Hashable, payload: SynthesisJob, *, deadline: float,
-               priority: Priority = Priority.INTERACTIVE) -> Job:
-        job = Job(owner=owner, priority=priority, deadline=deadline, payload=payload)
+               priority: Priority = Priority.INTERACTIVE, since: float | None = None) -> Job:
+        """``since``: when the owner's stream started (``Job.since``), for a later job of it."""
+        job = Job(owner=owner, priority=priority, deadline=deadline, payload=payload,
+                  since=since)
         self.scheduler.submit(job)
         if self.unhealthy is not None:
             # fail fast, but never inside the caller's own call (sinks are not re-entrant)
@@ -262,6 +264,19 @@ class Lane:
             self.observer.job_queued(self.name, job)
         self._wake.set()
         return job
+
+    def llm_started(self) -> None:
+        """An LLM stream of this gateway began decoding. On a ``gpu`` lane (the LLM shares the
+        device) background work is then paced just in time (scheduler rule 3)."""
+        if self.name == "gpu":
+            self.scheduler.llm_decoding += 1
+
+    def llm_ended(self) -> None:
+        """The LLM stream ended (done, failed or cancelled): background work may run flat
+        out again, so wake the lane."""
+        if self.name == "gpu" and self.scheduler.llm_decoding > 0:
+            self.scheduler.llm_decoding -= 1
+            self._wake.set()
 
     def touch(self, owner: Hashable) -> None:
         """``owner``'s deadline may have moved earlier (a playback mark): re-rank it and
