@@ -382,3 +382,15 @@ def test_a_comfortable_stream_becomes_protected_as_its_listener_plays() -> None:
     assert sched.next_job(0.3).owner == "young"  # type: ignore[union-attr]  # old holds 0.7
     dues["young"] = 0.75  # young ran a step
     assert sched.next_job(0.65).owner == "old"  # type: ignore[union-attr]  # old holds 0.35
+
+
+@pytest.mark.timeout(20)  # the bug was a livelock: fail, do not hang the suite
+@pytest.mark.parametrize("now", [0.6, 0.6 - 1e-10, 0.6 + 1e-10, 0.6 - 2e-9, 0.6 + 2e-9])
+def test_a_listener_exactly_at_protect_lead_is_decided_not_juggled(now) -> None:
+    """At ``deadline - now == protect_lead`` (within float error) the test that takes a head
+    out of the comfortable heap and the one that files it there must not both hold: they
+    did once, and the lane re-filed the same head forever (the loop froze at 400 sessions)."""
+    sched, jobs = make([("a", IA, 1.0)], protect_lead=0.4)
+    jobs["a"].steps = 1  # playing
+    assert sched.next_job(0.0) is jobs["a"]  # 1 s ahead: comfortable, and alone
+    assert sched.next_job(now) is jobs["a"]

@@ -50,17 +50,17 @@ HTTP request's next segment, submitted from ``on_done``); priority, deadlines an
 
 Cost: each priority class keeps three heaps of owner heads: *ready* keyed by rank (rule
 2/2b) under the last known deadline, *comfortable* (playing, at least ``protect_lead``
-ahead, rule 2b) keyed by deadline, *waiting* (too far ahead, rule 3) keyed by when they
-become eligible. Deadlines only move later while a job waits (its listener gains audio),
-and never with the clock alone: an overdue deadline stays in the past (``deadline_of`` must
-not return ``max(now, ...)``, or every overdue head would be stale at every decision: at
-1,000 sessions that re-filed every head per step and the lane never caught up). A rank only
-moves later (a stream's first step makes it "playing"), so a stale key is never later than
-the true one and it suffices to refresh the top of a heap until it is fresh; overdue heads
-go most overdue first. A head moves between the heaps a
-bounded number of times per step it gets, so a decision costs a few ``deadline_of`` calls
-and O(log n), not one call per queued owner. A deadline that moves *earlier* (a playback
-report saying the client holds less than estimated) must be announced with ``touch(owner)``.
+ahead, rule 2b) keyed by deadline, *waiting* (too far ahead, rule 3) keyed by deadline (the
+order in which they become eligible). Deadlines only move later while a job waits (its
+listener gains audio), and never with the clock alone: an overdue deadline stays in the past
+(``deadline_of`` must not return ``max(now, ...)``, or every overdue head would be stale at
+every decision: at 1,000 sessions that re-filed every head per step and the lane never
+caught up). A rank only moves later (a stream's first step makes it "playing"), so a stale
+key is never later than the true one and it suffices to refresh the top of a heap until it
+is fresh; overdue heads go most overdue first. A head moves between the heaps a bounded
+number of times per step it gets, so a decision costs a few ``deadline_of`` calls and O(log
+n), not one call per queued owner. A deadline that moves *earlier* (a playback report saying
+the client holds less than estimated) must be announced with ``touch(owner)``.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ _UNKNOWN = (-1, -math.inf)
 
 class _Entry:
     """A heap entry: an owner's head job under its last known rank (ready heap, a tuple
-    ``(tier, time)``) or eligibility time (waiting heap, ``(time,)``)."""
+    ``(tier, time)``) or deadline (comfortable and waiting heaps, ``(time,)``)."""
 
     __slots__ = ("key", "seq", "job", "live")
 
@@ -276,12 +276,13 @@ class LaneScheduler:
                 lead = None  # alone on the lane: flat out (rule 3)
             # Heads that may have become eligible (waiting) or short of audio (comfortable)
             # are filed again. Stale keys are early, so this never misses one.
-            slack = _EPSILON + self.tolerance
+            # The tests below are the exact negations of the ones ``_place`` files by (same
+            # expressions), so a head taken out is never filed straight back: no livelock.
             while waiting and (lead is None or not waiting[0].live
-                               or waiting[0].key[0] <= now + slack):
+                               or not self._too_far(waiting[0].key[0], now, lead)):
                 self._refile(heapq.heappop(waiting), now, lead)
-            while comfortable and (not comfortable[0].live or comfortable[0].key[0]
-                                   - self.protect_lead <= now + _EPSILON):
+            while comfortable and (not comfortable[0].live
+                                   or not self._comfortable_at(comfortable[0].key[0], now)):
                 self._refile(heapq.heappop(comfortable), now, lead)
             for heap in (ready, comfortable):
                 while heap:
@@ -313,14 +314,14 @@ class LaneScheduler:
                 if not entry.live:
                     heapq.heappop(waiting)
                     continue
-                at = self._deadline(entry.job, now) - lead  # type: ignore[operator]
-                if at > entry.key[0]:
-                    fresh = _Entry((at,), entry.job)
+                deadline = self._deadline(entry.job, now)
+                if deadline > entry.key[0]:
+                    fresh = _Entry((deadline,), entry.job)
                     self._entries[entry.job.owner] = fresh
                     entry.live = False
                     heapq.heapreplace(waiting, fresh)
                     continue
-                wake = min(wake, at)
+                wake = min(wake, deadline - lead)  # type: ignore[operator]
                 break
         self.next_eligible_at = None if wake == math.inf else wake
         return None
@@ -331,15 +332,23 @@ class LaneScheduler:
     def _place(self, job: Job, now: float, deadline: float, lead: float | None
                ) -> tuple[list[_Entry], tuple[float, ...]]:
         """Rules 2, 2b and 3: the heap a head belongs in now, and its key there."""
-        if lead is not None and deadline - now > lead + _EPSILON + self.tolerance:
-            return self._waiting[job.priority], (deadline - lead,)
+        if lead is not None and self._too_far(deadline, now, lead):
+            return self._waiting[job.priority], (deadline,)
         if (self.rank is Rank.STREAM_AGE and job.priority is Priority.INTERACTIVE
                 and (job.steps or job.since is not None)):
-            if deadline - now >= self.protect_lead - _EPSILON:
+            if self._comfortable_at(deadline, now):
                 return self._comfortable[job.priority], (deadline,)
             return self._heaps[job.priority], (1, job.deadline if job.since is None
                                                else job.since)
         return self._heaps[job.priority], (0, deadline)
+
+    def _too_far(self, deadline: float, now: float, lead: float) -> bool:
+        """Rule 3: more than ``lead`` ahead (within the clock's resolution: not)."""
+        return deadline - now > lead + _EPSILON + self.tolerance
+
+    def _comfortable_at(self, deadline: float, now: float) -> bool:
+        """Rule 2b: a playing listener holding at least ``protect_lead`` of audio."""
+        return deadline - now >= self.protect_lead - _EPSILON
 
     def _push(self, heap: list[_Entry], key: tuple[float, ...], job: Job) -> None:
         entry = _Entry(key, job)
