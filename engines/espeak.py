@@ -11,6 +11,21 @@ in tests). The gateway calls one engine from one lane thread only; this module g
 anyway with one process-wide lock around every library call, and initialises the library
 once per process (it is never terminated: another engine instance may still use it).
 
+Determinism: the same text and voice give the same bytes on every call, whatever ran before
+and however busy the machine is. libespeak-ng does not promise this by itself: two
+function-local statics in its ``wavegen.c`` outlive a synthesis and are reset by no API. The
+pitch-flutter phase (``Flutter_ix`` in ``AdvanceParameters``) shifts the pitch of every glottal
+cycle, and a voiced stretch runs on to the end of its cycle, so the phase left behind by the
+previous synthesis moved a sentence's length by up to a few pitch periods (~200 samples each;
+one 45-character sentence varied over 800 samples). ``cycle_count`` in ``Wavegen`` (the
+roughness modulation) changed the waveform without changing its length, and the breath noise
+of voices such as ``+f3`` comes from espeak's own random generator. Before every synthesis
+this module zeroes both counters, found by name in the library's ELF symbol table, and
+reseeds the generator with ``espeak_ng_SetRandSeed``. Where the symbols cannot be found (a
+stripped or non-ELF build) ``deterministic`` is False and the output varies as before.
+Klatt variants (``+klatt``...) keep further state of their own: their length is
+deterministic, their waveform is not.
+
 Streaming: espeak is about 700x faster than real time, so the first ``step()`` synthesises
 the whole segment (a sentence takes ~4 ms) and every step hands out ``step_ms`` of it. The
 synthesis checks the stream's ``closed`` flag at every buffer, so a ``close()`` from another
@@ -21,6 +36,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import struct
 import threading
 from collections import deque
 from pathlib import Path
@@ -45,6 +62,14 @@ _CHARS_UTF8 = 1
 _ENDPAUSE = 0x1000
 _RATE = 1  # espeak_PARAMETER espeakRATE
 _EE_OK = 0
+_N_FLUTTER = 0x170
+"""Entries in wavegen.c's flutter table; ``Flutter_ix`` counts 64 per entry and wraps."""
+_WAVEGEN_COUNTERS = {
+    "flutter": re.compile(r"(?:AdvanceParameters\.)?Flutter_ix(?:\.\d+)?"),
+    "cycles": re.compile(r"(?:Wavegen\.)?cycle_count(?:\.\d+)?"),
+}
+"""wavegen.c's function-local statics that carry over between syntheses, as compilers name
+them in the symbol table (gcc: ``Flutter_ix.5965``; clang: ``AdvanceParameters.Flutter_ix``)."""
 
 
 class _Voice(ctypes.Structure):
@@ -110,6 +135,20 @@ class _Library:
         self.variants = frozenset(
             p.name for p in (Path(data_path) / "voices" / "!v").iterdir() if p.is_file()
         )
+        self._counters = _find_counters(lib, espeakng_loader.get_library_path())
+        self._seed = getattr(lib, "espeak_ng_SetRandSeed", None)
+        if self._seed is not None:
+            self._seed.restype = ctypes.c_int
+            self._seed.argtypes = [ctypes.c_long]
+        self.deterministic = self._counters is not None and self._seed is not None
+
+    def reset(self) -> None:
+        """Put the state one synthesis leaves for the next back as it was at start-up."""
+        if self._counters is not None:
+            for counter in self._counters:
+                counter.value = 0
+        if self._seed is not None:
+            self._seed(0)
 
     @classmethod
     def get(cls) -> _Library:
@@ -147,6 +186,54 @@ class _Library:
                 names.setdefault(c, ident)
             i += 1
         return names
+
+
+def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctypes.c_int] | None:
+    """wavegen.c's carried-over counters as ints in the loaded library, or None if this build
+    does not name them (stripped, not ELF) or they do not look like those counters."""
+    try:
+        symbols = _elf_symbols(Path(path).read_bytes())
+    except (OSError, ValueError, struct.error):
+        return None
+    synth = symbols.get("espeak_Synth")
+    if synth is None:
+        return None
+    base = ctypes.cast(lib.espeak_Synth, ctypes.c_void_p).value - synth[0]
+    if base % 4096:
+        return None  # the symbol table is not the one of the mapped file
+    counters = []
+    for pattern in _WAVEGEN_COUNTERS.values():
+        found = [v for name, v in symbols.items() if pattern.fullmatch(name)]
+        if len(found) != 1 or found[0][1] != ctypes.sizeof(ctypes.c_int):
+            return None
+        counters.append(ctypes.c_int.from_address(base + found[0][0]))
+    flutter, cycles = counters
+    if not (0 <= flutter.value < _N_FLUTTER * 64 and flutter.value % 64 == 0 and cycles.value >= 0):
+        return None
+    return counters
+
+
+def _elf_symbols(image: bytes) -> dict[str, tuple[int, int]]:
+    """Data objects of a 64-bit little-endian ELF's ``.symtab``: name → (value, size)."""
+    if image[:4] != b"\x7fELF" or image[4] != 2 or image[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", image, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", image, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize)
+                for i in range(shnum)]
+    symbols: dict[str, tuple[int, int]] = {}
+    for _name, kind, _flags, _addr, offset, size, link, _info, _align, entsize in sections:
+        if kind != 2 or not entsize:  # SHT_SYMTAB
+            continue
+        strtab = sections[link][4]
+        for at in range(offset, offset + size, entsize):
+            st_name, st_info, _other, _shndx, value, st_size = struct.unpack_from(
+                "<IBBHQQ", image, at)
+            if st_info & 0xF not in (1, 2):  # STT_OBJECT, STT_FUNC
+                continue
+            end = image.index(b"\0", strtab + st_name)
+            symbols[image[strtab + st_name:end].decode("ascii", "replace")] = (value, st_size)
+    return symbols
 
 
 class _Synthesis:
@@ -187,6 +274,12 @@ class EspeakEngine:
         self._closed = False
         self._streams: set[EspeakStream] = set()
         self._streams_lock = threading.Lock()
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether one text and voice give the same bytes on every call (see the module doc)."""
+        with _Library.lock:
+            return _Library.get().deterministic
 
     def voices(self) -> list[str]:
         with _Library.lock:
@@ -316,6 +409,7 @@ class EspeakStream:
             if lib.lib.espeak_SetVoiceByName(self._voice) != _EE_OK:
                 raise EngineError("unknown_voice", f"espeak refused voice {self._voice!r}")
             lib.lib.espeak_SetParameter(_RATE, self._rate, 0)
+            lib.reset()
             lib.sink = sink
             try:
                 err = lib.lib.espeak_Synth(

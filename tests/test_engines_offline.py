@@ -3,6 +3,7 @@ specific to each engine."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -215,6 +216,76 @@ def test_espeak_speed_changes_duration() -> None:
     slow = len(b"".join(_run(engine.open(SynthesisRequest(text=text, speed=0.75)))))
     fast = len(b"".join(_run(engine.open(SynthesisRequest(text=text, speed=1.5)))))
     assert fast < slow * 0.7
+
+
+DETERMINISM_CASES = [
+    SynthesisRequest(text="It speaks a second sentence, a little longer."),
+    SynthesisRequest(text="Two meetings. The first is at ten.", voice="en-us+f3"),  # breath noise
+    SynthesisRequest(text="Bonjour, il est neuf heures.", voice="fr", speed=1.3),
+]
+
+
+def _other_lane(stop: threading.Event, done: threading.Semaphore) -> None:
+    """Another engine on another thread: varied texts, every third one closed mid-synthesis
+    (as a cancel does), releasing ``done`` after each."""
+    engine = espeak.EspeakEngine(voice="en-gb", step_ms=50)
+    engine.load()
+    i = 0
+    while not stop.is_set():
+        i += 1
+        text = f"Other lane, turn number {i}. " * (1 + i % 4)
+        stream = engine.open(SynthesisRequest(text=text))
+        if i % 3 == 0:
+            push, pushes = stream._push, [0]
+
+            def push_then_close(samples, push=push, pushes=pushes, stream=stream, at=1 + i % 5):
+                push(samples)
+                pushes[0] += 1
+                if pushes[0] == at:
+                    stream.close()
+
+            stream._push = push_then_close
+        _run(stream)
+        done.release()
+    engine.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the counters are found in ELF symbols")
+def test_espeak_same_text_same_bytes_whatever_ran_before_or_alongside() -> None:
+    engine = espeak.EspeakEngine()
+    assert engine.deterministic
+    engine.load()
+    first = [b"".join(_run(engine.open(r))) for r in DETERMINISM_CASES]
+    klatt = SynthesisRequest(text="Klatt keeps its own filter state.", voice="en-gb+klatt")
+    klatt_len = len(b"".join(_run(engine.open(klatt))))
+    stop, done = threading.Event(), threading.Semaphore(0)
+    other = threading.Thread(target=_other_lane, args=(stop, done))
+    other.start()
+    try:
+        for round_ in range(12):
+            for request, expected in zip(DETERMINISM_CASES, first, strict=True):
+                assert done.acquire(timeout=30)  # the other lane synthesised since our last call
+                assert b"".join(_run(engine.open(request))) == expected, (round_, request)
+            assert len(b"".join(_run(engine.open(klatt)))) == klatt_len  # length only
+    finally:
+        stop.set()
+        other.join(30)
+    assert not other.is_alive()
+
+
+def test_espeak_without_the_reset_history_moves_a_sentences_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Why the reset exists: libespeak-ng's flutter phase outlives a synthesis."""
+    engine = espeak.EspeakEngine()
+    engine.load()
+    monkeypatch.setattr(espeak._Library, "reset", lambda self: None)
+    request = DETERMINISM_CASES[0]
+    lengths = set()
+    for i in range(8):
+        _run(engine.open(SynthesisRequest(text="A different history. " * (1 + i))))
+        lengths.add(len(b"".join(_run(engine.open(request)))))
+    assert len(lengths) > 1
 
 
 def test_espeak_two_engines_on_two_threads_do_not_crash_the_process() -> None:
