@@ -233,6 +233,19 @@ async def relay(gateway):
         await r.aclose()
 
 
+ESPEAK_SPREAD = 1200
+"""Samples (50 ms): how much one sentence's length may vary between espeak runs where the
+engine cannot reset libespeak-ng's carried-over pitch state (``deterministic`` False: a
+non-ELF build such as macOS). Measured on Linux without the reset: up to 812 samples, in
+steps of a pitch period (engines/espeak.py)."""
+
+
+def length_tolerance(gateway, exact: int, rate_ratio: float = 1.0) -> float:
+    """Samples two runs of one sentence may differ by: ``exact`` where the espeak engine is
+    deterministic, ``ESPEAK_SPREAD`` (at the compared rate) where it is not."""
+    return exact if gateway.engine.deterministic else ESPEAK_SPREAD * rate_ratio
+
+
 async def direct_turn(gateway, text):
     async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
         await recv_event(ws, "session.created")
@@ -296,9 +309,12 @@ async def test_opus_watch_hears_what_a_direct_client_hears(gateway, relay):
         assert n == pytest.approx(done["audio_ms"] * 24, abs=24)
         gateway_samples += n
         pad = ps + (-(n + ps)) % 480
-        # espeak gives the same bytes for the same text on every call (engines/espeak.py), so
-        # the gateway sent this session exactly what it sent the direct client
-        assert np.array_equal(upstream[index], direct_sentences[index])
+        if gateway.engine.deterministic:
+            # espeak gives the same bytes for the same text on every call (engines/espeak.py),
+            # so the gateway sent this session exactly what it sent the direct client
+            assert np.array_equal(upstream[index], direct_sentences[index])
+        else:
+            assert abs(n - len(direct_sentences[index])) <= ESPEAK_SPREAD
         # the watch hears the sentence plus its padding (the turn's pre_skip dropped once)
         assert len(sentences[index]) == n + pad - (ps if index == 0 else 0)
         # the very PCM the gateway sent this session: Opus keeps the waveform
@@ -322,7 +338,8 @@ async def test_pcm16k_chosen_by_first_message(gateway, relay):
     _total, sentences = decode(created["audio"], [
         HEADER.pack(1, f.flags, f.sentence, f.turn_id, f.seq) + f.pcm for f in watch.frames])
     for index, pcm in direct_sentences.items():
-        assert abs(len(sentences[index]) - len(pcm) * 2 / 3) <= 1  # soxr, flushed per sentence
+        # soxr, flushed per sentence: one sample of rounding
+        assert abs(len(sentences[index]) - len(pcm) * 2 / 3) <= length_tolerance(gateway, 1, 2 / 3)
         reference = soxr.resample(pcm, 24_000, 16_000)
         assert local_similarity(reference, sentences[index], 640, 320) > 0.75
 
@@ -374,7 +391,7 @@ async def test_dropped_gateway_socket_is_resumed_without_the_watch_noticing(gate
     _t, sentences = decode(created["audio"], [
         HEADER.pack(1, f.flags, f.sentence, f.turn_id, f.seq) + f.pcm for f in watch.frames])
     for index, pcm in direct_sentences.items():
-        assert abs(len(sentences[index]) - len(pcm) * 2 / 3) <= 1  # soxr, flushed per sentence
+        assert abs(len(sentences[index]) - len(pcm) * 2 / 3) <= length_tolerance(gateway, 1, 2 / 3)
 
 
 async def test_unknown_format_is_refused(relay):
