@@ -140,20 +140,29 @@ _UNKNOWN = (-1, -math.inf)
 """Ready-heap key of a head whose deadline has not been asked yet: refreshed first."""
 
 
-class _Entry:
-    """A heap entry: an owner's head job under its last known rank (ready heap, a tuple
-    ``(tier, time)``) or deadline (comfortable and waiting heaps, ``(time,)``)."""
+class _Entry(list):
+    """A heap entry: ``[key, seq]`` for an owner's head job, under its last known rank
+    (ready heap, a tuple ``(tier, time)``) or deadline (comfortable and waiting heaps,
+    ``(time,)``); ``seq`` breaks ties by arrival.
 
-    __slots__ = ("key", "seq", "job", "live")
+    A list, so that heapq compares entries in C (list, then tuple, then int comparison)
+    instead of calling a Python ``__lt__``: the heaps make ~10 comparisons per decision
+    and a decision runs for every engine step."""
+
+    __slots__ = ("job", "live")
 
     def __init__(self, key: tuple[float, ...], job: Job):
-        self.key = key
-        self.seq = job.seq
+        super().__init__((key, job.seq))
         self.job = job
         self.live = True
 
-    def __lt__(self, other: _Entry) -> bool:
-        return (self.key, self.seq) < (other.key, other.seq)
+    @property
+    def key(self) -> tuple[float, ...]:
+        return self[0]
+
+    @key.setter
+    def key(self, value: tuple[float, ...]) -> None:
+        self[0] = value
 
 
 @dataclass(slots=True)
