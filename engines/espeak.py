@@ -20,7 +20,8 @@ previous synthesis moved a sentence's length by up to a few pitch periods (~200 
 one 45-character sentence varied over 800 samples). ``cycle_count`` in ``Wavegen`` (the
 roughness modulation) changed the waveform without changing its length, and the breath noise
 of voices such as ``+f3`` comes from espeak's own random generator. Before every synthesis
-this module zeroes both counters, found by name in the library's ELF symbol table, and
+this module zeroes both counters, found by name in the library's ELF symbol table (read
+with pyelftools, a dependency on Linux only), and
 reseeds the generator with ``espeak_ng_SetRandSeed``. Where the symbols cannot be found (a
 stripped or non-ELF build) ``deterministic`` is False and the output varies as before.
 Klatt variants (``+klatt``...) keep further state of their own: their length is
@@ -37,7 +38,6 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-import struct
 import threading
 from collections import deque
 from pathlib import Path
@@ -192,8 +192,8 @@ def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctype
     """wavegen.c's carried-over counters as ints in the loaded library, or None if this build
     does not name them (stripped, not ELF) or they do not look like those counters."""
     try:
-        symbols = _elf_symbols(Path(path).read_bytes())
-    except (OSError, ValueError, struct.error):
+        symbols = _elf_symbols(path)
+    except (ImportError, OSError, ValueError):  # ImportError: pyelftools (Linux only) absent
         return None
     synth = symbols.get("espeak_Synth")
     if synth is None:
@@ -213,27 +213,22 @@ def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctype
     return counters
 
 
-def _elf_symbols(image: bytes) -> dict[str, tuple[int, int]]:
-    """Data objects of a 64-bit little-endian ELF's ``.symtab``: name → (value, size)."""
-    if image[:4] != b"\x7fELF" or image[4] != 2 or image[5] != 1:
-        raise ValueError("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", image, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", image, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize)
-                for i in range(shnum)]
-    symbols: dict[str, tuple[int, int]] = {}
-    for _name, kind, _flags, _addr, offset, size, link, _info, _align, entsize in sections:
-        if kind != 2 or not entsize:  # SHT_SYMTAB
-            continue
-        strtab = sections[link][4]
-        for at in range(offset, offset + size, entsize):
-            st_name, st_info, _other, _shndx, value, st_size = struct.unpack_from(
-                "<IBBHQQ", image, at)
-            if st_info & 0xF not in (1, 2):  # STT_OBJECT, STT_FUNC
-                continue
-            end = image.index(b"\0", strtab + st_name)
-            symbols[image[strtab + st_name:end].decode("ascii", "replace")] = (value, st_size)
-    return symbols
+def _elf_symbols(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]]:
+    """Data objects and functions of an ELF file's ``.symtab``: name → (value, size)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    try:
+        with open(path, "rb") as f:
+            symtab = ELFFile(f).get_section_by_name(".symtab")
+            if not isinstance(symtab, SymbolTableSection):
+                return {}
+            return {sym.name: (sym["st_value"], sym["st_size"])
+                    for sym in symtab.iter_symbols()
+                    if sym["st_info"]["type"] in ("STT_OBJECT", "STT_FUNC")}
+    except ELFError as exc:  # not ELF (macOS), or damaged: no reset
+        raise ValueError(str(exc)) from exc
 
 
 class _Synthesis:
