@@ -76,3 +76,28 @@ async def test_loop_lag_monitor_sees_a_blocked_loop():
     finally:
         await monitor.aclose()
     assert monitor._task is None
+
+
+async def test_cancel_and_wait_swallows_the_tasks_cancellation_not_the_callers():
+    from gateway.io.aio import cancel_and_wait
+
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(forever())
+    await started.wait()
+    await cancel_and_wait(task)
+    assert task.cancelled()
+    await cancel_and_wait(task)  # done already: a no-op
+    await cancel_and_wait(None)
+
+    inner = asyncio.ensure_future(forever())
+    waiter = asyncio.ensure_future(cancel_and_wait(inner))
+    await started.wait()
+    await asyncio.sleep(0)  # the waiter is awaiting inner now
+    waiter.cancel()          # the caller itself is cancelled while it waits
+    with pytest.raises(asyncio.CancelledError):
+        await waiter

@@ -33,6 +33,7 @@ from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.scheduler import LanePolicy
 from gateway.core.session import Session, SessionLimits, SessionSettings
+from gateway.io.aio import cancel_and_wait
 from gateway.io.auth import check_token, install_redaction, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
 from gateway.io.http_api import HttpServer, models_body
@@ -173,12 +174,7 @@ class Gateway:
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
-        if self._lane_task is not None:
-            self._lane_task.cancel()
-            try:
-                await self._lane_task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._lane_task)
         for runner in list(self.runners.values()):
             runner.close()
         await self.lane.aclose()

@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from engines.base import OUTPUT_RATE
 from gateway.core.scheduler import Job
+from gateway.io.aio import cancel_and_wait
 
 if TYPE_CHECKING:
     from gateway.io.server import Gateway
@@ -133,12 +134,7 @@ class LlmProbe:
             self.checked_at = time.monotonic()
 
     async def aclose(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     def status(self) -> dict[str, Any]:
         age = None if self.checked_at is None else round(time.monotonic() - self.checked_at, 1)
@@ -201,13 +197,8 @@ class LoopLagMonitor:
                                        * 1000.0, 1)}
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
 
 class Telemetry:
