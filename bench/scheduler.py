@@ -178,22 +178,34 @@ class Turn:
         self.chunks.append((seg, now, dur))
         self.play_end = (now if self.play_end is None else max(self.play_end, now)) + dur
 
-    def metrics(self) -> tuple[float | None, int, float]:
+    def metrics(self, client_buffer_s: float = 0.0
+                ) -> tuple[float | None, int, float, int, float]:
         """(TTFA from the first segment's submission, underruns caused by synthesis, seconds
-        the listener waited in them). A gap counts only when the segment's text was there
-        before the listener ran out (a slow LLM is not the lane's fault)."""
+        the listener waited in them, sentence gaps, seconds waited in those). A wait counts
+        only when the segment's text was there before the listener ran out (a slow LLM is not
+        the lane's fault). An *underrun* is the issue's "a listener waiting for audio
+        mid-sentence": the wait comes before a chunk that is not its sentence's first. A wait
+        before a sentence's first chunk is a *gap* (a longer pause between sentences). The
+        listener starts playing ``client_buffer_s`` after the first chunk arrives (the
+        protocol asks clients for 100-200 ms; 0 is the strictest listener)."""
         if not self.chunks:
-            return None, 0, 0.0
+            return None, 0, 0.0, 0, 0.0
         first = self.segments[0]
         ttfa = min(t for s, t, _ in self.chunks if s == 0) - first.submitted
-        play_end, underruns, stalled = None, 0, 0.0
+        play_end, underruns, stalled, gaps, gap_s = None, 0, 0.0, 0, 0.0
+        previous = None
         for seg, t, dur in sorted(self.chunks, key=lambda c: (c[0], c[1])):
             seg_submitted = self.segments[seg].submitted
             if play_end is not None and t > play_end + 1e-9 and seg_submitted <= play_end:
-                underruns += 1
-                stalled += t - play_end
-            play_end = (t if play_end is None else max(play_end, t)) + dur
-        return ttfa, underruns, stalled
+                if seg == previous:
+                    underruns += 1
+                    stalled += t - play_end
+                else:
+                    gaps += 1
+                    gap_s += t - play_end
+            play_end = (t + client_buffer_s if play_end is None else max(play_end, t)) + dur
+            previous = seg
+        return ttfa, underruns, stalled, gaps, gap_s
 
 
 @dataclass(eq=False)
@@ -499,12 +511,13 @@ def hub_session(sim: Sim, policy: Any, turns: list[Turn], until: float, step_s: 
     sim.at(sim.now + rng.uniform(0.0, 4.0), start_turn)
 
 
-def summarize(turns: list[Turn]) -> dict[str, Any]:
-    ms = [t.metrics() for t in turns]
+def summarize(turns: list[Turn], client_buffer_s: float = 0.0) -> dict[str, Any]:
+    ms = [t.metrics(client_buffer_s) for t in turns]
     ttfa = [m[0] * 1e3 for m in ms if m[0] is not None]
     return {"turns": len(ttfa), "ttfa_p50_ms": pct(ttfa, 0.5), "ttfa_p90_ms": pct(ttfa, 0.9),
             "underruns": sum(m[1] for m in ms), "stall_s": sum(m[2] for m in ms),
-            "turns_with_underrun": sum(1 for m in ms if m[1])}
+            "turns_with_underrun": sum(1 for m in ms if m[1]),
+            "sentence_gaps": sum(m[3] for m in ms), "gap_s": sum(m[4] for m in ms)}
 
 
 def scenario_shared(model: Model, seed: int, duration: float, policy_name: str
@@ -552,6 +565,8 @@ def scenario_ramp(model: Model, seed: int, duration: float, policy_name: str,
         hub_session(sim, policy, turns, duration, model.step_audio_s, llm=True)
     sim.run(duration)
     out = summarize(turns)
+    for ms in (100, 200):  # the same run, heard by clients that buffer as protocol.md asks
+        out[f"underruns_client_buffer_{ms}ms"] = summarize(turns, ms / 1000)["underruns"]
     out["lane_load"] = policy.lane_busy_s() / duration
     out["llm_tok_s"] = (model.llm_tok_s * sim.llm_work_s / sim.llm_busy_s
                         if sim.llm_busy_s else None)
@@ -669,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n3./4. ramp ({duration:.0f} s each): sessions with LLM replies")
     print(f"   {'policy':11} {'n':>2} {'load':>5} {'ttfa p50':>9} {'ttfa p90':>9} "
-          f"{'underruns':>9} {'stall s':>7} {'turns':>5} {'llm tok/s':>9} {'ane':>5}")
+          f"{'underruns':>9} {'stall s':>7} {'u@100':>6} {'u@200':>6} {'gaps':>5} {'gap s':>6} "
+          f"{'turns':>5} {'llm tok/s':>9} {'ane':>5}")
     res["ramp"] = {}
     for name in ("fifo", "naive", "sched-edf", "scheduler", "sched+ane"):
         rows = []
@@ -680,7 +696,9 @@ def main(argv: list[str] | None = None) -> int:
             ane = f"{r['ane_share']:5.0%}" if "ane_share" in r else "    -"
             print(f"   {name:11} {n:2d} {r['lane_load']:5.0%} {r['ttfa_p50_ms']:9.0f} "
                   f"{r['ttfa_p90_ms']:9.0f} {r['underruns']:9d} {r['stall_s']:7.1f} "
-                  f"{r['turns']:5d} "
+                  f"{r['underruns_client_buffer_100ms']:6d} "
+                  f"{r['underruns_client_buffer_200ms']:6d} "
+                  f"{r['sentence_gaps']:5d} {r['gap_s']:6.1f} {r['turns']:5d} "
                   f"{r['llm_tok_s'] or 0:9.1f} {ane}")
         res["ramp"][name] = rows
 
