@@ -4,8 +4,12 @@
     python bench/capacity.py stream [--targets gateway fastapi pipecat] [--ramp 50 100 200 ...]
                                     [--seconds 15] [--clients 1] [--json OUT]
 
-Every server runs in its own process (the gateway: bench/capacity_server.py, the synthetic
-engine at zero cost; the peers: bench/peers/*.py in their own venvs); its CPU time
+Every server runs in its own process (the gateway: bench/capacity_server.py with this
+interpreter, the synthetic engine at zero cost; the peers: bench/peers/*.py in their own
+venvs under ``$PEER_VENVS``, default /work/peer-venvs, made once with
+``python -m venv $PEER_VENVS/fastapi`` + ``pip install fastapi uvicorn uvloop websockets
+numpy`` and ``python -m venv $PEER_VENVS/pipecat`` + ``pip install pipecat-ai==1.14.0
+fastapi uvicorn numpy``, each with its venv's pip); its CPU time
 (utime+stime) and resident memory are read from /proc/<pid>. The load comes from
 ``--clients`` separate client processes: a lean raw-socket WebSocket client (asyncio
 protocol under uvloop, no library per message) so that the client costs less than the
@@ -53,10 +57,11 @@ FRAME_MS = 40
 MAX_LATENESS_MS = 40.0
 MIN_REALTIME_SHARE = 0.99
 
+PEER_VENVS = Path(os.environ.get("PEER_VENVS", "/work/peer-venvs"))
 PYTHONS = {
-    "gateway": "/work/venv/bin/python",
-    "fastapi": "/work/peer-venvs/fastapi/bin/python",
-    "pipecat": "/work/peer-venvs/pipecat/bin/python",
+    "gateway": sys.executable,  # the gateway runs in this project's own environment
+    "fastapi": str(PEER_VENVS / "fastapi" / "bin" / "python"),
+    "pipecat": str(PEER_VENVS / "pipecat" / "bin" / "python"),
 }
 SCRIPTS = {
     "gateway": ROOT / "bench" / "capacity_server.py",

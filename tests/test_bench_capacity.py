@@ -1,0 +1,46 @@
+"""bench/capacity.py: the loop-lag arithmetic it reports, and one tiny real run of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import capacity
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    (None, {0.1: 5.0}, {}),                      # a peer: no probe
+    ({0.001: 3.0, 0.04: 3.0, float("inf"): 3.0},
+     {0.001: 3.0, 0.04: 3.0, float("inf"): 3.0}, {}),   # no wake-up in the window
+    ({}, {0.001: 90.0, 0.002: 99.0, 0.04: 100.0, 0.08: 100.0, float("inf"): 100.0},
+     {"loop_wakeups": 100, "loop_late_40ms": 0, "loop_lag_p99_le_ms": 2.0,
+      "loop_lag_max_le_ms": 40.0}),
+    ({0.001: 10.0, 0.04: 10.0, 0.08: 10.0, float("inf"): 10.0},   # only the window counts
+     {0.001: 10.0, 0.04: 105.0, 0.08: 109.0, float("inf"): 110.0},
+     {"loop_wakeups": 100, "loop_late_40ms": 5, "loop_lag_p99_le_ms": 80.0,
+      "loop_lag_max_le_ms": float("inf")}),
+])
+def test_loop_lag_summary(before, after, expected):
+    assert capacity.loop_lag_summary(before, after) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
+def test_a_small_streaming_step_runs_and_passes(tmp_path):
+    """The real bench, end to end: the gateway in its own process, a client process, /proc
+    CPU and RSS, the loop-lag scrape. Pass is not asserted on speed, only that 5 sessions
+    streamed and every figure the tables print is there."""
+    out = tmp_path / "cap.json"
+    subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
+                    "--targets", "gateway", "--ramp", "5", "--seconds", "1.5", "--warmup", "0.5",
+                    "--json", str(out)], check=True, timeout=240, cwd=ROOT)
+    (row,) = json.loads(out.read_text())["results"]["gateway"]
+    assert row["connected"] == row["streaming"] == 5 and row["errors"] == 0
+    assert row["frames"] > 0 and row["cpu_s_per_1000_frames"] is not None
+    assert row["loop_wakeups"] > 0 and "realtime_share" in row
