@@ -395,7 +395,9 @@ def show_first_phrases(replies: list[str], seed: int, words: int, n: int = 10) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", default=str(ROOT / "tests/data/segmentation.jsonl"))
-    ap.add_argument("--replies", default="/work/shared/data/replay.jsonl",
+    shared = Path("/work/shared/data/replay.jsonl")  # the hub's examples, where present
+    ap.add_argument("--replies", default=str(shared if shared.exists() else
+                                             ROOT / "engines" / "data" / "replies.jsonl"),
                     help="JSONL with a 'reply' field per line (the replay set)")
     ap.add_argument("--chunkings", type=int, default=3, help="random chunkings per reply")
     ap.add_argument("--seed", type=int, default=0)
