@@ -7,7 +7,7 @@ synthetic sessions behave, for the scheduler and the pacer, like a lane full of 
 sessions, on a machine without the model.
 
 Timing model (defaults: Qwen3-TTS 0.6B bf16 on an idle M5 Max, from
-``shared/data/calibration.json`` → ``tts.qwen3_0.6b_bf16.idle``):
+``bench/data/calibration.json`` → ``tts.qwen3_0.6b_bf16.idle``):
 
 * audio length = ``len(text) / chars_per_second / speed`` seconds, with
   ``chars_per_second = 14`` (about 150 words per minute of English prose), at least one
