@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.tiny_models.bpe import write_bpe_tokenizer
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 CHATML_TEMPLATE = (
@@ -35,37 +37,13 @@ def build_tiny_llama(directory: str | Path, *, vocab_size: int = 512, seed: int 
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tokenizer.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": None,
-                "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>",
-                "unk_token": None,
-                "model_max_length": 512,
-                "clean_up_tokenization_spaces": False,
-                "chat_template": CHATML_TEMPLATE,
-            },
-            indent=2,
-        )
-    )
+    tokenizer = write_bpe_tokenizer(
+        out, _CORPUS, SPECIAL_TOKENS, vocab_size, model_max_length=512,
+        clean_up_tokenization_spaces=False, chat_template=CHATML_TEMPLATE)
 
     config = {
         "model_type": "llama",

@@ -20,6 +20,8 @@ from typing import Literal
 
 import numpy as np
 
+from tests.tiny_models.bpe import write_bpe_tokenizer
+
 Kind = Literal["custom_voice", "base"]
 
 SPEAKERS = {"aria": 3000, "bram": 3001}
@@ -42,34 +44,9 @@ _CORPUS = [
 
 
 def _write_tokenizer(out: Path) -> dict[str, int]:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=_SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tok.save(str(out / "tokenizer.json"))
-    ids = {s: tok.token_to_id(s) for s in _SPECIALS}
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": None,
-                "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>",
-                "unk_token": None,
-                "model_max_length": 4096,
-                "additional_special_tokens": _SPECIALS[3:],
-            }
-        )
-    )
-    return ids
+    tok = write_bpe_tokenizer(out, _CORPUS, _SPECIALS, 400, model_max_length=4096,
+                              additional_special_tokens=_SPECIALS[3:])
+    return {s: tok.token_to_id(s) for s in _SPECIALS}
 
 
 def _decoder_config() -> dict:
