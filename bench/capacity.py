@@ -418,14 +418,14 @@ def loop_lag_buckets(server: Server) -> dict[float, float] | None:
         return None
     from urllib.request import urlopen
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     with urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    buckets = {}
-    for line in text.splitlines():
-        if line.startswith("gateway_loop_lag_seconds_bucket{"):
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[float(bound)] = float(line.rsplit(" ", 1)[1])
-    return buckets
+    return {float(sample.labels["le"]): sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "gateway_loop_lag_seconds"
+            for sample in family.samples if sample.name.endswith("_bucket")}
 
 
 def loop_lag_summary(before: dict[float, float] | None,
