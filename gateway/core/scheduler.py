@@ -309,10 +309,7 @@ class LaneScheduler:
                         continue
                     if key > entry.key:
                         # Stale: it waited under an earlier rank. Re-file it and look again.
-                        fresh = _Entry(key, job)
-                        self._entries[job.owner] = fresh
-                        entry.live = False
-                        heapq.heapreplace(heap, fresh)
+                        self._replace_top(heap, key)
                         continue
                     if key < entry.key:
                         entry.key = key  # earlier, and at the top: the heap stays valid
@@ -325,10 +322,7 @@ class LaneScheduler:
                     continue
                 deadline = self._deadline(entry.job, now)
                 if deadline > entry.key[0]:
-                    fresh = _Entry((deadline,), entry.job)
-                    self._entries[entry.job.owner] = fresh
-                    entry.live = False
-                    heapq.heapreplace(waiting, fresh)
+                    self._replace_top(waiting, (deadline,))
                     continue
                 wake = min(wake, deadline - lead)  # type: ignore[operator]
                 break
@@ -363,6 +357,14 @@ class LaneScheduler:
         entry = _Entry(key, job)
         heapq.heappush(heap, entry)
         self._entries[job.owner] = entry
+
+    def _replace_top(self, heap: list[_Entry], key: tuple[float, ...]) -> None:
+        """The top entry's key moved later: replace it by a fresh entry under ``key``."""
+        entry = heap[0]
+        entry.live = False
+        fresh = _Entry(key, entry.job)
+        self._entries[entry.job.owner] = fresh
+        heapq.heapreplace(heap, fresh)
 
     def _refile(self, entry: _Entry, now: float, lead: float | None) -> None:
         if entry.live:
