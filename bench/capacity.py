@@ -101,28 +101,33 @@ def raise_nofile() -> int:
 
 
 class Server:
-    """One server process; ``PORT <n>`` on its stdout says it is serving."""
+    """One server process; ``PORT <n>`` on its stdout says it is serving. Its stderr goes
+    to /tmp/capacity-<target>.log, or to ours with ``log=False``."""
 
-    def __init__(self, target: str, *extra: str) -> None:
+    def __init__(self, target: str, *extra: str, log: bool = True) -> None:
         self.target = target
+        logfile = f"/tmp/capacity-{target}.log"
         self.proc = subprocess.Popen(
             [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
-            stdout=subprocess.PIPE, stderr=open(f"/tmp/capacity-{target}.log", "w"),
+            stdout=subprocess.PIPE, stderr=open(logfile, "w") if log else None,
             text=True, cwd=ROOT)
+        assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
             self.proc.kill()
-            raise RuntimeError(f"{target} server did not start; see /tmp/capacity-{target}.log")
+            raise RuntimeError(f"{target} server did not start: {line!r}"
+                               + (f"; see {logfile}" if log else ""))
         self.port = int(line.split()[1])
         self.pid = self.proc.pid
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code."""
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait()
+            return self.proc.wait()
 
 
 # ---- a lean WebSocket client ---------------------------------------------------------------

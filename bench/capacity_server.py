@@ -11,22 +11,15 @@ under uvloop, like ``voice-gateway serve``.
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.capacity import raise_nofile  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 from gateway.config import load_config  # noqa: E402
 from gateway.io.server import Gateway, until_signalled  # noqa: E402
-
-
-def raise_nofile() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -41,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.capacity import Server  # noqa: E402
 from examples.loadgen import (  # noqa: E402
     MARK_INTERVAL_S,
     SessionAccount,
@@ -64,20 +64,12 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-class GatewayProcess:
+class GatewayProcess(Server):
+    """bench/capacity_server.py (the zero-cost synthetic engine), its logs on our stderr."""
+
     def __init__(self, max_lead_ms: int, outbox_bytes: int | None = None) -> None:
         extra = ["--outbox-bytes", str(outbox_bytes)] if outbox_bytes else []
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench/capacity_server.py"), "--port", "0",
-             "--max-lead-ms", str(max_lead_ms), *extra],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.proc.kill()
-            raise RuntimeError(f"gateway did not start: {line!r}")
-        self.port = int(line.split()[1])
-        self.pid = self.proc.pid
+        super().__init__("gateway", "--max-lead-ms", str(max_lead_ms), *extra, log=False)
 
     @property
     def url(self) -> str:
@@ -89,12 +81,7 @@ class GatewayProcess:
         return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=10).json()
 
     def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return self.close(timeout=30)
 
 
 # ---- one session -----------------------------------------------------------------------
