@@ -31,18 +31,18 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 from engines.base import EngineError, SynthesisRequest
 from engines.mlx_common import (
-    LaneThreadGuard,
+    MlxLifecycle,
     float_to_pcm16,
+    load_tts_model,
     mlx_failure,
     process_memory,
     resolve_model_path,
-    warm_up,
+    runaway_budget_s,
 )
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,7 @@ class ChatterboxEngine:
         self.conditioning_s: float | None = None
         self._model: Any = None
         self._conds: Any = None
-        self._guard = LaneThreadGuard()
-        self._streams: weakref.WeakSet[ChatterboxStream] = weakref.WeakSet()
+        self._lifecycle = MlxLifecycle(self.name, log)
 
     def voices(self) -> list[str]:
         return [self.voice_name]
@@ -101,15 +100,10 @@ class ChatterboxEngine:
     def load(self) -> None:
         if self._model is not None:
             return
-        self._guard.claim()
+        self._lifecycle.claim_thread()
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
-        try:
-            from mlx_audio.tts.utils import load_model
-
-            model = load_model(path)
-        except Exception as exc:
-            raise mlx_failure(exc, f"loading {path}") from exc
+        model = load_tts_model(path)
         if (
             getattr(model, "tokenizer", None) is None
             and getattr(model, "mtl_tokenizer", None) is None
@@ -137,44 +131,34 @@ class ChatterboxEngine:
         self.conditioning_s = time.perf_counter() - t1
         self._model, self._conds = model, conds
         load_s = time.perf_counter() - t0
-
-        self.warmup_s = warm_up(self, self.warmup_text)
-        mem = self.memory()
-        log.info(
-            "chatterbox loaded %s in %.2f s (voice conditioning %.2f s); warm-up took %.2f s; "
-            "mlx active %.0f MB, peak %.0f MB",
+        self.warmup_s = self._lifecycle.warm_up_and_log(
+            self,
+            self.warmup_text,
+            "chatterbox loaded %s in %.2f s (voice conditioning %.2f s)",
             path,
             load_s,
             self.conditioning_s,
-            self.warmup_s,
-            mem["mlx_active_bytes"] / 1e6,
-            mem["mlx_peak_bytes"] / 1e6,
         )
 
     def open(self, request: SynthesisRequest) -> ChatterboxStream:
-        if self._model is None:
-            raise EngineError("engine_failed", "chatterbox engine used before load()")
-        self._guard.check()
+        self._lifecycle.admit(self._model)
         if request.voice is not None and request.voice != self.voice_name:
             raise EngineError("voice_unknown", f"chatterbox has no voice {request.voice!r}")
-        stream = ChatterboxStream(self, request)
-        self._streams.add(stream)
-        return stream
+        return self._lifecycle.track(ChatterboxStream(self, request))
 
     def close(self) -> None:
-        for stream in list(self._streams):
-            stream.close()
-        if self._model is not None:
-            self._model = self._conds = None
-            import mlx.core as mx
-
-            mx.clear_cache()
+        self._lifecycle.close(self._unload)
 
     def memory(self) -> dict[str, int | None]:
         return process_memory()
 
     def runaway_budget_s(self, text: str) -> float:
-        return max(self.runaway_min_s, len(text) * self.runaway_factor)
+        return runaway_budget_s(text, self.runaway_factor, self.runaway_min_s)
+
+    def _unload(self) -> bool:
+        loaded = self._model is not None
+        self._model = self._conds = None
+        return loaded
 
 
 class ChatterboxStream:
@@ -190,7 +174,7 @@ class ChatterboxStream:
         if self._done:
             return None
         engine, req = self._engine, self._request
-        engine._guard.check()
+        engine._lifecycle.check_thread()
         self._done = True
         budget_s = engine.runaway_budget_s(self._text)
         max_tokens = req.options.get("max_tokens", engine.max_tokens)

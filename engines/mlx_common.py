@@ -7,21 +7,31 @@ encoder already encoding"): **one MLX worker thread per process.** The gateway r
 MLX engine on the ``gpu`` lane, whose single worker thread calls ``load``, ``open`` and
 ``step``. ``LaneThreadGuard`` turns a violation of that rule into a loud error instead of
 a Metal crash.
+
+``MlxLifecycle`` is the bookkeeping the MLX engines share around their model (that thread
+rule, the streams they handed out, closing in the right order, the warm-up and its log
+line). Each engine *holds* one instead of inheriting it: engines are a ``typing.Protocol``,
+not a class tower, and each engine module keeps only what is specific to its model.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import sys
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from engines.base import EngineError, SynthesisRequest, TtsEngine
+from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+
+S = TypeVar("S", bound=SynthesisStream)
 
 INT16_SCALE = 32767.0
 """Full scale for float -> PCM16: +1.0 -> 32767, -1.0 -> -32767 (symmetric, no overflow)."""
@@ -101,6 +111,86 @@ class LaneThreadGuard:
                 "MLX engine used from a thread other than the one that loaded it: "
                 "all MLX work must run on the gpu lane's single worker thread",
             )
+
+
+class MlxLifecycle:
+    """Load, open and close bookkeeping for one in-process MLX engine, held by the engine.
+
+    * ``claim_thread`` at the start of ``load`` makes the calling thread (the gpu lane's
+      worker) the only one allowed MLX work; ``check_thread`` refuses any other.
+    * ``admit`` at the start of ``open`` refuses an engine that is not loaded (or closed)
+      and a wrong thread; ``track`` remembers the stream ``open`` hands out.
+    * ``warm_up_and_log`` ends ``load``: one short synthesis, then the load log line.
+    * ``close`` drops the engine's model first (so nothing new opens), closes every stream
+      still open, then returns MLX's cached buffers to the system.
+    """
+
+    def __init__(self, name: str, log: logging.Logger) -> None:
+        self.name = name
+        self._log = log
+        self._guard = LaneThreadGuard()
+        self._lock = threading.Lock()  # only to make a wrong-thread close() harmless
+        self._streams: weakref.WeakSet[SynthesisStream] = weakref.WeakSet()
+
+    def claim_thread(self) -> None:
+        self._guard.claim()
+
+    def check_thread(self) -> None:
+        self._guard.check()
+
+    def admit(self, model: Any) -> None:
+        """Raise ``engine_failed`` unless ``model`` is loaded and this is the lane's thread."""
+        if model is None:
+            raise EngineError("engine_failed", f"{self.name} engine used before load()")
+        self._guard.check()
+
+    def track(self, stream: S) -> S:
+        self._streams.add(stream)
+        return stream
+
+    def warm_up_and_log(self, engine: TtsEngine, text: str, loaded: str, *args: Any) -> float:
+        """Warm ``engine`` up with ``text``, then log ``loaded % args`` followed by the
+        warm-up time and MLX memory; returns the warm-up seconds."""
+        warmup_s = warm_up(engine, text)
+        mem = process_memory()
+        self._log.info(
+            loaded + "; warm-up took %.2f s; mlx active %.0f MB, peak %.0f MB",
+            *args,
+            warmup_s,
+            mem["mlx_active_bytes"] / 1e6,
+            mem["mlx_peak_bytes"] / 1e6,
+        )
+        return warmup_s
+
+    def close(self, unload: Callable[[], bool]) -> None:
+        """``unload`` drops the engine's references to its model and per-voice state and
+        says whether a model was loaded; it runs under a lock, before the streams close.
+        The MLX cache is cleared only after a loaded model, so closing an engine that never
+        loaded does not import mlx."""
+        with self._lock:
+            was_loaded = unload()
+        for stream in list(self._streams):
+            stream.close()
+        if was_loaded:
+            import mlx.core as mx
+
+            mx.clear_cache()
+
+
+def load_tts_model(path: Path) -> Any:
+    """mlx-audio's own loader on a local model directory, its errors mapped to ``engine_failed``."""
+    try:
+        from mlx_audio.tts.utils import load_model
+
+        return load_model(path)
+    except Exception as exc:
+        raise mlx_failure(exc, f"loading {path}") from exc
+
+
+def runaway_budget_s(text: str, factor: float, min_s: float) -> float:
+    """The most audio ``text`` may become before the synthesis counts as a runaway:
+    ``factor`` seconds per character (normal speech is ~0.07 s), at least ``min_s``."""
+    return max(min_s, len(text) * factor)
 
 
 def warm_up(engine: TtsEngine, text: str) -> float:

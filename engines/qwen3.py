@@ -35,21 +35,20 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 from engines.base import EngineError, SynthesisRequest
 from engines.mlx_common import (
-    LaneThreadGuard,
+    MlxLifecycle,
     float_to_pcm16,
+    load_tts_model,
     mlx_failure,
     process_memory,
     quiet_tqdm,
     resolve_model_path,
-    warm_up,
+    runaway_budget_s,
 )
 
 log = logging.getLogger(__name__)
@@ -130,9 +129,7 @@ class Qwen3Engine:
         self._kind: str | None = None
         self._ref_array: Any = None
         self._embeddings: PrecomputedSpeakerEmbeddings | None = None
-        self._guard = LaneThreadGuard()
-        self._lock = threading.Lock()  # only to make a wrong-thread close() harmless
-        self._streams: weakref.WeakSet[Qwen3Stream] = weakref.WeakSet()
+        self._lifecycle = MlxLifecycle(self.name, log)
 
     # -- TtsEngine -------------------------------------------------------------------
 
@@ -148,18 +145,11 @@ class Qwen3Engine:
     def load(self) -> None:
         if self._model is not None:
             return
-        self._guard.claim()
+        self._lifecycle.claim_thread()
         quiet_tqdm()
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
-        try:
-            import mlx.core as mx
-            from mlx_audio.tts.utils import load_model
-            from mlx_audio.utils import load_audio
-
-            model = load_model(path)
-        except Exception as exc:
-            raise mlx_failure(exc, f"loading {path}") from exc
+        model = load_tts_model(path)
         # mlx-audio's post_load_hook prints a warning and carries on when the tokenizers
         # fail to load; a half-loaded model must not pass for a loaded one.
         if getattr(model, "model_type", None) != "qwen3_tts":
@@ -184,6 +174,9 @@ class Qwen3Engine:
             if model.speaker_encoder is None:
                 raise EngineError("engine_failed", f"{path}: base model has no speaker encoder")
             try:
+                import mlx.core as mx
+                from mlx_audio.utils import load_audio
+
                 self._ref_array = load_audio(str(self.ref_audio), sample_rate=SAMPLE_RATE)
                 self._embeddings = PrecomputedSpeakerEmbeddings(model.extract_speaker_embedding)
                 self._embeddings.register(self._ref_array)
@@ -200,38 +193,16 @@ class Qwen3Engine:
             raise EngineError("engine_failed", f"unsupported Qwen3-TTS model type {kind!r}")
         self._model = model
         load_s = time.perf_counter() - t0
-
-        self.warmup_s = warm_up(self, self.warmup_text)
-        mem = self.memory()
-        log.info(
-            "qwen3 loaded %s (%s) in %.2f s; warm-up took %.2f s; mlx active %.0f MB, peak %.0f MB",
-            path,
-            kind,
-            load_s,
-            self.warmup_s,
-            mem["mlx_active_bytes"] / 1e6,
-            mem["mlx_peak_bytes"] / 1e6,
+        self.warmup_s = self._lifecycle.warm_up_and_log(
+            self, self.warmup_text, "qwen3 loaded %s (%s) in %.2f s", path, kind, load_s
         )
 
     def open(self, request: SynthesisRequest) -> Qwen3Stream:
-        if self._model is None:
-            raise EngineError("engine_failed", "qwen3 engine used before load()")
-        self._guard.check()
-        stream = Qwen3Stream(self, request, self._voice_for(request.voice))
-        self._streams.add(stream)
-        return stream
+        self._lifecycle.admit(self._model)
+        return self._lifecycle.track(Qwen3Stream(self, request, self._voice_for(request.voice)))
 
     def close(self) -> None:
-        with self._lock:
-            model, self._model = self._model, None
-        for stream in list(self._streams):
-            stream.close()
-        if model is not None:
-            self._ref_array = None
-            self._embeddings = None
-            import mlx.core as mx
-
-            mx.clear_cache()
+        self._lifecycle.close(self._unload)
 
     # -- extras ------------------------------------------------------------------------
 
@@ -245,9 +216,14 @@ class Qwen3Engine:
         return 0 if self._embeddings is None else self._embeddings.computed
 
     def runaway_budget_s(self, text: str) -> float:
-        return max(self.runaway_min_s, len(text) * self.runaway_factor)
+        return runaway_budget_s(text, self.runaway_factor, self.runaway_min_s)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _unload(self) -> bool:
+        loaded = self._model is not None
+        self._model = self._ref_array = self._embeddings = None
+        return loaded
 
     def _clone_name(self) -> str:
         return self.default_voice or Path(str(self.ref_audio)).stem
@@ -295,7 +271,7 @@ class Qwen3Stream:
         if self._done:
             return None
         engine = self._engine
-        engine._guard.check()
+        engine._lifecycle.check_thread()
         try:
             if self._gen is None:
                 self._gen = self._start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -58,3 +60,130 @@ def test_hub_id_in_local_cache_resolves_to_its_snapshot(tmp_path, monkeypatch):
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
     assert resolve_model_path("acme/tiny") == snap
+
+
+class RecordingStream:
+    """Test double: a stream that records when it is closed."""
+
+    def __init__(self, events: list[str], name: str) -> None:
+        self.events, self.name = events, name
+
+    def step(self) -> bytes | None:
+        return None
+
+    def close(self) -> None:
+        self.events.append(f"close {self.name}")
+
+
+def lifecycle():
+    import logging
+
+    from engines.mlx_common import MlxLifecycle
+
+    return MlxLifecycle("tiny", logging.getLogger("tests.mlx_lifecycle"))
+
+
+def test_lifecycle_refuses_an_engine_that_is_not_loaded():
+    with pytest.raises(EngineError, match=r"^tiny engine used before load\(\)$") as err:
+        lifecycle().admit(None)
+    assert err.value.code == "engine_failed"
+
+
+def test_lifecycle_refuses_mlx_work_from_another_thread():
+    import threading
+
+    life = lifecycle()
+    life.claim_thread()
+    life.admit(object())
+    life.check_thread()
+    caught: list[BaseException] = []
+
+    def other():
+        for call in (lambda: life.admit(object()), life.check_thread):
+            try:
+                call()
+            except EngineError as exc:
+                caught.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert [e.code for e in caught] == ["engine_failed", "engine_failed"]
+    assert all("gpu lane's single worker thread" in str(e) for e in caught)
+
+
+def test_close_unloads_first_then_closes_open_streams_then_clears_the_cache(monkeypatch):
+    import mlx.core as mx
+
+    life = lifecycle()
+    events: list[str] = []
+    monkeypatch.setattr(mx, "clear_cache", lambda: events.append("clear cache"))
+    a = life.track(RecordingStream(events, "a"))
+    b = life.track(RecordingStream(events, "b"))
+
+    def unload() -> bool:
+        events.append("unload")
+        return True
+
+    life.close(unload)
+    assert events[0] == "unload"
+    assert sorted(events[1:3]) == ["close a", "close b"]
+    assert events[3:] == ["clear cache"]
+    del a, b  # kept alive until here: the lifecycle only holds its streams weakly
+
+
+def test_close_of_an_engine_never_loaded_leaves_the_mlx_cache_alone(monkeypatch):
+    import mlx.core as mx
+
+    life = lifecycle()
+    events: list[str] = []
+    monkeypatch.setattr(mx, "clear_cache", lambda: events.append("clear cache"))
+    stream = life.track(RecordingStream(events, "a"))
+    life.close(lambda: False)
+    assert events == ["close a"]
+    del stream
+
+
+def test_streams_are_held_weakly():
+    import gc
+
+    life = lifecycle()
+    events: list[str] = []
+    life.track(RecordingStream(events, "dropped"))
+    gc.collect()
+    life.close(lambda: False)
+    assert events == []
+
+
+def test_warm_up_and_log_speaks_once_and_logs_the_load_line(caplog):
+    import logging
+
+    from engines.synthetic import SyntheticEngine
+
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0)
+    engine.load()
+    life = lifecycle()
+    opened: list[str] = []
+    real_open = engine.open
+
+    def spy(request):
+        opened.append(request.text)
+        return real_open(request)
+
+    engine.open = spy
+    with caplog.at_level(logging.INFO, logger="tests.mlx_lifecycle"):
+        warmup_s = life.warm_up_and_log(engine, "Hi.", "tiny loaded %s in %.2f s", "/m", 1.5)
+    engine.close()
+    assert opened == ["Hi."] and warmup_s >= 0
+    (record,) = [r for r in caplog.records if r.name == "tests.mlx_lifecycle"]
+    assert re.fullmatch(
+        r"tiny loaded /m in 1\.50 s; warm-up took \d+\.\d\d s; mlx active \d+ MB, peak \d+ MB",
+        record.getMessage(),
+    )
+
+
+def test_runaway_budget_is_per_character_with_a_floor():
+    from engines.mlx_common import runaway_budget_s
+
+    assert runaway_budget_s("x" * 40, 0.25, 3.0) == 10.0
+    assert runaway_budget_s("Hi.", 0.25, 3.0) == 3.0
