@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.core.placement import LaneLoad, LaneProfile, place
-from gateway.core.scheduler import Job, LaneScheduler, Priority, Rank, step_ms
+from gateway.core.scheduler import JIT_GRANULARITY_S, Job, LaneScheduler, Priority, Rank, step_ms
 
 CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.json"
 """The production hub's measured figures (a copy of the team's shared calibration.json, kept
@@ -317,7 +317,8 @@ class SimLane:
                  pace_background_always: bool = False):
         self.sim, self.name = sim, name
         self.sched = LaneScheduler(deadline_of=self._deadline, max_lead=max_lead, rank=rank,
-                                   pace_background_always=pace_background_always)
+                                   pace_background_always=pace_background_always,
+                                   tolerance=JIT_GRANULARITY_S)
         self.busy = False
         self.busy_s = 0.0
         self.active: set[int] = set()  # interactive turns with queued work (for placement)

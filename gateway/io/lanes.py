@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
-from gateway.core.scheduler import DeadlineOf, Job, LaneScheduler, Priority
+from gateway.core.scheduler import JIT_GRANULARITY_S, DeadlineOf, Job, LaneScheduler, Priority
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,6 @@ class LaneStats:
     jobs_cancelled: int = 0
 
 
-CLOCK_RESOLUTION_S = 0.001
 INLINE_SLICE_S = 0.002
 """Inline (``blocks = False``) steps run back to back on the event loop for at most this
 long before the loop gets a turn."""
@@ -146,9 +145,8 @@ class Lane:
         self.engine = engine
         self.inline = getattr(engine, "blocks", True) is False
         self._inline_since = 0.0
-        # loop.time() is the lane's clock; uvloop's moves in 1 ms steps
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead,
-                                       tolerance=CLOCK_RESOLUTION_S)
+                                       tolerance=JIT_GRANULARITY_S)
         self.stats = LaneStats()
         self.loaded = False
         self._executor = LaneThread(f"lane-{name}")
