@@ -16,17 +16,15 @@ import argparse
 import asyncio
 import base64
 import json
-import resource
-import socket
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import uvicorn  # noqa: E402
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect  # noqa: E402
 
+from bench.peers import serve_uvicorn  # noqa: E402
 from engines.base import SynthesisRequest  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 
@@ -78,13 +76,4 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, default=0)
     a = p.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", a.port))
-    print(f"PORT {sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(app, loop="uvloop", http="httptools", ws="websockets",
-                            log_level="warning", backlog=4096, ws_ping_interval=20,
-                            ws_ping_timeout=20, ws_per_message_deflate=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    serve_uvicorn(app, a.port)

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import socket
 import sys
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import uvicorn  # noqa: E402
 from fastapi import FastAPI, WebSocket  # noqa: E402
 from loguru import logger  # noqa: E402
 from pipecat.frames.frames import Frame, TTSAudioRawFrame, TTSSpeakFrame  # noqa: E402
@@ -43,6 +40,7 @@ from pipecat.transports.websocket.fastapi import (  # noqa: E402
 )
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
+from bench.peers import serve_uvicorn  # noqa: E402
 from engines.base import SynthesisRequest  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 
@@ -105,13 +103,4 @@ if __name__ == "__main__":
     SAY, IDLE = a.say, a.idle
     logger.remove()
     logger.add(sys.stderr, level=os.environ.get("PIPECAT_LOG", "WARNING"))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", a.port))
-    print(f"PORT {sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(app, loop="uvloop", http="httptools", ws="websockets",
-                            log_level="warning", backlog=4096, ws_ping_interval=20,
-                            ws_ping_timeout=20, ws_per_message_deflate=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    serve_uvicorn(app, a.port)
