@@ -159,6 +159,41 @@ async def test_detached_session_expires_after_the_window():
         await gw.aclose()
 
 
+async def test_a_client_that_pauses_reading_gets_every_frame_once_in_order():
+    # No pacing (a lead of 10 minutes): ~4 minutes of audio are released at once, more than
+    # the socket buffers hold, so the connection's transport pauses at its high-water mark
+    # and output moves from the direct write to the writer task (flow control) and back.
+    # Across those switches no message may be skipped, repeated or reordered.
+    gw = await started(outbox_bytes=32 * 1024 * 1024, session={"max_lead_ms": 600_000})
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gw.port))
+        async with connect(url(gw), sock=sock, max_queue=1) as ws:
+            created = await recv_event(ws, "session.created")
+            server_side = gw.runners[created["session_id"]].connection.ws
+            paused = asyncio.Event()
+            pause_writing = server_side.pause_writing
+
+            def note_pause() -> None:  # the transport calls it at its high-water mark
+                pause_writing()
+                paused.set()
+
+            server_side.pause_writing = note_pause
+            await send(ws, type="say", text=("A long reply read late. " * 200)[:3999])
+            await asyncio.wait_for(paused.wait(), 30)  # before the client reads a byte of it
+            turn = await read_turn(ws)
+        assert turn.done["status"] == "completed"
+        seqs = [f.seq for f in turn.frames]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        assert turn.audio_ms == pytest.approx(turn.done["metrics"]["audio_ms"], abs=1)
+        assert [e["index"] for e in turn.of("sentence.done")] == list(
+            range(len(turn.of("sentence.done"))))
+        assert gw.metrics.errors["slow_consumer"] == 0
+    finally:
+        await gw.aclose()
+
+
 async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
     # no pacing (a lead of 10 minutes): the whole reply is released at once
     gw = await started(outbox_bytes=64 * 1024, session={"max_lead_ms": 600_000})
