@@ -165,7 +165,7 @@ def check_settings(changes: dict) -> None:
             case "segmenter":
                 bounds = {"first_min_words": (0, 50), "first_phrase_words": (0, 50),
                           "min_chars": (0, 1000),
-                          "max_chars": (40, 4000)}
+                          "max_chars": (40, 4000), "quote_max_chars": (0, 4000)}
                 for k, v in value.items():
                     lo, hi = bounds[k]
                     assert type(v) is int and lo <= v <= hi, (k, v)
@@ -267,7 +267,7 @@ def valid_settings(draw):
         out["segmenter"] = draw(st.fixed_dictionaries({}, optional={
             "first_min_words": st.integers(0, 50), "first_phrase_words": st.integers(0, 50),
             "min_chars": st.integers(0, 1000),
-            "max_chars": st.integers(40, 4000)}))
+            "max_chars": st.integers(40, 4000), "quote_max_chars": st.integers(0, 4000)}))
     return out
 
 

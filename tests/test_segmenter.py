@@ -67,7 +67,8 @@ _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 @given(text=_texts, data=st.data(),
        config=st.builds(SegmenterConfig, first_min_words=st.integers(0, 6),
                         first_phrase_words=st.integers(0, 6),
-                        min_chars=st.integers(0, 60), max_chars=st.integers(40, 200)))
+                        min_chars=st.integers(0, 60), max_chars=st.integers(40, 200),
+                        quote_max_chars=st.integers(0, 60)))
 def test_invariants(text, data, config):
     whole = run(text, None, config)
     sizes = data.draw(st.lists(st.integers(1, 12), max_size=60))
@@ -342,6 +343,31 @@ def test_a_straight_quote_after_a_digit_is_an_inch_mark():
         'The 5" screen is small?', 'The 6.7" one is $100 more.', "Buy it."]
     assert sentences('She said "call at 5" and left. Fine.') == [
         'She said "call at 5" and left.', "Fine."]
+
+
+def test_a_stray_quote_stops_protecting_after_quote_max_chars():
+    stray = ('Set the mode to "fast. Then restart the service and wait for it. Check the logs '
+             'after that. Then verify the output carefully before you go on. Once it is '
+             'green, tell the team. Done.')
+    assert len(stray) - stray.index('"') > SegmenterConfig().quote_max_chars
+    assert sentences(stray) == [
+        'Set the mode to "fast.', "Then restart the service and wait for it.",
+        "Check the logs after that.", "Then verify the output carefully before you go on.",
+        "Once it is green, tell the team.", "Done."]
+    # quoted speech well within the span stays whole, and so does everything with 0
+    assert sentences('She said "Stop. Wait. Go." Then she ran. Fast.') == [
+        'She said "Stop. Wait. Go."', "Then she ran.", "Fast."]
+    held = SegmenterConfig(first_min_words=0, quote_max_chars=0)
+    assert [s.text for s in run(stray, None, held)] == [stray]
+
+
+def test_a_stray_quote_rescan_keeps_brackets_and_later_quotes_right():
+    text = ('Use "x (see the docs. They help.) and more text to pass the span here. '
+            'He said "hi. There." Then left. End.')
+    cfg = SegmenterConfig(first_min_words=0, quote_max_chars=40)
+    assert [s.text for s in run(text, None, cfg)] == [
+        'Use "x (see the docs. They help.) and more text to pass the span here.',
+        'He said "hi. There."', "Then left.", "End."]
 
 
 def test_a_bracket_or_quote_after_an_abbreviation_is_decided_by_its_first_letter():

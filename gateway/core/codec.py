@@ -176,7 +176,8 @@ def _settings(session: dict[str, Any]) -> dict[str, Any]:
         seg = _field(session, "segmenter", dict)
         seg_out: dict[str, Any] = {}
         bounds = {"first_min_words": (0, 50), "first_phrase_words": (0, 50),
-                  "min_chars": (0, 1000), "max_chars": (40, 4000)}
+                  "min_chars": (0, 1000), "max_chars": (40, 4000),
+                  "quote_max_chars": (0, 4000)}
         unknown = set(seg) - set(bounds)
         if unknown:
             raise ProtocolError("invalid_field", f"unknown segmenter setting(s): "

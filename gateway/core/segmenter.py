@@ -23,7 +23,10 @@ on how the stream was chunked:
   ``Jan. 3``, ``fig. 2``, ``1 hr. 35`` never before a digit, except ``No.`` opening a
   sentence (the answer). An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
-* Nothing splits inside an open quote or bracket.
+* Nothing splits inside an open quote or bracket. A double quote still open
+  ``quote_max_chars`` after it opened is taken as unmatched (a stray ``"`` in the reply):
+  the text after it is scanned again as if it were not there, so one stray mark cannot
+  turn the rest of a paragraph into one segment.
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty.
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
@@ -63,6 +66,10 @@ class SegmenterConfig:
     """Sentences after the first shorter than this are merged with the next one."""
     max_chars: int = 400
     """A sentence longer than this is cut at its best clause boundary before this length."""
+    quote_max_chars: int = 150
+    """A double quote still open this many characters after it opened is unmatched: the
+    sentence ends inside it count (0: a quote holds until it closes, a newline or
+    ``max_chars``). Quoted speech in the corpora spans at most 28 characters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +194,9 @@ class Segmenter:
         self._fence = False  # inside a ``` code block
         self._fresh_line = True  # the pending segment starts a line
         self._clause: tuple[int, int, int, int] | None = None  # (end, resume, quote, paren)
+        # while a quote is open: the scanner's state right after it opened (pos, paren,
+        # clause, phrase_pos), to scan again from there if it turns out unmatched
+        self._quote_from: tuple[int, int, tuple[int, int, int, int] | None, int] | None = None
         self._phrase_pos = 0  # phrase openers before this are decided (first segment only)
         self._final = False
 
@@ -223,6 +233,10 @@ class Segmenter:
                     buf = self._buf
                     continue
                 m = _STOP.search(buf, self._pos)
+                if not self._quote:
+                    self._quote_from = None
+                elif self._quote_unmatched(m.start() if m else len(buf)):
+                    continue
                 limit = self._seg + self.config.max_chars
                 if (self._index == 0 and self.config.first_phrase_words > 0
                         and self._phrase(min(m.start() if m else len(buf), limit), out)):
@@ -275,6 +289,21 @@ class Segmenter:
         except _Wait:
             pass
         return out
+
+    def _quote_unmatched(self, reach: int) -> bool:
+        """The scanner is about to move to ``reach`` inside an open quote. True (and the
+        scan rewound to right after the quote, as if it were not there) when that is more
+        than ``quote_max_chars`` past the quote. Decided on the text alone: the same for any
+        chunking."""
+        if self._quote_from is None:
+            self._quote_from = (self._pos, self._paren, self._clause, self._phrase_pos)
+            return False
+        span = self.config.quote_max_chars
+        if not span or reach - self._quote_from[0] <= span:
+            return False
+        self._pos, self._paren, self._clause, self._phrase_pos = self._quote_from
+        self._quote, self._quote_from = 0, None
+        return True
 
     def _need(self, j: int) -> bool:
         """True when ``_buf[j]`` exists; at the end of the stream False; else wait."""
@@ -546,6 +575,7 @@ class Segmenter:
         self._pos = 0
         self._phrase_pos = 0
         self._clause = None
+        self._quote_from = None  # a quote still open restarts its count here
         self._fresh_line = "\n" in buf[end:resume]
         if not stripped:
             return []
