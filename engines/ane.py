@@ -27,6 +27,10 @@ class AneEngine:
     name = "ane"
     lane = "ane"
     streams = True
+    timing = {"first_s": 0.045, "rtf": 0.705}
+    """For placing turns between lanes (``engines.base``): first PCM 44.9 ms, 0.705 s per
+    audio second (M4 MacBook Air, calibration.json, medians). The ANE is not shared with the
+    LLM: no contention figures."""
     reads_digits = True  # the same Qwen3-TTS talker as the qwen3 engine
 
     def __init__(self, voice: str = VOICE, **model_options: Any) -> None:

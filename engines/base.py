@@ -82,6 +82,11 @@ class TtsEngine(Protocol):
     reads_digits: bool
     """True when the engine reads numbers, symbols and abbreviations itself."""
 
+    # Optional: ``timing``, a dict of the engine's measured costs for placing turns between
+    # lanes (``gateway.core.placement.profile_from``): ``first_s`` (time to first audio on a
+    # free lane), ``rtf`` (lane seconds per audio second) and, for an engine that shares the
+    # GPU with the LLM, ``first_s_llm``/``rtf_llm`` while the LLM decodes.
+
     def voices(self) -> list[str]:
         """Names of the voices this engine can speak with."""
         ...

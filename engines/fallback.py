@@ -65,6 +65,9 @@ class FallbackEngine:
         self.primary = primary
         self.fallback = fallback
         self.lane = primary.lane
+        timing = getattr(primary, "timing", None)
+        if timing is not None:
+            self.timing = timing  # placement plans with the primary; the fallback is rare
         self.streams = primary.streams and fallback.streams
         self.reads_digits = primary.reads_digits and fallback.reads_digits
         self.first_chunk_timeout_s = first_chunk_timeout_s

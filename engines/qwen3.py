@@ -93,6 +93,10 @@ class Qwen3Engine:
     lane = "gpu"
     streams = True
     reads_digits = True
+    timing = {"first_s": 0.107, "rtf": 0.44, "first_s_llm": 0.216, "rtf_llm": 0.97}
+    """For placing turns between lanes (``engines.base``): the 0.6B bf16 model on the hub
+    (M5 Max), idle and with Gemma 4 26B-A4B decoding (calibration.json, medians). Override
+    with ``[tts.profiles.gpu]`` for another model or machine (1.7B: 0.108/0.56, 0.251/1.13)."""
 
     def __init__(
         self,

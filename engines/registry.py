@@ -30,7 +30,7 @@ def _import(target: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def create_engine(name: str, **options: Any) -> TtsEngine:
+def create_engine(name: str, /, **options: Any) -> TtsEngine:
     """Build the TTS engine called ``name`` with its options (not yet loaded)."""
     try:
         target = TTS_ENGINES[name]

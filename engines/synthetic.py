@@ -75,8 +75,11 @@ class SyntheticEngine:
         streams: bool = True,
         chars_per_second: float = CHARS_PER_SECOND,
         voice: str = DEFAULT_VOICE,
+        name: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``name``: what ``sentence``/``turn.done`` events report as the engine, instead of
+        ``synthetic`` (two synthetic engines on two lanes can be told apart)."""
         if rtf < 0 or ttfa_ms < 0 or step_overhead_ms < 0:
             raise ValueError("rtf, ttfa_ms and step_overhead_ms must be >= 0")
         if step_ms <= 0 or chars_per_second <= 0:
@@ -85,8 +88,13 @@ class SyntheticEngine:
             raise ValueError(f"lane must be one of {_LANES}, not {lane!r}")
         if voice not in VOICES:
             raise ValueError(f"unknown synthetic voice {voice!r}; known: {', '.join(VOICES)}")
+        if name is not None:
+            self.name = name
         self.rtf = float(rtf)
         self.ttfa_ms = float(ttfa_ms)
+        self.timing = {"first_s": self.ttfa_ms / 1000.0, "rtf": self.rtf}
+        """For placing turns between lanes (``engines.base``): the modelled costs. No
+        contention figures: the synthetic engine does not slow down while an LLM decodes."""
         self.blocks = self.rtf > 0 or self.ttfa_ms > 0
         """At zero cost a step is a slice of a cached signal: the gateway may run it inline
         on its event loop instead of paying a thread hop per step."""

@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tts-url", help="URL of a remote TTS server (engine http)")
     s.add_argument("--fallback", help="fallback TTS engine (its options: [tts.fallback_options]"
                    " in --config)")
+    s.add_argument("--tts-also", help="a second TTS engine on its own lane, e.g. ane next to "
+                   "qwen3: each turn speaks on the lane that serves it best among those with "
+                   "its voice (its options: [tts.also_options] in --config)")
     s.add_argument("--synthetic-rtf", type=float, help="synthetic engine: seconds of work per "
                    "second of audio (default 0.44; 0 = free)")
     s.add_argument("--synthetic-ttfa-ms", type=float, help="synthetic engine: first-step cost")
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},
             tts={"engine": args.tts, "model": args.tts_model, "voice": args.voice,
                  "voice_ref": args.voice_ref, "voice_ref_text": args.voice_ref_text,
-                 "url": args.tts_url, "fallback": args.fallback,
+                 "url": args.tts_url, "fallback": args.fallback, "also": args.tts_also,
                  "options": _synthetic_options(args)},
             session={"frame_ms": args.frame_ms, "max_lead_ms": args.max_lead_ms},
         )

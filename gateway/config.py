@@ -9,6 +9,9 @@ TOML layout (every key optional; see examples/hub.toml)::
     [tts.options]            more options of the primary engine
     [tts.fallback_options]   options of the fallback engine
     [tts.fallback_policy]    first_chunk_timeout_s, breaker_failures, breaker_reset_s
+    [tts] also               a second engine, on its own lane (e.g. "ane" next to qwen3)
+    [tts.also_options]       its options
+    [tts.profiles.<lane>]    first_s, rtf, first_s_llm, rtf_llm: timing for turn placement
     [session]  instructions, frame_ms, max_lead_ms, history_turns
 """
 
@@ -91,6 +94,15 @@ class TtsConfig:
     """``first_chunk_timeout_s``, ``breaker_failures``, ``breaker_reset_s``."""
     step_timeout_s: float | None = 30.0
     """An engine call running longer marks the lane unhealthy (``engine_timeout``)."""
+    also: str | None = None
+    """A second engine on its own lane (it must declare another lane than the primary, e.g.
+    ``ane`` next to ``qwen3`` on ``gpu``). Each turn then speaks on the lane that serves it
+    best among those whose engine has the turn's voice (``gateway.core.placement``)."""
+    also_options: dict[str, Any] = field(default_factory=dict)
+    """Constructor options of the ``also`` engine."""
+    profiles: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per lane, timing figures that override the engine's own ``timing`` (``first_s``,
+    ``rtf``, ``first_s_llm``, ``rtf_llm``), used to place turns between lanes."""
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for the primary engine's constructor."""

@@ -9,7 +9,7 @@ listener it serves fed in real time, so the LLM keeps the GPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -61,3 +61,91 @@ def place(options: Sequence[LaneLoad], llm_decoding: bool) -> str:
     best = min(feasible, key=lambda o: (llm_decoding and o.profile.shares_gpu,
                                         o.profile.predict(llm_decoding)[0]))
     return best.profile.name
+
+
+def profile_from(lane: str, figures: Mapping[str, float]) -> LaneProfile:
+    """A lane's ``LaneProfile`` from an engine's timing figures (``first_s``, ``rtf`` and,
+    for an engine that shares the GPU with the LLM, ``first_s_llm``/``rtf_llm``): a lane
+    named ``gpu`` shares the device with the LLM, as ``Lane.llm_started`` assumes."""
+    unknown = set(figures) - {"first_s", "rtf", "first_s_llm", "rtf_llm"}
+    if unknown:
+        raise ValueError(f"lane {lane}: unknown timing figure(s) {', '.join(sorted(unknown))}; "
+                         "known: first_s, rtf, first_s_llm, rtf_llm")
+    missing = {"first_s", "rtf"} - set(figures)
+    if missing:
+        raise ValueError(f"lane {lane}: timing figure(s) {', '.join(sorted(missing))} missing")
+    if any(not v >= 0 for v in figures.values()):
+        raise ValueError(f"lane {lane}: timing figures must be >= 0, got {dict(figures)}")
+    return LaneProfile(lane, first_s=float(figures["first_s"]), rtf=float(figures["rtf"]),
+                       shares_gpu=lane == "gpu", first_s_llm=figures.get("first_s_llm"),
+                       rtf_llm=figures.get("rtf_llm"))
+
+
+class TurnPlacer:
+    """Which lane each interactive turn speaks on. Sans-I/O; the gateway holds one.
+
+    A turn is placed once, when its first segment is submitted (``place_turn``), by
+    ``place`` among the lanes whose engine has the turn's voice; its later segments and its
+    cancellation go to the same lane (``lane_of``): one voice per reply. A turn counts as
+    ``active`` on its lane from then until ``release`` (the turn ended), including the
+    gaps in which it waits for the LLM's next sentence.
+
+    ``voices``: lane → the voices its engine speaks (compared case-insensitively). A turn
+    without a voice (``None``: the engine's default) stays on ``primary``: another engine's
+    default voice is another voice.
+    """
+
+    def __init__(self, profiles: Mapping[str, LaneProfile],
+                 voices: Mapping[str, Collection[str]], primary: str) -> None:
+        if primary not in profiles or set(voices) != set(profiles):
+            raise ValueError("every lane needs a profile and a voice list, the primary too")
+        self.profiles = dict(profiles)
+        self.primary = primary
+        self._voices = {lane: {v.casefold() for v in vs} for lane, vs in voices.items()}
+        self._lanes: dict[Hashable, str] = {}
+        self._active = dict.fromkeys(profiles, 0)
+
+    def lanes_with(self, voice: str | None) -> list[str]:
+        """The lanes that can speak ``voice``, the primary first."""
+        if voice is None:
+            return [self.primary]
+        key = voice.casefold()
+        return [lane for lane in sorted(self.profiles, key=lambda ln: ln != self.primary)
+                if key in self._voices[lane]]
+
+    def place_turn(self, owner: Hashable, voice: str | None, llm_decoding: bool,
+                   usable: Collection[str] | None = None) -> str:
+        """The lane of ``owner``'s turn: the one chosen before, else choose now.
+
+        ``usable``: lanes able to run jobs now (loaded, healthy); a lane outside it is chosen
+        only when no usable lane has the voice (its jobs then fail as that lane's would).
+        A voice no lane has goes to the primary, whose engine reports it.
+        """
+        lane = self._lanes.get(owner)
+        if lane is not None:
+            return lane
+        candidates = self.lanes_with(voice) or [self.primary]
+        if usable is not None:
+            candidates = [ln for ln in candidates if ln in usable] or candidates
+        if len(candidates) == 1:
+            lane = candidates[0]
+        else:
+            lane = place([LaneLoad(self.profiles[ln], self._active[ln]) for ln in candidates],
+                         llm_decoding)
+        self._lanes[owner] = lane
+        self._active[lane] += 1
+        return lane
+
+    def lane_of(self, owner: Hashable) -> str | None:
+        return self._lanes.get(owner)
+
+    def release(self, owner: Hashable) -> str | None:
+        """``owner``'s turn ended: its lane serves one turn fewer. Idempotent."""
+        lane = self._lanes.pop(owner, None)
+        if lane is not None:
+            self._active[lane] -= 1
+        return lane
+
+    def active(self, lane: str) -> int:
+        """Interactive turns placed on ``lane`` and not yet ended."""
+        return self._active[lane]

@@ -113,9 +113,12 @@ class SessionRunner:
         for handle in (self._timer, self._expiry):
             if handle is not None:
                 handle.cancel()
+        turn = self.session.turn
         for effect in self.session.close(self.now()):
             if isinstance(effect, CancelLlm | CancelSynthesis):
                 self._execute(effect)
+        if turn is not None:  # its turn.done is not sent: the turn leaves its lane here
+            self.gateway.release_turn((self.session.id, turn.id))
         for task in list(self._tasks):
             task.cancel()
         self._outbox_ready.set()  # wake a writer so it sees the end
@@ -138,7 +141,8 @@ class SessionRunner:
         self._apply(self.session.receive(message, now))
         if isinstance(message, codec.ClientPlayback):
             # a mark may move the listener's deadline earlier: tell the scheduler
-            self.gateway.lane.touch((self.session.id, message.turn_id))
+            owner = (self.session.id, message.turn_id)
+            self.gateway.lane_for(owner).touch(owner)
 
     def protocol_error(self, error: ProtocolError, now: float) -> None:
         self._apply(self.session.protocol_error(error, now))
@@ -160,6 +164,7 @@ class SessionRunner:
                 self.send(data)
             case SendEvent(event=event):
                 if event["type"] == "turn.done":
+                    self.gateway.release_turn((self.session.id, event["turn_id"]))
                     self.gateway.metrics.turn_done(event)
                 elif event["type"] == "error":  # every error a client is told of, once
                     self.gateway.metrics.errors[event["error"]["code"]] += 1
@@ -167,7 +172,7 @@ class SessionRunner:
             case StartLlm(turn_id=turn_id, request=request):
                 if not self.closed:
                     task = self.loop.create_task(self._run_llm(turn_id, request))
-                    self.gateway.lane.llm_started()  # ended in _llm_task_done
+                    self.gateway.llm_started()  # ended in _llm_task_done
                     self._tasks.add(task)
                     self._llm_tasks[turn_id] = task
                     task.add_done_callback(self._llm_task_done)
@@ -178,18 +183,21 @@ class SessionRunner:
             case StartSynthesis():
                 request = SynthesisRequest(text=effect.text, voice=effect.voice,
                                            step_ms=step_ms(Priority.INTERACTIVE))
-                self.gateway.lane.submit((self.session.id, effect.turn_id),
-                                         SynthesisJob(request, self, effect.index),
-                                         deadline=effect.deadline,
-                                         priority=Priority.INTERACTIVE, since=effect.since)
+                owner = (self.session.id, effect.turn_id)
+                # the turn's first segment picks its lane; the others follow it
+                self.gateway.place_turn(owner, effect.voice).submit(
+                    owner, SynthesisJob(request, self, effect.index), deadline=effect.deadline,
+                    priority=Priority.INTERACTIVE, since=effect.since)
             case CancelSynthesis(turn_id=turn_id):
-                self.gateway.lane.cancel((self.session.id, turn_id))
+                owner = (self.session.id, turn_id)
+                self.gateway.lane_for(owner).cancel(owner)
+                self.gateway.release_turn(owner)
             case _:
                 assert_never(effect)
 
     def _llm_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self.gateway.lane.llm_ended()
+        self.gateway.llm_ended()
         for turn_id, t in list(self._llm_tasks.items()):
             if t is task:
                 del self._llm_tasks[turn_id]

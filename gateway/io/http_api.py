@@ -1,6 +1,7 @@
 """The gateway's HTTP API: OpenAI-compatible speech for every app on the hub, plus health,
 metrics and what is loaded. Starlette on uvicorn, in the gateway's own process and event
-loop, so HTTP speech shares the one loaded engine (and its lane) with the voice sessions.
+loop, so HTTP speech shares the loaded engine (and its lane) with the voice sessions: the
+primary engine's, unless only a second engine (``tts.also``) has the requested voice.
 
 Routes (docs/http-api.md has the details and examples):
 
@@ -49,7 +50,7 @@ from engines.base import OUTPUT_RATE, SynthesisRequest
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import Segmenter
 from gateway.io.auth import token_ok, tokens_from
-from gateway.io.lanes import SynthesisJob
+from gateway.io.lanes import Lane, SynthesisJob
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -223,8 +224,13 @@ class SpeechStream:
     finished: bool = False
     _next: int = 0
     _waiting_next: bool = False
+    lane: Lane | None = None
+    """Where its jobs run: the primary lane, unless only another engine has the voice."""
 
     def start(self) -> None:
+        if self.lane is None:
+            voice = self.requests[0].voice if self.requests else None
+            self.lane = self.gateway.lane_for_voice(voice)
         self.gateway.http.opened(self)
         self._submit_next()
 
@@ -232,9 +238,10 @@ class SpeechStream:
         index = self._next
         self._next += 1
         self._waiting_next = False
-        self.gateway.lane.submit(self.owner, SynthesisJob(self.requests[index], self, index),
-                                 deadline=self.deadline(None, self.gateway_now()),
-                                 priority=Priority.BACKGROUND)
+        assert self.lane is not None, "start() first"
+        self.lane.submit(self.owner, SynthesisJob(self.requests[index], self, index),
+                         deadline=self.deadline(None, self.gateway_now()),
+                         priority=Priority.BACKGROUND)
 
     def gateway_now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -279,13 +286,13 @@ class SpeechStream:
     # control
     def fail(self, code: str, message: str) -> None:
         if not self.finished:
-            self.gateway.lane.cancel(self.owner)
+            (self.lane or self.gateway.lane).cancel(self.owner)
             self._finish(_Failed(code, message))
 
     def close(self) -> None:
         """Cancel the request's jobs (queued ones now, a running step at its end)."""
         if not self.finished:
-            self.gateway.lane.cancel(self.owner)
+            (self.lane or self.gateway.lane).cancel(self.owner)
             self.finished = True
         self.gateway.http.closed(self)
 
@@ -396,16 +403,19 @@ class SpeechApi:
         except ApiError as error:
             gw.telemetry.http_speech.labels("-", "-", "rejected").inc()
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
-        notes = self._notes(params)
-        segmenter = Segmenter(reads_digits=getattr(gw.engine, "reads_digits", True))
+        voice = params.voice or gw.config.tts.voice
+        lane = gw.lane_for_voice(voice)
+        engine = lane.engine
+        notes = self._notes(params, engine)
+        segmenter = Segmenter(reads_digits=getattr(engine, "reads_digits", True))
         segments = segmenter.feed(params.input) + segmenter.finish()
         options = {"instructions": params.instructions} if params.instructions and \
-            getattr(gw.engine, "instructions", False) else {}
-        requests = [SynthesisRequest(text=s.spoken, voice=params.voice or gw.config.tts.voice,
+            getattr(engine, "instructions", False) else {}
+        requests = [SynthesisRequest(text=s.spoken, voice=voice,
                                      speed=params.speed, temperature=params.temperature,
                                      seed=params.seed, step_ms=step_ms(Priority.BACKGROUND),
                                      options=options) for s in segments]
-        stream = SpeechStream(gw, requests)
+        stream = SpeechStream(gw, requests, lane=lane)
         stream.start()
         fmt, mode = params.response_format, params.mode
 
@@ -413,7 +423,7 @@ class SpeechApi:
             gw.telemetry.http_speech.labels(fmt, mode, status).inc()
 
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(OUTPUT_RATE),
-                   "X-Engine": gw.engine.name}
+                   "X-Engine": engine.name}
         if notes:
             headers["X-Speech-Notes"] = "; ".join(notes)
         if mode == "sse":
@@ -425,8 +435,7 @@ class SpeechApi:
                                      media_type="audio/pcm", headers=headers)
         return await _whole(request, stream, fmt, headers, counter)
 
-    def _notes(self, params: SpeechParams) -> list[str]:
-        engine = self.gateway.engine
+    def _notes(self, params: SpeechParams, engine: Any) -> list[str]:
         notes = []
         if params.instructions and not getattr(engine, "instructions", False):
             notes.append(f"instructions ignored: engine {engine.name} does not take them")
@@ -434,12 +443,13 @@ class SpeechApi:
 
 
 def models_body(gateway: Gateway) -> dict[str, Any]:
-    lane = gateway.lane
+    """One model per engine lane, the primary first."""
     return {"object": "list", "data": [{
-        "id": gateway.engine.name, "object": "model", "created": int(gateway.started_at),
+        "id": lane.engine.name, "object": "model", "created": int(gateway.started_at),
         "owned_by": "voice-gateway", "lane": lane.name, "loaded": lane.loaded,
-        "streams": getattr(gateway.engine, "streams", True), "voices": len(gateway.voices),
-        "sample_rate": OUTPUT_RATE}]}
+        "streams": getattr(lane.engine, "streams", True),
+        "voices": len(gateway.lane_voices.get(lane.name, ())),
+        "sample_rate": OUTPUT_RATE} for lane in gateway.lanes.values()]}
 
 
 async def _read_json(request: Request) -> Any:

@@ -1,5 +1,11 @@
-"""The gateway process: the WebSocket voice server, its GET routes, the engine lane and the
+"""The gateway process: the WebSocket voice server, its GET routes, the engine lanes and the
 LLM backend, started and stopped together.
+
+One ``Lane`` per engine: the primary (``tts.engine``, with its fallback) and optionally a
+second engine on another lane (``tts.also``, e.g. ``ane`` next to ``qwen3`` on ``gpu``).
+With two, each voice turn is placed on one lane when its first segment is ready
+(``gateway.core.placement.TurnPlacer``) and stays there; HTTP speech stays on the primary
+lane unless only the other engine has the requested voice.
 
 ``Gateway(config)``; ``await gateway.start()`` binds (port 0 picks a free port, read it back
 from ``gateway.port``), loads the engine on its lane thread and starts serving;
@@ -17,7 +23,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -28,9 +34,10 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from engines.base import LlmBackend, TtsEngine
-from engines.registry import create_llm, create_voice
+from engines.registry import create_engine, create_llm, create_voice
 from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
+from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import LanePolicy
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait
@@ -89,12 +96,31 @@ class Gateway:
         t = config.tts
         self.engine = engine or create_voice(t.engine, t.engine_options(), t.fallback,
                                              t.fallback_options, t.fallback_policy)
+        self.engines: list[TtsEngine] = [self.engine]
+        if t.also:
+            self.engines.append(create_engine(t.also, **t.also_options))
+            if self.engines[1].lane == self.engine.lane:
+                raise ValueError(
+                    f"tts.also: engine {t.also!r} runs on lane {self.engine.lane!r} like the "
+                    f"primary engine {t.engine!r}; the two engines must declare different "
+                    "lanes (one worker per lane)")
+        self.profiles = self._profiles() if len(self.engines) > 1 else {}
         self.llm = llm or self._make_llm()
-        # just in time: a turn more than max_lead ahead of its listener yields the lane
-        self.lane = Lane(self.engine.lane, self.engine, deadline_of=job_deadline,
-                         max_lead=config.session.max_lead_ms / 1000.0,
-                         step_timeout_s=config.tts.step_timeout_s)
-        self.lane.scheduler.policy = LanePolicy(config.server.lane_policy)
+        self.lanes: dict[str, Lane] = {}
+        """One lane (worker thread + scheduler) per engine, by lane name; primary first."""
+        for eng in self.engines:
+            # just in time: a turn more than max_lead ahead of its listener yields the lane
+            lane = Lane(eng.lane, eng, deadline_of=job_deadline,
+                        max_lead=config.session.max_lead_ms / 1000.0,
+                        step_timeout_s=config.tts.step_timeout_s)
+            lane.scheduler.policy = LanePolicy(config.server.lane_policy)
+            self.lanes[lane.name] = lane
+        self.lane = self.lanes[self.engine.lane]
+        """The primary engine's lane."""
+        self.placer: TurnPlacer | None = None
+        """Places voice turns between lanes (set at start, with two lanes)."""
+        self.llm_streams = 0
+        """This gateway's LLM streams decoding now."""
         self.metrics = Metrics()
         self.telemetry = Telemetry(self)
         s = config.server
@@ -108,8 +134,10 @@ class Gateway:
         self.started_at = time.time()
         self.ready = False
         self._server: Server | None = None
-        self._lane_task: asyncio.Task[None] | None = None
+        self._lane_tasks: list[asyncio.Task[None]] = []
         self.voices: list[str] = []
+        """Every engine's voices (the primary's first)."""
+        self.lane_voices: dict[str, list[str]] = {}
         self.tracer: Tracer | None = None
         """Set by benchmarks to collect the gateway's own latencies."""
 
@@ -118,6 +146,64 @@ class Gateway:
         if c.url:
             return create_llm("openai", url=c.url, model=c.model, api_key=c.api_key)
         return create_llm("replay", path=c.replies, tokens_per_s=c.tokens_per_s)
+
+    def _profiles(self) -> dict[str, LaneProfile]:
+        """Each lane's timing for placement: the engine's ``timing``, overridden by
+        ``[tts.profiles.<lane>]``."""
+        overrides = self.config.tts.profiles
+        lanes = [e.lane for e in self.engines]
+        if unknown := set(overrides) - set(lanes):
+            raise ValueError(f"tts.profiles: no engine runs on lane(s) "
+                             f"{', '.join(sorted(unknown))}; lanes: {', '.join(lanes)}")
+        profiles: dict[str, LaneProfile] = {}
+        for eng in self.engines:
+            figures = {**(getattr(eng, "timing", None) or {}), **overrides.get(eng.lane, {})}
+            if not figures:
+                raise ValueError(f"engine {eng.name!r} declares no timing figures to place "
+                                 f"turns with: set [tts.profiles.{eng.lane}] first_s and rtf")
+            profiles[eng.lane] = profile_from(eng.lane, figures)
+        return profiles
+
+    # ---- lanes -------------------------------------------------------------------------
+
+    def llm_started(self) -> None:
+        """An LLM stream of this gateway began decoding: every lane is told (a lane decides
+        by its name whether it shares the GPU with the LLM)."""
+        self.llm_streams += 1
+        for lane in self.lanes.values():
+            lane.llm_started()
+
+    def llm_ended(self) -> None:
+        self.llm_streams = max(0, self.llm_streams - 1)
+        for lane in self.lanes.values():
+            lane.llm_ended()
+
+    def place_turn(self, owner: Hashable, voice: str | None) -> Lane:
+        """The lane of a voice turn (``owner``: its jobs' owner): chosen at its first
+        segment, among the lanes whose engine has ``voice``, then kept until
+        ``release_turn``."""
+        if self.placer is None:
+            return self.lane
+        usable = [n for n, lane in self.lanes.items() if lane.loaded and lane.unhealthy is None]
+        return self.lanes[self.placer.place_turn(owner, voice, self.llm_streams > 0, usable)]
+
+    def lane_for(self, owner: Hashable) -> Lane:
+        """The lane ``owner``'s jobs went to (the primary for an owner never placed)."""
+        name = self.placer.lane_of(owner) if self.placer is not None else None
+        return self.lane if name is None else self.lanes[name]
+
+    def release_turn(self, owner: Hashable) -> None:
+        """``owner``'s turn ended: its lane serves one turn fewer. Idempotent."""
+        if self.placer is not None:
+            self.placer.release(owner)
+
+    def lane_for_voice(self, voice: str | None) -> Lane:
+        """Background (HTTP) speech: the primary lane, unless only another engine has
+        ``voice``."""
+        if self.placer is None:
+            return self.lane
+        lanes = self.placer.lanes_with(voice)
+        return self.lane if not lanes or self.lane.name in lanes else self.lanes[lanes[0]]
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -129,16 +215,23 @@ class Gateway:
                              "(--token) or pass --insecure-bind")
         await self.http.start()  # first, so /health answers 503 while the engine warms up
         self.telemetry.loop_lag.start()
-        self._lane_task = asyncio.create_task(self.lane.run(), name=f"lane-{self.lane.name}")
+        self._lane_tasks = [asyncio.create_task(lane.run(), name=f"lane-{lane.name}")
+                            for lane in self.lanes.values()]
         try:
-            seconds = await self.lane.load()
+            seconds = await asyncio.gather(*(lane.load() for lane in self.lanes.values()))
         except BaseException:
+            for task in self._lane_tasks:
+                await cancel_and_wait(task)
             await self.telemetry.loop_lag.aclose()
             await self.http.aclose()
             raise
-        self.voices = list(self.engine.voices())
-        log.info("engine %s loaded on lane %s in %.2f s", self.engine.name, self.lane.name,
-                 seconds)
+        voices = {lane.name: list(lane.engine.voices()) for lane in self.lanes.values()}
+        self.lane_voices = voices
+        self.voices = list(dict.fromkeys(v for vs in voices.values() for v in vs))
+        if len(self.lanes) > 1:
+            self.placer = TurnPlacer(self.profiles, voices, primary=self.lane.name)
+        for lane, s_ in zip(self.lanes.values(), seconds, strict=True):
+            log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
         ssl_context = None
         if s.tls_cert:
             import ssl
@@ -174,10 +267,12 @@ class Gateway:
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
-        await cancel_and_wait(self._lane_task)
+        for task in self._lane_tasks:
+            await cancel_and_wait(task)
         for runner in list(self.runners.values()):
             runner.close()
-        await self.lane.aclose()
+        for lane in self.lanes.values():
+            await lane.aclose()
         await self.llm.aclose()
         await self.telemetry.aclose()
 
@@ -220,8 +315,17 @@ class Gateway:
         lane = self.lane
         active = sum(1 for r in self.runners.values()
                      if r.session.turn is not None and r.session.turn.state.value != "ended")
+        lanes = list(self.lanes.values())
+        # the primary decides: a stuck second lane only loses its turns to the primary
+        # (placement skips it); it shows in lanes[...]["unhealthy"]
         status = "unhealthy" if lane.unhealthy is not None else \
-            "ok" if self.ready and lane.loaded else "starting"
+            "ok" if self.ready and all(ln.loaded for ln in lanes) else "starting"
+        names = [ln.engine.name for ln in lanes]
+        engines = {(ln.engine.name if names.count(ln.engine.name) == 1 else
+                    f"{ln.engine.name}@{ln.name}"): {
+            "loaded": ln.loaded, "lane": ln.name,
+            "warm": ln.loaded and ln.stats.jobs_done > 0,
+            "voices": len(self.lane_voices.get(ln.name, ()))} for ln in lanes}
         return {
             "status": status,
             "version": version(),
@@ -230,9 +334,7 @@ class Gateway:
             "sessions": len(self.runners),
             "connections": len(self.connections),
             "active_turns": active,
-            "engines": {self.engine.name: {"loaded": lane.loaded, "lane": lane.name,
-                                           "warm": lane.loaded and lane.stats.jobs_done > 0,
-                                           "voices": len(self.voices)}},
+            "engines": engines,
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
                        "voices": len(self.voices), "unhealthy": lane.unhealthy},
             "lanes": self.telemetry.lane_health(),
@@ -277,7 +379,7 @@ class Gateway:
         return Session(f"sess_{secrets.token_urlsafe(9)}", settings=settings,
                        limits=SessionLimits(history_turns=d.history_turns),
                        voices=self.voices or None,
-                       reads_digits=getattr(self.engine, "reads_digits", True))
+                       reads_digits=all(getattr(e, "reads_digits", True) for e in self.engines))
 
     async def _handle(self, websocket: ServerConnection) -> None:
         conn = VoiceConnection(self, websocket)
@@ -318,6 +420,9 @@ async def serve_until_signalled(config: GatewayConfig) -> None:
     print(f"  LLM:   {llm}", flush=True)
     print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
           f" (voice {c.tts.voice or 'default'}, {len(gateway.voices)} available)", flush=True)
+    for lane in list(gateway.lanes.values())[1:]:
+        print(f"  also:  {lane.engine.name} on lane {lane.name} (turns whose voice it has "
+              "may be placed there)", flush=True)
     auth = f"{len(c.server.tokens)} token(s) required" if c.server.tokens else \
         "none (no token configured: loopback only)" if not c.server.insecure_bind else \
         "NONE, and bound beyond loopback (--insecure-bind)"

@@ -235,10 +235,11 @@ class Telemetry:
             f"{LOOP_LAG_INTERVAL_S:g} s", buckets=_LAG_BUCKETS, registry=r))
         r.register(_StateCollector(self))
         self.llm_tokens_per_s: float | None = None
-        self.busy = {gateway.lane.name: BusyWindow(started=time.perf_counter())}
+        self.busy = {name: BusyWindow(started=time.perf_counter()) for name in gateway.lanes}
         self.llm_probe = LlmProbe(gateway.config.llm.url, gateway.config.llm.api_key)
         self._jobs: dict[Job, _JobTally] = {}
-        gateway.lane.observer = self
+        for lane in gateway.lanes.values():
+            lane.observer = self
         gateway.metrics.listeners.append(self.turn_done)
 
     # ---- hooks -----------------------------------------------------------------------
@@ -284,19 +285,28 @@ class Telemetry:
     # ---- reading -----------------------------------------------------------------------
 
     def lane_health(self) -> dict[str, Any]:
-        lane = self.gateway.lane
+        """Per lane (primary first): its engine, load and compute; ``turns`` is the voice
+        turns placed on it and not yet ended (with two lanes, see ``TurnPlacer``)."""
+        gw = self.gateway
         now = time.perf_counter()
-        window = self.busy.get(lane.name)
-        return {lane.name: {
-            "queue_depth": lane.queue_depth,
-            "busy": lane.busy,
-            "busy_share_1m": round(window.share(now), 4) if window else 0.0,
-            "compute_s_1m": round(window.busy_s(now), 3) if window else 0.0,
-            "compute_s": round(lane.stats.busy_s, 3),
-            "steps": lane.stats.steps,
-            "jobs": {"done": lane.stats.jobs_done, "failed": lane.stats.jobs_failed,
-                     "cancelled": lane.stats.jobs_cancelled},
-        }}
+        out = {}
+        for lane in gw.lanes.values():
+            window = self.busy.get(lane.name)
+            out[lane.name] = {
+                "engine": lane.engine.name,
+                "queue_depth": lane.queue_depth,
+                "busy": lane.busy,
+                "busy_share_1m": round(window.share(now), 4) if window else 0.0,
+                "compute_s_1m": round(window.busy_s(now), 3) if window else 0.0,
+                "compute_s": round(lane.stats.busy_s, 3),
+                "steps": lane.stats.steps,
+                "jobs": {"done": lane.stats.jobs_done, "failed": lane.stats.jobs_failed,
+                         "cancelled": lane.stats.jobs_cancelled},
+                "unhealthy": lane.unhealthy,
+            }
+            if gw.placer is not None:
+                out[lane.name]["turns"] = gw.placer.active(lane.name)
+        return out
 
     def llm_health(self) -> dict[str, Any]:
         self.llm_probe.refresh_if_stale()
@@ -337,11 +347,12 @@ class _StateCollector(Collector):
                                   value=m.sessions_opened)
         cancels = CounterMetricFamily("gateway_lane_cancels", "Synthesis jobs cancelled",
                                       labels=["lane"])
-        cancels.add_metric([gw.lane.name], gw.lane.stats.jobs_cancelled)
-        yield cancels
         compute = CounterMetricFamily("gateway_lane_compute_seconds",
                                       "Compute time spent in engine steps", labels=["lane"])
-        compute.add_metric([gw.lane.name], gw.lane.stats.busy_s)
+        for lane in gw.lanes.values():
+            cancels.add_metric([lane.name], lane.stats.jobs_cancelled)
+            compute.add_metric([lane.name], lane.stats.busy_s)
+        yield cancels
         yield compute
         yield GaugeMetricFamily("gateway_sessions", "Open voice sessions",
                                 value=len(gw.runners))
@@ -350,13 +361,21 @@ class _StateCollector(Collector):
                                 value=len(speech.streams) if speech is not None else 0)
         depth = GaugeMetricFamily("gateway_lane_queue_depth", "Synthesis jobs queued or running",
                                   labels=["lane"])
-        depth.add_metric([gw.lane.name], gw.lane.queue_depth)
-        yield depth
         busy = GaugeMetricFamily("gateway_lane_busy_share", "Busy share over the last minute",
                                  labels=["lane"])
-        window = self.t.busy.get(gw.lane.name)
-        busy.add_metric([gw.lane.name], window.share(time.perf_counter()) if window else 0.0)
+        placed = GaugeMetricFamily("gateway_lane_turns", "Voice turns placed on the lane and "
+                                  "not yet ended", labels=["lane"])
+        now = time.perf_counter()
+        for lane in gw.lanes.values():
+            depth.add_metric([lane.name], lane.queue_depth)
+            window = self.t.busy.get(lane.name)
+            busy.add_metric([lane.name], window.share(now) if window else 0.0)
+            if gw.placer is not None:
+                placed.add_metric([lane.name], gw.placer.active(lane.name))
+        yield depth
         yield busy
+        if gw.placer is not None:
+            yield placed
         rate = self.t.llm_tokens_per_s
         yield GaugeMetricFamily("gateway_llm_tokens_per_second",
                                 "LLM decode rate reported with the last finished turn",

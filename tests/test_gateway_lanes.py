@@ -1,0 +1,191 @@
+"""Two real engines on two lanes in the live gateway: turns are placed per turn
+(``tts.also``), with a real HTTP LLM (the scripted SSE double) decoding or not."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from gateway.config import load_config
+from gateway.core.placement import LaneLoad, place
+from gateway.io.server import Gateway
+from tests.servers import Hang, Text
+from tests.wsclient import read_turn, recv_event, send
+
+LONG = ("This first sentence is long on purpose, so that its synthesis is still queued on "
+        "its lane, paced just in time, when the listener interrupts the reply halfway "
+        "through it and the gateway has to drop whatever it had planned to say next.")
+
+TWO_LANES = {
+    "engine": "synthetic", "voice": "mid",
+    # gpu: free steps (inline); ane: small real costs, so idle placement prefers the gpu
+    "options": {"rtf": 0.0, "ttfa_ms": 0.0, "name": "synthetic-gpu"},
+    "also": "synthetic",
+    "also_options": {"lane": "ane", "rtf": 0.05, "ttfa_ms": 5.0, "name": "synthetic-ane"},
+}
+
+
+async def two_lane_gateway(llm_url: str | None = None, **tts) -> Gateway:
+    llm = {"url": llm_url} if llm_url else {"tokens_per_s": 0}
+    gw = Gateway(load_config(server={"port": 0}, llm=llm, tts={**TWO_LANES, **tts}))
+    await gw.start()
+    return gw
+
+
+def expected_lane(gw: Gateway, llm_decoding: bool) -> str:
+    """What ``place`` says for a turn arriving at an idle gateway."""
+    return place([LaneLoad(gw.profiles[name], 0) for name in gw.lanes], llm_decoding)
+
+
+async def test_while_the_llm_decodes_the_turn_speaks_on_the_ane_lane(scripted_llm_server):
+    # the LLM sends a first sentence and keeps decoding (hangs) while it is spoken
+    scripted_llm_server.script([Text(LONG + " "), Text("And then"), Hang()])
+    gw = await two_lane_gateway(scripted_llm_server.url)
+    try:
+        lane = expected_lane(gw, llm_decoding=True)
+        assert lane == "ane"  # place() leaves the GPU to a decoding LLM when ane is feasible
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="Tell me something long.")
+            sentence = await recv_event(ws, "sentence")
+            assert sentence["engine"] == "synthetic-ane"
+            owner = (next(iter(gw.runners)), sentence["turn_id"])
+            assert gw.lane_for(owner) is gw.lanes["ane"]
+            assert gw.placer is not None and gw.placer.active("ane") == 1
+            # the reply (an eager first clause, then the rest of the sentence) is still being
+            # made just in time on the ane lane; nothing on the gpu
+            assert gw.lanes["ane"].queue_depth >= 1 and gw.lanes["gpu"].queue_depth == 0
+
+            async with httpx.AsyncClient() as client:
+                r = await client.get(f"http://127.0.0.1:{gw.http_port}/health")
+            health = r.json()
+            assert list(health["lanes"]) == ["gpu", "ane"]
+            assert health["lanes"]["ane"]["engine"] == "synthetic-ane"
+            assert health["lanes"]["ane"]["turns"] == 1 and health["lanes"]["gpu"]["turns"] == 0
+            assert health["lanes"]["ane"]["steps"] > 0 and health["lanes"]["gpu"]["steps"] == 0
+            assert {e["lane"] for e in health["engines"].values()} == {"gpu", "ane"}
+
+            # barge-in: the turn's job is dropped from the ane lane, the LLM stream closed
+            await send(ws, type="cancel")
+            result = await read_turn(ws, sentence["turn_id"])
+        done = result.done
+        assert done["status"] == "cancelled"
+        assert done["metrics"]["engines"] == ["synthetic-ane"]
+        assert gw.lanes["ane"].queue_depth == 0 and gw.lanes["ane"].stats.jobs_cancelled >= 1
+        assert gw.lanes["gpu"].stats.steps == 0
+        assert gw.placer.active("ane") == 0 and gw.lane_for(owner) is gw.lane
+        await scripted_llm_server.requests[0].disconnected.wait()  # the LLM stream closed
+    finally:
+        await gw.aclose()
+
+
+async def test_with_no_llm_decoding_and_a_free_gpu_the_turn_stays_where_place_says():
+    gw = await two_lane_gateway()
+    try:
+        lane = expected_lane(gw, llm_decoding=False)
+        engine = gw.lanes[lane].engine.name
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="Hello there. How are you?")  # no LLM at all
+            result = await read_turn(ws)
+        assert lane == "gpu"  # these profiles: the gpu's first audio is earlier
+        assert result.done["status"] == "completed"
+        assert result.done["metrics"]["engines"] == [engine]
+        assert {s["engine"] for s in result.of("sentence")} == {engine}
+        assert gw.lanes[lane].stats.jobs_done == 2
+        assert gw.lanes["ane"].stats.steps == 0
+        assert gw.placer is not None and gw.placer.active(lane) == 0  # released at turn.done
+    finally:
+        await gw.aclose()
+
+
+async def test_a_voice_only_the_second_engine_has_is_spoken_there():
+    # espeak (cpu lane) has no "high" voice; the synthetic engine on the ane lane has
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "espeak", "also": "synthetic",
+        "also_options": {"lane": "ane", "rtf": 0.0, "ttfa_ms": 0.0, "name": "synthetic-ane"}}))
+    await gw.start()
+    try:
+        assert gw.placer is not None and gw.placer.lanes_with("high") == ["ane"]
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"voice": "high"})
+            await recv_event(ws, "session.updated")
+            await send(ws, type="say", text="Only one lane has this voice.")
+            result = await read_turn(ws)
+        assert result.done["metrics"]["engines"] == ["synthetic-ane"]
+        # background HTTP speech: the primary lane, unless only the other has the voice
+        async with httpx.AsyncClient() as client:
+            url = f"http://127.0.0.1:{gw.http_port}/v1/audio/speech"
+            r = await client.post(url, json={"input": "Hi.", "voice": "high",
+                                             "response_format": "pcm"})
+            assert r.status_code == 200 and r.headers["x-engine"] == "synthetic-ane"
+            assert len(r.content) > 0
+            r = await client.post(url, json={"input": "Hi.", "response_format": "pcm"})
+            assert r.status_code == 200 and r.headers["x-engine"] == "espeak"
+        assert gw.lanes["ane"].stats.jobs_done == 2 and gw.lanes["cpu"].stats.jobs_done == 1
+    finally:
+        await gw.aclose()
+
+
+async def test_metrics_and_models_list_both_lanes():
+    gw = await two_lane_gateway()
+    try:
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
+            models = (await client.get(f"http://127.0.0.1:{gw.http_port}/v1/models")).json()
+        for lane in ("gpu", "ane"):
+            assert f'gateway_lane_queue_depth{{lane="{lane}"}}' in text
+            assert f'gateway_lane_turns{{lane="{lane}"}}' in text
+        assert [(m["id"], m["lane"]) for m in models["data"]] == [
+            ("synthetic-gpu", "gpu"), ("synthetic-ane", "ane")]
+    finally:
+        await gw.aclose()
+
+
+def test_two_engines_on_one_lane_is_a_config_error():
+    config = load_config(server={"port": 0},
+                         tts={**TWO_LANES, "also_options": {"lane": "gpu"}})
+    with pytest.raises(ValueError, match="different lanes"):
+        Gateway(config)
+
+
+@pytest.mark.parametrize("profiles, message", [
+    ({"cpu": {"rtf": 0.5}}, "no engine runs on lane"),
+    ({"ane": {"speed": 2.0}}, "unknown timing"),
+])
+def test_bad_profiles_are_config_errors(profiles, message):
+    config = load_config(server={"port": 0}, tts={**TWO_LANES, "profiles": profiles})
+    with pytest.raises(ValueError, match=message):
+        Gateway(config)
+
+
+def test_profiles_override_the_engines_own_figures():
+    gw = Gateway(load_config(server={"port": 0},
+                             tts={**TWO_LANES, "profiles": {"ane": {"rtf": 0.7}}}))
+    assert gw.profiles["ane"].rtf == 0.7 and gw.profiles["ane"].first_s == 0.005
+    assert gw.profiles["gpu"].shares_gpu and not gw.profiles["ane"].shares_gpu
+    for lane in gw.lanes.values():  # never started: stop the lane threads
+        lane._executor.shutdown()
+
+
+def test_the_cli_flag_names_the_second_engine(tmp_path):
+    from gateway.cli import _parser
+
+    args = _parser().parse_args(["serve", "--tts", "qwen3", "--tts-also", "ane"])
+    assert args.tts_also == "ane"
+    toml = tmp_path / "hub.toml"
+    toml.write_text('[tts]\nengine = "qwen3"\nalso = "ane"\n'
+                    '[tts.also_options]\nvoice = "Serena"\n'
+                    '[tts.profiles.ane]\nrtf = 0.8\n')
+    config = load_config(toml)
+    assert config.tts.also == "ane" and config.tts.also_options == {"voice": "Serena"}
+    assert config.tts.profiles == {"ane": {"rtf": 0.8}}
+
+
+async def test_one_lane_gateway_keeps_its_single_lane(start_gateway):
+    gw = await start_gateway()
+    assert list(gw.lanes) == [gw.lane.name] and gw.placer is None
+    health = gw.health()
+    assert list(health["lanes"]) == [gw.lane.name] and "turns" not in health["lanes"]["cpu"]

@@ -1,0 +1,103 @@
+"""Per-turn lane choice (``gateway.core.placement.TurnPlacer``): sans-I/O, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.placement import LaneLoad, LaneProfile, TurnPlacer, place, profile_from
+
+# the hub's figures (calibration.json): qwen3 0.6B on the GPU, the Core ML port on the ANE
+GPU = profile_from("gpu", {"first_s": 0.107, "rtf": 0.44, "first_s_llm": 0.216,
+                           "rtf_llm": 0.97})
+ANE = profile_from("ane", {"first_s": 0.045, "rtf": 0.705})
+
+
+def placer(gpu_voices=("Serena", "clone"), ane_voices=("Serena",)) -> TurnPlacer:
+    return TurnPlacer({"gpu": GPU, "ane": ANE}, {"gpu": gpu_voices, "ane": ane_voices},
+                      primary="gpu")
+
+
+def test_profile_from_marks_only_the_gpu_lane_as_shared_with_the_llm():
+    assert GPU.shares_gpu and GPU.predict(llm_decoding=True) == (0.216, 0.97)
+    assert not ANE.shares_gpu and ANE.predict(llm_decoding=True) == (0.045, 0.705)
+
+
+@pytest.mark.parametrize("figures, message", [
+    ({"rtf": 0.4}, "first_s"),
+    ({"first_s": 0.1, "rtf": 0.4, "speed": 2}, "unknown"),
+    ({"first_s": -1, "rtf": 0.4}, ">= 0"),
+])
+def test_profile_from_refuses_incomplete_or_unknown_figures(figures, message):
+    with pytest.raises(ValueError, match=message):
+        profile_from("ane", figures)
+
+
+@pytest.mark.parametrize("llm_decoding", [False, True])
+def test_a_turn_goes_where_place_says_among_the_lanes_with_its_voice(llm_decoding):
+    p = placer()
+    expected = place([LaneLoad(GPU, 0), LaneLoad(ANE, 0)], llm_decoding)
+    assert p.place_turn("t1", "serena", llm_decoding) == expected
+    assert p.active(expected) == 1
+
+
+def test_while_the_llm_decodes_a_turn_leaves_the_gpu_to_it():
+    assert placer().place_turn("t1", "Serena", llm_decoding=True) == "ane"
+
+
+def test_a_turn_keeps_its_lane_for_every_later_segment():
+    p = placer()
+    first = p.place_turn("t1", "Serena", llm_decoding=True)
+    # the LLM has finished and the other lane is now better: still one voice per reply
+    assert p.place_turn("t1", "Serena", llm_decoding=False) == first
+    assert p.lane_of("t1") == first and p.active(first) == 1
+
+
+def test_a_full_ane_lane_sends_the_next_turn_to_the_gpu():
+    p = placer()
+    assert p.place_turn("t1", "Serena", llm_decoding=True) == "ane"
+    # (1 + 1) * 0.705 > 1: a second listener would starve on the ANE
+    assert p.place_turn("t2", "Serena", llm_decoding=True) == "gpu"
+    assert p.release("t1") == "ane"
+    assert p.place_turn("t3", "Serena", llm_decoding=True) == "ane"
+
+
+@pytest.mark.parametrize("voice", ["clone", None, "nobody"])
+def test_a_voice_only_the_primary_has_no_voice_or_an_unknown_one_stays_on_the_primary(voice):
+    p = placer()
+    assert p.place_turn("t1", voice, llm_decoding=True) == "gpu"
+
+
+def test_a_voice_only_the_other_lane_has_goes_there():
+    p = placer(gpu_voices=("clone",))
+    assert p.lanes_with("Serena") == ["ane"]
+    assert p.place_turn("t1", "Serena", llm_decoding=False) == "ane"
+
+
+def test_an_unusable_lane_is_skipped_unless_it_alone_has_the_voice():
+    p = placer()
+    assert p.place_turn("t1", "Serena", llm_decoding=True, usable=["gpu"]) == "gpu"
+    only_ane = placer(gpu_voices=("clone",))
+    assert only_ane.place_turn("t2", "Serena", llm_decoding=True, usable=["gpu"]) == "ane"
+
+
+def test_release_is_idempotent_and_frees_the_lane():
+    p = placer()
+    lane = p.place_turn("t1", "Serena", llm_decoding=True)
+    assert p.release("t1") == lane and p.release("t1") is None
+    assert p.active(lane) == 0 and p.lane_of("t1") is None
+
+
+def test_every_lane_needs_a_profile_and_voices():
+    with pytest.raises(ValueError):
+        TurnPlacer({"gpu": GPU}, {"gpu": (), "ane": ()}, primary="gpu")
+    with pytest.raises(ValueError):
+        TurnPlacer({"gpu": GPU, "ane": ANE}, {"gpu": (), "ane": ()}, primary="cpu")
+
+
+def test_lane_profile_is_what_place_reads():
+    # the placer hands place() exactly its profiles and counts
+    p = TurnPlacer({"gpu": LaneProfile("gpu", 0.1, 0.9, shares_gpu=True),
+                    "ane": LaneProfile("ane", 0.2, 0.9)},
+                   {"gpu": ["a"], "ane": ["a"]}, primary="gpu")
+    assert p.place_turn("t1", "a", llm_decoding=False) == "gpu"  # earlier first audio
+    assert p.place_turn("t2", "a", llm_decoding=False) == "ane"  # gpu: 2 * 0.9 > 1
