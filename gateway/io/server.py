@@ -8,7 +8,7 @@ With two, each voice turn is placed on one lane when its first segment is ready
 lane unless only the other engine has the requested voice.
 
 ``Gateway(config)``; ``await gateway.start()`` binds (port 0 picks a free port, read it back
-from ``gateway.port``), loads the engine on its lane thread and starts serving;
+from ``gateway.port``), loads each engine on its lane's thread and starts serving;
 ``await gateway.aclose()`` closes every connection with 1001, cancels turns and releases
 the engine. ``run(config)`` does both around SIGINT/SIGTERM under uvloop.
 """
