@@ -86,6 +86,9 @@ class TtsEngine(Protocol):
     # lanes (``gateway.core.placement.profile_from``): ``first_s`` (time to first audio on a
     # free lane), ``rtf`` (lane seconds per audio second) and, for an engine that shares the
     # GPU with the LLM, ``first_s_llm``/``rtf_llm`` while the LLM decodes.
+    # Optional: ``one_stream_at_a_time = True`` for an engine that refuses a second open
+    # stream (``engine_busy``); its lane then runs whole jobs in arrival order instead of
+    # interleaving their steps (``gateway.io.server``).
 
     def voices(self) -> list[str]:
         """Names of the voices this engine can speak with."""

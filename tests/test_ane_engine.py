@@ -89,3 +89,30 @@ def test_port_errors_are_mapped(monkeypatch):
         stream.step()
     assert err.value.code == "engine_failed"
     assert stream.step() is None
+
+
+async def test_a_gateway_on_the_ane_engine_serves_two_sessions_at_once(double):
+    # The port refuses a second open synthesis; interleaving two turns' steps on its lane
+    # would fail one of them with engine_busy. Its lane runs whole jobs instead.
+    from websockets.asyncio.client import connect
+
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+    from tests.wsclient import read_turn, recv_event, send
+
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}),
+                 engine=AneEngine())
+    await gw.start()
+    try:
+        url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+        async with connect(url) as a, connect(url) as b:
+            for ws in (a, b):
+                await recv_event(ws, "session.created")
+            for ws in (a, b):
+                await send(ws, type="say", text="Two sentences for this one. And another here.")
+            turns = [await read_turn(ws) for ws in (a, b)]
+        assert [t.done["status"] for t in turns] == ["completed", "completed"]
+        assert all(t.audio_ms > 0 for t in turns)
+        assert gw.metrics.errors["engine_busy"] == 0
+    finally:
+        await gw.aclose()

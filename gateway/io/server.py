@@ -114,6 +114,10 @@ class Gateway:
                         max_lead=config.session.max_lead_ms / 1000.0,
                         step_timeout_s=config.tts.step_timeout_s)
             lane.scheduler.policy = LanePolicy(config.server.lane_policy)
+            if getattr(eng, "one_stream_at_a_time", False):
+                # interleaving two jobs' steps would open a second stream, which this engine
+                # refuses: whole jobs, in arrival order
+                lane.scheduler.policy = LanePolicy.FIFO
             self.lanes[lane.name] = lane
         self.lane = self.lanes[self.engine.lane]
         """The primary engine's lane."""
