@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.core.placement import LaneLoad, LaneProfile, place
+from gateway.core.placement import LaneLoad, LaneProfile, TurnPlacer, place
 from gateway.core.scheduler import JIT_GRANULARITY_S, Job, LaneScheduler, Priority, Rank, step_ms
 
 CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.json"
@@ -171,6 +171,14 @@ class Turn:
     segments: list[SimJob] = field(default_factory=list)
     chunks: list[tuple[int, float, float]] = field(default_factory=list)  # seg, t, dur
     play_end: float | None = None
+    n_segments: int | None = None
+    """How many segments the reply will have (None: not known)."""
+
+    @property
+    def synthesized(self) -> bool:
+        """Every segment of the reply is submitted and made: no more work will come."""
+        return (self.n_segments is not None and len(self.segments) == self.n_segments
+                and all(j.done for j in self.segments))
 
     def deliver(self, seg: int, dur: float, now: float) -> None:
         self.chunks.append((seg, now, dur))
@@ -322,6 +330,7 @@ class SimLane:
         self.busy = False
         self.busy_s = 0.0
         self.active: set[int] = set()  # interactive turns with queued work (for placement)
+        self.on_job_done: Callable[[SimJob], None] | None = None
         self._wake_at: float | None = None
 
     @staticmethod
@@ -368,6 +377,8 @@ class SimLane:
                 self.sched.finish(job)
                 if job.owner not in self.sched.owners():
                     self.active.discard(job.owner)
+                if self.on_job_done is not None:
+                    self.on_job_done(sj)
             self.kick()
         run_step(self.sim, sj, self.name, done)
 
@@ -376,10 +387,17 @@ class Scheduler:
     name = "scheduler"
 
     def __init__(self, sim: Sim, max_lead: float = 1.0, ane: bool = False,
-                 rank: Rank = Rank.STREAM_AGE, pace_background_always: bool = False, **_: Any):
+                 rank: Rank = Rank.STREAM_AGE, pace_background_always: bool = False,
+                 active: str = "queued", **_: Any):
+        """``active``, with ``ane``: which turns count on a lane when placing a new one.
+        ``queued``: turns with work queued on it now; ``sent``: turns placed on it until
+        their last audio is made and delivered (the live gateway: ``TurnPlacer`` until
+        ``turn.done``, which goes out with the last frame); ``played``: until the listener
+        has played it all. ``sent`` and ``played`` run the live ``TurnPlacer``."""
         self.sim = sim
         self.gpu = SimLane(sim, "gpu", max_lead, rank, pace_background_always)
         self.ane = SimLane(sim, "ane", max_lead, rank) if ane else None
+        self.active = active
         m = sim.m
         self.profiles = {
             "gpu": LaneProfile("gpu", m.first_host_s + m.first_gpu_s, m.gpu_s_per_audio_s,
@@ -388,10 +406,27 @@ class Scheduler:
                                rtf_llm=m.gpu_s_per_audio_s * (1 + m.llm_weight)),
             "ane": LaneProfile("ane", m.ane_first_s, m.ane_rtf),
         }
+        self.placer: TurnPlacer | None = None
+        if self.ane is not None and active != "queued":
+            self.placer = TurnPlacer(self.profiles, {"gpu": ["v"], "ane": ["v"]}, "gpu")
+            self.gpu.on_job_done = self.ane.on_job_done = self._job_done
+
+    def _job_done(self, sj: SimJob) -> None:
+        turn = sj.turn
+        if self.placer is None or not turn.interactive or not turn.synthesized:
+            return
+        if self.active == "sent":
+            self.placer.release(id(turn))
+        else:  # "played": when the listener has played it all
+            end = max(self.sim.now, turn.play_end or self.sim.now)
+            self.sim.at(end, lambda: self.placer.release(id(turn)))
 
     def submit(self, job: SimJob) -> None:
         lane = self.gpu
-        if self.ane is not None and job.priority is Priority.INTERACTIVE:
+        if self.placer is not None and job.priority is Priority.INTERACTIVE:
+            chosen = self.placer.place_turn(id(job.turn), "v", bool(self.sim.llm_streams))
+            lane = self.ane if chosen == "ane" else self.gpu
+        elif self.ane is not None and job.priority is Priority.INTERACTIVE:
             if job.index > 0:  # a turn stays on the lane its first segment chose
                 lane = self.ane if job.turn.segments[0].lane == "ane" else self.gpu
             else:
@@ -484,6 +519,7 @@ def hub_session(sim: Sim, policy: Any, turns: list[Turn], until: float, step_s: 
         turn = Turn(start=sim.now)
         turns.append(turn)
         lengths = [rng.uniform(2.0, 6.0) for _ in range(1 if rng.random() < 0.5 else 2)]
+        turn.n_segments = len(lengths)
         if not llm:
             for a in lengths:
                 policy.submit(make_job(sim, turn, a, Priority.INTERACTIVE, step_s))

@@ -8,6 +8,7 @@ seconds after its submission instead of at once, so a listener that is playing a
 less than ``slack`` of audio goes first. ``lead``: ``max_lead`` (just in time).
 
     python -m bench.scheduler_variants --holds [--duration 600]
+    python -m bench.scheduler_variants --placements [--duration 1800] [--sessions 6]
 
 LLM-aware start-of-playback prebuffer (section 5 of bench/SCHEDULER.md): a reply's first
 audio is held until the listener holds ``A * (1 - 1/r)`` seconds, where ``A`` is the first
@@ -118,6 +119,21 @@ def holds(model: sim.Model, args: argparse.Namespace) -> None:
         sim.Turn = plain
 
 
+def placements(model: sim.Model, args: argparse.Namespace) -> None:
+    """``sched+ane`` with each rule for counting a lane's active turns (``Scheduler``)."""
+    print("sessions: gpu lane load, underruns / stall s / TTFA p50/p90 ms, share on ane")
+    for active in ("queued", "sent", "played"):
+        sim.POLICIES["variant"] = lambda s, active=active, **kw: sim.Scheduler(
+            s, ane=True, active=active, **kw)
+        cells = []
+        for n in range(1, args.sessions + 1):
+            r = sim.scenario_ramp(model, args.seed, args.duration, "variant", n)
+            cells.append(f"{n}: {r['lane_load']:.0%} {r['underruns']} / {r['stall_s']:.0f} / "
+                         f"{r['ttfa_p50_ms']:.0f}/{r['ttfa_p90_ms']:.0f} "
+                         f"{r['ane_share']:.0%}")
+        print(f"{active:7} | " + " | ".join(cells), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=600.0)
@@ -126,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=6)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--holds", action="store_true", help="the prebuffer / ranking variants")
+    ap.add_argument("--placements", action="store_true",
+                    help="sched+ane: how active turns are counted when placing one")
     args = ap.parse_args(argv)
     model = sim.Model.from_calibration(json.loads(sim.CALIBRATION.read_text()))
+    if args.placements:
+        placements(model, args)
+        return 0
     if args.holds:
         holds(model, args)
         return 0

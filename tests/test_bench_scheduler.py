@@ -69,3 +69,21 @@ def test_protecting_old_streams_cuts_underruns_at_three_sessions(model: sim.Mode
     age = sim.scenario_ramp(model, seed=42, duration=600.0, policy_name="scheduler", sessions=3)
     assert age["underruns"] < edf["underruns"] / 2
     assert age["stall_s"] < edf["stall_s"] * 1.25  # the shortage moves, it does not grow
+
+
+def test_the_live_turn_placer_counts_turns_like_the_simulator(model: sim.Model) -> None:
+    # The live gateway's TurnPlacer holds a turn on its lane until turn.done (its last frame
+    # sent); in the simulator that is "sent". The simulator's own rule counts turns with
+    # work queued on the lane; the two must place turns alike.
+    def ramp(active: str) -> dict:
+        sim.POLICIES["variant"] = lambda s, **kw: sim.Scheduler(s, ane=True, active=active, **kw)
+        try:
+            return sim.scenario_ramp(model, seed=42, duration=600.0, policy_name="variant",
+                                     sessions=4)
+        finally:
+            del sim.POLICIES["variant"]
+
+    queued, sent = ramp("queued"), ramp("sent")
+    assert 0 < sent["ane_share"] < 1
+    assert abs(sent["ane_share"] - queued["ane_share"]) < 0.05
+    assert sent["underruns"] <= queued["underruns"] * 1.1
