@@ -45,6 +45,15 @@ class Pacer:
         lead = self.lead_ms(now)
         return lead <= _EPSILON_MS or lead + duration_ms <= self.max_lead_ms + _EPSILON_MS
 
+    def frames_allowed(self, now: float, frame_ms: float) -> int:
+        """How many frames of ``frame_ms`` ``may_send`` would let go now, one after the
+        other (each sent frame adds its duration to the lead)."""
+        lead = self.lead_ms(now)
+        first = 0
+        if lead <= _EPSILON_MS:
+            first, lead = 1, frame_ms
+        return first + max(0, int((self.max_lead_ms + _EPSILON_MS - lead) // frame_ms))
+
     def wake_at(self) -> float | None:
         """When to release frames again: once the lead has dropped by ``refill_ms`` (at
         least one frame), so one wake-up sends several frames instead of one timer per
