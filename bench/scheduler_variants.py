@@ -107,31 +107,32 @@ def holds(model: sim.Model, args: argparse.Namespace) -> None:
                 ("stream age + hold x1.0", holding(1.0)),
                 ("stream age + hold x1.1", holding(1.1)),
                 ("stream age + hold x1.2", holding(1.2))):
-            sim.POLICIES["variant"] = factory
-            cells = []
-            for n in range(1, args.sessions + 1):
-                r = sim.scenario_ramp(model, args.seed, args.duration, "variant", n)
-                cells.append(f"{n}: {r['lane_load']:.0%} u{r['underruns']} "
-                             f"s{r['stall_s']:.0f} {r['ttfa_p50_ms']:.0f}/"
-                             f"{r['ttfa_p90_ms']:.0f}")
-            print(f"{label:26} | " + " | ".join(cells), flush=True)
+            row = ramp(model, args, factory, lambda n, r: (
+                f"{n}: {r['lane_load']:.0%} u{r['underruns']} s{r['stall_s']:.0f} "
+                f"{r['ttfa_p50_ms']:.0f}/{r['ttfa_p90_ms']:.0f}"))
+            print(f"{label:26} | {row}", flush=True)
     finally:
         sim.Turn = plain
+
+
+def ramp(model: sim.Model, args: argparse.Namespace, factory: Any,
+         cell: Any) -> str:
+    """Scenario 3 with ``factory`` as the policy at 1..``args.sessions`` sessions: one
+    ``cell(n, result)`` per session count, joined into a table row."""
+    sim.POLICIES["variant"] = factory
+    return " | ".join(cell(n, sim.scenario_ramp(model, args.seed, args.duration, "variant", n))
+                      for n in range(1, args.sessions + 1))
 
 
 def placements(model: sim.Model, args: argparse.Namespace) -> None:
     """``sched+ane`` with each rule for counting a lane's active turns (``Scheduler``)."""
     print("sessions: gpu lane load, underruns / stall s / TTFA p50/p90 ms, share on ane")
     for active in ("queued", "sent", "played"):
-        sim.POLICIES["variant"] = lambda s, active=active, **kw: sim.Scheduler(
-            s, ane=True, active=active, **kw)
-        cells = []
-        for n in range(1, args.sessions + 1):
-            r = sim.scenario_ramp(model, args.seed, args.duration, "variant", n)
-            cells.append(f"{n}: {r['lane_load']:.0%} {r['underruns']} / {r['stall_s']:.0f} / "
-                         f"{r['ttfa_p50_ms']:.0f}/{r['ttfa_p90_ms']:.0f} "
-                         f"{r['ane_share']:.0%}")
-        print(f"{active:7} | " + " | ".join(cells), flush=True)
+        row = ramp(model, args, lambda s, active=active, **kw: sim.Scheduler(
+            s, ane=True, active=active, **kw), lambda n, r: (
+            f"{n}: {r['lane_load']:.0%} {r['underruns']} / {r['stall_s']:.0f} / "
+            f"{r['ttfa_p50_ms']:.0f}/{r['ttfa_p90_ms']:.0f} {r['ane_share']:.0%}"))
+        print(f"{active:7} | {row}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,13 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     print("sessions: lane load, underruns, TTFA p90 ms")
     for slack in (float(x) for x in args.slack.split(",")):
         for lead in (float(x) for x in args.lead.split(",")):
-            sim.POLICIES["variant"] = variant(slack, lead)
-            cells = []
-            for n in range(1, args.sessions + 1):
-                r = sim.scenario_ramp(model, args.seed, args.duration, "variant", n)
-                cells.append(f"{n}: {r['lane_load']:.0%} u{r['underruns']} "
-                             f"{r['ttfa_p90_ms']:.0f}")
-            print(f"slack {slack:3.1f} lead {lead:4.1f} | " + " | ".join(cells), flush=True)
+            row = ramp(model, args, variant(slack, lead), lambda n, r: (
+                f"{n}: {r['lane_load']:.0%} u{r['underruns']} {r['ttfa_p90_ms']:.0f}"))
+            print(f"slack {slack:3.1f} lead {lead:4.1f} | {row}", flush=True)
     return 0
 
 
