@@ -50,7 +50,7 @@ DECODE_CODES = CODES - {"unknown_voice", "llm_unavailable", "llm_failed", "engin
 TYPES = ["session.update", "transcript", "say", "cancel", "playback", "ping"]
 FIELDS = ["type", "text", "turn_id", "played_ms", "session", "id", "voice", "instructions",
           "llm", "frame_ms", "max_lead_ms", "segmenter", "model", "temperature", "max_tokens",
-          "first_min_words", "first_phrase_words", "min_chars", "max_chars"]
+          "first_min_words", "first_phrase_words", "min_chars", "max_chars", "quote_max_chars"]
 
 
 def test_documented_codes_were_found():

@@ -272,6 +272,19 @@ def test_session_update_and_unknown_voice(clock):
     assert s.settings.voice == "en-gb"
 
 
+def test_every_segmenter_knob_is_reported_and_can_be_updated(clock):
+    from dataclasses import fields
+
+    from gateway.core.segmenter import SegmenterConfig
+
+    s = Session("s")
+    knobs = {f.name for f in fields(SegmenterConfig)}
+    assert set(s.settings.to_event()["segmenter"]) == knobs
+    out = s.receive(ClientSessionUpdate({"segmenter": {"quote_max_chars": 0}}), clock())
+    assert events(out)[0]["session"]["segmenter"]["quote_max_chars"] == 0
+    assert s.settings.segmenter.quote_max_chars == 0
+
+
 def test_session_update_first_phrase_words_cuts_the_first_segment(clock):
     s = Session("s")
     assert s.settings.to_event()["segmenter"]["first_phrase_words"] == 0
