@@ -543,13 +543,18 @@ class Session:
     def _frame(self, turn: Turn, seg: _SegmentAudio, flags: int, payload: bytes,
                duration: float, now: float) -> SendAudio:
         header = codec.frame_header(flags, seg.segment.index, turn.id, self._seq)
-        self._seq = (self._seq + 1) & 0xFFFFFFFF
-        seg.sent_ms += duration
-        turn.pacer.sent(duration, now)
-        turn.last_frame_turn_end = bool(flags & FLAG_TURN_END)
+        self._sent(turn, seg, 1, duration, bool(flags & FLAG_TURN_END), now)
+        return SendAudio(header + payload, duration)
+
+    def _sent(self, turn: Turn, seg: _SegmentAudio, n: int, duration: float, turn_end: bool,
+              now: float) -> None:
+        """Bookkeeping for ``n`` frames of ``duration`` ms each that went out just now."""
+        self._seq = (self._seq + n) & 0xFFFFFFFF
+        seg.sent_ms += n * duration
+        turn.pacer.sent(n * duration, now)
+        turn.last_frame_turn_end = turn_end
         if turn.t_first_audio is None:
             turn.t_first_audio = now
-        return SendAudio(header + payload, duration)
 
     def _frames(self, turn: Turn, seg: _SegmentAudio, n: int, frame_bytes: int,
                 now: float) -> list[Effect]:
@@ -565,13 +570,8 @@ class Session:
             out.append(SendAudio(codec.frame_header(0, index, turn_id, (seq + k) & 0xFFFFFFFF)
                                  + pending[start:start + frame_bytes], frame_ms))
         del pending[:n * frame_bytes]
-        self._seq = (seq + n) & 0xFFFFFFFF
         turn.held_bytes -= n * frame_bytes
-        seg.sent_ms += n * frame_ms
-        turn.pacer.sent(n * frame_ms, now)
-        turn.last_frame_turn_end = False
-        if turn.t_first_audio is None:
-            turn.t_first_audio = now
+        self._sent(turn, seg, n, frame_ms, False, now)
         return out
 
     def _finish_segment(self, turn: Turn, seg: _SegmentAudio) -> list[Effect]:
