@@ -63,6 +63,14 @@ class Outbox:
     def get(self, position: int) -> str | bytes:
         return self._items[position - self._start]
 
+    def take(self, limit: int | None = None) -> list[str | bytes]:
+        """The messages from the cursor on (at most ``limit``), for the writer; the cursor
+        moves past them."""
+        start = self.cursor
+        stop = self.end if limit is None else min(self.end, start + limit)
+        self.cursor = stop
+        return [self.get(position) for position in range(start, stop)]
+
     def position_after_frame(self, seq: int | None) -> int | None:
         """Where to resume for a client whose last received frame is ``seq`` (None: it
         received no frame): the position right after that frame, or None when the buffer

@@ -291,10 +291,15 @@ class SessionRunner:
         self._apply(self.session.synthesis_failed(job.owner[1], payload.index, code, message,
                                                   self.now()))
 
-    def frame_written(self, item: str | bytes) -> None:
-        ready_at = self._trace_frames.pop(id(item), None)
-        if ready_at is not None and self.gateway.tracer is not None:
-            self.gateway.tracer.add("chunk_to_frame_written", time.perf_counter() - ready_at)
+    def written(self, batch: list[str | bytes]) -> None:
+        """``batch`` went to the socket (tracing only: chunk → frame written)."""
+        tracer = self.gateway.tracer
+        if tracer is None:
+            return
+        for item in batch:
+            ready_at = self._trace_frames.pop(id(item), None)
+            if ready_at is not None:
+                tracer.add("chunk_to_frame_written", time.perf_counter() - ready_at)
 
 
 class VoiceConnection:
@@ -431,17 +436,12 @@ class VoiceConnection:
                 finally:
                     self._parked = False
                 continue
-            start = outbox.cursor
-            stop = min(outbox.end, start + WRITE_BATCH)
-            batch = [outbox.get(position) for position in range(start, stop)]
-            outbox.cursor = stop
+            batch = outbox.take(WRITE_BATCH)
             if len(batch) == 1:
                 await self.ws.send(batch[0])
             else:
                 await self._send_batch(batch)
-            if self.gateway.tracer is not None:
-                for item in batch:
-                    runner.frame_written(item)
+            runner.written(batch)
 
     def write_now(self) -> bool:
         """Write the runner's new output from the caller, without a task switch, when
@@ -458,14 +458,9 @@ class VoiceConnection:
                 or runner.closed or ws.protocol.state is not State.OPEN or ws.paused
                 or ws.transport.is_closing()):
             return False
-        outbox = runner.outbox
-        start, stop = outbox.cursor, outbox.end
-        batch = [outbox.get(position) for position in range(start, stop)]
-        outbox.cursor = stop
+        batch = runner.outbox.take()
         self._write(batch)
-        if self.gateway.tracer is not None:
-            for item in batch:
-                runner.frame_written(item)
+        runner.written(batch)
         return True
 
     async def _send_batch(self, batch: list[str | bytes]) -> None:
