@@ -212,6 +212,8 @@ class SpeechStream:
 
     gateway: Gateway
     requests: list[SynthesisRequest]
+    lane: Lane
+    """Where its jobs run: the primary lane, unless only another engine has the voice."""
     owner: tuple[str, int] = field(default_factory=lambda: ("http", next(_ids)))
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     started: float = field(default_factory=time.perf_counter)
@@ -224,13 +226,8 @@ class SpeechStream:
     finished: bool = False
     _next: int = 0
     _waiting_next: bool = False
-    lane: Lane | None = None
-    """Where its jobs run: the primary lane, unless only another engine has the voice."""
 
     def start(self) -> None:
-        if self.lane is None:
-            voice = self.requests[0].voice if self.requests else None
-            self.lane = self.gateway.lane_for_voice(voice)
         self.gateway.http.opened(self)
         self._submit_next()
 
@@ -238,7 +235,6 @@ class SpeechStream:
         index = self._next
         self._next += 1
         self._waiting_next = False
-        assert self.lane is not None, "start() first"
         self.lane.submit(self.owner, SynthesisJob(self.requests[index], self, index),
                          deadline=self.deadline(None, self.gateway_now()),
                          priority=Priority.BACKGROUND)
@@ -286,13 +282,13 @@ class SpeechStream:
     # control
     def fail(self, code: str, message: str) -> None:
         if not self.finished:
-            (self.lane or self.gateway.lane).cancel(self.owner)
+            self.lane.cancel(self.owner)
             self._finish(_Failed(code, message))
 
     def close(self) -> None:
         """Cancel the request's jobs (queued ones now, a running step at its end)."""
         if not self.finished:
-            (self.lane or self.gateway.lane).cancel(self.owner)
+            self.lane.cancel(self.owner)
             self.finished = True
         self.gateway.http.closed(self)
 
@@ -415,7 +411,7 @@ class SpeechApi:
                                      speed=params.speed, temperature=params.temperature,
                                      seed=params.seed, step_ms=step_ms(Priority.BACKGROUND),
                                      options=options) for s in segments]
-        stream = SpeechStream(gw, requests, lane=lane)
+        stream = SpeechStream(gw, requests, lane)
         stream.start()
         fmt, mode = params.response_format, params.mode
 
