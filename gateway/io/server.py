@@ -206,8 +206,8 @@ class Gateway:
         ``voice``."""
         if self.placer is None:
             return self.lane
-        lanes = self.placer.lanes_with(voice)
-        return self.lane if not lanes or self.lane.name in lanes else self.lanes[lanes[0]]
+        lanes = self.placer.lanes_with(voice)  # the primary first when it has the voice
+        return self.lanes[lanes[0]] if lanes else self.lane
 
     # ---- lifecycle ---------------------------------------------------------------------
 
