@@ -43,7 +43,8 @@ def offline_hf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_qwen3_custom_voice(
     tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path
 ) -> Path:
-    """Directory of a tiny ``custom_voice`` Qwen3-TTS model (speakers ``aria``, ``bram``)."""
+    """Directory of a tiny ``custom_voice`` Qwen3-TTS model (speakers ``aria``, ``bram``,
+    ``serena``)."""
     _require_mlx_audio()
     from tests.tiny_models.qwen3 import build_tiny_qwen3
 

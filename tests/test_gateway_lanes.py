@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import httpx
 import pytest
 from websockets.asyncio.client import connect
@@ -189,3 +191,46 @@ async def test_one_lane_gateway_keeps_its_single_lane(start_gateway):
     assert list(gw.lanes) == [gw.lane.name] and gw.placer is None
     health = gw.health()
     assert list(health["lanes"]) == [gw.lane.name] and "turns" not in health["lanes"]["cpu"]
+
+
+@pytest.mark.slow
+async def test_the_hubs_two_lanes_qwen3_custom_voice_and_the_ane_port_share_serena(
+        scripted_llm_server, tiny_qwen3_custom_voice, monkeypatch):
+    # The hub's two-lane set-up: qwen3 with a CustomVoice model on the gpu (its built-in
+    # "serena", through mlx-audio's real loader) next to the ANE port (test double of the
+    # Core ML module), both speaking "Serena". Placement then uses the engines' own timing
+    # (calibration.json): while an LLM decodes, the ane lane takes the first turn it can
+    # keep in real time (1 x 0.705 <= 1), and a second turn at once goes to the gpu
+    # (2 x 0.705 > 1 on ane; 1 x 0.97 on the gpu).
+    from tests.test_ane_engine import make_double_module
+
+    module, _ = make_double_module()
+    monkeypatch.setitem(sys.modules, "qwen3_tts_ane", module)
+    scripted_llm_server.script([Text("Here is a first sentence for you. "), Text("And then"),
+                                Hang()])
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": scripted_llm_server.url}, tts={
+        "engine": "qwen3", "model": str(tiny_qwen3_custom_voice), "voice": "serena",
+        "options": {"max_tokens": 6}, "also": "ane"}))
+    await gw.start()
+    try:
+        assert gw.placer is not None and gw.placer.lanes_with("SERENA") == ["gpu", "ane"]
+        assert gw.placer.lanes_with("aria") == ["gpu"]
+        url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+        async with connect(url) as a, connect(url) as b:
+            for ws in (a, b):
+                await recv_event(ws, "session.created")
+            await send(a, type="transcript", text="Say something.")
+            first = await recv_event(a, "sentence")
+            assert first["engine"] == "ane"  # the LLM is decoding: the GPU is left to it
+            assert gw.llm_streams == 1 and gw.placer.active("ane") == 1
+            await send(b, type="say", text="Hello from the other lane.")
+            second = await read_turn(b)
+            assert second.done["status"] == "completed"
+            assert second.done["metrics"]["engines"] == ["qwen3"]
+            assert second.audio_ms > 0
+            await send(a, type="cancel")
+            assert (await read_turn(a, first["turn_id"])).done["status"] == "cancelled"
+        assert gw.lanes["gpu"].stats.jobs_done >= 1 and gw.lanes["ane"].stats.steps >= 1
+        assert gw.placer.active("ane") == 0 and gw.placer.active("gpu") == 0
+    finally:
+        await gw.aclose()

@@ -44,7 +44,7 @@ def run(stream: SynthesisStream) -> list[bytes]:
 def test_is_a_tts_engine_on_the_gpu_lane(cv_engine):
     assert isinstance(cv_engine, TtsEngine)
     assert (cv_engine.lane, cv_engine.streams) == ("gpu", True)
-    assert cv_engine.voices() == ["aria", "bram"]
+    assert cv_engine.voices() == ["aria", "bram", "serena"]
     assert cv_engine.warmup_s is not None
 
 

@@ -12,7 +12,7 @@ def test_custom_voice_model_loads_and_streams(tiny_qwen3_custom_voice):
 
     model = load_model(tiny_qwen3_custom_voice)
     assert model.tokenizer is not None and model.speech_tokenizer is not None
-    assert model.get_supported_speakers() == ["aria", "bram"]
+    assert model.get_supported_speakers() == ["aria", "bram", "serena"]
     chunks = list(
         model.generate("Hi.", voice="aria", stream=True, streaming_interval=0.32, max_tokens=4)
     )

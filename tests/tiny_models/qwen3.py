@@ -24,7 +24,9 @@ from tests.tiny_models.bpe import write_bpe_tokenizer
 
 Kind = Literal["custom_voice", "base"]
 
-SPEAKERS = {"aria": 3000, "bram": 3001}
+SPEAKERS = {"aria": 3000, "bram": 3001, "serena": 3002}
+"""``serena``: one of the nine built-in speakers of the public Qwen3-TTS CustomVoice models, and
+the ANE port's only voice (the hub's two-lane configuration)."""
 """Speaker names of the tiny ``custom_voice`` model and their codec ids."""
 
 TEXT_VOCAB = 512
