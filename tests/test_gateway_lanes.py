@@ -234,3 +234,51 @@ async def test_the_hubs_two_lanes_qwen3_custom_voice_and_the_ane_port_share_sere
         assert gw.placer.active("ane") == 0 and gw.placer.active("gpu") == 0
     finally:
         await gw.aclose()
+
+
+async def test_placement_learns_what_the_lanes_measure(scripted_llm_server):
+    # The ane lane's engine really takes 0.6 s per audio second (it sleeps on its thread),
+    # while its configured figures claim 0.3: enough for two listeners at once. After one
+    # turn there, placement uses the measured rate, and a second concurrent turn goes to
+    # the gpu instead of overloading ane.
+    scripted_llm_server.script([Text("Here is a first sentence for you. "), Text("And then"),
+                                Hang()])
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": scripted_llm_server.url}, tts={
+        "engine": "synthetic", "voice": "mid",
+        "options": {"rtf": 0.0, "ttfa_ms": 0.0, "name": "synthetic-gpu"},
+        "also": "synthetic",
+        "also_options": {"lane": "ane", "rtf": 0.6, "ttfa_ms": 5.0, "step_ms": 40,
+                         "name": "synthetic-ane"},
+        "profiles": {"gpu": {"first_s": 0.2, "rtf": 0.0},
+                     "ane": {"first_s": 0.005, "rtf": 0.3}}}))
+    await gw.start()
+    try:
+        assert gw.placer is not None and gw.placer.profile("ane").rtf == 0.3
+        url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+        async with connect(url) as a, connect(url) as b:
+            for ws in (a, b):
+                await recv_event(ws, "session.created")
+            # idle: ane's (configured) first audio is earlier, so this turn is spoken there
+            await send(a, type="say", text="A first turn, long enough for a few dozen steps.")
+            warm = await read_turn(a)
+            assert warm.done["metrics"]["engines"] == ["synthetic-ane"]
+            learned = gw.placer.profile("ane")
+            assert learned.rtf >= 0.55 and learned.first_s == 0.005  # too few openings yet
+
+            await send(a, type="transcript", text="Say something.")  # the LLM decodes
+            first = await recv_event(a, "sentence")
+            assert first["engine"] == "synthetic-ane"
+            await send(b, type="say", text="And a second turn at the same time.")
+            second = await read_turn(b)
+            assert second.done["metrics"]["engines"] == ["synthetic-gpu"]
+
+            async with httpx.AsyncClient() as client:
+                health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
+            assert health["lanes"]["ane"]["timing"]["measured"] == ["rtf"]
+            assert health["lanes"]["ane"]["timing"]["rtf"] >= 0.55  # (still measuring)
+            gpu = health["lanes"]["gpu"]["timing"]
+            assert gpu["first_s"] == 0.2 and gpu["rtf_llm"] is None  # one opening: configured
+            await send(a, type="cancel")
+            assert (await read_turn(a, first["turn_id"])).done["status"] == "cancelled"
+    finally:
+        await gw.aclose()

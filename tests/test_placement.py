@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.placement import LaneLoad, LaneProfile, TurnPlacer, place, profile_from
+from gateway.core.placement import (
+    LaneLoad,
+    LaneProfile,
+    StepTimes,
+    TurnPlacer,
+    place,
+    profile_from,
+)
 
 # the hub's figures (calibration.json): qwen3 0.6B on the GPU, the Core ML port on the ANE
 GPU = profile_from("gpu", {"first_s": 0.107, "rtf": 0.44, "first_s_llm": 0.216,
@@ -101,3 +108,58 @@ def test_lane_profile_is_what_place_reads():
                    {"gpu": ["a"], "ane": ["a"]}, primary="gpu")
     assert p.place_turn("t1", "a", llm_decoding=False) == "gpu"  # earlier first audio
     assert p.place_turn("t2", "a", llm_decoding=False) == "ane"  # gpu: 2 * 0.9 > 1
+
+
+# ---- measured figures (StepTimes) -------------------------------------------------------
+
+def test_a_figure_is_measured_once_it_has_enough_samples():
+    t = StepTimes(min_samples=3)
+    for _ in range(2):
+        t.step(0.2, 0.32, opened=False, llm=False)
+    assert t.measured() == {} and t.apply(ANE) is ANE
+    t.step(0.2, 0.32, opened=False, llm=False)
+    assert t.measured() == {"rtf": pytest.approx(0.625)}
+    assert t.apply(ANE) == LaneProfile("ane", first_s=0.045, rtf=pytest.approx(0.625))
+
+
+def test_opening_steps_give_first_audio_later_steps_rtf_and_llm_steps_their_own():
+    t = StepTimes(min_samples=1)
+    t.step(0.30, 0.32, opened=True, llm=False)   # open + prefill + first chunk
+    t.step(0.16, 0.32, opened=False, llm=False)
+    t.step(0.50, 0.32, opened=True, llm=True)
+    t.step(0.32, 0.32, opened=False, llm=True)
+    t.step(0.01, 0.0, opened=False, llm=False)   # no audio: no rate to learn
+    assert t.measured() == pytest.approx(
+        {"first_s": 0.30, "rtf": 0.5, "first_s_llm": 0.50, "rtf_llm": 1.0})
+    assert t.samples() == {"first_s": 1, "rtf": 1, "first_s_llm": 1, "rtf_llm": 1}
+    measured = t.apply(GPU)
+    assert measured.predict(llm_decoding=False) == pytest.approx((0.30, 0.5))
+    assert measured.predict(llm_decoding=True) == pytest.approx((0.50, 1.0))
+    assert measured.shares_gpu
+
+
+def test_the_median_ignores_a_cold_start_and_the_window_follows_a_change():
+    t = StepTimes(window=8, min_samples=4)
+    t.step(5.0, 0.32, opened=False, llm=False)  # first step of a cold model: kernels compile
+    for _ in range(4):
+        t.step(0.16, 0.32, opened=False, llm=False)
+    assert t.measured()["rtf"] == pytest.approx(0.5)
+    for _ in range(8):  # the device got slower (another app took the ANE)
+        t.step(0.32, 0.32, opened=False, llm=False)
+    assert t.measured()["rtf"] == pytest.approx(1.0)
+
+
+def test_measured_figures_change_where_turns_go():
+    # configured: ane keeps two listeners fed (2 x 0.45 <= 1); measured: it cannot
+    ane = profile_from("ane", {"first_s": 0.045, "rtf": 0.45})
+    timing = {"gpu": StepTimes(min_samples=2), "ane": StepTimes(min_samples=2)}
+    p = TurnPlacer({"gpu": GPU, "ane": ane}, {"gpu": ["serena"], "ane": ["serena"]},
+                   primary="gpu", timing=timing)
+    assert p.place_turn("a", "serena", llm_decoding=True) == "ane"
+    assert p.place_turn("b", "serena", llm_decoding=True) == "ane"
+    p.release("a"), p.release("b")
+    for _ in range(2):
+        timing["ane"].step(0.224, 0.32, opened=False, llm=False)  # rtf 0.7
+    assert p.profile("ane").rtf == pytest.approx(0.7) and p.profiles["ane"] is ane
+    assert p.place_turn("c", "serena", llm_decoding=True) == "ane"
+    assert p.place_turn("d", "serena", llm_decoding=True) == "gpu"

@@ -9,8 +9,10 @@ listener it serves fed in real time, so the LLM keeps the GPU.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Collection, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,47 @@ def place(options: Sequence[LaneLoad], llm_decoding: bool) -> str:
     return best.profile.name
 
 
+class StepTimes:
+    """What one lane's engine measured: the configured ``LaneProfile`` is a guess (another
+    Mac, another model size, a voice that speaks faster) until its own steps say otherwise.
+
+    The lane reports each step of an interactive job it ran: a job's first step (it opened
+    the stream: prefill and first audio) gives ``first_s``; later steps give ``rtf``, lane
+    seconds per audio second. Each figure is kept apart for steps taken while an LLM of this
+    gateway was decoding (``*_llm``: only a lane sharing the GPU is ever told one is). A
+    figure is the median of the last ``window`` samples, and replaces the configured one
+    once it has ``min_samples``: a median ignores the compile-heavy first steps of a cold
+    model and a stray slow step, and a window follows a device that got slower or faster.
+    """
+
+    def __init__(self, window: int = 32, min_samples: int = 8) -> None:
+        self.min_samples = min_samples
+        self._samples: dict[str, deque[float]] = {
+            key: deque(maxlen=window) for key in ("first_s", "rtf", "first_s_llm", "rtf_llm")}
+
+    def step(self, seconds: float, audio_s: float, *, opened: bool, llm: bool) -> None:
+        """A step of ``seconds`` of lane time that produced ``audio_s`` of audio (``opened``:
+        the step opened its job's stream, so it includes the time to first audio)."""
+        suffix = "_llm" if llm else ""
+        if opened:
+            self._samples["first_s" + suffix].append(seconds)
+        elif audio_s > 0:
+            self._samples["rtf" + suffix].append(seconds / audio_s)
+
+    def measured(self) -> dict[str, float]:
+        """The figures with enough samples, by ``LaneProfile`` field name."""
+        return {key: statistics.median(values) for key, values in self._samples.items()
+                if len(values) >= self.min_samples}
+
+    def samples(self) -> dict[str, int]:
+        return {key: len(values) for key, values in self._samples.items()}
+
+    def apply(self, profile: LaneProfile) -> LaneProfile:
+        """``profile`` with every measured figure in place of the configured one."""
+        measured = self.measured()
+        return replace(profile, **measured) if measured else profile
+
+
 def profile_from(lane: str, figures: Mapping[str, float]) -> LaneProfile:
     """A lane's ``LaneProfile`` from an engine's timing figures (``first_s``, ``rtf`` and,
     for an engine that shares the GPU with the LLM, ``first_s_llm``/``rtf_llm``): a lane
@@ -85,7 +128,8 @@ class TurnPlacer:
     """Which lane each interactive turn speaks on. Sans-I/O; the gateway holds one.
 
     A turn is placed once, when its first segment is submitted (``place_turn``), by
-    ``place`` among the lanes whose engine has the turn's voice; its later segments and its
+    ``place`` (with each lane's ``profile``: measured figures where there are enough) among
+    the lanes whose engine has the turn's voice; its later segments and its
     cancellation go to the same lane (``lane_of``): one voice per reply. A turn counts as
     ``active`` on its lane from then until ``release`` (the turn ended), including the
     gaps in which it waits for the LLM's next sentence.
@@ -96,10 +140,15 @@ class TurnPlacer:
     """
 
     def __init__(self, profiles: Mapping[str, LaneProfile],
-                 voices: Mapping[str, Collection[str]], primary: str) -> None:
+                 voices: Mapping[str, Collection[str]], primary: str,
+                 timing: Mapping[str, StepTimes] | None = None) -> None:
         if primary not in profiles or set(voices) != set(profiles):
             raise ValueError("every lane needs a profile and a voice list, the primary too")
         self.profiles = dict(profiles)
+        """The configured figures (the engines' ``timing``, ``[tts.profiles.<lane>]``)."""
+        self.timing = dict(timing or {})
+        """What each lane measured (``StepTimes``); it overrides ``profiles`` figure by
+        figure as samples come in."""
         self.primary = primary
         self._voices = {lane: {v.casefold() for v in vs} for lane, vs in voices.items()}
         self._lanes: dict[Hashable, str] = {}
@@ -130,11 +179,17 @@ class TurnPlacer:
         if len(candidates) == 1:
             lane = candidates[0]
         else:
-            lane = place([LaneLoad(self.profiles[ln], self._active[ln]) for ln in candidates],
+            lane = place([LaneLoad(self.profile(ln), self._active[ln]) for ln in candidates],
                          llm_decoding)
         self._lanes[owner] = lane
         self._active[lane] += 1
         return lane
+
+    def profile(self, lane: str) -> LaneProfile:
+        """``lane``'s figures as placement uses them now: measured where it has enough
+        samples, configured elsewhere."""
+        timing = self.timing.get(lane)
+        return self.profiles[lane] if timing is None else timing.apply(self.profiles[lane])
 
     def lane_of(self, owner: Hashable) -> str | None:
         return self._lanes.get(owner)

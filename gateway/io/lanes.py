@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+from gateway.core.codec import BYTES_PER_MS
+from gateway.core.placement import StepTimes
 from gateway.core.scheduler import JIT_GRANULARITY_S, DeadlineOf, Job, LaneScheduler, Priority
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,8 @@ class Lane:
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead,
                                        tolerance=JIT_GRANULARITY_S)
         self.stats = LaneStats()
+        self.timing = StepTimes()
+        """What this lane's interactive steps measured, for placing turns between lanes."""
         self.loaded = False
         self._executor = LaneThread(f"lane-{name}")
         self._wake = asyncio.Event()
@@ -356,8 +360,10 @@ class Lane:
         job.running = True
         self._busy_since = started = time.perf_counter()
         chunk: bytes | None = None
+        opened = job.state is None
+        llm = self.scheduler.llm_decoding > 0
         try:
-            if job.state is None:
+            if opened:
                 job.state = await self._call_step(self.engine.open, payload.request)
             chunk, ready_at = await self._call_step(_timed_step, job.state)
         except StepTimeout:
@@ -411,6 +417,10 @@ class Lane:
             payload.sink.on_done(job)
             return
         job.steps += 1
+        if job.priority is Priority.INTERACTIVE:
+            # until the engine returned: not the loop's delay in taking the result
+            self.timing.step(ready_at - started, len(chunk) / BYTES_PER_MS / 1000.0,
+                             opened=opened, llm=llm)
         engine_name = getattr(job.state, "engine_name", None) or self.engine.name
         payload.sink.on_audio(job, chunk, engine_name, ready_at)
 

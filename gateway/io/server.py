@@ -233,7 +233,8 @@ class Gateway:
         self.lane_voices = voices
         self.voices = list(dict.fromkeys(v for vs in voices.values() for v in vs))
         if len(self.lanes) > 1:
-            self.placer = TurnPlacer(self.profiles, voices, primary=self.lane.name)
+            self.placer = TurnPlacer(self.profiles, voices, primary=self.lane.name,
+                                     timing={n: lane.timing for n, lane in self.lanes.items()})
         for lane, s_ in zip(self.lanes.values(), seconds, strict=True):
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
         ssl_context = None

@@ -285,8 +285,10 @@ class Telemetry:
     # ---- reading -----------------------------------------------------------------------
 
     def lane_health(self) -> dict[str, Any]:
-        """Per lane (primary first): its engine, load and compute; ``turns`` is the voice
-        turns placed on it and not yet ended (with two lanes, see ``TurnPlacer``)."""
+        """Per lane (primary first): its engine, load and compute. With two lanes (see
+        ``TurnPlacer``): ``turns``, the voice turns placed on it and not yet ended, and
+        ``timing``, the figures placement uses now (``measured``: those its own steps gave;
+        the others are configured)."""
         gw = self.gateway
         now = time.perf_counter()
         out = {}
@@ -306,6 +308,12 @@ class Telemetry:
             }
             if gw.placer is not None:
                 out[lane.name]["turns"] = gw.placer.active(lane.name)
+                profile = gw.placer.profile(lane.name)
+                figures = {key: getattr(profile, key)
+                           for key in ("first_s", "rtf", "first_s_llm", "rtf_llm")}
+                out[lane.name]["timing"] = {
+                    **{k: None if v is None else round(v, 4) for k, v in figures.items()},
+                    "measured": sorted(lane.timing.measured())}
         return out
 
     def llm_health(self) -> dict[str, Any]:
