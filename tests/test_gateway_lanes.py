@@ -9,6 +9,9 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
+from engines import registry
+from engines.base import EngineError, SynthesisRequest
+from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.core.placement import LaneLoad, place
 from gateway.io.server import Gateway
@@ -280,5 +283,98 @@ async def test_placement_learns_what_the_lanes_measure(scripted_llm_server):
             assert gpu["first_s"] == 0.2 and gpu["rtf_llm"] is None  # one opening: configured
             await send(a, type="cancel")
             assert (await read_turn(a, first["turn_id"])).done["status"] == "cancelled"
+    finally:
+        await gw.aclose()
+
+
+class BrokenAne(SyntheticEngine):
+    """TEST DOUBLE: a second engine whose model breaks. ``fail="open"``: every synthesis
+    fails before any audio; ``fail="mid"``: each stream fails after its first chunk."""
+
+    def __init__(self, fail: str = "open", **options) -> None:
+        super().__init__(**options)
+        self.fail = fail
+        self.opened = 0
+
+    def open(self, request: SynthesisRequest):
+        self.opened += 1
+        if self.fail == "open":
+            raise EngineError("engine_failed", "the model cannot start (test double)")
+        stream = super().open(request)
+        real_step, steps = stream.step, 0
+
+        def step():
+            nonlocal steps
+            steps += 1
+            if steps > 1:
+                raise EngineError("engine_failed", "the model broke mid-sentence (test double)")
+            return real_step()
+
+        stream.step = step
+        return stream
+
+
+def broken_ane_gateway(monkeypatch, fail: str) -> Gateway:
+    monkeypatch.setitem(registry.TTS_ENGINES, "broken", f"{__name__}:BrokenAne")
+    return Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "synthetic", "voice": "mid",
+        "options": {"rtf": 0.0, "ttfa_ms": 0.0, "name": "synthetic-gpu"},
+        "also": "broken",
+        "also_options": {"fail": fail, "lane": "ane", "rtf": 0.0, "ttfa_ms": 0.0,
+                         "step_ms": 80, "name": "broken-ane"},
+        # idle turns prefer ane (earlier first audio), so every turn tries it first
+        "profiles": {"gpu": {"first_s": 0.2, "rtf": 0.0},
+                     "ane": {"first_s": 0.005, "rtf": 0.05}}}))
+
+
+def gapless(result) -> None:
+    seqs = [f.seq for f in result.frames]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and result.frames[-1].turn_end
+
+
+async def test_a_turn_whose_second_engine_fails_is_spoken_by_the_primary(monkeypatch):
+    gw = broken_ane_gateway(monkeypatch, "open")
+    await gw.start()
+    try:
+        ane = gw.lanes["ane"].engine
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            for turn in range(1, 5):
+                await send(ws, type="say", text="First sentence here. And a second one.")
+                result = await read_turn(ws)
+                # nothing lost, nothing said twice, no error: the primary said it all
+                assert result.done["status"] == "completed" and result.of("error") == []
+                assert [s["engine"] for s in result.of("sentence")] == ["synthetic-gpu"] * 2
+                assert result.done["metrics"]["engines"] == ["synthetic-gpu"]
+                gapless(result)
+                # three failures in a row trip ane's breaker: the 4th turn never tries it
+                assert ane.opened == min(turn, 3)
+        assert gw.lanes["ane"].queue_depth == 0 and gw.lanes["gpu"].stats.jobs_done == 8
+        async with httpx.AsyncClient() as client:
+            health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
+        assert health["lanes"]["ane"]["rerouted"] == 3 and health["lanes"]["ane"]["tripped"]
+        assert health["lanes"]["gpu"]["tripped"] is False
+        assert gw.metrics.errors["engine_failed"] == 0
+    finally:
+        await gw.aclose()
+
+
+async def test_a_second_engine_failing_mid_sentence_ends_it_there_and_the_primary_goes_on(
+        monkeypatch):
+    gw = broken_ane_gateway(monkeypatch, "mid")
+    await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="First sentence here. And a second one.")
+            result = await read_turn(ws)
+        assert result.done["status"] == "completed" and result.of("error") == []
+        # the first sentence stops after the one chunk ane made (the listener heard it;
+        # no word is said twice); the second is the primary's
+        assert [s["engine"] for s in result.of("sentence")] == ["broken-ane", "synthetic-gpu"]
+        assert result.of("sentence.done")[0]["audio_ms"] == 80
+        assert result.done["metrics"]["engines"] == ["broken-ane", "synthetic-gpu"]
+        gapless(result)
+        assert gw.placer is not None and gw.placer.rerouted["ane"] == 1
     finally:
         await gw.aclose()

@@ -163,3 +163,33 @@ def test_measured_figures_change_where_turns_go():
     assert p.profile("ane").rtf == pytest.approx(0.7) and p.profiles["ane"] is ane
     assert p.place_turn("c", "serena", llm_decoding=True) == "ane"
     assert p.place_turn("d", "serena", llm_decoding=True) == "gpu"
+
+
+# ---- failures: move, breaker ------------------------------------------------------------
+
+def test_move_carries_a_turn_and_its_count_to_another_lane():
+    p = placer()
+    assert p.place_turn("t", "serena", llm_decoding=True) == "ane"
+    p.move("t", "gpu")
+    assert p.lane_of("t") == "gpu" and (p.active("gpu"), p.active("ane")) == (1, 0)
+    assert p.rerouted == {"gpu": 0, "ane": 1}
+    p.move("t", "gpu")  # already there: nothing changes
+    assert p.rerouted["ane"] == 1 and p.active("gpu") == 1
+    p.release("t")
+    assert (p.active("gpu"), p.active("ane")) == (0, 0)
+
+
+def test_the_breaker_trips_after_failures_in_a_row_and_lets_one_try_after_the_reset():
+    p = TurnPlacer({"gpu": GPU, "ane": ANE}, {"gpu": ["serena"], "ane": ["serena"]},
+                   primary="gpu", breaker_failures=2, breaker_reset_s=10.0)
+    p.failed("ane", now=0.0)
+    p.succeeded("ane")  # a success in between: the count starts over
+    p.failed("ane", now=1.0)
+    assert not p.tripped("ane", now=1.0)
+    p.failed("ane", now=2.0)
+    assert p.tripped("ane", now=2.0) and p.tripped("ane", now=11.9)
+    assert not p.tripped("ane", now=12.0)  # half-open: the next turn may try it
+    p.failed("ane", now=12.5)  # and one more failure trips it again at once
+    assert p.tripped("ane", now=12.5) and not p.tripped("gpu", now=12.5)
+    p.succeeded("ane")
+    assert not p.tripped("ane", now=13.0)

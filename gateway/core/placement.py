@@ -141,7 +141,8 @@ class TurnPlacer:
 
     def __init__(self, profiles: Mapping[str, LaneProfile],
                  voices: Mapping[str, Collection[str]], primary: str,
-                 timing: Mapping[str, StepTimes] | None = None) -> None:
+                 timing: Mapping[str, StepTimes] | None = None,
+                 breaker_failures: int = 3, breaker_reset_s: float = 30.0) -> None:
         if primary not in profiles or set(voices) != set(profiles):
             raise ValueError("every lane needs a profile and a voice list, the primary too")
         self.profiles = dict(profiles)
@@ -153,6 +154,12 @@ class TurnPlacer:
         self._voices = {lane: {v.casefold() for v in vs} for lane, vs in voices.items()}
         self._lanes: dict[Hashable, str] = {}
         self._active = dict.fromkeys(profiles, 0)
+        self.breaker_failures = breaker_failures
+        self.breaker_reset_s = breaker_reset_s
+        self._failures = dict.fromkeys(profiles, 0)
+        self._tripped_until: dict[str, float] = {}
+        self.rerouted = dict.fromkeys(profiles, 0)
+        """Turns moved off each lane after a failure there (``move``)."""
 
     def lanes_with(self, voice: str | None) -> list[str]:
         """The lanes that can speak ``voice``, the primary first."""
@@ -190,6 +197,35 @@ class TurnPlacer:
         samples, configured elsewhere."""
         timing = self.timing.get(lane)
         return self.profiles[lane] if timing is None else timing.apply(self.profiles[lane])
+
+    def move(self, owner: Hashable, lane: str) -> None:
+        """``owner``'s turn continues on ``lane`` (its engine failed on the old one)."""
+        old = self._lanes.get(owner)
+        if old is None or old == lane:
+            return
+        self._active[old] -= 1
+        self._active[lane] += 1
+        self._lanes[owner] = lane
+        self.rerouted[old] += 1
+
+    # ---- breaker: a lane whose engine keeps failing gets no new turns for a while ------
+
+    def failed(self, lane: str, now: float) -> None:
+        """A job failed on ``lane``. ``breaker_failures`` in a row trip it: no new turn is
+        placed there for ``breaker_reset_s`` (unless no other lane has the voice); then
+        the next turn may try it again, and one more failure trips it again."""
+        self._failures[lane] += 1
+        if self._failures[lane] >= self.breaker_failures:
+            self._tripped_until[lane] = now + self.breaker_reset_s
+
+    def succeeded(self, lane: str) -> None:
+        """A job on ``lane`` ended with its audio: the failures in a row start over."""
+        self._failures[lane] = 0
+        self._tripped_until.pop(lane, None)
+
+    def tripped(self, lane: str, now: float) -> bool:
+        until = self._tripped_until.get(lane)
+        return until is not None and now < until
 
     def lane_of(self, owner: Hashable) -> str | None:
         return self._lanes.get(owner)

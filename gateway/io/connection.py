@@ -284,10 +284,18 @@ class SessionRunner:
 
     def on_done(self, job: Job) -> None:
         payload: SynthesisJob = job.payload
+        self.gateway.job_succeeded(job)
         self._apply(self.session.synthesis_done(job.owner[1], payload.index, self.now()))
 
     def on_failed(self, job: Job, code: str, message: str) -> None:
         payload: SynthesisJob = job.payload
+        match self.gateway.reroute(job, code, message):
+            case "again":  # the primary lane says it (and the rest of the turn) instead
+                return
+            case "truncated":  # it ends where it stopped; the primary says the rest
+                self._apply(self.session.synthesis_done(job.owner[1], payload.index,
+                                                        self.now()))
+                return
         self._apply(self.session.synthesis_failed(job.owner[1], payload.index, code, message,
                                                   self.now()))
 

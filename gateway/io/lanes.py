@@ -66,7 +66,7 @@ class LaneObserver(Protocol):
                  audio_bytes: int) -> None:
         """One step ran from ``started`` (perf_counter) for ``seconds`` of lane time."""
     def job_ended(self, lane: str, job: Job, outcome: str) -> None:
-        """``outcome``: ``done``, ``failed`` or ``cancelled``."""
+        """``outcome``: ``done``, ``failed``, ``cancelled`` or ``moved`` (to another lane)."""
 
 
 class LaneThread:
@@ -306,6 +306,17 @@ class Lane:
                 self._close_later_safe(job.state)
                 job.state = None
         return len(jobs)
+
+    def hand_over(self, owner: Hashable) -> list[Job]:
+        """Take ``owner``'s queued jobs off this lane, in order, to be submitted to another
+        (not counted as cancelled). Called from a sink's ``on_failed``, between two steps
+        of this lane: no job is running."""
+        jobs = self.scheduler.cancel(owner)
+        for job in jobs:
+            self._close_later_safe(job.state)
+            job.state = None
+            self._ended(job, "moved")
+        return jobs
 
     @property
     def queue_depth(self) -> int:

@@ -38,7 +38,7 @@ from engines.registry import create_engine, create_llm, create_voice
 from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
-from gateway.core.scheduler import LanePolicy
+from gateway.core.scheduler import Job, LanePolicy
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait
 from gateway.io.auth import check_token, install_redaction, is_loopback, select_subprotocol
@@ -188,8 +188,46 @@ class Gateway:
         ``release_turn``."""
         if self.placer is None:
             return self.lane
-        usable = [n for n, lane in self.lanes.items() if lane.loaded and lane.unhealthy is None]
+        now = time.monotonic()
+        usable = [n for n, lane in self.lanes.items() if lane.loaded and lane.unhealthy is None
+                  and not self.placer.tripped(n, now)]
         return self.lanes[self.placer.place_turn(owner, voice, self.llm_streams > 0, usable)]
+
+    def job_succeeded(self, job: Job) -> None:
+        """A voice turn's job ended with its audio: its lane's breaker starts over."""
+        if self.placer is not None and (lane := self.placer.lane_of(job.owner)) is not None:
+            self.placer.succeeded(lane)
+
+    def reroute(self, job: Job, code: str, message: str) -> str | None:
+        """A voice turn's job failed on a lane other than the primary's. That engine has no
+        fallback of its own, so the primary's takes over, with the rule of
+        ``engines.fallback``: the rest of the turn moves to the primary lane (its queued
+        jobs along), and the failed segment is said again there when none of its audio
+        went out (``"again"``), else it ends where it stopped (``"truncated"``: the caller
+        ends it as done; saying it again would repeat what the listener heard). None when
+        the primary cannot take it (no such voice, not loaded, unhealthy): the session is
+        told, as for a failure on the primary. Every failure here counts against the
+        lane's breaker (``TurnPlacer.failed``)."""
+        placer = self.placer
+        if placer is None or job.cancelled:
+            return None
+        name = placer.lane_of(job.owner)
+        if name is None or name == self.lane.name:
+            return None
+        placer.failed(name, time.monotonic())
+        if (self.lane.name not in placer.lanes_with(job.payload.request.voice)
+                or not self.lane.loaded or self.lane.unhealthy is not None):
+            return None
+        moved = self.lanes[name].hand_over(job.owner)
+        placer.move(job.owner, self.lane.name)
+        again = job.steps == 0
+        log.warning("lane %s: %s (%s); turn %s continues on lane %s (%s)", name, code, message,
+                    job.owner, self.lane.name,
+                    "segment said again" if again else "segment truncated")
+        for j in ((job, *moved) if again else moved):
+            self.lane.submit(j.owner, j.payload, deadline=j.deadline, priority=j.priority,
+                             since=j.since)
+        return "again" if again else "truncated"
 
     def lane_for(self, owner: Hashable) -> Lane:
         """The lane ``owner``'s jobs went to (the primary for an owner never placed)."""

@@ -288,7 +288,8 @@ class Telemetry:
         """Per lane (primary first): its engine, load and compute. With two lanes (see
         ``TurnPlacer``): ``turns``, the voice turns placed on it and not yet ended, and
         ``timing``, the figures placement uses now (``measured``: those its own steps gave;
-        the others are configured)."""
+        the others are configured); ``rerouted``, turns that moved to the primary after
+        their job failed here; ``tripped``, whether its breaker keeps new turns away."""
         gw = self.gateway
         now = time.perf_counter()
         out = {}
@@ -308,6 +309,8 @@ class Telemetry:
             }
             if gw.placer is not None:
                 out[lane.name]["turns"] = gw.placer.active(lane.name)
+                out[lane.name]["rerouted"] = gw.placer.rerouted[lane.name]
+                out[lane.name]["tripped"] = gw.placer.tripped(lane.name, time.monotonic())
                 profile = gw.placer.profile(lane.name)
                 figures = {key: getattr(profile, key)
                            for key in ("first_s", "rtf", "first_s_llm", "rtf_llm")}
