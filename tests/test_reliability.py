@@ -116,6 +116,58 @@ async def test_resume_after_a_dropped_socket_replays_gaplessly(gateway):
     await no_sessions(gateway)  # the clean close ended the session
 
 
+async def test_playback_marks_free_the_resume_buffer_and_resume_still_works(gateway):
+    # A client that reports playback proves what it received: the server keeps only what
+    # came after it, not the last 1 MiB, and a resume after that still loses nothing.
+    from gateway.core.codec import BYTES_PER_MS, decode_frame
+
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    runner = gateway.runners[created["session_id"]]
+    await send(ws, type="say", text=LONG * 2)
+    frames: list = []
+
+    async def play(ws, until_ms: float | None = None) -> None:
+        """Read frames, reporting playback with 200 ms in the buffer (no real-time wait:
+        the marks pace the server), until ``until_ms`` of audio or the turn's end."""
+        received_ms = sum(len(f.pcm) for f in frames) / BYTES_PER_MS
+        while until_ms is None or received_ms < until_ms:
+            message = await ws.recv()
+            if isinstance(message, str):
+                if '"turn.done"' in message:
+                    return
+                continue
+            frames.append(decode_frame(message))
+            received_ms += len(frames[-1].pcm) / BYTES_PER_MS
+            if len(frames) % 5 == 0:
+                await send(ws, type="playback", turn_id=frames[0].turn_id,
+                           played_ms=received_ms - 200)
+
+    await play(ws, until_ms=4000)
+    await send(ws, type="ping", id="after-marks")
+    while not (isinstance(message := await ws.recv(), str) and '"pong"' in message):
+        if isinstance(message, bytes):
+            frames.append(decode_frame(message))
+    # at most the 1 s lead, plus a run and the events, instead of all 4 s and more
+    received = sum(len(f.pcm) for f in frames)
+    assert runner.outbox.nbytes < 1500 * BYTES_PER_MS < received / 2
+    assert runner.outbox.start > 0
+    ws.transport.abort()
+    await ws.wait_closed()
+    async with connect(url(gateway)) as ws2:
+        await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"], last_seq=frames[-1].seq)
+        resumed = await recv_event(ws2)
+        assert resumed["type"] == "session.resumed"
+        before = len(frames)
+        await play(ws2)
+    assert frames[-1].turn_end and len(frames) > before
+    seqs = [f.seq for f in frames]
+    assert seqs == list(range(len(seqs)))  # nothing lost, nothing repeated
+    await no_sessions(gateway)
+
+
 async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")

@@ -17,6 +17,7 @@ from gateway.core.codec import (
 from gateway.core.session import (
     CancelLlm,
     CancelSynthesis,
+    Received,
     SendAudio,
     SendEvent,
     Session,
@@ -347,3 +348,23 @@ def test_frames_longer_than_the_lead_still_flow(clock):
     assert wake == pytest.approx(clock() + 0.12)
     clock.advance(120)
     assert len(frames(s.tick(clock()))) == 1
+
+
+def test_a_playback_mark_says_which_frames_the_client_has(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000))
+    s.receive(ClientSay("Something long enough to say here."), clock())
+    tid = s.turn.id
+    first = frames(s.audio(tid, 0, pcm(400), "x", clock()))  # 9 frames (the last is held)
+    more = frames(s.audio(tid, 0, pcm(200), "x", clock.advance(100)))  # 5 more
+    assert [f.seq for f in first + more] == list(range(14))
+    # played 200 ms: inside the first run of frames (360 ms), so nothing is proven yet
+    out = s.receive(ClientPlayback(tid, 200.0), clock.advance(100))
+    assert [e for e in out if isinstance(e, Received)] == []
+    # played past the first run: the client has frames 0-8 and everything before them
+    out = s.receive(ClientPlayback(tid, 380.0), clock.advance(180))
+    assert [e for e in out if isinstance(e, Received)] == [Received(8)]
+    # a mark past what was sent proves no more than what was sent
+    out = s.receive(ClientPlayback(tid, 10_000.0), clock.advance(10))
+    assert [e for e in out if isinstance(e, Received)] == [Received(13)]
+    again = s.receive(ClientPlayback(tid, 10_000.0), clock())
+    assert [e for e in again if isinstance(e, Received)] == []  # said once

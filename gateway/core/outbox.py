@@ -6,6 +6,9 @@ stay for a while (up to ``max_bytes`` in all) so a client that reconnects can as
 everything after the last frame it received (``position_after_frame(last_seq)``).
 
 Bounds, and what happens at them:
+* written messages the client is known to have (``release_through``: its ``playback`` marks
+  prove it received them) are dropped at once, so a client that sends marks keeps about
+  ``max_lead_ms`` of audio here instead of ``max_bytes``;
 * written messages are dropped oldest first to stay under ``max_bytes``;
 * if the messages *not yet written* alone exceed ``max_bytes`` (a client that stopped
   reading, or a detached session whose client never comes back), ``append`` returns False
@@ -30,6 +33,8 @@ class Outbox:
         self._bytes = 0
         self.cursor = 0
         """Position of the next message to write (owned by the writer)."""
+        self._released: tuple[int, int] | None = None
+        """(seq, position after it) of the last frame dropped by ``release_through``."""
 
     @property
     def start(self) -> int:
@@ -71,6 +76,19 @@ class Outbox:
         self.cursor = stop
         return [self.get(position) for position in range(start, stop)]
 
+    def release_through(self, seq: int) -> int:
+        """The client has every message up to and including frame ``seq``: drop them (only
+        written ones, and only when that frame is still here). Returns how many went."""
+        for offset in range(min(len(self._items), self.cursor - self._start)):
+            if _frame_seq(self._items[offset]) == seq:
+                for _ in range(offset + 1):
+                    self._bytes -= self._sizes.popleft()
+                    self._items.popleft()
+                self._start += offset + 1
+                self._released = (seq, self._start)
+                return offset + 1
+        return 0
+
     def position_after_frame(self, seq: int | None) -> int | None:
         """Where to resume for a client whose last received frame is ``seq`` (None: it
         received no frame): the position right after that frame, or None when the buffer
@@ -78,8 +96,16 @@ class Outbox:
         if seq is None:
             return 0 if self._start == 0 else None
         for offset in range(len(self._items) - 1, -1, -1):
-            item = self._items[offset]
-            if isinstance(item, bytes) and len(item) >= 12 and \
-                    _SEQ.unpack_from(item, _SEQ_OFFSET)[0] == seq:
+            if _frame_seq(self._items[offset]) == seq:
                 return self._start + offset + 1
+        if self._released is not None and self._released[0] == seq \
+                and self._released[1] == self._start:
+            return self._start  # the frame itself was released: everything after it is here
         return None
+
+
+def _frame_seq(item: str | bytes) -> int | None:
+    """The seq of an audio frame (None for an event)."""
+    if isinstance(item, bytes) and len(item) >= _SEQ_OFFSET + 4:
+        return _SEQ.unpack_from(item, _SEQ_OFFSET)[0]
+    return None

@@ -11,7 +11,7 @@ execute, in order:
 * ``tick(now)``                    the pacing timer fired (see ``wake_at``)
 
 Effects are commands (``SendEvent``, ``SendAudio``, ``StartLlm``, ``CancelLlm``,
-``StartSynthesis``, ``CancelSynthesis``). Inputs that belong to a turn carry its
+``StartSynthesis``, ``CancelSynthesis``, ``Received``). Inputs that belong to a turn carry its
 ``turn_id``; anything for a turn that is no longer active is ignored (the fence that makes
 late chunks after a barge-in harmless).
 
@@ -21,6 +21,7 @@ After executing the effects the caller asks ``wake_at()`` when to call ``tick`` 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
@@ -97,7 +98,17 @@ class CancelSynthesis:
     turn_id: int
 
 
-Effect = SendEvent | SendAudio | StartLlm | CancelLlm | StartSynthesis | CancelSynthesis
+@dataclass(frozen=True, slots=True)
+class Received:
+    """The client has every message up to and including the audio frame ``seq`` (a
+    ``playback`` mark says it played past that frame): what is kept for a resume may be
+    dropped up to there."""
+
+    seq: int
+
+
+Effect = (SendEvent | SendAudio | StartLlm | CancelLlm | StartSynthesis | CancelSynthesis
+          | Received)
 
 
 # --- settings -----------------------------------------------------------------------------
@@ -193,6 +204,9 @@ class Turn:
     engines: list[str] = field(default_factory=list)
     last_frame_turn_end: bool = False
     held_bytes: int = 0  # audio received from engines and not yet sent, all segments
+    sent_until: deque[tuple[float, int]] = field(default_factory=deque)
+    """(turn audio sent, in ms, seq of the frame that ended it) per run of frames sent:
+    what a ``playback`` mark's ``played_ms`` proves the client received."""
 
 
 class Session:
@@ -256,7 +270,8 @@ class Session:
                 turn = self.turn
                 if turn is not None and turn.id == turn_id and turn.state is not TurnState.ENDED:
                     turn.pacer.mark(played_ms, now)
-                    return self._pump(turn, now)
+                    received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
+                    return received + self._pump(turn, now)
                 return []
             case ClientSessionUpdate(settings=changes):
                 voice = changes.get("voice")
@@ -523,6 +538,15 @@ class Session:
             effects += self._end_turn(turn, "failed" if turn.failed else "completed", now)
         return effects
 
+    @staticmethod
+    def _received(turn: Turn, played_ms: float) -> list[Effect]:
+        """The frames a client that played ``played_ms`` of ``turn`` must have received."""
+        sent_until = turn.sent_until
+        seq = None
+        while sent_until and sent_until[0][0] <= played_ms:
+            seq = sent_until.popleft()[1]
+        return [] if seq is None else [Received(seq)]
+
     def _closing_frame(self, turn: Turn) -> SendAudio:
         index = turn.segments[-1].segment.index
         header = codec.frame_header(FLAG_SENTENCE_END | FLAG_TURN_END, index, turn.id, self._seq)
@@ -552,6 +576,7 @@ class Session:
         self._seq = (self._seq + n) & 0xFFFFFFFF
         seg.sent_ms += n * duration
         turn.pacer.sent(n * duration, now)
+        turn.sent_until.append((turn.pacer.sent_ms, (self._seq - 1) & 0xFFFFFFFF))
         turn.last_frame_turn_end = turn_end
         if turn.t_first_audio is None:
             turn.t_first_audio = now

@@ -35,6 +35,7 @@ from gateway.core.session import (
     CancelLlm,
     CancelSynthesis,
     Effect,
+    Received,
     SendAudio,
     SendEvent,
     Session,
@@ -192,6 +193,8 @@ class SessionRunner:
                 owner = (self.session.id, turn_id)
                 self.gateway.lane_for(owner).cancel(owner)
                 self.gateway.release_turn(owner)
+            case Received(seq=seq):
+                self.outbox.release_through(seq)
             case _:
                 assert_never(effect)
 

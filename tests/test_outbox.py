@@ -1,0 +1,50 @@
+"""The output buffer kept for writing and for resume (``gateway.core.outbox``). Pure."""
+
+from __future__ import annotations
+
+from gateway.core import codec
+from gateway.core.outbox import Outbox
+
+
+def frame(seq: int, ms: int = 40) -> bytes:
+    return codec.frame_header(0, 0, 1, seq) + bytes(ms * codec.BYTES_PER_MS)
+
+
+def written(box: Outbox, *items: str | bytes) -> None:
+    for item in items:
+        assert box.append(item)
+    box.take()
+
+
+def test_release_drops_what_the_client_has_and_resume_still_starts_after_it():
+    box = Outbox()
+    written(box, '{"type":"turn.started"}', frame(0), frame(1), '{"type":"sentence"}',
+            frame(2), frame(3))
+    before = box.nbytes
+    assert box.release_through(1) == 3  # the event and frames 0 and 1
+    assert box.start == 3 and box.nbytes == before - len(frame(0)) * 2 - 23
+    # a client whose last frame is the released one resumes right after it
+    assert box.position_after_frame(1) == 3
+    assert box.get(3) == '{"type":"sentence"}'
+    assert box.position_after_frame(3) == 6
+    assert box.position_after_frame(0) is None  # older than what it proved it has
+
+
+def test_release_never_drops_unwritten_messages_or_an_unknown_frame():
+    box = Outbox()
+    written(box, frame(0))
+    assert box.append(frame(1))  # not written yet
+    assert box.release_through(1) == 0 and box.release_through(7) == 0
+    assert box.start == 0 and box.pending == 1
+    assert box.release_through(0) == 1 and box.pending == 1 and box.take() == [frame(1)]
+
+
+def test_a_released_boundary_is_gone_once_older_output_is_trimmed_past_it():
+    box = Outbox(max_bytes=4 * len(frame(0)))
+    written(box, frame(0), frame(1))
+    box.release_through(0)
+    assert box.position_after_frame(0) == 1
+    written(box, frame(2), frame(3), frame(4), frame(5))  # over max_bytes: frame 1 goes
+    assert box.start == 2
+    assert box.position_after_frame(0) is None and box.position_after_frame(1) is None
+    assert box.position_after_frame(2) == 3
