@@ -278,6 +278,7 @@ async def test_placement_learns_what_the_lanes_measure(scripted_llm_server):
             async with httpx.AsyncClient() as client:
                 health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
             assert health["lanes"]["ane"]["timing"]["measured"] == ["rtf"]
+            assert health["lanes"]["ane"]["timing"]["samples"]["rtf"] >= 8
             assert health["lanes"]["ane"]["timing"]["rtf"] >= 0.55  # (still measuring)
             gpu = health["lanes"]["gpu"]["timing"]
             assert gpu["first_s"] == 0.2 and gpu["rtf_llm"] is None  # one opening: configured

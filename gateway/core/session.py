@@ -204,9 +204,10 @@ class Turn:
     engines: list[str] = field(default_factory=list)
     last_frame_turn_end: bool = False
     held_bytes: int = 0  # audio received from engines and not yet sent, all segments
-    sent_until: deque[tuple[float, int]] = field(default_factory=deque)
+    sent_until: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
     """(turn audio sent, in ms, seq of the frame that ended it) per run of frames sent:
-    what a ``playback`` mark's ``played_ms`` proves the client received."""
+    what a ``playback`` mark's ``played_ms`` proves the client received. A client that
+    reports playback keeps a few; one that never does leaves at most 64 (~20 s of runs)."""
 
 
 class Session:

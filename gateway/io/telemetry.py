@@ -287,8 +287,8 @@ class Telemetry:
     def lane_health(self) -> dict[str, Any]:
         """Per lane (primary first): its engine, load and compute. With two lanes (see
         ``TurnPlacer``): ``turns``, the voice turns placed on it and not yet ended, and
-        ``timing``, the figures placement uses now (``measured``: those its own steps gave;
-        the others are configured); ``rerouted``, turns that moved to the primary after
+        ``timing``, the figures placement uses now (``measured``: those its own steps gave,
+        from ``samples`` steps each; the others are configured); ``rerouted``, turns that moved to the primary after
         their job failed here; ``tripped``, whether its breaker keeps new turns away."""
         gw = self.gateway
         now = time.perf_counter()
@@ -316,7 +316,8 @@ class Telemetry:
                            for key in ("first_s", "rtf", "first_s_llm", "rtf_llm")}
                 out[lane.name]["timing"] = {
                     **{k: None if v is None else round(v, 4) for k, v in figures.items()},
-                    "measured": sorted(lane.timing.measured())}
+                    "measured": sorted(lane.timing.measured()),
+                    "samples": lane.timing.samples()}
         return out
 
     def llm_health(self) -> dict[str, Any]:
