@@ -288,8 +288,9 @@ class Telemetry:
         """Per lane (primary first): its engine, load and compute. With two lanes (see
         ``TurnPlacer``): ``turns``, the voice turns placed on it and not yet ended, and
         ``timing``, the figures placement uses now (``measured``: those its own steps gave,
-        from ``samples`` steps each; the others are configured); ``rerouted``, turns that moved to the primary after
-        their job failed here; ``tripped``, whether its breaker keeps new turns away."""
+        from ``samples`` steps each; the others are configured); ``rerouted``, turns that
+        moved to the primary after their job failed here; ``tripped``, whether its breaker
+        keeps new turns away."""
         gw = self.gateway
         now = time.perf_counter()
         out = {}
