@@ -2,7 +2,7 @@
 
     python bench/capacity.py idle   [--sessions 10000] [--json OUT]
     python bench/capacity.py stream [--targets gateway fastapi pipecat] [--ramp 50 100 200 ...]
-                                    [--seconds 15] [--clients 1] [--json OUT]
+                                    [--seconds 15] [--clients 1] [--marks-ms 0] [--json OUT]
 
 Every server runs in its own process (the gateway: bench/capacity_server.py with this
 interpreter, the synthetic engine at zero cost; the peers: bench/peers/*.py in their own
@@ -31,7 +31,10 @@ apart as ``startup_underruns`` (the "start" column). A step passes when p99 late
 ≤ 40 ms, no underruns in the window, every session streamed, and the clients received at
 least 99 % of real time (N × 25 frames/s): a server with a lead can fall behind for a whole
 window before anyone underruns. The ramp stops
-at the first failing step. CPU seconds per 1,000 frames = the server's CPU in the measuring
+at the first failing step. ``--marks-ms 250``: the gateway's clients also report
+playback every 250 ms, as real clients do (the server then frees its resume buffer as they
+go: resident memory per streaming session); off by default, since the peers get none.
+CPU seconds per 1,000 frames = the server's CPU in the measuring
 window / frames the clients received in it.
 """
 
@@ -151,9 +154,14 @@ class Listener(asyncio.Protocol):
     """One session: handshake, then parse server frames; audio goes to the playback model."""
 
     def __init__(self, target: str, say: str, stats: Stats, jitter_s: float,
-                 idle: bool = False) -> None:
+                 idle: bool = False, marks_s: float = 0.0) -> None:
         self.target, self.say, self.stats, self.jitter = target, say, stats, jitter_s
         self.idle = idle
+        self.marks_s = marks_s if target == "gateway" else 0.0
+        """Report playback every ``marks_s`` seconds, as protocol.md asks of clients (0: no
+        marks; only the gateway understands them)."""
+        self.turn_id: int | None = None
+        self.next_mark = 0.0
         self.buf = bytearray()
         self.upgraded = False
         self.ready = asyncio.get_running_loop().create_future()
@@ -219,6 +227,8 @@ class Listener(asyncio.Protocol):
     def message(self, opcode: int, buf: bytearray, start: int, length: int) -> None:
         if opcode == 2:  # binary: gateway frame (12-byte header) or pipecat protobuf
             if self.target == "gateway":
+                if self.turn_id is None:  # header: u8 version, u8 flags, u16, u32 turn_id
+                    self.turn_id = int.from_bytes(buf[start + 4:start + 8], "little")
                 self.audio(length - 12)
             else:  # protobuf overhead is a few dozen bytes: round to 10 ms
                 self.audio(round(length / 480) * 480)
@@ -273,6 +283,11 @@ class Listener(asyncio.Protocol):
         self.audio_s += d
         if now >= s.t_start:
             s.frames += 1
+        if self.marks_s and now >= self.next_mark:
+            self.next_mark = now + self.marks_s
+            played = self.audio_s - max(0.0, self.play_end - now)  # what the model has played
+            self.send_text(json.dumps({"type": "playback", "turn_id": self.turn_id,
+                                       "played_ms": round(max(0.0, played) * 1000, 1)}))
 
 
 class Stats:
@@ -288,7 +303,7 @@ class Stats:
 
 
 async def _client(target: str, port: int, n: int, say: str, jitter_s: float, idle: bool,
-                  window, queue) -> None:
+                  window, queue, marks_s: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
     stats = Stats()
     sem = asyncio.Semaphore(64)
@@ -300,7 +315,8 @@ async def _client(target: str, port: int, n: int, say: str, jitter_s: float, idl
         async with sem:
             try:
                 _, proto = await loop.create_connection(
-                    lambda: Listener(target, say, stats, jitter_s, idle), "127.0.0.1", port)
+                    lambda: Listener(target, say, stats, jitter_s, idle, marks_s), "127.0.0.1",
+                    port)
                 await asyncio.wait_for(proto.ready, 30)
                 listeners.append(proto)
             except (TimeoutError, OSError, ConnectionError):
@@ -335,15 +351,16 @@ async def _client(target: str, port: int, n: int, say: str, jitter_s: float, idl
                           "client_lag_max_ms": round(max(lags, default=0.0), 1)}))
 
 
-def client_main(target, port, n, say, jitter_s, idle, window, queue) -> None:
+def client_main(target, port, n, say, jitter_s, idle, window, queue, marks_s=0.0) -> None:
     raise_nofile()
     import uvloop
 
-    uvloop.run(_client(target, port, n, say, jitter_s, idle, window, queue))
+    uvloop.run(_client(target, port, n, say, jitter_s, idle, window, queue, marks_s))
 
 
 def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float, idle: bool,
-             warmup_s: float, seconds: float, profile: str | None = None) -> dict:
+             warmup_s: float, seconds: float, profile: str | None = None,
+             marks_s: float = 0.0) -> dict:
     """Connect ``n`` sessions from ``clients`` processes, measure a window, return figures."""
     ctx = mp.get_context("spawn")
     window = ctx.RawArray("d", 2)
@@ -351,7 +368,7 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     rss0 = rss_bytes(server.pid)
     shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
     procs = [ctx.Process(target=client_main, args=(server.target, server.port, k, say,
-                                                   jitter_s, idle, window, queue))
+                                                   jitter_s, idle, window, queue, marks_s))
              for k in shares if k]
     t_connect = time.monotonic()
     for p in procs:
@@ -514,7 +531,8 @@ def bench_stream(args) -> dict:
             try:
                 r = run_load(server, n, clients=args.clients, say=say,
                              jitter_s=args.jitter_ms / 1000, idle=False,
-                             warmup_s=args.warmup, seconds=args.seconds)
+                             warmup_s=args.warmup, seconds=args.seconds,
+                             marks_s=args.marks_ms / 1000)
             finally:
                 server.close()
             # Keeping up: a server with a lead (the gateway's 1 s) can fall behind real time
@@ -573,7 +591,8 @@ def bench_profile(args) -> dict:
     raw = f"/tmp/capacity-profile-{target}-{n}.txt"
     try:
         r = run_load(server, n, clients=args.clients, say=say, jitter_s=args.jitter_ms / 1000,
-                     idle=False, warmup_s=args.warmup, seconds=args.seconds, profile=raw)
+                     idle=False, warmup_s=args.warmup, seconds=args.seconds, profile=raw,
+                     marks_s=args.marks_ms / 1000)
     finally:
         server.close()
     print(HEADER)
@@ -594,6 +613,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=15.0, help="measuring window per step")
     p.add_argument("--warmup", type=float, default=3.0, help="after all connected")
     p.add_argument("--jitter-ms", type=float, default=200.0)
+    p.add_argument("--marks-ms", type=float, default=0.0,
+                   help="stream: gateway clients report playback this often, as real clients "
+                        "do (protocol.md: 200-500 ms); 0: never (the peers get none)")
     p.add_argument("--clients", type=int, default=1, help="client processes")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()

@@ -32,14 +32,17 @@ def test_loop_lag_summary(before, after, expected):
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
-def test_a_small_streaming_step_runs_and_passes(tmp_path):
+@pytest.mark.parametrize("marks_ms", [0, 100])
+def test_a_small_streaming_step_runs_and_passes(tmp_path, marks_ms):
     """The real bench, end to end: the gateway in its own process, a client process, /proc
     CPU and RSS, the loop-lag scrape. Pass is not asserted on speed, only that 5 sessions
-    streamed and every figure the tables print is there."""
+    streamed and every figure the tables print is there; with playback marks, that the
+    gateway took every mark (a malformed one would be an ``error`` event)."""
     out = tmp_path / "cap.json"
     subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
                     "--targets", "gateway", "--ramp", "5", "--seconds", "1.5", "--warmup", "0.5",
-                    "--json", str(out)], check=True, timeout=240, cwd=ROOT)
+                    "--marks-ms", str(marks_ms), "--json", str(out)],
+                   check=True, timeout=240, cwd=ROOT)
     (row,) = json.loads(out.read_text())["results"]["gateway"]
     assert row["connected"] == row["streaming"] == 5 and row["errors"] == 0
     assert row["frames"] > 0 and row["cpu_s_per_1000_frames"] is not None
