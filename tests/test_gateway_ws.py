@@ -214,3 +214,36 @@ async def test_shutdown_closes_sessions_with_1001_mid_turn(replies):
         await closing
     assert gw.lane.queue_depth == 0
     assert gw.connections == set()
+
+
+async def test_a_mark_re_ranks_its_turn_only_when_audio_is_needed_sooner(gateway, monkeypatch):
+    # A playback mark moves the listener's deadline. Earlier (the client played more than the
+    # server thought): the lane must re-rank the turn now. Later: the scheduler re-checks a
+    # key that is too early by itself, and waking the lane at every mark costs CPU.
+    from gateway.core.codec import decode_frame
+
+    touched = []
+    real_touch = gateway.lane.touch
+    monkeypatch.setattr(gateway.lane, "touch",
+                        lambda owner: (touched.append(owner), real_touch(owner)))
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
+        created = await recv_event(ws, "session.created")
+        await send(ws, type="say", text="A sentence to speak. " * 12)
+        received_ms, turn_id = 0.0, None
+        while received_ms < 600:
+            message = await ws.recv()
+            if isinstance(message, bytes):
+                frame = decode_frame(message)
+                turn_id, received_ms = frame.turn_id, received_ms + len(frame.pcm) / BYTES_PER_MS
+
+        async def mark(played_ms: float) -> None:
+            await send(ws, type="playback", turn_id=turn_id, played_ms=played_ms)
+            await send(ws, type="ping", id=played_ms)
+            while not (isinstance(m := await ws.recv(), str) and '"pong"' in m):
+                pass
+
+        await mark(0.0)  # nothing played yet: the listener needs audio later than estimated
+        assert touched == []
+        await mark(received_ms)  # all of it played: it needs audio now
+        assert touched == [(created["session_id"], turn_id)]
+        await send(ws, type="cancel")
