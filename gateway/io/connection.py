@@ -139,19 +139,19 @@ class SessionRunner:
                     "rate_limited", f"more than {limit} turns in a minute; wait and retry"), now)
                 return
             self._turn_times.append(now)
-        if not isinstance(message, codec.ClientPlayback):
-            self._apply(self.session.receive(message, now))
-            return
-        before = self.session.deadline(message.turn_id, now)
+        mark = message if isinstance(message, codec.ClientPlayback) else None
+        before = None if mark is None else self.session.deadline(mark.turn_id, now)
         self._apply(self.session.receive(message, now))
-        after = self.session.deadline(message.turn_id, now)
-        if before is not None and after is not None and after < before - JIT_GRANULARITY_S:
+        if mark is None or before is None:
+            return
+        after = self.session.deadline(mark.turn_id, now)
+        if after is not None and after < before - JIT_GRANULARITY_S:
             # the listener needs audio sooner than the scheduler thinks: re-rank its turn.
             # Not for a later deadline (the scheduler re-checks a key that is too early by
             # itself), nor for one within the lane's just-in-time granularity: that woke the
             # lane at every mark (400 sessions marking every 250 ms, bench/capacity.py
             # --marks-ms 250: 0.0274, 0.0243 -> 0.0241, 0.0235 CPU ms per frame).
-            owner = (self.session.id, message.turn_id)
+            owner = (self.session.id, mark.turn_id)
             self.gateway.lane_for(owner).touch(owner)
 
     def protocol_error(self, error: ProtocolError, now: float) -> None:

@@ -159,6 +159,11 @@ class Lane:
         self.observer: LaneObserver | None = None
 
     @property
+    def usable(self) -> bool:
+        """Loaded and healthy: jobs placed here now will run."""
+        return self.loaded and self._unhealthy is None
+
+    @property
     def unhealthy(self) -> str | None:
         """Why the lane cannot run jobs now, or None when it can."""
         return self._unhealthy
@@ -297,25 +302,25 @@ class Lane:
 
     def cancel(self, owner: Hashable) -> int:
         """Drop ``owner``'s jobs. Queued ones go now; a running step finishes, then stops."""
-        jobs = self.scheduler.cancel(owner)
-        for job in jobs:
-            self.stats.jobs_cancelled += 1
-            if self.observer is not None:
-                self.observer.job_ended(self.name, job, "cancelled")
-            if not job.running:
-                self._close_later_safe(job.state)
-                job.state = None
+        jobs = self._remove(owner, "cancelled")
+        self.stats.jobs_cancelled += len(jobs)
         return len(jobs)
 
     def hand_over(self, owner: Hashable) -> list[Job]:
         """Take ``owner``'s queued jobs off this lane, in order, to be submitted to another
         (not counted as cancelled). Called from a sink's ``on_failed``, between two steps
         of this lane: no job is running."""
+        return self._remove(owner, "moved")
+
+    def _remove(self, owner: Hashable, outcome: str) -> list[Job]:
+        """Take ``owner``'s jobs off the lane and report each as ``outcome``; the streams of
+        those not running are closed (a running step finishes, then stops)."""
         jobs = self.scheduler.cancel(owner)
         for job in jobs:
-            self._close_later_safe(job.state)
-            job.state = None
-            self._ended(job, "moved")
+            self._ended(job, outcome)
+            if not job.running:
+                self._close_later_safe(job.state)
+                job.state = None
         return jobs
 
     @property

@@ -189,8 +189,8 @@ class Gateway:
         if self.placer is None:
             return self.lane
         now = time.monotonic()
-        usable = [n for n, lane in self.lanes.items() if lane.loaded and lane.unhealthy is None
-                  and not self.placer.tripped(n, now)]
+        usable = [n for n, lane in self.lanes.items()
+                  if lane.usable and not self.placer.tripped(n, now)]
         return self.lanes[self.placer.place_turn(owner, voice, self.llm_streams > 0, usable)]
 
     def job_succeeded(self, job: Job) -> None:
@@ -216,7 +216,7 @@ class Gateway:
             return None
         placer.failed(name, time.monotonic())
         if (self.lane.name not in placer.lanes_with(job.payload.request.voice)
-                or not self.lane.loaded or self.lane.unhealthy is not None):
+                or not self.lane.usable):
             return None
         moved = self.lanes[name].hand_over(job.owner)
         placer.move(job.owner, self.lane.name)
