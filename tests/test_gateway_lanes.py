@@ -16,7 +16,7 @@ from gateway.config import load_config
 from gateway.core.placement import LaneLoad, place
 from gateway.io.server import Gateway
 from tests.servers import Hang, Text
-from tests.wsclient import read_turn, recv_event, send
+from tests.wsclient import gapless, read_turn, recv_event, send
 
 LONG = ("This first sentence is long on purpose, so that its synthesis is still queued on "
         "its lane, paced just in time, when the listener interrupts the reply halfway "
@@ -326,11 +326,6 @@ def broken_ane_gateway(monkeypatch, fail: str) -> Gateway:
         # idle turns prefer ane (earlier first audio), so every turn tries it first
         "profiles": {"gpu": {"first_s": 0.2, "rtf": 0.0},
                      "ane": {"first_s": 0.005, "rtf": 0.05}}}))
-
-
-def gapless(result) -> None:
-    seqs = [f.seq for f in result.frames]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and result.frames[-1].turn_end
 
 
 async def test_a_turn_whose_second_engine_fails_is_spoken_by_the_primary(monkeypatch):

@@ -11,7 +11,7 @@ from engines.registry import create_voice
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.server import Gateway
-from tests.wsclient import read_turn, recv_event, send
+from tests.wsclient import gapless, read_turn, recv_event, send
 
 
 async def say(gw: Gateway, text: str, **session):
@@ -21,12 +21,6 @@ async def say(gw: Gateway, text: str, **session):
         await recv_event(ws, "session.updated")
         await send(ws, type="say", text=text)
         return await read_turn(ws)
-
-
-def gapless(result) -> None:
-    seqs = [f.seq for f in result.frames]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-    assert result.frames[-1].turn_end
 
 
 @pytest.mark.slow

@@ -42,6 +42,13 @@ class TurnResult:
         return "".join(e["delta"] for e in self.of("text.delta"))
 
 
+def gapless(result: TurnResult) -> None:
+    """The turn's frames carry consecutive ``seq`` and the last one ends the turn."""
+    seqs = [f.seq for f in result.frames]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert result.frames[-1].turn_end
+
+
 async def send(ws: ClientConnection, **message: Any) -> None:
     await ws.send(orjson.dumps(message).decode())
 
