@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -24,6 +24,7 @@ from gateway.core.codec import (
 from gateway.core.session import (
     CancelLlm,
     CancelSynthesis,
+    Received,
     SendAudio,
     SendEvent,
     Session,
@@ -50,6 +51,7 @@ class TurnLog:
     sentence_done: list[int] = field(default_factory=list)
     current_sentence: int | None = None
     synth: set[int] = field(default_factory=set)
+    sent_ms: float = 0.0
 
 
 class SessionMachine(RuleBasedStateMachine):
@@ -60,6 +62,11 @@ class SessionMachine(RuleBasedStateMachine):
         self.t = 100.0
         self.next_seq = 0
         self.turns: dict[int, TurnLog] = {}
+        self.frame_end: dict[int, tuple[int, float]] = {}
+        """seq -> (turn_id, the turn's audio in ms up to the end of that frame)"""
+        self.mark: tuple[int, float] | None = None
+        """(turn_id, played_ms) of the playback mark whose effects are being checked"""
+        self.received = -1
         (created,) = self.session.open()
         assert created.event["type"] == "session.created"
 
@@ -81,6 +88,14 @@ class SessionMachine(RuleBasedStateMachine):
                     log.synth.add(index)
                 case CancelLlm(turn_id=tid) | CancelSynthesis(turn_id=tid):
                     assert tid in self.turns
+                case Received(seq=seq):
+                    # only a mark proves receipt, and only of frames of its turn that it
+                    # covers; said once, in order
+                    assert self.mark is not None and seq in self.frame_end, (seq, self.mark)
+                    turn_id, end_ms = self.frame_end[seq]
+                    assert turn_id == self.mark[0] and end_ms <= self.mark[1] + 1e-6
+                    assert seq > self.received
+                    self.received = seq
                 case _:
                     raise AssertionError(effect)
 
@@ -94,6 +109,8 @@ class SessionMachine(RuleBasedStateMachine):
         assert self.session.turn is not None and frame.turn_id == self.session.turn.id
         assert len(frame.pcm) <= log.frame_ms * BYTES_PER_MS and len(frame.pcm) % 2 == 0
         assert duration == len(frame.pcm) / BYTES_PER_MS
+        log.sent_ms += duration
+        self.frame_end[frame.seq] = (frame.turn_id, log.sent_ms)
         if not frame.pcm:
             assert frame.turn_end and frame.sentence_end, "empty frame only to end a turn"
         else:
@@ -174,10 +191,17 @@ class SessionMachine(RuleBasedStateMachine):
         tid = self.pick_turn(data) if explicit else None
         self.check(self.session.receive(ClientCancel(tid), self.now()))
 
-    @rule(data=st.data(), played=st.floats(0, 20_000))
-    def playback(self, data, played):
+    @rule(data=st.data(), played=st.floats(0, 20_000), within=st.booleans())
+    def playback(self, data, played, within):
         tid = self.pick_turn(data)
-        self.check(self.session.receive(ClientPlayback(tid, played), self.now()))
+        log = self.turns.get(tid)
+        if within and log is not None:  # somewhere inside what the turn has sent so far
+            played = data.draw(st.floats(0, 1.1)) * log.sent_ms
+        self.mark = (tid, played)
+        try:
+            self.check(self.session.receive(ClientPlayback(tid, played), self.now()))
+        finally:
+            self.mark = None
 
     @rule(frame_ms=st.sampled_from(FRAME_MS_CHOICES), lead=st.integers(100, 2000),
           voice=st.sampled_from(["a", "b", "nope"]))
@@ -293,3 +317,44 @@ def test_reply_ending_in_silent_text_ends_its_turn_once():
     effects += s.llm_done(tid, None, 0.0)
     assert turn_done_count(effects) == 1
     assert s.turn.state is TurnState.ENDED and s.wake_at() is None
+
+
+# ---- playback marks and what they prove received ------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(1, 400), st.floats(0, 300), st.floats(0, 1.1)),
+                      min_size=1, max_size=30),
+       max_lead=st.integers(100, 2000), frame_ms=st.sampled_from(FRAME_MS_CHOICES))
+def test_a_mark_proves_received_only_frames_it_covers_and_all_of_them(steps, max_lead,
+                                                                      frame_ms):
+    # Each step: the engine makes `ms` of audio, time advances, the client reports having
+    # played a share of what was sent. Received(seq) must name a frame sent before the mark
+    # that ends within what was played, never go back, and a mark covering everything sent
+    # proves the last frame sent.
+    s = Session("s", settings=SessionSettings(max_lead_ms=max_lead, frame_ms=frame_ms))
+    s.receive(ClientSay("A long enough sentence to speak for a while."), 0.0)
+    tid, t, sent_ms, last = s.turn.id, 0.0, 0.0, -1
+    ends: dict[int, float] = {}  # seq -> turn audio up to the end of that frame
+
+    def sent(effects) -> None:
+        nonlocal sent_ms
+        for e in effects:
+            if isinstance(e, SendAudio):
+                sent_ms += e.duration_ms
+                ends[decode_frame(e.data).seq] = sent_ms
+
+    for ms, advance, share in steps:
+        t += advance / 1000
+        sent(s.audio(tid, 0, b"\x01\x00" * (ms * BYTES_PER_MS // 2), "x", t))
+        sent(s.tick(t))
+        played = share * sent_ms
+        known = dict(ends)  # the frames sent before this mark
+        effects = s.receive(ClientPlayback(tid, played), t)
+        received = [e.seq for e in effects if isinstance(e, Received)]
+        sent(effects)
+        assert len(received) <= 1
+        for seq in received:
+            assert seq in known and known[seq] <= played + 1e-6 and seq > last
+            last = seq
+        if known and share >= 1.0:  # everything sent was played: the last frame is proven
+            assert last == max(known)
