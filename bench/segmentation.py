@@ -1,7 +1,7 @@
 """Speech segmentation benchmark: this segmenter against the peers, on the same streams.
 
     python bench/segmentation.py --setup-peers      # once: peer venvs under /work/peer-venvs
-    python bench/segmentation.py [--replies engines/data/replies.jsonl]
+    python bench/segmentation.py [--replies FILE ...] [--draws 10]
     python bench/segmentation.py --sweep            # first_min_words, first_phrase_words
 
 Every splitter gets the same input: the corpus (tests/data/segmentation.jsonl) fed in random
@@ -13,8 +13,11 @@ a peer whose venv is missing is reported "not installed". Printed per splitter:
 * missed: corpus boundaries the splitter did not make;
 * exact: share of (reply, chunking) runs whose segments match the corpus exactly;
 * p50/p99 cost of one feed call (µs), over all chunks;
-* first: median time from the first token to the first segment on the replay replies,
-  streamed at oMLX's pace (virtual time: chunk arrival, plus the measured cost).
+* first: median time from the first token to the first segment on each replay set (the
+  project's, engines/data/replies.jsonl, and the hub's examples where present), each reply
+  streamed at oMLX's pace in ``--draws`` random chunkings (virtual time: chunk arrival, plus
+  the measured cost), and how many times earlier that is than sentence-only splitting (the
+  "ours" row). One chunking per reply moved the median by up to 60 ms between seeds.
 
 Boundaries are compared as counts of non-space characters before each segment, so a peer
 that strips or reflows whitespace is not penalised; a peer that drops characters (emoji,
@@ -333,14 +336,16 @@ def setup_peers() -> None:
             print(f"  failed: {exc}", flush=True)
 
 
-def first_segments(texts: list[str], config, seed: int) -> list[tuple[float, str]]:
-    """(ms after the first token, text) of each reply's first segment, streamed like oMLX."""
+def first_segments(texts: list[str], config, seed: int, draws: int = 1
+                   ) -> list[tuple[float, str]]:
+    """(ms after the first token, text) of each reply's first segment, streamed like oMLX
+    in ``draws`` random chunkings (the replies in order, draw after draw)."""
     sys.path.insert(0, str(ROOT))
     from gateway.core.segmenter import Segmenter
 
     rng = random.Random(seed)
     firsts = []
-    for text in texts:
+    for text in [t for _ in range(draws) for t in texts]:
         chunks, times = chunk_omlx(text, rng)
         seg = Segmenter(config)
         out, at = [], len(chunks) - 1
@@ -354,7 +359,8 @@ def first_segments(texts: list[str], config, seed: int) -> list[tuple[float, str
     return firsts
 
 
-def sweep(sets: dict[str, list[str]], seed: int, knob: str, values: tuple[int, ...]) -> None:
+def sweep(sets: dict[str, list[str]], seed: int, knob: str, values: tuple[int, ...],
+          draws: int) -> None:
     """Median first-segment time and length against one knob (the others at defaults)."""
     sys.path.insert(0, str(ROOT))
     from gateway.core.segmenter import SegmenterConfig
@@ -365,7 +371,7 @@ def sweep(sets: dict[str, list[str]], seed: int, knob: str, values: tuple[int, .
     for value in values:
         cells = []
         for texts in sets.values():
-            firsts = first_segments(texts, SegmenterConfig(**{knob: value}), seed)
+            firsts = first_segments(texts, SegmenterConfig(**{knob: value}), seed, draws)
             cells.append(f"{statistics.median(ms for ms, _ in firsts):.0f} | "
                          f"{statistics.median(len(t.split()) for _, t in firsts):.0f}")
         print(f"| {value} | " + " | ".join(cells) + " |")
@@ -396,9 +402,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", default=str(ROOT / "tests/data/segmentation.jsonl"))
     shared = Path("/work/shared/data/replay.jsonl")  # the hub's examples, where present
-    ap.add_argument("--replies", default=str(shared if shared.exists() else
-                                             ROOT / "engines" / "data" / "replies.jsonl"),
-                    help="JSONL with a 'reply' field per line (the replay set)")
+    ap.add_argument("--replies", nargs="+",
+                    default=[str(ROOT / "engines" / "data" / "replies.jsonl")]
+                    + ([str(shared)] if shared.exists() else []),
+                    help="replay sets: JSONL with a 'reply' field per line (default: the "
+                         "project's, and the hub's examples where present)")
+    ap.add_argument("--draws", type=int, default=10,
+                    help="random oMLX chunkings per replay reply (first-segment times)")
     ap.add_argument("--chunkings", type=int, default=3, help="random chunkings per reply")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=5, help="runs per chunking; least cost kept")
@@ -422,30 +432,34 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     corpus = [json.loads(line) for line in Path(args.corpus).read_text().splitlines()]
-    replies = [json.loads(line)["reply"] for line in Path(args.replies).read_text().splitlines()
-               if line.strip()]
+    replay_sets = {path: [json.loads(line)["reply"] for line in Path(path).read_text().splitlines()
+                          if line.strip()] for path in args.replies}
+    replies = replay_sets[args.replies[0]]
     if args.sweep:
         heldout = [json.loads(line) for line in Path(args.heldout).read_text().splitlines()]
-        sets = {"replay set": replies,
+        sets = {f"replay set {Path(p).parent.name}/{Path(p).name}": t
+                for p, t in replay_sets.items()} | {
                 "corpus": [r["reply"] for r in corpus],
                 "corpus, first sentence >= 12 words": [
                     r["reply"] for r in corpus if len(r["segments"][0].split()) >= 12],
                 "held-out": [r["reply"] for r in heldout]}
-        sweep(sets, args.seed, "first_min_words", (0, 2, 3, 4, 5, 6, 8))
-        sweep(sets, args.seed, "first_phrase_words", (0, 1, 2, 3, 4, 5, 6))
+        sweep(sets, args.seed, "first_min_words", (0, 2, 3, 4, 5, 6, 8), args.draws)
+        sweep(sets, args.seed, "first_phrase_words", (0, 1, 2, 3, 4, 5, 6), args.draws)
         show_first_phrases(replies, args.seed, args.phrase_words)
         return
     runs = [(row, chunk_corpus(row["reply"], rng)) for row in corpus
             for _ in range(args.chunkings)]
-    latency = [chunk_omlx(r, rng) for r in replies]
-    job = {"corpus": [c for _, c in runs], "latency": [c for c, _ in latency],
+    latency = [(path, *chunk_omlx(r, rng)) for path, texts in replay_sets.items()
+               for _ in range(args.draws) for r in texts]
+    job = {"corpus": [c for _, c in runs], "latency": [c for _, c, _ in latency],
            "repeat": args.repeat}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(job, fh)
     n_chunks = sum(len(c) for _, c in runs)
     print(f"corpus: {len(corpus)} replies x {args.chunkings} chunkings ({n_chunks} chunks of "
-          f"1-32 chars); latency: {len(replies)} replies from {args.replies} at "
-          f"{TOK_PER_S} tok/s, 4-9 tokens per chunk\n")
+          f"1-32 chars); first segment: {args.draws} chunkings of each reply at "
+          f"{TOK_PER_S} tok/s, 4-9 tokens per chunk, of "
+          + ", ".join(f"{len(t)} replies from {p}" for p, t in replay_sets.items()) + "\n")
 
     rows = []
     try:
@@ -464,12 +478,15 @@ def main() -> None:
     finally:
         os.unlink(fh.name)
 
-    print("| splitter | bad splits | missed | exact lines | p50 µs/chunk | p99 µs/chunk "
-          "| first segment (median ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    set_names = [Path(p).parent.name + "/" + Path(p).name for p in replay_sets]
+    print("| splitter | bad splits | missed | exact lines | p50 µs/chunk | p99 µs/chunk | "
+          + " | ".join(f"first segment, {n} (median ms, × earlier than sentences)"
+                       for n in set_names) + " |")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(set_names))
+    sentence_only: dict[str, float] = {}
     for name, res in rows:
         if not isinstance(res, dict):
-            print(f"| {name} | {res or 'not installed'} | | | | | |")
+            print(f"| {name} | {res or 'not installed'} | | | | |" + " |" * len(set_names))
             continue
         bad = missed = exact = 0
         costs: list[int] = []
@@ -486,15 +503,22 @@ def main() -> None:
             missed += len(want - got)
             exact += got == want
             costs += r["costs"]
-        firsts = []
-        for (chunks, times), r in zip(latency, res["latency"], strict=True):
+        firsts: dict[str, list[float]] = {path: [] for path in replay_sets}
+        for (path, chunks, times), r in zip(latency, res["latency"], strict=True):
             n = r["first"] if r["first"] is not None else len(chunks) - 1
-            firsts.append((times[n] + sum(r["costs"][:n + 1]) / 1e9) * 1000)
+            firsts[path].append((times[n] + sum(r["costs"][:n + 1]) / 1e9) * 1000)
+        cells = []
+        for path, values in firsts.items():
+            median = statistics.median(values)
+            if name == "ours":
+                sentence_only[path] = median
+            base = sentence_only.get(path)
+            cells.append(f"{median:.0f}" + (f" ({base / median:.2f}×)" if base else ""))
         costs.sort()
         p50 = costs[len(costs) // 2] / 1000
         p99 = costs[int(len(costs) * 0.99)] / 1000
         print(f"| {name} | {bad} | {missed} | {exact / len(runs):.1%} | {p50:.1f} | {p99:.1f} "
-              f"| {statistics.median(firsts):.0f} |")
+              f"| {' | '.join(cells)} |")
     print("\n" + "\n".join(f"* {n}: {SPLITTERS[n][2]}" for n in (args.only or SPLITTERS)))
 
 
