@@ -1,0 +1,46 @@
+"""The segmentation benchmark (bench/segmentation.py) runs and measures what it claims."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import segmentation as bench
+from gateway.core.segmenter import SegmenterConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLIES = ROOT / "engines" / "data" / "replies.jsonl"
+
+
+def test_omlx_chunks_rebuild_the_reply_and_arrive_at_the_token_pace() -> None:
+    text = "It's on Tuesday at 3:30 p.m. with Dr. Okafor, at 418 Harbor St. Suite 2."
+    chunks, times = bench.chunk_omlx(text, random.Random(1))
+    assert "".join(chunks) == text
+    assert times == sorted(times) and times[0] >= 3 / bench.TOK_PER_S  # >= 4 tokens first
+
+
+def test_first_segments_draws_each_reply_several_times() -> None:
+    texts = ["Yes! The build is green.", "It's 14 degrees, overcast and windy outside today."]
+    got = bench.first_segments(texts, SegmenterConfig(), seed=0, draws=3)
+    assert [t for _, t in got] == ["Yes!", "It's 14 degrees, overcast and windy outside today."] * 3
+    sentences = bench.first_segments(texts, SegmenterConfig(first_min_words=0), seed=0)
+    assert len(sentences) == 2
+
+
+def test_the_comparison_prints_a_first_segment_column_per_replay_set(tmp_path: Path) -> None:
+    hub = tmp_path / "hub.jsonl"
+    hub.write_text('{"reply": "Done. I set a reminder for Thursday at 2 p.m. sharp."}\n')
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "segmentation.py"), "--only", "ours",
+         "ours-eager", "--chunkings", "1", "--repeat", "1", "--draws", "2",
+         "--replies", str(REPLIES), str(hub)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, check=True).stdout
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1]
+            for line in out.splitlines() if line.startswith("| ours")}
+    assert set(rows) == {"ours", "ours-eager"}
+    project, examples = rows["ours-eager"][-2:]
+    assert project.strip().endswith("×)") and examples.strip().endswith("×)")
+    assert rows["ours"][-1].strip().endswith("(1.00×)")
+    assert rows["ours"][0].strip() == "0"  # no bad split on the corpus
