@@ -21,13 +21,17 @@ the buffered audio and then sends the transcript (which cancels the turn server-
 args or ``--file`` each reply is heard to its end unless ``--barge-in-after SECONDS``.
 From stdin, any line typed while the reply plays barges in.
 
-If the socket drops, the client reconnects with exponential backoff (0.5 s doubling to 8 s,
-with jitter) and resumes its session (protocol.md, Resume): the first message on the new
-socket is ``session.resume`` with the ``seq`` of the last frame it received, and the server
-re-sends what followed, so the reply goes on where it was cut, into the same WAV, with
-``seq`` gapless. Events the server re-sends are handled once. If the resume fails (the
-window passed, the gateway restarted), the client falls back: it re-applies its settings
-and sends again the transcript whose reply was cut off, in the fresh session.
+If the gateway cannot be reached at all, the client gives up after ``--connect-attempts``
+tries in a row (default 5, about 8 s) and exits with status 2; a gateway that refuses the
+handshake (HTTP 401: a missing or wrong ``--token``) is not retried. Once connected, if the
+socket drops, the client reconnects with exponential backoff (0.5 s doubling to 8 s,
+with jitter, for as long as it takes) and resumes its session (protocol.md, Resume): the
+first message on the new socket is ``session.resume`` with the ``seq`` of the last frame it
+received, and the server re-sends what followed, so the reply goes on where it was cut, into
+the same WAV, with ``seq`` gapless. Events the server re-sends are handled once. If the
+resume fails (the window passed, the gateway restarted), the client falls back: it
+re-applies its settings and sends again the transcript whose reply was cut off, in the
+fresh session.
 """
 
 from __future__ import annotations
@@ -126,10 +130,17 @@ class SpeakerPlayer(ClockPlayer):
         self._stream.close()
 
 
+class GaveUp(Exception):
+    """The gateway cannot be reached, or refused the connection: retrying will not help."""
+
+
 class PhoneClient:
     def __init__(self, url: str, out_dir: Path, player: ClockPlayer, *,
-                 settings: dict[str, Any] | None = None, verbose: bool = True) -> None:
+                 settings: dict[str, Any] | None = None, verbose: bool = True,
+                 token: str | None = None, connect_attempts: int = 5) -> None:
         self.url, self.out_dir, self.player = url, out_dir, player
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.connect_attempts = connect_attempts
         self.settings = settings or {}
         self.verbose = verbose
         self.turns = 0  # local turn counter: names the WAV files across reconnects
@@ -161,21 +172,27 @@ class PhoneClient:
 
     async def run(self, transcripts: Any, *, sequential: bool, barge_in_after: float | None
                   ) -> None:
-        """Connect (and reconnect) while ``talk`` sends ``transcripts`` (an async iterator)."""
-        async with asyncio.TaskGroup() as tasks:
-            link = tasks.create_task(self._keep_connected())
-            try:
-                await self._talk(transcripts, sequential, barge_in_after)
-            finally:
-                link.cancel()
-                if self._ws is not None:
-                    await self._ws.close()
+        """Connect (and reconnect) while ``talk`` sends ``transcripts`` (an async iterator).
+        Raises ``GaveUp`` when the gateway cannot be reached or refuses the connection."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                link = tasks.create_task(self._keep_connected())
+                try:
+                    await self._talk(transcripts, sequential, barge_in_after)
+                finally:
+                    link.cancel()
+                    if self._ws is not None:
+                        await self._ws.close()
+        except* GaveUp as group:
+            raise group.exceptions[0] from None
 
     async def _keep_connected(self) -> None:
         backoff = 0.5
+        failures = 0  # attempts in a row that did not reach the gateway, before the first
         while True:
             try:
-                async with connect(self.url, compression=None, max_size=2**20) as ws:
+                async with connect(self.url, compression=None, max_size=2**20,
+                                   additional_headers=self.headers) as ws:
                     created = json.loads(await ws.recv())
                     assert created["type"] == "session.created", created
                     if not await self._resume(ws, created):
@@ -187,11 +204,23 @@ class PhoneClient:
                             await ws.send(json.dumps({"type": "session.update",
                                                       "session": self.settings}))
                         self.say(f"[connected: {created['session_id']}]")
-                    self._ws, backoff = ws, 0.5
+                    self._ws, backoff, failures = ws, 0.5, -1
                     self._connected.set()
                     await self._read(ws)
-            except (OSError, InvalidStatus, ConnectionClosed) as exc:
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if 400 <= status < 500:  # refused (auth, wrong path): the same next time
+                    hint = " (a missing or wrong --token?)" if status in (401, 403) else ""
+                    raise GaveUp(f"{self.url} refused the connection: HTTP {status}"
+                                 f"{hint}") from None
                 self.say(f"[connection failed: {exc}]")
+            except (OSError, ConnectionClosed) as exc:
+                self.say(f"[connection failed: {exc}]")
+                if failures >= 0:  # never connected yet
+                    failures += 1
+                    if failures >= self.connect_attempts:
+                        raise GaveUp(f"cannot reach {self.url} ({failures} attempts): "
+                                     f"{exc}") from None
             self._connected.clear()
             self._ws = None
             delay = backoff * random.uniform(0.8, 1.2)
@@ -372,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Reference voice client (protocol v1).")
     p.add_argument("transcripts", nargs="*", help="what the user says, one turn each")
     p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice")
+    p.add_argument("--token", help="bearer token, when the gateway has tokens configured")
+    p.add_argument("--connect-attempts", type=int, default=5, metavar="N",
+                   help="give up after N failed tries in a row before the first connection")
     p.add_argument("--file", help="transcripts, one per line ('-' for stdin)")
     p.add_argument("--out", default="turns", help="directory for turn-NNN.wav (default turns/)")
     p.add_argument("--play", action="store_true", help="play through the default device")
@@ -393,12 +425,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         source, sequential = _from_stdin(), False
     player = make_player(args.play)
-    client = PhoneClient(args.url, out, player, settings=settings)
+    client = PhoneClient(args.url, out, player, settings=settings, token=args.token,
+                         connect_attempts=args.connect_attempts)
     try:
         asyncio.run(client.run(source, sequential=sequential,
                                barge_in_after=args.barge_in_after))
     except KeyboardInterrupt:
         pass
+    except GaveUp as exc:
+        print(f"[gave up: {exc}]", file=sys.stderr)
+        return 2
     finally:
         player.close()
     for path in client.saved:

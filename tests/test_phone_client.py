@@ -144,3 +144,33 @@ async def test_when_the_resume_fails_the_transcript_is_sent_again(tmp_path, star
     assert len(client.saved) == 2  # the cut reply, then the whole one in the new session
     _, samples = read_wav(client.saved[1])
     assert len(samples) / 24 == pytest.approx(client.results[0]["metrics"]["audio_ms"], abs=1)
+
+
+async def test_a_refused_handshake_is_not_retried_and_a_token_gets_in(tmp_path, start_gateway,
+                                                                       capsys):
+    gw = await start_gateway(REPLIES, server={"tokens": ("s3cret",)})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    rc = await asyncio.to_thread(phone_client.main, ["--url", url, "--out", str(tmp_path),
+                                                     "Hello"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "HTTP 401" in err and "--token" in err
+    assert err.count("connection failed") == 0  # refused once, not retried
+    rc = await asyncio.to_thread(phone_client.main, ["--url", url, "--out", str(tmp_path),
+                                                     "--token", "s3cret", "Hello"])
+    assert rc == 0 and gw.metrics.turns["completed"] == 1
+    assert "s3cret" not in capsys.readouterr().err
+
+
+async def test_an_unreachable_gateway_is_given_up_after_the_attempts(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = await asyncio.to_thread(phone_client.main, [
+        "--url", f"ws://127.0.0.1:{port}/v1/voice", "--out", str(tmp_path),
+        "--connect-attempts", "2", "Hello"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("connection failed") == 2 and "cannot reach" in err and "2 attempts" in err
