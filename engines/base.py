@@ -12,7 +12,7 @@ whose model runs at another rate resamples inside its stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -137,7 +137,7 @@ LlmEvent = LlmDelta | LlmDone
 class LlmBackend(Protocol):
     name: str
 
-    def stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+    def stream(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
         """Stream the reply: ``LlmDelta`` items, then exactly one ``LlmDone``.
 
         Raises ``EngineError`` (``llm_unavailable``, ``llm_failed``) instead of library

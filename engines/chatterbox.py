@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineError, SynthesisRequest
+from engines.base import EngineError, Lane, SynthesisRequest
 from engines.mlx_common import (
     MlxLifecycle,
     float_to_pcm16,
@@ -53,7 +53,7 @@ SPEECH_TOKENS_HZ = 25
 
 class ChatterboxEngine:
     name = "chatterbox"
-    lane = "gpu"
+    lane: Lane = "gpu"
     streams = False
     reads_digits = False
 
@@ -110,7 +110,7 @@ class ChatterboxEngine:
         ):
             raise EngineError("engine_failed", f"{path}: Chatterbox text tokenizer did not load")
         if self.flow_steps is not None:
-            flow = getattr(getattr(model, "s3gen", None), "flow", None)
+            flow: Any = getattr(getattr(model, "s3gen", None), "flow", None)
             if not isinstance(getattr(flow, "n_timesteps", None), int):
                 raise EngineError(
                     "engine_failed", f"{path}: this mlx-audio has no S3Gen flow steps to set"

@@ -198,7 +198,10 @@ def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctype
     synth = symbols.get("espeak_Synth")
     if synth is None:
         return None
-    base = ctypes.cast(lib.espeak_Synth, ctypes.c_void_p).value - synth[0]
+    address = ctypes.cast(lib.espeak_Synth, ctypes.c_void_p).value
+    if address is None:
+        return None
+    base = address - synth[0]
     if base % 4096:
         return None  # the symbol table is not the one of the mapped file
     counters = []

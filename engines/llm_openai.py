@@ -20,7 +20,7 @@ breaks off or ends without ``finish_reason`` or ``[DONE]``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -107,7 +107,7 @@ class OpenAiLlm:
             body["max_tokens"] = request.max_tokens
         return body
 
-    async def stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+    async def stream(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
         """Yield ``LlmDelta`` items as the server sends them, then one ``LlmDone``.
 
         Safe to cancel: cancelling the consuming task (or closing this generator, e.g. with

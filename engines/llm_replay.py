@@ -30,7 +30,7 @@ import random
 import re
 import time
 import unicodedata
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 
@@ -142,7 +142,7 @@ class ReplayLlm:
         digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
         return self._choices[int.from_bytes(digest, "big") % len(self._choices)]
 
-    async def stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+    async def stream(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
         """Yield the reply in paced chunks, then ``LlmDone``. Safe to cancel at any point."""
         reply = self.reply_for(request.messages)
         tokens = split_tokens(reply)

@@ -157,8 +157,8 @@ class MlxLifecycle:
             loaded + "; warm-up took %.2f s; mlx active %.0f MB, peak %.0f MB",
             *args,
             warmup_s,
-            mem["mlx_active_bytes"] / 1e6,
-            mem["mlx_peak_bytes"] / 1e6,
+            (mem["mlx_active_bytes"] or 0) / 1e6,
+            (mem["mlx_peak_bytes"] or 0) / 1e6,
         )
         return warmup_s
 

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineError, SynthesisRequest
+from engines.base import EngineError, Lane, SynthesisRequest
 from engines.mlx_common import (
     MlxLifecycle,
     float_to_pcm16,
@@ -90,7 +90,7 @@ class Qwen3Engine:
     """Qwen3-TTS (mlx-audio) on the gpu lane. See the module docstring."""
 
     name = "qwen3"
-    lane = "gpu"
+    lane: Lane = "gpu"
     streams = True
     reads_digits = True
     timing = {"first_s": 0.107, "rtf": 0.44, "first_s_llm": 0.216, "rtf_llm": 0.97}

@@ -13,6 +13,7 @@ import statistics
 from collections import deque
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class StepTimes:
 
     def apply(self, profile: LaneProfile) -> LaneProfile:
         """``profile`` with every measured figure in place of the configured one."""
-        measured = self.measured()
+        measured: dict[str, Any] = self.measured()
         return replace(profile, **measured) if measured else profile
 
 

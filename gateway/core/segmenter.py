@@ -49,6 +49,7 @@ on how the stream was chunked:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -599,7 +600,7 @@ _EMOJI = re.compile(
     "[\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D\u20E3]+"
 )
 
-_ABBREVIATIONS = [
+_ABBREVIATIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     (re.compile(r"\bDr\.(?=\s+[A-Z])"), "Doctor"),
     (re.compile(r"\bMr\.(?=\s)"), "Mister"),
     (re.compile(r"\bMrs\.(?=\s)"), "Missus"),

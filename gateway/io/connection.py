@@ -19,7 +19,7 @@ import hmac
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never, cast
 
 import orjson
 from websockets.asyncio.server import ServerConnection
@@ -187,16 +187,16 @@ class SessionRunner:
                     self._llm_tasks[turn_id] = task
                     task.add_done_callback(self._llm_task_done)
             case CancelLlm(turn_id=turn_id):
-                task = self._llm_tasks.get(turn_id)
-                if task is not None:
-                    task.cancel()
+                running = self._llm_tasks.get(turn_id)
+                if running is not None:
+                    running.cancel()
             case StartSynthesis():
-                request = SynthesisRequest(text=effect.text, voice=effect.voice,
-                                           step_ms=step_ms(Priority.INTERACTIVE))
+                synthesis = SynthesisRequest(text=effect.text, voice=effect.voice,
+                                             step_ms=step_ms(Priority.INTERACTIVE))
                 owner = (self.session.id, effect.turn_id)
                 # the turn's first segment picks its lane; the others follow it
                 self.gateway.place_turn(owner, effect.voice).submit(
-                    owner, SynthesisJob(request, self, effect.index), deadline=effect.deadline,
+                    owner, SynthesisJob(synthesis, self, effect.index), deadline=effect.deadline,
                     priority=Priority.INTERACTIVE, since=effect.since)
             case CancelSynthesis(turn_id=turn_id):
                 owner = (self.session.id, turn_id)
@@ -282,12 +282,12 @@ class SessionRunner:
     # ---- lane sink (called on the event loop by the lane task) -----------------------
 
     def deadline(self, job: Job, now: float) -> float:
-        deadline = self.session.deadline(job.owner[1], now)
+        deadline = self.session.deadline(_turn_of(job), now)
         return job.deadline if deadline is None else deadline
 
     def on_audio(self, job: Job, pcm: bytes, engine: str, ready_at: float) -> None:
         payload: SynthesisJob = job.payload
-        effects = self.session.audio(job.owner[1], payload.index, pcm, engine, self.now())
+        effects = self.session.audio(_turn_of(job), payload.index, pcm, engine, self.now())
         if self.gateway.tracer is not None:
             first = next((e for e in effects if isinstance(e, SendAudio)), None)
             if first is not None:
@@ -297,7 +297,7 @@ class SessionRunner:
     def on_done(self, job: Job) -> None:
         payload: SynthesisJob = job.payload
         self.gateway.job_succeeded(job)
-        self._apply(self.session.synthesis_done(job.owner[1], payload.index, self.now()))
+        self._apply(self.session.synthesis_done(_turn_of(job), payload.index, self.now()))
 
     def on_failed(self, job: Job, code: str, message: str) -> None:
         payload: SynthesisJob = job.payload
@@ -305,10 +305,10 @@ class SessionRunner:
             case "again":  # the primary lane says it (and the rest of the turn) instead
                 return
             case "truncated":  # it ends where it stopped; the primary says the rest
-                self._apply(self.session.synthesis_done(job.owner[1], payload.index,
+                self._apply(self.session.synthesis_done(_turn_of(job), payload.index,
                                                         self.now()))
                 return
-        self._apply(self.session.synthesis_failed(job.owner[1], payload.index, code, message,
+        self._apply(self.session.synthesis_failed(_turn_of(job), payload.index, code, message,
                                                   self.now()))
 
     def written(self, batch: list[str | bytes]) -> None:
@@ -411,14 +411,12 @@ class VoiceConnection:
         fresh = self.runner
         assert fresh is not None
         old = self.gateway.runners.get(request.session_id)
-        problem = None
-        if old is None or old.closed or not old.check_resume_token(request.resume_token):
-            problem = "unknown or expired session, or wrong resume_token"
-        else:
+        position = None
+        problem = "unknown or expired session, or wrong resume_token"
+        if old is not None and not old.closed and old.check_resume_token(request.resume_token):
             position = old.outbox.position_after_frame(request.last_seq)
-            if position is None:
-                problem = "the frames after last_seq are no longer buffered"
-        if problem is not None:
+            problem = "the frames after last_seq are no longer buffered"
+        if old is None or position is None:
             fresh.protocol_error(ProtocolError(
                 "resume_failed", f"cannot resume: {problem}; continuing with the new session "
                 f"{fresh.session.id}"), now)
@@ -504,6 +502,12 @@ class VoiceConnection:
         ws.transport.write(b"".join(chunks))
         if any(not chunk for chunk in chunks):  # an end-of-stream marker: keep its meaning
             ws.transport.write_eof()
+
+
+def _turn_of(job: Job) -> int:
+    """The turn id of a voice job (its owner is ``(session_id, turn_id)``)."""
+    owner = cast(tuple[str, int], job.owner)
+    return owner[1]
 
 
 def job_deadline(job: Job, now: float) -> float:

@@ -69,7 +69,7 @@ MAX_BUFFERED_S = 60.0
 """Unread audio one response may hold before it fails with ``slow_consumer``."""
 LOW_WATER_CHUNKS = 8
 """The next segment is submitted once the reader has this few chunks left unread."""
-SHUTDOWN_GRACE_S = 2.0
+SHUTDOWN_GRACE_S = 2
 
 
 # ---- errors -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import orjson
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
+from websockets.typing import Origin
 
 from engines.base import LlmBackend, TtsEngine
 from engines.registry import create_engine, create_llm, create_voice
@@ -287,7 +288,7 @@ class Gateway:
             max_size=WS_MAX_SIZE,
             compression=None,  # PCM does not compress; deflate would only cost CPU
             ping_interval=20, ping_timeout=20,
-            origins=None if s.origins is None else [*s.origins, None],
+            origins=None if s.origins is None else [*map(Origin, s.origins), None],
             select_subprotocol=select_subprotocol,
             ssl=ssl_context,
         )
