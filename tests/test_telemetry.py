@@ -1,4 +1,5 @@
-"""Telemetry pieces that do not need a gateway: the windowed maximum and the loop-lag probe."""
+"""Telemetry pieces that do not need a gateway: the windowed maximum, the lane histograms
+and the loop-lag probe."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from gateway.io.telemetry import LoopLagMonitor, WindowMax
+from gateway.io.telemetry import LaneHistogram, LoopLagMonitor, WindowMax
 
 
 @pytest.mark.parametrize(("events", "now", "expected"), [
@@ -33,6 +34,23 @@ def test_window_max_keeps_only_candidates():
     for i in range(1000):
         window.add(i * 0.01, float(i))  # rising: each value evicts all before it
     assert len(window._values) == 1 and window.max(10.0) == 999.0
+
+
+def test_lane_histogram_counts_like_prometheus():
+    """Same buckets, same values: the same cumulative counts and sum as prometheus_client's
+    own Histogram (``le``: a value equal to a bound counts in that bound's bucket)."""
+    bounds = (0.01, 0.1, 1.0)
+    values = [0.0, 0.01, 0.0100001, 0.05, 0.1, 0.7, 1.0, 3.0, 1e9]
+    ours = LaneHistogram(bounds)
+    theirs = Histogram("h", "h", buckets=bounds, registry=CollectorRegistry())
+    for v in values:
+        ours.observe(v)
+        theirs.observe(v)
+    expected = [(s.labels["le"], s.value) for s in next(iter(theirs.collect())).samples
+                if s.name == "h_bucket"]
+    assert [(le, float(n)) for le, n in ours.cumulative()] == expected
+    assert [n for _, n in ours.cumulative()] == [2, 5, 7, 9]
+    assert ours.count == len(values) and ours.sum == pytest.approx(sum(values))
 
 
 class _Observed:

@@ -10,7 +10,11 @@ Where the figures come from, each observed once, where the data already exists:
 * the lane (``Lane.observer``): step time, queue wait (submit → first step), real-time
   factor per job (compute seconds / audio seconds) and the busy share of the last minute.
   All of these count **compute only** (time inside ``engine.open``/``step`` on the lane
-  thread), never the time a client kept a stream open;
+  thread), never the time a client kept a stream open. They are booked at every engine
+  step, so they go into ``LaneHistogram``s (a bisect and an add) and reach Prometheus at
+  scrape time, not through ``prometheus_client.Histogram`` (a lock per value and a walk
+  over the bounds per observation: a tenth of the gateway's CPU per audio frame at 400
+  streaming sessions, bench/CAPACITY.md);
 * counters the gateway already keeps (turns by status, frames, errors by code, sessions,
   lane cancels) are read at scrape time by a custom collector, so nothing is counted twice.
 
@@ -21,6 +25,7 @@ in a background task started by ``health()``; ``health()`` itself never waits on
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import logging
 import math
@@ -31,7 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from engines.base import OUTPUT_RATE
@@ -90,9 +100,40 @@ class BusyWindow:
         return min(1.0, self.busy_s(now) / span)
 
 
+class LaneHistogram:
+    """Observations of one lane's figure in fixed buckets (Prometheus ``le`` semantics: a
+    value counts in the first bucket whose bound is at least the value). Filled on the
+    event loop only, so it needs no lock; read by ``_StateCollector`` at scrape time."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``(le, count of values <= le)`` per bound, then ``+Inf``."""
+        out, total = [], 0
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
 @dataclass(slots=True)
 class _JobTally:
     queued_at: float | None
+    add_compute: Any = None
+    """The sink's ``add_compute(seconds)`` (an HTTP speech request), looked up once."""
     compute_s: float = 0.0
     audio_bytes: int = 0
 
@@ -215,14 +256,10 @@ class Telemetry:
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.ttfa = Histogram("gateway_turn_ttfa_seconds", "Transcript to first audio frame sent",
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.step = Histogram("gateway_lane_step_seconds", "Compute time of one engine step",
-                              ["lane"], buckets=_STEP_BUCKETS, registry=r)
-        self.queue_wait = Histogram("gateway_lane_queue_wait_seconds",
-                                    "Synthesis job submitted to its first step starting",
-                                    ["lane"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.rtf = Histogram("gateway_synthesis_rtf",
-                             "Compute seconds per second of audio, per finished job",
-                             ["lane"], buckets=_RTF_BUCKETS, registry=r)
+        lanes = list(gateway.lanes)
+        self.step = {lane: LaneHistogram(_STEP_BUCKETS) for lane in lanes}
+        self.queue_wait = {lane: LaneHistogram(_LATENCY_BUCKETS) for lane in lanes}
+        self.rtf = {lane: LaneHistogram(_RTF_BUCKETS) for lane in lanes}
         self.underruns = Counter("gateway_underruns", "Playback underruns reported in turn.done",
                                  registry=r)
         self.fallbacks = Counter("gateway_fallbacks", "Turns spoken by more than one engine",
@@ -259,28 +296,29 @@ class Telemetry:
             self.llm_tokens_per_s = m["llm_tokens_per_s"]
 
     def job_queued(self, lane: str, job: Job) -> None:
-        self._jobs[job] = _JobTally(queued_at=time.perf_counter())
+        sink = getattr(job.payload, "sink", None)
+        self._jobs[job] = _JobTally(queued_at=time.perf_counter(),
+                                    add_compute=getattr(sink, "add_compute", None))
 
     def job_step(self, lane: str, job: Job, started: float, seconds: float,
                  audio_bytes: int) -> None:
-        self.step.labels(lane).observe(seconds)
-        self.busy.setdefault(lane, BusyWindow(started=started)).add(started + seconds, seconds)
+        self.step[lane].observe(seconds)
+        self.busy[lane].add(started + seconds, seconds)
         tally = self._jobs.get(job)
         if tally is None:
             return
         if tally.queued_at is not None:
-            self.queue_wait.labels(lane).observe(max(0.0, started - tally.queued_at))
+            self.queue_wait[lane].observe(max(0.0, started - tally.queued_at))
             tally.queued_at = None
         tally.compute_s += seconds
         tally.audio_bytes += audio_bytes
-        add_compute = getattr(job.payload.sink, "add_compute", None)
-        if add_compute is not None:
-            add_compute(seconds)
+        if tally.add_compute is not None:
+            tally.add_compute(seconds)
 
     def job_ended(self, lane: str, job: Job, outcome: str) -> None:
         tally = self._jobs.pop(job, None)
         if tally is not None and outcome == "done" and tally.audio_bytes:
-            self.rtf.labels(lane).observe(tally.compute_s / (tally.audio_bytes / _BYTES_PER_S))
+            self.rtf[lane].observe(tally.compute_s / (tally.audio_bytes / _BYTES_PER_S))
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -367,6 +405,16 @@ class _StateCollector(Collector):
             compute.add_metric([lane.name], lane.stats.busy_s)
         yield cancels
         yield compute
+        for name, doc, figures in (
+                ("gateway_lane_step_seconds", "Compute time of one engine step", self.t.step),
+                ("gateway_lane_queue_wait_seconds",
+                 "Synthesis job submitted to its first step starting", self.t.queue_wait),
+                ("gateway_synthesis_rtf", "Compute seconds per second of audio, per finished "
+                 "job", self.t.rtf)):
+            family = HistogramMetricFamily(name, doc, labels=["lane"])
+            for lane_name, histogram in figures.items():
+                family.add_metric([lane_name], histogram.cumulative(), sum_value=histogram.sum)
+            yield family
         yield GaugeMetricFamily("gateway_sessions", "Open voice sessions",
                                 value=len(gw.runners))
         speech = getattr(gw, "http", None)
