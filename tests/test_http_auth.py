@@ -119,8 +119,10 @@ def test_the_cli_at_debug_level_never_prints_a_token():
             if line.startswith("voice-gateway") and "serving" in line:
                 break
         voice = line.split()[3]
-        http_port = int(next(x for x in seen + [proc.stdout.readline()] if "HTTP:" in x)
-                        .split("//")[1].split("/")[0].rsplit(":", 1)[1])
+        while "HTTP:" not in line:  # the banner's next lines
+            line = proc.stdout.readline()
+            seen.append(line)
+        http_port = int(line.split("//")[1].split("/")[0].rsplit(":", 1)[1])
 
         async def talk() -> None:
             with pytest.raises(InvalidStatus):

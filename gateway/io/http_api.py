@@ -586,9 +586,14 @@ class _Uvicorn(uvicorn.Server):
 class HttpServer:
     """The HTTP API on its own port, in the running loop. ``start()``; ``port``; ``aclose()``."""
 
-    def __init__(self, gateway: Gateway, host: str, port: int) -> None:
+    def __init__(self, gateway: Gateway, host: str, port: int,
+                 tls: tuple[str, str | None] | None = None) -> None:
+        """``tls``: (certificate, key) PEM files, the voice port's: the HTTP API then
+        serves https, so a bearer token never crosses the network in clear on either
+        port."""
         self.gateway = gateway
         self.host, self.requested_port = host, port
+        self.tls = tls
         self.api = SpeechApi(gateway)
         self.streams: set[SpeechStream] = set()
         self.idle = asyncio.Event()
@@ -609,9 +614,11 @@ class HttpServer:
             sock.close()
             raise
         self._socket = sock
+        cert, key = self.tls or (None, None)
         config = uvicorn.Config(self.api.asgi, lifespan="off", log_config=None,
                                 access_log=False, ws="none",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                                ssl_certfile=cert, ssl_keyfile=key)
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
         serving = asyncio.create_task(self._server.serving.wait())

@@ -130,7 +130,8 @@ class Gateway:
         self.telemetry = Telemetry(self)
         s = config.server
         self.http = HttpServer(self, s.host, s.http_port if s.http_port is not None
-                               else (s.port + 1 if s.port else 0))
+                               else (s.port + 1 if s.port else 0),
+                               tls=(s.tls_cert, s.tls_key) if s.tls_cert else None)
         self.connections: set[VoiceConnection] = set()
         self.runners: dict[str, SessionRunner] = {}
         """Live sessions by id, attached to a connection or waiting for a resume."""
@@ -455,11 +456,14 @@ async def serve_until_signalled(config: GatewayConfig) -> None:
     gateway = Gateway(config)
     await gateway.start()
     c = config
-    print(f"voice-gateway {version()} serving ws://{c.server.host}:{gateway.port}{VOICE_PATH} "
-          f"(health: http://{c.server.host}:{gateway.port}/health)", flush=True)
+    ws, http = ("wss", "https") if c.server.tls_cert else ("ws", "http")
+    base = f"{c.server.host}:{gateway.port}"
+    print(f"voice-gateway {version()} serving {ws}://{base}{VOICE_PATH} "
+          f"(health: {http}://{base}/health)", flush=True)
+    print(f"  console: {http}://{base}/ (type a transcript, hear the reply)", flush=True)
     llm = f"openai at {c.llm.url}" + (f" model {c.llm.model}" if c.llm.model else "") \
         if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
-    print(f"  HTTP:  http://{c.server.host}:{gateway.http_port}/v1/audio/speech "
+    print(f"  HTTP:  {http}://{c.server.host}:{gateway.http_port}/v1/audio/speech "
           "(OpenAI-compatible), /v1/models, /health, /metrics", flush=True)
     print(f"  LLM:   {llm}", flush=True)
     print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"

@@ -1,0 +1,74 @@
+"""``--tls-cert``/``--tls-key``: the voice socket serves wss:// and the HTTP API https://,
+with the same certificate, so a bearer token never crosses the network in clear on either
+port. A throwaway CA (trustme) issues the certificate; nothing is fetched."""
+
+from __future__ import annotations
+
+import json
+import ssl
+
+import httpx
+import pytest
+import trustme
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidMessage
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def client_ssl(ca: trustme.CA) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context
+
+
+@pytest.fixture
+async def gateway(start_gateway, tmp_path, ca):
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    return await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
+                               server={"tls_cert": str(cert), "tls_key": str(key),
+                                       "tokens": (TOKEN,)})
+
+
+async def test_the_voice_socket_speaks_wss(gateway, client_ssl):
+    async with connect(f"wss://127.0.0.1:{gateway.port}/v1/voice", ssl=client_ssl,
+                       additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps({"type": "transcript", "text": "Hello"}))
+        audio = 0
+        while True:
+            message = await ws.recv()
+            if isinstance(message, bytes):
+                audio += len(message) - 12
+            elif json.loads(message)["type"] == "turn.done":
+                break
+        assert audio > 0
+
+
+async def test_the_http_api_speaks_https_with_the_same_certificate(gateway, client_ssl):
+    async with httpx.AsyncClient(verify=client_ssl) as http:
+        models = await http.get(f"https://127.0.0.1:{gateway.http_port}/v1/models",
+                                headers={"Authorization": f"Bearer {TOKEN}"})
+        assert models.status_code == 200 and models.json()["data"]
+        refused = await http.get(f"https://127.0.0.1:{gateway.http_port}/v1/models")
+        assert refused.status_code == 401
+
+
+async def test_plain_connections_get_nothing_on_either_port(gateway):
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.HTTPError):
+            await http.get(f"http://127.0.0.1:{gateway.http_port}/v1/models",
+                           headers={"Authorization": f"Bearer {TOKEN}"})
+    with pytest.raises(InvalidMessage):  # the server answered the HTTP upgrade with TLS
+        async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice", open_timeout=5,
+                           additional_headers={"Authorization": f"Bearer {TOKEN}"}):
+            pass
