@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from gateway.config import load_config
+from gateway.config import GatewayConfig, load_config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,25 +72,31 @@ def _synthetic_options(args: argparse.Namespace) -> dict[str, float] | None:
     return options or None
 
 
+def build_config(args: argparse.Namespace) -> GatewayConfig:
+    """The configuration ``serve`` runs with: the ``--config`` file, then the flags given
+    (and ``VOICE_GATEWAY_TOKENS``) over it. Raises ``ValueError``/``OSError``."""
+    return load_config(
+        args.config,
+        server={"host": args.host, "port": args.port, "http_port": args.http_port,
+                "lane_policy": args.lane_policy,
+                "tokens": _tokens(args), "insecure_bind": args.insecure_bind,
+                "origins": tuple(args.origin) if args.origin else None,
+                "tls_cert": args.tls_cert, "tls_key": args.tls_key},
+        llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},
+        tts={"engine": args.tts, "model": args.tts_model, "voice": args.voice,
+             "voice_ref": args.voice_ref, "voice_ref_text": args.voice_ref_text,
+             "url": args.tts_url, "fallback": args.fallback, "also": args.tts_also,
+             "options": _synthetic_options(args)},
+        session={"frame_ms": args.frame_ms, "max_lead_ms": args.max_lead_ms},
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load_config(
-            args.config,
-            server={"host": args.host, "port": args.port, "http_port": args.http_port,
-                    "lane_policy": args.lane_policy,
-                    "tokens": _tokens(args), "insecure_bind": args.insecure_bind,
-                    "origins": tuple(args.origin) if args.origin else None,
-                    "tls_cert": args.tls_cert, "tls_key": args.tls_key},
-            llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},
-            tts={"engine": args.tts, "model": args.tts_model, "voice": args.voice,
-                 "voice_ref": args.voice_ref, "voice_ref_text": args.voice_ref_text,
-                 "url": args.tts_url, "fallback": args.fallback, "also": args.tts_also,
-                 "options": _synthetic_options(args)},
-            session={"frame_ms": args.frame_ms, "max_lead_ms": args.max_lead_ms},
-        )
+        config = build_config(args)
     except (OSError, ValueError) as exc:
         print(f"voice-gateway: {exc}", file=sys.stderr)
         return 2
