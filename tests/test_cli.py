@@ -48,3 +48,22 @@ def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatc
     monkeypatch.delenv("VOICE_GATEWAY_TOKENS", raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "without a token" in capsys.readouterr().err
+
+
+def test_the_production_example_config_loads_as_documented(tmp_path):
+    """examples/hub.toml is what the hub runs: a config change must not break it, nor the
+    two-lane variant its comments describe (uncomment ``also`` and its options)."""
+    from pathlib import Path
+
+    hub = Path(__file__).resolve().parent.parent / "examples" / "hub.toml"
+    c = config_of("--config", str(hub), "--token", "t")
+    assert (c.tts.engine, c.tts.fallback, c.tts.also) == ("qwen3", "chatterbox", None)
+    assert c.llm.url == "http://127.0.0.1:8081/v1" and c.server.http_port == 8781
+    assert c.tts.options["streaming_interval"] == 0.32 and c.server.tokens == ("t",)
+    uncomment = {'# also = "ane"', "# [tts.also_options]", '# voice = "Serena"'}
+    lines = [line[2:] if line.split("  ")[0].strip() in uncomment else line
+             for line in hub.read_text().splitlines()]
+    variant = tmp_path / "hub-two-lanes.toml"
+    variant.write_text("\n".join(lines) + "\n")
+    c = config_of("--config", str(variant))
+    assert c.tts.also == "ane" and c.tts.also_options == {"voice": "Serena"}
