@@ -296,9 +296,8 @@ class Telemetry:
             self.llm_tokens_per_s = m["llm_tokens_per_s"]
 
     def job_queued(self, lane: str, job: Job) -> None:
-        sink = getattr(job.payload, "sink", None)
         self._jobs[job] = _JobTally(queued_at=time.perf_counter(),
-                                    add_compute=getattr(sink, "add_compute", None))
+                                    add_compute=getattr(job.payload.sink, "add_compute", None))
 
     def job_step(self, lane: str, job: Job, started: float, seconds: float,
                  audio_bytes: int) -> None:
@@ -333,13 +332,13 @@ class Telemetry:
         now = time.perf_counter()
         out = {}
         for lane in gw.lanes.values():
-            window = self.busy.get(lane.name)
+            window = self.busy[lane.name]
             out[lane.name] = {
                 "engine": lane.engine.name,
                 "queue_depth": lane.queue_depth,
                 "busy": lane.busy,
-                "busy_share_1m": round(window.share(now), 4) if window else 0.0,
-                "compute_s_1m": round(window.busy_s(now), 3) if window else 0.0,
+                "busy_share_1m": round(window.share(now), 4),
+                "compute_s_1m": round(window.busy_s(now), 3),
                 "compute_s": round(lane.stats.busy_s, 3),
                 "steps": lane.stats.steps,
                 "jobs": {"done": lane.stats.jobs_done, "failed": lane.stats.jobs_failed,
@@ -429,8 +428,7 @@ class _StateCollector(Collector):
         now = time.perf_counter()
         for lane in gw.lanes.values():
             depth.add_metric([lane.name], lane.queue_depth)
-            window = self.t.busy.get(lane.name)
-            busy.add_metric([lane.name], window.share(now) if window else 0.0)
+            busy.add_metric([lane.name], self.t.busy[lane.name].share(now))
             if gw.placer is not None:
                 placed.add_metric([lane.name], gw.placer.active(lane.name))
         yield depth
