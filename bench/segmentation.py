@@ -17,7 +17,7 @@ a peer whose venv is missing is reported "not installed". Printed per splitter:
   project's, engines/data/replies.jsonl, and the hub's examples where present), each reply
   streamed at oMLX's pace in ``--draws`` random chunkings (virtual time: chunk arrival, plus
   the measured cost), and how many times earlier that is than sentence-only splitting (the
-  "ours" row). One chunking per reply moved the median by up to 60 ms between seeds.
+  "ours" row). One chunking per reply moved the median by up to 50 ms between seeds.
 
 Boundaries are compared as counts of non-space characters before each segment, so a peer
 that strips or reflows whitespace is not penalised; a peer that drops characters (emoji,
@@ -336,6 +336,11 @@ def setup_peers() -> None:
             print(f"  failed: {exc}", flush=True)
 
 
+def _set_name(path: str) -> str:
+    """A replay set as the tables name it: its folder and file."""
+    return f"{Path(path).parent.name}/{Path(path).name}"
+
+
 def first_segments(texts: list[str], config, seed: int, draws: int = 1
                    ) -> list[tuple[float, str]]:
     """(ms after the first token, text) of each reply's first segment, streamed like oMLX
@@ -437,8 +442,7 @@ def main() -> None:
     replies = replay_sets[args.replies[0]]
     if args.sweep:
         heldout = [json.loads(line) for line in Path(args.heldout).read_text().splitlines()]
-        sets = {f"replay set {Path(p).parent.name}/{Path(p).name}": t
-                for p, t in replay_sets.items()} | {
+        sets = {f"replay set {_set_name(p)}": t for p, t in replay_sets.items()} | {
                 "corpus": [r["reply"] for r in corpus],
                 "corpus, first sentence >= 12 words": [
                     r["reply"] for r in corpus if len(r["segments"][0].split()) >= 12],
@@ -478,7 +482,7 @@ def main() -> None:
     finally:
         os.unlink(fh.name)
 
-    set_names = [Path(p).parent.name + "/" + Path(p).name for p in replay_sets]
+    set_names = [_set_name(p) for p in replay_sets]
     print("| splitter | bad splits | missed | exact lines | p50 µs/chunk | p99 µs/chunk | "
           + " | ".join(f"first segment, {n} (median ms, × earlier than sentences)"
                        for n in set_names) + " |")
