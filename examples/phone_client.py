@@ -188,7 +188,7 @@ class PhoneClient:
 
     async def _keep_connected(self) -> None:
         backoff = 0.5
-        failures = 0  # attempts in a row that did not reach the gateway, before the first
+        failures = 0  # attempts that did not reach the gateway before it was ever reached
         while True:
             try:
                 async with connect(self.url, compression=None, max_size=2**20,
@@ -204,7 +204,7 @@ class PhoneClient:
                             await ws.send(json.dumps({"type": "session.update",
                                                       "session": self.settings}))
                         self.say(f"[connected: {created['session_id']}]")
-                    self._ws, backoff, failures = ws, 0.5, -1
+                    self._ws, backoff = ws, 0.5
                     self._connected.set()
                     await self._read(ws)
             except InvalidStatus as exc:
@@ -216,7 +216,7 @@ class PhoneClient:
                 self.say(f"[connection failed: {exc}]")
             except (OSError, ConnectionClosed) as exc:
                 self.say(f"[connection failed: {exc}]")
-                if failures >= 0:  # never connected yet
+                if self._session_id is None:  # never connected yet
                     failures += 1
                     if failures >= self.connect_attempts:
                         raise GaveUp(f"cannot reach {self.url} ({failures} attempts): "
