@@ -12,12 +12,12 @@ from websockets.exceptions import InvalidStatus
 
 from gateway.config import load_config
 from gateway.io.server import Gateway
+from tests.wsclient import recv_event
 
 
-async def created(ws) -> dict:
-    event = json.loads(await ws.recv())
-    assert event["type"] == "session.created"
-    return event
+async def created(ws) -> None:
+    """The server's first message is ``session.created``."""
+    assert (await recv_event(ws))["type"] == "session.created"
 
 
 async def test_sessions_beyond_max_sessions_get_503_server_full_until_one_ends(start_gateway):

@@ -4,7 +4,6 @@ port. A throwaway CA (trustme) issues the certificate; nothing is fetched."""
 
 from __future__ import annotations
 
-import json
 import ssl
 
 import httpx
@@ -12,6 +11,8 @@ import pytest
 import trustme
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage
+
+from tests.wsclient import read_turn, recv_event, send
 
 TOKEN = "s3cret"
 
@@ -42,16 +43,10 @@ async def gateway(start_gateway, tmp_path, ca):
 async def test_the_voice_socket_speaks_wss(gateway, client_ssl):
     async with connect(f"wss://127.0.0.1:{gateway.port}/v1/voice", ssl=client_ssl,
                        additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
-        assert json.loads(await ws.recv())["type"] == "session.created"
-        await ws.send(json.dumps({"type": "transcript", "text": "Hello"}))
-        audio = 0
-        while True:
-            message = await ws.recv()
-            if isinstance(message, bytes):
-                audio += len(message) - 12
-            elif json.loads(message)["type"] == "turn.done":
-                break
-        assert audio > 0
+        assert (await recv_event(ws))["type"] == "session.created"
+        await send(ws, type="transcript", text="Hello")
+        turn = await read_turn(ws)
+        assert turn.done["status"] == "completed" and turn.audio_ms > 0
 
 
 async def test_the_http_api_speaks_https_with_the_same_certificate(gateway, client_ssl):
