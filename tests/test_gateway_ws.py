@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.config import load_config
 from gateway.core.codec import BYTES_PER_MS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS
 from gateway.io.server import Gateway
-from tests.wsclient import read_turn, recv_event, send
+from tests.wsclient import read_turn, recv_event, round_trip, send
 
 REPLY = ("Hosting came to $184.50 last month. That's about 12% more than October, "
          "mostly from extra bandwidth.")
@@ -238,9 +238,7 @@ async def test_a_mark_re_ranks_its_turn_only_when_audio_is_needed_sooner(gateway
 
         async def mark(played_ms: float) -> None:
             await send(ws, type="playback", turn_id=turn_id, played_ms=played_ms)
-            await send(ws, type="ping", id=played_ms)
-            while not (isinstance(m := await ws.recv(), str) and '"pong"' in m):
-                pass
+            await round_trip(ws, played_ms)
 
         await mark(0.0)  # nothing played yet: the listener needs audio later than estimated
         assert touched == []

@@ -11,7 +11,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.config import load_config
 from gateway.io.server import Gateway
-from tests.wsclient import read_turn, recv_event, send
+from tests.wsclient import read_turn, recv_event, round_trip, send
 
 LONG = "Here is a longer reply for the test. " * 5
 
@@ -144,10 +144,7 @@ async def test_playback_marks_free_the_resume_buffer_and_resume_still_works(gate
                            played_ms=received_ms - 200)
 
     await play(ws, until_ms=4000)
-    await send(ws, type="ping", id="after-marks")
-    while not (isinstance(message := await ws.recv(), str) and '"pong"' in message):
-        if isinstance(message, bytes):
-            frames.append(decode_frame(message))
+    frames += await round_trip(ws, "after-marks")
     # at most the 1 s lead, plus a run and the events, instead of all 4 s and more
     received = sum(len(f.pcm) for f in frames)
     assert runner.outbox.nbytes < 1500 * BYTES_PER_MS < received / 2

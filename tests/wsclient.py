@@ -64,6 +64,19 @@ async def recv_event(ws: ClientConnection, kind: str | None = None) -> dict[str,
             return event
 
 
+async def round_trip(ws: ClientConnection, ping_id: Any) -> list[AudioFrame]:
+    """Ping and wait for the pong: the server has handled everything sent before. Returns
+    the audio frames that arrived meanwhile (other events are skipped)."""
+    await send(ws, type="ping", id=ping_id)
+    frames = []
+    while True:
+        message = await ws.recv()
+        if isinstance(message, bytes):
+            frames.append(decode_frame(message))
+        elif orjson.loads(message) == {"type": "pong", "id": ping_id}:
+            return frames
+
+
 async def read_turn(ws: ClientConnection, turn_id: int | None = None,
                     *, until: str = "turn.done") -> TurnResult:
     """Collect everything up to and including the ``turn.done`` of ``turn_id`` (the first
