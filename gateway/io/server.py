@@ -287,7 +287,9 @@ class Gateway:
             self._handle, s.host, s.port,
             process_request=self._process_request,
             max_size=WS_MAX_SIZE,
-            compression=None,  # PCM does not compress; deflate would only cost CPU
+            # PCM does not compress, and audio headers are cached without extensions
+            # (connection.binary_header, tests/test_framing.py)
+            compression=None,
             ping_interval=20, ping_timeout=20,
             origins=None if s.origins is None else [*map(Origin, s.origins), None],
             select_subprotocol=select_subprotocol,
