@@ -5,7 +5,8 @@
 Prints ``PORT <n>`` once it is serving, then serves until SIGTERM/SIGINT. Built for
 bench/capacity.py, which runs it as its own process and reads its CPU time and RSS from
 /proc: ``Gateway(load_config(...), engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))``
-under uvloop, like ``voice-gateway serve``.
+under uvloop, like ``voice-gateway serve``. The engine renders its tones before the gateway
+starts (``prerender``), as the peers' servers do.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ async def main(args: argparse.Namespace) -> None:
         server["outbox_bytes"] = args.outbox_bytes
     config = load_config(server=server,
                          session={"max_lead_ms": args.max_lead_ms})
-    gateway = Gateway(config, engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu")
+    engine.prerender()  # the stand-in's own rendering is not the gateway's cost
+    gateway = Gateway(config, engine=engine)
     await gateway.start()
     print(f"PORT {gateway.port}", flush=True)
     await until_signalled()

@@ -56,6 +56,18 @@ LOOP_S = 8.0
 """The rendered signal repeats after this long (a whole number of syllables)."""
 _LOOP_CACHE = 32
 """Rendered loops kept per engine (one per pitch; ~384 KB each)."""
+PITCHES = 17
+"""Each text is spoken at one of this many pitches around its voice's (±8 %)."""
+
+
+def text_pitch(f0: float, text: str) -> float:
+    """The pitch ``text`` is spoken at in a voice of fundamental ``f0``: one of ``PITCHES``
+    steps of 1 %, chosen by the text, so that consecutive sentences sound apart."""
+    return _pitch_step(f0, zlib.crc32(text.encode()) % PITCHES)
+
+
+def _pitch_step(f0: float, k: int) -> float:
+    return f0 * (1.0 + (k - PITCHES // 2) / 100.0)
 
 
 class SyntheticEngine:
@@ -146,6 +158,16 @@ class SyntheticEngine:
             return 0.0
         return max(SYLLABLE_S, len(text.strip()) / self.chars_per_second) / speed
 
+    def prerender(self, voice: str | None = None, speed: float = 1.0) -> None:
+        """Render every loop ``voice`` can use at ``speed`` now (``PITCHES`` of them, ~20 ms
+        each), instead of at the first sentence that needs each. For benchmarks: a
+        rendering is this stand-in's own cost, which a real engine does not put on the
+        gateway's event loop, and it would otherwise land in a measuring window whenever
+        sessions reach a sentence of a new pitch (bench/CAPACITY.md)."""
+        f0 = VOICES[voice or self.default_voice]
+        for k in range(PITCHES):
+            self._loop(_pitch_step(f0, k), SYLLABLE_S / speed)
+
     def _loop(self, f0: float, syllable: float) -> np.ndarray:
         key = (f0, syllable)
         loop = self._loops.get(key)
@@ -173,7 +195,7 @@ class SyntheticStream:
         self._pos = 0
         self._steps = 0
         self._closed = False
-        self._f0 = f0 * (1.0 + (zlib.crc32(text.encode()) % 17 - 8) / 100.0)  # per-text pitch
+        self._f0 = text_pitch(f0, text)
         self._syllable = SYLLABLE_S / speed
 
     def step(self) -> bytes | None:

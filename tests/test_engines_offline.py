@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from engines import synthetic
 from engines.base import OUTPUT_RATE, EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from tests.conformance import check_engine
@@ -98,6 +99,23 @@ def test_synthetic_is_deterministic_and_continuous_across_steps() -> None:
     assert pcm_a == pcm_b  # same signal however it is cut: no seams at chunk boundaries
     other = b"".join(_run(a.open(SynthesisRequest(text=text, voice="low"))))
     assert other != pcm_a
+
+
+def test_synthetic_prerender_leaves_no_rendering_for_any_text_of_the_voice(monkeypatch) -> None:
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0)
+    engine.prerender()
+    rendered: list[float] = []
+    real = synthetic.render_loop
+    monkeypatch.setattr(synthetic, "render_loop",
+                        lambda f0, syllable: rendered.append(f0) or real(f0, syllable))
+    texts = [f"This is sentence number {k} of a long reply." for k in range(60)]
+    pitches = {synthetic.text_pitch(synthetic.VOICES["mid"], t) for t in texts}
+    assert len(pitches) == synthetic.PITCHES  # the texts use every pitch the voice has
+    for text in texts:
+        assert _run(engine.open(SynthesisRequest(text=text)))
+    assert rendered == []
+    _run(engine.open(SynthesisRequest(text=texts[0], voice="low")))  # another voice: not
+    assert len(rendered) == 1
 
 
 def test_synthetic_close_from_another_thread_during_a_step_drops_the_chunk() -> None:

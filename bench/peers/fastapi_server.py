@@ -30,6 +30,7 @@ from engines.synthetic import SyntheticEngine  # noqa: E402
 
 FRAME_BYTES = 40 * 24 * 2
 engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu")
+engine.prerender()  # as the gateway's bench server does: no rendering while measured
 app = FastAPI()
 
 

@@ -45,6 +45,7 @@ from engines.base import SynthesisRequest  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 
 engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu")
+engine.prerender()  # as the gateway's bench server does: no rendering while measured
 app = FastAPI()
 SAY = ""
 IDLE = False
