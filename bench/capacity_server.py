@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.capacity import raise_nofile  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 from gateway.config import load_config  # noqa: E402
-from gateway.io.server import Gateway, tune_gc, until_signalled  # noqa: E402
+from gateway.io.server import Gateway, until_signalled  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -33,7 +33,6 @@ async def main(args: argparse.Namespace) -> None:
     engine.prerender()  # the stand-in's own rendering is not the gateway's cost
     gateway = Gateway(config, engine=engine)
     await gateway.start()
-    tune_gc()  # as voice-gateway serve does
     print(f"PORT {gateway.port}", flush=True)
     await until_signalled()
     await gateway.aclose()

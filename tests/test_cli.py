@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from gateway.cli import _parser, build_config, main
-from gateway.io.server import GC_THRESHOLD_0, tune_gc
 
 
 def config_of(*argv: str):
@@ -70,14 +67,3 @@ def test_the_production_example_config_loads_as_documented(tmp_path):
     variant.write_text("\n".join(lines) + "\n")
     c = config_of("--config", str(variant))
     assert c.tts.also == "ane" and c.tts.also_options == {"voice": "Serena"}
-
-
-def test_a_serving_process_freezes_its_start_up_objects_and_collects_young_less_often():
-    threshold = gc.get_threshold()
-    try:
-        tune_gc()
-        assert gc.get_freeze_count() > 1000  # the modules and objects made so far
-        assert gc.get_threshold() == (GC_THRESHOLD_0, *threshold[1:])
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*threshold)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gc
 import http
 import logging
 import os
@@ -455,28 +454,9 @@ async def until_signalled() -> None:
     await stop.wait()
 
 
-GC_THRESHOLD_0 = 10_000
-"""Allocations of container objects between young collections (CPython's default: 700)."""
-
-
-def tune_gc() -> None:
-    """For a process that serves: the objects made while starting (modules, engines,
-    config) are frozen out of every collection, and young collections run every 10,000
-    container allocations instead of 700. A streaming session makes a few such objects
-    per frame (effects, lists, futures) that mostly die young; the collector spent ~5 % of
-    the CPU at 400 streaming sessions (perf), most of it walking the young generations.
-    400 sessions, 4 alternating 30 s runs: 0.0157 -> 0.0151 CPU ms per frame, all 4 pairs
-    won (bench/CAPACITY.md). Cyclic garbage waits a little longer to be freed; the full
-    collections are unchanged. Process-wide, so the caller that owns the process decides:
-    ``voice-gateway serve`` does, ``Gateway`` does not."""
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD_0, *gc.get_threshold()[1:])
-
-
 async def serve_until_signalled(config: GatewayConfig) -> None:
     gateway = Gateway(config)
     await gateway.start()
-    tune_gc()
     c = config
     ws, http = ("wss", "https") if c.server.tls_cert else ("ws", "http")
     base = f"{c.server.host}:{gateway.port}"
