@@ -412,16 +412,19 @@ class VoiceConnection:
         and replay what the client missed; on any problem, keep the fresh session."""
         fresh = self.runner
         assert fresh is not None
-        old = self.gateway.runners.get(request.session_id)
-        position = None
-        problem = "unknown or expired session, or wrong resume_token"
-        if old is not None and not old.closed and old.check_resume_token(request.resume_token):
-            position = old.outbox.position_after_frame(request.last_seq)
-            problem = "the frames after last_seq are no longer buffered"
-        if old is None or position is None:
+
+        def failed(problem: str) -> None:
             fresh.protocol_error(ProtocolError(
                 "resume_failed", f"cannot resume: {problem}; continuing with the new session "
                 f"{fresh.session.id}"), now)
+
+        old = self.gateway.runners.get(request.session_id)
+        if old is None or old.closed or not old.check_resume_token(request.resume_token):
+            failed("unknown or expired session, or wrong resume_token")
+            return
+        position = old.outbox.position_after_frame(request.last_seq)
+        if position is None:
+            failed("the frames after last_seq are no longer buffered")
             return
         if old.connection is not None:
             old.connection.close_soon(4000, "session resumed elsewhere")
