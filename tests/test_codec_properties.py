@@ -32,7 +32,7 @@ from gateway.core.codec import (
     encode_event,
     frame_header,
 )
-from gateway.core.session import SendAudio, SendEvent, Session
+from gateway.core.session import SendAudio, SendEvent, SendFrames, Session
 
 PROTOCOL_MD = Path(__file__).resolve().parents[1] / "protocol.md"
 
@@ -141,7 +141,7 @@ def check_valid(message) -> None:
             out = s.audio(s.turn.id, 0, b"\x01\x00" * 24_000, "x", 0.0)
             out += s.synthesis_done(s.turn.id, 0, 0.0)
             out += s.tick(10.0)
-            assert any(isinstance(e, SendAudio) for e in out)
+            assert any(isinstance(e, SendAudio | SendFrames) for e in out)
         case _:
             raise AssertionError(f"not a client message: {message!r}")
 

@@ -48,3 +48,28 @@ def test_a_released_boundary_is_gone_once_older_output_is_trimmed_past_it():
     assert box.start == 2
     assert box.position_after_frame(0) is None and box.position_after_frame(1) is None
     assert box.position_after_frame(2) == 3
+
+
+def test_extend_is_append_one_by_one():
+    """A run of frames (``SendFrames``) goes in with one ``extend``: the same positions,
+    bytes, trimming of written output and verdict on the bound as appending each."""
+    size = len(frame(0))
+    verdicts = {}
+    for limit in (size * 10, size * 3 + 30, size * 2 + 10):  # room, trims, over the bound
+        one, run = Outbox(max_bytes=limit), Outbox(max_bytes=limit)
+        for box in (one, run):
+            written(box, '{"type":"turn.started"}', frame(0))
+        verdicts[limit] = [one.append(frame(seq)) for seq in (1, 2, 3)]
+        assert run.extend([frame(1), frame(2), frame(3)]) == verdicts[limit][-1]
+        assert (run.start, run.end, run.cursor, run.nbytes) == \
+            (one.start, one.end, one.cursor, one.nbytes)
+        assert run.take() == one.take() == [frame(1), frame(2), frame(3)]
+    assert list(verdicts.values()) == [[True] * 3, [True] * 3, [True, True, False]]
+
+
+def test_take_honours_the_limit_and_moves_the_cursor():
+    box = Outbox()
+    written(box, frame(0))  # written: take starts after it
+    assert box.extend([frame(1), frame(2), frame(3)])
+    assert box.take(2) == [frame(1), frame(2)] and box.cursor == 3
+    assert box.take(5) == [frame(3)] and box.take() == [] and box.pending == 0

@@ -20,6 +20,7 @@ from gateway.core.session import (
     Received,
     SendAudio,
     SendEvent,
+    SendFrames,
     Session,
     SessionSettings,
     StartLlm,
@@ -33,7 +34,13 @@ def events(effects, kind=None):
 
 
 def frames(effects):
-    return [decode_frame(e.data) for e in effects if isinstance(e, SendAudio)]
+    out = []
+    for e in effects:
+        if isinstance(e, SendAudio):
+            out.append(decode_frame(e.data))
+        elif isinstance(e, SendFrames):
+            out += [decode_frame(f) for f in e.frames]
+    return out
 
 
 def pcm(ms: float) -> bytes:

@@ -27,6 +27,7 @@ from gateway.core.session import (
     Received,
     SendAudio,
     SendEvent,
+    SendFrames,
     Session,
     SessionSettings,
     StartLlm,
@@ -77,6 +78,11 @@ class SessionMachine(RuleBasedStateMachine):
             match effect:
                 case SendAudio(data=data, duration_ms=duration):
                     self.check_frame(data, duration)
+                case SendFrames(frames=frames, frame_ms=duration):
+                    assert len(frames) > 1
+                    for data in frames:  # whole frames, none a segment's last
+                        assert not decode_frame(data).sentence_end
+                        self.check_frame(data, duration)
                 case SendEvent(event=event):
                     self.check_event(event)
                 case StartLlm(turn_id=tid):
@@ -266,7 +272,7 @@ class SessionMachine(RuleBasedStateMachine):
         self.t = max(self.t, wake)
         effects = self.session.tick(self.t)
         self.check(effects)
-        assert any(isinstance(e, SendAudio) for e in effects), "woken for nothing"
+        assert any(isinstance(e, SendAudio | SendFrames) for e in effects), "woken for nothing"
 
     # ---- invariants ------------------------------------------------------------------------
 
@@ -285,7 +291,7 @@ class SessionMachine(RuleBasedStateMachine):
 
     def teardown(self):
         effects = self.session.close(self.now())
-        assert not any(isinstance(e, SendEvent | SendAudio) for e in effects)
+        assert not any(isinstance(e, SendEvent | SendAudio | SendFrames) for e in effects)
         self.check(effects)
 
 
@@ -342,6 +348,10 @@ def test_a_mark_proves_received_only_frames_it_covers_and_all_of_them(steps, max
             if isinstance(e, SendAudio):
                 sent_ms += e.duration_ms
                 ends[decode_frame(e.data).seq] = sent_ms
+            elif isinstance(e, SendFrames):
+                for data in e.frames:
+                    sent_ms += e.frame_ms
+                    ends[decode_frame(data).seq] = sent_ms
 
     for ms, advance, share in steps:
         t += advance / 1000

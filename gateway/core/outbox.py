@@ -59,11 +59,24 @@ class Outbox:
         self._items.append(item)
         self._sizes.append(size)
         self._bytes += size
+        self._trim()
+        return self._bytes <= self.max_bytes
+
+    def extend(self, items: list[bytes]) -> bool:
+        """``append`` each of ``items``, in order (the same bound, checked once)."""
+        sizes = [len(item) for item in items]
+        self._items.extend(items)
+        self._sizes.extend(sizes)
+        self._bytes += sum(sizes)
+        self._trim()
+        return self._bytes <= self.max_bytes
+
+    def _trim(self) -> None:
+        """Drop written messages, oldest first, while over ``max_bytes``."""
         while self._bytes > self.max_bytes and self._start < self.cursor:
             self._bytes -= self._sizes.popleft()
             self._items.popleft()
             self._start += 1
-        return self._bytes <= self.max_bytes
 
     def get(self, position: int) -> str | bytes:
         return self._items[position - self._start]
@@ -71,10 +84,10 @@ class Outbox:
     def take(self, limit: int | None = None) -> list[str | bytes]:
         """The messages from the cursor on (at most ``limit``), for the writer; the cursor
         moves past them."""
-        start = self.cursor
-        stop = self.end if limit is None else min(self.end, start + limit)
-        self.cursor = stop
-        return [self.get(position) for position in range(start, stop)]
+        items, first = self._items, self.cursor - self._start
+        last = len(items) if limit is None else min(len(items), first + limit)
+        self.cursor = self._start + last
+        return [items[offset] for offset in range(first, last)]
 
     def release_through(self, seq: int) -> int:
         """The client has every message up to and including frame ``seq``: drop them (only

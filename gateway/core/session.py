@@ -10,10 +10,10 @@ execute, in order:
 * ``audio / synthesis_done / synthesis_failed``   from the lane worker of a turn's segment
 * ``tick(now)``                    the pacing timer fired (see ``wake_at``)
 
-Effects are commands (``SendEvent``, ``SendAudio``, ``StartLlm``, ``CancelLlm``,
-``StartSynthesis``, ``CancelSynthesis``, ``Received``). Inputs that belong to a turn carry its
-``turn_id``; anything for a turn that is no longer active is ignored (the fence that makes
-late chunks after a barge-in harmless).
+Effects are commands (``SendEvent``, ``SendAudio``, ``SendFrames``, ``StartLlm``,
+``CancelLlm``, ``StartSynthesis``, ``CancelSynthesis``, ``Received``). Inputs that belong to
+a turn carry its ``turn_id``; anything for a turn that is no longer active is ignored (the
+fence that makes late chunks after a barge-in harmless).
 
 After executing the effects the caller asks ``wake_at()`` when to call ``tick`` next.
 """
@@ -70,6 +70,17 @@ class SendAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class SendFrames:
+    """Several binary frames of one segment, headers included, to be sent in this order:
+    the whole frames a pacer refill releases, none of them the segment's last (no flags).
+    Each holds ``frame_ms`` of audio. One effect for the run instead of a ``SendAudio`` per
+    frame: a refill releases 8-10 frames, and every effect costs its dispatch."""
+
+    frames: list[bytes]
+    frame_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class StartLlm:
     turn_id: int
     request: LlmRequest
@@ -107,8 +118,8 @@ class Received:
     seq: int
 
 
-Effect = (SendEvent | SendAudio | StartLlm | CancelLlm | StartSynthesis | CancelSynthesis
-          | Received)
+Effect = (SendEvent | SendAudio | SendFrames | StartLlm | CancelLlm | StartSynthesis
+          | CancelSynthesis | Received)
 
 
 # --- settings -----------------------------------------------------------------------------
@@ -423,7 +434,7 @@ class Session:
         if turn is None or turn.state is TurnState.ENDED:
             return []
         return [e for e in self._end_turn(turn, "cancelled", now)
-                if not isinstance(e, SendEvent | SendAudio)]
+                if not isinstance(e, SendEvent | SendAudio | SendFrames)]
 
     # ---- internals -------------------------------------------------------------------
 
@@ -512,7 +523,7 @@ class Session:
             if whole > 1:
                 run = min(whole, turn.pacer.frames_allowed(now, turn.settings.frame_ms))
                 if run > 1:
-                    effects += self._frames(turn, seg, run, frame_bytes, now)
+                    effects.append(self._frames(turn, seg, run, frame_bytes, now))
                     continue
             take = min(frame_bytes, len(seg.pending))
             if not turn.pacer.may_send(now, take / BYTES_PER_MS):
@@ -583,22 +594,19 @@ class Session:
             turn.t_first_audio = now
 
     def _frames(self, turn: Turn, seg: _SegmentAudio, n: int, frame_bytes: int,
-                now: float) -> list[Effect]:
+                now: float) -> SendFrames:
         """``n`` whole frames of ``seg`` that are not its last (no flags): what ``_frame``
         does ``n`` times, with one pacer update for the run. A pacer refill releases 8-10
         frames at once."""
         frame_ms = turn.settings.frame_ms
         index, turn_id, seq = seg.segment.index, turn.id, self._seq
         pending = seg.pending
-        out: list[Effect] = []
-        for k in range(n):
-            start = k * frame_bytes
-            out.append(SendAudio(codec.frame_header(0, index, turn_id, (seq + k) & 0xFFFFFFFF)
-                                 + pending[start:start + frame_bytes], frame_ms))
+        frames = [codec.frame_header(0, index, turn_id, (seq + k) & 0xFFFFFFFF)
+                  + pending[k * frame_bytes:(k + 1) * frame_bytes] for k in range(n)]
         del pending[:n * frame_bytes]
         turn.held_bytes -= n * frame_bytes
         self._sent(turn, seg, n, frame_ms, False, now)
-        return out
+        return SendFrames(frames, frame_ms)
 
     def _finish_segment(self, turn: Turn, seg: _SegmentAudio) -> list[Effect]:
         effects: list[Effect] = []

@@ -40,6 +40,7 @@ from gateway.core.session import (
     Received,
     SendAudio,
     SendEvent,
+    SendFrames,
     Session,
     StartLlm,
     StartSynthesis,
@@ -171,6 +172,9 @@ class SessionRunner:
 
     def _execute(self, effect: Effect) -> None:
         match effect:
+            case SendFrames(frames=frames):
+                self.gateway.metrics.frames += len(frames)
+                self.send_all(frames)
             case SendAudio(data=data):
                 self.gateway.metrics.frames += 1
                 self.send(data)
@@ -217,16 +221,22 @@ class SessionRunner:
                 del self._llm_tasks[turn_id]
 
     def send(self, item: str | bytes) -> None:
-        if self.closed:
-            return
-        if not self.outbox.append(item):
-            self.gateway.metrics.errors["slow_consumer"] += 1
-            log.warning("session %s: %d bytes unread; closing (slow consumer)",
-                        self.session.id, self.outbox.nbytes)
-            connection = self.connection
-            self.close()
-            if connection is not None:
-                connection.close_soon(*CLOSE_SLOW_CONSUMER)
+        if not self.closed and not self.outbox.append(item):
+            self._slow_consumer()
+
+    def send_all(self, items: list[bytes]) -> None:
+        if not self.closed and not self.outbox.extend(items):
+            self._slow_consumer()
+
+    def _slow_consumer(self) -> None:
+        """The unwritten output passed the outbox's bound: end the session."""
+        self.gateway.metrics.errors["slow_consumer"] += 1
+        log.warning("session %s: %d bytes unread; closing (slow consumer)",
+                    self.session.id, self.outbox.nbytes)
+        connection = self.connection
+        self.close()
+        if connection is not None:
+            connection.close_soon(*CLOSE_SLOW_CONSUMER)
 
     def _flush(self) -> None:
         """New output: write it now if the connection can take it without waiting (the
@@ -291,9 +301,10 @@ class SessionRunner:
         payload: SynthesisJob = job.payload
         effects = self.session.audio(_turn_of(job), payload.index, pcm, engine, self.now())
         if self.gateway.tracer is not None:
-            first = next((e for e in effects if isinstance(e, SendAudio)), None)
+            first = next((e.data if isinstance(e, SendAudio) else e.frames[0]
+                          for e in effects if isinstance(e, SendAudio | SendFrames)), None)
             if first is not None:
-                self._trace_frames[id(first.data)] = ready_at
+                self._trace_frames[id(first)] = ready_at
         self._apply(effects)
 
     def on_done(self, job: Job) -> None:
@@ -513,7 +524,7 @@ class VoiceConnection:
                 chunks.append(binary_header(len(item)))
                 chunks.append(item)
         ws.transport.write(b"".join(chunks))
-        if any(not chunk for chunk in chunks):  # an end-of-stream marker: keep its meaning
+        if b"" in chunks:  # an end-of-stream marker: keep its meaning
             ws.transport.write_eof()
 
 
