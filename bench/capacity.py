@@ -1,15 +1,14 @@
 """Capacity of one gateway process (issue 9): idle sessions, streaming sessions, and peers.
 
+    python bench/capacity.py --setup-peers  # once: the peers' venvs (PyPI, pinned versions)
     python bench/capacity.py idle   [--sessions 10000] [--json OUT]
     python bench/capacity.py stream [--targets gateway fastapi pipecat] [--ramp 50 100 200 ...]
                                     [--seconds 15] [--clients 1] [--marks-ms 0] [--json OUT]
 
 Every server runs in its own process (the gateway: bench/capacity_server.py with this
 interpreter, the synthetic engine at zero cost; the peers: bench/peers/*.py in their own
-venvs under ``$PEER_VENVS``, default /work/peer-venvs, made once with
-``python -m venv $PEER_VENVS/fastapi`` + ``pip install fastapi uvicorn uvloop websockets
-numpy`` and ``python -m venv $PEER_VENVS/pipecat`` + ``pip install pipecat-ai==1.14.0
-fastapi uvicorn numpy``, each with its venv's pip); its CPU time
+venvs under ``$PEER_VENVS``, default /work/peer-venvs, made by ``--setup-peers`` with the
+versions in ``PEER_PACKAGES``); its CPU time
 (utime+stime) and resident memory are read from /proc/<pid>. The load comes from
 ``--clients`` separate client processes: a lean raw-socket WebSocket client (asyncio
 protocol under uvloop, no library per message) so that the client costs less than the
@@ -66,6 +65,13 @@ PYTHONS = {
     "fastapi": str(PEER_VENVS / "fastapi" / "bin" / "python"),
     "pipecat": str(PEER_VENVS / "pipecat" / "bin" / "python"),
 }
+PEER_PACKAGES = {
+    # the versions the figures in bench/CAPACITY.md were measured with
+    "fastapi": ["fastapi==0.165.0", "uvicorn==0.54.0", "uvloop==0.23.0", "httptools==0.9.0",
+                "websockets==17.4", "numpy==2.4.6"],
+    "pipecat": ["pipecat-ai==1.14.0", "fastapi==0.165.0", "uvicorn==0.54.0", "uvloop==0.23.0",
+                "httptools==0.9.0", "websockets==17.4", "numpy==2.4.6"],
+}
 SCRIPTS = {
     "gateway": ROOT / "bench" / "capacity_server.py",
     "fastapi": ROOT / "bench" / "peers" / "fastapi_server.py",
@@ -109,7 +115,10 @@ class Server:
 
     def __init__(self, target: str, *extra: str, log: bool = True) -> None:
         self.target = target
-        logfile = f"/tmp/capacity-{target}.log"
+        if not Path(PYTHONS[target]).exists():
+            raise SystemExit(f"{target}: no venv at {Path(PYTHONS[target]).parents[1]}; "
+                             "run `python bench/capacity.py --setup-peers` once")
+        self.logfile = logfile = f"/tmp/capacity-{target}.log"
         self.proc = subprocess.Popen(
             [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
             stdout=subprocess.PIPE, stderr=open(logfile, "w") if log else None,
@@ -122,6 +131,14 @@ class Server:
                                + (f"; see {logfile}" if log else ""))
         self.port = int(line.split()[1])
         self.pid = self.proc.pid
+
+    def check_alive(self) -> None:
+        """A server that printed its port and then died (a missing module, a crash) would
+        otherwise show as a row of zero sessions."""
+        code = self.proc.poll()
+        if code is not None:
+            raise SystemExit(f"{self.target} server exited with {code} during the run; "
+                             f"see {self.logfile}")
 
     def close(self, timeout: float = 10.0) -> int:
         """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code."""
@@ -533,6 +550,7 @@ def bench_stream(args) -> dict:
                              jitter_s=args.jitter_ms / 1000, idle=False,
                              warmup_s=args.warmup, seconds=args.seconds,
                              marks_s=args.marks_ms / 1000)
+                server.check_alive()
             finally:
                 server.close()
             # Keeping up: a server with a lead (the gateway's 1 s) can fall behind real time
@@ -603,9 +621,19 @@ def bench_profile(args) -> dict:
     return {"run": r, "hotspots": report}
 
 
+def setup_peers() -> None:
+    for target, packages in PEER_PACKAGES.items():
+        venv = Path(PYTHONS[target]).parents[1]
+        print(f"{target}: creating {venv} with {' '.join(packages)}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages], check=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("mode", choices=["idle", "stream", "profile"])
+    p.add_argument("mode", nargs="?", choices=["idle", "stream", "profile"])
+    p.add_argument("--setup-peers", action="store_true",
+                   help="create the peers' venvs (needs PyPI), then run MODE if given")
     p.add_argument("--targets", nargs="+", default=["gateway"], choices=list(PYTHONS))
     p.add_argument("--sessions", type=int, default=10_000, help="idle: sessions to open")
     p.add_argument("--ramp", type=int, nargs="+",
@@ -619,6 +647,12 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=1, help="client processes")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
+    if args.setup_peers:
+        setup_peers()
+    if args.mode is None:
+        if not args.setup_peers:
+            p.error("a mode (idle, stream, profile) or --setup-peers")
+        return
     raise_nofile()
     meta = {"mode": args.mode, "argv": sys.argv[1:], "cpus": os.cpu_count(),
             "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
