@@ -537,10 +537,14 @@ def binary_header(length: int) -> bytes:
     return frame[:len(frame) - length]
 
 
+_VoiceOwner = tuple[str, int]
+"""A voice job's owner: ``(session_id, turn_id)`` (an alias built once: subscripting
+``tuple`` builds a new object at every call, and this runs for every deadline asked)."""
+
+
 def _turn_of(job: Job) -> int:
-    """The turn id of a voice job (its owner is ``(session_id, turn_id)``)."""
-    owner = cast(tuple[str, int], job.owner)
-    return owner[1]
+    """The turn id of a voice job."""
+    return cast(_VoiceOwner, job.owner)[1]
 
 
 def job_deadline(job: Job, now: float) -> float:
