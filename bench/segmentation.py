@@ -51,13 +51,13 @@ SPLITTERS: dict[str, tuple[str | None, list[str], str]] = {
     "ours-phrase": (None, [], f"gateway.core.segmenter, default config + "
                               f"first_phrase_words={PHRASE_WORDS} (opt-in first phrase)"),
     "regex": (None, [], r"naive (?<=[.!?])\s+, emits all but the last piece"),
-    "pysbd": ("pysbd", ["pysbd"], "pysbd re-run on the buffer, emits all but the last"),
-    "pipecat": ("pipecat", ["pipecat-ai"], "SimpleTextAggregator (sentencex + lookahead)"),
-    "livekit-basic": ("livekit", ["livekit-agents", "blingfire"],
+    "pysbd": ("pysbd", ["pysbd==0.3.4"], "pysbd re-run on the buffer, emits all but the last"),
+    "pipecat": ("pipecat", ["pipecat-ai==1.14.0"], "SimpleTextAggregator (sentencex + lookahead)"),
+    "livekit-basic": ("livekit", ["livekit-agents==1.8.9", "blingfire==0.1.8"],
                       "tokenize.basic.SentenceTokenizer(min_sentence_len=1).stream()"),
-    "livekit-blingfire": ("livekit", ["livekit-agents", "blingfire"],
+    "livekit-blingfire": ("livekit", ["livekit-agents==1.8.9", "blingfire==0.1.8"],
                           "tokenize.blingfire.SentenceTokenizer(min_sentence_len=1).stream()"),
-    "stream2sentence": ("stream2sentence", ["stream2sentence"],
+    "stream2sentence": ("stream2sentence", ["stream2sentence==1.1.0"],
                         "generate_sentences(min lengths 1); latency with its fast first fragment"),
 }
 
