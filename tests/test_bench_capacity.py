@@ -47,3 +47,24 @@ def test_a_small_streaming_step_runs_and_passes(tmp_path, marks_ms):
     assert row["connected"] == row["streaming"] == 5 and row["errors"] == 0
     assert row["frames"] > 0 and row["cpu_s_per_1000_frames"] is not None
     assert row["loop_wakeups"] > 0 and "realtime_share" in row
+
+
+def test_a_peer_without_its_venv_says_how_to_make_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(capacity.PYTHONS, "fastapi", str(tmp_path / "fastapi/bin/python"))
+    with pytest.raises(SystemExit, match="--setup-peers"):
+        capacity.Server("fastapi")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the bench's servers log under /tmp")
+def test_a_server_that_dies_after_its_port_stops_the_bench(monkeypatch, tmp_path):
+    """A peer missing a module printed its port, then died on import: the ramp used to
+    print rows of zero sessions. The bench must stop with the exit code instead."""
+    script = tmp_path / "dies.py"
+    script.write_text("import sys\nprint('PORT 1', flush=True)\nsys.exit(3)\n")
+    monkeypatch.setitem(capacity.SCRIPTS, "fastapi", script)
+    monkeypatch.setitem(capacity.PYTHONS, "fastapi", sys.executable)
+    server = capacity.Server("fastapi", log=False)
+    server.proc.wait(10)
+    with pytest.raises(SystemExit, match="exited with 3"):
+        server.check_alive()
+    server.close()
