@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--synthetic-step-ms", type=float, help="synthetic engine: audio per step")
     s.add_argument("--frame-ms", type=int, help="audio frame duration (default 40)")
     s.add_argument("--max-lead-ms", type=int, help="audio sent ahead of playback (default 1000)")
+    s.add_argument("--max-sessions", type=int, help="live sessions at once; more are refused "
+                   "with HTTP 503 server_full (default 10000)")
     s.add_argument("--lane-policy", choices=("scheduler", "fifo"),
                    help="how jobs share the engine lane (default scheduler; fifo: the old "
                    "sidecar, whole generations in arrival order)")
@@ -78,7 +80,7 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
     return load_config(
         args.config,
         server={"host": args.host, "port": args.port, "http_port": args.http_port,
-                "lane_policy": args.lane_policy,
+                "lane_policy": args.lane_policy, "max_sessions": args.max_sessions,
                 "tokens": _tokens(args), "insecure_bind": args.insecure_bind,
                 "origins": tuple(args.origin) if args.origin else None,
                 "tls_cert": args.tls_cert, "tls_key": args.tls_key},

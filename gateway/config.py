@@ -1,18 +1,23 @@
 """Gateway configuration: small frozen dataclasses with defaults that serve, and the one
 place that turns a TOML file and command-line flags into them (flags win over the file).
 
-TOML layout (every key optional; see examples/hub.toml)::
+TOML layout (every key optional; the README's Configuration table has each key, its flag
+and default, and a test keeps that table complete; see examples/hub.toml)::
 
-    [server]   host, port, max_sessions, http_port, lane_policy
+    [server]   host, port, http_port, max_sessions, tokens, insecure_bind, origins,
+               tls_cert, tls_key, turns_per_minute, resume_window_s, outbox_bytes, lane_policy
     [llm]      url, model, api_key, temperature, max_tokens, replies (replay file), tokens_per_s
-    [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback
+    [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, also,
+               step_timeout_s
     [tts.options]            more options of the primary engine
     [tts.fallback_options]   options of the fallback engine
     [tts.fallback_policy]    first_chunk_timeout_s, breaker_failures, breaker_reset_s
-    [tts] also               a second engine, on its own lane (e.g. "ane" next to qwen3)
-    [tts.also_options]       its options
+    [tts.also_options]       options of the second engine (``also``, its own lane)
     [tts.profiles.<lane>]    first_s, rtf, first_s_llm, rtf_llm: timing for turn placement
     [session]  instructions, frame_ms, max_lead_ms, history_turns
+
+Values are checked when the dataclasses are built: a bad one raises ``ValueError`` naming
+its key, and ``voice-gateway serve`` exits 2 with it before serving.
 """
 
 from __future__ import annotations
@@ -22,7 +27,16 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.core.codec import FRAME_MS_CHOICES, MAX_LEAD_MS_RANGE
 from gateway.core.session import DEFAULT_INSTRUCTIONS
+
+
+def _check_int(where: str, value: Any, lo: int, hi: int | None = None) -> None:
+    """Refuse a configured number outside [lo, hi] with a message naming the key."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (
+            hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise ValueError(f"{where} must be an integer {bound}, not {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +68,16 @@ class ServerConfig:
     a baseline). See ``gateway.core.scheduler``."""
 
     def __post_init__(self) -> None:
+        _check_int("server.port", self.port, 0, 65535)
+        if self.http_port is not None:
+            _check_int("server.http_port", self.http_port, 0, 65535)
+        _check_int("server.max_sessions", self.max_sessions, 1)
+        _check_int("server.turns_per_minute", self.turns_per_minute, 0)
+        _check_int("server.outbox_bytes", self.outbox_bytes, 64 * 1024)
+        if not isinstance(self.resume_window_s, (int, float)) or not (
+                0 <= self.resume_window_s <= 24 * 3600):
+            raise ValueError(f"server.resume_window_s must be 0-86400 seconds, not "
+                             f"{self.resume_window_s!r}")
         if self.lane_policy not in ("scheduler", "fifo"):
             raise ValueError(f"lane_policy must be 'scheduler' or 'fifo', not "
                              f"{self.lane_policy!r}")
@@ -120,6 +144,16 @@ class SessionDefaults:
     frame_ms: int = 40
     max_lead_ms: int = 1000
     history_turns: int = 20
+
+    def __post_init__(self) -> None:
+        # A client's session.update is held to the same frame sizes and smallest lead
+        # (protocol.md). The server's own lead may go past a client's 30 s: a lead of hours
+        # turns pacing off, for load scripts and tests that want every frame at once.
+        if self.frame_ms not in FRAME_MS_CHOICES:
+            raise ValueError(f"session.frame_ms must be one of {FRAME_MS_CHOICES}, not "
+                             f"{self.frame_ms!r}")
+        _check_int("session.max_lead_ms", self.max_lead_ms, MAX_LEAD_MS_RANGE[0])
+        _check_int("session.history_turns", self.history_turns, 0)
 
 
 @dataclass(frozen=True, slots=True)

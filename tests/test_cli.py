@@ -33,11 +33,25 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
                   "--frame-ms", "60")
     assert c.server.port == 9100 and c.server.origins == ("https://b.example",)
     assert c.session.frame_ms == 60 and c.session.max_lead_ms == 2000  # from the file
+    assert config_of("--max-sessions", "50").server.max_sessions == 50
+
+
+def test_a_bad_value_in_the_config_file_is_refused_naming_its_key(tmp_path, capsys):
+    toml = tmp_path / "gw.toml"
+    toml.write_text('[server]\nresume_window_s = -1\n')
+    assert main(["serve", "--config", str(toml)]) == 2
+    assert "server.resume_window_s must be 0-86400 seconds, not -1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--synthetic-rtf", "0.5"], "--synthetic-* options need --tts synthetic"),
     (["--config", "/nonexistent/gw.toml"], "No such file"),
+    # The server's defaults are held to what a client's session.update may ask for, so
+    # session.created never announces a frame size protocol.md does not allow.
+    (["--frame-ms", "33"], "session.frame_ms must be one of (20, 40, 60, 80, 100, 120)"),
+    (["--max-lead-ms", "5"], "session.max_lead_ms must be an integer at least 100, not 5"),
+    (["--max-sessions", "0"], "server.max_sessions must be an integer at least 1, not 0"),
+    (["--port", "70000"], "server.port must be an integer between 0 and 65535, not 70000"),
 ])
 def test_a_bad_command_line_exits_2_with_the_reason(argv, message, capsys):
     assert main(["serve", *argv]) == 2
@@ -67,3 +81,26 @@ def test_the_production_example_config_loads_as_documented(tmp_path):
     variant.write_text("\n".join(lines) + "\n")
     c = config_of("--config", str(variant))
     assert c.tts.also == "ane" and c.tts.also_options == {"voice": "Serena"}
+
+
+def test_the_readme_names_every_configuration_key():
+    """The README's Configuration table is the operator's reference: a key added to a
+    config section without a row there fails here."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+
+    from gateway.config import _SECTIONS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    keys = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `[")]
+    missing = []
+    for section, cls in _SECTIONS.items():
+        for f in fields(cls):
+            # "`[tts] engine`, `model`" or "`[tts.also_options]`"
+            plain = rf"\[{section}\].*`?\b{f.name}`"
+            table_name = rf"\[{section}\.{f.name}[\].]"
+            if not any(re.search(plain, k) or re.search(table_name, k) for k in keys):
+                missing.append(f"{section}.{f.name}")
+    assert missing == []

@@ -25,6 +25,8 @@ MAX_TEXT_CHARS = 4_000
 """Longest ``transcript``/``say`` text."""
 MAX_INSTRUCTIONS_CHARS = 16_000
 FRAME_MS_CHOICES = (20, 40, 60, 80, 100, 120)
+MAX_LEAD_MS_RANGE = (100, 30_000)
+"""Smallest and largest ``max_lead_ms`` a session may ask for (and a server may default to)."""
 
 FRAME_HEADER = struct.Struct("<BBHII")
 """u8 version, u8 flags, u16 sentence index, u32 turn_id, u32 seq (little-endian)."""
@@ -155,8 +157,8 @@ def _settings(session: dict[str, Any]) -> dict[str, Any]:
             raise ProtocolError("invalid_field", f"frame_ms must be one of {FRAME_MS_CHOICES}")
         out["frame_ms"] = frame_ms
     if "max_lead_ms" in session:
-        out["max_lead_ms"] = _number(session, "max_lead_ms", 100, 30_000, integer=True,
-                                      required=True)
+        out["max_lead_ms"] = _number(session, "max_lead_ms", *MAX_LEAD_MS_RANGE,
+                                      integer=True, required=True)
     if "llm" in session:
         llm = _field(session, "llm", dict)
         unknown = set(llm) - {"model", "temperature", "max_tokens"}
