@@ -86,9 +86,10 @@ class _Voice(ctypes.Structure):
     ]
 
 
-_SynthCallback = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-)
+# The samples arrive as a bare address (c_void_p), read with one string_at copy: typed as
+# POINTER(c_short) and viewed through numpy.ctypeslib, each call left a ctypes.cast
+# keep-alive cycle that only a full garbage collection frees.
+_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
 
 
 class _Library:
@@ -157,12 +158,13 @@ class _Library:
             cls._instance = cls()
         return cls._instance
 
-    def _on_audio(self, wav: ctypes.Array[ctypes.c_short] | None, n: int, events: int) -> int:
+    def _on_audio(self, wav: int | None, n: int, events: int) -> int:
         sink = self.sink
         if sink is None:
             return 1
         try:
-            return sink.accept(np.ctypeslib.as_array(wav, (n,)).copy() if n > 0 and wav else None)
+            return sink.accept(np.frombuffer(ctypes.string_at(wav, 2 * n), np.int16)
+                               if n > 0 and wav else None)
         except BaseException as exc:  # noqa: BLE001 - never unwind through C; re-raised later
             sink.error = exc
             return 1

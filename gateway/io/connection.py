@@ -20,6 +20,7 @@ import hmac
 import logging
 import secrets
 import time
+import traceback
 from typing import TYPE_CHECKING, Any, assert_never, cast
 
 import orjson
@@ -366,10 +367,16 @@ class VoiceConnection:
                 finally:
                     self._writer_task.cancel()
         except* ConnectionClosed as group:
-            closed = group.exceptions[0]
-            assert isinstance(closed, ConnectionClosed)
-            clean = closed.rcvd is not None and closed.rcvd.code in (1000, 1001)
+            rcvd = cast(ConnectionClosed, group.exceptions[0]).rcvd
+            clean = rcvd is not None and rcvd.code in (1000, 1001)
+            # The group's traceback holds finished frames (Python 3.11's TaskGroup.__aexit__
+            # keeps the group it raised in a local) that hold the group: clear them, or this
+            # connection waits for a full GC to be freed.
+            traceback.clear_frames(group.__traceback__)
         finally:
+            # The finished writer holds its CancelledError, whose traceback holds the
+            # writer's frame and so this connection: a cycle only a full GC would free.
+            self._writer_task = None
             if self.runner is not None:
                 self.runner.detach(self, resumable=not clean and not self.gateway.closing)
             if self._closing is not None:
