@@ -34,7 +34,10 @@ at the first failing step. ``--marks-ms 250``: the gateway's clients also report
 playback every 250 ms, as real clients do (the server then frees its resume buffer as they
 go: resident memory per streaming session); off by default, since the peers get none.
 CPU seconds per 1,000 frames = the server's CPU in the measuring
-window / frames the clients received in it.
+window / frames the clients received in it. The gateway's own probes, read from its
+/metrics over the window: ``lag99``/``lagmax``, how late its event loop woke a 100 ms timer
+(bucket bounds), and ``gc2``/``gc2max``, how many full garbage collections ran and the bound
+of the longest (``--no-freeze``: without ``gc.freeze()`` after start-up, the baseline).
 """
 
 from __future__ import annotations
@@ -397,7 +400,7 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     t_end = t_start + seconds
     window[0], window[1] = t_start, t_end
     time.sleep(max(0.0, t_start - time.monotonic()))
-    lag0 = loop_lag_buckets(server)
+    lag0 = gateway_buckets(server)
     cpu0 = cpu_seconds(server.pid)
     ccpu0 = sum(cpu_seconds(p.pid) for p in procs)
     spy = None
@@ -411,7 +414,8 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     cpu1 = cpu_seconds(server.pid)
     ccpu1 = sum(cpu_seconds(p.pid) for p in procs)
     rss1 = rss_bytes(server.pid)
-    lag = loop_lag_summary(lag0, loop_lag_buckets(server))
+    lag1 = gateway_buckets(server)
+    lag = {**loop_lag_summary(lag0, lag1), **gc_summary(lag0, lag1)}
     results = [queue.get(timeout=120)[1] for _ in procs]
     for p in procs:
         p.join(30)
@@ -451,9 +455,13 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     }
 
 
-def loop_lag_buckets(server: Server) -> dict[float, float] | None:
-    """The gateway's ``gateway_loop_lag_seconds`` buckets (cumulative counts by upper
-    bound), scraped from its /metrics; None for the peers, which have no such probe."""
+Buckets = dict[str, dict[float, float]]
+
+
+def gateway_buckets(server: Server) -> Buckets | None:
+    """From the gateway's /metrics, the cumulative bucket counts (by upper bound) of its
+    loop-lag probe (``loop``) and of its full garbage collections (``gc2``); None for the
+    peers, which have neither."""
     if server.target != "gateway":
         return None
     from urllib.request import urlopen
@@ -462,19 +470,42 @@ def loop_lag_buckets(server: Server) -> dict[float, float] | None:
 
     with urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {float(sample.labels["le"]): sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "gateway_loop_lag_seconds"
-            for sample in family.samples if sample.name.endswith("_bucket")}
+    out: Buckets = {"loop": {}, "gc2": {}}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_bucket"):
+                continue
+            if family.name == "gateway_loop_lag_seconds":
+                out["loop"][float(sample.labels["le"])] = sample.value
+            elif family.name == "gateway_gc_pause_seconds" and \
+                    sample.labels["generation"] == "2":
+                out["gc2"][float(sample.labels["le"])] = sample.value
+    return out
 
 
-def loop_lag_summary(before: dict[float, float] | None,
-                     after: dict[float, float] | None) -> dict:
+def _window(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
+    """Cumulative counts over the window, by bound."""
+    return sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+
+
+def gc_summary(before: Buckets | None, after: Buckets | None) -> dict:
+    """Over the window: full collections and the bucket bound under which the longest
+    fell (ms; 0 collections: no bound)."""
+    if before is None or after is None or not after["gc2"]:
+        return {}
+    counts = _window(before["gc2"], after["gc2"])
+    total = counts[-1][1]
+    longest = next((b for b, c in counts if c >= total), None) if total else None
+    return {"gc_full": int(total),
+            "gc_full_max_le_ms": None if longest is None else longest * 1000}
+
+
+def loop_lag_summary(before: Buckets | None, after: Buckets | None) -> dict:
     """Over the window: wake-ups of the 100 ms probe, how many came > 40 ms late, and the
     bucket bound under which 99 % and all of them fell (ms)."""
     if before is None or after is None:
         return {}
-    counts = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    counts = _window(before["loop"], after["loop"])
     total = counts[-1][1]
     if not total:
         return {}
@@ -515,7 +546,8 @@ def bench_idle(args) -> dict:
 
 HEADER = (f"{'target':8} {'N':>5} {'conn':>5} {'strm':>5} {'frames/s':>8} {'p50ms':>7} "
           f"{'p99ms':>7} {'maxms':>7} {'underr':>6} {'start':>5} {'srvCPU%':>7} {'cliCPU%':>7} "
-          f"{'cpu s/1k fr':>11} {'RSS MiB':>8} {'lag99':>6} {'lagmax':>6} {'clilag':>6}  ok")
+          f"{'cpu s/1k fr':>11} {'RSS MiB':>8} {'lag99':>6} {'lagmax':>6} {'gc2':>3} "
+          f"{'gc2max':>6} {'clilag':>6}  ok")
 
 
 def row(target: str, r: dict) -> str:
@@ -525,6 +557,7 @@ def row(target: str, r: dict) -> str:
             f"{r['server_cpu_pct']:>7} "
             f"{r['client_cpu_pct']:>7} {r['cpu_s_per_1000_frames']!s:>11} {r['rss_mib']:>8} "
             f"{_le(r.get('loop_lag_p99_le_ms')):>6} {_le(r.get('loop_lag_max_le_ms')):>6} "
+            f"{r.get('gc_full', '-')!s:>3} {_le(r.get('gc_full_max_le_ms')):>6} "
             f"{r['client_lag_max_ms']:>6}  "
             f"{'yes' if r['pass'] else 'NO'}")
 
@@ -544,7 +577,8 @@ def bench_stream(args) -> dict:
         for n in args.ramp:
             # audio for connecting, warm-up and the window, with margin
             say = long_text(args.seconds + args.warmup + 20 + n / 200)
-            extra = ["--say", say] if target == "pipecat" else []
+            extra = ["--say", say] if target == "pipecat" else \
+                ["--no-freeze"] if target == "gateway" and args.no_freeze else []
             server = Server(target, *extra)
             try:
                 r = run_load(server, n, clients=args.clients, say=say,
@@ -645,6 +679,9 @@ def main() -> None:
                    help="stream: gateway clients report playback this often, as real clients "
                         "do (protocol.md: 200-500 ms); 0: never (the peers get none)")
     p.add_argument("--clients", type=int, default=1, help="client processes")
+    p.add_argument("--no-freeze", action="store_true",
+                   help="stream: the gateway leaves its start-up heap to the garbage "
+                        "collector (the baseline of gc.freeze)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     if args.setup_peers:

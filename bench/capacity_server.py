@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.capacity import raise_nofile  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 from gateway.config import load_config  # noqa: E402
-from gateway.io.server import Gateway, until_signalled  # noqa: E402
+from gateway.io.server import Gateway, freeze_startup_heap, until_signalled  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -33,6 +33,8 @@ async def main(args: argparse.Namespace) -> None:
     engine.prerender()  # the stand-in's own rendering is not the gateway's cost
     gateway = Gateway(config, engine=engine)
     await gateway.start()
+    if not args.no_freeze:
+        freeze_startup_heap()  # as voice-gateway serve does
     print(f"PORT {gateway.port}", flush=True)
     await until_signalled()
     await gateway.aclose()
@@ -43,6 +45,8 @@ if __name__ == "__main__":
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--max-lead-ms", type=int, default=1000)
     p.add_argument("--max-sessions", type=int, default=100_000)
+    p.add_argument("--no-freeze", action="store_true",
+                   help="leave the start-up heap to the garbage collector (a baseline)")
     p.add_argument("--outbox-bytes", type=int, help="per-session output buffer (default 4 MiB)")
     a = p.parse_args()
     raise_nofile()

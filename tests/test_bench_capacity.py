@@ -27,7 +27,24 @@ ROOT = Path(__file__).resolve().parents[1]
       "loop_lag_max_le_ms": float("inf")}),
 ])
 def test_loop_lag_summary(before, after, expected):
-    assert capacity.loop_lag_summary(before, after) == expected
+    def wrap(buckets):
+        return None if buckets is None else {"loop": buckets, "gc2": {}}
+
+    assert capacity.loop_lag_summary(wrap(before), wrap(after)) == expected
+
+
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    ({}, {}, {}),                                                  # no gc metric (a peer)
+    ({0.01: 1.0, 0.32: 1.0, float("inf"): 1.0},
+     {0.01: 1.0, 0.32: 1.0, float("inf"): 1.0},
+     {"gc_full": 0, "gc_full_max_le_ms": None}),                    # none in the window
+    ({0.01: 1.0, 0.16: 1.0, 0.32: 1.0, float("inf"): 1.0},          # only the window counts
+     {0.01: 1.0, 0.16: 2.0, 0.32: 3.0, float("inf"): 3.0},
+     {"gc_full": 2, "gc_full_max_le_ms": 320.0}),
+])
+def test_gc_summary(before, after, expected):
+    assert capacity.gc_summary({"loop": {}, "gc2": before}, {"loop": {}, "gc2": after}) \
+        == expected
 
 
 @pytest.mark.slow

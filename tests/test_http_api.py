@@ -360,6 +360,7 @@ async def test_health_follows_sessions_and_compute(gateway):
     assert lane["queue_depth"] == 0 and lane["jobs"]["done"] == 2
     assert after["llm"]["reachable"] is True and after["llm"]["backend"] == "replay"
     assert 0 <= after["loop"]["lag_max_ms_1m"] < 60_000
+    assert after["loop"]["gc_pause_max_ms_1m"] >= 0 and after["loop"]["gc_frozen_objects"] >= 0
     assert voice_port.keys() == after.keys() and voice_port["sessions"] == 0
 
 
@@ -414,6 +415,7 @@ async def test_metrics_move_after_turns_and_speech(gateway):
     assert m["gateway_llm_tokens_per_second{}"] > 0
     assert m["gateway_sessions{}"] == 0 and m["gateway_lane_queue_depth{lane=cpu}"] == 0
     assert m["gateway_loop_lag_seconds_count{}"] >= 1  # the probe wakes every 100 ms
+    assert "gateway_gc_pause_seconds_count{generation=2}" in m
     assert "gateway_turn_ttfa_seconds_count" in voice_port
 
 

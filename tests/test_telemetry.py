@@ -1,5 +1,5 @@
-"""Telemetry pieces that do not need a gateway: the windowed maximum, the lane histograms
-and the loop-lag probe."""
+"""Telemetry pieces that do not need a gateway: the windowed maximum, the lane histograms,
+the loop-lag probe and the garbage collector's pauses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from gateway.io.telemetry import LaneHistogram, LoopLagMonitor, WindowMax
+from gateway.io.telemetry import GcPauses, LaneHistogram, LoopLagMonitor, WindowMax
 
 
 @pytest.mark.parametrize(("events", "now", "expected"), [
@@ -119,3 +119,26 @@ async def test_cancel_and_wait_swallows_the_tasks_cancellation_not_the_callers()
     waiter.cancel()          # the caller itself is cancelled while it waits
     with pytest.raises(asyncio.CancelledError):
         await waiter
+
+
+def test_gc_pauses_books_each_collection_under_its_generation_until_stopped():
+    import gc
+
+    pauses = GcPauses()
+    pauses.start()
+    pauses.start()  # idempotent: one callback, each collection booked once
+    try:
+        keep = [[i] for i in range(200_000)]  # something for a full collection to walk
+        gc.collect(2)
+        gc.collect(0)
+        del keep
+        full, young = pauses.histograms[2], pauses.histograms[0]
+        assert full.count >= 1 and young.count >= 1 and full.sum > 0
+        assert pauses.health()["gc_pause_max_ms_1m"] >= full.sum / full.count * 1000 - 0.1
+    finally:
+        pauses.stop()
+    pauses.stop()  # idempotent too
+    counted = pauses.histograms[2].count
+    gc.collect(2)
+    assert pauses.histograms[2].count == counted
+    assert pauses._callback not in gc.callbacks
