@@ -14,7 +14,7 @@ and default, and a test keeps that table complete; see examples/hub.toml)::
     [tts.fallback_policy]    first_chunk_timeout_s, breaker_failures, breaker_reset_s
     [tts.also_options]       options of the second engine (``also``, its own lane)
     [tts.profiles.<lane>]    first_s, rtf, first_s_llm, rtf_llm: timing for turn placement
-    [session]  instructions, frame_ms, max_lead_ms, history_turns
+    [session]  instructions, frame_ms, max_lead_ms, history_turns, max_reply_chars
 
 Values are checked when the dataclasses are built: a bad one raises ``ValueError`` naming
 its key, and ``voice-gateway serve`` exits 2 with it before serving.
@@ -144,6 +144,8 @@ class SessionDefaults:
     frame_ms: int = 40
     max_lead_ms: int = 1000
     history_turns: int = 20
+    max_reply_chars: int = 32_000
+    """Longest LLM reply a turn takes (``gateway.core.session.SessionLimits``)."""
 
     def __post_init__(self) -> None:
         # A client's session.update is held to the same frame sizes and smallest lead
@@ -154,6 +156,7 @@ class SessionDefaults:
                              f"{self.frame_ms!r}")
         _check_int("session.max_lead_ms", self.max_lead_ms, MAX_LEAD_MS_RANGE[0])
         _check_int("session.history_turns", self.history_turns, 0)
+        _check_int("session.max_reply_chars", self.max_reply_chars, 100)
 
 
 @dataclass(frozen=True, slots=True)

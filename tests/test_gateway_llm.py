@@ -11,6 +11,7 @@ import sys
 import httpx
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from gateway.config import load_config
 from gateway.io.server import Gateway
@@ -158,3 +159,54 @@ def test_cli_serves_and_exits_cleanly_on_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_a_runaway_reply_is_cut_at_max_reply_chars_and_its_stream_closed(
+        scripted_llm_server):
+    # one delta of ~1.1 MB (a runaway model, or a server sending all at once) used to go to
+    # the client as one text.delta bigger than the outbox: closed as a slow consumer
+    # (a cap of 2,000 characters instead of 32,000 keeps the spoken part short)
+    sentence = "This goes on and on. "
+    scripted_llm_server.script([Text(sentence * 52_000), Hang()])
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": scripted_llm_server.url},
+                             session={"max_reply_chars": 2_000, "max_lead_ms": 600_000}))
+    await gw.start()
+    try:
+        result = await turn(gw)
+        await asyncio.wait_for(scripted_llm_server.requests[0].disconnected.wait(), 10)
+    finally:
+        await gw.aclose()
+    assert result.reply == (sentence * 52_000)[:2_000]
+    (error,) = result.of("error")
+    assert error["error"] == {"code": "llm_failed", "message": "the reply passed 2,000 "
+                              "characters; the rest is not spoken"}
+    assert result.done["status"] == "failed" and result.frames[-1].turn_end
+    spoken = [s["text"] for s in result.of("sentence")]
+    assert len(spoken) == 2_000 // len(sentence) and set(spoken) == {sentence.strip()}
+    assert gw.metrics.errors.get("slow_consumer", 0) == 0
+
+
+async def test_a_session_closed_by_its_own_output_queues_no_synthesis(scripted_llm_server):
+    """Effects come in lists; when one of them closes the session (its output passed the
+    outbox), the rest must not run: the StartSynthesis after it put hundreds of dead jobs on
+    the lane ahead of every live session (a live one-sentence turn then took 79 s)."""
+    # one text.delta of 100,000 characters, over a 64 KiB outbox (the reply cap raised for it)
+    reply = "Party time is here now. " * 4_200
+    scripted_llm_server.script([Text(reply), Finish(), Done()])
+    gw = Gateway(load_config(server={"port": 0, "outbox_bytes": 64 * 1024},
+                             llm={"url": scripted_llm_server.url},
+                             session={"max_reply_chars": 200_000}))
+    await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="celebrate")
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await ws.recv()
+            assert closed.value.rcvd.code == 1013
+        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        assert gw.metrics.errors["slow_consumer"] == 1
+        assert gw.lane.queue_depth == 0 and gw.lane.stats.steps == 0
+    finally:
+        await gw.aclose()

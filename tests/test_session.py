@@ -22,6 +22,7 @@ from gateway.core.session import (
     SendEvent,
     SendFrames,
     Session,
+    SessionLimits,
     SessionSettings,
     StartLlm,
     StartSynthesis,
@@ -225,6 +226,34 @@ def test_llm_failure_speaks_what_is_complete_then_fails(clock):
     s.audio(tid, 0, pcm(40), "x", clock())
     out = s.synthesis_done(tid, 0, clock())
     assert frames(out)[-1].turn_end
+    assert events(out, "turn.done")[0]["status"] == "failed"
+
+
+@pytest.mark.parametrize("chunks", [
+    ["First one. Second one. " * 4 + "Tail that never ends"],   # one delta past the cap
+    ["First one. ", "Second one. " * 7, "Tail that never ends"],  # the cap falls in the last
+])
+def test_a_reply_past_max_reply_chars_is_cut_spoken_up_to_there_and_fails(clock, chunks):
+    s = Session("s", limits=SessionLimits(max_reply_chars=100))
+    tid = start(s, clock)
+    out = []
+    for chunk in chunks:
+        out += s.llm_delta(tid, chunk, clock())
+    deltas = "".join(e["delta"] for e in events(out, "text.delta"))
+    assert deltas == "".join(chunks)[:100] == s.turn.reply
+    assert [e.turn_id for e in out if isinstance(e, CancelLlm)] == [tid]  # the stream closes
+    (error,) = events(out, "error")
+    assert error == {"type": "error", "turn_id": tid, "error": {
+        "code": "llm_failed", "message": "the reply passed 100 characters; the rest is not "
+        "spoken"}}
+    jobs = [e for e in out if isinstance(e, StartSynthesis)]
+    # whole sentences before the cut are spoken; the one it cuts is not
+    assert {j.text for j in jobs} <= {"First one.", "Second one."} and len(jobs) >= 6
+    assert len(" ".join(j.text for j in jobs)) > 100 - len("Second one. ") * 2
+    assert s.llm_delta(tid, "more text.", clock()) == []  # whatever still arrives is dropped
+    for job in jobs:
+        s.audio(tid, job.index, pcm(40), "x", clock())
+        out = s.synthesis_done(tid, job.index, clock())
     assert events(out, "turn.done")[0]["status"] == "failed"
 
 

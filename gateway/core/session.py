@@ -171,6 +171,12 @@ class SessionSettings:
 class SessionLimits:
     history_turns: int = 20
     """User/assistant pairs kept for the LLM; older ones are dropped first."""
+    max_reply_chars: int = 32_000
+    """Longest LLM reply a turn takes (about half an hour of speech). A runaway LLM, or one
+    delta of megabytes, stops there: the stream is closed and the turn fails with
+    ``llm_failed`` after speaking what came before. It also bounds the turn's text events
+    (escaped JSON, ``text.delta`` plus ``sentence``) to ~0.6 MB, inside the default 1 MiB
+    outbox, so a client is never closed as a slow consumer for the LLM's output alone."""
 
 
 # --- turns --------------------------------------------------------------------------------
@@ -320,10 +326,21 @@ class Session:
             return []
         if turn.t_first_delta is None:
             turn.t_first_delta = now
+        room = self.limits.max_reply_chars - len(turn.reply)
+        over = len(text) > room
+        if over:
+            text = text[:room]
         turn.reply += text
-        effects: list[Effect] = [SendEvent({"type": "text.delta", "turn_id": turn.id,
-                                            "delta": text})]
-        effects += self._add_segments(turn, turn.segmenter.feed(text), now)
+        effects: list[Effect] = []
+        if text:
+            effects.append(SendEvent({"type": "text.delta", "turn_id": turn.id,
+                                      "delta": text}))
+            effects += self._add_segments(turn, turn.segmenter.feed(text), now)
+        if over:
+            effects.append(CancelLlm(turn.id))
+            effects += self.llm_failed(
+                turn.id, "llm_failed", f"the reply passed {self.limits.max_reply_chars:,} "
+                "characters; the rest is not spoken", now)
         return effects
 
     def llm_done(self, turn_id: int, tokens_per_s: float | None, now: float) -> list[Effect]:

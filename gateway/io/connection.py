@@ -166,6 +166,11 @@ class SessionRunner:
     def _apply(self, effects: list[Effect]) -> None:
         end = self.outbox.end
         for effect in effects:
+            if self.closed:
+                # Closed by an effect of this very list (a slow consumer): the rest is for
+                # nobody, and a StartSynthesis would put a dead session's work on the lane
+                # ahead of the live ones.
+                break
             self._execute(effect)
         if self.outbox.end != end:
             self._flush()

@@ -426,7 +426,8 @@ class Gateway:
                                    max_tokens=self.config.llm.max_tokens,
                                    frame_ms=d.frame_ms, max_lead_ms=d.max_lead_ms)
         return Session(f"sess_{secrets.token_urlsafe(9)}", settings=settings,
-                       limits=SessionLimits(history_turns=d.history_turns),
+                       limits=SessionLimits(history_turns=d.history_turns,
+                                            max_reply_chars=d.max_reply_chars),
                        voices=self.voices or None,
                        reads_digits=all(getattr(e, "reads_digits", True) for e in self.engines))
 
