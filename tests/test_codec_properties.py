@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -388,3 +389,21 @@ def test_decode_frame_raises_only_protocol_error(data):
         assert len(data) < FRAME_HEADER.size or data[0] != PROTOCOL_VERSION
     else:
         assert data[0] == PROTOCOL_VERSION and frame.pcm == data[FRAME_HEADER.size:]
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    # turn ids are u32 in playback as in cancel (a playback with -1 used to go unanswered)
+    ('{"type":"playback","turn_id":-1,"played_ms":0}',
+     "field 'turn_id' must be between 0 and 4294967295"),
+    ('{"type":"playback","turn_id":4294967296,"played_ms":0}',
+     "field 'turn_id' must be between 0 and 4294967295"),
+    ('{"type":"playback","played_ms":0}', "field 'turn_id' is required"),
+    ('{"type":"playback","turn_id":1,"played_ms":86400001}',
+     "field 'played_ms' must be between 0 and 86400000"),
+    ('{"type":"session.update","session":{"llm":{"temperature":2.5}}}',
+     "field 'temperature' must be between 0 and 2"),
+])
+def test_range_errors_name_the_exact_bounds(raw, message):
+    with pytest.raises(ProtocolError) as info:
+        decode_client(raw)
+    assert str(info.value) == message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import pytest
@@ -55,6 +56,13 @@ async def test_tokens_are_checked_before_the_upgrade():
         async with connect(url(gw), subprotocols=["voice.v1", "bearer.s3cret"]) as ws:
             assert ws.subprotocol == "voice.v1"
             assert (await recv_event(ws))["type"] == "session.created"
+        # without voice.v1 the server picks nothing: never the token entry (its answer
+        # header would carry the token back), never a name it does not speak
+        for offered in (["bearer.s3cret"], ["bearer.s3cret", "chat"]):
+            async with connect(url(gw), subprotocols=offered) as ws:
+                assert ws.subprotocol is None
+                assert "s3cret" not in str(ws.response.headers)
+                assert (await recv_event(ws))["type"] == "session.created"
         assert gw.metrics.errors["unauthorized"] == 2
     finally:
         await gw.aclose()
@@ -181,6 +189,59 @@ async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
         assert (await read_turn(ws2)).done["status"] == "completed"
         await send(ws2, type="session.resume", session_id="x", resume_token="y")
         assert (await recv_event(ws2))["error"]["code"] == "invalid_message"
+
+
+async def test_resuming_the_sockets_own_new_session_is_refused_and_it_goes_on(gateway):
+    async with connect(url(gateway)) as ws:
+        created = await recv_event(ws, "session.created")
+        await send(ws, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        error = await recv_event(ws)
+        assert error["error"] == {"code": "resume_failed", "message": "cannot resume: that "
+                                  "is this socket's own new session; continuing with the new "
+                                  f"session {created['session_id']}"}
+        await send(ws, type="say", text="Still here.")
+        assert (await read_turn(ws)).done["status"] == "completed"
+
+
+async def test_a_socket_whose_session_was_resumed_elsewhere_steers_it_no_more(gateway):
+    """A half-dead phone socket (A) is displaced by a resume on B; A has not read its close
+    (4000) yet and still sends. Nothing A sends may reach the session B now holds."""
+    from websockets.frames import Frame, Opcode
+
+    a = await connect(url(gateway))
+    created = await recv_event(a, "session.created")
+    await send(a, type="say", text=LONG)
+    await recv_event(a, "sentence")
+    a.transport.pause_reading()  # A reads nothing more: not even its close frame
+    async with connect(url(gateway)) as b:
+        await recv_event(b, "session.created")
+        await send(b, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"], last_seq=-1)
+        await recv_event(b, "session.resumed")
+        for message in ({"type": "say", "text": "Injected from the displaced socket."},
+                        {"type": "session.update", "session": {"max_lead_ms": 30000}},
+                        {"type": "ping", "id": "from A"}):
+            a.transport.write(Frame(Opcode.TEXT, json.dumps(message).encode()).serialize(
+                mask=True, extensions=[]))
+        a.transport.resume_reading()  # A now reads the rest, its close, and answers it
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await a.recv()
+        assert a.close_code == 4000
+        while len(gateway.connections) > 1:  # A's handler has read all A sent, and ended
+            gateway._runners_changed.clear()
+            await gateway._runners_changed.wait()
+        await send(b, type="ping", id="from B")  # B's output so far comes before its pong
+        seen = []
+        while (event := await recv_event(b))["type"] != "pong":
+            seen.append(event)
+        assert event["id"] == "from B"
+        # (the replay from last_seq -1 repeats turn 1's own events: only a turn 2 is A's)
+        assert [e for e in seen if e["type"] in ("session.updated", "pong")
+                or e.get("turn_id", 1) != 1 or "Injected" in e.get("text", "")] == []
+        rest = await read_turn(b, 1)
+        assert rest.done["status"] == "completed"  # the original turn, undisturbed
 
 
 async def test_clean_close_ends_the_session_at_once(gateway):

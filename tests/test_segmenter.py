@@ -248,6 +248,9 @@ def test_feed_after_finish_is_an_error():
     ("The docs are at https://docs.python.org/3/library/asyncio.html.",
      "The docs are at docs.python.org."),
     ("Keep snake_case and 5 * 3 as they are.", "Keep snake_case and 5 * 3 as they are."),
+    # a NUL ended espeak's C string: "Hello" was all it said
+    ("Hello\x00 there,\x07 how are you\x1b today.", "Hello there, how are you today."),
+    ("\x00\x7f", ""),
 ])
 def test_speakable_markdown(text, spoken):
     assert speakable(text) == spoken

@@ -124,13 +124,19 @@ def _text(obj: dict[str, Any]) -> str:
     return text
 
 
+def _bound(value: float) -> str:
+    """A range bound as a client can read it back: 4294967295, not 4.29497e+09."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool = False,
             required: bool = False):
     value = _field(obj, name, int if integer else (int, float), required=required)
     if value is None:
         return None
     if not math.isfinite(value) or not lo <= value <= hi:
-        raise ProtocolError("invalid_field", f"field {name!r} must be between {lo:g} and {hi:g}")
+        raise ProtocolError("invalid_field", f"field {name!r} must be between {_bound(lo)} and "
+                            f"{_bound(hi)}")
     return value
 
 
@@ -218,10 +224,8 @@ def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
             turn_id = _number(obj, "turn_id", 0, 2**32 - 1, integer=True)
             return ClientCancel(turn_id)
         case "playback":
-            turn_id = _field(obj, "turn_id", int)
-            played = _number(obj, "played_ms", 0, 24 * 3600 * 1000)
-            if played is None:
-                raise ProtocolError("missing_field", "field 'played_ms' is required")
+            turn_id = _number(obj, "turn_id", 0, 2**32 - 1, integer=True, required=True)
+            played = _number(obj, "played_ms", 0, 24 * 3600 * 1000, required=True)
             return ClientPlayback(turn_id, float(played))
         case "session.update":
             session = _field(obj, "session", dict)

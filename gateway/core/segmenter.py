@@ -596,6 +596,9 @@ _ITALIC = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
 _LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+)")
 _TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-{3}[\s:|-]*$|^\s*(?:[-*_]\s*){3,}$")
 _SPACES = re.compile(r"\s+")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""Control characters: not speech, and a NUL ends a C engine's string (espeak stopped
+speaking at it)."""
 _EMOJI = re.compile(
     "[\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D\u20E3]+"
 )
@@ -621,12 +624,13 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     """What to say for one segment of a reply.
 
     Drops markdown markers (emphasis, headings, list numbering and bullets, quote marks,
-    table pipes and rules, code fences and inline-code backticks) and emoji; a link says
+    table pipes and rules, code fences and inline-code backticks), control characters
+    and emoji; a link says
     its label, a bare URL its host. With ``reads_digits=False`` (engines that read
     "3.5" or "$184.50" badly) numbers, currency, percentages, times, ordinals and common
     abbreviations are written out as words.
     """
-    s = text.strip()
+    s = _CONTROL.sub(" ", text).strip()
     if s.startswith("```") or _TABLE_RULE.match(s):
         return ""
     s = _LINE_MARK.sub("", s)

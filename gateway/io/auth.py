@@ -63,14 +63,11 @@ def token_ok(presented: Iterable[str], tokens: Iterable[str]) -> bool:
 
 def select_subprotocol(connection: ServerConnection,
                        subprotocols: Sequence[Subprotocol]) -> Subprotocol | None:
-    """Answer browsers that offered subprotocols (a token entry, ``voice.v1``): Chrome
-    fails the handshake when it offered some and the server picks none."""
-    if not subprotocols:
-        return None
-    if SUBPROTOCOL in subprotocols:
-        return SUBPROTOCOL
-    plain = [p for p in subprotocols if not p.startswith(_TOKEN_PREFIX)]
-    return plain[0] if plain else subprotocols[0]
+    """``voice.v1`` when the client offered it (browsers offer it next to their token
+    entry: a browser fails the handshake when it offered subprotocols and the server picks
+    none), else none. Never a ``bearer.`` entry: the answer header would carry the token
+    back, where proxies log it; never another unknown name: the server does not speak it."""
+    return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
 
 
 def is_loopback(host: str) -> bool:

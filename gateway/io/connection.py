@@ -411,6 +411,11 @@ class VoiceConnection:
         async for message in self.ws:
             runner = self.runner
             assert runner is not None
+            if self._closing is not None or runner.connection is not self:
+                # Closing (taken over by a resume, or a slow consumer): the messages still
+                # arriving during the close handshake belong to no session any more; fed
+                # in, they would steer a session another socket now holds.
+                continue
             now = self.loop.time()
             if self.gateway.tracer is not None:
                 runner.received_at = time.perf_counter()
@@ -444,6 +449,9 @@ class VoiceConnection:
         old = self.gateway.runners.get(request.session_id)
         if old is None or old.closed or not old.check_resume_token(request.resume_token):
             failed("unknown or expired session, or wrong resume_token")
+            return
+        if old is fresh:
+            failed("that is this socket's own new session")
             return
         position = old.outbox.position_after_frame(request.last_seq)
         if position is None:
