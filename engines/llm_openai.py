@@ -12,7 +12,8 @@ actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
   llama.cpp's ``timings``), never from counting chunks.
 
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
-or stops answering in time (connection refused, DNS, connect/read timeout), ``llm_failed``
+or stops answering in time (connection refused, DNS, connect/read timeout, no data event for
+``stall_s`` even if keep-alive comments still arrive), ``llm_failed``
 when it answers wrongly (HTTP status >= 400, an error payload, malformed JSON, a stream that
 breaks off or ends without ``finish_reason`` or ``[DONE]``).
 """
@@ -32,6 +33,12 @@ from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=10.0, pool=10.0)
 """``read`` bounds the silence between two received bytes (servers send keep-alives while
 they process a long prompt), not the length of the whole reply."""
+
+DEFAULT_STALL_S = 60.0
+"""The longest a stream may go without a data event. Keep-alive comments reset httpx's
+read timeout but not this: a server stuck after its first token that keeps sending
+``: keepalive`` would otherwise hold the turn open for ever. Generous, because servers
+also send keep-alives while they process a long prompt before the first token."""
 
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
@@ -71,7 +78,8 @@ class OpenAiLlm:
 
     ``url`` is the API base, as an OpenAI SDK would take it (``http://127.0.0.1:8081/v1``).
     ``model`` is sent only when given: mlx_lm.server tries to download unknown model names.
-    ``timeout`` is a number of seconds or an ``httpx.Timeout``.
+    ``timeout`` is a number of seconds or an ``httpx.Timeout``; ``stall_s`` bounds the time
+    between two data events (``DEFAULT_STALL_S``).
     """
 
     name = "openai"
@@ -82,7 +90,9 @@ class OpenAiLlm:
         model: str | None = None,
         api_key: str | None = None,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        stall_s: float = DEFAULT_STALL_S,
     ) -> None:
+        self.stall_s = stall_s
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"LLM url must be http(s)://host[:port]/base, got {url!r}")
@@ -156,7 +166,17 @@ class OpenAiLlm:
                     f"LLM server answered {content_type or 'no content type'!r}, not an event "
                     f"stream: {_snippet(await _read_head(response))}",
                 )
-            async for sse in source.aiter_sse():
+            events = source.aiter_sse()
+            while True:
+                try:
+                    async with asyncio.timeout(self.stall_s):
+                        sse = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise EngineError(
+                        "llm_unavailable", f"LLM server {self.url} sent no data for "
+                        f"{self.stall_s:g} s (deltas so far: {deltas})") from None
                 data = sse.data
                 if not data:  # comments never get here; an id-only or empty event does
                     continue

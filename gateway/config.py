@@ -6,7 +6,8 @@ and default, and a test keeps that table complete; see examples/hub.toml)::
 
     [server]   host, port, http_port, max_sessions, tokens, insecure_bind, origins,
                tls_cert, tls_key, turns_per_minute, resume_window_s, outbox_bytes, lane_policy
-    [llm]      url, model, api_key, temperature, max_tokens, replies (replay file), tokens_per_s
+    [llm]      url, model, api_key, temperature, max_tokens, stall_timeout_s,
+               replies (replay file), tokens_per_s
     [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, also,
                step_timeout_s
     [tts.options]            more options of the primary engine
@@ -95,6 +96,15 @@ class LlmConfig:
     """JSONL of {transcript, reply} for the replay backend (default: the shipped set)."""
     tokens_per_s: float = 51.5
     """Pace of the replay backend (oMLX's measured decode rate); 0 = no delay."""
+    stall_timeout_s: float = 60.0
+    """An LLM stream with no data event for this long (keep-alive comments do not count)
+    fails the turn with ``llm_unavailable``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stall_timeout_s, (int, float)) or not (
+                0 < self.stall_timeout_s <= 3600):
+            raise ValueError(f"llm.stall_timeout_s must be 0-3600 seconds, not "
+                             f"{self.stall_timeout_s!r}")
 
     @property
     def backend(self) -> str:

@@ -98,6 +98,14 @@ class Hang:
     """
 
 
+@dataclass(frozen=True)
+class KeepAlive:
+    """Send a ``: keepalive`` comment every ``every_s`` seconds until the client goes away
+    (or the server shuts down): a server stuck mid-reply that still looks alive."""
+
+    every_s: float = 0.05
+
+
 def reply_script(
     pieces: Sequence[str],
     usage: dict[str, Any] | None = None,
@@ -239,6 +247,14 @@ class ScriptedLlmServer:
                 raise _DroppedConnection("scripted drop")
             if isinstance(step, Hang):
                 await self._hang(record)
+                return
+            if isinstance(step, KeepAlive):
+                while not (record.disconnected.is_set() or self._closing.is_set()):
+                    await send({"type": "http.response.body", "body": _encode(Comment()),
+                                "more_body": True})
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(step.every_s):
+                            await self._hang(record)
                 return
             await send({"type": "http.response.body", "body": _encode(step), "more_body": True})
         record.completed.set()  # before the last send: from then on a disconnect is normal

@@ -18,6 +18,7 @@ from tests.servers import (
     Drop,
     Finish,
     Hang,
+    KeepAlive,
     Raw,
     ScriptedLlmServer,
     Status,
@@ -206,6 +207,26 @@ async def test_a_server_that_hangs_times_out_as_unavailable(scripted_llm_server,
         await llm.aclose()
     assert info.value.code == "llm_unavailable"
     assert "timed out" in info.value.message
+    async with asyncio.timeout(5):
+        await scripted_llm_server.requests[0].disconnected.wait()
+
+
+async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
+        scripted_llm_server):
+    # every comment resets httpx's read timeout; the stall bound counts data events only
+    llm = OpenAiLlm(scripted_llm_server.url, stall_s=0.5)
+    scripted_llm_server.script([Comment(), Text("Half a reply"), KeepAlive(every_s=0.05)])
+    got = []
+    try:
+        with pytest.raises(EngineError) as info:
+            async for event in llm.stream(REQUEST):
+                got.append(event)
+    finally:
+        await llm.aclose()
+    assert [e.text for e in got] == ["Half a reply"]
+    assert info.value.code == "llm_unavailable"
+    assert info.value.message == (f"LLM server {scripted_llm_server.url} sent no data for "
+                                  "0.5 s (deltas so far: 1)")
     async with asyncio.timeout(5):
         await scripted_llm_server.requests[0].disconnected.wait()
 

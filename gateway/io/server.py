@@ -151,7 +151,8 @@ class Gateway:
     def _make_llm(self) -> LlmBackend:
         c = self.config.llm
         if c.url:
-            return create_llm("openai", url=c.url, model=c.model, api_key=c.api_key)
+            return create_llm("openai", url=c.url, model=c.model, api_key=c.api_key,
+                              stall_s=c.stall_timeout_s)
         return create_llm("replay", path=c.replies, tokens_per_s=c.tokens_per_s)
 
     def _profiles(self) -> dict[str, LaneProfile]:
