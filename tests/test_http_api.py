@@ -441,6 +441,8 @@ BAD = [
     ({"input": "x" * (MAX_INPUT_CHARS + 1)}, 400, "string_above_max_length", "input"),
     ({"input": "Hi.", "voice": "alloy"}, 400, "unknown_voice", "voice"),
     ({"input": "Hi.", "response_format": "mp3"}, 400, "unsupported_format", "response_format"),
+    ({"input": "Hi.", "response_format": ""}, 400, "unsupported_format", "response_format"),
+    ({"input": "Hi.", "response_format": False}, 400, "unsupported_format", "response_format"),
     ({"input": "Hi.", "stream_format": "sse", "response_format": "wav"}, 400,
      "unsupported_format", "response_format"),
     ({"input": "Hi.", "stream": True, "response_format": "wav"}, 400, "unsupported_format",
@@ -474,3 +476,37 @@ async def test_malformed_and_oversized_bodies(gateway):
                                  headers={"content-type": "application/json"})
     assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
+
+
+async def test_a_segment_cut_short_by_a_failing_primary_is_reported_not_hidden(replies):
+    """Behind a fallback, a primary failing mid-sentence ends that segment where it stopped
+    (a live listener must not hear words twice). An HTTP client gets the rest of the file,
+    but must be told a segment is short: it used to get a plain 200."""
+    from engines.fallback import FallbackEngine
+    from tests.test_fallback_engine import FakeClock, ScriptedEngine, fail
+
+    clock = FakeClock()
+    chunk = b"\x01\x00" * 480
+    cut, whole_segment = [chunk, fail()], [chunk, chunk]
+    primary = ScriptedEngine("qwen3", clock, default=whole_segment,  # one script per segment
+                             scripts=[cut, whole_segment, whole_segment, cut])
+    engine = FallbackEngine(primary, ScriptedEngine("espeak", clock), breaker_failures=5,
+                            clock=clock)
+    gw = await start_gateway(replies, engine=engine)
+    text = "The first one is cut. The second is whole. So is the third."
+    try:
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            whole = await client.post("/v1/audio/speech",
+                                      json={"input": text, "response_format": "pcm"})
+            sse = await client.post("/v1/audio/speech", json={"input": text,
+                                                              "stream_format": "sse"})
+    finally:
+        await gw.aclose()
+    note = ("segment 1 of 3 was cut short: the engine failed mid-sentence, so the rest of "
+            "that segment is missing (the fallback engine spoke the segments after it)")
+    assert whole.status_code == 200 and whole.headers["x-speech-notes"] == note
+    assert whole.headers["x-engine"] == "qwen3"  # the voice, not the wrapper's name
+    assert len(whole.content) == 5 * len(chunk)  # 1 chunk of the first segment, 2 + 2 after
+    events = [orjson.loads(line[6:]) for line in sse.text.splitlines()
+              if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["notes"] == [note]

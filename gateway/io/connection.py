@@ -313,7 +313,9 @@ class SessionRunner:
                 self._trace_frames[id(first)] = ready_at
         self._apply(effects)
 
-    def on_done(self, job: Job) -> None:
+    def on_done(self, job: Job, truncated: bool = False) -> None:
+        # (a truncated segment needs nothing more here: its frames stay gapless, it ends
+        # where the engine stopped, and the breaker sends the next segments elsewhere)
         payload: SynthesisJob = job.payload
         self.gateway.job_succeeded(job)
         self._apply(self.session.synthesis_done(_turn_of(job), payload.index, self.now()))

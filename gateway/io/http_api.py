@@ -145,7 +145,9 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
         raise ApiError(400, f"'stream_format' must be 'sse' or 'audio', not {stream_format!r}",
                        code="unsupported_stream_format", param="stream_format")
     default_format = "pcm" if stream_format == "sse" else "wav"
-    response_format = body.get("response_format") or default_format
+    response_format = body.get("response_format")
+    if response_format is None:  # absent or null: the default ("" or false are refused)
+        response_format = default_format
     if response_format not in FORMATS:
         raise ApiError(400, f"response_format {response_format!r} is not supported; use "
                        f"{' or '.join(FORMATS)}", code="unsupported_format",
@@ -222,6 +224,8 @@ class SpeechStream:
     buffered_bytes: int = 0
     compute_s: float = 0.0
     engines: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the client should know of how it was spoken (X-Speech-Notes, SSE ``done``)."""
     first_audio_s: float | None = None
     finished: bool = False
     _next: int = 0
@@ -262,9 +266,14 @@ class SpeechStream:
             return
         self.queue.put_nowait(pcm)
 
-    def on_done(self, job: Job) -> None:
+    def on_done(self, job: Job, truncated: bool = False) -> None:
         if self.finished:
             return
+        if truncated:
+            index = job.payload.index
+            self.notes.append(f"segment {index + 1} of {len(self.requests)} was cut short: "
+                              "the engine failed mid-sentence, so the rest of that segment is "
+                              "missing (the fallback engine spoke the segments after it)")
         if self._next >= len(self.requests):
             self._finish(_DONE)
         else:
@@ -418,12 +427,14 @@ class SpeechApi:
         def counter(status: str) -> None:
             gw.telemetry.http_speech.labels(fmt, mode, status).inc()
 
+        # a fallback wrapper names the voice engine it wraps (usage.engine names both)
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(OUTPUT_RATE),
-                   "X-Engine": engine.name}
+                   "X-Engine": getattr(engine, "primary", engine).name}
+        stream.notes[:0] = notes
         if notes:
             headers["X-Speech-Notes"] = "; ".join(notes)
         if mode == "sse":
-            return StreamingResponse(_sse(stream, notes, counter),
+            return StreamingResponse(_sse(stream, counter),
                                      media_type="text/event-stream",
                                      headers={**headers, "X-Accel-Buffering": "no"})
         if mode == "chunked":
@@ -469,8 +480,7 @@ def _sse_event(event: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(event) + b"\n\n"
 
 
-async def _sse(stream: SpeechStream, notes: list[str],
-               counter: Callable[[str], None]) -> AsyncIterator[bytes]:
+async def _sse(stream: SpeechStream, counter: Callable[[str], None]) -> AsyncIterator[bytes]:
     status = "disconnected"
     try:
         async for pcm in stream.chunks():
@@ -478,8 +488,8 @@ async def _sse(stream: SpeechStream, notes: list[str],
                               "audio": base64.b64encode(pcm).decode("ascii")})
         status = "completed"
         done: dict[str, Any] = {"type": "speech.audio.done", "usage": stream.usage()}
-        if notes:
-            done["notes"] = notes
+        if stream.notes:
+            done["notes"] = stream.notes
         yield _sse_event(done)
     except SpeechFailed as exc:
         status = "failed"
@@ -540,6 +550,8 @@ async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict
     usage = stream.usage()
     headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
                "X-Compute-Ms": str(usage["compute_ms"])}
+    if stream.notes:  # now with what happened while it was spoken
+        headers["X-Speech-Notes"] = "; ".join(stream.notes)
     if fmt == "wav":
         return Response(wav_bytes(pcm), media_type="audio/wav", headers=headers)
     return Response(pcm, media_type="audio/pcm", headers=headers)

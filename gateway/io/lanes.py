@@ -54,7 +54,10 @@ class JobSink(Protocol):
 
     def on_audio(self, job: Job, pcm: bytes, engine: str, ready_at: float) -> None:
         """``ready_at``: ``time.perf_counter()`` when the engine returned the chunk."""
-    def on_done(self, job: Job) -> None: ...
+    def on_done(self, job: Job, truncated: bool = False) -> None:
+        """``truncated``: the engine ended the segment early after failing mid-segment (a
+        fallback engine's rule, so nothing is said twice): the rest of its text was not
+        spoken."""
     def on_failed(self, job: Job, code: str, message: str) -> None: ...
 
 
@@ -427,10 +430,11 @@ class Lane:
             job.state = None
             return
         if chunk is None:
+            truncated = bool(getattr(job.state, "truncated", False))
             self._drop(job)
             self.stats.jobs_done += 1
             self._ended(job, "done")
-            payload.sink.on_done(job)
+            payload.sink.on_done(job, truncated)
             return
         job.steps += 1
         if job.priority is Priority.INTERACTIVE:
