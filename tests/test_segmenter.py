@@ -59,6 +59,7 @@ _pieces = st.sampled_from([
     "example.org", "$184.50", "15%", "11:15", "🎉", "👍🏽", "**", "*", "`", "```", "1. ", "- ",
     "# ", "the", "The", "I", "word", "Okay", "192.168.1.1", "a@b.io", "https://x.io/a?b=1",
     " and ", " in ", "in", "side", " with ", " because ", " is ", " a ", "Mr.", " 3 ", " or ",
+    "今天", "很好", "。", "！", "？", "「", "」", "（", "）", "と聞いた",
 ])
 _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 
@@ -81,6 +82,21 @@ def test_invariants(text, data, config):
         assert not text[pos:s.start].strip(), "text was lost between segments"
         pos = s.start + len(s.text)
     assert not text[pos:].strip()
+
+
+@pytest.mark.parametrize(("text", "segments"), [
+    # full-width ends: no space follows them in Chinese or Japanese
+    ("今天天气很好。我们去公园吧！你觉得呢？好的。",
+     ["今天天气很好。", "我们去公园吧！", "你觉得呢？", "好的。"]),
+    ("Mixed English. 中文句子。End.", ["Mixed English.", "中文句子。", "End."]),
+    # the sentence goes on past a quote or bracket that closes right after the end
+    ("東京は晴れです。「本当？」と聞いた。", ["東京は晴れです。", "「本当？」と聞いた。"]),
+    ("他说：“你好。”然后走了。", ["他说：“你好。”然后走了。"]),
+    ("「今天很好。我们走吧。」他说。明天见。", ["「今天很好。我们走吧。」他说。", "明天见。"]),
+])
+def test_chinese_and_japanese_sentences(text, segments):
+    assert [s.text for s in run(text, config=SENTENCES)] == segments
+    assert [s.text for s in run(text, [1] * len(text), SENTENCES)] == segments
 
 
 # --- knobs -------------------------------------------------------------------------------

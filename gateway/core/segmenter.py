@@ -86,10 +86,17 @@ class Segment:
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile(
-    "[.!?\u2026,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`"
+    "[.!?\u2026,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011"
     "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
 )
 _TERMINATORS = frozenset(".!?\u2026")
+_CJK_TERMINATORS = frozenset("\u3002\uff01\uff1f")
+"""。！？: Chinese and Japanese sentence ends (Qwen3-TTS speaks both). No space follows
+them and nothing abbreviates with them, so each ends its sentence."""
+_CJK_OPENERS = frozenset("\u300c\u300e\uff08\u3010")
+_CJK_CLOSERS = frozenset("\u300d\u300f\uff09\u3011")
+"""「『（【 ... 」』）】: a full-width end inside them, or right before the closing one, does
+not end the sentence (「本当？」と聞いた is one sentence)."""
 _CLAUSE = frozenset(",;:\u2014\u2013-")
 _CLOSERS = frozenset("\"'\u201d\u2019)]*_")
 _SPACE = frozenset(" \t\r\u00a0")
@@ -256,6 +263,10 @@ class Segmenter:
                     if self._terminator(i, out):  # sets _pos either way
                         buf = self._buf
                     continue
+                elif c in _CJK_TERMINATORS:
+                    if self._cjk_terminator(i, out):  # sets _pos either way
+                        buf = self._buf
+                    continue
                 elif c == "\n":
                     self._quote = self._paren = 0
                     self._clause = None
@@ -273,9 +284,9 @@ class Segmenter:
                     self._quote = 1
                 elif c == "\u201d":
                     self._quote = 0
-                elif c in "([":
+                elif c in "([" or c in _CJK_OPENERS:
                     self._paren += 1
-                elif c in ")]":
+                elif c in ")]" or c in _CJK_CLOSERS:
                     self._paren = max(0, self._paren - 1)
                 elif _is_emoji(c):
                     if self._emoji(i, out):  # sets _pos either way
@@ -403,6 +414,25 @@ class Segmenter:
             self._clause = None
             return False
         out.extend(self._emit(end, k))
+        return True
+
+    def _cjk_terminator(self, i: int, out: list[Segment]) -> bool:
+        """At a full-width end (``_CJK_TERMINATORS``): the sentence ends after the run,
+        unless a bracket or quote is open or closes right after it (the sentence goes on
+        past the quote)."""
+        buf = self._buf
+        j = i
+        while self._need(j) and buf[j] in _CJK_TERMINATORS:
+            j += 1
+        closing = self._need(j) and (buf[j] in _CJK_CLOSERS or buf[j] in '"\u201d)]')
+        k = j
+        while self._need(k) and buf[k] in _SPACE:
+            k += 1
+        self._pos = j  # only once nothing is left to wait for
+        if self._quote or self._paren or closing or (
+                self._index > 0 and j - self._seg < self.config.min_chars):
+            return False
+        out.extend(self._emit(j, k))
         return True
 
     def _emoji(self, i: int, out: list[Segment]) -> bool:
