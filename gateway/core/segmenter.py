@@ -168,6 +168,12 @@ _OPENERS = frozenset("([\"\u201c'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
 
 
+def _is_cjk(c: str) -> bool:
+    """A Chinese or Japanese character: scripts without case, where a sentence can start
+    right after an English one ("at 3 p.m. 会议...")."""
+    return "\u3040" <= c <= "\u30ff" or "\u3400" <= c <= "\u4dbf" or "\u4e00" <= c <= "\u9fff"
+
+
 def _is_emoji(ch: str) -> bool:
     o = ord(ch)
     return (
@@ -477,7 +483,7 @@ class Segmenter:
         if low in _BEFORE_NUMBER and nxt.isdigit():
             return False
         if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
-            return nxt.isupper()
+            return nxt.isupper() or _is_cjk(nxt)  # "at 3 p.m. The", "at 3 p.m. 会议"
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
             return False  # "1. " list marker at the start of a line
         return True
