@@ -26,7 +26,8 @@ MAX_TEXT_CHARS = 4_000
 MAX_INSTRUCTIONS_CHARS = 16_000
 FRAME_MS_CHOICES = (20, 40, 60, 80, 100, 120)
 MAX_LEAD_MS_RANGE = (100, 30_000)
-"""Smallest and largest ``max_lead_ms`` a session may ask for (and a server may default to)."""
+"""Smallest and largest ``max_lead_ms`` a ``session.update`` may ask for. A server's own
+default is held to the smallest only (``gateway.config.SessionDefaults``)."""
 
 FRAME_HEADER = struct.Struct("<BBHII")
 """u8 version, u8 flags, u16 sentence index, u32 turn_id, u32 seq (little-endian)."""
