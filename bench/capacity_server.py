@@ -5,8 +5,9 @@
 Prints ``PORT <n>`` once it is serving, then serves until SIGTERM/SIGINT. Built for
 bench/capacity.py, which runs it as its own process and reads its CPU time and RSS from
 /proc: ``Gateway(load_config(...), engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))``
-under uvloop, like ``voice-gateway serve``. The engine renders its tones before the gateway
-starts (``prerender``), as the peers' servers do.
+under uvloop, like ``voice-gateway serve``, and like it freezes the start-up heap out of
+garbage collection (``--no-freeze``: not, the baseline). The engine renders its tones
+before the gateway starts (``prerender``), as the peers' servers do.
 """
 
 from __future__ import annotations
