@@ -85,6 +85,11 @@ class FallbackEngine:
 
     # -- TtsEngine -------------------------------------------------------------------
 
+    @property
+    def instructions(self) -> bool:
+        """The primary's: a segment the fallback speaks goes without them."""
+        return bool(getattr(self.primary, "instructions", False))
+
     def voices(self) -> list[str]:
         return self.primary.voices()
 

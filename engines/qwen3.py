@@ -26,6 +26,11 @@ are already memoised by mlx-audio in ``Model._icl_cache``; the warm-up fills it.
 Threading: load, open and step run on the gpu lane's single worker thread (see
 ``engines.mlx_common``); a step from another thread raises ``engine_failed``.
 
+``instructions``: true once a CustomVoice checkpoint that takes style instructions is loaded
+(mlx-audio passes ``instruct`` to the 1.7B ones and drops it for ``tts_model_size`` "0b6").
+The HTTP speech API then hands OpenAI's ``instructions`` ("speak cheerfully") through as
+``request.options["instructions"]``; with any other checkpoint it is ignored, with a note.
+
 ``reads_digits = True``: Qwen3-TTS's talker reads text through the Qwen tokenizer and was
 trained on ordinary multilingual text, so it speaks "3:30", "$5" or "Dr." itself; an
 English-only number normaliser in front of it would be wrong for its other languages.
@@ -136,6 +141,13 @@ class Qwen3Engine:
         self._lifecycle = MlxLifecycle(self.name, log)
 
     # -- TtsEngine -------------------------------------------------------------------
+
+    @property
+    def instructions(self) -> bool:
+        """Whether ``request.options["instructions"]`` reaches the model (see above)."""
+        model = self._model
+        return (model is not None and self._kind == "custom_voice"
+                and getattr(model.config, "tts_model_size", "0b6") != "0b6")
 
     def voices(self) -> list[str]:
         if self._model is None:
@@ -325,6 +337,8 @@ class Qwen3Stream:
         )
         if self._speaker is not None:
             kwargs["voice"] = self._speaker
+            if req.options.get("instructions") and engine.instructions:
+                kwargs["instruct"] = req.options["instructions"]
         else:
             kwargs["ref_audio"] = engine._ref_array
             if engine.ref_text is not None:

@@ -510,3 +510,26 @@ async def test_a_segment_cut_short_by_a_failing_primary_is_reported_not_hidden(r
     events = [orjson.loads(line[6:]) for line in sse.text.splitlines()
               if line.startswith("data: ")]
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["notes"] == [note]
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["engine", "behind-a-fallback"])
+async def test_instructions_reach_an_engine_that_takes_them(replies, wrapped):
+    from engines.fallback import FallbackEngine
+    from tests.test_fallback_engine import FakeClock, ScriptedEngine
+
+    class Styled(ScriptedEngine):  # a TEST DOUBLE that takes style instructions
+        instructions = True
+
+    clock = FakeClock()
+    voice = Styled("qwen3", clock)
+    engine = FallbackEngine(voice, ScriptedEngine("espeak", clock), clock=clock) \
+        if wrapped else voice
+    gw = await start_gateway(replies, engine=engine)
+    try:
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            response = await client.post("/v1/audio/speech", json={
+                "input": "Hello there.", "instructions": "whisper", "response_format": "pcm"})
+    finally:
+        await gw.aclose()
+    assert response.status_code == 200 and "x-speech-notes" not in response.headers
+    assert [r.options.get("instructions") for r in voice.opened] == ["whisper"]

@@ -160,3 +160,30 @@ def test_base_model_without_reference_is_refused(tiny_qwen3_base):
 
     with pytest.raises(EngineError, match="needs ref_audio"):
         Qwen3Engine(str(tiny_qwen3_base)).load()
+
+
+def test_style_instructions_reach_a_checkpoint_that_takes_them(tmp_path, offline_hf_cache):
+    """OpenAI's ``instructions`` ("speak cheerfully") become mlx-audio's ``instruct`` for a
+    CustomVoice checkpoint that takes them (1.7B); a 0.6B one ignores them, as mlx-audio
+    does, and says so (``instructions`` false: the HTTP API then adds a note)."""
+    from engines.qwen3 import Qwen3Engine
+    from tests.tiny_models.qwen3 import build_tiny_qwen3
+
+    big = Qwen3Engine(str(build_tiny_qwen3(tmp_path / "1b7", size="1b7")), voice="aria",
+                      max_tokens=4)
+    assert big.instructions is False  # not loaded yet: nothing is known
+    big.load()
+    assert big.instructions is True
+
+    def speak(engine, **options):
+        return run(engine.open(SynthesisRequest("Hi.", seed=7, options=options)))
+
+    plain, happy = speak(big), speak(big, instructions="Very happy.")
+    assert happy != plain and happy == speak(big, instructions="Very happy.")
+    big.close()
+
+    small = Qwen3Engine(str(build_tiny_qwen3(tmp_path / "0b6")), voice="aria", max_tokens=4)
+    small.load()
+    assert small.instructions is False
+    assert speak(small, instructions="Very happy.") == speak(small)
+    small.close()

@@ -123,8 +123,11 @@ def model_config(kind: Kind, ids: dict[str, int]) -> dict:
     return cfg
 
 
-def build_tiny_qwen3(directory: str | Path, kind: Kind = "custom_voice", seed: int = 0) -> Path:
-    """Write a tiny ``kind`` Qwen3-TTS model to ``directory`` and return its path."""
+def build_tiny_qwen3(directory: str | Path, kind: Kind = "custom_voice", seed: int = 0,
+                     size: str = "0b6") -> Path:
+    """Write a tiny ``kind`` Qwen3-TTS model to ``directory`` and return its path. ``size``
+    is the ``tts_model_size`` it declares: mlx-audio passes style instructions to a
+    CustomVoice model only when it is not "0b6" (the public 1.7B ones say "1b7")."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_audio.tts.models.qwen3_tts import Model, ModelConfig
@@ -136,6 +139,7 @@ def build_tiny_qwen3(directory: str | Path, kind: Kind = "custom_voice", seed: i
     mx.random.seed(seed)
     ids = _write_tokenizer(out)
     cfg = model_config(kind, ids)
+    cfg["tts_model_size"] = size
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     model = Model(ModelConfig.from_dict(cfg))
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
