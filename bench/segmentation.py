@@ -504,7 +504,8 @@ def main() -> None:
             if name in ("ours-eager", "ours-phrase"):  # intended first cuts are not bad
                 target = _nonspace(row["reply"])
                 first = min(got - want, default=None)
-                got = {b for b in got if b in want or target[b - 1] not in ",;:-\u2013\u2014"
+                got = {b for b in got if b in want
+                       or target[b - 1] not in ",;:-\u2013\u2014\uff0c\u3001\uff1b\uff1a"
                        and not (name == "ours-phrase" and b == first
                                 and _opens_phrase(row["reply"], b))}
             bad += len(got - want)

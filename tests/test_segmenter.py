@@ -59,7 +59,7 @@ _pieces = st.sampled_from([
     "example.org", "$184.50", "15%", "11:15", "🎉", "👍🏽", "**", "*", "`", "```", "1. ", "- ",
     "# ", "the", "The", "I", "word", "Okay", "192.168.1.1", "a@b.io", "https://x.io/a?b=1",
     " and ", " in ", "in", "side", " with ", " because ", " is ", " a ", "Mr.", " 3 ", " or ",
-    "今天", "很好", "。", "！", "？", "「", "」", "（", "）", "と聞いた",
+    "今天", "很好", "。", "！", "？", "「", "」", "（", "）", "と聞いた", "，", "、", "：",
 ])
 _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 
@@ -97,6 +97,19 @@ def test_invariants(text, data, config):
 def test_chinese_and_japanese_sentences(text, segments):
     assert [s.text for s in run(text, config=SENTENCES)] == segments
     assert [s.text for s in run(text, [1] * len(text), SENTENCES)] == segments
+
+
+def test_chinese_clause_marks_give_the_eager_first_cut_and_the_long_sentence_break():
+    text = "今天北京的天气很好，最高气温二十五度。下午可能会有小雨，记得带伞。"
+    # nine characters count as four words: enough for the default first_min_words
+    assert [s.text for s in run(text)] == ["今天北京的天气很好，", "最高气温二十五度。",
+                                           "下午可能会有小雨，记得带伞。"]
+    assert [s.text for s in run("好的，我来查一下。")] == ["好的，我来查一下。"]  # too short
+    long = ("我们今天去了很多地方，看了很多风景，吃了很多好吃的东西，也认识了很多新朋友，"
+            "大家都非常开心。")
+    got = [s.text for s in run(long, config=SegmenterConfig(first_min_words=0, max_chars=40))]
+    assert got == ["我们今天去了很多地方，看了很多风景，吃了很多好吃的东西，也认识了很多新朋友，",
+                   "大家都非常开心。"]  # no space to break at: the last clause mark before 40
 
 
 # --- knobs -------------------------------------------------------------------------------

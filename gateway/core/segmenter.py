@@ -86,13 +86,16 @@ class Segment:
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile(
-    "[.!?\u2026,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011"
+    "[.!?\u2026,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
     "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
 )
 _TERMINATORS = frozenset(".!?\u2026")
 _CJK_TERMINATORS = frozenset("\u3002\uff01\uff1f")
 """。！？: Chinese and Japanese sentence ends (Qwen3-TTS speaks both). No space follows
 them and nothing abbreviates with them, so each ends its sentence."""
+_CJK_CLAUSE = frozenset("\uff0c\u3001\uff1b\uff1a")
+"""，、；：: clause marks with no space after them. They give the eager first segment its cut
+and an over-long sentence its best break (a Chinese sentence has no space to break at)."""
 _CJK_OPENERS = frozenset("\u300c\u300e\uff08\u3010")
 _CJK_CLOSERS = frozenset("\u300d\u300f\uff09\u3011")
 """「『（【 ... 」』）】: a full-width end inside them, or right before the closing one, does
@@ -166,6 +169,12 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
 )
 _OPENERS = frozenset("([\"\u201c'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
+
+
+def _words(text: str) -> int:
+    """Words in ``text`` for the eager first clause: spaced words, plus one per two Chinese
+    or Japanese characters (written without spaces; a word is one to three of them)."""
+    return len(text.split()) + sum(1 for c in text if _is_cjk(c)) // 2
 
 
 def _is_cjk(c: str) -> bool:
@@ -281,6 +290,10 @@ class Segmenter:
                     continue
                 elif c in _CLAUSE:
                     if self._clause_mark(i, out):
+                        buf = self._buf
+                    continue
+                elif c in _CJK_CLAUSE:
+                    if self._cjk_clause_mark(i, out):
                         buf = self._buf
                     continue
                 elif c == '"':
@@ -554,6 +567,19 @@ class Segmenter:
         fmw = self.config.first_min_words
         if self._index == 0 and fmw > 0 and len(buf[self._seg:end].split()) >= fmw:
             out.extend(self._emit(end, end))
+            return True
+        return False
+
+    def _cjk_clause_mark(self, i: int, out: list[Segment]) -> bool:
+        """A full-width clause mark (``_CJK_CLAUSE``): a clause boundary right after it,
+        outside quotes and brackets; True if it cut the eager first segment."""
+        self._pos = i + 1
+        if self._quote or self._paren:
+            return False
+        self._clause = (i + 1, i + 1, 0, 0)
+        fmw = self.config.first_min_words
+        if self._index == 0 and fmw > 0 and _words(self._buf[self._seg:i + 1]) >= fmw:
+            out.extend(self._emit(i + 1, i + 1))
             return True
         return False
 
