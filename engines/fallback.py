@@ -64,6 +64,8 @@ class FallbackEngine:
     ) -> None:
         self.primary = primary
         self.fallback = fallback
+        # what /v1/models, /health and the logs show: the voice and what stands behind it
+        self.name = f"{primary.name}+{fallback.name}"
         self.lane = primary.lane
         timing = getattr(primary, "timing", None)
         if timing is not None:

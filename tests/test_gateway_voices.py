@@ -95,4 +95,4 @@ async def test_primary_failing_mid_turn_is_finished_by_the_fallback():
 
 def test_create_voice_wraps_the_fallback_by_name():
     voice = create_voice("synthetic", {"rtf": 0}, "espeak", {}, {"breaker_failures": 2})
-    assert voice.name == "fallback" and voice.lane == "gpu"
+    assert voice.name == "synthetic+espeak" and voice.lane == "gpu"

@@ -529,7 +529,10 @@ async def test_instructions_reach_an_engine_that_takes_them(replies, wrapped):
         async with httpx.AsyncClient(base_url=base(gw)) as client:
             response = await client.post("/v1/audio/speech", json={
                 "input": "Hello there.", "instructions": "whisper", "response_format": "pcm"})
+            models = (await client.get("/v1/models")).json()["data"]
     finally:
         await gw.aclose()
+    # a wrapped voice is listed as itself and what stands behind it, not as "fallback"
+    assert [m["id"] for m in models] == ["qwen3+espeak" if wrapped else "qwen3"]
     assert response.status_code == 200 and "x-speech-notes" not in response.headers
     assert [r.options.get("instructions") for r in voice.opened] == ["whisper"]
