@@ -564,8 +564,13 @@ class Segmenter:
         if not ok:
             return False
         self._clause = (end, end, quote, paren)
+        return self._eager_cut(end, out)
+
+    def _eager_cut(self, end: int, out: list[Segment]) -> bool:
+        """At a clause boundary ``end``: cut the first segment there once it holds
+        ``first_min_words`` words (``_words``); True if it did."""
         fmw = self.config.first_min_words
-        if self._index == 0 and fmw > 0 and len(buf[self._seg:end].split()) >= fmw:
+        if self._index == 0 and fmw > 0 and _words(self._buf[self._seg:end]) >= fmw:
             out.extend(self._emit(end, end))
             return True
         return False
@@ -577,11 +582,7 @@ class Segmenter:
         if self._quote or self._paren:
             return False
         self._clause = (i + 1, i + 1, 0, 0)
-        fmw = self.config.first_min_words
-        if self._index == 0 and fmw > 0 and _words(self._buf[self._seg:i + 1]) >= fmw:
-            out.extend(self._emit(i + 1, i + 1))
-            return True
-        return False
+        return self._eager_cut(i + 1, out)
 
     def _phrase(self, endpos: int, out: list[Segment]) -> bool:
         """Cut the first segment before a phrase opener in ``_buf[:endpos]`` (no stop char
