@@ -488,6 +488,12 @@ def _window(before: dict[float, float], after: dict[float, float]) -> list[tuple
     return sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
 
 
+def _bound_ms(counts: list[tuple[float, float]], share: float) -> float:
+    """The bucket bound (ms) under which ``share`` of the window's observations fell."""
+    total = counts[-1][1]
+    return next(b for b, c in counts if c >= share * total) * 1000
+
+
 def gc_summary(before: Buckets | None, after: Buckets | None) -> dict:
     """Over the window: full collections and the bucket bound under which the longest
     fell (ms; 0 collections: no bound)."""
@@ -495,9 +501,8 @@ def gc_summary(before: Buckets | None, after: Buckets | None) -> dict:
         return {}
     counts = _window(before["gc2"], after["gc2"])
     total = counts[-1][1]
-    longest = next((b for b, c in counts if c >= total), None) if total else None
     return {"gc_full": int(total),
-            "gc_full_max_le_ms": None if longest is None else longest * 1000}
+            "gc_full_max_le_ms": _bound_ms(counts, 1.0) if total else None}
 
 
 def loop_lag_summary(before: Buckets | None, after: Buckets | None) -> dict:
@@ -509,13 +514,10 @@ def loop_lag_summary(before: Buckets | None, after: Buckets | None) -> dict:
     total = counts[-1][1]
     if not total:
         return {}
-
-    def bound_for(share: float) -> float:
-        return next(b for b, c in counts if c >= share * total) * 1000
-
     late = total - next(c for b, c in counts if b >= 0.04)
     return {"loop_wakeups": int(total), "loop_late_40ms": int(late),
-            "loop_lag_p99_le_ms": bound_for(0.99), "loop_lag_max_le_ms": bound_for(1.0)}
+            "loop_lag_p99_le_ms": _bound_ms(counts, 0.99),
+            "loop_lag_max_le_ms": _bound_ms(counts, 1.0)}
 
 
 # ---- benchmarks ------------------------------------------------------------------------------
