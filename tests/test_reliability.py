@@ -230,8 +230,8 @@ async def test_a_socket_whose_session_was_resumed_elsewhere_steers_it_no_more(ga
                 await a.recv()
         assert a.close_code == 4000
         while len(gateway.connections) > 1:  # A's handler has read all A sent, and ended
-            gateway._runners_changed.clear()
-            await gateway._runners_changed.wait()
+            gateway._live_changed.clear()
+            await gateway._live_changed.wait()
         await send(b, type="ping", id="from B")  # B's output so far comes before its pong
         seen = []
         while (event := await recv_event(b))["type"] != "pong":

@@ -420,7 +420,7 @@ class SpeechApi:
                                      speed=params.speed, temperature=params.temperature,
                                      seed=params.seed, step_ms=step_ms(Priority.BACKGROUND),
                                      options=options) for s in segments]
-        stream = SpeechStream(gw, requests, lane)
+        stream = SpeechStream(gw, requests, lane, notes=notes)
         stream.start()
         fmt, mode = params.response_format, params.mode
 
@@ -430,8 +430,7 @@ class SpeechApi:
         # a fallback wrapper names the voice engine it wraps (usage.engine names both)
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(OUTPUT_RATE),
                    "X-Engine": getattr(engine, "primary", engine).name}
-        stream.notes[:0] = notes
-        if notes:
+        if notes:  # (what happens while it is spoken joins stream.notes later)
             headers["X-Speech-Notes"] = "; ".join(notes)
         if mode == "sse":
             return StreamingResponse(_sse(stream, counter),

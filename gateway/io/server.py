@@ -137,7 +137,8 @@ class Gateway:
         self.runners: dict[str, SessionRunner] = {}
         """Live sessions by id, attached to a connection or waiting for a resume."""
         self.closing = False
-        self._runners_changed = asyncio.Event()
+        self._live_changed = asyncio.Event()
+        """Set when a session is forgotten or a socket's handler ends (wait_no_sessions)."""
         self.started_at = time.time()
         self.ready = False
         self._server: Server | None = None
@@ -410,14 +411,14 @@ class Gateway:
     def forget(self, runner: SessionRunner) -> None:
         if self.runners.get(runner.session.id) is runner:
             del self.runners[runner.session.id]
-            self._runners_changed.set()
+            self._live_changed.set()
 
     async def wait_no_sessions(self) -> None:
         """Return once no session is live (attached or waiting for a resume) and every
         socket's handler has finished."""
         while self.runners or self.connections:
-            self._runners_changed.clear()
-            await self._runners_changed.wait()
+            self._live_changed.clear()
+            await self._live_changed.wait()
 
     def new_session(self) -> Session:
         d = self.config.session
@@ -446,7 +447,7 @@ class Gateway:
             await conn.run()
         finally:
             self.connections.discard(conn)
-            self._runners_changed.set()
+            self._live_changed.set()
 
 
 def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
