@@ -112,6 +112,22 @@ def test_chinese_clause_marks_give_the_eager_first_cut_and_the_long_sentence_bre
                    "大家都非常开心。"]  # no space to break at: the last clause mark before 40
 
 
+def test_a_run_on_chinese_sentence_is_cut_between_characters_at_max_chars():
+    # no clause mark and no space: before, one segment however long (nothing to cut at)
+    text = "我们今天去了很多地方看了很多风景吃了很多好吃的东西也认识了很多新朋友大家都非常开心" * 3 + "。"
+    config = SegmenterConfig(first_min_words=0, max_chars=40)
+    whole = [s.text for s in run(text, config=config)]
+    assert len(whole) > 1 and all(len(s) <= 40 for s in whole)
+    assert "".join(whole) == text  # cut between characters: nothing dropped, no space added
+    for sizes in ([1] * len(text), [7] * 20, [3, 50, 2] * 10):
+        assert [s.text for s in run(text, sizes, config)] == whole
+    # a space or a Latin word nearer the limit is preferred; Latin words are never cut
+    mixed = "请把" + "文件" * 15 + " 发给 Alexander 然后" + "检查" * 20 + "。"
+    got = [s.text for s in run(mixed, config=config)]
+    assert all(len(s) <= 40 for s in got) and "Alexander" in "".join(got)
+    assert got[0].endswith("发给") and got[1].startswith("Alexander")
+
+
 # --- knobs -------------------------------------------------------------------------------
 
 def test_first_segment_is_an_eager_clause_and_later_ones_are_sentences():

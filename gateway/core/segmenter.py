@@ -40,7 +40,7 @@ on how the stream was chunked:
   goes whole, and the result does not depend on the chunking.
 * Later sentences shorter than ``min_chars`` are merged with the next (never across a
   newline); a sentence longer than ``max_chars`` is cut at its last clause mark (else its
-  last space) before ``max_chars``.
+  last space, or between two Chinese or Japanese characters) before ``max_chars``.
 
 ``text`` is the exact substring of the reply; ``spoken`` is what the TTS engine receives
 (see ``speakable``).
@@ -181,6 +181,11 @@ def _is_cjk(c: str) -> bool:
     """A Chinese or Japanese character: scripts without case, where a sentence can start
     right after an English one ("at 3 p.m. 会议...")."""
     return "\u3040" <= c <= "\u30ff" or "\u3400" <= c <= "\u4dbf" or "\u4e00" <= c <= "\u9fff"
+
+
+_CJK_CHAR = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"  # _is_cjk's ranges
+_CJK_PAIR = re.compile(f"[{_CJK_CHAR}](?=[{_CJK_CHAR}])")
+"""A Chinese or Japanese character followed by another: a place to cut a run-on sentence."""
 
 
 def _is_emoji(ch: str) -> bool:
@@ -619,13 +624,25 @@ class Segmenter:
             end, resume, quote, paren = self._clause
         else:
             sp = buf.rfind(" ", self._seg + 1, limit + 1)
-            if sp < 0:
+            cjk = self._cjk_break(max(sp, self._seg + 1), limit)
+            if cjk > sp:  # Chinese and Japanese have no spaces: cut between two characters
+                end = resume = cjk
+            elif sp >= 0:
+                end, resume = sp, sp + 1
+            else:
                 return False  # one huge word: never cut inside it
-            end, resume = sp, sp + 1
             quote, paren = 0, 0
         self._quote, self._paren = quote, paren
         out.extend(self._emit(end, resume))
         return True
+
+    def _cjk_break(self, lo: int, hi: int) -> int:
+        """The last position in ``(lo, hi]`` between two Chinese or Japanese characters
+        (``_is_cjk``), or -1. Both characters are in the buffer: ``hi`` < its length."""
+        last = -1
+        for m in _CJK_PAIR.finditer(self._buf, lo, hi + 1):
+            last = m.end()
+        return last
 
     def _emit(self, end: int, resume: int, *, code: bool = False) -> list[Segment]:
         buf = self._buf
