@@ -73,3 +73,12 @@ def test_take_honours_the_limit_and_moves_the_cursor():
     assert box.extend([frame(1), frame(2), frame(3)])
     assert box.take(2) == [frame(1), frame(2)] and box.cursor == 3
     assert box.take(5) == [frame(3)] and box.take() == [] and box.pending == 0
+
+
+def test_events_count_their_utf8_bytes_not_their_characters():
+    chinese = '{"type":"text.delta","text":"' + "今天天气很好" * 10 + '"}'
+    box = Outbox(max_bytes=len(chinese.encode()))
+    assert box.append(chinese) and box.nbytes == len(chinese.encode()) == len(chinese) + 120
+    assert not box.append("x")  # one byte more than max_bytes: the bound is on the wire's bytes
+    ascii_box = Outbox()
+    assert ascii_box.append('{"type":"ping"}') and ascii_box.nbytes == 15

@@ -55,7 +55,7 @@ class Outbox:
 
     def append(self, item: str | bytes) -> bool:
         """Queue ``item``. False when the unwritten backlog exceeds ``max_bytes``."""
-        size = len(item)
+        size = _size(item)
         self._items.append(item)
         self._sizes.append(size)
         self._bytes += size
@@ -115,6 +115,14 @@ class Outbox:
                 and self._released[1] == self._start:
             return self._start  # the frame itself was released: everything after it is here
         return None
+
+
+def _size(item: str | bytes) -> int:
+    """Bytes ``item`` takes on the wire: an event's UTF-8, not its characters (a Chinese
+    character is three bytes). ``isascii`` is a flag lookup, so ASCII costs no encode."""
+    if isinstance(item, bytes) or item.isascii():
+        return len(item)
+    return len(item.encode())
 
 
 def _frame_seq(item: str | bytes) -> int | None:
