@@ -114,7 +114,8 @@ def test_chinese_clause_marks_give_the_eager_first_cut_and_the_long_sentence_bre
 
 def test_a_run_on_chinese_sentence_is_cut_between_characters_at_max_chars():
     # no clause mark and no space: before, one segment however long (nothing to cut at)
-    text = "我们今天去了很多地方看了很多风景吃了很多好吃的东西也认识了很多新朋友大家都非常开心" * 3 + "。"
+    text = ("我们今天去了很多地方看了很多风景吃了很多好吃的东西"
+            "也认识了很多新朋友大家都非常开心") * 3 + "。"
     config = SegmenterConfig(first_min_words=0, max_chars=40)
     whole = [s.text for s in run(text, config=config)]
     assert len(whole) > 1 and all(len(s) <= 40 for s in whole)

@@ -448,6 +448,11 @@ class Gateway:
         finally:
             self.connections.discard(conn)
             self._live_changed.set()
+            # A dropped socket leaves websockets' parser its EOFError, whose traceback holds
+            # the parser's suspended frame, which holds the protocol: another cycle for the
+            # full GC. The message and type stay (``close_exc`` chains to it).
+            if (exc := websocket.protocol.parser_exc) is not None:
+                exc.__traceback__ = None
 
 
 def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
