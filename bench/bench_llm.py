@@ -12,7 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
+from pathlib import Path
+
+# run as a script, bench/ comes first on the path and would shadow engines/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 import orjson

@@ -23,7 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
+
+# run as a script, bench/ comes first on the path and would shadow engines/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import scheduler as sim
 from gateway.core.scheduler import Job, Priority, Rank
