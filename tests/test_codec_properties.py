@@ -277,9 +277,9 @@ SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def parseable(value) -> bool:
-    """JSON orjson reads: no NaN/Infinity, no number beyond a double's range (orjson refuses
-    1e400 as ``invalid_json`` even in an ignored field: a parser limit RFC 8259 allows), no
-    lone surrogate (not Unicode; a client cannot send it as UTF-8 text)."""
+    """JSON a pong can echo: no NaN/Infinity, no number beyond a double's range (read as
+    infinity, which orjson would write as null), no lone surrogate (not Unicode; a client
+    cannot send it as UTF-8 text)."""
     if isinstance(value, str):
         return not SURROGATE.search(value)
     if isinstance(value, float):
@@ -305,9 +305,23 @@ def as_parsed(value):
     return value
 
 
+def json_text(value) -> bool:
+    """Valid JSON text once dumped: no NaN/Infinity, no lone surrogate. Numbers of any size
+    are JSON (``1e400`` included) and must not make a message invalid."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        return not isinstance(value, str) or not SURROGATE.search(value)
+    if isinstance(value, list):
+        return all(json_text(v) for v in value)
+    if isinstance(value, dict):
+        return all(json_text(k) and json_text(v) for k, v in value.items())
+    return True
+
+
 extra_fields = st.dictionaries(st.text(max_size=8).filter(parseable).filter(
     lambda k: k not in {"type", "text", "turn_id", "played_ms", "session", "id"}),
-    json_values.filter(parseable), max_size=3)
+    json_values.filter(json_text), max_size=3)
 
 
 @st.composite
@@ -407,3 +421,31 @@ def test_range_errors_name_the_exact_bounds(raw, message):
     with pytest.raises(ProtocolError) as info:
         decode_client(raw)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("raw", "code", "message"), [
+    # numbers beyond a double's range are valid JSON (orjson refuses them: the standard
+    # library reads them instead), so the field they are in is what is wrong
+    ('{"type":"playback","turn_id":1,"played_ms":1e400}', "invalid_field",
+     "field 'played_ms' must be between 0 and 86400000"),
+    ('{"type":"playback","turn_id":1e400,"played_ms":0}', "invalid_field",
+     "field 'turn_id' must be an integer"),
+    ('{"type":"cancel","turn_id":' + "9" * 5000 + "}", "invalid_field",
+     "field 'turn_id' must be an integer"),
+    ('{"type":"session.resume","session_id":"s","resume_token":"t","last_seq":-1e400}',
+     "invalid_field", "field 'last_seq' must be an integer"),
+    ('{"type":"ping","id":[1,-1e400]}', "invalid_field",
+     "field 'id' cannot be echoed (a number beyond a double's range)"),
+    ('{"type":"ping","id":NaN}', "invalid_json", None),  # not JSON at all
+    ('{"type":"ping","id":1e400', "invalid_json", None),
+])
+def test_numbers_beyond_a_double_are_json_and_get_a_field_error(raw, code, message):
+    with pytest.raises(ProtocolError) as info:
+        decode_client(raw)
+    assert info.value.code == code
+    assert message is None or str(info.value) == message
+
+
+def test_a_huge_number_in_an_ignored_field_leaves_the_message_valid():
+    assert decode_client('{"type":"ping","id":7,"note":1e400}') == ClientPing(7)
+    assert decode_client('{"type":"say","text":"Hi.","n":' + "1" * 400 + "}") == ClientSay("Hi.")

@@ -82,3 +82,21 @@ def test_events_count_their_utf8_bytes_not_their_characters():
     assert not box.append("x")  # one byte more than max_bytes: the bound is on the wire's bytes
     ascii_box = Outbox()
     assert ascii_box.append('{"type":"ping"}') and ascii_box.nbytes == 15
+
+
+def test_a_replay_does_not_count_against_the_bound_until_it_is_written():
+    # A resumed client asked for the replay: it was within max_bytes when first sent, and
+    # the output that follows must not close the session as a slow consumer because of it.
+    size = len(frame(0))
+    box = Outbox(max_bytes=4 * size)
+    written(box, frame(0), frame(1), frame(2), frame(3))
+    replayed = box.rewind(box.position_after_frame(0))  # the client has frame 0 only
+    assert [f[8:12] for f in replayed] == [frame(i)[8:12] for i in (1, 2, 3)]
+    assert box.pending == 3
+    assert box.append(frame(4)) and box.append(frame(5)) and box.append(frame(6))
+    assert box.append(frame(7))  # four new frames: the bound, the replay aside
+    assert not box.append(frame(8))  # one more is past it
+    box.take(2)  # frames 1 and 2 are written: they count again, as written ones
+    assert box.nbytes == 8 * size  # frame 0 was trimmed to make room
+    assert box.take() == [frame(i) for i in (3, 4, 5, 6, 7, 8)]
+    assert box.append(frame(9)) and box.start == 6  # written ones trimmed, oldest first

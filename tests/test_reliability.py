@@ -173,6 +173,137 @@ async def test_playback_marks_free_the_resume_buffer_and_resume_still_works(gate
     await no_sessions(gateway)
 
 
+async def frames_after(ws, n: int) -> list:
+    """The next ``n`` frames (events skipped)."""
+    from gateway.core.codec import decode_frame
+
+    frames = []
+    while len(frames) < n:
+        if isinstance(message := await ws.recv(), bytes):
+            frames.append(decode_frame(message))
+    return frames
+
+
+async def _drop(ws) -> None:
+    ws.transport.abort()  # no close handshake: the session waits for a resume
+    await ws.wait_closed()
+
+
+async def test_a_resume_replaying_lost_frames_fits_a_small_outbox_and_adds_no_lead():
+    """Frames lost in flight are replayed; the held audio goes out only as far as the
+    lead allows *with* the replay counted. Releasing a fresh full lead on top overflowed
+    the smallest outbox (64 KiB: 400 ms replayed + 1 s > 64 KiB) and closed the session
+    1013 right after accepting the resume."""
+    from gateway.core.codec import BYTES_PER_MS, decode_frame
+
+    gw = await started(outbox_bytes=64 * 1024, resume_window_s=30.0)
+    try:
+        ws = await connect(url(gw))
+        created = await recv_event(ws, "session.created")
+        await send(ws, type="say", text=LONG * 2)
+        first = await read_turn(ws, until="sentence")
+        while len(first.frames) < 20:
+            if isinstance(message := await ws.recv(), bytes):
+                first.frames.append(decode_frame(message))
+        await _drop(ws)
+        kept, lost = first.frames[:-10], first.frames[-10:]  # 400 ms never arrived
+        runner = gw.runners[created["session_id"]]
+        sent_before = runner.session.turn.pacer.sent_ms
+        loop = asyncio.get_running_loop()
+        # the client stays away until its buffer ran out
+        await asyncio.sleep(runner.session.turn.pacer.play_end - loop.time() + 0.05)
+        async with connect(url(gw)) as ws2:
+            await recv_event(ws2, "session.created")
+            asked = loop.time()
+            await send(ws2, type="session.resume", session_id=created["session_id"],
+                       resume_token=created["resume_token"], last_seq=kept[-1].seq)
+            resumed = await recv_event(ws2)
+            assert resumed["type"] == "session.resumed", resumed
+            released_ms = runner.session.turn.pacer.sent_ms - sent_before
+            elapsed_ms = (loop.time() - asked) * 1000
+            # the lead is 1 s with the 400 ms replay in it (plus what playback freed since)
+            assert released_ms <= 600 + elapsed_ms + 40
+            rest = await frames_after(ws2, 40)
+        assert [f.seq for f in rest[:10]] == [f.seq for f in lost]
+        seqs = [f.seq for f in kept + rest]
+        assert seqs == list(range(len(seqs)))
+        assert sum(len(f.pcm) for f in lost) == 400 * BYTES_PER_MS
+    finally:
+        await gw.aclose()
+
+
+async def test_a_dropped_session_makes_a_lead_of_audio_then_leaves_the_lane(gateway):
+    """Nobody listens to a dropped session: after one lead of audio is ready for the
+    resume, it asks the lane for nothing (it used to be fed in real time for the whole
+    resume window, ahead of live listeners), and a resume makes it due again."""
+    import math
+
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    await send(ws, type="session.update", session={"max_lead_ms": 300})
+    await recv_event(ws, "session.updated")
+    await send(ws, type="say", text=LONG)
+    first = await read_turn(ws, until="sentence")
+    await _drop(ws)
+    runner = gateway.runners[created["session_id"]]
+    turn_id, loop = first.turn_id, asyncio.get_running_loop()
+    put_off = asyncio.Event()
+    on_audio = runner.on_audio
+
+    def audio(*args) -> None:  # the lane's sink: after each chunk, is anything still due?
+        on_audio(*args)
+        if runner.session.deadline(turn_id, loop.time()) == math.inf:
+            put_off.set()
+
+    runner.on_audio = audio
+    await asyncio.wait_for(put_off.wait(), 10)
+    scheduler = gateway.lane.scheduler
+    assert scheduler.next_job(loop.time()) is None and scheduler.next_eligible_at is None
+    assert runner.session.turn.held_bytes < 2 * 48 * 1000  # a lead and a step, not all
+    async with connect(url(gateway)) as ws2:
+        await recv_event(ws2, "session.created")
+        last = max((f.seq for f in first.frames), default=-1)
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"], last_seq=last)
+        assert (await recv_event(ws2))["type"] == "session.resumed"
+        rest = await frames_after(ws2, 30)  # 1.2 s: more than was held, so made anew
+    seqs = [f.seq for f in first.frames + rest]
+    assert seqs == list(range(len(seqs)))
+
+
+async def test_a_resume_without_last_seq_does_not_replay_the_old_session_created(gateway):
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    await send(ws, type="say", text="One sentence.")
+    await recv_event(ws, "turn.started")
+    await _drop(ws)
+    async with connect(url(gateway)) as ws2:
+        await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        assert (await recv_event(ws2))["type"] == "session.resumed"
+        replay = await read_turn(ws2)
+    assert [e["type"] for e in replay.events][0] == "turn.started"
+    assert "session.created" not in [e["type"] for e in replay.events]
+    assert replay.done["status"] == "completed"
+
+
+async def test_a_resume_from_a_frame_never_sent_says_so(gateway):
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    await send(ws, type="say", text="One sentence.")
+    turn = await read_turn(ws)
+    await _drop(ws)
+    async with connect(url(gateway)) as ws2:
+        fresh = await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"], last_seq=10**6)
+        error = (await recv_event(ws2, "error"))["error"]
+    assert error == {"code": "resume_failed", "message": "cannot resume: frame 1000000 was "
+                     f"never sent (the last one was {turn.frames[-1].seq}); continuing with "
+                     f"the new session {fresh['session_id']}"}
+
+
 async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gateway.core.codec import (
@@ -372,6 +374,44 @@ def test_deadline_of_a_starved_listener_does_not_slide_with_the_clock(clock):
     for _ in range(5):  # the listener starves: the deadline stays where it was
         clock.advance(100)
         assert s.deadline(tid, clock()) == pytest.approx(ran_dry + 0.030)
+
+
+def test_a_detached_session_makes_a_lead_of_audio_then_nothing_is_due(clock):
+    # Nobody listens: the listener's clock stopped at the drop. Counting on from it made a
+    # detached turn due in real time, ahead of live listeners, for the whole resume window.
+    s = Session("s", settings=SessionSettings(max_lead_ms=200))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(200), "x", clock())  # the lead goes out
+    s.held = True  # the socket dropped
+    clock.advance(500)
+    assert s.deadline(tid, clock()) == pytest.approx(clock() - 0.3)  # overdue: make audio
+    assert frames(s.audio(tid, 0, pcm(120), "x", clock())) == []  # held, not sent
+    assert s.deadline(tid, clock()) < clock()  # 120 ms ready: less than a lead
+    s.audio(tid, 0, pcm(80), "x", clock())
+    assert s.deadline(tid, clock()) == math.inf  # a lead is ready: nothing more is due
+    clock.advance(10_000)
+    assert s.deadline(tid, clock()) == math.inf
+    # a resume with 40 ms replayed: due again, and the lead counts the replay
+    out = s.resume(40, clock())
+    assert s.deadline(tid, clock()) < math.inf
+    # 40 ms replayed + 160 ms released = the 200 ms lead
+    assert sum(len(f.pcm) for f in frames(out)) / BYTES_PER_MS == pytest.approx(160)
+    assert s.lead_ms(tid, clock()) == pytest.approx(200)
+
+
+def test_a_resume_releases_no_fresh_lead_on_top_of_a_long_replay(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=200))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(200), "x", clock())
+    s.held = True
+    s.audio(tid, 0, pcm(200), "x", clock())
+    clock.advance(2000)
+    assert frames(s.resume(600, clock())) == []  # the replay alone is past the lead
+    clock.advance(450)  # 150 ms of replay left: frames again, up to the lead
+    assert sum(len(f.pcm) for f in frames(s.tick(clock()))) / BYTES_PER_MS == pytest.approx(40)
+    assert s.lead_ms(tid, clock()) == pytest.approx(190)
 
 
 def test_frames_longer_than_the_lead_still_flow(clock):

@@ -33,6 +33,8 @@ class Outbox:
         self._bytes = 0
         self.cursor = 0
         """Position of the next message to write (owned by the writer)."""
+        self._replay_end = 0  # ``rewind``: messages before this are a replay...
+        self._replay_bytes = 0  # ...of which these bytes are not written yet
         self._released: tuple[int, int] | None = None
         """(seq, position after it) of the last frame dropped by ``release_through``."""
 
@@ -60,7 +62,7 @@ class Outbox:
         self._sizes.append(size)
         self._bytes += size
         self._trim()
-        return self._bytes <= self.max_bytes
+        return self._within()
 
     def extend(self, items: list[bytes]) -> bool:
         """``append`` each of ``items``, in order (the same bound, checked once)."""
@@ -69,11 +71,27 @@ class Outbox:
         self._sizes.extend(sizes)
         self._bytes += sum(sizes)
         self._trim()
-        return self._bytes <= self.max_bytes
+        return self._within()
+
+    def rewind(self, position: int) -> list[bytes]:
+        """Write again from ``position`` (a resume): the writer's cursor goes back there.
+        The messages replayed do not count against ``max_bytes`` until written: they were
+        within it when first sent, and a resumed client must not be closed as a slow
+        consumer for the replay it asked for plus the output that follows it. Returns the
+        binary frames replayed."""
+        first = position - self._start
+        self.cursor = position
+        self._replay_end = self.end
+        self._replay_bytes = sum(self._sizes[i] for i in range(first, len(self._items)))
+        return [item for i in range(first, len(self._items))
+                if isinstance(item := self._items[i], bytes)]
+
+    def _within(self) -> bool:
+        return self._bytes - self._replay_bytes <= self.max_bytes
 
     def _trim(self) -> None:
-        """Drop written messages, oldest first, while over ``max_bytes``."""
-        while self._bytes > self.max_bytes and self._start < self.cursor:
+        """Drop written messages, oldest first, while over ``max_bytes`` (a replay aside)."""
+        while not self._within() and self._start < self.cursor:
             self._bytes -= self._sizes.popleft()
             self._items.popleft()
             self._start += 1
@@ -87,6 +105,10 @@ class Outbox:
         items, first = self._items, self.cursor - self._start
         last = len(items) if limit is None else min(len(items), first + limit)
         self.cursor = self._start + last
+        if self._replay_bytes:
+            sizes = self._sizes
+            upto = min(last, self._replay_end - self._start)
+            self._replay_bytes -= sum(sizes[i] for i in range(first, upto))
         return [items[offset] for offset in range(first, last)]
 
     def release_through(self, seq: int) -> int:

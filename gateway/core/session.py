@@ -21,6 +21,7 @@ After executing the effects the caller asks ``wake_at()`` when to call ``tick`` 
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -420,6 +421,24 @@ class Session:
             return None
         return turn.pacer.wake_at()
 
+    @property
+    def frames_sent(self) -> int:
+        """Binary frames sent so far, modulo 2**32: the next frame's ``seq``."""
+        return self._seq
+
+    def resume(self, replayed_ms: float, now: float) -> list[Effect]:
+        """A client is attached again and is being sent ``replayed_ms`` of the current
+        turn's audio it missed: it will play that first, so frames held meanwhile go out
+        only as that replay plays down (at most ``max_lead_ms`` ahead in all, not a fresh
+        lead on top of the replay)."""
+        self.held = False
+        turn = self.turn
+        if turn is None or turn.state is TurnState.ENDED:
+            return []
+        if turn.pacer.play_end is not None:
+            turn.pacer.play_end = now + replayed_ms / 1000.0
+        return self._pump(turn, now)
+
     def deadline(self, turn_id: int, now: float) -> float | None:
         """When the listener of ``turn_id`` runs out of audio, counting the audio sent and
         the audio made but not yet sent (None: turn not active). The next chunk of the
@@ -434,6 +453,11 @@ class Session:
         turn = self._active(turn_id)
         if turn is None:
             return None
+        if self.held and turn.held_bytes >= turn.settings.max_lead_ms * BYTES_PER_MS:
+            # Nobody listens, and a lead's worth is ready for the resume: nothing is due
+            # (the listener's clock stopped at the drop; counting on from it fed a detached
+            # session in real time, ahead of live ones). ``resume`` makes it due again.
+            return math.inf
         pacer = turn.pacer
         if pacer.play_end is not None:
             due = pacer.play_end

@@ -91,11 +91,18 @@ class SessionRunner:
             self._expiry.cancel()
             self._expiry = None
         self.connection = connection
-        self.outbox.cursor = position
+        replayed = self.outbox.rewind(position)
         self._outbox_ready.set()
-        if self.session.held:
-            self.session.held = False
-            self._apply(self.session.tick(self.now()))
+        session = self.session
+        if session.held:
+            turn = session.turn
+            replayed_ms = 0.0 if turn is None else sum(
+                len(frame) - codec.FRAME_HEADER.size for frame in replayed
+                if codec.FRAME_HEADER.unpack_from(frame)[3] == turn.id) / codec.BYTES_PER_MS
+            self._apply(session.resume(replayed_ms, self.now()))
+            if turn is not None:  # its deadline may have been put off while detached
+                owner = (session.id, turn.id)
+                self.gateway.lane_for(owner).touch(owner)
 
     def detach(self, connection: VoiceConnection, *, resumable: bool) -> None:
         """The socket is gone. Keep the session for a resume, or close it now."""
@@ -457,8 +464,18 @@ class VoiceConnection:
             return
         position = old.outbox.position_after_frame(request.last_seq)
         if position is None:
-            failed("the frames after last_seq are no longer buffered")
+            sent = old.session.frames_sent
+            if request.last_seq is not None and (request.last_seq - sent) % 2**32 < 2**31:
+                failed(f"frame {request.last_seq} was never sent (the last one was "
+                       f"{(sent - 1) % 2**32})" if sent else
+                       f"frame {request.last_seq} was never sent (no frame was)")
+            else:
+                failed("the frames after last_seq are no longer buffered")
             return
+        if request.last_seq is None:
+            # no frame received: replay from the start, but after the old session's own
+            # session.created (always message 0), which the client acted on already
+            position = max(position, old.outbox.start + 1)
         if old.connection is not None:
             old.connection.close_soon(4000, "session resumed elsewhere")
         fresh.close()
