@@ -453,10 +453,11 @@ class Session:
         turn = self._active(turn_id)
         if turn is None:
             return None
-        if self.held and turn.held_bytes >= turn.settings.max_lead_ms * BYTES_PER_MS:
-            # Nobody listens, and a lead's worth is ready for the resume: nothing is due
-            # (the listener's clock stopped at the drop; counting on from it fed a detached
-            # session in real time, ahead of live ones). ``resume`` makes it due again.
+        if self.held:
+            # Nobody listens: nothing is due until ``resume``. The listener's clock stopped
+            # at the drop, and counting on from it fed a detached session in real time for
+            # the whole resume window; even filling one lead for the resume ranked it as
+            # the oldest stream, ahead of the live ones it starved (bench/SCHEDULER.md).
             return math.inf
         pacer = turn.pacer
         if pacer.play_end is not None:

@@ -112,8 +112,8 @@ class SessionRunner:
         if not resumable or self.closed:
             self.close()
             return
-        # Nobody is listening: release no more audio until a resume (the turn goes on
-        # making it, just in time, into the session's held audio).
+        # Nobody is listening: release no more audio until a resume, and ask the lane for
+        # none (``Session.deadline``); the LLM goes on feeding the turn its text.
         self.session.held = True
         self._expiry = self.loop.call_later(self.resume_window_s, self.close)
 
