@@ -88,6 +88,28 @@ async def test_session_created_then_full_turn_through_replay_and_espeak(gateway)
         played += len(frame.pcm) / BYTES_PER_MS
 
 
+async def test_a_session_lead_above_the_servers_is_honoured(gateway):
+    """protocol.md: a session may ask for up to 30 s of lead. The lane used to make audio
+    at most the server's 1 s ahead whatever the session asked, so a watch relay asking for
+    more got 1 s."""
+    loop = asyncio.get_running_loop()
+    async with connect(url(gateway)) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="session.update", session={"max_lead_ms": 3000})
+        await recv_event(ws, "session.updated")
+        await send(ws, type="say", text="This is a sentence that takes a while to say. " * 8)
+        received_ms, first, lead_ms = 0.0, None, 0.0
+        async with asyncio.timeout(20):
+            while lead_ms < 2500:  # audio ahead of real-time playback from the first frame
+                message = await ws.recv()
+                if isinstance(message, bytes):
+                    first = first or loop.time()
+                    received_ms += (len(message) - 12) / BYTES_PER_MS
+                    lead_ms = received_ms - (loop.time() - first) * 1000
+        assert lead_ms <= 3000 + 40
+        await send(ws, type="cancel")
+
+
 async def test_say_speaks_verbatim_without_llm(gateway):
     async with connect(url(gateway)) as ws:
         await recv_event(ws, "session.created")

@@ -92,6 +92,42 @@ def test_just_in_time_wakes_when_the_listener_catches_up() -> None:
     assert sched.next_job(sched.next_eligible_at).owner == "a"  # type: ignore[arg-type,union-attr]
 
 
+@pytest.mark.parametrize(("rule", "own", "priority", "now", "expected", "eligible_at"), [
+    # the lane's lead is 1 s; a session may ask for more or less (its max_lead_ms)
+    ("a longer lead of its own runs further ahead", 5.0, IA, 0.0, "a", None),
+    ("the lane's lead holds it back", None, IA, 0.0, None, 2.0),
+    ("a shorter lead of its own holds it back longer", 0.5, IA, 0.0, None, 2.5),
+    ("... and it runs once that lead is reached", 0.5, IA, 2.5, "a", None),
+    ("only interactive jobs carry one", 5.0, B, 0.0, None, 2.0),
+])
+def test_a_job_may_carry_its_own_lead(rule, own, priority, now, expected, eligible_at) -> None:
+    sched = LaneScheduler(deadline_of=Deadlines(), max_lead=1.0)
+    sched.submit(Job(owner="a", priority=priority, deadline=3.0, max_lead=own))
+    if priority is not IA:
+        sched.submit(Job(owner="hub", priority=IA, deadline=100.0))  # shared: paced
+    job = sched.next_job(now)
+    assert (job.owner if job else None) == expected, rule
+    assert sched.next_eligible_at == eligible_at, rule
+
+
+def test_waiting_jobs_with_their_own_leads_become_eligible_in_order() -> None:
+    # the waiting heap goes by when a job becomes eligible, not by its deadline
+    sched = LaneScheduler(deadline_of=Deadlines(), max_lead=1.0)
+    sched.submit(Job(owner="late", priority=IA, deadline=10.0, max_lead=9.0))  # from 1.0
+    sched.submit(Job(owner="early", priority=IA, deadline=5.0, max_lead=0.5))  # from 4.5
+    sched.submit(Job(owner="lane", priority=IA, deadline=4.0))  # from 3.0
+    order = []
+    now = 0.0
+    while len(order) < 3:
+        job = sched.next_job(now)
+        if job is None:
+            now = sched.next_eligible_at  # type: ignore[assignment]
+            continue
+        order.append((job.owner, now))
+        sched.finish(job)
+    assert order == [("late", 1.0), ("lane", 3.0), ("early", 4.5)]
+
+
 @pytest.mark.parametrize(("rule", "tolerance", "now", "expected", "eligible_at"), [
     # deadline 1.0 + 1 µs, max_lead 0.5: eligible from 0.5 + 1 µs. A lane woken at 0.5 by a
     # clock that moves in 1 ms steps (uvloop) would find it early and ask again, spinning.

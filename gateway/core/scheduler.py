@@ -23,7 +23,8 @@ in order:
    ``Rank.DEADLINE`` is plain earliest deadline (bench/SCHEDULER.md compares them).
 3. **Just in time.** With ``max_lead`` set, a job whose deadline is more than ``max_lead``
    seconds away is not eligible: its listener has enough audio, and synthesizing further
-   ahead only takes the device from everyone else (the LLM included). When nothing is
+   ahead only takes the device from everyone else (the LLM included). An interactive job
+   may carry its own (``Job.max_lead``: its session's ``max_lead_ms``). When nothing is
    eligible, ``next_job`` returns None and ``next_eligible_at`` says when to ask again
    (new submissions also change the answer). Background and warm-up jobs are held to it
    only while the lane is *shared*: an interactive job is queued or an LLM decodes
@@ -50,17 +51,17 @@ HTTP request's next segment, submitted from ``on_done``); priority, deadlines an
 
 Cost: each priority class keeps three heaps of owner heads: *ready* keyed by rank (rule
 2/2b) under the last known deadline, *comfortable* (playing, at least ``protect_lead``
-ahead, rule 2b) keyed by deadline, *waiting* (too far ahead, rule 3) keyed by deadline (the
-order in which they become eligible). Deadlines only move later while a job waits (its
-listener gains audio), and never with the clock alone: an overdue deadline stays in the past
-(``deadline_of`` must not return ``max(now, ...)``, or every overdue head would be stale at
-every decision: at 1,000 sessions that re-filed every head per step and the lane never
-caught up). A rank only moves later (a stream's first step makes it "playing"), so a stale
-key is never later than the true one and it suffices to refresh the top of a heap until it
-is fresh; overdue heads go most overdue first. A head moves between the heaps a bounded
-number of times per step it gets, so a decision costs a few ``deadline_of`` calls and O(log
-n), not one call per queued owner. A deadline that moves *earlier* (a playback report saying
-the client holds less than estimated) must be announced with ``touch(owner)``.
+ahead, rule 2b) keyed by deadline, *waiting* (too far ahead, rule 3) keyed by when they
+become eligible (deadline less lead), then deadline. Deadlines only move later while a job
+waits (its listener gains audio), and never with the clock alone: an overdue deadline stays
+in the past (``deadline_of`` must not return ``max(now, ...)``, or every overdue head would
+be stale at every decision: at 1,000 sessions that re-filed every head per step and the lane
+never caught up). A rank only moves later (a stream's first step makes it "playing"), so a
+stale key is never later than the true one and it suffices to refresh the top of a heap
+until it is fresh; overdue heads go most overdue first. A head moves between the heaps a
+bounded number of times per step it gets, so a decision costs a few ``deadline_of`` calls
+and O(log n), not one call per queued owner. A deadline that moves *earlier* (a playback
+report saying the client holds less than estimated) must be announced with ``touch(owner)``.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ class Job:
     """When the job's stream started (a turn's first segment), for rule 2b. Set it on every
     job of a stream after the first; None: the stream starts with this job (then its
     ``deadline`` at submission stands for the start)."""
+    max_lead: float | None = None
+    """Seconds: this interactive job's own ``max_lead`` for rule 3 (its session's setting;
+    None: the lane's). Ignored for other classes."""
 
 
 DeadlineOf = Callable[[Job, float], float]
@@ -311,7 +315,7 @@ class LaneScheduler:
             # The tests below are the exact negations of the ones ``_place`` files by (same
             # expressions), so a head taken out is never filed straight back: no livelock.
             while waiting and (lead is None or not waiting[0].live
-                               or not self._too_far(waiting[0].key[0], now, lead)):
+                               or not self._too_far(waiting[0].key[0], now, 0.0)):
                 self._refile(heapq.heappop(waiting), now, lead)
             while comfortable and (not comfortable[0].live
                                    or not self._comfortable_at(comfortable[0].key[0], now)):
@@ -338,16 +342,17 @@ class LaneScheduler:
                         entry.key = key  # earlier, and at the top: the heap stays valid
                     self.next_eligible_at = None
                     return job
-            while waiting:  # when the first waiting head becomes eligible
+            while waiting and lead is not None:  # when the first waiting one becomes eligible
                 entry = waiting[0]
                 if not entry.live:
                     heapq.heappop(waiting)
                     continue
-                deadline = self._deadline(entry.job, now)
-                if deadline > entry.key[0]:
-                    self._replace_top(waiting, (deadline,))
+                job = entry.job
+                deadline = self._deadline(job, now)
+                if deadline > entry.key[-1]:
+                    self._replace_top(waiting, self._waiting_key(job, deadline, lead))
                     continue
-                wake = min(wake, deadline - lead)  # type: ignore[operator]
+                wake = min(wake, deadline - self._lead(job, lead))
                 break
         self.next_eligible_at = None if wake == math.inf else wake
         return None
@@ -358,8 +363,8 @@ class LaneScheduler:
     def _place(self, job: Job, now: float, deadline: float, lead: float | None
                ) -> tuple[list[_Entry], tuple[float, ...]]:
         """Rules 2, 2b and 3: the heap a head belongs in now, and its key there."""
-        if lead is not None and self._too_far(deadline, now, lead):
-            return self._waiting[job.priority], (deadline,)
+        if lead is not None and self._too_far(deadline, now, self._lead(job, lead)):
+            return self._waiting[job.priority], self._waiting_key(job, deadline, lead)
         if (self.rank is _STREAM_AGE and job.priority is _INTERACTIVE
                 and (job.steps or job.since is not None)):
             if self._comfortable_at(deadline, now):
@@ -367,6 +372,18 @@ class LaneScheduler:
             return self._heaps[job.priority], (1, job.deadline if job.since is None
                                                else job.since)
         return self._heaps[job.priority], (0, deadline)
+
+    @staticmethod
+    def _lead(job: Job, lead: float) -> float:
+        """Rule 3's lead for ``job``: its own (an interactive job's session setting), else
+        the lane's ``lead``."""
+        own = job.max_lead
+        return lead if own is None or job.priority is not _INTERACTIVE else own
+
+    def _waiting_key(self, job: Job, deadline: float, lead: float) -> tuple[float, float]:
+        """A waiting head's key: when it becomes eligible (``deadline`` less its lead, the
+        heap's order), then ``deadline`` itself."""
+        return (deadline - self._lead(job, lead), deadline)
 
     def _too_far(self, deadline: float, now: float, lead: float) -> bool:
         """Rule 3: more than ``lead`` ahead (within the clock's resolution: not)."""
@@ -397,7 +414,7 @@ class LaneScheduler:
         if entry.live:
             entry.live = False
             job = entry.job
-            self._push(*self._place(job, now, entry.key[0], lead), job)
+            self._push(*self._place(job, now, entry.key[-1], lead), job)
 
     def _push_head(self, job: Job) -> None:
         if self.policy is _FIFO:

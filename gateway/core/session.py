@@ -103,6 +103,9 @@ class StartSynthesis:
     since: float | None = None
     """When the turn's first segment was ready, for every segment after the first: the lane
     ranks playing streams oldest first (``gateway.core.scheduler``, rule 2b)."""
+    max_lead: float | None = None
+    """Seconds: the session's ``max_lead_ms``: the lane makes audio at most this far ahead
+    of the listener (``gateway.core.scheduler``, rule 3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,7 +528,8 @@ class Session:
                 deadline = now if segment.index == 0 else turn.pacer.deadline(now)
                 since = turn.t_first_segment if segment.index else None
                 effects.append(StartSynthesis(turn.id, segment.index, segment.spoken,
-                                              turn.settings.voice, deadline, since))
+                                              turn.settings.voice, deadline, since,
+                                              turn.settings.max_lead_ms / 1000.0))
             else:  # nothing to say (an emoji, a lone list marker): no audio expected
                 turn.segments[-1].synthesized = True
         if segments:

@@ -216,7 +216,7 @@ class SessionRunner:
                 # the turn's first segment picks its lane; the others follow it
                 self.gateway.place_turn(owner, effect.voice).submit(
                     owner, SynthesisJob(synthesis, self, effect.index), deadline=effect.deadline,
-                    priority=Priority.INTERACTIVE, since=effect.since)
+                    priority=Priority.INTERACTIVE, since=effect.since, max_lead=effect.max_lead)
             case CancelSynthesis(turn_id=turn_id):
                 owner = (self.session.id, turn_id)
                 self.gateway.lane_for(owner).cancel(owner)

@@ -271,10 +271,12 @@ class Lane:
         return time.perf_counter() - started
 
     def submit(self, owner: Hashable, payload: SynthesisJob, *, deadline: float,
-               priority: Priority = Priority.INTERACTIVE, since: float | None = None) -> Job:
-        """``since``: when the owner's stream started (``Job.since``), for a later job of it."""
+               priority: Priority = Priority.INTERACTIVE, since: float | None = None,
+               max_lead: float | None = None) -> Job:
+        """``since``: when the owner's stream started (``Job.since``), for a later job of it;
+        ``max_lead``: the job's own just-in-time lead (``Job.max_lead``)."""
         job = Job(owner=owner, priority=priority, deadline=deadline, payload=payload,
-                  since=since)
+                  since=since, max_lead=max_lead)
         self.scheduler.submit(job)
         if self.unhealthy is not None:
             # fail fast, but never inside the caller's own call (sinks are not re-entrant)
