@@ -270,6 +270,17 @@ async def test_a_dropped_session_leaves_the_lane_until_it_resumes(gateway):
     assert seqs == list(range(len(seqs)))
 
 
+async def test_a_turn_cut_short_by_its_session_closing_is_counted(gateway):
+    # no turn.done can be sent, but /health and /metrics count every turn that ended
+    before = gateway.metrics.turns["cancelled"]
+    async with connect(url(gateway)) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text=LONG)
+        await read_turn(ws, until="sentence")
+    await no_sessions(gateway)
+    assert gateway.metrics.turns["cancelled"] == before + 1
+
+
 async def test_a_resume_without_last_seq_does_not_replay_the_old_session_created(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")

@@ -474,12 +474,15 @@ class Session:
         return None if turn is None else turn.pacer.lead_ms(now)
 
     def close(self, now: float) -> list[Effect]:
-        """The connection is going away: stop whatever runs for this session."""
+        """The connection is going away: stop whatever runs for this session. Nothing is
+        sent; a turn in progress ends ``cancelled``, and its ``turn.done`` comes back as a
+        ``SendEvent`` only for the record (the gateway's turn counters)."""
         turn = self.turn
         if turn is None or turn.state is TurnState.ENDED:
             return []
         return [e for e in self._end_turn(turn, "cancelled", now)
-                if not isinstance(e, SendEvent | SendAudio | SendFrames)]
+                if not isinstance(e, SendEvent | SendAudio | SendFrames)
+                or isinstance(e, SendEvent) and e.event["type"] == "turn.done"]
 
     # ---- internals -------------------------------------------------------------------
 

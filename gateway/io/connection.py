@@ -129,6 +129,8 @@ class SessionRunner:
         for effect in self.session.close(self.now()):
             if isinstance(effect, CancelLlm | CancelSynthesis):
                 self._execute(effect)
+            elif isinstance(effect, SendEvent):  # not sent: counted, as every turn is
+                self.gateway.metrics.turn_done(effect.event)
         if turn is not None:  # its turn.done is not sent: the turn leaves its lane here
             self.gateway.release_turn((self.session.id, turn.id))
         for task in list(self._tasks):
