@@ -109,3 +109,143 @@ async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
             keep_screenshot(shot)
         finally:
             await browser.close()
+
+
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run"]
+needs_chromium = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing (Debian: apt-get install -y chromium)")
+
+
+async def console_page(p, url: str):
+    """A headless Chromium page on the console at ``url``; returns (browser, page, errors)."""
+    browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                      args=BROWSER_ARGS)
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(url)
+    return browser, page, errors
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_on_a_gateway_with_tokens_takes_or_asks_for_one(start_gateway):
+    from playwright.async_api import async_playwright
+
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
+                             server={"tokens": ["s3cret"]})
+    base = f"http://127.0.0.1:{gw.port}/"
+    async with async_playwright() as p:
+        # from the page's address: used, and taken out of the address bar
+        browser, page, errors = await console_page(p, base + "?token=s3cret")
+        try:
+            await page.wait_for_function("window.consoleState.connected")
+            assert "s3cret" not in page.url and not await page.is_visible("#token")
+            await page.fill("#transcript", "Hello")
+            await page.click("#send")
+            await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        finally:
+            await browser.close()
+        # without one: refused, so it asks, and connects once it is typed in
+        browser, page, errors = await console_page(p, base)
+        try:
+            await page.wait_for_function("window.consoleState.needsToken")
+            assert not await page.evaluate("window.consoleState.connected")
+            assert await page.is_visible("#token")
+            assert "needs a token" in (await page.evaluate("window.consoleState.errors"))[0]
+            await page.fill("#token", "s3cret")
+            await page.press("#token", "Enter")
+            await page.wait_for_function("window.consoleState.connected")
+            assert errors == []
+        finally:
+            await browser.close()
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_gateway):
+    """Two drops in one turn, each resumed: one after the turn's first events and before
+    its audio (the resume re-sends them, and the turn.done of the turn before: skipped,
+    not shown twice), one while its audio plays (frames replayed: heard once, in full)."""
+    from playwright.async_api import async_playwright
+
+    reply = " ".join(f"This is sentence number {i} of the answer." for i in (1, 2, 3))
+    # synthetic: a tone, and time to drop the socket before a turn's first audio
+    gateway = await start_gateway(
+        [{"transcript": "Hello", "reply": "Hi."}, {"transcript": "Tell me more", "reply": reply}],
+        tts={"engine": "synthetic", "options": {"ttfa_ms": 1500, "rtf": 0.05}})
+
+    def drop() -> None:  # the network drops: no close handshake
+        for conn in list(gateway.connections):
+            conn.ws.transport.abort()
+
+    async with async_playwright() as p:
+        browser, page, errors = await console_page(p, f"http://127.0.0.1:{gateway.port}/")
+        state = "window.consoleState"
+        try:
+            await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+            await page.fill("#transcript", "Hello")
+            await page.click("#send")
+            await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+            await page.wait_for_function(  # heard to the end (a new turn would cut it)
+                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+                arg=await page.evaluate_handle(state))
+            session_id = await page.evaluate(f"{state}.sessionId")
+            frames = await page.evaluate(f"{state}.framesReceived")
+            await page.fill("#transcript", "Tell me more")
+            await page.click("#send")
+            await page.wait_for_function(  # turn.started and text, no audio yet
+                f"{state}.eventsSinceFrame >= 3 && {state}.framesReceived === {frames}")
+            drop()
+            await page.wait_for_function(f"{state}.resumes === 1")
+            await page.wait_for_function(f"{state}.samplesPlayed > {state}.samplesReceived / 3")
+            drop()
+            await page.wait_for_function(f"{state}.resumes === 2")
+            assert await page.evaluate(f"{state}.sessionId") == session_id
+            await page.wait_for_function(
+                f"{state}.lastTurn?.status === 'completed' && {state}.turns.length > 1",
+                timeout=30_000)
+            await page.wait_for_function(
+                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+                arg=await page.evaluate_handle(state), timeout=30_000)
+            st = await page.evaluate(state)
+            # every frame once: the turns' audio in full, nothing twice
+            heard_ms = sum(t["metrics"]["audio_ms"] for t in st["turns"])
+            assert abs(st["samplesPlayed"] / 24 - heard_ms) < 2
+            assert st["samplesPlayed"] == st["samplesReceived"]
+            # events re-sent by the resumes were skipped: each turn once, the reply once
+            assert [t["status"] for t in st["turns"]] == ["completed", "completed"]
+            assert await page.inner_text("#reply") == reply
+            assert await page.locator("#sentences li").count() == 3
+            assert errors == []
+        finally:
+            await browser.close()
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_plays_out_a_failed_turn(start_gateway):
+    """protocol.md: a failed turn still speaks its complete sentences; only a cancel
+    flushes. The console used to drop the last ~400 ms it had already received."""
+    from playwright.async_api import async_playwright
+
+    reply = "Good morning to you. " + "And then it goes on and on. " * 10
+    gw = await start_gateway([{"transcript": "Morning", "reply": reply}],
+                             session={"max_reply_chars": 100})
+    async with async_playwright() as p:
+        browser, page, errors = await console_page(p, f"http://127.0.0.1:{gw.port}/")
+        try:
+            await page.wait_for_function(
+                "window.consoleState.connected && window.consoleState.audioReady")
+            await page.fill("#transcript", "Morning")
+            await page.click("#send")
+            await page.wait_for_function("window.consoleState.lastTurn?.status === 'failed'")
+            await page.wait_for_function(
+                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+                arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
+            state = await page.evaluate("window.consoleState")
+            assert state["samplesPlayed"] == state["samplesReceived"] > 24_000
+        finally:
+            await browser.close()

@@ -397,6 +397,7 @@ class Gateway:
             "frames": self.metrics.frames,
             "limits": {"message_bytes": MAX_MESSAGE_BYTES, "max_sessions":
                        self.config.server.max_sessions},
+            "auth": "bearer" if self.config.server.tokens else "none",
         }
 
     # ---- WebSocket ---------------------------------------------------------------------

@@ -7,11 +7,15 @@ const $ = (id) => document.getElementById(id);
 const state = window.consoleState = {
   connected: false, sessionId: null, framesReceived: 0, samplesReceived: 0,
   samplesPlayed: 0, bufferedSamples: 0, playing: false, underruns: 0, workletReports: 0,
-  turnId: null, lastTurn: null, turns: [], errors: [], reconnects: 0, audioReady: false,
+  turnId: null, lastTurn: null, turns: [], errors: [], reconnects: 0, resumes: 0,
+  audioReady: false, needsToken: false, eventsSinceFrame: 0,
 };
 
 let ws = null;
 let backoff = 500;
+let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt}: what a resume needs
+let fresh = null; // a new socket's own session.created, kept while a resume is asked
+let token = takeToken();
 let turn = null; // {id, sentAt, playedBase, ...} the turn whose audio is playing
 let pendingSentAt = null;
 let audio = null; // {ctx, node, analyser}
@@ -68,24 +72,74 @@ function drawWave() {
 
 // ---- the socket, reconnecting with backoff ---------------------------------------------
 
+// A gateway with tokens wants one (protocol.md, Auth): from the page's ?token= (then taken
+// out of the address bar) or typed in when the gateway refuses the socket; kept for this tab.
+function takeToken() {
+  const params = new URLSearchParams(location.search);
+  if (params.has("token")) {
+    sessionStorage.setItem("voiceToken", params.get("token"));
+    params.delete("token");
+    const query = params.toString();
+    history.replaceState(null, "", location.pathname + (query ? `?${query}` : "") + location.hash);
+  }
+  return sessionStorage.getItem("voiceToken") || "";
+}
+
 function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  ws = new WebSocket(`${scheme}://${location.host}/v1/voice`);
-  ws.binaryType = "arraybuffer";
-  ws.onopen = () => { backoff = 500; };
-  ws.onmessage = (e) => (typeof e.data === "string" ? onEvent(JSON.parse(e.data)) : onFrame(e.data));
-  ws.onclose = (e) => {
+  const url = `${scheme}://${location.host}/v1/voice`;
+  // browsers cannot set headers: the token rides as a "bearer.<token>" subprotocol
+  const socket = ws = new WebSocket(url, token ? ["voice.v1", `bearer.${token}`] : ["voice.v1"]);
+  let opened = false;
+  socket.binaryType = "arraybuffer";
+  socket.onopen = () => { opened = true; backoff = 500; };
+  socket.onmessage = (e) => (typeof e.data === "string" ? onText(JSON.parse(e.data)) : onFrame(e.data));
+  socket.onclose = async (e) => {
     const was = state.connected;
     state.connected = false;
     setStatus(false, `disconnected (${e.code})`);
-    if (was) showError(`socket closed with ${e.code}; reconnecting`);
-    flushAudio();
-    turn = null;
+    if (session && session.droppedAt === null) session.droppedAt = performance.now();
+    if (!canResume(e.code)) { // the session is gone: so is its audio
+      session = null;
+      flushAudio();
+      turn = null;
+    }
+    if (was) showError(`socket closed with ${e.code}; reconnecting` + (session ? " to resume" : ""));
     state.reconnects += 1;
+    if (!opened && (await refusedForToken())) return; // wait for a token to be typed in
     setTimeout(connect, backoff);
     backoff = Math.min(backoff * 2, 8000);
   };
 }
+
+// A dropped socket (no close from the server, or "going away") leaves the session waiting
+// for a resume; a close the server chose ends it.
+function canResume(code) {
+  if (!session || ![1001, 1006, 1011, 1012].includes(code)) return false;
+  return performance.now() - session.droppedAt < session.windowS * 1000 - 1000;
+}
+
+// A socket refused before it opened: /health (always open) says whether tokens are in use.
+async function refusedForToken() {
+  const health = await fetch("/health", {cache: "no-store"}).then((r) => r.json()).catch(() => null);
+  if (health?.auth !== "bearer") return false;
+  const why = token ? "the gateway refused this token" : "this gateway needs a token";
+  state.needsToken = true;
+  setStatus(false, why);
+  showError(`${why}: enter it in the Session panel`);
+  $("token-row").hidden = false;
+  $("token").focus();
+  return true;
+}
+
+$("token").addEventListener("change", () => {
+  token = $("token").value.trim();
+  sessionStorage.setItem("voiceToken", token);
+  $("token").value = "";
+  state.needsToken = false;
+  backoff = 500;
+  connect();
+});
 
 function send(message) {
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(message));
@@ -100,17 +154,41 @@ function setStatus(on, text) {
 
 // ---- server events ------------------------------------------------------------------
 
+// A resume re-sends every message after the last frame we had (protocol.md, Resume); the
+// events we had already received after that frame come first: skip exactly those.
+let skip = 0;
+function onText(ev) {
+  if (ev.type === "session.resumed") skip = state.eventsSinceFrame;
+  else if (skip > 0 && state.connected) {
+    skip -= 1;
+    return;
+  }
+  onEvent(ev);
+  if (session && ev.type !== "session.created" && ev.type !== "session.resumed") {
+    state.eventsSinceFrame += 1;
+  }
+}
+
 function onEvent(ev) {
   switch (ev.type) {
     case "session.created":
-    case "session.updated":
-      if (ev.type === "session.created") {
-        state.connected = true;
-        state.sessionId = ev.session_id;
-        setStatus(true, `connected · ${ev.session_id}`);
+      if (session && session.id !== ev.session_id) { // a new socket: resume the old session
+        fresh = ev;
+        send({type: "session.resume", session_id: session.id, resume_token: session.resumeToken,
+              last_seq: session.lastSeq});
+        break;
       }
-      $("voice").value = ev.session.voice || "";
-      $("frame-ms").value = String(ev.session.frame_ms);
+      startSession(ev);
+      break;
+    case "session.resumed":
+      fresh = null;
+      session.droppedAt = null;
+      state.connected = true;
+      state.resumes += 1;
+      setStatus(true, `connected · ${ev.session_id} · resumed (${ev.replayed} re-sent)`);
+      break;
+    case "session.updated":
+      showSettings(ev.session);
       break;
     case "turn.started":
       flushAudio();
@@ -146,8 +224,9 @@ function onEvent(ev) {
     }
     case "turn.done":
       if (turn && ev.turn_id === turn.id) {
-        if (ev.status === "completed") audio?.node.port.postMessage({type: "end"});
-        else flushAudio();
+        // a failed turn still plays what it sent (complete sentences); only a cancel flushes
+        if (ev.status === "cancelled") flushAudio();
+        else audio?.node.port.postMessage({type: "end"});
       }
       state.lastTurn = {turnId: ev.turn_id, status: ev.status, metrics: ev.metrics};
       state.turns.push(state.lastTurn);
@@ -156,8 +235,38 @@ function onEvent(ev) {
     case "error":
       showError(`${ev.error.code}: ${ev.error.message}` +
                 (ev.turn_id ? ` (turn ${ev.turn_id})` : ""));
+      if (ev.error.code === "resume_failed" && fresh) { // carry on with the new session
+        session = null;
+        flushAudio();
+        turn = null;
+        startSession(fresh);
+        fresh = null;
+      } else if (ev.error.code === "unknown_voice" && settings) {
+        showSettings(settings); // the field shows the voice in use, not the one refused
+      }
       break;
   }
+}
+
+let settings = null; // the session's settings as the server last reported them
+let defaultInstructions = ""; // the server's prompt, as a new session reports it
+function showSettings(s) {
+  settings = s;
+  $("voice").value = s.voice || "";
+  $("frame-ms").value = String(s.frame_ms);
+  $("instructions").value = s.instructions || "";
+}
+
+function startSession(ev) {
+  state.connected = true;
+  if (state.sessionId && state.sessionId !== ev.session_id) addSessionMark(ev.session_id);
+  state.sessionId = ev.session_id;
+  state.eventsSinceFrame = 0;
+  session = {id: ev.session_id, resumeToken: ev.resume_token, windowS: ev.resume_window_s,
+             lastSeq: -1, droppedAt: null};
+  setStatus(true, `connected · ${ev.session_id}`);
+  defaultInstructions = ev.session.instructions || "";
+  showSettings(ev.session);
 }
 
 // the streamed reply, with a boundary after each sentence the segmenter cut
@@ -175,6 +284,10 @@ function renderReply() {
 function onFrame(buffer) {
   const view = new DataView(buffer);
   const turnId = view.getUint32(4, true);
+  if (session) {
+    session.lastSeq = view.getUint32(8, true);
+    state.eventsSinceFrame = 0;
+  }
   state.framesReceived += 1;
   if (!turn || turnId !== turn.id || !audio) return;
   const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
@@ -213,7 +326,7 @@ function addTimeline(ev) {
     <span class="${ev.status}">${ev.status}</span> · first token ${fmt(m.ttft_ms)}
     · first sentence ${fmt(m.first_sentence_ms)} · first audio ${fmt(m.ttfa_ms)}
     · done ${fmt(m.duration_ms)} · ${fmt(m.audio_ms)} audio · ${m.sentences ?? 0} sentences
-    · ${m.engine ?? ""} · underruns ${m.underruns ?? 0}</div>`;
+    ${m.engine ? `· ${m.engine} ` : ""}· underruns ${m.underruns ?? 0}</div>`;
   const bar = document.createElement("div");
   bar.className = "bar";
   const marks = [["ttft_ms", "#8e24aa", "first token"], ["first_sentence_ms", "#f9a825", "first sentence"],
@@ -235,6 +348,13 @@ function addTimeline(ev) {
     bar.append(mark);
   }
   div.append(bar);
+  $("timeline").prepend(div);
+}
+
+function addSessionMark(id) { // turn ids start again at 1 in a new session
+  const div = document.createElement("div");
+  div.className = "session-mark";
+  div.textContent = `new session ${id}`;
   $("timeline").prepend(div);
 }
 
@@ -274,10 +394,12 @@ $("stop").addEventListener("click", () => {
 });
 
 $("apply").addEventListener("click", () => {
-  const session = {frame_ms: Number($("frame-ms").value)};
-  if ($("voice").value.trim()) session.voice = $("voice").value.trim();
-  if ($("instructions").value.trim()) session.instructions = $("instructions").value.trim();
-  send({type: "session.update", session});
+  const update = {frame_ms: Number($("frame-ms").value)};
+  if ($("voice").value.trim()) update.voice = $("voice").value.trim();
+  // the box shows the prompt in use; emptied, it asks for the server's default again
+  const instructions = $("instructions").value.trim() || defaultInstructions;
+  if (instructions !== settings?.instructions) update.instructions = instructions;
+  send({type: "session.update", session: update});
 });
 
 const Recognition = window.SpeechRecognition || window.webkitSpeechRecognition;
