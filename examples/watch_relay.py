@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import importlib.util
 import struct
 import sys
 import urllib.parse
@@ -84,6 +85,8 @@ UP_RATE = 24_000
 UP_SAMPLES_PER_MS = UP_RATE // 1000
 OPUS_FRAME = 480  # 20 ms at 24 kHz
 FORMATS = ("opus", "pcm16-16k")
+HAS_PYAV = importlib.util.find_spec("av") is not None
+NO_PYAV = "PyAV is not installed (pip install -e '.[watch]')"
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,12 +385,15 @@ class RelaySession:
                 await self.gateway.close(1000)  # the watch left: end the gateway session
 
     async def _watch_to_gateway(self) -> None:
-        async for message in self.watch:
-            up, reply = self.core.from_watch(message)
-            if reply is not None:
-                await self.watch.send(reply)
-            if up is not None:
-                await self._send_upstream(up)
+        try:
+            async for message in self.watch:
+                up, reply = self.core.from_watch(message)
+                if reply is not None:
+                    await self.watch.send(reply)
+                if up is not None:
+                    await self._send_upstream(up)
+        except ConnectionClosed:
+            return  # the watch dropped (no close frame): the usual way a watch leaves
 
     async def _send_upstream(self, message: str) -> None:
         """Waits out a gateway reconnect; dropped if the gateway session is gone."""
@@ -410,7 +416,8 @@ class RelaySession:
             try:
                 while True:
                     for out in self.core.from_gateway(await gateway.recv()):
-                        await self.watch.send(out)
+                        if not await self._to_watch(out):
+                            return  # the watch is gone: its reader ends the session
             except ConnectionClosed as exc:
                 if self._closing:
                     return
@@ -429,6 +436,14 @@ class RelaySession:
                 self._ready.set()
                 await self.watch.close(1011, str(exc)[:120])
                 return
+
+    async def _to_watch(self, message: str | bytes) -> bool:
+        """Send to the watch; False once it is gone (a closed watch is not a gateway error)."""
+        try:
+            await self.watch.send(message)
+            return True
+        except ConnectionClosed:
+            return False
 
     async def _resume(self) -> None:
         loop = asyncio.get_running_loop()
@@ -507,6 +522,11 @@ class WatchRelay:
             await watch.send(_error("invalid_field", f"format must be one of {FORMATS}"))
             await watch.close(1008, "unknown audio format")
             return
+        if fmt == "opus" and not HAS_PYAV:
+            await watch.send(_error("invalid_field", f"this relay cannot encode Opus: {NO_PYAV}; "
+                                    "ask for format=pcm16-16k"))
+            await watch.close(1008, "opus unavailable on this relay")
+            return
         session = RelaySession(self, watch, RelayCore(make_audio(fmt,
                                                                  opus_bitrate=self.opus_bitrate)))
         self.sessions.add(session)
@@ -560,13 +580,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", help="gateway bearer token")
     p.add_argument("--opus-bitrate", type=int, default=24_000, help="bits/s (24000–32000)")
     args = p.parse_args(argv)
+    if not 24_000 <= args.opus_bitrate <= 32_000:
+        p.error(f"--opus-bitrate must be 24000–32000, not {args.opus_bitrate}")
 
     async def run() -> None:
         relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=args.token,
                            opus_bitrate=args.opus_bitrate)
         await relay.start()
-        print(f"watch relay on ws://{args.host}:{relay.port}/?format=opus|pcm16-16k "
+        formats = "opus|pcm16-16k" if HAS_PYAV else "pcm16-16k"
+        print(f"watch relay on ws://{args.host}:{relay.port}/?format={formats} "
               f"→ {args.upstream}", file=sys.stderr)
+        if not HAS_PYAV:
+            print(f"no Opus: {NO_PYAV}", file=sys.stderr)
         try:
             await asyncio.Future()
         finally:

@@ -400,3 +400,29 @@ async def test_unknown_format_is_refused(relay):
         assert error["error"]["code"] == "invalid_field"
         await asyncio.wait_for(ws.wait_closed(), 5)
     assert ws.close_code == 1008
+
+
+async def test_opus_without_pyav_is_refused_with_the_install_step(relay, monkeypatch):
+    import examples.watch_relay as module
+
+    monkeypatch.setattr(module, "HAS_PYAV", False)  # a plain install: no [watch] extra
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
+        error = (await recv_event(ws))["error"]
+        await asyncio.wait_for(ws.wait_closed(), 5)
+    assert error["code"] == "invalid_field" and ".[watch]" in error["message"]
+    assert ws.close_code == 1008
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        assert (await recv_event(ws))["type"] == "session.created"  # PCM needs no PyAV
+
+
+async def test_a_watch_that_drops_mid_turn_ends_quietly(gateway, relay, caplog):
+    """A watch losing its link is the normal case: the gateway session ends, and nothing
+    is logged as a failure (it used to log an ExceptionGroup traceback)."""
+    ws = await connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k")
+    await recv_event(ws, "session.created")
+    await send(ws, type="say", text=" ".join(["This reply keeps the watch busy."] * 6))
+    await read_turn(ws, until="sentence")
+    ws.transport.abort()  # no close frame
+    await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+    assert not relay.sessions
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
