@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import random
@@ -137,7 +138,15 @@ class SessionAccount:
                 turn.done_s = now - turn.sent_at
                 turn.server_metrics = dict(event.get("metrics") or {})
         elif kind == "error":
-            self.errors.append(event.get("error", {}).get("code", "unknown"))
+            code = event.get("error", {}).get("code", "unknown")
+            self.errors.append(code)
+            if turn is not None and turn.turn_id is None and "turn_id" not in event:
+                turn.status = f"rejected: {code}"  # refused at once: no turn started
+
+    @property
+    def rejected(self) -> bool:
+        """The transcript just sent was refused (``text_too_long``, ``rate_limited``...)."""
+        return self._turn is not None and (self._turn.status or "").startswith("rejected")
 
     def frame(self, data: bytes, now: float) -> None:
         if len(data) < HEADER.size or data[0] != 1:
@@ -393,6 +402,8 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                 account.event(event, now)
                 if event["type"] == "turn.done" and event["turn_id"] == account.current_turn_id:
                     await done.put(event)
+                elif event["type"] == "error" and account.rejected:
+                    await done.put(event)  # no turn.done will come: do not wait for one
         except ConnectionClosed:
             pass
         finally:
@@ -442,6 +453,8 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                     if event is None:
                         account.lost(f"closed {ws.close_code}")
                         break
+                    if event["type"] == "error":
+                        continue  # refused: counted as an error, on to the next turn
                     progress.turns_done += 1
                     end = account.playback_end
                     if end is not None:  # the speaker listens to the end of the reply
@@ -505,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.sessions < 1 or args.turns < 1:
         p.error("--sessions and --turns must be at least 1")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        p.error("--plot needs matplotlib: pip install matplotlib")  # before the load, not after
     transcripts = load_transcripts(args.transcripts)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     report = asyncio.run(run_load(args.url, sessions=args.sessions, turns=args.turns,

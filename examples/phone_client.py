@@ -224,7 +224,8 @@ class PhoneClient:
             self._connected.clear()
             self._ws = None
             delay = backoff * random.uniform(0.8, 1.2)
-            self.say(f"[disconnected; reconnecting in {delay:.1f} s]")
+            self.say(f"[disconnected; reconnecting in {delay:.1f} s]" if self._session_id
+                     else f"[retrying in {delay:.1f} s]")
             await asyncio.sleep(delay)
             backoff = min(backoff * 2, 8.0)
 

@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM)")
     s.add_argument("--tls-key", help="private key for --tls-cert")
     s.add_argument("--config", help="TOML config file (flags override it)")
-    s.add_argument("--log-level", default="INFO")
+    s.add_argument("--log-level", default="INFO",
+                   help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
     return parser
 
 

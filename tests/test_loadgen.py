@@ -3,6 +3,8 @@ gateway (replay LLM + espeak on 127.0.0.1:0)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from examples.loadgen import (
@@ -160,3 +162,15 @@ async def test_three_sessions_two_turns_against_the_real_gateway(short_gateway):
             assert turn.audio_s * 1000 == pytest.approx(turn.server_metrics["audio_ms"], abs=1)
     assert s["ttfa_ms"]["n"] == 6 and "TTFA (client) ms" in report.table()
     assert report.to_json()["summary"]["frames"] == s["frames"] > 0
+
+
+async def test_a_refused_transcript_is_reported_at_once_not_after_the_turn_timeout(
+        short_gateway):
+    # text_too_long comes back at once and no turn starts: the speaker goes on to its next
+    # turn instead of waiting 60 s for a turn.done that never comes
+    report = await asyncio.wait_for(run_load(
+        f"ws://127.0.0.1:{short_gateway.port}/v1/voice", sessions=1, turns=2,
+        transcripts=["x" * 4001], seed=1), 30)
+    (account,) = report.accounts
+    assert [t.status for t in account.turns] == ["rejected: text_too_long"] * 2
+    assert account.errors == ["text_too_long"] * 2 and not report.ok

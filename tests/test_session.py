@@ -307,8 +307,14 @@ def test_session_update_and_unknown_voice(clock):
     assert events(out)[0]["session"]["voice"] == "en-gb"
     assert s.settings.frame_ms == 20
     out = s.receive(ClientSessionUpdate({"voice": "klingon"}), clock())
-    assert events(out)[0]["error"]["code"] == "unknown_voice"
+    assert events(out)[0]["error"] == {"code": "unknown_voice", "message":
+                                       "unknown voice 'klingon'; available: en-gb, en-us"}
     assert s.settings.voice == "en-gb"
+    # a long list is cut, and says so (it read as if the first 20 were all of them)
+    many = Session("s", voices=[f"v{i:03}" for i in range(144)])
+    (error,) = events(many.receive(ClientSessionUpdate({"voice": "x"}), clock()))
+    assert error["error"]["message"].endswith(
+        "v018, v019, … (144 in all; GET /v1/audio/voices lists them)")
 
 
 def test_every_segmenter_knob_is_reported_and_can_be_updated(clock):

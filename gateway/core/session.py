@@ -92,6 +92,14 @@ class CancelLlm:
     turn_id: int
 
 
+def _voice_list(voices: frozenset[str], shown: int = 20) -> str:
+    names = sorted(voices)
+    if len(names) <= shown:
+        return f"available: {', '.join(names)}"
+    return (f"available: {', '.join(names[:shown])}, … ({len(names)} in all; "
+            "GET /v1/audio/voices lists them)")
+
+
 @dataclass(frozen=True, slots=True)
 class StartSynthesis:
     turn_id: int
@@ -299,8 +307,8 @@ class Session:
                 voice = changes.get("voice")
                 if voice is not None and self.voices is not None and voice not in self.voices:
                     return self.protocol_error(ProtocolError(
-                        "unknown_voice", f"unknown voice {voice!r}; available: "
-                        f"{', '.join(sorted(self.voices)[:20])}"), now)
+                        "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"),
+                        now)
                 try:
                     self.settings = self.settings.updated(changes)
                 except (TypeError, ValueError) as exc:  # a segmenter config it rejects
