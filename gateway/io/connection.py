@@ -94,7 +94,7 @@ class SessionRunner:
         replayed = self.outbox.rewind(position)
         self._outbox_ready.set()
         session = self.session
-        if session.held:
+        if session.held or replayed:  # (a resume: from a dropped socket, or taking one over)
             turn = session.turn
             replayed_ms = 0.0 if turn is None else sum(
                 len(frame) - codec.FRAME_HEADER.size for frame in replayed
