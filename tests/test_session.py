@@ -416,6 +416,28 @@ def test_a_resume_releases_no_fresh_lead_on_top_of_a_long_replay(clock):
     assert s.lead_ms(tid, clock()) == pytest.approx(190)
 
 
+def test_a_short_blip_keeps_what_the_listener_still_holds(clock):
+    # The player goes on playing its buffer while the socket is down: a resume 60 ms later
+    # must not release a whole new lead on top of it (three quick blips stacked 3.6 s).
+    s = Session("s", settings=SessionSettings(max_lead_ms=200))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(1000), "x", clock())  # 200 ms out, the rest held back
+    for _ in range(3):
+        s.held = True
+        clock.advance(60)
+        holds = s.lead_ms(tid, clock())  # what it still has: 140 ms, then more
+        released = sum(len(f.pcm) for f in frames(s.resume(0, clock()))) / BYTES_PER_MS
+        assert holds + released <= 200  # topped up to the lead, not a lead on top
+        s.tick(clock.advance(100))
+    # frames lost in flight (counted as received, never were) come back as the replay
+    s.held = True
+    clock.advance(20)
+    lead = s.lead_ms(tid, clock())
+    assert frames(s.resume(80, clock())) == []
+    assert s.lead_ms(tid, clock()) == pytest.approx(lead)
+
+
 def test_frames_longer_than_the_lead_still_flow(clock):
     # frame_ms 120 with max_lead_ms 100: each frame goes out when the listener runs dry
     s = Session("s", settings=SessionSettings(frame_ms=120, max_lead_ms=100))

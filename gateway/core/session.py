@@ -439,15 +439,19 @@ class Session:
 
     def resume(self, replayed_ms: float, now: float) -> list[Effect]:
         """A client is attached again and is being sent ``replayed_ms`` of the current
-        turn's audio it missed: it will play that first, so frames held meanwhile go out
-        only as that replay plays down (at most ``max_lead_ms`` ahead in all, not a fresh
-        lead on top of the replay)."""
+        turn's audio it missed: it will play that first, after whatever it still holds from
+        before a short drop, so frames held meanwhile go out only as that plays down (at
+        most ``max_lead_ms`` ahead in all, never a fresh lead on top)."""
         self.held = False
         turn = self.turn
         if turn is None or turn.state is TurnState.ENDED:
             return []
-        if turn.pacer.play_end is not None:
-            turn.pacer.play_end = now + replayed_ms / 1000.0
+        pacer = turn.pacer
+        if pacer.play_end is not None:
+            # The estimate counted the replayed frames as received; the listener played what
+            # it did receive (if any is left, a short blip) and then gets the replay.
+            replayed = replayed_ms / 1000.0
+            pacer.play_end = max(now, pacer.play_end - replayed) + replayed
         return self._pump(turn, now)
 
     def deadline(self, turn_id: int, now: float) -> float | None:
