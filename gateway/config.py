@@ -40,6 +40,16 @@ def _check_int(where: str, value: Any, lo: int, hi: int | None = None) -> None:
         raise ValueError(f"{where} must be an integer {bound}, not {value!r}")
 
 
+def _check_seconds(where: str, value: Any, lo: float, hi: float, *,
+                   above: bool = False) -> None:
+    """Refuse a configured duration outside [lo, hi] (``above``: (lo, hi]), naming the key."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+        lo < value <= hi if above else lo <= value <= hi)
+    if not ok:
+        bound = f"more than {lo:g} and at most {hi:g}" if above else f"{lo:g}-{hi:g}"
+        raise ValueError(f"{where} must be {bound} seconds, not {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -75,10 +85,7 @@ class ServerConfig:
         _check_int("server.max_sessions", self.max_sessions, 1)
         _check_int("server.turns_per_minute", self.turns_per_minute, 0)
         _check_int("server.outbox_bytes", self.outbox_bytes, 64 * 1024)
-        if not isinstance(self.resume_window_s, (int, float)) or not (
-                0 <= self.resume_window_s <= 24 * 3600):
-            raise ValueError(f"server.resume_window_s must be 0-86400 seconds, not "
-                             f"{self.resume_window_s!r}")
+        _check_seconds("server.resume_window_s", self.resume_window_s, 0, 24 * 3600)
         if self.lane_policy not in ("scheduler", "fifo"):
             raise ValueError(f"lane_policy must be 'scheduler' or 'fifo', not "
                              f"{self.lane_policy!r}")
@@ -101,10 +108,7 @@ class LlmConfig:
     fails the turn with ``llm_unavailable``."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.stall_timeout_s, (int, float)) or not (
-                0 < self.stall_timeout_s <= 3600):
-            raise ValueError(f"llm.stall_timeout_s must be 0-3600 seconds, not "
-                             f"{self.stall_timeout_s!r}")
+        _check_seconds("llm.stall_timeout_s", self.stall_timeout_s, 0, 3600, above=True)
 
     @property
     def backend(self) -> str:

@@ -36,11 +36,21 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     assert config_of("--max-sessions", "50").server.max_sessions == 50
 
 
-def test_a_bad_value_in_the_config_file_is_refused_naming_its_key(tmp_path, capsys):
-    toml = tmp_path / "gw.toml"
-    toml.write_text('[server]\nresume_window_s = -1\n')
-    assert main(["serve", "--config", str(toml)]) == 2
-    assert "server.resume_window_s must be 0-86400 seconds, not -1" in capsys.readouterr().err
+@pytest.mark.parametrize(("toml", "message"), [
+    ("[server]\nresume_window_s = -1\n", "server.resume_window_s must be 0-86400 seconds, not -1"),
+    ("[server]\nresume_window_s = true\n",
+     "server.resume_window_s must be 0-86400 seconds, not True"),
+    ("[llm]\nstall_timeout_s = 0\n",
+     "llm.stall_timeout_s must be more than 0 and at most 3600 seconds, not 0"),
+    ("[llm]\nstall_timeout_s = nan\n",
+     "llm.stall_timeout_s must be more than 0 and at most 3600 seconds, not nan"),
+])
+def test_a_bad_value_in_the_config_file_is_refused_naming_its_key(toml, message, tmp_path,
+                                                                  capsys):
+    path = tmp_path / "gw.toml"
+    path.write_text(toml)
+    assert main(["serve", "--config", str(path)]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "message"), [
