@@ -128,6 +128,19 @@ def test_waiting_jobs_with_their_own_leads_become_eligible_in_order() -> None:
     assert order == [("late", 1.0), ("lane", 3.0), ("early", 4.5)]
 
 
+def test_a_waiting_job_with_its_own_lead_is_never_juggled_at_the_boundary() -> None:
+    """At ``deadline - now`` within a rounding error of ``lead + tolerance``, the test that
+    takes a head out of the waiting heap and the one that files it there must agree: once
+    they were ``(d - lead) - now`` and ``d - now - lead``, which round differently here,
+    and the lane re-filed the same head for ever."""
+    now, lead, deadline = 3506.071928518442, 0.3, 3506.391928519442
+    sched = LaneScheduler(deadline_of=Deadlines(), max_lead=1.0, tolerance=0.02)
+    sched.submit(Job(owner="a", priority=IA, deadline=deadline, max_lead=lead))
+    assert sched.next_job(now - 1.0) is None  # filed as waiting
+    job = sched.next_job(now)  # returns (it did not)
+    assert (job is None) == (sched.next_eligible_at is not None)
+
+
 @pytest.mark.parametrize(("rule", "tolerance", "now", "expected", "eligible_at"), [
     # deadline 1.0 + 1 µs, max_lead 0.5: eligible from 0.5 + 1 µs. A lane woken at 0.5 by a
     # clock that moves in 1 ms steps (uvloop) would find it early and ask again, spinning.

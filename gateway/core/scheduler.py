@@ -314,8 +314,12 @@ class LaneScheduler:
             # are filed again. Stale keys are early, so this never misses one.
             # The tests below are the exact negations of the ones ``_place`` files by (same
             # expressions), so a head taken out is never filed straight back: no livelock.
-            while waiting and (lead is None or not waiting[0].live
-                               or not self._too_far(waiting[0].key[0], now, 0.0)):
+            # (A waiting head is ordered by when it becomes eligible, but tested with its
+            # deadline and lead exactly as ``_place`` does: ``(d - lead) - now`` and
+            # ``d - now > lead`` round differently, and a head taken out by one and filed
+            # back by the other was re-filed for ever: the event loop froze.)
+            while waiting and (lead is None or not waiting[0].live or not self._too_far(
+                    waiting[0].key[-1], now, self._lead(waiting[0].job, lead))):
                 self._refile(heapq.heappop(waiting), now, lead)
             while comfortable and (not comfortable[0].live
                                    or not self._comfortable_at(comfortable[0].key[0], now)):
