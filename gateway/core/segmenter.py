@@ -171,21 +171,23 @@ _OPENERS = frozenset("([\"\u201c'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
 
 
+_CJK_CHAR = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
+"""Chinese and Japanese characters (kana and CJK ideographs): scripts without case or
+spaces, where a sentence can start right after an English one ("at 3 p.m. 会议...")."""
+_CJK = re.compile(f"[{_CJK_CHAR}]")
+_CJK_PAIR = re.compile(f"[{_CJK_CHAR}](?=[{_CJK_CHAR}])")
+"""A Chinese or Japanese character followed by another: a place to cut a run-on sentence."""
+
+
 def _words(text: str) -> int:
     """Words in ``text`` for the eager first clause: spaced words, plus one per two Chinese
     or Japanese characters (written without spaces; a word is one to three of them)."""
-    return len(text.split()) + sum(1 for c in text if _is_cjk(c)) // 2
+    return len(text.split()) + len(_CJK.findall(text)) // 2
 
 
 def _is_cjk(c: str) -> bool:
-    """A Chinese or Japanese character: scripts without case, where a sentence can start
-    right after an English one ("at 3 p.m. 会议...")."""
-    return "\u3040" <= c <= "\u30ff" or "\u3400" <= c <= "\u4dbf" or "\u4e00" <= c <= "\u9fff"
-
-
-_CJK_CHAR = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"  # _is_cjk's ranges
-_CJK_PAIR = re.compile(f"[{_CJK_CHAR}](?=[{_CJK_CHAR}])")
-"""A Chinese or Japanese character followed by another: a place to cut a run-on sentence."""
+    """A Chinese or Japanese character (``_CJK_CHAR``)."""
+    return _CJK.match(c) is not None
 
 
 def _is_emoji(ch: str) -> bool:
