@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -46,71 +49,6 @@ async def test_static_routes_have_types_and_refuse_escapes(gateway):
         assert (await client.get(f"{base}/health")).json()["status"] == "ok"
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                    reason=f"{CHROMIUM} missing (Debian: apt-get install -y chromium)")
-async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"])
-        try:
-            page = await browser.new_page()
-            page_errors: list[str] = []
-            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            await page.goto(f"http://127.0.0.1:{gateway.port}/")
-            await page.wait_for_function(
-                "window.consoleState.connected && window.consoleState.audioReady")
-
-            # a short turn: spoken to the end through the worklet
-            await page.fill("#transcript", "Hello")
-            await page.click("#send")
-            await page.wait_for_function(
-                "window.consoleState.lastTurn && window.consoleState.lastTurn.status === "
-                "'completed'", timeout=30_000)
-            await page.wait_for_function(  # the worklet plays out everything it was sent
-                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-                arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
-            state = await page.evaluate("window.consoleState")
-            assert state["framesReceived"] > 10
-            assert state["samplesPlayed"] == state["samplesReceived"] > 24_000 // 2
-            assert await page.inner_text("#reply") == "Hi. Nice to hear you."
-            assert await page.locator("#sentences li").count() >= 1
-            assert await page.locator("#timeline .turn").count() == 1
-
-            # a long turn, stopped while it plays
-            await page.fill("#transcript", "Tell me everything")
-            await page.click("#send")
-            played_before = state["samplesPlayed"]
-            await page.wait_for_function(
-                f"window.consoleState.samplesPlayed > {played_before} + 12000")
-            await page.click("#stop")
-            await page.wait_for_function(
-                "window.consoleState.lastTurn.status === 'cancelled'")
-            await page.wait_for_function(
-                "!window.consoleState.playing && window.consoleState.bufferedSamples === 0")
-            stopped = await page.evaluate("window.consoleState")
-            # audio stays stopped: wait for five more worklet reports, nothing more played
-            await page.wait_for_function(
-                f"window.consoleState.workletReports >= {stopped['workletReports']} + 5")
-            after = await page.evaluate("window.consoleState")
-            assert after["samplesPlayed"] == stopped["samplesPlayed"]
-            assert stopped["samplesPlayed"] < played_before + len(LONG) * 24_000 // 15
-            assert [t["status"] for t in after["turns"]] == ["completed", "cancelled"]
-            assert after["errors"] == [] and page_errors == []
-
-            shot = tmp_path / "console.png"
-            await page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
-            keep_screenshot(shot)
-        finally:
-            await browser.close()
-
-
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
                 "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--no-first-run"]
@@ -118,49 +56,98 @@ needs_chromium = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing (Debian: apt-get install -y chromium)")
 
 
-async def console_page(p, url: str):
-    """A headless Chromium page on the console at ``url``; returns (browser, page, errors)."""
-    browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                      args=BROWSER_ARGS)
-    page = await browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    await page.goto(url)
-    return browser, page, errors
+@asynccontextmanager
+async def console(url: str) -> AsyncIterator[tuple[Any, list[str]]]:
+    """Headless Chromium (Playwright) on the console at ``url``: yields the page and the
+    page's uncaught JavaScript errors; the browser is closed on the way out."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                          args=BROWSER_ARGS)
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(url)
+            yield page, errors
+        finally:
+            await browser.close()
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, page_errors):
+        await page.wait_for_function(
+            "window.consoleState.connected && window.consoleState.audioReady")
+
+        # a short turn: spoken to the end through the worklet
+        await page.fill("#transcript", "Hello")
+        await page.click("#send")
+        await page.wait_for_function(
+            "window.consoleState.lastTurn && window.consoleState.lastTurn.status === "
+            "'completed'", timeout=30_000)
+        await page.wait_for_function(  # the worklet plays out everything it was sent
+            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+            arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
+        state = await page.evaluate("window.consoleState")
+        assert state["framesReceived"] > 10
+        assert state["samplesPlayed"] == state["samplesReceived"] > 24_000 // 2
+        assert await page.inner_text("#reply") == "Hi. Nice to hear you."
+        assert await page.locator("#sentences li").count() >= 1
+        assert await page.locator("#timeline .turn").count() == 1
+
+        # a long turn, stopped while it plays
+        await page.fill("#transcript", "Tell me everything")
+        await page.click("#send")
+        played_before = state["samplesPlayed"]
+        await page.wait_for_function(
+            f"window.consoleState.samplesPlayed > {played_before} + 12000")
+        await page.click("#stop")
+        await page.wait_for_function(
+            "window.consoleState.lastTurn.status === 'cancelled'")
+        await page.wait_for_function(
+            "!window.consoleState.playing && window.consoleState.bufferedSamples === 0")
+        stopped = await page.evaluate("window.consoleState")
+        # audio stays stopped: wait for five more worklet reports, nothing more played
+        await page.wait_for_function(
+            f"window.consoleState.workletReports >= {stopped['workletReports']} + 5")
+        after = await page.evaluate("window.consoleState")
+        assert after["samplesPlayed"] == stopped["samplesPlayed"]
+        assert stopped["samplesPlayed"] < played_before + len(LONG) * 24_000 // 15
+        assert [t["status"] for t in after["turns"]] == ["completed", "cancelled"]
+        assert after["errors"] == [] and page_errors == []
+
+        shot = tmp_path / "console.png"
+        await page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        keep_screenshot(shot)
 
 
 @pytest.mark.slow
 @needs_chromium
 async def test_console_on_a_gateway_with_tokens_takes_or_asks_for_one(start_gateway):
-    from playwright.async_api import async_playwright
-
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
                              server={"tokens": ["s3cret"]})
     base = f"http://127.0.0.1:{gw.port}/"
-    async with async_playwright() as p:
-        # from the page's address: used, and taken out of the address bar
-        browser, page, errors = await console_page(p, base + "?token=s3cret")
-        try:
-            await page.wait_for_function("window.consoleState.connected")
-            assert "s3cret" not in page.url and not await page.is_visible("#token")
-            await page.fill("#transcript", "Hello")
-            await page.click("#send")
-            await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
-        finally:
-            await browser.close()
-        # without one: refused, so it asks, and connects once it is typed in
-        browser, page, errors = await console_page(p, base)
-        try:
-            await page.wait_for_function("window.consoleState.needsToken")
-            assert not await page.evaluate("window.consoleState.connected")
-            assert await page.is_visible("#token")
-            assert "needs a token" in (await page.evaluate("window.consoleState.errors"))[0]
-            await page.fill("#token", "s3cret")
-            await page.press("#token", "Enter")
-            await page.wait_for_function("window.consoleState.connected")
-            assert errors == []
-        finally:
-            await browser.close()
+    # from the page's address: used, and taken out of the address bar
+    async with console(base + "?token=s3cret") as (page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        assert "s3cret" not in page.url and not await page.is_visible("#token")
+        await page.fill("#transcript", "Hello")
+        await page.click("#send")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+    # without one: refused, so it asks, and connects once it is typed in
+    async with console(base) as (page, errors):
+        await page.wait_for_function("window.consoleState.needsToken")
+        assert not await page.evaluate("window.consoleState.connected")
+        assert await page.is_visible("#token")
+        assert "needs a token" in (await page.evaluate("window.consoleState.errors"))[0]
+        await page.fill("#token", "s3cret")
+        await page.press("#token", "Enter")
+        await page.wait_for_function("window.consoleState.connected")
+        assert errors == []
 
 
 @pytest.mark.slow
@@ -169,8 +156,6 @@ async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_
     """Two drops in one turn, each resumed: one after the turn's first events and before
     its audio (the resume re-sends them, and the turn.done of the turn before: skipped,
     not shown twice), one while its audio plays (frames replayed: heard once, in full)."""
-    from playwright.async_api import async_playwright
-
     reply = " ".join(f"This is sentence number {i} of the answer." for i in (1, 2, 3))
     # synthetic: a tone, and time to drop the socket before a turn's first audio
     gateway = await start_gateway(
@@ -181,47 +166,43 @@ async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_
         for conn in list(gateway.connections):
             conn.ws.transport.abort()
 
-    async with async_playwright() as p:
-        browser, page, errors = await console_page(p, f"http://127.0.0.1:{gateway.port}/")
-        state = "window.consoleState"
-        try:
-            await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-            await page.fill("#transcript", "Hello")
-            await page.click("#send")
-            await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
-            await page.wait_for_function(  # heard to the end (a new turn would cut it)
-                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-                arg=await page.evaluate_handle(state))
-            session_id = await page.evaluate(f"{state}.sessionId")
-            frames = await page.evaluate(f"{state}.framesReceived")
-            await page.fill("#transcript", "Tell me more")
-            await page.click("#send")
-            await page.wait_for_function(  # turn.started and text, no audio yet
-                f"{state}.eventsSinceFrame >= 3 && {state}.framesReceived === {frames}")
-            drop()
-            await page.wait_for_function(f"{state}.resumes === 1")
-            await page.wait_for_function(f"{state}.samplesPlayed > {state}.samplesReceived / 3")
-            drop()
-            await page.wait_for_function(f"{state}.resumes === 2")
-            assert await page.evaluate(f"{state}.sessionId") == session_id
-            await page.wait_for_function(
-                f"{state}.lastTurn?.status === 'completed' && {state}.turns.length > 1",
-                timeout=30_000)
-            await page.wait_for_function(
-                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-                arg=await page.evaluate_handle(state), timeout=30_000)
-            st = await page.evaluate(state)
-            # every frame once: the turns' audio in full, nothing twice
-            heard_ms = sum(t["metrics"]["audio_ms"] for t in st["turns"])
-            assert abs(st["samplesPlayed"] / 24 - heard_ms) < 2
-            assert st["samplesPlayed"] == st["samplesReceived"]
-            # events re-sent by the resumes were skipped: each turn once, the reply once
-            assert [t["status"] for t in st["turns"]] == ["completed", "completed"]
-            assert await page.inner_text("#reply") == reply
-            assert await page.locator("#sentences li").count() == 3
-            assert errors == []
-        finally:
-            await browser.close()
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await page.fill("#transcript", "Hello")
+        await page.click("#send")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        await page.wait_for_function(  # heard to the end (a new turn would cut it)
+            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+            arg=await page.evaluate_handle(state))
+        session_id = await page.evaluate(f"{state}.sessionId")
+        frames = await page.evaluate(f"{state}.framesReceived")
+        await page.fill("#transcript", "Tell me more")
+        await page.click("#send")
+        await page.wait_for_function(  # turn.started and text, no audio yet
+            f"{state}.eventsSinceFrame >= 3 && {state}.framesReceived === {frames}")
+        drop()
+        await page.wait_for_function(f"{state}.resumes === 1")
+        await page.wait_for_function(f"{state}.samplesPlayed > {state}.samplesReceived / 3")
+        drop()
+        await page.wait_for_function(f"{state}.resumes === 2")
+        assert await page.evaluate(f"{state}.sessionId") == session_id
+        await page.wait_for_function(
+            f"{state}.lastTurn?.status === 'completed' && {state}.turns.length > 1",
+            timeout=30_000)
+        await page.wait_for_function(
+            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+            arg=await page.evaluate_handle(state), timeout=30_000)
+        st = await page.evaluate(state)
+        # every frame once: the turns' audio in full, nothing twice
+        heard_ms = sum(t["metrics"]["audio_ms"] for t in st["turns"])
+        assert abs(st["samplesPlayed"] / 24 - heard_ms) < 2
+        assert st["samplesPlayed"] == st["samplesReceived"]
+        # events re-sent by the resumes were skipped: each turn once, the reply once
+        assert [t["status"] for t in st["turns"]] == ["completed", "completed"]
+        assert await page.inner_text("#reply") == reply
+        assert await page.locator("#sentences li").count() == 3
+        assert errors == []
 
 
 @pytest.mark.slow
@@ -229,23 +210,17 @@ async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_
 async def test_console_plays_out_a_failed_turn(start_gateway):
     """protocol.md: a failed turn still speaks its complete sentences; only a cancel
     flushes. The console used to drop the last ~400 ms it had already received."""
-    from playwright.async_api import async_playwright
-
     reply = "Good morning to you. " + "And then it goes on and on. " * 10
     gw = await start_gateway([{"transcript": "Morning", "reply": reply}],
                              session={"max_reply_chars": 100})
-    async with async_playwright() as p:
-        browser, page, errors = await console_page(p, f"http://127.0.0.1:{gw.port}/")
-        try:
-            await page.wait_for_function(
-                "window.consoleState.connected && window.consoleState.audioReady")
-            await page.fill("#transcript", "Morning")
-            await page.click("#send")
-            await page.wait_for_function("window.consoleState.lastTurn?.status === 'failed'")
-            await page.wait_for_function(
-                "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-                arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
-            state = await page.evaluate("window.consoleState")
-            assert state["samplesPlayed"] == state["samplesReceived"] > 24_000
-        finally:
-            await browser.close()
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(
+            "window.consoleState.connected && window.consoleState.audioReady")
+        await page.fill("#transcript", "Morning")
+        await page.click("#send")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'failed'")
+        await page.wait_for_function(
+            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+            arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
+        state = await page.evaluate("window.consoleState")
+        assert state["samplesPlayed"] == state["samplesReceived"] > 24_000
