@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from gateway.core.codec import (
     ClientSay,
     ClientSessionUpdate,
     ClientTranscript,
+    decode_client,
     decode_frame,
 )
 from gateway.core.session import (
@@ -315,6 +317,51 @@ def test_session_update_and_unknown_voice(clock):
     (error,) = events(many.receive(ClientSessionUpdate({"voice": "x"}), clock()))
     assert error["error"]["message"].endswith(
         "v018, v019, … (144 in all; GET /v1/audio/voices lists them)")
+
+
+def test_a_null_setting_goes_back_to_the_servers_default(clock):
+    server = SessionSettings(voice="en-gb", temperature=0.3, max_lead_ms=2000)
+    s = Session("s", settings=server, voices=["en-us", "en-gb"])
+    s.receive(ClientSessionUpdate({
+        "voice": "en-us", "instructions": "Be terse.", "frame_ms": 20, "max_lead_ms": 500,
+        "llm": {"model": "m", "temperature": 1.5, "max_tokens": 9},
+        "segmenter": {"min_chars": 30, "max_chars": 200}}), clock())
+    assert s.settings != server
+    # one key of a group, then a whole group, then the rest
+    s.receive(ClientSessionUpdate({"llm": {"temperature": None},
+                                   "segmenter": {"min_chars": None}}), clock())
+    assert (s.settings.temperature, s.settings.llm_model) == (0.3, "m")
+    assert (s.settings.segmenter.min_chars, s.settings.segmenter.max_chars) == (0, 200)
+    out = s.receive(ClientSessionUpdate(dict.fromkeys(
+        ("voice", "instructions", "frame_ms", "max_lead_ms", "llm", "segmenter"))), clock())
+    assert s.settings == server
+    assert events(out)[0]["session"] == server.to_event()
+
+
+def test_the_settings_a_session_reports_can_be_sent_back_as_they_are(clock):
+    # what session.created says, through the codec, is accepted and changes nothing; an
+    # operator's lead beyond what a client may ask for included (a load script's hours)
+    for server in (SessionSettings(), SessionSettings(max_lead_ms=3_600_000, voice="en-us",
+                                                      temperature=0.7)):
+        s = Session("s", settings=server, voices=["en-us"])
+        (created,) = events(s.open())
+        message = decode_client(json.dumps({"type": "session.update",
+                                            "session": created["session"]}))
+        (updated,) = events(s.receive(message, clock()))
+        assert updated == {"type": "session.updated", "session": created["session"]}
+        assert s.settings == server
+
+
+def test_max_lead_ms_beyond_the_sessions_limit_is_refused(clock):
+    for server_lead, limit in ((1000, 30_000), (3_600_000, 3_600_000)):
+        s = Session("s", settings=SessionSettings(max_lead_ms=server_lead))
+        assert s.max_lead_ms_limit == limit
+        s.receive(ClientSessionUpdate({"max_lead_ms": limit}), clock())
+        assert s.settings.max_lead_ms == limit
+        (error,) = events(s.receive(ClientSessionUpdate({"max_lead_ms": limit + 1}), clock()))
+        assert error["error"] == {"code": "invalid_field", "message":
+                                  f"field 'max_lead_ms' must be between 100 and {limit}"}
+        assert s.settings.max_lead_ms == limit
 
 
 def test_every_segmenter_knob_is_reported_and_can_be_updated(clock):

@@ -79,9 +79,7 @@ BAD = [  # (weight, expected code, maker)
     (4, "unknown_type", lambda r: dumps({"type": junk(r, r.randint(0, 200))})),
     (4, "missing_field", lambda r: dumps(r.choice([
         {"type": "say"}, {"type": "transcript", "text": None},
-        {"type": "playback", "turn_id": 1}, {"type": "session.update"},
-        {"type": "session.update", "session": {"max_lead_ms": None}},
-        {"type": "session.update", "session": {"segmenter": {"min_chars": None}}}]))),
+        {"type": "playback", "turn_id": 1}, {"type": "session.update"}]))),
     (6, "invalid_field", lambda r: dumps(r.choice([
         {"type": "say", "text": 5}, {"type": "transcript", "text": ["x"]},
         {"type": "say", "text": "   "}, {"type": "playback", "turn_id": 1, "played_ms": True},
@@ -89,6 +87,7 @@ BAD = [  # (weight, expected code, maker)
         {"type": "playback", "turn_id": 1, "played_ms": -1},
         {"type": "session.update", "session": {"frame_ms": 33}},
         {"type": "session.update", "session": {"frame_ms": "40"}},
+        {"type": "session.update", "session": {"frame_ms": 40.5}},
         {"type": "session.update", "session": {"bogus": 1}},
         {"type": "session.update", "session": {"llm": {"temperature": 2.5}}},
         {"type": "session.update", "session": []}]))),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,9 +134,16 @@ def _bound(value: float) -> str:
 
 def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool = False,
             required: bool = False):
-    value = _field(obj, name, int if integer else (int, float), required=required)
+    """A number in [lo, hi]. ``integer``: JSON does not tell 40 from 40.0 (JSON Schema's
+    "integer" takes both, and Python's json writes floats as 40.0), so an integral float
+    is taken as the integer it is; 40.5 is not an integer."""
+    value = _field(obj, name, (int, float), required=required)
     if value is None:
         return None
+    if integer and isinstance(value, float):
+        if not value.is_integer():  # (also refuses inf and nan)
+            raise ProtocolError("invalid_field", f"field {name!r} must be an integer")
+        value = int(value)
     if not math.isfinite(value) or not lo <= value <= hi:
         raise ProtocolError("invalid_field", f"field {name!r} must be between {_bound(lo)} and "
                             f"{_bound(hi)}")
@@ -143,60 +151,69 @@ def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool 
 
 
 def _settings(session: dict[str, Any]) -> dict[str, Any]:
-    # Every key sent must carry a value: a null would reach the pacer or the segmenter as
-    # None and break the next turn (so null is ``missing_field``, as for any field).
-    known = {"voice", "instructions", "llm", "frame_ms", "max_lead_ms", "segmenter"}
-    unknown = set(session) - known
-    if unknown:
-        raise ProtocolError("invalid_field", f"unknown session setting(s): "
-                            f"{', '.join(sorted(unknown))}")
-    out: dict[str, Any] = {}
-    if "voice" in session:
-        out["voice"] = _field(session, "voice", str)
-    if "instructions" in session:
-        instructions = _field(session, "instructions", str)
-        if len(instructions) > MAX_INSTRUCTIONS_CHARS:
-            raise ProtocolError("text_too_long", f"instructions are limited to "
-                                f"{MAX_INSTRUCTIONS_CHARS} characters")
-        out["instructions"] = instructions
-    if "frame_ms" in session:
-        frame_ms = _field(session, "frame_ms", int)
-        if frame_ms not in FRAME_MS_CHOICES:
-            raise ProtocolError("invalid_field", f"frame_ms must be one of {FRAME_MS_CHOICES}")
-        out["frame_ms"] = frame_ms
-    if "max_lead_ms" in session:
-        out["max_lead_ms"] = _number(session, "max_lead_ms", *MAX_LEAD_MS_RANGE,
-                                      integer=True, required=True)
-    if "llm" in session:
-        llm = _field(session, "llm", dict)
-        unknown = set(llm) - {"model", "temperature", "max_tokens"}
-        if unknown:
-            raise ProtocolError("invalid_field", f"unknown llm setting(s): "
-                                f"{', '.join(sorted(unknown))}")
-        llm_out: dict[str, Any] = {}
-        if "model" in llm:
-            llm_out["model"] = _field(llm, "model", str)
-        if "temperature" in llm:
-            llm_out["temperature"] = _number(llm, "temperature", 0, 2, required=True)
-        if "max_tokens" in llm:
-            llm_out["max_tokens"] = _number(llm, "max_tokens", 1, 32_768, integer=True,
-                                               required=True)
-        out["llm"] = llm_out
-    if "segmenter" in session:
-        seg = _field(session, "segmenter", dict)
-        seg_out: dict[str, Any] = {}
-        bounds = {"first_min_words": (0, 50), "first_phrase_words": (0, 50),
-                  "min_chars": (0, 1000), "max_chars": (40, 4000),
-                  "quote_max_chars": (0, 4000)}
-        unknown = set(seg) - set(bounds)
-        if unknown:
-            raise ProtocolError("invalid_field", f"unknown segmenter setting(s): "
-                                f"{', '.join(sorted(unknown))}")
-        for key, (lo, hi) in bounds.items():
-            if key in seg:
-                seg_out[key] = _number(seg, key, lo, hi, integer=True, required=True)
-        out["segmenter"] = seg_out
+    """The settings a ``session.update`` sent, checked. A null value (at any level) stays
+    ``None`` in the result: it puts that setting back to the server's default, so the
+    ``session`` object of ``session.created`` can be sent back as it is."""
+    out = _group(session, "session setting", _SETTINGS)
+    for key, group in (("llm", _LLM_SETTINGS), ("segmenter", _SEGMENTER_SETTINGS)):
+        if out.get(key) is not None:
+            out[key] = _group(out[key], f"{key} setting", group)
     return out
+
+
+def _group(obj: dict[str, Any], what: str,
+           parsers: dict[str, Callable[[dict[str, Any], str], Any]]) -> dict[str, Any]:
+    unknown = set(obj) - set(parsers)
+    if unknown:
+        raise ProtocolError("invalid_field", f"unknown {what}(s): {', '.join(sorted(unknown))}")
+    return {key: None if obj[key] is None else parse(obj, key)
+            for key, parse in parsers.items() if key in obj}
+
+
+def _instructions(obj: dict[str, Any], name: str) -> str:
+    instructions = _field(obj, name, str)
+    if len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        raise ProtocolError("text_too_long", f"instructions are limited to "
+                            f"{MAX_INSTRUCTIONS_CHARS} characters")
+    return instructions
+
+
+def _frame_ms(obj: dict[str, Any], name: str) -> int:
+    frame_ms = _number(obj, name, FRAME_MS_CHOICES[0], FRAME_MS_CHOICES[-1], integer=True,
+                       required=True)
+    if frame_ms not in FRAME_MS_CHOICES:
+        raise ProtocolError("invalid_field", f"frame_ms must be one of {FRAME_MS_CHOICES}")
+    return frame_ms
+
+
+def _int_in(lo: int, hi: int) -> Callable[[dict[str, Any], str], int]:
+    return lambda obj, name: _number(obj, name, lo, hi, integer=True, required=True)
+
+
+def _kind(kind: type) -> Callable[[dict[str, Any], str], Any]:
+    return lambda obj, name: _field(obj, name, kind)
+
+
+_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
+    "voice": _kind(str),
+    "instructions": _instructions,
+    "llm": _kind(dict),
+    "frame_ms": _frame_ms,
+    # the upper bound is the session's: the larger of MAX_LEAD_MS_RANGE's and the
+    # server's own default (Session checks it)
+    "max_lead_ms": _int_in(MAX_LEAD_MS_RANGE[0], 2**53),
+    "segmenter": _kind(dict),
+}
+_LLM_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
+    "model": _kind(str),
+    "temperature": lambda obj, name: _number(obj, name, 0, 2, required=True),
+    "max_tokens": _int_in(1, 32_768),
+}
+_SEGMENTER_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
+    "first_min_words": _int_in(0, 50), "first_phrase_words": _int_in(0, 50),
+    "min_chars": _int_in(0, 1000), "max_chars": _int_in(40, 4000),
+    "quote_max_chars": _int_in(0, 4000),
+}
 
 
 def _loads_huge_numbers(data: str, exc: orjson.JSONDecodeError) -> Any:

@@ -165,17 +165,24 @@ class SessionSettings:
                           "quote_max_chars": seg.quote_max_chars},
         }
 
-    def updated(self, changes: dict[str, Any]) -> SessionSettings:
+    def updated(self, changes: dict[str, Any], defaults: SessionSettings) -> SessionSettings:
+        """These settings with ``changes`` (``codec``'s checked ``session.update``) made; a
+        ``None`` puts that setting back to its value in ``defaults``."""
         new = self
         for key, value in changes.items():
             if key == "llm":
                 renames = {"model": "llm_model", "temperature": "temperature",
                            "max_tokens": "max_tokens"}
-                new = replace(new, **{renames[k]: v for k, v in value.items()})
+                value = dict.fromkeys(renames) if value is None else value
+                new = replace(new, **{renames[k]: getattr(defaults, renames[k]) if v is None
+                                      else v for k, v in value.items()})
             elif key == "segmenter":
-                new = replace(new, segmenter=replace(new.segmenter, **value))
+                base = defaults.segmenter
+                new = replace(new, segmenter=base if value is None else replace(
+                    new.segmenter, **{k: getattr(base, k) if v is None else v
+                                      for k, v in value.items()}))
             else:
-                new = replace(new, **{key: value})
+                new = replace(new, **{key: getattr(defaults, key) if value is None else value})
         return new
 
 
@@ -252,7 +259,8 @@ class Session:
         reads_digits: bool = True,
     ) -> None:
         self.id = session_id
-        self.settings = settings or SessionSettings()
+        self.settings = self.defaults = settings or SessionSettings()
+        """``defaults``: the server's settings, what a null in ``session.update`` restores."""
         self.limits = limits or SessionLimits()
         self.voices = frozenset(voices) if voices is not None else None
         self.reads_digits = reads_digits
@@ -309,8 +317,13 @@ class Session:
                     return self.protocol_error(ProtocolError(
                         "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"),
                         now)
+                lead, most = changes.get("max_lead_ms"), self.max_lead_ms_limit
+                if lead is not None and lead > most:
+                    return self.protocol_error(ProtocolError(
+                        "invalid_field", f"field 'max_lead_ms' must be between "
+                        f"{codec.MAX_LEAD_MS_RANGE[0]} and {most}"), now)
                 try:
-                    self.settings = self.settings.updated(changes)
+                    self.settings = self.settings.updated(changes, self.defaults)
                 except (TypeError, ValueError) as exc:  # a segmenter config it rejects
                     return self.protocol_error(ProtocolError("invalid_field", str(exc)), now)
                 return [SendEvent({"type": "session.updated",
@@ -322,6 +335,12 @@ class Session:
                 return [SendEvent(event)]
             case _:
                 assert_never(message)
+
+    @property
+    def max_lead_ms_limit(self) -> int:
+        """The largest ``max_lead_ms`` a ``session.update`` may ask for: the protocol's, or
+        the server's own default where that is larger (so it can be sent back as it is)."""
+        return max(codec.MAX_LEAD_MS_RANGE[1], self.defaults.max_lead_ms)
 
     def protocol_error(self, error: ProtocolError, now: float) -> list[Effect]:
         event: dict[str, Any] = {"type": "error",
