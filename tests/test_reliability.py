@@ -332,6 +332,32 @@ async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
         assert (await recv_event(ws2))["error"]["code"] == "invalid_message"
 
 
+async def test_a_failed_resume_can_be_retried_on_the_same_socket(gateway):
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    await send(ws, type="session.update", session={"frame_ms": 80})
+    settings = (await recv_event(ws, "session.updated"))["session"]
+    ws.transport.abort()
+    await ws.wait_closed()
+    async with connect(url(gateway)) as ws2:
+        await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token="a stale token")
+        assert (await recv_event(ws2))["error"]["code"] == "resume_failed"
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        resumed = await recv_event(ws2)
+        # the resumed session's settings come with it: the client may have lost them
+        assert resumed == {"type": "session.resumed", "session_id": created["session_id"],
+                           "last_seq": None, "replayed": 1, "session": settings}
+        await recv_event(ws2, "session.updated")  # (the replay)
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        error = await recv_event(ws2)
+        assert error["error"] == {"code": "invalid_message", "message": "session.resume must "
+                                  "come before any other message, and only until one succeeds"}
+
+
 async def test_resuming_the_sockets_own_new_session_is_refused_and_it_goes_on(gateway):
     async with connect(url(gateway)) as ws:
         created = await recv_event(ws, "session.created")

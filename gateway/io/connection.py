@@ -418,7 +418,9 @@ class VoiceConnection:
             self.ws.transport.abort()
 
     async def _reader(self) -> None:
-        first = True
+        fresh = True
+        """No message has acted on this socket's new session yet: a ``session.resume`` may
+        still replace it (again after a ``resume_failed``: a client may retry)."""
         async for message in self.ws:
             runner = self.runner
             assert runner is not None
@@ -434,21 +436,22 @@ class VoiceConnection:
                 decoded = codec.decode_client(message)
             except ProtocolError as error:
                 runner.protocol_error(error, now)
-                first = False
                 continue
             if isinstance(decoded, codec.ClientResume):
-                if first:
-                    self._resume(decoded, now)
+                if fresh:
+                    fresh = not self._resume(decoded, now)
                 else:
                     runner.protocol_error(ProtocolError(
-                        "invalid_message", "session.resume must be the first message"), now)
+                        "invalid_message", "session.resume must come before any other "
+                        "message, and only until one succeeds"), now)
             else:
                 runner.receive(decoded, now)
-            first = False
+                fresh = False
 
-    def _resume(self, request: codec.ClientResume, now: float) -> None:
-        """``session.resume`` as the first message: swap the fresh session for the old one
-        and replay what the client missed; on any problem, keep the fresh session."""
+    def _resume(self, request: codec.ClientResume, now: float) -> bool:
+        """``session.resume`` before any other message: swap the fresh session for the old
+        one and replay what the client missed. False: a problem, told to the client; the
+        fresh session goes on."""
         fresh = self.runner
         assert fresh is not None
 
@@ -460,10 +463,10 @@ class VoiceConnection:
         old = self.gateway.runners.get(request.session_id)
         if old is None or old.closed or not old.check_resume_token(request.resume_token):
             failed("unknown or expired session, or wrong resume_token")
-            return
+            return False
         if old is fresh:
             failed("that is this socket's own new session")
-            return
+            return False
         position = old.outbox.position_after_frame(request.last_seq)
         if position is None:
             sent = old.session.frames_sent
@@ -473,7 +476,7 @@ class VoiceConnection:
                        f"frame {request.last_seq} was never sent (no frame was)")
             else:
                 failed("the frames after last_seq are no longer buffered")
-            return
+            return False
         if request.last_seq is None:
             # no frame received: replay from the start, but after the old session's own
             # session.created (always message 0), which the client acted on already
@@ -487,8 +490,10 @@ class VoiceConnection:
         self._writer_first = orjson.dumps({
             "type": "session.resumed", "session_id": old.session.id,
             "last_seq": request.last_seq, "replayed": replayed,
+            "session": old.session.settings.to_event(),
         }).decode()
         self._use(old, position)
+        return True
 
     async def _writer(self) -> None:
         """The only caller of ``send``. Cancelling it is how the connection stops writing."""
