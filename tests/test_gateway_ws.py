@@ -6,6 +6,7 @@ Steps are ordered by awaiting events, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import numpy as np
@@ -220,19 +221,29 @@ async def test_health_on_the_voice_port_follows_sessions(gateway):
         assert (await client.get(f"{base}/nope")).status_code == 404
 
 
-async def test_shutdown_closes_sessions_with_1001_mid_turn(replies):
+async def test_shutdown_ends_the_turn_then_closes_sessions_with_1001(replies):
+    # the client is told its turn ended and why (turn.done is the authority; a close code
+    # alone left it waiting for one), then the socket closes
     config = load_config(server={"port": 0}, llm={"replies": replies})
     gw = Gateway(config)
     await gw.start()
     async with connect(url(gw)) as ws:
         await recv_event(ws, "session.created")
         await send(ws, type="say", text="Here is a longer reply. " * 10)
-        await recv_event(ws, "sentence")
+        turn_id = (await recv_event(ws, "sentence"))["turn_id"]
         closing = asyncio.create_task(gw.aclose())
+        events = []
         with pytest.raises(ConnectionClosed) as info:
             while True:
-                await ws.recv()
-        assert info.value.rcvd.code == 1001
+                message = await ws.recv()
+                if isinstance(message, str):
+                    events.append(json.loads(message))
+        assert (info.value.rcvd.code, info.value.rcvd.reason) == (1001, "server shutting down")
+        assert events[-2:] == [
+            {"type": "error", "turn_id": turn_id, "error": {
+                "code": "shutting_down", "message": "the gateway is shutting down"}},
+            {"type": "turn.done", "turn_id": turn_id, "status": "failed",
+             "metrics": events[-1]["metrics"]}]
         await closing
     assert gw.lane.queue_depth == 0
     assert gw.connections == set()

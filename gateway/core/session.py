@@ -426,12 +426,7 @@ class Session:
         """An engine failed on a segment: the turn ends ``failed`` (a fallback engine, when
         configured, has already had its chance below this layer)."""
         turn = self._active(turn_id)
-        if turn is None:
-            return []
-        turn.failed = turn.failed or (code, message)
-        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
-                                            "error": {"code": code, "message": message}})]
-        return effects + self._end_turn(turn, "failed", now)
+        return [] if turn is None else self._fail(turn, code, message, now)
 
     # ---- time ------------------------------------------------------------------------
 
@@ -503,6 +498,15 @@ class Session:
     def lead_ms(self, turn_id: int, now: float) -> float | None:
         turn = self._active(turn_id)
         return None if turn is None else turn.pacer.lead_ms(now)
+
+    def shutdown(self, now: float) -> list[Effect]:
+        """The server is going away: a turn in progress ends ``failed`` with the error
+        ``shutting_down`` (its listener may play out what it holds), before the
+        connection closes (1001)."""
+        turn = self.turn
+        if turn is None or turn.state is TurnState.ENDED:
+            return []
+        return self._fail(turn, "shutting_down", "the gateway is shutting down", now)
 
     def close(self, now: float) -> list[Effect]:
         """The connection is going away: stop whatever runs for this session. Nothing is
@@ -697,6 +701,12 @@ class Session:
         effects.append(SendEvent({"type": "sentence.done", "turn_id": turn.id,
                                   "index": seg.segment.index, "audio_ms": round(seg.sent_ms)}))
         return effects
+
+    def _fail(self, turn: Turn, code: str, message: str, now: float) -> list[Effect]:
+        turn.failed = turn.failed or (code, message)
+        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
+                                            "error": {"code": code, "message": message}})]
+        return effects + self._end_turn(turn, "failed", now)
 
     def _end_turn(self, turn: Turn, status: str, now: float) -> list[Effect]:
         effects: list[Effect] = []

@@ -117,6 +117,13 @@ class SessionRunner:
         self.session.held = True
         self._expiry = self.loop.call_later(self.resume_window_s, self.close)
 
+    def shutdown(self) -> None:
+        """The server is going away: tell the client its turn ends (``shutting_down``),
+        then close; the writer sends what is queued and closes the socket with 1001."""
+        if not self.closed:
+            self._apply(self.session.shutdown(self.now()))
+        self.close()
+
     def close(self) -> None:
         """End the session: cancel its turn, its LLM streams, its lane jobs, its timers."""
         if self.closed:
@@ -506,8 +513,8 @@ class VoiceConnection:
                 continue
             outbox = runner.outbox
             if runner.closed and outbox.cursor >= outbox.end:
-                await self.ws.close(1011 if not self.gateway.closing else 1001,
-                                    "session ended")
+                await self.ws.close(*((1001, "server shutting down") if self.gateway.closing
+                                      else (1011, "session ended")))
                 return
             if outbox.cursor >= outbox.end:
                 self._parked = True

@@ -45,7 +45,7 @@ from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait
 from gateway.io.auth import check_token, install_redaction, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
-from gateway.io.http_api import HttpServer, models_body
+from gateway.io.http_api import SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -310,11 +310,20 @@ class Gateway:
         return self.http.port
 
     async def aclose(self) -> None:
-        """Close connections with 1001 (going away), cancel turns, release the engine."""
+        """End every turn (``shutting_down``), close connections with 1001 (going away),
+        release the engine."""
         self.ready = False
         self.closing = True
         await self.http.aclose()
         if self._server is not None:
+            self._server.server.close()  # no new connections
+            for runner in list(self.runners.values()):
+                runner.shutdown()  # each writer sends the turn's end, then closes (1001)
+            try:
+                async with asyncio.timeout(SHUTDOWN_GRACE_S):
+                    await self.wait_no_sessions()
+            except TimeoutError:  # clients that read nothing: websockets closes them
+                pass
             self._server.close(close_connections=True)
             await self._server.wait_closed()
         for task in self._lane_tasks:
