@@ -45,6 +45,9 @@ async def test_a_browser_origin_outside_the_allowlist_is_refused(start_gateway):
         async with connect(url, origin="https://elsewhere.example"):
             pass
     assert refused.value.response.status_code == 403
+    assert json.loads(refused.value.response.body) == {"error": {  # JSON, like 401 and 503
+        "code": "forbidden_origin", "message": "Origin 'https://elsewhere.example' is not "
+        "allowed (--origin, [server] origins)"}}
     async with connect(url, origin="https://console.example") as ws:
         await created(ws)
     async with connect(url) as ws:  # no Origin header: not a browser, allowed

@@ -33,7 +33,6 @@ import orjson
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
-from websockets.typing import Origin
 
 from engines.base import LlmBackend, TtsEngine
 from engines.registry import create_engine, create_llm, create_voice
@@ -294,7 +293,6 @@ class Gateway:
             # (connection.binary_header, tests/test_framing.py)
             compression=None,
             ping_interval=20, ping_timeout=20,
-            origins=None if s.origins is None else [*map(Origin, s.origins), None],
             select_subprotocol=select_subprotocol,
             ssl=ssl_context,
         )
@@ -349,6 +347,12 @@ class Gateway:
                 "message": "a valid token is required (Authorization: Bearer, ?token=, "
                            "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
+            allowed, origins = self.config.server.origins, request.headers.get_all("Origin")
+            if allowed is not None and origins and (len(origins) > 1 or origins[0] not in allowed):
+                self.metrics.errors["forbidden_origin"] += 1
+                return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
+                    "code": "forbidden_origin", "message": f"Origin {origins[-1][:200]!r} is "
+                    "not allowed (--origin, [server] origins)"}})
             if len(self.runners) >= self.config.server.max_sessions:
                 return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       {"error": {"code": "server_full",
