@@ -9,7 +9,8 @@ actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
 * with ``stream_options.include_usage`` the usage arrives in its own chunk *after* the
   ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``;
 * the decode rate comes from the server (oMLX's ``generation_tokens_per_second``, or
-  llama.cpp's ``timings``), never from counting chunks.
+  llama.cpp's ``timings``, else ``usage.completion_tokens`` over the time the text took to
+  arrive), never from counting chunks.
 
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event for
@@ -21,6 +22,7 @@ breaks off or ends without ``finish_reason`` or ``[DONE]``).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -50,11 +52,16 @@ def _snippet(text: str | bytes) -> str:
     return repr(text[:_SNIPPET]) + ("..." if len(text) > _SNIPPET else "")
 
 
-def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | None) -> float | None:
-    """The decode rate the server reported, or ``None`` when it reported none.
+def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | None,
+                      decode_s: float | None = None) -> float | None:
+    """The decode rate, from what the server reported, or ``None`` when it reported none.
 
     oMLX puts ``generation_tokens_per_second`` in ``usage``; llama.cpp sends a ``timings``
-    object (``predicted_per_second``, or ``predicted_n`` tokens in ``predicted_ms``).
+    object (``predicted_per_second``, or ``predicted_n`` tokens in ``predicted_ms``). A plain
+    OpenAI ``usage`` (mlx_lm.server, vLLM) has only token counts: then the rate is its
+    ``completion_tokens`` after the first, over ``decode_s``, the time between the first and
+    the last text chunk received (the server's count on our clock; chunks are never counted:
+    a chunk may hold many tokens).
     """
     if usage:
         rate = usage.get("generation_tokens_per_second")
@@ -70,6 +77,9 @@ def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | No
         ms = timings.get("predicted_ms")
         if isinstance(tokens, int | float) and isinstance(ms, int | float) and ms > 0:
             return tokens / (ms / 1000.0)
+    tokens = usage.get("completion_tokens") if usage else None
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 1 and decode_s:
+        return (tokens - 1) / decode_s
     return None
 
 
@@ -149,6 +159,7 @@ class OpenAiLlm:
         timings: dict[str, Any] | None = None
         seen_done = False
         deltas = 0
+        first_at = last_at = 0.0  # when the first and the last text chunk came (monotonic)
         async with aconnect_sse(
             self._client, "POST", self._endpoint, json=self._body(request)
         ) as source:
@@ -204,6 +215,8 @@ class OpenAiLlm:
                     text = delta.get("content")
                     if text:
                         deltas += 1
+                        last_at = time.monotonic()
+                        first_at = first_at or last_at
                         yield LlmDelta(text)
                     if choice.get("finish_reason"):
                         finish_reason = choice["finish_reason"]
@@ -216,7 +229,7 @@ class OpenAiLlm:
             )
         yield LlmDone(
             finish_reason=finish_reason,
-            tokens_per_s=tokens_per_s_from(usage, timings),
+            tokens_per_s=tokens_per_s_from(usage, timings, last_at - first_at),
             usage=usage,
         )
 

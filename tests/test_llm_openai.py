@@ -289,18 +289,23 @@ async def test_closing_the_stream_early_closes_the_connection(llm, scripted_llm_
 
 
 @pytest.mark.parametrize(
-    ("usage", "timings", "expected"),
+    ("usage", "timings", "decode_s", "expected"),
     [
-        ({"completion_tokens": 30, "generation_tokens_per_second": 51.5}, None, 51.5),
-        ({"completion_tokens": 30}, None, None),  # no server time: no rate, never chunk counts
-        (None, None, None),
-        ({"completion_tokens": 30}, {"predicted_per_second": 42.0}, 42.0),
-        ({"completion_tokens": 30}, {"predicted_n": 30, "predicted_ms": 600.0}, 50.0),
-        ({"completion_tokens": 30}, {"predicted_ms": 1500.0}, 20.0),
+        ({"completion_tokens": 30, "generation_tokens_per_second": 51.5}, None, 2.0, 51.5),
+        # a plain OpenAI usage: the server's count after the first token, over the time the
+        # text took to arrive (never chunk counts: one chunk may hold many tokens)
+        ({"completion_tokens": 30}, None, 0.5, 58.0),
+        ({"completion_tokens": 30}, None, 0.0, None),  # all in one chunk: no time to divide
+        ({"completion_tokens": 1}, None, 0.5, None),
+        ({"completion_tokens": True}, None, 0.5, None),
+        (None, None, 0.5, None),
+        ({"completion_tokens": 30}, {"predicted_per_second": 42.0}, 2.0, 42.0),
+        ({"completion_tokens": 30}, {"predicted_n": 30, "predicted_ms": 600.0}, 2.0, 50.0),
+        ({"completion_tokens": 30}, {"predicted_ms": 1500.0}, 2.0, 20.0),
     ],
 )
-def test_tokens_per_s_comes_from_the_server(usage, timings, expected):
-    assert tokens_per_s_from(usage, timings) == expected
+def test_tokens_per_s_comes_from_the_server(usage, timings, decode_s, expected):
+    assert tokens_per_s_from(usage, timings, decode_s) == expected
 
 
 async def test_llama_cpp_timings_give_the_rate(llm, scripted_llm_server):
@@ -334,5 +339,8 @@ async def test_real_stream_from_mlx_lm_server(tiny_llama_server):
     assert done.finish_reason in {"length", "stop"}
     assert done.usage is not None and 1 <= done.usage["completion_tokens"] <= 5
     assert done.usage["prompt_tokens"] > 0
-    assert done.tokens_per_s is None  # mlx_lm.server reports no decode rate
+    # mlx_lm.server reports no rate: its completion_tokens over the text's arrival time
+    tokens = done.usage["completion_tokens"]
+    assert (done.tokens_per_s is None) == (tokens < 2 or len(deltas) < 2)
+    assert done.tokens_per_s is None or done.tokens_per_s > 0
     assert isinstance(again[-1], LlmDone) and again[-1].usage["completion_tokens"] <= 3
