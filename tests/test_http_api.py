@@ -122,10 +122,56 @@ async def test_openai_sdk_sse_and_whole_file(gateway):
 async def test_openai_sdk_sees_openai_style_errors(gateway):
     client = openai.AsyncOpenAI(base_url=base(gateway) + "/v1", api_key="not-needed")
     with pytest.raises(openai.BadRequestError) as info:
-        await client.audio.speech.create(model="espeak", voice="alloy", input=TEXT,
+        await client.audio.speech.create(model="espeak", voice="klingon", input=TEXT,
                                          response_format="wav")
     assert info.value.code == "unknown_voice" and info.value.param == "voice"
     await client.close()
+
+
+async def test_an_app_written_for_openai_gets_the_default_voice_not_an_error(gateway):
+    # OpenAI's voice names (hard-coded in apps written for it) speak with the gateway's
+    # default voice, and say so; OpenAI's {"id": ...} form names a voice too
+    client = openai.AsyncOpenAI(base_url=base(gateway) + "/v1", api_key="not-needed")
+    alloy = await client.audio.speech.with_raw_response.create(
+        model="tts-1", voice="alloy", input="Hello.", response_format="wav")
+    default = await client.audio.speech.create(model="tts-1", voice="en-us", input="Hello.",
+                                               response_format="wav")
+    await client.close()
+    assert alloy.headers["x-speech-notes"] == ("voice 'alloy' is OpenAI's; the gateway's "
+                                               "default voice 'en-us' spoke")
+    assert len(alloy.content) == pytest.approx(len(default.content), rel=0.02)
+    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+        by_id = await http.post("/v1/audio/speech", json={
+            "input": "Hello.", "voice": {"id": "en-gb"}, "stream_format": "sse"})
+        voices = (await http.get("/v1/audio/voices")).json()
+    assert by_id.status_code == 200 and "x-speech-notes" not in by_id.headers
+    assert voices["default"] == "en-us"
+
+
+async def test_nothing_to_say_is_an_empty_answer_with_a_note(gateway):
+    # an emoji or a code block is a segment with nothing to speak: no engine job for it (an
+    # http engine behind the gateway refused the empty input, failing the whole request)
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        mixed = await client.post("/v1/audio/speech", json={
+            "input": "\U0001F642 Hello there!", "stream_format": "sse"})
+        events = [orjson.loads(line[6:]) for line in mixed.text.splitlines()
+                  if line.startswith("data: ")]
+        nothing = await client.post("/v1/audio/speech", json={"input": "\U0001F600"})
+    assert events[-1]["usage"]["segments"] == 1 and events[-1]["usage"]["audio_ms"] > 0
+    assert "notes" not in events[-1]
+    assert nothing.status_code == 200 and nothing.headers["x-audio-ms"] == "0"
+    assert nothing.headers["x-speech-notes"].startswith("nothing was spoken")
+    with wave.open(io.BytesIO(nothing.content)) as w:
+        assert w.getnframes() == 0
+
+
+async def test_null_means_the_default_for_every_optional_field(gateway):
+    body = {"input": "Hi.", "model": None, "voice": None, "response_format": None,
+            "stream_format": None, "stream": None, "speed": None, "seed": None,
+            "temperature": None, "instructions": None}
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        response = await client.post("/v1/audio/speech", json=body)
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/wav"
 
 
 # ---- SSE with httpx-sse, raw chunks ------------------------------------------------------
@@ -260,6 +306,8 @@ async def test_engine_failure_mid_stream_sends_speech_audio_error(replies):
             assert events[-1]["error"]["code"] == "engine_failed"
             whole = await client.post("/v1/audio/speech", json={**body, "stream_format": "audio"})
         assert whole.status_code == 502 and whole.json()["error"]["code"] == "engine_failed"
+        # accepted, then failed: the headers of an accepted request are there
+        assert whole.headers["x-engine"] and whole.headers["x-sample-rate"] == "24000"
         assert gw.metrics.errors["engine_failed"] == 2
     finally:
         await gw.aclose()
@@ -437,9 +485,10 @@ async def test_models_and_voices(gateway):
 BAD = [
     ({"model": "espeak"}, 400, "missing_input", "input"),
     ({"input": "   "}, 400, "missing_input", "input"),
-    ({"input": 42}, 400, "missing_input", "input"),
+    ({"input": 42}, 400, "invalid_type", "input"),
     ({"input": "x" * (MAX_INPUT_CHARS + 1)}, 400, "string_above_max_length", "input"),
-    ({"input": "Hi.", "voice": "alloy"}, 400, "unknown_voice", "voice"),
+    ({"input": "Hi.", "voice": "klingon"}, 400, "unknown_voice", "voice"),
+    ({"input": "Hi.", "voice": {"name": "en-us"}}, 400, "invalid_type", "voice"),
     ({"input": "Hi.", "response_format": "mp3"}, 400, "unsupported_format", "response_format"),
     ({"input": "Hi.", "response_format": ""}, 400, "unsupported_format", "response_format"),
     ({"input": "Hi.", "response_format": False}, 400, "unsupported_format", "response_format"),

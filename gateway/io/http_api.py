@@ -70,6 +70,11 @@ MAX_BUFFERED_S = 60.0
 LOW_WATER_CHUNKS = 8
 """The next segment is submitted once the reader has this few chunks left unread."""
 SHUTDOWN_GRACE_S = 2
+OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
+                           "nova", "onyx", "sage", "shimmer", "verse"})
+"""OpenAI's built-in voice names. Apps written for OpenAI send one of them; where the engine
+has no voice of that name, the gateway's default voice speaks (with a note) instead of
+refusing every request of such an app."""
 
 
 # ---- errors -------------------------------------------------------------------------------
@@ -110,6 +115,8 @@ class SpeechParams:
     seed: int | None
     temperature: float | None
     instructions: str | None
+    notes: tuple[str, ...] = ()
+    """What the client should know of how its request was read (X-Speech-Notes)."""
 
     @property
     def mode(self) -> str:
@@ -123,7 +130,10 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
     text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
+    if text is not None and not isinstance(text, str):
+        raise ApiError(400, "'input' must be a string: the text to speak", code="invalid_type",
+                       param="input")
+    if not text or not text.strip():
         raise ApiError(400, "'input' is required: the text to speak", code="missing_input",
                        param="input")
     if len(text) > MAX_INPUT_CHARS:
@@ -133,14 +143,24 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", code="invalid_type", param="model")
     voice = body.get("voice")
+    notes: list[str] = []
+    if isinstance(voice, dict) and "id" in voice:  # OpenAI's custom-voice form {"id": ...}
+        voice = voice["id"]
     if voice is not None:
         if not isinstance(voice, str):
-            raise ApiError(400, "'voice' must be a string", code="invalid_type", param="voice")
+            raise ApiError(400, "'voice' must be a string (or an object with a string 'id')",
+                           code="invalid_type", param="voice")
         if gateway.voices and voice not in gateway.voices:
-            raise ApiError(400, f"unknown voice {voice!r}; GET /v1/audio/voices lists the "
-                           f"{len(gateway.voices)} available", code="unknown_voice",
-                           param="voice")
-    stream_format = body.get("stream_format", "audio")
+            if voice.lower() not in OPENAI_VOICES:
+                raise ApiError(400, f"unknown voice {voice!r}; GET /v1/audio/voices lists the "
+                               f"{len(gateway.voices)} available", code="unknown_voice",
+                               param="voice")
+            notes.append(f"voice {voice!r} is OpenAI's; the gateway's default voice "
+                         f"{default_voice(gateway)!r} spoke")
+            voice = None
+    stream_format = body.get("stream_format")
+    if stream_format is None:  # absent or null: the default
+        stream_format = "audio"
     if stream_format not in ("sse", "audio"):
         raise ApiError(400, f"'stream_format' must be 'sse' or 'audio', not {stream_format!r}",
                        code="unsupported_stream_format", param="stream_format")
@@ -152,7 +172,9 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
         raise ApiError(400, f"response_format {response_format!r} is not supported; use "
                        f"{' or '.join(FORMATS)}", code="unsupported_format",
                        param="response_format")
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be a boolean", code="invalid_type", param="stream")
     if stream_format == "sse" and response_format != "pcm":
@@ -161,7 +183,9 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     if stream and response_format != "pcm":
         raise ApiError(400, "'stream': true streams raw PCM; use response_format 'pcm'",
                        code="unsupported_format", param="response_format")
-    speed = body.get("speed", 1.0)
+    speed = body.get("speed")
+    if speed is None:
+        speed = 1.0
     if isinstance(speed, bool) or not isinstance(speed, int | float) or \
             not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
         raise ApiError(400, f"'speed' must be a number from {SPEED_RANGE[0]} to "
@@ -182,7 +206,12 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     return SpeechParams(input=text, model=model, voice=voice, response_format=response_format,
                         stream_format=stream_format, stream=stream, speed=float(speed),
                         seed=seed, temperature=None if temperature is None else float(temperature),
-                        instructions=instructions or None)
+                        instructions=instructions or None, notes=tuple(notes))
+
+
+def default_voice(gateway: Gateway) -> str | None:
+    """The voice a request without one gets: the configured one, else the engine's own."""
+    return gateway.config.tts.voice or getattr(gateway.engine, "default_voice", None)
 
 
 # ---- the lane sink ------------------------------------------------------------------------
@@ -233,7 +262,10 @@ class SpeechStream:
 
     def start(self) -> None:
         self.gateway.http.opened(self)
-        self._submit_next()
+        if self.requests:
+            self._submit_next()
+        else:  # nothing to speak: an empty (valid) answer
+            self._finish(_DONE)
 
     def _submit_next(self) -> None:
         index = self._next
@@ -303,6 +335,9 @@ class SpeechStream:
 
     def _finish(self, item: Any) -> None:
         self.finished = True
+        if item is _DONE and not self.audio_bytes:  # an empty answer, but a valid one
+            self.notes.append("nothing was spoken: the input holds nothing the engine could "
+                              "say (only marks, emoji or code)")
         self.queue.put_nowait(item)
 
     def _refill(self) -> None:
@@ -392,7 +427,7 @@ class SpeechApi:
     async def voices(self, request: Request) -> Response:
         gw = self.gateway
         return _json(200, {"object": "list", "engine": gw.engine.name,
-                           "default": gw.config.tts.voice,
+                           "default": default_voice(gw),
                            "data": [{"id": v, "object": "voice"} for v in gw.voices]})
 
     async def speech(self, request: Request) -> Response:
@@ -413,7 +448,9 @@ class SpeechApi:
         engine = lane.engine
         notes = self._notes(params, engine)
         segmenter = Segmenter(reads_digits=getattr(engine, "reads_digits", True))
-        segments = segmenter.feed(params.input) + segmenter.finish()
+        # a segment may have nothing to say (an emoji, a code block): no job for it
+        segments = [s for s in segmenter.feed(params.input) + segmenter.finish()
+                    if s.spoken.strip()]
         options = {"instructions": params.instructions} if params.instructions and \
             getattr(engine, "instructions", False) else {}
         requests = [SynthesisRequest(text=s.spoken, voice=voice,
@@ -442,7 +479,7 @@ class SpeechApi:
         return await _whole(request, stream, fmt, headers, counter)
 
     def _notes(self, params: SpeechParams, engine: Any) -> list[str]:
-        notes = []
+        notes = list(params.notes)
         if params.instructions and not getattr(engine, "instructions", False):
             notes.append(f"instructions ignored: engine {engine.name} does not take them")
         return notes
@@ -536,7 +573,8 @@ async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict
             counter("failed")
             status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
                 504 if exc.code == "engine_timeout" else 502
-            return ApiError(status, exc.message, code=exc.code, type="server_error").response()
+            return ApiError(status, exc.message, code=exc.code,
+                            type="server_error").response(headers)
     finally:
         for task in (collecting, leaving):
             task.cancel()
