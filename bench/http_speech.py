@@ -86,7 +86,8 @@ async def _client(ws_port: int, http_port: int, rounds: int) -> dict[str, list[f
 
                 t0 = time.perf_counter()
                 response = await http.post("/v1/audio/speech",
-                                           json={"input": text, "response_format": "wav"})
+                                           json={"input": text, "response_format": "wav",
+                                                 "stream": False})
                 response.raise_for_status()
                 out["wav_whole"].append(time.perf_counter() - t0)
     return out

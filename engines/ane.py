@@ -32,6 +32,7 @@ class AneEngine:
     audio second (M4 MacBook Air, calibration.json, medians). The ANE is not shared with the
     LLM: no contention figures."""
     reads_digits = True  # the same Qwen3-TTS talker as the qwen3 engine
+    speed_range = None
     one_stream_at_a_time = True  # its lane runs whole jobs, never two streams at once
 
     def __init__(self, voice: str = VOICE, **model_options: Any) -> None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 OUTPUT_RATE = 24_000
+SPEED_ANY = (0.0, float("inf"))
+"""``speed_range`` of an engine that does not declare one: it honours any speed."""
 """Sample rate of every chunk an engine returns, in Hz."""
 
 Lane = Literal["gpu", "ane", "cpu", "remote"]
@@ -89,6 +91,9 @@ class TtsEngine(Protocol):
     # Optional: ``one_stream_at_a_time = True`` for an engine that refuses a second open
     # stream (``engine_busy``); its lane then runs whole jobs in arrival order instead of
     # interleaving their steps (``gateway.io.server``).
+    # Optional: ``speed_range = (lo, hi)``, the speeds the engine honours (it clamps to
+    # them); absent: it honours any speed the API takes; ``None``: it ignores speed. The HTTP
+    # API says so in ``X-Speech-Notes`` instead of silently speaking at another pace.
 
     def voices(self) -> list[str]:
         """Names of the voices this engine can speak with."""

@@ -56,6 +56,7 @@ class ChatterboxEngine:
     lane: Lane = "gpu"
     streams = False
     reads_digits = False
+    speed_range = None  # not passed to mlx-audio's Chatterbox: it speaks at its own pace
 
     def __init__(
         self,

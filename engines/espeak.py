@@ -55,6 +55,7 @@ BUFFER_MS = 50
 RATE_NORMAL = 175
 """espeak's default speaking rate, words per minute; ``speed=1.0`` maps to it."""
 RATE_MIN, RATE_MAX = 80, 450
+"""libespeak-ng's own limits (words per minute): it clamps a rate outside them."""
 
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _POS_CHARACTER = 1
@@ -264,6 +265,8 @@ class EspeakEngine:
     lane: Lane = "cpu"
     streams = True
     reads_digits = True
+    speed_range = (RATE_MIN / RATE_NORMAL, RATE_MAX / RATE_NORMAL)
+    """0.46-2.57: the rates espeak speaks at (``RATE_MIN``, ``RATE_MAX``)."""
     timing = {"first_s": 0.001, "rtf": 0.0013}
     """For placing turns between lanes (``engines.base``): measured on a 2-core Linux box."""
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from enum import Enum
 
-from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+from engines.base import SPEED_ANY, EngineError, SynthesisRequest, SynthesisStream, TtsEngine
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,11 @@ class FallbackEngine:
     def instructions(self) -> bool:
         """The primary's: a segment the fallback speaks goes without them."""
         return bool(getattr(self.primary, "instructions", False))
+
+    @property
+    def speed_range(self) -> tuple[float, float] | None:
+        """The primary's, as for instructions."""
+        return getattr(self.primary, "speed_range", SPEED_ANY)
 
     def voices(self) -> list[str]:
         return self.primary.voices()

@@ -98,6 +98,7 @@ class Qwen3Engine:
     lane: Lane = "gpu"
     streams = True
     reads_digits = True
+    speed_range = None  # mlx-audio's Qwen3-TTS has no speed: it speaks at its own pace
     timing = {"first_s": 0.107, "rtf": 0.44, "first_s_llm": 0.216, "rtf_llm": 0.97}
     """For placing turns between lanes (``engines.base``): the 0.6B bf16 model on the hub
     (M5 Max), idle and with Gemma 4 26B-A4B decoding (calibration.json, medians). Override

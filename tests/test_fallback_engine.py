@@ -207,3 +207,15 @@ def test_runs_on_the_primary_lane():
     other = ScriptedEngine("espeak", clock)
     other.lane = "cpu"
     assert FallbackEngine(ScriptedEngine("qwen3", clock), other).lane == "gpu"
+
+
+def test_the_wrapper_honours_speed_as_its_primary_does():
+    # what the HTTP API tells a client of its speed follows the voice it asked for
+    from engines.base import SPEED_ANY
+
+    clock = FakeClock()
+    primary = ScriptedEngine("qwen3", clock)
+    wrapped = FallbackEngine(primary, ScriptedEngine("espeak", clock), clock=clock)
+    assert wrapped.speed_range == SPEED_ANY  # not declared: any speed
+    primary.speed_range = None
+    assert wrapped.speed_range is None

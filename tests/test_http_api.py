@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 import math
 import threading
 import wave
@@ -25,7 +26,7 @@ from websockets.asyncio.client import connect
 from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
-from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
+from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS, WAV_STREAM_HEADER
 from gateway.io.server import Gateway
 from tests.wsclient import read_turn, recv_event, send
 
@@ -156,13 +157,16 @@ async def test_nothing_to_say_is_an_empty_answer_with_a_note(gateway):
             "input": "\U0001F642 Hello there!", "stream_format": "sse"})
         events = [orjson.loads(line[6:]) for line in mixed.text.splitlines()
                   if line.startswith("data: ")]
-        nothing = await client.post("/v1/audio/speech", json={"input": "\U0001F600"})
+        nothing = await client.post("/v1/audio/speech", json={"input": "\U0001F600",
+                                                              "stream": False})
+        streamed = await client.post("/v1/audio/speech", json={"input": "\U0001F600"})
     assert events[-1]["usage"]["segments"] == 1 and events[-1]["usage"]["audio_ms"] > 0
     assert "notes" not in events[-1]
     assert nothing.status_code == 200 and nothing.headers["x-audio-ms"] == "0"
     assert nothing.headers["x-speech-notes"].startswith("nothing was spoken")
     with wave.open(io.BytesIO(nothing.content)) as w:
         assert w.getnframes() == 0
+    assert streamed.status_code == 200 and streamed.content == WAV_STREAM_HEADER
 
 
 async def test_null_means_the_default_for_every_optional_field(gateway):
@@ -197,17 +201,70 @@ async def test_every_sse_delta_is_pcm16_at_24khz(gateway):
     assert sum(len(c) for c in chunks) * 2 < len(slow.content)
 
 
-async def test_chunked_raw_pcm_equals_the_whole_file(gateway):
-    body = {"model": "espeak", "input": TEXT, "response_format": "pcm"}
+@pytest.mark.parametrize("fmt", ["pcm", "wav"])
+async def test_audio_streams_by_default_and_equals_the_whole_file(gateway, fmt):
+    # OpenAI's endpoint streams its body (chunked), so an SDK's iter_bytes() gets audio as
+    # it is made; "stream": false waits for the whole file (Content-Length, X-Audio-Ms)
+    body = {"model": "espeak", "input": TEXT * 4, "response_format": fmt}
     async with httpx.AsyncClient(base_url=base(gateway)) as client:
-        whole = await client.post("/v1/audio/speech", json=body)
-        async with client.stream("POST", "/v1/audio/speech",
-                                 json={**body, "stream": True}) as response:
+        whole = await client.post("/v1/audio/speech", json={**body, "stream": False})
+        async with client.stream("POST", "/v1/audio/speech", json=body) as response:
             assert response.headers.get("transfer-encoding") == "chunked"
+            assert response.headers["content-type"] == f"audio/{fmt}"
             streamed = b"".join([c async for c in response.aiter_raw()])
-    assert whole.headers["content-type"] == "audio/pcm"
-    assert len(streamed) == pytest.approx(len(whole.content), rel=0.02)
-    assert is_speech(pcm16(streamed)) and is_speech(pcm16(whole.content))
+    assert whole.headers["content-type"] == f"audio/{fmt}" and "x-audio-ms" in whole.headers
+    if fmt == "wav":
+        with wave.open(io.BytesIO(streamed)) as w:  # "length unknown": read to the end
+            assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+            streamed = w.readframes(w.getnframes())
+        with wave.open(io.BytesIO(whole.content)) as w:
+            whole_pcm = w.readframes(w.getnframes())
+    else:
+        whole_pcm = whole.content
+    assert len(streamed) == pytest.approx(len(whole_pcm), rel=0.02)
+    assert is_speech(pcm16(streamed)) and is_speech(pcm16(whole_pcm))
+
+
+class HeldEngine(SyntheticEngine):
+    """Test double: a free synthetic engine whose streams of a text with "held" in it stop
+    after their first step until the test sets ``release`` (the lane's warm-up runs free)."""
+
+    def __init__(self) -> None:
+        super().__init__(rtf=0, ttfa_ms=0)
+        self.blocks = True  # on the lane's thread: a held step must not hold the event loop
+        self.release = threading.Event()
+
+    def open(self, request: SynthesisRequest):
+        stream = super().open(request)
+        inner_step, steps = stream.step, [0]
+
+        def step():
+            steps[0] += 1
+            if steps[0] == 2 and "held" in request.text:
+                self.release.wait(30)
+            return inner_step()
+
+        stream.step = step
+        return stream
+
+
+async def test_openai_sdk_iter_bytes_gets_audio_before_the_synthesis_ends(replies):
+    engine = HeldEngine()
+    gw = await start_gateway(replies, engine)
+    client = openai.AsyncOpenAI(base_url=base(gw) + "/v1", api_key="not-needed")
+    try:
+        async with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input="One held sentence, long enough for steps.",
+                response_format="pcm") as response:
+            chunks = response.iter_bytes()
+            first = await anext(chunks)  # while the engine holds its second step
+            engine.release.set()
+            rest = b"".join([c async for c in chunks])
+        assert first and rest
+    finally:
+        engine.release.set()
+        await client.close()
+        await gw.aclose()
 
 
 async def test_instructions_are_ignored_with_a_note(gateway):
@@ -294,7 +351,8 @@ class FailingEngine(SyntheticEngine):
         return stream
 
 
-async def test_engine_failure_mid_stream_sends_speech_audio_error(replies):
+async def test_engine_failure_mid_stream_sends_speech_audio_error(replies, caplog):
+    caplog.set_level(logging.INFO)
     gw = await start_gateway(replies, FailingEngine(rtf=0, ttfa_ms=0))
     try:
         body = {"input": "A sentence long enough for two steps of audio.",
@@ -304,11 +362,21 @@ async def test_engine_failure_mid_stream_sends_speech_audio_error(replies):
                 events = await read_sse(response)
             assert [e["type"] for e in events] == ["speech.audio.delta", "speech.audio.error"]
             assert events[-1]["error"]["code"] == "engine_failed"
-            whole = await client.post("/v1/audio/speech", json={**body, "stream_format": "audio"})
+            whole = await client.post("/v1/audio/speech", json={
+                **body, "stream_format": "audio", "stream": False})
+            # streamed: the 200 went out with the first audio; the failure aborts the body
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post("/v1/audio/speech", json={**body, "stream_format": "audio"})
         assert whole.status_code == 502 and whole.json()["error"]["code"] == "engine_failed"
         # accepted, then failed: the headers of an accepted request are there
         assert whole.headers["x-engine"] and whole.headers["x-sample-rate"] == "24000"
-        assert gw.metrics.errors["engine_failed"] == 2
+        assert gw.metrics.errors["engine_failed"] == 3
+        # one line per request says how it ended; the aborted stream is no ASGI traceback
+        ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speech ")]
+        assert len(ended) == 3 and all(line.startswith("speech failed (") and
+                                       line.endswith(": engine_failed: the model fell over")
+                                       for line in ended), ended
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         await gw.aclose()
 
@@ -440,7 +508,7 @@ async def test_metrics_move_after_turns_and_speech(gateway):
             await read_turn(ws)
             await send(ws, type="transcript", text="What about hosting?")
             await read_turn(ws)
-        speech = await client.post("/v1/audio/speech", json={"input": TEXT,
+        speech = await client.post("/v1/audio/speech", json={"input": TEXT, "stream": False,
                                                              "response_format": "pcm"})
         assert speech.status_code == 200
         await client.post("/v1/audio/speech", json={"input": ""})
@@ -458,7 +526,7 @@ async def test_metrics_move_after_turns_and_speech(gateway):
     assert m["gateway_lane_step_seconds_count{lane=cpu}"] == gateway.lane.stats.steps
     assert m["gateway_lane_step_seconds_sum{lane=cpu}"] == pytest.approx(
         gateway.lane.stats.busy_s)
-    assert m["gateway_http_speech_requests_total{format=pcm,status=completed,stream=none}"] == 1
+    assert m["gateway_http_speech_requests_total{format=pcm,status=completed,stream=whole}"] == 1
     assert m["gateway_http_speech_requests_total{format=-,status=rejected,stream=-}"] == 1
     assert m["gateway_llm_tokens_per_second{}"] > 0
     assert m["gateway_sessions{}"] == 0 and m["gateway_lane_queue_depth{lane=cpu}"] == 0
@@ -494,8 +562,6 @@ BAD = [
     ({"input": "Hi.", "response_format": False}, 400, "unsupported_format", "response_format"),
     ({"input": "Hi.", "stream_format": "sse", "response_format": "wav"}, 400,
      "unsupported_format", "response_format"),
-    ({"input": "Hi.", "stream": True, "response_format": "wav"}, 400, "unsupported_format",
-     "response_format"),
     ({"input": "Hi.", "stream_format": "websocket"}, 400, "unsupported_stream_format",
      "stream_format"),
     ({"input": "Hi.", "speed": 10}, 400, "invalid_value", "speed"),
@@ -515,6 +581,36 @@ async def test_bad_requests_get_openai_style_errors(gateway, body, status, code,
     assert error["code"] == code and error["param"] == param
     assert error["type"] == "invalid_request_error" and error["message"]
     assert gateway.lane.stats.steps == 0  # nothing reached the engine
+
+
+@pytest.mark.parametrize(("speed", "note"), [
+    (1.5, None),
+    (0.25, "speed 0.25 is beyond engine espeak's 0.46-2.57: spoken at 0.46"),
+    (4.0, "speed 4 is beyond engine espeak's 0.46-2.57: spoken at 2.57"),
+])
+async def test_a_speed_the_engine_cannot_honour_is_told_not_hidden(gateway, speed, note):
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        response = await client.post("/v1/audio/speech", json={"input": "Hi.", "speed": speed})
+    assert response.status_code == 200
+    assert response.headers.get("x-speech-notes") == note
+
+
+async def test_unknown_routes_and_methods_answer_in_openais_shape(gateway):
+    client = openai.AsyncOpenAI(base_url=base(gateway) + "/v1", api_key="not-needed")
+    model = await client.models.retrieve("espeak")
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.models.retrieve("tts-1")
+    await client.close()
+    assert model.id == "espeak"
+    assert missing.value.code == "model_not_found"
+    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+        nowhere = await http.get("/v1/nowhere")
+        wrong = await http.get("/v1/audio/speech")
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["code"] == "not_found"
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"] == {
+        "message": "GET is not allowed on /v1/audio/speech (allowed: POST)",
+        "type": "invalid_request_error", "param": None, "code": "method_not_allowed"}
 
 
 async def test_malformed_and_oversized_bodies(gateway):
@@ -545,8 +641,8 @@ async def test_a_segment_cut_short_by_a_failing_primary_is_reported_not_hidden(r
     text = "The first one is cut. The second is whole. So is the third."
     try:
         async with httpx.AsyncClient(base_url=base(gw)) as client:
-            whole = await client.post("/v1/audio/speech",
-                                      json={"input": text, "response_format": "pcm"})
+            whole = await client.post("/v1/audio/speech", json={
+                "input": text, "response_format": "pcm", "stream": False})
             sse = await client.post("/v1/audio/speech", json={"input": text,
                                                               "stream_format": "sse"})
     finally:

@@ -5,10 +5,11 @@ primary engine's, unless only a second engine (``tts.also``) has the requested v
 
 Routes (docs/http-api.md has the details and examples):
 
-* ``POST /v1/audio/speech``: text in, PCM16 24 kHz mono out, as a whole ``wav``/``pcm``
-  file, as chunked raw PCM (``"stream": true``, mlx-audio's convention) or as OpenAI SSE
-  (``"stream_format": "sse"``);
-* ``GET /v1/models``, ``GET /v1/audio/voices``, ``GET /health``, ``GET /metrics``.
+* ``POST /v1/audio/speech``: text in, PCM16 24 kHz mono out, ``wav`` or ``pcm``, streamed
+  as it is made (chunked, as OpenAI's endpoint does), as a whole file (``"stream":
+  false``) or as OpenAI SSE (``"stream_format": "sse"``);
+* ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /v1/audio/voices``, ``GET /health``,
+  ``GET /metrics``.
 
 Auth: with tokens configured (``config.server.tokens``, the voice socket's), every route
 but ``GET /health`` needs one (``Authorization: Bearer``, as OpenAI clients send it, or
@@ -33,6 +34,7 @@ import io
 import itertools
 import logging
 import socket
+import struct
 import time
 import wave
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -42,11 +44,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from engines.base import OUTPUT_RATE, SynthesisRequest
+from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import Segmenter
 from gateway.io.auth import token_ok, tokens_from
@@ -110,7 +113,7 @@ class SpeechParams:
     voice: str | None
     response_format: str
     stream_format: str  # "sse" or "audio"
-    stream: bool  # chunked raw PCM (mlx-audio)
+    stream: bool  # audio as it is made (chunked transfer), as OpenAI's endpoint does
     speed: float
     seed: int | None
     temperature: float | None
@@ -122,7 +125,7 @@ class SpeechParams:
     def mode(self) -> str:
         if self.stream_format == "sse":
             return "sse"
-        return "chunked" if self.stream else "none"
+        return "chunked" if self.stream else "whole"
 
 
 def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
@@ -173,16 +176,13 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
                        f"{' or '.join(FORMATS)}", code="unsupported_format",
                        param="response_format")
     stream = body.get("stream")
-    if stream is None:
-        stream = False
+    if stream is None:  # OpenAI's endpoint streams its body; "stream": false waits for all
+        stream = True
     if not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be a boolean", code="invalid_type", param="stream")
     if stream_format == "sse" and response_format != "pcm":
         raise ApiError(400, "SSE deltas carry base64 PCM16; use response_format 'pcm' with "
                        "stream_format 'sse'", code="unsupported_format", param="response_format")
-    if stream and response_format != "pcm":
-        raise ApiError(400, "'stream': true streams raw PCM; use response_format 'pcm'",
-                       code="unsupported_format", param="response_format")
     speed = body.get("speed")
     if speed is None:
         speed = 1.0
@@ -257,6 +257,7 @@ class SpeechStream:
     """What the client should know of how it was spoken (X-Speech-Notes, SSE ``done``)."""
     first_audio_s: float | None = None
     finished: bool = False
+    failure: _Failed | None = None
     _next: int = 0
     _waiting_next: bool = False
 
@@ -335,6 +336,8 @@ class SpeechStream:
 
     def _finish(self, item: Any) -> None:
         self.finished = True
+        if isinstance(item, _Failed):
+            self.failure = item
         if item is _DONE and not self.audio_bytes:  # an empty answer, but a valid one
             self.notes.append("nothing was spoken: the input holds nothing the engine could "
                               "say (only marks, emoji or code)")
@@ -408,10 +411,11 @@ class SpeechApi:
         self.app = Starlette(routes=[
             Route("/v1/audio/speech", self.speech, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
             Route("/v1/audio/voices", self.voices, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
-        ])
+        ], exception_handlers={HTTPException: _http_error})
         self.asgi = AuthMiddleware(self.app, gateway)
 
     async def health(self, request: Request) -> Response:
@@ -423,6 +427,14 @@ class SpeechApi:
 
     async def models(self, request: Request) -> Response:
         return _json(200, models_body(self.gateway))
+
+    async def model(self, request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        for model in models_body(self.gateway)["data"]:
+            if model["id"] == model_id:
+                return _json(200, model)
+        return ApiError(404, f"no model {model_id[:100]!r}; GET /v1/models lists them",
+                        code="model_not_found", param="model").response()
 
     async def voices(self, request: Request) -> Response:
         gw = self.gateway
@@ -442,6 +454,7 @@ class SpeechApi:
             params = parse_speech(await _read_json(request), gw)
         except ApiError as error:
             gw.telemetry.http_speech.labels("-", "-", "rejected").inc()
+            log.info("speech rejected: %d %s: %s", error.status, error.code, error.message)
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
         voice = params.voice or gw.config.tts.voice
         lane = gw.lane_for_voice(voice)
@@ -462,7 +475,15 @@ class SpeechApi:
         fmt, mode = params.response_format, params.mode
 
         def counter(status: str) -> None:
+            """The request's end: counted, and one log line (the access log's place)."""
             gw.telemetry.http_speech.labels(fmt, mode, status).inc()
+            failure = stream.failure
+            log.info("speech %s%s (%s, %s, voice %s): %d ms of audio in %.0f ms%s", status,
+                     " (499)" if status == "disconnected" else "", fmt, mode,
+                     voice or default_voice(gw),
+                     stream.audio_bytes * 1000 // BYTES_PER_S,
+                     (time.perf_counter() - stream.started) * 1000.0,
+                     f": {failure.code}: {failure.message}" if failure else "")
 
         # a fallback wrapper names the voice engine it wraps (usage.engine names both)
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(OUTPUT_RATE),
@@ -474,15 +495,38 @@ class SpeechApi:
                                      media_type="text/event-stream",
                                      headers={**headers, "X-Accel-Buffering": "no"})
         if mode == "chunked":
-            return StreamingResponse(_raw(stream, counter),
-                                     media_type="audio/pcm", headers=headers)
+            return await _chunked(request, stream, fmt, headers, counter)
         return await _whole(request, stream, fmt, headers, counter)
 
     def _notes(self, params: SpeechParams, engine: Any) -> list[str]:
         notes = list(params.notes)
+        speeds = getattr(engine, "speed_range", SPEED_ANY)
+        if params.speed != 1.0 and speeds is None:
+            notes.append(f"speed ignored: engine {engine.name} speaks at its own pace")
+        elif params.speed != 1.0 and not speeds[0] <= params.speed <= speeds[1]:
+            notes.append(f"speed {params.speed:g} is beyond engine {engine.name}'s "
+                         f"{speeds[0]:.2f}-{speeds[1]:.2f}: spoken at "
+                         f"{min(max(params.speed, speeds[0]), speeds[1]):.2f}")
         if params.instructions and not getattr(engine, "instructions", False):
             notes.append(f"instructions ignored: engine {engine.name} does not take them")
         return notes
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route, wrong method) in OpenAI's error shape, as
+    every other error here: an SDK shows the message instead of a bare status."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        error = ApiError(405, f"{request.method} is not allowed on {request.url.path} "
+                         f"(allowed: {allowed})", code="method_not_allowed")
+        return error.response({"Allow": allowed})
+    if exc.status_code == 404:
+        hint = "; the voice socket is on the voice port" if request.url.path.startswith(
+            "/v1/voice") else ""
+        return ApiError(404, f"no route {request.url.path[:200]!r}{hint}",
+                        code="not_found").response()
+    return ApiError(exc.status_code, str(exc.detail), code="http_error").response()
 
 
 def models_body(gateway: Gateway) -> dict[str, Any]:
@@ -537,51 +581,87 @@ async def _sse(stream: SpeechStream, counter: Callable[[str], None]) -> AsyncIte
         counter(status)
 
 
-async def _raw(stream: SpeechStream, counter: Callable[[str], None]) -> AsyncIterator[bytes]:
-    """Chunked raw PCM. A failure mid-stream aborts the connection (no final chunk), which
-    is the only way a raw stream can say it is incomplete."""
-    status = "disconnected"
+class _Gone(Exception):
+    """The client hung up before its answer was ready."""
+
+
+async def _unless_gone(request: Request, awaitable: Any) -> Any:
+    """``awaitable``'s result, or ``_Gone`` when the client leaves first (then the
+    awaitable is cancelled)."""
+    work = asyncio.ensure_future(awaitable)
+    leaving = asyncio.ensure_future(_disconnected(request))
     try:
-        async for pcm in stream.chunks():
-            yield pcm
-        status = "completed"
-    except SpeechFailed:
-        status = "failed"
-        raise
+        await asyncio.wait({work, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise _Gone
+        return work.result()
     finally:
+        for task in (work, leaving):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SpeechFailed):
+            await work
+        with contextlib.suppress(asyncio.CancelledError):
+            await leaving
+
+
+def _failure(exc: SpeechFailed, headers: dict[str, str]) -> Response:
+    """The answer to a synthesis that failed before any audio went out."""
+    status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
+        504 if exc.code == "engine_timeout" else 502
+    return ApiError(status, exc.message, code=exc.code, type="server_error").response(headers)
+
+
+async def _chunked(request: Request, stream: SpeechStream, fmt: str, headers: dict[str, str],
+                   counter: Callable[[str], None]) -> Response:
+    """Audio as it is made, chunked. The first chunk is awaited before the status goes out,
+    so a synthesis failing before any audio still gets its error status; a failure later
+    aborts the connection without the final chunk (the only way such a stream can say it
+    is incomplete). A WAV's header says "length unknown" (0xFFFFFFFF), as streamed WAVs
+    do."""
+    chunks = stream.chunks()
+    try:
+        first = await _unless_gone(request, anext(chunks, b""))
+    except (_Gone, SpeechFailed) as exc:
         stream.close()
-        counter(status)
+        counter("failed" if isinstance(exc, SpeechFailed) else "disconnected")
+        return _failure(exc, headers) if isinstance(exc, SpeechFailed) else \
+            Response(status_code=499)
+
+    async def body() -> AsyncIterator[bytes]:
+        status = "disconnected"
+        try:
+            yield (WAV_STREAM_HEADER if fmt == "wav" else b"") + first
+            async for pcm in chunks:
+                yield pcm
+            status = "completed"
+        except SpeechFailed:
+            status = "failed"
+            raise
+        finally:
+            stream.close()
+            counter(status)
+
+    media_type = "audio/wav" if fmt == "wav" else "audio/pcm"
+    return StreamingResponse(body(), media_type=media_type, headers=headers)
 
 
 async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict[str, str],
                  counter: Callable[[str], None]) -> Response:
-    """Collect the whole file; a client that leaves while we wait cancels the request."""
+    """Collect the whole file (``"stream": false``); a client that leaves while we wait
+    cancels the request."""
 
     async def collect() -> bytes:
         return b"".join([pcm async for pcm in stream.chunks()])
 
-    collecting = asyncio.ensure_future(collect())
-    leaving = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
-        if not collecting.done():
-            counter("disconnected")
-            return Response(status_code=499)  # nobody is listening
-        try:
-            pcm = collecting.result()
-        except SpeechFailed as exc:
-            counter("failed")
-            status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
-                504 if exc.code == "engine_timeout" else 502
-            return ApiError(status, exc.message, code=exc.code,
-                            type="server_error").response(headers)
+        pcm = await _unless_gone(request, collect())
+    except _Gone:
+        counter("disconnected")
+        return Response(status_code=499)  # nobody is listening
+    except SpeechFailed as exc:
+        counter("failed")
+        return _failure(exc, headers)
     finally:
-        for task in (collecting, leaving):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, SpeechFailed):
-            await collecting
-        with contextlib.suppress(asyncio.CancelledError):
-            await leaving
         stream.close()
     counter("completed")
     usage = stream.usage()
@@ -601,6 +681,13 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+WAV_STREAM_HEADER = (b"RIFF\xff\xff\xff\xffWAVEfmt " + struct.pack(
+    "<IHHIIHH", 16, 1, 1, OUTPUT_RATE, OUTPUT_RATE * 2, 2, 16) + b"data\xff\xff\xff\xff")
+"""A PCM16 mono 24 kHz WAV header for a stream whose length is not known yet: the RIFF and
+data sizes say 0xFFFFFFFF, which readers take as "until the end" (Python's ``wave``,
+ffmpeg, browsers)."""
 
 
 def wav_bytes(pcm: bytes) -> bytes:
@@ -630,6 +717,13 @@ class _Uvicorn(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # Gateway's run() owns SIGINT/SIGTERM
+
+
+def _not_an_aborted_stream(record: logging.LogRecord) -> bool:
+    """A logging filter for uvicorn: a failure that ends a streamed speech body on purpose
+    (it must abort the connection, so it leaves the app as an exception) is not an
+    "Exception in ASGI application" with a traceback; the request's own line says why."""
+    return not (record.exc_info and isinstance(record.exc_info[1], SpeechFailed))
 
 
 class HttpServer:
@@ -668,6 +762,9 @@ class HttpServer:
                                 access_log=False, ws="none",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                                 ssl_certfile=cert, ssl_keyfile=key)
+        error_log = logging.getLogger("uvicorn.error")
+        if _not_an_aborted_stream not in error_log.filters:
+            error_log.addFilter(_not_an_aborted_stream)
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
         serving = asyncio.create_task(self._server.serving.wait())
