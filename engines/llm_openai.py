@@ -34,7 +34,8 @@ from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=10.0, pool=10.0)
 """``read`` bounds the silence between two received bytes (servers send keep-alives while
-they process a long prompt), not the length of the whole reply."""
+they process a long prompt), not the length of the whole reply; ``OpenAiLlm`` sets it to its
+``stall_s`` unless given a timeout of its own."""
 
 DEFAULT_STALL_S = 60.0
 """The longest a stream may go without a data event. Keep-alive comments reset httpx's
@@ -89,7 +90,9 @@ class OpenAiLlm:
     ``url`` is the API base, as an OpenAI SDK would take it (``http://127.0.0.1:8081/v1``).
     ``model`` is sent only when given: mlx_lm.server tries to download unknown model names.
     ``timeout`` is a number of seconds or an ``httpx.Timeout``; ``stall_s`` bounds the time
-    between two data events (``DEFAULT_STALL_S``).
+    between two data events (``DEFAULT_STALL_S``), and by default the wait for the answer's
+    headers too (the read timeout): a server that takes a request and answers nothing fails
+    the turn after ``stall_s`` as one that stops mid-stream does.
     """
 
     name = "openai"
@@ -99,10 +102,13 @@ class OpenAiLlm:
         url: str,
         model: str | None = None,
         api_key: str | None = None,
-        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        timeout: float | httpx.Timeout | None = None,
         stall_s: float = DEFAULT_STALL_S,
     ) -> None:
         self.stall_s = stall_s
+        if timeout is None:
+            timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect, read=stall_s,
+                                    write=DEFAULT_TIMEOUT.write, pool=DEFAULT_TIMEOUT.pool)
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"LLM url must be http(s)://host[:port]/base, got {url!r}")
@@ -139,6 +145,10 @@ class OpenAiLlm:
         try:
             async for event in self._stream(request):
                 yield event
+        except httpx.ReadTimeout as exc:
+            raise EngineError(
+                "llm_unavailable", f"LLM server {self.url} sent nothing for "
+                f"{self._client.timeout.read:g} s (ReadTimeout)") from exc
         except httpx.TimeoutException as exc:
             raise EngineError(
                 "llm_unavailable", f"LLM server {self.url} timed out ({type(exc).__name__})"

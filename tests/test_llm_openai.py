@@ -198,7 +198,8 @@ async def test_failures_map_to_llm_failed(llm, scripted_llm_server, script, frag
     "script", [[Hang()], [Comment(), Text("a"), Hang()]], ids=["before-headers", "mid-stream"]
 )
 async def test_a_server_that_hangs_times_out_as_unavailable(scripted_llm_server, script):
-    llm = OpenAiLlm(scripted_llm_server.url, timeout=httpx.Timeout(5.0, read=0.3))
+    # [llm] stall_timeout_s bounds the wait for the headers too: it used to be a fixed 60 s
+    llm = OpenAiLlm(scripted_llm_server.url, stall_s=0.3)
     scripted_llm_server.script(script)
     try:
         with pytest.raises(EngineError) as info:
@@ -206,7 +207,8 @@ async def test_a_server_that_hangs_times_out_as_unavailable(scripted_llm_server,
     finally:
         await llm.aclose()
     assert info.value.code == "llm_unavailable"
-    assert "timed out" in info.value.message
+    assert f"LLM server {scripted_llm_server.url} sent no" in info.value.message
+    assert " for 0.3 s " in info.value.message
     async with asyncio.timeout(5):
         await scripted_llm_server.requests[0].disconnected.wait()
 
