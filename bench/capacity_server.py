@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.capacity import raise_nofile  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 from gateway.config import load_config  # noqa: E402
-from gateway.io.server import Gateway, freeze_startup_heap, until_signalled  # noqa: E402
+from gateway.io.server import Gateway, freeze_startup_heap, stop_signal  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -32,12 +32,13 @@ async def main(args: argparse.Namespace) -> None:
                          session={"max_lead_ms": args.max_lead_ms})
     engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu")
     engine.prerender()  # the stand-in's own rendering is not the gateway's cost
+    stop = stop_signal()
     gateway = Gateway(config, engine=engine)
     await gateway.start()
     if not args.no_freeze:
         freeze_startup_heap()  # as voice-gateway serve does
     print(f"PORT {gateway.port}", flush=True)
-    await until_signalled()
+    await stop.wait()
     await gateway.aclose()
 
 

@@ -69,7 +69,7 @@ async def serve(policy: str) -> None:
     from engines.synthetic import SyntheticEngine
     from gateway.config import load_config
     from gateway.core import scheduler
-    from gateway.io.server import Gateway, until_signalled
+    from gateway.io.server import Gateway, stop_signal
 
     if policy == "sched-320ms":  # the step-size rule off: background in the engine's steps
         scheduler.STEP_MS[scheduler.Priority.BACKGROUND] = None
@@ -79,9 +79,10 @@ async def serve(policy: str) -> None:
                                                      step_overhead_ms=5, lane="gpu"))
     if policy == "sched-bg-rt":  # background held to real time even when alone
         gateway.lane.scheduler.pace_background_always = True
+    stop = stop_signal()
     await gateway.start()
     print(f"PORT {gateway.port} {gateway.http_port}", flush=True)
-    await until_signalled()
+    await stop.wait()
     await gateway.aclose()
 
 

@@ -84,6 +84,9 @@ class FallbackEngine:
         self.truncations = 0
         self.breaker_opens = 0
         self._probing = False
+        self.primary_load_error: str | None = None
+        """Why the primary did not load: the fallback speaks everything (``/health`` says
+        ``degraded``)."""
 
     # -- TtsEngine -------------------------------------------------------------------
 
@@ -98,7 +101,9 @@ class FallbackEngine:
         return getattr(self.primary, "speed_range", SPEED_ANY)
 
     def voices(self) -> list[str]:
-        return self.primary.voices()
+        """The primary's; the fallback's when the primary did not load (a session may then
+        choose only among voices that can be spoken)."""
+        return self.fallback.voices() if self.primary_load_error else self.primary.voices()
 
     def load(self) -> None:
         self.fallback.load()
@@ -111,6 +116,7 @@ class FallbackEngine:
                 exc.message,
                 self.fallback.name,
             )
+            self.primary_load_error = f"{self.primary.name} failed to load: {exc.message}"
             self.consecutive_failures = self.breaker_failures - 1
             self.record_failure(exc)
 
@@ -133,6 +139,7 @@ class FallbackEngine:
             "breaker_opens": self.breaker_opens,
             "switches": self.switches,
             "truncations": self.truncations,
+            "primary_load_error": self.primary_load_error,
         }
 
     def _allow_primary(self) -> bool:

@@ -36,7 +36,11 @@ def create_engine(name: str, /, **options: Any) -> TtsEngine:
         target = TTS_ENGINES[name]
     except KeyError:
         raise ValueError(f"unknown TTS engine {name!r}; known: {', '.join(TTS_ENGINES)}") from None
-    engine: TtsEngine = _import(target)(**options)
+    try:
+        engine: TtsEngine = _import(target)(**options)
+    except TypeError as exc:  # a required option missing (qwen3 without its model), ...
+        raise ValueError(f"TTS engine {name!r} cannot be set up with the options given: "
+                         f"{exc} (voice-gateway serve --help lists them)") from None
     return engine
 
 

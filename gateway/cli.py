@@ -95,6 +95,12 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Nothing is fetched at run time: models are local directories (or already in the
+    # Hugging Face cache). mlx-audio's loaders reach for the hub when given anything else
+    # (a model directory of the wrong kind made one import fetch a codec), so the hub is off
+    # unless the operator turns it on (HF_HUB_OFFLINE=0). Set before anything imports
+    # huggingface_hub, which reads it once.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"voice-gateway: {exc}", file=sys.stderr)
         return 2
+    from gateway.io.lanes import EngineLoadError
     from gateway.io.server import run
 
     try:
@@ -110,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # refused configuration (e.g. public bind without a token)
         print(f"voice-gateway: {exc}", file=sys.stderr)
         return 2
+    except EngineLoadError as exc:  # a model missing, truncated, of the wrong kind, ...
+        logging.getLogger(__name__).debug("engine load failed", exc_info=exc.__cause__)
+        print(f"voice-gateway: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

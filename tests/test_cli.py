@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gateway.cli import _parser, build_config, main
@@ -72,6 +74,39 @@ def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatc
     monkeypatch.delenv("VOICE_GATEWAY_TOKENS", raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "without a token" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), [
+    # one line naming the problem, not a traceback ending in a TypeError
+    (["--tts", "qwen3"], 2, "voice-gateway: TTS engine 'qwen3' cannot be set up with the "
+     "options given: Qwen3Engine.__init__() missing 1 required positional argument: 'model' "
+     "(voice-gateway serve --help lists them)"),
+    (["--voice", "klingon"], 1,
+     "voice-gateway: the espeak engine did not load (lane cpu): espeak has no voice 'klingon'"),
+    (["--tts", "qwen3", "--tts-model", "/nonexistent/qwen3"], 1,
+     "voice-gateway: the qwen3 engine did not load (lane gpu): model directory "
+     "'/nonexistent/qwen3' does not exist"),
+])
+def test_an_engine_that_cannot_start_is_one_line_not_a_traceback(argv, code, message, capsys):
+    assert main(["serve", "--port", "0", "--http-port", "0", *argv]) == code
+    err = capsys.readouterr().err
+    assert err.strip() == message
+    assert "Traceback" not in err
+
+
+def test_the_model_hub_is_off_unless_the_operator_turns_it_on():
+    import subprocess
+    import sys
+
+    # (a refused value: main returns before serving, after deciding about the hub)
+    code = ("import os; from gateway.cli import main; main(['serve', '--frame-ms', '33']); "
+            "print(os.environ.get('HF_HUB_OFFLINE'))")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split()[-1] == "1"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "HF_HUB_OFFLINE": "0"})
+    assert out.stdout.split()[-1] == "0"
 
 
 def test_the_production_example_config_loads_as_documented(tmp_path):

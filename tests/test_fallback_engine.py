@@ -197,9 +197,14 @@ def test_primary_that_fails_to_load_opens_the_breaker():
     engine = FallbackEngine(
         Broken("qwen3", clock), ScriptedEngine("chatterbox", clock), breaker_failures=3, clock=clock
     )
+    assert engine.voices() == ["qwen3-voice"]
     engine.load()
     assert engine.state is BreakerState.OPEN
     assert engine.open(SynthesisRequest("a")).engine_name == "chatterbox"
+    # said, not hidden: /health reports it, and only voices that can be spoken are offered
+    assert engine.primary_load_error == "qwen3 failed to load: no model"
+    assert engine.counters()["primary_load_error"] == engine.primary_load_error
+    assert engine.voices() == ["chatterbox-voice"]
 
 
 def test_runs_on_the_primary_lane():

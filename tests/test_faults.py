@@ -118,6 +118,45 @@ async def test_engine_raising_mid_sentence_fails_that_turn_only(fault):
         await gw.aclose()
 
 
+class UnloadableEngine(SyntheticEngine):
+    """TEST DOUBLE: a voice whose model is missing: ``load`` raises as qwen3's does."""
+
+    name = "qwen3"
+
+    def voices(self) -> list[str]:
+        return ["serena"]
+
+    def load(self) -> None:
+        raise EngineError("engine_failed", "no model at /models/qwen3")
+
+
+async def test_a_primary_that_did_not_load_is_reported_degraded_not_ok():
+    # behind a fallback the gateway serves anyway, but says so: it said "ok", loaded,
+    # and a session could pick a voice nobody could speak
+    from engines.fallback import FallbackEngine
+
+    engine = FallbackEngine(UnloadableEngine(rtf=0, ttfa_ms=0, lane="cpu"),
+                            SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    gw = await start(engine)
+    try:
+        async with httpx.AsyncClient() as client:
+            health = await client.get(f"http://127.0.0.1:{gw.port}/health")
+        assert health.status_code == 200  # it serves
+        body = health.json()
+        assert body["status"] == "degraded"
+        assert body["engine"]["degraded"] == "qwen3 failed to load: no model at /models/qwen3"
+        assert body["engine"]["fallback"]["breaker_state"] == "open"
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"voice": "serena"})
+            assert (await recv_event(ws))["error"]["code"] == "unknown_voice"
+            result = await say(ws, WELL)
+        assert result.done["status"] == "completed"
+        assert result.done["metrics"]["engines"] == ["synthetic"]
+    finally:
+        await gw.aclose()
+
+
 async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
     engine = FaultyEngine()
     gw = await start(engine)
@@ -265,6 +304,23 @@ async def test_client_aborting_mid_turn_keeps_the_session_until_the_window_ends(
 
 
 # ---- the process ------------------------------------------------------------------------
+
+
+def test_sigterm_as_soon_as_it_says_serving_still_shuts_down_cleanly():
+    # the handlers were installed after the "serving" line: a supervisor's SIGTERM sent on
+    # seeing it killed the process outright (10 of 10 runs)
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
+                             "--http-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    while line := proc.stdout.readline():
+        if line.startswith("voice-gateway") and "serving" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, rest
+    assert "shutting down" in rest
 
 
 @pytest.mark.slow

@@ -73,6 +73,8 @@ MAX_BUFFERED_S = 60.0
 LOW_WATER_CHUNKS = 8
 """The next segment is submitted once the reader has this few chunks left unread."""
 SHUTDOWN_GRACE_S = 2
+SERVING = ("ok", "degraded")
+"""``/health`` statuses answered 200: "degraded" serves, with a fallback standing in."""
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
                            "nova", "onyx", "sage", "shimmer", "verse"})
 """OpenAI's built-in voice names. Apps written for OpenAI send one of them; where the engine
@@ -420,7 +422,7 @@ class SpeechApi:
 
     async def health(self, request: Request) -> Response:
         body = self.gateway.health()
-        return _json(200 if body["status"] == "ok" else 503, body)
+        return _json(200 if body["status"] in SERVING else 503, body)
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.gateway.telemetry.exposition(), media_type=METRICS_CONTENT_TYPE)

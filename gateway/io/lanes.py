@@ -45,6 +45,11 @@ class StepTimeout(Exception):
     """An engine call did not return within ``step_timeout_s``."""
 
 
+class EngineLoadError(Exception):
+    """An engine did not load: the gateway cannot start (``voice-gateway`` says why, in one
+    line; the traceback is in the DEBUG log)."""
+
+
 class LaneUnavailable(Exception):
     """The lane cannot run engine calls (its thread is stuck, or its executor is gone)."""
 
@@ -266,7 +271,13 @@ class Lane:
     async def load(self) -> float:
         """Load the engine on its thread; returns the seconds it took."""
         started = time.perf_counter()
-        await self.call(self.engine.load)
+        try:
+            await self.call(self.engine.load)
+        except Exception as exc:
+            detail = exc.message if isinstance(exc, EngineError) else \
+                f"{type(exc).__name__}: {exc}"
+            raise EngineLoadError(f"the {self.engine.name} engine did not load (lane "
+                                  f"{self.name}): {detail}") from exc
         self.loaded = True
         return time.perf_counter() - started
 

@@ -44,7 +44,7 @@ from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait
 from gateway.io.auth import check_token, install_redaction, is_loopback, select_subprotocol
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
-from gateway.io.http_api import SHUTDOWN_GRACE_S, HttpServer, models_body
+from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -360,7 +360,7 @@ class Gateway:
             return None  # go on with the WebSocket handshake
         if path == "/health":
             health = self.health()
-            status = http.HTTPStatus.OK if health["status"] == "ok" else \
+            status = http.HTTPStatus.OK if health["status"] in SERVING else \
                 http.HTTPStatus.SERVICE_UNAVAILABLE
             return _json_response(status, health)
         if path == "/metrics":
@@ -381,8 +381,10 @@ class Gateway:
         lanes = list(self.lanes.values())
         # the primary decides: a stuck second lane only loses its turns to the primary
         # (placement skips it); it shows in lanes[...]["unhealthy"]
+        degraded = getattr(self.engine, "primary_load_error", None)
         status = "unhealthy" if lane.unhealthy is not None else \
-            "ok" if self.ready and all(ln.loaded for ln in lanes) else "starting"
+            "starting" if not (self.ready and all(ln.loaded for ln in lanes)) else \
+            "degraded" if degraded else "ok"
         names = [ln.engine.name for ln in lanes]
         engines = {(ln.engine.name if names.count(ln.engine.name) == 1 else
                     f"{ln.engine.name}@{ln.name}"): {
@@ -399,7 +401,10 @@ class Gateway:
             "active_turns": active,
             "engines": engines,
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
-                       "voices": len(self.voices), "unhealthy": lane.unhealthy},
+                       "voices": len(self.voices), "unhealthy": lane.unhealthy,
+                       "degraded": degraded,
+                       **({"fallback": self.engine.counters()}
+                          if hasattr(self.engine, "counters") else {})},
             "lanes": self.telemetry.lane_health(),
             "llm": self.telemetry.llm_health(),
             "loop": {**self.telemetry.loop_lag.health(), **self.telemetry.gc_pauses.health()},
@@ -476,13 +481,15 @@ def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
     return Response(status.value, status.phrase, headers, data)
 
 
-async def until_signalled() -> None:
-    """Return at the first SIGINT or SIGTERM (the process's way of asking to stop)."""
+def stop_signal() -> asyncio.Event:
+    """An event set at the first SIGINT or SIGTERM (the process's way of asking to stop).
+    Take it before starting anything and before saying "serving": a signal sent as soon as
+    that line shows must reach the clean shutdown, not the default handler that kills."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def freeze_startup_heap() -> int:
@@ -499,6 +506,7 @@ def freeze_startup_heap() -> int:
 
 
 async def serve_until_signalled(config: GatewayConfig) -> None:
+    stop = stop_signal()
     gateway = Gateway(config)
     await gateway.start()
     frozen = freeze_startup_heap()
@@ -516,6 +524,8 @@ async def serve_until_signalled(config: GatewayConfig) -> None:
     print(f"  LLM:   {llm}", flush=True)
     print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
           f" (voice {c.tts.voice or 'default'}, {len(gateway.voices)} available)", flush=True)
+    if degraded := getattr(gateway.engine, "primary_load_error", None):
+        print(f"  DEGRADED: {degraded}; the fallback speaks every sentence", flush=True)
     for lane in list(gateway.lanes.values())[1:]:
         print(f"  also:  {lane.engine.name} on lane {lane.name} (turns whose voice it has "
               "may be placed there)", flush=True)
@@ -524,7 +534,7 @@ async def serve_until_signalled(config: GatewayConfig) -> None:
         "NONE, and bound beyond loopback (--insecure-bind)"
     print(f"  auth:  {auth}", flush=True)
     try:
-        await until_signalled()
+        await stop.wait()
     finally:
         print("shutting down: closing sessions (1001)", flush=True)
         await gateway.aclose()
