@@ -207,7 +207,8 @@ class FallbackStream:
                 self._inner = owner.primary.open(self._request)
             chunk = self._inner.step()
         except EngineError as exc:
-            owner.record_failure(exc)
+            if not self._slow:  # (a slow first chunk counted this segment's failure already)
+                owner.record_failure(exc)
             self._close_inner()
             if self._produced:
                 self.error, self.truncated = exc, True

@@ -224,3 +224,17 @@ def test_the_wrapper_honours_speed_as_its_primary_does():
     assert wrapped.speed_range == SPEED_ANY  # not declared: any speed
     primary.speed_range = None
     assert wrapped.speed_range is None
+
+
+def test_a_segment_counts_once_against_the_breaker_however_it_failed():
+    # a slow first chunk and then a failure mid-sentence are one bad segment, not two: a
+    # breaker of 3 opened after two sentences
+    clock = FakeClock()
+    primary = ScriptedEngine("qwen3", clock, scripts=[[("slow", 2.0, b"\x01\x00" * 4), fail()]])
+    engine = FallbackEngine(primary, ScriptedEngine("espeak", clock), breaker_failures=3,
+                            first_chunk_timeout_s=1.0, clock=clock)
+    stream = engine.open(SynthesisRequest("a"))
+    assert stream.step()
+    assert stream.step() is None and stream.truncated
+    assert engine.consecutive_failures == 1
+    assert engine.state is BreakerState.CLOSED
