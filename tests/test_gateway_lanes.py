@@ -368,7 +368,9 @@ async def test_a_second_engine_failing_mid_sentence_ends_it_there_and_the_primar
         # the first sentence stops after the one chunk ane made (the listener heard it;
         # no word is said twice); the second is the primary's
         assert [s["engine"] for s in result.of("sentence")] == ["broken-ane", "synthetic-gpu"]
-        assert result.of("sentence.done")[0]["audio_ms"] == 80
+        first, second = result.of("sentence.done")
+        assert first["audio_ms"] == 80 and first["cut_short"] is True  # said, not hidden
+        assert "cut_short" not in second
         assert result.done["metrics"]["engines"] == ["broken-ane", "synthetic-gpu"]
         gapless(result)
         assert gw.placer is not None and gw.placer.rerouted["ane"] == 1

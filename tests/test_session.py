@@ -303,6 +303,19 @@ def test_empty_reply_completes_without_frames(clock):
     assert events(out, "turn.done")[0]["status"] == "completed"
 
 
+def test_a_sentence_cut_short_by_its_engine_says_so(clock):
+    s = Session("s")
+    s.receive(ClientSay("First one here. Second one."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(80), "qwen3", clock())
+    out = s.synthesis_done(tid, 0, clock(), cut_short=True)
+    assert events(out, "sentence.done") == [{"type": "sentence.done", "turn_id": tid,
+                                             "index": 0, "audio_ms": 80, "cut_short": True}]
+    s.audio(tid, 1, pcm(40), "espeak", clock())
+    out = s.synthesis_done(tid, 1, clock.advance(1000))
+    assert "cut_short" not in events(out, "sentence.done")[0]
+
+
 def test_session_update_and_unknown_voice(clock):
     s = Session("s", voices=["en-us", "en-gb"])
     out = s.receive(ClientSessionUpdate({"voice": "en-gb", "frame_ms": 20}), clock())

@@ -216,6 +216,7 @@ class _SegmentAudio:
     sent_ms: float = 0.0
     engine: str | None = None
     finished: bool = False  # last frame and `sentence.done` sent
+    cut_short: bool = False  # an engine failed mid-sentence: the rest of it is not said
 
 
 @dataclass(slots=True)
@@ -414,11 +415,17 @@ class Session:
         turn.held_bytes += len(pcm)
         return self._pump(turn, now) if index == turn.current else []
 
-    def synthesis_done(self, turn_id: int, index: int, now: float) -> list[Effect]:
+    def synthesis_done(self, turn_id: int, index: int, now: float,
+                       cut_short: bool = False) -> list[Effect]:
+        """The engine finished a segment; ``cut_short``: it failed mid-sentence and another
+        engine speaks the next ones (the segment ends where it stopped, no word twice, and
+        its ``sentence.done`` says so)."""
         turn = self._active(turn_id)
         if turn is None or index >= len(turn.segments):
             return []
-        turn.segments[index].synthesized = True
+        seg = turn.segments[index]
+        seg.synthesized = True
+        seg.cut_short = cut_short
         return self._pump(turn, now)
 
     def synthesis_failed(self, turn_id: int, index: int, code: str, message: str,
@@ -698,8 +705,11 @@ class Session:
             effects.append(self._announce(turn, seg))
         seg.finished = True
         turn.current += 1
-        effects.append(SendEvent({"type": "sentence.done", "turn_id": turn.id,
-                                  "index": seg.segment.index, "audio_ms": round(seg.sent_ms)}))
+        done = {"type": "sentence.done", "turn_id": turn.id, "index": seg.segment.index,
+                "audio_ms": round(seg.sent_ms)}
+        if seg.cut_short:
+            done["cut_short"] = True
+        effects.append(SendEvent(done))
         return effects
 
     def _fail(self, turn: Turn, code: str, message: str, now: float) -> list[Effect]:

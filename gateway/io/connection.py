@@ -330,11 +330,12 @@ class SessionRunner:
         self._apply(effects)
 
     def on_done(self, job: Job, truncated: bool = False) -> None:
-        # (a truncated segment needs nothing more here: its frames stay gapless, it ends
-        # where the engine stopped, and the breaker sends the next segments elsewhere)
+        # (a truncated segment ends where the engine stopped, its frames gapless, and the
+        # breaker sends the next segments elsewhere; its sentence.done says it was cut)
         payload: SynthesisJob = job.payload
         self.gateway.job_succeeded(job)
-        self._apply(self.session.synthesis_done(_turn_of(job), payload.index, self.now()))
+        self._apply(self.session.synthesis_done(_turn_of(job), payload.index, self.now(),
+                                                cut_short=truncated))
 
     def on_failed(self, job: Job, code: str, message: str) -> None:
         payload: SynthesisJob = job.payload
@@ -343,7 +344,7 @@ class SessionRunner:
                 return
             case "truncated":  # it ends where it stopped; the primary says the rest
                 self._apply(self.session.synthesis_done(_turn_of(job), payload.index,
-                                                        self.now()))
+                                                        self.now(), cut_short=True))
                 return
         self._apply(self.session.synthesis_failed(_turn_of(job), payload.index, code, message,
                                                   self.now()))
