@@ -124,5 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The ``voice-gateway`` command: ``main``, then leave without running native
+    libraries' teardown. Everything the gateway holds is closed by then (sessions, lanes,
+    engines, servers); what is left is MLX's C++ static state, whose destruction raced its
+    own worker threads and aborted a SIGTERMed qwen3 gateway (exit -6, "terminate called
+    without an active exception") in about 1 run of 15 even after a clean shutdown."""
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
