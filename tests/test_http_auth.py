@@ -145,3 +145,39 @@ def test_the_cli_at_debug_level_never_prints_a_token():
             proc.kill()
     assert "/v1/voice?token=***" in output  # the request line was logged, masked
     assert SECRET not in output
+
+
+async def test_a_browser_app_on_another_origin_may_call_the_api(gateway):
+    # CORS: the preflight carries no token and must not be refused for it; the answer to
+    # the real request lets the page read the audio and the X- headers
+    base = f"http://127.0.0.1:{gateway.http_port}"
+    origin = {"Origin": "http://hub.local:3000"}
+    async with httpx.AsyncClient(base_url=base) as http:
+        preflight = await http.options("/v1/audio/speech", headers={
+            **origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        speech = await http.post("/v1/audio/speech", json={"input": "Hi.", "stream": False},
+                                 headers={**origin, "Authorization": f"Bearer {SECRET}"})
+        refused = await http.post("/v1/audio/speech", json={"input": "Hi."}, headers=origin)
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    assert speech.status_code == 200 and speech.headers["access-control-allow-origin"] == "*"
+    assert "x-audio-ms" in speech.headers["access-control-expose-headers"].lower()
+    # a refusal is readable too (the page can show why)
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "*"
+
+
+async def test_with_an_origin_allowlist_only_those_origins_get_cors():
+    gw = Gateway(load_config(server={"port": 0, "origins": ("http://hub.local:3000",)},
+                             llm={"tokens_per_s": 0}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+            allowed = await http.get("/v1/models", headers={"Origin": "http://hub.local:3000"})
+            other = await http.get("/v1/models", headers={"Origin": "http://evil.example"})
+    finally:
+        await gw.aclose()
+    assert allowed.headers["access-control-allow-origin"] == "http://hub.local:3000"
+    assert "access-control-allow-origin" not in other.headers

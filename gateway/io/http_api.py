@@ -37,7 +37,7 @@ import socket
 import struct
 import time
 import wave
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -386,7 +387,7 @@ class AuthMiddleware:
     def __init__(self, app: Any, gateway: Gateway) -> None:
         self.app, self.gateway = app, gateway
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         tokens = self.gateway.config.server.tokens
         if scope["type"] != "http" or not tokens or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
@@ -418,7 +419,15 @@ class SpeechApi:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ], exception_handlers={HTTPException: _http_error})
-        self.asgi = AuthMiddleware(self.app, gateway)
+        # CORS outside auth: a browser's preflight carries no token. Browser apps on the hub
+        # may call the API from the origins the voice socket admits (any, unless --origin).
+        origins = gateway.config.server.origins
+        self.asgi = CORSMiddleware(
+            AuthMiddleware(self.app, gateway),
+            allow_origins=["*"] if origins is None else list(origins),
+            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
+            expose_headers=["X-Audio-Ms", "X-Compute-Ms", "X-Engine", "X-Sample-Rate",
+                            "X-Speech-Notes"], max_age=600)
 
     async def health(self, request: Request) -> Response:
         body = self.gateway.health()
