@@ -224,3 +224,25 @@ async def test_console_plays_out_a_failed_turn(start_gateway):
             arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
         state = await page.evaluate("window.consoleState")
         assert state["samplesPlayed"] == state["samplesReceived"] > 24_000
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_settings_emptied_go_back_to_the_servers_defaults(gateway):
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        (runner,) = gateway.runners.values()
+        default = runner.session.settings
+        await page.fill("#voice", "en-gb")
+        await page.fill("#instructions", "Answer in one word.")
+        await page.click("#apply")
+        await page.wait_for_function("document.querySelector('#voice').value === 'en-gb'")
+        assert runner.session.settings.voice == "en-gb"
+        assert runner.session.settings.instructions == "Answer in one word."
+        await page.fill("#voice", "")
+        await page.fill("#instructions", "")
+        await page.click("#apply")
+        await page.wait_for_function(
+            f"document.querySelector('#instructions').value === {default.instructions!r}")
+        assert runner.session.settings == default  # null: the server's defaults again
+        assert errors == []

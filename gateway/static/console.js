@@ -186,9 +186,19 @@ function onEvent(ev) {
       state.connected = true;
       state.resumes += 1;
       setStatus(true, `connected · ${ev.session_id} · resumed (${ev.replayed} re-sent)`);
+      showSettings(ev.session);
       break;
     case "session.updated":
       showSettings(ev.session);
+      break;
+    case "sentence.done":
+      if (ev.cut_short && turn && ev.turn_id === turn.id) {
+        const li = [...$("sentences").children].find((el) => el.value === ev.index);
+        const note = document.createElement("span");
+        note.className = "engine";
+        note.textContent = " · cut short: its engine failed mid-sentence";
+        li?.append(note);
+      }
       break;
     case "turn.started":
       flushAudio();
@@ -249,7 +259,6 @@ function onEvent(ev) {
 }
 
 let settings = null; // the session's settings as the server last reported them
-let defaultInstructions = ""; // the server's prompt, as a new session reports it
 function showSettings(s) {
   settings = s;
   $("voice").value = s.voice || "";
@@ -265,7 +274,6 @@ function startSession(ev) {
   session = {id: ev.session_id, resumeToken: ev.resume_token, windowS: ev.resume_window_s,
              lastSeq: -1, droppedAt: null};
   setStatus(true, `connected · ${ev.session_id}`);
-  defaultInstructions = ev.session.instructions || "";
   showSettings(ev.session);
 }
 
@@ -394,12 +402,12 @@ $("stop").addEventListener("click", () => {
 });
 
 $("apply").addEventListener("click", () => {
-  const update = {frame_ms: Number($("frame-ms").value)};
-  if ($("voice").value.trim()) update.voice = $("voice").value.trim();
-  // the box shows the prompt in use; emptied, it asks for the server's default again
-  const instructions = $("instructions").value.trim() || defaultInstructions;
-  if (instructions !== settings?.instructions) update.instructions = instructions;
-  send({type: "session.update", session: update});
+  // the fields show what is in use; emptied, they ask for the server's default (null)
+  send({type: "session.update", session: {
+    frame_ms: Number($("frame-ms").value),
+    voice: $("voice").value.trim() || null,
+    instructions: $("instructions").value.trim() || null,
+  }});
 });
 
 const Recognition = window.SpeechRecognition || window.webkitSpeechRecognition;
