@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 OUTPUT_RATE = 24_000
+"""Sample rate of every chunk an engine returns, in Hz."""
 SPEED_ANY = (0.0, float("inf"))
 """``speed_range`` of an engine that does not declare one: it honours any speed."""
-"""Sample rate of every chunk an engine returns, in Hz."""
 
 Lane = Literal["gpu", "ane", "cpu", "remote"]
 

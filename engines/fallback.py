@@ -91,19 +91,28 @@ class FallbackEngine:
     # -- TtsEngine -------------------------------------------------------------------
 
     @property
+    def speaker(self) -> TtsEngine:
+        """The engine that speaks when all is well: the primary, or the fallback when the
+        primary did not load."""
+        return self.fallback if self.primary_load_error else self.primary
+
+    @property
     def instructions(self) -> bool:
-        """The primary's: a segment the fallback speaks goes without them."""
-        return bool(getattr(self.primary, "instructions", False))
+        """The speaker's: a segment the fallback speaks otherwise goes without them."""
+        return bool(getattr(self.speaker, "instructions", False))
 
     @property
     def speed_range(self) -> tuple[float, float] | None:
-        """The primary's, as for instructions."""
-        return getattr(self.primary, "speed_range", SPEED_ANY)
+        """The speaker's, as for instructions."""
+        return getattr(self.speaker, "speed_range", SPEED_ANY)
+
+    @property
+    def default_voice(self) -> str | None:
+        return getattr(self.speaker, "default_voice", None)
 
     def voices(self) -> list[str]:
-        """The primary's; the fallback's when the primary did not load (a session may then
-        choose only among voices that can be spoken)."""
-        return self.fallback.voices() if self.primary_load_error else self.primary.voices()
+        """The speaker's (a session may choose only among voices that can be spoken)."""
+        return self.speaker.voices()
 
     def load(self) -> None:
         self.fallback.load()
@@ -143,6 +152,8 @@ class FallbackEngine:
         }
 
     def _allow_primary(self) -> bool:
+        if self.primary_load_error:  # never loaded: probing it would only fail again
+            return False
         if self.state is BreakerState.CLOSED:
             return True
         if self.state is BreakerState.OPEN:

@@ -43,6 +43,11 @@ read timeout but not this: a server stuck after its first token that keeps sendi
 ``: keepalive`` would otherwise hold the turn open for ever. Generous, because servers
 also send keep-alives while they process a long prompt before the first token."""
 
+MIN_DECODE_S = 0.25
+"""Below this much decode time a rate from our own clock says more about how the chunks
+were buffered on the way than about the server (two chunks 1 ms apart: thousands of
+tokens per second): no rate then."""
+
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
 
@@ -79,7 +84,8 @@ def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | No
         if isinstance(tokens, int | float) and isinstance(ms, int | float) and ms > 0:
             return tokens / (ms / 1000.0)
     tokens = usage.get("completion_tokens") if usage else None
-    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 1 and decode_s:
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 1 and \
+            decode_s is not None and decode_s >= MIN_DECODE_S:
         return (tokens - 1) / decode_s
     return None
 
@@ -223,10 +229,13 @@ class OpenAiLlm:
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
                     text = delta.get("content")
-                    if text:
-                        deltas += 1
+                    # completion_tokens counts a reasoning model's thinking too (vLLM sends
+                    # it as reasoning_content): the decode time must cover it as well
+                    if text or delta.get("reasoning_content") or delta.get("reasoning"):
                         last_at = time.monotonic()
                         first_at = first_at or last_at
+                    if text:
+                        deltas += 1
                         yield LlmDelta(text)
                     if choice.get("finish_reason"):
                         finish_reason = choice["finish_reason"]

@@ -6,6 +6,7 @@ A gateway that speaks with espeak never imports mlx.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from engines.base import LlmBackend, TtsEngine
@@ -36,11 +37,13 @@ def create_engine(name: str, /, **options: Any) -> TtsEngine:
         target = TTS_ENGINES[name]
     except KeyError:
         raise ValueError(f"unknown TTS engine {name!r}; known: {', '.join(TTS_ENGINES)}") from None
-    try:
-        engine: TtsEngine = _import(target)(**options)
-    except TypeError as exc:  # a required option missing (qwen3 without its model), ...
+    cls = _import(target)
+    try:  # the options against the signature: a required one missing (qwen3 without its
+        inspect.signature(cls).bind(**options)  # model), an unknown one; not bugs inside
+    except TypeError as exc:
         raise ValueError(f"TTS engine {name!r} cannot be set up with the options given: "
                          f"{exc} (voice-gateway serve --help lists them)") from None
+    engine: TtsEngine = cls(**options)
     return engine
 
 

@@ -13,6 +13,13 @@ def config_of(*argv: str):
     return build_config(_parser().parse_args(["serve", *argv]))
 
 
+@pytest.fixture(autouse=True)
+def _hub_setting_restored(monkeypatch):
+    """main() sets HF_HUB_OFFLINE for its process; in-process here, undone after each test
+    (monkeypatch restores what it touched) so no other test sees it."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
 def test_defaults_are_the_embedded_offline_ones(monkeypatch):
     monkeypatch.delenv("VOICE_GATEWAY_TOKENS", raising=False)
     c = config_of()
@@ -79,8 +86,8 @@ def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatc
 @pytest.mark.parametrize(("argv", "code", "message"), [
     # one line naming the problem, not a traceback ending in a TypeError
     (["--tts", "qwen3"], 2, "voice-gateway: TTS engine 'qwen3' cannot be set up with the "
-     "options given: Qwen3Engine.__init__() missing 1 required positional argument: 'model' "
-     "(voice-gateway serve --help lists them)"),
+     "options given: missing a required argument: 'model' (voice-gateway serve --help lists "
+     "them)"),
     (["--voice", "klingon"], 1,
      "voice-gateway: the espeak engine did not load (lane cpu): espeak has no voice 'klingon'"),
     (["--tts", "qwen3", "--tts-model", "/nonexistent/qwen3"], 1,

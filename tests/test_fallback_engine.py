@@ -205,6 +205,10 @@ def test_primary_that_fails_to_load_opens_the_breaker():
     assert engine.primary_load_error == "qwen3 failed to load: no model"
     assert engine.counters()["primary_load_error"] == engine.primary_load_error
     assert engine.voices() == ["chatterbox-voice"]
+    # and it is not probed again (it would fail, and count, every breaker_reset_s for ever)
+    clock.now += 3600
+    assert engine.open(SynthesisRequest("b")).engine_name == "chatterbox"
+    assert (engine.breaker_opens, engine.switches) == (1, 0)
 
 
 def test_runs_on_the_primary_lane():

@@ -137,19 +137,27 @@ async def test_a_primary_that_did_not_load_is_reported_degraded_not_ok():
 
     engine = FallbackEngine(UnloadableEngine(rtf=0, ttfa_ms=0, lane="cpu"),
                             SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
-    gw = await start(engine)
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, session=NO_PACING,
+                             tts={"voice": "serena"}), engine=engine)
+    await gw.start()
     try:
         async with httpx.AsyncClient() as client:
             health = await client.get(f"http://127.0.0.1:{gw.port}/health")
+            voices = (await client.get(f"http://127.0.0.1:{gw.http_port}/v1/audio/voices")
+                      ).json()
         assert health.status_code == 200  # it serves
         body = health.json()
         assert body["status"] == "degraded"
         assert body["engine"]["degraded"] == "qwen3 failed to load: no model at /models/qwen3"
         assert body["engine"]["fallback"]["breaker_state"] == "open"
+        assert voices["default"] == engine.fallback.default_voice  # what does speak
         async with connect(url(gw)) as ws:
-            await recv_event(ws, "session.created")
-            await send(ws, type="session.update", session={"voice": "serena"})
+            created = await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"voice": "ryan"})
             assert (await recv_event(ws))["error"]["code"] == "unknown_voice"
+            # the server's own settings can still be sent back as they are
+            await send(ws, type="session.update", session=created["session"])
+            assert (await recv_event(ws))["type"] == "session.updated"
             result = await say(ws, WELL)
         assert result.done["status"] == "completed"
         assert result.done["metrics"]["engines"] == ["synthetic"]

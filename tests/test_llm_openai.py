@@ -298,6 +298,7 @@ async def test_closing_the_stream_early_closes_the_connection(llm, scripted_llm_
         # text took to arrive (never chunk counts: one chunk may hold many tokens)
         ({"completion_tokens": 30}, None, 0.5, 58.0),
         ({"completion_tokens": 30}, None, 0.0, None),  # all in one chunk: no time to divide
+        ({"completion_tokens": 30}, None, 0.01, None),  # a burst says nothing of the server
         ({"completion_tokens": 1}, None, 0.5, None),
         ({"completion_tokens": True}, None, 0.5, None),
         (None, None, 0.5, None),
@@ -341,8 +342,7 @@ async def test_real_stream_from_mlx_lm_server(tiny_llama_server):
     assert done.finish_reason in {"length", "stop"}
     assert done.usage is not None and 1 <= done.usage["completion_tokens"] <= 5
     assert done.usage["prompt_tokens"] > 0
-    # mlx_lm.server reports no rate: its completion_tokens over the text's arrival time
-    tokens = done.usage["completion_tokens"]
-    assert (done.tokens_per_s is None) == (tokens < 2 or len(deltas) < 2)
-    assert done.tokens_per_s is None or done.tokens_per_s > 0
+    # mlx_lm.server reports no rate: its completion_tokens over the text's arrival time,
+    # when that took long enough to say something (5 tiny tokens may not)
+    assert done.tokens_per_s is None or 0 < done.tokens_per_s < 100_000
     assert isinstance(again[-1], LlmDone) and again[-1].usage["completion_tokens"] <= 3

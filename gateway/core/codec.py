@@ -96,17 +96,18 @@ ClientMessage = (
 )
 
 
-def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], required: bool = True):
+def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], required: bool = True,
+           what: str | None = None):
+    """``obj[name]`` if it is a ``kind``; ``what`` names the kind in the error."""
     if name not in obj or obj[name] is None:
         if required:
             raise ProtocolError("missing_field", f"field {name!r} is required")
         return None
     value = obj[name]
     # bool is an int in Python; never accept it where a number is asked for
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise ProtocolError("invalid_field", f"field {name!r} must be {_kind_name(kind)}")
-    if not isinstance(value, kind):
-        raise ProtocolError("invalid_field", f"field {name!r} must be {_kind_name(kind)}")
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)) \
+            or not isinstance(value, kind):
+        raise ProtocolError("invalid_field", f"field {name!r} must be {what or _kind_name(kind)}")
     return value
 
 
@@ -137,7 +138,8 @@ def _number(obj: dict[str, Any], name: str, lo: float, hi: float, integer: bool 
     """A number in [lo, hi]. ``integer``: JSON does not tell 40 from 40.0 (JSON Schema's
     "integer" takes both, and Python's json writes floats as 40.0), so an integral float
     is taken as the integer it is; 40.5 is not an integer."""
-    value = _field(obj, name, (int, float), required=required)
+    value = _field(obj, name, (int, float), required=required,
+                   what="an integer" if integer else "a number")
     if value is None:
         return None
     if integer and isinstance(value, float):
@@ -186,6 +188,17 @@ def _frame_ms(obj: dict[str, Any], name: str) -> int:
     return frame_ms
 
 
+def _max_lead(obj: dict[str, Any], name: str) -> int:
+    """The upper bound is the session's: MAX_LEAD_MS_RANGE's, or the server's own default
+    where that is larger (``Session`` checks it)."""
+    lo, hi = MAX_LEAD_MS_RANGE
+    value = _number(obj, name, -math.inf, math.inf, integer=True, required=True)
+    if not lo <= value <= 2**53:
+        raise ProtocolError("invalid_field", f"field {name!r} must be between {lo} and {hi} "
+                            "(or up to the server's own default, when larger)")
+    return value
+
+
 def _int_in(lo: int, hi: int) -> Callable[[dict[str, Any], str], int]:
     return lambda obj, name: _number(obj, name, lo, hi, integer=True, required=True)
 
@@ -199,9 +212,7 @@ _SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
     "instructions": _instructions,
     "llm": _kind(dict),
     "frame_ms": _frame_ms,
-    # the upper bound is the session's: the larger of MAX_LEAD_MS_RANGE's and the
-    # server's own default (Session checks it)
-    "max_lead_ms": _int_in(MAX_LEAD_MS_RANGE[0], 2**53),
+    "max_lead_ms": _max_lead,
     "segmenter": _kind(dict),
 }
 _LLM_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {

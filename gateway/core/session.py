@@ -314,7 +314,8 @@ class Session:
                 return []
             case ClientSessionUpdate(settings=changes):
                 voice = changes.get("voice")
-                if voice is not None and self.voices is not None and voice not in self.voices:
+                if voice is not None and self.voices is not None and voice not in self.voices \
+                        and voice != self.defaults.voice:  # (the server's own is always good)
                     return self.protocol_error(ProtocolError(
                         "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"),
                         now)

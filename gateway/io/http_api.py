@@ -213,8 +213,12 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
 
 
 def default_voice(gateway: Gateway) -> str | None:
-    """The voice a request without one gets: the configured one, else the engine's own."""
-    return gateway.config.tts.voice or getattr(gateway.engine, "default_voice", None)
+    """The voice a request without one gets: the configured one where the engine has it,
+    else the engine's own (behind a fallback whose primary did not load, the fallback's)."""
+    configured = gateway.config.tts.voice
+    if configured and (not gateway.voices or configured in gateway.voices):
+        return configured
+    return getattr(gateway.engine, "default_voice", None)
 
 
 # ---- the lane sink ------------------------------------------------------------------------
@@ -261,6 +265,8 @@ class SpeechStream:
     first_audio_s: float | None = None
     finished: bool = False
     failure: _Failed | None = None
+    outcome: str = "disconnected"
+    """How its response ended, as counted: completed, failed or disconnected."""
     _next: int = 0
     _waiting_next: bool = False
 
@@ -425,7 +431,8 @@ class SpeechApi:
         self.asgi = CORSMiddleware(
             AuthMiddleware(self.app, gateway),
             allow_origins=["*"] if origins is None else list(origins),
-            allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
+            # any header: OpenAI's JS SDK adds its own (x-stainless-*); no cookies are used
+            allow_methods=["GET", "POST"], allow_headers=["*"],
             expose_headers=["X-Audio-Ms", "X-Compute-Ms", "X-Engine", "X-Sample-Rate",
                             "X-Speech-Notes"], max_age=600)
 
@@ -502,9 +509,8 @@ class SpeechApi:
         if notes:  # (what happens while it is spoken joins stream.notes later)
             headers["X-Speech-Notes"] = "; ".join(notes)
         if mode == "sse":
-            return StreamingResponse(_sse(stream, counter),
-                                     media_type="text/event-stream",
-                                     headers={**headers, "X-Accel-Buffering": "no"})
+            return _Streamed(_sse(stream), stream, counter, media_type="text/event-stream",
+                             headers={**headers, "X-Accel-Buffering": "no"})
         if mode == "chunked":
             return await _chunked(request, stream, fmt, headers, counter)
         return await _whole(request, stream, fmt, headers, counter)
@@ -571,25 +577,40 @@ def _sse_event(event: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(event) + b"\n\n"
 
 
-async def _sse(stream: SpeechStream, counter: Callable[[str], None]) -> AsyncIterator[bytes]:
-    status = "disconnected"
+class _Streamed(StreamingResponse):
+    """A streamed speech response that closes its ``SpeechStream`` and counts it however it
+    ends: its body generator's own ``finally`` would not run if it never started (a client
+    gone before the first chunk was asked for), leaving the jobs running and the stream
+    counted open."""
+
+    def __init__(self, content: AsyncIterator[bytes], stream: SpeechStream,
+                 counter: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.stream, self.counter = stream, counter
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.close()
+            self.counter(self.stream.outcome)
+
+
+async def _sse(stream: SpeechStream) -> AsyncIterator[bytes]:
     try:
         async for pcm in stream.chunks():
             yield _sse_event({"type": "speech.audio.delta",
                               "audio": base64.b64encode(pcm).decode("ascii")})
-        status = "completed"
+        stream.outcome = "completed"
         done: dict[str, Any] = {"type": "speech.audio.done", "usage": stream.usage()}
         if stream.notes:
             done["notes"] = stream.notes
         yield _sse_event(done)
     except SpeechFailed as exc:
-        status = "failed"
+        stream.outcome = "failed"
         yield _sse_event({"type": "speech.audio.error",
                           "error": {"message": exc.message, "type": "server_error",
                                     "param": None, "code": exc.code}})
-    finally:
-        stream.close()
-        counter(status)
 
 
 class _Gone(Exception):
@@ -637,23 +658,23 @@ async def _chunked(request: Request, stream: SpeechStream, fmt: str, headers: di
         counter("failed" if isinstance(exc, SpeechFailed) else "disconnected")
         return _failure(exc, headers) if isinstance(exc, SpeechFailed) else \
             Response(status_code=499)
+    except BaseException:  # cancelled: the server is stopping
+        stream.close()
+        counter("disconnected")
+        raise
 
     async def body() -> AsyncIterator[bytes]:
-        status = "disconnected"
         try:
             yield (WAV_STREAM_HEADER if fmt == "wav" else b"") + first
             async for pcm in chunks:
                 yield pcm
-            status = "completed"
+            stream.outcome = "completed"
         except SpeechFailed:
-            status = "failed"
+            stream.outcome = "failed"
             raise
-        finally:
-            stream.close()
-            counter(status)
 
     media_type = "audio/wav" if fmt == "wav" else "audio/pcm"
-    return StreamingResponse(body(), media_type=media_type, headers=headers)
+    return _Streamed(body(), stream, counter, media_type=media_type, headers=headers)
 
 
 async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict[str, str],
