@@ -175,7 +175,36 @@ async def test_null_means_the_default_for_every_optional_field(gateway):
             "temperature": None, "instructions": None}
     async with httpx.AsyncClient(base_url=base(gateway)) as client:
         response = await client.post("/v1/audio/speech", json=body)
+        seeded = await client.post("/v1/audio/speech", json={"input": "Hi.", "seed": 7.0})
     assert response.status_code == 200 and response.headers["content-type"] == "audio/wav"
+    assert seeded.status_code == 200  # an integral number is an integer (1.0 from Python)
+
+
+async def test_a_stopping_gateway_says_so(gateway):
+    # not "starting" and "warming_up", as it said while it closed
+    gateway.closing = True
+    try:
+        async with httpx.AsyncClient(base_url=base(gateway)) as client:
+            health = await client.get("/health")
+            speech = await client.post("/v1/audio/speech", json={"input": "Hi."})
+    finally:
+        gateway.closing = False
+    assert health.status_code == 503 and health.json()["status"] == "stopping"
+    assert speech.status_code == 503 and speech.json()["error"]["code"] == "shutting_down"
+
+
+async def test_a_client_gone_while_sending_its_request_is_no_server_error(gateway, caplog):
+    caplog.set_level(logging.INFO)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    async with asyncio.timeout(10):
+        while not any("while sending its request" in r.getMessage() for r in caplog.records):
+            await asyncio.sleep(0.01)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 # ---- SSE with httpx-sse, raw chunks ------------------------------------------------------
@@ -606,7 +635,9 @@ async def test_unknown_routes_and_methods_answer_in_openais_shape(gateway):
     async with httpx.AsyncClient(base_url=base(gateway)) as http:
         nowhere = await http.get("/v1/nowhere")
         wrong = await http.get("/v1/audio/speech")
+        slash = await http.post("/v1/audio/speech/", json={"input": "Hi."})
     assert nowhere.status_code == 404 and nowhere.json()["error"]["code"] == "not_found"
+    assert slash.status_code == 404 and slash.json()["error"]["code"] == "not_found"  # no 307
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     assert wrong.json()["error"] == {
         "message": "GET is not allowed on /v1/audio/speech (allowed: POST)",

@@ -56,6 +56,9 @@ async def test_http_api_requires_a_token_except_health(gateway):
         assert (await http.get("/metrics", headers={"Authorization": f"bearer {OTHER}"})
                 ).status_code == 200
     assert gateway.metrics.errors["unauthorized"] == 5
+    # the two refused speech requests are counted (and logged) as speech refusals are
+    refused = gateway.telemetry.http_speech.labels("-", "-", "rejected")._value.get()
+    assert refused == 2
 
 
 async def test_voice_port_routes_need_the_token_too(gateway):
@@ -179,7 +182,15 @@ async def test_with_an_origin_allowlist_only_those_origins_get_cors():
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
             allowed = await http.get("/v1/models", headers={"Origin": "http://hub.local:3000"})
             other = await http.get("/v1/models", headers={"Origin": "http://evil.example"})
+            # a page's "simple" POST needs no preflight: refused, not spoken unseen
+            simple = await http.post("/v1/audio/speech", content=b'{"input": "Hi."}',
+                                     headers={"Origin": "http://evil.example",
+                                              "Content-Type": "text/plain"})
+            no_origin = await http.post("/v1/audio/speech", json={"input": "Hi."})
     finally:
         await gw.aclose()
     assert allowed.headers["access-control-allow-origin"] == "http://hub.local:3000"
     assert "access-control-allow-origin" not in other.headers
+    assert other.status_code == simple.status_code == 403
+    assert simple.json()["error"]["code"] == "forbidden_origin"
+    assert no_origin.status_code == 200  # not a browser: let in, as on the voice socket

@@ -344,6 +344,10 @@ async def test_a_failed_resume_can_be_retried_on_the_same_socket(gateway):
         await send(ws2, type="session.resume", session_id=created["session_id"],
                    resume_token="a stale token")
         assert (await recv_event(ws2))["error"]["code"] == "resume_failed"
+        # a ping, a cancel or a mark put nothing to use: the retry window stays open
+        await send(ws2, type="ping", id=1)
+        await send(ws2, type="cancel")
+        assert (await recv_event(ws2))["type"] == "pong"
         await send(ws2, type="session.resume", session_id=created["session_id"],
                    resume_token=created["resume_token"])
         resumed = await recv_event(ws2)
@@ -355,7 +359,8 @@ async def test_a_failed_resume_can_be_retried_on_the_same_socket(gateway):
                    resume_token=created["resume_token"])
         error = await recv_event(ws2)
         assert error["error"] == {"code": "invalid_message", "message": "session.resume must "
-                                  "come before any other message, and only until one succeeds"}
+                                  "come before any transcript, say or session.update, and "
+                                  "only until one succeeds"}
 
 
 async def test_resuming_the_sockets_own_new_session_is_refused_and_it_goes_on(gateway):

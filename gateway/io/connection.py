@@ -360,6 +360,10 @@ class SessionRunner:
                 tracer.add("chunk_to_frame_written", time.perf_counter() - ready_at)
 
 
+ACTS_ON_THE_SESSION = (codec.ClientTranscript, codec.ClientSay, codec.ClientSessionUpdate)
+"""Client messages after which the socket's new session is in use: no resume replaces it."""
+
+
 class VoiceConnection:
     """One WebSocket carrying one session (a new one, or a resumed one)."""
 
@@ -427,8 +431,9 @@ class VoiceConnection:
 
     async def _reader(self) -> None:
         fresh = True
-        """No message has acted on this socket's new session yet: a ``session.resume`` may
-        still replace it (again after a ``resume_failed``: a client may retry)."""
+        """Nothing has acted on this socket's new session yet (a turn or a settings change;
+        a ping, a cancel or a mark change nothing): a ``session.resume`` may still replace
+        it (again after a ``resume_failed``: a client may retry)."""
         async for message in self.ws:
             runner = self.runner
             assert runner is not None
@@ -450,11 +455,11 @@ class VoiceConnection:
                     fresh = not self._resume(decoded, now)
                 else:
                     runner.protocol_error(ProtocolError(
-                        "invalid_message", "session.resume must come before any other "
-                        "message, and only until one succeeds"), now)
+                        "invalid_message", "session.resume must come before any transcript, "
+                        "say or session.update, and only until one succeeds"), now)
             else:
                 runner.receive(decoded, now)
-                fresh = False
+                fresh = fresh and not isinstance(decoded, ACTS_ON_THE_SESSION)
 
     def _resume(self, request: codec.ClientResume, now: float) -> bool:
         """``session.resume`` before any other message: swap the fresh session for the old

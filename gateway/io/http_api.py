@@ -46,7 +46,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -194,6 +194,8 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
         raise ApiError(400, f"'speed' must be a number from {SPEED_RANGE[0]} to "
                        f"{SPEED_RANGE[1]}", code="invalid_value", param="speed")
     seed = body.get("seed")
+    if isinstance(seed, float) and seed.is_integer():  # JSON does not tell 1 from 1.0
+        seed = int(seed)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ApiError(400, "'seed' must be an integer", code="invalid_type", param="seed")
     temperature = body.get("temperature")
@@ -387,29 +389,44 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 class AuthMiddleware:
-    """Pure ASGI (streaming responses pass through untouched): a request to anything but
+    """Pure ASGI (streaming responses pass through untouched), the voice socket's rules: a
+    browser Origin outside ``--origin``'s allowlist is refused (403; CORS alone would let a
+    page's simple POST be spoken, only hiding the answer), and a request to anything but
     ``OPEN_PATHS`` must present one of the gateway's tokens when any is configured."""
 
     def __init__(self, app: Any, gateway: Gateway) -> None:
         self.app, self.gateway = app, gateway
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        tokens = self.gateway.config.server.tokens
-        if scope["type"] != "http" or not tokens or scope["path"] in OPEN_PATHS:
+        server = self.gateway.config.server
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        authorization = ""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
+        headers = dict(scope["headers"])  # (a repeated header: its last value)
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        if origin and server.origins is not None and origin not in server.origins:
+            await self._refuse(ApiError(403, f"Origin {origin[:200]!r} is not allowed "
+                                        "(--origin, [server] origins)",
+                                        code="forbidden_origin"), scope, receive, send)
+            return
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
-        if token_ok(tokens_from(authorization, f"?{query}"), tokens):
+        if not server.tokens or token_ok(tokens_from(authorization, f"?{query}"),
+                                         server.tokens):
             await self.app(scope, receive, send)
             return
-        self.gateway.metrics.errors["unauthorized"] += 1
-        error = ApiError(401, "a valid API key is required: send 'Authorization: Bearer "
-                         "<token>' with one of the gateway's tokens", code="invalid_api_key")
-        await error.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        await self._refuse(ApiError(401, "a valid API key is required: send 'Authorization: "
+                                    "Bearer <token>' with one of the gateway's tokens",
+                                    code="invalid_api_key"), scope, receive, send,
+                           {"WWW-Authenticate": "Bearer"})
+
+    async def _refuse(self, error: ApiError, scope: MutableMapping[str, Any], receive: Any,
+                      send: Any, headers: dict[str, str] | None = None) -> None:
+        self.gateway.metrics.errors["unauthorized" if error.status == 401 else error.code] += 1
+        if scope["path"] == "/v1/audio/speech":  # counted and logged as speech refusals are
+            self.gateway.telemetry.http_speech.labels("-", "-", "rejected").inc()
+            log.info("speech rejected: %d %s: %s", error.status, error.code, error.message)
+        await error.response(headers)(scope, receive, send)
 
 
 class SpeechApi:
@@ -425,6 +442,7 @@ class SpeechApi:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ], exception_handlers={HTTPException: _http_error})
+        self.app.router.redirect_slashes = False  # /v1/audio/speech/: a JSON 404, not a 307
         # CORS outside auth: a browser's preflight carries no token. Browser apps on the hub
         # may call the API from the origins the voice socket admits (any, unless --origin).
         origins = gateway.config.server.origins
@@ -463,6 +481,9 @@ class SpeechApi:
     async def speech(self, request: Request) -> Response:
         gw = self.gateway
         try:
+            if gw.closing:
+                raise ApiError(503, "the gateway is shutting down", code="shutting_down",
+                               type="server_error")
             if not (gw.ready and gw.lane.loaded):
                 raise ApiError(503, "the engine is still warming up; retry shortly",
                                code="warming_up", type="server_error")
@@ -470,6 +491,10 @@ class SpeechApi:
                 raise ApiError(503, f"the engine cannot synthesize now: {gw.lane.unhealthy}",
                                code="engine_unavailable", type="server_error")
             params = parse_speech(await _read_json(request), gw)
+        except ClientDisconnect:  # gone while sending its request
+            gw.telemetry.http_speech.labels("-", "-", "disconnected").inc()
+            log.info("speech disconnected (499) while sending its request")
+            return Response(status_code=499)
         except ApiError as error:
             gw.telemetry.http_speech.labels("-", "-", "rejected").inc()
             log.info("speech rejected: %d %s: %s", error.status, error.code, error.message)
@@ -509,7 +534,8 @@ class SpeechApi:
         if notes:  # (what happens while it is spoken joins stream.notes later)
             headers["X-Speech-Notes"] = "; ".join(notes)
         if mode == "sse":
-            return _Streamed(_sse(stream), stream, counter, media_type="text/event-stream",
+            return _Streamed(_sse(stream, request), stream, counter,
+                             media_type="text/event-stream",
                              headers={**headers, "X-Accel-Buffering": "no"})
         if mode == "chunked":
             return await _chunked(request, stream, fmt, headers, counter)
@@ -596,11 +622,13 @@ class _Streamed(StreamingResponse):
             self.counter(self.stream.outcome)
 
 
-async def _sse(stream: SpeechStream) -> AsyncIterator[bytes]:
+async def _sse(stream: SpeechStream, request: Request) -> AsyncIterator[bytes]:
     try:
         async for pcm in stream.chunks():
             yield _sse_event({"type": "speech.audio.delta",
                               "audio": base64.b64encode(pcm).decode("ascii")})
+        if await request.is_disconnected():  # (see _chunked)
+            return
         stream.outcome = "completed"
         done: dict[str, Any] = {"type": "speech.audio.done", "usage": stream.usage()}
         if stream.notes:
@@ -668,6 +696,10 @@ async def _chunked(request: Request, stream: SpeechStream, fmt: str, headers: di
             yield (WAV_STREAM_HEADER if fmt == "wav" else b"") + first
             async for pcm in chunks:
                 yield pcm
+            # A client gone while the last chunks were already made: the server drops what
+            # is sent to it, so the loop ran to the end before the hang-up was seen
+            if await request.is_disconnected():
+                return
             stream.outcome = "completed"
         except SpeechFailed:
             stream.outcome = "failed"

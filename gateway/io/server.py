@@ -382,7 +382,8 @@ class Gateway:
         # the primary decides: a stuck second lane only loses its turns to the primary
         # (placement skips it); it shows in lanes[...]["unhealthy"]
         degraded = getattr(self.engine, "primary_load_error", None)
-        status = "unhealthy" if lane.unhealthy is not None else \
+        status = "stopping" if self.closing else \
+            "unhealthy" if lane.unhealthy is not None else \
             "starting" if not (self.ready and all(ln.loaded for ln in lanes)) else \
             "degraded" if degraded else "ok"
         names = [ln.engine.name for ln in lanes]
