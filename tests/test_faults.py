@@ -430,3 +430,41 @@ async def test_ended_sessions_are_freed():
         assert len(refs) == 6 and [r for r in refs if r() is not None] == []
     finally:
         await gw.aclose()
+
+
+class SlowLoadingEngine(SyntheticEngine):
+    """TEST DOUBLE: a free synthetic engine whose ``load`` waits for the test's go-ahead (a
+    real model takes seconds to a minute)."""
+
+    def __init__(self) -> None:
+        super().__init__(rtf=0, ttfa_ms=0, lane="cpu")
+        self.loading = threading.Event()
+        self.release = threading.Event()
+
+    def load(self) -> None:
+        self.loading.set()
+        self.release.wait(60)
+        super().load()
+
+
+async def test_a_stop_during_the_model_load_does_not_wait_for_it(capsys):
+    from gateway.io.server import serve_until_signalled
+
+    engine = SlowLoadingEngine()
+    config = load_config(server={"port": 0, "http_port": 0}, llm={"tokens_per_s": 0})
+    gw = Gateway(config, engine=engine)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(serve_until_signalled(config, stop=stop, gateway=gw))
+    try:
+        await asyncio.to_thread(engine.loading.wait, 30)
+        http_port = gw.http_port  # (the HTTP API answers 503 while the engine loads)
+        stop.set()
+        async with asyncio.timeout(10):  # the load is still blocked: nothing waits for it
+            await serving
+        assert "stopped while starting" in capsys.readouterr().out
+        assert not gw.ready
+        async with httpx.AsyncClient(timeout=5) as client:
+            with pytest.raises(httpx.ConnectError):  # what the start opened is closed
+                await client.get(f"http://127.0.0.1:{http_port}/health")
+    finally:
+        engine.release.set()

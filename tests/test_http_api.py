@@ -193,17 +193,33 @@ async def test_a_stopping_gateway_says_so(gateway):
     assert speech.status_code == 503 and speech.json()["error"]["code"] == "shutting_down"
 
 
+class LineSeen(logging.Handler):
+    """Sets ``seen`` when a record holding ``text`` is logged (on the loop's own thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
 async def test_a_client_gone_while_sending_its_request_is_no_server_error(gateway, caplog):
     caplog.set_level(logging.INFO)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
-    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
-    await writer.drain()
-    writer.close()
-    await writer.wait_closed()
-    async with asyncio.timeout(10):
-        while not any("while sending its request" in r.getMessage() for r in caplog.records):
-            await asyncio.sleep(0.01)
+    line = LineSeen("speech disconnected (499) while sending its request")
+    logging.getLogger("gateway.io.http_api").addHandler(line)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        async with asyncio.timeout(10):
+            await line.seen.wait()
+    finally:
+        logging.getLogger("gateway.io.http_api").removeHandler(line)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

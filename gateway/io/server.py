@@ -266,10 +266,9 @@ class Gateway:
         try:
             seconds = await asyncio.gather(*(lane.load() for lane in self.lanes.values()))
         except BaseException:
-            for task in self._lane_tasks:
-                await cancel_and_wait(task)
-            await self.telemetry.aclose()
-            await self.http.aclose()
+            # shielded: when the start itself is cancelled (a ^C during the load), the
+            # cleanup must not stop at its first await (cancel_and_wait re-raises there)
+            await asyncio.shield(self._close_started())
             raise
         voices = {lane.name: list(lane.engine.voices()) for lane in self.lanes.values()}
         self.lane_voices = voices
@@ -297,6 +296,13 @@ class Gateway:
             ssl=ssl_context,
         )
         self.ready = True
+
+    async def _close_started(self) -> None:
+        """Close what ``start`` opened before its engines loaded."""
+        for task in self._lane_tasks:
+            await cancel_and_wait(task)
+        await self.telemetry.aclose()
+        await self.http.aclose()
 
     @property
     def port(self) -> int:
@@ -506,10 +512,32 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
-async def serve_until_signalled(config: GatewayConfig) -> None:
-    stop = stop_signal()
-    gateway = Gateway(config)
-    await gateway.start()
+async def started_unless_stopped(gateway: Gateway, stop: asyncio.Event) -> bool:
+    """Start ``gateway``; False if ``stop`` is set first. A model may take a minute to load,
+    and a ^C then must not wait for it: the start is cancelled and closes what it opened
+    (the load itself runs on in its engine thread until the process exits)."""
+    starting = asyncio.ensure_future(gateway.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if starting.done():
+        starting.result()  # (a start that failed raises here)
+        return True
+    await cancel_and_wait(starting)
+    return False
+
+
+async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | None = None,
+                                gateway: Gateway | None = None) -> None:
+    """``voice-gateway serve``: start, say where it serves, serve until SIGINT or SIGTERM
+    (or ``stop``, for tests), then close."""
+    stop = stop or stop_signal()
+    gateway = gateway or Gateway(config)
+    if not await started_unless_stopped(gateway, stop):
+        print("stopped while starting", flush=True)
+        return
     frozen = freeze_startup_heap()
     log.info("%d objects alive after start-up frozen out of garbage collection", frozen)
     c = config
