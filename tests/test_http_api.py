@@ -452,21 +452,9 @@ async def test_shutdown_ends_open_streams_with_an_error(replies):
 # ---- warm-up, health, metrics ------------------------------------------------------------
 
 
-class SlowLoadingEngine(SyntheticEngine):
-    """Test double: a free synthetic engine whose ``load`` waits for the test's go-ahead."""
-
-    def __init__(self) -> None:
-        super().__init__(rtf=0, ttfa_ms=0)
-        self.loading = threading.Event()
-        self.release = threading.Event()
-
-    def load(self) -> None:
-        self.loading.set()
-        self.release.wait(30)
-        super().load()
-
-
 async def test_health_and_speech_answer_503_while_warming_up(replies):
+    from tests.test_faults import SlowLoadingEngine
+
     engine = SlowLoadingEngine()
     config = load_config(server={"port": 0}, llm={"replies": replies})
     gw = Gateway(config, engine=engine)
