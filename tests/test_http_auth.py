@@ -187,10 +187,12 @@ async def test_with_an_origin_allowlist_only_those_origins_get_cors():
                                      headers={"Origin": "http://evil.example",
                                               "Content-Type": "text/plain"})
             no_origin = await http.post("/v1/audio/speech", json={"input": "Hi."})
+            two = await http.get("/v1/models", headers=[("Origin", "http://hub.local:3000"),
+                                                        ("Origin", "http://evil.example")])
     finally:
         await gw.aclose()
     assert allowed.headers["access-control-allow-origin"] == "http://hub.local:3000"
     assert "access-control-allow-origin" not in other.headers
-    assert other.status_code == simple.status_code == 403
+    assert other.status_code == simple.status_code == two.status_code == 403  # (both ports' rule)
     assert simple.json()["error"]["code"] == "forbidden_origin"
     assert no_origin.status_code == 200  # not a browser: let in, as on the voice socket

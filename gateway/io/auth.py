@@ -70,6 +70,16 @@ def select_subprotocol(connection: ServerConnection,
     return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
 
 
+def refused_origin(origins: Sequence[str], allowed: Iterable[str] | None) -> str | None:
+    """Why a request with these ``Origin`` header values is refused (403
+    ``forbidden_origin``), or None. Both ports' rule: with an allowlist (``--origin``), a
+    browser Origin outside it, or more than one, is refused; no Origin (not a browser) is
+    let in."""
+    if allowed is None or not origins or (len(origins) == 1 and origins[0] in allowed):
+        return None
+    return f"Origin {origins[-1][:200]!r} is not allowed (--origin, [server] origins)"
+
+
 def is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
         return host == "localhost"

@@ -53,7 +53,7 @@ from starlette.routing import Route
 from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import Segmenter
-from gateway.io.auth import token_ok, tokens_from
+from gateway.io.auth import refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, SynthesisJob
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -403,11 +403,10 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])  # (a repeated header: its last value)
-        origin = headers.get(b"origin", b"").decode("latin-1")
-        if origin and server.origins is not None and origin not in server.origins:
-            await self._refuse(ApiError(403, f"Origin {origin[:200]!r} is not allowed "
-                                        "(--origin, [server] origins)",
-                                        code="forbidden_origin"), scope, receive, send)
+        origins = [v.decode("latin-1") for k, v in scope["headers"] if k == b"origin"]
+        if (why := refused_origin(origins, server.origins)) is not None:
+            await self._refuse(ApiError(403, why, code="forbidden_origin"), scope, receive,
+                               send)
             return
         authorization = headers.get(b"authorization", b"").decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
@@ -423,10 +422,15 @@ class AuthMiddleware:
     async def _refuse(self, error: ApiError, scope: MutableMapping[str, Any], receive: Any,
                       send: Any, headers: dict[str, str] | None = None) -> None:
         self.gateway.metrics.errors["unauthorized" if error.status == 401 else error.code] += 1
-        if scope["path"] == "/v1/audio/speech":  # counted and logged as speech refusals are
-            self.gateway.telemetry.http_speech.labels("-", "-", "rejected").inc()
-            log.info("speech rejected: %d %s: %s", error.status, error.code, error.message)
+        if scope["path"] == "/v1/audio/speech":
+            _speech_rejected(self.gateway, error)
         await error.response(headers)(scope, receive, send)
+
+
+def _speech_rejected(gateway: Gateway, error: ApiError) -> None:
+    """A speech request refused before any synthesis: counted, and its one log line."""
+    gateway.telemetry.http_speech.labels("-", "-", "rejected").inc()
+    log.info("speech rejected: %d %s: %s", error.status, error.code, error.message)
 
 
 class SpeechApi:
@@ -496,8 +500,7 @@ class SpeechApi:
             log.info("speech disconnected (499) while sending its request")
             return Response(status_code=499)
         except ApiError as error:
-            gw.telemetry.http_speech.labels("-", "-", "rejected").inc()
-            log.info("speech rejected: %d %s: %s", error.status, error.code, error.message)
+            _speech_rejected(gw, error)
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
         voice = params.voice or gw.config.tts.voice
         lane = gw.lane_for_voice(voice)

@@ -42,7 +42,13 @@ from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait
-from gateway.io.auth import check_token, install_redaction, is_loopback, select_subprotocol
+from gateway.io.auth import (
+    check_token,
+    install_redaction,
+    is_loopback,
+    refused_origin,
+    select_subprotocol,
+)
 from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
@@ -353,12 +359,11 @@ class Gateway:
                 "message": "a valid token is required (Authorization: Bearer, ?token=, "
                            "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
-            allowed, origins = self.config.server.origins, request.headers.get_all("Origin")
-            if allowed is not None and origins and (len(origins) > 1 or origins[0] not in allowed):
+            why = refused_origin(request.headers.get_all("Origin"), self.config.server.origins)
+            if why is not None:
                 self.metrics.errors["forbidden_origin"] += 1
                 return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
-                    "code": "forbidden_origin", "message": f"Origin {origins[-1][:200]!r} is "
-                    "not allowed (--origin, [server] origins)"}})
+                    "code": "forbidden_origin", "message": why}})
             if len(self.runners) >= self.config.server.max_sessions:
                 return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       {"error": {"code": "server_full",
