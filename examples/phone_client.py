@@ -44,6 +44,7 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 import wave
 from pathlib import Path
 from typing import Any
@@ -191,7 +192,7 @@ class PhoneClient:
         failures = 0  # attempts that did not reach the gateway before it was ever reached
         while True:
             try:
-                async with connect(self.url, compression=None, max_size=2**20,
+                async with connect(self._url(), compression=None, max_size=2**20,
                                    additional_headers=self.headers) as ws:
                     created = json.loads(await ws.recv())
                     assert created["type"] == "session.created", created
@@ -228,6 +229,16 @@ class PhoneClient:
                      else f"[retrying in {delay:.1f} s]")
             await asyncio.sleep(delay)
             backoff = min(backoff * 2, 8.0)
+
+    def _url(self) -> str:
+        """The gateway URL; when reconnecting, naming the session to resume (``?resume=``),
+        which lets the socket in even when the gateway is full (protocol.md, Resume)."""
+        if self._session_id is None:
+            return self.url
+        parts = urllib.parse.urlsplit(self.url)
+        query = urllib.parse.urlencode([*urllib.parse.parse_qsl(parts.query),
+                                        ("resume", self._session_id)])
+        return parts._replace(query=query).geturl()
 
     async def _resume(self, ws: ClientConnection, created: dict[str, Any]) -> bool:
         """Continue the previous session on ``ws``; False when there is none to continue

@@ -451,7 +451,7 @@ class RelaySession:
         delay = 0.1
         while loop.time() < deadline:
             try:
-                gateway = await self.relay.connect_upstream()
+                gateway = await self.relay.connect_upstream(self.core.session_id)
             except (OSError, InvalidStatus, TimeoutError):
                 await asyncio.sleep(delay)  # back off before the next attempt
                 delay = min(delay * 2, 2.0)
@@ -500,11 +500,17 @@ class WatchRelay:
             self._server.close()
             await self._server.wait_closed()
 
-    async def connect_upstream(self) -> ClientConnection:
+    async def connect_upstream(self, resume: str | None = None) -> ClientConnection:
+        """A socket to the gateway; ``resume``: the session it is for (``?resume=``, which
+        lets it in even when the gateway is full)."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        url = self.upstream_url
+        if resume is not None:
+            parts = urllib.parse.urlsplit(url)
+            url = parts._replace(query=urllib.parse.urlencode(
+                [*urllib.parse.parse_qsl(parts.query), ("resume", resume)])).geturl()
         return await asyncio.wait_for(
-            connect(self.upstream_url, compression=None, max_size=2**20,
-                    additional_headers=headers), 10.0)
+            connect(url, compression=None, max_size=2**20, additional_headers=headers), 10.0)
 
     async def _handle(self, watch: ServerConnection) -> None:
         assert watch.request is not None

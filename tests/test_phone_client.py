@@ -105,7 +105,11 @@ class CuttingProxy:
 
 
 @pytest.mark.slow
-async def test_a_dropped_socket_resumes_the_turn_into_the_same_wav(gateway, tmp_path):
+@pytest.mark.parametrize("max_sessions", [10_000, 1], ids=["room", "full"])
+async def test_a_dropped_socket_resumes_the_turn_into_the_same_wav(start_gateway, tmp_path,
+                                                                   max_sessions):
+    # "full": the session waiting for its resume fills the gateway; the reconnect names it
+    gateway = await start_gateway(REPLIES, server={"max_sessions": max_sessions})
     proxy = CuttingProxy(gateway.port, cut_after=60_000)  # about 1.2 s of audio in
     port = await proxy.start()
     try:

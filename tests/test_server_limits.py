@@ -8,11 +8,11 @@ import json
 
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.config import load_config
 from gateway.io.server import Gateway
-from tests.wsclient import recv_event
+from tests.wsclient import read_turn, recv_event, send
 
 
 async def created(ws) -> None:
@@ -36,6 +36,85 @@ async def test_sessions_beyond_max_sessions_get_503_server_full_until_one_ends(s
     async with connect(url) as c:
         await created(c)
     assert gw.metrics.sessions_opened == 3
+
+
+async def refused_503(url: str) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(url):
+            pass
+    assert refused.value.response.status_code == 503
+    assert json.loads(refused.value.response.body)["error"]["code"] == "server_full"
+
+
+async def dropped(url: str) -> dict:
+    """A phone's session whose socket died without a close (it waits for a resume)."""
+    ws = await connect(url)
+    created = await recv_event(ws, "session.created")
+    ws.transport.abort()
+    await ws.wait_closed()
+    return created
+
+
+async def test_a_full_gateway_lets_a_phone_back_in_to_resume_its_session(start_gateway):
+    # max_sessions 1: the dropped session waiting for its resume fills the gateway. The
+    # phone reconnecting for it names it (?resume=) and gets it back; anyone else gets 503.
+    gw = await start_gateway(server={"max_sessions": 1, "resume_window_s": 30.0})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    created = await dropped(url)
+    sid = created["session_id"]
+    await refused_503(url)
+    await refused_503(f"{url}?resume=sess_unknown")
+    async with connect(f"{url}?resume={sid}") as ws:
+        await recv_event(ws, "session.created")  # the socket's own, discarded by the resume
+        with pytest.raises(InvalidStatus):  # one socket on its way to resume a session
+            async with connect(f"{url}?resume={sid}"):
+                pass
+        await send(ws, type="session.resume", session_id=sid,
+                   resume_token=created["resume_token"])
+        assert (await recv_event(ws))["type"] == "session.resumed"
+        assert list(gw.runners) == [sid] and not gw.past_limit
+        await send(ws, type="say", text="Back again.")
+        turn = await read_turn(ws)
+        assert turn.done["status"] == "completed"
+        await refused_503(url)  # still full: the resumed session is the one
+        # and it can be taken over again from a socket that names it
+        async with connect(f"{url}?resume={sid}") as again:
+            await recv_event(again, "session.created")
+            await send(again, type="session.resume", session_id=sid,
+                       resume_token=created["resume_token"], last_seq=turn.frames[-1].seq)
+            assert (await recv_event(again))["type"] == "session.resumed"
+            with pytest.raises(ConnectionClosed):
+                await ws.recv()
+            assert ws.close_code == 4000
+    assert gw.metrics.errors["server_full"] == 0
+
+
+@pytest.mark.parametrize("first", ["transcript", "wrong token", "silence"])
+async def test_a_socket_let_in_past_the_limit_may_only_resume(start_gateway, first,
+                                                              monkeypatch):
+    from gateway.io import connection
+
+    monkeypatch.setattr(connection, "RESUME_PAST_LIMIT_S", 0.2)
+    gw = await start_gateway(server={"max_sessions": 1, "resume_window_s": 30.0})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    created = await dropped(url)
+    async with connect(f"{url}?resume={created['session_id']}") as ws:
+        await recv_event(ws, "session.created")
+        if first == "transcript":
+            await send(ws, type="transcript", text="Hello?")
+        elif first == "wrong token":
+            await send(ws, type="session.resume", session_id=created["session_id"],
+                       resume_token="nope")
+            assert (await recv_event(ws))["error"]["code"] == "resume_failed"
+        error = await recv_event(ws)
+        assert error["error"]["code"] == "server_full"
+        assert created["session_id"] in error["error"]["message"]
+        with pytest.raises(ConnectionClosed):
+            await ws.recv()
+        assert (ws.close_code, ws.close_reason) == (1013, "server full")
+    # the refused socket's own session is gone at once; the held one still waits
+    assert list(gw.runners) == [created["session_id"]] and not gw.past_limit
+    assert gw.metrics.errors["server_full"] == 1
 
 
 async def test_a_browser_origin_outside_the_allowlist_is_refused(start_gateway):

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSE_SLOW_CONSUMER = (1013, "slow_consumer")
+CLOSE_SERVER_FULL = (1013, "server full")
+RESUME_PAST_LIMIT_S = 10.0
+"""How long a socket let in beyond ``max_sessions`` to resume may take to ask for it."""
 WRITE_BATCH = 32
 """Most messages written with one socket write."""
 
@@ -367,11 +370,15 @@ ACTS_ON_THE_SESSION = (codec.ClientTranscript, codec.ClientSay, codec.ClientSess
 class VoiceConnection:
     """One WebSocket carrying one session (a new one, or a resumed one)."""
 
-    def __init__(self, gateway: Gateway, websocket: ServerConnection) -> None:
+    def __init__(self, gateway: Gateway, websocket: ServerConnection, *,
+                 resume_only: str | None = None) -> None:
         self.gateway = gateway
         self.ws = websocket
         self.loop = asyncio.get_running_loop()
         self.runner: SessionRunner | None = None
+        self.resume_only = resume_only
+        """Let in past ``max_sessions`` to resume this session: only a resume may follow."""
+        self._close_with: tuple[int, str] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._writer_first: str | None = None
         self._parked = False
@@ -385,6 +392,8 @@ class VoiceConnection:
         self._use(runner, 0)
         runner._apply(runner.session.open(resume_token=runner.resume_token,
                                           resume_window_s=runner.resume_window_s))
+        refuse = None if self.resume_only is None else \
+            self.loop.call_later(RESUME_PAST_LIMIT_S, self._refuse_past_limit)
         clean = False
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -405,6 +414,8 @@ class VoiceConnection:
             # The finished writer holds its CancelledError, whose traceback holds the
             # writer's frame and so this connection: a cycle only a full GC would free.
             self._writer_task = None
+            if refuse is not None:
+                refuse.cancel()
             if self.runner is not None:
                 self.runner.detach(self, resumable=not clean and not self.gateway.closing)
             if self._closing is not None:
@@ -453,10 +464,14 @@ class VoiceConnection:
             if isinstance(decoded, codec.ClientResume):
                 if fresh:
                     fresh = not self._resume(decoded, now)
+                    if fresh and self.resume_only is not None:
+                        self._refuse_past_limit()
                 else:
                     runner.protocol_error(ProtocolError(
                         "invalid_message", "session.resume must come before any transcript, "
                         "say or session.update, and only until one succeeds"), now)
+            elif self.resume_only is not None and isinstance(decoded, ACTS_ON_THE_SESSION):
+                self._refuse_past_limit()
             else:
                 runner.receive(decoded, now)
                 fresh = fresh and not isinstance(decoded, ACTS_ON_THE_SESSION)
@@ -506,7 +521,23 @@ class VoiceConnection:
             "session": old.session.settings.to_event(),
         }).decode()
         self._use(old, position)
+        if self.resume_only is not None:  # back within the limit: a socket like any other
+            self.resume_only = None
+            self.gateway.past_limit.pop(self.ws, None)
         return True
+
+    def _refuse_past_limit(self) -> None:
+        """This socket was let in past ``max_sessions`` only to resume, and did not (in
+        time, or at all): tell the client, end the socket's own session, close with 1013."""
+        runner = self.runner
+        if self.resume_only is None or runner is None or runner.closed:
+            return
+        runner.protocol_error(ProtocolError(
+            "server_full", f"the gateway is full: this socket was let in only to resume "
+                           f"{self.resume_only}; retry later"), self.loop.time())
+        self.gateway.past_limit.pop(self.ws, None)
+        self._close_with = CLOSE_SERVER_FULL
+        runner.close()
 
     async def _writer(self) -> None:
         """The only caller of ``send``. Cancelling it is how the connection stops writing."""
@@ -520,7 +551,7 @@ class VoiceConnection:
             outbox = runner.outbox
             if runner.closed and outbox.cursor >= outbox.end:
                 await self.ws.close(*((1001, "server shutting down") if self.gateway.closing
-                                      else (1011, "session ended")))
+                                      else self._close_with or (1011, "session ended")))
                 return
             if outbox.cursor >= outbox.end:
                 self._parked = True

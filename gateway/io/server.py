@@ -24,6 +24,8 @@ import os
 import secrets
 import signal
 import time
+import urllib.parse
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -140,6 +142,10 @@ class Gateway:
                                tls=(s.tls_cert, s.tls_key) if s.tls_cert else None)
         self.connections: set[VoiceConnection] = set()
         self.runners: dict[str, SessionRunner] = {}
+        self.past_limit: weakref.WeakKeyDictionary[ServerConnection, str] = \
+            weakref.WeakKeyDictionary()
+        """Sockets let in beyond ``max_sessions`` to resume the session named (``?resume=``),
+        until they do. Weak: a handshake that fails after the check leaves no entry."""
         """Live sessions by id, attached to a connection or waiting for a resume."""
         self.closing = False
         self._live_changed = asyncio.Event()
@@ -365,6 +371,10 @@ class Gateway:
                 return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
                     "code": "forbidden_origin", "message": why}})
             if len(self.runners) >= self.config.server.max_sessions:
+                resuming = self._resumable_past_limit(request.path)
+                if resuming is not None:
+                    self.past_limit[connection] = resuming
+                    return None
                 return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                       {"error": {"code": "server_full",
                                                  "message": "too many sessions; retry later"}})
@@ -384,6 +394,18 @@ class Gateway:
             return page
         return _json_response(http.HTTPStatus.NOT_FOUND,
                               {"error": {"code": "not_found", "message": f"no route {path}"}})
+
+    def _resumable_past_limit(self, path: str) -> str | None:
+        """The session a socket names with ``?resume=<session_id>`` when a full gateway may
+        still let it in: the session is live (it counts toward the limit already, and the
+        resume frees the new socket's own session at once), and no other socket let in past
+        the limit is on its way to resume it."""
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        session_id = query.get("resume", [""])[0]
+        runner = self.runners.get(session_id)
+        if runner is None or runner.closed or session_id in self.past_limit.values():
+            return None
+        return session_id
 
     def health(self) -> dict[str, Any]:
         lane = self.lane
@@ -471,13 +493,15 @@ class Gateway:
         # loop for 0.3-0.8 s. The handshake is over, so drop the binding (the class's own
         # method takes its place) and let reference counting free the connection.
         vars(websocket.protocol).pop("select_subprotocol", None)
-        conn = VoiceConnection(self, websocket)
+        conn = VoiceConnection(self, websocket,
+                               resume_only=self.past_limit.get(websocket))
         self.connections.add(conn)
         self.metrics.sessions_opened += 1
         try:
             await conn.run()
         finally:
             self.connections.discard(conn)
+            self.past_limit.pop(websocket, None)
             self._live_changed.set()
             # A dropped socket leaves websockets' parser its EOFError, whose traceback holds
             # the parser's suspended frame, which holds the protocol: another cycle for the

@@ -87,7 +87,9 @@ function takeToken() {
 
 function connect() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const url = `${scheme}://${location.host}/v1/voice`;
+  // naming the session to resume lets the socket in even when the gateway is full
+  const resume = session ? `?resume=${encodeURIComponent(session.id)}` : "";
+  const url = `${scheme}://${location.host}/v1/voice${resume}`;
   // browsers cannot set headers: the token rides as a "bearer.<token>" subprotocol
   const socket = ws = new WebSocket(url, token ? ["voice.v1", `bearer.${token}`] : ["voice.v1"]);
   let opened = false;
