@@ -246,3 +246,85 @@ async def test_console_settings_emptied_go_back_to_the_servers_defaults(gateway)
             f"document.querySelector('#instructions').value === {default.instructions!r}")
         assert runner.session.settings == default  # null: the server's defaults again
         assert errors == []
+
+
+SHORT = " ".join(f"This is sentence number {i} of a short answer." for i in range(1, 5))
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start_gateway):
+    """A transcript the server refuses (rate_limited) or the page does (over 4,000
+    characters) is no barge-in: the reply plays on, whole. The console used to flush its
+    player when it sent, losing ~1 s and running dry for the rest of the turn."""
+    gw = await start_gateway([{"transcript": "Tell me", "reply": SHORT}],
+                             server={"turns_per_minute": 1})
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await page.fill("#transcript", "Tell me")
+        await page.click("#send")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await page.fill("#transcript", "x" * 4001)
+        await page.click("#send")
+        assert await page.input_value("#transcript") == "x" * 4001  # kept, to be shortened
+        await page.fill("#transcript", "Hello again")
+        await page.click("#send")
+        await page.wait_for_function(f"{state}.errors.some(e => e.startsWith('rate_limited'))")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'",
+                                     timeout=30_000)
+        await page.wait_for_function(
+            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+            arg=await page.evaluate_handle(state), timeout=30_000)
+        st = await page.evaluate(state)
+        assert st["samplesPlayed"] == st["samplesReceived"]
+        assert abs(st["samplesPlayed"] / 24 - st["lastTurn"]["metrics"]["audio_ms"]) < 2
+        assert st["underruns"] == 0
+        assert st["errors"][0] == "the transcript is 4001 characters; the limit is 4000"
+        assert gw.metrics.errors["text_too_long"] == 0  # never sent
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_stop_pressed_while_offline_reaches_the_gateway_after_the_resume(
+        start_gateway):
+    gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await page.fill("#transcript", "Tell me")
+        await page.click("#send")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await page.context.set_offline(True)  # and the socket drops: no reconnect gets out
+        for conn in list(gw.connections):
+            conn.ws.transport.abort()
+        await page.wait_for_function(f"!{state}.connected")
+        await page.click("#stop")
+        assert "Stop is sent when the session resumes" in \
+            (await page.evaluate(f"{state}.errors"))[-1]
+        await page.context.set_offline(False)
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
+        assert gw.metrics.turns["cancelled"] == 1
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_gives_up_a_silent_socket_and_resumes_on_a_new_one(start_gateway):
+    """The network goes quiet without closing anything: the page hears nothing, not even
+    its pings answered, gives the socket up and resumes the session on a new one."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        session_id = await page.evaluate(f"{state}.sessionId")
+        await page.context.set_offline(True)
+        await page.wait_for_function(f"{state}.errors.some(e => e.startsWith('no answer'))",
+                                     timeout=30_000)
+        await page.context.set_offline(False)
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        assert await page.evaluate(f"{state}.sessionId") == session_id
+        await page.fill("#transcript", "Hello")
+        await page.click("#send")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")

@@ -11,8 +11,18 @@ const state = window.consoleState = {
   audioReady: false, needsToken: false, eventsSinceFrame: 0,
 };
 
+const MAX_TEXT_CHARS = 4000; // protocol.md, Limits: code points, as the server counts them
+const MAX_INSTRUCTIONS_CHARS = 16000;
+const PING_EVERY_MS = 5000;
+const SILENT_FOR_MS = 12000; // no message at all (pings answered) for this long: the socket is dead
+const OPEN_WITHIN_MS = 10000; // a socket still connecting after this is given up
+
 let ws = null;
 let backoff = 500;
+let retry = null; // the timer of the next reconnect
+let heardAt = 0; // when the socket last gave us anything
+let pendingCancel = null; // a Stop pressed while the socket was down: sent after the resume
+let updatePending = false; // a session.update sent and not answered yet
 let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt}: what a resume needs
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
@@ -86,6 +96,8 @@ function takeToken() {
 }
 
 function connect() {
+  clearTimeout(retry);
+  if (ws && ws.readyState <= WebSocket.OPEN) abandon(ws); // one socket at a time
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   // naming the session to resume lets the socket in even when the gateway is full
   const resume = session ? `?resume=${encodeURIComponent(session.id)}` : "";
@@ -94,8 +106,22 @@ function connect() {
   const socket = ws = new WebSocket(url, token ? ["voice.v1", `bearer.${token}`] : ["voice.v1"]);
   let opened = false;
   socket.binaryType = "arraybuffer";
-  socket.onopen = () => { opened = true; backoff = 500; };
-  socket.onmessage = (e) => (typeof e.data === "string" ? onText(JSON.parse(e.data)) : onFrame(e.data));
+  const opening = setTimeout(() => { // a SYN lost on a dead network may hang for minutes
+    if (socket.readyState !== WebSocket.CONNECTING) return;
+    abandon(socket);
+    state.reconnects += 1;
+    reconnectLater();
+  }, OPEN_WITHIN_MS);
+  socket.onopen = () => {
+    clearTimeout(opening);
+    opened = true;
+    backoff = 500;
+    heardAt = performance.now();
+  };
+  socket.onmessage = (e) => {
+    heardAt = performance.now();
+    typeof e.data === "string" ? onText(JSON.parse(e.data)) : onFrame(e.data);
+  };
   socket.onclose = async (e) => {
     const was = state.connected;
     state.connected = false;
@@ -106,20 +132,51 @@ function connect() {
       flushAudio();
       turn = null;
     }
-    if (was) showError(`socket closed with ${e.code}; reconnecting` + (session ? " to resume" : ""));
+    if (was && !e.told) {
+      showError(e.code === 1001 && e.reason === "server shutting down"
+        ? "the gateway stopped; reconnecting for a new session"
+        : `socket closed with ${e.code}${e.reason ? ` (${e.reason})` : ""}; reconnecting` +
+          (session ? " to resume" : ""));
+    }
     state.reconnects += 1;
     if (!opened && (await refusedForToken())) return; // wait for a token to be typed in
-    setTimeout(connect, backoff);
-    backoff = Math.min(backoff * 2, 8000);
+    reconnectLater();
   };
 }
 
-// A dropped socket (no close from the server, or "going away") leaves the session waiting
-// for a resume; a close the server chose ends it.
+function reconnectLater() {
+  retry = setTimeout(connect, backoff);
+  backoff = Math.min(backoff * 2, 8000);
+}
+
+// Leave a socket behind without hearing from it again (its close would reconnect too).
+// Not with 1000, which ends the session: its close frame may still reach the gateway once
+// the network is back, and the session is to be resumed (protocol.md, Connection).
+function abandon(socket) {
+  socket.onopen = socket.onmessage = socket.onclose = null;
+  socket.close(4001, "given up: resuming on another socket");
+}
+
+// A dropped socket (no close from the server) leaves the session waiting for a resume; a
+// close the server chose ends it, and so does its shutdown (1001 "server shutting down").
 function canResume(code) {
-  if (!session || ![1001, 1006, 1011, 1012].includes(code)) return false;
+  if (!session || ![1006, 1011, 1012].includes(code)) return false;
   return performance.now() - session.droppedAt < session.windowS * 1000 - 1000;
 }
+
+// A network that drops silently (Wi-Fi gone, a laptop lid) leaves the socket looking open:
+// ping, and when nothing at all comes back, give the socket up and resume on a new one.
+setInterval(() => {
+  if (!ws || ws.readyState !== WebSocket.OPEN || !state.connected) return;
+  if (performance.now() - heardAt > SILENT_FOR_MS) {
+    const socket = ws;
+    showError(`no answer from the gateway for ${SILENT_FOR_MS / 1000} s; reconnecting`);
+    socket.onclose?.({code: 1006, reason: "", told: true});
+    abandon(socket);
+    return;
+  }
+  send({type: "ping", id: Date.now()});
+}, PING_EVERY_MS);
 
 // A socket refused before it opened: /health (always open) says whether tokens are in use.
 async function refusedForToken() {
@@ -134,6 +191,7 @@ async function refusedForToken() {
   return true;
 }
 
+$("token-row").addEventListener("submit", (e) => e.preventDefault()); // Enter: "change" below
 $("token").addEventListener("change", () => {
   token = $("token").value.trim();
   sessionStorage.setItem("voiceToken", token);
@@ -142,6 +200,10 @@ $("token").addEventListener("change", () => {
   backoff = 500;
   connect();
 });
+
+function connected() {
+  return ws !== null && ws.readyState === WebSocket.OPEN && state.connected;
+}
 
 function send(message) {
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(message));
@@ -189,8 +251,14 @@ function onEvent(ev) {
       state.resumes += 1;
       setStatus(true, `connected · ${ev.session_id} · resumed (${ev.replayed} re-sent)`);
       showSettings(ev.session);
+      if (pendingCancel !== null) { // Stop was pressed while the socket was down
+        send({type: "playback", turn_id: pendingCancel.turnId, played_ms: pendingCancel.playedMs});
+        send({type: "cancel", turn_id: pendingCancel.turnId});
+        pendingCancel = null;
+      }
       break;
     case "session.updated":
+      updatePending = false;
       showSettings(ev.session);
       break;
     case "sentence.done":
@@ -225,6 +293,7 @@ function onEvent(ev) {
         renderReply();
       }
       const li = document.createElement("li");
+      li.dir = "auto";
       li.value = ev.index;
       li.textContent = ev.text;
       const engine = document.createElement("span");
@@ -248,13 +317,18 @@ function onEvent(ev) {
       showError(`${ev.error.code}: ${ev.error.message}` +
                 (ev.turn_id ? ` (turn ${ev.turn_id})` : ""));
       if (ev.error.code === "resume_failed" && fresh) { // carry on with the new session
+        if (turn && !state.turns.some((t) => t.turnId === turn.id)) {
+          addTimeline({turn_id: turn.id, status: "lost", metrics: {}}); // it never ended here
+        }
         session = null;
+        pendingCancel = null;
         flushAudio();
         turn = null;
         startSession(fresh);
         fresh = null;
-      } else if (ev.error.code === "unknown_voice" && settings) {
-        showSettings(settings); // the field shows the voice in use, not the one refused
+      } else if (updatePending && ev.turn_id === undefined && settings) {
+        updatePending = false;
+        showSettings(settings); // the fields show the settings in use, not the ones refused
       }
       break;
   }
@@ -270,6 +344,8 @@ function showSettings(s) {
 
 function startSession(ev) {
   state.connected = true;
+  updatePending = false;
+  $("token-row").hidden = true; // in: a token typed again would only open another socket
   if (state.sessionId && state.sessionId !== ev.session_id) addSessionMark(ev.session_id);
   state.sessionId = ev.session_id;
   state.eventsSinceFrame = 0;
@@ -377,38 +453,71 @@ function showError(text) {
 
 // ---- controls ----------------------------------------------------------------------
 
+const chars = (text) => [...text].length; // code points
+
+// Sends the transcript; false (with the reason shown) when it cannot go. The reply playing
+// stops when the server starts the new turn (or ends the old one cancelled), not here: a
+// transcript the server refuses (rate_limited) leaves the reply playing, whole.
 async function sendTranscript(text) {
   text = text.trim();
-  if (!text) return;
+  if (!text) return false;
+  if (!connected()) {
+    showError("not connected: the transcript was not sent");
+    return false;
+  }
+  if (chars(text) > MAX_TEXT_CHARS) {
+    showError(`the transcript is ${chars(text)} characters; the limit is ${MAX_TEXT_CHARS}`);
+    return false;
+  }
   await initAudio();
   await audio.ctx.resume();
   if (turn && (state.playing || state.bufferedSamples)) {
     send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())}); // barge-in
-    flushAudio();
   }
   pendingSentAt = performance.now();
   send({type: "transcript", text});
+  return true;
 }
 
 $("talk").addEventListener("submit", (e) => {
   e.preventDefault();
-  sendTranscript($("transcript").value).catch((err) => showError(String(err)));
-  $("transcript").value = "";
+  const input = $("transcript");
+  sendTranscript(input.value).then((sent) => { if (sent) input.value = ""; })
+    .catch((err) => showError(String(err)));
 });
 
-$("stop").addEventListener("click", () => {
+function stop() {
   if (!turn) return;
-  send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())});
-  send({type: "cancel", turn_id: turn.id});
   flushAudio();
-});
+  const mark = {turnId: turn.id, playedMs: Math.round(playedMs())};
+  if (!connected()) { // said once the session is back
+    pendingCancel = mark;
+    showError("not connected: Stop is sent when the session resumes");
+    return;
+  }
+  send({type: "playback", turn_id: mark.turnId, played_ms: mark.playedMs});
+  send({type: "cancel", turn_id: mark.turnId});
+}
+$("stop").addEventListener("click", stop);
+document.addEventListener("keydown", (e) => { if (e.key === "Escape") stop(); });
 
 $("apply").addEventListener("click", () => {
+  const instructions = $("instructions").value.trim();
+  if (chars(instructions) > MAX_INSTRUCTIONS_CHARS) {
+    showError(`the instructions are ${chars(instructions)} characters; the limit is ` +
+              `${MAX_INSTRUCTIONS_CHARS}`);
+    return;
+  }
+  if (!connected()) {
+    showError("not connected: the settings were not sent");
+    return;
+  }
   // the fields show what is in use; emptied, they ask for the server's default (null)
+  updatePending = true;
   send({type: "session.update", session: {
     frame_ms: Number($("frame-ms").value),
     voice: $("voice").value.trim() || null,
-    instructions: $("instructions").value.trim() || null,
+    instructions: instructions || null,
   }});
 });
 
@@ -416,17 +525,37 @@ const Recognition = window.SpeechRecognition || window.webkitSpeechRecognition;
 if (Recognition) {
   const mic = $("mic");
   mic.hidden = false;
+  let listening = null;
   mic.addEventListener("click", () => {
-    const rec = new Recognition();
+    if (listening) return listening.stop();
+    const rec = listening = new Recognition();
     rec.lang = navigator.language || "en-US";
     rec.interimResults = true;
     rec.onresult = (e) => {
       const result = e.results[e.results.length - 1];
       $("transcript").value = result[0].transcript;
-      if (result.isFinal) sendTranscript(result[0].transcript).catch((err) => showError(String(err)));
+      if (result.isFinal) {
+        sendTranscript(result[0].transcript)
+          .then((sent) => { if (sent) $("transcript").value = ""; })
+          .catch((err) => showError(String(err)));
+      }
     };
-    rec.onerror = (e) => showError(`speech recognition: ${e.error}`);
+    rec.onerror = (e) => {
+      if (["not-allowed", "service-not-allowed", "audio-capture"].includes(e.error)) {
+        mic.hidden = true; // it will not work in this browser: do not offer it again
+        showError(`speech recognition is not available here (${e.error}): type the transcript`);
+      } else if (e.error !== "no-speech" && e.error !== "aborted") {
+        showError(`speech recognition: ${e.error}`);
+      }
+    };
+    rec.onend = () => {
+      listening = null;
+      mic.textContent = "Speak";
+      mic.setAttribute("aria-pressed", "false");
+    };
     rec.start();
+    mic.textContent = "Listening…";
+    mic.setAttribute("aria-pressed", "true");
   });
 }
 
