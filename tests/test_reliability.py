@@ -270,6 +270,102 @@ async def test_a_dropped_session_leaves_the_lane_until_it_resumes(gateway):
     assert seqs == list(range(len(seqs)))
 
 
+class Tunnel:
+    """A TCP relay to the gateway that can go silent: from ``silence()`` on, bytes in both
+    directions vanish and nothing is closed (a phone in a tunnel, a half-open connection;
+    the gateway's writes still succeed)."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.silent = port, False
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    def silence(self) -> None:
+        self.silent = True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                if not self.silent:
+                    dst.write(data)
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer),
+                             return_exceptions=True)
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+async def test_a_marking_listener_gone_silent_is_let_go_and_resumes_without_a_gap(
+        gateway, monkeypatch):
+    """The network goes quiet without a close: the client's marks stop and its pong never
+    comes. The gateway drops the socket after ``LISTENER_SILENT_S`` + ``PROBE_TIMEOUT_S``
+    instead of the keepalive's 40 s, sending audio nobody got all that while (past the
+    resume buffer for a long reply), and the resume then replays what was lost."""
+    from gateway.core import session as core_session
+    from gateway.core.codec import BYTES_PER_MS
+    from gateway.io import connection
+
+    monkeypatch.setattr(core_session, "LISTENER_SILENT_S", 0.5)
+    monkeypatch.setattr(connection, "PROBE_TIMEOUT_S", 1.0)
+    tunnel = Tunnel(gateway.port)
+    port = await tunnel.start()
+    try:
+        ws = await connect(f"ws://127.0.0.1:{port}/v1/voice")
+        created = await recv_event(ws, "session.created")
+        runner = gateway.runners[created["session_id"]]
+        await send(ws, type="say", text=LONG)
+        first = await read_turn(ws, until="sentence")
+        first.frames += await frames_after(ws, 20)
+        received = sum(len(f.pcm) for f in first.frames) / BYTES_PER_MS
+        await send(ws, type="playback", turn_id=first.turn_id, played_ms=received - 200)
+        await asyncio.sleep(0.05)  # (the mark crosses the relay before it goes quiet)
+        tunnel.silence()
+        loop = asyncio.get_running_loop()
+        quiet = loop.time()
+        while runner.connection is not None:  # the gateway gives the socket up
+            assert loop.time() - quiet < 10, "still sending into a silent socket"
+            await asyncio.sleep(0.05)
+        assert gateway.metrics.listeners_lost == 1
+        ws.transport.abort()
+        async with connect(url(gateway)) as ws2:
+            await recv_event(ws2, "session.created")
+            await send(ws2, type="session.resume", session_id=created["session_id"],
+                       resume_token=created["resume_token"], last_seq=first.frames[-1].seq)
+            assert (await recv_event(ws2))["type"] == "session.resumed"
+            rest = await read_turn(ws2, first.turn_id)
+        assert rest.done["status"] == "completed"
+        seqs = [f.seq for f in first.frames + rest.frames]
+        assert seqs == list(range(len(seqs)))  # nothing lost, nothing twice
+    finally:
+        await tunnel.aclose()
+
+
+async def test_a_listener_that_marks_then_stops_but_answers_pings_is_kept(gateway, monkeypatch):
+    """Marks are advice: a client that stops sending them but is there (it answers the
+    ping) keeps its socket and gets the whole reply."""
+    from gateway.core import session as core_session
+
+    monkeypatch.setattr(core_session, "LISTENER_SILENT_S", 0.3)
+    answered = []
+    monkeypatch.setattr(core_session.Session, "listener_answered",
+                        lambda self, now: answered.append(now) or [])
+    async with connect(url(gateway)) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text=LONG)
+        first = await read_turn(ws, until="sentence")
+        await send(ws, type="playback", turn_id=first.turn_id, played_ms=0)
+        rest = await read_turn(ws, first.turn_id)
+    assert rest.done["status"] == "completed"
+    assert answered and gateway.metrics.listeners_lost == 0
+
+
 async def test_a_turn_cut_short_by_its_session_closing_is_counted(gateway):
     # no turn.done can be sent, but /health and /metrics count every turn that ended
     before = gateway.metrics.turns["cancelled"]

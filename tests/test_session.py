@@ -19,8 +19,10 @@ from gateway.core.codec import (
     decode_frame,
 )
 from gateway.core.session import (
+    LISTENER_SILENT_S,
     CancelLlm,
     CancelSynthesis,
+    ProbeListener,
     Received,
     SendAudio,
     SendEvent,
@@ -528,3 +530,80 @@ def test_a_playback_mark_says_which_frames_the_client_has(clock):
     assert [e for e in out if isinstance(e, Received)] == [Received(13)]
     again = s.receive(ClientPlayback(tid, 10_000.0), clock())
     assert [e for e in again if isinstance(e, Received)] == []  # said once
+
+
+def probes(effects) -> int:
+    return sum(isinstance(e, ProbeListener) for e in effects)
+
+
+def playing(clock, *, mark: bool = True) -> tuple[Session, int]:
+    """A turn with 10 s of audio made, 1 s lead sent; the client marks once at the start."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(10_000), "x", clock())
+    if mark:
+        s.receive(ClientPlayback(tid, 0.0), clock())
+    return s, tid
+
+
+def run_until(s: Session, clock, until: float) -> list:
+    """Fire the session's timer as the shell does, until ``until`` (seconds)."""
+    out = []
+    while (wake := s.wake_at()) is not None and wake <= until:
+        clock.t = max(clock.t, wake)
+        out += s.tick(clock())
+    clock.t = max(clock.t, until)
+    return out
+
+
+def test_a_marking_listener_gone_quiet_is_probed_once_until_it_answers(clock):
+    s, tid = playing(clock)
+    heard = clock()
+    out = run_until(s, clock, heard + LISTENER_SILENT_S - 0.01)
+    assert probes(out) == 0 and frames(out)  # audio flows, no probe yet
+    out = run_until(s, clock, heard + LISTENER_SILENT_S)
+    assert probes(out) == 1
+    out = run_until(s, clock, heard + 3 * LISTENER_SILENT_S)
+    assert probes(out) == 0  # one question at a time
+    assert s.listener_answered(clock()) == []
+    answered = clock()
+    out = run_until(s, clock, answered + LISTENER_SILENT_S - 0.01)
+    assert probes(out) == 0
+    assert probes(run_until(s, clock, answered + LISTENER_SILENT_S)) == 1
+
+
+def test_marks_keep_the_probe_away(clock):
+    s, tid = playing(clock)
+    for _ in range(20):  # a mark every 500 ms, as protocol.md asks
+        out = run_until(s, clock, clock() + 0.5)
+        assert probes(out) == 0
+        played = s.turn.pacer.sent_ms - s.lead_ms(tid, clock())
+        s.receive(ClientPlayback(tid, played), clock())
+
+
+def test_no_probe_without_marks_when_held_or_when_nothing_is_left_to_play(clock):
+    s, _ = playing(clock, mark=False)  # never marks: its silence says nothing
+    assert probes(run_until(s, clock, clock() + 5)) == 0
+    s, _ = playing(clock)
+    s.held = True  # no socket to ask
+    assert s.wake_at() is None
+    # a short reply: the listener has played it all before it was due to mark again
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000))
+    s.receive(ClientSay("Short."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(500), "x", clock())
+    s.synthesis_done(tid, 0, clock())
+    s.receive(ClientPlayback(tid, 0.0), clock())
+    assert probes(run_until(s, clock, clock() + 5)) == 0
+
+
+def test_a_resume_counts_as_hearing_from_the_listener(clock):
+    s, tid = playing(clock)
+    assert probes(run_until(s, clock, clock() + LISTENER_SILENT_S)) == 1
+    s.held = True  # unanswered: the shell dropped the socket
+    clock.advance(10_000)
+    s.resume(0, clock())
+    back = clock()
+    assert probes(run_until(s, clock, back + LISTENER_SILENT_S - 0.01)) == 0
+    assert probes(run_until(s, clock, back + LISTENER_SILENT_S)) == 1

@@ -11,9 +11,9 @@ execute, in order:
 * ``tick(now)``                    the pacing timer fired (see ``wake_at``)
 
 Effects are commands (``SendEvent``, ``SendAudio``, ``SendFrames``, ``StartLlm``,
-``CancelLlm``, ``StartSynthesis``, ``CancelSynthesis``, ``Received``). Inputs that belong to
-a turn carry its ``turn_id``; anything for a turn that is no longer active is ignored (the
-fence that makes late chunks after a barge-in harmless).
+``CancelLlm``, ``StartSynthesis``, ``CancelSynthesis``, ``Received``, ``ProbeListener``).
+Inputs that belong to a turn carry its ``turn_id``; anything for a turn that is no longer
+active is ignored (the fence that makes late chunks after a barge-in harmless).
 
 After executing the effects the caller asks ``wake_at()`` when to call ``tick`` next.
 """
@@ -130,8 +130,21 @@ class Received:
     seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeListener:
+    """A client that reports playback went quiet while it should be playing: ask the socket
+    whether anyone is there (a WebSocket ping). Answered: ``listener_answered``. Not
+    answered: the socket is gone without a word (a half-open connection, a phone in a
+    tunnel, a suspended app), so drop it; the session then waits for a resume instead of
+    sending audio nobody receives, past what the resume buffer can give back."""
+
+
+LISTENER_SILENT_S = 2.0
+"""No ``playback`` mark for this long, from a client that sends them (protocol.md: every
+200-500 ms while it plays) and should still be playing: ``ProbeListener``."""
+
 Effect = (SendEvent | SendAudio | SendFrames | StartLlm | CancelLlm | StartSynthesis
-          | CancelSynthesis | Received)
+          | CancelSynthesis | Received | ProbeListener)
 
 
 # --- settings -----------------------------------------------------------------------------
@@ -245,6 +258,9 @@ class Turn:
     """(turn audio sent, in ms, seq of the frame that ended it) per run of frames sent:
     what a ``playback`` mark's ``played_ms`` proves the client received. A client that
     reports playback keeps a few; one that never does leaves at most 64 (~20 s of runs)."""
+    heard_at: float | None = None
+    """When the client last showed it is listening (a ``playback`` mark, an answered
+    probe); None: it sent no mark in this turn, so its silence says nothing."""
 
 
 class Session:
@@ -272,6 +288,8 @@ class Session:
         self.held = False
         """True while no client is attached: frames stay in the session (the listener is
         not playing), so a resume continues where the listener stopped."""
+        self._probing = False
+        """A ``ProbeListener`` is out, not answered yet."""
 
     # ---- opening ---------------------------------------------------------------------
 
@@ -308,6 +326,7 @@ class Session:
             case ClientPlayback(turn_id=turn_id, played_ms=played_ms):
                 turn = self.turn
                 if turn is not None and turn.id == turn_id and turn.state is not TurnState.ENDED:
+                    turn.heard_at = now
                     turn.pacer.mark(played_ms, now)
                     received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
                     return received + self._pump(turn, now)
@@ -442,17 +461,45 @@ class Session:
         turn = self.turn
         if turn is None or turn.state is TurnState.ENDED:
             return []
-        return self._pump(turn, now)
+        effects = self._pump(turn, now)
+        probe = self._probe_at(turn)
+        if probe is not None and now >= probe:
+            self._probing = True
+            effects.append(ProbeListener())
+        return effects
 
     def wake_at(self) -> float | None:
-        """When ``tick`` may release more frames, or None when only new input can."""
+        """When ``tick`` may release more frames or probe a quiet listener, or None when
+        only new input can do anything."""
         turn = self.turn
-        if (self.held or turn is None or turn.state is TurnState.ENDED
-                or turn.current >= len(turn.segments)):
+        if self.held or turn is None or turn.state is TurnState.ENDED:
             return None
-        if not self._frame_ready(turn, turn.segments[turn.current]):
+        release = None
+        if turn.current < len(turn.segments) and \
+                self._frame_ready(turn, turn.segments[turn.current]):
+            release = turn.pacer.wake_at()
+        probe = self._probe_at(turn)
+        if release is None or probe is None:
+            return probe if release is None else release
+        return min(release, probe)
+
+    def listener_answered(self, now: float) -> list[Effect]:
+        """The socket answered a ``ProbeListener``: someone is there (playing or not); ask
+        again after another quiet ``LISTENER_SILENT_S``."""
+        self._probing = False
+        turn = self.turn
+        if turn is not None and turn.heard_at is not None:
+            turn.heard_at = now
+        return []
+
+    def _probe_at(self, turn: Turn) -> float | None:
+        """When to probe the listener: ``LISTENER_SILENT_S`` after it was last heard from,
+        if it sends marks and should still be playing then (by what was sent); a client
+        that ran dry is not playing, so it sends no marks."""
+        if self._probing or turn.heard_at is None or turn.pacer.play_end is None:
             return None
-        return turn.pacer.wake_at()
+        due = turn.heard_at + LISTENER_SILENT_S
+        return due if turn.pacer.play_end > due else None
 
     @property
     def frames_sent(self) -> int:
@@ -465,9 +512,12 @@ class Session:
         before a short drop, so frames held meanwhile go out only as that plays down (at
         most ``max_lead_ms`` ahead in all, never a fresh lead on top)."""
         self.held = False
+        self._probing = False  # (its socket is gone)
         turn = self.turn
         if turn is None or turn.state is TurnState.ENDED:
             return []
+        if turn.heard_at is not None:  # it is back: as good as a mark
+            turn.heard_at = now
         pacer = turn.pacer
         if pacer.play_end is not None:
             # The estimate counted the replayed frames as received; the listener played what

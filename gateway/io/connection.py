@@ -35,9 +35,11 @@ from gateway.core.codec import ProtocolError
 from gateway.core.outbox import Outbox
 from gateway.core.scheduler import JIT_GRANULARITY_S, Job, Priority, step_ms
 from gateway.core.session import (
+    LISTENER_SILENT_S,
     CancelLlm,
     CancelSynthesis,
     Effect,
+    ProbeListener,
     Received,
     SendAudio,
     SendEvent,
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 
 CLOSE_SLOW_CONSUMER = (1013, "slow_consumer")
 CLOSE_SERVER_FULL = (1013, "server full")
+PROBE_TIMEOUT_S = 5.0
+"""How long a listener that went quiet (``ProbeListener``) has to answer a ping."""
 RESUME_PAST_LIMIT_S = 10.0
 """How long a socket let in beyond ``max_sessions`` to resume may take to ask for it."""
 WRITE_BATCH = 32
@@ -235,6 +239,9 @@ class SessionRunner:
                 self.gateway.release_turn(owner)
             case Received(seq=seq):
                 self.outbox.release_through(seq)
+            case ProbeListener():
+                if self.connection is not None:
+                    self.connection.probe()
             case _:
                 assert_never(effect)
 
@@ -379,6 +386,7 @@ class VoiceConnection:
         self.resume_only = resume_only
         """Let in past ``max_sessions`` to resume this session: only a resume may follow."""
         self._close_with: tuple[int, str] | None = None
+        self._probe: asyncio.Task[None] | None = None
         self._writer_task: asyncio.Task[None] | None = None
         self._writer_first: str | None = None
         self._parked = False
@@ -416,6 +424,8 @@ class VoiceConnection:
             self._writer_task = None
             if refuse is not None:
                 refuse.cancel()
+            if self._probe is not None:
+                self._probe.cancel()
             if self.runner is not None:
                 self.runner.detach(self, resumable=not clean and not self.gateway.closing)
             if self._closing is not None:
@@ -525,6 +535,32 @@ class VoiceConnection:
             self.resume_only = None
             self.gateway.past_limit.pop(self.ws, None)
         return True
+
+    def probe(self) -> None:
+        """Ping the client (``ProbeListener``): a pong within ``PROBE_TIMEOUT_S`` tells the
+        session someone is there; none, and the socket is dropped without a close
+        handshake, as a network drop would, so the session waits for a resume."""
+        if self._probe is None or self._probe.done():
+            self._probe = self.loop.create_task(self._ping())
+
+    async def _ping(self) -> None:
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await (await self.ws.ping())
+        except TimeoutError:
+            runner = self.runner
+            log.info("session %s: no playback mark for %.0f s and no pong for %.0f s: "
+                     "dropping its socket, the session waits for a resume",
+                     None if runner is None else runner.session.id, LISTENER_SILENT_S,
+                     PROBE_TIMEOUT_S)
+            self.gateway.metrics.listeners_lost += 1
+            self.ws.transport.abort()
+            return
+        except ConnectionClosed:
+            return
+        runner = self.runner
+        if runner is not None and runner.connection is self and not runner.closed:
+            runner._apply(runner.session.listener_answered(self.loop.time()))
 
     def _refuse_past_limit(self) -> None:
         """This socket was let in past ``max_sessions`` only to resume, and did not (in

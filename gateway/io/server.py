@@ -89,6 +89,8 @@ class Metrics:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     frames: int = 0
     sessions_opened: int = 0
+    listeners_lost: int = 0
+    """Sockets dropped because a listener stopped marking and answered no ping."""
     listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """Called with every turn.done event (telemetry's histograms)."""
 
@@ -447,6 +449,7 @@ class Gateway:
             "turns": dict(self.metrics.turns),
             "errors": dict(self.metrics.errors),
             "frames": self.metrics.frames,
+            "listeners_lost": self.metrics.listeners_lost,
             "limits": {"message_bytes": MAX_MESSAGE_BYTES, "max_sessions":
                        self.config.server.max_sessions},
             "auth": "bearer" if self.config.server.tokens else "none",

@@ -439,6 +439,10 @@ class _StateCollector(Collector):
                                   value=m.frames)
         yield CounterMetricFamily("gateway_sessions_opened", "Voice sessions opened",
                                   value=m.sessions_opened)
+        yield CounterMetricFamily(
+            "gateway_listeners_lost", "Sockets dropped because a listener that reports "
+            "playback went quiet and answered no ping (the session waits for a resume)",
+            value=m.listeners_lost)
         cancels = CounterMetricFamily("gateway_lane_cancels", "Synthesis jobs cancelled",
                                       labels=["lane"])
         compute = CounterMetricFamily("gateway_lane_compute_seconds",
