@@ -333,6 +333,10 @@ async def test_a_marking_listener_gone_silent_is_let_go_and_resumes_without_a_ga
             assert loop.time() - quiet < 10, "still sending into a silent socket"
             await asyncio.sleep(0.05)
         assert gateway.metrics.listeners_lost == 1
+        # noticed ~33 s before the keepalive would have: a suspended app that marks has as
+        # long to come back as one that does not (40 s + the 30 s window)
+        assert runner._expiry is not None
+        assert runner._expiry.when() - loop.time() > 30 + 30
         ws.transport.abort()
         async with connect(url(gateway)) as ws2:
             await recv_event(ws2, "session.created")

@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 CLOSE_SLOW_CONSUMER = (1013, "slow_consumer")
 CLOSE_SERVER_FULL = (1013, "server full")
+KEEPALIVE_PING_S = 20.0
+"""The server pings every 20 s and closes a socket whose pong has not come 20 s later."""
 PROBE_TIMEOUT_S = 5.0
 """How long a listener that went quiet (``ProbeListener``) has to answer a ping."""
 RESUME_PAST_LIMIT_S = 10.0
@@ -111,8 +113,12 @@ class SessionRunner:
                 owner = (session.id, turn.id)
                 self.gateway.lane_for(owner).touch(owner)
 
-    def detach(self, connection: VoiceConnection, *, resumable: bool) -> None:
-        """The socket is gone. Keep the session for a resume, or close it now."""
+    def detach(self, connection: VoiceConnection, *, resumable: bool,
+               noticed_early_s: float = 0.0) -> None:
+        """The socket is gone. Keep the session for a resume, or close it now.
+        ``noticed_early_s``: the drop was noticed that much sooner than the keepalive
+        would have (a quiet listener's unanswered probe): the wait for the resume is that
+        much longer, so sending marks never shortens a suspended app's time to come back."""
         if self.connection is not connection:
             return  # already taken over by a resumed connection
         self.connection = None
@@ -122,7 +128,8 @@ class SessionRunner:
         # Nobody is listening: release no more audio until a resume, and ask the lane for
         # none (``Session.deadline``); the LLM goes on feeding the turn its text.
         self.session.held = True
-        self._expiry = self.loop.call_later(self.resume_window_s, self.close)
+        self._expiry = self.loop.call_later(self.resume_window_s + noticed_early_s,
+                                            self.close)
 
     def shutdown(self) -> None:
         """The server is going away: tell the client its turn ends (``shutting_down``),
@@ -387,6 +394,7 @@ class VoiceConnection:
         """Let in past ``max_sessions`` to resume this session: only a resume may follow."""
         self._close_with: tuple[int, str] | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._noticed_early_s = 0.0
         self._writer_task: asyncio.Task[None] | None = None
         self._writer_first: str | None = None
         self._parked = False
@@ -427,7 +435,8 @@ class VoiceConnection:
             if self._probe is not None:
                 self._probe.cancel()
             if self.runner is not None:
-                self.runner.detach(self, resumable=not clean and not self.gateway.closing)
+                self.runner.detach(self, resumable=not clean and not self.gateway.closing,
+                                   noticed_early_s=self._noticed_early_s)
             if self._closing is not None:
                 await self._closing
 
@@ -554,6 +563,7 @@ class VoiceConnection:
                      None if runner is None else runner.session.id, LISTENER_SILENT_S,
                      PROBE_TIMEOUT_S)
             self.gateway.metrics.listeners_lost += 1
+            self._noticed_early_s = 2 * KEEPALIVE_PING_S - LISTENER_SILENT_S - PROBE_TIMEOUT_S
             self.ws.transport.abort()
             return
         except ConnectionClosed:

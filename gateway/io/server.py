@@ -51,7 +51,12 @@ from gateway.io.auth import (
     refused_origin,
     select_subprotocol,
 )
-from gateway.io.connection import SessionRunner, VoiceConnection, job_deadline
+from gateway.io.connection import (
+    KEEPALIVE_PING_S,
+    SessionRunner,
+    VoiceConnection,
+    job_deadline,
+)
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
 from gateway.io.static import static_response
@@ -305,7 +310,7 @@ class Gateway:
             # PCM does not compress, and audio headers are cached without extensions
             # (connection.binary_header, tests/test_framing.py)
             compression=None,
-            ping_interval=20, ping_timeout=20,
+            ping_interval=KEEPALIVE_PING_S, ping_timeout=KEEPALIVE_PING_S,
             select_subprotocol=select_subprotocol,
             ssl=ssl_context,
         )
