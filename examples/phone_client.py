@@ -252,6 +252,12 @@ class PhoneClient:
         if answer["type"] == "session.resumed":
             self.resumes += 1
             self.say(f"[resumed {self._session_id}: {answer['replayed']} messages replayed]")
+            if self._pending and answer.get("turn_id") == self._turn_id:
+                # the gateway's latest turn is the last one we saw start: the transcript
+                # sent since was lost with the socket, and no replay will start it
+                self._in_flight, self._lost = False, True
+                self._pending.clear()
+                self._done.set()
             return True
         self.resumes_failed += 1
         self.say(f"[resume failed ({answer.get('error', {}).get('message')}); "

@@ -178,3 +178,31 @@ async def test_an_unreachable_gateway_is_given_up_after_the_attempts(tmp_path, c
     assert rc == 2
     err = capsys.readouterr().err
     assert err.count("connection failed") == 2 and "cannot reach" in err and "2 attempts" in err
+
+
+@pytest.mark.slow
+async def test_a_transcript_lost_with_the_socket_is_sent_again_after_the_resume(gateway,
+                                                                                 tmp_path):
+    """The uplink dies with the transcript in it: the resume succeeds, but the gateway never
+    heard the transcript, so no turn.started will come. ``session.resumed.turn_id`` says so
+    (it is still the last turn the client saw start), and the client sends it again instead
+    of waiting for ever."""
+    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                      phone_client.ClockPlayer(), verbose=False)
+    send, lost = client._send, []
+
+    async def losing_send(**message) -> None:
+        if message.get("type") == "transcript" and not lost:
+            lost.append(message)
+            await client._connected.wait()
+            assert client._ws is not None
+            client._ws.transport.abort()  # gone with the socket, never written
+            return
+        await send(**message)
+
+    client._send = losing_send
+    await asyncio.wait_for(client.run(phone_client._from_list(["Hello"]), sequential=True,
+                                      barge_in_after=None), 30)
+    assert lost and client.resumes == 1 and client.resumes_failed == 0
+    assert [r["status"] for r in client.results] == ["completed"]
+    assert gateway.metrics.turns["completed"] == 1

@@ -113,6 +113,7 @@ async def test_resume_after_a_dropped_socket_replays_gaplessly(gateway):
         resumed = await recv_event(ws2)
         assert resumed["type"] == "session.resumed"
         assert resumed["session_id"] == created["session_id"] and resumed["replayed"] > 0
+        assert resumed["turn_id"] == first.turn_id  # its latest turn
         rest = await read_turn(ws2, first.turn_id)
         assert rest.done["status"] == "completed"
         # the session keeps working after the resume

@@ -537,6 +537,7 @@ class VoiceConnection:
         self._writer_first = orjson.dumps({
             "type": "session.resumed", "session_id": old.session.id,
             "last_seq": request.last_seq, "replayed": replayed,
+            "turn_id": None if old.session.turn is None else old.session.turn.id,
             "session": old.session.settings.to_event(),
         }).decode()
         self._use(old, position)
