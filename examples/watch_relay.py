@@ -271,8 +271,9 @@ class RelayCore:
     # -- gateway → watch --
 
     def created(self, event: dict[str, Any]) -> str:
-        """The gateway's first ``session.created`` → the watch's ``session.created``."""
-        self._since_frame += 1
+        """The gateway's first ``session.created`` → the watch's ``session.created``. (Not
+        counted in ``_since_frame``: a resume without ``last_seq`` replays what followed
+        it, never itself.)"""
         self.session_id, self.resume_token = event["session_id"], event["resume_token"]
         down = {k: v for k, v in event.items() if k not in ("resume_token", "resume_window_s")}
         down["relay"] = {"upstream_audio": event.get("audio")}
@@ -349,6 +350,11 @@ def _error(code: str, message: str) -> str:
 # ---- asyncio shell --------------------------------------------------------------------------
 
 
+RESUMABLE_CLOSES = (1006, 1007, 1011)
+"""Gateway closes after which its session waits for a resume (protocol.md, Close codes):
+a dropped socket, bad UTF-8, a keepalive timeout."""
+
+
 class UpstreamLost(Exception):
     """The gateway session could not be resumed."""
 
@@ -371,8 +377,8 @@ class RelaySession:
             await self.watch.close(1011, f"gateway unavailable: {exc}"[:120])
             return
         self._ready.set()
-        await self.watch.send(self.core.created(created))
         try:
+            await self.watch.send(self.core.created(created))
             async with asyncio.TaskGroup() as tasks:
                 down = tasks.create_task(self._gateway_to_watch())
                 try:
@@ -380,6 +386,8 @@ class RelaySession:
                 finally:
                     self._closing = True
                     down.cancel()
+        except ConnectionClosed:
+            pass  # the watch left before its session.created: end the gateway session too
         finally:
             if self.gateway is not None:
                 await self.gateway.close(1000)  # the watch left: end the gateway session
@@ -421,7 +429,8 @@ class RelaySession:
             except ConnectionClosed as exc:
                 if self._closing:
                     return
-                if exc.rcvd is not None:  # the gateway closed it on purpose: tell the watch
+                if exc.rcvd is not None and exc.rcvd.code not in RESUMABLE_CLOSES:
+                    # the gateway ended the session on purpose: tell the watch
                     self._gone = True
                     self._ready.set()
                     code = exc.rcvd.code if exc.rcvd.code in (1000, 1001, 1013) else 1011

@@ -198,6 +198,22 @@ def test_core_skips_replayed_messages_and_translates_marks():
     assert up is None and orjson.loads(reply)["error"]["code"] == "binary_not_supported"
 
 
+def test_core_skips_only_what_it_relayed_when_no_frame_came_before_the_drop():
+    # A resume without last_seq replays everything after the gateway's session.created,
+    # never that message itself: counting it made the relay drop one replayed message
+    # too many (the watch lost "It's on Tuesday" from its reply text).
+    core = RelayCore(Pcm16kAudio())
+    core.created({"type": "session.created", "session_id": "s1", "resume_token": "t",
+                  "audio": {"format": "pcm16", "sample_rate": 24000, "frame_ms": 40}})
+    started = orjson.dumps({"type": "turn.started", "turn_id": 1, "source": "say"}).decode()
+    delta = orjson.dumps({"type": "text.delta", "turn_id": 1, "delta": "It's"}).decode()
+    assert core.from_gateway(started) == [started] and core.from_gateway(delta) == [delta]
+    assert "last_seq" not in orjson.loads(core.resume_request())
+    core.resumed(replayed=3)  # turn.started, text.delta, then one the watch has not had
+    more = orjson.dumps({"type": "text.delta", "turn_id": 1, "delta": " on"}).decode()
+    assert [core.from_gateway(m) for m in (started, delta, more)] == [[], [], [more]]
+
+
 # ---- against the real gateway -----------------------------------------------------------------
 
 TEXT = "The watch hears the same words. It speaks a second sentence, a little longer."
@@ -426,3 +442,31 @@ async def test_a_watch_that_drops_mid_turn_ends_quietly(gateway, relay, caplog):
     await asyncio.wait_for(gateway.wait_no_sessions(), 10)
     assert not relay.sessions
     assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
+async def test_a_watch_gone_before_its_session_created_leaves_no_gateway_session(gateway,
+                                                                                  relay):
+    for _ in range(3):
+        ws = await connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k")
+        ws.transport.abort()  # gone while the relay still opens its gateway session
+    await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        assert (await recv_event(ws))["type"] == "session.created"
+
+
+@pytest.mark.slow
+async def test_a_gateway_keepalive_close_is_resumed_like_a_drop(gateway, relay):
+    """protocol.md: after close 1011 (keepalive ping timeout) the session waits for a
+    resume. The relay used to take any close frame as the end and close the watch."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text=TEXT)
+        started = await recv_event(ws, "turn.started")
+        await read_turn(ws, started["turn_id"], until="sentence")
+        (session,) = relay.sessions
+        closed = session.gateway
+        (conn,) = gateway.connections
+        await conn.ws.close(1011, "keepalive ping timeout")
+        rest = await read_turn(ws, started["turn_id"])
+        assert session.gateway is not closed  # resumed on a new gateway socket
+    assert rest.done["status"] == "completed"
