@@ -409,7 +409,7 @@ class VoiceConnection:
         runner._apply(runner.session.open(resume_token=runner.resume_token,
                                           resume_window_s=runner.resume_window_s))
         refuse = None if self.resume_only is None else \
-            self.loop.call_later(RESUME_PAST_LIMIT_S, self._refuse_past_limit)
+            self.loop.call_later(RESUME_PAST_LIMIT_S, self.refuse_past_limit)
         clean = False
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -484,13 +484,13 @@ class VoiceConnection:
                 if fresh:
                     fresh = not self._resume(decoded, now)
                     if fresh and self.resume_only is not None:
-                        self._refuse_past_limit()
+                        self.refuse_past_limit()
                 else:
                     runner.protocol_error(ProtocolError(
                         "invalid_message", "session.resume must come before any transcript, "
                         "say or session.update, and only until one succeeds"), now)
             elif self.resume_only is not None and isinstance(decoded, ACTS_ON_THE_SESSION):
-                self._refuse_past_limit()
+                self.refuse_past_limit()
             else:
                 runner.receive(decoded, now)
                 fresh = fresh and not isinstance(decoded, ACTS_ON_THE_SESSION)
@@ -573,9 +573,10 @@ class VoiceConnection:
         if runner is not None and runner.connection is self and not runner.closed:
             runner._apply(runner.session.listener_answered(self.loop.time()))
 
-    def _refuse_past_limit(self) -> None:
+    def refuse_past_limit(self) -> None:
         """This socket was let in past ``max_sessions`` only to resume, and did not (in
-        time, or at all): tell the client, end the socket's own session, close with 1013."""
+        time, at all, or a newer socket came to resume the session): tell the client, end
+        the socket's own session, close with 1013."""
         runner = self.runner
         if self.resume_only is None or runner is None or runner.closed:
             return

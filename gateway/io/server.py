@@ -378,13 +378,12 @@ class Gateway:
                 return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
                     "code": "forbidden_origin", "message": why}})
             if len(self.runners) >= self.config.server.max_sessions:
-                resuming = self._resumable_past_limit(request.path)
+                resuming, why = self._resumable_past_limit(request.path)
                 if resuming is not None:
                     self.past_limit[connection] = resuming
                     return None
-                return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                      {"error": {"code": "server_full",
-                                                 "message": "too many sessions; retry later"}})
+                return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"error": {
+                    "code": "server_full", "message": f"too many sessions; {why}"}})
             return None  # go on with the WebSocket handshake
         if path == "/health":
             health = self.health()
@@ -402,17 +401,27 @@ class Gateway:
         return _json_response(http.HTTPStatus.NOT_FOUND,
                               {"error": {"code": "not_found", "message": f"no route {path}"}})
 
-    def _resumable_past_limit(self, path: str) -> str | None:
+    def _resumable_past_limit(self, path: str) -> tuple[str | None, str]:
         """The session a socket names with ``?resume=<session_id>`` when a full gateway may
         still let it in: the session is live (it counts toward the limit already, and the
-        resume frees the new socket's own session at once), and no other socket let in past
-        the limit is on its way to resume it."""
+        resume frees the new socket's own session at once). One such socket per session:
+        a newer one replaces one still on its way (the client's retry after its last attempt
+        went quiet). Else None and why, for the refusal."""
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
         session_id = query.get("resume", [""])[0]
+        if not session_id:
+            return None, "retry later (to resume a session, name it: ?resume=<session_id>)"
         runner = self.runners.get(session_id)
-        if runner is None or runner.closed or session_id in self.past_limit.values():
-            return None
-        return session_id
+        if runner is None or runner.closed:
+            return None, f"session {session_id!r} is not waiting for a resume; retry later"
+        for ws, pending in list(self.past_limit.items()):
+            if pending != session_id:
+                continue
+            older = next((c for c in self.connections if c.ws is ws), None)
+            if older is None:  # still in its handshake
+                return None, f"another socket is resuming {session_id} right now; retry"
+            older.refuse_past_limit()
+        return session_id, ""
 
     def health(self) -> dict[str, Any]:
         lane = self.lane
