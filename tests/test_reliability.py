@@ -303,17 +303,20 @@ class Tunnel:
             self._server.close()
 
 
-async def test_a_marking_listener_gone_silent_is_let_go_and_resumes_without_a_gap(
-        gateway, monkeypatch):
-    """The network goes quiet without a close: the client's marks stop and its pong never
-    comes. The gateway drops the socket after ``LISTENER_SILENT_S`` + ``PROBE_TIMEOUT_S``
-    instead of the keepalive's 40 s, sending audio nobody got all that while (past the
+@pytest.mark.parametrize("marks", [True, False], ids=["marking", "not marking"])
+async def test_a_listener_gone_silent_is_let_go_and_resumes_without_a_gap(
+        gateway, monkeypatch, marks):
+    """The network goes quiet without a close: the client's marks stop (or, from a client
+    that sends none, anything at all) and its pong never comes. The gateway drops the socket
+    after ``LISTENER_SILENT_S`` (``UNMARKED_SILENT_S``) + ``PROBE_TIMEOUT_S`` instead of the
+    keepalive's 40 s, sending audio nobody got all that while (past the
     resume buffer for a long reply), and the resume then replays what was lost."""
     from gateway.core import session as core_session
     from gateway.core.codec import BYTES_PER_MS
     from gateway.io import connection
 
     monkeypatch.setattr(core_session, "LISTENER_SILENT_S", 0.5)
+    monkeypatch.setattr(core_session, "UNMARKED_SILENT_S", 1.0)
     monkeypatch.setattr(connection, "PROBE_TIMEOUT_S", 1.0)
     tunnel = Tunnel(gateway.port)
     port = await tunnel.start()
@@ -325,8 +328,9 @@ async def test_a_marking_listener_gone_silent_is_let_go_and_resumes_without_a_ga
         first = await read_turn(ws, until="sentence")
         first.frames += await frames_after(ws, 20)
         received = sum(len(f.pcm) for f in first.frames) / BYTES_PER_MS
-        await send(ws, type="playback", turn_id=first.turn_id, played_ms=received - 200)
-        await asyncio.sleep(0.05)  # (the mark crosses the relay before it goes quiet)
+        if marks:
+            await send(ws, type="playback", turn_id=first.turn_id, played_ms=received - 200)
+            await asyncio.sleep(0.05)  # (the mark crosses the relay before it goes quiet)
         tunnel.silence()
         loop = asyncio.get_running_loop()
         quiet = loop.time()
@@ -454,7 +458,8 @@ async def test_a_failed_resume_can_be_retried_on_the_same_socket(gateway):
         resumed = await recv_event(ws2)
         # the resumed session's settings come with it: the client may have lost them
         assert resumed == {"type": "session.resumed", "session_id": created["session_id"],
-                           "last_seq": None, "replayed": 1, "session": settings}
+                           "last_seq": None, "replayed": 1, "turn_id": None,
+                           "session": settings}
         await recv_event(ws2, "session.updated")  # (the replay)
         await send(ws2, type="session.resume", session_id=created["session_id"],
                    resume_token=created["resume_token"])

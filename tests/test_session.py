@@ -20,6 +20,7 @@ from gateway.core.codec import (
 )
 from gateway.core.session import (
     LISTENER_SILENT_S,
+    UNMARKED_SILENT_S,
     CancelLlm,
     CancelSynthesis,
     ProbeListener,
@@ -537,11 +538,11 @@ def probes(effects) -> int:
 
 
 def playing(clock, *, mark: bool = True) -> tuple[Session, int]:
-    """A turn with 10 s of audio made, 1 s lead sent; the client marks once at the start."""
+    """A turn with 20 s of audio made, 1 s lead sent; the client marks once at the start."""
     s = Session("s", settings=SessionSettings(max_lead_ms=1000))
     s.receive(ClientSay("Something long to say here."), clock())
     tid = s.turn.id
-    s.audio(tid, 0, pcm(10_000), "x", clock())
+    s.audio(tid, 0, pcm(20_000), "x", clock())
     if mark:
         s.receive(ClientPlayback(tid, 0.0), clock())
     return s, tid
@@ -582,9 +583,20 @@ def test_marks_keep_the_probe_away(clock):
         s.receive(ClientPlayback(tid, played), clock())
 
 
-def test_no_probe_without_marks_when_held_or_when_nothing_is_left_to_play(clock):
-    s, _ = playing(clock, mark=False)  # never marks: its silence says nothing
-    assert probes(run_until(s, clock, clock() + 5)) == 0
+def test_a_client_that_sends_no_marks_is_probed_after_a_longer_silence(clock):
+    s, tid = playing(clock, mark=False)
+    start = clock()
+    assert probes(run_until(s, clock, start + UNMARKED_SILENT_S - 0.01)) == 0
+    out = run_until(s, clock, start + UNMARKED_SILENT_S)
+    assert [e.silent_s for e in out if isinstance(e, ProbeListener)] == [UNMARKED_SILENT_S]
+    s, tid = playing(clock, mark=False)
+    for _ in range(3):  # any message shows the client is there: a ping will do
+        clock.advance(UNMARKED_SILENT_S * 1000 - 10)
+        assert probes(s.tick(clock())) == 0
+        s.receive(ClientPing(1), clock())
+
+
+def test_no_probe_when_held_or_when_nothing_is_left_to_play(clock):
     s, _ = playing(clock)
     s.held = True  # no socket to ask
     assert s.wake_at() is None
@@ -595,7 +607,7 @@ def test_no_probe_without_marks_when_held_or_when_nothing_is_left_to_play(clock)
     s.audio(tid, 0, pcm(500), "x", clock())
     s.synthesis_done(tid, 0, clock())
     s.receive(ClientPlayback(tid, 0.0), clock())
-    assert probes(run_until(s, clock, clock() + 5)) == 0
+    assert probes(run_until(s, clock, clock() + 15)) == 0
 
 
 def test_a_resume_counts_as_hearing_from_the_listener(clock):

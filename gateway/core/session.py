@@ -132,16 +132,22 @@ class Received:
 
 @dataclass(frozen=True, slots=True)
 class ProbeListener:
-    """A client that reports playback went quiet while it should be playing: ask the socket
-    whether anyone is there (a WebSocket ping). Answered: ``listener_answered``. Not
-    answered: the socket is gone without a word (a half-open connection, a phone in a
-    tunnel, a suspended app), so drop it; the session then waits for a resume instead of
-    sending audio nobody receives, past what the resume buffer can give back."""
+    """The client went quiet while it should be playing: ask the socket whether anyone is
+    there (a WebSocket ping). Answered: ``listener_answered``. Not answered: the socket is
+    gone without a word (a half-open connection, a phone in a tunnel, a suspended app), so
+    drop it; the session then waits for a resume instead of sending audio nobody receives,
+    past what the resume buffer can give back."""
+
+    silent_s: float
+    """How long nothing had come from the client."""
 
 
 LISTENER_SILENT_S = 2.0
-"""No ``playback`` mark for this long, from a client that sends them (protocol.md: every
+"""Nothing for this long from a client that sends ``playback`` marks (protocol.md: every
 200-500 ms while it plays) and should still be playing: ``ProbeListener``."""
+UNMARKED_SILENT_S = 10.0
+"""The same for a client that sends no marks in the turn (it may send nothing at all while
+it listens: probed less often, still well before the resume buffer (~20 s) is outrun)."""
 
 Effect = (SendEvent | SendAudio | SendFrames | StartLlm | CancelLlm | StartSynthesis
           | CancelSynthesis | Received | ProbeListener)
@@ -258,9 +264,9 @@ class Turn:
     """(turn audio sent, in ms, seq of the frame that ended it) per run of frames sent:
     what a ``playback`` mark's ``played_ms`` proves the client received. A client that
     reports playback keeps a few; one that never does leaves at most 64 (~20 s of runs)."""
-    heard_at: float | None = None
-    """When the client last showed it is listening (a ``playback`` mark, an answered
-    probe); None: it sent no mark in this turn, so its silence says nothing."""
+    marking: bool = False
+    """The client sent a ``playback`` mark in this turn, so it should send more while it
+    plays: its silence says more, sooner (``LISTENER_SILENT_S``)."""
 
 
 class Session:
@@ -290,6 +296,8 @@ class Session:
         not playing), so a resume continues where the listener stopped."""
         self._probing = False
         """A ``ProbeListener`` is out, not answered yet."""
+        self._heard_at = -math.inf
+        """When the client last showed it is there: any message, an answered probe."""
 
     # ---- opening ---------------------------------------------------------------------
 
@@ -311,6 +319,7 @@ class Session:
     # ---- client input ----------------------------------------------------------------
 
     def receive(self, message: ClientMessage, now: float) -> list[Effect]:
+        self._heard_at = now
         match message:
             case ClientTranscript(text=text):
                 return self._start_turn("transcript", text, now)
@@ -326,7 +335,7 @@ class Session:
             case ClientPlayback(turn_id=turn_id, played_ms=played_ms):
                 turn = self.turn
                 if turn is not None and turn.id == turn_id and turn.state is not TurnState.ENDED:
-                    turn.heard_at = now
+                    turn.marking = True
                     turn.pacer.mark(played_ms, now)
                     received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
                     return received + self._pump(turn, now)
@@ -465,7 +474,7 @@ class Session:
         probe = self._probe_at(turn)
         if probe is not None and now >= probe:
             self._probing = True
-            effects.append(ProbeListener())
+            effects.append(ProbeListener(silent_s=now - self._heard_at))
         return effects
 
     def wake_at(self) -> float | None:
@@ -485,20 +494,18 @@ class Session:
 
     def listener_answered(self, now: float) -> list[Effect]:
         """The socket answered a ``ProbeListener``: someone is there (playing or not); ask
-        again after another quiet ``LISTENER_SILENT_S``."""
+        again after it is quiet as long again."""
         self._probing = False
-        turn = self.turn
-        if turn is not None and turn.heard_at is not None:
-            turn.heard_at = now
+        self._heard_at = now
         return []
 
     def _probe_at(self, turn: Turn) -> float | None:
-        """When to probe the listener: ``LISTENER_SILENT_S`` after it was last heard from,
-        if it sends marks and should still be playing then (by what was sent); a client
-        that ran dry is not playing, so it sends no marks."""
-        if self._probing or turn.heard_at is None or turn.pacer.play_end is None:
+        """When to probe the listener: after ``LISTENER_SILENT_S`` (a client that marks) or
+        ``UNMARKED_SILENT_S`` (one that does not) with nothing from it, if it should still
+        be playing then (by what was sent): a client that ran dry sends no marks."""
+        if self._probing or turn.pacer.play_end is None:
             return None
-        due = turn.heard_at + LISTENER_SILENT_S
+        due = self._heard_at + (LISTENER_SILENT_S if turn.marking else UNMARKED_SILENT_S)
         return due if turn.pacer.play_end > due else None
 
     @property
@@ -513,11 +520,10 @@ class Session:
         most ``max_lead_ms`` ahead in all, never a fresh lead on top)."""
         self.held = False
         self._probing = False  # (its socket is gone)
+        self._heard_at = now
         turn = self.turn
         if turn is None or turn.state is TurnState.ENDED:
             return []
-        if turn.heard_at is not None:  # it is back: as good as a mark
-            turn.heard_at = now
         pacer = turn.pacer
         if pacer.play_end is not None:
             # The estimate counted the replayed frames as received; the listener played what

@@ -35,7 +35,6 @@ from gateway.core.codec import ProtocolError
 from gateway.core.outbox import Outbox
 from gateway.core.scheduler import JIT_GRANULARITY_S, Job, Priority, step_ms
 from gateway.core.session import (
-    LISTENER_SILENT_S,
     CancelLlm,
     CancelSynthesis,
     Effect,
@@ -246,9 +245,9 @@ class SessionRunner:
                 self.gateway.release_turn(owner)
             case Received(seq=seq):
                 self.outbox.release_through(seq)
-            case ProbeListener():
+            case ProbeListener(silent_s=silent_s):
                 if self.connection is not None:
-                    self.connection.probe()
+                    self.connection.probe(silent_s)
             case _:
                 assert_never(effect)
 
@@ -546,25 +545,26 @@ class VoiceConnection:
             self.gateway.past_limit.pop(self.ws, None)
         return True
 
-    def probe(self) -> None:
-        """Ping the client (``ProbeListener``): a pong within ``PROBE_TIMEOUT_S`` tells the
-        session someone is there; none, and the socket is dropped without a close
-        handshake, as a network drop would, so the session waits for a resume."""
+    def probe(self, silent_s: float) -> None:
+        """Ping the client, silent for ``silent_s`` (``ProbeListener``): a pong within
+        ``PROBE_TIMEOUT_S`` tells the session someone is there; none, and the socket is
+        dropped without a close handshake, as a network drop would, so the session waits
+        for a resume."""
         if self._probe is None or self._probe.done():
-            self._probe = self.loop.create_task(self._ping())
+            self._probe = self.loop.create_task(self._ping(silent_s))
 
-    async def _ping(self) -> None:
+    async def _ping(self, silent_s: float) -> None:
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
                 await (await self.ws.ping())
         except TimeoutError:
             runner = self.runner
-            log.info("session %s: no playback mark for %.0f s and no pong for %.0f s: "
-                     "dropping its socket, the session waits for a resume",
-                     None if runner is None else runner.session.id, LISTENER_SILENT_S,
+            log.info("session %s: nothing from the client for %.0f s while it should be "
+                     "playing, and no pong in %.0f s: dropping its socket, the session waits "
+                     "for a resume", None if runner is None else runner.session.id, silent_s,
                      PROBE_TIMEOUT_S)
             self.gateway.metrics.listeners_lost += 1
-            self._noticed_early_s = 2 * KEEPALIVE_PING_S - LISTENER_SILENT_S - PROBE_TIMEOUT_S
+            self._noticed_early_s = max(0.0, 2 * KEEPALIVE_PING_S - silent_s - PROBE_TIMEOUT_S)
             self.ws.transport.abort()
             return
         except ConnectionClosed:
