@@ -443,3 +443,36 @@ def test_a_listener_exactly_at_protect_lead_is_decided_not_juggled(now) -> None:
     jobs["a"].steps = 1  # playing
     assert sched.next_job(0.0) is jobs["a"]  # 1 s ahead: comfortable, and alone
     assert sched.next_job(now) is jobs["a"]
+
+
+def test_a_lane_that_never_drains_holds_neither_dead_entries_nor_their_jobs() -> None:
+    """Jobs finished or cancelled while another stays at the top (a lane never idle): their
+    entries die where they lie. They used to keep their jobs, and through them closed
+    sessions, until the heap drained; now they let go at once and are compacted away."""
+    import gc
+    import weakref
+
+    class Payload:  # stands for a session's sink
+        pass
+
+    sched = LaneScheduler(deadline_of=Deadlines())
+    sched.submit(Job(owner="hub", priority=IA, deadline=0.0, payload="hub"))
+    freed = []
+    gc.disable()  # reference counting alone must free them
+    try:
+        for i in range(1000):
+            payload = Payload()
+            freed.append(weakref.ref(payload))
+            job = Job(owner=f"s{i}", priority=IA, deadline=10.0 + i, payload=payload)
+            sched.submit(job)
+            del payload
+            assert sched.next_job(0.0).owner == "hub"  # type: ignore[union-attr]
+            if i % 2:  # (its entry is filed under the hub's now)
+                sched.cancel(f"s{i}")
+            else:
+                sched.finish(job)
+            del job
+        assert all(ref() is None for ref in freed)
+        assert sum(map(len, (*sched._heaps, *sched._comfortable, *sched._waiting))) <= 66
+    finally:
+        gc.enable()

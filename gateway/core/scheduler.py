@@ -182,6 +182,9 @@ def _entry(key: tuple[float, ...], job: Job) -> _Entry:
     return entry
 
 
+_COMPACT_AFTER = 64
+"""Dead heap entries tolerated before ``_drop_entry`` may compact the heaps."""
+
 JIT_GRANULARITY_S = 0.02
 """The ``tolerance`` a lane runs with: a job within 20 ms of eligible (just in time) is
 eligible now, so one wake-up of the lane runs every job due in the next 20 ms instead of
@@ -228,6 +231,9 @@ class LaneScheduler:
     _waiting: tuple[list[_Entry], ...] = field(
         default_factory=lambda: tuple([] for _ in Priority))
     _size: int = 0
+    _dead: int = 0
+    """Dropped entries still in a heap (each is popped when it reaches the top; a heap
+    whose top never drains is compacted instead, see ``_drop_entry``)."""
     _interactive: int = 0
     _holder: Hashable = None
     _counter: itertools.count = field(default_factory=itertools.count)
@@ -329,6 +335,7 @@ class LaneScheduler:
                     entry = heap[0]
                     if not entry.live:
                         heapq.heappop(heap)
+                        self._dead -= 1
                         continue
                     job = entry.job
                     target, key = self._place(job, now, self._deadline(job, now), lead)
@@ -350,6 +357,7 @@ class LaneScheduler:
                 entry = waiting[0]
                 if not entry.live:
                     heapq.heappop(waiting)
+                    self._dead -= 1
                     continue
                 job = entry.job
                 deadline = self._deadline(job, now)
@@ -419,6 +427,8 @@ class LaneScheduler:
             entry.live = False
             job = entry.job
             self._push(*self._place(job, now, entry.key[-1], lead), job)
+        else:
+            self._dead -= 1
 
     def _push_head(self, job: Job) -> None:
         if self.policy is _FIFO:
@@ -428,6 +438,20 @@ class LaneScheduler:
         heapq.heappush(self._heaps[job.priority], entry)
 
     def _drop_entry(self, owner: Hashable) -> None:
+        """Mark ``owner``'s entry dead where it lies in its heap (taking it out would cost a
+        heap rebuild). It lets go of its job at once: a dead entry under a top that never
+        drains (a lane that is never idle) held its finished job, and through it a closed
+        session and its 1 MiB buffer, for as long as the lane stayed busy (probe B's soak:
+        14 MB a minute). Once dead entries outnumber the jobs queued, the heaps are rebuilt
+        without them: amortized O(1) per drop, and memory bounded by the queue."""
         entry = self._entries.pop(owner, None)
-        if entry is not None:
-            entry.live = False
+        if entry is None:
+            return
+        entry.live = False
+        del entry.job
+        self._dead += 1
+        if self._dead > _COMPACT_AFTER and self._dead > self._size:
+            for heap in (*self._heaps, *self._comfortable, *self._waiting):
+                heap[:] = [e for e in heap if e.live]
+                heapq.heapify(heap)
+            self._dead = 0
