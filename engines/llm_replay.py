@@ -68,7 +68,11 @@ def load_replies(path: str | Path | None = None) -> dict[str, str]:
         text = resources.files("engines").joinpath("data/replies.jsonl").read_text("utf-8")
         where = "engines/data/replies.jsonl"
     else:
-        text = Path(path).read_text("utf-8")
+        try:
+            text = Path(path).read_text("utf-8")
+        except OSError as exc:
+            raise ValueError(f"llm.replies {str(path)!r} cannot be read: "
+                             f"{exc.strerror or exc}") from None
         where = str(path)
     replies: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), start=1):

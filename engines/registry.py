@@ -38,13 +38,19 @@ def create_engine(name: str, /, **options: Any) -> TtsEngine:
     except KeyError:
         raise ValueError(f"unknown TTS engine {name!r}; known: {', '.join(TTS_ENGINES)}") from None
     cls = _import(target)
-    try:  # the options against the signature: a required one missing (qwen3 without its
-        inspect.signature(cls).bind(**options)  # model), an unknown one; not bugs inside
-    except TypeError as exc:
-        raise ValueError(f"TTS engine {name!r} cannot be set up with the options given: "
-                         f"{exc} (voice-gateway serve --help lists them)") from None
+    _check_options(cls, options, f"TTS engine {name!r}")
     engine: TtsEngine = cls(**options)
     return engine
+
+
+def _check_options(cls: Any, options: dict[str, Any], what: str) -> None:
+    """The options against ``cls``'s signature: a required one missing (qwen3 without its
+    model), an unknown one, as a ``ValueError`` naming them; not bugs inside the class."""
+    try:
+        inspect.signature(cls).bind(**options)
+    except TypeError as exc:
+        raise ValueError(f"{what} cannot be set up with the options given: {exc} "
+                         f"(voice-gateway serve --help lists them)") from None
 
 
 def create_voice(engine: str, options: dict[str, Any], fallback: str | None = None,
@@ -57,7 +63,10 @@ def create_voice(engine: str, options: dict[str, Any], fallback: str | None = No
     from engines.fallback import FallbackEngine
 
     backup = create_engine(fallback, **(fallback_options or {}))
-    wrapped: TtsEngine = FallbackEngine(primary, backup, **(fallback_policy or {}))
+    policy = fallback_policy or {}
+    _check_options(FallbackEngine, {"primary": primary, "fallback": backup, **policy},
+                   "the fallback policy ([tts.fallback_policy])")
+    wrapped: TtsEngine = FallbackEngine(primary, backup, **policy)
     return wrapped
 
 

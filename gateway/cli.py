@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM)")
     s.add_argument("--tls-key", help="private key for --tls-cert")
     s.add_argument("--config", help="TOML config file (flags override it)")
-    s.add_argument("--log-level", default="INFO",
+    s.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                    help="DEBUG, INFO, WARNING or ERROR (default: %(default)s)")
     return parser
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     # huggingface_hub, which reads it once.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
+    logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(args)
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     except EngineLoadError as exc:  # a model missing, truncated, of the wrong kind, ...
         logging.getLogger(__name__).debug("engine load failed", exc_info=exc.__cause__)
         print(f"voice-gateway: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a port in use, an address not on this machine
+        logging.getLogger(__name__).debug("start failed", exc_info=exc)
+        print(f"voice-gateway: cannot serve: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -23,13 +23,67 @@ its key, and ``voice-gateway serve`` exits 2 with it before serving.
 
 from __future__ import annotations
 
+import functools
 import tomllib
+import types
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from gateway.core.codec import FRAME_MS_CHOICES, MAX_LEAD_MS_RANGE
 from gateway.core.session import DEFAULT_INSTRUCTIONS
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the annotated type (the few a config field uses)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if origin is tuple:
+        return isinstance(value, tuple) and all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and _matches(v, args[1]) for k, v in value.items())
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args if arg is not type(None))
+    if origin is tuple:
+        return f"a list of {_describe(args[0]).removeprefix('a ')}s"
+    if origin is dict:
+        return "a table"
+    return {bool: "true or false", int: "an integer", float: "a number",
+            str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _check_types(obj: Any, section: str) -> None:
+    """Refuse a value of the wrong type with a message naming its key. TOML has types, and
+    a wrong one used to pass: ``tokens = "secret"`` made each of its letters a token, and
+    ``insecure_bind = "false"`` was true."""
+    hints = _hints(type(obj))
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if not _matches(value, hints[f.name]):
+            raise ValueError(f"{section}.{f.name} must be {_describe(hints[f.name])}, "
+                             f"not {value!r}")
 
 
 def _check_int(where: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -79,6 +133,9 @@ class ServerConfig:
     a baseline). See ``gateway.core.scheduler``."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "server")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("server.tls_key needs server.tls_cert (--tls-cert)")
         _check_int("server.port", self.port, 0, 65535)
         if self.http_port is not None:
             _check_int("server.http_port", self.http_port, 0, 65535)
@@ -108,7 +165,14 @@ class LlmConfig:
     fails the turn with ``llm_unavailable``."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "llm")
         _check_seconds("llm.stall_timeout_s", self.stall_timeout_s, 0, 3600, above=True)
+        if self.temperature is not None and not 0 <= self.temperature <= 2:
+            raise ValueError(f"llm.temperature must be 0-2, not {self.temperature!r}")
+        if self.max_tokens is not None:
+            _check_int("llm.max_tokens", self.max_tokens, 1)
+        if self.tokens_per_s < 0:
+            raise ValueError(f"llm.tokens_per_s must be 0 or more, not {self.tokens_per_s!r}")
 
     @property
     def backend(self) -> str:
@@ -142,6 +206,11 @@ class TtsConfig:
     """Per lane, timing figures that override the engine's own ``timing`` (``first_s``,
     ``rtf``, ``first_s_llm``, ``rtf_llm``), used to place turns between lanes."""
 
+    def __post_init__(self) -> None:
+        _check_types(self, "tts")
+        if self.step_timeout_s is not None:
+            _check_seconds("tts.step_timeout_s", self.step_timeout_s, 0, 3600, above=True)
+
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for the primary engine's constructor."""
         named = {"model": self.model, "ref_audio": self.voice_ref,
@@ -162,6 +231,7 @@ class SessionDefaults:
     """Longest LLM reply a turn takes (``gateway.core.session.SessionLimits``)."""
 
     def __post_init__(self) -> None:
+        _check_types(self, "session")
         # A client's session.update is held to the same frame sizes and smallest lead
         # (protocol.md). The server's own lead may go past a client's 30 s: a lead of hours
         # turns pacing off, for load scripts and tests that want every frame at once.
@@ -185,7 +255,9 @@ _SECTIONS = {"server": ServerConfig, "llm": LlmConfig, "tts": TtsConfig,
              "session": SessionDefaults}
 
 
-def _section(cls: type, values: dict[str, Any], where: str) -> Any:
+def _section(cls: type, values: Any, where: str) -> Any:
+    if not isinstance(values, dict):
+        raise ValueError(f"{where} must be a table, not {values!r}")
     names = {f.name for f in fields(cls)}
     unknown = set(values) - names
     if unknown:

@@ -820,9 +820,10 @@ class HttpServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.requested_port))
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            raise OSError(exc.errno, f"cannot listen on {self.host}:{self.requested_port} "
+                                     f"(HTTP API, --http-port): {exc.strerror}") from None
         self._socket = sock
         cert, key = self.tls or (None, None)
         config = uvicorn.Config(self.api.asgi, lifespan="off", log_config=None,

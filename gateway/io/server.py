@@ -278,6 +278,7 @@ class Gateway:
         if not s.tokens and not is_loopback(s.host) and not s.insecure_bind:
             raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
                              "(--token) or pass --insecure-bind")
+        ssl_context = _tls_context(s.tls_cert, s.tls_key)  # before either port serves
         await self.http.start()  # first, so /health answers 503 while the engine warms up
         self.telemetry.start()
         self._lane_tasks = [asyncio.create_task(lane.run(), name=f"lane-{lane.name}")
@@ -297,12 +298,6 @@ class Gateway:
                                      timing={n: lane.timing for n, lane in self.lanes.items()})
         for lane, s_ in zip(self.lanes.values(), seconds, strict=True):
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
-        ssl_context = None
-        if s.tls_cert:
-            import ssl
-
-            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ssl_context.load_cert_chain(s.tls_cert, s.tls_key)
         self._server = await serve(
             self._handle, s.host, s.port,
             process_request=self._process_request,
@@ -525,6 +520,22 @@ class Gateway:
             # full GC. The message and type stay (``close_exc`` chains to it).
             if (exc := websocket.protocol.parser_exc) is not None:
                 exc.__traceback__ = None
+
+
+def _tls_context(cert: str | None, key: str | None) -> Any:
+    """The voice port's TLS context (None: plain ws://); a file that cannot be loaded is a
+    ``ValueError`` naming it (ssl's own error names none)."""
+    if not cert:
+        return None
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except OSError as exc:  # ssl.SSLError too
+        raise ValueError(f"server.tls_cert {cert!r} / tls_key {key!r} cannot be loaded: "
+                         f"{exc.strerror or exc}") from None
+    return context
 
 
 def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
