@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: each /health LLM probe, and a "200 OK" for an LLM
+    # answer that then fails (the gateway logs what matters of those itself)
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         config = build_config(args)
     except (OSError, ValueError) as exc:

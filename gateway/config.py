@@ -23,7 +23,6 @@ its key, and ``voice-gateway serve`` exits 2 with it before serving.
 
 from __future__ import annotations
 
-import functools
 import tomllib
 import types
 from dataclasses import dataclass, field, fields, replace
@@ -69,16 +68,11 @@ def _describe(hint: Any) -> str:
             str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
 def _check_types(obj: Any, section: str) -> None:
     """Refuse a value of the wrong type with a message naming its key. TOML has types, and
     a wrong one used to pass: ``tokens = "secret"`` made each of its letters a token, and
     ``insecure_bind = "false"`` was true."""
-    hints = _hints(type(obj))
+    hints = get_type_hints(type(obj))
     for f in fields(obj):
         value = getattr(obj, f.name)
         if not _matches(value, hints[f.name]):

@@ -278,3 +278,34 @@ async def test_a_mark_re_ranks_its_turn_only_when_audio_is_needed_sooner(gateway
         await mark(received_ms)  # all of it played: it needs audio now
         assert touched == [(created["session_id"], turn_id)]
         await send(ws, type="cancel")
+
+
+async def test_a_failing_llm_is_told_to_the_operator_once_and_health_says_degraded(
+        scripted_llm_server, caplog):
+    """A dead or broken LLM used to fail every turn without a log line while /health said
+    ok. Now the first failure is a WARNING, the health is degraded with the reason, and the
+    first reply that comes whole again is an INFO; nothing in between."""
+    from tests.servers import Status, reply_script
+
+    scripted_llm_server.script([Status(500)], [Status(500)], reply_script(["Back now."]))
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": scripted_llm_server.url}))
+    await gw.start()
+    caplog.set_level("INFO", logger="gateway")
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            for _ in range(2):
+                await send(ws, type="transcript", text="hello?")
+                assert (await read_turn(ws)).done["status"] == "failed"
+            health = gw.health()
+            assert health["status"] == "degraded"
+            assert health["llm"]["failing"]["turns"] == 2
+            assert health["llm"]["failing"]["code"] == "llm_failed"
+            await send(ws, type="transcript", text="hello?")
+            assert (await read_turn(ws)).done["status"] == "completed"
+            assert gw.health()["llm"]["failing"] is None
+    finally:
+        await gw.aclose()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "LLM" in r.getMessage()]
+    assert [level for level, _ in said] == ["WARNING", "INFO"], said
+    assert said[1][1] == "the LLM answers again, after 2 failed turn(s)"

@@ -319,15 +319,18 @@ class SessionRunner:
                         case LlmDelta(text=text):
                             self._apply(self.session.llm_delta(turn_id, text, self.now()))
                         case LlmDone(tokens_per_s=rate):
+                            self.gateway.llm_answered(None)
                             self._apply(self.session.llm_done(turn_id, rate, self.now()))
                             return
             raise EngineError("llm_failed", "the LLM stream ended without finishing")
         except EngineError as exc:
+            self.gateway.llm_answered((exc.code, exc.message))
             self._apply(self.session.llm_failed(turn_id, exc.code, exc.message, self.now()))
         except Exception as exc:
             log.exception("LLM backend failed")
-            self._apply(self.session.llm_failed(turn_id, "llm_failed",
-                                                f"{type(exc).__name__}: {exc}", self.now()))
+            message = f"{type(exc).__name__}: {exc}"
+            self.gateway.llm_answered(("llm_failed", message))
+            self._apply(self.session.llm_failed(turn_id, "llm_failed", message, self.now()))
 
     # ---- lane sink (called on the event loop by the lane task) -----------------------
 

@@ -149,6 +149,9 @@ class Gateway:
                                tls=(s.tls_cert, s.tls_key) if s.tls_cert else None)
         self.connections: set[VoiceConnection] = set()
         self.runners: dict[str, SessionRunner] = {}
+        self.llm_failing: dict[str, Any] | None = None
+        """Since the last LLM reply that came whole: when replies started failing, how many
+        turns failed, the last code and message (``llm_answered``; /health)."""
         self.past_limit: weakref.WeakKeyDictionary[ServerConnection, str] = \
             weakref.WeakKeyDictionary()
         """Sockets let in beyond ``max_sessions`` to resume the session named (``?resume=``),
@@ -204,6 +207,24 @@ class Gateway:
         self.llm_streams = max(0, self.llm_streams - 1)
         for lane in self.lanes.values():
             lane.llm_ended()
+
+    def llm_answered(self, failure: tuple[str, str] | None) -> None:
+        """A turn's LLM stream ended: ``failure`` is its ``(code, message)``, None if the
+        reply came whole. The operator hears of a change, once (a WARNING when replies
+        start failing, an INFO when they come back), not of every turn: a dead LLM used to
+        fail every turn without a log line while /health said ok."""
+        if failure is None:
+            if self.llm_failing is not None:
+                log.info("the LLM answers again, after %d failed turn(s)",
+                         self.llm_failing["turns"])
+                self.llm_failing = None
+            return
+        code, message = failure
+        if self.llm_failing is None:
+            log.warning("the LLM fails turns (%s): %s", code, message)
+            self.llm_failing = {"since": time.time(), "turns": 0}
+        self.llm_failing.update(turns=self.llm_failing["turns"] + 1, code=code,
+                                message=message)
 
     def place_turn(self, owner: Hashable, voice: str | None) -> Lane:
         """The lane of a voice turn (``owner``: its jobs' owner): chosen at its first
@@ -426,10 +447,11 @@ class Gateway:
         # the primary decides: a stuck second lane only loses its turns to the primary
         # (placement skips it); it shows in lanes[...]["unhealthy"]
         degraded = getattr(self.engine, "primary_load_error", None)
+        llm = self.telemetry.llm_health()
         status = "stopping" if self.closing else \
             "unhealthy" if lane.unhealthy is not None else \
             "starting" if not (self.ready and all(ln.loaded for ln in lanes)) else \
-            "degraded" if degraded else "ok"
+            "degraded" if degraded or self.llm_failing or llm["reachable"] is False else "ok"
         names = [ln.engine.name for ln in lanes]
         engines = {(ln.engine.name if names.count(ln.engine.name) == 1 else
                     f"{ln.engine.name}@{ln.name}"): {
@@ -451,7 +473,7 @@ class Gateway:
                        **({"fallback": self.engine.counters()}
                           if hasattr(self.engine, "counters") else {})},
             "lanes": self.telemetry.lane_health(),
-            "llm": self.telemetry.llm_health(),
+            "llm": {**llm, "failing": self.llm_failing},
             "loop": {**self.telemetry.loop_lag.health(), **self.telemetry.gc_pauses.health()},
             "http": {"port": self.http.port if self.http.started else None,
                      "speech_streams": len(self.http.streams)},
