@@ -398,6 +398,7 @@ class Gateway:
                 if resuming is not None:
                     self.past_limit[connection] = resuming
                     return None
+                self.metrics.errors["server_full"] += 1
                 return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"error": {
                     "code": "server_full", "message": f"too many sessions; {why}"}})
             return None  # go on with the WebSocket handshake

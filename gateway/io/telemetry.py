@@ -37,7 +37,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -287,6 +293,9 @@ class Telemetry:
         self.gateway = gateway
         self.registry = CollectorRegistry()
         r = self.registry
+        # the process's own figures (RSS, open fds, CPU seconds, start time): what a soak
+        # watches for leaks (Linux; the collector reports nothing where /proc is missing)
+        ProcessCollector(registry=r)
         self.ttft = Histogram("gateway_turn_ttft_seconds", "Transcript to first LLM token",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.first_segment = Histogram("gateway_turn_first_segment_seconds",
@@ -467,8 +476,15 @@ class _StateCollector(Collector):
         for generation, histogram in self.t.gc_pauses.histograms.items():
             pauses.add_metric([str(generation)], histogram.cumulative(), sum_value=histogram.sum)
         yield pauses
-        yield GaugeMetricFamily("gateway_sessions", "Open voice sessions",
-                                value=len(gw.runners))
+        yield GaugeMetricFamily("gateway_sessions", "Live voice sessions, those waiting for "
+                                "a resume included", value=len(gw.runners))
+        yield GaugeMetricFamily("gateway_sessions_held", "Voice sessions waiting for a resume",
+                                value=sum(r.connection is None for r in gw.runners.values()))
+        yield GaugeMetricFamily("gateway_connections", "Open voice sockets",
+                                value=len(gw.connections))
+        yield GaugeMetricFamily("gateway_llm_failing", "1 while the LLM fails turns (since the "
+                                "last reply that came whole), else 0",
+                                value=float(gw.llm_failing is not None))
         speech = getattr(gw, "http", None)
         yield GaugeMetricFamily("gateway_http_speech_streams", "Open HTTP speech responses",
                                 value=len(speech.streams) if speech is not None else 0)
