@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     # httpx logs every request at INFO: each /health LLM probe, and a "200 OK" for an LLM
     # answer that then fails (the gateway logs what matters of those itself)
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # websockets says "connection open/closed" per socket with no session or peer: the
+    # gateway's own lines (session opened/dropped/resumed/ended) say it with both
+    logging.getLogger("websockets.server").setLevel(
+        max(logging.WARNING, logging.getLogger().level))
     try:
         config = build_config(args)
     except (OSError, ValueError) as exc:

@@ -122,26 +122,31 @@ class SessionRunner:
             return  # already taken over by a resumed connection
         self.connection = None
         if not resumable or self.closed:
-            self.close()
+            self.close("the client closed its socket")
             return
         # Nobody is listening: release no more audio until a resume, and ask the lane for
         # none (``Session.deadline``); the LLM goes on feeding the turn its text.
         self.session.held = True
-        self._expiry = self.loop.call_later(self.resume_window_s + noticed_early_s,
-                                            self.close)
+        wait_s = self.resume_window_s + noticed_early_s
+        log.info("session %s: socket dropped, waiting %.0f s for a resume", self.session.id,
+                 wait_s)
+        self._expiry = self.loop.call_later(wait_s, self.close, "no resume came in time")
 
     def shutdown(self) -> None:
         """The server is going away: tell the client its turn ends (``shutting_down``),
         then close; the writer sends what is queued and closes the socket with 1001."""
         if not self.closed:
             self._apply(self.session.shutdown(self.now()))
-        self.close()
+        self.close("the gateway is shutting down")
 
-    def close(self) -> None:
-        """End the session: cancel its turn, its LLM streams, its lane jobs, its timers."""
+    def close(self, why: str = "") -> None:
+        """End the session: cancel its turn, its LLM streams, its lane jobs, its timers.
+        ``why``, when given, is logged (INFO): one line per session's end."""
         if self.closed:
             return
         self.closed = True
+        if why:
+            log.info("session %s ended: %s", self.session.id, why)
         for handle in (self._timer, self._expiry):
             if handle is not None:
                 handle.cancel()
@@ -272,7 +277,7 @@ class SessionRunner:
         log.warning("session %s: %d bytes unread; closing (slow consumer)",
                     self.session.id, self.outbox.nbytes)
         connection = self.connection
-        self.close()
+        self.close()  # (the WARNING above is its line)
         if connection is not None:
             connection.close_soon(*CLOSE_SLOW_CONSUMER)
 
@@ -407,6 +412,9 @@ class VoiceConnection:
     async def run(self) -> None:
         """Serve the socket until the client leaves or the server shuts down."""
         runner = self.gateway.new_runner()
+        peer = self.ws.remote_address
+        log.info("session %s opened by %s", runner.session.id,
+                 f"{peer[0]}:{peer[1]}" if peer else "?")
         self._use(runner, 0)
         runner._apply(runner.session.open(resume_token=runner.resume_token,
                                           resume_window_s=runner.resume_window_s))
@@ -543,6 +551,7 @@ class VoiceConnection:
             "session": old.session.settings.to_event(),
         }).decode()
         self._use(old, position)
+        log.info("session %s resumed (%d messages replayed)", old.session.id, replayed)
         if self.resume_only is not None:  # back within the limit: a socket like any other
             self.resume_only = None
             self.gateway.past_limit.pop(self.ws, None)
@@ -588,7 +597,7 @@ class VoiceConnection:
                            f"{self.resume_only}; retry later"), self.loop.time())
         self.gateway.past_limit.pop(self.ws, None)
         self._close_with = CLOSE_SERVER_FULL
-        runner.close()
+        runner.close("let in past max_sessions to resume, and did not")
 
     async def _writer(self) -> None:
         """The only caller of ``send``. Cancelling it is how the connection stops writing."""

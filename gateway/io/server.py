@@ -569,12 +569,14 @@ def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
 
 
 def stop_signal() -> asyncio.Event:
-    """An event set at the first SIGINT or SIGTERM (the process's way of asking to stop).
-    Take it before starting anything and before saying "serving": a signal sent as soon as
+    """An event set at the first SIGINT, SIGTERM or SIGHUP (the process's way of asking to
+    stop). Take it before starting anything and before saying "serving": a signal sent as soon as
     that line shows must reach the clean shutdown, not the default handler that kills."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP too (a closed terminal, a service manager's reload): the gateway reads its
+    # configuration once, so it stops cleanly rather than being killed mid-turn
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     return stop
 
@@ -645,8 +647,12 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     try:
         await stop.wait()
     finally:
-        print("shutting down: closing sessions (1001)", flush=True)
+        turns = sum(r.session.turn is not None and r.session.turn.state.value != "ended"
+                    for r in gateway.runners.values())
+        log.info("shutting down: closing %d session(s) (1001), %d turn(s) in progress cut "
+                 "short", len(gateway.runners), turns)
         await gateway.aclose()
+        log.info("stopped")
 
 
 def run(config: GatewayConfig) -> None:
