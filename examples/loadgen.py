@@ -11,7 +11,12 @@ starts when the first frame of the turn arrives (plus ``--prebuffer-ms``) and co
 at 24,000 samples per second, like a phone speaker. While audio plays the session sends a
 ``playback`` mark every 250 ms, as a real client must. The next transcript goes out once
 the reply has finished playing plus a think time drawn from an exponential distribution
-with mean ``--arrival`` seconds (seeded; 0 means right away).
+with mean ``--arrival`` seconds (seeded; 0 means right away); the sessions' first
+connects are spread uniformly over ``--arrival`` seconds too. A gateway with tokens takes
+one in the URL: ``--url 'ws://HOST:8780/v1/voice?token=...'``. A turn whose ``turn.done``
+has not come after ``--turn-timeout`` seconds (default 90, beyond the gateway's own 60 s
+LLM stall timeout, so a stalled LLM shows as the gateway's ``llm_unavailable``) is counted
+``lost``, and so is the session's socket; the turns it then never sends are ``unsent``.
 
 Measured per turn (client side, from the moment the transcript was sent):
 
@@ -103,6 +108,8 @@ class SessionAccount:
         """Broken protocol promises: frames after ``turn.done``, of an unknown turn, bad header."""
         self.seq_gaps = 0
         """Frames missing from the ``seq`` sequence."""
+        self.unsent = 0
+        """Turns never sent: the session was lost (closed, timed out, refused) before them."""
         self.seq_repeats = 0
         """Frames whose ``seq`` repeated or went backwards."""
         self._next_seq: int | None = None
@@ -267,7 +274,9 @@ class Report:
         server = [t.server_metrics.get("ttfa_ms") for t in turns]
         return {
             "sessions": self.sessions,
-            "turns": {"requested": self.sessions * self.turns_requested, **statuses},
+            "turns": {"requested": self.sessions * self.turns_requested, **statuses,
+                      **({"unsent": unsent} if (unsent := sum(a.unsent for a in self.accounts))
+                         else {})},
             "wall_s": round(self.wall_s, 2),
             "ttfa_ms": dist([t.ttfa_s for t in turns if t.ttfa_s is not None]),
             "server_ttfa_ms": dist([s / 1000 for s in server if s is not None]),
@@ -381,7 +390,7 @@ class Progress:
 
 async def run_session(url: str, index: int, account: SessionAccount, *, turns: int,
                       transcripts: list[str], arrival_s: float, seed: int,
-                      progress: Progress, turn_timeout_s: float = 60.0) -> None:
+                      progress: Progress, turn_timeout_s: float = 90.0) -> None:
     """One speaker: connect, talk ``turns`` times, listen to every reply to its end."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -430,6 +439,7 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                     return
 
     await asyncio.sleep(rng.uniform(0, arrival_s))  # stagger the sessions' first turns
+    sent = 0
     try:
         async with connect(url, compression=None, max_size=2**20, open_timeout=30) as ws:
             created = json.loads(await ws.recv())
@@ -443,6 +453,7 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                     if k:
                         await asyncio.sleep(rng.expovariate(1 / arrival_s) if arrival_s else 0)
                     account.sent(loop.time())
+                    sent += 1
                     await ws.send(json.dumps({"type": "transcript",
                                               "text": rng.choice(transcripts)}))
                     try:
@@ -462,13 +473,18 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                 mark.cancel()
                 await ws.close()
                 await read
-    except (OSError, InvalidStatus, TimeoutError) as exc:
-        account.lost(f"connect failed: {exc}")
+    except* ConnectionClosed as group:  # closed under a send or the first recv
+        closed = group.exceptions[0]
+        assert isinstance(closed, ConnectionClosed)
+        account.lost(f"closed {closed.rcvd.code if closed.rcvd else 1006}")
+    except* (OSError, InvalidStatus, TimeoutError) as group:
+        account.lost(f"connect failed: {group.exceptions[0]}")
+    account.unsent += turns - sent
 
 
 async def run_load(url: str, *, sessions: int, turns: int, transcripts: list[str],
                    arrival_s: float = 0.0, seed: int = 1, prebuffer_s: float = 0.0,
-                   show_progress: bool = False) -> Report:
+                   show_progress: bool = False, turn_timeout_s: float = 90.0) -> Report:
     loop = asyncio.get_running_loop()
     accounts = [SessionAccount(prebuffer_s=prebuffer_s) for _ in range(sessions)]
     progress = Progress()
@@ -493,7 +509,8 @@ async def run_load(url: str, *, sessions: int, turns: int, transcripts: list[str
             for i in range(sessions):
                 speakers.create_task(run_session(
                     url, i, accounts[i], turns=turns, transcripts=transcripts,
-                    arrival_s=arrival_s, seed=seed, progress=progress))
+                    arrival_s=arrival_s, seed=seed, progress=progress,
+                    turn_timeout_s=turn_timeout_s))
         if tick is not None:
             tick.cancel()
     if show_progress:
@@ -513,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prebuffer-ms", type=float, default=0.0,
                    help="audio the player waits for before starting (default 0)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--turn-timeout", type=float, default=90.0,
+                   help="seconds to wait for a turn.done before the turn counts as lost")
     p.add_argument("--json", help="write the summary and every turn as JSON here")
     p.add_argument("--plot", help="write a PNG: TTFA histogram and lateness over time")
     args = p.parse_args(argv)
@@ -525,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     report = asyncio.run(run_load(args.url, sessions=args.sessions, turns=args.turns,
                                   transcripts=transcripts, arrival_s=args.arrival,
                                   seed=args.seed, prebuffer_s=args.prebuffer_ms / 1000,
-                                  show_progress=True))
+                                  show_progress=True, turn_timeout_s=args.turn_timeout))
     print(f"loadgen {started} {args.url}")
     print(report.table())
     if args.json:

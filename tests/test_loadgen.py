@@ -174,3 +174,25 @@ async def test_a_refused_transcript_is_reported_at_once_not_after_the_turn_timeo
     (account,) = report.accounts
     assert [t.status for t in account.turns] == ["rejected: text_too_long"] * 2
     assert account.errors == ["text_too_long"] * 2 and not report.ok
+
+
+async def test_a_gateway_gone_between_turns_is_a_report_not_a_crash(start_gateway):
+    """The gateway stops while the speakers think between turns: their next send meets a
+    closed socket. The load generator used to die with an ExceptionGroup traceback, no table
+    and no JSON; now the session is lost, its turns never sent are counted, and the report
+    comes out."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
+    heard = asyncio.Event()
+    gw.metrics.listeners.append(  # each speaker heard its first reply
+        lambda _: heard.set() if gw.metrics.turns["completed"] >= 2 else None)
+    load = asyncio.ensure_future(run_load(
+        f"ws://127.0.0.1:{gw.port}/v1/voice", sessions=2, turns=3, transcripts=["Hello"],
+        arrival_s=1.0, seed=3))
+    await asyncio.wait_for(heard.wait(), 20)
+    await gw.aclose()
+    report = await asyncio.wait_for(load, 30)
+    s = report.summary()
+    assert s["turns"]["requested"] == 6 and 2 <= s["turns"]["completed"] < 6
+    assert sum(n for k, n in s["turns"].items() if k != "requested") == 6  # all accounted
+    assert s["turns"]["unsent"] >= 1 and not report.ok, s["turns"]
+    assert "closed" in " ".join(s["errors"])

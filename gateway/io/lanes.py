@@ -162,6 +162,7 @@ class Lane:
         """What this lane's interactive steps measured, for placing turns between lanes."""
         self.loaded = False
         self._executor = LaneThread(f"lane-{name}")
+        self._closed = False
         self._wake = asyncio.Event()
         self._busy_since: float | None = None
         self.observer: LaneObserver | None = None
@@ -467,7 +468,11 @@ class Lane:
         job.state = None
 
     async def aclose(self) -> None:
-        """Cancel every job and release the engine on its thread."""
+        """Cancel every job and release the engine on its thread (once: closing again is a
+        no-op, as for the gateway that calls it)."""
+        if self._closed:
+            return
+        self._closed = True
         for owner in self.scheduler.owners():
             self.cancel(owner)
         try:
