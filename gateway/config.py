@@ -269,7 +269,10 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
     data: dict[str, Any] = {}
     if path is not None:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            try:
+                data = tomllib.load(f)
+            except tomllib.TOMLDecodeError as exc:
+                raise ValueError(f"{path}: {exc}") from None
     unknown = set(data) - set(_SECTIONS)
     if unknown:
         raise ValueError(f"{path}: unknown section(s) {', '.join(sorted(unknown))}")

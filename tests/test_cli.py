@@ -67,6 +67,7 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ("[tts]\nstep_timeout_s = -1\n",
      "tts.step_timeout_s must be more than 0 and at most 3600 seconds, not -1"),
     ("server = 5\n", "[server] must be a table, not 5"),
+    ("[server\n", "gw.toml: Expected ']' at the end of a table declaration"),
     ("[tts.fallback_policy]\nbreaker = 3\n[tts]\nfallback = \"espeak\"\n",
      "the fallback policy ([tts.fallback_policy]) cannot be set up with the options given"),
     ('[llm]\nreplies = "/nonexistent/replies.jsonl"\n',

@@ -75,6 +75,19 @@ async def console(url: str) -> AsyncIterator[tuple[Any, list[str]]]:
             await browser.close()
 
 
+async def talk(page: Any, text: str) -> None:
+    """Type ``text`` as the user's transcript and send it."""
+    await page.fill("#transcript", text)
+    await page.click("#send")
+
+
+async def heard_out(page: Any) -> None:
+    """Wait until the worklet has played everything it was sent."""
+    await page.wait_for_function(
+        "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
+        arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
@@ -83,14 +96,11 @@ async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
             "window.consoleState.connected && window.consoleState.audioReady")
 
         # a short turn: spoken to the end through the worklet
-        await page.fill("#transcript", "Hello")
-        await page.click("#send")
+        await talk(page, "Hello")
         await page.wait_for_function(
             "window.consoleState.lastTurn && window.consoleState.lastTurn.status === "
             "'completed'", timeout=30_000)
-        await page.wait_for_function(  # the worklet plays out everything it was sent
-            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-            arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
+        await heard_out(page)  # the worklet plays out everything it was sent
         state = await page.evaluate("window.consoleState")
         assert state["framesReceived"] > 10
         assert state["samplesPlayed"] == state["samplesReceived"] > 24_000 // 2
@@ -99,8 +109,7 @@ async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
         assert await page.locator("#timeline .turn").count() == 1
 
         # a long turn, stopped while it plays
-        await page.fill("#transcript", "Tell me everything")
-        await page.click("#send")
+        await talk(page, "Tell me everything")
         played_before = state["samplesPlayed"]
         await page.wait_for_function(
             f"window.consoleState.samplesPlayed > {played_before} + 12000")
@@ -135,8 +144,7 @@ async def test_console_on_a_gateway_with_tokens_takes_or_asks_for_one(start_gate
     async with console(base + "?token=s3cret") as (page, errors):
         await page.wait_for_function("window.consoleState.connected")
         assert "s3cret" not in page.url and not await page.is_visible("#token")
-        await page.fill("#transcript", "Hello")
-        await page.click("#send")
+        await talk(page, "Hello")
         await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
     # without one: refused, so it asks, and connects once it is typed in
     async with console(base) as (page, errors):
@@ -169,16 +177,12 @@ async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await page.fill("#transcript", "Hello")
-        await page.click("#send")
+        await talk(page, "Hello")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
-        await page.wait_for_function(  # heard to the end (a new turn would cut it)
-            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-            arg=await page.evaluate_handle(state))
+        await heard_out(page)  # heard to the end (a new turn would cut it)
         session_id = await page.evaluate(f"{state}.sessionId")
         frames = await page.evaluate(f"{state}.framesReceived")
-        await page.fill("#transcript", "Tell me more")
-        await page.click("#send")
+        await talk(page, "Tell me more")
         await page.wait_for_function(  # turn.started and text, no audio yet
             f"{state}.eventsSinceFrame >= 3 && {state}.framesReceived === {frames}")
         drop()
@@ -190,9 +194,7 @@ async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_
         await page.wait_for_function(
             f"{state}.lastTurn?.status === 'completed' && {state}.turns.length > 1",
             timeout=30_000)
-        await page.wait_for_function(
-            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-            arg=await page.evaluate_handle(state), timeout=30_000)
+        await heard_out(page)
         st = await page.evaluate(state)
         # every frame once: the turns' audio in full, nothing twice
         heard_ms = sum(t["metrics"]["audio_ms"] for t in st["turns"])
@@ -216,12 +218,9 @@ async def test_console_plays_out_a_failed_turn(start_gateway):
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function(
             "window.consoleState.connected && window.consoleState.audioReady")
-        await page.fill("#transcript", "Morning")
-        await page.click("#send")
+        await talk(page, "Morning")
         await page.wait_for_function("window.consoleState.lastTurn?.status === 'failed'")
-        await page.wait_for_function(
-            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-            arg=await page.evaluate_handle("window.consoleState"), timeout=30_000)
+        await heard_out(page)
         state = await page.evaluate("window.consoleState")
         assert state["samplesPlayed"] == state["samplesReceived"] > 24_000
 
@@ -262,20 +261,15 @@ async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await page.fill("#transcript", "Tell me")
-        await page.click("#send")
+        await talk(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
-        await page.fill("#transcript", "x" * 4001)
-        await page.click("#send")
+        await talk(page, "x" * 4001)
         assert await page.input_value("#transcript") == "x" * 4001  # kept, to be shortened
-        await page.fill("#transcript", "Hello again")
-        await page.click("#send")
+        await talk(page, "Hello again")
         await page.wait_for_function(f"{state}.errors.some(e => e.startsWith('rate_limited'))")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'",
                                      timeout=30_000)
-        await page.wait_for_function(
-            "s => s.samplesPlayed >= s.samplesReceived && !s.playing",
-            arg=await page.evaluate_handle(state), timeout=30_000)
+        await heard_out(page)
         st = await page.evaluate(state)
         assert st["samplesPlayed"] == st["samplesReceived"]
         assert abs(st["samplesPlayed"] / 24 - st["lastTurn"]["metrics"]["audio_ms"]) < 2
@@ -293,8 +287,7 @@ async def test_console_stop_pressed_while_offline_reaches_the_gateway_after_the_
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await page.fill("#transcript", "Tell me")
-        await page.click("#send")
+        await talk(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
         await page.context.set_offline(True)  # and the socket drops: no reconnect gets out
         for conn in list(gw.connections):
@@ -325,6 +318,5 @@ async def test_console_gives_up_a_silent_socket_and_resumes_on_a_new_one(start_g
         await page.context.set_offline(False)
         await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
         assert await page.evaluate(f"{state}.sessionId") == session_id
-        await page.fill("#transcript", "Hello")
-        await page.click("#send")
+        await talk(page, "Hello")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
