@@ -105,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every request at INFO: each /health LLM probe, and a "200 OK" for an LLM
-    # answer that then fails (the gateway logs what matters of those itself)
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    # websockets says "connection open/closed" per socket with no session or peer: the
-    # gateway's own lines (session opened/dropped/resumed/ended) say it with both
-    logging.getLogger("websockets.server").setLevel(
-        max(logging.WARNING, logging.getLogger().level))
+    if args.log_level != "DEBUG":
+        # httpx logs every request at INFO: each /health LLM probe, and a "200 OK" for an
+        # LLM answer that then fails (the gateway logs what matters of those itself);
+        # websockets says "connection open/closed" per socket with no session or peer: the
+        # gateway's own lines (session opened/dropped/resumed/ended) say it with both
+        for noisy in ("httpx", "websockets.server"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         config = build_config(args)
     except (OSError, ValueError) as exc:

@@ -279,7 +279,8 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
     parts = {}
     for name, cls in _SECTIONS.items():
         section = _section(cls, data.get(name, {}), f"{path}[{name}]")
-        changes = {k: v for k, v in overrides.get(name, {}).items() if v is not None}
+        changes = {k: tuple(v) if isinstance(v, list) else v  # (as from TOML)
+                   for k, v in overrides.get(name, {}).items() if v is not None}
         for key, value in changes.items():  # option tables merge, flags win
             if isinstance(value, dict):
                 changes[key] = {**getattr(section, key), **value}

@@ -73,6 +73,7 @@ async def test_voice_port_routes_need_the_token_too(gateway):
 
 async def test_tokens_never_reach_the_logs(gateway, caplog):
     caplog.set_level(logging.DEBUG)  # websockets logs every request line at DEBUG
+    caplog.set_level(logging.DEBUG, logger="websockets.server")  # (the CLI quiets it)
     voice = f"ws://127.0.0.1:{gateway.port}/v1/voice"
     with pytest.raises(InvalidStatus):
         async with connect(f"{voice}?token=wrong-{SECRET}"):
