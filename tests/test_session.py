@@ -548,6 +548,11 @@ def playing(clock, *, mark: bool = True) -> tuple[Session, int]:
     return s, tid
 
 
+REFILL_S = 0.4
+"""The pacer's refill period: a session ticks at least this often while it releases audio,
+and a quiet listener is probed from those ticks."""
+
+
 def run_until(s: Session, clock, until: float) -> list:
     """Fire the session's timer as the shell does, until ``until`` (seconds)."""
     out = []
@@ -563,7 +568,7 @@ def test_a_marking_listener_gone_quiet_is_probed_once_until_it_answers(clock):
     heard = clock()
     out = run_until(s, clock, heard + LISTENER_SILENT_S - 0.01)
     assert probes(out) == 0 and frames(out)  # audio flows, no probe yet
-    out = run_until(s, clock, heard + LISTENER_SILENT_S)
+    out = run_until(s, clock, heard + LISTENER_SILENT_S + REFILL_S)
     assert probes(out) == 1
     out = run_until(s, clock, heard + 3 * LISTENER_SILENT_S)
     assert probes(out) == 0  # one question at a time
@@ -571,7 +576,7 @@ def test_a_marking_listener_gone_quiet_is_probed_once_until_it_answers(clock):
     answered = clock()
     out = run_until(s, clock, answered + LISTENER_SILENT_S - 0.01)
     assert probes(out) == 0
-    assert probes(run_until(s, clock, answered + LISTENER_SILENT_S)) == 1
+    assert probes(run_until(s, clock, answered + LISTENER_SILENT_S + REFILL_S)) == 1
 
 
 def test_marks_keep_the_probe_away(clock):
@@ -587,8 +592,9 @@ def test_a_client_that_sends_no_marks_is_probed_after_a_longer_silence(clock):
     s, tid = playing(clock, mark=False)
     start = clock()
     assert probes(run_until(s, clock, start + UNMARKED_SILENT_S - 0.01)) == 0
-    out = run_until(s, clock, start + UNMARKED_SILENT_S)
-    assert [e.silent_s for e in out if isinstance(e, ProbeListener)] == [UNMARKED_SILENT_S]
+    out = run_until(s, clock, start + UNMARKED_SILENT_S + REFILL_S)
+    (probe,) = [e for e in out if isinstance(e, ProbeListener)]
+    assert UNMARKED_SILENT_S <= probe.silent_s <= UNMARKED_SILENT_S + REFILL_S
     s, tid = playing(clock, mark=False)
     for _ in range(3):  # any message shows the client is there: a ping will do
         clock.advance(UNMARKED_SILENT_S * 1000 - 10)
@@ -612,10 +618,10 @@ def test_no_probe_when_held_or_when_nothing_is_left_to_play(clock):
 
 def test_a_resume_counts_as_hearing_from_the_listener(clock):
     s, tid = playing(clock)
-    assert probes(run_until(s, clock, clock() + LISTENER_SILENT_S)) == 1
+    assert probes(run_until(s, clock, clock() + LISTENER_SILENT_S + REFILL_S)) == 1
     s.held = True  # unanswered: the shell dropped the socket
     clock.advance(10_000)
     s.resume(0, clock())
     back = clock()
     assert probes(run_until(s, clock, back + LISTENER_SILENT_S - 0.01)) == 0
-    assert probes(run_until(s, clock, back + LISTENER_SILENT_S)) == 1
+    assert probes(run_until(s, clock, back + LISTENER_SILENT_S + REFILL_S)) == 1

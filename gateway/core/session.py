@@ -478,19 +478,19 @@ class Session:
         return effects
 
     def wake_at(self) -> float | None:
-        """When ``tick`` may release more frames or probe a quiet listener, or None when
-        only new input can do anything."""
+        """When ``tick`` may release more frames, or None when only new input can. (A quiet
+        listener is probed from the ticks that release audio to it: no audio going out, no
+        audio lost, and no second deadline per session: folding the probe's time in here
+        moved each session's timer back and forth per chunk; bench/capacity.py stream at
+        400 sessions, alternating runs: 0.0139-0.0140 CPU ms per frame against 0.0117-0.0122
+        before the probe; ticking it: 0.0124-0.0132 against 0.0128-0.0129.)"""
         turn = self.turn
-        if self.held or turn is None or turn.state is TurnState.ENDED:
+        if (self.held or turn is None or turn.state is TurnState.ENDED
+                or turn.current >= len(turn.segments)):
             return None
-        release = None
-        if turn.current < len(turn.segments) and \
-                self._frame_ready(turn, turn.segments[turn.current]):
-            release = turn.pacer.wake_at()
-        probe = self._probe_at(turn)
-        if release is None or probe is None:
-            return probe if release is None else release
-        return min(release, probe)
+        if not self._frame_ready(turn, turn.segments[turn.current]):
+            return None
+        return turn.pacer.wake_at()
 
     def listener_answered(self, now: float) -> list[Effect]:
         """The socket answered a ``ProbeListener``: someone is there (playing or not); ask
