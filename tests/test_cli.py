@@ -180,3 +180,11 @@ def test_the_readme_names_every_configuration_key():
             if not any(re.search(plain, k) or re.search(table_name, k) for k in keys):
                 missing.append(f"{section}.{f.name}")
     assert missing == []
+
+
+def test_lane_profiles_with_one_engine_are_said_to_be_ignored(caplog):
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+
+    Gateway(load_config(tts={"profiles": {"cpu": {"first_s": 0.1, "rtf": 0.5}}}))
+    assert "[tts.profiles] is ignored" in caplog.text  # it used to be ignored without a word

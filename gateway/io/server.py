@@ -121,6 +121,9 @@ class Gateway:
                     f"primary engine {t.engine!r}; the two engines must declare different "
                     "lanes (one worker per lane)")
         self.profiles = self._profiles() if len(self.engines) > 1 else {}
+        if t.profiles and len(self.engines) == 1:
+            log.warning("[tts.profiles] is ignored: it places turns between two lanes, and "
+                        "only one engine runs (add one with [tts] also)")
         self.llm = llm or self._make_llm()
         self.lanes: dict[str, Lane] = {}
         """One lane (worker thread + scheduler) per engine, by lane name; primary first."""
