@@ -95,7 +95,8 @@ class Metrics:
     frames: int = 0
     sessions_opened: int = 0
     listeners_lost: int = 0
-    """Sockets dropped because a listener stopped marking and answered no ping."""
+    """Sockets dropped because a client went quiet while it should have been playing and
+    answered no ping (``ProbeListener``)."""
     listeners: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """Called with every turn.done event (telemetry's histograms)."""
 
@@ -152,6 +153,7 @@ class Gateway:
                                tls=(s.tls_cert, s.tls_key) if s.tls_cert else None)
         self.connections: set[VoiceConnection] = set()
         self.runners: dict[str, SessionRunner] = {}
+        """Live sessions by id, attached to a connection or waiting for a resume."""
         self.llm_failing: dict[str, Any] | None = None
         """Since the last LLM reply that came whole: when replies started failing, how many
         turns failed, the last code and message (``llm_answered``; /health)."""
@@ -159,7 +161,6 @@ class Gateway:
             weakref.WeakKeyDictionary()
         """Sockets let in beyond ``max_sessions`` to resume the session named (``?resume=``),
         until they do. Weak: a handshake that fails after the check leaves no entry."""
-        """Live sessions by id, attached to a connection or waiting for a resume."""
         self.closing = False
         self._live_changed = asyncio.Event()
         """Set when a session is forgotten or a socket's handler ends (wait_no_sessions)."""
@@ -443,10 +444,13 @@ class Gateway:
             older.refuse_past_limit()
         return session_id, ""
 
+    def active_turns(self) -> int:
+        """Turns in progress, over every live session."""
+        return sum(1 for r in self.runners.values()
+                   if r.session.turn is not None and r.session.turn.state.value != "ended")
+
     def health(self) -> dict[str, Any]:
         lane = self.lane
-        active = sum(1 for r in self.runners.values()
-                     if r.session.turn is not None and r.session.turn.state.value != "ended")
         lanes = list(self.lanes.values())
         # the primary decides: a stuck second lane only loses its turns to the primary
         # (placement skips it); it shows in lanes[...]["unhealthy"]
@@ -469,7 +473,7 @@ class Gateway:
             "uptime_s": round(time.time() - self.started_at, 1),
             "sessions": len(self.runners),
             "connections": len(self.connections),
-            "active_turns": active,
+            "active_turns": self.active_turns(),
             "engines": engines,
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
                        "voices": len(self.voices), "unhealthy": lane.unhealthy,
@@ -650,10 +654,8 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     try:
         await stop.wait()
     finally:
-        turns = sum(r.session.turn is not None and r.session.turn.state.value != "ended"
-                    for r in gateway.runners.values())
         log.info("shutting down: closing %d session(s) (1001), %d turn(s) in progress cut "
-                 "short", len(gateway.runners), turns)
+                 "short", len(gateway.runners), gateway.active_turns())
         await gateway.aclose()
         log.info("stopped")
 

@@ -449,8 +449,8 @@ class _StateCollector(Collector):
         yield CounterMetricFamily("gateway_sessions_opened", "Voice sessions opened",
                                   value=m.sessions_opened)
         yield CounterMetricFamily(
-            "gateway_listeners_lost", "Sockets dropped because a listener that reports "
-            "playback went quiet and answered no ping (the session waits for a resume)",
+            "gateway_listeners_lost", "Sockets dropped because a client went quiet while it "
+            "should have been playing and answered no ping (the session waits for a resume)",
             value=m.listeners_lost)
         cancels = CounterMetricFamily("gateway_lane_cancels", "Synthesis jobs cancelled",
                                       labels=["lane"])
