@@ -252,8 +252,7 @@ function onEvent(ev) {
       setStatus(true, `connected · ${ev.session_id} · resumed (${ev.replayed} re-sent)`);
       showSettings(ev.session);
       if (pendingCancel !== null) { // Stop was pressed while the socket was down
-        send({type: "playback", turn_id: pendingCancel.turnId, played_ms: pendingCancel.playedMs});
-        send({type: "cancel", turn_id: pendingCancel.turnId});
+        sendStop(pendingCancel);
         pendingCancel = null;
       }
       break;
@@ -479,11 +478,15 @@ async function sendTranscript(text) {
   return true;
 }
 
+// The transcript box empties once its text is sent, and keeps it when it could not be.
+function submitTranscript(text) {
+  sendTranscript(text).then((sent) => { if (sent) $("transcript").value = ""; })
+    .catch((err) => showError(String(err)));
+}
+
 $("talk").addEventListener("submit", (e) => {
   e.preventDefault();
-  const input = $("transcript");
-  sendTranscript(input.value).then((sent) => { if (sent) input.value = ""; })
-    .catch((err) => showError(String(err)));
+  submitTranscript($("transcript").value);
 });
 
 function stop() {
@@ -495,8 +498,13 @@ function stop() {
     showError("not connected: Stop is sent when the session resumes");
     return;
   }
-  send({type: "playback", turn_id: mark.turnId, played_ms: mark.playedMs});
-  send({type: "cancel", turn_id: mark.turnId});
+  sendStop(mark);
+}
+
+// What was heard (so the history keeps only that), then the cancel.
+function sendStop({turnId, playedMs}) {
+  send({type: "playback", turn_id: turnId, played_ms: playedMs});
+  send({type: "cancel", turn_id: turnId});
 }
 $("stop").addEventListener("click", stop);
 document.addEventListener("keydown", (e) => { if (e.key === "Escape") stop(); });
@@ -534,11 +542,7 @@ if (Recognition) {
     rec.onresult = (e) => {
       const result = e.results[e.results.length - 1];
       $("transcript").value = result[0].transcript;
-      if (result.isFinal) {
-        sendTranscript(result[0].transcript)
-          .then((sent) => { if (sent) $("transcript").value = ""; })
-          .catch((err) => showError(String(err)));
-      }
+      if (result.isFinal) submitTranscript(result[0].transcript);
     };
     rec.onerror = (e) => {
       if (["not-allowed", "service-not-allowed", "audio-capture"].includes(e.error)) {
