@@ -48,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                    "sidecar, whole generations in arrival order)")
     s.add_argument("--token", action="append", help="accepted bearer token (repeatable; "
                    "also VOICE_GATEWAY_TOKENS=a,b). Without any, only loopback may be bound")
-    s.add_argument("--insecure-bind", action="store_true", default=None,
-                   help="allow a non-loopback --host without tokens")
+    s.add_argument("--insecure-bind", action=argparse.BooleanOptionalAction, default=None,
+                   help="allow a non-loopback --host without tokens (--no-insecure-bind "
+                   "overrides a config file's true)")
     s.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
     s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM)")
     s.add_argument("--tls-key", help="private key for --tls-cert")

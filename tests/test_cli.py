@@ -188,3 +188,11 @@ def test_lane_profiles_with_one_engine_are_said_to_be_ignored(caplog):
 
     Gateway(load_config(tts={"profiles": {"cpu": {"first_s": 0.1, "rtf": 0.5}}}))
     assert "[tts.profiles] is ignored" in caplog.text  # it used to be ignored without a word
+
+
+def test_no_insecure_bind_overrides_a_config_files_true(tmp_path):
+    toml = tmp_path / "gw.toml"
+    toml.write_text("[server]\ninsecure_bind = true\n")
+    assert config_of("--config", str(toml)).server.insecure_bind is True
+    assert config_of("--config", str(toml), "--no-insecure-bind").server.insecure_bind is False
+    assert config_of("--insecure-bind").server.insecure_bind is True
