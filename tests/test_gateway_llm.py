@@ -62,6 +62,8 @@ async def test_burst_with_usage_after_finish_gives_exact_text_and_rate(scripted_
 @pytest.mark.parametrize("script, code", [
     ([Status(500)], "llm_failed"),
     ([Text("Half a sentence. And then"), Drop()], "llm_failed"),
+    # the break right after a sentence's end: it is complete, so spoken too
+    ([Text("Half a sentence. "), Drop()], "llm_failed"),
     ([Text("Okay. "), Text("{broken"), Finish(), Done()], None),  # text, not JSON: fine
 ])
 async def test_llm_failures_end_the_turn_failed_and_speak_what_was_complete(

@@ -467,3 +467,41 @@ def test_heldout_corpus_does_not_get_worse():
         bad += len(have - want)
         missed += len(want - have)
     assert bad <= HELDOUT_BAD and missed <= HELDOUT_MISSED, (bad, missed)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # the break came right after a sentence's end: the sentence is complete, so spoken
+    ("First sentence is fine here. ", ["First sentence is fine here."]),
+    ("First sentence is fine here.", ["First sentence is fine here."]),
+    ("It costs $5. Then it", ["It costs $5."]),
+    ("Plan B. ", ["Plan B."]),
+    ("It opens at 3 p.m. ", ["It opens at 3 p.m."]),
+    ("Done? Really! ", ["Done?", "Really!"]),  # short ones too: nothing follows to merge with
+    ("Intro here.\n- first item\n", ["Intro here.", "- first item"]),
+    ("会议在三点开始。", ["会议在三点开始。"]),
+    # unfinished: dropped
+    ("First one is done. And then we", ["First one is done."]),
+    ("I met Dr. ", []),
+    ("The total is 8.", []),  # "8." may go on as "8.4"
+    ('He said "Go. ', []),  # inside an open quote
+    ("Run this:\n```\nmake test.\n", ["Run this:"]),  # an open code block
+])
+def test_abandon_returns_what_the_text_completes(text, want):
+    config = SegmenterConfig(first_min_words=0)
+    for sizes in ([len(text)], [1] * len(text)):
+        seg = Segmenter(config)
+        got = []
+        i = 0
+        for n in sizes:
+            got += seg.feed(text[i:i + n])
+            i += n
+        got += seg.abandon()
+        assert [s.text for s in got] == want
+        assert seg.abandon() == [] and seg.finish() == []  # spent
+
+
+def test_abandon_after_finish_returns_nothing():
+    seg = Segmenter()
+    assert [s.text for s in seg.feed("One. Two")] == ["One."]
+    assert [s.text for s in seg.finish()] == ["Two"]
+    assert seg.abandon() == []

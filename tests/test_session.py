@@ -236,6 +236,18 @@ def test_llm_failure_speaks_what_is_complete_then_fails(clock):
     assert events(out, "turn.done")[0]["status"] == "failed"
 
 
+def test_llm_failure_right_after_a_sentence_end_speaks_that_sentence(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    assert not [e for e in s.llm_delta(tid, "It is done. ", clock())
+                if isinstance(e, StartSynthesis)]  # the segmenter waits for what follows
+    out = s.llm_failed(tid, "llm_failed", "malformed JSON", clock())
+    assert [e.text for e in out if isinstance(e, StartSynthesis)] == ["It is done."]
+    s.audio(tid, 0, pcm(40), "x", clock())
+    out = s.synthesis_done(tid, 0, clock())
+    assert events(out, "turn.done")[0]["status"] == "failed"
+
+
 @pytest.mark.parametrize("chunks", [
     ["First one. Second one. " * 4 + "Tail that never ends"],   # one delta past the cap
     ["First one. ", "Second one. " * 7, "Tail that never ends"],  # the cap falls in the last

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +149,9 @@ _LABELS = frozenset(
 # (binds to the noun before: "most | of them"), "that" ("is | that right", "so | that"),
 # "so" and "as" (mostly intensifier/comparative: "it's | so good", "as big | as"),
 # "than" ("more | than").
+# What ``abandon`` supposes comes next: a capital starter and a word after it, enough for
+# every decision that looks ahead ("Plan B. The", "at 3 p.m. The").
+_NEXT_SENTENCE = " The next"
 _PHRASE_OPENERS = frozenset(
     "and but or because while when whenever if unless although though whereas which who "
     "whom whose where until since in at on for with from about after before by during "
@@ -248,6 +251,21 @@ class Segmenter:
         self._final = True
         out = self._scan()
         out.extend(self._emit(len(self._buf), len(self._buf)))
+        return out
+
+    def abandon(self) -> list[Segment]:
+        """The stream broke: return the segments its text completes, those ``feed`` would
+        return if a new sentence began next ("It costs $5. " gives "It costs $5."), even a
+        short one; drop the unfinished rest ("and then we", "I met Dr.", "It is 8."). The
+        segmenter is then spent."""
+        if self._final:
+            return []
+        self.config = replace(self.config, min_chars=0)
+        # never part of a segment: nothing cuts after it. A number's dot at the very end
+        # ("is 8.") may have been "8.4": no sentence end there.
+        out = [] if self._buf[-2:-1].isdigit() and self._buf.endswith(".") else (
+            self.feed(_NEXT_SENTENCE))
+        self._final = True
         return out
 
     # --- scanner -------------------------------------------------------------------------

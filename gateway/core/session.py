@@ -415,8 +415,9 @@ class Session:
         return effects + self._pump(turn, now)
 
     def llm_failed(self, turn_id: int, code: str, message: str, now: float) -> list[Effect]:
-        """The LLM stream broke. Segments already complete are still spoken; the rest of
-        the text is dropped and the turn ends ``failed``."""
+        """The LLM stream broke. Sentences already complete are still spoken, the last one
+        too if its end came before the break (``Segmenter.abandon``); the rest of the text
+        is dropped and the turn ends ``failed``."""
         turn = self._active(turn_id)
         if turn is None or turn.llm_done:
             return []
@@ -425,6 +426,7 @@ class Session:
         turn.state = TurnState.SPEAKING
         effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
                                             "error": {"code": code, "message": message}})]
+        effects += self._add_segments(turn, turn.segmenter.abandon(), now)
         return effects + self._pump(turn, now)
 
     # ---- synthesis input -------------------------------------------------------------
