@@ -479,3 +479,10 @@ def test_a_fraction_is_not_an_integer(raw):
 def test_a_huge_number_in_an_ignored_field_leaves_the_message_valid():
     assert decode_client('{"type":"ping","id":7,"note":1e400}') == ClientPing(7)
     assert decode_client('{"type":"say","text":"Hi.","n":' + "1" * 400 + "}") == ClientSay("Hi.")
+
+
+def test_a_ping_id_nests_at_most_253_levels_as_protocol_md_says():
+    assert decode_client('{"type":"ping","id":' + nested(253) + "}") == ClientPing(
+        orjson.loads(nested(253)))
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        decode_client('{"type":"ping","id":' + nested(254) + "}")
