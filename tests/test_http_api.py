@@ -716,3 +716,15 @@ async def test_instructions_reach_an_engine_that_takes_them(replies, wrapped):
     assert [m["id"] for m in models] == ["qwen3+espeak" if wrapped else "qwen3"]
     assert response.status_code == 200 and "x-speech-notes" not in response.headers
     assert [r.options.get("instructions") for r in voice.opened] == ["whisper"]
+
+
+async def test_the_voice_port_says_it_closes_so_a_pooled_client_never_reuses_its_socket(gateway):
+    """websockets closes the connection after a plain GET's answer; without "Connection:
+    close" httpx's pool sent the next request into that socket and got "Server
+    disconnected" when it lost the race with the close."""
+    url = f"http://127.0.0.1:{gateway.port}"
+    async with httpx.AsyncClient(base_url=url) as client:
+        for path in ("/health", "/metrics", "/v1/models", "/", "/nowhere") * 5:
+            response = await client.get(path)
+            assert response.headers["connection"] == "close"
+            assert response.status_code in (200, 404)

@@ -381,6 +381,14 @@ class Gateway:
     # ---- HTTP on the voice port ----------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        response = self._answer_request(connection, request)
+        if response is not None:
+            # websockets closes the connection after any answer but a 101: say so, or a
+            # client reusing it (httpx's pool) sends its next request into a closed socket
+            response.headers["Connection"] = "close"
+        return response
+
+    def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         tokens = self.config.server.tokens
         # like the HTTP API port: everything but /health and the console page needs a token
