@@ -600,6 +600,10 @@ BAD = [
     ({"input": "Hi.", "speed": 10}, 400, "invalid_value", "speed"),
     ({"input": "Hi.", "seed": "lucky"}, 400, "invalid_type", "seed"),
     ({"input": "Hi.", "temperature": 7}, 400, "invalid_value", "temperature"),
+    # mistyped is invalid_type, as for every other field; out of range invalid_value
+    ({"input": "Hi.", "speed": "1"}, 400, "invalid_type", "speed"),
+    ({"input": "Hi.", "speed": True}, 400, "invalid_type", "speed"),
+    ({"input": "Hi.", "temperature": "hot"}, 400, "invalid_type", "temperature"),
     (["input", "Hi."], 400, "invalid_json", None),
 ]
 

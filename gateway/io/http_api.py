@@ -186,32 +186,36 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     if stream_format == "sse" and response_format != "pcm":
         raise ApiError(400, "SSE deltas carry base64 PCM16; use response_format 'pcm' with "
                        "stream_format 'sse'", code="unsupported_format", param="response_format")
-    speed = body.get("speed")
-    if speed is None:
-        speed = 1.0
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or \
-            not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
-        raise ApiError(400, f"'speed' must be a number from {SPEED_RANGE[0]} to "
-                       f"{SPEED_RANGE[1]}", code="invalid_value", param="speed")
+    speed = _number_in(body, "speed", *SPEED_RANGE)
     seed = body.get("seed")
     if isinstance(seed, float) and seed.is_integer():  # JSON does not tell 1 from 1.0
         seed = int(seed)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ApiError(400, "'seed' must be an integer", code="invalid_type", param="seed")
-    temperature = body.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool) or
-                                    not isinstance(temperature, int | float) or
-                                    not 0 <= temperature <= 2):
-        raise ApiError(400, "'temperature' must be a number from 0 to 2", code="invalid_value",
-                       param="temperature")
+    temperature = _number_in(body, "temperature", 0, 2)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise ApiError(400, "'instructions' must be a string", code="invalid_type",
                        param="instructions")
     return SpeechParams(input=text, model=model, voice=voice, response_format=response_format,
-                        stream_format=stream_format, stream=stream, speed=float(speed),
-                        seed=seed, temperature=None if temperature is None else float(temperature),
+                        stream_format=stream_format, stream=stream,
+                        speed=1.0 if speed is None else speed, seed=seed, temperature=temperature,
                         instructions=instructions or None, notes=tuple(notes))
+
+
+def _number_in(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
+    """``body[name]`` as a float from ``lo`` to ``hi``, None when absent or null: a value
+    that is not a number is ``invalid_type``, one out of range (NaN too) ``invalid_value``."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ApiError(400, f"'{name}' must be a number, not {type(value).__name__}",
+                       code="invalid_type", param=name)
+    if not lo <= value <= hi:
+        raise ApiError(400, f"'{name}' must be from {lo} to {hi}, not {value}",
+                       code="invalid_value", param=name)
+    return float(value)
 
 
 def default_voice(gateway: Gateway) -> str | None:
