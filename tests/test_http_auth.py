@@ -188,6 +188,8 @@ async def test_with_an_origin_allowlist_only_those_origins_get_cors():
                                      headers={"Origin": "http://evil.example",
                                               "Content-Type": "text/plain"})
             no_origin = await http.post("/v1/audio/speech", json={"input": "Hi."})
+            preflight = await http.options("/v1/audio/speech", headers={
+                "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
             two = await http.get("/v1/models", headers=[("Origin", "http://hub.local:3000"),
                                                         ("Origin", "http://evil.example")])
     finally:
@@ -197,3 +199,6 @@ async def test_with_an_origin_allowlist_only_those_origins_get_cors():
     assert other.status_code == simple.status_code == two.status_code == 403  # (both ports' rule)
     assert simple.json()["error"]["code"] == "forbidden_origin"
     assert no_origin.status_code == 200  # not a browser: let in, as on the voice socket
+    # as http-api.md says: the CORS layer's own refusal, which the browser obeys
+    assert (preflight.status_code, preflight.text) == (400, "Disallowed CORS origin")
+    assert "access-control-allow-origin" not in preflight.headers
