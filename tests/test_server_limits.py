@@ -109,7 +109,9 @@ async def test_a_socket_let_in_past_the_limit_may_only_resume(start_gateway, fir
         elif first == "wrong token":
             await send(ws, type="session.resume", session_id=created["session_id"],
                        resume_token="nope")
-            assert (await recv_event(ws))["error"]["code"] == "resume_failed"
+            failed = (await recv_event(ws))["error"]
+            assert failed["code"] == "resume_failed"
+            assert failed["message"].endswith("the gateway is full, so this socket closes")
         error = await recv_event(ws)
         assert error["error"]["code"] == "server_full"
         assert created["session_id"] in error["error"]["message"]

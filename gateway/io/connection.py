@@ -513,9 +513,12 @@ class VoiceConnection:
         assert fresh is not None
 
         def failed(problem: str) -> None:
+            # past the session limit the socket was let in for the resume only: it closes
+            # (refuse_past_limit, next), so there is no new session to continue with
+            then = ("the gateway is full, so this socket closes" if self.resume_only is not None
+                    else f"continuing with the new session {fresh.session.id}")
             fresh.protocol_error(ProtocolError(
-                "resume_failed", f"cannot resume: {problem}; continuing with the new session "
-                f"{fresh.session.id}"), now)
+                "resume_failed", f"cannot resume: {problem}; {then}"), now)
 
         old = self.gateway.runners.get(request.session_id)
         if old is None or old.closed or not old.check_resume_token(request.resume_token):
