@@ -232,6 +232,8 @@ async def test_console_settings_emptied_go_back_to_the_servers_defaults(gateway)
         await page.wait_for_function("window.consoleState.connected")
         (runner,) = gateway.runners.values()
         default = runner.session.settings
+        # the empty field says which voice it stands for
+        assert await page.get_attribute("#voice", "placeholder") == "en-us (default)"
         await page.fill("#voice", "en-gb")
         await page.fill("#instructions", "Answer in one word.")
         await page.click("#apply")

@@ -67,6 +67,8 @@ async def test_session_created_then_full_turn_through_replay_and_espeak(gateway)
         assert created["type"] == "session.created"
         assert created["protocol"] == 1
         assert created["audio"] == {"format": "pcm16", "sample_rate": 24000, "frame_ms": 40}
+        # the voice null stands for, so a client can show it (espeak's own default here)
+        assert created["session"]["voice"] is None and created["default_voice"] == "en-us"
         await send(ws, type="transcript", text="How much did we spend on hosting?")
         result = await read_turn(ws)
     assert result.reply == REPLY

@@ -301,8 +301,9 @@ class Session:
 
     # ---- opening ---------------------------------------------------------------------
 
-    def open(self, *, resume_token: str | None = None,
-             resume_window_s: float | None = None) -> list[Effect]:
+    def open(self, *, resume_token: str | None = None, resume_window_s: float | None = None,
+             default_voice: str | None = None) -> list[Effect]:
+        """``default_voice``: the voice that speaks while the session's ``voice`` is null."""
         event: dict[str, Any] = {
             "type": "session.created",
             "session_id": self.id,
@@ -310,6 +311,7 @@ class Session:
             "audio": {"format": "pcm16", "sample_rate": codec.SAMPLE_RATE,
                       "frame_ms": self.settings.frame_ms},
             "session": self.settings.to_event(),
+            "default_voice": default_voice,
         }
         if resume_token is not None:
             event["resume_token"] = resume_token

@@ -417,7 +417,8 @@ class VoiceConnection:
                  f"{peer[0]}:{peer[1]}" if peer else "?")
         self._use(runner, 0)
         runner._apply(runner.session.open(resume_token=runner.resume_token,
-                                          resume_window_s=runner.resume_window_s))
+                                          resume_window_s=runner.resume_window_s,
+                                          default_voice=self.gateway.default_voice))
         refuse = None if self.resume_only is None else \
             self.loop.call_later(RESUME_PAST_LIMIT_S, self.refuse_past_limit)
         clean = False

@@ -162,7 +162,7 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
                                f"{len(gateway.voices)} available", code="unknown_voice",
                                param="voice")
             notes.append(f"voice {voice!r} is OpenAI's; the gateway's default voice "
-                         f"{default_voice(gateway)!r} spoke")
+                         f"{gateway.default_voice!r} spoke")
             voice = None
     stream_format = body.get("stream_format")
     if stream_format is None:  # absent or null: the default
@@ -216,15 +216,6 @@ def _number_in(body: dict[str, Any], name: str, lo: float, hi: float) -> float |
         raise ApiError(400, f"'{name}' must be from {lo} to {hi}, not {value}",
                        code="invalid_value", param=name)
     return float(value)
-
-
-def default_voice(gateway: Gateway) -> str | None:
-    """The voice a request without one gets: the configured one where the engine has it,
-    else the engine's own (behind a fallback whose primary did not load, the fallback's)."""
-    configured = gateway.config.tts.voice
-    if configured and (not gateway.voices or configured in gateway.voices):
-        return configured
-    return getattr(gateway.engine, "default_voice", None)
 
 
 # ---- the lane sink ------------------------------------------------------------------------
@@ -483,7 +474,7 @@ class SpeechApi:
     async def voices(self, request: Request) -> Response:
         gw = self.gateway
         return _json(200, {"object": "list", "engine": gw.engine.name,
-                           "default": default_voice(gw),
+                           "default": gw.default_voice,
                            "data": [{"id": v, "object": "voice"} for v in gw.voices]})
 
     async def speech(self, request: Request) -> Response:
@@ -530,7 +521,7 @@ class SpeechApi:
             failure = stream.failure
             log.info("speech %s%s (%s, %s, voice %s): %d ms of audio in %.0f ms%s", status,
                      " (499)" if status == "disconnected" else "", fmt, mode,
-                     voice or default_voice(gw),
+                     voice or gw.default_voice,
                      stream.audio_bytes * 1000 // BYTES_PER_S,
                      (time.perf_counter() - stream.started) * 1000.0,
                      f": {failure.code}: {failure.message}" if failure else "")

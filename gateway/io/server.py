@@ -523,6 +523,16 @@ class Gateway:
             self._live_changed.clear()
             await self._live_changed.wait()
 
+    @property
+    def default_voice(self) -> str | None:
+        """The voice a session or request without one gets: the configured one where the
+        engine has it, else the engine's own (behind a fallback whose primary did not load,
+        the fallback's)."""
+        configured = self.config.tts.voice
+        if configured and (not self.voices or configured in self.voices):
+            return configured
+        return getattr(self.engine, "default_voice", None)
+
     def new_session(self) -> Session:
         d = self.config.session
         settings = SessionSettings(voice=self.config.tts.voice, instructions=d.instructions,

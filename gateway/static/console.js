@@ -351,6 +351,8 @@ function startSession(ev) {
   session = {id: ev.session_id, resumeToken: ev.resume_token, windowS: ev.resume_window_s,
              lastSeq: -1, droppedAt: null};
   setStatus(true, `connected · ${ev.session_id}`);
+  // an empty Voice field speaks with this one
+  $("voice").placeholder = ev.default_voice ? `${ev.default_voice} (default)` : "engine default";
   showSettings(ev.session);
 }
 
