@@ -216,7 +216,8 @@ def _opus_lookahead(bitrate: int) -> int:
 
 
 class Pcm16kAudio:
-    """24 kHz PCM16 frames → 16 kHz PCM16 frames (one soxr stream per sentence)."""
+    """24 kHz PCM16 frames → 16 kHz PCM16 frames of the same length (one soxr stream per
+    sentence, flushed at its end)."""
 
     RATE = 16_000
 
@@ -226,24 +227,43 @@ class Pcm16kAudio:
         self.turn_id: int | None = None
         self.timeline = Timeline()
         self._stream = soxr.ResampleStream(UP_RATE, self.RATE, 1, dtype="int16")
+        self._pending = np.zeros(0, dtype="<i2")
+        self._sentence_up_ms = 0.0  # the sentence's gateway audio so far
+        self._sentence_down_ms = 0.0  # and what of it went to the watch
 
     def feed(self, turn_id: int, sentence: int, flags: int, pcm: bytes) -> list[Packet]:
         if turn_id != self.turn_id:
             self.reset(turn_id)
         samples = np.frombuffer(pcm, dtype="<i2")
         end = bool(flags & FLAG_SENTENCE_END)
-        out = self._stream.resample_chunk(samples, last=end) if len(samples) or end else samples
+        if len(samples) or end:
+            self._pending = np.concatenate(
+                [self._pending, self._stream.resample_chunk(samples, last=end)])
+        self._sentence_up_ms += len(samples) / UP_SAMPLES_PER_MS
+        # soxr hands out blocks of ~490 samples, so a 40 ms frame gives 489 or 979 of
+        # them: send the frame's own length once that much is there (a jitter buffer
+        # wants even frames), and the rest at the sentence's end
+        size = len(self._pending) if end else len(samples) * self.RATE // UP_RATE
+        if not flags and (size == 0 or len(self._pending) < size):
+            return []
+        out, self._pending = self._pending[:size], self._pending[size:]
+        down_ms = len(out) / (self.RATE / 1000)
+        # the same audio at another rate: the watch's ms are the gateway's, and the
+        # sentence's end settles what the resampler's delay left over
+        self.timeline.add(down_ms, self._sentence_up_ms - self._sentence_down_ms if end
+                          else down_ms)
+        self._sentence_down_ms += down_ms
         if end:
             self._stream.clear()
-        self.timeline.add(len(out) / (self.RATE / 1000), len(samples) / UP_SAMPLES_PER_MS)
-        if not len(out) and not flags:
-            return []  # the resampler holds these few samples back until the next frame
+            self._sentence_up_ms = self._sentence_down_ms = 0.0
         return [Packet(np.ascontiguousarray(out, dtype="<i2").tobytes(), flags, sentence)]
 
     def reset(self, turn_id: int | None) -> None:
         self.turn_id = turn_id
         self.timeline = Timeline()
         self._stream.clear()
+        self._pending = np.zeros(0, dtype="<i2")
+        self._sentence_up_ms = self._sentence_down_ms = 0.0
 
 
 def make_audio(fmt: str, *, opus_bitrate: int = 24_000) -> OpusAudio | Pcm16kAudio:

@@ -172,6 +172,21 @@ def test_pcm16k_resamples_each_sentence_to_two_thirds():
     assert audio.timeline.to_upstream(1000) == pytest.approx(1000, abs=1)
 
 
+def test_pcm16k_frames_are_even_for_the_watchs_jitter_buffer():
+    """soxr hands out ~490-sample blocks, so 40 ms frames came out 489 or 979 samples
+    (30 or 61 ms); each is now the gateway frame's own length, the sentence's end taking
+    what is left."""
+    audio = Pcm16kAudio()
+    x = speechlike(960 * 25)
+    packets = feed_chunks(audio, 1, 0, x, end_flags=END)
+    sizes = [len(p.payload) // 2 for p in packets]
+    assert set(sizes[:-1]) == {640} and len(packets) == 24  # the first frame is held
+    assert sum(sizes) == pytest.approx(len(x) * 2 / 3, abs=1)
+    for ms in (40, 480, 960):  # the watch's ms are the gateway's
+        assert audio.timeline.to_upstream(ms) == pytest.approx(ms, abs=0.1)
+    assert audio.timeline.to_upstream(1000) == pytest.approx(1000, abs=0.1)
+
+
 def test_core_skips_replayed_messages_and_translates_marks():
     core = RelayCore(OpusAudio())
     created = {"type": "session.created", "session_id": "s1", "resume_token": "t",
