@@ -279,9 +279,9 @@ SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def parseable(value) -> bool:
-    """JSON a pong can echo: no NaN/Infinity, no number beyond a double's range (read as
-    infinity, which orjson would write as null), no lone surrogate (not Unicode; a client
-    cannot send it as UTF-8 text)."""
+    """JSON the gateway reads (and a pong can echo): no NaN/Infinity, no number beyond a
+    double's range, no lone surrogate (not Unicode; a client cannot send it as UTF-8
+    text)."""
     if isinstance(value, str):
         return not SURROGATE.search(value)
     if isinstance(value, float):
@@ -307,23 +307,9 @@ def as_parsed(value):
     return value
 
 
-def json_text(value) -> bool:
-    """Valid JSON text once dumped: no NaN/Infinity, no lone surrogate. Numbers of any size
-    are JSON (``1e400`` included) and must not make a message invalid."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, int | str) and not isinstance(value, bool):
-        return not isinstance(value, str) or not SURROGATE.search(value)
-    if isinstance(value, list):
-        return all(json_text(v) for v in value)
-    if isinstance(value, dict):
-        return all(json_text(k) and json_text(v) for k, v in value.items())
-    return True
-
-
 extra_fields = st.dictionaries(st.text(max_size=8).filter(parseable).filter(
     lambda k: k not in {"type", "text", "turn_id", "played_ms", "session", "id"}),
-    json_values.filter(json_text), max_size=3)
+    json_values.filter(parseable), max_size=3)
 
 
 @st.composite
@@ -425,27 +411,29 @@ def test_range_errors_name_the_exact_bounds(raw, message):
     assert str(info.value) == message
 
 
-@pytest.mark.parametrize(("raw", "code", "message"), [
-    # numbers beyond a double's range are valid JSON (orjson refuses them: the standard
-    # library reads them instead), so the field they are in is what is wrong
-    ('{"type":"playback","turn_id":1,"played_ms":1e400}', "invalid_field",
-     "field 'played_ms' must be between 0 and 86400000"),
-    ('{"type":"playback","turn_id":1e400,"played_ms":0}', "invalid_field",
-     "field 'turn_id' must be an integer"),
-    ('{"type":"cancel","turn_id":' + "9" * 5000 + "}", "invalid_field",
-     "field 'turn_id' must be an integer"),
-    ('{"type":"session.resume","session_id":"s","resume_token":"t","last_seq":-1e400}',
-     "invalid_field", "field 'last_seq' must be an integer"),
-    ('{"type":"ping","id":[1,-1e400]}', "invalid_field",
-     "field 'id' cannot be echoed (a number beyond a double's range)"),
-    ('{"type":"ping","id":NaN}', "invalid_json", None),  # not JSON at all
-    ('{"type":"ping","id":1e400', "invalid_json", None),
+@pytest.mark.parametrize("raw", [
+    # JSON lets a parser limit numbers to a double's range (RFC 8259, section 6): orjson
+    # refuses what is beyond it, and so does the gateway, anywhere in the message. (The
+    # standard library used to read these instead, and it let a lone surrogate through
+    # beside one: a "say" of it killed the engine lane for every session.)
+    '{"type":"playback","turn_id":1,"played_ms":1e400}',
+    '{"type":"playback","turn_id":1e400,"played_ms":0}',
+    '{"type":"cancel","turn_id":' + "9" * 5000 + "}",
+    '{"type":"session.resume","session_id":"s","resume_token":"t","last_seq":-1e400}',
+    '{"type":"ping","id":[1,-1e400]}',
+    '{"type":"ping","id":7,"note":1e400}',
+    '{"type":"say","text":"Hi.","n":' + "1" * 400 + "}",
+    '{"type":"say","x":1e400,"text":"hello \\ud800 world"}',
+    '{"type":"session.update","x":1e400,"session":{"instructions":"\\ud800"}}',
+    '{"type":"ping","x":1e400,"id":"\\ud800"}',
+    '{"type":"ping","x":1e400,"id":' + nested(1000) + "}",
+    '{"type":"ping","id":NaN}',
+    '{"type":"ping","id":1e400',
 ])
-def test_numbers_beyond_a_double_are_json_and_get_a_field_error(raw, code, message):
+def test_numbers_beyond_a_double_are_invalid_json_wherever_they_are(raw):
     with pytest.raises(ProtocolError) as info:
         decode_client(raw)
-    assert info.value.code == code
-    assert message is None or str(info.value) == message
+    assert info.value.code == "invalid_json"
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -474,11 +462,6 @@ def test_a_fraction_is_not_an_integer(raw):
     with pytest.raises(ProtocolError) as info:
         decode_client(raw)
     assert info.value.code == "invalid_field" and str(info.value).endswith("must be an integer")
-
-
-def test_a_huge_number_in_an_ignored_field_leaves_the_message_valid():
-    assert decode_client('{"type":"ping","id":7,"note":1e400}') == ClientPing(7)
-    assert decode_client('{"type":"say","text":"Hi.","n":' + "1" * 400 + "}") == ClientSay("Hi.")
 
 
 def test_a_ping_id_nests_at_most_253_levels_as_protocol_md_says():

@@ -64,9 +64,10 @@ BAD = [  # (weight, expected code, maker)
     (8, "invalid_json", lambda r: "#" + junk(r, r.randint(0, 40))),
     (3, "invalid_json", lambda r: nested(r.randint(1100, 5000))),
     (3, "invalid_json", lambda r: '{"type":"say","text":"\\ud800"}'),  # lone surrogate
-    # beyond a double's range: still JSON, so the field is what is wrong
-    (3, "invalid_field", lambda r: '{"type":"cancel","turn_id":' + "9" * r.randint(310, 400)
+    # beyond a double's range: refused wherever it is (RFC 8259 lets a parser so limit)
+    (3, "invalid_json", lambda r: '{"type":"cancel","turn_id":' + "9" * r.randint(310, 400)
      + "}"),
+    (3, "invalid_json", lambda r: '{"type":"say","n":1e400,"text":"\\ud800"}'),
     (3, "invalid_json", lambda r: '{"type":"ping","id":NaN}'),
     (3, "invalid_field", lambda r: '{"type":"ping","id":' + nested(r.randint(260, 1000))
      + "}"),
