@@ -48,7 +48,8 @@ def documented_codes() -> set[str]:
 
 CODES = documented_codes()
 # codes only the session or a turn can produce (not decode_client)
-DECODE_CODES = CODES - {"unknown_voice", "llm_unavailable", "llm_failed", "engine_failed"}
+DECODE_CODES = CODES - {"unknown_voice", "llm_unavailable", "llm_failed", "engine_failed",
+                        "internal_error"}
 TYPES = ["session.update", "transcript", "say", "cancel", "playback", "ping"]
 FIELDS = ["type", "text", "turn_id", "played_ms", "session", "id", "voice", "instructions",
           "llm", "frame_ms", "max_lead_ms", "segmenter", "model", "temperature", "max_tokens",

@@ -118,6 +118,60 @@ async def test_engine_raising_mid_sentence_fails_that_turn_only(fault):
         await gw.aclose()
 
 
+async def test_a_bug_consuming_the_audio_fails_that_turn_only(monkeypatch):
+    """A session whose handling of a chunk raises (a gateway bug: a lone surrogate once got
+    this far) used to kill the lane task: every later turn of every session hung while
+    /health said ok. Now that turn fails with internal_error and the lane goes on."""
+    from gateway.io.connection import SessionRunner
+
+    on_audio = SessionRunner.on_audio
+
+    def buggy(self, job, pcm, engine, ready_at):
+        if "BUG" in job.payload.request.text:
+            raise TypeError("a scripted bug in the session")
+        on_audio(self, job, pcm, engine, ready_at)
+
+    monkeypatch.setattr(SessionRunner, "on_audio", buggy)
+    gw = await start(FaultyEngine())
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            bad = await say(ws, "This one is fine. But BUG breaks this one.")
+            (error,) = bad.of("error")
+            assert error["error"] == {"code": "internal_error",
+                                      "message": "TypeError: a scripted bug in the session"}
+            assert bad.done["status"] == "failed"
+            await well_behaved(gw)
+            again = await say(ws, "The lane still works.")
+            assert again.done["status"] == "completed" and gapless(bad, again)
+        assert gw.lane.unhealthy is None and gw.health()["status"] == "ok"
+    finally:
+        await gw.aclose()
+
+
+async def test_a_lane_that_stops_says_so_and_fails_what_waits(monkeypatch):
+    gw = await start(FaultyEngine())
+    try:
+        from gateway.core.scheduler import LaneScheduler
+
+        def broken(self, now):
+            raise RuntimeError("a scripted scheduler bug")
+
+        monkeypatch.setattr(LaneScheduler, "next_job", broken)
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            result = await say(ws, "Nobody can speak this.")
+            assert result.of("error")[0]["error"]["code"] == "engine_unavailable"
+            assert result.done["status"] == "failed"
+            again = await say(ws, "Nor this.")  # fails at once, no hang
+            assert again.of("error")[0]["error"]["code"] == "engine_unavailable"
+        health = gw.health()
+        assert health["status"] == "unhealthy"
+        assert "a scripted scheduler bug" in health["engine"]["unhealthy"]
+    finally:
+        await gw.aclose()
+
+
 class UnloadableEngine(SyntheticEngine):
     """TEST DOUBLE: a voice whose model is missing: ``load`` raises as qwen3's does."""
 

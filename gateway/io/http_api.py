@@ -665,7 +665,7 @@ async def _unless_gone(request: Request, awaitable: Any) -> Any:
 def _failure(exc: SpeechFailed, headers: dict[str, str]) -> Response:
     """The answer to a synthesis that failed before any audio went out."""
     status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
-        504 if exc.code == "engine_timeout" else 502
+        504 if exc.code == "engine_timeout" else 500 if exc.code == "internal_error" else 502
     return ApiError(status, exc.message, code=exc.code, type="server_error").response(headers)
 
 

@@ -350,7 +350,17 @@ class Lane:
 
     async def run(self) -> None:
         """Drive the lane until cancelled. Safe to cancel: the step in flight completes on
-        its thread and is discarded."""
+        its thread and is discarded. Should the lane itself fail (a bug here or in the
+        scheduler), it turns unhealthy for good and fails what waits, rather than leave
+        every job queued with nothing serving it."""
+        try:
+            await self._serve()
+        except Exception as exc:  # (not raised on: nobody awaits this task until the end)
+            log.exception("lane %s stopped", self.name)
+            self._mark_broken(f"the lane stopped: {type(exc).__name__}: {exc}")
+            self._fail_queued()
+
+    async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if self.unhealthy is not None:
@@ -368,7 +378,28 @@ class Lane:
                     async with asyncio.timeout_at(wake_at):
                         await self._wake.wait()
                 continue
-            await self._step(job)
+            try:
+                await self._step(job)
+            except Exception as exc:
+                self._consumer_failed(job, exc)
+
+    def _consumer_failed(self, job: Job, exc: Exception) -> None:
+        """A step raised outside the engine: a bug in what consumes the audio (the session
+        or HTTP request the job is for) or in an observer. That owner's jobs end failed
+        with ``internal_error``; the lane and every other owner's jobs go on."""
+        log.exception("lane %s: internal error in a job of %s", self.name, job.owner)
+        cancelled = job.cancelled  # (before _remove, which cancels it)
+        self._remove(job.owner, "failed")
+        self._close_later_safe(job.state)
+        job.state = None
+        self.stats.jobs_failed += 1
+        if cancelled:
+            return
+        try:
+            job.payload.sink.on_failed(job, "internal_error", f"{type(exc).__name__}: {exc}")
+        except Exception:
+            log.exception("lane %s: telling %s of its internal error failed too", self.name,
+                          job.owner)
 
     def _fail_queued(self) -> None:
         """The lane is unhealthy: every job waiting for it fails now."""
