@@ -149,6 +149,39 @@ async def test_a_bug_consuming_the_audio_fails_that_turn_only(monkeypatch):
         await gw.aclose()
 
 
+async def test_a_bug_handling_a_message_ends_that_session_only(monkeypatch, caplog):
+    """A message whose handling raises (a gateway bug) closes its socket 1011 "internal
+    error" and ends the session (its state may hold what broke it: a resume would break
+    again), counted in errors; other sessions go on."""
+    from gateway.core import codec
+    from gateway.io.connection import SessionRunner
+
+    receive = SessionRunner.receive
+
+    def buggy(self, message, now):
+        if isinstance(message, codec.ClientSay) and "BUG" in message.text:
+            raise TypeError("a scripted bug in the session")
+        receive(self, message, now)
+
+    monkeypatch.setattr(SessionRunner, "receive", buggy)
+    gw = await start(FaultyEngine())
+    try:
+        async with connect(url(gw)) as ws:
+            created = await recv_event(ws, "session.created")
+            await send(ws, type="say", text="BUG")
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await ws.recv()
+            assert (ws.close_code, ws.close_reason) == (1011, "internal error")
+        await well_behaved(gw)
+        assert created["session_id"] not in gw.runners  # ended, not waiting for a resume
+        assert gw.metrics.errors["internal_error"] == 1
+        assert [r.message for r in caplog.records if r.levelname == "ERROR"] == [
+            f"session {created['session_id']}: internal error; the session ends"]
+    finally:
+        await gw.aclose()
+
+
 async def test_a_lane_that_stops_says_so_and_fails_what_waits(monkeypatch):
     gw = await start(FaultyEngine())
     try:

@@ -421,7 +421,7 @@ class VoiceConnection:
                                           default_voice=self.gateway.default_voice))
         refuse = None if self.resume_only is None else \
             self.loop.call_later(RESUME_PAST_LIMIT_S, self.refuse_past_limit)
-        clean = False
+        clean = crashed = False
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._writer_task = tasks.create_task(self._writer())
@@ -437,6 +437,14 @@ class VoiceConnection:
             # keeps the group it raised in a local) that hold the group: clear them, or this
             # connection waits for a full GC to be freed.
             traceback.clear_frames(group.__traceback__)
+        except* Exception as group:
+            # a bug: the session ends (what broke it may be in its state, and would break
+            # its resume again), told by 1011; every other session goes on
+            crashed = True
+            self.gateway.metrics.errors["internal_error"] += 1
+            log.error("session %s: internal error; the session ends", runner.session.id,
+                      exc_info=group.exceptions[0])
+            self.close_soon(1011, "internal error")
         finally:
             # The finished writer holds its CancelledError, whose traceback holds the
             # writer's frame and so this connection: a cycle only a full GC would free.
@@ -446,7 +454,7 @@ class VoiceConnection:
             if self._probe is not None:
                 self._probe.cancel()
             if self.runner is not None:
-                self.runner.detach(self, resumable=not clean and not self.gateway.closing,
+                self.runner.detach(self, resumable=not (clean or crashed or self.gateway.closing),
                                    noticed_early_s=self._noticed_early_s)
             if self._closing is not None:
                 await self._closing
