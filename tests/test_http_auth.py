@@ -69,6 +69,9 @@ async def test_voice_port_routes_need_the_token_too(gateway):
             assert (await http.get(path, headers={"Authorization": f"Bearer {SECRET}"})
                     ).status_code == 200
         assert (await http.get("/health")).status_code == 200
+        # two Authorization headers: which one is meant? a 401 (it was a 500)
+        two = [("Authorization", f"Bearer {SECRET}"), ("Authorization", "Bearer x")]
+        assert (await http.get("/v1/models", headers=two)).status_code == 401
 
 
 async def test_tokens_never_reach_the_logs(gateway, caplog):

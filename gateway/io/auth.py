@@ -26,7 +26,10 @@ _TOKEN_PREFIX = "bearer."
 
 
 def presented_tokens(request: Request) -> list[str]:
-    return tokens_from(request.headers.get("Authorization", ""), request.path,
+    # two Authorization headers present no token (which would be meant?): a 401, where
+    # headers.get raised and the handshake answered 500
+    authorization = request.headers.get_all("Authorization")
+    return tokens_from(authorization[0] if len(authorization) == 1 else "", request.path,
                        request.headers.get_all("Sec-WebSocket-Protocol"))
 
 
