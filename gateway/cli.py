@@ -121,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.io.lanes import EngineLoadError
     from gateway.io.server import run
 
+    files = raise_open_files_limit()
+    if files < config.server.max_sessions + FILES_BESIDE_SESSIONS:
+        logging.getLogger(__name__).warning(
+            "this process may open %d files (ulimit -n), and each of max_sessions (%d) holds "
+            "a socket: past about %d sessions the OS refuses connections (raise the hard "
+            "limit, or lower max_sessions)", files, config.server.max_sessions,
+            files - FILES_BESIDE_SESSIONS)
     try:
         run(config)
     except ValueError as exc:  # refused configuration (e.g. public bind without a token)
@@ -135,6 +142,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"voice-gateway: cannot serve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+FILES_BESIDE_SESSIONS = 64
+"""Files the gateway holds besides sessions' sockets: listeners, LLM and HTTP clients'
+connections, model files, the interpreter's own."""
+_MACOS_OPEN_MAX = 10_240  # the most setrlimit takes on macOS when the hard limit is unlimited
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to the hard one and return it. Every
+    session holds a socket, and a process starts with 1,024 on Linux, and with 256 on macOS
+    (fewer than the hub's 200 sessions and their LLM connections)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
+        return 1 << 30
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for target in (hard, _MACOS_OPEN_MAX):
+        if target != resource.RLIM_INFINITY and soft >= target:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            break
+        except (ValueError, OSError):  # macOS refuses "unlimited" for the soft limit
+            continue
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 30 if soft == resource.RLIM_INFINITY else soft
 
 
 def entry() -> None:

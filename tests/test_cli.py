@@ -196,3 +196,34 @@ def test_no_insecure_bind_overrides_a_config_files_true(tmp_path):
     assert config_of("--config", str(toml)).server.insecure_bind is True
     assert config_of("--config", str(toml), "--no-insecure-bind").server.insecure_bind is False
     assert config_of("--insecure-bind").server.insecure_bind is True
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_one():
+    """A process starts with 256 on macOS, below the hub's 200 sessions and their LLM
+    connections; serve raises it (here in a child, as this process's limit must stay)."""
+    import subprocess
+    import sys
+
+    code = ("import resource; from gateway.cli import raise_open_files_limit\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+            "print(raise_open_files_limit(), hard)")
+    got, hard = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert int(got) == int(hard) > 256
+
+
+def test_serve_warns_when_the_open_files_limit_is_below_max_sessions(monkeypatch, caplog):
+    import gateway.cli
+    import gateway.io.server
+
+    monkeypatch.setattr(gateway.cli, "raise_open_files_limit", lambda: 300)
+    ran = []
+    monkeypatch.setattr(gateway.io.server, "run", ran.append)
+    assert main(["serve", "--max-sessions", "1000"]) == 0 and len(ran) == 1
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("this process may open 300 files (ulimit -n), and each of "
+                              "max_sessions (1000) holds a socket: past about 236 sessions")
+    caplog.clear()
+    assert main(["serve", "--max-sessions", "200"]) == 0
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
