@@ -156,6 +156,22 @@ async def test_the_first_mp3_bytes_come_before_the_synthesis_ends(start_gateway)
     assert decoded.codec == "mp3" and len(decoded.samples) > 0
 
 
+async def test_small_chunks_are_not_held_back_by_nagle(start_gateway):
+    # a streamed mp3 goes out in chunks of a few hundred bytes: with Nagle's algorithm on, a
+    # kept-alive connection held each one until the client's delayed ACK (40 ms on Linux);
+    # the loop sets TCP_NODELAY only on sockets that say they are TCP
+    import socket
+
+    gw = await start_gateway()
+    async with httpx.AsyncClient(base_url=base(gw)) as client:
+        response = await client.post("/v1/audio/speech", json={"input": "Hi.",
+                                                              "response_format": "mp3"})
+        assert response.status_code == 200
+        (connection,) = gw.http._server.server_state.connections  # the kept-alive one
+        sock = connection.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
 # ---- what stays as it was: empty answers, refusals, disconnects, failures --------------------
 
 

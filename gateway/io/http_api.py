@@ -925,7 +925,10 @@ class HttpServer:
     async def start(self) -> None:
         """Bind (port 0 picks a free port) and serve; returns once uvicorn accepts."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP
+        # (uvloop on every one). Without it a streamed body's small chunks (a compressed
+        # format's: a few hundred bytes) wait for the client's delayed ACK, 40 ms on Linux
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.requested_port))
