@@ -25,8 +25,9 @@ segment still piles up more than ``MAX_BUFFERED_S`` of unread audio, the request
 ``slow_consumer`` (the lane is never held for one slow reader). A client that disconnects
 cancels its jobs (``lane.cancel(owner)``) at once.
 
-The compressed formats cost CPU (8-14 ms per second of audio; one 80 ms chunk 0.7-1.3 ms,
-a 4 s chunk, as engines that speak a sentence per step give, 25-50 ms): they are encoded on
+The compressed formats cost CPU (8-13.5 ms per second of audio; one 80 ms chunk 0.6-1.3 ms,
+a sentence-sized one, as chatterbox or an ``http`` upstream gives, 11-19 ms and up to 48 ms;
+bench/http_speech.py): they are encoded on
 one worker thread (``HttpServer.encoder_thread``), a chunk at a time and in order, never on
 the event loop that paces every voice session. PCM and WAV cost nothing and stay on the
 loop.
