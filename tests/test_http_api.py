@@ -26,7 +26,8 @@ from websockets.asyncio.client import connect
 from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
-from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS, WAV_STREAM_HEADER
+from gateway.core.audio_formats import WAV_STREAM_HEADER
+from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
 from tests.wsclient import read_turn, recv_event, send
 
@@ -590,7 +591,9 @@ BAD = [
     ({"input": "x" * (MAX_INPUT_CHARS + 1)}, 400, "string_above_max_length", "input"),
     ({"input": "Hi.", "voice": "klingon"}, 400, "unknown_voice", "voice"),
     ({"input": "Hi.", "voice": {"name": "en-us"}}, 400, "invalid_type", "voice"),
-    ({"input": "Hi.", "response_format": "mp3"}, 400, "unsupported_format", "response_format"),
+    ({"input": "Hi.", "response_format": "ogg"}, 400, "unsupported_format", "response_format"),
+    ({"input": "Hi.", "response_format": ["mp3"]}, 400, "unsupported_format",
+     "response_format"),
     ({"input": "Hi.", "response_format": ""}, 400, "unsupported_format", "response_format"),
     ({"input": "Hi.", "response_format": False}, 400, "unsupported_format", "response_format"),
     ({"input": "Hi.", "stream_format": "sse", "response_format": "wav"}, 400,

@@ -5,9 +5,10 @@ primary engine's, unless only a second engine (``tts.also``) has the requested v
 
 Routes (docs/http-api.md has the details and examples):
 
-* ``POST /v1/audio/speech``: text in, PCM16 24 kHz mono out, ``wav`` or ``pcm``, streamed
-  as it is made (chunked, as OpenAI's endpoint does), as a whole file (``"stream":
-  false``) or as OpenAI SSE (``"stream_format": "sse"``);
+* ``POST /v1/audio/speech``: text in, audio out as OpenAI's ``response_format``s: ``wav``,
+  ``pcm`` (PCM16 24 kHz mono), ``mp3``, ``opus``, ``aac``, ``flac`` (``gateway.core.
+  audio_formats``), streamed as it is made (chunked, as OpenAI's endpoint does), as a whole
+  file (``"stream": false``) or as OpenAI SSE (``"stream_format": "sse"``, PCM only);
 * ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /v1/audio/voices``, ``GET /health``,
   ``GET /metrics``.
 
@@ -23,6 +24,13 @@ submitted only once the reader has drained the queue to ``LOW_WATER_CHUNKS``; if
 segment still piles up more than ``MAX_BUFFERED_S`` of unread audio, the request fails with
 ``slow_consumer`` (the lane is never held for one slow reader). A client that disconnects
 cancels its jobs (``lane.cancel(owner)``) at once.
+
+The compressed formats cost CPU (8-13.5 ms per second of audio; one 80 ms chunk 0.6-1.3 ms,
+a sentence-sized one, as chatterbox or an ``http`` upstream gives, 11-19 ms and up to 48 ms;
+bench/http_speech.py): they are encoded on
+one worker thread (``HttpServer.encoder_thread``), a chunk at a time and in order, never on
+the event loop that paces every voice session. PCM and WAV cost nothing and stay on the
+loop.
 """
 
 from __future__ import annotations
@@ -30,14 +38,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
+import functools
+import importlib.util
 import itertools
 import logging
 import socket
-import struct
 import time
-import wave
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,10 +59,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest
+from gateway.core.audio_formats import FORMATS, Encoder
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import Segmenter
 from gateway.io.auth import refused_origin, token_ok, tokens_from
-from gateway.io.lanes import Lane, SynthesisJob
+from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -66,7 +75,9 @@ MAX_INPUT_CHARS = 4096
 """Longest ``input`` accepted (OpenAI's own limit for this endpoint)."""
 MAX_BODY_BYTES = 64 * 1024
 """Longest request body read; beyond it the request is refused with 413."""
-FORMATS = ("pcm", "wav")
+HAS_PYAV = importlib.util.find_spec("av") is not None
+"""PyAV encodes the compressed formats. A core dependency; a gateway whose environment
+lacks it (code updated without ``pip install``) refuses them with a 400 naming the fix."""
 SPEED_RANGE = (0.25, 4.0)
 BYTES_PER_S = OUTPUT_RATE * 2
 MAX_BUFFERED_S = 60.0
@@ -174,10 +185,14 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     response_format = body.get("response_format")
     if response_format is None:  # absent or null: the default ("" or false are refused)
         response_format = default_format
-    if response_format not in FORMATS:
+    if not isinstance(response_format, str) or response_format not in FORMATS:
         raise ApiError(400, f"response_format {response_format!r} is not supported; use "
-                       f"{' or '.join(FORMATS)}", code="unsupported_format",
+                       f"{', '.join(FORMATS)}", code="unsupported_format",
                        param="response_format")
+    if FORMATS[response_format].container is not None and not HAS_PYAV:
+        raise ApiError(400, f"this gateway cannot encode {response_format}: PyAV is not "
+                       "installed (pip install av, or reinstall the gateway); use wav or pcm",
+                       code="unsupported_format", param="response_format")
     stream = body.get("stream")
     if stream is None:  # OpenAI's endpoint streams its body; "stream": false waits for all
         stream = True
@@ -535,9 +550,11 @@ class SpeechApi:
             return _Streamed(_sse(stream, request), stream, counter,
                              media_type="text/event-stream",
                              headers={**headers, "X-Accel-Buffering": "no"})
+        # the encoder opens (on its thread) while the engine makes the first chunk
+        encoding = gw.http.encoding(fmt, streamed=mode == "chunked")
         if mode == "chunked":
-            return await _chunked(request, stream, fmt, headers, counter)
-        return await _whole(request, stream, fmt, headers, counter)
+            return await _chunked(request, stream, encoding, headers, counter)
+        return await _whole(request, stream, encoding, headers, counter)
 
     def _notes(self, params: SpeechParams, engine: Any) -> list[str]:
         notes = list(params.notes)
@@ -608,15 +625,18 @@ class _Streamed(StreamingResponse):
     counted open."""
 
     def __init__(self, content: AsyncIterator[bytes], stream: SpeechStream,
-                 counter: Callable[[str], None], **kwargs: Any) -> None:
+                 counter: Callable[[str], None], encoding: Encoding | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
-        self.stream, self.counter = stream, counter
+        self.stream, self.counter, self.encoding = stream, counter, encoding
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.stream.close()
+            if self.encoding is not None:
+                self.encoding.close()
             self.counter(self.stream.outcome)
 
 
@@ -665,75 +685,182 @@ async def _unless_gone(request: Request, awaitable: Any) -> Any:
 def _failure(exc: SpeechFailed, headers: dict[str, str]) -> Response:
     """The answer to a synthesis that failed before any audio went out."""
     status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
-        504 if exc.code == "engine_timeout" else 500 if exc.code == "internal_error" else 502
+        504 if exc.code == "engine_timeout" else \
+        500 if exc.code in ("internal_error", "encoder_failed") else 502
     return ApiError(status, exc.message, code=exc.code, type="server_error").response(headers)
 
 
-async def _chunked(request: Request, stream: SpeechStream, fmt: str, headers: dict[str, str],
-                   counter: Callable[[str], None]) -> Response:
-    """Audio as it is made, chunked. The first chunk is awaited before the status goes out,
-    so a synthesis failing before any audio still gets its error status; a failure later
-    aborts the connection without the final chunk (the only way such a stream can say it
-    is incomplete). A WAV's header says "length unknown" (0xFFFFFFFF), as streamed WAVs
-    do."""
+class Encoding:
+    """One response's ``Encoder``, driven from the event loop. The compressed formats run on
+    the HTTP server's encoder thread, one call at a time in the order they were made (each
+    call is awaited before the next, and ``close`` queues behind whatever is running), so
+    the loop only hands chunks over; PCM and WAV, which cost nothing, run inline.
+
+    Created before the first chunk: the encoder opens on the thread (and the first one
+    imports PyAV there) while the engine works. Failures of the encoder raise
+    ``SpeechFailed("encoder_failed")``. Cancelling ``encode``/``finish`` is safe: the call
+    already on the thread runs to its end and ``close`` comes after it.
+    """
+
+    def __init__(self, fmt: str, *, streamed: bool, thread: LaneThread | None) -> None:
+        """``thread``: where a compressed format is encoded (unused for PCM and WAV)."""
+        self.format = FORMATS[fmt]
+        self._thread = thread
+        self._encoder: Encoder | None = None
+        self._opened: Future[Encoder] | None = None
+        self._closed = False
+        if self.format.container is None:
+            self._encoder = Encoder(fmt, streamed=streamed)
+        else:
+            assert thread is not None, f"{fmt} is encoded on a thread"
+            with contextlib.suppress(RuntimeError):  # shut down: encode() says so
+                self._opened = thread.submit(functools.partial(Encoder, fmt,
+                                                               streamed=streamed))
+
+    @property
+    def media_type(self) -> str:
+        return self.format.media_type
+
+    async def encode(self, pcm: bytes) -> bytes:
+        """The bytes ready after ``pcm`` (``b""`` for a whole file until ``finish``)."""
+        if self._encoder is not None:
+            return self._encoder.encode(pcm)
+        return await self._call(_encode, pcm)
+
+    async def finish(self) -> bytes:
+        """The rest of the file (all of it for a whole file)."""
+        if self._encoder is not None:
+            return self._encoder.finish()
+        return await self._call(_finish)
+
+    def close(self) -> None:
+        """Free the encoder (after the call in progress, if any). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._encoder is not None:
+            self._encoder.close()
+        elif self._thread is not None and self._opened is not None:
+            with contextlib.suppress(RuntimeError):  # the thread is gone: nothing to free
+                self._thread.submit(_close, self._opened)
+
+    async def _call(self, fn: Callable[..., bytes], *args: Any) -> bytes:
+        try:
+            if self._thread is None or self._opened is None:
+                raise RuntimeError("the encoder thread is shut down")
+            future = self._thread.submit(fn, self._opened, *args)
+        except RuntimeError:  # the HTTP server is closing
+            raise SpeechFailed("shutting_down", "the gateway is shutting down") from None
+        try:
+            return await asyncio.wrap_future(future)
+        except Exception as exc:
+            raise SpeechFailed("encoder_failed", f"encoding {self.format.name} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+
+def _encoder_failed(stream: SpeechStream, exc: SpeechFailed) -> None:
+    """An encoder's failure ends the request (its jobs cancelled) and is named in the log
+    line; a failure of the synthesis itself was recorded already."""
+    if stream.failure is None:
+        if exc.code == "encoder_failed":
+            stream.gateway.metrics.errors[exc.code] += 1
+        stream.fail(exc.code, exc.message)
+        stream.failure = _Failed(exc.code, exc.message)  # (if it had finished already)
+
+
+# on the encoder thread, after the call that opened the encoder (whose error they raise)
+def _encode(opened: Future[Encoder], pcm: bytes) -> bytes:
+    return opened.result().encode(pcm)
+
+
+def _finish(opened: Future[Encoder]) -> bytes:
+    return opened.result().finish()
+
+
+def _close(opened: Future[Encoder]) -> None:
+    if opened.done() and opened.exception() is None:
+        opened.result().close()
+
+
+async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
+                   headers: dict[str, str], counter: Callable[[str], None]) -> Response:
+    """Audio as it is made, chunked: each engine chunk is encoded as it comes and what the
+    encoder has ready goes out. The first chunk is awaited before the status goes out, so a
+    synthesis failing before any audio still gets its error status; a failure later aborts
+    the connection without the final chunk (the only way such a stream can say it is
+    incomplete). A WAV's header says "length unknown" (0xFFFFFFFF), as streamed WAVs do;
+    ``gateway.core.audio_formats`` says what each compressed format leaves out. The first
+    chunk is encoded before the status too: an encoder that cannot start is a 500."""
     chunks = stream.chunks()
     try:
         first = await _unless_gone(request, anext(chunks, b""))
+        head = await encoding.encode(first)
     except (_Gone, SpeechFailed) as exc:
+        if isinstance(exc, SpeechFailed):
+            _encoder_failed(stream, exc)
         stream.close()
+        encoding.close()
         counter("failed" if isinstance(exc, SpeechFailed) else "disconnected")
         return _failure(exc, headers) if isinstance(exc, SpeechFailed) else \
             Response(status_code=499)
     except BaseException:  # cancelled: the server is stopping
         stream.close()
+        encoding.close()
         counter("disconnected")
         raise
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            yield (WAV_STREAM_HEADER if fmt == "wav" else b"") + first
+            if head:
+                yield head
             async for pcm in chunks:
-                yield pcm
+                if data := await encoding.encode(pcm):
+                    yield data
+            if data := await encoding.finish():
+                yield data
             # A client gone while the last chunks were already made: the server drops what
             # is sent to it, so the loop ran to the end before the hang-up was seen
             if await request.is_disconnected():
                 return
             stream.outcome = "completed"
-        except SpeechFailed:
+        except SpeechFailed as exc:
+            _encoder_failed(stream, exc)
             stream.outcome = "failed"
             raise
 
-    media_type = "audio/wav" if fmt == "wav" else "audio/pcm"
-    return _Streamed(body(), stream, counter, media_type=media_type, headers=headers)
+    return _Streamed(body(), stream, counter, encoding, media_type=encoding.media_type,
+                     headers=headers)
 
 
-async def _whole(request: Request, stream: SpeechStream, fmt: str, headers: dict[str, str],
-                 counter: Callable[[str], None]) -> Response:
-    """Collect the whole file (``"stream": false``); a client that leaves while we wait
-    cancels the request."""
+async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
+                 headers: dict[str, str], counter: Callable[[str], None]) -> Response:
+    """Collect the whole file (``"stream": false``), encoding each chunk as it comes; a
+    client that leaves while we wait cancels the request."""
 
     async def collect() -> bytes:
-        return b"".join([pcm async for pcm in stream.chunks()])
+        async for pcm in stream.chunks():
+            await encoding.encode(pcm)
+        return await encoding.finish()
 
     try:
-        pcm = await _unless_gone(request, collect())
+        data = await _unless_gone(request, collect())
     except _Gone:
         counter("disconnected")
         return Response(status_code=499)  # nobody is listening
     except SpeechFailed as exc:
+        _encoder_failed(stream, exc)
         counter("failed")
         return _failure(exc, headers)
     finally:
         stream.close()
+        encoding.close()
     counter("completed")
     usage = stream.usage()
     headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
                "X-Compute-Ms": str(usage["compute_ms"])}
     if stream.notes:  # now with what happened while it was spoken
         headers["X-Speech-Notes"] = "; ".join(stream.notes)
-    if fmt == "wav":
-        return Response(wav_bytes(pcm), media_type="audio/wav", headers=headers)
-    return Response(pcm, media_type="audio/pcm", headers=headers)
+    return Response(data, media_type=encoding.media_type, headers=headers)
 
 
 async def _disconnected(request: Request) -> None:
@@ -743,23 +870,6 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-WAV_STREAM_HEADER = (b"RIFF\xff\xff\xff\xffWAVEfmt " + struct.pack(
-    "<IHHIIHH", 16, 1, 1, OUTPUT_RATE, OUTPUT_RATE * 2, 2, 16) + b"data\xff\xff\xff\xff")
-"""A PCM16 mono 24 kHz WAV header for a stream whose length is not known yet: the RIFF and
-data sizes say 0xFFFFFFFF, which readers take as "until the end" (Python's ``wave``,
-ffmpeg, browsers)."""
-
-
-def wav_bytes(pcm: bytes) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(OUTPUT_RATE)
-        w.writeframes(pcm)
-    return buf.getvalue()
 
 
 # ---- the server ---------------------------------------------------------------------------
@@ -800,6 +910,7 @@ class HttpServer:
         self.host, self.requested_port = host, port
         self.tls = tls
         self.api = SpeechApi(gateway)
+        self._encoder_thread: LaneThread | None = None
         self.streams: set[SpeechStream] = set()
         self.idle = asyncio.Event()
         """Set while no speech response is open (tests await it after a disconnect)."""
@@ -811,7 +922,10 @@ class HttpServer:
     async def start(self) -> None:
         """Bind (port 0 picks a free port) and serve; returns once uvicorn accepts."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP
+        # (uvloop on every one). Without it a streamed body's small chunks (a compressed
+        # format's: a few hundred bytes) wait for the client's delayed ACK, 40 ms on Linux
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.requested_port))
@@ -836,6 +950,20 @@ class HttpServer:
             serving.cancel()
             self._task.result()  # raises what stopped uvicorn
             raise RuntimeError("the HTTP server stopped while starting")
+
+    @property
+    def encoder_thread(self) -> LaneThread:
+        """Where every speech response's compressed format is encoded (``Encoding``),
+        started with the first one."""
+        if self._encoder_thread is None:
+            self._encoder_thread = LaneThread("http-encoder")
+        return self._encoder_thread
+
+    def encoding(self, fmt: str, *, streamed: bool) -> Encoding:
+        """A response's encoder (on ``encoder_thread`` unless ``fmt`` is PCM or WAV)."""
+        compressed = FORMATS[fmt].container is not None
+        return Encoding(fmt, streamed=streamed,
+                        thread=self.encoder_thread if compressed else None)
 
     def opened(self, stream: SpeechStream) -> None:
         self.streams.add(stream)
@@ -862,3 +990,5 @@ class HttpServer:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
+        if self._encoder_thread is not None:  # a daemon: it never holds up the exit
+            self._encoder_thread.shutdown(wait=False)

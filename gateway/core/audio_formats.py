@@ -1,0 +1,230 @@
+"""The audio formats of HTTP speech (OpenAI's ``response_format``), and an encoder that turns
+the engines' PCM16 24 kHz mono chunks into the bytes of one file of that format, a chunk at
+a time.
+
+======  ==============  ===========================================  ====================
+format  media type      what it is                                   bytes per audio s
+======  ==============  ===========================================  ====================
+pcm     ``audio/pcm``   raw PCM16 little-endian samples              48,000
+wav     ``audio/wav``   the same in a RIFF/WAVE file                 48,000
+mp3     ``audio/mpeg``  MPEG-2 Layer III (LAME), 64 kbit/s CBR       8,000
+opus    ``audio/opus``  Opus (libopus) in Ogg, 32 kbit/s             3,900; 4,600 streamed
+aac     ``audio/aac``   AAC-LC (FFmpeg's) in ADTS frames, 64 kbit/s  8,800
+flac    ``audio/flac``  FLAC, lossless                               24,000 (espeak)
+======  ==============  ===========================================  ====================
+
+Every format keeps the engines' 24 kHz mono: each codec here takes 24 kHz as it is, so
+nothing is resampled (Opus decoders play it at 48 kHz, as they play every Opus stream; the
+Ogg header records 24 kHz as the input rate).
+
+``Encoder`` is sans-I/O: PCM in (``encode``), bytes out, ``finish`` ends the file. Two
+shapes of output:
+
+* **streamed**: ``encode`` returns what the muxer has written so far, so each engine chunk
+  becomes bytes at once (what a codec holds back to fill its frame comes with a later chunk).
+  The output is append-only, so a header that must give the length says it is unknown
+  (WAV: 0xFFFFFFFF; FLAC: 0 samples) or is left out (MP3's Xing/LAME frame, which also tells
+  a decoder how much of the first and last frames is padding);
+* **whole**: the file is built in memory; ``finish`` returns it, its headers rewritten with
+  the real lengths, as a file saved to disk should be.
+
+The compressed formats are FFmpeg's encoders and muxers through PyAV (libmp3lame, libopus,
+its native aac and flac), imported on first use (``import av`` takes ~40 ms and ~20 MB: a
+gateway that never encodes does not pay it; ``gateway.io.http_api`` imports it off the
+event loop).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import wave
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engines.base import OUTPUT_RATE
+
+if TYPE_CHECKING:
+    from av.audio.stream import AudioStream
+    from av.container import OutputContainer
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    """One ``response_format``: its media type and, for the compressed ones, what FFmpeg
+    writes it with."""
+
+    name: str
+    media_type: str
+    container: str | None = None
+    """FFmpeg's muxer; None: PCM or WAV, written here without PyAV."""
+    codec: str | None = None
+    sample_format: str = "s16"
+    """The sample layout the codec takes (``fltp``: planar float, AAC)."""
+    bit_rate: int | None = None
+    muxer_options: tuple[tuple[str, str], ...] = ()
+    stream_options: tuple[tuple[str, str], ...] = ()
+    """Muxer options added when streamed."""
+    empty_needs_a_sample: bool = False
+    """Whether a file with no audio at all is unreadable (no frame, or an Ogg stream with no
+    audio page): an empty answer then holds one sample of silence (see ``Encoder.finish``)."""
+
+
+FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
+    AudioFormat("pcm", "audio/pcm"),
+    AudioFormat("wav", "audio/wav"),
+    # no ID3v2 tag (FFmpeg writes one by default): a stream starts with an MPEG frame, as
+    # players of MP3 streams expect
+    AudioFormat("mp3", "audio/mpeg", "mp3", "libmp3lame", "s16p", 64_000,
+                muxer_options=(("id3v2_version", "0"),), empty_needs_a_sample=True),
+    # Ogg's muxer holds packets until a page has 1 s of audio; streamed, a page every 40 ms
+    # (two Opus packets), so each 80 ms engine chunk goes out with the chunk (the page
+    # headers cost ~5 kbit/s more than 1 s pages)
+    AudioFormat("opus", "audio/opus", "ogg", "libopus", "s16", 32_000,
+                stream_options=(("page_duration", "40000"),), empty_needs_a_sample=True),
+    AudioFormat("aac", "audio/aac", "adts", "aac", "fltp", 64_000, empty_needs_a_sample=True),
+    # no 8 KiB PADDING block (FFmpeg's default, room for tags written later)
+    AudioFormat("flac", "audio/flac", "flac", "flac", "s16",
+                muxer_options=(("metadata_header_padding", "0"),)),
+)}
+"""Every ``response_format`` HTTP speech serves, in OpenAI's order after the two PCM ones."""
+
+
+WAV_STREAM_HEADER = (b"RIFF\xff\xff\xff\xffWAVEfmt " + struct.pack(
+    "<IHHIIHH", 16, 1, 1, OUTPUT_RATE, OUTPUT_RATE * 2, 2, 16) + b"data\xff\xff\xff\xff")
+"""A PCM16 mono 24 kHz WAV header for a stream whose length is not known yet: the RIFF and
+data sizes say 0xFFFFFFFF, which readers take as "until the end" (Python's ``wave``,
+ffmpeg, browsers)."""
+
+
+def wav_bytes(pcm: bytes) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(OUTPUT_RATE)
+        w.writeframes(pcm)
+    return buf.getvalue()
+
+
+class _Appended:
+    """A write-only file for PyAV: no ``seek``, so FFmpeg writes strictly in order and
+    never goes back to a header (the bytes already went to the client)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> int:
+        self.data += data
+        return len(data)
+
+    def take(self) -> bytes:
+        out = bytes(self.data)
+        self.data.clear()
+        return out
+
+
+class Encoder:
+    """PCM16 24 kHz mono chunks in, the bytes of one file of ``fmt`` out, in order.
+
+    ``encode(pcm)`` returns the bytes now ready (streamed; always ``b""`` for a whole file);
+    ``finish()`` flushes the codec and returns the rest (the whole file when not streamed);
+    ``close()`` frees an encoder that will not be finished. Not thread-safe: one call at a
+    time, from any one thread at a time (``gateway.io.http_api`` runs the compressed ones on
+    a worker thread). ``samples`` counts the samples fed.
+    """
+
+    def __init__(self, fmt: str, *, streamed: bool) -> None:
+        self.format = FORMATS[fmt]
+        self.streamed = streamed
+        self.samples = 0
+        self._pcm = bytearray()  # a whole pcm or wav file, until finish()
+        self._header_sent = False
+        self._container: OutputContainer | None = None
+        self._stream: AudioStream | None = None
+        self._out: _Appended | io.BytesIO | None = None
+        if self.format.container is not None:
+            self._open()
+
+    def _open(self) -> None:
+        import av
+        from av.audio.stream import AudioStream
+
+        spec = self.format
+        assert spec.container is not None and spec.codec is not None
+        self._out = _Appended() if self.streamed else io.BytesIO()
+        options = dict(spec.muxer_options + (spec.stream_options if self.streamed else ()))
+        self._container = av.open(self._out, "w", format=spec.container, options=options)
+        stream = self._container.add_stream(spec.codec, rate=OUTPUT_RATE, layout="mono")
+        assert isinstance(stream, AudioStream)
+        stream.format = spec.sample_format
+        if spec.bit_rate is not None:
+            stream.bit_rate = spec.bit_rate
+        self._stream = stream
+        # the header now (Ogg's OpusHead/OpusTags pages, FLAC's STREAMINFO): ready before
+        # any audio, and written even if none comes
+        self._container.start_encoding()
+
+    def encode(self, pcm: bytes) -> bytes:
+        """The bytes ready after ``pcm`` (whole samples), in order after those before."""
+        self.samples += len(pcm) // 2
+        spec = self.format
+        if spec.container is None:
+            if not self.streamed:
+                self._pcm += pcm
+                return b""
+            if spec.name == "wav" and not self._header_sent:
+                self._header_sent = True
+                return WAV_STREAM_HEADER + pcm
+            return pcm
+        if pcm:
+            self._mux(np.frombuffer(pcm, dtype="<i2"))
+        return self._take()
+
+    def finish(self) -> bytes:
+        """End the file: the codec's last frames and the trailer (streamed), or the whole
+        file (not streamed). An empty answer is a valid file: WAV and FLAC headers say 0
+        samples; MP3, AAC and Ogg Opus cannot hold nothing (FFmpeg refuses to read a file
+        without an audio frame), so they hold one sample of silence. Decoders give that
+        back as nothing (Ogg Opus), 2 ms (a whole MP3: its LAME frame says what is padding)
+        or a frame or two of silence (a streamed MP3 72 ms, AAC 85 ms)."""
+        spec = self.format
+        if spec.container is None:
+            if self.streamed:
+                if spec.name == "wav" and not self._header_sent:
+                    self._header_sent = True
+                    return WAV_STREAM_HEADER
+                return b""
+            pcm, self._pcm = bytes(self._pcm), bytearray()
+            return wav_bytes(pcm) if spec.name == "wav" else pcm
+        assert self._container is not None and self._stream is not None
+        if self.samples == 0 and spec.empty_needs_a_sample:
+            self._mux(np.zeros(1, dtype="<i2"))
+        self._container.mux(self._stream.encode(None))
+        self._container.close()
+        if isinstance(self._out, io.BytesIO):
+            return self._out.getvalue()
+        return self._take()
+
+    def close(self) -> None:
+        """Free the codec and muxer without finishing the file (idempotent)."""
+        if self._container is not None:
+            self._container.close()
+
+    def _mux(self, samples: np.ndarray[Any, np.dtype[np.int16]]) -> None:
+        import av
+
+        assert self._container is not None and self._stream is not None
+        spec = self.format
+        planes: np.ndarray[Any, Any] = samples.reshape(1, -1)
+        if spec.sample_format == "fltp":
+            planes = planes.astype(np.float32) / 32768.0
+        frame = av.AudioFrame.from_ndarray(planes, format=spec.sample_format, layout="mono")
+        frame.sample_rate = OUTPUT_RATE
+        frame.pts = self.samples - len(samples)
+        self._container.mux(self._stream.encode(frame))
+
+    def _take(self) -> bytes:
+        return self._out.take() if isinstance(self._out, _Appended) else b""
