@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import io
 import struct
-import wave
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,21 +91,17 @@ FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
 """Every ``response_format`` HTTP speech serves, in OpenAI's order after the two PCM ones."""
 
 
-WAV_STREAM_HEADER = (b"RIFF\xff\xff\xff\xffWAVEfmt " + struct.pack(
-    "<IHHIIHH", 16, 1, 1, OUTPUT_RATE, OUTPUT_RATE * 2, 2, 16) + b"data\xff\xff\xff\xff")
-"""A PCM16 mono 24 kHz WAV header for a stream whose length is not known yet: the RIFF and
-data sizes say 0xFFFFFFFF, which readers take as "until the end" (Python's ``wave``,
-ffmpeg, browsers)."""
+def wav_header(data_bytes: int | None) -> bytes:
+    """The 44-byte header of a PCM16 mono 24 kHz WAV holding ``data_bytes`` of samples;
+    None: a stream whose length is not known yet, whose RIFF and data sizes say 0xFFFFFFFF,
+    which readers take as "until the end" (Python's ``wave``, ffmpeg, browsers)."""
+    riff, data = (0xFFFFFFFF, 0xFFFFFFFF) if data_bytes is None else \
+        (36 + data_bytes, data_bytes)
+    return (struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, 1,
+                        OUTPUT_RATE, OUTPUT_RATE * 2, 2, 16, b"data", data))
 
 
-def wav_bytes(pcm: bytes) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(OUTPUT_RATE)
-        w.writeframes(pcm)
-    return buf.getvalue()
+WAV_STREAM_HEADER = wav_header(None)
 
 
 class _Appended:
@@ -140,7 +135,8 @@ class Encoder:
         self.format = FORMATS[fmt]
         self.streamed = streamed
         self.samples = 0
-        self._pcm = bytearray()  # a whole pcm or wav file, until finish()
+        # a whole pcm or wav file, until finish(); a wav's header goes first, filled in then
+        self._pcm = bytearray(len(WAV_STREAM_HEADER) if fmt == "wav" and not streamed else 0)
         self._header_sent = False
         self._container: OutputContainer | None = None
         self._stream: AudioStream | None = None
@@ -183,7 +179,7 @@ class Encoder:
             self._mux(np.frombuffer(pcm, dtype="<i2"))
         return self._take()
 
-    def finish(self) -> bytes:
+    def finish(self) -> bytes | memoryview:
         """End the file: the codec's last frames and the trailer (streamed), or the whole
         file (not streamed). An empty answer is a valid file: WAV and FLAC headers say 0
         samples; MP3, AAC and Ogg Opus cannot hold nothing (FFmpeg refuses to read a file
@@ -197,8 +193,12 @@ class Encoder:
                     self._header_sent = True
                     return WAV_STREAM_HEADER
                 return b""
-            pcm, self._pcm = bytes(self._pcm), bytearray()
-            return wav_bytes(pcm) if spec.name == "wav" else pcm
+            # the samples where they were gathered, the header filled in ahead of them: a
+            # whole answer can be tens of MB, and each copy of it held the event loop
+            whole, self._pcm = self._pcm, bytearray()
+            if spec.name == "wav":
+                whole[:len(WAV_STREAM_HEADER)] = wav_header(len(whole) - len(WAV_STREAM_HEADER))
+            return memoryview(whole)
         assert self._container is not None and self._stream is not None
         if self.samples == 0 and spec.empty_needs_a_sample:
             self._mux(np.zeros(1, dtype="<i2"))

@@ -47,7 +47,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import uvicorn
@@ -624,7 +624,7 @@ class _Streamed(StreamingResponse):
     gone before the first chunk was asked for), leaving the jobs running and the stream
     counted open."""
 
-    def __init__(self, content: AsyncIterator[bytes], stream: SpeechStream,
+    def __init__(self, content: AsyncIterator[bytes | memoryview], stream: SpeechStream,
                  counter: Callable[[str], None], encoding: Encoding | None = None,
                  **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
@@ -690,6 +690,9 @@ def _failure(exc: SpeechFailed, headers: dict[str, str]) -> Response:
     return ApiError(status, exc.message, code=exc.code, type="server_error").response(headers)
 
 
+_Data = TypeVar("_Data", bytes, bytes | memoryview)
+
+
 class Encoding:
     """One response's ``Encoder``, driven from the event loop. The compressed formats run on
     the HTTP server's encoder thread, one call at a time in the order they were made (each
@@ -727,7 +730,7 @@ class Encoding:
             return self._encoder.encode(pcm)
         return await self._call(_encode, pcm)
 
-    async def finish(self) -> bytes:
+    async def finish(self) -> bytes | memoryview:
         """The rest of the file (all of it for a whole file)."""
         if self._encoder is not None:
             return self._encoder.finish()
@@ -744,7 +747,7 @@ class Encoding:
             with contextlib.suppress(RuntimeError):  # the thread is gone: nothing to free
                 self._thread.submit(_close, self._opened)
 
-    async def _call(self, fn: Callable[..., bytes], *args: Any) -> bytes:
+    async def _call(self, fn: Callable[..., _Data], *args: Any) -> _Data:
         try:
             if self._thread is None or self._opened is None:
                 raise RuntimeError("the encoder thread is shut down")
@@ -773,7 +776,7 @@ def _encode(opened: Future[Encoder], pcm: bytes) -> bytes:
     return opened.result().encode(pcm)
 
 
-def _finish(opened: Future[Encoder]) -> bytes:
+def _finish(opened: Future[Encoder]) -> bytes | memoryview:
     return opened.result().finish()
 
 
@@ -809,15 +812,15 @@ async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
         counter("disconnected")
         raise
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncIterator[bytes | memoryview]:
         try:
             if head:
                 yield head
             async for pcm in chunks:
                 if data := await encoding.encode(pcm):
                     yield data
-            if data := await encoding.finish():
-                yield data
+            if tail := await encoding.finish():
+                yield tail
             # A client gone while the last chunks were already made: the server drops what
             # is sent to it, so the loop ran to the end before the hang-up was seen
             if await request.is_disconnected():
@@ -837,7 +840,7 @@ async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
     """Collect the whole file (``"stream": false``), encoding each chunk as it comes; a
     client that leaves while we wait cancels the request."""
 
-    async def collect() -> bytes:
+    async def collect() -> bytes | memoryview:
         async for pcm in stream.chunks():
             await encoding.encode(pcm)
         return await encoding.finish()
