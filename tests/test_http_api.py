@@ -224,6 +224,27 @@ async def test_a_client_gone_while_sending_its_request_is_no_server_error(gatewa
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_a_body_that_never_arrives_whole_gets_408(gateway, monkeypatch):
+    """A client trickling its body held the request and its socket for ever (a slowloris
+    from the hostile-client probe kept 50 of them open past 60 s)."""
+    from gateway.io import http_api
+
+    monkeypatch.setattr(http_api, "BODY_TIMEOUT_S", 0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
+    await writer.drain()
+    async with asyncio.timeout(10):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        body = orjson.loads(await reader.readexactly(length))
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 408 ")
+    assert body["error"]["code"] == "request_timeout"
+    assert body["error"]["message"] == "the body did not arrive within 0.3 s"
+
+
 # ---- SSE with httpx-sse, raw chunks ------------------------------------------------------
 
 

@@ -75,6 +75,8 @@ MAX_INPUT_CHARS = 4096
 """Longest ``input`` accepted (OpenAI's own limit for this endpoint)."""
 MAX_BODY_BYTES = 64 * 1024
 """Longest request body read; beyond it the request is refused with 413."""
+BODY_TIMEOUT_S = 10.0
+"""Longest wait for a request's whole body; then 408 ``request_timeout``."""
 HAS_PYAV = importlib.util.find_spec("av") is not None
 """PyAV encodes the compressed formats. A core dependency; a gateway whose environment
 lacks it (code updated without ``pip install``) refuses them with a 400 naming the fix."""
@@ -603,11 +605,17 @@ async def _read_json(request: Request) -> Any:
         raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes",
                        code="body_too_large")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes",
-                           code="body_too_large")
+    try:
+        # a client that trickles its body would hold the request (and a socket) for ever
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes",
+                                   code="body_too_large")
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {BODY_TIMEOUT_S:g} s",
+                       code="request_timeout") from None
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
