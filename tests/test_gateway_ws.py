@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import httpx
 import numpy as np
@@ -18,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.config import load_config
 from gateway.core.codec import BYTES_PER_MS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS
 from gateway.io.server import Gateway
-from tests.wsclient import read_turn, recv_event, round_trip, send
+from tests.wsclient import LineSeen, read_turn, recv_event, round_trip, send
 
 REPLY = ("Hosting came to $184.50 last month. That's about 12% more than October, "
          "mostly from extra bandwidth.")
@@ -311,3 +312,26 @@ async def test_a_failing_llm_is_told_to_the_operator_once_and_health_says_degrad
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "LLM" in r.getMessage()]
     assert [level for level, _ in said] == ["WARNING", "INFO"], said
     assert said[1][1] == "the LLM answers again, after 2 failed turn(s)"
+
+
+async def test_the_drop_line_says_how_the_socket_ended(gateway, caplog):
+    """An operator reading "socket dropped" could not tell a network drop from a client
+    that sent a frame over 1 MiB (1009) or broken UTF-8 (1007)."""
+    caplog.set_level("INFO", logger="gateway.io.connection")
+    line = LineSeen("socket dropped")
+    logging.getLogger("gateway.io.connection").addHandler(line)
+    try:
+        async with connect(url(gateway)) as ws:
+            created = await recv_event(ws, "session.created")
+            await send(ws, type="say", text="Hello.")
+            await ws.send("x" * (1024 * 1024 + 1))
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await ws.recv()
+        async with asyncio.timeout(10):
+            await line.seen.wait()
+    finally:
+        logging.getLogger("gateway.io.connection").removeHandler(line)
+    (message,) = [r.getMessage() for r in caplog.records if "socket dropped" in r.getMessage()]
+    assert message.startswith(f"session {created['session_id']}: socket dropped "
+                              "(sent 1009 (message too big)")

@@ -29,7 +29,7 @@ from gateway.config import load_config
 from gateway.core.audio_formats import WAV_STREAM_HEADER
 from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
-from tests.wsclient import read_turn, recv_event, send
+from tests.wsclient import LineSeen, read_turn, recv_event, send
 
 TEXT = "The build finished at nine. Two tests failed, both in the parser."
 REPLY = "About two hundred dollars. A bit more."
@@ -192,18 +192,6 @@ async def test_a_stopping_gateway_says_so(gateway):
         gateway.closing = False
     assert health.status_code == 503 and health.json()["status"] == "stopping"
     assert speech.status_code == 503 and speech.json()["error"]["code"] == "shutting_down"
-
-
-class LineSeen(logging.Handler):
-    """Sets ``seen`` when a record holding ``text`` is logged (on the loop's own thread)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text, self.seen = text, asyncio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if self.text in record.getMessage():
-            self.seen.set()
 
 
 async def test_a_client_gone_while_sending_its_request_is_no_server_error(gateway, caplog):

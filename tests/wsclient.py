@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,3 +96,15 @@ async def read_turn(ws: ClientConnection, turn_id: int | None = None,
             result.turn_id = event["turn_id"]
         if event["type"] == until and event.get("turn_id") == result.turn_id:
             return result
+
+
+class LineSeen(logging.Handler):
+    """Sets ``seen`` when a record holding ``text`` is logged (on the loop's own thread)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()

@@ -128,8 +128,10 @@ class SessionRunner:
         # none (``Session.deadline``); the LLM goes on feeding the turn its text.
         self.session.held = True
         wait_s = self.resume_window_s + noticed_early_s
-        log.info("session %s: socket dropped, waiting %.0f s for a resume", self.session.id,
-                 wait_s)
+        # websockets says who closed with what ("sent 1009 (message too big) ...; no close
+        # frame received"), or that nobody did (a network drop)
+        log.info("session %s: socket dropped (%s), waiting %.0f s for a resume",
+                 self.session.id, connection.ws.protocol.close_exc, wait_s)
         self._expiry = self.loop.call_later(wait_s, self.close, "no resume came in time")
 
     def shutdown(self) -> None:
