@@ -303,22 +303,31 @@ class HeldEngine(SyntheticEngine):
         return stream
 
 
-async def test_openai_sdk_iter_bytes_gets_audio_before_the_synthesis_ends(replies):
-    engine = HeldEngine()
-    gw = await start_gateway(replies, engine)
+async def first_bytes_while_held(gw: Gateway, engine: HeldEngine,
+                                  fmt: str) -> tuple[bytes, bytes]:
+    """Through the OpenAI SDK's ``iter_bytes()``: the first bytes, taken while ``engine``
+    holds its second step, then the rest."""
     client = openai.AsyncOpenAI(base_url=base(gw) + "/v1", api_key="not-needed")
     try:
         async with client.audio.speech.with_streaming_response.create(
                 model="tts-1", voice="alloy", input="One held sentence, long enough for steps.",
-                response_format="pcm") as response:
+                response_format=fmt) as response:
             chunks = response.iter_bytes()
             first = await anext(chunks)  # while the engine holds its second step
             engine.release.set()
-            rest = b"".join([c async for c in chunks])
-        assert first and rest
+            return first, b"".join([c async for c in chunks])
     finally:
         engine.release.set()
         await client.close()
+
+
+async def test_openai_sdk_iter_bytes_gets_audio_before_the_synthesis_ends(replies):
+    engine = HeldEngine()
+    gw = await start_gateway(replies, engine)
+    try:
+        first, rest = await first_bytes_while_held(gw, engine, "pcm")
+        assert first and rest
+    finally:
         await gw.aclose()
 
 

@@ -33,7 +33,13 @@ import pytest
 
 from engines.synthetic import SyntheticEngine
 from gateway.core.audio_formats import Encoder
-from tests.test_http_api import FailingEngine, HeldEngine, base, is_speech
+from tests.test_http_api import (
+    FailingEngine,
+    HeldEngine,
+    base,
+    first_bytes_while_held,
+    is_speech,
+)
 
 TEXT = "The build finished at nine. Two tests failed, both in the parser."
 MS = 24  # samples per millisecond at 24 kHz
@@ -139,18 +145,7 @@ async def test_the_first_mp3_bytes_come_before_the_synthesis_ends(start_gateway)
     # the engine holds its second step until the client has had bytes of the first
     engine = HeldEngine()
     gw = await start_gateway(engine=engine)
-    client = openai.AsyncOpenAI(base_url=base(gw) + "/v1", api_key="not-needed")
-    try:
-        async with client.audio.speech.with_streaming_response.create(
-                model="tts-1", voice="alloy", input="One held sentence, long enough for steps.",
-                response_format="mp3") as response:
-            chunks = response.iter_bytes()
-            first = await anext(chunks)  # while the engine holds its second step
-            engine.release.set()
-            rest = b"".join([c async for c in chunks])
-    finally:
-        engine.release.set()
-        await client.close()
+    first, rest = await first_bytes_while_held(gw, engine, "mp3")
     assert first[:2] == b"\xff\xf3"  # an MPEG-2 Layer III frame's sync word, no ID3 tag
     decoded = decode(first + rest)
     assert decoded.codec == "mp3" and len(decoded.samples) > 0
