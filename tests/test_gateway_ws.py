@@ -286,32 +286,37 @@ async def test_a_mark_re_ranks_its_turn_only_when_audio_is_needed_sooner(gateway
 async def test_a_failing_llm_is_told_to_the_operator_once_and_health_says_degraded(
         scripted_llm_server, caplog):
     """A dead or broken LLM used to fail every turn without a log line while /health said
-    ok. Now the first failure is a WARNING, the health is degraded with the reason, and the
-    first reply that comes whole again is an INFO; nothing in between."""
+    ok. Now the first failure is a WARNING, the health is degraded with the reason, and
+    three whole replies in a row are an INFO; nothing in between, even when the LLM fails
+    every other turn (it flipped the health and the log on each turn)."""
     from tests.servers import Status, reply_script
 
-    scripted_llm_server.script([Status(500)], [Status(500)], reply_script(["Back now."]))
+    back = reply_script(["Back now."])
+    scripted_llm_server.script([Status(500)], [Status(500)], back, [Status(429)], back, back,
+                               back)
     gw = Gateway(load_config(server={"port": 0}, llm={"url": scripted_llm_server.url}))
     await gw.start()
     caplog.set_level("INFO", logger="gateway")
+    statuses, healths = [], []
     try:
         async with connect(url(gw)) as ws:
             await recv_event(ws, "session.created")
-            for _ in range(2):
+            for _ in range(7):
                 await send(ws, type="transcript", text="hello?")
-                assert (await read_turn(ws)).done["status"] == "failed"
-            health = gw.health()
-            assert health["status"] == "degraded"
-            assert health["llm"]["failing"]["turns"] == 2
-            assert health["llm"]["failing"]["code"] == "llm_failed"
-            await send(ws, type="transcript", text="hello?")
-            assert (await read_turn(ws)).done["status"] == "completed"
-            assert gw.health()["llm"]["failing"] is None
+                statuses.append((await read_turn(ws)).done["status"])
+                healths.append(gw.health())
     finally:
         await gw.aclose()
+    assert statuses == ["failed", "failed", "completed", "failed"] + ["completed"] * 3
+    assert [h["status"] for h in healths] == ["degraded"] * 6 + ["ok"]
+    failing = healths[5]["llm"]["failing"]
+    assert (failing["turns"], failing["answered"], failing["in_a_row"]) == (3, 3, 2)
+    assert failing["code"] == "llm_failed" and "429" in failing["message"]
+    assert healths[6]["llm"]["failing"] is None
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "LLM" in r.getMessage()]
     assert [level for level, _ in said] == ["WARNING", "INFO"], said
-    assert said[1][1] == "the LLM answers again, after 2 failed turn(s)"
+    assert said[1][1].startswith("the LLM answers again: 3 turn(s) failed, 4 came whole, "
+                                 "since ")
 
 
 async def test_the_drop_line_says_how_the_socket_ended(gateway, caplog):

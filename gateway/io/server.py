@@ -106,6 +106,10 @@ class Metrics:
             listener(event)
 
 
+LLM_RECOVERED_AFTER = 3
+"""Whole replies in a row that end an LLM's failing spell (``Gateway.llm_answered``)."""
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig, *, engine: TtsEngine | None = None,
                  llm: LlmBackend | None = None) -> None:
@@ -216,19 +220,25 @@ class Gateway:
         """A turn's LLM stream ended: ``failure`` is its ``(code, message)``, None if the
         reply came whole. The operator hears of a change, once (a WARNING when replies
         start failing, an INFO when they come back), not of every turn: a dead LLM used to
-        fail every turn without a log line while /health said ok."""
+        fail every turn without a log line while /health said ok. They are back after
+        ``LLM_RECOVERED_AFTER`` whole replies in a row: an LLM failing every other turn
+        (busy, answering 429) flipped the health and the log on each turn."""
+        failing = self.llm_failing
         if failure is None:
-            if self.llm_failing is not None:
-                log.info("the LLM answers again, after %d failed turn(s)",
-                         self.llm_failing["turns"])
-                self.llm_failing = None
+            if failing is not None:
+                failing["answered"] += 1
+                failing["in_a_row"] += 1
+                if failing["in_a_row"] >= LLM_RECOVERED_AFTER:
+                    log.info("the LLM answers again: %d turn(s) failed, %d came whole, "
+                             "since %s", failing["turns"], failing["answered"],
+                             time.strftime("%H:%M:%S", time.localtime(failing["since"])))
+                    self.llm_failing = None
             return
         code, message = failure
-        if self.llm_failing is None:
+        if failing is None:
             log.warning("the LLM fails turns (%s): %s", code, message)
-            self.llm_failing = {"since": time.time(), "turns": 0}
-        self.llm_failing.update(turns=self.llm_failing["turns"] + 1, code=code,
-                                message=message)
+            failing = self.llm_failing = {"since": time.time(), "turns": 0, "answered": 0}
+        failing.update(turns=failing["turns"] + 1, in_a_row=0, code=code, message=message)
 
     def place_turn(self, owner: Hashable, voice: str | None) -> Lane:
         """The lane of a voice turn (``owner``: its jobs' owner): chosen at its first
@@ -489,7 +499,7 @@ class Gateway:
                        **({"fallback": self.engine.counters()}
                           if hasattr(self.engine, "counters") else {})},
             "lanes": self.telemetry.lane_health(),
-            "llm": {**llm, "failing": self.llm_failing},
+            "llm": {**llm, "failing": self.llm_failing and dict(self.llm_failing)},
             "loop": {**self.telemetry.loop_lag.health(), **self.telemetry.gc_pauses.health()},
             "http": {"port": self.http.port if self.http.started else None,
                      "speech_streams": len(self.http.streams)},
