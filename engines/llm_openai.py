@@ -10,7 +10,9 @@ actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
   ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``;
 * the decode rate comes from the server (oMLX's ``generation_tokens_per_second``, or
   llama.cpp's ``timings``, else ``usage.completion_tokens`` over the time the text took to
-  arrive), never from counting chunks.
+  arrive), never from counting chunks;
+* a reasoning model's thoughts are not the reply: ``reasoning_content`` is not yielded, and
+  neither is ``<think>...</think>`` in the content (``ThinkFilter``).
 
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event for
@@ -48,8 +50,50 @@ MIN_DECODE_S = 0.25
 were buffered on the way than about the server (two chunks 1 ms apart: thousands of
 tokens per second): no rate then."""
 
+AFTER_FINISH_S = 2.0
+"""How long the usage chunk and ``[DONE]`` may take after the ``finish_reason`` chunk, and
+the end of the body after ``[DONE]``. The reply is whole by then: a server (or a proxy)
+slow to send the rest, or to end its body, must not fail the turn after ``stall_s``."""
+
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
+
+
+class ThinkFilter:
+    """Drops ``<think>...</think>`` from streamed content: reasoning models served without a
+    reasoning parser (Qwen3, DeepSeek-R1) think in their content, and thoughts are not for
+    the listener (nor for the history the next turn sends back). A tag split across chunks
+    is held back until it is whole (so is a ``<`` at a chunk's end, briefly)."""
+
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self) -> None:
+        self.inside = False
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` (after what was held) to speak."""
+        text, self._held = self._held + text, ""
+        out = []
+        while text:
+            tag = self.CLOSE if self.inside else self.OPEN
+            at = text.find(tag)
+            if at >= 0:
+                if not self.inside:
+                    out.append(text[:at])
+                text, self.inside = text[at + len(tag):], not self.inside
+                continue
+            keep = next((k for k in range(len(tag) - 1, 0, -1) if text.endswith(tag[:k])), 0)
+            if not self.inside:
+                out.append(text[:len(text) - keep])
+            self._held = text[len(text) - keep:]
+            break
+        return "".join(out)
+
+    def finish(self) -> str:
+        """The end of the stream: what was held back and turned out not to be a tag."""
+        held, self._held = self._held, ""
+        return "" if self.inside else held
 
 
 def _snippet(text: str | bytes) -> str:
@@ -59,15 +103,18 @@ def _snippet(text: str | bytes) -> str:
 
 
 def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | None,
-                      decode_s: float | None = None) -> float | None:
+                      decode_s: float | None = None,
+                      first_share: float | None = None) -> float | None:
     """The decode rate, from what the server reported, or ``None`` when it reported none.
 
     oMLX puts ``generation_tokens_per_second`` in ``usage``; llama.cpp sends a ``timings``
     object (``predicted_per_second``, or ``predicted_n`` tokens in ``predicted_ms``). A plain
     OpenAI ``usage`` (mlx_lm.server, vLLM) has only token counts: then the rate is its
-    ``completion_tokens`` after the first, over ``decode_s``, the time between the first and
-    the last text chunk received (the server's count on our clock; chunks are never counted:
-    a chunk may hold many tokens).
+    ``completion_tokens`` after those of the first chunk, over ``decode_s``, the time between
+    the first and the last text chunk received (the server's count on our clock; chunks are
+    never counted: a chunk may hold many tokens). ``first_share``: the first chunk's share of
+    the text, which stands for its share of the tokens (a burst: with 6 tokens a chunk,
+    counting it as one token overstated the rate by 30 %); None: one token.
     """
     if usage:
         rate = usage.get("generation_tokens_per_second")
@@ -86,7 +133,8 @@ def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | No
     tokens = usage.get("completion_tokens") if usage else None
     if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 1 and \
             decode_s is not None and decode_s >= MIN_DECODE_S:
-        return (tokens - 1) / decode_s
+        after_first = tokens - 1 if first_share is None else tokens * (1.0 - first_share)
+        return after_first / decode_s
     return None
 
 
@@ -176,6 +224,8 @@ class OpenAiLlm:
         seen_done = False
         deltas = 0
         first_at = last_at = 0.0  # when the first and the last text chunk came (monotonic)
+        first_chars = all_chars = 0  # the first chunk's text, and all of it, thoughts too
+        thoughts = ThinkFilter()
         async with aconnect_sse(
             self._client, "POST", self._endpoint, json=self._body(request)
         ) as source:
@@ -195,12 +245,17 @@ class OpenAiLlm:
                 )
             events = source.aiter_sse()
             while True:
+                # once the reply is whole, the rest (usage, [DONE], the body's end) gets a
+                # short while only, and not getting it is no failure
+                finished = seen_done or finish_reason is not None
                 try:
-                    async with asyncio.timeout(self.stall_s):
+                    async with asyncio.timeout(AFTER_FINISH_S if finished else self.stall_s):
                         sse = await anext(events)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
+                    if finished:
+                        break  # (the connection is closed, not reused)
                     raise EngineError(
                         "llm_unavailable", f"LLM server {self.url} sent no data for "
                         f"{self.stall_s:g} s (deltas so far: {deltas})") from None
@@ -226,19 +281,19 @@ class OpenAiLlm:
                     usage = chunk["usage"]
                 if isinstance(chunk.get("timings"), dict):
                     timings = chunk["timings"]
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    text = delta.get("content")
+                for text, thought, reason in _choices(chunk, data):
                     # completion_tokens counts a reasoning model's thinking too (vLLM sends
                     # it as reasoning_content): the decode time must cover it as well
-                    if text or delta.get("reasoning_content") or delta.get("reasoning"):
+                    if text or thought:
                         last_at = time.monotonic()
                         first_at = first_at or last_at
-                    if text:
+                        first_chars = first_chars or len(text) + len(thought)
+                        all_chars += len(text) + len(thought)
+                    if text and (text := thoughts.feed(text)):
                         deltas += 1
                         yield LlmDelta(text)
-                    if choice.get("finish_reason"):
-                        finish_reason = choice["finish_reason"]
+                    if reason:
+                        finish_reason = reason
                 # A burst of chunks can sit fully buffered; let other sessions run between.
                 await asyncio.sleep(0)
         if not seen_done and finish_reason is None:
@@ -246,15 +301,42 @@ class OpenAiLlm:
                 "llm_failed",
                 f"LLM stream ended after {deltas} deltas without finish_reason or [DONE]",
             )
+        if rest := thoughts.finish():
+            yield LlmDelta(rest)
         yield LlmDone(
             finish_reason=finish_reason,
-            tokens_per_s=tokens_per_s_from(usage, timings, last_at - first_at),
+            tokens_per_s=tokens_per_s_from(usage, timings, last_at - first_at,
+                                           first_chars / all_chars if all_chars else 0.0),
             usage=usage,
         )
 
     async def aclose(self) -> None:
         """Close pooled connections. Idempotent."""
         await self._client.aclose()
+
+
+def _choices(chunk: dict[str, Any], data: str) -> list[tuple[str, str, str | None]]:
+    """A chunk's choices as (content, reasoning, finish_reason); a shape no OpenAI-compatible
+    server sends is ``llm_failed`` naming it (it raised deep in the gateway, with a
+    traceback and Python's words for the client)."""
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        raise EngineError("llm_failed", f"malformed LLM chunk ('choices'): {_snippet(data)}")
+    out = []
+    for choice in choices:
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        if delta is None and isinstance(choice, dict):
+            delta = {}
+        if not isinstance(delta, dict):
+            raise EngineError("llm_failed", f"malformed LLM chunk ('delta'): {_snippet(data)}")
+        text = delta.get("content") or ""
+        thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        reason = choice.get("finish_reason")
+        if not isinstance(text, str) or not isinstance(thought, str) or \
+                not isinstance(reason, str | None):
+            raise EngineError("llm_failed", f"malformed LLM chunk (not text): {_snippet(data)}")
+        out.append((text, thought, reason))
+    return out
 
 
 async def _read_head(response: httpx.Response, limit: int = 2048) -> bytes:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
-from engines.llm_openai import OpenAiLlm, tokens_per_s_from
+from engines.llm_openai import OpenAiLlm, ThinkFilter, tokens_per_s_from
 from tests.servers import (
     Burst,
     Comment,
@@ -183,8 +183,17 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         ([Raw(b'data: {"error": {"message": "model crashed"}}\n\n')], "model crashed"),
         ([Text("half a rep"), Drop()], "broke off"),
         ([Text("no ending")], "without finish_reason or [DONE]"),
+        # shapes no OpenAI-compatible server sends: named, not a Python error from deep in
+        # the gateway with a traceback
+        ([Raw(b'data: {"choices": ["oops"]}\n\n')], "malformed LLM chunk ('delta')"),
+        ([Raw(b'data: {"choices": {"delta": {}}}\n\n')], "malformed LLM chunk ('choices')"),
+        ([Raw(b'data: {"choices": [{"delta": {"content": 42}}]}\n\n')],
+         "malformed LLM chunk (not text)"),
+        ([Raw(b'data: {"choices": [{"delta": {"content": [{"type": "text"}]}}]}\n\n')],
+         "malformed LLM chunk (not text)"),
     ],
-    ids=["500", "404", "not-sse", "bad-json", "error-payload", "dropped", "no-finish"],
+    ids=["500", "404", "not-sse", "bad-json", "error-payload", "dropped", "no-finish",
+         "choice-not-object", "choices-not-list", "content-number", "content-parts"],
 )
 async def test_failures_map_to_llm_failed(llm, scripted_llm_server, script, fragment):
     scripted_llm_server.script(script)
@@ -311,6 +320,12 @@ def test_tokens_per_s_comes_from_the_server(usage, timings, decode_s, expected):
     assert tokens_per_s_from(usage, timings, decode_s) == expected
 
 
+def test_a_bursty_first_chunk_counts_its_share_of_the_tokens():
+    # 60 tokens in chunks of 6 at 50 tok/s: the last chunk comes 54 tokens (1.08 s) after
+    # the first; counting the first chunk as one token said 54.6 tok/s, not 50
+    assert tokens_per_s_from({"completion_tokens": 60}, None, 1.08, 0.1) == pytest.approx(50)
+
+
 async def test_llama_cpp_timings_give_the_rate(llm, scripted_llm_server):
     timings = b'"timings": {"predicted_n": 4, "predicted_ms": 100.0}'
     scripted_llm_server.script(
@@ -346,3 +361,53 @@ async def test_real_stream_from_mlx_lm_server(tiny_llama_server):
     # when that took long enough to say something (5 tiny tokens may not)
     assert done.tokens_per_s is None or 0 < done.tokens_per_s < 100_000
     assert isinstance(again[-1], LlmDone) and again[-1].usage["completion_tokens"] <= 3
+
+
+
+@pytest.mark.parametrize("chunks", [
+    ["<think>The user wants hosting.</think>Hosting came to $184.50."],
+    ["<think>", "The user wants hosting.", "</think>", "Hosting came to $184.50."],
+    ["<thi", "nk>The user wants ho", "sting.</th", "ink>Hosting came to $", "184.50."],
+    list("<think>The user wants hosting.</think>Hosting came to $184.50."),
+])
+def test_thoughts_in_the_content_are_not_spoken(chunks):
+    thoughts = ThinkFilter()
+    said = "".join(thoughts.feed(c) for c in chunks) + thoughts.finish()
+    assert said == "Hosting came to $184.50."
+
+
+def test_a_lone_angle_bracket_is_spoken_once_it_is_no_tag():
+    thoughts = ThinkFilter()
+    assert thoughts.feed("1 <") == "1 "  # held: it may open a tag
+    assert thoughts.feed(" 2, and <b> is bold <") == "< 2, and <b> is bold "
+    assert thoughts.finish() == "<"
+
+
+async def test_a_reasoning_model_thinking_in_its_content_is_heard_answering_only(
+        llm, scripted_llm_server):
+    scripted_llm_server.script(reply_script(
+        ["<think>", "Hosting is", " in the invoices.</think>\n\n", "It came to $184.50."]))
+    events = await collect(llm)
+    assert "".join(e.text for e in events if isinstance(e, LlmDelta)) == "\n\nIt came to $184.50."
+
+
+@pytest.mark.parametrize("rest", [
+    [Finish(), Usage(OMLX_USAGE), Hang()],  # no [DONE]
+    [Finish(), Hang()],  # neither usage nor [DONE]
+    [Finish(), Usage(OMLX_USAGE), Done(), Hang()],  # [DONE], then the body stays open
+], ids=["no-done", "no-usage", "body-open"])
+async def test_a_whole_reply_ends_even_if_the_server_is_slow_with_the_rest(
+        scripted_llm_server, monkeypatch, rest):
+    """The reply was spoken, but a server (or proxy) slow to send the usage, [DONE] or the
+    end of its body failed the turn llm_unavailable after stall_s (60 s)."""
+    from engines import llm_openai
+
+    monkeypatch.setattr(llm_openai, "AFTER_FINISH_S", 0.2)
+    backend = OpenAiLlm(scripted_llm_server.url, stall_s=30)
+    scripted_llm_server.script([Text("All "), Text("of it."), *rest])
+    try:
+        events = await collect(backend)
+    finally:
+        await backend.aclose()
+    assert [e.text for e in events if isinstance(e, LlmDelta)] == ["All ", "of it."]
+    assert events[-1].finish_reason == "stop"
