@@ -325,6 +325,14 @@ class SessionRunner:
                     match event:
                         case LlmDelta(text=text):
                             self._apply(self.session.llm_delta(turn_id, text, self.now()))
+                        case LlmDone(finish_reason="length"):
+                            # the server answered well, but stopped at its token limit:
+                            # the unfinished sentence is not spoken, as at max_reply_chars
+                            self.gateway.llm_answered(None)
+                            self._apply(self.session.llm_failed(
+                                turn_id, "llm_failed", "the reply reached the LLM's token "
+                                "limit (max_tokens); the rest is not spoken", self.now()))
+                            return
                         case LlmDone(tokens_per_s=rate):
                             self.gateway.llm_answered(None)
                             self._apply(self.session.llm_done(turn_id, rate, self.now()))
