@@ -11,6 +11,7 @@ import base64
 import io
 import logging
 import math
+import socket
 import threading
 import wave
 
@@ -537,14 +538,36 @@ async def test_llm_reachability_is_probed_and_cached(replies, scripted_llm_serve
     gw = Gateway(config)
     await gw.start()
     try:
-        assert gw.health()["llm"]["reachable"] is None  # not checked yet; check started
         probe = gw.telemetry.llm_probe
+        assert probe._task is not None  # started with the gateway, not at the first /health
         await probe._task
         first = gw.health()["llm"]
         assert first["reachable"] is True and first["detail"].startswith("HTTP ")
         assert [r.path for r in scripted_llm_server.requests] == ["/v1/models"]
         gw.health()
         assert probe._task.done()  # cached: no new probe within the interval
+    finally:
+        await gw.aclose()
+
+
+async def test_turns_tell_the_llm_reachability_without_waiting_for_a_probe(replies):
+    """/health answered with the previous probe's result: the LLM down for seconds read
+    reachable, back up for turns read unreachable. A turn's outcome now counts as a probe."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": f"http://127.0.0.1:{port}/v1"}))
+    await gw.start()
+    try:
+        await gw.telemetry.llm_probe._task
+        gw.telemetry.llm_probe.reachable = True  # as a probe taken before it went down said
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="Anyone there?")
+            assert (await read_turn(ws)).done["status"] == "failed"
+        llm = gw.health()["llm"]
+        assert llm["reachable"] is False and llm["detail"].startswith("cannot reach")
+        assert llm["checked_s_ago"] is not None and llm["checked_s_ago"] < 5
     finally:
         await gw.aclose()
 

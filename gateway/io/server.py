@@ -225,6 +225,7 @@ class Gateway:
         (busy, answering 429) flipped the health and the log on each turn."""
         failing = self.llm_failing
         if failure is None:
+            self.telemetry.llm_probe.observed(True, "answered a turn")
             if failing is not None:
                 failing["answered"] += 1
                 failing["in_a_row"] += 1
@@ -235,6 +236,8 @@ class Gateway:
                     self.llm_failing = None
             return
         code, message = failure
+        if code == "llm_unavailable":  # (llm_failed: it answered, wrongly)
+            self.telemetry.llm_probe.observed(False, message)
         if failing is None:
             log.warning("the LLM fails turns (%s): %s", code, message)
             failing = self.llm_failing = {"since": time.time(), "turns": 0, "answered": 0}

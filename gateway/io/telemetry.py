@@ -182,6 +182,15 @@ class LlmProbe:
         finally:
             self.checked_at = time.monotonic()
 
+    def observed(self, reachable: bool, detail: str) -> None:
+        """What a turn's LLM stream showed: it answered, or could not reach the server. As
+        good as a probe, and newer: a probe only runs when /health is asked, and answers
+        with the previous one's result (a restarted LLM read unreachable for turns after)."""
+        if self.url is None:
+            return
+        self.reachable, self.detail = reachable, detail
+        self.checked_at = time.monotonic()
+
     async def aclose(self) -> None:
         await cancel_and_wait(self._task)
 
@@ -417,6 +426,7 @@ class Telemetry:
     def start(self) -> None:
         self.loop_lag.start()
         self.gc_pauses.start()
+        self.llm_probe.refresh_if_stale()  # so the first /health knows (it said null, ok)
 
     async def aclose(self) -> None:
         self.gc_pauses.stop()
