@@ -157,6 +157,7 @@ class ScriptedLlmServer:
         self.default_script: list[Any] = reply_script(["Hello", " there", "."])
         self.requests: list[RecordedRequest] = []
         self.request_arrived = asyncio.Event()
+        """Set at the first chat-completion request."""
         self._closing = asyncio.Event()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -166,6 +167,12 @@ class ScriptedLlmServer:
     def url(self) -> str:
         """The API base, as clients take it (ends in ``/v1``)."""
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def chats(self) -> list[RecordedRequest]:
+        """The chat-completion requests, in order (without the gateway's reachability
+        probes of ``/v1/models``)."""
+        return [r for r in self.requests if r.path == "/v1/chat/completions"]
 
     def script(self, *scripts: Iterable[Any]) -> None:
         """Queue one script per coming request, in order."""
@@ -197,7 +204,8 @@ class ScriptedLlmServer:
             client_port=client[1] if client else None,
         )
         self.requests.append(record)
-        self.request_arrived.set()
+        if scope["path"] == "/v1/chat/completions":
+            self.request_arrived.set()
 
         if scope["path"] == "/v1/models":
             await _send_plain(send, 200, b'{"object": "list", "data": [{"id": "scripted"}]}')

@@ -367,7 +367,7 @@ async def test_client_closing_mid_turn_closes_the_llm_stream_and_frees_the_lane(
         async with connect(url(gw)) as ws:
             await _hanging_turn(gw, scripted_llm_server, ws)
         # a clean close ends the session at once: stream closed, jobs cancelled
-        await asyncio.wait_for(scripted_llm_server.requests[0].disconnected.wait(), 10)
+        await asyncio.wait_for(scripted_llm_server.chats[0].disconnected.wait(), 10)
         await other
         await asyncio.wait_for(gw.wait_no_sessions(), 10)
         async with httpx.AsyncClient() as http:
@@ -388,7 +388,7 @@ async def test_client_aborting_mid_turn_keeps_the_session_until_the_window_ends(
         await _hanging_turn(gw, scripted_llm_server, ws)
         ws.transport.abort()  # no close handshake: the session waits for a resume
         await ws.wait_closed()
-        request = scripted_llm_server.requests[0]
+        request = scripted_llm_server.chats[0]
         await asyncio.wait_for(gw.wait_no_sessions(), 10)  # the window expired
         await asyncio.wait_for(request.disconnected.wait(), 10)  # then the stream closed
         await other

@@ -80,7 +80,7 @@ async def test_while_the_llm_decodes_the_turn_speaks_on_the_ane_lane(scripted_ll
         assert gw.lanes["ane"].queue_depth == 0 and gw.lanes["ane"].stats.jobs_cancelled >= 1
         assert gw.lanes["gpu"].stats.steps == 0
         assert gw.placer.active("ane") == 0 and gw.lane_for(owner) is gw.lane
-        await scripted_llm_server.requests[0].disconnected.wait()  # the LLM stream closed
+        await scripted_llm_server.chats[0].disconnected.wait()  # the LLM stream closed
     finally:
         await gw.aclose()
 

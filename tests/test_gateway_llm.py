@@ -52,7 +52,7 @@ async def test_burst_with_usage_after_finish_gives_exact_text_and_rate(scripted_
     assert result.done["status"] == "completed"
     assert result.done["metrics"]["llm_tokens_per_s"] == 51.5
     assert [s["text"] for s in result.of("sentence")][-1] == "Your call is at 5 p.m. sharp."
-    (request,) = scripted_llm_server.requests
+    (request,) = scripted_llm_server.chats
     assert request.body["stream"] is True
     assert request.body["stream_options"] == {"include_usage": True}
     assert request.body["messages"][-1] == {"role": "user", "content": "What's on my calendar?"}
@@ -134,8 +134,8 @@ async def test_barge_in_closes_the_llm_stream(scripted_llm_server):
             second = await read_turn(ws)
             assert second.done["status"] == "completed"
         # the hanging stream of the first turn was closed by the gateway
-        await asyncio.wait_for(scripted_llm_server.requests[0].disconnected.wait(), 10)
-        history = scripted_llm_server.requests[1].body["messages"]
+        await asyncio.wait_for(scripted_llm_server.chats[0].disconnected.wait(), 10)
+        history = scripted_llm_server.chats[1].body["messages"]
         assert [m["role"] for m in history] == ["system", "user", "assistant", "user"]
     finally:
         await gw.aclose()
@@ -202,7 +202,7 @@ async def test_a_runaway_reply_is_cut_at_max_reply_chars_and_its_stream_closed(
     await gw.start()
     try:
         result = await turn(gw)
-        await asyncio.wait_for(scripted_llm_server.requests[0].disconnected.wait(), 10)
+        await asyncio.wait_for(scripted_llm_server.chats[0].disconnected.wait(), 10)
     finally:
         await gw.aclose()
     assert result.reply == (sentence * 52_000)[:2_000]
