@@ -340,3 +340,25 @@ async def test_the_drop_line_says_how_the_socket_ended(gateway, caplog):
     (message,) = [r.getMessage() for r in caplog.records if "socket dropped" in r.getMessage()]
     assert message.startswith(f"session {created['session_id']}: socket dropped "
                               "(sent 1009 (message too big)")
+
+
+async def test_a_client_closing_while_it_no_longer_reads_ends_its_session_at_once(gateway):
+    """A client that stopped reading (python websockets stops past its queue) and closes
+    cannot take the close reply queued behind its audio; websockets reported the close only
+    when the TCP connection ended, after the client's close timeout, and until then the
+    session went on. Now the client's close frame ends it."""
+    ws = await connect(url(gateway), max_queue=1, close_timeout=60)
+    await recv_event(ws, "session.created")
+    await send(ws, type="session.update", session={"max_lead_ms": 30_000})
+    await recv_event(ws, "session.updated")
+    await send(ws, type="say", text="A long reply goes on. " * 60)
+    while not isinstance(await ws.recv(), bytes):
+        pass  # audio flows; from now on the client reads nothing
+    closing = asyncio.create_task(ws.close())
+    try:
+        async with asyncio.timeout(30):  # (before the fix: the client's 60 s)
+            await gateway.wait_no_sessions()
+    finally:
+        ws.transport.abort()
+        await closing
+    assert gateway.metrics.errors["slow_consumer"] == 0

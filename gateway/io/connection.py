@@ -128,10 +128,8 @@ class SessionRunner:
         # none (``Session.deadline``); the LLM goes on feeding the turn its text.
         self.session.held = True
         wait_s = self.resume_window_s + noticed_early_s
-        # websockets says who closed with what ("sent 1009 (message too big) ...; no close
-        # frame received"), or that nobody did (a network drop)
         log.info("session %s: socket dropped (%s), waiting %.0f s for a resume",
-                 self.session.id, connection.ws.protocol.close_exc, wait_s)
+                 self.session.id, _closed_how(connection.ws), wait_s)
         self._expiry = self.loop.call_later(wait_s, self.close, "no resume came in time")
 
     def shutdown(self) -> None:
@@ -398,10 +396,39 @@ ACTS_ON_THE_SESSION = (codec.ClientTranscript, codec.ClientSay, codec.ClientSess
 """Client messages after which the socket's new session is in use: no resume replaces it."""
 
 
+def _closed_how(ws: ServerConnection) -> str:
+    """Who closed with what ("sent 1009 (message too big) ...", "received 4001 ..."), or
+    that nobody did: the network dropped."""
+    protocol = ws.protocol
+    frames = [f"received {protocol.close_rcvd}" if protocol.close_rcvd else "",
+              f"sent {protocol.close_sent}" if protocol.close_sent else ""]
+    if protocol.close_rcvd_then_sent is False:
+        frames.reverse()
+    return ", then ".join(f for f in frames if f) or "no close frame received or sent"
+
+
+class VoiceSocket(ServerConnection):
+    """websockets' server connection, and when the client's close frame came
+    (``close_received``). websockets raises ``ConnectionClosed`` only once the TCP
+    connection ends, and a client that stopped reading (python websockets past its queue)
+    cannot take the close reply queued behind its audio: it waited out its close timeout
+    (10 s) while its session went on making audio, the LLM stream open, until 1 MiB went
+    unread (``slow_consumer``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.close_received = asyncio.Event()
+
+    def process_event(self, event: Any) -> None:
+        super().process_event(event)
+        if isinstance(event, Frame) and event.opcode is Opcode.CLOSE:
+            self.close_received.set()
+
+
 class VoiceConnection:
     """One WebSocket carrying one session (a new one, or a resumed one)."""
 
-    def __init__(self, gateway: Gateway, websocket: ServerConnection, *,
+    def __init__(self, gateway: Gateway, websocket: VoiceSocket, *,
                  resume_only: str | None = None) -> None:
         self.gateway = gateway
         self.ws = websocket
@@ -435,11 +462,13 @@ class VoiceConnection:
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._writer_task = tasks.create_task(self._writer())
+                closing = tasks.create_task(self._client_closed())
                 try:
                     await self._reader()
                     clean = True
                 finally:
                     self._writer_task.cancel()
+                    closing.cancel()
         except* ConnectionClosed as group:
             rcvd = cast(ConnectionClosed, group.exceptions[0]).rcvd
             clean = rcvd is not None and rcvd.code in (1000, 1001)
@@ -487,6 +516,16 @@ class VoiceConnection:
                 await self.ws.close(code, reason)
         except TimeoutError:
             self.ws.transport.abort()
+
+    async def _client_closed(self) -> None:
+        """Raises ``ConnectionClosed`` as soon as the client's close frame arrives (see
+        ``VoiceSocket``); the session then ends, or waits for a resume, at once."""
+        await self.ws.close_received.wait()
+        if self._closing is None:  # answered within a second, or the TCP connection goes
+            self._closing = self.loop.create_task(self._close(1000, "", grace_s=1.0))
+        protocol = self.ws.protocol
+        raise ConnectionClosed(protocol.close_rcvd, protocol.close_sent,
+                               protocol.close_rcvd_then_sent)
 
     async def _reader(self) -> None:
         fresh = True

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -55,6 +55,7 @@ from gateway.io.connection import (
     KEEPALIVE_PING_S,
     SessionRunner,
     VoiceConnection,
+    VoiceSocket,
     job_deadline,
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
@@ -338,6 +339,7 @@ class Gateway:
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
         self._server = await serve(
             self._handle, s.host, s.port,
+            create_connection=VoiceSocket,
             process_request=self._process_request,
             max_size=WS_MAX_SIZE,
             # PCM does not compress, and audio headers are cached without extensions
@@ -566,7 +568,7 @@ class Gateway:
         # loop for 0.3-0.8 s. The handshake is over, so drop the binding (the class's own
         # method takes its place) and let reference counting free the connection.
         vars(websocket.protocol).pop("select_subprotocol", None)
-        conn = VoiceConnection(self, websocket,
+        conn = VoiceConnection(self, cast(VoiceSocket, websocket),  # (create_connection)
                                resume_only=self.past_limit.get(websocket))
         self.connections.add(conn)
         self.metrics.sessions_opened += 1
