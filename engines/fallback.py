@@ -11,8 +11,8 @@ guard): the two engines share no alignment between text and audio, so the fallba
 say "the rest"; saying the whole segment again would repeat words the listener just heard.
 The rule is therefore: **the segment ends where the primary stopped** (``step()`` returns
 ``None``), the frames already sent stay gapless and are never duplicated, the failure is
-recorded in ``stream.error`` / ``stream.truncated`` and counts against the breaker, so the
-*next* segments go to the fallback.
+recorded in ``stream.error`` / ``stream.truncated`` and opens the breaker at once, so the
+*next* segments go to the fallback (until the breaker's probe finds the primary well).
 
 "Too slow": a step in flight cannot be interrupted, so slowness is measured, not
 pre-empted. If the primary's first step takes longer than ``first_chunk_timeout_s``
@@ -21,9 +21,10 @@ still) but the slowness counts as a breaker failure. A lane worker that knows a 
 has already passed may open with ``request.options["deadline_passed"] = True`` to skip the
 primary for this segment.
 
-Circuit breaker: ``breaker_failures`` consecutive failures open it; while open, segments go
-to the fallback; after ``breaker_reset_s`` one segment probes the primary (half-open): a
-clean segment closes the breaker, a failure re-opens it for another ``breaker_reset_s``.
+Circuit breaker: ``breaker_failures`` consecutive failures open it (a mid-segment one at
+once); while open, segments go to the fallback; after ``breaker_reset_s`` one segment probes
+the primary (half-open): a clean segment closes the breaker, a failure re-opens it for
+another ``breaker_reset_s``. Only the probe closes it.
 
 ``stream.engine_name`` names the engine that produced the audio (updated on a switch) for
 the gateway's ``sentence`` event. Both engines run on the *primary's* lane thread (the
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from engines.base import SPEED_ANY, EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+from engines.spell import spell_out
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,6 @@ class FallbackEngine:
         timing = getattr(primary, "timing", None)
         if timing is not None:
             self.timing = timing  # placement plans with the primary; the fallback is rare
-        self.streams = primary.streams and fallback.streams
-        self.reads_digits = primary.reads_digits and fallback.reads_digits
         self.first_chunk_timeout_s = first_chunk_timeout_s
         self.breaker_failures = breaker_failures
         self.breaker_reset_s = breaker_reset_s
@@ -95,6 +95,19 @@ class FallbackEngine:
         """The engine that speaks when all is well: the primary, or the fallback when the
         primary did not load."""
         return self.fallback if self.primary_load_error else self.primary
+
+    @property
+    def streams(self) -> bool:
+        """The speaker's (/v1/models): the fallback speaks a segment now and then only."""
+        return self.speaker.streams
+
+    @property
+    def reads_digits(self) -> bool:
+        """The speaker's: the gateway writes text for it. A segment the fallback takes over
+        gets its numbers spelled out here when the fallback needs them so
+        (``FallbackStream``): qwen3 was given "one hundred eighty-four dollars" whenever
+        chatterbox stood behind it."""
+        return self.speaker.reads_digits
 
     @property
     def instructions(self) -> bool:
@@ -167,12 +180,17 @@ class FallbackEngine:
         self._probing = True
         return True
 
-    def record_success(self) -> None:
-        self.consecutive_failures = 0
-        if self.state is not BreakerState.CLOSED:
-            log.info("primary engine %s recovered; breaker closed", self.primary.name)
-        self.state = BreakerState.CLOSED
-        self._probing = False
+    def record_success(self, *, probe: bool = False) -> None:
+        """A segment the primary spoke whole. Only the probe (``probe``) closes an open
+        breaker: a stream opened before the breaker tripped and ending well afterwards
+        closed it 13 s into a 30 s reset and let the failing primary back."""
+        if probe:
+            self._probing = False
+            if self.state is not BreakerState.CLOSED:
+                log.info("primary engine %s recovered; breaker closed", self.primary.name)
+                self.state = BreakerState.CLOSED
+        if self.state is BreakerState.CLOSED:
+            self.consecutive_failures = 0
 
     def record_failure(self, exc: EngineError) -> None:
         self.consecutive_failures += 1
@@ -181,13 +199,18 @@ class FallbackEngine:
             self.state is BreakerState.HALF_OPEN
             or self.consecutive_failures >= self.breaker_failures
         ):
-            if self.state is not BreakerState.OPEN:
-                self.breaker_opens += 1
-                log.warning(
-                    "breaker open for %s after %s: %s", self.primary.name, exc.code, exc.message
-                )
-            self.state = BreakerState.OPEN
-            self.opened_at = self.clock()
+            self.trip(exc)
+
+    def trip(self, exc: EngineError) -> None:
+        """Open the breaker now: after ``breaker_failures``, or at a failure mid-segment
+        (the next segment must not start on the primary only to be cut too)."""
+        self._probing = False
+        if self.state is not BreakerState.OPEN:
+            self.breaker_opens += 1
+            log.warning("breaker open for %s after %s: %s", self.primary.name, exc.code,
+                        exc.message)
+        self.state = BreakerState.OPEN
+        self.opened_at = self.clock()
 
 
 class FallbackStream:
@@ -199,6 +222,7 @@ class FallbackStream:
         self._inner: SynthesisStream | None = None
         self._on_primary = use_primary
         self.engine_name = owner.primary.name if use_primary else owner.fallback.name
+        self._probe = use_primary and owner.state is BreakerState.HALF_OPEN
         self.error: EngineError | None = None
         self.truncated = False
         self._produced = False
@@ -220,6 +244,8 @@ class FallbackStream:
         except EngineError as exc:
             if not self._slow:  # (a slow first chunk counted this segment's failure already)
                 owner.record_failure(exc)
+            if self._produced:
+                owner.trip(exc)
             self._close_inner()
             if self._produced:
                 self.error, self.truncated = exc, True
@@ -251,7 +277,9 @@ class FallbackStream:
             self._done = True
             self._close_inner()
             if not self._slow:
-                owner.record_success()
+                owner.record_success(probe=self._probe)
+            elif self._probe:
+                owner._probing = False  # (its slowness re-opened the breaker)
             return None
         if chunk:
             self._produced = True
@@ -268,6 +296,8 @@ class FallbackStream:
             request = self._request
             if self._owner.fallback.voices() and request.voice not in self._owner.fallback.voices():
                 request = dataclasses.replace(request, voice=None)
+            if self._owner.speaker.reads_digits and not self._owner.fallback.reads_digits:
+                request = dataclasses.replace(request, text=spell_out(request.text))
             self._inner = self._owner.fallback.open(request)
         try:
             chunk = self._inner.step()

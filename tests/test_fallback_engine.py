@@ -129,6 +129,43 @@ def test_failure_mid_segment_ends_the_segment_without_duplicating_audio():
     assert stream.truncated and stream.error.code == "engine_runaway"
     assert stream.engine_name == "qwen3" and not fallback.opened
     assert engine.counters()["truncations"] == 1
+    # and the next sentence goes to the fallback: the primary stopping mid-word once is
+    # enough (it went back to it until the breaker's count was reached, cut again each time)
+    assert engine.state is BreakerState.OPEN
+    after = engine.open(SynthesisRequest("Next."))
+    assert drain(after) == [b"\x09\x00" * 8] and after.engine_name == "chatterbox"
+
+
+def test_only_the_probe_closes_an_open_breaker():
+    """A primary stream opened before the breaker tripped and ending well afterwards closed
+    it 13 s into a 30 s reset (production-topology probe)."""
+    engine, primary, fallback, clock = setup([[b"\x01\x00", b"\x02\x00"], [fail()], [fail()]])
+    long_one = engine.open(SynthesisRequest("A long HTTP request."))
+    assert long_one.step() == b"\x01\x00"
+    for _ in range(2):
+        drain(engine.open(SynthesisRequest("a")))
+    assert engine.state is BreakerState.OPEN
+    assert drain(long_one) == [b"\x02\x00"]  # it ends well, but it was no probe
+    assert engine.state is BreakerState.OPEN
+    assert engine.open(SynthesisRequest("b")).engine_name == "chatterbox"
+    clock.now += 30
+    probe = engine.open(SynthesisRequest("c"))
+    assert drain(probe) and probe.engine_name == "qwen3"
+    assert engine.state is BreakerState.CLOSED
+
+
+def test_a_fallback_that_reads_digits_badly_gets_them_spelled_out_itself():
+    """The gateway writes text for the speaker (qwen3 reads "$184.50"); chatterbox behind
+    it made the gateway spell out numbers for qwen3 too, in every language."""
+    engine, primary, fallback, _ = setup([[fail()]])
+    fallback.reads_digits = False
+    assert engine.reads_digits is True  # qwen3's
+    drain(engine.open(SynthesisRequest("Hosting came to $184.50 at 3:30.")))
+    assert primary.opened[0].text == "Hosting came to $184.50 at 3:30."
+    assert fallback.opened[0].text == ("Hosting came to one hundred eighty-four dollars and "
+                                       "fifty cents at three thirty.")
+    engine.primary_load_error = "qwen3 failed to load"  # the fallback speaks everything:
+    assert engine.reads_digits is False  # the gateway spells for it, not twice
 
 
 def test_breaker_opens_after_consecutive_failures_then_probes_and_closes():
@@ -241,4 +278,4 @@ def test_a_segment_counts_once_against_the_breaker_however_it_failed():
     assert stream.step()
     assert stream.step() is None and stream.truncated
     assert engine.consecutive_failures == 1
-    assert engine.state is BreakerState.CLOSED
+    assert engine.state is BreakerState.OPEN  # (cut mid-sentence: open at once)

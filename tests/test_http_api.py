@@ -715,26 +715,34 @@ async def test_a_segment_cut_short_by_a_failing_primary_is_reported_not_hidden(r
 
     clock = FakeClock()
     chunk = b"\x01\x00" * 480
-    cut, whole_segment = [chunk, fail()], [chunk, chunk]
-    primary = ScriptedEngine("qwen3", clock, default=whole_segment,  # one script per segment
-                             scripts=[cut, whole_segment, whole_segment, cut])
-    engine = FallbackEngine(primary, ScriptedEngine("espeak", clock), breaker_failures=5,
-                            clock=clock)
+    cut = [chunk, fail()]
+    primary = ScriptedEngine("qwen3", clock, scripts=[cut, cut, cut])  # each request's first
+    fallback = ScriptedEngine("espeak", clock, default=[b"\x02\x00" * 8])
+    engine = FallbackEngine(primary, fallback, breaker_failures=5, clock=clock)
     gw = await start_gateway(replies, engine=engine)
     text = "The first one is cut. The second is whole. So is the third."
     try:
         async with httpx.AsyncClient(base_url=base(gw)) as client:
             whole = await client.post("/v1/audio/speech", json={
                 "input": text, "response_format": "pcm", "stream": False})
+            clock.now += engine.breaker_reset_s  # the next request's first segment probes
             sse = await client.post("/v1/audio/speech", json={"input": text,
                                                               "stream_format": "sse"})
+            clock.now += engine.breaker_reset_s
+            alone = await client.post("/v1/audio/speech", json={
+                "input": "Only this one.", "response_format": "pcm", "stream": False})
     finally:
         await gw.aclose()
+    # nothing came after it: no fallback to speak of
+    assert alone.headers["x-speech-notes"] == ("segment 1 of 1 was cut short: the engine "
+                                               "failed mid-sentence, so the rest of that "
+                                               "segment is missing")
     note = ("segment 1 of 3 was cut short: the engine failed mid-sentence, so the rest of "
             "that segment is missing (the fallback engine spoke the segments after it)")
     assert whole.status_code == 200 and whole.headers["x-speech-notes"] == note
     assert whole.headers["x-engine"] == "qwen3"  # the voice, not the wrapper's name
-    assert len(whole.content) == 5 * len(chunk)  # 1 chunk of the first segment, 2 + 2 after
+    # the first segment's one chunk, then the fallback's (the cut opened the breaker)
+    assert whole.content == chunk + b"\x02\x00" * 16
     events = [orjson.loads(line[6:]) for line in sse.text.splitlines()
               if line.startswith("data: ")]
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["notes"] == [note]

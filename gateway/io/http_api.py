@@ -327,9 +327,11 @@ class SpeechStream:
             return
         if truncated:
             index = job.payload.index
+            after = " (the fallback engine spoke the segments after it)" \
+                if index + 1 < len(self.requests) else ""
             self.notes.append(f"segment {index + 1} of {len(self.requests)} was cut short: "
                               "the engine failed mid-sentence, so the rest of that segment is "
-                              "missing (the fallback engine spoke the segments after it)")
+                              f"missing{after}")
         if self._next >= len(self.requests):
             self._finish(_DONE)
         else:
