@@ -79,10 +79,16 @@ class TtsEngine(Protocol):
 
     name: str
     lane: Lane
-    streams: bool
-    """True when a step is a bounded chunk; False when one step is the whole segment."""
-    reads_digits: bool
-    """True when the engine reads numbers, symbols and abbreviations itself."""
+
+    @property
+    def streams(self) -> bool:
+        """True when a step is a bounded chunk; False when one step is the whole segment."""
+        ...
+
+    @property
+    def reads_digits(self) -> bool:
+        """True when the engine reads numbers, symbols and abbreviations itself."""
+        ...
 
     # Optional: ``timing``, a dict of the engine's measured costs for placing turns between
     # lanes (``gateway.core.placement.profile_from``): ``first_s`` (time to first audio on a
