@@ -152,6 +152,19 @@ class FallbackEngine:
         finally:
             self.fallback.close()
 
+    @property
+    def degraded(self) -> str | None:
+        """Why the fallback speaks instead of the primary (``/health`` says "degraded"),
+        None while the primary speaks: an open breaker left /health "ok" while chatterbox
+        spoke every sentence."""
+        if self.primary_load_error:
+            return self.primary_load_error
+        if self.state is BreakerState.CLOSED:
+            return None
+        return (f"{self.primary.name} is failing (breaker {self.state.value}): "
+                f"{self.fallback.name} speaks every sentence until a probe finds "
+                f"{self.primary.name} well")
+
     # -- breaker -----------------------------------------------------------------------
 
     def counters(self) -> dict[str, object]:

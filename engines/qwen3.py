@@ -201,6 +201,9 @@ class Qwen3Engine:
             except Exception as exc:
                 raise mlx_failure(exc, f"reference audio {self.ref_audio}") from exc
             model.extract_speaker_embedding = self._embeddings
+            # the one voice it speaks has a name, as a built-in speaker's (the sessions'
+            # default_voice and the HTTP API's voices list said null)
+            self.default_voice = self._clone_name()
             if self.ref_text is not None and not model.speech_tokenizer.has_encoder:
                 log.warning(
                     "qwen3: ref_text given but the speech tokenizer has no encoder; "

@@ -279,3 +279,16 @@ def test_a_segment_counts_once_against_the_breaker_however_it_failed():
     assert stream.step() is None and stream.truncated
     assert engine.consecutive_failures == 1
     assert engine.state is BreakerState.OPEN  # (cut mid-sentence: open at once)
+
+
+def test_degraded_says_why_the_fallback_speaks():
+    # /health said "ok" while the breaker was open and chatterbox spoke every sentence
+    engine, _, _, clock = setup([[fail()], [fail()]])
+    assert engine.degraded is None
+    for _ in range(2):
+        drain(engine.open(SynthesisRequest("a")))
+    assert engine.degraded == ("qwen3 is failing (breaker open): chatterbox speaks every "
+                               "sentence until a probe finds qwen3 well")
+    clock.now += 30
+    drain(engine.open(SynthesisRequest("probe")))  # the default script: it speaks whole
+    assert engine.degraded is None

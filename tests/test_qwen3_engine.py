@@ -138,6 +138,7 @@ def test_memory_report(cv_engine):
 
 def test_clone_voice_conditioning_is_computed_once(clone_engine, reference_wav):
     assert clone_engine.voices() == [reference_wav.stem]
+    assert clone_engine.default_voice == reference_wav.stem  # (it was None: "voice null")
     assert clone_engine.conditioning_computations == 1  # at load, before the warm-up
     for seed in (1, 2):
         chunks = run(clone_engine.open(SynthesisRequest("Hello.", seed=seed)))

@@ -477,7 +477,7 @@ class Gateway:
         lanes = list(self.lanes.values())
         # the primary decides: a stuck second lane only loses its turns to the primary
         # (placement skips it); it shows in lanes[...]["unhealthy"]
-        degraded = getattr(self.engine, "primary_load_error", None)
+        degraded = getattr(self.engine, "degraded", None)  # (a fallback speaks)
         llm = self.telemetry.llm_health()
         status = "stopping" if self.closing else \
             "unhealthy" if lane.unhealthy is not None else \
@@ -674,7 +674,8 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
           "(OpenAI-compatible), /v1/models, /health, /metrics", flush=True)
     print(f"  LLM:   {llm}", flush=True)
     print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
-          f" (voice {c.tts.voice or 'default'}, {len(gateway.voices)} available)", flush=True)
+          f" (voice {gateway.default_voice or 'the engine default'}, "
+          f"{len(gateway.voices)} available)", flush=True)
     if degraded := getattr(gateway.engine, "primary_load_error", None):
         print(f"  DEGRADED: {degraded}; the fallback speaks every sentence", flush=True)
     for lane in list(gateway.lanes.values())[1:]:
