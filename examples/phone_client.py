@@ -140,6 +140,9 @@ class PhoneClient:
                  settings: dict[str, Any] | None = None, verbose: bool = True,
                  token: str | None = None, connect_attempts: int = 5) -> None:
         self.url, self.out_dir, self.player = url, out_dir, player
+        # here, not in main(): a WAV that cannot be opened mid-turn is an OSError, which
+        # the connection loop took for a network drop and resumed on every turn
+        out_dir.mkdir(parents=True, exist_ok=True)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.connect_attempts = connect_attempts
         self.settings = settings or {}
@@ -434,7 +437,6 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: v for k, v in {"voice": args.voice, "instructions": args.instructions,
                                   "frame_ms": args.frame_ms}.items() if v is not None}
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.transcripts:
         source, sequential = _from_list(args.transcripts), True
     elif args.file and args.file != "-":

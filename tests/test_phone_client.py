@@ -206,3 +206,11 @@ async def test_a_transcript_lost_with_the_socket_is_sent_again_after_the_resume(
     assert lost and client.resumes == 1 and client.resumes_failed == 0
     assert [r["status"] for r in client.results] == ["completed"]
     assert gateway.metrics.turns["completed"] == 1
+
+
+def test_the_client_makes_its_output_folder_itself(tmp_path):
+    # only main() made it: a program using the class with a new folder failed to open each
+    # turn's WAV, an OSError the connection loop took for a network drop (resumed each turn)
+    out = tmp_path / "new" / "folder"
+    phone_client.PhoneClient("ws://127.0.0.1:1/v1/voice", out, phone_client.ClockPlayer())
+    assert out.is_dir()
