@@ -505,3 +505,15 @@ def test_abandon_after_finish_returns_nothing():
     assert [s.text for s in seg.feed("One. Two")] == ["One."]
     assert [s.text for s in seg.finish()] == ["Two"]
     assert seg.abandon() == []
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("هل تريد الذهاب إلى الحديقة؟ سأكون هناك في الخامسة.",
+     ["هل تريد الذهاب إلى الحديقة؟", "سأكون هناك في الخامسة."]),
+    ("آپ کیسے ہیں۔ میں ٹھیک ہوں۔", ["آپ کیسے ہیں۔", "میں ٹھیک ہوں۔"]),
+    ("मैं ठीक हूँ। आप कैसे हैं?", ["मैं ठीक हूँ।", "आप कैसे हैं?"]),
+])
+def test_arabic_urdu_and_devanagari_sentence_ends(text, want):
+    # ؟ ۔ । were not sentence ends: an Arabic reply was one segment however long
+    for sizes in ([len(text)], [1] * len(text)):
+        assert [s.text for s in run(text, sizes, SENTENCES)] == want

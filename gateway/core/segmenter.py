@@ -87,10 +87,12 @@ class Segment:
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile(
-    "[.!?\u2026,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
+    "[.!?\u2026\u061f\u06d4\u0964\u0965,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
     "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
 )
-_TERMINATORS = frozenset(".!?\u2026")
+_TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965")
+"""Sentence ends followed by a space: . ! ? …, the Arabic question mark ؟, the Urdu full
+stop ۔ and the Devanagari dandas । ॥."""
 _CJK_TERMINATORS = frozenset("\u3002\uff01\uff1f")
 """。！？: Chinese and Japanese sentence ends (Qwen3-TTS speaks both). No space follows
 them and nothing abbreviates with them, so each ends its sentence."""
