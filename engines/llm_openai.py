@@ -197,8 +197,16 @@ class OpenAiLlm:
         close it explicitly.
         """
         try:
-            async for event in self._stream(request):
-                yield event
+            try:
+                async for event in self._stream(request):
+                    yield event
+            except _Busy as busy:
+                # nothing was said yet: one more try after the wait the server asked for
+                await asyncio.sleep(busy.retry_after_s)
+                async for event in self._stream(request):
+                    yield event
+        except _Busy as busy:
+            raise EngineError("llm_failed", busy.message) from None
         except httpx.ReadTimeout as exc:
             raise EngineError(
                 "llm_unavailable", f"LLM server {self.url} sent nothing for "
@@ -231,11 +239,12 @@ class OpenAiLlm:
         ) as source:
             response = source.response
             if response.status_code >= 400:
-                raise EngineError(
-                    "llm_failed",
-                    f"LLM server answered HTTP {response.status_code}: "
-                    f"{_snippet(await _read_head(response))}",
-                )
+                message = (f"LLM server answered HTTP {response.status_code}: "
+                           f"{_snippet(await _read_head(response))}")
+                wait_s = _retry_after_s(response)
+                if wait_s is not None:
+                    raise _Busy(message, wait_s)
+                raise EngineError("llm_failed", message)
             content_type = response.headers.get("content-type", "")
             if "text/event-stream" not in content_type:
                 raise EngineError(
@@ -258,7 +267,9 @@ class OpenAiLlm:
                         break  # (the connection is closed, not reused)
                     raise EngineError(
                         "llm_unavailable", f"LLM server {self.url} sent no data for "
-                        f"{self.stall_s:g} s (deltas so far: {deltas})") from None
+                        f"{self.stall_s:g} s " + (f"(deltas so far: {deltas})" if deltas else
+                                                  "before its first token (queued behind "
+                                                  "other requests, or stuck)")) from None
                 data = sse.data
                 if not data:  # comments never get here; an id-only or empty event does
                     continue
@@ -313,6 +324,30 @@ class OpenAiLlm:
     async def aclose(self) -> None:
         """Close pooled connections. Idempotent."""
         await self._client.aclose()
+
+
+MAX_RETRY_AFTER_S = 3.0
+"""The longest ``Retry-After`` a turn waits, once, for a busy or loading LLM server (429,
+503): a listener would rather wait that long than hear nothing; beyond it, the turn fails."""
+
+
+class _Busy(Exception):
+    """The server asked to be tried again shortly (429 or 503 with ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.message, self.retry_after_s = message, retry_after_s
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """The wait a 429 or 503 asks for, when it asks for one short enough to take."""
+    if response.status_code not in (429, 503):
+        return None
+    try:
+        wait_s = float(response.headers.get("retry-after", ""))
+    except ValueError:  # absent, or an HTTP date: not worth a turn's wait
+        return None
+    return wait_s if 0 <= wait_s <= MAX_RETRY_AFTER_S else None
 
 
 def _choices(chunk: dict[str, Any], data: str) -> list[tuple[str, str, str | None]]:

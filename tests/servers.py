@@ -83,6 +83,8 @@ class Status:
     code: int
     body: bytes = b'{"error": {"message": "scripted failure"}}'
     content_type: str = "application/json"
+    retry_after: str | None = None
+    """A ``Retry-After`` header's value."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,8 @@ class ScriptedLlmServer:
         if steps and isinstance(steps[0], Status):
             status = steps[0]
             record.completed.set()
-            await _send_plain(send, status.code, status.body, status.content_type)
+            await _send_plain(send, status.code, status.body, status.content_type,
+                              retry_after=status.retry_after)
             return
         if steps and isinstance(steps[0], Hang):
             await self._hang(record)
@@ -361,15 +364,13 @@ def _data(payload: dict[str, Any]) -> bytes:
 
 
 async def _send_plain(
-    send: Any, status: int, body: bytes, content_type: str = "application/json"
+    send: Any, status: int, body: bytes, content_type: str = "application/json",
+    retry_after: str | None = None,
 ) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", content_type.encode())],
-        }
-    )
+    headers = [(b"content-type", content_type.encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", retry_after.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

@@ -411,3 +411,37 @@ async def test_a_whole_reply_ends_even_if_the_server_is_slow_with_the_rest(
         await backend.aclose()
     assert [e.text for e in events if isinstance(e, LlmDelta)] == ["All ", "of it."]
     assert events[-1].finish_reason == "stop"
+
+
+
+@pytest.mark.parametrize(("first", "retried"), [
+    (Status(503, b'{"error": {"message": "Model is loading"}}', retry_after="0.2"), True),
+    (Status(429, retry_after="0.1"), True),
+    (Status(429, retry_after="60"), False),  # too long for a listener: fail now
+    (Status(503), False),  # no Retry-After: a real failure
+    (Status(500, retry_after="0.1"), False),
+])
+async def test_a_busy_server_is_tried_once_more_after_the_wait_it_asks(
+        llm, scripted_llm_server, first, retried):
+    """A transient "loading" or "busy" answer failed a turn that had said nothing yet."""
+    scripted_llm_server.script([first], reply_script(["Here it is."]))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    if retried:
+        events = await collect(llm)
+        assert events[0] == LlmDelta("Here it is.") and len(scripted_llm_server.chats) == 2
+        assert loop.time() - started >= float(first.retry_after)  # it waited as asked
+    else:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+        assert info.value.code == "llm_failed" and f"HTTP {first.code}" in info.value.message
+        assert len(scripted_llm_server.chats) == 1
+
+
+async def test_a_busy_server_twice_fails_the_turn(llm, scripted_llm_server):
+    busy = Status(429, retry_after="0")
+    scripted_llm_server.script([busy], [busy])
+    with pytest.raises(EngineError) as info:
+        await collect(llm)
+    assert info.value.code == "llm_failed" and "HTTP 429" in info.value.message
+    assert len(scripted_llm_server.chats) == 2
