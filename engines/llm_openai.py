@@ -359,9 +359,7 @@ def _choices(chunk: dict[str, Any], data: str) -> list[tuple[str, str, str | Non
         raise EngineError("llm_failed", f"malformed LLM chunk ('choices'): {_snippet(data)}")
     out = []
     for choice in choices:
-        delta = choice.get("delta") if isinstance(choice, dict) else None
-        if delta is None and isinstance(choice, dict):
-            delta = {}
+        delta = (choice.get("delta") or {}) if isinstance(choice, dict) else None
         if not isinstance(delta, dict):
             raise EngineError("llm_failed", f"malformed LLM chunk ('delta'): {_snippet(data)}")
         text = delta.get("content") or ""
