@@ -774,6 +774,32 @@ async def test_instructions_reach_an_engine_that_takes_them(replies, wrapped):
     assert [r.options.get("instructions") for r in voice.opened] == ["whisper"]
 
 
+@pytest.mark.parametrize(("fallback_streams", "longest"), [(False, 150), (True, 400)])
+async def test_a_voice_that_may_speak_whole_segments_gets_short_ones(
+        replies, fallback_streams, longest):
+    """Behind chatterbox, which makes a segment in one step, a live turn waited for a whole
+    400-character HTTP segment (live TTFA 5.3 -> 9.1 s on tiny models)."""
+    from engines.fallback import FallbackEngine
+    from tests.test_fallback_engine import FakeClock, ScriptedEngine
+
+    clock = FakeClock()
+    voice, behind = ScriptedEngine("qwen3", clock), ScriptedEngine("chatterbox", clock)
+    behind.streams = fallback_streams
+    gw = await start_gateway(replies, engine=FallbackEngine(voice, behind, clock=clock))
+    clause = "this clause goes on for a while, "
+    text = "One very long sentence, " + clause * 30 + "and then it ends."
+    try:
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            response = await client.post("/v1/audio/speech", json={
+                "input": text, "response_format": "pcm", "stream": False})
+    finally:
+        await gw.aclose()
+    assert response.status_code == 200
+    lengths = [len(r.text) for r in voice.opened]
+    assert max(lengths) <= longest < max(lengths) + len(clause) + 1  # cut near the bound
+    assert sum(lengths) + len(lengths) - 1 == len(text)  # all of it, once
+
+
 async def test_the_voice_port_says_it_closes_so_a_pooled_client_never_reuses_its_socket(gateway):
     """websockets closes the connection after a plain GET's answer; without "Connection:
     close" httpx's pool sent the next request into that socket and got "Server
