@@ -213,6 +213,28 @@ async def test_a_client_gone_while_sending_its_request_is_no_server_error(gatewa
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize("sent", [
+    b"",  # connects and says nothing
+    b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Ty",  # headers trickled in
+    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /heal",  # the next request, kept alive
+], ids=["silent", "partial-headers", "after-a-response"])
+async def test_headers_that_never_arrive_whole_close_the_connection(gateway, monkeypatch,
+                                                                    sent):
+    """uvicorn has no header timeout: a slowloris kept 150 sockets open past 60 s, and
+    enough of them starve the whole process (the voice port too) of descriptors."""
+    from gateway.io import http_api
+
+    monkeypatch.setattr(http_api, "HEADER_TIMEOUT_S", 0.3)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    writer.write(sent)
+    await writer.drain()
+    async with asyncio.timeout(10):
+        rest = await reader.read()  # until the server closes
+    writer.close()
+    assert rest.startswith(b"HTTP/1.1 200") == sent.startswith(b"GET")  # (the first answer)
+    assert rest.count(b"HTTP/1.1") <= 1
+
+
 async def test_a_body_that_never_arrives_whole_gets_408(gateway, monkeypatch):
     """A client trickling its body held the request and its socket for ever (a slowloris
     from the hostile-client probe kept 50 of them open past 60 s)."""

@@ -57,6 +57,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest
 from gateway.core.audio_formats import FORMATS, Encoder
@@ -78,6 +79,8 @@ MAX_BODY_BYTES = 64 * 1024
 WHOLE_STEP_MAX_CHARS = 150
 """Longest segment of a request spoken by a voice that makes a segment in one step (about
 10 s of speech; the default is 400): it bounds how long a live turn waits behind it."""
+HEADER_TIMEOUT_S = 10.0
+"""Longest wait for a request's headers (``_H11``): then the connection is closed."""
 BODY_TIMEOUT_S = 10.0
 """Longest wait for a request's whole body; then 408 ``request_timeout``."""
 HAS_PYAV = importlib.util.find_spec("av") is not None
@@ -897,6 +900,49 @@ async def _disconnected(request: Request) -> None:
 # ---- the server ---------------------------------------------------------------------------
 
 
+class _H11(H11Protocol):
+    """uvicorn's h11 protocol, with a deadline for each request's headers. uvicorn has none:
+    a client trickling its headers a byte at a time (or sending nothing) held its socket
+    for ever, and enough of them starve the process of file descriptors, the voice port's
+    too. Armed when the connection opens and after each response; a request whose headers
+    came whole disarms it (its body has ``BODY_TIMEOUT_S``)."""
+
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers arrived whole
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn in someone else's loop: tells when it serves, leaves signals to the gateway."""
 
@@ -958,7 +1004,7 @@ class HttpServer:
         self._socket = sock
         cert, key = self.tls or (None, None)
         config = uvicorn.Config(self.api.asgi, lifespan="off", log_config=None,
-                                access_log=False, ws="none",
+                                access_log=False, ws="none", http=_H11,
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                                 ssl_certfile=cert, ssl_keyfile=key)
         error_log = logging.getLogger("uvicorn.error")
