@@ -372,9 +372,13 @@ class Gateway:
         release the engine."""
         self.ready = False
         self.closing = True
+        if self._server is not None:
+            self._server.server.close()  # no new voice connections while the HTTP API closes
         await self.http.aclose()
         if self._server is not None:
-            self._server.server.close()  # no new connections
+            # counted now, not at the signal: a turn may end while the HTTP API closes
+            log.info("shutting down: closing %d session(s) (1001), %d turn(s) in progress "
+                     "cut short", len(self.runners), self.active_turns())
             for runner in list(self.runners.values()):
                 runner.shutdown()  # each writer sends the turn's end, then closes (1001)
             try:
@@ -688,8 +692,6 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     try:
         await stop.wait()
     finally:
-        log.info("shutting down: closing %d session(s) (1001), %d turn(s) in progress cut "
-                 "short", len(gateway.runners), gateway.active_turns())
         await gateway.aclose()
         log.info("stopped")
 
