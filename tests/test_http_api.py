@@ -630,6 +630,7 @@ async def test_metrics_move_after_turns_and_speech(gateway):
     assert m["gateway_loop_lag_seconds_count{}"] >= 1  # the probe wakes every 100 ms
     assert "gateway_gc_pause_seconds_count{generation=2}" in m
     assert "gateway_turn_ttfa_seconds_count" in voice_port
+    assert "_created" not in text  # a timestamp per series doubled the scrape for nothing
 
 
 async def test_models_and_voices(gateway):

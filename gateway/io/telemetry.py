@@ -42,6 +42,7 @@ from prometheus_client import (
     Counter,
     Histogram,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import (
@@ -60,6 +61,11 @@ if TYPE_CHECKING:
     from gateway.io.server import Gateway
 
 log = logging.getLogger(__name__)
+
+# A ``_created`` timestamp beside every counter and histogram (prometheus_client's default)
+# doubled the series of a scrape and told the operator nothing: the process start is in
+# process_start_time_seconds.
+disable_created_metrics()
 
 BUSY_WINDOW_S = 60
 LLM_PROBE_INTERVAL_S = 5.0
