@@ -833,3 +833,20 @@ async def test_the_voice_port_says_it_closes_so_a_pooled_client_never_reuses_its
             response = await client.get(path)
             assert response.headers["connection"] == "close"
             assert response.status_code in (200, 404)
+
+
+async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog):
+    # uvicorn said it as a WARNING (kept for what needs the operator) with no peer
+    caplog.set_level(logging.INFO)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    await writer.drain()
+    async with asyncio.timeout(10):
+        answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 400")
+    port = writer.get_extra_info("sockname")[1]
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "400" in r.getMessage()
+            or "Invalid HTTP" in r.getMessage()]
+    assert said == [("INFO", f"HTTP request from 127.0.0.1:{port} refused (400): Invalid "
+                             "HTTP request received.")]

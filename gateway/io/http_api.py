@@ -927,6 +927,12 @@ class _H11(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        # (uvicorn's own WARNING for it, with neither peer nor reason, is filtered out)
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+        log.info("HTTP request from %s refused (400): %s", peer, msg)
+        super().send_400_response(msg)
+
     def _arm(self) -> None:
         self._disarm()
         if not self.transport.is_closing():
@@ -962,8 +968,15 @@ class _Uvicorn(uvicorn.Server):
 def _not_an_aborted_stream(record: logging.LogRecord) -> bool:
     """A logging filter for uvicorn: a failure that ends a streamed speech body on purpose
     (it must abort the connection, so it leaves the app as an exception) is not an
-    "Exception in ASGI application" with a traceback; the request's own line says why."""
+    "Exception in ASGI application" with a traceback; the request's own line says why.
+    Nor is a malformed request a WARNING without a peer: ``_H11`` says it at INFO, with
+    the peer."""
+    if record.msg == _INVALID_REQUEST:
+        return False
     return not (record.exc_info and isinstance(record.exc_info[1], SpeechFailed))
+
+
+_INVALID_REQUEST = "Invalid HTTP request received."
 
 
 class HttpServer:
