@@ -274,3 +274,31 @@ async def test_an_encoder_failure_is_a_server_error_said_once(start_gateway, mon
     assert len(ended) == 3 and all(": encoder_failed: encoding " in line for line in ended)
     assert gw.metrics.errors["encoder_failed"] == 3
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_the_encoder_thread_keeps_nothing_of_a_call_once_it_is_done():
+    """The worker's loop kept its last call's arguments while it waited for the next: the
+    last compressed response's encoder, its whole file and PyAV's resampler threads stayed
+    alive until the next compressed request (formats soak)."""
+    import gc
+    import time
+    import weakref
+
+    from gateway.io.lanes import LaneThread
+
+    class Payload:  # stands for an encoder and its file
+        pass
+
+    thread = LaneThread("test-worker")
+    try:
+        payload = Payload()
+        gone = weakref.ref(payload)
+        assert thread.submit(lambda p: None, payload).result(5) is None
+        del payload
+        deadline = time.monotonic() + 5  # the worker lets go as it returns to waiting
+        while gone() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        assert gone() is None
+    finally:
+        thread.shutdown()

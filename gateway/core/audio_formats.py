@@ -209,9 +209,12 @@ class Encoder:
         return self._take()
 
     def close(self) -> None:
-        """Free the codec and muxer without finishing the file (idempotent)."""
+        """Free the codec and muxer without finishing the file (idempotent). Dropped too,
+        not only closed: PyAV's audio resampler keeps a pool of threads (one per core)
+        until its codec context is freed."""
         if self._container is not None:
             self._container.close()
+        self._container = self._stream = self._out = None
 
     def _mux(self, samples: np.ndarray[Any, np.dtype[np.int16]]) -> None:
         import av

@@ -768,6 +768,7 @@ class Encoding:
         elif self._thread is not None and self._opened is not None:
             with contextlib.suppress(RuntimeError):  # the thread is gone: nothing to free
                 self._thread.submit(_close, self._opened)
+            self._opened = None  # (the response may outlive its encoder)
 
     async def _call(self, fn: Callable[..., _Data], *args: Any) -> _Data:
         try:

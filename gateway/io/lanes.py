@@ -23,7 +23,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -110,15 +110,21 @@ class LaneThread:
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args)
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            _run_call(*item)
+            # nothing of the call stays referenced while the thread waits for the next: the
+            # last one's arguments (an HTTP response's encoder and its whole file) did
+            del item
+
+
+def _run_call(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn(*args)
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 @dataclass(frozen=True, slots=True)
