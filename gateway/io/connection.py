@@ -521,8 +521,7 @@ class VoiceConnection:
         """Raises ``ConnectionClosed`` as soon as the client's close frame arrives (see
         ``VoiceSocket``); the session then ends, or waits for a resume, at once."""
         await self.ws.close_received.wait()
-        if self._closing is None:  # answered within a second, or the TCP connection goes
-            self._closing = self.loop.create_task(self._close(1000, "", grace_s=1.0))
+        self.close_soon(1000, "")  # answered within a second, or the TCP connection goes
         protocol = self.ws.protocol
         raise ConnectionClosed(protocol.close_rcvd, protocol.close_sent,
                                protocol.close_rcvd_then_sent)

@@ -394,10 +394,8 @@ class Lane:
         or HTTP request the job is for) or in an observer. That owner's jobs end failed
         with ``internal_error``; the lane and every other owner's jobs go on."""
         log.exception("lane %s: internal error in a job of %s", self.name, job.owner)
-        cancelled = job.cancelled  # (before _remove, which cancels it)
+        cancelled = job.cancelled  # (before _remove, which cancels it and frees its stream)
         self._remove(job.owner, "failed")
-        self._close_later_safe(job.state)
-        job.state = None
         self.stats.jobs_failed += 1
         if cancelled:
             return

@@ -160,8 +160,8 @@ class Gateway:
         self.runners: dict[str, SessionRunner] = {}
         """Live sessions by id, attached to a connection or waiting for a resume."""
         self.llm_failing: dict[str, Any] | None = None
-        """Since the last LLM reply that came whole: when replies started failing, how many
-        turns failed, the last code and message (``llm_answered``; /health)."""
+        """While the LLM fails turns (``llm_answered``; /health): since when, turns failed,
+        replies that came whole meanwhile and in a row, the last code and message."""
         self.past_limit: weakref.WeakKeyDictionary[ServerConnection, str] = \
             weakref.WeakKeyDictionary()
         """Sockets let in beyond ``max_sessions`` to resume the session named (``?resume=``),

@@ -498,8 +498,8 @@ class _StateCollector(Collector):
                                 value=sum(r.connection is None for r in gw.runners.values()))
         yield GaugeMetricFamily("gateway_connections", "Open voice sockets",
                                 value=len(gw.connections))
-        yield GaugeMetricFamily("gateway_llm_failing", "1 while the LLM fails turns (since the "
-                                "last reply that came whole), else 0",
+        yield GaugeMetricFamily("gateway_llm_failing", "1 while the LLM fails turns (from a failed "
+                                "turn until three replies in a row came whole), else 0",
                                 value=float(gw.llm_failing is not None))
         speech = getattr(gw, "http", None)
         yield GaugeMetricFamily("gateway_http_speech_streams", "Open HTTP speech responses",
