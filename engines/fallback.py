@@ -289,10 +289,8 @@ class FallbackStream:
         if chunk is None:
             self._done = True
             self._close_inner()
-            if not self._slow:
+            if not self._slow:  # (a slow one was a failure: record_failure ended a probe)
                 owner.record_success(probe=self._probe)
-            elif self._probe:
-                owner._probing = False  # (its slowness re-opened the breaker)
             return None
         if chunk:
             self._produced = True
