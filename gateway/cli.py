@@ -30,11 +30,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--voice-ref", help="reference WAV to clone the voice from")
     s.add_argument("--voice-ref-text", help="transcript of the reference WAV")
     s.add_argument("--tts-url", help="URL of a remote TTS server (engine http)")
-    s.add_argument("--fallback", help="fallback TTS engine (its options: [tts.fallback_options]"
-                   " in --config)")
-    s.add_argument("--tts-also", help="a second TTS engine on its own lane, e.g. ane next to "
+    s.add_argument("--fallback", type=_engine_or_none,
+                   help="fallback TTS engine (its options: [tts.fallback_options] in --config; "
+                   "none: no fallback, whatever the config file says)")
+    s.add_argument("--tts-also", type=_engine_or_none,
+                   help="a second TTS engine on its own lane, e.g. ane next to "
                    "qwen3: each turn speaks on the lane that serves it best among those with "
-                   "its voice (its options: [tts.also_options] in --config)")
+                   "its voice (its options: [tts.also_options] in --config; none: no second "
+                   "engine)")
     s.add_argument("--synthetic-rtf", type=float, help="synthetic engine: seconds of work per "
                    "second of audio (default 0.44; 0 = free)")
     s.add_argument("--synthetic-ttfa-ms", type=float, help="synthetic engine: first-step cost")
@@ -75,6 +78,11 @@ def _synthetic_options(args: argparse.Namespace) -> dict[str, float] | None:
     if options and (args.tts or "espeak") != "synthetic":
         raise ValueError("--synthetic-* options need --tts synthetic")
     return options or None
+
+
+def _engine_or_none(name: str) -> str:
+    """``none`` turns off an engine the config file names (an empty name is no engine)."""
+    return "" if name.lower() == "none" else name
 
 
 def build_config(args: argparse.Namespace) -> GatewayConfig:

@@ -263,9 +263,32 @@ def _section(cls: type, values: Any, where: str) -> Any:
     return cls(**values)
 
 
+_ENGINE_SETTINGS = {
+    "engine": ("model", "voice", "voice_ref", "voice_ref_text", "url", "options"),
+    "fallback": ("fallback_options",),
+    "also": ("also_options",),
+}
+"""For each engine key of ``[tts]``, the settings that belong to the engine it names."""
+
+
+def _without_other_engines_settings(tts: TtsConfig, flags: dict[str, Any]) -> TtsConfig:
+    """A flag naming another engine than the file's (``--tts espeak`` over a qwen3 file)
+    leaves the file's settings of that engine behind: they are its model, voice and
+    constructor options, which the other engine would refuse or misread. The file's other
+    settings stand, and so do settings given by flags."""
+    defaults = TtsConfig()
+    reset: dict[str, Any] = {}
+    for key, settings in _ENGINE_SETTINGS.items():
+        named = flags.get(key)
+        if named is not None and named != getattr(tts, key):
+            reset.update((s, getattr(defaults, s)) for s in settings)
+    return replace(tts, **reset) if reset else tts
+
+
 def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> GatewayConfig:
     """Read ``path`` (TOML) if given, then apply ``overrides`` ({section: {key: value}},
-    ``None`` values ignored)."""
+    ``None`` values ignored). An override naming another engine than the file's drops the
+    file's settings of that engine (``_ENGINE_SETTINGS``)."""
     data: dict[str, Any] = {}
     if path is not None:
         with open(path, "rb") as f:
@@ -279,6 +302,8 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
     parts = {}
     for name, cls in _SECTIONS.items():
         section = _section(cls, data.get(name, {}), f"{path}[{name}]")
+        if name == "tts":
+            section = _without_other_engines_settings(section, overrides.get("tts", {}))
         changes = {k: tuple(v) if isinstance(v, list) else v  # (as from TOML)
                    for k, v in overrides.get(name, {}).items() if v is not None}
         for key, value in changes.items():  # option tables merge, flags win

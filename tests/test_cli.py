@@ -159,6 +159,29 @@ def test_the_production_example_config_loads_as_documented(tmp_path):
     assert c.tts.also == "ane" and c.tts.also_options == {"voice": "Serena"}
 
 
+def test_a_flag_naming_another_engine_leaves_the_files_settings_of_its_engine_behind():
+    """The hub's file over a laptop without its models: ``--tts espeak`` used to hand espeak
+    qwen3's model and reference WAV, and start-up failed on an unexpected ``model``."""
+    from pathlib import Path
+
+    from engines.espeak import EspeakEngine
+    from gateway.io.server import Gateway
+
+    hub = str(Path(__file__).resolve().parent.parent / "examples" / "hub.toml")
+    c = config_of("--config", hub, "--tts", "espeak", "--fallback", "none", "--voice", "en-us")
+    assert (c.tts.engine, c.tts.model, c.tts.voice_ref, c.tts.options) == ("espeak", None, None, {})
+    assert (c.tts.voice, c.tts.fallback, c.tts.fallback_options) == ("en-us", "", {})
+    assert c.tts.fallback_policy["breaker_failures"] == 3  # not an engine's: the file's stands
+    assert c.llm.url == "http://127.0.0.1:8081/v1"  # and so does the rest of the file
+    assert isinstance(Gateway(c).engine, EspeakEngine)
+    # the same engine keeps its settings, another fallback drops only the fallback's
+    c = config_of("--config", hub, "--tts", "qwen3", "--fallback", "espeak")
+    assert c.tts.model == "mlx-community/Qwen3-TTS-12Hz-0.6B-Base-bf16"
+    assert c.tts.options["streaming_interval"] == 0.32
+    assert (c.tts.fallback, c.tts.fallback_options) == ("espeak", {})
+    assert config_of("--config", hub).tts.fallback_options["ref_audio"].endswith("assistant.wav")
+
+
 def test_the_readme_names_every_configuration_key():
     """The README's Configuration table is the operator's reference: a key added to a
     config section without a row there fails here."""
