@@ -123,6 +123,9 @@ async def test_resume_after_a_dropped_socket_replays_gaplessly(gateway):
     assert seqs == list(range(len(seqs)))  # nothing lost, nothing repeated
     assert rest.frames[-1].turn_end
     await no_sessions(gateway)  # the clean close ended the session
+    # /metrics: two sockets, one session (the second socket's fresh one gave way)
+    m = gateway.metrics
+    assert (m.connections_opened, m.sessions_resumed) == (2, 1)
 
 
 async def test_playback_marks_free_the_resume_buffer_and_resume_still_works(gateway):

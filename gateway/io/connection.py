@@ -611,6 +611,7 @@ class VoiceConnection:
             "session": old.session.settings.to_event(),
         }).decode()
         self._use(old, position)
+        self.gateway.metrics.sessions_resumed += 1
         log.info("session %s resumed (%d messages replayed)", old.session.id, replayed)
         if self.resume_only is not None:  # back within the limit: a socket like any other
             self.resume_only = None

@@ -94,7 +94,10 @@ class Metrics:
     turns: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     frames: int = 0
-    sessions_opened: int = 0
+    connections_opened: int = 0
+    """Voice sockets accepted (each starts a new session, unless it resumes one)."""
+    sessions_resumed: int = 0
+    """Sockets that resumed a session waiting for them."""
     listeners_lost: int = 0
     """Sockets dropped because a client went quiet while it should have been playing and
     answered no ping (``ProbeListener``)."""
@@ -575,7 +578,7 @@ class Gateway:
         conn = VoiceConnection(self, cast(VoiceSocket, websocket),  # (create_connection)
                                resume_only=self.past_limit.get(websocket))
         self.connections.add(conn)
-        self.metrics.sessions_opened += 1
+        self.metrics.connections_opened += 1
         try:
             await conn.run()
         finally:

@@ -311,13 +311,15 @@ class Telemetry:
         # the process's own figures (RSS, open fds, CPU seconds, start time): what a soak
         # watches for leaks (Linux; the collector reports nothing where /proc is missing)
         ProcessCollector(registry=r)
+        # by the turn's status: a failed or cut turn's first audio says something else
+        # than a completed one's
         self.ttft = Histogram("gateway_turn_ttft_seconds", "Transcript to first LLM token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
+                              ["status"], buckets=_LATENCY_BUCKETS, registry=r)
         self.first_segment = Histogram("gateway_turn_first_segment_seconds",
-                                       "Transcript to first speakable segment",
+                                       "Transcript to first speakable segment", ["status"],
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.ttfa = Histogram("gateway_turn_ttfa_seconds", "Transcript to first audio frame sent",
-                              buckets=_LATENCY_BUCKETS, registry=r)
+                              ["status"], buckets=_LATENCY_BUCKETS, registry=r)
         lanes = list(gateway.lanes)
         self.step = {lane: LaneHistogram(_STEP_BUCKETS) for lane in lanes}
         self.queue_wait = {lane: LaneHistogram(_LATENCY_BUCKETS) for lane in lanes}
@@ -350,7 +352,7 @@ class Telemetry:
                                (self.ttfa, "ttfa_ms")):
             value = m.get(key)
             if value is not None:
-                histogram.observe(value / 1000.0)
+                histogram.labels(event["status"]).observe(value / 1000.0)
         if m.get("underruns"):
             self.underruns.inc(m["underruns"])
         if len(set(m.get("engines") or ())) > 1:
@@ -462,8 +464,13 @@ class _StateCollector(Collector):
         yield errors
         yield CounterMetricFamily("gateway_frames", "Audio frames sent to voice clients",
                                   value=m.frames)
-        yield CounterMetricFamily("gateway_sessions_opened", "Voice sessions opened",
-                                  value=m.sessions_opened)
+        yield CounterMetricFamily("gateway_connections_opened", "Voice sockets accepted",
+                                  value=m.connections_opened)
+        yield CounterMetricFamily("gateway_sessions_opened", "Voice sessions started: sockets "
+                                  "that did not resume one", value=m.connections_opened
+                                  - m.sessions_resumed)
+        yield CounterMetricFamily("gateway_sessions_resumed", "Sockets that resumed a session "
+                                  "waiting for them", value=m.sessions_resumed)
         yield CounterMetricFamily(
             "gateway_listeners_lost", "Sockets dropped because a client went quiet while it "
             "should have been playing and answered no ping (the session waits for a resume)",
@@ -506,8 +513,8 @@ class _StateCollector(Collector):
                                 value=len(speech.streams) if speech is not None else 0)
         depth = GaugeMetricFamily("gateway_lane_queue_depth", "Synthesis jobs queued or running",
                                   labels=["lane"])
-        busy = GaugeMetricFamily("gateway_lane_busy_share", "Busy share over the last minute",
-                                 labels=["lane"])
+        busy = GaugeMetricFamily("gateway_lane_busy_ratio", "Share of the last minute the "
+                                 "lane spent in engine steps (0-1)", labels=["lane"])
         placed = GaugeMetricFamily("gateway_lane_turns", "Voice turns placed on the lane and "
                                   "not yet ended", labels=["lane"])
         now = time.perf_counter()
