@@ -32,12 +32,24 @@ The compressed formats are FFmpeg's encoders and muxers through PyAV (libmp3lame
 its native aac and flac), imported on first use (``import av`` takes ~40 ms and ~20 MB: a
 gateway that never encodes does not pay it; ``gateway.io.http_api`` imports it off the
 event loop).
+
+Each of these codecs takes frames of exactly its ``frame_size`` (576 samples for MP3 at
+24 kHz, 480 Opus, 1024 AAC, 2304 FLAC), but for the last, which each takes short as it is.
+The encoder cuts the chunks into such frames itself (PyAV's ``AudioFifo`` holds the rest for
+the next chunk; ``finish`` sends it as the short last frame) and sends them to the codec
+with PyAV's ``_send_frame_and_recv``, not through ``AudioCodecContext.encode``: that one
+pushes every frame for a codec with a fixed frame size through an ``AudioResampler`` that
+re-cuts it (even one already cut), whose FFmpeg filter graph starts a pool of threads (one
+per core) per encoder, kept until the codec is freed: 200 threads for 100 MP3 streams on
+2 cores (PyAV issue #1468; nothing public sets that graph's thread count or makes it a
+passthrough). The same frames reach the codec either way: the same bytes, without threads.
 """
 
 from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +58,11 @@ import numpy as np
 from engines.base import OUTPUT_RATE
 
 if TYPE_CHECKING:
+    from av.audio.fifo import AudioFifo
+    from av.audio.frame import AudioFrame
     from av.audio.stream import AudioStream
     from av.container import OutputContainer
+    from av.packet import Packet
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +156,10 @@ class Encoder:
         self._container: OutputContainer | None = None
         self._stream: AudioStream | None = None
         self._out: _Appended | io.BytesIO | None = None
+        self._frame_size = 0
+        self._fifo: AudioFifo | None = None
+        """The samples fed since the last whole frame went to the codec."""
+        self._send: Callable[[Any], Iterable[Packet]] | None = None
         if self.format.container is not None:
             self._open()
 
@@ -160,8 +179,15 @@ class Encoder:
             stream.bit_rate = spec.bit_rate
         self._stream = stream
         # the header now (Ogg's OpusHead/OpusTags pages, FLAC's STREAMINFO): ready before
-        # any audio, and written even if none comes
+        # any audio, and written even if none comes; this opens the codec too
         self._container.start_encoding()
+        context = stream.codec_context
+        self._frame_size = context.frame_size
+        self._fifo = av.AudioFifo()
+        # avcodec_send_frame and the packets it gives, without encode()'s resampler (see
+        # the module's docstring); not public PyAV, so a PyAV without it encodes through
+        # encode(): the same bytes, with the resampler's threads
+        self._send = getattr(context, "_send_frame_and_recv", None)
 
     def encode(self, pcm: bytes) -> bytes:
         """The bytes ready after ``pcm`` (whole samples), in order after those before."""
@@ -202,7 +228,10 @@ class Encoder:
         assert self._container is not None and self._stream is not None
         if self.samples == 0 and spec.empty_needs_a_sample:
             self._mux(np.zeros(1, dtype="<i2"))
-        self._container.mux(self._stream.encode(None))
+        assert self._fifo is not None
+        if (last := self._fifo.read()) is not None:  # what is left: the short last frame
+            self._send_frame(last)
+        self._send_frame(None)
         self._container.close()
         if isinstance(self._out, io.BytesIO):
             return self._out.getvalue()
@@ -210,24 +239,45 @@ class Encoder:
 
     def close(self) -> None:
         """Free the codec and muxer without finishing the file (idempotent). Dropped too,
-        not only closed: PyAV's audio resampler keeps a pool of threads (one per core)
-        until its codec context is freed."""
+        not only closed: were PyAV's ``encode`` used (a PyAV without the send used here),
+        its resampler would keep a pool of threads (one per core) until its codec context
+        is freed."""
         if self._container is not None:
             self._container.close()
-        self._container = self._stream = self._out = None
+        self._container = self._stream = self._out = self._send = self._fifo = None
 
     def _mux(self, samples: np.ndarray[Any, np.dtype[np.int16]]) -> None:
+        """Encode ``samples`` (the next ones) in whole frames of the codec's size; the rest
+        waits in the FIFO for the next call."""
         import av
 
-        assert self._container is not None and self._stream is not None
+        assert self._fifo is not None and self._stream is not None
         spec = self.format
         planes: np.ndarray[Any, Any] = samples.reshape(1, -1)
         if spec.sample_format == "fltp":
             planes = planes.astype(np.float32) / 32768.0
         frame = av.AudioFrame.from_ndarray(planes, format=spec.sample_format, layout="mono")
         frame.sample_rate = OUTPUT_RATE
-        frame.pts = self.samples - len(samples)
-        self._container.mux(self._stream.encode(frame))
+        frame.time_base = self._stream.codec_context.time_base  # 1/24000: pts in samples
+        frame.pts = self._fifo.samples_written  # (an empty answer's sample: 0)
+        self._fifo.write(frame)
+        for whole in self._fifo.read_many(self._frame_size):
+            self._send_frame(whole)
+
+    def _send_frame(self, frame: AudioFrame | None) -> None:
+        """Send ``frame`` to the codec (None: flush it) and mux the packets it gives."""
+        assert self._container is not None and self._stream is not None
+        stream = self._stream
+        if self._send is None:
+            self._container.mux(stream.encode(frame))
+            return
+        # what encode() does around the send (the frames are in the codec's time base
+        # already): the packets in that time base, marked as the stream's
+        time_base = stream.codec_context.time_base
+        for packet in self._send(frame):
+            packet.time_base = time_base
+            packet.stream = stream
+            self._container.mux_one(packet)
 
     def _take(self) -> bytes:
         return self._out.take() if isinstance(self._out, _Appended) else b""
