@@ -10,6 +10,8 @@ text would give a different file depending on the engine and the lane's step siz
 from __future__ import annotations
 
 import io
+import os
+import threading
 import wave
 
 import av
@@ -91,3 +93,27 @@ def test_a_closed_encoder_frees_what_it_held_without_finishing():
     assert encoder.encode(PCM[:3840]).startswith(b"OggS")  # the header pages, then audio
     encoder.close()
     encoder.close()
+
+
+def native_threads() -> set[int]:
+    """The ids of this process's OS threads that Python did not start (FFmpeg's)."""
+    return ({int(tid) for tid in os.listdir("/proc/self/task")}
+            - {t.native_id for t in threading.enumerate()})
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
+                    reason="counts the process's OS threads in /proc/self/task (Linux)")
+def test_a_live_encoder_starts_no_threads():
+    """PyAV's ``encode`` pushed each frame through a resampler whose FFmpeg filter graph
+    kept a pool of threads (one per core, on more than one) for as long as the encoder
+    lived: 200 for 100 MP3 streams on 2 cores. Python's own threads (pytest's timeout timer)
+    are left out of the count, so nothing else running here can fail it."""
+    before = native_threads()
+    encoders = [Encoder(fmt, streamed=streamed) for fmt in ("mp3", "opus", "aac", "flac")
+                for streamed in (True, False)]
+    for encoder in encoders:
+        encoder.encode(PCM[:2 * 5000])  # a few frames of each codec, and some left over
+    assert native_threads() - before == set()
+    for encoder in encoders:
+        encoder.finish()
+    assert native_threads() - before == set()
