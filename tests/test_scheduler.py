@@ -44,6 +44,49 @@ def test_choice(rule: str, jobs, now: float, expected: str | None) -> None:
     assert (job.owner if job else None) == expected, rule
 
 
+def test_equal_deadlines_run_in_arrival_order() -> None:
+    """Rule 2's last tie-break holds for a crowd, not just a pair: eight turns due at the
+    same instant (a burst of sessions) get the lane in the order they were submitted."""
+    owners = [f"s{i}" for i in range(8)]
+    sched, _ = make([(owner, IA, 1.0) for owner in owners])
+    order = []
+    while (job := sched.next_job(0.0)) is not None:
+        order.append(job.owner)
+        sched.finish(job)
+    assert order == owners
+
+
+def test_without_a_listener_model_the_jobs_own_deadlines_rule() -> None:
+    """No ``deadline_of`` (an app rendering files): rules 2 and 3 go by ``Job.deadline``."""
+    sched = LaneScheduler(max_lead=1.0)
+    sched.submit(Job(owner="later", priority=IA, deadline=3.0))
+    sched.submit(Job(owner="sooner", priority=IA, deadline=0.5))
+    job = sched.next_job(0.0)
+    assert job is not None and job.owner == "sooner"
+    sched.finish(job)
+    assert sched.next_job(0.0) is None and sched.next_eligible_at == 2.0
+
+
+def test_deadline_of_is_asked_at_the_decision_time() -> None:
+    """``deadline_of(job, now)`` gets the ``now`` of the decision (a listener model reads
+    its playback clock from it), for ready and waiting heads alike."""
+    asked: list[float] = []
+
+    def deadline_of(job: Job, now: float) -> float:
+        asked.append(now)
+        return job.deadline
+
+    sched = LaneScheduler(deadline_of=deadline_of, max_lead=1.0)
+    sched.submit(Job(owner="due", priority=IA, deadline=0.5))
+    sched.submit(Job(owner="ahead", priority=IA, deadline=5.0))
+    for now in (0.25, 0.5):
+        job = sched.next_job(now)
+        assert job is not None and job.owner == "due"
+    sched.finish(job)
+    assert sched.next_job(0.75) is None and sched.next_eligible_at == 4.0
+    assert asked and set(asked) <= {0.25, 0.5, 0.75} and 0.75 in asked
+
+
 def test_one_owner_runs_in_order_even_against_its_own_deadlines() -> None:
     sched, _ = make([("t", IA, 5.0), ("t", IA, 0.0), ("u", IA, 3.0)])
     first = sched.next_job(0.0)
@@ -62,12 +105,35 @@ def test_dynamic_deadline_is_asked_again() -> None:
     assert sched.next_job(0.1).owner == "b"  # type: ignore[union-attr]
 
 
+def test_a_head_whose_deadline_moved_earlier_is_ranked_by_it() -> None:
+    """The head at the top is asked again at every decision: a deadline that moved earlier
+    there (its listener holds less than estimated) keeps it ahead of a newcomer due later."""
+    sched, _ = make([("a", IA, 10.0)])
+    assert sched.next_job(0.0).owner == "a"  # type: ignore[union-attr]
+    sched.deadline_of["a"] = 1.0  # type: ignore[index]
+    assert sched.next_job(0.0).owner == "a"  # type: ignore[union-attr]
+    sched.submit(Job(owner="b", priority=IA, deadline=2.0))
+    assert sched.next_job(0.0).owner == "a"  # type: ignore[union-attr]
+
+
 def test_earlier_deadline_needs_touch() -> None:
     sched, _ = make([("a", IA, 1.0), ("b", IA, 2.0)])
     assert sched.next_job(0.0).owner == "a"  # type: ignore[union-attr]
     sched.deadline_of["b"] = 0.5  # type: ignore[index]  # a playback report: b holds less
     sched.touch("b")
     assert sched.next_job(0.0).owner == "b"  # type: ignore[union-attr]
+
+
+def test_a_touched_head_is_handed_out_once() -> None:
+    """``touch`` files the owner's head again: the old filing must die with it, or the job
+    comes back from it after ``finish`` (a sentence synthesized twice)."""
+    sched, jobs = make([("a", IA, 1.0), ("b", IA, 2.0)])
+    sched.touch("a")
+    assert sched.next_job(0.0) is jobs["a"]
+    sched.finish(jobs["a"])
+    assert sched.next_job(0.0) is jobs["b"]
+    sched.finish(jobs["b"])
+    assert sched.next_job(0.0) is None and len(sched) == 0
 
 
 @pytest.mark.parametrize(("rule", "jobs", "now", "expected", "eligible_at"), [
@@ -90,6 +156,16 @@ def test_just_in_time_wakes_when_the_listener_catches_up() -> None:
     sched, _ = make([("a", IA, 2.0)], max_lead=0.5)
     assert sched.next_job(0.0) is None
     assert sched.next_job(sched.next_eligible_at).owner == "a"  # type: ignore[arg-type,union-attr]
+
+
+def test_a_waiting_job_whose_listener_gained_audio_wakes_later() -> None:
+    """A waiting head's deadline that moved later (its listener holds more) moves
+    ``next_eligible_at`` with it: the lane is not woken for a job still too far ahead."""
+    sched, _ = make([("a", IA, 5.0)], max_lead=1.0)
+    assert sched.next_job(0.0) is None and sched.next_eligible_at == 4.0
+    sched.deadline_of["a"] = 8.0  # type: ignore[index]
+    assert sched.next_job(0.5) is None and sched.next_eligible_at == 7.0
+    assert sched.next_job(7.0).owner == "a"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("rule", "own", "priority", "now", "expected", "eligible_at"), [
@@ -356,6 +432,9 @@ def stream(owner: str, submitted: float, due: float, *, steps: int = 0,
      "young"),
     ("holding protect_lead or more: earliest deadline among them",
      [stream("old", 0.0, 2.1, steps=3), stream("young", 1.0, 1.7, steps=1)], 1.2, "young",
+     "young"),
+    ("holding exactly protect_lead is not short of it",
+     [stream("old", 0.0, 1.6, steps=3), stream("young", 1.0, 1.5, steps=1)], 1.2, "young",
      "young"),
     ("a later segment ranks by its stream's start",
      [stream("seg2", 5.0, 5.3, since=0.0), stream("young", 1.0, 5.2, steps=2)], 5.0, "seg2",
