@@ -568,8 +568,16 @@ async def test_llm_reachability_is_probed_and_cached(replies, scripted_llm_serve
         assert [r.path for r in scripted_llm_server.requests] == ["/v1/models"]
         gw.health()
         assert probe._task.done()  # cached: no new probe within the interval
+        client = probe._client
+        probe.checked_at -= probe.interval_s  # stale: the next /health probes again
+        gw.health()
+        await probe._task
+        assert [r.path for r in scripted_llm_server.requests] == ["/v1/models"] * 2
+        # with the same client: building one loads the CA bundle, ~18 ms on the loop
+        assert probe._client is client is not None
     finally:
         await gw.aclose()
+    assert client.is_closed
 
 
 async def test_turns_tell_the_llm_reachability_without_waiting_for_a_probe(replies):

@@ -164,6 +164,8 @@ class LlmProbe:
         self.detail: str | None = None if url else "in-process replay backend"
         self.checked_at: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+        """One for every probe: building one loads the CA bundle on the loop (~18 ms)."""
 
     def refresh_if_stale(self) -> None:
         """Start a probe in the background when the cached answer is too old."""
@@ -177,9 +179,10 @@ class LlmProbe:
         """GET ``{url}/models``; any HTTP answer below 500 counts as reachable."""
         assert self.url is not None
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S)
         try:
-            async with httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S) as client:
-                response = await client.get(self.url.rstrip("/") + "/models", headers=headers)
+            response = await self._client.get(self.url.rstrip("/") + "/models", headers=headers)
             self.reachable = response.status_code < 500
             self.detail = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
@@ -199,6 +202,8 @@ class LlmProbe:
 
     async def aclose(self) -> None:
         await cancel_and_wait(self._task)
+        if self._client is not None:
+            await self._client.aclose()
 
     def status(self) -> dict[str, Any]:
         age = None if self.checked_at is None else round(time.monotonic() - self.checked_at, 1)
