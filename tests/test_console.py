@@ -126,12 +126,41 @@ async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
         assert after["samplesPlayed"] == stopped["samplesPlayed"]
         assert stopped["samplesPlayed"] < played_before + len(LONG) * 24_000 // 15
         assert [t["status"] for t in after["turns"]] == ["completed", "cancelled"]
+        # the browser's own underruns: counted once each turn played out or was cut
+        assert all(isinstance(t["heardUnderruns"], int) for t in after["turns"])
+        assert await page.locator("#timeline .heard", has_text="…").count() == 0
         assert after["errors"] == [] and page_errors == []
 
         shot = tmp_path / "console.png"
         await page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
         keep_screenshot(shot)
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_shows_the_underruns_this_browser_heard(start_gateway):
+    """The timeline showed only the server's model of the listener's underruns; a voice
+    slower than real time (1.6 s of work per audio second) starves the browser's player,
+    whatever the machine's speed, and the row says how often once the turn has played."""
+    from engines.synthetic import SyntheticEngine
+
+    slow = SyntheticEngine(rtf=1.6, ttfa_ms=50, step_ms=320, lane="cpu")
+    gw = await start_gateway([{"transcript": "Go", "reply": "One two three four five six."}],
+                             engine=slow)
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, page_errors):
+        await page.wait_for_function(
+            "window.consoleState.connected && window.consoleState.audioReady")
+        await talk(page, "Go")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'",
+                                     timeout=30_000)
+        row = page.locator("#timeline .turn .heard")
+        await page.wait_for_function("window.consoleState.turns[0].heardUnderruns !== undefined",
+                                     timeout=30_000)
+        turn = (await page.evaluate("window.consoleState"))["turns"][0]
+        assert turn["heardUnderruns"] >= 1
+        assert await row.inner_text() == f"· heard {turn['heardUnderruns']}"
+        assert page_errors == []
 
 
 @pytest.mark.slow

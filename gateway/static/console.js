@@ -52,6 +52,9 @@ async function startAudio() {
     state.playing = m.playing;
     state.underruns = m.underruns;
     state.workletReports += 1;
+    if (turn?.heard && state.samplesPlayed - turn.playedBase >= turn.samplesPosted) {
+      showHeard(turn); // its last sample played: the browser's own count is final
+    }
   };
   audio = {ctx, node, analyser};
   state.audioReady = true;
@@ -271,8 +274,10 @@ function onEvent(ev) {
       break;
     case "turn.started":
       flushAudio();
+      if (turn?.heard) showHeard(turn); // cut by the new turn
       turn = {id: ev.turn_id, source: ev.source, sentAt: pendingSentAt ?? performance.now(),
-              playedBase: state.samplesPlayed, firstAudioAt: null};
+              playedBase: state.samplesPlayed, firstAudioAt: null,
+              underrunsBase: state.underruns, samplesPosted: 0, heard: null};
       state.turnId = ev.turn_id;
       reply = {text: "", cuts: [0]};
       renderReply();
@@ -303,14 +308,19 @@ function onEvent(ev) {
       break;
     }
     case "turn.done":
-      if (turn && ev.turn_id === turn.id) {
-        // a failed turn still plays what it sent (complete sentences); only a cancel flushes
-        if (ev.status === "cancelled") flushAudio();
-        else audio?.node.port.postMessage({type: "end"});
-      }
       state.lastTurn = {turnId: ev.turn_id, status: ev.status, metrics: ev.metrics};
       state.turns.push(state.lastTurn);
       addTimeline(ev);
+      if (turn && ev.turn_id === turn.id) {
+        turn.heard = $("timeline").querySelector(".heard"); // the row just added
+        // a failed turn still plays what it sent (complete sentences); only a cancel flushes
+        if (ev.status === "cancelled") {
+          flushAudio();
+          showHeard(turn);
+        } else {
+          audio?.node.port.postMessage({type: "end"});
+        }
+      }
       break;
     case "error":
       showError(`${ev.error.code}: ${ev.error.message}` +
@@ -318,7 +328,9 @@ function onEvent(ev) {
       if (ev.error.code === "resume_failed" && fresh) { // carry on with the new session
         if (turn && !state.turns.some((t) => t.turnId === turn.id)) {
           addTimeline({turn_id: turn.id, status: "lost", metrics: {}}); // it never ended here
+          turn.heard = $("timeline").querySelector(".heard");
         }
+        if (turn?.heard) showHeard(turn);
         session = null;
         pendingCancel = null;
         flushAudio();
@@ -381,6 +393,7 @@ function onFrame(buffer) {
   const samples = new Float32Array(pcm.length);
   for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
   state.samplesReceived += samples.length;
+  turn.samplesPosted += samples.length;
   if (samples.length) audio.node.port.postMessage({type: "pcm", samples}, [samples.buffer]);
 }
 
@@ -413,7 +426,9 @@ function addTimeline(ev) {
     <span class="${ev.status}">${ev.status}</span> · first token ${fmt(m.ttft_ms)}
     · first sentence ${fmt(m.first_sentence_ms)} · first audio ${fmt(m.ttfa_ms)}
     · done ${fmt(m.duration_ms)} · ${fmt(m.audio_ms)} audio · ${m.sentences ?? 0} sentences
-    ${m.engine ? `· ${m.engine} ` : ""}· underruns ${m.underruns ?? 0}</div>`;
+    ${m.engine ? `· ${m.engine} ` : ""}· underruns: server ${m.underruns ?? 0}
+    <span class="heard" title="times this browser ran out of audio while the turn played">
+    · heard …</span></div>`;
   const bar = document.createElement("div");
   bar.className = "bar";
   const marks = [["ttft_ms", "#8e24aa", "first token"], ["first_sentence_ms", "#f9a825", "first sentence"],
@@ -436,6 +451,17 @@ function addTimeline(ev) {
   }
   div.append(bar);
   $("timeline").prepend(div);
+}
+
+// The underruns this browser heard in a turn: the server counts those of its model of the
+// listener (turn.done's metrics); the worklet's own count is known once the turn has played
+// out (or was cut). It goes in the turn's timeline row and in state.turns.
+function showHeard(t) {
+  const heard = state.underruns - t.underrunsBase;
+  t.heard.textContent = ` · heard ${heard}`;
+  const done = state.turns.findLast((d) => d.turnId === t.id);
+  if (done) done.heardUnderruns = heard;
+  t.heard = null;
 }
 
 function addSessionMark(id) { // turn ids start again at 1 in a new session
