@@ -299,7 +299,7 @@ class FallbackStream:
     def close(self) -> None:
         self._done = True
         self._close_inner()
-        if self._on_primary and self._owner._probing:  # an abandoned probe proves nothing
+        if self._probe and self._on_primary:  # an abandoned probe proves nothing
             self._owner._probing = False
 
     def _step_fallback(self) -> bytes | None:

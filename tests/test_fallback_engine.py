@@ -154,6 +154,26 @@ def test_only_the_probe_closes_an_open_breaker():
     assert engine.state is BreakerState.CLOSED
 
 
+def test_one_probe_at_a_time_even_when_an_older_primary_stream_ends_during_it():
+    """A stream opened before the breaker tripped, closed while the half-open probe speaks
+    (its normal end, or a barge-in), cleared the one-probe flag: a second probe went to the
+    failing primary at once (I/O review)."""
+    engine, primary, fallback, clock = setup([[b"\x01\x00", b"\x02\x00"], [fail()], [fail()],
+                                              [b"\x03\x00", b"\x04\x00"]])
+    older = engine.open(SynthesisRequest("A long HTTP request."))
+    assert older.step() == b"\x01\x00"
+    for _ in range(2):
+        drain(engine.open(SynthesisRequest("a")))
+    clock.now += 30
+    probe = engine.open(SynthesisRequest("the probe"))
+    assert probe.step() == b"\x03\x00" and probe.engine_name == "qwen3"
+    for end in (lambda: drain(older), older.close):  # its end, then its close by the lane
+        end()
+        assert engine.open(SynthesisRequest("meanwhile")).engine_name == "chatterbox"
+    probe.close()  # an abandoned probe proves nothing: the next segment probes again
+    assert engine.open(SynthesisRequest("next")).engine_name == "qwen3"
+
+
 def test_a_fallback_that_reads_digits_badly_gets_them_spelled_out_itself():
     """The gateway writes text for the speaker (qwen3 reads "$184.50"); chatterbox behind
     it made the gateway spell out numbers for qwen3 too, in every language."""
