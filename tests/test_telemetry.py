@@ -121,6 +121,62 @@ async def test_cancel_and_wait_swallows_the_tasks_cancellation_not_the_callers()
         await waiter
 
 
+async def test_unless_stopped_gives_the_work_or_none_and_leaves_nothing_running():
+    from gateway.io.aio import unless_stopped
+
+    cleaned: list[str] = []
+
+    async def waits(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(name)
+
+    async def answer() -> int:
+        return 42
+
+    async def now() -> None:
+        return None
+
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    done = await unless_stopped(answer(), waits("stop"))  # the work first: the stop ends
+    assert done is not None and done.result() == 42 and cleaned == ["stop"]
+    assert await unless_stopped(waits("work"), now()) is None  # the stop first: work ends,
+    assert cleaned == ["stop", "work"]  # its cleanup run before the answer
+    done = await unless_stopped(fails(), now())  # a tie: the work wins, its error kept
+    assert done is not None and isinstance(done.exception(), ValueError)
+    # what the stop raises is dropped, not left unread for the loop to log
+    assert await unless_stopped(waits("work again"), fails()) is None
+
+
+@pytest.mark.parametrize("steps", range(6))
+async def test_unless_stopped_never_swallows_the_callers_cancellation(steps):
+    """Wherever the caller's cancellation lands, the caller ends cancelled (the HTTP
+    API's own race suppressed CancelledError around its cleanup: I/O review)."""
+    from gateway.io.aio import unless_stopped
+
+    async def answer() -> str:
+        return "result"
+
+    after: list[str] = []
+
+    async def caller() -> None:
+        await unless_stopped(answer(), asyncio.Event().wait())
+        after.append("returned")
+        await asyncio.sleep(0)
+        after.append("went on after the cancel")
+
+    task = asyncio.ensure_future(caller())
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "went on after the cancel" not in after
+
+
 def test_gc_pauses_books_each_collection_under_its_generation_until_stopped():
     import gc
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
@@ -17,3 +21,24 @@ async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
+
+
+async def unless_stopped(work: Awaitable[T], stop: Awaitable[object]) -> asyncio.Future[T] | None:
+    """Run ``work`` until ``stop`` completes. Returns ``work``, done (read its result; it
+    wins a tie), or None when ``stop`` came first: then ``work`` has been cancelled and has
+    finished (its cleanup ran). What ``stop`` returns or raises is dropped; it is cancelled
+    and finished on the way out, and so is ``work`` when the caller is cancelled. The
+    caller's cancellation is never swallowed (``asyncio.wait`` raises nothing of theirs)."""
+    working = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop)
+    try:
+        await asyncio.wait({working, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pending = {task for task in (working, stopping) if not task.done()}
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+    if not stopping.cancelled():
+        stopping.exception()  # what ``stop`` raised is not the caller's (nor logged unread)
+    return None if working in pending else working

@@ -63,6 +63,7 @@ from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest
 from gateway.core.audio_formats import FORMATS, Encoder
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import Segmenter, SegmenterConfig
+from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -688,20 +689,10 @@ class _Gone(Exception):
 async def _unless_gone(request: Request, awaitable: Any) -> Any:
     """``awaitable``'s result, or ``_Gone`` when the client leaves first (then the
     awaitable is cancelled)."""
-    work = asyncio.ensure_future(awaitable)
-    leaving = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({work, leaving}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            raise _Gone
-        return work.result()
-    finally:
-        for task in (work, leaving):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, SpeechFailed):
-            await work
-        with contextlib.suppress(asyncio.CancelledError):
-            await leaving
+    done = await unless_stopped(awaitable, _disconnected(request))
+    if done is None:
+        raise _Gone
+    return done.result()
 
 
 def _failure(exc: SpeechFailed, headers: dict[str, str]) -> Response:
@@ -1026,10 +1017,8 @@ class HttpServer:
             error_log.addFilter(_not_an_aborted_stream)
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
-        serving = asyncio.create_task(self._server.serving.wait())
-        await asyncio.wait({self._task, serving}, return_when=asyncio.FIRST_COMPLETED)
-        if not serving.done():
-            serving.cancel()
+        # (the server's task is shielded: it goes on serving once it serves)
+        if await unless_stopped(self._server.serving.wait(), asyncio.shield(self._task)) is None:
             self._task.result()  # raises what stopped uvicorn
             raise RuntimeError("the HTTP server stopped while starting")
 

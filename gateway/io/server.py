@@ -43,7 +43,7 @@ from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
 from gateway.core.session import Session, SessionLimits, SessionSettings
-from gateway.io.aio import cancel_and_wait
+from gateway.io.aio import cancel_and_wait, unless_stopped
 from gateway.io.auth import (
     check_token,
     install_redaction,
@@ -645,17 +645,11 @@ async def started_unless_stopped(gateway: Gateway, stop: asyncio.Event) -> bool:
     """Start ``gateway``; False if ``stop`` is set first. A model may take a minute to load,
     and a ^C then must not wait for it: the start is cancelled and closes what it opened
     (the load itself runs on in its engine thread until the process exits)."""
-    starting = asyncio.ensure_future(gateway.start())
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-    if starting.done():
-        starting.result()  # (a start that failed raises here)
-        return True
-    await cancel_and_wait(starting)
-    return False
+    started = await unless_stopped(gateway.start(), stop.wait())
+    if started is None:
+        return False
+    started.result()  # (a start that failed raises here)
+    return True
 
 
 async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | None = None,
