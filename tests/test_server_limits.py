@@ -93,6 +93,30 @@ async def test_a_full_gateway_lets_a_phone_back_in_to_resume_its_session(start_g
     assert gw.metrics.errors["server_full"] == 4  # three 503s and the quiet socket
 
 
+async def test_a_resume_handshake_that_failed_does_not_block_the_next(start_gateway):
+    """The gateway let a socket naming the session past the limit, then websockets refused
+    its handshake (here a wrong Sec-WebSocket-Version): its place stayed taken, and the
+    phone's proper resume got 503 "another socket is resuming" until a full GC (I/O review)."""
+    import asyncio
+
+    gw = await start_gateway(server={"max_sessions": 1, "resume_window_s": 30.0})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    created = await dropped(url)
+    sid, token = created["session_id"], created["resume_token"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(f"GET /v1/voice?resume={sid} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 "Sec-WebSocket-Version: 7\r\n\r\n".encode())
+    answer = await reader.read()  # to the end: the server has closed it
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    async with connect(f"{url}?resume={sid}") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="session.resume", session_id=sid, resume_token=token)
+        assert (await recv_event(ws))["type"] == "session.resumed"
+        assert list(gw.past_limit) == []
+
+
 @pytest.mark.parametrize("first", ["transcript", "wrong token", "silence"])
 async def test_a_socket_let_in_past_the_limit_may_only_resume(start_gateway, first,
                                                               monkeypatch):

@@ -469,9 +469,12 @@ class Gateway:
             if pending != session_id:
                 continue
             older = next((c for c in self.connections if c.ws is ws), None)
-            if older is None:  # still in its handshake
+            if older is not None:
+                older.refuse_past_limit()
+            elif ws.transport.is_closing():  # its handshake failed: it never came to be
+                del self.past_limit[ws]
+            else:  # still in its handshake
                 return None, f"another socket is resuming {session_id} right now; retry"
-            older.refuse_past_limit()
         return session_id, ""
 
     def active_turns(self) -> int:
