@@ -118,6 +118,47 @@ async def test_engine_raising_mid_sentence_fails_that_turn_only(fault):
         await gw.aclose()
 
 
+async def test_a_session_closed_by_its_own_error_event_leaves_nothing_on_the_lane():
+    """The engine fails the turn's first sentence and the `error` event is the message that
+    passes the unread-output bound (a client that stopped reading): the session closed
+    there, and the rest of the effects, the turn's cancel on the lane among them, were
+    skipped, so the dead session's seven other sentences were still synthesized (I/O
+    review)."""
+
+    class FailsAfterHanging(FaultyEngine):  # TEST DOUBLE
+        def open(self, request: SynthesisRequest):
+            stream = super().open(request)
+            if "HANG" in request.text:
+                hanging = stream.step
+
+                def step() -> bytes | None:
+                    chunk = hanging()  # the second step hangs until released
+                    if engine.release.is_set():
+                        raise EngineError("engine_failed", "scripted engine failure")
+                    return chunk
+
+                stream.step = step  # type: ignore[method-assign]
+            return stream
+
+    engine = FailsAfterHanging()
+    gw = await start(engine)
+    try:
+        async with connect(url(gw)) as ws:
+            created = await recv_event(ws, "session.created")
+            runner = gw.runners[created["session_id"]]
+            await send(ws, type="say", text="A HANG here first. " + " ".join(
+                f"Then sentence {n} of eight." for n in range(2, 9)))
+            await asyncio.to_thread(engine.hung.wait)
+            assert gw.lane.queue_depth == 8  # the first running, the rest waiting
+            runner.outbox.max_bytes = 0  # the next message passes the bound
+            engine.release.set()
+            await gw.wait_no_sessions()
+        assert gw.metrics.errors["slow_consumer"] == 1
+        assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 7
+    finally:
+        await gw.aclose()
+
+
 async def test_a_bug_consuming_the_audio_fails_that_turn_only(monkeypatch):
     """A session whose handling of a chunk raises (a gateway bug: a lone surrogate once got
     this far) used to kill the lane task: every later turn of every session hung while

@@ -200,11 +200,12 @@ class SessionRunner:
     def _apply(self, effects: list[Effect]) -> None:
         end = self.outbox.end
         for effect in effects:
-            if self.closed:
+            if self.closed and not isinstance(effect, CancelLlm | CancelSynthesis):
                 # Closed by an effect of this very list (a slow consumer): the rest is for
                 # nobody, and a StartSynthesis would put a dead session's work on the lane
-                # ahead of the live ones.
-                break
+                # ahead of the live ones. Its cancels still run: the session's close found
+                # its turn already ended by this list, and cancelled nothing.
+                continue
             self._execute(effect)
         if self.outbox.end != end:
             self._flush()
