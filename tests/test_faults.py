@@ -223,6 +223,46 @@ async def test_a_bug_handling_a_message_ends_that_session_only(monkeypatch, capl
         await gw.aclose()
 
 
+@pytest.mark.parametrize("core_call", ["tick", "llm_delta"])
+async def test_a_bug_in_the_pacing_timer_or_the_llm_task_ends_that_session_only(
+        core_call, monkeypatch, caplog):
+    """Where no message is being handled, a bug had other outcomes than the one above: in
+    the pacing timer the session stopped sending audio for good, silently; in the LLM task
+    it read as the LLM failing (llm_failed, and /health degraded) while the turn hung (I/O
+    review). Both now end the session as a bug does anywhere."""
+    from gateway.core.session import Session
+
+    target: list[str] = []
+    original = getattr(Session, core_call)
+
+    def buggy(self, *args):
+        if self.id in target:
+            raise TypeError(f"a scripted bug in Session.{core_call}")
+        return original(self, *args)
+
+    monkeypatch.setattr(Session, core_call, buggy)
+    gw = await start(FaultyEngine())
+    try:
+        async with connect(url(gw)) as ws:
+            created = await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"max_lead_ms": 100})  # paced
+            await recv_event(ws, "session.updated")
+            target.append(created["session_id"])
+            await send(ws, type="transcript", text="Tell me something long, please.")
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await ws.recv()
+            assert (ws.close_code, ws.close_reason) == (1011, "internal error")
+        await well_behaved(gw)
+        assert created["session_id"] not in gw.runners
+        assert gw.metrics.errors["internal_error"] == 1 and "llm_failed" not in gw.metrics.errors
+        assert gw.llm_failing is None and gw.health()["status"] == "ok"
+        assert [r.message for r in caplog.records if r.levelname == "ERROR"] == [
+            f"session {created['session_id']}: internal error; the session ends"]
+    finally:
+        await gw.aclose()
+
+
 async def test_a_lane_that_stops_says_so_and_fails_what_waits(monkeypatch):
     gw = await start(FaultyEngine())
     try:

@@ -21,6 +21,7 @@ import logging
 import secrets
 import time
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, assert_never, cast
 
 import orjson
@@ -162,6 +163,22 @@ class SessionRunner:
             task.cancel()
         self._outbox_ready.set()  # wake a writer so it sees the end
         self.gateway.forget(self)
+
+    def crashed(self, exc: BaseException) -> None:
+        """A bug in the gateway while handling this session (a message, the pacing timer,
+        the LLM stream): the session ends, whatever broke may be in its state, where a
+        resume would meet it again. Counted as ``internal_error`` and logged once with its
+        traceback; the socket closes with 1011 "internal error"; every other session goes
+        on. (A bug consuming a lane job's audio fails only that turn: ``Lane``.)"""
+        if self.closed:
+            return
+        self.gateway.metrics.errors["internal_error"] += 1
+        log.error("session %s: internal error; the session ends", self.session.id,
+                  exc_info=exc)
+        connection = self.connection
+        self.close()  # (the ERROR above is its line)
+        if connection is not None:
+            connection.close_soon(1011, "internal error")
 
     def check_resume_token(self, token: str) -> bool:
         return hmac.compare_digest(self.resume_token.encode(), token.encode())
@@ -308,7 +325,16 @@ class SessionRunner:
 
     def _tick(self) -> None:
         self._timer = None
-        self._apply(self.session.tick(self.now()))
+        self._guarded(self.session.tick, self.now())
+
+    def _guarded(self, core: Callable[..., list[Effect]], *args: Any) -> None:
+        """Apply what ``core(*args)`` returns, where nothing above would take a bug (a timer
+        callback, the LLM task): a bug in either ends the session (``crashed``). It once
+        stopped the session's pacing for good, or read as the LLM failing."""
+        try:
+            self._apply(core(*args))
+        except Exception as exc:
+            self.crashed(exc)
 
     # ---- LLM ---------------------------------------------------------------------------
 
@@ -323,28 +349,28 @@ class SessionRunner:
                 async for event in stream:
                     match event:
                         case LlmDelta(text=text):
-                            self._apply(self.session.llm_delta(turn_id, text, self.now()))
+                            self._guarded(self.session.llm_delta, turn_id, text, self.now())
                         case LlmDone(finish_reason="length"):
                             # the server answered well, but stopped at its token limit:
                             # the unfinished sentence is not spoken, as at max_reply_chars
                             self.gateway.llm_answered(None)
-                            self._apply(self.session.llm_failed(
-                                turn_id, "llm_failed", "the reply reached the LLM's token "
-                                "limit (max_tokens); the rest is not spoken", self.now()))
+                            self._guarded(self.session.llm_failed, turn_id, "llm_failed",
+                                          "the reply reached the LLM's token limit "
+                                          "(max_tokens); the rest is not spoken", self.now())
                             return
                         case LlmDone(tokens_per_s=rate):
                             self.gateway.llm_answered(None)
-                            self._apply(self.session.llm_done(turn_id, rate, self.now()))
+                            self._guarded(self.session.llm_done, turn_id, rate, self.now())
                             return
             raise EngineError("llm_failed", "the LLM stream ended without finishing")
         except EngineError as exc:
             self.gateway.llm_answered((exc.code, exc.message))
-            self._apply(self.session.llm_failed(turn_id, exc.code, exc.message, self.now()))
+            self._guarded(self.session.llm_failed, turn_id, exc.code, exc.message, self.now())
         except Exception as exc:
             log.exception("LLM backend failed")
             message = f"{type(exc).__name__}: {exc}"
             self.gateway.llm_answered(("llm_failed", message))
-            self._apply(self.session.llm_failed(turn_id, "llm_failed", message, self.now()))
+            self._guarded(self.session.llm_failed, turn_id, "llm_failed", message, self.now())
 
     # ---- lane sink (called on the event loop by the lane task) -----------------------
 
@@ -478,13 +504,10 @@ class VoiceConnection:
             # connection waits for a full GC to be freed.
             traceback.clear_frames(group.__traceback__)
         except* Exception as group:
-            # a bug: the session ends (what broke it may be in its state, and would break
-            # its resume again), told by 1011; every other session goes on
             crashed = True
-            self.gateway.metrics.errors["internal_error"] += 1
-            log.error("session %s: internal error; the session ends", runner.session.id,
-                      exc_info=group.exceptions[0])
-            self.close_soon(1011, "internal error")
+            if self.runner is not None:  # (the resumed session, after a resume)
+                self.runner.crashed(group.exceptions[0])
+            self.close_soon(1011, "internal error")  # (crashed did, if it still had us)
         finally:
             # The finished writer holds its CancelledError, whose traceback holds the
             # writer's frame and so this connection: a cycle only a full GC would free.
