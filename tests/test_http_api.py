@@ -195,6 +195,38 @@ async def test_a_stopping_gateway_says_so(gateway):
     assert speech.status_code == 503 and speech.json()["error"]["code"] == "shutting_down"
 
 
+async def test_a_request_whose_body_came_after_the_shutdown_began_is_refused(gateway,
+                                                                             monkeypatch):
+    """The gateway was checked to be serving before the body was read (up to 10 s): a
+    request still sending its body when the shutdown began was spoken after the shutdown
+    had failed every open speech stream (I/O review)."""
+    from gateway.io import http_api
+
+    reading = asyncio.Event()
+    read_json = http_api._read_json
+
+    async def read_json_seen(request):
+        reading.set()
+        return await read_json(request)
+
+    monkeypatch.setattr(http_api, "_read_json", read_json_seen)
+    body = orjson.dumps({"input": "Hello there.", "response_format": "pcm"})
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:5]))
+    await reading.wait()  # past the first check, waiting for the rest of its body
+    gateway.closing = True
+    try:
+        writer.write(body[5:])
+        status = await reader.readline()
+        answer = await reader.readuntil(b"}}")  # to the end of the error's JSON
+    finally:
+        gateway.closing = False
+        writer.close()
+    assert status.startswith(b"HTTP/1.1 503 ") and b'"code":"shutting_down"' in answer
+    assert gateway.lane.stats.jobs_done == 0
+
+
 async def test_a_client_gone_while_sending_its_request_is_no_server_error(gateway, caplog):
     caplog.set_level(logging.INFO)
     line = LineSeen("speech disconnected (499) while sending its request")

@@ -448,6 +448,20 @@ class AuthMiddleware:
         await error.response(headers)(scope, receive, send)
 
 
+def _refuse_speech_now(gateway: Gateway, lane: Lane | None) -> None:
+    """Raise the 503 for a speech request the gateway, or ``lane`` (its voice's, once
+    known), cannot take now, if it cannot."""
+    if gateway.closing:
+        raise ApiError(503, "the gateway is shutting down", code="shutting_down",
+                       type="server_error")
+    if not gateway.ready or (lane is not None and not lane.loaded):
+        raise ApiError(503, "the engine is still warming up; retry shortly",
+                       code="warming_up", type="server_error")
+    if lane is not None and lane.unhealthy is not None:
+        raise ApiError(503, f"the engine cannot synthesize now: {lane.unhealthy}",
+                       code="engine_unavailable", type="server_error")
+
+
 def _speech_rejected(gateway: Gateway, error: ApiError) -> None:
     """A speech request refused before any synthesis: counted, and its one log line."""
     gateway.telemetry.http_speech.labels("-", "-", "rejected").inc()
@@ -506,16 +520,14 @@ class SpeechApi:
     async def speech(self, request: Request) -> Response:
         gw = self.gateway
         try:
-            if gw.closing:
-                raise ApiError(503, "the gateway is shutting down", code="shutting_down",
-                               type="server_error")
-            if not (gw.ready and gw.lane.loaded):
-                raise ApiError(503, "the engine is still warming up; retry shortly",
-                               code="warming_up", type="server_error")
-            if gw.lane.unhealthy is not None:
-                raise ApiError(503, f"the engine cannot synthesize now: {gw.lane.unhealthy}",
-                               code="engine_unavailable", type="server_error")
+            _refuse_speech_now(gw, None)  # before the body: it may take seconds
             params = parse_speech(await _read_json(request), gw)
+            voice = params.voice or gw.config.tts.voice
+            lane = gw.lane_for_voice(voice)
+            # again after it: the gateway may have begun to stop meanwhile (its open
+            # speech streams already failed, this one would not be), and the voice may be
+            # another lane's
+            _refuse_speech_now(gw, lane)
         except ClientDisconnect:  # gone while sending its request
             gw.telemetry.http_speech.labels("-", "-", "disconnected").inc()
             log.info("speech disconnected (499) while sending its request")
@@ -523,8 +535,6 @@ class SpeechApi:
         except ApiError as error:
             _speech_rejected(gw, error)
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
-        voice = params.voice or gw.config.tts.voice
-        lane = gw.lane_for_voice(voice)
         engine = lane.engine
         notes = self._notes(params, engine)
         # A voice that may make a segment in one step (chatterbox, itself or behind a
