@@ -434,36 +434,19 @@ class Lane:
             if opened:
                 job.state = await self._call_step(self.engine.open, payload.request)
             chunk, ready_at = await self._call_step(_timed_step, job.state)
-        except StepTimeout:
-            self.scheduler.finish(job)  # the stream stays with the stuck thread
-            self.stats.jobs_failed += 1
-            self._ended(job, "failed")
-            if not job.cancelled:
-                payload.sink.on_failed(job, "engine_timeout",
-                                       f"{self.engine.name} did not answer within "
-                                       f"{self.step_timeout_s:g} s")
+        except StepTimeout:  # the stream stays with the stuck thread
+            self._step_failed(job, "engine_timeout", f"{self.engine.name} did not answer "
+                              f"within {self.step_timeout_s:g} s", free_stream=False)
             return
         except LaneUnavailable as exc:
-            self.scheduler.finish(job)
-            self.stats.jobs_failed += 1
-            self._ended(job, "failed")
-            if not job.cancelled:
-                payload.sink.on_failed(job, "engine_unavailable", str(exc))
+            self._step_failed(job, "engine_unavailable", str(exc), free_stream=False)
             return
         except EngineError as exc:
-            self._drop(job)
-            self.stats.jobs_failed += 1
-            self._ended(job, "failed")
-            if not job.cancelled:
-                payload.sink.on_failed(job, exc.code, exc.message)
+            self._step_failed(job, exc.code, exc.message)
             return
         except Exception as exc:  # an engine bug must not take the lane down
             log.exception("engine %s failed", self.engine.name)
-            self._drop(job)
-            self.stats.jobs_failed += 1
-            self._ended(job, "failed")
-            if not job.cancelled:
-                payload.sink.on_failed(job, "engine_failed", f"{type(exc).__name__}: {exc}")
+            self._step_failed(job, "engine_failed", f"{type(exc).__name__}: {exc}")
             return
         finally:
             job.running = False
@@ -496,6 +479,20 @@ class Lane:
     def _ended(self, job: Job, outcome: str) -> None:
         if self.observer is not None:
             self.observer.job_ended(self.name, job, outcome)
+
+    def _step_failed(self, job: Job, code: str, message: str, *,
+                     free_stream: bool = True) -> None:
+        """The job's step failed: it ends ``failed`` (its stream freed, unless a thread that
+        cannot be stopped still holds it), and its sink hears why unless it was cancelled.
+        Before the step's figures are booked (``_step``'s ``finally``), as it always was."""
+        if free_stream:
+            self._drop(job)
+        else:
+            self.scheduler.finish(job)
+        self.stats.jobs_failed += 1
+        self._ended(job, "failed")
+        if not job.cancelled:
+            job.payload.sink.on_failed(job, code, message)
 
     def _drop(self, job: Job) -> None:
         self.scheduler.finish(job)
