@@ -112,6 +112,47 @@ def test_chinese_clause_marks_give_the_eager_first_cut_and_the_long_sentence_bre
                    "大家都非常开心。"]  # no space to break at: the last clause mark before 40
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("今天天气很好，然后我们去公园。", ["今天天气很好，", "然后我们去公园。"]),  # six: 4 words
+    ("天气很好，然后我们去公园。", ["天气很好，然后我们去公园。"]),  # four characters: 3 words
+])
+def test_two_chinese_characters_count_as_a_word_for_the_eager_first_cut(text, want):
+    assert [s.text for s in run(text)] == want
+
+
+def test_chinese_clause_marks_inside_brackets_or_quotes_never_cut():
+    text = "他说「我们今天去公园散步，然后去吃饭。」"
+    assert [s.text for s in run(text)] == [text]
+    assert [s.text for s in run(text, [1] * len(text))] == [text]
+
+
+def test_chinese_list_items_ending_in_a_clause_mark_end_at_their_newline():
+    text = "1. 苹果；\n2. 香蕉；\n3. 橙子。"
+    assert [s.text for s in run(text, config=SENTENCES)] == ["1. 苹果；", "2. 香蕉；", "3. 橙子。"]
+
+
+def test_the_sentence_after_a_long_chinese_one_cut_at_a_clause_mark_still_ends():
+    long = ("我们今天去了很多地方，看了很多风景，吃了很多好吃的东西，也认识了很多新朋友，"
+            "大家都非常开心。明天见。")
+    got = [s.text for s in run(long, config=SegmenterConfig(first_min_words=0, max_chars=40))]
+    assert got[1:] == ["大家都非常开心。", "明天见。"]
+
+
+def test_a_full_width_end_then_a_space_keeps_the_next_sentence_whole():
+    text = "会议结束了。 Then we left. Ok."
+    assert [s.text for s in run(text, config=SENTENCES)] == ["会议结束了。", "Then we left.", "Ok."]
+
+
+@pytest.mark.parametrize(("min_chars", "want"), [
+    (5, ["你好。", "我很好。今天天气很好，我们去公园散步吧。"]),  # shorter than 5: merged
+    (4, ["你好。", "我很好。", "今天天气很好，我们去公园散步吧。"]),  # exactly 4: stands
+])
+def test_short_chinese_sentences_merge_after_the_first(min_chars, want):
+    text = "你好。我很好。今天天气很好，我们去公园散步吧。"
+    assert [s.text for s in run(text, config=SegmenterConfig(first_min_words=0,
+                                                             min_chars=min_chars))] == want
+
+
 def test_a_run_on_chinese_sentence_is_cut_between_characters_at_max_chars():
     # no clause mark and no space: before, one segment however long (nothing to cut at)
     text = ("我们今天去了很多地方看了很多风景吃了很多好吃的东西"
@@ -254,6 +295,29 @@ def test_long_sentence_without_clause_cut_at_a_space():
     assert " ".join(s.text for s in got) == text
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("aaaa bbbbb ccccc ddddd.", ["aaaa bbbbb", "ccccc", "ddddd."]),  # a space at max_chars
+    ("aaaa bbbbbb ccccc ddddd.", ["aaaa", "bbbbbb", "ccccc", "ddddd."]),  # one past it
+])
+def test_a_long_sentence_is_cut_at_its_last_space_within_max_chars(text, want):
+    assert [s.text for s in run(text, config=SegmenterConfig(first_min_words=0,
+                                                             max_chars=10))] == want
+
+
+@pytest.mark.timeout(20)
+def test_a_word_longer_than_max_chars_is_never_cut():
+    url = "https://example.com/docs/reference/very/long/path/to/the/page"
+    text = f"See {url} for details."
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=20))]
+    assert got == ["See", f"{url} for details."]
+
+
+def test_sentences_after_a_cut_at_a_space_still_end_at_their_stops():
+    text = "This sentence has no clause marks and goes on well past the limit. Next one. Last one."
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=40))]
+    assert got[-2:] == ["Next one.", "Last one."]
+
+
 def test_decimal_split_across_chunks_waits():
     seg = Segmenter(SENTENCES)
     assert seg.feed("It took 8.") == []
@@ -354,6 +418,9 @@ def sentences(text: str) -> list[str]:
      ["The answer is option A.", "Option B is a trap."]),
     ("The ticket is for Row F. Seats 12 and 13.", ["The ticket is for Row F.", "Seats 12 and 13."]),
     ("It went from a C to an A. Great work!", ["It went from a C to an A.", "Great work!"]),
+    ("We chose plan B. I think it works.", ["We chose plan B.", "I think it works."]),
+    ("Option B. Nobody wanted it.", ["Option B.", "Nobody wanted it."]),
+    ("**Option** B. Nobody wanted it.", ["**Option** B.", "Nobody wanted it."]),
     # initials still go on
     ("John F. Kennedy was born in 1917.", ["John F. Kennedy was born in 1917."]),
     ("Our contact is M. Dubois in Lyon.", ["Our contact is M. Dubois in Lyon."]),
@@ -368,6 +435,8 @@ def test_a_single_capital_is_a_label_before_a_sentence_and_an_initial_before_a_n
     ("The U.S. Army Corps is repairing it.", ["The U.S. Army Corps is repairing it."]),
     ("The U.N. Security Council met today.", ["The U.N. Security Council met today."]),
     ("We moved to the U.S. Then she followed.", ["We moved to the U.S.", "Then she followed."]),
+    ("He moved to the U.S. It\u2019s cold there.",  # a curly apostrophe in the starter
+     ["He moved to the U.S.", "It\u2019s cold there."]),
     ("It was fined in the U.K. The fine was large.",
      ["It was fined in the U.K.", "The fine was large."]),
     ("She works at 10 Downing St. That's the office.",
@@ -505,6 +574,13 @@ def test_abandon_after_finish_returns_nothing():
     assert [s.text for s in seg.feed("One. Two")] == ["One."]
     assert [s.text for s in seg.finish()] == ["Two"]
     assert seg.abandon() == []
+
+
+def test_abandon_returns_a_complete_short_sentence_whatever_min_chars():
+    seg = Segmenter(SegmenterConfig(first_min_words=0, min_chars=40))
+    assert [s.text for s in seg.feed("The first sentence is long enough to stand. Ok. ")] == [
+        "The first sentence is long enough to stand."]
+    assert [s.text for s in seg.abandon()] == ["Ok."]  # nothing follows to merge it with
 
 
 @pytest.mark.parametrize(("text", "want"), [
