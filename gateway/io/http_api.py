@@ -667,10 +667,17 @@ class _Streamed(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.stream.close()
-            if self.encoding is not None:
-                self.encoding.close()
-            self.counter(self.stream.outcome)
+            _end(self.stream, self.encoding, self.counter, self.stream.outcome)
+
+
+def _end(stream: SpeechStream, encoding: Encoding | None, counter: Callable[[str], None],
+         outcome: str) -> None:
+    """A speech request is over, however it went: its jobs and encoder are freed and it is
+    counted (``counter`` reads only the stream's figures, which closing keeps)."""
+    stream.close()
+    if encoding is not None:
+        encoding.close()
+    counter(outcome)
 
 
 async def _sse(stream: SpeechStream, request: Request) -> AsyncIterator[bytes]:
@@ -822,18 +829,15 @@ async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
     try:
         first = await _unless_gone(request, anext(chunks, b""))
         head = await encoding.encode(first)
-    except (_Gone, SpeechFailed) as exc:
-        if isinstance(exc, SpeechFailed):
-            _encoder_failed(stream, exc)
-        stream.close()
-        encoding.close()
-        counter("failed" if isinstance(exc, SpeechFailed) else "disconnected")
-        return _failure(exc, headers) if isinstance(exc, SpeechFailed) else \
-            Response(status_code=499)
+    except _Gone:
+        _end(stream, encoding, counter, "disconnected")
+        return Response(status_code=499)  # nobody is listening
+    except SpeechFailed as exc:
+        _encoder_failed(stream, exc)
+        _end(stream, encoding, counter, "failed")
+        return _failure(exc, headers)
     except BaseException:  # cancelled: the server is stopping
-        stream.close()
-        encoding.close()
-        counter("disconnected")
+        _end(stream, encoding, counter, "disconnected")
         raise
 
     async def body() -> AsyncIterator[bytes | memoryview]:
@@ -872,16 +876,16 @@ async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
     try:
         data = await _unless_gone(request, collect())
     except _Gone:
-        counter("disconnected")
+        _end(stream, encoding, counter, "disconnected")
         return Response(status_code=499)  # nobody is listening
     except SpeechFailed as exc:
         _encoder_failed(stream, exc)
-        counter("failed")
+        _end(stream, encoding, counter, "failed")
         return _failure(exc, headers)
-    finally:
-        stream.close()
-        encoding.close()
-    counter("completed")
+    except BaseException:  # cancelled: the server is stopping (it went uncounted)
+        _end(stream, encoding, counter, "disconnected")
+        raise
+    _end(stream, encoding, counter, "completed")
     usage = stream.usage()
     headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
                "X-Compute-Ms": str(usage["compute_ms"])}
