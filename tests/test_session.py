@@ -288,9 +288,12 @@ def test_engine_failure_ends_turn_failed_and_stops_llm(clock):
     s = Session("s")
     tid = start(s, clock)
     s.llm_delta(tid, "Complete sentence. More", clock())
-    out = s.synthesis_failed(tid, 0, "engine_failed", "boom", clock())
+    out = s.synthesis_failed(tid, 0, "engine_failed", "boom", clock.advance(250))
     assert isinstance(out[1], CancelLlm)
-    assert events(out, "turn.done")[0]["status"] == "failed"
+    assert events(out, "error") == [{"type": "error", "turn_id": tid,
+                                     "error": {"code": "engine_failed", "message": "boom"}}]
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed" and done["metrics"]["duration_ms"] == 250.0
 
 
 def test_turn_end_known_late_is_closed_with_an_empty_frame(clock):
@@ -308,6 +311,26 @@ def test_turn_end_known_late_is_closed_with_an_empty_frame(clock):
     assert (closing.sentence, closing.seq) == (1, last_seq + 1)
     assert [e["type"] for e in events(out)] == ["sentence", "sentence.done", "turn.done"]
     assert events(out, "turn.done")[0]["status"] == "completed"
+
+
+def test_a_closing_frame_names_the_last_sentence_holds_no_audio_and_takes_its_seq(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "One here. Two here. Three here. Hmm ", clock())  # three certain
+    out = []
+    for index in range(3):
+        out += s.audio(tid, index, pcm(40), "x", clock())
+        out += s.synthesis_done(tid, index, clock())
+    s.llm_done(tid, None, clock())
+    out += s.synthesis_done(tid, 3, clock())  # nothing to say for "Hmm": the turn ends late
+    closing = [e for e in out if isinstance(e, SendAudio)][-1]
+    assert closing.duration_ms == 0.0
+    frame = decode_frame(closing.data)
+    assert frame.turn_end and frame.pcm == b"" and frame.sentence == 3
+    out = s.receive(ClientSay("Next turn."), clock())
+    out += s.audio(s.turn.id, 0, pcm(40), "x", clock())
+    out += s.synthesis_done(s.turn.id, 0, clock())
+    assert frames(out)[0].seq == frame.seq + 1 == s.frames_sent - 1  # gapless after it
 
 
 def test_empty_reply_completes_without_frames(clock):
@@ -441,8 +464,17 @@ def test_deadline_counts_audio_held_back_by_pacing(clock):
     s.audio(tid, 0, pcm(1000), "x", clock())
     # 200 ms sent (the lead), 800 ms held: the listener is covered for a whole second,
     # so just-in-time scheduling can let other work take the lane until then
-    assert s.deadline(tid, clock()) == pytest.approx(clock() + 1.0)
+    assert s.deadline(tid, clock()) == pytest.approx(clock() + 1.0, abs=1e-9)
     assert s.deadline(tid + 1, clock()) is None
+
+
+def test_first_audio_is_due_when_the_first_segment_was_ready_not_when_the_turn_began(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    ready = clock.advance(300)  # the LLM's first sentence takes 300 ms
+    s.llm_delta(tid, "First sentence here. And", ready)
+    clock.advance(100)
+    assert s.deadline(tid, clock()) == ready
 
 
 def test_deadline_of_a_starved_listener_does_not_slide_with_the_clock(clock):
@@ -637,3 +669,44 @@ def test_a_resume_counts_as_hearing_from_the_listener(clock):
     back = clock()
     assert probes(run_until(s, clock, back + LISTENER_SILENT_S - 0.01)) == 0
     assert probes(run_until(s, clock, back + LISTENER_SILENT_S + REFILL_S)) == 1
+
+
+def test_shutdown_fails_the_turn_in_progress_and_leaves_an_idle_session_alone(clock):
+    s = Session("s")
+    assert s.shutdown(clock()) == []  # no turn yet
+    tid = start(s, clock)
+    s.llm_delta(tid, "One sentence here. And", clock())
+    out = s.shutdown(clock.advance(100))
+    assert any(isinstance(e, CancelLlm) for e in out)
+    assert any(isinstance(e, CancelSynthesis) for e in out)
+    assert events(out, "error") == [{"type": "error", "turn_id": tid, "error": {
+        "code": "shutting_down", "message": "the gateway is shutting down"}}]
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed" and done["metrics"]["duration_ms"] == 100.0
+    assert s.shutdown(clock()) == []  # ended already
+
+
+def test_close_stops_the_turn_and_reports_it_cancelled_without_sending(clock):
+    s = Session("s")
+    assert s.close(clock()) == []
+    tid = start(s, clock)
+    s.llm_delta(tid, "One sentence here. And", clock())
+    out = s.close(clock.advance(100))
+    assert [type(e) for e in out] == [CancelLlm, CancelSynthesis, SendEvent]
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "cancelled" and done["metrics"]["duration_ms"] == 100.0
+    assert s.close(clock()) == []
+
+
+def test_a_session_resumed_before_its_first_turn_sends_nothing(clock):
+    s = Session("s")
+    s.held = True
+    assert s.resume(0, clock()) == [] and not s.held
+
+
+def test_no_lead_is_reported_for_a_turn_that_is_not_active(clock):
+    s = Session("s")
+    assert s.lead_ms(1, clock()) is None
+    tid = start(s, clock)
+    s.receive(ClientCancel(tid), clock())
+    assert s.lead_ms(tid, clock()) is None
