@@ -64,6 +64,13 @@ class FallbackEngine:
         breaker_reset_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not (isinstance(breaker_failures, int) and breaker_failures >= 1):
+            raise ValueError(f"breaker_failures must be an integer at least 1, not "
+                             f"{breaker_failures!r}")
+        for key, value in (("first_chunk_timeout_s", first_chunk_timeout_s),
+                           ("breaker_reset_s", breaker_reset_s)):
+            if not value > 0:
+                raise ValueError(f"{key} must be more than 0 seconds, not {value!r}")
         self.primary = primary
         self.fallback = fallback
         # what /v1/models, /health and the logs show: the voice and what stands behind it

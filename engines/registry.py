@@ -6,10 +6,10 @@ A gateway that speaks with espeak never imports mlx.
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import Any
 
 from engines.base import LlmBackend, TtsEngine
+from engines.options import check_options
 
 TTS_ENGINES: dict[str, str] = {
     "espeak": "engines.espeak:EspeakEngine",
@@ -38,19 +38,9 @@ def create_engine(name: str, /, **options: Any) -> TtsEngine:
     except KeyError:
         raise ValueError(f"unknown TTS engine {name!r}; known: {', '.join(TTS_ENGINES)}") from None
     cls = _import(target)
-    _check_options(cls, options, f"TTS engine {name!r}")
+    check_options(cls, options, f"TTS engine {name!r}")
     engine: TtsEngine = cls(**options)
     return engine
-
-
-def _check_options(cls: Any, options: dict[str, Any], what: str) -> None:
-    """The options against ``cls``'s signature: a required one missing (qwen3 without its
-    model), an unknown one, as a ``ValueError`` naming them; not bugs inside the class."""
-    try:
-        inspect.signature(cls).bind(**options)
-    except TypeError as exc:
-        raise ValueError(f"{what} cannot be set up with the options given: {exc} "
-                         f"(voice-gateway serve --help lists them)") from None
 
 
 def create_voice(engine: str, options: dict[str, Any], fallback: str | None = None,
@@ -64,9 +54,13 @@ def create_voice(engine: str, options: dict[str, Any], fallback: str | None = No
 
     backup = create_engine(fallback, **(fallback_options or {}))
     policy = fallback_policy or {}
-    _check_options(FallbackEngine, {"primary": primary, "fallback": backup, **policy},
-                   "the fallback policy ([tts.fallback_policy])")
-    wrapped: TtsEngine = FallbackEngine(primary, backup, **policy)
+    what = "the fallback policy ([tts.fallback_policy])"
+    check_options(FallbackEngine, {"primary": primary, "fallback": backup, **policy}, what,
+                  given=("primary", "fallback"))
+    try:
+        wrapped: TtsEngine = FallbackEngine(primary, backup, **policy)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
     return wrapped
 
 

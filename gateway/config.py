@@ -24,48 +24,13 @@ its key, and ``voice-gateway serve`` exits 2 with it before serving.
 from __future__ import annotations
 
 import tomllib
-import types
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
+from engines.options import describe, matches
 from gateway.core.codec import FRAME_MS_CHOICES, MAX_LEAD_MS_RANGE
 from gateway.core.session import DEFAULT_INSTRUCTIONS
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether ``value`` is of the annotated type (the few a config field uses)."""
-    origin, args = get_origin(hint), get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (Union, types.UnionType):
-        return any(_matches(value, arg) for arg in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if origin is tuple:
-        return isinstance(value, tuple) and all(_matches(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            isinstance(k, str) and _matches(v, args[1]) for k, v in value.items())
-    return isinstance(value, hint)
-
-
-def _describe(hint: Any) -> str:
-    origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in args if arg is not type(None))
-    if origin is tuple:
-        return f"a list of {_describe(args[0]).removeprefix('a ')}s"
-    if origin is dict:
-        return "a table"
-    return {bool: "true or false", int: "an integer", float: "a number",
-            str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _check_types(obj: Any, section: str) -> None:
@@ -75,8 +40,8 @@ def _check_types(obj: Any, section: str) -> None:
     hints = get_type_hints(type(obj))
     for f in fields(obj):
         value = getattr(obj, f.name)
-        if not _matches(value, hints[f.name]):
-            raise ValueError(f"{section}.{f.name} must be {_describe(hints[f.name])}, "
+        if not matches(value, hints[f.name]):
+            raise ValueError(f"{section}.{f.name} must be {describe(hints[f.name])}, "
                              f"not {value!r}")
 
 

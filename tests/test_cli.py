@@ -70,6 +70,18 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ("[server\n", "gw.toml: Expected ']' at the end of a table declaration"),
     ("[tts.fallback_policy]\nbreaker = 3\n[tts]\nfallback = \"espeak\"\n",
      "the fallback policy ([tts.fallback_policy]) cannot be set up with the options given"),
+    # the option tables are typed and bounded too: "soon" started a gateway whose every
+    # turn then failed, and a breaker of 0 or a bad step_ms a traceback naming no key
+    ('[tts]\nfallback = "espeak"\n[tts.fallback_policy]\nfirst_chunk_timeout_s = "soon"\n',
+     "the fallback policy ([tts.fallback_policy]): first_chunk_timeout_s must be a number, "
+     "not 'soon' (it takes first_chunk_timeout_s = 1.0, breaker_failures = 3, "
+     "breaker_reset_s = 30.0)"),
+    ('[tts]\nfallback = "espeak"\n[tts.fallback_policy]\nbreaker_failures = 0\n',
+     "the fallback policy ([tts.fallback_policy]): breaker_failures must be an integer at "
+     "least 1, not 0"),
+    ('[tts.options]\nstep_ms = "big"\n',
+     "TTS engine 'espeak': step_ms must be an integer, not 'big' (it takes voice = 'en-us', "
+     "step_ms = 200)"),
     ('[llm]\nreplies = "/nonexistent/replies.jsonl"\n',
      "llm.replies '/nonexistent/replies.jsonl' cannot be read: No such file or directory"),
     ('[server]\ntls_cert = "/nonexistent/cert.pem"\n',
@@ -110,8 +122,10 @@ def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatc
 @pytest.mark.parametrize(("argv", "code", "message"), [
     # one line naming the problem, not a traceback ending in a TypeError
     (["--tts", "qwen3"], 2, "voice-gateway: TTS engine 'qwen3' cannot be set up with the "
-     "options given: missing a required argument: 'model' (voice-gateway serve --help lists "
-     "them)"),
+     "options given: missing a required argument: 'model' (it takes model, voice = None, "
+     "ref_audio = None, ref_text = None, temperature = 0.7, top_p = None, max_tokens = None, "
+     "streaming_interval = 0.32, runaway_factor = 0.25, runaway_min_s = 3.0, "
+     "language = 'auto', warmup_text = 'Hello.')"),
     (["--voice", "klingon"], 1,
      "voice-gateway: the espeak engine did not load (lane cpu): espeak has no voice 'klingon'"),
     (["--tts", "qwen3", "--tts-model", "/nonexistent/qwen3"], 1,
