@@ -95,6 +95,9 @@ class ServerConfig:
         _check_types(self, "server")
         if self.tls_key is not None and self.tls_cert is None:
             raise ValueError("server.tls_key needs server.tls_cert (--tls-cert)")
+        if any(not token.strip() for token in self.tokens):
+            # (`--token "$UNSET"`: every client refused, yet a public bind allowed)
+            raise ValueError("server.tokens: a token cannot be empty")
         _check_int("server.port", self.port, 0, 65535)
         if self.http_port is not None:
             _check_int("server.http_port", self.http_port, 0, 65535)

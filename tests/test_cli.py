@@ -32,6 +32,10 @@ def test_tokens_come_from_flags_and_the_environment(monkeypatch):
     monkeypatch.setenv("VOICE_GATEWAY_TOKENS", " env-a , ,env-b")
     c = config_of("--token", "flag-a", "--token", "flag-b")
     assert c.server.tokens == ("flag-a", "flag-b", "env-a", "env-b")
+    # `--token "$VOICE_GATEWAY_TOKEN"` with the variable unset: refused, not a gateway
+    # that refuses every client yet counts as having a token for a public bind
+    with pytest.raises(ValueError, match="a token cannot be empty"):
+        config_of("--token", "")
 
 
 def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monkeypatch):
@@ -61,6 +65,7 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
      "server.insecure_bind must be true or false, not 'false'"),
     ("[server]\nhost = 12\n", "server.host must be a string, not 12"),
     ('[server]\ntls_key = "k.pem"\n', "server.tls_key needs server.tls_cert"),
+    ('[server]\ntokens = [""]\n', "server.tokens: a token cannot be empty"),
     ('[llm]\ntemperature = "hot"\n', "llm.temperature must be a number, not 'hot'"),
     ("[llm]\nmax_tokens = -5\n", "llm.max_tokens must be an integer at least 1, not -5"),
     ("[session]\ninstructions = 42\n", "session.instructions must be a string, not 42"),
