@@ -40,8 +40,10 @@ def _parser() -> argparse.ArgumentParser:
                    "engine)")
     s.add_argument("--synthetic-rtf", type=float, help="synthetic engine: seconds of work per "
                    "second of audio (default 0.44; 0 = free)")
-    s.add_argument("--synthetic-ttfa-ms", type=float, help="synthetic engine: first-step cost")
-    s.add_argument("--synthetic-step-ms", type=float, help="synthetic engine: audio per step")
+    s.add_argument("--synthetic-ttfa-ms", type=float, help="synthetic engine: first-step cost "
+                   "(default 107)")
+    s.add_argument("--synthetic-step-ms", type=float, help="synthetic engine: audio per step "
+                   "(default 320)")
     s.add_argument("--frame-ms", type=int, help="audio frame duration (default 40)")
     s.add_argument("--max-lead-ms", type=int, help="audio sent ahead of playback (default 1000)")
     s.add_argument("--max-sessions", type=int, help="live sessions at once; more are refused "
@@ -55,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="allow a non-loopback --host without tokens (--no-insecure-bind "
                    "overrides a config file's true)")
     s.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
-    s.add_argument("--tls-cert", help="serve wss:// with this certificate (PEM)")
+    s.add_argument("--tls-cert", help="serve wss:// (and https:// on the HTTP port) with this "
+                   "certificate (PEM)")
     s.add_argument("--tls-key", help="private key for --tls-cert")
     s.add_argument("--config", help="TOML config file (flags override it)")
     s.add_argument("--log-level", default="INFO", type=str.upper,
