@@ -15,6 +15,7 @@ from gateway.core.codec import (
     ClientSay,
     ClientSessionUpdate,
     ClientTranscript,
+    ProtocolError,
     decode_client,
     decode_frame,
 )
@@ -88,6 +89,22 @@ def test_open_announces_protocol_and_audio_format():
     assert effect.event["type"] == "session.created"
     assert effect.event["protocol"] == 1
     assert effect.event["audio"] == {"format": "pcm16", "sample_rate": 24000, "frame_ms": 40}
+    assert effect.event["session_id"] == "s1" and "resume_token" not in effect.event
+
+
+def test_open_gives_what_a_client_needs_to_resume_and_the_voice_that_speaks():
+    (effect,) = Session("s1").open(resume_token="tok", resume_window_s=30.0,
+                                   default_voice="af_heart")
+    assert (effect.event["session_id"], effect.event["resume_token"],
+            effect.event["resume_window_s"], effect.event["default_voice"]) == (
+        "s1", "tok", 30.0, "af_heart")
+
+
+def test_a_protocol_error_names_the_turn_it_is_about():
+    s = Session("s")
+    (with_turn,) = s.protocol_error(ProtocolError("invalid_field", "bad", turn_id=7), 0.0)
+    (without,) = s.protocol_error(ProtocolError("invalid_json", "bad"), 0.0)
+    assert with_turn.event["turn_id"] == 7 and "turn_id" not in without.event
 
 
 def test_transcript_starts_llm_with_instructions_history_and_settings(clock):
@@ -241,8 +258,9 @@ def test_llm_failure_right_after_a_sentence_end_speaks_that_sentence(clock):
     tid = start(s, clock)
     assert not [e for e in s.llm_delta(tid, "It is done. ", clock())
                 if isinstance(e, StartSynthesis)]  # the segmenter waits for what follows
-    out = s.llm_failed(tid, "llm_failed", "malformed JSON", clock())
-    assert [e.text for e in out if isinstance(e, StartSynthesis)] == ["It is done."]
+    out = s.llm_failed(tid, "llm_failed", "malformed JSON", clock.advance(50))
+    (job,) = [e for e in out if isinstance(e, StartSynthesis)]
+    assert job.text == "It is done." and job.deadline == clock()  # first audio: due now
     s.audio(tid, 0, pcm(40), "x", clock())
     out = s.synthesis_done(tid, 0, clock())
     assert events(out, "turn.done")[0]["status"] == "failed"
@@ -279,9 +297,10 @@ def test_a_reply_past_max_reply_chars_is_cut_spoken_up_to_there_and_fails(clock,
 def test_llm_unavailable_before_any_text_fails_at_once(clock):
     s = Session("s")
     tid = start(s, clock)
-    out = s.llm_failed(tid, "llm_unavailable", "connection refused", clock())
+    out = s.llm_failed(tid, "llm_unavailable", "connection refused", clock.advance(30))
     assert [e["type"] for e in events(out)] == ["error", "turn.done"]
     assert events(out, "turn.done")[0]["status"] == "failed"
+    assert events(out, "turn.done")[0]["metrics"]["duration_ms"] == 30.0
 
 
 def test_engine_failure_ends_turn_failed_and_stops_llm(clock):
@@ -336,9 +355,31 @@ def test_a_closing_frame_names_the_last_sentence_holds_no_audio_and_takes_its_se
 def test_empty_reply_completes_without_frames(clock):
     s = Session("s")
     tid = start(s, clock)
-    out = s.llm_done(tid, None, clock())
+    out = s.llm_done(tid, None, clock.advance(30))
     assert frames(out) == []
     assert events(out, "turn.done")[0]["status"] == "completed"
+    assert events(out, "turn.done")[0]["metrics"]["duration_ms"] == 30.0
+
+
+def test_a_reply_of_exactly_max_reply_chars_is_spoken_whole(clock):
+    s = Session("s", limits=SessionLimits(max_reply_chars=20))
+    tid = start(s, clock)
+    out = s.llm_delta(tid, "Exactly twenty char.", clock())
+    assert len(s.turn.reply) == 20 and not events(out, "error")
+    assert not [e for e in out if isinstance(e, CancelLlm)]
+
+
+def test_a_completed_turn_keeps_the_reply_as_written_in_history(clock):
+    s = Session("s")
+    reply = "First line.\nSecond line."
+    tid = start(s, clock)
+    s.llm_delta(tid, reply, clock())
+    s.llm_done(tid, None, clock())
+    for index in range(2):
+        s.audio(tid, index, pcm(40), "x", clock())
+        out = s.synthesis_done(tid, index, clock())
+    assert events(out, "turn.done")[0]["status"] == "completed"
+    assert s.history[-1] == {"role": "assistant", "content": reply}
 
 
 def test_a_sentence_cut_short_by_its_engine_says_so(clock):
