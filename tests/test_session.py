@@ -226,6 +226,31 @@ def test_cancel_is_idempotent_and_ignores_other_turn_ids(clock):
     assert s.receive(ClientCancel(None), clock()) == []
 
 
+def test_a_sentence_played_to_its_last_frame_is_kept_whole_in_history(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "One two three four. Five six seven eight. Nine ten", clock())
+    s.audio(tid, 0, pcm(400), "x", clock())
+    s.synthesis_done(tid, 0, clock())
+    s.receive(ClientPlayback(tid, 400.0), clock.advance(400))  # exactly sentence 0's audio
+    s.receive(ClientCancel(tid), clock())
+    assert s.history[1]["content"] == "One two three four."
+
+
+def test_turn_done_reports_when_text_sentence_and_audio_first_came(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "One two", clock.advance(100))
+    s.llm_delta(tid, " three. Four", clock.advance(50))
+    s.audio(tid, 0, pcm(40), "x", clock.advance(200))
+    s.synthesis_done(tid, 0, clock())
+    out = s.llm_done(tid, None, clock())
+    out += s.synthesis_done(tid, 1, clock())
+    metrics = events(out, "turn.done")[0]["metrics"]
+    assert (metrics["ttft_ms"], metrics["first_sentence_ms"], metrics["ttfa_ms"]) == (
+        100.0, 150.0, 350.0)
+
+
 def test_playback_marks_decide_what_history_keeps(clock):
     s = Session("s")
     tid = start(s, clock)
