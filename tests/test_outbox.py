@@ -100,3 +100,29 @@ def test_a_replay_does_not_count_against_the_bound_until_it_is_written():
     assert box.nbytes == 8 * size  # frame 0 was trimmed to make room
     assert box.take() == [frame(i) for i in (3, 4, 5, 6, 7, 8)]
     assert box.append(frame(9)) and box.start == 6  # written ones trimmed, oldest first
+
+
+def test_a_client_that_received_no_frame_resumes_from_the_start_while_it_is_kept():
+    box = Outbox(max_bytes=2 * len(frame(0)))
+    written(box, '{"type":"turn.started"}', frame(0))
+    assert box.position_after_frame(None) == 0
+    written(box, frame(1), frame(2))  # over the bound: the oldest written ones are dropped
+    assert box.start > 0 and box.position_after_frame(None) is None
+
+
+def test_releases_and_a_rewind_after_them_keep_their_positions():
+    box = Outbox()
+    written(box, frame(0), frame(1), frame(2), frame(3), frame(4))
+    assert box.release_through(0) == 1 and box.release_through(2) == 2
+    assert box.start == 3 and box.release_through(3) == 1 and box.start == 4
+    assert box.append(frame(5)) and box.release_through(5) == 0  # not written yet
+    assert box.rewind(4) == [frame(4), frame(5)] and box.take() == [frame(4), frame(5)]
+
+
+def test_audio_counts_its_bytes_and_a_header_only_frame_is_a_frame():
+    audio = codec.frame_header(0, 0, 1, 0) + bytes([0xFF, 0x7F]) * 960
+    closing = codec.frame_header(codec.FLAG_TURN_END, 0, 1, 1)  # no samples: the turn's end
+    box = Outbox()
+    written(box, audio, closing)
+    assert box.nbytes == len(audio) + len(closing)
+    assert box.position_after_frame(1) == 2 and box.release_through(1) == 2
