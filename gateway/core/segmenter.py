@@ -535,7 +535,7 @@ class Segmenter:
         "John F. Kennedy", "the U.S. Army", "St. Louis" go on; "Plan B. Then", "vitamin C.
         It's", "the U.S. Most", "Downing St. That's" end."""
         buf = self._buf
-        j = i + 1
+        j = self._skip_closers(i + 1)[0]  # 'him "Mister T." Then', '(the U.S.) Then'
         while self._need(j) and buf[j] in _SPACE:
             j += 1
         nxt = self._next_word(j)
