@@ -102,6 +102,10 @@ def _snippet(text: str | bytes) -> str:
     return repr(text[:_SNIPPET]) + ("..." if len(text) > _SNIPPET else "")
 
 
+KEEPALIVE_CONNECTIONS = 100
+"""Idle connections to the LLM server kept for the next turns (httpx's default is 20)."""
+
+
 def tokens_per_s_from(usage: dict[str, Any] | None, timings: dict[str, Any] | None,
                       decode_s: float | None = None,
                       first_share: float | None = None) -> float | None:
@@ -170,7 +174,11 @@ class OpenAiLlm:
         self.model = model
         self._endpoint = f"{self.url}/chat/completions"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout)
+        # No cap on connections: each turn holds one for its whole reply, and httpx's
+        # default of 100 failed the 101st concurrent turn after its 10 s pool timeout
+        # without reaching the server; the server queues what it cannot run at once.
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS))
 
     def _body(self, request: LlmRequest) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -445,3 +445,31 @@ async def test_a_busy_server_twice_fails_the_turn(llm, scripted_llm_server):
         await collect(llm)
     assert info.value.code == "llm_failed" and "HTTP 429" in info.value.message
     assert len(scripted_llm_server.chats) == 2
+
+
+async def test_more_turns_at_once_than_an_http_pool_holds_all_reach_the_server(
+        scripted_llm_server):
+    """httpx caps a client at 100 connections by default: the 101st concurrent turn waited
+    for a free one and failed llm_unavailable (PoolTimeout) after 10 s, never reaching the
+    server (engines review). Each stream here holds its connection until the end."""
+    scripted_llm_server.default_script = [Text("first"), Hang()]
+    llm = OpenAiLlm(scripted_llm_server.url)
+    turns = 105
+
+    firsts: list[LlmEvent] = []
+    everyone = asyncio.Event()
+
+    async def first_delta() -> None:
+        async with contextlib.aclosing(llm.stream(REQUEST)) as stream:
+            firsts.append(await anext(stream))
+            if len(firsts) == turns:
+                everyone.set()
+            await everyone.wait()  # the connection stays taken until every turn has one
+
+    try:
+        async with asyncio.timeout(60):  # a safety net only
+            await asyncio.gather(*(first_delta() for _ in range(turns)))
+        assert firsts == [LlmDelta("first")] * turns
+        assert len(scripted_llm_server.chats) == turns
+    finally:
+        await llm.aclose()
