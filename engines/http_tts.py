@@ -73,7 +73,13 @@ class HttpTtsEngine:
 
     def load(self) -> None:
         if self._client is None:
-            self._client = httpx.Client(timeout=self._timeout, headers=self._headers)
+            # No cap on connections: each open stream holds one until it ends, and the lane
+            # interleaves many on this one thread, so a stream waiting for a free one (past
+            # httpx's default 100) waited for what only this thread could free, until its
+            # pool timeout. Kept alive for reuse: as many as there were at once, up to 100.
+            self._client = httpx.Client(
+                timeout=self._timeout, headers=self._headers,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100))
 
     def open(self, request: SynthesisRequest) -> HttpTtsStream:
         if self._client is None:
@@ -170,7 +176,7 @@ class HttpTtsStream:
         if ctype.startswith(("application/json", "text/")):
             detail = response.read()[:300].decode("utf-8", "replace")
             raise EngineError("engine_failed", f"TTS server sent {ctype}, not PCM: {detail}")
-        return response.iter_raw()
+        return response.iter_bytes()  # as it arrives, decoded (a gzip body is not PCM)
 
     def _sse_audio(self, response: httpx.Response) -> Iterator[bytes]:
         from httpx_sse import EventSource

@@ -141,3 +141,54 @@ def test_raw_pcm_from_real_mlx_audio_server(mlx_audio_server):
         assert err.value.code == "engine_failed"
     finally:
         engine.close()
+
+
+def test_more_streams_at_once_than_an_http_pool_holds(sse_server, engine_for):
+    """The lane interleaves its jobs on one thread, each stream holding its connection: past
+    httpx's default 100, a stream's request waited for a connection only that same thread
+    could free, and failed when its pool timeout ran out (engines review)."""
+    server, _ = sse_server
+    server.script = [delta(b"\x01\x00"), DONE]
+    server.hold = True  # each answer stays open after its first delta
+    engine = engine_for()
+    streams = [engine.open(SynthesisRequest(f"Sentence {i}.")) for i in range(105)]
+    assert [s.step() for s in streams] == [b"\x01\x00"] * 105
+    for s in streams:
+        s.close()
+
+
+def test_a_compressed_pcm_answer_is_decoded_not_played_as_samples():
+    """httpx asks for gzip; a server (or a proxy) that sends it must not have the gzip
+    bytes played as PCM, as loud noise (engines review)."""
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pcm = bytes(range(256)) * 40
+
+    class Gzipping(BaseHTTPRequestHandler):  # TEST DOUBLE: a raw-PCM server that gzips
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            body = gzip.compress(pcm)
+            self.send_response(200)
+            self.send_header("content-type", "application/octet-stream")
+            self.send_header("content-encoding", "gzip")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gzipping)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    engine = HttpTtsEngine(f"http://127.0.0.1:{server.server_address[1]}/v1", format="pcm")
+    engine.load()
+    try:
+        assert b"".join(run(engine.open(SynthesisRequest("x")))) == pcm
+    finally:
+        engine.close()
+        server.shutdown()
+        server.server_close()
