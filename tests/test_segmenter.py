@@ -591,6 +591,18 @@ def test_abandon_returns_a_complete_short_sentence_whatever_min_chars():
     assert [s.text for s in seg.abandon()] == ["Ok."]  # nothing follows to merge it with
 
 
+@pytest.mark.parametrize("max_chars", [40, 400])
+def test_abandon_never_speaks_the_sentence_it_makes_up(max_chars):
+    """abandon feeds a made-up next sentence (" The next") to find where the text ends; an
+    unfinished text a few characters short of max_chars was pushed past it and cut after
+    "The": a word the LLM never wrote was spoken (core review)."""
+    for length in range(max_chars - 12, max_chars + 1):
+        text = ("blah " * max_chars)[:length]
+        seg = Segmenter(SegmenterConfig(max_chars=max_chars))
+        fed = seg.feed(text)
+        assert "The" not in "".join(s.text for s in fed + seg.abandon()), length
+
+
 @pytest.mark.parametrize(("text", "want"), [
     ("هل تريد الذهاب إلى الحديقة؟ سأكون هناك في الخامسة.",
      ["هل تريد الذهاب إلى الحديقة؟", "سأكون هناك في الخامسة."]),

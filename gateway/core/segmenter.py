@@ -263,7 +263,9 @@ class Segmenter:
         segmenter is then spent."""
         if self._final:
             return []
-        self.config = replace(self.config, min_chars=0)
+        # No length cut either: the text kept was within max_chars (feed cuts at it), and
+        # only the made-up next sentence could push it past, to be cut inside it ("... The").
+        self.config = replace(self.config, min_chars=0, max_chars=len(self._buf) + 1024)
         # never part of a segment: nothing cuts after it. A number's dot at the very end
         # ("is 8.") may have been "8.4": no sentence end there.
         out = [] if self._buf[-2:-1].isdigit() and self._buf.endswith(".") else (
