@@ -519,6 +519,21 @@ def test_history_is_bounded(clock):
     assert [m["content"] for m in s.history] == ["question 3", "…", "question 4", "…"]
 
 
+def test_a_history_of_no_turns_keeps_none(clock):
+    """``[session] history_turns = 0`` is allowed; every turn's end raised IndexError (the
+    shell's internal_error, close 1011) instead (core review)."""
+    from gateway.core.session import SessionLimits
+
+    s = Session("s", limits=SessionLimits(history_turns=0))
+    for i in range(2):
+        tid = start(s, clock, f"question {i}")
+        s.llm_done(tid, None, clock())
+        assert s.history == []
+    s.receive(ClientTranscript("and now?"), clock())
+    assert events(s.receive(ClientCancel(None), clock()), "turn.done")
+    assert s.history == []
+
+
 def test_deadline_counts_audio_held_back_by_pacing(clock):
     s = Session("s", settings=SessionSettings(max_lead_ms=200))
     s.receive(ClientSay("Something long to say here."), clock())

@@ -834,9 +834,13 @@ class Session:
         self.history.append({"role": "user", "content": turn.user_text})
         self.history.append({"role": "assistant", "content": spoken})
         # keep the newest turns; a turn starts at a user message
+        keep = self.limits.history_turns
+        if keep == 0:  # (users[-0] would be the first, not none)
+            self.history.clear()
+            return
         users = [i for i, m in enumerate(self.history) if m["role"] == "user"]
-        if len(users) > self.limits.history_turns:
-            del self.history[: users[len(users) - self.limits.history_turns]]
+        if len(users) > keep:
+            del self.history[: users[len(users) - keep]]
 
     def _metrics(self, turn: Turn, now: float) -> dict[str, Any]:
         def ms(t: float | None) -> float | None:
