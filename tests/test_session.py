@@ -264,6 +264,54 @@ def test_playback_marks_decide_what_history_keeps(clock):
     assert s.history[1]["content"] == "One two three four. Five six …"
 
 
+def sent_ahead(clock) -> tuple[Session, int]:
+    """A reply of two 1 s sentences, both synthesized; paced out to 0.9 s in, when 1.8 s of
+    it has been sent (max_lead_ms 1000)."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "One two three four five. Six seven eight nine ten. ", clock())
+    s.llm_done(tid, None, clock())
+    for index in (0, 1):
+        s.audio(tid, index, pcm(1000), "x", clock())
+        s.synthesis_done(tid, index, clock())
+    t0 = clock()
+    while (wake := s.wake_at()) is not None and wake <= t0 + 0.9:
+        clock.t = wake
+        assert not events(s.tick(clock()), "turn.done")
+    assert s.turn.pacer.sent_ms == 1800
+    return s, tid
+
+
+@pytest.mark.parametrize("barge_in", ["transcript", "cancel"])
+def test_a_barge_in_after_the_last_frame_went_out_keeps_what_was_heard(clock, barge_in):
+    """The mark a client sends on barge-in (protocol.md) let the last frames out, so the
+    turn ended completed, up to max_lead_ms before it had played; the barge-in then found
+    no turn, and the history kept the whole reply, half of it never heard (core review)."""
+    s, tid = sent_ahead(clock)
+    clock.t += 0.1  # 1.0 s in: the first sentence heard, the second not started
+    done = events(s.receive(ClientPlayback(tid, 1000.0), clock()), "turn.done")
+    assert [d["status"] for d in done] == ["completed"]
+    assert s.history[1]["content"] == "One two three four five. Six seven eight nine ten."
+    if barge_in == "transcript":
+        s.receive(ClientTranscript("stop, something else"), clock())
+    else:
+        assert s.receive(ClientCancel(tid), clock()) == []  # the turn is over: no event
+    assert s.history[1]["content"] == "One two three four five."
+
+
+def test_a_reply_played_out_before_the_next_turn_stays_whole(clock):
+    """Once its playback should have ended, or without a mark, the reply was heard whole."""
+    s, tid = sent_ahead(clock)
+    s.receive(ClientPlayback(tid, 1000.0), clock.advance(100))  # it ends here, all sent
+    s.receive(ClientTranscript("and then?"), clock.advance(1500))  # after playback's end
+    assert s.history[1]["content"] == "One two three four five. Six seven eight nine ten."
+    s, tid = sent_ahead(clock)
+    clock.advance(200)
+    s.tick(clock())  # the last frames go out: completed, no mark about it
+    s.receive(ClientCancel(None), clock.advance(100))
+    assert s.history[1]["content"] == "One two three four five. Six seven eight nine ten."
+
+
 def test_llm_failure_speaks_what_is_complete_then_fails(clock):
     s = Session("s")
     tid = start(s, clock)

@@ -267,6 +267,10 @@ class Turn:
     marking: bool = False
     """The client sent a ``playback`` mark in this turn, so it should send more while it
     plays: its silence says more, sooner (``LISTENER_SILENT_S``)."""
+    playing_out: bool = False
+    """Completed, its history entry whole, while its last audio may still be playing: a
+    barge-in before that playback ends keeps only what the client's mark says it heard
+    (``_barge_in_after_the_end``)."""
 
 
 class Session:
@@ -330,6 +334,8 @@ class Session:
             case ClientCancel(turn_id=turn_id):
                 turn = self.turn
                 if turn is None or turn.state is TurnState.ENDED:
+                    if turn is not None and turn_id in (None, turn.id):
+                        self._barge_in_after_the_end(now)
                     return []  # nothing to cancel: idempotent
                 if turn_id is not None and turn_id != turn.id:
                     return []  # a cancel that raced with the end of its turn
@@ -341,6 +347,10 @@ class Session:
                     turn.pacer.mark(played_ms, now)
                     received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
                     return received + self._pump(turn, now)
+                if turn is not None and turn.id == turn_id and turn.playing_out:
+                    # its last audio plays on after turn.done: what it heard still counts
+                    turn.pacer.mark(played_ms, now)
+                    return self._received(turn, min(played_ms, turn.pacer.sent_ms))
                 return []
             case ClientSessionUpdate(settings=changes):
                 voice = changes.get("voice")
@@ -596,6 +606,7 @@ class Session:
         effects: list[Effect] = []
         if self.turn is not None and self.turn.state is not TurnState.ENDED:
             effects += self._end_turn(self.turn, "cancelled", now)  # barge-in by text
+        self._barge_in_after_the_end(now)
         turn_id = self._next_turn_id
         self._next_turn_id = (self._next_turn_id % 0xFFFFFFFF) + 1
         s = self.settings
@@ -795,12 +806,30 @@ class Session:
         turn.state = TurnState.ENDED
         if turn.source == "transcript":
             self._remember(turn, status)
+            turn.playing_out = status == "completed"
         for seg in turn.segments:
             seg.pending.clear()
         turn.held_bytes = 0
         effects.append(SendEvent({"type": "turn.done", "turn_id": turn.id, "status": status,
                                   "metrics": self._metrics(turn, now)}))
         return effects
+
+    def _barge_in_after_the_end(self, now: float) -> None:
+        """A cancel or a new turn while the last completed reply may still be playing: a
+        turn ends when its last frame is sent, up to ``max_lead_ms`` before it has played,
+        and its history entry said the whole reply. Now it says what the client's marks
+        (the one sent on barge-in: protocol.md) show it heard, as for a reply cut while it
+        was sent. Without a mark, or once the playback should have ended, it stays whole."""
+        turn = self.turn
+        if turn is None or not turn.playing_out:
+            return
+        turn.playing_out = False
+        pacer = turn.pacer
+        if pacer.played_ms is None or pacer.played_ms >= pacer.sent_ms or \
+                pacer.play_end is None or now >= pacer.play_end:
+            return
+        if self.history and self.history[-1]["role"] == "assistant":  # (its entry: the last)
+            self.history[-1]["content"] = self._spoken_reply(turn, "cancelled") or "…"
 
     def _spoken_reply(self, turn: Turn, status: str) -> str:
         """The assistant text the listener heard: all of it for a completed turn; otherwise
