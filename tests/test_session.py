@@ -251,6 +251,21 @@ def test_turn_done_reports_when_text_sentence_and_audio_first_came(clock):
         100.0, 150.0, 350.0)
 
 
+def test_a_segment_with_nothing_to_say_is_not_the_first_ready_to_speak(clock):
+    """A reply opening with a code block: its first segment has nothing to say, and set
+    first_sentence_ms, which protocol.md calls the first segment ready to speak."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "```\nx = 1\n```\n", clock.advance(100))
+    s.llm_delta(tid, "That sets x. Done", clock.advance(200))
+    out = s.llm_done(tid, None, clock())
+    for index, segment in enumerate(s.turn.segments):
+        if not segment.synthesized:
+            s.audio(tid, index, pcm(40), "x", clock())
+            out += s.synthesis_done(tid, index, clock())
+    assert events(out, "turn.done")[0]["metrics"]["first_sentence_ms"] == 300.0
+
+
 def test_playback_marks_decide_what_history_keeps(clock):
     s = Session("s")
     tid = start(s, clock)

@@ -635,10 +635,11 @@ class Session:
     def _add_segments(self, turn: Turn, segments: list[Segment], now: float) -> list[Effect]:
         effects: list[Effect] = []
         for segment in segments:
-            if turn.t_first_segment is None:
+            speakable = bool(segment.spoken.strip())
+            if turn.t_first_segment is None and speakable:  # (the metric: ready to speak)
                 turn.t_first_segment = now
             turn.segments.append(_SegmentAudio(segment))
-            if segment.spoken.strip():
+            if speakable:
                 deadline = now if segment.index == 0 else turn.pacer.deadline(now)
                 since = turn.t_first_segment if segment.index else None
                 effects.append(StartSynthesis(turn.id, segment.index, segment.spoken,
