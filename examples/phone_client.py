@@ -50,11 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 RATE = 24_000
 HEADER = struct.Struct("<BBHII")  # version u8, flags u8, sentence u16, turn_id u32, seq u32
 MARK_EVERY_S = 0.25
+CLOSE_RESUMED_ELSEWHERE = 4000  # protocol.md, Close codes
+REFUSALS = frozenset({"text_too_long", "rate_limited", "invalid_field", "message_too_large"})
+"""Errors that refuse a transcript outright (protocol.md, Errors): no turn starts for it."""
 
 
 class ClockPlayer:
@@ -211,16 +214,20 @@ class PhoneClient:
                     self._ws, backoff = ws, 0.5
                     self._connected.set()
                     await self._read(ws)
-            except InvalidStatus as exc:
-                status = exc.response.status_code
-                if 400 <= status < 500:  # refused (auth, wrong path): the same next time
+            except (InvalidHandshake, OSError, ConnectionClosed) as exc:
+                if isinstance(exc, InvalidStatus) and 400 <= exc.response.status_code < 500:
+                    # refused (auth, wrong path): the same next time
+                    status = exc.response.status_code
                     hint = " (a missing or wrong --token?)" if status in (401, 403) else ""
                     raise GaveUp(f"{self.url} refused the connection: HTTP {status}"
                                  f"{hint}") from None
+                if isinstance(exc, ConnectionClosed) and exc.rcvd is not None and \
+                        exc.rcvd.code == CLOSE_RESUMED_ELSEWHERE:
+                    # another device took the session over: taking it back would have the
+                    # two close each other for ever
+                    raise GaveUp("the session was resumed elsewhere (close 4000)") from None
                 self.say(f"[connection failed: {exc}]")
-            except (OSError, ConnectionClosed) as exc:
-                self.say(f"[connection failed: {exc}]")
-                if self._session_id is None:  # never connected yet
+                if self._session_id is None:  # never connected yet (5xx from a proxy too)
                     failures += 1
                     if failures >= self.connect_attempts:
                         raise GaveUp(f"cannot reach {self.url} ({failures} attempts): "
@@ -378,6 +385,16 @@ class PhoneClient:
                         self._done.set()
                 case "error":
                     self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
+                    if "turn_id" not in event and event["error"]["code"] in REFUSALS and \
+                            self._pending:
+                        # the oldest transcript not yet started was refused: no turn.done
+                        # will come for it
+                        self._pending.pop(0)
+                        self.results.append({"type": "refused", "status": "refused",
+                                             "error": event["error"]})
+                        if not self._pending:
+                            self._in_flight = False
+                            self._done.set()
                 case _:
                     pass  # session.updated, sentence, sentence.done, pong
 
@@ -459,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         player.close()
     for path in client.saved:
         print(path)
-    return 0 if all(r["status"] != "failed" for r in client.results) else 1
+    return 0 if all(r["status"] in ("completed", "cancelled") for r in client.results) else 1
 
 
 if __name__ == "__main__":

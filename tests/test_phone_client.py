@@ -214,3 +214,83 @@ def test_the_client_makes_its_output_folder_itself(tmp_path):
     out = tmp_path / "new" / "folder"
     phone_client.PhoneClient("ws://127.0.0.1:1/v1/voice", out, phone_client.ClockPlayer())
     assert out.is_dir()
+
+
+@pytest.mark.slow
+async def test_a_refused_transcript_ends_as_refused_and_the_next_is_named_right(gateway,
+                                                                              tmp_path):
+    """A refusal (text_too_long, rate_limited) is an `error` with no turn: the client
+    waited for its turn.done for ever, and the next WAV took the refused one's name
+    (engines review)."""
+    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                      phone_client.ClockPlayer(), verbose=False)
+    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None), 30)
+    assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
+        ("refused", "text_too_long"), ("completed", None)]
+    assert [p.name for p in client.saved] == ["turn-002.wav"]
+
+
+async def test_a_session_taken_over_by_another_device_is_left_to_it(gateway, tmp_path):
+    """Close 4000 ("session resumed elsewhere") was taken for a network drop: the client
+    resumed, and the two devices took the session from each other for ever (engines
+    review)."""
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import recv_event, send
+
+    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                      phone_client.ClockPlayer(), verbose=False)
+
+    async def talk_forever():
+        async def waiting():
+            await asyncio.Event().wait()
+            yield ""  # (never)
+        await client.run(waiting(), sequential=True, barge_in_after=None)
+
+    running = asyncio.create_task(talk_forever())
+    await client._connected.wait()
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as other:
+        await recv_event(other, "session.created")
+        await send(other, type="session.resume", session_id=client._session_id,
+                   resume_token=client._resume_token)
+        assert (await recv_event(other))["type"] == "session.resumed"
+        with pytest.raises(phone_client.GaveUp, match="resumed elsewhere"):
+            await asyncio.wait_for(running, 10)
+        await send(other, type="ping", id=1)  # still the other device's
+        assert (await recv_event(other))["type"] == "pong"
+    assert client.resumes == 0
+
+
+@pytest.mark.parametrize("version", ["HTTP/1.1", "HTTP/1.0"])
+async def test_a_gateway_behind_a_failing_proxy_is_given_up_after_the_attempts(tmp_path,
+                                                                               capsys, version):
+    """A 502 from a proxy in front of the gateway was retried for ever, whatever
+    --connect-attempts said, and one in HTTP/1.0 ended the client with a traceback (engines
+    review)."""
+    import http.server
+    import threading
+
+    class BadGateway(http.server.BaseHTTPRequestHandler):  # TEST DOUBLE: a failing proxy
+        protocol_version = version
+
+        def do_GET(self) -> None:
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), BadGateway)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        rc = await asyncio.to_thread(phone_client.main, [
+            "--url", f"ws://127.0.0.1:{proxy.server_address[1]}/v1/voice",
+            "--out", str(tmp_path), "--connect-attempts", "2", "Hello"])
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("connection failed") == 2 and "cannot reach" in err
