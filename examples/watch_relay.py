@@ -493,6 +493,9 @@ class RelaySession:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
+            except BaseException:  # the watch left meanwhile (cancelled): not kept open
+                await asyncio.shield(gateway.close(1000))
+                raise
             if answer.get("type") != "session.resumed":
                 await gateway.close(1000)
                 raise UpstreamLost(f"gateway session lost: {answer.get('error', answer)}")

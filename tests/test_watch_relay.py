@@ -485,3 +485,36 @@ async def test_a_gateway_keepalive_close_is_resumed_like_a_drop(gateway, relay):
         rest = await read_turn(ws, started["turn_id"])
         assert session.gateway is not closed  # resumed on a new gateway socket
     assert rest.done["status"] == "completed"
+
+
+async def test_a_watch_gone_while_the_relay_resumes_leaves_no_gateway_socket():
+    """The watch leaving while the relay waited for the gateway's answer to its resume
+    left that gateway socket open (its pings answered) until the relay exited (engines
+    review)."""
+    from websockets.asyncio.server import serve
+
+    sockets: list = []
+    resume_asked = asyncio.Event()
+
+    async def gateway(ws) -> None:  # TEST DOUBLE: drops its first socket, holds its answer
+        sockets.append(ws)
+        await ws.send(orjson.dumps({"type": "session.created", "session_id": "s1",
+                                    "resume_token": "t", "audio": {"frame_ms": 40}}).decode())
+        if len(sockets) == 1:
+            ws.transport.abort()  # a network drop: the relay resumes on a new socket
+            return
+        assert orjson.loads(await ws.recv())["type"] == "session.resume"
+        resume_asked.set()
+        await ws.wait_closed()  # no answer: the watch leaves meanwhile
+
+    async with serve(gateway, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=30.0)
+        await relay.start()
+        try:
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+                await recv_event(watch, "session.created")
+                await asyncio.wait_for(resume_asked.wait(), 10)
+            await asyncio.wait_for(sockets[1].wait_closed(), 10)
+        finally:
+            await relay.aclose()
