@@ -122,14 +122,17 @@ class MlxLifecycle:
       and a wrong thread; ``track`` remembers the stream ``open`` hands out.
     * ``warm_up_and_log`` ends ``load``: one short synthesis, then the load log line.
     * ``close`` drops the engine's model first (so nothing new opens), closes every stream
-      still open, then returns MLX's cached buffers to the system.
+      still open, then returns MLX's cached buffers to the system. Like all MLX work it
+      belongs on the lane's thread (``gateway.io.lanes`` closes there): from another thread
+      it would race a step in flight (a generator cannot be closed while it runs, and the
+      step would go on with a cleared cache), which nothing here can prevent.
     """
 
     def __init__(self, name: str, log: logging.Logger) -> None:
         self.name = name
         self._log = log
         self._guard = LaneThreadGuard()
-        self._lock = threading.Lock()  # only to make a wrong-thread close() harmless
+        self._lock = threading.Lock()  # two close() calls unload once
         self._streams: weakref.WeakSet[SynthesisStream] = weakref.WeakSet()
 
     def claim_thread(self) -> None:
