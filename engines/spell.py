@@ -63,10 +63,10 @@ def _int_words(n: int) -> str:
 
 def _year_words(n: int) -> str:
     hi, lo = divmod(n, 100)
+    if hi % 10 == 0 and lo < 10:  # 2000 -> two thousand, 2005 -> two thousand five
+        return _int_words(n)
     if lo == 0:
         return _int_words(hi) + " hundred"
-    if hi % 10 == 0 and lo < 10:  # 2005 -> two thousand five
-        return _int_words(n)
     return _int_words(hi) + " " + ("oh " + _ONES[lo] if lo < 10 else _int_words(lo))
 
 
@@ -86,56 +86,78 @@ def _ordinal_words(n: int) -> str:
     return head + sep + last
 
 
+def _plural(words: str) -> str:
+    """'nineteen ninety' -> 'nineteen nineties' (the 1990s), 'eighty' -> 'eighties'."""
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
 def _digits(s: str) -> str:
     return " ".join(_ONES[int(d)] for d in s)
 
 
 def _number(m: re.Match[str]) -> str:
     whole = m.group(0)
-    cur, body, pct = m.group("cur"), m.group("num"), m.group("pct")
+    sign, cur, body = m.group("sign"), m.group("cur"), m.group("num")
+    pct, scale, decade = m.group("pct"), m.group("scale"), m.group("decade")
+    # "MP3": digits glued to a word are read apart from it ("MP three")
+    glued = " " if m.start() > 0 and m.string[m.start() - 1].isalpha() else ""
+    minus = "minus " if sign else ""
     body = body.replace(",", "")
     if "." in body and body.count(".") > 1:  # 2.4.1, 192.168.1.1
-        return " dot ".join(_int_words(int(p)) if len(p) < 4 else _digits(p)
-                            for p in body.split("."))
+        return glued + " dot ".join(_int_words(int(p)) if len(p) < 4 else _digits(p)
+                                    for p in body.split("."))
     ip, _, fp = body.partition(".")
     if len(ip) > 15:
-        return _digits(ip)
-    n = int(ip)
+        return glued + _digits(ip)
+    n = int(ip or "0")
+    if cur and scale:  # "$5 million", "$1.5 billion": the unit after the amount
+        amount = _int_words(n) + (" point " + _digits(fp) if fp else "")
+        return f"{minus}{amount} {scale.strip()} dollars"
     if cur:
-        words = _int_words(n) + (" dollar" if n == 1 else " dollars")
-        if fp:
-            cents = int((fp + "0")[:2])
-            words += f" and {_int_words(cents)} cent" + ("" if cents == 1 else "s")
-        return words
+        cents = int((fp + "0")[:2]) if fp else 0
+        words = f"{_int_words(n)} dollar" + ("" if n == 1 else "s") if n or not cents else ""
+        if cents:
+            words += (" and " if words else "") + f"{_int_words(cents)} cent" + (
+                "" if cents == 1 else "s")
+        return minus + words
+    if decade:  # "1990s", "80s"
+        return glued + minus + _plural(_year_words(n) if len(ip) == 4 else _int_words(n))
     if fp:
         words = _int_words(n) + " point " + _digits(fp)
     elif len(ip) == 4 and 1100 <= n <= 2099 and "," not in whole and not pct:
         words = _year_words(n)
     else:
         words = _int_words(n)
-    return words + (" percent" if pct else "")
+    return glued + minus + words + (" percent" if pct else "") + (scale or "")
 
 
-_NUMBER = re.compile(r"(?P<cur>\$)?(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*)"
-                     r"(?P<pct>\s?%)?")
-_TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
-_ORD = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
+_NUMBER = re.compile(
+    r"(?P<sign>(?<![\w.,\d])-)?(?P<cur>\$)?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*|(?<=\$)\.\d+)"
+    r"(?:(?P<decade>(?<=0)s\b)|(?P<pct>\s?%)|(?P<scale>\s(?:thousand|million|billion|trillion)\b))?")
+_TIME = re.compile(r"\b(\d{1,2}):(\d{2})(?:\s?([ap])\.?m\b)?(?![\w:])", re.I)
+_ORD = re.compile(r"\b(\d{1,3}(?:,\d{3})+|\d+)(?:st|nd|rd|th)\b")
 
 
 def _time(m: re.Match[str]) -> str:
-    h, mi = int(m.group(1)), int(m.group(2))
+    h, mi, half = int(m.group(1)), int(m.group(2)), m.group(3)
+    if half:  # "10:30pm" -> "ten thirty P M", "10:00 am" -> "ten A M"
+        minutes = "" if mi == 0 else " " + ("oh " + _ONES[mi] if mi < 10 else _int_words(mi))
+        return f"{_int_words(h)}{minutes} {half.upper()} M"
     if mi == 0:
         return _int_words(h) + (" o'clock" if h <= 12 else " hundred")
     return _int_words(h) + " " + ("oh " + _ONES[mi] if mi < 10 else _int_words(mi))
 
 
-_MONTH_DAY = re.compile(
-    r"\b((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\.?\s)(\d{1,2})\b(?![:.]\d)"
-)
+_MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|"
+           "December|Jan\\.?|Feb\\.?|Mar\\.?|Apr\\.?|Jun\\.?|Jul\\.?|Aug\\.?|Sept?\\.?|Oct\\.?|"
+           "Nov\\.?|Dec\\.?")
+_MONTH_DAY = re.compile(rf"\b((?:{_MONTHS})\s)(\d{{1,2}})\b(?![:.]\d)")
+"""A month's name, then its day: "July 4" -> "July fourth" (not "Mario 64", "Mark 12")."""
 
 
 def _numbers_to_words(s: str) -> str:
     s = _MONTH_DAY.sub(lambda m: m.group(1) + _ordinal_words(int(m.group(2))), s)
     s = _TIME.sub(_time, s)
-    s = _ORD.sub(lambda m: _ordinal_words(int(m.group(1))), s)
+    s = _ORD.sub(lambda m: _ordinal_words(int(m.group(1).replace(",", ""))), s)
     return _NUMBER.sub(_number, s)

@@ -377,6 +377,17 @@ def test_speakable_markdown(text, spoken):
     ("Version 2.4.1 is out.", "Version two dot four dot one is out."),
     ("Dr. Patel at 3 p.m.", "Doctor Patel at three P M"),
     ("1,204 visitors", "one thousand two hundred four visitors"),
+    # each of these was said wrong (engines review)
+    ("In 2000 we met.", "In two thousand we met."),
+    ("It raised $5 million, then $1.5 billion.",
+     "It raised five million dollars, then one point five billion dollars."),
+    ("Mario 64 and Mark 12", "Mario sixty-four and Mark twelve"),
+    ("At 10:30pm or 10:00 am.", "At ten thirty P M or ten A M."),
+    ("An MP3 player", "An MP three player"),
+    ("The 12,345th visitor", "The twelve thousand three hundred forty-fifth visitor"),
+    ("It costs $1.00, not $.50.", "It costs one dollar, not fifty cents."),
+    ("Music of the 1990s and the 80s", "Music of the nineteen nineties and the eighties"),
+    ("It is -5 degrees.", "It is minus five degrees."),
 ])
 def test_speakable_writes_numbers_out_for_engines_that_need_it(text, spoken):
     assert speakable(text, reads_digits=False) == spoken
