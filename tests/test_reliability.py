@@ -333,7 +333,12 @@ async def test_a_listener_gone_silent_is_let_go_and_resumes_without_a_gap(
         received = sum(len(f.pcm) for f in first.frames) / BYTES_PER_MS
         if marks:
             await send(ws, type="playback", turn_id=first.turn_id, played_ms=received - 200)
-            await asyncio.sleep(0.05)  # (the mark crosses the relay before it goes quiet)
+            # the mark is in before the tunnel goes quiet: the pong after it says so
+            await send(ws, type="ping", id="after the mark")
+            while not (isinstance(message := await ws.recv(), str)
+                       and json.loads(message).get("id") == "after the mark"):
+                pass
+            assert runner.session.turn.marking
         tunnel.silence()
         loop = asyncio.get_running_loop()
         quiet = loop.time()
