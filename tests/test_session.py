@@ -314,6 +314,49 @@ def test_a_barge_in_after_the_last_frame_went_out_keeps_what_was_heard(clock, ba
     assert s.history[1]["content"] == "One two three four five."
 
 
+def test_a_failed_turn_keeps_what_it_sent_and_a_later_barge_in_cuts_it(clock):
+    """A failed turn still plays out its complete sentences, but its history was fixed at
+    turn.done from the last periodic mark, cutting what the listener then heard, and a
+    barge-in after it was ignored (conversation probe)."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "One two three four five. Six seven eight nine ten. Eleven", clock())
+    for index in (0, 1):
+        s.audio(tid, index, pcm(1000), "x", clock())
+        s.synthesis_done(tid, index, clock())
+    s.receive(ClientPlayback(tid, 250.0), clock.advance(250))  # a periodic mark
+    s.llm_failed(tid, "llm_unavailable", "the stream broke", clock())
+    done = []
+    while (wake := s.wake_at()) is not None and not done:
+        clock.t = wake
+        done = events(s.tick(clock()), "turn.done")
+    assert [d["status"] for d in done] == ["failed"]
+    assert s.history[1]["content"] == "One two three four five. Six seven eight nine ten."
+    # the listener stops it half-way through the second sentence
+    s.receive(ClientPlayback(tid, 1500.0), clock())
+    s.receive(ClientTranscript("stop"), clock())
+    assert s.history[1]["content"] == "One two three four five. Six seven …"
+
+
+@pytest.mark.parametrize(("text", "heard_ms", "kept"), [
+    # into the second sentence by less than a word: still said to be cut there
+    ("One two three four five. Six seven eight nine ten.", 1100,
+     "One two three four five. …"),
+    # Chinese has no spaces: cut by characters, not kept or dropped whole
+    ("今天的会议讨论了预算。大家都同意推迟。", 1600, "今天的会议讨论了预算。 大家都同 …"),
+])
+def test_the_sentence_playing_at_a_barge_in_is_marked_cut(clock, text, heard_ms, kept):
+    s = Session("s", settings=SessionSettings(max_lead_ms=30_000))  # all sent at once
+    tid = start(s, clock)
+    s.llm_delta(tid, text + " More", clock())
+    for index in (0, 1):
+        s.audio(tid, index, pcm(1000), "x", clock())
+        s.synthesis_done(tid, index, clock())
+    s.receive(ClientPlayback(tid, heard_ms), clock.advance(heard_ms))
+    s.receive(ClientTranscript("stop"), clock())
+    assert s.history[1]["content"] == kept
+
+
 def test_a_reply_played_out_before_the_next_turn_stays_whole(clock):
     """Once its playback should have ended, or without a mark, the reply was heard whole."""
     s, tid = sent_ahead(clock)

@@ -191,6 +191,18 @@ def _words(text: str) -> int:
     return len(text.split()) + len(_CJK.findall(text)) // 2
 
 
+_UNIT = re.compile(f"[{_CJK_CHAR}]|[^\\s{_CJK_CHAR}]+")
+"""What a listener hears one at a time: a spaced word, or one Chinese or Japanese character."""
+
+
+def heard_prefix(text: str, share: float) -> str:
+    """The start of ``text`` a listener heard after ``share`` (0-1) of its audio: that share
+    of its words, a Chinese or Japanese character counting as one ("" if none)."""
+    units = list(_UNIT.finditer(text))
+    keep = int(len(units) * min(1.0, max(0.0, share)))
+    return text[:units[keep - 1].end()] if keep else ""
+
+
 def _is_cjk(c: str) -> bool:
     """A Chinese or Japanese character (``_CJK_CHAR``)."""
     return _CJK.match(c) is not None

@@ -43,7 +43,7 @@ from gateway.core.codec import (
     ProtocolError,
 )
 from gateway.core.pacer import Pacer
-from gateway.core.segmenter import Segment, Segmenter, SegmenterConfig
+from gateway.core.segmenter import Segment, Segmenter, SegmenterConfig, heard_prefix
 
 _MS_PER_CHAR = 65.0
 """Speech length estimate (about 15 characters per second) for text not yet synthesized."""
@@ -807,7 +807,8 @@ class Session:
         turn.state = TurnState.ENDED
         if turn.source == "transcript":
             self._remember(turn, status)
-            turn.playing_out = status == "completed"
+            # (a failed turn still plays out the sentences it sent)
+            turn.playing_out = status in ("completed", "failed")
         for seg in turn.segments:
             seg.pending.clear()
         turn.held_bytes = 0
@@ -833,12 +834,15 @@ class Session:
             self.history[-1]["content"] = self._spoken_reply(turn, "cancelled") or "…"
 
     def _spoken_reply(self, turn: Turn, status: str) -> str:
-        """The assistant text the listener heard: all of it for a completed turn; otherwise
-        what the client reported played (else what was sent), the sentence that was playing
-        cut by words in proportion to its audio (estimated from its length while unknown)."""
+        """The assistant text the listener heard: all of it for a completed turn; what was
+        sent for a failed one (the client plays it out: an earlier mark says nothing of its
+        end); for a cut one, what the client reported played (else what was sent). The
+        sentence that was playing is cut by words (Chinese and Japanese: by characters) in
+        proportion to its audio (estimated from its length while unknown), then ``…``."""
         if status == "completed":
             return turn.reply.strip()
-        heard_ms = turn.pacer.sent_ms if turn.pacer.played_ms is None else turn.pacer.played_ms
+        played = turn.pacer.played_ms
+        heard_ms = turn.pacer.sent_ms if played is None or status == "failed" else played
         parts: list[str] = []
         for seg in turn.segments:
             if heard_ms <= 0:
@@ -850,10 +854,8 @@ class Session:
             known_ms = seg.sent_ms + len(seg.pending) / BYTES_PER_MS
             total_ms = known_ms if seg.synthesized else max(
                 known_ms, len(seg.segment.text) * _MS_PER_CHAR)
-            words = seg.segment.text.split()
-            keep = int(len(words) * min(1.0, heard_ms / total_ms)) if total_ms else 0
-            if keep:
-                parts.append(" ".join(words[:keep]) + " …")
+            part = heard_prefix(seg.segment.text, heard_ms / total_ms if total_ms else 0.0)
+            parts.append(f"{part} …" if part else "…")  # (heard into it: said to be cut)
             break
         return " ".join(parts)
 
