@@ -193,3 +193,14 @@ def test_the_breaker_trips_after_failures_in_a_row_and_lets_one_try_after_the_re
     assert p.tripped("ane", now=12.5) and not p.tripped("gpu", now=12.5)
     p.succeeded("ane")
     assert not p.tripped("ane", now=13.0)
+
+
+def test_a_profile_of_zero_under_llm_load_is_zero_not_the_idle_figure():
+    """``[tts.profiles.<lane>]`` may say a lane costs nothing while an LLM decodes (a
+    remote lane); 0.0 read as "not given" and the idle figures were used (core review)."""
+    from gateway.core.placement import LaneProfile
+
+    lane = LaneProfile("remote", 0.3, 0.5, shares_gpu=True, first_s_llm=0.0, rtf_llm=0.0)
+    assert lane.predict(llm_decoding=True) == (0.0, 0.0)
+    assert lane.predict(llm_decoding=False) == (0.3, 0.5)
+    assert LaneProfile("gpu", 0.3, 0.5, shares_gpu=True).predict(True) == (0.3, 0.5)

@@ -33,7 +33,8 @@ class LaneProfile:
     def predict(self, llm_decoding: bool) -> tuple[float, float]:
         """(first audio, rtf) under the current LLM activity."""
         if llm_decoding and self.shares_gpu:
-            return (self.first_s_llm or self.first_s, self.rtf_llm or self.rtf)
+            return (self.first_s if self.first_s_llm is None else self.first_s_llm,
+                    self.rtf if self.rtf_llm is None else self.rtf_llm)
         return self.first_s, self.rtf
 
 
