@@ -44,7 +44,7 @@ import itertools
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -816,6 +816,27 @@ def _close(opened: Future[Encoder]) -> None:
         opened.result().close()
 
 
+async def _unless_ended(request: Request, work: Awaitable[_Data], stream: SpeechStream,
+                        encoding: Encoding, headers: dict[str, str],
+                        counter: Callable[[str], None]) -> _Data | Response:
+    """``work``'s result (audio before the status goes out), or the answer to a request
+    that ended first, freed and counted: 499 when the client left, the failure's status
+    when the synthesis or the encoder failed. Cancelled (the server stopping): freed,
+    counted as disconnected (a whole-file request went uncounted), and re-raised."""
+    try:
+        return await _unless_gone(request, work)
+    except _Gone:
+        _end(stream, encoding, counter, "disconnected")
+        return Response(status_code=499)  # nobody is listening
+    except SpeechFailed as exc:
+        _encoder_failed(stream, exc)
+        _end(stream, encoding, counter, "failed")
+        return _failure(exc, headers)
+    except BaseException:
+        _end(stream, encoding, counter, "disconnected")
+        raise
+
+
 async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
                    headers: dict[str, str], counter: Callable[[str], None]) -> Response:
     """Audio as it is made, chunked: each engine chunk is encoded as it comes and what the
@@ -826,19 +847,13 @@ async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
     ``gateway.core.audio_formats`` says what each compressed format leaves out. The first
     chunk is encoded before the status too: an encoder that cannot start is a 500."""
     chunks = stream.chunks()
-    try:
-        first = await _unless_gone(request, anext(chunks, b""))
-        head = await encoding.encode(first)
-    except _Gone:
-        _end(stream, encoding, counter, "disconnected")
-        return Response(status_code=499)  # nobody is listening
-    except SpeechFailed as exc:
-        _encoder_failed(stream, exc)
-        _end(stream, encoding, counter, "failed")
-        return _failure(exc, headers)
-    except BaseException:  # cancelled: the server is stopping
-        _end(stream, encoding, counter, "disconnected")
-        raise
+
+    async def opening() -> bytes | memoryview:
+        return await encoding.encode(await anext(chunks, b""))
+
+    head = await _unless_ended(request, opening(), stream, encoding, headers, counter)
+    if isinstance(head, Response):
+        return head
 
     async def body() -> AsyncIterator[bytes | memoryview]:
         try:
@@ -873,18 +888,9 @@ async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
             await encoding.encode(pcm)
         return await encoding.finish()
 
-    try:
-        data = await _unless_gone(request, collect())
-    except _Gone:
-        _end(stream, encoding, counter, "disconnected")
-        return Response(status_code=499)  # nobody is listening
-    except SpeechFailed as exc:
-        _encoder_failed(stream, exc)
-        _end(stream, encoding, counter, "failed")
-        return _failure(exc, headers)
-    except BaseException:  # cancelled: the server is stopping (it went uncounted)
-        _end(stream, encoding, counter, "disconnected")
-        raise
+    data = await _unless_ended(request, collect(), stream, encoding, headers, counter)
+    if isinstance(data, Response):
+        return data
     _end(stream, encoding, counter, "completed")
     usage = stream.usage()
     headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
