@@ -268,9 +268,9 @@ class Turn:
     """The client sent a ``playback`` mark in this turn, so it should send more while it
     plays: its silence says more, sooner (``LISTENER_SILENT_S``)."""
     playing_out: bool = False
-    """Completed, its history entry whole, while its last audio may still be playing: a
-    barge-in before that playback ends keeps only what the client's mark says it heard
-    (``_barge_in_after_the_end``)."""
+    """Ended completed or failed, its history entry all it sent, while its last audio may
+    still be playing: a barge-in before that playback ends keeps only what the client's
+    mark says it heard (``_barge_in_after_the_end``)."""
 
 
 class Session:
@@ -817,10 +817,10 @@ class Session:
         return effects
 
     def _barge_in_after_the_end(self, now: float) -> None:
-        """A cancel or a new turn while the last completed reply may still be playing: a
-        turn ends when its last frame is sent, up to ``max_lead_ms`` before it has played,
-        and its history entry said the whole reply. Now it says what the client's marks
-        (the one sent on barge-in: protocol.md) show it heard, as for a reply cut while it
+        """A cancel or a new turn while the last reply (completed or failed) may still be
+        playing: a turn ends when its last frame is sent, up to ``max_lead_ms`` before it
+        has played, and its history entry said all it sent. Now it says what the marks
+        (the one sent on barge-in: protocol.md) show was heard, as for a reply cut while it
         was sent. Without a mark, or once the playback should have ended, it stays whole."""
         turn = self.turn
         if turn is None or not turn.playing_out:
