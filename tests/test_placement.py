@@ -204,3 +204,105 @@ def test_a_profile_of_zero_under_llm_load_is_zero_not_the_idle_figure():
     assert lane.predict(llm_decoding=True) == (0.0, 0.0)
     assert lane.predict(llm_decoding=False) == (0.3, 0.5)
     assert LaneProfile("gpu", 0.3, 0.5, shares_gpu=True).predict(True) == (0.3, 0.5)
+
+
+# ---- place(): feasibility, then the GPU, then first audio --------------------------------
+
+def lane(name, first_s, rtf, shares_gpu=False, **llm) -> LaneProfile:
+    return LaneProfile(name, first_s, rtf, shares_gpu=shares_gpu, **llm)
+
+
+def test_among_feasible_lanes_the_earliest_first_audio_wins_even_at_full_load():
+    # fast: one listener already, (1 + 1) * 0.5 == 1 still keeps both fed in real time
+    fast, light = lane("fast", 0.05, 0.5), lane("light", 0.1, 0.3)
+    assert place([LaneLoad(fast, 1), LaneLoad(light, 0)], llm_decoding=False) == "fast"
+    # one more listener and it cannot: the other lane, though its first audio is later
+    assert place([LaneLoad(fast, 2), LaneLoad(light, 0)], llm_decoding=False) == "light"
+
+
+def test_with_no_feasible_lane_the_least_loaded_one_is_chosen():
+    slow, busy = lane("slow", 0.05, 1.2), lane("busy", 0.5, 0.4)
+    assert place([LaneLoad(slow, 0), LaneLoad(busy, 3)], llm_decoding=False) == "slow"
+    assert place([LaneLoad(slow, 1), LaneLoad(busy, 3)], llm_decoding=False) == "busy"
+    with pytest.raises(ValueError):
+        place([], llm_decoding=False)
+
+
+def test_under_llm_load_a_gpu_lane_is_judged_by_its_llm_figures():
+    gpu = lane("gpu", 0.05, 0.44, shares_gpu=True, first_s_llm=0.5, rtf_llm=0.97)
+    slow = lane("slow", 0.1, 1.2)
+    # idle: (1 + 1) * 0.44 fits; decoding: (1 + 1) * 0.97 does not, and slow's 1.2 is less
+    assert place([LaneLoad(gpu, 1), LaneLoad(slow, 0)], llm_decoding=False) == "gpu"
+    assert place([LaneLoad(gpu, 1), LaneLoad(slow, 0)], llm_decoding=True) == "slow"
+    # two lanes on the GPU: the earlier first audio while the LLM decodes
+    other = lane("other", 0.2, 0.3, shares_gpu=True, first_s_llm=0.3)
+    assert place([LaneLoad(gpu, 0), LaneLoad(other, 0)], llm_decoding=False) == "gpu"
+    assert place([LaneLoad(gpu, 0), LaneLoad(other, 0)], llm_decoding=True) == "other"
+
+
+def test_profile_from_keeps_the_llm_figures_and_accepts_zero():
+    gpu = profile_from("gpu", {"first_s": 0.1, "rtf": 0.4, "first_s_llm": 0.2,
+                               "rtf_llm": 0.9})
+    assert gpu == LaneProfile("gpu", 0.1, 0.4, shares_gpu=True, first_s_llm=0.2,
+                              rtf_llm=0.9)
+    assert profile_from("ane", {"first_s": 0.1, "rtf": 0.4}) == LaneProfile("ane", 0.1, 0.4)
+    remote = profile_from("remote", {"first_s": 0, "rtf": 0.0})  # a lane that costs nothing
+    assert remote.predict(llm_decoding=True) == (0.0, 0.0) and not remote.shares_gpu
+
+
+def test_a_step_window_forgets_the_oldest_samples():
+    t = StepTimes(window=4, min_samples=1)
+    for seconds in (0.16, 0.16, 0.16, 0.16, 0.32, 0.32, 0.32, 0.32):
+        t.step(seconds, 0.32, opened=False, llm=False)
+    assert t.measured()["rtf"] == pytest.approx(1.0)
+    assert t.samples()["rtf"] == 4
+
+
+# ---- TurnPlacer: counts, ties, LLM activity ----------------------------------------------
+
+def test_the_placer_passes_the_llm_activity_to_place():
+    # idle, the GPU has the earlier first audio; decoding, the turn leaves it to the LLM
+    ane = profile_from("ane", {"first_s": 0.2, "rtf": 0.7})
+    p = TurnPlacer({"gpu": GPU, "ane": ane}, {"gpu": ["a"], "ane": ["a"]}, primary="gpu")
+    assert p.place_turn("t1", "a", llm_decoding=False) == "gpu"
+    assert p.place_turn("t2", "a", llm_decoding=True) == "ane"
+
+
+def test_a_tie_between_lanes_goes_to_the_primary():
+    same = {"a": LaneProfile("a", 0.1, 0.3), "b": LaneProfile("b", 0.1, 0.3)}
+    p = TurnPlacer(same, {"a": ["v"], "b": ["v"]}, primary="b")
+    assert p.lanes_with("V") == ["b", "a"]
+    assert p.place_turn("t1", "v", llm_decoding=False) == "b"
+
+
+def test_every_turn_placed_on_a_lane_counts_until_released():
+    p = placer()
+    for owner in ("t1", "t2", "t3"):
+        assert p.place_turn(owner, None, llm_decoding=False) == "gpu"
+    assert p.active("gpu") == 3
+    p.release("t2")
+    assert p.active("gpu") == 2
+
+
+def test_moves_add_to_the_new_lanes_count_and_each_one_counts_as_a_reroute():
+    p = placer()
+    assert p.place_turn("a", None, llm_decoding=True) == "gpu"
+    assert p.place_turn("b", "serena", llm_decoding=True) == "ane"
+    assert p.place_turn("c", None, llm_decoding=True) == "gpu"
+    p.move("b", "gpu")
+    assert (p.active("gpu"), p.active("ane")) == (3, 0)
+    assert p.place_turn("d", "serena", llm_decoding=True) == "ane"
+    p.move("d", "gpu")
+    assert p.rerouted == {"gpu": 0, "ane": 2} and p.active("gpu") == 4
+    p.move("nobody", "ane")  # no turn: nothing to move
+    p.move("a", "gpu")  # already there: no reroute
+    assert p.rerouted == {"gpu": 0, "ane": 2} and (p.active("gpu"), p.active("ane")) == (4, 0)
+
+
+def test_a_fresh_lane_trips_only_after_breaker_failures_in_a_row():
+    p = TurnPlacer({"gpu": GPU, "ane": ANE}, {"gpu": ["serena"], "ane": ["serena"]},
+                   primary="gpu", breaker_failures=2, breaker_reset_s=10.0)
+    p.failed("ane", now=0.0)
+    assert not p.tripped("ane", now=0.0)
+    p.failed("ane", now=1.0)
+    assert p.tripped("ane", now=1.0)
