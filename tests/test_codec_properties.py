@@ -201,7 +201,7 @@ def test_binary_is_always_refused(data):
         try:
             decode_client(value)
         except ProtocolError as error:
-            assert error.code == "binary_not_supported"
+            assert error.code == "binary_not_supported" and "JSON text" in error.message
         else:
             raise AssertionError("binary accepted")
 
@@ -237,7 +237,7 @@ def test_size_limit_is_in_utf8_bytes(size, char):
         decode_client(data)
     except ProtocolError as error:
         if nbytes > MAX_MESSAGE_BYTES:
-            assert error.code == "message_too_large"
+            assert error.code == "message_too_large" and str(MAX_MESSAGE_BYTES) in error.message
         else:
             assert error.code == "text_too_long"  # under the frame limit, over 4,000 chars
     else:
@@ -388,7 +388,7 @@ def test_decode_frame_raises_only_protocol_error(data):
     try:
         frame = decode_frame(data)
     except ProtocolError as error:
-        assert error.code == "invalid_frame"
+        assert error.code == "invalid_frame" and isinstance(error.message, str) and error.message
         assert len(data) < FRAME_HEADER.size or data[0] != PROTOCOL_VERSION
     else:
         assert data[0] == PROTOCOL_VERSION and frame.pcm == data[FRAME_HEADER.size:]
@@ -400,7 +400,10 @@ def test_decode_frame_raises_only_protocol_error(data):
      "field 'turn_id' must be between 0 and 4294967295"),
     ('{"type":"playback","turn_id":4294967296,"played_ms":0}',
      "field 'turn_id' must be between 0 and 4294967295"),
-    ('{"type":"playback","played_ms":0}', "field 'turn_id' is required"),
+    ('{"type":"cancel","turn_id":4294967296}',
+     "field 'turn_id' must be between 0 and 4294967295"),
+    ('{"type":"session.update","session":{"frame_ms":200}}',
+     "field 'frame_ms' must be between 20 and 120"),
     ('{"type":"playback","turn_id":1,"played_ms":86400001}',
      "field 'played_ms' must be between 0 and 86400000"),
     ('{"type":"session.update","session":{"llm":{"temperature":2.5}}}',
@@ -409,7 +412,7 @@ def test_decode_frame_raises_only_protocol_error(data):
 def test_range_errors_name_the_exact_bounds(raw, message):
     with pytest.raises(ProtocolError) as info:
         decode_client(raw)
-    assert str(info.value) == message
+    assert info.value.code == "invalid_field" and str(info.value) == message
 
 
 @pytest.mark.parametrize("raw", [
@@ -470,3 +473,105 @@ def test_a_ping_id_nests_at_most_253_levels_as_protocol_md_says():
         orjson.loads(nested(253)))
     with pytest.raises(ProtocolError, match="nested too deeply"):
         decode_client('{"type":"ping","id":' + nested(254) + "}")
+
+
+@pytest.mark.parametrize(("field", "limit", "wrap"), [
+    ("text", MAX_TEXT_CHARS, lambda s: {"type": "say", "text": s}),
+    ("text", MAX_TEXT_CHARS, lambda s: {"type": "transcript", "text": s}),
+    ("instructions", MAX_INSTRUCTIONS_CHARS,
+     lambda s: {"type": "session.update", "session": {"instructions": s}}),
+])
+def test_texts_up_to_their_documented_limit_pass_and_one_more_is_text_too_long(field, limit,
+                                                                               wrap):
+    assert decode_client(json.dumps(wrap("a" * limit)))  # exactly at the limit
+    with pytest.raises(ProtocolError) as info:
+        decode_client(json.dumps(wrap("a" * (limit + 1))))
+    assert info.value.code == "text_too_long"
+    assert str(limit) in info.value.message
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\t "])
+def test_a_blank_text_is_refused_as_empty(text):
+    for kind in ("say", "transcript"):
+        with pytest.raises(ProtocolError) as info:
+            decode_client(json.dumps({"type": kind, "text": text}))
+        assert info.value.code == "invalid_field" and "'text'" in info.value.message
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    # a wrong type is answered with what the field takes
+    ('{"type":"say","text":5}', "field 'text' must be a string"),
+    ('{"type":"cancel","turn_id":"3"}', "field 'turn_id' must be an integer"),
+    ('{"type":"playback","turn_id":1,"played_ms":"9"}', "field 'played_ms' must be a number"),
+    ('{"type":"session.update","session":[]}', "field 'session' must be an object"),
+    ('{"type":"session.update","session":{"voice":1}}', "field 'voice' must be a string"),
+    ('{"type":"session.update","session":{"llm":"gpt"}}', "field 'llm' must be an object"),
+    ('{"type":"session.update","session":{"max_lead_ms":true}}',
+     "field 'max_lead_ms' must be an integer"),
+    ('{"type":"cancel","turn_id":true}', "field 'turn_id' must be an integer"),  # not 1
+])
+def test_a_wrong_type_error_says_what_the_field_takes(raw, expected):
+    with pytest.raises(ProtocolError) as info:
+        decode_client(raw)
+    assert info.value.code == "invalid_field" and str(info.value) == expected
+
+
+@pytest.mark.parametrize(("raw", "names"), [
+    ('{"type":"session.update","session":{"frame_ms":50}}', ["frame_ms", "40"]),
+    ('{"type":"session.update","session":{"max_lead_ms":99}}', ["max_lead_ms", "100"]),
+    ('{"type":"session.update","session":{"max_lead_ms":-5}}', ["max_lead_ms", "100"]),
+    ('{"type":"session.update","session":{"max_lead_ms":9007199254740993}}',
+     ["max_lead_ms"]),
+    ('{"type":"session.update","session":{"max_lead_ms":1e300}}', ["max_lead_ms"]),
+    ('{"type":"session.update","session":{"top_p":1}}', ["session setting", "top_p"]),
+    ('{"type":"session.update","session":{"llm":{"top_p":1}}}', ["llm setting", "top_p"]),
+    ('{"type":"session.update","session":{"segmenter":{"min_words":1}}}',
+     ["segmenter setting", "min_words"]),
+])
+def test_a_setting_out_of_range_or_unknown_is_an_invalid_field_naming_it(raw, names):
+    with pytest.raises(ProtocolError) as info:
+        decode_client(raw)
+    assert info.value.code == "invalid_field"
+    for name in names:
+        assert name in info.value.message
+
+
+def test_max_lead_ms_beyond_30_000_is_left_to_the_session_up_to_2_53():
+    # a server's own default may be larger (Session checks); the codec only refuses what
+    # no int of a double could be
+    big = ClientSessionUpdate({"max_lead_ms": 2**53})
+    raw = json.dumps({"type": "session.update", "session": {"max_lead_ms": 2**53}})
+    assert decode_client(raw) == big
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ('{"type":"playback","played_ms":0}', "turn_id"),
+    ('{"type":"playback","turn_id":1}', "played_ms"),
+    ('{"type":"playback","turn_id":1,"played_ms":null}', "played_ms"),
+    ('{"type":"say"}', "text"),
+    ('{"type":"session.update"}', "session"),
+    ('{"type":"session.resume","resume_token":"t"}', "session_id"),
+])
+def test_a_missing_required_field_is_missing_field_naming_it(raw, field):
+    with pytest.raises(ProtocolError) as info:
+        decode_client(raw)
+    assert info.value.code == "missing_field" and f"'{field}'" in info.value.message
+
+
+@pytest.mark.parametrize(("last_seq", "expected"), [
+    ("", None), (',"last_seq":null', None), (',"last_seq":-1', None),  # no frame received
+    (',"last_seq":0', 0), (',"last_seq":4294967295', 4294967295),
+])
+def test_resume_last_seq_minus_one_or_absent_is_none_and_any_u32_is_kept(last_seq, expected):
+    raw = '{"type":"session.resume","session_id":"s","resume_token":"t"' + last_seq + "}"
+    assert decode_client(raw) == ClientResume("s", "t", expected)
+
+
+def test_u32_turn_ids_decode_up_to_the_largest():
+    assert decode_client('{"type":"cancel","turn_id":4294967295}') == ClientCancel(4294967295)
+    assert decode_client('{"type":"playback","turn_id":4294967295,"played_ms":5}') == \
+        ClientPlayback(4294967295, 5.0)
+    with pytest.raises(ProtocolError) as info:
+        decode_client('{"type":"session.resume","session_id":"s","resume_token":"t",'
+                      '"last_seq":4294967296}')
+    assert info.value.code == "invalid_field"
