@@ -575,3 +575,7 @@ def test_u32_turn_ids_decode_up_to_the_largest():
         decode_client('{"type":"session.resume","session_id":"s","resume_token":"t",'
                       '"last_seq":4294967296}')
     assert info.value.code == "invalid_field"
+    with pytest.raises(ProtocolError) as info:  # -1 means none received; -2 means nothing
+        decode_client('{"type":"session.resume","session_id":"s","resume_token":"t",'
+                      '"last_seq":-2}')
+    assert info.value.code == "invalid_field"
