@@ -897,3 +897,22 @@ def test_no_lead_is_reported_for_a_turn_that_is_not_active(clock):
     tid = start(s, clock)
     s.receive(ClientCancel(tid), clock())
     assert s.lead_ms(tid, clock()) is None
+
+
+def test_a_turn_closed_by_a_silent_last_sentence_ends_with_an_empty_frame_after_its_done(clock):
+    """protocol.md, Binary frames: the zero-sample frame closes the turn, after the last
+    sentence's sentence.done and just before turn.done (core review: undocumented)."""
+    s = Session("s")
+    tid = start(s, clock)
+    out = s.llm_delta(tid, "Hello there. ```\nx = 1\n```\n", clock())
+    out += s.llm_done(tid, None, clock())
+    out += s.audio(tid, 0, pcm(200), "x", clock())
+    out += s.synthesis_done(tid, 0, clock())
+    order = []
+    for e in out:
+        if isinstance(e, SendEvent) and e.event["type"] in ("sentence.done", "turn.done"):
+            order.append((e.event["type"], e.event.get("index")))
+        elif isinstance(e, SendAudio | SendFrames):
+            order += [("frame", (f.sentence, f.flags, len(f.pcm))) for f in frames([e])]
+    assert order[-5:] == [("frame", (0, 1, 1920)), ("sentence.done", 0), ("sentence.done", 1),
+                          ("frame", (1, 3, 0)), ("turn.done", None)]
