@@ -699,19 +699,6 @@ async def _sse(stream: SpeechStream, request: Request) -> AsyncIterator[bytes]:
                                     "param": None, "code": exc.code}})
 
 
-class _Gone(Exception):
-    """The client hung up before its answer was ready."""
-
-
-async def _unless_gone(request: Request, awaitable: Any) -> Any:
-    """``awaitable``'s result, or ``_Gone`` when the client leaves first (then the
-    awaitable is cancelled)."""
-    done = await unless_stopped(awaitable, _disconnected(request))
-    if done is None:
-        raise _Gone
-    return done.result()
-
-
 def _failure(exc: SpeechFailed, headers: dict[str, str]) -> Response:
     """The answer to a synthesis that failed before any audio went out."""
     status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
@@ -820,14 +807,14 @@ async def _unless_ended(request: Request, work: Awaitable[_Data], stream: Speech
                         encoding: Encoding, headers: dict[str, str],
                         counter: Callable[[str], None]) -> _Data | Response:
     """``work``'s result (audio before the status goes out), or the answer to a request
-    that ended first, freed and counted: 499 when the client left, the failure's status
-    when the synthesis or the encoder failed. Cancelled (the server stopping): freed,
-    counted as disconnected (a whole-file request went uncounted), and re-raised."""
+    that ended first, freed and counted: 499 when the client left (``work`` is cancelled),
+    the failure's status when the synthesis or the encoder failed. Cancelled (the server
+    stopping): freed, counted as disconnected (a whole-file request went uncounted), and
+    re-raised."""
     try:
-        return await _unless_gone(request, work)
-    except _Gone:
-        _end(stream, encoding, counter, "disconnected")
-        return Response(status_code=499)  # nobody is listening
+        done = await unless_stopped(work, _disconnected(request))
+        if done is not None:
+            return done.result()
     except SpeechFailed as exc:
         _encoder_failed(stream, exc)
         _end(stream, encoding, counter, "failed")
@@ -835,6 +822,8 @@ async def _unless_ended(request: Request, work: Awaitable[_Data], stream: Speech
     except BaseException:
         _end(stream, encoding, counter, "disconnected")
         raise
+    _end(stream, encoding, counter, "disconnected")  # the client left first
+    return Response(status_code=499)  # nobody is listening
 
 
 async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
