@@ -100,6 +100,9 @@ class TtsEngine(Protocol):
     # Optional: ``speed_range = (lo, hi)``, the speeds the engine honours (it clamps to
     # them); absent: it honours any speed the API takes; ``None``: it ignores speed. The HTTP
     # API says so in ``X-Speech-Notes`` instead of silently speaking at another pace.
+    # Optional: ``streams_always``, for a wrapper whose ``streams`` is only its engine of the
+    # moment (``FallbackEngine``): False when another engine behind it makes a segment in
+    # one step (see ``streams_always`` below).
 
     def voices(self) -> list[str]:
         """Names of the voices this engine can speak with."""
@@ -116,6 +119,14 @@ class TtsEngine(Protocol):
     def close(self) -> None:
         """Release models and threads. Idempotent."""
         ...
+
+
+def streams_always(engine: TtsEngine) -> bool:
+    """False when some segment on ``engine`` may be made in one step: it does not stream,
+    or it is a wrapper with such an engine behind it (chatterbox as qwen3's fallback). A
+    voice like that holds its lane for a whole segment, and the gateway then cuts shorter
+    segments (``gateway.core.segmenter.ONE_STEP_MAX_CHARS``)."""
+    return bool(getattr(engine, "streams_always", engine.streams))
 
 
 # --- LLM backends -----------------------------------------------------------------------

@@ -109,6 +109,12 @@ class FallbackEngine:
         return self.speaker.streams
 
     @property
+    def streams_always(self) -> bool:
+        """False when either engine makes a segment in one step: the fallback may take any
+        segment over (``engines.base.streams_always``)."""
+        return self.primary.streams and self.fallback.streams
+
+    @property
     def reads_digits(self) -> bool:
         """The speaker's: the gateway writes text for it. A segment the fallback takes over
         gets its numbers spelled out here when the fallback needs them so

@@ -96,3 +96,33 @@ async def test_primary_failing_mid_turn_is_finished_by_the_fallback():
 def test_create_voice_wraps_the_fallback_by_name():
     voice = create_voice("synthetic", {"rtf": 0}, "espeak", {}, {"breaker_failures": 2})
     assert voice.name == "synthetic+espeak" and voice.lane == "gpu"
+
+
+@pytest.mark.parametrize(("behind_streams", "longest"), [(False, 150), (True, 400)])
+async def test_live_segments_are_short_when_a_voice_may_speak_one_in_one_step(
+        behind_streams, longest):
+    """Behind chatterbox (one step per segment), a live turn's 400-character sentence held
+    the lane, and its listener, for the whole of it: sessions get 150 by default, as the
+    HTTP API's requests do, and see it in ``session.created``."""
+    from engines.fallback import FallbackEngine
+
+    fast = {"rtf": 0, "ttfa_ms": 0, "lane": "cpu", "chars_per_second": 1000}  # 1 s of audio
+    primary = SyntheticEngine(**fast)
+    behind = SyntheticEngine(**fast, streams=behind_streams)
+    gw = Gateway(load_config(server={"port": 0}), engine=FallbackEngine(primary, behind))
+    await gw.start()
+    clause = "this clause goes on for a while, "
+    text = "One very long sentence, " + clause * 30 + "and then it ends."
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            created = await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"max_lead_ms": 30000})
+            await recv_event(ws, "session.updated")
+            await send(ws, type="say", text=text)
+            result = await read_turn(ws)
+    finally:
+        await gw.aclose()
+    assert created["session"]["segmenter"]["max_chars"] == longest
+    lengths = [len(s["text"]) for s in result.of("sentence")]
+    assert max(lengths) <= longest < max(lengths) + len(clause) + 1  # cut near the bound
+    assert " ".join(s["text"] for s in result.of("sentence")) == text  # all of it, once

@@ -53,6 +53,13 @@ from dataclasses import dataclass, replace
 
 from engines.spell import spell_out
 
+ONE_STEP_MAX_CHARS = 150
+"""``max_chars`` for a voice that may make a segment in one step (chatterbox, itself or as
+a fallback; ``engines.base.streams_always``): about 10 s of speech instead of 400
+characters' 25 s. Such a step holds its lane to the end, and a live turn arriving meanwhile
+waits for all of it (5.3 -> 9.1 s live TTFA on tiny models behind 400-character HTTP
+segments); the listener of the segment waits for all of it too."""
+
 
 @dataclass(frozen=True, slots=True)
 class SegmenterConfig:

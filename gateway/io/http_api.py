@@ -59,10 +59,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest
+from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest, streams_always
 from gateway.core.audio_formats import FORMATS, Encoder
 from gateway.core.scheduler import Job, Priority, step_ms
-from gateway.core.segmenter import Segmenter, SegmenterConfig
+from gateway.core.segmenter import ONE_STEP_MAX_CHARS, Segmenter, SegmenterConfig
 from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
@@ -77,9 +77,6 @@ MAX_INPUT_CHARS = 4096
 """Longest ``input`` accepted (OpenAI's own limit for this endpoint)."""
 MAX_BODY_BYTES = 64 * 1024
 """Longest request body read; beyond it the request is refused with 413."""
-WHOLE_STEP_MAX_CHARS = 150
-"""Longest segment of a request spoken by a voice that makes a segment in one step (about
-10 s of speech; the default is 400): it bounds how long a live turn waits behind it."""
 HEADER_TIMEOUT_S = 10.0
 """Longest wait for a request's headers (``_H11``): then the connection is closed."""
 BODY_TIMEOUT_S = 10.0
@@ -537,12 +534,8 @@ class SpeechApi:
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
         engine = lane.engine
         notes = self._notes(params, engine)
-        # A voice that may make a segment in one step (chatterbox, itself or behind a
-        # breaker) holds its lane for a whole segment, and a live turn arriving meanwhile
-        # waits for all of it (5.3 -> 9.1 s live TTFA on tiny models): short segments then
-        whole = not getattr(engine, "streams", True) or \
-            not getattr(getattr(engine, "fallback", None), "streams", True)
-        segmenter = Segmenter(SegmenterConfig(max_chars=WHOLE_STEP_MAX_CHARS) if whole else None,
+        segmenter = Segmenter(None if streams_always(engine)
+                              else SegmenterConfig(max_chars=ONE_STEP_MAX_CHARS),
                               reads_digits=getattr(engine, "reads_digits", True))
         # a segment may have nothing to say (an emoji, a code block): no job for it
         segments = [s for s in segmenter.feed(params.input) + segmenter.finish()

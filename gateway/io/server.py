@@ -36,12 +36,13 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from engines.base import LlmBackend, TtsEngine
+from engines.base import LlmBackend, TtsEngine, streams_always
 from engines.registry import create_engine, create_llm, create_voice
 from gateway.config import GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
+from gateway.core.segmenter import ONE_STEP_MAX_CHARS, SegmenterConfig
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait, unless_stopped
 from gateway.io.auth import (
@@ -558,13 +559,22 @@ class Gateway:
             return configured
         return getattr(self.engine, "default_voice", None)
 
+    @property
+    def segmenter_defaults(self) -> SegmenterConfig:
+        """Each session's segmenter unless it asks otherwise: shorter segments when a voice
+        may make one in one step (``ONE_STEP_MAX_CHARS``), as the HTTP API cuts them."""
+        if all(streams_always(e) for e in self.engines):
+            return SegmenterConfig()
+        return SegmenterConfig(max_chars=ONE_STEP_MAX_CHARS)
+
     def new_session(self) -> Session:
         d = self.config.session
         settings = SessionSettings(voice=self.config.tts.voice, instructions=d.instructions,
                                    llm_model=self.config.llm.model,
                                    temperature=self.config.llm.temperature,
                                    max_tokens=self.config.llm.max_tokens,
-                                   frame_ms=d.frame_ms, max_lead_ms=d.max_lead_ms)
+                                   frame_ms=d.frame_ms, max_lead_ms=d.max_lead_ms,
+                                   segmenter=self.segmenter_defaults)
         return Session(f"sess_{secrets.token_urlsafe(9)}", settings=settings,
                        limits=SessionLimits(history_turns=d.history_turns,
                                             max_reply_chars=d.max_reply_chars),
