@@ -11,8 +11,12 @@ actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
 * the decode rate comes from the server (oMLX's ``generation_tokens_per_second``, or
   llama.cpp's ``timings``, else ``usage.completion_tokens`` over the time the text took to
   arrive), never from counting chunks;
-* a reasoning model's thoughts are not the reply: ``reasoning_content`` is not yielded, and
-  neither is ``<think>...</think>`` in the content (``ThinkFilter``).
+* a reasoning model's thoughts are not the reply: ``reasoning_content`` (vLLM, llama.cpp,
+  oMLX) and ``reasoning`` (mlx_lm.server) are not yielded, and neither is
+  ``<think>...</think>`` in the content (``ThinkFilter``), nor, with ``thinking="opened"``,
+  everything before the first ``</think>`` (a chat template that opens ``<think>`` in the
+  prompt: DeepSeek-R1 distills, QwQ). A server that parses thoughts itself sends them in
+  those fields whatever the template did, and its content is then the reply.
 
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event for
@@ -24,6 +28,7 @@ breaks off or ends without ``finish_reason`` or ``[DONE]``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -33,6 +38,8 @@ import orjson
 from httpx_sse import aconnect_sse
 
 from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=10.0, pool=10.0)
 """``read`` bounds the silence between two received bytes (servers send keep-alives while
@@ -59,16 +66,39 @@ _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
 
 
+THINKING_MODES = ("tagged", "opened")
+"""How a reasoning model's thoughts show in its content (``[llm] thinking``): ``tagged``,
+between ``<think>`` and ``</think>``; ``opened``, the chat template opens ``<think>`` in the
+prompt (DeepSeek-R1 distills, QwQ), so the stream starts inside a thought and only its
+``</think>`` comes."""
+
+
 class ThinkFilter:
-    """Drops ``<think>...</think>`` from streamed content: reasoning models served without a
-    reasoning parser (Qwen3, DeepSeek-R1) think in their content, and thoughts are not for
-    the listener (nor for the history the next turn sends back). A tag split across chunks
-    is held back until it is whole (so is a ``<`` at a chunk's end, briefly)."""
+    """Drops thoughts from streamed content: reasoning models served without a reasoning
+    parser (Qwen3, DeepSeek-R1) think in their content, and thoughts are not for the
+    listener (nor for the history the next turn sends back).
+
+    ``opened``: the stream starts inside a thought (its template opened ``<think>``), which
+    the first ``</think>`` ends; nothing is said before it. Otherwise ``<think>`` opens a
+    thought and nothing is held back but what may be the start of a tag: a tag split
+    across chunks is held until it is whole (so is a ``<`` at a chunk's end, briefly).
+
+    A ``</think>`` that closes no thought is dropped and counted in ``unopened``: the text
+    before it was most likely a thought of a template that opens them, already said
+    (``said_before_unopened`` characters of it).
+    """
 
     OPEN, CLOSE = "<think>", "</think>"
 
-    def __init__(self) -> None:
-        self.inside = False
+    def __init__(self, opened: bool = False) -> None:
+        self.inside = opened
+        """In a thought now."""
+        self.opened = opened
+        """In the thought the template opened (``opened``), no ``</think>`` yet."""
+        self.unopened = 0
+        self.said_before_unopened = 0
+        self.said = 0
+        """Characters given out to speak so far."""
         self._held = ""
 
     def feed(self, text: str) -> str:
@@ -76,24 +106,50 @@ class ThinkFilter:
         text, self._held = self._held + text, ""
         out = []
         while text:
-            tag = self.CLOSE if self.inside else self.OPEN
-            at = text.find(tag)
-            if at >= 0:
+            tags = (self.CLOSE,) if self.inside else (self.OPEN, self.CLOSE)
+            found = [(at, tag) for tag in tags if (at := text.find(tag)) >= 0]
+            if not found:
+                keep = max(_partial_tag(text, tag) for tag in tags)
                 if not self.inside:
-                    out.append(text[:at])
-                text, self.inside = text[at + len(tag):], not self.inside
-                continue
-            keep = next((k for k in range(len(tag) - 1, 0, -1) if text.endswith(tag[:k])), 0)
+                    out.append(text[:len(text) - keep])
+                self._held = text[len(text) - keep:]
+                break
+            at, tag = min(found)
             if not self.inside:
-                out.append(text[:len(text) - keep])
-            self._held = text[len(text) - keep:]
-            break
-        return "".join(out)
+                out.append(text[:at])
+            text = text[at + len(tag):]
+            if tag == self.OPEN:
+                self.inside = True
+            elif self.inside:
+                self.inside = self.opened = False
+            else:
+                if not self.unopened:
+                    self.said_before_unopened = self.said + sum(map(len, out))
+                self.unopened += 1
+        said = "".join(out)
+        self.said += len(said)
+        return said
+
+    def reasoning_seen(self) -> None:
+        """The server sent a thought in a field of its own (``reasoning_content``,
+        ``reasoning``): it parses thoughts itself, so the content is the reply, and the
+        thought the template opened (``opened``) is not in it."""
+        if self.opened:
+            self.inside = self.opened = False
+            self._held = ""
 
     def finish(self) -> str:
         """The end of the stream: what was held back and turned out not to be a tag."""
         held, self._held = self._held, ""
-        return "" if self.inside else held
+        if self.inside:
+            return ""
+        self.said += len(held)
+        return held
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` may begin ``tag``."""
+    return next((k for k in range(len(tag) - 1, 0, -1) if text.endswith(tag[:k])), 0)
 
 
 def _snippet(text: str | bytes) -> str:
@@ -151,6 +207,10 @@ class OpenAiLlm:
     between two data events (``DEFAULT_STALL_S``), and by default the wait for the answer's
     headers too (the read timeout): a server that takes a request and answers nothing fails
     the turn after ``stall_s`` as one that stops mid-stream does.
+
+    ``thinking``: how thoughts show in the content (``THINKING_MODES``, ``ThinkFilter``).
+    ``chat_template_kwargs`` go with each request when given (mlx_lm.server, oMLX, vLLM and
+    llama.cpp pass them to the chat template, e.g. ``{"enable_thinking": False}``).
     """
 
     name = "openai"
@@ -162,8 +222,22 @@ class OpenAiLlm:
         api_key: str | None = None,
         timeout: float | httpx.Timeout | None = None,
         stall_s: float = DEFAULT_STALL_S,
+        thinking: str = "tagged",
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        if thinking not in THINKING_MODES:
+            raise ValueError(f"thinking must be one of {', '.join(THINKING_MODES)}, not "
+                             f"{thinking!r}")
         self.stall_s = stall_s
+        self.thinking = thinking
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.thoughts_unopened = 0
+        """Replies with a ``</think>`` that closed no thought: what came before it was most
+        likely thinking (a template that opens ``<think>``), and was said."""
+        self.thoughts_unclosed = 0
+        """Replies that ended inside a thought (with ``opened`` and no ``</think>``: all of
+        it), which was not said."""
+        self._warned: set[str] = set()
         if timeout is None:
             timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect, read=stall_s,
                                     write=DEFAULT_TIMEOUT.write, pool=DEFAULT_TIMEOUT.pool)
@@ -193,6 +267,8 @@ class OpenAiLlm:
             body["temperature"] = request.temperature
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
         return body
 
     async def stream(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
@@ -241,7 +317,7 @@ class OpenAiLlm:
         deltas = 0
         first_at = last_at = 0.0  # when the first and the last text chunk came (monotonic)
         first_chars = all_chars = 0  # the first chunk's text, and all of it, thoughts too
-        thoughts = ThinkFilter()
+        thoughts = ThinkFilter(opened=self.thinking == "opened")
         async with aconnect_sse(
             self._client, "POST", self._endpoint, json=self._body(request)
         ) as source:
@@ -308,9 +384,14 @@ class OpenAiLlm:
                         first_at = first_at or last_at
                         first_chars = first_chars or len(text) + len(thought)
                         all_chars += len(text) + len(thought)
+                    if thought:
+                        thoughts.reasoning_seen()
+                    unopened = thoughts.unopened
                     if text and (text := thoughts.feed(text)):
                         deltas += 1
                         yield LlmDelta(text)
+                    if thoughts.unopened and not unopened:
+                        self._unopened_thought(thoughts.said_before_unopened)
                     if reason:
                         finish_reason = reason
                 # A burst of chunks can sit fully buffered; let other sessions run between.
@@ -322,12 +403,47 @@ class OpenAiLlm:
             )
         if rest := thoughts.finish():
             yield LlmDelta(rest)
+        if thoughts.inside:
+            self._unclosed_thought(thoughts.opened, finish_reason, all_chars)
         yield LlmDone(
             finish_reason=finish_reason,
             tokens_per_s=tokens_per_s_from(usage, timings, last_at - first_at,
                                            first_chars / all_chars if all_chars else 0.0),
             usage=usage,
         )
+
+    def _unopened_thought(self, said: int) -> None:
+        self.thoughts_unopened += 1
+        if "unopened" in self._warned:
+            return
+        self._warned.add("unopened")
+        if self.thinking == "tagged":
+            why, advice = ("as when a chat template opens the thought in the prompt",
+                           'set [llm] thinking = "opened"')
+        else:  # (oMLX has seen an empty </think> before the thought: jundot/omlx#2649)
+            why, advice = ("after the thought the template opened had ended",
+                           "the model closed a thought twice")
+        log.warning("The LLM wrote </think> with no <think> before it, %s: the %d characters "
+                    "said before it were most likely thinking, spoken and kept in the "
+                    "history; %s (warned once; counted in thoughts_unopened)",
+                    why, said, advice)
+
+    def _unclosed_thought(self, opened: bool, finish_reason: str | None, chars: int) -> None:
+        self.thoughts_unclosed += 1
+        if "unclosed" in self._warned:
+            return
+        self._warned.add("unclosed")
+        if finish_reason == "length":
+            advice = ("it reached its token limit while thinking: raise [llm] max_tokens, or "
+                      "turn thinking off (e.g. [llm] chat_template_kwargs = "
+                      "{enable_thinking = false})")
+        elif opened:
+            advice = ('no </think> came: if this model does not think, or its template does '
+                      'not open <think>, set [llm] thinking = "tagged"')
+        else:
+            advice = "its <think> was never closed"
+        log.warning("The LLM's reply (%d characters) ended inside a thought, which was not "
+                    "said; %s (warned once; counted in thoughts_unclosed)", chars, advice)
 
     async def aclose(self) -> None:
         """Close pooled connections. Idempotent."""
