@@ -6,8 +6,9 @@ and default, and a test keeps that table complete; see examples/hub.toml)::
 
     [server]   host, port, http_port, max_sessions, tokens, insecure_bind, origins,
                tls_cert, tls_key, turns_per_minute, resume_window_s, outbox_bytes, lane_policy
-    [llm]      url, model, api_key, temperature, max_tokens, stall_timeout_s,
+    [llm]      url, model, api_key, temperature, max_tokens, stall_timeout_s, thinking,
                replies (replay file), tokens_per_s
+    [llm.chat_template_kwargs]   sent with each request (e.g. enable_thinking = false)
     [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, also,
                step_timeout_s
     [tts.options]            more options of the primary engine
@@ -110,6 +111,11 @@ class ServerConfig:
                              f"{self.lane_policy!r}")
 
 
+THINKING_MODES = ("tagged", "opened")
+"""``[llm] thinking``'s values (``engines.llm_openai.THINKING_MODES``, not imported: the
+config loads no backend)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LlmConfig:
     url: str | None = None
@@ -125,10 +131,28 @@ class LlmConfig:
     stall_timeout_s: float = 60.0
     """An LLM stream with no data event for this long (keep-alive comments do not count)
     fails the turn with ``llm_unavailable``."""
+    thinking: str = "tagged"
+    """How a reasoning model's thoughts show in its content, which are never spoken nor kept
+    in the history: ``tagged``, between ``<think>`` and ``</think>``; ``opened``, its chat
+    template opens ``<think>`` in the prompt (DeepSeek-R1 distills, QwQ), so all before the
+    first ``</think>`` is thought (``engines.llm_openai.ThinkFilter``)."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Sent with each request when set; mlx_lm.server, oMLX, vLLM and llama.cpp pass them to
+    the chat template (``{enable_thinking = false}`` turns a Qwen3's thinking off)."""
 
     def __post_init__(self) -> None:
         _check_types(self, "llm")
         _check_seconds("llm.stall_timeout_s", self.stall_timeout_s, 0, 3600, above=True)
+        if self.thinking not in THINKING_MODES:
+            raise ValueError(f"llm.thinking must be one of {', '.join(THINKING_MODES)}, not "
+                             f"{self.thinking!r}")
+        if self.thinking == "opened" and \
+                self.chat_template_kwargs.get("enable_thinking") is False:
+            # (the template then writes an empty thought itself: no </think> ever comes)
+            raise ValueError('llm.thinking = "opened" takes all before the first </think> '
+                             "for a thought, and chat_template_kwargs.enable_thinking = false "
+                             "leaves none in the reply: every reply would be silent; set "
+                             'thinking = "tagged"')
         if self.temperature is not None and not 0 <= self.temperature <= 2:
             raise ValueError(f"llm.temperature must be 0-2, not {self.temperature!r}")
         if self.max_tokens is not None:

@@ -1,6 +1,6 @@
 """A reasoning model's thoughts, never spoken: ``ThinkFilter`` on every split of a stream,
-and ``OpenAiLlm`` over a scripted server (thoughts in the content or in a field of their
-own)."""
+``OpenAiLlm`` over a scripted server (thoughts in the content or in a field of their own),
+and the ``[llm]`` settings that choose how thoughts show."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engines.base import LlmDelta, LlmDone, LlmRequest
-from engines.llm_openai import OpenAiLlm, ThinkFilter
+from engines.llm_openai import THINKING_MODES, OpenAiLlm, ThinkFilter
+from gateway import config as gateway_config
+from gateway.config import load_config
 from tests.servers import Done, Finish, Raw, Text, reply_script
 
 R1 = "Okay, the user says hi. I should greet them.\n</think>\n\nHello! How can I help?"
@@ -203,3 +205,31 @@ async def test_chat_template_kwargs_go_with_each_request_only_when_set(
 def test_the_backend_refuses_an_unknown_mode():
     with pytest.raises(ValueError, match="thinking must be one of tagged, opened"):
         OpenAiLlm("http://127.0.0.1:1/v1", thinking="auto")
+
+
+# --- [llm] settings -------------------------------------------------------------------------
+
+
+def test_the_config_knows_the_backends_modes():
+    assert gateway_config.THINKING_MODES == THINKING_MODES
+    assert load_config().llm.thinking == "tagged"
+    assert load_config().llm.chat_template_kwargs == {}
+
+
+def test_thinking_settings_load_from_toml(tmp_path):
+    path = tmp_path / "gateway.toml"
+    path.write_text('[llm]\nurl = "http://127.0.0.1:8081/v1"\nthinking = "opened"\n'
+                    "[llm.chat_template_kwargs]\nthinking_budget = 256\n")
+    llm = load_config(path).llm
+    assert (llm.thinking, llm.chat_template_kwargs) == ("opened", {"thinking_budget": 256})
+
+
+@pytest.mark.parametrize(("llm", "message"), [
+    ({"thinking": "auto"}, "llm.thinking must be one of tagged, opened, not 'auto'"),
+    ({"thinking": "opened", "chat_template_kwargs": {"enable_thinking": False}},
+     "every reply would be silent"),
+    ({"chat_template_kwargs": "enable_thinking=false"}, "llm.chat_template_kwargs must be"),
+])
+def test_thinking_settings_that_cannot_work_are_refused(llm, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config(llm=llm)
