@@ -309,10 +309,12 @@ async def test_by_default_an_unopened_thought_is_said_but_never_its_tag_and_the_
         gw = await start_gateway(scripted_llm_server.url)
         try:
             result = await turn(gw, max_lead_ms=30000)
+            health = gw.health()["llm"]
         finally:
             await gw.aclose()
     assert [s["text"] for s in result.of("sentence")] == [
         "Okay, the user says hi.", "I should greet them back.", "Hello!", "How can I help?"]
+    assert health["thinking"] == {"mode": "tagged", "unopened": 1, "unclosed": 0}
     assert "</think>" not in result.reply
     (warning,) = [r for r in caplog.records if r.name == "engines.llm_openai"]
     assert 'set [llm] thinking = "opened"' in warning.getMessage()
@@ -328,6 +330,7 @@ async def test_a_reply_that_never_ends_its_thought_says_nothing_and_the_turn_end
     gw = await gateway_thinking(scripted_llm_server.url, "opened")
     try:
         silent, after = await turns(gw, "hi", "again")
+        health = gw.health()["llm"]
     finally:
         await gw.aclose()
     assert not silent.of("text.delta") and not silent.of("sentence")
@@ -338,10 +341,9 @@ async def test_a_reply_that_never_ends_its_thought_says_nothing_and_the_turn_end
             "the reply reached the LLM's token limit (max_tokens); the rest is not spoken"]
         assert silent.done["status"] == "failed"
     assert after.reply == "Hi." and after.done["status"] == "completed"
+    assert health["thinking"] == {"mode": "opened", "unopened": 0, "unclosed": 1}
 
 
-@pytest.mark.xfail(strict=True, reason="gateway/io/server.py's _make_llm does not pass "
-                   "[llm] thinking and chat_template_kwargs to the backend yet")
 async def test_the_thinking_settings_reach_the_backend(scripted_llm_server):
     scripted_llm_server.script(reply_script(R1_STREAM))
     gw = await start_gateway(scripted_llm_server.url, thinking="opened",

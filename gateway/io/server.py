@@ -187,7 +187,8 @@ class Gateway:
         c = self.config.llm
         if c.url:
             return create_llm("openai", url=c.url, model=c.model, api_key=c.api_key,
-                              stall_s=c.stall_timeout_s)
+                              stall_s=c.stall_timeout_s, thinking=c.thinking,
+                              chat_template_kwargs=c.chat_template_kwargs)
         return create_llm("replay", path=c.replies, tokens_per_s=c.tokens_per_s)
 
     def _profiles(self) -> dict[str, LaneProfile]:

@@ -54,6 +54,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from engines.base import OUTPUT_RATE
+from engines.llm_openai import OpenAiLlm
 from gateway.core.scheduler import Job
 from gateway.io.aio import cancel_and_wait
 
@@ -430,8 +431,13 @@ class Telemetry:
 
     def llm_health(self) -> dict[str, Any]:
         self.llm_probe.refresh_if_stale()
-        return {"backend": self.gateway.llm.name, "url": self.gateway.config.llm.url,
-                **self.llm_probe.status(), "tokens_per_s": self.llm_tokens_per_s}
+        llm = self.gateway.llm
+        # a reasoning model's thoughts the filter met out of place (engines.llm_openai)
+        thoughts = {"thinking": {"mode": llm.thinking, "unopened": llm.thoughts_unopened,
+                                 "unclosed": llm.thoughts_unclosed}} \
+            if isinstance(llm, OpenAiLlm) else {}
+        return {"backend": llm.name, "url": self.gateway.config.llm.url,
+                **self.llm_probe.status(), "tokens_per_s": self.llm_tokens_per_s, **thoughts}
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
