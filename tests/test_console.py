@@ -351,3 +351,23 @@ async def test_console_gives_up_a_silent_socket_and_resumes_on_a_new_one(start_g
         assert await page.evaluate(f"{state}.sessionId") == session_id
         await talk(page, "Hello")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_shows_the_servers_text_as_text(start_gateway):
+    """The turn's row was built with innerHTML from turn.done's fields: an engine name (or a
+    status) with markup ran as the page's own script. Every field is now text."""
+    from engines.synthetic import SyntheticEngine
+
+    named = SyntheticEngine(rtf=0, ttfa_ms=0, name='<img src=x onerror="window.pwned=1">')
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}], engine=named)
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        await talk(page, "Hello")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        assert await page.evaluate("window.pwned") is None
+        assert await page.locator("#timeline img").count() == 0
+        assert named.name in await page.inner_text("#timeline .turn .label")
+        assert await page.locator("#timeline [data-status=completed]").count() == 1
+        assert errors == []

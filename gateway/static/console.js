@@ -422,13 +422,18 @@ function addTimeline(ev) {
   const div = document.createElement("div");
   div.className = "turn";
   const fmt = (v) => (v == null ? "–" : `${Math.round(v)} ms`);
-  div.innerHTML = `<div class="label"><b>turn ${ev.turn_id}</b>
-    <span class="${ev.status}">${ev.status}</span> · first token ${fmt(m.ttft_ms)}
-    · first sentence ${fmt(m.first_sentence_ms)} · first audio ${fmt(m.ttfa_ms)}
-    · done ${fmt(m.duration_ms)} · ${fmt(m.audio_ms)} audio · ${m.sentences ?? 0} sentences
-    ${m.engine ? `· ${m.engine} ` : ""}· underruns: server ${m.underruns ?? 0}
-    <span class="heard" title="times this browser ran out of audio while the turn played">
-    · heard …</span></div>`;
+  // built from nodes, never innerHTML: every field here is the server's text
+  const label = element("div", "label");
+  const status = element("span", "", ev.status);
+  status.dataset.status = ev.status;
+  label.append(element("b", "", `turn ${ev.turn_id}`), " ", status,
+    ` · first token ${fmt(m.ttft_ms)} · first sentence ${fmt(m.first_sentence_ms)}` +
+    ` · first audio ${fmt(m.ttfa_ms)} · done ${fmt(m.duration_ms)} · ${fmt(m.audio_ms)} audio` +
+    ` · ${m.sentences ?? 0} sentences ${m.engine ? `· ${m.engine} ` : ""}` +
+    `· underruns: server ${m.underruns ?? 0} `,
+    element("span", "heard", "· heard …"));
+  label.lastChild.title = "times this browser ran out of audio while the turn played";
+  div.append(label);
   const bar = document.createElement("div");
   bar.className = "bar";
   const marks = [["ttft_ms", "#8e24aa", "first token"], ["first_sentence_ms", "#f9a825", "first sentence"],
@@ -462,6 +467,13 @@ function showHeard(t) {
   const done = state.turns.findLast((d) => d.turnId === t.id);
   if (done) done.heardUnderruns = heard;
   t.heard = null;
+}
+
+function element(tag, className, text = "") {
+  const el = document.createElement(tag);
+  el.className = className;
+  el.textContent = text;
+  return el;
 }
 
 function addSessionMark(id) { // turn ids start again at 1 in a new session
