@@ -4,6 +4,7 @@ the AudioWorklet, Stop cancels the turn and silences it. Also the static routes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -310,27 +311,99 @@ async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start
         assert errors == []
 
 
+def frames_written(gateway: Any, n: int) -> asyncio.Event:
+    """Set once the gateway has written ``n`` more audio frames to its only session."""
+    (runner,) = gateway.runners.values()
+    written, count = asyncio.Event(), 0
+    original = runner.written
+
+    def counting(batch: list[str | bytes]) -> None:
+        nonlocal count
+        count += sum(isinstance(m, bytes) for m in batch)
+        if count >= n:
+            written.set()
+        original(batch)
+
+    runner.written = counting
+    return written
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_stop_pressed_while_offline_reaches_the_gateway_after_the_resume(
         start_gateway):
+    """Stop silences the turn for good: the frames the resume replays (sent while the page
+    was offline) came before the cancel's turn.done, and were played."""
     gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
         await talk(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        lost = frames_written(gw, 4)  # 160 ms: more than the player's 100 ms pre-buffer
         await page.context.set_offline(True)  # and the socket drops: no reconnect gets out
+        await asyncio.wait_for(lost.wait(), 10)
         for conn in list(gw.connections):
             conn.ws.transport.abort()
         await page.wait_for_function(f"!{state}.connected")
         await page.click("#stop")
         assert "Stop is sent when the session resumes" in \
             (await page.evaluate(f"{state}.errors"))[-1]
+        await page.wait_for_function(f"!{state}.playing && {state}.bufferedSamples === 0")
+        stopped = await page.evaluate(state)
         await page.context.set_offline(False)
         await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
         await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
         assert gw.metrics.turns["cancelled"] == 1
+        after = await page.evaluate(state)
+        assert after["framesReceived"] > stopped["framesReceived"]  # the replay came
+        assert after["samplesReceived"] == stopped["samplesReceived"]  # none of it played
+        assert after["samplesPlayed"] == stopped["samplesPlayed"]
+        assert isinstance(after["lastTurn"]["heardUnderruns"], int)
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_sends_a_stop_lost_with_its_socket_again_after_the_resume(start_gateway):
+    """protocol.md, Resume: a message sent just before a drop may be lost with the socket;
+    a cancel is idempotent, send it again. The turn went on to the end, all in the history."""
+    gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await talk(page, "Tell me")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        (conn,) = gw.connections
+        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        await page.click("#stop")  # (sent before click() returns)
+        conn.ws.transport.abort()  # ... and is lost with the socket
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'",
+                                     timeout=10_000)
+        assert gw.metrics.turns["cancelled"] == 1
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_stop_after_the_turn_ended_cuts_its_tail(gateway):
+    """A turn ends up to max_lead_ms before it has played: Stop then silenced it, but its
+    row said 'heard …' until the next turn (the worklet never played its last sample)."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await talk(page, "Hello")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed' && "
+                                     f"{state}.bufferedSamples > 2400")
+        await page.click("#stop")
+        await page.wait_for_function(f"{state}.turns[0].heardUnderruns !== undefined",
+                                     timeout=5_000)
+        assert await page.inner_text("#timeline .heard") == "· heard 0"
+        await page.wait_for_function(f"!{state}.playing && {state}.bufferedSamples === 0")
+        st = await page.evaluate(state)
+        assert st["samplesPlayed"] < st["samplesReceived"]  # cut, not played out
+        assert st["errors"] == [] and errors == []
 
 
 @pytest.mark.slow

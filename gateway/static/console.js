@@ -21,12 +21,11 @@ let ws = null;
 let backoff = 500;
 let retry = null; // the timer of the next reconnect
 let heardAt = 0; // when the socket last gave us anything
-let pendingCancel = null; // a Stop pressed while the socket was down: sent after the resume
 let updatePending = false; // a session.update sent and not answered yet
 let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt}: what a resume needs
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
-let turn = null; // {id, sentAt, playedBase, ...} the turn whose audio is playing
+let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing
 let pendingSentAt = null;
 let audio = null; // {ctx, node, analyser}
 
@@ -254,10 +253,9 @@ function onEvent(ev) {
       state.resumes += 1;
       setStatus(true, `connected · ${ev.session_id} · resumed (${ev.replayed} re-sent)`);
       showSettings(ev.session);
-      if (pendingCancel !== null) { // Stop was pressed while the socket was down
-        sendStop(pendingCancel);
-        pendingCancel = null;
-      }
+      // a Stop pressed while the socket was down, or sent and lost with it (the turn did
+      // not end): again (protocol.md, Resume: a cancel is idempotent)
+      if (turn?.stopped && (!turn.stopSent || !turn.ended)) sendStop(turn);
       break;
     case "session.updated":
       updatePending = false;
@@ -277,7 +275,8 @@ function onEvent(ev) {
       if (turn?.heard) showHeard(turn); // cut by the new turn
       turn = {id: ev.turn_id, source: ev.source, sentAt: pendingSentAt ?? performance.now(),
               playedBase: state.samplesPlayed, firstAudioAt: null,
-              underrunsBase: state.underruns, samplesPosted: 0, heard: null};
+              underrunsBase: state.underruns, samplesPosted: 0, heard: null,
+              ended: false, stopped: null, stopSent: false};
       state.turnId = ev.turn_id;
       reply = {text: "", cuts: [0]};
       renderReply();
@@ -312,9 +311,11 @@ function onEvent(ev) {
       state.turns.push(state.lastTurn);
       addTimeline(ev);
       if (turn && ev.turn_id === turn.id) {
+        turn.ended = true;
         turn.heard = $("timeline").querySelector(".heard"); // the row just added
         // a failed turn still plays what it sent (complete sentences); only a cancel flushes
-        if (ev.status === "cancelled") {
+        // (or a Stop: a turn that ended before its cancel came is not played either)
+        if (ev.status === "cancelled" || turn.stopped) {
           flushAudio();
           showHeard(turn);
         } else {
@@ -332,7 +333,6 @@ function onEvent(ev) {
         }
         if (turn?.heard) showHeard(turn);
         session = null;
-        pendingCancel = null;
         flushAudio();
         turn = null;
         startSession(fresh);
@@ -388,7 +388,7 @@ function onFrame(buffer) {
     state.eventsSinceFrame = 0;
   }
   state.framesReceived += 1;
-  if (!turn || turnId !== turn.id || !audio) return;
+  if (!turn || turnId !== turn.id || turn.stopped || !audio) return; // (Stop: not heard)
   const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
   const samples = new Float32Array(pcm.length);
   for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
@@ -407,7 +407,9 @@ function playedMs() {
 }
 let lastMark = null;
 setInterval(() => {
-  if (!turn || !state.connected || !(state.playing || state.bufferedSamples)) return;
+  if (!turn || turn.stopped || !state.connected || !(state.playing || state.bufferedSamples)) {
+    return;
+  }
   const ms = Math.round(playedMs());
   if (ms === lastMark) return;
   lastMark = ms;
@@ -529,22 +531,25 @@ $("talk").addEventListener("submit", (e) => {
   submitTranscript($("transcript").value);
 });
 
+// Stop: silence now, and nothing more of the turn is played, whatever still arrives (frames
+// in flight, or replayed by a resume) before the server ends it.
 function stop() {
   if (!turn) return;
   flushAudio();
-  const mark = {turnId: turn.id, playedMs: Math.round(playedMs())};
+  turn.stopped ??= {playedMs: Math.round(playedMs())};
+  if (turn.heard) showHeard(turn); // it had ended, its tail playing: cut now, count final
   if (!connected()) { // said once the session is back
-    pendingCancel = mark;
     showError("not connected: Stop is sent when the session resumes");
     return;
   }
-  sendStop(mark);
+  sendStop(turn);
 }
 
 // What was heard (so the history keeps only that), then the cancel.
-function sendStop({turnId, playedMs}) {
-  send({type: "playback", turn_id: turnId, played_ms: playedMs});
-  send({type: "cancel", turn_id: turnId});
+function sendStop(t) {
+  send({type: "playback", turn_id: t.id, played_ms: t.stopped.playedMs});
+  send({type: "cancel", turn_id: t.id});
+  t.stopSent = true;
 }
 $("stop").addEventListener("click", stop);
 document.addEventListener("keydown", (e) => { if (e.key === "Escape") stop(); });
