@@ -257,6 +257,30 @@ async def test_console_plays_out_a_failed_turn(start_gateway):
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_plays_out_the_turn_a_stopping_gateway_ended(start_gateway):
+    """protocol.md, shutting_down: the turn ends failed, what was sent may be played out,
+    then the socket closes with 1001. The console flushed it at the close (~1 s unheard)
+    and its row said 'heard …' for good."""
+    gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await talk(page, "Tell me")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await gw.aclose()
+        await page.wait_for_function(f"!{state}.connected")
+        await page.wait_for_function(f"{state}.samplesPlayed === {state}.samplesReceived",
+                                     timeout=10_000)
+        await page.wait_for_function(f"{state}.turns[0].heardUnderruns !== undefined")
+        st = await page.evaluate(state)
+        assert st["lastTurn"]["status"] == "failed"
+        assert abs(st["samplesPlayed"] / 24 - st["lastTurn"]["metrics"]["audio_ms"]) < 2
+        assert st["errors"][-1] == "the gateway stopped; reconnecting for a new session"
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_settings_emptied_go_back_to_the_servers_defaults(gateway):
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await page.wait_for_function("window.consoleState.connected")

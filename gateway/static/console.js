@@ -129,10 +129,12 @@ function connect() {
     state.connected = false;
     setStatus(false, `disconnected (${e.code})`);
     if (session && session.droppedAt === null) session.droppedAt = performance.now();
-    if (!canResume(e.code)) { // the session is gone: so is its audio
+    if (!canResume(e.code)) { // the session is gone: so is the audio of a turn it did not end
       session = null;
-      flushAudio();
-      turn = null;
+      if (!turn?.ended) {
+        flushAudio();
+        turn = null;
+      } // (one that ended plays out, as protocol.md says of shutting_down)
     }
     if (was && !e.told) {
       showError(e.code === 1001 && e.reason === "server shutting down"
@@ -273,7 +275,7 @@ function onEvent(ev) {
     case "turn.started":
       flushAudio();
       if (turn?.heard) showHeard(turn); // cut by the new turn
-      turn = {id: ev.turn_id, source: ev.source, sentAt: pendingSentAt ?? performance.now(),
+      turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source, sentAt: pendingSentAt ?? performance.now(),
               playedBase: state.samplesPlayed, firstAudioAt: null,
               underrunsBase: state.underruns, samplesPosted: 0, heard: null,
               ended: false, stopped: null, stopSent: false};
@@ -538,6 +540,7 @@ function stop() {
   flushAudio();
   turn.stopped ??= {playedMs: Math.round(playedMs())};
   if (turn.heard) showHeard(turn); // it had ended, its tail playing: cut now, count final
+  if (turn.sessionId !== session?.id) return; // its session is gone: nobody to tell
   if (!connected()) { // said once the session is back
     showError("not connected: Stop is sent when the session resumes");
     return;
