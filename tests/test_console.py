@@ -58,9 +58,10 @@ needs_chromium = pytest.mark.skipif(
 
 
 @asynccontextmanager
-async def console(url: str) -> AsyncIterator[tuple[Any, list[str]]]:
+async def console(url: str, *, clock: bool = False) -> AsyncIterator[tuple[Any, list[str]]]:
     """Headless Chromium (Playwright) on the console at ``url``: yields the page and the
-    page's uncaught JavaScript errors; the browser is closed on the way out."""
+    page's uncaught JavaScript errors; the browser is closed on the way out. ``clock``: the
+    page's timers run on Playwright's clock (``page.clock``), which the test may move."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
@@ -70,6 +71,8 @@ async def console(url: str) -> AsyncIterator[tuple[Any, list[str]]]:
             page = await browser.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            if clock:
+                await page.clock.install()
             await page.goto(url)
             yield page, errors
         finally:
@@ -467,4 +470,22 @@ async def test_console_shows_the_servers_text_as_text(start_gateway):
         assert await page.locator("#timeline img").count() == 0
         assert named.name in await page.inner_text("#timeline .turn .label")
         assert await page.locator("#timeline [data-status=completed]").count() == 1
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_keeps_a_live_socket_when_its_timers_are_throttled(gateway):
+    """A hidden tab's timers may wake once a minute (Chrome's intensive throttling): the
+    page took the minute since its last message for silence, gave up a live socket and
+    resumed, once a minute, each time saying the gateway did not answer."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/", clock=True) as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        for _ in range(3):
+            pongs = await page.evaluate(f"{state}.pongs")
+            await page.clock.fast_forward(60_000)  # each due timer fires once, as throttled
+            await page.wait_for_function(f"{state}.pongs > {pongs}")
+        st = await page.evaluate(state)
+        assert st["errors"] == [] and st["reconnects"] == 0 and st["resumes"] == 0
         assert errors == []

@@ -8,19 +8,20 @@ const state = window.consoleState = {
   connected: false, sessionId: null, framesReceived: 0, samplesReceived: 0,
   samplesPlayed: 0, bufferedSamples: 0, playing: false, underruns: 0, workletReports: 0,
   turnId: null, lastTurn: null, turns: [], errors: [], reconnects: 0, resumes: 0,
-  audioReady: false, needsToken: false, eventsSinceFrame: 0,
+  audioReady: false, needsToken: false, eventsSinceFrame: 0, pongs: 0,
 };
 
 const MAX_TEXT_CHARS = 4000; // protocol.md, Limits: code points, as the server counts them
 const MAX_INSTRUCTIONS_CHARS = 16000;
 const PING_EVERY_MS = 5000;
-const SILENT_FOR_MS = 12000; // no message at all (pings answered) for this long: the socket is dead
+const SILENT_FOR_MS = 12000; // a ping with nothing at all back for this long: the socket is dead
 const OPEN_WITHIN_MS = 10000; // a socket still connecting after this is given up
 
 let ws = null;
 let backoff = 500;
 let retry = null; // the timer of the next reconnect
 let heardAt = 0; // when the socket last gave us anything
+let pingedAt = null; // when the first ping with nothing heard since went out
 let updatePending = false; // a session.update sent and not answered yet
 let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt}: what a resume needs
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
@@ -119,6 +120,7 @@ function connect() {
     opened = true;
     backoff = 500;
     heardAt = performance.now();
+    pingedAt = null;
   };
   socket.onmessage = (e) => {
     heardAt = performance.now();
@@ -170,15 +172,21 @@ function canResume(code) {
 
 // A network that drops silently (Wi-Fi gone, a laptop lid) leaves the socket looking open:
 // ping, and when nothing at all comes back, give the socket up and resume on a new one.
+// Silence is counted from an unanswered ping, not from the last message: a hidden tab's
+// timers may run once a minute (Chrome's intensive throttling), and a minute between two
+// pings answered at once is no silence.
 setInterval(() => {
   if (!ws || ws.readyState !== WebSocket.OPEN || !state.connected) return;
-  if (performance.now() - heardAt > SILENT_FOR_MS) {
+  const now = performance.now();
+  if (pingedAt !== null && heardAt >= pingedAt) pingedAt = null; // answered
+  if (pingedAt !== null && now - pingedAt > SILENT_FOR_MS) {
     const socket = ws;
     showError(`no answer from the gateway for ${SILENT_FOR_MS / 1000} s; reconnecting`);
     socket.onclose?.({code: 1006, reason: "", told: true});
     abandon(socket);
     return;
   }
+  pingedAt ??= now;
   send({type: "ping", id: Date.now()});
 }, PING_EVERY_MS);
 
@@ -258,6 +266,9 @@ function onEvent(ev) {
       // a Stop pressed while the socket was down, or sent and lost with it (the turn did
       // not end): again (protocol.md, Resume: a cancel is idempotent)
       if (turn?.stopped && (!turn.stopSent || !turn.ended)) sendStop(turn);
+      break;
+    case "pong":
+      state.pongs += 1;
       break;
     case "session.updated":
       updatePending = false;
