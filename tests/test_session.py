@@ -357,6 +357,24 @@ def test_the_sentence_playing_at_a_barge_in_is_marked_cut(clock, text, heard_ms,
     assert s.history[1]["content"] == kept
 
 
+def test_sentences_played_to_their_reported_length_are_heard_whole(clock):
+    """sentence.done's audio_ms is whole milliseconds; a client adding them up to say what
+    it played fell short of the audio by a fraction of a millisecond, and the history cut
+    the last word of a sentence it heard to the end (clean-room client)."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=30_000))  # all sent at once
+    tid = start(s, clock)
+    s.llm_delta(tid, "The first sentence is here. The second one too. And a third", clock())
+    reported = []
+    for index in (0, 1):
+        s.audio(tid, index, b"\1\0" * 42_631, "x", clock())  # 1,776.29 ms
+        reported += events(s.synthesis_done(tid, index, clock()), "sentence.done")
+    played = sum(d["audio_ms"] for d in reported)
+    assert played == 2 * 1776 < s.turn.pacer.sent_ms
+    s.receive(ClientPlayback(tid, played), clock.advance(played))
+    s.receive(ClientTranscript("stop"), clock())
+    assert s.history[1]["content"] == "The first sentence is here. The second one too."
+
+
 def test_a_reply_played_out_before_the_next_turn_stays_whole(clock):
     """Once its playback should have ended, or without a mark, the reply was heard whole."""
     s, tid = sent_ahead(clock)

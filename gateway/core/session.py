@@ -47,6 +47,10 @@ from gateway.core.segmenter import Segment, Segmenter, SegmenterConfig, heard_pr
 
 _MS_PER_CHAR = 65.0
 """Speech length estimate (about 15 characters per second) for text not yet synthesized."""
+_WHOLE_SLACK_MS = 20.0
+"""A sentence played to within this of its end was heard whole: no word is that short, and
+a client that counts what it played by adding up ``sentence.done``'s ``audio_ms`` (whole
+milliseconds) falls short by up to 0.5 ms a sentence, which cut its last word."""
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful voice assistant. Your replies are spoken aloud: answer in one to three "
@@ -847,7 +851,7 @@ class Session:
         for seg in turn.segments:
             if heard_ms <= 0:
                 break
-            if seg.finished and heard_ms >= seg.sent_ms:
+            if seg.finished and heard_ms >= seg.sent_ms - _WHOLE_SLACK_MS:
                 parts.append(seg.segment.text)
                 heard_ms -= seg.sent_ms
                 continue
