@@ -888,7 +888,8 @@ class Session:
             "ttfa_ms": ms(turn.t_first_audio),
             "audio_ms": round(turn.pacer.sent_ms),
             "duration_ms": ms(now),
-            "llm_tokens_per_s": turn.tokens_per_s,
+            "llm_tokens_per_s": None if turn.tokens_per_s is None
+            else round(turn.tokens_per_s, 1),
             "engine": turn.engines[0] if turn.engines else None,
             "engines": list(turn.engines),
             "underruns": turn.pacer.underruns,
