@@ -1,8 +1,9 @@
 """The browser test console's files, served on the voice port: ``GET /`` is the page,
 ``GET /static/<name>`` its assets, read from gateway/static/ (no build step).
 
-``static_response(path)`` returns a ``Response``, or None when ``path`` is not one of these
-routes. Only flat file names with a known type are served, so ``..`` cannot leave the folder.
+``static_response(path)`` returns a ``Response``, or None when ``path`` names none of these
+files (the caller answers its JSON 404, as for any other path). Only flat file names with a
+known type are served, so ``..`` cannot leave the folder.
 """
 
 from __future__ import annotations
@@ -34,11 +35,8 @@ def static_response(path: str, root: Path = STATIC_DIR) -> Response | None:
     kind = CONTENT_TYPES.get(Path(name).suffix)
     file = root / name
     if "/" in name or "\\" in name or name.startswith(".") or kind is None or not file.is_file():
-        return _response(http.HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
-    return _response(http.HTTPStatus.OK, file.read_bytes(), kind)
-
-
-def _response(status: http.HTTPStatus, body: bytes, kind: str) -> Response:
+        return None
+    body = file.read_bytes()
     headers = Headers([("Content-Type", kind), ("Content-Length", str(len(body))),
                        ("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff")])
-    return Response(status.value, status.phrase, headers, body)
+    return Response(http.HTTPStatus.OK.value, http.HTTPStatus.OK.phrase, headers, body)
