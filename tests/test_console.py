@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -58,15 +58,17 @@ needs_chromium = pytest.mark.skipif(
 
 
 @asynccontextmanager
-async def console(url: str, *, clock: bool = False) -> AsyncIterator[tuple[Any, list[str]]]:
+async def console(url: str, *, clock: bool = False, args: Sequence[str] = ()
+                  ) -> AsyncIterator[tuple[Any, list[str]]]:
     """Headless Chromium (Playwright) on the console at ``url``: yields the page and the
     page's uncaught JavaScript errors; the browser is closed on the way out. ``clock``: the
-    page's timers run on Playwright's clock (``page.clock``), which the test may move."""
+    page's timers run on Playwright's clock (``page.clock``), which the test may move;
+    ``args``: more Chromium flags."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                          args=BROWSER_ARGS)
+                                          args=[*BROWSER_ARGS, *args])
         try:
             page = await browser.new_page()
             errors: list[str] = []
@@ -488,4 +490,27 @@ async def test_console_keeps_a_live_socket_when_its_timers_are_throttled(gateway
             await page.wait_for_function(f"{state}.pongs > {pongs}")
         st = await page.evaluate(state)
         assert st["errors"] == [] and st["reconnects"] == 0 and st["resumes"] == 0
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_talks_without_sound_where_the_page_cannot_play(gateway):
+    """Served over plain http from a name other than localhost (a hub on the LAN, --token
+    without --tls-cert) the page is no secure context and has no AudioWorklet: every
+    transcript failed with "TypeError: Cannot read properties of undefined (reading
+    'addModule')" and was never sent. It goes now, the reply shows, and the page says why
+    there is no sound."""
+    url = f"http://gateway.test:{gateway.port}/"  # the gateway, by a name that is not loopback
+    async with console(url, args=["--host-resolver-rules=MAP gateway.test 127.0.0.1"]) as (
+            page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        assert not await page.evaluate("window.isSecureContext")
+        await talk(page, "Hello")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        assert await page.inner_text("#reply") == "Hi. Nice to hear you."
+        state = await page.evaluate("window.consoleState")
+        assert state["framesReceived"] > 0 and state["samplesReceived"] == 0
+        (error,) = state["errors"]
+        assert "no sound" in error and "https://" in error and "localhost" in error
         assert errors == []

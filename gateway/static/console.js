@@ -39,6 +39,11 @@ function initAudio() {
 }
 
 async function startAudio() {
+  if (!window.isSecureContext) { // no AudioWorklet (a hub's LAN address over plain http)
+    throw new Error("no sound on a page served over plain http from a name other than " +
+                    "localhost (not a secure context): open it with https:// (the gateway's " +
+                    "--tls-cert) or at http://localhost; replies show as text");
+  }
   const ctx = new AudioContext({sampleRate: RATE});
   await ctx.audioWorklet.addModule("/static/worklet.js");
   const node = new AudioWorkletNode(ctx, "pcm-player", {outputChannelCount: [1]});
@@ -523,8 +528,8 @@ async function sendTranscript(text) {
     showError(`the transcript is ${chars(text)} characters; the limit is ${MAX_TEXT_CHARS}`);
     return false;
   }
-  await initAudio();
-  await audio.ctx.resume();
+  const player = await initAudio().catch(() => null); // (its failure was shown at load)
+  await player?.ctx.resume();
   if (turn && (state.playing || state.bufferedSamples)) {
     send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())}); // barge-in
   }
