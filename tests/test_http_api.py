@@ -159,9 +159,10 @@ async def test_nothing_to_say_is_an_empty_answer_with_a_note(gateway):
             "input": "\U0001F642 Hello there!", "stream_format": "sse"})
         events = [orjson.loads(line[6:]) for line in mixed.text.splitlines()
                   if line.startswith("data: ")]
-        nothing = await client.post("/v1/audio/speech", json={"input": "\U0001F600",
-                                                              "stream": False})
-        streamed = await client.post("/v1/audio/speech", json={"input": "\U0001F600"})
+        nothing = await client.post("/v1/audio/speech", json={
+            "input": "\U0001F600", "response_format": "wav", "stream": False})
+        streamed = await client.post("/v1/audio/speech", json={"input": "\U0001F600",
+                                                               "response_format": "wav"})
     assert events[-1]["usage"]["segments"] == 1 and events[-1]["usage"]["audio_ms"] > 0
     assert "notes" not in events[-1]
     assert nothing.status_code == 200 and nothing.headers["x-audio-ms"] == "0"
