@@ -195,6 +195,30 @@ async def test_console_on_a_gateway_with_tokens_takes_or_asks_for_one(start_gate
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_waits_on_a_full_gateway_instead_of_asking_for_its_good_token(
+        start_gateway):
+    """A full gateway refuses the socket (HTTP 503) as a bad token does (401), and the
+    browser does not say which: the console said "the gateway refused this token", asked
+    for it and stopped trying. It says the gateway is full, and gets in once it is not."""
+    from websockets.asyncio.client import connect
+
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
+                             server={"tokens": ["s3cret"], "max_sessions": 1})
+    other = await connect(f"ws://127.0.0.1:{gw.port}/v1/voice?token=s3cret")
+    await other.recv()  # session.created: the gateway is full
+    async with console(f"http://127.0.0.1:{gw.port}/?token=s3cret") as (page, errors):
+        await page.wait_for_function(
+            "document.querySelector('#status').textContent.includes('the gateway is full')")
+        state = await page.evaluate("window.consoleState")
+        assert not state["needsToken"] and state["errors"] == []
+        assert not await page.is_visible("#token")
+        await other.close()  # (1000: its session ends at once)
+        await page.wait_for_function("window.consoleState.connected", timeout=20_000)
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_gateway):
     """Two drops in one turn, each resumed: one after the turn's first events and before
     its audio (the resume re-sends them, and the turn.done of the turn before: skipped,

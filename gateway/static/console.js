@@ -195,10 +195,20 @@ setInterval(() => {
   send({type: "ping", id: Date.now()});
 }, PING_EVERY_MS);
 
-// A socket refused before it opened: /health (always open) says whether tokens are in use.
+// A socket refused before it opened (HTTP 401, 403 or 503: a browser is not told which).
+// /health (always open) says whether tokens are in use and how full the gateway is;
+// /v1/models, whether the token is good. True: wait for a token to be typed in.
 async function refusedForToken() {
   const health = await fetch("/health", {cache: "no-store"}).then((r) => r.json()).catch(() => null);
+  if (health && health.sessions >= health.limits?.max_sessions) {
+    setStatus(false, `the gateway is full (${health.sessions} sessions); retrying`);
+  }
   if (health?.auth !== "bearer") return false;
+  if (token) {
+    const models = await fetch("/v1/models", {cache: "no-store",
+      headers: {Authorization: `Bearer ${token}`}}).catch(() => null);
+    if (models?.status !== 401) return false; // a good token: refused for another reason
+  }
   const why = token ? "the gateway refused this token" : "this gateway needs a token";
   state.needsToken = true;
   setStatus(false, why);
