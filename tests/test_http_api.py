@@ -14,7 +14,9 @@ import math
 import socket
 import threading
 import wave
+from types import SimpleNamespace
 
+import av
 import httpx
 import numpy as np
 import openai
@@ -28,6 +30,7 @@ from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.core.audio_formats import WAV_STREAM_HEADER
+from gateway.io import http_api
 from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
 from tests.wsclient import LineSeen, read_turn, recv_event, send
@@ -179,8 +182,74 @@ async def test_null_means_the_default_for_every_optional_field(gateway):
     async with httpx.AsyncClient(base_url=base(gateway)) as client:
         response = await client.post("/v1/audio/speech", json=body)
         seeded = await client.post("/v1/audio/speech", json={"input": "Hi.", "seed": 7.0})
-    assert response.status_code == 200 and response.headers["content-type"] == "audio/wav"
+    # null is the default: OpenAI's mp3
+    assert response.status_code == 200 and response.headers["content-type"] == "audio/mpeg"
     assert seeded.status_code == 200  # an integral number is an integer (1.0 from Python)
+
+
+def decode_mp3(data: bytes) -> int:
+    """Samples a decoder gives back from ``data``, which must be MPEG audio at 24 kHz mono."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        ctx = stream.codec_context
+        assert container.format.name == "mp3" and ctx.codec.canonical_name == "mp3"
+        assert ctx.sample_rate == 24_000 and ctx.layout.nb_channels == 1
+        return sum(frame.samples for frame in container.decode(stream))
+
+
+async def test_an_app_that_names_no_format_gets_mp3_as_from_openai(gateway):
+    """OpenAI's default is mp3, and apps written for it name no format and take the bytes
+    for MP3 (Open WebUI caches them as ``.mp3``, LibreChat forwards them as ``audio/mpeg``;
+    the SDK sends no ``response_format`` when the caller names none, and its docs' example
+    streams them to ``speech.mp3``). Decoded, the audio is the engine's: the PCM answer's
+    length, plus only what docs/http-api.md allows for MP3 (a whole file: within 47 samples,
+    2 ms, its LAME frame says where the audio is; streamed, no such frame: the encoder's
+    1152-sample delay first and under 576 of padding last)."""
+    client = openai.AsyncOpenAI(base_url=base(gateway) + "/v1", api_key="not-needed")
+    try:
+        pcm = await client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT,
+                                               response_format="pcm",
+                                               extra_body={"stream": False})
+        # the SDK, no response_format: it sends none (and Accept: application/octet-stream)
+        async with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input=TEXT) as response:
+            assert response.http_request.headers["accept"] == "application/octet-stream"
+            assert b"response_format" not in response.http_request.content
+            sdk_type = response.headers["content-type"]
+            sdk_streamed = b"".join([c async for c in response.iter_bytes()])
+    finally:
+        await client.close()
+    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+        whole = await http.post("/v1/audio/speech", json={"input": TEXT, "stream": False})
+        streamed = await http.post("/v1/audio/speech", json={"input": TEXT})
+    expected = len(pcm.content) // 2
+    slack = 0 if gateway.engine.deterministic else round(0.02 * expected)
+    assert sdk_type == whole.headers["content-type"] == streamed.headers["content-type"] \
+        == "audio/mpeg"
+    assert streamed.headers["transfer-encoding"] == "chunked"
+    assert int(whole.headers["content-length"]) == len(whole.content)
+    assert int(whole.headers["x-audio-ms"]) == round(expected / 24)
+    assert whole.content[:2] == b"\xff\xf3"  # an MPEG-2 Layer III frame, no ID3 tag first
+    assert expected - slack <= decode_mp3(whole.content) <= expected + 47 + slack
+    for data in (streamed.content, sdk_streamed):
+        assert expected + 1152 - slack <= decode_mp3(data) <= expected + 1152 + 575 + slack
+    assert len(whole.content) < 0.2 * len(pcm.content)  # 64 kbit/s against PCM's 384
+
+
+def test_without_pyav_a_request_naming_no_format_still_gets_wav(monkeypatch):
+    """PyAV is a core dependency, but an environment without it (it is refused for the
+    compressed formats, 400) answers a request that names none as before mp3 was the
+    default, rather than refusing what the app never asked for."""
+    monkeypatch.setattr(http_api, "HAS_PYAV", False)
+    gateway = SimpleNamespace(voices=(), default_voice=None)
+    assert http_api.parse_speech({"input": "Hi."}, gateway).response_format == "wav"
+    assert http_api.parse_speech({"input": "Hi.", "stream_format": "sse"},
+                                 gateway).response_format == "pcm"
+    with pytest.raises(http_api.ApiError) as refused:
+        http_api.parse_speech({"input": "Hi.", "response_format": "mp3"}, gateway)
+    assert refused.value.code == "unsupported_format"
+    monkeypatch.setattr(http_api, "HAS_PYAV", True)
+    assert http_api.parse_speech({"input": "Hi."}, gateway).response_format == "mp3"
 
 
 async def test_a_stopping_gateway_says_so(gateway):

@@ -25,12 +25,11 @@ segment still piles up more than ``MAX_BUFFERED_S`` of unread audio, the request
 ``slow_consumer`` (the lane is never held for one slow reader). A client that disconnects
 cancels its jobs (``lane.cancel(owner)``) at once.
 
-The compressed formats cost CPU (8-13.5 ms per second of audio; one 80 ms chunk 0.6-1.3 ms,
-a sentence-sized one, as chatterbox or an ``http`` upstream gives, 11-19 ms and up to 48 ms;
-bench/http_speech.py): they are encoded on
-one worker thread (``HttpServer.encoder_thread``), a chunk at a time and in order, never on
-the event loop that paces every voice session. PCM and WAV cost nothing and stay on the
-loop.
+The compressed formats cost CPU (8-13.5 ms per second of audio, 9-10 for mp3, the default;
+one 80 ms chunk 0.6-1.3 ms, a sentence-sized one, as chatterbox or an ``http`` upstream
+gives, 11-19 ms and up to 48 ms; bench/http_speech.py): they are encoded on one worker
+thread (``HttpServer.encoder_thread``), a chunk at a time and in order, never on the event
+loop that paces every voice session. PCM and WAV cost nothing and stay on the loop.
 """
 
 from __future__ import annotations
@@ -148,6 +147,20 @@ class SpeechParams:
         return "chunked" if self.stream else "whole"
 
 
+def default_format(stream_format: str) -> str:
+    """The ``response_format`` of a request that names none (or ``null``): OpenAI's, ``mp3``.
+    Apps written for OpenAI leave it out and take the bytes for MP3: they save them as
+    ``.mp3`` (Open WebUI's speech cache), forward them as ``audio/mpeg`` (LibreChat) or
+    append them to a ``MediaSource`` buffer of ``audio/mpeg`` (LibreChat's streamed
+    playback), which no WAV can enter; Kokoro-FastAPI, openedai-speech, Speaches and
+    mlx-audio answer them with mp3 too (docs/http-api.md, Formats). SSE carries PCM only;
+    without PyAV (a core dependency, so a broken install) the default stays ``wav`` rather
+    than refusing the request."""
+    if stream_format == "sse":
+        return "pcm"
+    return "mp3" if HAS_PYAV else "wav"
+
+
 def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     """Validate a speech request body; raises ``ApiError`` (400) naming the bad parameter."""
     if not isinstance(body, dict):
@@ -187,10 +200,9 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     if stream_format not in ("sse", "audio"):
         raise ApiError(400, f"'stream_format' must be 'sse' or 'audio', not {stream_format!r}",
                        code="unsupported_stream_format", param="stream_format")
-    default_format = "pcm" if stream_format == "sse" else "wav"
     response_format = body.get("response_format")
     if response_format is None:  # absent or null: the default ("" or false are refused)
-        response_format = default_format
+        response_format = default_format(stream_format)
     if not isinstance(response_format, str) or response_format not in FORMATS:
         raise ApiError(400, f"response_format {response_format!r} is not supported; use "
                        f"{', '.join(FORMATS)}", code="unsupported_format",
