@@ -171,6 +171,28 @@ async def test_console_shows_the_underruns_this_browser_heard(start_gateway):
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_counts_no_underrun_after_the_last_words(start_gateway):
+    """A reply whose last part has nothing to say (a code block) goes on silently after its
+    last audio: the player runs dry, but no gap is heard (no audio follows), and the server
+    counts none. The browser counted one."""
+    code = "\n```\n" + "".join(f"x = {i}\n" for i in range(60)) + "```"
+    gw = await start_gateway([{"transcript": "Go", "reply": "Hi." + code}], tokens_per_s=60.0)
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, page_errors):
+        await page.wait_for_function(
+            "window.consoleState.connected && window.consoleState.audioReady")
+        await talk(page, "Go")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'",
+                                     timeout=30_000)
+        await page.wait_for_function("window.consoleState.turns[0].heardUnderruns !== undefined")
+        turn = (await page.evaluate("window.consoleState"))["turns"][0]
+        # the turn went on for seconds after its audio ran out (nothing to wait for here)
+        assert turn["metrics"]["duration_ms"] > 2 * turn["metrics"]["audio_ms"]
+        assert turn["metrics"]["underruns"] == 0 and turn["heardUnderruns"] == 0
+        assert page_errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_on_a_gateway_with_tokens_takes_or_asks_for_one(start_gateway):
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
                              server={"tokens": ["s3cret"]})

@@ -462,7 +462,8 @@ function addTimeline(ev) {
     ` · ${m.sentences ?? 0} sentences ${m.engine ? `· ${m.engine} ` : ""}` +
     `· underruns: server ${m.underruns ?? 0} `,
     element("span", "heard", "· heard …"));
-  label.lastChild.title = "times this browser ran out of audio while the turn played";
+  label.lastChild.title = "times this browser ran out of audio while the turn played, " +
+    "then more came (gaps heard)";
   div.append(label);
   const bar = document.createElement("div");
   bar.className = "bar";

@@ -2,6 +2,9 @@
 // Messages in:  {type: "pcm", samples: Float32Array}, {type: "end"} (turn over: play out
 // what is left), {type: "flush"} (barge-in: drop everything).
 // Messages out: {type: "status", played, buffered, playing, underruns} about every 50 ms.
+// An underrun is a gap heard: the player ran dry before the turn's end and more audio came
+// (as turn.done's metrics count them); running dry on a turn whose last words were said
+// while it goes on silently (a code block still streaming) is none.
 const PREBUFFER = 2400; // 100 ms at 24 kHz before starting (and after an underrun)
 
 class PcmPlayer extends AudioWorkletProcessor {
@@ -14,6 +17,7 @@ class PcmPlayer extends AudioWorkletProcessor {
     this.playing = false;
     this.ending = false;
     this.underruns = 0;
+    this.starved = false; // ran dry before the turn's end: an underrun if more audio comes
     this.quanta = 0;
     this.port.onmessage = (e) => {
       const m = e.data;
@@ -21,14 +25,18 @@ class PcmPlayer extends AudioWorkletProcessor {
         this.chunks.push(m.samples);
         this.buffered += m.samples.length;
         this.ending = false;
+        if (this.starved) this.underruns += 1;
+        this.starved = false;
       } else if (m.type === "end") {
         this.ending = true;
+        this.starved = false;
       } else if (m.type === "flush") {
         this.chunks = [];
         this.offset = 0;
         this.buffered = 0;
         this.playing = false;
         this.ending = false;
+        this.starved = false;
       }
     };
   }
@@ -54,7 +62,7 @@ class PcmPlayer extends AudioWorkletProcessor {
       this.buffered -= i;
       this.played += i;
       if (this.buffered === 0) {
-        if (!this.ending) this.underruns += 1; // starved mid-turn: rebuffer
+        this.starved = !this.ending; // mid-turn: rebuffer
         this.playing = false;
       }
     }
