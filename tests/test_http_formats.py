@@ -264,7 +264,8 @@ async def test_an_encoder_failure_is_a_server_error_said_once(start_gateway, mon
         # after it: the stream is aborted
         with pytest.raises(httpx.RemoteProtocolError):
             await client.post("/v1/audio/speech", json={"input": TEXT, "response_format": "aac"})
-        wav = await client.post("/v1/audio/speech", json={"input": "Hi.", "stream": False})
+        wav = await client.post("/v1/audio/speech", json={"input": "Hi.", "response_format": "wav",
+                                                           "stream": False})
     for response in (whole, first):
         assert response.status_code == 500
         assert response.json()["error"]["code"] == "encoder_failed"
