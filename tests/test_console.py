@@ -462,6 +462,29 @@ async def test_console_sends_a_stop_lost_with_its_socket_again_after_the_resume(
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_sends_a_transcript_lost_with_its_socket_again_after_the_resume(
+        gateway):
+    """protocol.md, Resume: a transcript whose turn.started has not come is lost when
+    session.resumed's turn_id is the latest turn seen start: send it again. The console
+    resumed, and the transcript it had cleared from its box was never answered."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        await talk(page, "Hello")
+        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn.ws.transport.abort()  # ... and is lost with the socket (sent: the box is empty)
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'",
+                                     timeout=10_000)
+        assert await page.inner_text("#reply") == "Hi. Nice to hear you."
+        assert [t["turnId"] for t in await page.evaluate(f"{state}.turns")] == [1]
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_stop_after_the_turn_ended_cuts_its_tail(gateway):
     """A turn ends up to max_lead_ms before it has played: Stop then silenced it, but its
     row said 'heard …' until the next turn (the worklet never played its last sample)."""

@@ -23,7 +23,8 @@ let retry = null; // the timer of the next reconnect
 let heardAt = 0; // when the socket last gave us anything
 let pingedAt = null; // when the first ping with nothing heard since went out
 let updatePending = false; // a session.update sent and not answered yet
-let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt}: what a resume needs
+let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn, asked}: what
+// a resume needs; asked: {text, after} a transcript sent after turn `after`, its turn not started
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
 let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing
@@ -281,6 +282,10 @@ function onEvent(ev) {
       // a Stop pressed while the socket was down, or sent and lost with it (the turn did
       // not end): again (protocol.md, Resume: a cancel is idempotent)
       if (turn?.stopped && (!turn.stopSent || !turn.ended)) sendStop(turn);
+      // a transcript lost with the socket: no turn started after it (protocol.md, Resume)
+      if (session.asked && (ev.turn_id ?? null) === session.asked.after) {
+        send({type: "transcript", text: session.asked.text});
+      }
       break;
     case "pong":
       state.pongs += 1;
@@ -299,6 +304,10 @@ function onEvent(ev) {
       }
       break;
     case "turn.started":
+      if (session) {
+        session.latestTurn = ev.turn_id;
+        session.asked = null;
+      }
       flushAudio();
       if (turn?.heard) showHeard(turn); // cut by the new turn
       turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source, sentAt: pendingSentAt ?? performance.now(),
@@ -365,7 +374,10 @@ function onEvent(ev) {
         turn = null;
         startSession(fresh);
         fresh = null;
-      } else if (updatePending && ev.turn_id === undefined && settings) {
+        return;
+      }
+      if (ev.turn_id === undefined && session) session.asked = null; // (refused: rate_limited)
+      if (updatePending && ev.turn_id === undefined && settings) {
         updatePending = false;
         showSettings(settings); // the fields show the settings in use, not the ones refused
       }
@@ -389,7 +401,7 @@ function startSession(ev) {
   state.sessionId = ev.session_id;
   state.eventsSinceFrame = 0;
   session = {id: ev.session_id, resumeToken: ev.resume_token, windowS: ev.resume_window_s,
-             lastSeq: -1, droppedAt: null};
+             lastSeq: -1, droppedAt: null, latestTurn: null, asked: null};
   setStatus(true, `connected · ${ev.session_id}`);
   // an empty Voice field speaks with this one
   $("voice").placeholder = ev.default_voice ? `${ev.default_voice} (default)` : "engine default";
@@ -541,11 +553,16 @@ async function sendTranscript(text) {
   }
   const player = await initAudio().catch(() => null); // (its failure was shown at load)
   await player?.ctx.resume();
+  if (!connected()) { // (gone while the audio started)
+    showError("not connected: the transcript was not sent");
+    return false;
+  }
   if (turn && (state.playing || state.bufferedSamples)) {
     send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())}); // barge-in
   }
   pendingSentAt = performance.now();
   send({type: "transcript", text});
+  session.asked = {text, after: session.latestTurn};
   return true;
 }
 
