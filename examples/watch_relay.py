@@ -424,9 +424,11 @@ class RelaySession:
             return  # the watch dropped (no close frame): the usual way a watch leaves
 
     async def _send_upstream(self, message: str) -> None:
-        """Waits out a gateway reconnect; dropped if the gateway session is gone."""
+        """Waits out a gateway reconnect; dropped if the gateway session is gone, or once the
+        watch has left (its session is ending: nothing more goes up for it)."""
         while True:
-            await self._ready.wait()
+            if not await self._until_ready():
+                return
             gateway = self.gateway
             if self._gone or gateway is None:
                 return
@@ -436,6 +438,21 @@ class RelaySession:
             except ConnectionClosed:
                 if self.gateway is gateway:  # the reader has not replaced it yet
                     self._ready.clear()
+
+    async def _until_ready(self) -> bool:
+        """Wait until the gateway socket is usable (or gone for good: ``_gone``): True; or
+        until the watch leaves: False. (The watch's reader waits here, so a watch that left
+        is noticed by its socket's close, not by reading it.)"""
+        if self._ready.is_set():
+            return True
+        ready = asyncio.ensure_future(self._ready.wait())
+        left = asyncio.ensure_future(self.watch.wait_closed())
+        try:
+            done, _ = await asyncio.wait((ready, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            left.cancel()
+        return left not in done
 
     async def _gateway_to_watch(self) -> None:
         while True:

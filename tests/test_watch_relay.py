@@ -518,3 +518,34 @@ async def test_a_watch_gone_while_the_relay_resumes_leaves_no_gateway_socket():
             await asyncio.wait_for(sockets[1].wait_closed(), 10)
         finally:
             await relay.aclose()
+
+
+async def test_a_watch_gone_while_the_gateway_is_unreachable_is_let_go():
+    """A message from the watch waits while the relay resumes the gateway session; the
+    watch leaving then went unnoticed (nobody read its socket) for the whole resume window:
+    relay.aclose() took 31 s, and a gateway back within it would have had the session
+    resumed and the message sent for a watch that was gone."""
+    from websockets.asyncio.server import serve
+
+    async def gateway(ws) -> None:  # TEST DOUBLE: one session, then unreachable
+        await ws.send(orjson.dumps({"type": "session.created", "session_id": "s1",
+                                    "resume_token": "t", "audio": {"frame_ms": 40}}).decode())
+        server.close(close_connections=False)  # nothing listens any more
+        ws.transport.abort()  # and the phone's uplink drops
+
+    server = await serve(gateway, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=30.0)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+            await recv_event(watch, "session.created")
+            (session,) = relay.sessions
+            await session.gateway.wait_closed()  # the relay knows: it is resuming
+            await send(watch, type="ping", id=1)  # waits for the gateway ...
+        # ... and the watch has left
+        await asyncio.wait_for(relay.aclose(), 5)  # its session ended (was: 30 s on)
+        assert not relay.sessions
+    finally:
+        await relay.aclose()
+        await server.wait_closed()
