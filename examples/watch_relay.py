@@ -345,7 +345,9 @@ class RelayCore:
         if (kind == "playback" and event.get("turn_id") == self.audio.turn_id
                 and isinstance(event.get("played_ms"), int | float)
                 and not isinstance(event.get("played_ms"), bool)):
-            event["played_ms"] = round(self.audio.timeline.to_upstream(event["played_ms"]), 1)
+            # not rounded: a sentence's end must stay its end (a hair past it, and the
+            # gateway's history has the next sentence begun: "Two meetings. …")
+            event["played_ms"] = self.audio.timeline.to_upstream(event["played_ms"])
             return orjson.dumps(event).decode(), None
         return message, None
 

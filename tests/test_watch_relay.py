@@ -229,6 +229,23 @@ def test_core_skips_only_what_it_relayed_when_no_frame_came_before_the_drop():
     assert [core.from_gateway(m) for m in (started, delta, more)] == [[], [], [more]]
 
 
+def test_core_sends_a_mark_at_a_sentences_end_as_that_end_exactly():
+    """The gateway counts a mark a hair past a sentence's end as the next sentence begun
+    (its history: 'Two meetings. …'); the relay rounded marks to 0.1 ms, which put the end
+    of a sentence of 9,001 samples (375.0417 ms) before it, or past it."""
+    core = RelayCore(OpusAudio())
+    x0 = speechlike(9_001)
+    for start in range(0, len(x0), 960):
+        last = start + 960 >= len(x0)
+        core.from_gateway(HEADER.pack(1, FLAG_SENTENCE_END if last else 0, 0, 1, start // 960)
+                          + x0[start:start + 960].tobytes())
+    ps = core.audio.pre_skip_24k
+    for watch_samples in (len(x0), len(x0) + ps + (-(len(x0) + ps)) % 480):  # (+ padding)
+        mark = {"type": "playback", "turn_id": 1, "played_ms": watch_samples / 24}
+        up, _ = core.from_watch(orjson.dumps(mark).decode())
+        assert orjson.loads(up)["played_ms"] == pytest.approx(len(x0) / 24, abs=1e-9)
+
+
 # ---- against the real gateway -----------------------------------------------------------------
 
 TEXT = "The watch hears the same words. It speaks a second sentence, a little longer."
