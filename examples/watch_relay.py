@@ -284,6 +284,7 @@ class RelayCore:
         self.resume_token: str | None = None
         self.last_seq: int | None = None
         """The gateway ``seq`` of the last frame received (for ``session.resume``)."""
+        self._ended: tuple[int, Timeline] | None = None  # the last turn ended, still playing
         self._since_frame = 0  # gateway messages handled after that frame
         self._skip = 0  # replayed messages still to drop after a resume
         self._seq = 0  # the watch's own frame seq
@@ -315,6 +316,9 @@ class RelayCore:
         event = orjson.loads(message)
         kind = event.get("type")
         if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
+            # its tail plays on up to max_lead_ms, and marks for it still count (protocol.md,
+            # History): keep its timeline
+            self._ended = (self.audio.turn_id, self.audio.timeline)
             self.audio.reset(None)  # a cancelled turn's buffered tail is never sent
         if kind in ("session.created", "session.resumed"):
             return []  # the relay's business, not the watch's
@@ -342,14 +346,25 @@ class RelayCore:
             return None, _error("invalid_message", "relay.hello is only accepted first")
         if kind == "session.resume":
             return None, _error("invalid_message", "the watch cannot resume through the relay")
-        if (kind == "playback" and event.get("turn_id") == self.audio.turn_id
+        if (kind == "playback" and (timeline := self._timeline(event.get("turn_id"))) is not None
                 and isinstance(event.get("played_ms"), int | float)
                 and not isinstance(event.get("played_ms"), bool)):
             # not rounded: a sentence's end must stay its end (a hair past it, and the
             # gateway's history has the next sentence begun: "Two meetings. …")
-            event["played_ms"] = self.audio.timeline.to_upstream(event["played_ms"])
+            event["played_ms"] = timeline.to_upstream(event["played_ms"])
             return orjson.dumps(event).decode(), None
         return message, None
+
+    def _timeline(self, turn_id: Any) -> Timeline | None:
+        """The watch-to-gateway time of ``turn_id``: the turn playing, or the last one ended
+        (its tail may still play); None for any other (its marks go as they are)."""
+        if turn_id is None:
+            return None
+        if turn_id == self.audio.turn_id:
+            return self.audio.timeline
+        if self._ended is not None and turn_id == self._ended[0]:
+            return self._ended[1]
+        return None
 
     # -- resume --
 

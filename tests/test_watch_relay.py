@@ -246,6 +246,31 @@ def test_core_sends_a_mark_at_a_sentences_end_as_that_end_exactly():
         assert orjson.loads(up)["played_ms"] == pytest.approx(len(x0) / 24, abs=1e-9)
 
 
+def test_core_translates_the_marks_of_a_turn_that_ended_while_it_plays():
+    """A turn ends up to max_lead_ms before the watch has played it, and its marks still
+    count (protocol.md, History). They went up in the watch's time, Opus padding and all:
+    the gateway took the end of a sentence for a way into the next one."""
+    core = RelayCore(OpusAudio())
+    core.created({"type": "session.created", "session_id": "s1", "resume_token": "t",
+                  "audio": {"format": "pcm16", "sample_rate": 24000, "frame_ms": 40}})
+    x0, x1 = speechlike(9_000), speechlike(7_000, 1)
+    for index, x, flags in ((0, x0, FLAG_SENTENCE_END), (1, x1, END)):
+        for start in range(0, len(x), 960):
+            last = start + 960 >= len(x)
+            core.from_gateway(HEADER.pack(1, flags if last else 0, index, 1, start // 960)
+                              + x[start:start + 960].tobytes())
+    ps = core.audio.pre_skip_24k
+    watch_ms = (len(x0) + ps + (-(len(x0) + ps)) % 480) / 24  # sentence 0 and its padding
+    mark = orjson.dumps({"type": "playback", "turn_id": 1, "played_ms": watch_ms}).decode()
+    before = orjson.loads(core.from_watch(mark)[0])["played_ms"]
+    core.from_gateway(orjson.dumps({"type": "turn.done", "turn_id": 1,
+                                    "status": "completed"}).decode())
+    after = orjson.loads(core.from_watch(mark)[0])["played_ms"]
+    assert before == after == pytest.approx(len(x0) / 24, abs=1e-9)  # sentence 0, no more
+    other = orjson.dumps({"type": "playback", "turn_id": 7, "played_ms": watch_ms}).decode()
+    assert core.from_watch(other) == (other, None)  # another turn's: as it is
+
+
 # ---- against the real gateway -----------------------------------------------------------------
 
 TEXT = "The watch hears the same words. It speaks a second sentence, a little longer."
@@ -412,6 +437,30 @@ async def test_transcript_and_cancel_go_through(gateway, relay):
         pong = await recv_event(ws, "pong")  # no frame of the cancelled turn after turn.done
     assert pong["id"] == 7
     del message
+
+
+@pytest.mark.slow
+async def test_a_barge_in_after_turn_done_keeps_in_the_history_what_the_watch_heard(
+        gateway, relay):
+    """The watch plays the whole first sentence, padding included, then cancels after the
+    turn's end: the gateway keeps that sentence, no more. The relay sent that mark in the
+    watch's time, and the history read 'Two meetings. …' (heard into the next one)."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
+        created = await recv_event(ws, "session.created")
+        await send(ws, type="session.update", session={"max_lead_ms": 30_000})
+        await recv_event(ws, "session.updated")  # (all of a reply is sent at once)
+        await send(ws, type="transcript", text="What is on today?")
+        turn = await read_turn(ws)
+        assert turn.done["status"] == "completed"
+        _total, sentences = decode(created["audio"], [
+            HEADER.pack(1, f.flags, f.sentence, f.turn_id, f.seq) + f.pcm for f in turn.frames])
+        heard_ms = len(sentences[0]) / 24  # (decode gives 24 kHz)
+        await send(ws, type="playback", turn_id=turn.turn_id, played_ms=heard_ms)
+        await send(ws, type="cancel")
+        await send(ws, type="ping", id=1)
+        await recv_event(ws, "pong")  # the gateway has had the mark and the cancel
+        (runner,) = gateway.runners.values()
+        assert runner.session.history[-1] == {"role": "assistant", "content": "Two meetings."}
 
 
 @pytest.mark.slow
