@@ -440,27 +440,38 @@ async def test_transcript_and_cancel_go_through(gateway, relay):
 
 
 @pytest.mark.slow
-async def test_a_barge_in_after_turn_done_keeps_in_the_history_what_the_watch_heard(
-        gateway, relay):
-    """The watch plays the whole first sentence, padding included, then cancels after the
-    turn's end: the gateway keeps that sentence, no more. The relay sent that mark in the
-    watch's time, and the history read 'Two meetings. …' (heard into the next one)."""
+async def test_a_mark_after_turn_done_reaches_the_gateway_in_its_time(gateway, relay):
+    """The watch has played its first sentence, padding included, when it cancels after
+    the turn's end (a barge-in that still counts: protocol.md, History). The gateway got
+    that mark in the watch's time, Opus padding and all (1053.5 for 1045.875 ms), so its
+    history took the end of the sentence for a way into the next one."""
+    from gateway.core.codec import ClientPlayback
+
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
         created = await recv_event(ws, "session.created")
-        await send(ws, type="session.update", session={"max_lead_ms": 30_000})
-        await recv_event(ws, "session.updated")  # (all of a reply is sent at once)
+        upstream = tap(relay)
         await send(ws, type="transcript", text="What is on today?")
         turn = await read_turn(ws)
         assert turn.done["status"] == "completed"
         _total, sentences = decode(created["audio"], [
             HEADER.pack(1, f.flags, f.sentence, f.turn_id, f.seq) + f.pcm for f in turn.frames])
-        heard_ms = len(sentences[0]) / 24  # (decode gives 24 kHz)
-        await send(ws, type="playback", turn_id=turn.turn_id, played_ms=heard_ms)
+        (runner,) = gateway.runners.values()
+        marks: list[float] = []
+        receive = runner.receive
+
+        def receiving(message, now):
+            if isinstance(message, ClientPlayback):
+                marks.append(message.played_ms)
+            return receive(message, now)
+
+        runner.receive = receiving
+        watch_ms = len(sentences[0]) / 24  # (decode gives 24 kHz)
+        await send(ws, type="playback", turn_id=turn.turn_id, played_ms=watch_ms)
         await send(ws, type="cancel")
         await send(ws, type="ping", id=1)
         await recv_event(ws, "pong")  # the gateway has had the mark and the cancel
-        (runner,) = gateway.runners.values()
-        assert runner.session.history[-1] == {"role": "assistant", "content": "Two meetings."}
+    assert watch_ms > len(upstream[0]) / 24  # (the watch's time runs ahead by the padding)
+    assert marks == [pytest.approx(len(upstream[0]) / 24, abs=1e-9)]
 
 
 @pytest.mark.slow
