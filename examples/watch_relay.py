@@ -47,8 +47,9 @@ Every other JSON message goes through unchanged both ways (``transcript``, ``say
 watch is answered with ``error`` ``invalid_message``: when the watch goes away the relay
 ends the gateway session. When the *gateway* socket drops (no close frame), the relay
 reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
-replayed messages it had already relayed, and the watch sees one unbroken session; if the
-resume fails the watch is closed with 1011.
+replayed messages it had already relayed, sends again a ``transcript``, ``say`` or
+``cancel`` the drop may have lost, and the watch sees one unbroken session; if the resume
+fails the watch is closed with 1011.
 
 Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` /
 ``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
@@ -285,6 +286,11 @@ class RelayCore:
         self.last_seq: int | None = None
         """The gateway ``seq`` of the last frame received (for ``session.resume``)."""
         self._ended: tuple[int, Timeline] | None = None  # the last turn ended, still playing
+        self._latest_turn: int | None = None  # the last turn seen start
+        self._unanswered: list[tuple[str, str]] = []
+        """(type, message): a ``transcript``, ``say`` or ``cancel`` sent up whose effect has
+        not been seen: lost if the gateway socket drops with it, so sent again after the
+        resume (protocol.md, Resume)."""
         self._since_frame = 0  # gateway messages handled after that frame
         self._skip = 0  # replayed messages still to drop after a resume
         self._seq = 0  # the watch's own frame seq
@@ -315,6 +321,13 @@ class RelayCore:
         self._since_frame += 1
         event = orjson.loads(message)
         kind = event.get("type")
+        if kind == "turn.started":  # (only what the relay sent starts one: all of it came)
+            self._latest_turn = event.get("turn_id")
+            self._unanswered.clear()
+        elif kind == "turn.done":  # no turn in progress: a cancel sent has nothing left to do
+            self._unanswered = [u for u in self._unanswered if u[0] != "cancel"]
+        elif kind == "error" and "turn_id" not in event:  # a turn refused (rate_limited)
+            self._unanswered = [u for u in self._unanswered if u[0] == "cancel"]
         if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
             # its tail plays on up to max_lead_ms, and marks for it still count (protocol.md,
             # History): keep its timeline
@@ -330,6 +343,15 @@ class RelayCore:
         return header + packet.payload
 
     # -- watch → gateway --
+
+    def sent(self, message: str) -> None:
+        """``message`` (from ``from_watch``) went up on the gateway socket."""
+        try:
+            kind = orjson.loads(message).get("type")
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        if kind in ("transcript", "say", "cancel"):
+            self._unanswered.append((kind, message))
 
     def from_watch(self, message: str | bytes) -> tuple[str | None, str | None]:
         """(message for the gateway, reply for the watch); either may be None."""
@@ -375,9 +397,17 @@ class RelayCore:
             request["last_seq"] = self.last_seq
         return orjson.dumps(request).decode()
 
-    def resumed(self, replayed: int) -> None:
-        """The gateway re-sends ``replayed`` messages; the first ones were already relayed."""
+    def resumed(self, replayed: int, turn_id: int | None = None) -> list[str]:
+        """The gateway re-sends ``replayed`` messages; the first ones were already relayed.
+        ``turn_id``: ``session.resumed``'s, the session's latest turn. Returns what to send
+        again, in order: what went up before the drop and may have been lost with it (a
+        turn started that the relay has not seen: its transcript, and all before, came). They
+        stay unanswered until their effect is seen, and go again after another drop."""
         self._skip = min(self._since_frame, replayed)
+        if turn_id != self._latest_turn:
+            asked = [i for i, (kind, _m) in enumerate(self._unanswered) if kind != "cancel"]
+            del self._unanswered[:asked[-1] + 1 if asked else 0]
+        return [m for _kind, m in self._unanswered]
 
 
 def _error(code: str, message: str) -> str:
@@ -451,6 +481,7 @@ class RelaySession:
                 return
             try:
                 await gateway.send(message)
+                self.core.sent(message)
                 return
             except ConnectionClosed:
                 if self.gateway is gateway:  # the reader has not replaced it yet
@@ -523,6 +554,11 @@ class RelaySession:
                 await gateway.recv()  # the fresh session's session.created: ignored
                 await gateway.send(self.core.resume_request())
                 answer = orjson.loads(await gateway.recv())
+                if answer.get("type") == "session.resumed":
+                    # what the drop may have lost goes again, before anything newer
+                    for message in self.core.resumed(int(answer.get("replayed", 0)),
+                                                     answer.get("turn_id")):
+                        await gateway.send(message)
             except ConnectionClosed:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -533,7 +569,6 @@ class RelaySession:
             if answer.get("type") != "session.resumed":
                 await gateway.close(1000)
                 raise UpstreamLost(f"gateway session lost: {answer.get('error', answer)}")
-            self.core.resumed(int(answer.get("replayed", 0)))
             self.gateway = gateway
             self._ready.set()
             return

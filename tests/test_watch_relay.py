@@ -271,6 +271,39 @@ def test_core_translates_the_marks_of_a_turn_that_ended_while_it_plays():
     assert core.from_watch(other) == (other, None)  # another turn's: as it is
 
 
+def _dumps(**message) -> str:
+    return orjson.dumps(message).decode()
+
+
+@pytest.mark.parametrize(("sent", "heard", "resumed_turn", "again"), [
+    # (what went up, what came down after it, session.resumed's turn_id, sent again)
+    (["transcript"], [], None, ["transcript"]),  # no turn started after it: lost
+    (["transcript"], [], 1, []),  # a turn the relay has not seen started: it came
+    (["transcript", "cancel"], [], 1, ["cancel"]),  # (and the cancel after it may not have)
+    (["cancel", "say"], [], None, ["cancel", "say"]),  # in the order sent
+    (["transcript"], ["turn.started"], 1, []),
+    (["transcript"], ["error"], None, []),  # refused (rate_limited): not again
+    (["cancel"], ["turn.done"], 1, []),  # no turn in progress: nothing left to cancel
+    (["ping", "playback"], [], None, []),
+])
+def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, heard,
+                                                                      resumed_turn, again):
+    core = RelayCore(Pcm16kAudio())
+    messages = {"transcript": _dumps(type="transcript", text="Hi"),
+                "say": _dumps(type="say", text="Hello"), "cancel": _dumps(type="cancel"),
+                "ping": _dumps(type="ping"),
+                "playback": _dumps(type="playback", turn_id=1, played_ms=5)}
+    events = {"turn.started": _dumps(type="turn.started", turn_id=1, source="transcript"),
+              "turn.done": _dumps(type="turn.done", turn_id=1, status="completed"),
+              "error": _dumps(type="error", error={"code": "rate_limited", "message": ""})}
+    for kind in sent:
+        up, _reply = core.from_watch(messages[kind])
+        core.sent(up)
+    for kind in heard:
+        core.from_gateway(events[kind])
+    assert core.resumed(0, resumed_turn) == [messages[kind] for kind in again]
+
+
 # ---- against the real gateway -----------------------------------------------------------------
 
 TEXT = "The watch hears the same words. It speaks a second sentence, a little longer."
@@ -544,6 +577,32 @@ async def test_a_watch_gone_before_its_session_created_leaves_no_gateway_session
     await asyncio.wait_for(gateway.wait_no_sessions(), 10)
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
         assert (await recv_event(ws))["type"] == "session.created"
+
+
+async def test_a_transcript_lost_with_the_gateway_socket_is_sent_again(gateway, relay):
+    """The watch sees one unbroken session: a transcript the relay sent just before the
+    phone's uplink dropped was lost with the socket (protocol.md, Resume: send it again),
+    and the watch waited for an answer for ever."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        (session,) = relay.sessions
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # what the relay sends now stays unread ...
+        upstream, sent = session.gateway, asyncio.Event()
+        send_up = upstream.send
+
+        async def sending(message, *args, **kwargs):
+            await send_up(message, *args, **kwargs)
+            sent.set()
+
+        upstream.send = sending
+        await send(ws, type="transcript", text="What is on today?")
+        await asyncio.wait_for(sent.wait(), 10)
+        conn.ws.transport.abort()  # ... and is lost with the socket
+        turn = await asyncio.wait_for(read_turn(ws), 10)
+        assert session.gateway is not upstream  # resumed on a new socket
+    assert turn.done["status"] == "completed"
+    assert turn.reply == "Two meetings. The first is at ten."
 
 
 @pytest.mark.slow
