@@ -583,3 +583,60 @@ async def test_console_talks_without_sound_where_the_page_cannot_play(gateway):
         (error,) = state["errors"]
         assert "no sound" in error and "https://" in error and "localhost" in error
         assert errors == []
+
+
+CONTRAST = """() => {
+  // WCAG 2 contrast of each text (and each placeholder) with the background behind it
+  const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map((v) => {
+    v /= 255;
+    return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+  }).reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const behind = (el) => {
+    for (; el; el = el.parentElement) {
+      const c = rgb(getComputedStyle(el).backgroundColor);
+      if (c.length === 3 || c[3] > 0) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const ratio = (fg, bg) => {
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    return (a + 0.05) / (b + 0.05);
+  };
+  const low = [];
+  for (const el of document.body.querySelectorAll("*")) {
+    if (!el.checkVisibility()) continue;
+    const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+    if (text) {
+      const r = ratio(rgb(getComputedStyle(el).color), behind(el));
+      if (r < 4.5) low.push(`${el.tagName}.${el.className}: ${r.toFixed(2)}`);
+    }
+    if (el.placeholder) {
+      const r = ratio(rgb(getComputedStyle(el, "::placeholder").color), behind(el));
+      if (r < 4.5) low.push(`${el.id} placeholder: ${r.toFixed(2)}`);
+    }
+  }
+  return low;
+}"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_text_has_the_contrast_to_be_read(gateway):
+    """WCAG AA (4.5:1 for text this size): the engine beside each sentence and the new
+    session's mark (#889 on white: 3.5) and a cancelled turn's status (4.2) were below it.
+    (Placeholders, which say what an empty field stands for, are checked too.)"""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await talk(page, "Tell me everything")
+        await page.wait_for_function(f"{state}.samplesPlayed > 2400")
+        await page.click("#stop")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
+        (conn,) = gateway.connections
+        await conn.ws.close()  # a session the gateway ended: the page opens a new one
+        await page.wait_for_function("document.querySelector('.session-mark')")
+        await page.wait_for_function(f"{state}.connected")
+        assert await page.locator("#sentences .engine").count() >= 1
+        assert await page.evaluate(CONTRAST) == []
+        assert errors == []
