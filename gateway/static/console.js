@@ -28,7 +28,6 @@ let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
 let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing
-let pendingSentAt = null;
 let audio = null; // {ctx, node, analyser}
 
 // ---- audio: AudioContext at 24 kHz, an AudioWorklet player, an analyser for the waveform --
@@ -310,10 +309,9 @@ function onEvent(ev) {
       }
       flushAudio();
       if (turn?.heard) showHeard(turn); // cut by the new turn
-      turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source, sentAt: pendingSentAt ?? performance.now(),
-              playedBase: state.samplesPlayed, firstAudioAt: null,
-              underrunsBase: state.underruns, samplesPosted: 0, heard: null,
-              ended: false, stopped: null, stopSent: false};
+      turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source,
+              playedBase: state.samplesPlayed, underrunsBase: state.underruns, samplesPosted: 0,
+              heard: null, ended: false, stopped: null, stopSent: false};
       state.turnId = ev.turn_id;
       reply = {text: "", cuts: [0]};
       renderReply();
@@ -560,7 +558,6 @@ async function sendTranscript(text) {
   if (turn && (state.playing || state.bufferedSamples)) {
     send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())}); // barge-in
   }
-  pendingSentAt = performance.now();
   send({type: "transcript", text});
   session.asked = {text, after: session.latestTurn};
   return true;
