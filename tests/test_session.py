@@ -234,7 +234,9 @@ def test_a_sentence_played_to_its_last_frame_is_kept_whole_in_history(clock):
     s.synthesis_done(tid, 0, clock())
     s.receive(ClientPlayback(tid, 400.0), clock.advance(400))  # exactly sentence 0's audio
     s.receive(ClientCancel(tid), clock())
-    assert s.history[1]["content"] == "One two three four."
+    # whole, and cut there: the LLM knows it did not finish (as a reply cut before anything
+    # was heard is an ellipsis); a mark a hair past the boundary said so, one on it did not
+    assert s.history[1]["content"] == "One two three four. …"
 
 
 def test_turn_done_reports_when_text_sentence_and_audio_first_came(clock):
@@ -311,7 +313,7 @@ def test_a_barge_in_after_the_last_frame_went_out_keeps_what_was_heard(clock, ba
         s.receive(ClientTranscript("stop, something else"), clock())
     else:
         assert s.receive(ClientCancel(tid), clock()) == []  # the turn is over: no event
-    assert s.history[1]["content"] == "One two three four five."
+    assert s.history[1]["content"] == "One two three four five. …"
 
 
 def test_a_failed_turn_keeps_what_it_sent_and_a_later_barge_in_cuts_it(clock):
@@ -331,7 +333,7 @@ def test_a_failed_turn_keeps_what_it_sent_and_a_later_barge_in_cuts_it(clock):
         clock.t = wake
         done = events(s.tick(clock()), "turn.done")
     assert [d["status"] for d in done] == ["failed"]
-    assert s.history[1]["content"] == "One two three four five. Six seven eight nine ten."
+    assert s.history[1]["content"] == "One two three four five. Six seven eight nine ten. …"
     # the listener stops it half-way through the second sentence
     s.receive(ClientPlayback(tid, 1500.0), clock())
     s.receive(ClientTranscript("stop"), clock())
@@ -372,7 +374,7 @@ def test_sentences_played_to_their_reported_length_are_heard_whole(clock):
     assert played == 2 * 1776 < s.turn.pacer.sent_ms
     s.receive(ClientPlayback(tid, played), clock.advance(played))
     s.receive(ClientTranscript("stop"), clock())
-    assert s.history[1]["content"] == "The first sentence is here. The second one too."
+    assert s.history[1]["content"] == "The first sentence is here. The second one too. …"
 
 
 def test_a_reply_played_out_before_the_next_turn_stays_whole(clock):

@@ -842,25 +842,31 @@ class Session:
         sent for a failed one (the client plays it out: an earlier mark says nothing of its
         end); for a cut one, what the client reported played (else what was sent). The
         sentence that was playing is cut by words (Chinese and Japanese: by characters) in
-        proportion to its audio (estimated from its length while unknown), then ``…``."""
+        proportion to its audio (estimated from its length while unknown), then ``…``; a
+        reply cut between two sentences ends in ``…`` too, so the LLM knows it did not
+        finish, whatever side of the boundary a mark landed on."""
         if status == "completed":
             return turn.reply.strip()
         played = turn.pacer.played_ms
         heard_ms = turn.pacer.sent_ms if played is None or status == "failed" else played
         parts: list[str] = []
+        heard_to = 0  # the end in the reply of the sentences heard whole
         for seg in turn.segments:
             if heard_ms <= 0:
                 break
             if seg.finished and heard_ms >= seg.sent_ms - _WHOLE_SLACK_MS:
                 parts.append(seg.segment.text)
                 heard_ms -= seg.sent_ms
+                heard_to = seg.segment.start + len(seg.segment.text)
                 continue
             known_ms = seg.sent_ms + len(seg.pending) / BYTES_PER_MS
             total_ms = known_ms if seg.synthesized else max(
                 known_ms, len(seg.segment.text) * _MS_PER_CHAR)
             part = heard_prefix(seg.segment.text, heard_ms / total_ms if total_ms else 0.0)
             parts.append(f"{part} …" if part else "…")  # (heard into it: said to be cut)
-            break
+            return " ".join(parts)
+        if turn.reply[heard_to:].strip():  # cut at a sentence's end, the reply went on
+            parts.append("…")
         return " ".join(parts)
 
     def _remember(self, turn: Turn, status: str) -> None:
