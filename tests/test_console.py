@@ -46,7 +46,10 @@ async def test_static_routes_have_types_and_refuse_escapes(gateway):
             assert r.status_code == 200 and r.headers["content-type"].startswith(kind), name
         for bad in ("/static/nope.js", "/static/..%2Fio%2Fstatic.py", "/static/../io/static.py",
                     "/static/.hidden.js", "/static/"):
-            assert (await client.get(f"{base}{bad}")).status_code == 404, bad
+            missing = await client.get(f"{base}{bad}")
+            # the voice port's own 404, as for any path (it was plain text 'not found')
+            assert missing.status_code == 404, bad
+            assert missing.json()["error"]["code"] == "not_found", bad
         assert (await client.get(f"{base}/health")).json()["status"] == "ok"
 
 
