@@ -161,6 +161,14 @@ async def test_a_browser_origin_outside_the_allowlist_is_refused(start_gateway):
         await created(ws)
     async with connect(url) as ws:  # no Origin header: not a browser, allowed
         await created(ws)
+    # the gateway's own console (its page is served by this port) was refused unless the
+    # operator listed the gateway's own address too; a page on another port still is
+    async with connect(url, origin=f"http://127.0.0.1:{gw.port}") as ws:
+        await created(ws)
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(url, origin=f"http://127.0.0.1:{gw.port + 1}"):
+            pass
+    assert refused.value.response.status_code == 403
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1"])

@@ -73,12 +73,15 @@ def select_subprotocol(connection: ServerConnection,
     return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
 
 
-def refused_origin(origins: Sequence[str], allowed: Iterable[str] | None) -> str | None:
+def refused_origin(origins: Sequence[str], allowed: Iterable[str] | None,
+                   own: str | None = None) -> str | None:
     """Why a request with these ``Origin`` header values is refused (403
     ``forbidden_origin``), or None. Both ports' rule: with an allowlist (``--origin``), a
     browser Origin outside it, or more than one, is refused; no Origin (not a browser) is
-    let in."""
-    if allowed is None or not origins or (len(origins) == 1 and origins[0] in allowed):
+    let in. ``own``: the origin of the port asked (``scheme://Host``), whose pages (the
+    voice port's console) are let in too: a page of another site cannot send its Origin."""
+    if allowed is None or not origins or (
+            len(origins) == 1 and (origins[0] in allowed or origins[0] == own)):
         return None
     return f"Origin {origins[-1][:200]!r} is not allowed (--origin, [server] origins)"
 

@@ -424,7 +424,9 @@ class Gateway:
                 "message": "a valid token is required (Authorization: Bearer, ?token=, "
                            "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
-            why = refused_origin(request.headers.get_all("Origin"), self.config.server.origins)
+            scheme = "https" if self.config.server.tls_cert else "http"
+            why = refused_origin(request.headers.get_all("Origin"), self.config.server.origins,
+                                 own=f"{scheme}://{request.headers.get('Host', '')}")
             if why is not None:
                 self.metrics.errors["forbidden_origin"] += 1
                 return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
