@@ -132,6 +132,13 @@ def streams_always(engine: TtsEngine) -> bool:
 # --- LLM backends -----------------------------------------------------------------------
 
 
+THINKING_MODES = ("tagged", "opened")
+"""How a reasoning model's thoughts show in its content (``[llm] thinking``): ``tagged``,
+between ``<think>`` and ``</think>``; ``opened``, the chat template opens ``<think>`` in the
+prompt (DeepSeek-R1 distills, QwQ), so the stream starts inside a thought and only its
+``</think>`` comes (``engines.llm_openai.ThinkFilter``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LlmRequest:
     messages: list[dict[str, str]]

@@ -37,7 +37,7 @@ import httpx
 import orjson
 from httpx_sse import aconnect_sse
 
-from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
+from engines.base import THINKING_MODES, EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +64,6 @@ slow to send the rest, or to end its body, must not fail the turn after ``stall_
 
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
-
-
-THINKING_MODES = ("tagged", "opened")
-"""How a reasoning model's thoughts show in its content (``[llm] thinking``): ``tagged``,
-between ``<think>`` and ``</think>``; ``opened``, the chat template opens ``<think>`` in the
-prompt (DeepSeek-R1 distills, QwQ), so the stream starts inside a thought and only its
-``</think>`` comes."""
 
 
 class ThinkFilter:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from engines.base import THINKING_MODES
 from engines.options import describe, matches
 from gateway.core.codec import FRAME_MS_CHOICES, MAX_LEAD_MS_RANGE
 from gateway.core.session import DEFAULT_INSTRUCTIONS
@@ -109,11 +110,6 @@ class ServerConfig:
         if self.lane_policy not in ("scheduler", "fifo"):
             raise ValueError(f"lane_policy must be 'scheduler' or 'fifo', not "
                              f"{self.lane_policy!r}")
-
-
-THINKING_MODES = ("tagged", "opened")
-"""``[llm] thinking``'s values (``engines.llm_openai.THINKING_MODES``, not imported: the
-config loads no backend)."""
 
 
 @dataclass(frozen=True, slots=True)
