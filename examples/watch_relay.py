@@ -48,8 +48,9 @@ watch is answered with ``error`` ``invalid_message``: when the watch goes away t
 ends the gateway session. When the *gateway* socket drops (no close frame), the relay
 reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
 replayed messages it had already relayed, sends again a ``transcript``, ``say`` or
-``cancel`` the drop may have lost, and the watch sees one unbroken session; if the resume
-fails the watch is closed with 1011.
+``cancel`` the drop may have lost, and the watch sees one unbroken session. It tries for the
+gateway's announced ``resume_window_s``, every wait bounded by it; if the resume fails, or
+the window runs out, the watch is closed with 1011.
 
 Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` /
 ``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
@@ -285,6 +286,9 @@ class RelayCore:
         self.resume_token: str | None = None
         self.last_seq: int | None = None
         """The gateway ``seq`` of the last frame received (for ``session.resume``)."""
+        self.resume_window_s: float | None = None
+        """How long the gateway keeps the session for a resume (its ``session.created``
+        says; None when it does not)."""
         self._ended: tuple[int, Timeline] | None = None  # the last turn ended, still playing
         self._latest_turn: int | None = None  # the last turn seen start
         self._unanswered: list[tuple[str, str]] = []
@@ -302,6 +306,9 @@ class RelayCore:
         counted in ``_since_frame``: a resume without ``last_seq`` replays what followed
         it, never itself.)"""
         self.session_id, self.resume_token = event["session_id"], event["resume_token"]
+        window = event.get("resume_window_s")
+        if isinstance(window, int | float) and not isinstance(window, bool) and window >= 0:
+            self.resume_window_s = float(window)
         down = {k: v for k, v in event.items() if k not in ("resume_token", "resume_window_s")}
         down["relay"] = {"upstream_audio": event.get("audio")}
         down["audio"] = dict(self.audio.audio)
@@ -540,31 +547,39 @@ class RelaySession:
             return False
 
     async def _resume(self) -> None:
+        """Resume the gateway session on a new socket within the gateway's resume window
+        (from now: the gateway counts it from when it noticed the drop, about the same
+        time), every wait bounded by what is left of it: a gateway that takes the socket
+        and says nothing is given up at the deadline, not when the keepalive notices.
+        Raises ``UpstreamLost`` when the window runs out or the gateway refuses."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.relay.resume_window_s
+        window = self.core.resume_window_s
+        deadline = loop.time() + (self.relay.resume_window_s if window is None else window)
         delay = 0.1
         while loop.time() < deadline:
+            gateway: ClientConnection | None = None
             try:
-                gateway = await self.relay.connect_upstream(self.core.session_id)
-            except (OSError, InvalidStatus, TimeoutError):
-                await asyncio.sleep(delay)  # back off before the next attempt
-                delay = min(delay * 2, 2.0)
-                continue
-            try:
-                await gateway.recv()  # the fresh session's session.created: ignored
-                await gateway.send(self.core.resume_request())
-                answer = orjson.loads(await gateway.recv())
-                if answer.get("type") == "session.resumed":
-                    # what the drop may have lost goes again, before anything newer
-                    for message in self.core.resumed(int(answer.get("replayed", 0)),
-                                                     answer.get("turn_id")):
-                        await gateway.send(message)
-            except ConnectionClosed:
-                await asyncio.sleep(delay)
+                async with asyncio.timeout_at(deadline):
+                    gateway = await self.relay.connect_upstream(self.core.session_id)
+                    await gateway.recv()  # the fresh session's session.created: ignored
+                    await gateway.send(self.core.resume_request())
+                    answer = orjson.loads(await gateway.recv())
+                    if answer.get("type") == "session.resumed":
+                        # what the drop may have lost goes again, before anything newer
+                        for message in self.core.resumed(int(answer.get("replayed", 0)),
+                                                         answer.get("turn_id")):
+                            await gateway.send(message)
+            except (OSError, InvalidStatus, ConnectionClosed, TimeoutError):
+                if gateway is not None:  # (at the deadline: not kept, resumed or not)
+                    gateway.close_timeout = 1.0  # a gateway this silent answers no close
+                    await gateway.close(1000)
+                # back off before the next attempt
+                await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
                 delay = min(delay * 2, 2.0)
                 continue
             except BaseException:  # the watch left meanwhile (cancelled): not kept open
-                await asyncio.shield(gateway.close(1000))
+                if gateway is not None:
+                    await asyncio.shield(gateway.close(1000))
                 raise
             if answer.get("type") != "session.resumed":
                 await gateway.close(1000)
@@ -572,11 +587,15 @@ class RelaySession:
             self.gateway = gateway
             self._ready.set()
             return
-        raise UpstreamLost("gateway unreachable for the whole resume window")
+        raise UpstreamLost("gateway unreachable or silent for the whole resume window")
 
 
 class WatchRelay:
-    """The relay's WebSocket server (``start()``, ``port``, ``aclose()``)."""
+    """The relay's WebSocket server (``start()``, ``port``, ``aclose()``).
+
+    ``resume_window_s``: how long to try resuming a dropped gateway session when the
+    gateway's ``session.created`` does not announce its own window (it does since
+    protocol v1's ``resume_window_s``; the announced one is used)."""
 
     def __init__(self, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, opus_bitrate: int = 24_000,

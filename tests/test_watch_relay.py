@@ -685,3 +685,102 @@ async def test_a_watch_gone_while_the_gateway_is_unreachable_is_let_go():
     finally:
         await relay.aclose()
         await server.wait_closed()
+
+
+def _unreachable_after(relay: WatchRelay, failures: int) -> asyncio.Event:
+    """The relay's next ``failures`` gateway connects fail as a phone without network
+    does; the returned event is set at the last of them (later connects go through)."""
+    connect_upstream, attempts, failed = relay.connect_upstream, 0, asyncio.Event()
+
+    async def connecting(resume=None):
+        nonlocal attempts
+        if resume is not None and attempts < failures:
+            attempts += 1
+            if attempts == failures:
+                failed.set()
+            raise OSError("Network is unreachable")
+        return await connect_upstream(resume)
+
+    relay.connect_upstream = connecting
+    return failed
+
+
+async def test_the_relay_gives_up_within_the_gateways_shorter_resume_window(start_gateway):
+    """The gateway announces its resume window in session.created; the relay kept trying
+    for its own fixed 30 s, long after the gateway had let a 1 s session go, and the watch
+    heard nothing all that time."""
+    gw = await start_gateway(server={"resume_window_s": 1.0})
+    relay = WatchRelay(f"ws://127.0.0.1:{gw.port}/v1/voice")  # (its own default: 30 s)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+            await recv_event(ws, "session.created")
+            _unreachable_after(relay, 10**6)  # the phone's network is gone for good
+            (session,) = relay.sessions
+            session.gateway.transport.abort()
+            await asyncio.wait_for(ws.wait_closed(), 10)  # (was: 30 s)
+        assert ws.close_code == 1011
+    finally:
+        await relay.aclose()
+
+
+@pytest.mark.slow
+async def test_the_relay_resumes_within_the_gateways_longer_resume_window(gateway):
+    """A gateway announcing a longer window than the relay's own (here its fallback, 0.5 s,
+    for a gateway announcing none) is waited on for that long: the relay gave up on a
+    session the gateway still held, and the watch lost its reply."""
+    relay = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", resume_window_s=0.5)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text=TEXT)
+            started = await recv_event(ws, "turn.started")
+            await read_turn(ws, started["turn_id"], until="sentence")
+            # 5 connects fail: 0.1 + 0.2 + 0.4 + 0.8 s of backoff, past 0.5 s, within 30 s
+            failed = _unreachable_after(relay, 5)
+            (session,) = relay.sessions
+            dropped = session.gateway
+            dropped.transport.abort()
+            rest = await read_turn(ws, started["turn_id"])
+            assert failed.is_set() and session.gateway is not dropped
+        assert rest.done["status"] == "completed"
+    finally:
+        await relay.aclose()
+
+
+@pytest.mark.parametrize("stall", ["session.created", "session.resumed"])
+async def test_a_stalled_gateway_holds_the_resume_no_longer_than_its_window(stall):
+    """The relay waited for the fresh socket's session.created and for the answer to its
+    session.resume without a bound: a gateway that took the socket and said nothing (its
+    pings still answered) held the watch for ever, silent, long past the resume window."""
+    from websockets.asyncio.server import serve
+
+    sockets: list = []
+
+    async def gateway(ws) -> None:  # TEST DOUBLE: drops its first socket, then stalls
+        sockets.append(ws)
+        created = orjson.dumps({"type": "session.created", "session_id": "s1",
+                                "resume_token": "t", "resume_window_s": 0.5,
+                                "audio": {"frame_ms": 40}}).decode()
+        if len(sockets) == 1:
+            await ws.send(created)
+            ws.transport.abort()  # a network drop: the relay resumes on a new socket
+            return
+        if stall == "session.resumed":
+            await ws.send(created)
+            assert orjson.loads(await ws.recv())["type"] == "session.resume"
+        await ws.wait_closed()  # no answer
+
+    async with serve(gateway, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=0.5)
+        await relay.start()
+        try:
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+                await recv_event(watch, "session.created")
+                await asyncio.wait_for(watch.wait_closed(), 10)  # (was: never)
+            assert watch.close_code == 1011
+            await asyncio.wait_for(sockets[-1].wait_closed(), 10)  # and the socket let go
+        finally:
+            await relay.aclose()
