@@ -643,3 +643,51 @@ async def test_console_text_has_the_contrast_to_be_read(gateway):
         assert await page.locator("#sentences .engine").count() >= 1
         assert await page.evaluate(CONTRAST) == []
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_sends_a_settings_change_lost_with_its_socket_again_after_the_resume(
+        gateway):
+    """A session.update sent just before a drop may be lost with the socket (protocol.md,
+    Resume: nothing is replayed to the server); session.resumed's settings say whether it
+    was applied. The console resumed with the old settings in use and the new ones in its
+    fields, as though they were."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        await page.fill("#instructions", "Answer in one word.")
+        await page.select_option("#frame-ms", "80")
+        await page.click("#apply")  # (sent before click() returns)
+        conn.ws.transport.abort()  # ... and is lost with the socket
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        (runner,) = gateway.runners.values()
+        await page.wait_for_function(
+            f"{state}.settings?.instructions === 'Answer in one word.' && "
+            f"{state}.settings.frame_ms === 80", timeout=10_000)
+        assert runner.session.settings.instructions == "Answer in one word."
+        assert runner.session.settings.frame_ms == 80
+        assert await page.input_value("#instructions") == "Answer in one word."
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_keeps_the_settings_being_edited_through_a_resume(gateway):
+    """The page showed session.resumed's settings in its fields: what the user was typing
+    there (not applied yet) was overwritten by a drop and resume."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        await page.fill("#voice", "a voice being typed")
+        await page.fill("#instructions", "Instructions being typed")
+        (conn,) = gateway.connections
+        conn.ws.transport.abort()
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        assert await page.input_value("#voice") == "a voice being typed"
+        assert await page.input_value("#instructions") == "Instructions being typed"
+        assert await page.input_value("#frame-ms") == "40"  # (not edited: the session's)
+        assert errors == []
+

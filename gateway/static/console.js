@@ -22,7 +22,8 @@ let backoff = 500;
 let retry = null; // the timer of the next reconnect
 let heardAt = 0; // when the socket last gave us anything
 let pingedAt = null; // when the first ping with nothing heard since went out
-let updatePending = false; // a session.update sent and not answered yet
+let pendingUpdate = null; // {session, n}: a session.update sent and not answered yet
+let sentNo = 0; // numbers what is sent again after a resume, to keep its order
 let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn, asked}: what
 // a resume needs; asked: {text, after} a transcript sent after turn `after`, its turn not started
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
@@ -277,20 +278,17 @@ function onEvent(ev) {
       state.connected = true;
       state.resumes += 1;
       setStatus(true, `connected · ${ev.session_id} · resumed (${ev.replayed} re-sent)`);
-      showSettings(ev.session);
+      showSettings(ev.session, {keepEdits: true}); // (a field being typed in is left alone)
       // a Stop pressed while the socket was down, or sent and lost with it (the turn did
       // not end): again (protocol.md, Resume: a cancel is idempotent)
       if (turn?.stopped && (!turn.stopSent || !turn.ended)) sendStop(turn);
-      // a transcript lost with the socket: no turn started after it (protocol.md, Resume)
-      if (session.asked && (ev.turn_id ?? null) === session.asked.after) {
-        send({type: "transcript", text: session.asked.text});
-      }
+      sendAgain(ev);
       break;
     case "pong":
       state.pongs += 1;
       break;
     case "session.updated":
-      updatePending = false;
+      pendingUpdate = null;
       showSettings(ev.session);
       break;
     case "sentence.done":
@@ -375,25 +373,49 @@ function onEvent(ev) {
         return;
       }
       if (ev.turn_id === undefined && session) session.asked = null; // (refused: rate_limited)
-      if (updatePending && ev.turn_id === undefined && settings) {
-        updatePending = false;
+      if (pendingUpdate && ev.turn_id === undefined && settings) {
+        pendingUpdate = null;
         showSettings(settings); // the fields show the settings in use, not the ones refused
       }
       break;
   }
 }
 
+// What the drop may have lost, sent again in the order first sent (protocol.md, Resume:
+// nothing is replayed to the server): a transcript when no turn started after it, and a
+// session.update whose settings session.resumed does not show in use (sent twice it does
+// what it did once: null instructions, shown as the server's default text, go again).
+function sendAgain(ev) {
+  const again = [];
+  if (session.asked && (ev.turn_id ?? null) === session.asked.after) {
+    const text = session.asked.text;
+    again.push([session.asked.n, {type: "transcript", text}]);
+  }
+  if (pendingUpdate && !Object.entries(pendingUpdate.session).every(
+    ([key, value]) => ev.session?.[key] === value)) {
+    again.push([pendingUpdate.n, {type: "session.update", session: pendingUpdate.session}]);
+  }
+  for (const [, message] of again.sort((a, b) => a[0] - b[0])) send(message);
+}
+
 let settings = null; // the session's settings as the server last reported them
-function showSettings(s) {
-  settings = s;
-  $("voice").value = s.voice || "";
-  $("frame-ms").value = String(s.frame_ms);
-  $("instructions").value = s.instructions || "";
+let shown = null; // what showSettings last put in each field
+// keepEdits: a field whose value is no longer the one shown (the user is typing in it, or
+// applied it and the answer is still to come) is left as it is
+function showSettings(s, {keepEdits = false} = {}) {
+  settings = state.settings = s;
+  const values = {"voice": s.voice || "", "frame-ms": String(s.frame_ms),
+                  "instructions": s.instructions || ""};
+  for (const [id, value] of Object.entries(values)) {
+    if (keepEdits && shown && $(id).value !== shown[id]) continue;
+    $(id).value = value;
+  }
+  shown = values;
 }
 
 function startSession(ev) {
   state.connected = true;
-  updatePending = false;
+  pendingUpdate = null;
   $("token-row").hidden = true; // in: a token typed again would only open another socket
   if (state.sessionId && state.sessionId !== ev.session_id) addSessionMark(ev.session_id);
   state.sessionId = ev.session_id;
@@ -559,7 +581,7 @@ async function sendTranscript(text) {
     send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())}); // barge-in
   }
   send({type: "transcript", text});
-  session.asked = {text, after: session.latestTurn};
+  session.asked = {text, after: session.latestTurn, n: ++sentNo};
   return true;
 }
 
@@ -610,12 +632,12 @@ $("apply").addEventListener("click", () => {
     return;
   }
   // the fields show what is in use; emptied, they ask for the server's default (null)
-  updatePending = true;
-  send({type: "session.update", session: {
+  pendingUpdate = {n: ++sentNo, session: {
     frame_ms: Number($("frame-ms").value),
     voice: $("voice").value.trim() || null,
     instructions: instructions || null,
-  }});
+  }};
+  send({type: "session.update", session: pendingUpdate.session});
 });
 
 const Recognition = window.SpeechRecognition || window.webkitSpeechRecognition;
