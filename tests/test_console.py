@@ -691,3 +691,24 @@ async def test_console_keeps_the_settings_being_edited_through_a_resume(gateway)
         assert await page.input_value("#frame-ms") == "40"  # (not edited: the session's)
         assert errors == []
 
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_escape_in_a_settings_field_does_not_stop_the_reply(gateway):
+    """Escape stops the reply (the Stop button says so), but it did in every field: a user
+    clearing the token or a setting with it cut the reply. In the transcript box, beside
+    Stop, it still stops."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await talk(page, "Tell me everything")
+        await page.wait_for_function(f"{state}.samplesPlayed > 2400")
+        await page.evaluate("document.querySelector('#token-row').hidden = false")
+        for field in ("#token", "#voice", "#instructions", "#frame-ms"):
+            await page.press(field, "Escape")
+        played = (await page.evaluate(state))["samplesPlayed"]
+        await page.wait_for_function(f"{state}.samplesPlayed > {played} + 4800")  # plays on
+        assert gateway.metrics.turns["cancelled"] == 0
+        await page.press("#transcript", "Escape")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
+        assert errors == []

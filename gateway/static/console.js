@@ -618,7 +618,15 @@ function sendStop(t) {
   t.stopSent = true;
 }
 $("stop").addEventListener("click", stop);
-document.addEventListener("keydown", (e) => { if (e.key === "Escape") stop(); });
+// Esc stops the reply, from anywhere but a field of its own: in the token or a setting it
+// is the field's (a select closes its list), and while an input method composes, the
+// composition's. In the transcript box, beside Stop, it stops.
+document.addEventListener("keydown", (e) => {
+  if (e.key !== "Escape" || e.isComposing || e.defaultPrevented) return;
+  const field = e.target.closest?.("input, textarea, select, [contenteditable]");
+  if (field && field.id !== "transcript") return;
+  stop();
+});
 
 $("apply").addEventListener("click", () => {
   const instructions = $("instructions").value.trim();
