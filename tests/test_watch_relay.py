@@ -5,6 +5,7 @@ direct client. Steps are ordered by awaiting messages, never by sleeping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 
 import numpy as np
@@ -12,6 +13,7 @@ import orjson
 import pytest
 import soxr
 from websockets.asyncio.client import connect
+from websockets.asyncio.server import serve
 
 from engines.base import SynthesisRequest
 from engines.espeak import EspeakEngine
@@ -30,6 +32,20 @@ from gateway.io.server import Gateway
 from tests.wsclient import read_turn, recv_event, send
 
 END = FLAG_SENTENCE_END | FLAG_TURN_END
+
+
+@contextlib.asynccontextmanager
+async def relay_to(handler, *, resume_window_s: float):
+    """A relay started against a stand-in gateway (a websockets server running
+    ``handler``, a TEST DOUBLE scripted by each test), closed after."""
+    async with serve(handler, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=resume_window_s)
+        await relay.start()
+        try:
+            yield relay
+        finally:
+            await relay.aclose()
 
 
 @functools.cache
@@ -627,8 +643,6 @@ async def test_a_watch_gone_while_the_relay_resumes_leaves_no_gateway_socket():
     """The watch leaving while the relay waited for the gateway's answer to its resume
     left that gateway socket open (its pings answered) until the relay exited (engines
     review)."""
-    from websockets.asyncio.server import serve
-
     sockets: list = []
     resume_asked = asyncio.Event()
 
@@ -643,17 +657,11 @@ async def test_a_watch_gone_while_the_relay_resumes_leaves_no_gateway_socket():
         resume_asked.set()
         await ws.wait_closed()  # no answer: the watch leaves meanwhile
 
-    async with serve(gateway, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=30.0)
-        await relay.start()
-        try:
-            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
-                await recv_event(watch, "session.created")
-                await asyncio.wait_for(resume_asked.wait(), 10)
-            await asyncio.wait_for(sockets[1].wait_closed(), 10)
-        finally:
-            await relay.aclose()
+    async with relay_to(gateway, resume_window_s=30.0) as relay:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+            await recv_event(watch, "session.created")
+            await asyncio.wait_for(resume_asked.wait(), 10)
+        await asyncio.wait_for(sockets[1].wait_closed(), 10)
 
 
 async def test_a_watch_gone_while_the_gateway_is_unreachable_is_let_go():
@@ -661,8 +669,6 @@ async def test_a_watch_gone_while_the_gateway_is_unreachable_is_let_go():
     watch leaving then went unnoticed (nobody read its socket) for the whole resume window:
     relay.aclose() took 31 s, and a gateway back within it would have had the session
     resumed and the message sent for a watch that was gone."""
-    from websockets.asyncio.server import serve
-
     async def gateway(ws) -> None:  # TEST DOUBLE: one session, then unreachable
         await ws.send(orjson.dumps({"type": "session.created", "session_id": "s1",
                                     "resume_token": "t", "audio": {"frame_ms": 40}}).decode())
@@ -754,8 +760,6 @@ async def test_a_stalled_gateway_holds_the_resume_no_longer_than_its_window(stal
     """The relay waited for the fresh socket's session.created and for the answer to its
     session.resume without a bound: a gateway that took the socket and said nothing (its
     pings still answered) held the watch for ever, silent, long past the resume window."""
-    from websockets.asyncio.server import serve
-
     sockets: list = []
 
     async def gateway(ws) -> None:  # TEST DOUBLE: drops its first socket, then stalls
@@ -772,15 +776,9 @@ async def test_a_stalled_gateway_holds_the_resume_no_longer_than_its_window(stal
             assert orjson.loads(await ws.recv())["type"] == "session.resume"
         await ws.wait_closed()  # no answer
 
-    async with serve(gateway, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=0.5)
-        await relay.start()
-        try:
-            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
-                await recv_event(watch, "session.created")
-                await asyncio.wait_for(watch.wait_closed(), 10)  # (was: never)
-            assert watch.close_code == 1011
-            await asyncio.wait_for(sockets[-1].wait_closed(), 10)  # and the socket let go
-        finally:
-            await relay.aclose()
+    async with relay_to(gateway, resume_window_s=0.5) as relay:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+            await recv_event(watch, "session.created")
+            await asyncio.wait_for(watch.wait_closed(), 10)  # (was: never)
+        assert watch.close_code == 1011
+        await asyncio.wait_for(sockets[-1].wait_closed(), 10)  # and the socket let go
