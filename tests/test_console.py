@@ -90,6 +90,23 @@ async def talk(page: Any, text: str) -> None:
     await page.click("#send")
 
 
+async def talk_when_ready(page: Any, text: str) -> None:
+    """``talk`` once the page is connected and its audio ready."""
+    await page.wait_for_function(
+        "window.consoleState.connected && window.consoleState.audioReady")
+    await talk(page, text)
+
+
+async def first_turn_heard(page: Any) -> dict[str, Any]:
+    """The first turn's state once it has completed and the page has played it all (its
+    ``heardUnderruns`` counted)."""
+    await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'",
+                                 timeout=30_000)
+    await page.wait_for_function("window.consoleState.turns[0].heardUnderruns !== undefined",
+                                 timeout=30_000)
+    return (await page.evaluate("window.consoleState"))["turns"][0]
+
+
 async def heard_out(page: Any) -> None:
     """Wait until the worklet has played everything it was sent."""
     await page.wait_for_function(
@@ -158,15 +175,9 @@ async def test_console_shows_the_underruns_this_browser_heard(start_gateway):
     gw = await start_gateway([{"transcript": "Go", "reply": "One two three four five six."}],
                              engine=slow)
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, page_errors):
-        await page.wait_for_function(
-            "window.consoleState.connected && window.consoleState.audioReady")
-        await talk(page, "Go")
-        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'",
-                                     timeout=30_000)
+        await talk_when_ready(page, "Go")
+        turn = await first_turn_heard(page)
         row = page.locator("#timeline .turn .heard")
-        await page.wait_for_function("window.consoleState.turns[0].heardUnderruns !== undefined",
-                                     timeout=30_000)
-        turn = (await page.evaluate("window.consoleState"))["turns"][0]
         assert turn["heardUnderruns"] >= 1
         assert await row.inner_text() == f"· heard {turn['heardUnderruns']}"
         assert page_errors == []
@@ -181,13 +192,8 @@ async def test_console_counts_no_underrun_after_the_last_words(start_gateway):
     code = "\n```\n" + "".join(f"x = {i}\n" for i in range(60)) + "```"
     gw = await start_gateway([{"transcript": "Go", "reply": "Hi." + code}], tokens_per_s=60.0)
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, page_errors):
-        await page.wait_for_function(
-            "window.consoleState.connected && window.consoleState.audioReady")
-        await talk(page, "Go")
-        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'",
-                                     timeout=30_000)
-        await page.wait_for_function("window.consoleState.turns[0].heardUnderruns !== undefined")
-        turn = (await page.evaluate("window.consoleState"))["turns"][0]
+        await talk_when_ready(page, "Go")
+        turn = await first_turn_heard(page)
         # the turn went on for seconds after its audio ran out (nothing to wait for here)
         assert turn["metrics"]["duration_ms"] > 2 * turn["metrics"]["audio_ms"]
         assert turn["metrics"]["underruns"] == 0 and turn["heardUnderruns"] == 0
@@ -260,8 +266,7 @@ async def test_console_resumes_a_dropped_socket_and_hears_the_whole_reply(start_
 
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Hello")
+        await talk_when_ready(page, "Hello")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
         await heard_out(page)  # heard to the end (a new turn would cut it)
         session_id = await page.evaluate(f"{state}.sessionId")
@@ -300,9 +305,7 @@ async def test_console_plays_out_a_failed_turn(start_gateway):
     gw = await start_gateway([{"transcript": "Morning", "reply": reply}],
                              session={"max_reply_chars": 100})
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await page.wait_for_function(
-            "window.consoleState.connected && window.consoleState.audioReady")
-        await talk(page, "Morning")
+        await talk_when_ready(page, "Morning")
         await page.wait_for_function("window.consoleState.lastTurn?.status === 'failed'")
         await heard_out(page)
         state = await page.evaluate("window.consoleState")
@@ -318,8 +321,7 @@ async def test_console_plays_out_the_turn_a_stopping_gateway_ended(start_gateway
     gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Tell me")
+        await talk_when_ready(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
         await gw.aclose()
         await page.wait_for_function(f"!{state}.connected")
@@ -370,8 +372,7 @@ async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start
                              server={"turns_per_minute": 1})
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Tell me")
+        await talk_when_ready(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
         await talk(page, "x" * 4001)
         assert await page.input_value("#transcript") == "x" * 4001  # kept, to be shortened
@@ -415,8 +416,7 @@ async def test_console_stop_pressed_while_offline_reaches_the_gateway_after_the_
     gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Tell me")
+        await talk_when_ready(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
         lost = frames_written(gw, 4)  # 160 ms: more than the player's 100 ms pre-buffer
         await page.context.set_offline(True)  # and the socket drops: no reconnect gets out
@@ -449,8 +449,7 @@ async def test_console_sends_a_stop_lost_with_its_socket_again_after_the_resume(
     gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Tell me")
+        await talk_when_ready(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
         (conn,) = gw.connections
         conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
@@ -493,8 +492,7 @@ async def test_console_stop_after_the_turn_ended_cuts_its_tail(gateway):
     row said 'heard …' until the next turn (the worklet never played its last sample)."""
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Hello")
+        await talk_when_ready(page, "Hello")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed' && "
                                      f"{state}.bufferedSamples > 2400")
         await page.click("#stop")
@@ -631,8 +629,7 @@ async def test_console_text_has_the_contrast_to_be_read(gateway):
     (Placeholders, which say what an empty field stands for, are checked too.)"""
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Tell me everything")
+        await talk_when_ready(page, "Tell me everything")
         await page.wait_for_function(f"{state}.samplesPlayed > 2400")
         await page.click("#stop")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
@@ -700,8 +697,7 @@ async def test_console_escape_in_a_settings_field_does_not_stop_the_reply(gatewa
     Stop, it still stops."""
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        await talk(page, "Tell me everything")
+        await talk_when_ready(page, "Tell me everything")
         await page.wait_for_function(f"{state}.samplesPlayed > 2400")
         await page.evaluate("document.querySelector('#token-row').hidden = false")
         for field in ("#token", "#voice", "#instructions", "#frame-ms"):
