@@ -48,9 +48,10 @@ watch is answered with ``error`` ``invalid_message``: when the watch goes away t
 ends the gateway session. When the *gateway* socket drops (no close frame), the relay
 reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
 replayed messages it had already relayed, sends again a ``transcript``, ``say`` or
-``cancel`` the drop may have lost, and the watch sees one unbroken session. It tries for the
-gateway's announced ``resume_window_s``, every wait bounded by it; if the resume fails, or
-the window runs out, the watch is closed with 1011.
+``cancel`` the drop may have lost (after the last ``playback`` mark it sent for the turn,
+which the gateway cuts the turn's history from), and the watch sees one unbroken session.
+It tries for the gateway's announced ``resume_window_s``, every wait bounded by it; if the
+resume fails, or the window runs out, the watch is closed with 1011.
 
 Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` /
 ``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
@@ -295,6 +296,11 @@ class RelayCore:
         """(type, message): a ``transcript``, ``say`` or ``cancel`` sent up whose effect has
         not been seen: lost if the gateway socket drops with it, so sent again after the
         resume (protocol.md, Resume)."""
+        self._mark: tuple[int, str] | None = None
+        """(turn_id, message): the last ``playback`` mark sent up, in the gateway's time; sent
+        again before a lost barge-in (``resumed``). Forgotten when a turn starts: the
+        transcript that started it came, and the marks before it (a mark sent after it is
+        for a turn the gateway has left)."""
         self._since_frame = 0  # gateway messages handled after that frame
         self._skip = 0  # replayed messages still to drop after a resume
         self._seq = 0  # the watch's own frame seq
@@ -331,6 +337,7 @@ class RelayCore:
         if kind == "turn.started":  # (only what the relay sent starts one: all of it came)
             self._latest_turn = event.get("turn_id")
             self._unanswered.clear()
+            self._mark = None  # it went up before the transcript that started this turn
         elif kind == "turn.done":  # no turn in progress: a cancel sent has nothing left to do
             self._unanswered = [u for u in self._unanswered if u[0] != "cancel"]
         elif kind == "error" and "turn_id" not in event:  # a turn refused (rate_limited)
@@ -352,13 +359,20 @@ class RelayCore:
     # -- watch → gateway --
 
     def sent(self, message: str) -> None:
-        """``message`` (from ``from_watch``) went up on the gateway socket."""
+        """``message`` (from ``from_watch``: a mark already in the gateway's time) went up on
+        the gateway socket."""
         try:
-            kind = orjson.loads(message).get("type")
+            event = orjson.loads(message)
+            kind = event.get("type")
         except (orjson.JSONDecodeError, AttributeError):
             return
         if kind in ("transcript", "say", "cancel"):
             self._unanswered.append((kind, message))
+        elif kind == "playback":
+            turn_id, played = event.get("turn_id"), event.get("played_ms")
+            if isinstance(turn_id, int) and _is_number(turn_id) and _is_number(played) \
+                    and played >= 0:  # (one the gateway refuses changes nothing there)
+                self._mark = (turn_id, message)
 
     def from_watch(self, message: str | bytes) -> tuple[str | None, str | None]:
         """(message for the gateway, reply for the watch); either may be None."""
@@ -409,12 +423,25 @@ class RelayCore:
         ``turn_id``: ``session.resumed``'s, the session's latest turn. Returns what to send
         again, in order: what went up before the drop and may have been lost with it (a
         turn started that the relay has not seen: its transcript, and all before, came). They
-        stay unanswered until their effect is seen, and go again after another drop."""
+        stay unanswered until their effect is seen, and go again after another drop.
+
+        Before them goes the last ``playback`` mark sent up, when it is for that turn: the
+        gateway cuts the turn's history from the mark it has when the barge-in comes
+        (protocol.md, Resume), and an older one is up to a mark interval early. It is the
+        newest mark the relay sent, so any mark that reached the gateway is it or an older
+        one: sending it again never moves the gateway's count back (twice is harmless)."""
         self._skip = min(self._since_frame, replayed)
         if turn_id != self._latest_turn:
             asked = [i for i, (kind, _m) in enumerate(self._unanswered) if kind != "cancel"]
             del self._unanswered[:asked[-1] + 1 if asked else 0]
-        return [m for _kind, m in self._unanswered]
+        again = [m for _kind, m in self._unanswered]
+        if again and self._mark is not None and self._mark[0] == turn_id:
+            again.insert(0, self._mark[1])
+        return again
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _error(code: str, message: str) -> str:

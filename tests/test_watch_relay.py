@@ -320,6 +320,69 @@ def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, hear
     assert core.resumed(0, resumed_turn) == [messages[kind] for kind in again]
 
 
+@pytest.mark.parametrize(("sent", "heard", "resumed_turn", "again"), [
+    # (what went up, "drop" for an earlier resume; what came down after it; session.resumed's
+    # turn_id; sent again). The watch is playing turn 1, past its first sentence's padding.
+    (["mark", "cancel"], [], 1, ["mark", "cancel"]),  # the barge-in's mark goes first
+    (["mark", "transcript"], [], 1, ["mark", "transcript"]),
+    (["mark", "say"], [], 1, ["mark", "say"]),
+    (["mark", "cancel", "say"], [], 1, ["mark", "cancel", "say"]),  # once, before the first
+    (["cancel"], [], 1, ["cancel"]),  # no mark sent
+    (["mark", "later", "cancel"], [], 1, ["later", "cancel"]),  # the newest
+    # the later mark may have arrived (so the cancel did): never the older one after it
+    (["mark", "cancel", "later"], [], 1, ["later", "cancel"]),
+    (["mark"], [], 1, []),  # no barge-in lost: a lost mark is replaced by the next
+    (["mark", "ping"], [], 1, []),
+    (["mark", "cancel"], ["turn.done"], 1, []),  # the cancel is not sent again: nor its mark
+    (["mark", "transcript"], ["error"], 1, []),
+    (["mark", "transcript"], ["turn.started"], 2, []),  # it came, the mark before it too
+    (["mark", "transcript"], [], 2, []),  # (its turn.started is in the replay)
+    (["mark", "transcript", "cancel"], [], 2, ["cancel"]),  # the mark is for turn 1: done
+    (["mark", "cancel"], [], None, ["cancel"]),  # the gateway has no turn 1 (any more)
+    (["other", "cancel"], [], 1, ["cancel"]),  # a mark for another turn
+    (["refused", "cancel"], [], 1, ["cancel"]),  # the gateway refuses it: it counts nothing
+    (["mark", "cancel", "drop"], [], 1, ["mark", "cancel"]),  # again after another drop
+    (["mark", "cancel", "drop", "later"], [], 1, ["later", "cancel"]),  # (sent since)
+])
+def test_core_sends_the_barge_ins_mark_again_before_it(sent, heard, resumed_turn, again):
+    """The gateway cuts a turn's history from the mark it has when the barge-in comes; a mark
+    lost with the socket just before a cancel, transcript or say was not sent again (only
+    they were), so the history was cut from an older one (protocol.md, Resume)."""
+    core = RelayCore(OpusAudio())
+    core.from_gateway(_dumps(type="turn.started", turn_id=1, source="transcript"))
+    x0, x1 = speechlike(9_000), speechlike(7_000, 1)
+    for index, x, flags in ((0, x0, FLAG_SENTENCE_END), (1, x1, 0)):
+        for start in range(0, len(x), 960):
+            last = start + 960 >= len(x)
+            core.from_gateway(HEADER.pack(1, flags if last else 0, index, 1, start // 960)
+                              + x[start:start + 960].tobytes())
+    ps = core.audio.pre_skip_24k
+    pad_ms = (ps + (-(len(x0) + ps)) % 480) / 24
+    watch_ms = len(x0) / 24 + pad_ms + 100  # 100 ms into the second sentence
+    messages = {"mark": _dumps(type="playback", turn_id=1, played_ms=watch_ms),
+                "later": _dumps(type="playback", turn_id=1, played_ms=watch_ms + 200),
+                "other": _dumps(type="playback", turn_id=7, played_ms=watch_ms),
+                "refused": _dumps(type="playback", turn_id=1, played_ms="all"),
+                "transcript": _dumps(type="transcript", text="Hi"),
+                "say": _dumps(type="say", text="Hello"), "cancel": _dumps(type="cancel"),
+                "ping": _dumps(type="ping")}
+    events = {"turn.started": _dumps(type="turn.started", turn_id=2, source="transcript"),
+              "turn.done": _dumps(type="turn.done", turn_id=1, status="cancelled"),
+              "error": _dumps(type="error", error={"code": "rate_limited", "message": ""})}
+    up: dict[str, str] = {}
+    for kind in sent:
+        if kind == "drop":
+            core.resumed(0, resumed_turn)
+            continue
+        up[kind], _reply = core.from_watch(messages[kind])
+        core.sent(up[kind])
+    for kind in heard:
+        core.from_gateway(events[kind])
+    assert core.resumed(0, resumed_turn) == [up[kind] for kind in again]
+    if "mark" in up:  # in the gateway's time, translated once (not twice when sent again)
+        assert orjson.loads(up["mark"])["played_ms"] == pytest.approx(watch_ms - pad_ms)
+
+
 # ---- against the real gateway -----------------------------------------------------------------
 
 TEXT = "The watch hears the same words. It speaks a second sentence, a little longer."
@@ -782,3 +845,55 @@ async def test_a_stalled_gateway_holds_the_resume_no_longer_than_its_window(stal
             await asyncio.wait_for(watch.wait_closed(), 10)  # (was: never)
         assert watch.close_code == 1011
         await asyncio.wait_for(sockets[-1].wait_closed(), 10)  # and the socket let go
+
+
+async def test_the_barge_in_mark_lost_with_the_gateway_socket_is_sent_again(start_gateway):
+    """The watch reports it played 'Two meetings.' whole, then cancels; the phone's uplink
+    drops with both unread. The relay sent the cancel again after the resume, not the mark
+    before it, so the gateway cut its history from the older mark (half the sentence):
+    'Two …' where the watch had heard 'Two meetings.' (protocol.md, Resume)."""
+    gateway = await start_gateway([{
+        "transcript": "What is on today?",
+        "reply": "Two meetings. " + " ".join(["The first one is at ten, in the big room."] * 8)}])
+    relay = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", resume_window_s=5.0)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="What is on today?")
+            started = await recv_event(ws, "turn.started")
+            heard_ms = 0.0  # the watch's time = the gateway's for pcm16 (same lengths)
+            while True:
+                message = await ws.recv()
+                if isinstance(message, bytes):
+                    heard_ms += (len(message) - HEADER.size) / 32
+                    if HEADER.unpack_from(message)[1] & FLAG_SENTENCE_END:
+                        break  # all of 'Two meetings.' is here
+            turn_id = started["turn_id"]
+            await send(ws, type="playback", turn_id=turn_id, played_ms=heard_ms / 2)
+            await send(ws, type="ping", id=1)
+            await recv_event(ws, "pong")  # the gateway has the older mark
+            (session,) = relay.sessions
+            (conn,) = gateway.connections
+            conn.ws.transport.pause_reading()  # what the relay sends now stays unread ...
+            upstream, cancel_sent = session.gateway, asyncio.Event()
+            send_up = upstream.send
+
+            async def sending(message, *args, **kwargs):
+                await send_up(message, *args, **kwargs)
+                if orjson.loads(message)["type"] == "cancel":
+                    cancel_sent.set()
+
+            upstream.send = sending
+            await send(ws, type="playback", turn_id=turn_id, played_ms=heard_ms)
+            await send(ws, type="cancel")
+            await asyncio.wait_for(cancel_sent.wait(), 10)
+            conn.ws.transport.abort()  # ... and is lost with the socket
+            while (await recv_event(ws, "turn.done"))["turn_id"] != turn_id:
+                pass
+            assert session.gateway is not upstream  # resumed on a new socket
+            (runner,) = gateway.runners.values()
+            assert runner.session.history[-1] == {"role": "assistant",
+                                                  "content": "Two meetings. …"}
+    finally:
+        await relay.aclose()
