@@ -48,6 +48,27 @@ async def relay_to(handler, *, resume_window_s: float):
             await relay.aclose()
 
 
+@contextlib.asynccontextmanager
+async def lost_with_the_uplink(gateway: Gateway, session, kind: str):
+    """What the watch sends in the block goes up but is never read by ``gateway``: once the
+    relay has sent a message of type ``kind``, the gateway's socket drops (the phone's
+    uplink), and all of it is lost with it."""
+    (conn,) = gateway.connections
+    conn.ws.transport.pause_reading()
+    upstream, sent = session.gateway, asyncio.Event()
+    send_up = upstream.send
+
+    async def sending(message, *args, **kwargs):
+        await send_up(message, *args, **kwargs)
+        if orjson.loads(message)["type"] == kind:
+            sent.set()
+
+    upstream.send = sending
+    yield
+    await asyncio.wait_for(sent.wait(), 10)
+    conn.ws.transport.abort()
+
+
 @functools.cache
 def _espeak(text: str) -> np.ndarray:
     engine = EspeakEngine()
@@ -665,19 +686,9 @@ async def test_a_transcript_lost_with_the_gateway_socket_is_sent_again(gateway, 
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
         await recv_event(ws, "session.created")
         (session,) = relay.sessions
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # what the relay sends now stays unread ...
-        upstream, sent = session.gateway, asyncio.Event()
-        send_up = upstream.send
-
-        async def sending(message, *args, **kwargs):
-            await send_up(message, *args, **kwargs)
-            sent.set()
-
-        upstream.send = sending
-        await send(ws, type="transcript", text="What is on today?")
-        await asyncio.wait_for(sent.wait(), 10)
-        conn.ws.transport.abort()  # ... and is lost with the socket
+        upstream = session.gateway
+        async with lost_with_the_uplink(gateway, session, "transcript"):
+            await send(ws, type="transcript", text="What is on today?")
         turn = await asyncio.wait_for(read_turn(ws), 10)
         assert session.gateway is not upstream  # resumed on a new socket
     assert turn.done["status"] == "completed"
@@ -874,21 +885,10 @@ async def test_the_barge_in_mark_lost_with_the_gateway_socket_is_sent_again(star
             await send(ws, type="ping", id=1)
             await recv_event(ws, "pong")  # the gateway has the older mark
             (session,) = relay.sessions
-            (conn,) = gateway.connections
-            conn.ws.transport.pause_reading()  # what the relay sends now stays unread ...
-            upstream, cancel_sent = session.gateway, asyncio.Event()
-            send_up = upstream.send
-
-            async def sending(message, *args, **kwargs):
-                await send_up(message, *args, **kwargs)
-                if orjson.loads(message)["type"] == "cancel":
-                    cancel_sent.set()
-
-            upstream.send = sending
-            await send(ws, type="playback", turn_id=turn_id, played_ms=heard_ms)
-            await send(ws, type="cancel")
-            await asyncio.wait_for(cancel_sent.wait(), 10)
-            conn.ws.transport.abort()  # ... and is lost with the socket
+            upstream = session.gateway
+            async with lost_with_the_uplink(gateway, session, "cancel"):
+                await send(ws, type="playback", turn_id=turn_id, played_ms=heard_ms)
+                await send(ws, type="cancel")
             while (await recv_event(ws, "turn.done"))["turn_id"] != turn_id:
                 pass
             assert session.gateway is not upstream  # resumed on a new socket
