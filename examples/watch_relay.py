@@ -370,7 +370,7 @@ class RelayCore:
             self._unanswered.append((kind, message))
         elif kind == "playback":
             turn_id, played = event.get("turn_id"), event.get("played_ms")
-            if isinstance(turn_id, int) and _is_number(turn_id) and _is_number(played) \
+            if _is_number(turn_id) and isinstance(turn_id, int) and _is_number(played) \
                     and played >= 0:  # (one the gateway refuses changes nothing there)
                 self._mark = (turn_id, message)
 
@@ -390,8 +390,7 @@ class RelayCore:
         if kind == "session.resume":
             return None, _error("invalid_message", "the watch cannot resume through the relay")
         if (kind == "playback" and (timeline := self._timeline(event.get("turn_id"))) is not None
-                and isinstance(event.get("played_ms"), int | float)
-                and not isinstance(event.get("played_ms"), bool)):
+                and _is_number(event.get("played_ms"))):
             # not rounded: a sentence's end must stay its end (a hair past it, and the
             # gateway's history has the next sentence begun: "Two meetings. …")
             event["played_ms"] = timeline.to_upstream(event["played_ms"])
