@@ -16,14 +16,13 @@ import threading
 import httpx
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
 
 from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.server import Gateway
 from tests.servers import Hang, Text, TinyLlamaServer
-from tests.wsclient import TurnResult, read_turn, recv_event, send
+from tests.wsclient import TurnResult, read_turn, read_until_closed, recv_event, send
 
 NO_PACING = {"max_lead_ms": 30_000}  # the whole reply is released at once
 WELL = "A well behaved session speaks. It says a few sentences. Nothing goes wrong here."
@@ -210,9 +209,7 @@ async def test_a_bug_handling_a_message_ends_that_session_only(monkeypatch, capl
         async with connect(url(gw)) as ws:
             created = await recv_event(ws, "session.created")
             await send(ws, type="say", text="BUG")
-            with pytest.raises(ConnectionClosed):
-                while True:
-                    await ws.recv()
+            await read_until_closed(ws)
             assert (ws.close_code, ws.close_reason) == (1011, "internal error")
         await well_behaved(gw)
         assert created["session_id"] not in gw.runners  # ended, not waiting for a resume
@@ -249,9 +246,7 @@ async def test_a_bug_in_the_pacing_timer_or_the_llm_task_ends_that_session_only(
             await recv_event(ws, "session.updated")
             target.append(created["session_id"])
             await send(ws, type="transcript", text="Tell me something long, please.")
-            with pytest.raises(ConnectionClosed):
-                while True:
-                    await ws.recv()
+            await read_until_closed(ws)
             assert (ws.close_code, ws.close_reason) == (1011, "internal error")
         await well_behaved(gw)
         assert created["session_id"] not in gw.runners
@@ -524,9 +519,7 @@ def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
             proc.send_signal(signal.SIGTERM)
             codes = []
             for ws in sockets:
-                with pytest.raises(ConnectionClosed):
-                    while True:
-                        await ws.recv()
+                await read_until_closed(ws)
                 codes.append(ws.close_code)
             return codes
 

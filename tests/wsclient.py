@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from gateway.core.codec import BYTES_PER_MS, AudioFrame, decode_frame
 
@@ -63,6 +64,16 @@ async def recv_event(ws: ClientConnection, kind: str | None = None) -> dict[str,
         event = orjson.loads(message)
         if kind is None or event["type"] == kind:
             return event
+
+
+async def read_until_closed(ws: ClientConnection) -> None:
+    """Read (and drop) whatever still comes until the server closes the socket; its
+    ``close_code`` and ``close_reason`` are then set."""
+    try:
+        while True:
+            await ws.recv()
+    except ConnectionClosed:
+        return
 
 
 async def round_trip(ws: ClientConnection, ping_id: Any) -> list[AudioFrame]:
