@@ -204,7 +204,9 @@ def run_policy(policy: str, duration: float, seed: int) -> dict[str, Any]:
             "sentence_gaps": sum(t.sentence_gaps for t in turns),
             "starved_s": sum(t.starved_s for t in turns),
             "turns_failed": sum(1 for t in account.turns if t.status not in (None, "completed")),
-            "background_audio_s_per_s": got["audio_s"] / wall,
+            # the background app streams until ``until`` (``duration``); the wall time also
+            # holds the hub's last turn and think time after it, with no request running
+            "background_audio_s_per_s": got["audio_s"] / min(wall, duration),
             "background_requests": got["requests"]}
 
 
