@@ -37,7 +37,7 @@ from gateway.core.scheduler import Job, Priority, Rank
 def variant(slack: float, lead: float) -> Any:
     class FeedFirstLane(sim.SimLane):
         def __init__(self, s: sim.Sim, name: str, max_lead: float):
-            super().__init__(s, name, lead)
+            super().__init__(s, name, lead, rank=Rank.DEADLINE)
             self.sched.deadline_of = self._feed_first
 
         @staticmethod

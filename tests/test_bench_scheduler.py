@@ -87,3 +87,23 @@ def test_the_live_turn_placer_counts_turns_like_the_simulator(model: sim.Model) 
     assert 0 < sent["ane_share"] < 1
     assert abs(sent["ane_share"] - queued["ane_share"]) < 0.05
     assert sent["underruns"] <= queued["underruns"] * 1.1
+
+
+def test_the_slack_variant_moves_the_ramp(model: sim.Model) -> None:
+    # bench/scheduler_variants.py reproduces SCHEDULER.md section 4, measured under
+    # Rank.DEADLINE: a slack on a new turn's first chunk must change the figures there (under
+    # the default Rank.STREAM_AGE a first chunk outranks every playing stream whatever its
+    # deadline, and every slack row came out the same).
+    from bench import scheduler_variants
+
+    def ramp(slack: float) -> dict:
+        sim.POLICIES["variant"] = scheduler_variants.variant(slack, 1.0)
+        try:
+            return sim.scenario_ramp(model, seed=42, duration=600.0, policy_name="variant",
+                                     sessions=3)
+        finally:
+            del sim.POLICIES["variant"]
+
+    none, one = ramp(0.0), ramp(1.0)
+    assert (none["underruns"], none["ttfa_p90_ms"]) != (one["underruns"], one["ttfa_p90_ms"])
+    assert one["ttfa_p90_ms"] > none["ttfa_p90_ms"]  # first chunks wait behind playing ones
