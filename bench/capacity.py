@@ -21,7 +21,7 @@ report accept time and the server's RSS per session.
 ``stream``: N sessions each in one continuous turn (a long ``say``; pipecat: a
 ``TTSSpeakFrame`` on connect), 40 ms frames. Each client plays its audio on a model
 playback clock: lateness of a frame = arrival − (first frame arrival + audio before it +
-every stall so far; a stall — an underrun — pushes the listener's schedule back by its length);
+every stall before it; a stall — an underrun — pushes the listener's schedule back by its length);
 underrun = a frame arrives after the listener, who started playing ``--jitter-ms`` after the
 first frame, has played everything before it (playback then restarts at arrival). Lateness
 and underruns are judged over the measuring window (after every session has connected and
@@ -287,6 +287,10 @@ class Listener(asyncio.Protocol):
             self.play_end = now + self.jitter
             s.started += 1
         else:
+            # against the schedule as it stood before this frame: a frame that stalls the
+            # player is as late as it came (after the shift below it would read as exactly
+            # the jitter buffer, and no lateness could exceed --jitter-ms)
+            lateness_ms = (now - (self.t0 + self.audio_s)) * 1000.0
             # Steady state is measured in the window; what happens while the other
             # sessions are still connecting is counted apart (startup_underruns).
             if now > self.play_end:
@@ -298,7 +302,7 @@ class Listener(asyncio.Protocol):
                 self.t0 += now - self.play_end
                 self.play_end = now
             if now >= s.t_start:
-                s.lateness.append((now - (self.t0 + self.audio_s)) * 1000.0)
+                s.lateness.append(lateness_ms)
         self.play_end += d
         self.audio_s += d
         if now >= s.t_start:

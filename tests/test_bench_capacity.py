@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,19 @@ def test_a_server_that_dies_after_its_port_stops_the_bench(monkeypatch, tmp_path
     with pytest.raises(SystemExit, match="exited with 3"):
         server.check_alive()
     server.close()
+
+
+async def test_a_frame_that_stalls_the_player_is_as_late_as_it_came(monkeypatch):
+    """Lateness is taken before the stall moves the schedule back: a frame 500 ms behind
+    with a 200 ms jitter buffer is 500 ms late (it read 200 ms, the buffer, however late
+    it came, so no lateness could exceed --jitter-ms)."""
+    clock = iter([10.0, 10.04, 10.58, 12.0])
+    monkeypatch.setattr(capacity, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    stats = capacity.Stats()
+    stats.t_start, stats.t_end = 0.0, 100.0
+    listener = capacity.Listener("fastapi", "", stats, jitter_s=0.2)
+    for _ in range(4):
+        listener.audio(1920)  # 40 ms of 24 kHz PCM16
+    assert stats.underruns == 2
+    assert [round(x) for x in stats.lateness][:2] == [0, 500]
+    assert stats.lateness[2] > 1000  # 1.9 s behind its schedule: not capped at 200
