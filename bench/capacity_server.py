@@ -49,7 +49,8 @@ if __name__ == "__main__":
     p.add_argument("--max-sessions", type=int, default=100_000)
     p.add_argument("--no-freeze", action="store_true",
                    help="leave the start-up heap to the garbage collector (a baseline)")
-    p.add_argument("--outbox-bytes", type=int, help="per-session output buffer (default 4 MiB)")
+    p.add_argument("--outbox-bytes", type=int,
+                   help="per-session output buffer (default: server.outbox_bytes, 1 MiB)")
     a = p.parse_args()
     raise_nofile()
     import uvloop

@@ -387,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--renew-every", type=int, default=10,
                    help="turns before a session closes and a new one opens (0: never)")
     p.add_argument("--outbox-bytes", type=int,
-                   help="the gateway's per-session output buffer (default 4 MiB)")
+                   help="the gateway's per-session output buffer (default: the "
+                        "gateway's server.outbox_bytes, 1 MiB)")
     p.add_argument("--json", help="write the result (with every sample) here")
     args = p.parse_args(argv)
     import uvloop
