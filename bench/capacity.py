@@ -537,8 +537,9 @@ def bench_idle(args) -> dict:
             r = run_load(server, args.sessions, clients=args.clients, say="", jitter_s=0.2,
                          idle=True, warmup_s=1.0, seconds=2.0)
             r["rss_base_mib"] = round(base / 2**20, 1)
-            r["rss_per_session_kib"] = round((rss_bytes(server.pid) - base)
-                                             / max(1, r["connected"]) / 1024, 1)
+            # per session: run_load's, from the RSS of its window with every session open
+            # (it returns once the clients have gone: reading the RSS again here counted
+            # memory they had freed)
             r["accepts_per_s"] = round(r["connected"] / r["accept_s"])
             out[target] = r
         finally:
