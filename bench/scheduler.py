@@ -505,6 +505,15 @@ def scenario_validation(model: Model, seed: int, runs: int) -> dict[str, Any]:
     return out
 
 
+_HOW = {("idle", "ttfa_ms"): "fitted", ("idle", "rtf"): "fitted",
+        ("llm_decoding", "ttfa_ms"): "fitted", ("llm_decoding", "llm_tok_s"): "fitted",
+        ("llm_decoding", "rtf"): "predicted"}
+"""How each validation figure relates to the model (the rest, the p90s, come from the
+assumed spread): ``Model.from_calibration`` solves for the idle TTFA and RTF, the TTFA
+with the LLM decoding and the LLM's rate beside TTS; the RTF with the LLM decoding follows
+from the time-slicing alone."""
+
+
 def hub_session(sim: Sim, policy: Any, turns: list[Turn], until: float, step_s: float,
                 llm: bool, tokens_per_s_audio: float = 3.75) -> None:
     """A hub session taking turns: the user speaks (1 s) after a pause (exp, mean 3 s);
@@ -687,14 +696,21 @@ def main(argv: list[str] | None = None) -> int:
     measured = {"idle": {**tts["idle"]}, "llm_decoding": {**tts["llm_decoding"],
                 "llm_tok_s": llm["decode_tok_s_with_tts_0.6b"]}}
     print("1. validation (naive, one session; simulated vs measured, error)")
-    ok = True
+    worst = 0.0
     for label, fig in measured.items():
         for key, want in fig.items():
             got = v[label][key]
             err = (got - want) / want
-            ok &= key.endswith("p90") or key.endswith("p90_ms") or abs(err) <= 0.10
-            print(f"   {label:13} {key:12} {got:8.3f} vs {want:8.3f}  {err:+6.1%}")
-    v["within_10pct"] = ok
+            how = _HOW.get((label, key), "spread")
+            if how == "predicted":
+                worst = max(worst, abs(err))
+            print(f"   {label:13} {key:12} {got:8.3f} vs {want:8.3f}  {err:+6.1%}  {how}")
+    print("   fitted: an input of Model.from_calibration (the check is the simulation's own "
+          "arithmetic); spread: from the assumed job_sigma / first_sigma; predicted: "
+          f"neither, worst error {worst:.1%}")
+    v["within_10pct"] = worst <= 0.10
+    v["fitted"] = sorted(f"{label}.{key}" for (label, key), how in _HOW.items()
+                         if how == "fitted")
     res["validation"] = v
 
     idle_p90 = v["idle"]["ttfa_p90_ms"]
