@@ -60,7 +60,7 @@ async def timed(n: int, once) -> list[float]:
 
 def show(name: str, times: list[float]) -> float:
     med = statistics.median(times) * 1000
-    p90 = statistics.quantiles(times, n=10)[-1] * 1000
+    p90 = statistics.quantiles(times, n=10)[-1] * 1000 if len(times) > 1 else med
     print(f"{name:<34} median {med:7.3f} ms   p90 {p90:7.3f} ms")
     return med
 
@@ -103,5 +103,6 @@ async def main(streams: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=200,
+                        help="replies streamed per client, timed one by one (default 200)")
     asyncio.run(main(parser.parse_args().streams))
