@@ -104,5 +104,6 @@ async def main(streams: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--streams", type=int, default=200,
-                        help="replies streamed and timed one after another, by each client (default 200)")
+                        help="replies each client streams, timed one after another "
+                             "(default 200)")
     asyncio.run(main(parser.parse_args().streams))

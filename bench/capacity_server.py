@@ -43,7 +43,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--max-lead-ms", type=int, default=1000)
     p.add_argument("--max-sessions", type=int, default=100_000)

@@ -147,7 +147,7 @@ def _chatterbox_rows(tmp: Path, text: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--json", action="store_true")

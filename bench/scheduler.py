@@ -677,7 +677,7 @@ def bench_decision(n: int = 1000, decisions: int = 20000, seed: int = 1) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--quick", action="store_true", help="shorter runs (a smoke test)")

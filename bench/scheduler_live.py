@@ -1,7 +1,7 @@
 """Lane policies on the real gateway: a hub voice session beside a background app.
 
-    python -m bench.scheduler_live [--duration 90] [--policies fifo,scheduler] [--seed 1]
-                                   [--json PATH]
+    python -m bench.scheduler_live [--duration 90] [--policies idle,fifo,sched-320ms,scheduler]
+                                   [--seed 1] [--json PATH]
 
 For each policy the gateway runs in its own process (``--serve``) with the ``synthetic``
 engine on a ``gpu`` lane at the hub's calibrated timing (``SyntheticEngine(rtf=0.44,
@@ -210,11 +210,18 @@ def run_policy(policy: str, duration: float, seed: int) -> dict[str, Any]:
             "background_requests": got["requests"]}
 
 
+def _ms(value: float | None) -> str:
+    """A TTFA cell: "-" when no turn reached audio (not a TTFA of 0)."""
+    return f"{'-':>9}" if value is None else f"{value:9.0f}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--serve", metavar="POLICY", help=argparse.SUPPRESS)
     ap.add_argument("--duration", type=float, default=90.0, help="seconds per policy")
-    ap.add_argument("--policies", default="idle,fifo,sched-320ms,scheduler")
+    ap.add_argument("--policies", default="idle,fifo,sched-320ms,scheduler",
+                    help="comma-separated, run in this order: idle, fifo, sched-320ms, "
+                         "sched-bg-rt, scheduler (default idle,fifo,sched-320ms,scheduler)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -226,14 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hub voice session + background 20-40 s SSE requests, {args.duration:.0f} s per "
           "policy, synthetic engine rtf 0.44 / ttfa 107 ms / 320 ms steps")
     print(f"{'policy':10} {'turns':>5} {'ttfa p50':>9} {'ttfa p90':>9} {'ttfa max':>9} "
-          f"{'underruns':>9} {'gaps':>5} {'starved s':>9} {'bg audio/s':>10}")
+          f"{'underruns':>9} {'gaps':>5} {'starved s':>9} {'failed':>6} {'bg audio/s':>10}")
     rows = []
     for policy in args.policies.split(","):
         r = run_policy(policy, args.duration, args.seed)
         rows.append(r)
-        print(f"{policy:10} {r['turns']:5d} {r['ttfa_p50_ms'] or 0:9.0f} "
-              f"{r['ttfa_p90_ms'] or 0:9.0f} {r['ttfa_max_ms'] or 0:9.0f} {r['underruns']:9d} "
-              f"{r['sentence_gaps']:5d} {r['starved_s']:9.2f} "
+        print(f"{policy:10} {r['turns']:5d} {_ms(r['ttfa_p50_ms'])} "
+              f"{_ms(r['ttfa_p90_ms'])} {_ms(r['ttfa_max_ms'])} {r['underruns']:9d} "
+              f"{r['sentence_gaps']:5d} {r['starved_s']:9.2f} {r['turns_failed']:6d} "
               f"{r['background_audio_s_per_s']:10.2f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"duration_s": args.duration, "seed": args.seed,

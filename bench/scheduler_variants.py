@@ -141,7 +141,7 @@ def placements(model: sim.Model, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=600.0)
     ap.add_argument("--slack", default="0,0.3,0.6,1")
     ap.add_argument("--lead", default="1,2")

@@ -154,7 +154,7 @@ def _table(report: dict) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--tokens-per-s", type=float, default=51.5,

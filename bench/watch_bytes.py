@@ -90,7 +90,7 @@ async def main(text: str, repeat: int, bitrate: int) -> None:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--text", default=TEXT)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--opus-bitrate", type=int, default=24_000)
