@@ -20,7 +20,11 @@ LLM stall timeout, so a stalled LLM shows as the gateway's ``llm_unavailable``) 
 
 Measured per turn (client side, from the moment the transcript was sent):
 
-* TTFA: first audio frame arrived; first sentence: first ``sentence`` event arrived;
+* TTFA: first audio frame arrived (the first ``sentence`` event comes with it: the gateway
+  sends each one just before its sentence's first frame); beside it, the gateway's own
+  figures from ``turn.done``: its TTFA, the LLM's first token and the first segment ready
+  to speak (``ttft_ms``, ``first_sentence_ms``), which split the time between LLM, segmenter
+  and voice;
 * lateness of every audio frame: arrival minus when the player needed it (negative = it
   came early, which is normal: the server keeps up to ``max_lead_ms`` ahead);
 * underruns: the player ran dry in the middle of a sentence (a gap the listener hears as a
@@ -70,7 +74,6 @@ class TurnStats:
     """``completed``, ``cancelled``, ``failed`` (from ``turn.done``), or ``lost`` when the
     socket closed or the turn timed out before its ``turn.done``."""
     ttfa_s: float | None = None
-    first_sentence_s: float | None = None
     done_s: float | None = None
     frames: int = 0
     audio_s: float = 0.0
@@ -135,9 +138,6 @@ class SessionAccount:
         turn = self._turn
         if kind == "turn.started" and turn is not None and turn.turn_id is None:
             turn.turn_id = event["turn_id"]
-        elif kind == "sentence" and self._is_current(event):
-            if turn is not None and turn.first_sentence_s is None:
-                turn.first_sentence_s = now - turn.sent_at
         elif kind == "turn.done":
             self._ended.add(event["turn_id"])
             if turn is not None and self._is_current(event):
@@ -271,7 +271,10 @@ class Report:
             return out
 
         lateness = [x for t in turns for x in t.lateness_s]
-        server = [t.server_metrics.get("ttfa_ms") for t in turns]
+        def server(key: str) -> dict[str, Any]:
+            values = [t.server_metrics.get(key) for t in turns]
+            return dist([v / 1000 for v in values if v is not None])
+
         return {
             "sessions": self.sessions,
             "turns": {"requested": self.sessions * self.turns_requested, **statuses,
@@ -279,9 +282,9 @@ class Report:
                          else {})},
             "wall_s": round(self.wall_s, 2),
             "ttfa_ms": dist([t.ttfa_s for t in turns if t.ttfa_s is not None]),
-            "server_ttfa_ms": dist([s / 1000 for s in server if s is not None]),
-            "first_sentence_ms": dist([t.first_sentence_s for t in turns
-                                       if t.first_sentence_s is not None]),
+            "server_ttfa_ms": server("ttfa_ms"),
+            "server_ttft_ms": server("ttft_ms"),
+            "server_first_sentence_ms": server("first_sentence_ms"),
             "turn_ms": dist([t.done_s for t in turns if t.done_s is not None]),
             "lateness_ms": dist(lateness),
             "late_frames": sum(1 for x in lateness if x > 0),
@@ -308,7 +311,8 @@ class Report:
                  f"{s['frames']} frames, {s['audio_s']} s audio",
                  f"{'':22}{'n':>6}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}"]
         for key, label in (("ttfa_ms", "TTFA (client) ms"), ("server_ttfa_ms", "TTFA (server) ms"),
-                           ("first_sentence_ms", "first sentence ms"),
+                           ("server_ttft_ms", "LLM 1st token (srv) ms"),
+                           ("server_first_sentence_ms", "1st segment (srv) ms"),
                            ("turn_ms", "turn.done ms"), ("lateness_ms", "frame lateness ms")):
             d = s[key]
             cells = "".join(f"{'-' if d[k] is None else d[k]:>9}"
