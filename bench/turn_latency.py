@@ -16,9 +16,9 @@ purpose: what is left is the gateway's own cost, under the burstiest load (a who
 frames at once). ``--max-lead-ms 1000`` measures with the gateway's real pacing (only
 chunks whose first frame may go out at once are counted for chunk → frame).
 
-Baseline, same run: ``loop_hop``, the cost of one bare hop from a worker thread to the
-event loop (``run_in_executor`` of a no-op), which every chunk must pay before the gateway
-can touch it.
+Baseline, same run: ``loop_hop``, the cost of a bare round trip from the event loop to a
+worker thread and back (``run_in_executor`` of a no-op): a lane submits each engine step to
+its thread and awaits the result, so every chunk pays one before the gateway can touch it.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 def _table(report: dict) -> str:
-    lines = [f"baseline loop_hop (thread → loop, no-op): p50 "
+    lines = [f"baseline loop_hop (loop → thread → loop, no-op): p50 "
              f"{report['baseline']['loop_hop']['p50_ms']:.3f} ms, p99 "
              f"{report['baseline']['loop_hop']['p99_ms']:.3f} ms", "",
              f"{'sessions':>8} {'turns':>6} {'frames':>7} | {'transcript→LLM p50':>19} "
