@@ -435,21 +435,21 @@ def _closed_how(ws: ServerConnection) -> str:
 
 
 class VoiceSocket(ServerConnection):
-    """websockets' server connection, and when the client's close frame came
-    (``close_received``). websockets raises ``ConnectionClosed`` only once the TCP
-    connection ends, and a client that stopped reading (python websockets past its queue)
-    cannot take the close reply queued behind its audio: it waited out its close timeout
-    (10 s) while its session went on making audio, the LLM stream open, until 1 MiB went
-    unread (``slow_consumer``)."""
+    """websockets' server connection, which calls ``on_close_frame`` when the client's
+    close frame comes. websockets raises ``ConnectionClosed`` only once the TCP connection
+    ends, and a client that stopped reading (python websockets past its queue) cannot take
+    the close reply queued behind its audio: it waited out its close timeout (10 s) while
+    its session went on making audio, the LLM stream open, until 1 MiB went unread
+    (``slow_consumer``). A callback, not a task waiting on an event: that task and its
+    event cost every idle session 2.2 KiB, a tenth of its memory (bench/capacity.py idle)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.close_received = asyncio.Event()
+    on_close_frame: Callable[[], object] | None = None
 
     def process_event(self, event: Any) -> None:
         super().process_event(event)
-        if isinstance(event, Frame) and event.opcode is Opcode.CLOSE:
-            self.close_received.set()
+        if (isinstance(event, Frame) and event.opcode is Opcode.CLOSE
+                and self.on_close_frame is not None):
+            self.on_close_frame()
 
 
 class VoiceConnection:
@@ -489,13 +489,17 @@ class VoiceConnection:
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._writer_task = tasks.create_task(self._writer())
-                closing = tasks.create_task(self._client_closed())
+                closing: list[asyncio.Task[None]] = []
+                self.ws.on_close_frame = lambda: closing.append(
+                    tasks.create_task(self._client_closed()))
                 try:
                     await self._reader()
                     clean = True
                 finally:
+                    self.ws.on_close_frame = None
                     self._writer_task.cancel()
-                    closing.cancel()
+                    for task in closing:
+                        task.cancel()
         except* ConnectionClosed as group:
             rcvd = cast(ConnectionClosed, group.exceptions[0]).rcvd
             clean = rcvd is not None and rcvd.code in (1000, 1001)
@@ -542,9 +546,8 @@ class VoiceConnection:
             self.ws.transport.abort()
 
     async def _client_closed(self) -> None:
-        """Raises ``ConnectionClosed`` as soon as the client's close frame arrives (see
-        ``VoiceSocket``); the session then ends, or waits for a resume, at once."""
-        await self.ws.close_received.wait()
+        """Started when the client's close frame arrives (``VoiceSocket``): raises
+        ``ConnectionClosed`` at once, so the session ends, or waits for a resume, now."""
         self.close_soon(1000, "")  # answered within a second, or the TCP connection goes
         protocol = self.ws.protocol
         raise ConnectionClosed(protocol.close_rcvd, protocol.close_sent,
