@@ -7,6 +7,7 @@ fast with a clear error instead of hanging)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -115,6 +116,35 @@ async def test_engine_raising_mid_sentence_fails_that_turn_only(fault):
         assert gw.lane.unhealthy is None and gw.health()["status"] == "ok"
     finally:
         await gw.aclose()
+
+
+async def test_an_engine_that_starts_failing_is_logged_once_and_so_is_its_return(
+        start_gateway, caplog):
+    """README (Running it, Logs): a WARNING for an engine that fails, not a line per turn.
+    The http engine's server is down (a second gateway, not started yet, on the port it
+    names): two turns fail and the log says so once; the server comes up and the next turn
+    is whole, which the log says too. Failed turns used to leave no line at all."""
+    from tests.servers import _free_port
+
+    port = _free_port()
+    gw = await start_gateway(tts={"engine": "http", "url": f"http://127.0.0.1:{port}/v1"},
+                             session=NO_PACING)
+    caplog.set_level(logging.INFO, logger="gateway.io.lanes")
+    async with connect(url(gw)) as ws:
+        await recv_event(ws, "session.created")
+        for _ in range(2):
+            down = await say(ws, "Nobody is there to say this.")
+            assert down.done["status"] == "failed"
+        (warning,) = caplog.records
+        assert warning.levelname == "WARNING" and warning.getMessage().startswith(
+            f"lane remote: http fails (engine_failed): TTS server "
+            f"http://127.0.0.1:{port}/v1/audio/speech: ConnectError(")
+        caplog.clear()
+        await start_gateway(server={"http_port": port})
+        up = await say(ws, "Now it is said.")
+        assert up.done["status"] == "completed"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "lane remote: http spoke a whole job again")]
 
 
 async def test_a_session_closed_by_its_own_error_event_leaves_nothing_on_the_lane():

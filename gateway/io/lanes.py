@@ -172,6 +172,8 @@ class Lane:
         self._wake = asyncio.Event()
         self._busy_since: float | None = None
         self.observer: LaneObserver | None = None
+        self._failing: str | None = None
+        """The code of the engine's last failure, until a job ends whole again."""
 
     @property
     def usable(self) -> bool:
@@ -442,6 +444,7 @@ class Lane:
             self._step_failed(job, "engine_unavailable", str(exc), free_stream=False)
             return
         except EngineError as exc:
+            self._engine_failed(exc.code, exc.message)
             self._step_failed(job, exc.code, exc.message)
             return
         except Exception as exc:  # an engine bug must not take the lane down
@@ -463,6 +466,9 @@ class Lane:
             return
         if chunk is None:
             truncated = bool(getattr(job.state, "truncated", False))
+            if self._failing is not None:
+                log.info("lane %s: %s spoke a whole job again", self.name, self.engine.name)
+                self._failing = None
             self._drop(job)
             self.stats.jobs_done += 1
             self._ended(job, "done")
@@ -479,6 +485,15 @@ class Lane:
     def _ended(self, job: Job, outcome: str) -> None:
         if self.observer is not None:
             self.observer.job_ended(self.name, job, outcome)
+
+    def _engine_failed(self, code: str, message: str) -> None:
+        """One WARNING when the engine starts failing jobs, not one per turn (README, Logs;
+        a stuck lane and an engine bug say so at ERROR themselves): a TTS server that was
+        down or a model that ran away failed every turn without a line in the log."""
+        if self._failing is None:
+            log.warning("lane %s: %s fails (%s): %s", self.name, self.engine.name, code,
+                        message)
+        self._failing = code
 
     def _step_failed(self, job: Job, code: str, message: str, *,
                      free_stream: bool = True) -> None:
