@@ -179,6 +179,12 @@ class Qwen3Engine:
             speakers = [s.lower() for s in model.get_supported_speakers()]
             if not speakers:
                 raise EngineError("engine_failed", f"{path}: custom_voice model without speakers")
+            if self.ref_audio is not None:  # (it was ignored: the gateway spoke speakers[0])
+                raise EngineError(
+                    "engine_failed", f"{path} is a CustomVoice model: it speaks its built-in "
+                    f"speakers ({', '.join(speakers)}) and cannot clone ref_audio "
+                    f"{self.ref_audio} ([tts] voice_ref, --voice-ref): choose a speaker with "
+                    "voice, or use a Base model to clone")
             if self.default_voice is None:
                 self.default_voice = speakers[0]
             elif self.default_voice.lower() not in speakers:
@@ -187,7 +193,9 @@ class Qwen3Engine:
                 )
         elif kind == "base":
             if self.ref_audio is None:
-                raise EngineError("engine_failed", "a base Qwen3-TTS model needs ref_audio")
+                raise EngineError("engine_failed", f"{path} is a Base model: it clones a voice "
+                                  "and needs ref_audio, a reference WAV ([tts] voice_ref, "
+                                  "--voice-ref)")
             if model.speaker_encoder is None:
                 raise EngineError("engine_failed", f"{path}: base model has no speaker encoder")
             try:

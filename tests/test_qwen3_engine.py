@@ -159,8 +159,25 @@ def test_cached_embedding_equals_a_fresh_one(clone_engine):
 def test_base_model_without_reference_is_refused(tiny_qwen3_base):
     from engines.qwen3 import Qwen3Engine
 
-    with pytest.raises(EngineError, match="needs ref_audio"):
+    with pytest.raises(EngineError) as err:
         Qwen3Engine(str(tiny_qwen3_base)).load()
+    assert err.value.message == (
+        f"{tiny_qwen3_base} is a Base model: it clones a voice and needs ref_audio, a "
+        "reference WAV ([tts] voice_ref, --voice-ref)")
+
+
+def test_custom_voice_model_with_a_reference_is_refused(tiny_qwen3_custom_voice,
+                                                         reference_wav):
+    """A CustomVoice model cannot clone: its reference WAV was ignored without a word, and
+    the gateway spoke the first built-in speaker to an operator who had set voice_ref."""
+    from engines.qwen3 import Qwen3Engine
+
+    with pytest.raises(EngineError) as err:
+        Qwen3Engine(str(tiny_qwen3_custom_voice), ref_audio=str(reference_wav)).load()
+    assert err.value.message == (
+        f"{tiny_qwen3_custom_voice} is a CustomVoice model: it speaks its built-in speakers "
+        f"(aria, bram, serena) and cannot clone ref_audio {reference_wav} ([tts] voice_ref, "
+        "--voice-ref): choose a speaker with voice, or use a Base model to clone")
 
 
 def test_style_instructions_reach_a_checkpoint_that_takes_them(tmp_path, offline_hf_cache):
