@@ -52,7 +52,11 @@ def create_voice(engine: str, options: dict[str, Any], fallback: str | None = No
         return primary
     from engines.fallback import FallbackEngine
 
-    backup = create_engine(fallback, **(fallback_options or {}))
+    try:
+        backup = create_engine(fallback, **(fallback_options or {}))
+    except ValueError as exc:  # (it read as the primary's: its options are another table)
+        raise ValueError(f"the fallback ([tts] fallback, [tts.fallback_options]): {exc}") \
+            from None
     policy = fallback_policy or {}
     what = "the fallback policy ([tts.fallback_policy])"
     check_options(FallbackEngine, {"primary": primary, "fallback": backup, **policy}, what,

@@ -84,6 +84,16 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ('[tts]\nfallback = "espeak"\n[tts.fallback_policy]\nbreaker_failures = 0\n',
      "the fallback policy ([tts.fallback_policy]): breaker_failures must be an integer at "
      "least 1, not 0"),
+    # the fallback's and the second engine's options have tables of their own: a refusal
+    # that named neither read as one of the primary's, whose [tts] settings were fine
+    ('[tts]\nfallback = "chatterbox"\n',
+     "the fallback ([tts] fallback, [tts.fallback_options]): TTS engine 'chatterbox' cannot be "
+     "set up with the options given: missing a required argument: 'model'"),
+    ('[tts]\nfallback = "espek"\n', "the fallback ([tts] fallback, [tts.fallback_options]): "
+     "unknown TTS engine 'espek'"),
+    ('[tts]\nengine = "synthetic"\nalso = "espeak"\n[tts.also_options]\nvoise = "en-gb"\n',
+     "the second engine ([tts] also, [tts.also_options]): TTS engine 'espeak' cannot be set "
+     "up with the options given: got an unexpected keyword argument 'voise'"),
     ('[tts.options]\nstep_ms = "big"\n',
      "TTS engine 'espeak': step_ms must be an integer, not 'big' (it takes voice = 'en-us', "
      "step_ms = 200)"),

@@ -124,7 +124,11 @@ class Gateway:
                                              t.fallback_options, t.fallback_policy)
         self.engines: list[TtsEngine] = [self.engine]
         if t.also:
-            self.engines.append(create_engine(t.also, **t.also_options))
+            try:
+                self.engines.append(create_engine(t.also, **t.also_options))
+            except ValueError as exc:  # (it read as the primary's)
+                raise ValueError(f"the second engine ([tts] also, [tts.also_options]): "
+                                 f"{exc}") from None
             if self.engines[1].lane == self.engine.lane:
                 raise ValueError(
                     f"tts.also: engine {t.also!r} runs on lane {self.engine.lane!r} like the "
