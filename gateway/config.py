@@ -103,6 +103,12 @@ class ServerConfig:
         _check_int("server.port", self.port, 0, 65535)
         if self.http_port is not None:
             _check_int("server.http_port", self.http_port, 0, 65535)
+            if self.http_port == self.port != 0:
+                raise ValueError(f"server.http_port and server.port are both {self.port}: the "
+                                 "HTTP API needs a port of its own (--http-port)")
+        elif self.port == 65535:
+            raise ValueError("server.port 65535 leaves no port + 1 for the HTTP API: set "
+                             "server.http_port (--http-port)")
         _check_int("server.max_sessions", self.max_sessions, 1)
         _check_int("server.turns_per_minute", self.turns_per_minute, 0)
         _check_int("server.outbox_bytes", self.outbox_bytes, 64 * 1024)

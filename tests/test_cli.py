@@ -120,6 +120,12 @@ def test_a_bad_value_in_the_config_file_is_refused_naming_its_key(toml, message,
     (["--max-lead-ms", "5"], "session.max_lead_ms must be an integer at least 100, not 5"),
     (["--max-sessions", "0"], "server.max_sessions must be an integer at least 1, not 0"),
     (["--port", "70000"], "server.port must be an integer between 0 and 65535, not 70000"),
+    # the HTTP API's port, port + 1 by default: a traceback (bind() of 65536) and "address
+    # already in use" (the gateway's own voice port) named neither key
+    (["--port", "65535"], "server.port 65535 leaves no port + 1 for the HTTP API: set "
+     "server.http_port (--http-port)"),
+    (["--port", "9400", "--http-port", "9400"], "server.http_port and server.port are both "
+     "9400: the HTTP API needs a port of its own (--http-port)"),
     (["--log-level", "bogus"], "invalid choice: 'BOGUS'"),
 ])
 def test_a_bad_command_line_exits_2_with_the_reason(argv, message, capsys):
