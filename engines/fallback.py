@@ -141,7 +141,21 @@ class FallbackEngine:
         return self.speaker.voices()
 
     def load(self) -> None:
-        self.fallback.load()
+        """The fallback first: it must be there, the primary may fail (its breaker opens).
+        When the fallback fails, the primary is tried too, so one start names every model
+        that is missing (hub.toml with neither model cached named only the fallback's)."""
+        try:
+            self.fallback.load()
+        except EngineError as exc:
+            message = f"the fallback {self.fallback.name} did not load: {exc.message}"
+            try:
+                self.primary.load()
+            except EngineError as primary:
+                message += f"; the primary {self.primary.name} did not load either: " \
+                           f"{primary.message}"
+            else:
+                self.primary.close()
+            raise EngineError(exc.code, message) from exc
         try:
             self.primary.load()
         except EngineError as exc:

@@ -268,6 +268,37 @@ def test_primary_that_fails_to_load_opens_the_breaker():
     assert (engine.breaker_opens, engine.switches) == (1, 0)
 
 
+@pytest.mark.parametrize("primary_loads", [True, False])
+def test_a_fallback_that_fails_to_load_is_named_and_so_is_a_primary_that_fails(primary_loads):
+    """A missing fallback fails the start, saying it is the fallback; the primary is tried
+    too, so one start names every missing model (and a primary that loaded is closed)."""
+    clock = FakeClock()
+    events = []
+
+    class Missing(ScriptedEngine):
+        def load(self) -> None:
+            events.append(f"load {self.name}")
+            if self.name == "chatterbox" or not primary_loads:
+                raise EngineError("engine_failed", f"model {self.name}-model is not cached")
+
+        def close(self) -> None:
+            events.append(f"close {self.name}")
+
+    engine = FallbackEngine(Missing("qwen3", clock), Missing("chatterbox", clock), clock=clock)
+    with pytest.raises(EngineError) as err:
+        engine.load()
+    assert err.value.code == "engine_failed"
+    if primary_loads:
+        assert err.value.message == (
+            "the fallback chatterbox did not load: model chatterbox-model is not cached")
+        assert events == ["load chatterbox", "load qwen3", "close qwen3"]
+    else:
+        assert err.value.message == (
+            "the fallback chatterbox did not load: model chatterbox-model is not cached; "
+            "the primary qwen3 did not load either: model qwen3-model is not cached")
+        assert events == ["load chatterbox", "load qwen3"]
+
+
 def test_runs_on_the_primary_lane():
     clock = FakeClock()
     other = ScriptedEngine("espeak", clock)
