@@ -37,6 +37,20 @@ def matches(value: Any, hint: Any) -> bool:
     return not isinstance(hint, type) or isinstance(value, hint)
 
 
+def mismatch(value: Any, hint: Any, where: str) -> tuple[str, Any, Any] | None:
+    """Where ``value`` (at key ``where``) is not of the annotated type, down to the
+    innermost key of a table: ("tts.profiles.cpu.first_s", float, "fast"), not the whole
+    table as "must be a table" of a value that is one. None when it matches."""
+    if matches(value, hint):
+        return None
+    if get_origin(hint) is dict and isinstance(value, dict):
+        for key, item in value.items():
+            found = mismatch(item, get_args(hint)[1], f"{where}.{key}")
+            if found is not None:
+                return found
+    return where, hint, value
+
+
 def describe(hint: Any) -> str:
     """``hint`` as the text of a refusal: "a number", "a list of strings", ..."""
     origin, args = get_origin(hint), get_args(hint)
@@ -68,8 +82,10 @@ def check_options(cls: Any, options: dict[str, Any], what: str,
         hints = {}
     for name, value in options.items():
         hint = hints.get(name)
-        if hint is not None and not matches(value, hint):
-            raise ValueError(f"{what}: {name} must be {describe(hint)}, not {value!r} "
+        found = None if hint is None else mismatch(value, hint, name)
+        if found is not None:
+            key, want, bad = found
+            raise ValueError(f"{what}: {key} must be {describe(want)}, not {bad!r} "
                              f"({_takes(signature, given)})")
 
 

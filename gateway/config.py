@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from engines.base import THINKING_MODES
-from engines.options import describe, matches
+from engines.options import describe, mismatch
 from gateway.core.codec import FRAME_MS_CHOICES, MAX_LEAD_MS_RANGE
 from gateway.core.session import DEFAULT_INSTRUCTIONS
 
@@ -41,10 +41,10 @@ def _check_types(obj: Any, section: str) -> None:
     ``insecure_bind = "false"`` was true."""
     hints = get_type_hints(type(obj))
     for f in fields(obj):
-        value = getattr(obj, f.name)
-        if not matches(value, hints[f.name]):
-            raise ValueError(f"{section}.{f.name} must be {describe(hints[f.name])}, "
-                             f"not {value!r}")
+        found = mismatch(getattr(obj, f.name), hints[f.name], f"{section}.{f.name}")
+        if found is not None:
+            where, hint, value = found
+            raise ValueError(f"{where} must be {describe(hint)}, not {value!r}")
 
 
 def _check_int(where: str, value: Any, lo: int, hi: int | None = None) -> None:

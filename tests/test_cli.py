@@ -72,6 +72,10 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ("[tts]\nstep_timeout_s = -1\n",
      "tts.step_timeout_s must be more than 0 and at most 3600 seconds, not -1"),
     ("server = 5\n", "[server] must be a table, not 5"),
+    # a table's own keys are named: this read "tts.profiles must be a table, not {...}"
+    ('[tts.profiles.cpu]\nfirst_s = "fast"\n',
+     "tts.profiles.cpu.first_s must be a number, not 'fast'"),
+    ("[tts.profiles]\ncpu = 5\n", "tts.profiles.cpu must be a table, not 5"),
     ("[server\n", "gw.toml: Expected ']' at the end of a table declaration"),
     ("[tts.fallback_policy]\nbreaker = 3\n[tts]\nfallback = \"espeak\"\n",
      "the fallback policy ([tts.fallback_policy]) cannot be set up with the options given"),
