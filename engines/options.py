@@ -65,12 +65,19 @@ def describe(hint: Any) -> str:
 
 
 def check_options(cls: Any, options: dict[str, Any], what: str,
-                  given: tuple[str, ...] = ()) -> None:
+                  given: tuple[str, ...] = (), names: dict[str, str] | None = None) -> None:
     """``options`` for ``cls``'s constructor: a required one missing (qwen3 without its
     model), an unknown one, or one of the wrong type, as a ``ValueError`` naming it and
     listing what ``cls`` takes (but ``given``, the arguments the code passes itself).
+    ``names``: what the operator calls an option the config renames (``ref_audio`` is
+    ``[tts] voice_ref``), for a refusal of one the engine does not take.
     Ranges are the constructor's to check."""
     signature = inspect.signature(cls)
+    params = signature.parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        for key, label in (names or {}).items():
+            if key in options and key not in params:
+                raise ValueError(f"{what} takes no {label} ({_takes(signature, given)})")
     try:
         signature.bind(**options)
     except TypeError as exc:

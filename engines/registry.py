@@ -31,23 +31,27 @@ def _import(target: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def create_engine(name: str, /, **options: Any) -> TtsEngine:
-    """Build the TTS engine called ``name`` with its options (not yet loaded)."""
+def create_engine(name: str, /, names: dict[str, str] | None = None,
+                  **options: Any) -> TtsEngine:
+    """Build the TTS engine called ``name`` with its options (not yet loaded); ``names``:
+    what the operator calls the options the config renamed (``check_options``)."""
     try:
         target = TTS_ENGINES[name]
     except KeyError:
         raise ValueError(f"unknown TTS engine {name!r}; known: {', '.join(TTS_ENGINES)}") from None
     cls = _import(target)
-    check_options(cls, options, f"TTS engine {name!r}")
+    check_options(cls, options, f"TTS engine {name!r}", names=names)
     engine: TtsEngine = cls(**options)
     return engine
 
 
 def create_voice(engine: str, options: dict[str, Any], fallback: str | None = None,
                  fallback_options: dict[str, Any] | None = None,
-                 fallback_policy: dict[str, Any] | None = None) -> TtsEngine:
-    """The configured voice: ``engine``, wrapped with ``fallback`` when one is named."""
-    primary = create_engine(engine, **options)
+                 fallback_policy: dict[str, Any] | None = None,
+                 names: dict[str, str] | None = None) -> TtsEngine:
+    """The configured voice: ``engine``, wrapped with ``fallback`` when one is named;
+    ``names``: what the operator calls the primary's renamed options."""
+    primary = create_engine(engine, names=names, **options)
     if not fallback:
         return primary
     from engines.fallback import FallbackEngine

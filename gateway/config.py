@@ -209,6 +209,14 @@ class TtsConfig:
         return {**out, **self.options}
 
 
+TTS_OPTION_NAMES = {"model": "model ([tts] model, --tts-model)",
+                    "ref_audio": "voice_ref ([tts] voice_ref, --voice-ref)",
+                    "ref_text": "voice_ref_text ([tts] voice_ref_text, --voice-ref-text)",
+                    "url": "url ([tts] url, --tts-url)"}
+"""``TtsConfig.engine_options``' keys as the operator sets them, for a refusal: espeak
+given a voice_ref said "unexpected keyword argument 'ref_audio'"."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionDefaults:
     instructions: str = DEFAULT_INSTRUCTIONS

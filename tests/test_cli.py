@@ -98,6 +98,11 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ('[tts]\nengine = "synthetic"\nalso = "espeak"\n[tts.also_options]\nvoise = "en-gb"\n',
      "the second engine ([tts] also, [tts.also_options]): TTS engine 'espeak' cannot be set "
      "up with the options given: got an unexpected keyword argument 'voise'"),
+    # the options the config renames are refused by the operator's name for them: this
+    # said "got an unexpected keyword argument 'ref_audio'"
+    ('[tts]\nvoice_ref = "me.wav"\n',
+     "TTS engine 'espeak' takes no voice_ref ([tts] voice_ref, --voice-ref) (it takes voice = "
+     "'en-us', step_ms = 200)"),
     ('[tts.options]\nstep_ms = "big"\n',
      "TTS engine 'espeak': step_ms must be an integer, not 'big' (it takes voice = 'en-us', "
      "step_ms = 200)"),

@@ -38,7 +38,7 @@ from websockets.http11 import Request, Response
 
 from engines.base import LlmBackend, TtsEngine, streams_always
 from engines.registry import create_engine, create_llm, create_voice
-from gateway.config import GatewayConfig
+from gateway.config import TTS_OPTION_NAMES, GatewayConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
@@ -121,7 +121,8 @@ class Gateway:
         self.config = config
         t = config.tts
         self.engine = engine or create_voice(t.engine, t.engine_options(), t.fallback,
-                                             t.fallback_options, t.fallback_policy)
+                                             t.fallback_options, t.fallback_policy,
+                                             names=TTS_OPTION_NAMES)
         self.engines: list[TtsEngine] = [self.engine]
         if t.also:
             try:
