@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
+import signal
+import sys
 
 import pytest
 
@@ -294,3 +298,64 @@ def test_serve_warns_when_the_open_files_limit_is_below_max_sessions(monkeypatch
     caplog.clear()
     assert main(["serve", "--max-sessions", "200"]) == 0
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_certificate_without_its_key_names_the_key_flag(tmp_path, capsys):
+    """A certificate file without the private key, and no --tls-key: ssl's "PEM lib" named
+    neither; the refusal says the key is missing and how to give it."""
+    import trustme
+
+    cert = tmp_path / "cert.pem"
+    trustme.CA().issue_cert("127.0.0.1").cert_chain_pems[0].write_to_path(str(cert))
+    assert main(["serve", "--port", "0", "--http-port", "0", "--tls-cert", str(cert)]) == 2
+    err = capsys.readouterr().err
+    assert f"server.tls_cert {str(cert)!r} / tls_key None cannot be loaded" in err
+    assert "the certificate file must hold the private key too: name its key file with " \
+        "--tls-key" in err and "Traceback" not in err
+
+
+def test_the_start_banner_gives_urls_a_client_can_use_on_an_ipv6_host():
+    """``--host ::1`` printed ``ws://::1:8780/v1/voice``, which no client can parse: an IPv6
+    host goes in brackets. The banner's URLs are used as printed: the socket's, the
+    health's and the HTTP API's."""
+    import re
+    import socket
+    import subprocess
+
+    import httpx
+    from websockets.asyncio.client import connect
+
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--host", "::1",
+                             "--port", "0", "--http-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    try:
+        banner = []
+        while line := proc.stdout.readline():
+            banner.append(line)
+            if line.startswith("  HTTP:"):
+                break
+        urls = re.findall(r"(?:wss?|https?)://\S+?(?=[ ,)]|$)", "".join(banner), re.M)
+        voice, health, console, speech = urls[:4]
+        assert voice.startswith("ws://[::1]:") and voice.endswith("/v1/voice")
+        assert speech.startswith("http://[::1]:") and speech.endswith("/v1/audio/speech")
+
+        async def use() -> None:
+            async with connect(voice) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(health)).status_code == 200
+                assert (await client.get(console)).status_code == 200
+                models = speech.removesuffix("/audio/speech") + "/models"
+                assert (await client.get(models)).status_code == 200
+
+        asyncio.run(use())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0, rest

@@ -624,8 +624,10 @@ def _tls_context(cert: str | None, key: str | None) -> Any:
     try:
         context.load_cert_chain(cert, key)
     except OSError as exc:  # ssl.SSLError too
+        hint = "" if key else (" (with no server.tls_key, the certificate file must hold "
+                               "the private key too: name its key file with --tls-key)")
         raise ValueError(f"server.tls_cert {cert!r} / tls_key {key!r} cannot be loaded: "
-                         f"{exc.strerror or exc}") from None
+                         f"{exc.strerror or exc}{hint}") from None
     return context
 
 
@@ -686,13 +688,14 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     log.info("%d objects alive after start-up frozen out of garbage collection", frozen)
     c = config
     ws, http = ("wss", "https") if c.server.tls_cert else ("ws", "http")
-    base = f"{c.server.host}:{gateway.port}"
+    host = f"[{c.server.host}]" if ":" in c.server.host else c.server.host  # IPv6
+    base = f"{host}:{gateway.port}"
     print(f"voice-gateway {version()} serving {ws}://{base}{VOICE_PATH} "
           f"(health: {http}://{base}/health)", flush=True)
     print(f"  console: {http}://{base}/ (type a transcript, hear the reply)", flush=True)
     llm = f"openai at {c.llm.url}" + (f" model {c.llm.model}" if c.llm.model else "") \
         if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
-    print(f"  HTTP:  {http}://{c.server.host}:{gateway.http_port}/v1/audio/speech "
+    print(f"  HTTP:  {http}://{host}:{gateway.http_port}/v1/audio/speech "
           "(OpenAI-compatible), /v1/models, /health, /metrics", flush=True)
     print(f"  LLM:   {llm}", flush=True)
     print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
