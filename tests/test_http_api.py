@@ -682,6 +682,35 @@ async def test_llm_reachability_is_probed_and_cached(replies, scripted_llm_serve
     assert client.is_closed
 
 
+async def test_an_llm_down_at_start_is_logged_once_and_so_is_its_return(
+        caplog, scripted_llm_server):
+    """A gateway started before its LLM said nothing until a turn failed: the probe at start
+    warns, later probes that find it still down say nothing, and its return is said."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": url}))
+    caplog.set_level(logging.INFO, logger="gateway.io.telemetry")
+    await gw.start()
+    try:
+        probe = gw.telemetry.llm_probe
+        await probe._task
+        await probe.probe()  # still down: no second line
+        (warning,) = [r for r in caplog.records if r.name == "gateway.io.telemetry"]
+        assert warning.levelname == "WARNING" and warning.getMessage().startswith(
+            f"the LLM server at {url} does not answer (ConnectError: ")
+        assert warning.getMessage().endswith("turns fail with llm_unavailable until it does")
+        caplog.clear()
+        probe.url = scripted_llm_server.url  # (the server is up now: another port here)
+        await probe.probe()
+        assert [(r.levelname, r.getMessage()) for r in caplog.records
+                if r.name == "gateway.io.telemetry"] == [
+            ("INFO", f"the LLM server at {scripted_llm_server.url} answers again (HTTP 200)")]
+    finally:
+        await gw.aclose()
+
+
 async def test_turns_tell_the_llm_reachability_without_waiting_for_a_probe(replies):
     """/health answered with the previous probe's result: the LLM down for seconds read
     reachable, back up for turns read unreachable. A turn's outcome now counts as a probe."""

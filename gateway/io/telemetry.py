@@ -182,6 +182,7 @@ class LlmProbe:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S)
+        was = self.reachable
         try:
             response = await self._client.get(self.url.rstrip("/") + "/models", headers=headers)
             self.reachable = response.status_code < 500
@@ -191,6 +192,13 @@ class LlmProbe:
             self.detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finally:
             self.checked_at = time.monotonic()
+        # said when it changes (the probe at start included: a gateway started before its
+        # LLM logged nothing until a turn failed), not at every probe
+        if not self.reachable and was is not False:
+            log.warning("the LLM server at %s does not answer (%s): turns fail with "
+                        "llm_unavailable until it does", self.url, self.detail)
+        elif self.reachable and was is False:
+            log.info("the LLM server at %s answers again (%s)", self.url, self.detail)
 
     def observed(self, reachable: bool, detail: str) -> None:
         """What a turn's LLM stream showed: it answered, or could not reach the server. As
