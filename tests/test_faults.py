@@ -404,6 +404,41 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
         await gw.aclose()
 
 
+class HangsOpening(FaultyEngine):
+    """TEST DOUBLE: ``STALL`` in a text blocks its ``open`` until ``release`` is set."""
+
+    def open(self, request: SynthesisRequest):
+        if "STALL" in request.text:
+            self.hung.set()
+            self.release.wait()
+        return super().open(request)
+
+
+@pytest.mark.parametrize("text", ["It starts well. Then HANG stops it cold.",
+                                  "STALL before a word."], ids=["step", "open"])
+async def test_a_stream_a_timed_out_call_holds_is_closed_once_the_call_returns(text):
+    """The engine's stream stays with its stuck thread after ``engine_timeout``; when the
+    call returns at last, the stream is closed there. It was left open for good: the
+    engine kept it among its streams (a model's, with its caches) after every timeout."""
+    engine = HangsOpening()
+    gw = await start(engine)
+    gw.lane.step_timeout_s = 0.5
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            bad = await say(ws, text)
+            assert [e["error"]["code"] for e in bad.of("error")] == ["engine_timeout"]
+            engine.release.set()
+            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            # a turn after it runs on the lane thread after the stuck call and the close
+            after = await say(ws, "Fine now.")
+            assert after.done["status"] == "completed"
+        assert not engine._streams
+    finally:
+        engine.release.set()
+        await gw.aclose()
+
+
 async def test_dead_lane_executor_fails_jobs_with_a_clear_error():
     gw = await start(FaultyEngine())
     try:

@@ -42,7 +42,12 @@ a few seconds. Loading the engine is not limited."""
 
 
 class StepTimeout(Exception):
-    """An engine call did not return within ``step_timeout_s``."""
+    """An engine call did not return within ``step_timeout_s``. ``call``: its future, done
+    once the stuck call returns (if ever)."""
+
+    def __init__(self, message: str, call: Future[Any]) -> None:
+        super().__init__(message)
+        self.call = call
 
 
 class EngineLoadError(Exception):
@@ -236,7 +241,7 @@ class Lane:
                 loop.call_soon_threadsafe(self._stuck_call_returned)
 
         future.add_done_callback(returned)
-        raise StepTimeout(self.unhealthy)
+        raise StepTimeout(self.unhealthy, future)
 
     def _stuck_call_returned(self) -> None:
         if not self._broken and self.unhealthy is not None:
@@ -421,6 +426,13 @@ class Lane:
                 job.payload.sink.on_failed(job, "engine_unavailable",
                                            f"the {self.name} lane cannot synthesize: {reason}")
 
+    def _close_after(self, stream: SynthesisStream | None, call: Future[Any]) -> None:
+        """Close a job's stream on the lane thread after ``call``, stuck there now, has
+        returned (the thread runs its calls in order): ``stream``, or the one ``call``
+        returns when it is the job's ``open``."""
+        with contextlib.suppress(RuntimeError):  # the thread is gone: nothing can close it
+            self._executor.submit(_close_after_call, stream, call)
+
     def _close_later_safe(self, stream: SynthesisStream | None) -> None:
         with contextlib.suppress(RuntimeError):
             self._close_later(stream)
@@ -436,7 +448,11 @@ class Lane:
             if opened:
                 job.state = await self._call_step(self.engine.open, payload.request)
             chunk, ready_at = await self._call_step(_timed_step, job.state)
-        except StepTimeout:  # the stream stays with the stuck thread
+        except StepTimeout as exc:  # the stream stays with the stuck thread...
+            # ...which closes it once the call returns: nothing else would (an engine keeps
+            # its open streams, and a model's holds its caches)
+            self._close_after(job.state, exc.call)
+            job.state = None
             self._step_failed(job, "engine_timeout", f"{self.engine.name} did not answer "
                               f"within {self.step_timeout_s:g} s", free_stream=False)
             return
@@ -541,6 +557,15 @@ class Lane:
 def _timed_step(stream: SynthesisStream) -> tuple[bytes | None, float]:
     chunk = stream.step()
     return chunk, time.perf_counter()
+
+
+def _close_after_call(stream: SynthesisStream | None, call: Future[Any]) -> None:
+    """On the lane thread, once ``call`` (an engine call that timed out) has returned."""
+    if stream is None:  # the stuck call was the open: close what it opened
+        if call.cancelled() or call.exception() is not None:
+            return
+        stream = call.result()
+    _close_quietly(stream)
 
 
 def _close_quietly(stream: SynthesisStream) -> None:
