@@ -466,6 +466,34 @@ def test_engine_failure_ends_turn_failed_and_stops_llm(clock):
     assert done["status"] == "failed" and done["metrics"]["duration_ms"] == 250.0
 
 
+def test_an_engine_failing_on_a_later_sentence_still_speaks_the_complete_ones(clock):
+    """Sentence 1's engine fails while sentence 0, made whole, is still held back by pacing:
+    sentence 0 is spoken to its end, then the turn ends failed, as after an LLM failure. It
+    was cut where pacing stood (a second into three, mid-word), without its sentence.done."""
+    s = Session("s")  # max_lead_ms 1000
+    tid = start(s, clock)
+    s.llm_delta(tid, "The first sentence is complete. The second", clock())
+    out = s.audio(tid, 0, pcm(3000), "x", clock()) + s.synthesis_done(tid, 0, clock())
+    assert sum(len(f.pcm) for f in frames(out)) == 1000 * BYTES_PER_MS  # the lead
+    (job,) = [e for e in s.llm_delta(tid, " one fails. More", clock())
+              if isinstance(e, StartSynthesis)]
+    out = s.synthesis_failed(tid, job.index, "engine_failed", "boom", clock.advance(500))
+    assert events(out) == [{"type": "error", "turn_id": tid,
+                            "error": {"code": "engine_failed", "message": "boom"}}]
+    assert {type(e) for e in out} >= {CancelLlm, CancelSynthesis}
+    while (wake := s.wake_at()) is not None:
+        clock.t = max(clock.t, wake)
+        out += s.tick(clock.t)
+    sent = frames(out)
+    assert sum(len(f.pcm) for f in sent) == 2000 * BYTES_PER_MS and sent[-1].turn_end
+    assert events(out, "sentence.done") == [{"type": "sentence.done", "turn_id": tid,
+                                             "index": 0, "audio_ms": 3000}]
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed" and done["metrics"]["audio_ms"] == 3000
+    assert s.history[-1] == {"role": "assistant",
+                             "content": "The first sentence is complete. …"}
+
+
 def test_turn_end_known_late_is_closed_with_an_empty_frame(clock):
     s = Session("s")
     tid = start(s, clock)

@@ -478,9 +478,28 @@ class Session:
     def synthesis_failed(self, turn_id: int, index: int, code: str, message: str,
                          now: float) -> list[Effect]:
         """An engine failed on a segment: the turn ends ``failed`` (a fallback engine, when
-        configured, has already had its chance below this layer)."""
+        configured, has already had its chance below this layer). The complete sentences
+        before it are still spoken, as after an LLM failure (their audio is made, only
+        held back by pacing); it and the rest of the reply are not. One whose ``sentence``
+        went out already ends the turn at once."""
         turn = self._active(turn_id)
-        return [] if turn is None else self._fail(turn, code, message, now)
+        if turn is None or index >= len(turn.segments):
+            return []
+        if turn.segments[index].announced or index < turn.current or \
+                not all(seg.synthesized for seg in turn.segments[:index]):
+            return self._fail(turn, code, message, now)
+        turn.failed = turn.failed or (code, message)
+        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
+                                            "error": {"code": code, "message": message}})]
+        if not turn.llm_done and turn.source == "transcript":
+            effects.append(CancelLlm(turn.id))
+        if any(not seg.synthesized for seg in turn.segments[index:]):
+            effects.append(CancelSynthesis(turn.id))
+        turn.held_bytes -= sum(len(seg.pending) for seg in turn.segments[index:])
+        del turn.segments[index:]
+        turn.llm_done = True
+        turn.state = TurnState.SPEAKING
+        return effects + self._pump(turn, now)
 
     # ---- time ------------------------------------------------------------------------
 
