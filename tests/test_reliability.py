@@ -12,14 +12,15 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.config import load_config
 from gateway.io.server import Gateway
+from tests.servers import Hang, Text
 from tests.wsclient import read_turn, read_until_closed, recv_event, round_trip, send
 
 LONG = "Here is a longer reply for the test. " * 5
 
 
-async def started(session=None, **server) -> Gateway:
+async def started(session=None, llm=None, **server) -> Gateway:
     gw = Gateway(load_config(server={"port": 0, **server}, tts={"engine": "espeak"},
-                             llm={"tokens_per_s": 0}, session=session or {}))
+                             llm={"tokens_per_s": 0, **(llm or {})}, session=session or {}))
     await gw.start()
     return gw
 
@@ -381,6 +382,44 @@ async def test_a_listener_that_marks_then_stops_but_answers_pings_is_kept(gatewa
         rest = await read_turn(ws, first.turn_id)
     assert rest.done["status"] == "completed"
     assert answered and gateway.metrics.listeners_lost == 0
+
+
+async def test_a_socket_taking_a_session_over_is_probed_though_nothing_was_replayed(
+        scripted_llm_server, monkeypatch):
+    """Socket A marks and then goes quiet while it should be playing: it is probed, and
+    before any pong a resume on B takes the session over from A's last frame (nothing to
+    replay: the LLM is still thinking). B went unprobed for good: the probe still counted
+    as out (only a resume with frames replayed said otherwise), so a B gone half-open was
+    noticed by the keepalive alone (40 s), past what the resume buffer holds."""
+    from gateway.core import session as core_session
+    from gateway.io import connection
+
+    monkeypatch.setattr(core_session, "LISTENER_SILENT_S", 0.0)  # a mark, then quiet
+    probed = []  # the sockets asked; none answers (no ping goes out)
+    monkeypatch.setattr(connection.VoiceConnection, "probe",
+                        lambda self, silent_s: probed.append(self))
+    scripted_llm_server.script([Text("Here is the first sentence of the answer. "),
+                                Text("And"), Hang()])
+    gw = await started(session={"max_lead_ms": 30000}, llm={"url": scripted_llm_server.url})
+    try:
+        async with connect(url(gw)) as a:
+            created = await recv_event(a, "session.created")
+            await send(a, type="transcript", text="hi")
+            first = await read_turn(a, until="sentence.done")  # all its audio, nothing more
+            await send(a, type="playback", turn_id=first.turn_id, played_ms=0)
+            await round_trip(a, "marked")
+            assert len(probed) == 1
+            async with connect(url(gw)) as b:
+                await recv_event(b, "session.created")
+                await send(b, type="session.resume", session_id=created["session_id"],
+                           resume_token=created["resume_token"],
+                           last_seq=first.frames[-1].seq)
+                await recv_event(b, "session.resumed")
+                await send(b, type="playback", turn_id=first.turn_id, played_ms=0)
+                assert not await round_trip(b, "marked on B")
+                assert len(probed) == 2 and probed[1] is not probed[0]
+    finally:
+        await gw.aclose()
 
 
 async def test_a_turn_cut_short_by_its_session_closing_is_counted(gateway):

@@ -94,8 +94,11 @@ class SessionRunner:
 
     # ---- attachment ------------------------------------------------------------------
 
-    def attach(self, connection: VoiceConnection, position: int) -> None:
-        """Let ``connection`` carry this session, writing from outbox ``position`` on."""
+    def attach(self, connection: VoiceConnection, position: int, *,
+               resumed: bool = False) -> None:
+        """Let ``connection`` carry this session, writing from outbox ``position`` on.
+        ``resumed``: a ``session.resume`` brought it (from a dropped socket, or taking over
+        one that still looks alive, whether or not any frame is replayed)."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -103,7 +106,9 @@ class SessionRunner:
         replayed = self.outbox.rewind(position)
         self._outbox_ready.set()
         session = self.session
-        if session.held or replayed:  # (a resume: from a dropped socket, or taking one over)
+        if resumed:
+            # (also with nothing to replay: the old socket's unanswered probe must not keep
+            # the new one from ever being probed, Session.resume)
             turn = session.turn
             replayed_ms = 0.0 if turn is None else sum(
                 len(frame) - codec.FRAME_HEADER.size for frame in replayed
@@ -526,9 +531,9 @@ class VoiceConnection:
             if self._closing is not None:
                 await self._closing
 
-    def _use(self, runner: SessionRunner, position: int) -> None:
+    def _use(self, runner: SessionRunner, position: int, *, resumed: bool = False) -> None:
         self.runner = runner
-        runner.attach(self, position)
+        runner.attach(self, position, resumed=resumed)
 
     def close_soon(self, code: int, reason: str, *, grace_s: float = 1.0) -> None:
         """Stop writing and close. A client that does not read will not read the close
@@ -637,7 +642,7 @@ class VoiceConnection:
             "turn_id": None if old.session.turn is None else old.session.turn.id,
             "session": old.session.settings.to_event(),
         }).decode()
-        self._use(old, position)
+        self._use(old, position, resumed=True)
         self.gateway.metrics.sessions_resumed += 1
         log.info("session %s resumed (%d messages replayed)", old.session.id, replayed)
         if self.resume_only is not None:  # back within the limit: a socket like any other
