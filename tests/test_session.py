@@ -239,6 +239,22 @@ def test_a_sentence_played_to_its_last_frame_is_kept_whole_in_history(clock):
     assert s.history[1]["content"] == "One two three four. …"
 
 
+@pytest.mark.parametrize("opening", ["🙂\n", "```\ncode\n```\n"], ids=["emoji", "code"])
+def test_a_turns_first_audio_is_asked_for_as_a_new_stream_after_a_silent_segment(clock,
+                                                                               opening):
+    """A reply that opens with nothing to say (an emoji line, a code block): its first
+    speakable segment starts the stream, so it carries no ``since``. It carried the turn's
+    start as one, and the lane ranked it as a stream already playing, behind every
+    playing stream short of audio, instead of first audio due now (scheduler rule 2b)."""
+    s = Session("s")
+    tid = start(s, clock)
+    reply = opening + "Hello there, this is the answer. A second one."
+    out = s.llm_delta(tid, reply, clock()) + s.llm_done(tid, None, clock())
+    first, *rest = [e for e in out if isinstance(e, StartSynthesis)]
+    assert first.index == 1 and first.since is None and first.deadline == clock()
+    assert [job.since for job in rest] == [clock()]  # the next ones: the same stream
+
+
 def test_turn_done_reports_when_text_sentence_and_audio_first_came(clock):
     s = Session("s")
     tid = start(s, clock)

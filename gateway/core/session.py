@@ -659,12 +659,16 @@ class Session:
         effects: list[Effect] = []
         for segment in segments:
             speakable = bool(segment.spoken.strip())
-            if turn.t_first_segment is None and speakable:  # (the metric: ready to speak)
+            first = speakable and turn.t_first_segment is None  # the turn's first audio
+            if first:  # (the metric: ready to speak)
                 turn.t_first_segment = now
             turn.segments.append(_SegmentAudio(segment))
             if speakable:
-                deadline = now if segment.index == 0 else turn.pacer.deadline(now)
-                since = turn.t_first_segment if segment.index else None
+                deadline = now if first else turn.pacer.deadline(now)
+                # the stream starts here, even after a segment with nothing to say (an
+                # emoji line, a code block): a since would rank it as a stream already
+                # playing, behind every one short of audio (scheduler rule 2b)
+                since = None if first else turn.t_first_segment
                 effects.append(StartSynthesis(turn.id, segment.index, segment.spoken,
                                               turn.settings.voice, deadline, since,
                                               turn.settings.max_lead_ms / 1000.0))
