@@ -14,6 +14,7 @@ from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.core.placement import LaneLoad, place
+from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.servers import Hang, Text
 from tests.wsclient import gapless, read_turn, recv_event, send
@@ -351,6 +352,33 @@ async def test_a_turn_whose_second_engine_fails_is_spoken_by_the_primary(monkeyp
         assert health["lanes"]["ane"]["rerouted"] == 3 and health["lanes"]["ane"]["tripped"]
         assert health["lanes"]["gpu"]["tripped"] is False
         assert gw.metrics.errors["engine_failed"] == 0
+    finally:
+        await gw.aclose()
+
+
+async def test_a_rerouted_turn_keeps_its_sessions_lead_on_the_primary(monkeypatch):
+    """Jobs moved to the primary lane after the second engine failed were submitted
+    without the session's max_lead: the primary made their audio as far ahead as the
+    server's default instead of the session's own."""
+    gw = broken_ane_gateway(monkeypatch, "open")
+    submitted = []
+    submit = Lane.submit
+
+    def recording(self, owner, payload, **kwargs):
+        submitted.append((self.name, payload.index, kwargs.get("max_lead")))
+        return submit(self, owner, payload, **kwargs)
+
+    monkeypatch.setattr(Lane, "submit", recording)
+    await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"max_lead_ms": 20_000})
+            await recv_event(ws, "session.updated")
+            await send(ws, type="say", text="First sentence here. And a second one.")
+            assert (await read_turn(ws)).done["status"] == "completed"
+        assert {lane for lane, _, _ in submitted} == {"ane", "gpu"}  # moved: a reroute
+        assert {lead for _, _, lead in submitted} == {20.0}
     finally:
         await gw.aclose()
 

@@ -298,7 +298,7 @@ class Gateway:
                     "segment said again" if again else "segment truncated")
         for j in ((job, *moved) if again else moved):
             self.lane.submit(j.owner, j.payload, deadline=j.deadline, priority=j.priority,
-                             since=j.since)
+                             since=j.since, max_lead=j.max_lead)
         return "again" if again else "truncated"
 
     def lane_for(self, owner: Hashable) -> Lane:
