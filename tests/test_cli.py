@@ -284,6 +284,23 @@ def test_the_open_files_limit_is_raised_to_the_hard_one():
     assert int(got) == int(hard) > 256
 
 
+@pytest.mark.parametrize(("llm", "warning"), [
+    ({"model": "gemma"}, "llm.model ignored: the replay backend does not use it (it needs "
+                         "llm.url, --llm-url)"),
+    ({"url": "http://127.0.0.1:9/v1", "replies": "r.jsonl", "tokens_per_s": 10.0},
+     "llm.replies, llm.tokens_per_s ignored: the openai backend does not use them"),
+    ({"url": "http://127.0.0.1:9/v1", "model": "gemma"}, None),
+])
+def test_llm_settings_the_backend_does_not_use_are_said_to_be_ignored(llm, warning, caplog):
+    """--llm-model without --llm-url started the scripted replies without a word."""
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+
+    Gateway(load_config(llm=llm))
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == ([warning] if warning else [])
+
+
 def test_serve_warns_when_the_open_files_limit_is_below_max_sessions(monkeypatch, caplog):
     import gateway.cli
     import gateway.io.server

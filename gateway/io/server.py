@@ -38,7 +38,7 @@ from websockets.http11 import Request, Response
 
 from engines.base import LlmBackend, TtsEngine, streams_always
 from engines.registry import create_engine, create_llm, create_voice
-from gateway.config import TTS_OPTION_NAMES, GatewayConfig
+from gateway.config import TTS_OPTION_NAMES, GatewayConfig, LlmConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
@@ -113,6 +113,12 @@ class Metrics:
 
 LLM_RECOVERED_AFTER = 3
 """Whole replies in a row that end an LLM's failing spell (``Gateway.llm_answered``)."""
+
+
+_LLM_UNUSED = {"replay": ("model", "api_key", "thinking", "chat_template_kwargs"),
+               "openai": ("replies", "tokens_per_s")}
+"""The [llm] settings each backend has no use for: one set for the other is said."""
+_LLM_DEFAULTS = LlmConfig()
 
 
 class Gateway:
@@ -190,6 +196,13 @@ class Gateway:
 
     def _make_llm(self) -> LlmBackend:
         c = self.config.llm
+        backend = "openai" if c.url else "replay"
+        unused = [f"llm.{key}" for key in _LLM_UNUSED[backend]
+                  if getattr(c, key) != getattr(_LLM_DEFAULTS, key)]
+        if unused:  # (--llm-model without --llm-url went unnoticed)
+            log.warning("%s ignored: the %s backend does not use %s%s", ", ".join(unused),
+                        backend, "them" if len(unused) > 1 else "it",
+                        " (it needs llm.url, --llm-url)" if backend == "replay" else "")
         if c.url:
             return create_llm("openai", url=c.url, model=c.model, api_key=c.api_key,
                               stall_s=c.stall_timeout_s, thinking=c.thinking,
