@@ -135,6 +135,9 @@ async def test_an_engine_that_starts_failing_is_logged_once_and_so_is_its_return
         for _ in range(2):
             down = await say(ws, "Nobody is there to say this.")
             assert down.done["status"] == "failed"
+        health = gw.health()
+        assert health["status"] == "degraded"
+        assert health["engine"]["failing"] == "engine_failed"
         (warning,) = caplog.records
         assert warning.levelname == "WARNING" and warning.getMessage().startswith(
             f"lane remote: http fails (engine_failed): TTS server "
@@ -143,6 +146,8 @@ async def test_an_engine_that_starts_failing_is_logged_once_and_so_is_its_return
         await start_gateway(server={"http_port": port})
         up = await say(ws, "Now it is said.")
         assert up.done["status"] == "completed"
+        health = gw.health()
+        assert health["status"] == "ok" and health["engine"]["failing"] is None
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "lane remote: http spoke a whole job again")]
 

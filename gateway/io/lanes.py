@@ -177,8 +177,9 @@ class Lane:
         self._wake = asyncio.Event()
         self._busy_since: float | None = None
         self.observer: LaneObserver | None = None
-        self._failing: str | None = None
-        """The code of the engine's last failure, until a job ends whole again."""
+        self.failing: str | None = None
+        """The code of the engine's last failure, until a job ends whole again (``/health``
+        is "degraded" meanwhile, ``engine.failing``)."""
 
     @property
     def usable(self) -> bool:
@@ -482,9 +483,9 @@ class Lane:
             return
         if chunk is None:
             truncated = bool(getattr(job.state, "truncated", False))
-            if self._failing is not None:
+            if self.failing is not None:
                 log.info("lane %s: %s spoke a whole job again", self.name, self.engine.name)
-                self._failing = None
+                self.failing = None
             self._drop(job)
             self.stats.jobs_done += 1
             self._ended(job, "done")
@@ -506,10 +507,10 @@ class Lane:
         """One WARNING when the engine starts failing jobs, not one per turn (README, Logs;
         a stuck lane and an engine bug say so at ERROR themselves): a TTS server that was
         down or a model that ran away failed every turn without a line in the log."""
-        if self._failing is None:
+        if self.failing is None:
             log.warning("lane %s: %s fails (%s): %s", self.name, self.engine.name, code,
                         message)
-        self._failing = code
+        self.failing = code
 
     def _step_failed(self, job: Job, code: str, message: str, *,
                      free_stream: bool = True) -> None:

@@ -514,7 +514,8 @@ class Gateway:
         status = "stopping" if self.closing else \
             "unhealthy" if lane.unhealthy is not None else \
             "starting" if not (self.ready and all(ln.loaded for ln in lanes)) else \
-            "degraded" if degraded or self.llm_failing or llm["reachable"] is False else "ok"
+            "degraded" if degraded or lane.failing or self.llm_failing or \
+            llm["reachable"] is False else "ok"
         names = [ln.engine.name for ln in lanes]
         engines = {(ln.engine.name if names.count(ln.engine.name) == 1 else
                     f"{ln.engine.name}@{ln.name}"): {
@@ -532,7 +533,7 @@ class Gateway:
             "engines": engines,
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
                        "voices": len(self.voices), "unhealthy": lane.unhealthy,
-                       "degraded": degraded,
+                       "degraded": degraded, "failing": lane.failing,
                        **({"fallback": self.engine.counters()}
                           if hasattr(self.engine, "counters") else {})},
             "lanes": self.telemetry.lane_health(),
