@@ -71,6 +71,17 @@ _WAVEGEN_COUNTERS = {
 }
 """wavegen.c's function-local statics that carry over between syntheses, as compilers name
 them in the symbol table (gcc: ``Flutter_ix.5965``; clang: ``AdvanceParameters.Flutter_ix``)."""
+_SIGN = re.compile(r"(?:(?<=^)|(?<=[\s(\[=/]))[-\u2013](?=\d)")
+"""A minus sign written as a hyphen or an en dash, before a digit and after a space, an
+opening bracket, ``=`` or ``/``. espeak says "minus" for ``-5`` after a space but drops
+the sign after a bracket or ``=`` ("23°F (-5°C)" was "five degrees C", "x = -1" was "x
+equals one") and after a space when it is an en dash ("lows of –5°C"); it says U+2212
+"minus" everywhere. A hyphen between digits ("2024-05-01", "9-5") is left alone."""
+
+
+def espeak_text(text: str) -> str:
+    """``text`` as espeak should be given it: minus signs as U+2212 (``_SIGN``)."""
+    return _SIGN.sub("\u2212", text)
 
 
 class _Voice(ctypes.Structure):
@@ -405,7 +416,7 @@ class EspeakStream:
         return np.concatenate(parts).astype("<i2").tobytes()
 
     def _synthesise(self) -> None:
-        text = self._text.encode("utf-8", "replace")
+        text = espeak_text(self._text).encode("utf-8", "replace")
         if not text.strip():
             return
         sink = _Synthesis(self)

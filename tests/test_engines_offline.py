@@ -364,3 +364,25 @@ def test_espeak_honours_a_requested_step() -> None:
         assert {len(c) // 2 for c in chunks[:-1]} == {1920}
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(("text", "given"), [
+    ("It's 23°F (-5°C) in Oslo.", "It's 23°F (\u22125°C) in Oslo."),
+    ("so x = -1.", "so x = \u22121."),
+    ("lows of \u20135°C", "lows of \u22125°C"),
+    ("-2°C tonight", "\u22122°C tonight"),
+    # a hyphen or dash between digits or after a letter is no sign
+    ("On 2024-05-01, 9am-5pm, 10\u201315 km, I-95, 1-800-555-0199, a - 5.",
+     "On 2024-05-01, 9am-5pm, 10\u201315 km, I-95, 1-800-555-0199, a - 5."),
+])
+def test_espeak_is_given_minus_signs_it_says(text, given) -> None:
+    assert espeak.espeak_text(text) == given
+
+
+def test_espeak_says_minus_after_a_bracket() -> None:
+    # espeak dropped the sign there: "(-5°C)" was as long as "(5°C)"
+    engine = espeak.EspeakEngine()
+    engine.load()
+    size = {t: len(b"".join(_run(engine.open(SynthesisRequest(text=t)))))
+            for t in ("It is 23°F (-5°C).", "It is 23°F (5°C).")}
+    assert size["It is 23°F (-5°C)."] > size["It is 23°F (5°C)."] * 1.05
