@@ -361,6 +361,13 @@ def test_feed_after_finish_is_an_error():
     # a NUL ended espeak's C string: "Hello" was all it said
     ("Hello\x00 there,\x07 how are you\x1b today.", "Hello there, how are you today."),
     ("\x00\x7f", ""),
+    # emoji outside the emoji blocks: espeak said "hourglass not done", "timer clock"
+    ("\u23f3 Almost done.", "Almost done."),
+    ("Done! \u23f2\ufe0f I set it for 10 minutes \u23f0", "Done! I set it for 10 minutes"),
+    ("\u25b6\ufe0f Play, \u21a9\ufe0f back, \u2139\ufe0f info", "Play, back, info"),
+    # the same symbols without U+FE0F are text; a keycap keeps its digit
+    ("Step 1 \u2192 preheat, \u00a92024 \u25b6", "Step 1 \u2192 preheat, \u00a92024 \u25b6"),
+    ("1\ufe0f\u20e3 Preheat. Wow\u203c\ufe0f", "1 Preheat. Wow\u203c"),
 ])
 def test_speakable_markdown(text, spoken):
     assert speakable(text) == spoken

@@ -724,8 +724,16 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """Control characters: not speech, and a NUL ends a C engine's string (espeak stopped
 speaking at it)."""
 _EMOJI = re.compile(
-    "[\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D\u20E3]+"
+    "(?:[^\\w\\s\uFE0F\u203C\u2049]|\u2139)\uFE0F"
+    "|[\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF"
+    "\u231A\u231B\u23E9-\u23F3\u23F8-\u23FA\uFE0F\u200D\u20E3]+"
 )
+"""Emoji: the emoji blocks, the clocks and media keys of Miscellaneous Technical that are
+emoji by default (⌚ ⌛ ⏰ ⏲ ⏳ ⏩ ⏸), and any other symbol asking to be shown as an emoji
+(U+FE0F: ▶️ ↩️ ℹ️ ©️). espeak read those out by their names ("⏳ Almost done." was
+"hourglass not done, almost done"; "⏲️" "timer clock"). A symbol without U+FE0F (→ ©
+▶) is text and stays; ‼️ and ⁉️ keep their mark (punctuation)."""
+
 
 def speakable(text: str, *, reads_digits: bool = True) -> str:
     """What to say for one segment of a reply.
