@@ -99,6 +99,7 @@ def _number(m: re.Match[str]) -> str:
     whole = m.group(0)
     sign, cur, body = m.group("sign"), m.group("cur"), m.group("num")
     pct, scale, decade = m.group("pct"), m.group("scale"), m.group("decade")
+    abbr = m.group("abbr")
     # "MP3": digits glued to a word are read apart from it ("MP three")
     glued = " " if m.start() > 0 and m.string[m.start() - 1].isalpha() else ""
     minus = "minus " if sign else ""
@@ -110,9 +111,9 @@ def _number(m: re.Match[str]) -> str:
     if len(ip) > 15:
         return glued + _digits(ip)
     n = int(ip or "0")
-    if cur and scale:  # "$5 million", "$1.5 billion": the unit after the amount
+    if cur and (scale or abbr):  # "$5 million", "$1.5 billion", "$85.8B": the unit after
         amount = _int_words(n) + (" point " + _digits(fp) if fp else "")
-        return f"{minus}{amount} {scale.strip()} dollars"
+        return f"{minus}{amount} {scale.strip() if scale else _SCALES[abbr]} dollars"
     if cur:
         cents = int((fp + "0")[:2]) if fp else 0
         words = f"{_int_words(n)} dollar" + ("" if n == 1 else "s") if n or not cents else ""
@@ -128,13 +129,19 @@ def _number(m: re.Match[str]) -> str:
         words = _year_words(n)
     else:
         words = _int_words(n)
-    return glued + minus + words + (" percent" if pct else "") + (scale or "")
+    return glued + minus + words + (" percent" if pct else "") + (scale or abbr or "")
 
 
 _NUMBER = re.compile(
     r"(?P<sign>(?<![\w.,\d])-)?(?P<cur>\$)?"
     r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*|(?<=\$)\.\d+)"
-    r"(?:(?P<decade>(?<=0)s\b)|(?P<pct>\s?%)|(?P<scale>\s(?:thousand|million|billion|trillion)\b))?")
+    r"(?:(?P<decade>(?<=0)s\b)|(?P<pct>\s?%)|(?P<scale>\s(?:thousand|million|billion|trillion)\b)"
+    r"|(?P<abbr>(?:[kKMBT]|bn|mn)\b))?")
+_SCALES = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B": "billion",
+           "bn": "billion", "T": "trillion"}
+"""A dollar amount's abbreviated scale: "$85.8B" is eighty-five point eight billion dollars
+(it was "eighty-five dollars and eighty cents B"), "$85k" eighty-five thousand. Without a
+dollar sign the letter stays as it was: "4K", "5K run", "a 7B model"."""
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})(?:\s?([ap])\.?m\b)?(?![\w:])", re.I)
 _ORD = re.compile(r"\b(\d{1,3}(?:,\d{3})+|\d+)(?:st|nd|rd|th)\b")
 

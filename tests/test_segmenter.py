@@ -395,6 +395,12 @@ def test_speakable_markdown(text, spoken):
     ("It costs $1.00, not $.50.", "It costs one dollar, not fifty cents."),
     ("Music of the 1990s and the 80s", "Music of the nineteen nineties and the eighties"),
     ("It is -5 degrees.", "It is minus five degrees."),
+    # a scale letter after a dollar amount: was "eighty-five dollars and eighty cents B"
+    ("Revenue was $85.8B, up 5%.",
+     "Revenue was eighty-five point eight billion dollars, up five percent."),
+    ("It raised $5.5M, then $2bn.",
+     "It raised five point five million dollars, then two billion dollars."),
+    ("That's $85k/year.", "That's eighty-five thousand dollars/year."),
 ])
 def test_speakable_writes_numbers_out_for_engines_that_need_it(text, spoken):
     assert speakable(text, reads_digits=False) == spoken
