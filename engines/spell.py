@@ -108,8 +108,10 @@ def _number(m: re.Match[str]) -> str:
         return glued + " dot ".join(_int_words(int(p)) if len(p) < 4 else _digits(p)
                                     for p in body.split("."))
     ip, _, fp = body.partition(".")
-    if len(ip) > 15:
-        return glued + _digits(ip)
+    if len(ip) > 15 or (len(ip) > 2 and ip[0] == "0" and not cur and not fp):
+        # a long number, or one with a leading zero (a phone number's "0958", a code's
+        # "007", a ZIP's "02139"), is read digit by digit: as an amount its zero was lost
+        return glued + minus + _digits(ip) + (" percent" if pct else "") + (scale or abbr or "")
     n = int(ip or "0")
     if cur and (scale or abbr):  # "$5 million", "$1.5 billion", "$85.8B": the unit after
         amount = _int_words(n) + (" point " + _digits(fp) if fp else "")

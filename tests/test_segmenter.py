@@ -407,6 +407,17 @@ def test_speakable_writes_numbers_out_for_engines_that_need_it(text, spoken):
     assert speakable(text, reads_digits=True) == text.replace("**", "")
 
 
+@pytest.mark.parametrize(("text", "spoken"), [
+    ("Dial 0958, then 0199.", "Dial zero nine five eight, then zero one nine nine."),
+    ("Agent 007 lives at ZIP 02139.",
+     "Agent zero zero seven lives at ZIP zero two one three nine."),
+    ("At 05 past, 0.5 L for $0.50.", "At five past, zero point five L for fifty cents."),
+])
+def test_a_leading_zero_is_read_digit_by_digit(text, spoken):
+    # it was lost: "0958" was "nine hundred fifty-eight", a phone number's digit gone
+    assert speakable(text, reads_digits=False) == spoken
+
+
 def test_segments_carry_the_engines_needs():
     [seg] = run("It costs $5.", reads_digits=False)
     assert (seg.text, seg.spoken) == ("It costs $5.", "It costs five dollars.")
