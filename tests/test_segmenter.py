@@ -361,6 +361,12 @@ def test_feed_after_finish_is_an_error():
     # a NUL ended espeak's C string: "Hello" was all it said
     ("Hello\x00 there,\x07 how are you\x1b today.", "Hello there, how are you today."),
     ("\x00\x7f", ""),
+    # struck-out text is taken back, not said; footnote marks and <br> were read aloud
+    ("It is at ~~3pm~~ 4pm, ~~not~~ **sure**.", "It is at 4pm, sure."),
+    ("According to Reuters[1], rates rose.[^2] See [3](https://ex.org/n).",
+     "According to Reuters, rates rose. See 3."),
+    ("| Mon | Rain<br>12°C |", "Mon, Rain, 12°C"),
+    ("Line one<br/>Line two", "Line one, Line two"),
     # emoji outside the emoji blocks: espeak said "hourglass not done", "timer clock"
     ("\u23f3 Almost done.", "Almost done."),
     ("Done! \u23f2\ufe0f I set it for 10 minutes \u23f0", "Done! I set it for 10 minutes"),

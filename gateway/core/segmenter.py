@@ -715,7 +715,14 @@ class Segmenter:
 _URL = re.compile(r"\b(?:https?://|www\.)([^\s/<>()\"']+)(?:[^\s<>()\"']*[^\s<>()\"'.,;:!?])?",
                   re.I)
 _LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]*)\)")
-_EMPHASIS = re.compile(r"(\*\*|__|~~)(?=\S)(.+?)(?<=\S)\1")
+_EMPHASIS = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+_STRUCK = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
+"""Struck-out text: what the reply takes back is not said ("at ~~3pm~~ 4pm" said both)."""
+_FOOTNOTE = re.compile(r"(?<=[^\s\[])\[\^?\d{1,3}\]")
+"""A citation or footnote mark right after a word ("Reuters[1]", "end.[^2]"): espeak read
+"Reuters one"."""
+_BREAK = re.compile(r"\s*<br\s*/?>\s*", re.I)
+"""An HTML line break, which LLMs put in table cells: espeak read "B R"."""
 _ITALIC = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
 _LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+)")
 _TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-{3}[\s:|-]*$|^\s*(?:[-*_]\s*){3,}$")
@@ -739,9 +746,9 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     """What to say for one segment of a reply.
 
     Drops markdown markers (emphasis, headings, list numbering and bullets, quote marks,
-    table pipes and rules, code fences and inline-code backticks), control characters
-    and emoji; a link says
-    its label, a bare URL its host. With ``reads_digits=False`` (engines that read
+    table pipes and rules, code fences and inline-code backticks), struck-out text,
+    footnote marks, control characters and emoji; an HTML line break is a pause; a link
+    says its label, a bare URL its host. With ``reads_digits=False`` (engines that read
     "3.5" or "$184.50" badly) numbers, currency, percentages, times, ordinals and common
     abbreviations are written out as words.
     """
@@ -750,7 +757,10 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
         return ""
     s = _LINE_MARK.sub("", s)
     s = _LINK.sub(lambda m: m.group(1), s)
+    s = _FOOTNOTE.sub("", s)
+    s = _BREAK.sub(", ", s)
     s = _URL.sub(lambda m: m.group(1).removeprefix("www.").rstrip(".,;:!?"), s)
+    s = _STRUCK.sub("", s)
     s = _EMPHASIS.sub(r"\2", s)
     s = _ITALIC.sub(r"\2", s)
     s = s.replace("`", "")
