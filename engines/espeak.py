@@ -79,8 +79,16 @@ equals one") and after a space when it is an en dash ("lows of –5°C"); it say
 "minus" everywhere. A hyphen between digits ("2024-05-01", "9-5") is left alone."""
 
 
-def espeak_text(text: str) -> str:
-    """``text`` as espeak should be given it: minus signs as U+2212 (``_SIGN``)."""
+_RANGE = re.compile(r"(?<=[\d%])\s?\u2013\s?(?=[$\u20ac\u00a3]?\d)")
+"""An en dash between two numbers, a range: espeak skips it ("20–22°C" was "twenty
+twenty-two degrees", a year). In English it is "to"; other languages keep the dash."""
+
+
+def espeak_text(text: str, *, english: bool = False) -> str:
+    """``text`` as espeak should be given it: ranges read "to" in ``english`` voices
+    (``_RANGE``), minus signs as U+2212 (``_SIGN``)."""
+    if english:
+        text = _RANGE.sub(" to ", text)
     return _SIGN.sub("\u2212", text)
 
 
@@ -416,7 +424,8 @@ class EspeakStream:
         return np.concatenate(parts).astype("<i2").tobytes()
 
     def _synthesise(self) -> None:
-        text = espeak_text(self._text).encode("utf-8", "replace")
+        english = os.path.basename(self._voice.split(b"+")[0]).lower().startswith(b"en")
+        text = espeak_text(self._text, english=english).encode("utf-8", "replace")
         if not text.strip():
             return
         sink = _Synthesis(self)

@@ -34,6 +34,8 @@ _ABBREVIATIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]
     (re.compile(r"\bapprox\.(?=\s)"), "approximately"),
     (re.compile(r"\bU\.S\."), "U S"),
     (re.compile(r"&"), " and "),
+    # a range: "20–22°C" was "twenty twenty-two", "1–2 hrs" "one two"
+    (re.compile(r"(?<=[\d%M])\s?\u2013\s?(?=\$?\d)"), " to "),
 ]
 
 

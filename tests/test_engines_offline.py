@@ -379,6 +379,28 @@ def test_espeak_is_given_minus_signs_it_says(text, given) -> None:
     assert espeak.espeak_text(text) == given
 
 
+@pytest.mark.parametrize(("text", "english", "other"), [
+    ("Highs of 20\u201322\u00b0C, 1 \u2013 2 hrs, 5.25%\u20135.50%, \u20ac5\u2013\u20ac8.",
+     "Highs of 20 to 22\u00b0C, 1 to 2 hrs, 5.25% to 5.50%, \u20ac5 to \u20ac8.",
+     "Highs of 20\u201322\u00b0C, 1 \u2013 2 hrs, 5.25%\u20135.50%, \u20ac5\u2013\u20ac8."),
+    # a minus after a range's dash stays a minus
+    ("from \u20135 to \u20132\u00b0C", "from \u22125 to \u22122\u00b0C",
+     "from \u22125 to \u22122\u00b0C"),
+])
+def test_espeak_reads_a_range_as_to_in_english_only(text, english, other) -> None:
+    # espeak skipped the dash: "20–22°C" was "twenty twenty-two degrees", a year
+    assert espeak.espeak_text(text, english=True) == english
+    assert espeak.espeak_text(text) == other
+
+
+def test_an_english_voice_says_the_range_word() -> None:
+    engine = espeak.EspeakEngine()
+    engine.load()
+    size = {t: len(b"".join(_run(engine.open(SynthesisRequest(text=t)))))
+            for t in ("Highs of 20\u201322.", "Highs of 20 22.")}
+    assert size["Highs of 20\u201322."] > size["Highs of 20 22."] * 1.05
+
+
 def test_espeak_says_minus_after_a_bracket() -> None:
     # espeak dropped the sign there: "(-5°C)" was as long as "(5°C)"
     engine = espeak.EspeakEngine()

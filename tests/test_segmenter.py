@@ -401,6 +401,9 @@ def test_speakable_markdown(text, spoken):
     ("It costs $1.00, not $.50.", "It costs one dollar, not fifty cents."),
     ("Music of the 1990s and the 80s", "Music of the nineteen nineties and the eighties"),
     ("It is -5 degrees.", "It is minus five degrees."),
+    # a range says "to": "20–22" was "twenty twenty-two"
+    ("Highs of 20\u201322, for 1 \u2013 2 days.", "Highs of twenty to twenty-two, for one to "
+     "two days."),
     # a scale letter after a dollar amount: was "eighty-five dollars and eighty cents B"
     ("Revenue was $85.8B, up 5%.",
      "Revenue was eighty-five point eight billion dollars, up five percent."),
