@@ -540,6 +540,72 @@ class FailingEngine(SyntheticEngine):
         return stream
 
 
+class FloodingEngine(SyntheticEngine):
+    """Test double: a free engine whose streams give 100 s of audio at once (more than a
+    loopback socket takes: the server must wait for its client), wait until
+    ``flood`` is set, then give 71 s more in 1 s steps (one long segment)."""
+
+    def __init__(self) -> None:
+        super().__init__(rtf=0, ttfa_ms=0)
+        self.blocks = True  # on the lane's thread: a held step must not hold the event loop
+        self.flood = threading.Event()
+
+    def open(self, request: SynthesisRequest):
+        engine, steps = self, [0]
+
+        class Stream:
+            def step(self) -> bytes | None:
+                steps[0] += 1
+                if steps[0] == 1:
+                    return bytes(100 * 48_000)
+                engine.flood.wait(30)
+                return b"\x01\x00" * 24_000 if steps[0] <= 72 else None
+
+            def close(self) -> None:
+                pass
+
+        return Stream()
+
+
+async def test_a_client_that_holds_up_a_long_segment_is_a_slow_consumer(replies, monkeypatch):
+    """The other side of audio waiting for the encoder (test_http_formats): a client whose
+    socket is full while more than 60 s of a segment piles up fails the request, and its
+    job is cancelled: the lane is never held for it."""
+    engine = FloodingEngine()
+    paused, failed = http_api._H11.pause_writing, asyncio.Event()
+
+    def pause_writing(self) -> None:  # the client's socket is full: the engine goes on
+        paused(self)
+        engine.flood.set()
+
+    fail = http_api.SpeechStream.fail
+
+    def fail_seen(self, code: str, message: str) -> None:
+        fail(self, code, message)
+        if code == "slow_consumer":
+            failed.set()
+
+    monkeypatch.setattr(http_api._H11, "pause_writing", pause_writing)
+    monkeypatch.setattr(http_api.SpeechStream, "fail", fail_seen)
+    gw = await start_gateway(replies, engine)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", gw.http_port))
+        body = orjson.dumps({"input": "One long segment.", "response_format": "pcm"})
+        await asyncio.get_running_loop().sock_sendall(sock, (
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+            % len(body)) + body)  # and read nothing
+        await asyncio.wait_for(failed.wait(), 30)
+        assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 1
+        sock.close()
+        await asyncio.wait_for(gw.http.idle.wait(), 10)
+    finally:
+        engine.flood.set()
+        await gw.aclose()
+
+
 async def test_engine_failure_mid_stream_sends_speech_audio_error(replies, caplog):
     caplog.set_level(logging.INFO)
     gw = await start_gateway(replies, FailingEngine(rtf=0, ttfa_ms=0))

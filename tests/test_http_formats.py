@@ -303,3 +303,53 @@ def test_the_encoder_thread_keeps_nothing_of_a_call_once_it_is_done():
         assert gone() is None
     finally:
         thread.shutdown()
+
+
+# ---- a fast engine ahead of the encoder ------------------------------------------------------
+
+DIGITS = " ".join(["123456789"] * 40)
+"""399 characters, one segment, read out as numbers: 71 s of espeak audio."""
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_audio_waiting_for_the_encoder_is_not_a_slow_consumer(start_gateway, monkeypatch,
+                                                                     stream):
+    """espeak makes a segment of 71 s in a fraction of a second; mp3 encodes at ~100x real
+    time. The audio waiting for the gateway's own encoder counted as the client's unread
+    audio: a client reading as fast as it could got 502 ``slow_consumer`` for the whole
+    file, or a streamed answer aborted. Here the encoder is held until the engine has made
+    the whole segment: the worst such lag, with no client behind it."""
+    import threading
+
+    from gateway.io import http_api
+
+    made = threading.Event()
+    finish = http_api.SpeechStream._finish
+
+    def finished(self, item):
+        finish(self, item)
+        made.set()
+
+    encode = http_api._encode
+
+    def held(opened, pcm):  # TEST DOUBLE: an encoder the engine is far ahead of
+        made.wait(30)
+        return encode(opened, pcm)
+
+    gw = await start_gateway()
+    client = openai.AsyncOpenAI(base_url=base(gw) + "/v1", api_key="not-needed")
+    try:
+        expected = await pcm_answer(client, DIGITS)
+        assert expected > 61 * 24_000  # one segment of more than the 60 s bound
+        monkeypatch.setattr(http_api.SpeechStream, "_finish", finished)
+        monkeypatch.setattr(http_api, "_encode", held)
+        async with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="alloy", input=DIGITS, response_format="mp3",
+                extra_body={"stream": stream}) as response:
+            assert response.status_code == 200
+            data = b"".join([c async for c in response.iter_bytes()])
+    finally:
+        await client.close()
+    low, high = padding("mp3", stream)
+    assert expected + low <= decode(data).samples_24k <= expected + high
+    assert gw.metrics.errors.get("slow_consumer", 0) == 0

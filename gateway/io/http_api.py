@@ -21,8 +21,10 @@ A speech request becomes one lane job per segment (``Segmenter``), all owned by 
 and run in order at ``Priority.BACKGROUND`` (voice sessions go first). Its sink,
 ``SpeechStream``, feeds a queue the response reads from. Backpressure: the next segment is
 submitted only once the reader has drained the queue to ``LOW_WATER_CHUNKS``; if a single
-segment still piles up more than ``MAX_BUFFERED_S`` of unread audio, the request fails with
-``slow_consumer`` (the lane is never held for one slow reader). A client that disconnects
+segment still piles up more than ``MAX_BUFFERED_S`` of unread audio while the response waits
+for its client to take what was sent, the request fails with ``slow_consumer`` (the lane is
+never held for one slow reader). Audio waiting for the gateway's own encoder is not the
+client's: a whole file, or a fast client, never fails so. A client that disconnects
 cancels its jobs (``lane.cancel(owner)``) at once.
 
 The compressed formats cost CPU (8-13.5 ms per second of audio, 9-10 for mp3, the default;
@@ -86,7 +88,8 @@ lacks it (code updated without ``pip install``) refuses them with a 400 naming t
 SPEED_RANGE = (0.25, 4.0)
 BYTES_PER_S = OUTPUT_RATE * 2
 MAX_BUFFERED_S = 60.0
-"""Unread audio one response may hold before it fails with ``slow_consumer``."""
+"""Unread audio one response may hold, while its client holds it up, before it fails with
+``slow_consumer``."""
 LOW_WATER_CHUNKS = 8
 """The next segment is submitted once the reader has this few chunks left unread."""
 SHUTDOWN_GRACE_S = 2
@@ -297,6 +300,11 @@ class SpeechStream:
     failure: _Failed | None = None
     outcome: str = "disconnected"
     """How its response ended, as counted: completed, failed or disconnected."""
+    on_client: bool = False
+    """The response is waiting for its client to take what was sent (the socket is full):
+    only then is the audio it has not taken the client's to answer for (``slow_consumer``).
+    Otherwise it waits for the engine or for the gateway's own encoder, which a fast engine
+    outruns by far on a long segment (espeak's digits: 70 s of audio in 400 characters)."""
     _next: int = 0
     _waiting_next: bool = False
 
@@ -333,7 +341,7 @@ class SpeechStream:
             self.first_audio_s = ready_at - self.started
         self.audio_bytes += len(pcm)
         self.buffered_bytes += len(pcm)
-        if self.buffered_bytes > MAX_BUFFERED_S * BYTES_PER_S:
+        if self.on_client and self.buffered_bytes > MAX_BUFFERED_S * BYTES_PER_S:
             self.fail("slow_consumer", f"more than {MAX_BUFFERED_S:.0f} s of audio unread")
             return
         self.queue.put_nowait(pcm)
@@ -665,7 +673,7 @@ class _Streamed(StreamingResponse):
     def __init__(self, content: AsyncIterator[bytes | memoryview], stream: SpeechStream,
                  counter: Callable[[str], None], encoding: Encoding | None = None,
                  **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
+        super().__init__(_sent(content, stream), **kwargs)
         self.stream, self.counter, self.encoding = stream, counter, encoding
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -673,6 +681,17 @@ class _Streamed(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             _end(self.stream, self.encoding, self.counter, self.stream.outcome)
+
+
+async def _sent(content: AsyncIterator[bytes | memoryview],
+                stream: SpeechStream) -> AsyncIterator[bytes | memoryview]:
+    """``content``, marking ``stream.on_client`` while each piece is being sent: the
+    server's ``send`` suspends only when the client's socket is full, so the flag is true
+    exactly while the client holds the response up."""
+    async for data in content:
+        stream.on_client = True
+        yield data
+        stream.on_client = False
 
 
 def _end(stream: SpeechStream, encoding: Encoding | None, counter: Callable[[str], None],
