@@ -337,6 +337,38 @@ async def test_headers_that_never_arrive_whole_close_the_connection(gateway, mon
     assert rest.count(b"HTTP/1.1") <= 1
 
 
+async def test_a_pipelined_request_is_not_cut_by_the_header_deadline(replies):
+    """The header deadline, armed again after each response, was armed after uvicorn had
+    taken up the next request already in (pipelined): 10 s into that request's answer it
+    closed the connection, a streamed answer without its final chunk."""
+    engine = HeldEngine()
+    gw = await start_gateway(replies, engine)
+    try:
+        first = orjson.dumps({"input": "Hi.", "response_format": "pcm", "stream": False})
+        second = orjson.dumps({"input": "One held sentence, long enough for steps.",
+                               "response_format": "pcm"})
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.http_port)
+        writer.write(b"".join(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                              b"%d\r\n%s\r\n%s" % (len(body), close, body) for body, close in (
+                                  (first, b""), (second, b"Connection: close\r\n"))))
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        await reader.readexactly(length)
+        head = await reader.readuntil(b"\r\n\r\n")  # the second answer, streamed
+        size = int(await reader.readuntil(b"\r\n"), 16)
+        await reader.readexactly(size + 2)  # its first chunk: the engine holds the next
+        (connection,) = gw.http._server.server_state.connections
+        assert connection._deadline is None  # its headers came whole: nothing may close it
+        engine.release.set()
+        rest = await reader.read()
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200 ") and rest.endswith(b"\r\n0\r\n\r\n")
+    finally:
+        engine.release.set()
+        await gw.aclose()
+
+
 async def test_a_body_that_never_arrives_whole_gets_408(gateway, monkeypatch):
     """A client trickling its body held the request and its socket for ever (a slowloris
     from the hostile-client probe kept 50 of them open past 60 s)."""

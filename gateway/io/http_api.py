@@ -930,7 +930,7 @@ class _H11(H11Protocol):
     a client trickling its headers a byte at a time (or sending nothing) held its socket
     for ever, and enough of them starve the process of file descriptors, the voice port's
     too. Armed when the connection opens and after each response; a request whose headers
-    came whole disarms it (its body has ``BODY_TIMEOUT_S``)."""
+    came whole disarms it (its body has ``BODY_TIMEOUT_S``), a pipelined one too."""
 
     _deadline: asyncio.TimerHandle | None = None
 
@@ -939,8 +939,10 @@ class _H11(H11Protocol):
         self._arm()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        # armed before uvicorn takes up a pipelined request already in (which disarms it):
+        # armed after, it ran during that request and closed its connection mid-answer
         self._arm()
+        super().on_response_complete()
 
     def handle_events(self) -> None:
         cycle = self.cycle
