@@ -297,6 +297,38 @@ async def test_a_request_whose_body_came_after_the_shutdown_began_is_refused(gat
     assert gateway.lane.stats.jobs_done == 0
 
 
+async def test_a_request_still_sending_its_body_when_the_shutdown_begins_is_refused(
+        replies, monkeypatch, caplog):
+    """uvicorn waited its 2 s grace for the body, then cancelled the request: a bare
+    ``500 Internal Server Error`` in plain text and an ERROR traceback, not the 503
+    ``shutting_down`` a request already on its way is promised."""
+    caplog.set_level(logging.INFO)
+    reading = asyncio.Event()
+    read_json = http_api._read_json
+
+    async def read_json_seen(request):
+        reading.set()
+        return await read_json(request)
+
+    monkeypatch.setattr(http_api, "_read_json", read_json_seen)
+    gw = await start_gateway(replies)
+    closing = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.http_port)
+        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
+        await reading.wait()  # the rest of the body never comes
+        closing = asyncio.create_task(gw.aclose())
+        answer = await reader.read()  # until the server closes
+        writer.close()
+    finally:
+        await (closing or gw.aclose())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ")
+    assert orjson.loads(body)["error"]["code"] == "shutting_down"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 async def test_a_client_gone_while_sending_its_request_is_no_server_error(gateway, caplog):
     caplog.set_level(logging.INFO)
     line = LineSeen("speech disconnected (499) while sending its request")

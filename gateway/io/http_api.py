@@ -538,7 +538,13 @@ class SpeechApi:
         gw = self.gateway
         try:
             _refuse_speech_now(gw, None)  # before the body: it may take seconds
-            params = parse_speech(await _read_json(request), gw)
+            # ...unless the gateway begins to stop meanwhile: uvicorn would wait out its
+            # grace for the body, then cancel the request (a bare 500 and a traceback)
+            body = await unless_stopped(_read_json(request), gw.http.stopping.wait())
+            if body is None:
+                raise ApiError(503, "the gateway is shutting down", code="shutting_down",
+                               type="server_error")
+            params = parse_speech(body.result(), gw)
             voice = params.voice or gw.config.tts.voice
             lane = gw.lane_for_voice(voice)
             # again after it: the gateway may have begun to stop meanwhile (its open
@@ -1023,6 +1029,8 @@ class HttpServer:
         self.idle = asyncio.Event()
         """Set while no speech response is open (tests await it after a disconnect)."""
         self.idle.set()
+        self.stopping = asyncio.Event()
+        """Set as ``aclose`` begins: a speech request still reading its body is refused."""
         self._socket: socket.socket | None = None
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
@@ -1090,7 +1098,9 @@ class HttpServer:
         return int(self._socket.getsockname()[1])
 
     async def aclose(self) -> None:
-        """End every open speech response (``shutting_down``), then stop uvicorn."""
+        """End every open speech response (``shutting_down``) and every wait for a speech
+        request's body, then stop uvicorn."""
+        self.stopping.set()
         for stream in list(self.streams):
             stream.fail("shutting_down", "the gateway is shutting down")
         if self._server is not None and self._task is not None:
