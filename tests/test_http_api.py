@@ -587,6 +587,79 @@ async def test_disconnect_mid_stream_cancels_the_job_and_frees_the_lane(replies)
         await gw.aclose()
 
 
+async def stalled_client(gw: Gateway, monkeypatch) -> socket.socket:
+    """A client that asks for a long streamed answer and reads none of it; returns once the
+    server's writes to it are paused (its socket is full)."""
+    paused, full = http_api._H11.pause_writing, asyncio.Event()
+
+    def pause_writing(self) -> None:
+        paused(self)
+        full.set()
+
+    monkeypatch.setattr(http_api._H11, "pause_writing", pause_writing)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", gw.http_port))
+    # 4000 characters: 230 s of audio, 11 MB, more than a loopback socket takes
+    body = orjson.dumps({"input": (TEXT + " ") * 60 + ".", "response_format": "pcm"})
+    await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    await asyncio.wait_for(full.wait(), 30)
+    return sock
+
+
+async def read_to_the_end(sock: socket.socket) -> bytes:
+    """What the server sent, until it closed or reset the connection."""
+    loop, data = asyncio.get_running_loop(), bytearray()
+    try:
+        while chunk := await loop.sock_recv(sock, 1 << 20):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    sock.close()
+    return bytes(data)
+
+
+async def test_a_client_that_takes_nothing_is_dropped(replies, monkeypatch):
+    """No write deadline: a client that stopped reading held its answer, its socket and the
+    audio queued for it for ever (the voice socket drops such a client)."""
+    monkeypatch.setattr(http_api, "SEND_TIMEOUT_S", 0.3, raising=False)
+    gw = await start_gateway(replies)
+    try:
+        sock = await stalled_client(gw, monkeypatch)
+        await asyncio.wait_for(gw.http.idle.wait(), 10)  # its answer is over
+        assert gw.lane.queue_depth == 0
+        data = await read_to_the_end(sock)
+        assert data.startswith(b"HTTP/1.1 200 ") and not data.endswith(b"\r\n0\r\n\r\n")
+        m = metrics(gw.telemetry.exposition().decode())
+        assert m["gateway_http_speech_requests_total{format=pcm,status=disconnected,"
+                 "stream=chunked}"] == 1
+    finally:
+        await gw.aclose()
+
+
+async def test_a_shutdown_drops_a_client_that_takes_nothing_at_once(replies, monkeypatch,
+                                                                    caplog):
+    """The shutdown failed the stream, but its answer waited on the full socket: uvicorn
+    waited out its grace, cancelled it with an ERROR traceback, and closed the socket,
+    which a close keeps open until the client takes what is buffered: never."""
+    caplog.set_level(logging.INFO)
+    gw = await start_gateway(replies)
+    closed = False
+    try:
+        sock = await stalled_client(gw, monkeypatch)
+        await gw.aclose()
+        closed = True
+        data = await read_to_the_end(sock)  # reset: nothing more is kept for it
+    finally:
+        if not closed:
+            await gw.aclose()
+    assert data.startswith(b"HTTP/1.1 200 ") and not data.endswith(b"\r\n0\r\n\r\n")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 class FailingEngine(SyntheticEngine):
     """Test double: a synthetic engine whose streams fail on their second step."""
 

@@ -82,6 +82,10 @@ HEADER_TIMEOUT_S = 10.0
 """Longest wait for a request's headers (``_H11``): then the connection is closed."""
 BODY_TIMEOUT_S = 10.0
 """Longest wait for a request's whole body; then 408 ``request_timeout``."""
+SEND_TIMEOUT_S = 60.0
+"""Longest a response may wait for its client to take anything (its socket full, the
+server's writes paused); then the connection is aborted. A client playing the answer in
+real time takes some every few seconds whatever the format."""
 HAS_PYAV = importlib.util.find_spec("av") is not None
 """PyAV encodes the compressed formats. A core dependency; a gateway whose environment
 lacks it (code updated without ``pip install``) refuses them with a 400 naming the fix."""
@@ -939,6 +943,8 @@ class _H11(H11Protocol):
     came whole disarms it (its body has ``BODY_TIMEOUT_S``), a pipelined one too."""
 
     _deadline: asyncio.TimerHandle | None = None
+    _stalled: asyncio.TimerHandle | None = None
+    """While the client takes nothing of what waits for it (``SEND_TIMEOUT_S``)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
@@ -958,7 +964,37 @@ class _H11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._resumed()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The client's socket is full. A client that takes nothing more held its response
+        (and its socket, and the audio queued for it) for ever, and a shutdown waited out
+        its grace for it, then left the socket open (a close waits to flush)."""
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(
+                SEND_TIMEOUT_S, self.abort_stalled,
+                f"took nothing of its answer for {SEND_TIMEOUT_S:g} s")
+
+    def resume_writing(self) -> None:
+        self._resumed()
+        super().resume_writing()
+
+    def _resumed(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def abort_stalled(self, why: str) -> None:
+        """Abort the connection if its client is not taking what waits for it (a close
+        would wait to flush it): its response ends as a disconnect, its jobs cancelled."""
+        if self._stalled is None:
+            return
+        self._resumed()
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+        log.info("HTTP client %s %s: connection aborted", peer, why)
+        self.transport.abort()
 
     def send_400_response(self, msg: str) -> None:
         # (uvicorn's own WARNING for it, with neither peer nor reason, is filtered out)
@@ -1103,6 +1139,11 @@ class HttpServer:
         self.stopping.set()
         for stream in list(self.streams):
             stream.fail("shutting_down", "the gateway is shutting down")
+        if self._server is not None:  # a client that reads nothing would never see it
+            for connection in list(self._server.server_state.connections):
+                if isinstance(connection, _H11):
+                    connection.abort_stalled("takes nothing of its answer and the gateway "
+                                             "is stopping")
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
