@@ -26,6 +26,16 @@ are already memoised by mlx-audio in ``Model._icl_cache``; the warm-up fills it.
 Threading: load, open and step run on the gpu lane's single worker thread (see
 ``engines.mlx_common``); a step from another thread raises ``engine_failed``.
 
+Streams take turns on one codec decoder. mlx-audio keeps the streaming state of the codec
+decoder (its causal convolutions' input tails, the overlap-add tails of its upsamplers, its
+transformer's KV cache) on the one model, resets it when a generation starts and ends, and
+assumes one generation at a time. The gpu lane interleaves the steps of several streams
+(two sessions speaking, background work between a voice's steps), so ``DecoderStreams``
+parks a stream's decoder state when another stream steps and puts it back before its own
+next step; without it each decoded its codes with another's state (wrong audio). A stream
+closed mid-sentence (a barge-in) takes its state with it: mlx-audio only resets it at the
+end of a generation, and those tails are slices that keep whole chunk tensors alive.
+
 ``instructions``: true once a CustomVoice checkpoint that takes style instructions is loaded
 (mlx-audio passes ``instruct`` to the 1.7B ones and drops it for ``tts_model_size`` "0b6").
 The HTTP speech API then hands OpenAI's ``instructions`` ("speak cheerfully") through as
@@ -91,6 +101,66 @@ class PrecomputedSpeakerEmbeddings:
         return self._original(audio, sr)
 
 
+DECODER_STATE = ("_buffer", "_overflow")
+"""Where the streaming modules of mlx-audio's codec decoder keep their state (the ones with a
+``reset_state``); the decoder itself keeps its transformer's in ``_transformer_cache``."""
+
+
+class DecoderStreams:
+    """The codec decoder's streaming state, one per stream (see the module docstring).
+
+    ``switch_to(stream)`` before a stream's step: parks the state of the stream that stepped
+    last on that stream and puts ``stream``'s back (a new stream starts from a reset state).
+    ``release(stream)`` when a stream ends: drops what it parked, and resets the decoder when
+    the state on it is that stream's. Lane thread only, like every step.
+    """
+
+    def __init__(self, decoder: Any) -> None:
+        self._decoder = decoder
+        # the decoder is mx.compile'd by mlx-audio's loader: its own module is the root of
+        # named_modules() (the compiled wrapper does not show the module's array attributes)
+        modules = dict(decoder.named_modules())
+        self._root = modules[""]
+        self._holders = [
+            (m, [a for a in DECODER_STATE if hasattr(m, a)])
+            for m in modules.values() if hasattr(m, "reset_state")
+        ]
+        if (not hasattr(self._root, "_transformer_cache")
+                or not all(attrs for _, attrs in self._holders)):
+            raise EngineError("engine_failed", "this mlx-audio's Qwen3-TTS codec decoder keeps "
+                              "its streaming state where the qwen3 engine does not expect it")
+        self.owner: Qwen3Stream | None = None
+
+    def switch_to(self, stream: Qwen3Stream) -> None:
+        if self.owner is stream:
+            return
+        if self.owner is not None:
+            self.owner._decoder_state = self._save()
+        state, stream._decoder_state = stream._decoder_state, None
+        if state is None:
+            self._decoder.reset_streaming_state()
+        else:
+            self._restore(state)
+        self.owner = stream
+
+    def release(self, stream: Qwen3Stream) -> None:
+        stream._decoder_state = None
+        if self.owner is stream:
+            self._decoder.reset_streaming_state()
+            self.owner = None
+
+    def _save(self) -> tuple[Any, list[list[Any]]]:
+        return (getattr(self._root, "_transformer_cache", None),
+                [[getattr(m, a, None) for a in attrs] for m, attrs in self._holders])
+
+    def _restore(self, state: tuple[Any, list[list[Any]]]) -> None:
+        cache, values = state
+        self._root._transformer_cache = cache
+        for (m, attrs), vs in zip(self._holders, values, strict=True):
+            for a, v in zip(attrs, vs, strict=True):
+                setattr(m, a, v)
+
+
 class Qwen3Engine:
     """Qwen3-TTS (mlx-audio) on the gpu lane. See the module docstring."""
 
@@ -139,6 +209,7 @@ class Qwen3Engine:
         self._kind: str | None = None
         self._ref_array: Any = None
         self._embeddings: PrecomputedSpeakerEmbeddings | None = None
+        self._decoder: DecoderStreams | None = None
         self._lifecycle = MlxLifecycle(self.name, log)
 
     # -- TtsEngine -------------------------------------------------------------------
@@ -219,6 +290,7 @@ class Qwen3Engine:
                 )
         else:
             raise EngineError("engine_failed", f"unsupported Qwen3-TTS model type {kind!r}")
+        self._decoder = DecoderStreams(model.speech_tokenizer.decoder)
         self._model = model
         load_s = time.perf_counter() - t0
         self.warmup_s = self._lifecycle.warm_up_and_log(
@@ -250,7 +322,7 @@ class Qwen3Engine:
 
     def _unload(self) -> bool:
         loaded = self._model is not None
-        self._model = self._ref_array = self._embeddings = None
+        self._model = self._ref_array = self._embeddings = self._decoder = None
         return loaded
 
     def _clone_name(self) -> str:
@@ -290,6 +362,8 @@ class Qwen3Stream:
         self._samples = 0
         self._gen: Any = None
         self._done = False
+        self._decoder_state: Any = None
+        """This stream's codec-decoder state while another stream steps (``DecoderStreams``)."""
 
     @property
     def samples(self) -> int:
@@ -303,6 +377,9 @@ class Qwen3Stream:
         try:
             if self._gen is None:
                 self._gen = self._start()
+            decoder = engine._decoder
+            if decoder is not None:
+                decoder.switch_to(self)
             result = next(self._gen)
             audio = result.audio
             n = int(audio.shape[0])
@@ -366,6 +443,9 @@ class Qwen3Stream:
             if gen is not None:
                 gen.close()
         finally:
+            decoder = self._engine._decoder
+            if decoder is not None:
+                decoder.release(self)
             import mlx.core as mx
 
             mx.clear_cache()  # upstream leak: GBs per request without it

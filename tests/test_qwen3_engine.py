@@ -83,6 +83,52 @@ def test_close_mid_stream_stops_at_the_next_step(cv_engine):
     assert stream.step() is None
 
 
+def decoder_state(engine) -> list:
+    """What mlx-audio's codec decoder holds of a stream: conv tails and its KV cache."""
+    modules = dict(engine._model.speech_tokenizer.decoder.named_modules())
+    held = [getattr(m, a, None) for m in modules.values() if hasattr(m, "reset_state")
+            for a in ("_buffer", "_overflow")]
+    held.append(getattr(modules[""], "_transformer_cache", None))
+    return [x for x in held if x is not None]
+
+
+def test_interleaved_streams_each_sound_as_alone(cv_engine):
+    # The gpu lane interleaves the steps of two sessions' streams on the one model. Greedy
+    # sampling: only state the two streams share could make them differ from alone.
+    def request(text: str, voice: str) -> SynthesisRequest:
+        return SynthesisRequest(text, voice=voice, temperature=0.0, step_ms=80,
+                                options={"max_tokens": 4})
+
+    a = request("Hello there, how are you today?", "aria")
+    b = request("The quick brown fox jumps over the lazy dog.", "bram")
+    alone = run(cv_engine.open(a)), run(cv_engine.open(b))
+    streams = cv_engine.open(a), cv_engine.open(b)
+    together: tuple[list[bytes], list[bytes]] = ([], [])
+    for _ in range(5):  # a step of one, a step of the other (then None twice)
+        for stream, chunks in zip(streams, together, strict=True):
+            if (chunk := stream.step()) is not None:
+                chunks.append(chunk)
+    assert [len(c) for c in alone[0]] == [1920 * 2] * 4
+    assert together == alone
+
+
+def test_a_stream_closed_mid_sentence_leaves_nothing_on_the_decoder(cv_engine):
+    # A barge-in closes a stream after a step. mlx-audio resets the decoder's streaming state
+    # only at the end of a generation, and its tails keep whole chunk tensors alive.
+    stream = cv_engine.open(SynthesisRequest("Hello there.", options={"max_tokens": 8}))
+    assert stream.step() and decoder_state(cv_engine)
+    stream.close()
+    assert decoder_state(cv_engine) == []
+    # nor what a stream parked while another stepped
+    sa = cv_engine.open(SynthesisRequest("Hello there.", options={"max_tokens": 8}))
+    sb = cv_engine.open(SynthesisRequest("How are you?", options={"max_tokens": 8}))
+    assert sa.step() and sb.step()
+    sa.close()
+    sb.close()
+    assert decoder_state(cv_engine) == []
+    assert getattr(sa, "_decoder_state", None) is None
+
+
 def test_runaway_guard_stops_generation(tiny_qwen3_custom_voice):
     from engines.qwen3 import Qwen3Engine
 
