@@ -321,9 +321,14 @@ class Qwen3Engine:
     # -- internals ---------------------------------------------------------------------
 
     def _unload(self) -> bool:
-        loaded = self._model is not None
+        model = self._model
+        if model is not None and self._embeddings is not None:
+            # the shadow holds the model's own bound method: model -> shadow -> model, a
+            # cycle only the collector breaks (never, for a heap frozen after start-up), so
+            # the weights outlived close() and their MLX buffers missed its clear_cache()
+            del model.extract_speaker_embedding
         self._model = self._ref_array = self._embeddings = self._decoder = None
-        return loaded
+        return model is not None
 
     def _clone_name(self) -> str:
         return self.default_voice or Path(str(self.ref_audio)).stem

@@ -202,6 +202,26 @@ def test_cached_embedding_equals_a_fresh_one(clone_engine):
     assert mx.allclose(cached, fresh).item()
 
 
+def test_closing_a_clone_engine_frees_its_model_at_once(tiny_qwen3_base, reference_wav):
+    # Its embedding shadow holds the model's own method: a cycle only the collector breaks
+    # (and a serving gateway freezes its start-up heap out of it) kept the weights past
+    # close(), then left their buffers in MLX's cache, cleared before they were freed.
+    import gc
+    import weakref
+
+    from engines.qwen3 import Qwen3Engine
+
+    engine = Qwen3Engine(str(tiny_qwen3_base), ref_audio=str(reference_wav), max_tokens=4)
+    engine.load()
+    model = weakref.ref(engine._model)
+    gc.disable()
+    try:
+        engine.close()
+        assert model() is None
+    finally:
+        gc.enable()
+
+
 def test_base_model_without_reference_is_refused(tiny_qwen3_base):
     from engines.qwen3 import Qwen3Engine
 
