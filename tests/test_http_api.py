@@ -265,13 +265,8 @@ async def test_a_stopping_gateway_says_so(gateway):
     assert speech.status_code == 503 and speech.json()["error"]["code"] == "shutting_down"
 
 
-async def test_a_request_whose_body_came_after_the_shutdown_began_is_refused(gateway,
-                                                                             monkeypatch):
-    """The gateway was checked to be serving before the body was read (up to 10 s): a
-    request still sending its body when the shutdown began was spoken after the shutdown
-    had failed every open speech stream (I/O review)."""
-    from gateway.io import http_api
-
+def body_read_seen(monkeypatch) -> asyncio.Event:
+    """Set once the speech handler starts reading a request's body."""
     reading = asyncio.Event()
     read_json = http_api._read_json
 
@@ -280,6 +275,15 @@ async def test_a_request_whose_body_came_after_the_shutdown_began_is_refused(gat
         return await read_json(request)
 
     monkeypatch.setattr(http_api, "_read_json", read_json_seen)
+    return reading
+
+
+async def test_a_request_whose_body_came_after_the_shutdown_began_is_refused(gateway,
+                                                                             monkeypatch):
+    """The gateway was checked to be serving before the body was read (up to 10 s): a
+    request still sending its body when the shutdown began was spoken after the shutdown
+    had failed every open speech stream (I/O review)."""
+    reading = body_read_seen(monkeypatch)
     body = orjson.dumps({"input": "Hello there.", "response_format": "pcm"})
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
     writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -303,14 +307,7 @@ async def test_a_request_still_sending_its_body_when_the_shutdown_begins_is_refu
     ``500 Internal Server Error`` in plain text and an ERROR traceback, not the 503
     ``shutting_down`` a request already on its way is promised."""
     caplog.set_level(logging.INFO)
-    reading = asyncio.Event()
-    read_json = http_api._read_json
-
-    async def read_json_seen(request):
-        reading.set()
-        return await read_json(request)
-
-    monkeypatch.setattr(http_api, "_read_json", read_json_seen)
+    reading = body_read_seen(monkeypatch)
     gw = await start_gateway(replies)
     closing = None
     try:
