@@ -1187,6 +1187,12 @@ async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog
         answer = await reader.read()
     writer.close()
     assert answer.startswith(b"HTTP/1.1 400")
+    # in OpenAI's shape, as every other refusal (it was uvicorn's plain text)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower()
+    assert orjson.loads(body) == {"error": {"message": "Invalid HTTP request received.",
+                                            "type": "invalid_request_error", "param": None,
+                                            "code": "invalid_http"}}
     port = writer.get_extra_info("sockname")[1]
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "400" in r.getMessage()
             or "Invalid HTTP" in r.getMessage()]

@@ -50,6 +50,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import h11
 import orjson
 import uvicorn
 from starlette.applications import Starlette
@@ -1000,7 +1001,16 @@ class _H11(H11Protocol):
         # (uvicorn's own WARNING for it, with neither peer nor reason, is filtered out)
         peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         log.info("HTTP request from %s refused (400): %s", peer, msg)
-        super().send_400_response(msg)
+        # OpenAI's error shape, as every other refusal (uvicorn's is plain text)
+        body = orjson.dumps({"error": {"message": msg, "type": "invalid_request_error",
+                                       "param": None, "code": "invalid_http"}})
+        for event in (h11.Response(status_code=400, reason=b"Bad Request", headers=[
+                          (b"content-type", b"application/json"),
+                          (b"content-length", str(len(body)).encode()),
+                          (b"connection", b"close")]),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()
