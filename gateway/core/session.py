@@ -438,10 +438,8 @@ class Session:
         if turn is None or turn.llm_done:
             return []
         turn.llm_done = True
-        turn.failed = (code, message)
         turn.state = TurnState.SPEAKING
-        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
-                                            "error": {"code": code, "message": message}})]
+        effects: list[Effect] = [self._turn_error(turn, code, message)]
         effects += self._add_segments(turn, turn.segmenter.abandon(), now)
         return effects + self._pump(turn, now)
 
@@ -488,16 +486,10 @@ class Session:
         if turn.segments[index].announced or index < turn.current or \
                 not all(seg.synthesized for seg in turn.segments[:index]):
             return self._fail(turn, code, message, now)
-        turn.failed = turn.failed or (code, message)
-        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
-                                            "error": {"code": code, "message": message}})]
-        if not turn.llm_done and turn.source == "transcript":
-            effects.append(CancelLlm(turn.id))
-        if any(not seg.synthesized for seg in turn.segments[index:]):
-            effects.append(CancelSynthesis(turn.id))
+        effects = [self._turn_error(turn, code, message),
+                   *self._stop_work(turn, turn.segments[index:])]
         turn.held_bytes -= sum(len(seg.pending) for seg in turn.segments[index:])
         del turn.segments[index:]
-        turn.llm_done = True
         turn.state = TurnState.SPEAKING
         return effects + self._pump(turn, now)
 
@@ -819,18 +811,29 @@ class Session:
         return effects
 
     def _fail(self, turn: Turn, code: str, message: str, now: float) -> list[Effect]:
-        turn.failed = turn.failed or (code, message)
-        effects: list[Effect] = [SendEvent({"type": "error", "turn_id": turn.id,
-                                            "error": {"code": code, "message": message}})]
-        return effects + self._end_turn(turn, "failed", now)
+        return [self._turn_error(turn, code, message), *self._end_turn(turn, "failed", now)]
 
-    def _end_turn(self, turn: Turn, status: str, now: float) -> list[Effect]:
+    @staticmethod
+    def _turn_error(turn: Turn, code: str, message: str) -> SendEvent:
+        """The turn's ``error`` event; the turn will end ``failed`` with the first one."""
+        turn.failed = turn.failed or (code, message)
+        return SendEvent({"type": "error", "turn_id": turn.id,
+                          "error": {"code": code, "message": message}})
+
+    @staticmethod
+    def _stop_work(turn: Turn, segments: list[_SegmentAudio]) -> list[Effect]:
+        """No more text for the turn (its LLM stream closed) and no more audio for
+        ``segments`` (the turn's synthesis cancelled while one of them is still made)."""
         effects: list[Effect] = []
         if not turn.llm_done and turn.source == "transcript":
             effects.append(CancelLlm(turn.id))
-        if any(not s.synthesized for s in turn.segments):
+        if any(not s.synthesized for s in segments):
             effects.append(CancelSynthesis(turn.id))
         turn.llm_done = True
+        return effects
+
+    def _end_turn(self, turn: Turn, status: str, now: float) -> list[Effect]:
+        effects = self._stop_work(turn, turn.segments)
         turn.state = TurnState.ENDED
         if turn.source == "transcript":
             self._remember(turn, status)
