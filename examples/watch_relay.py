@@ -313,7 +313,7 @@ class RelayCore:
         it, never itself.)"""
         self.session_id, self.resume_token = event["session_id"], event["resume_token"]
         window = event.get("resume_window_s")
-        if isinstance(window, int | float) and not isinstance(window, bool) and window >= 0:
+        if _is_number(window) and window >= 0:
             self.resume_window_s = float(window)
         down = {k: v for k, v in event.items() if k not in ("resume_token", "resume_window_s")}
         down["relay"] = {"upstream_audio": event.get("audio")}
