@@ -5,7 +5,9 @@ A gateway that speaks with espeak never imports mlx.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 from engines.base import LlmBackend, TtsEngine
@@ -24,6 +26,17 @@ LLM_BACKENDS: dict[str, str] = {
     "openai": "engines.llm_openai:OpenAiLlm",
     "replay": "engines.llm_replay:ReplayLlm",
 }
+
+
+@contextlib.contextmanager
+def refused_as(what: str) -> Iterator[None]:
+    """A refusal (``ValueError``) raised inside names ``what`` it is about: the fallback's
+    and the second engine's options are tables of their own, and their refusals read as
+    the primary's."""
+    try:
+        yield
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
 
 def _import(target: str) -> Any:
@@ -56,19 +69,14 @@ def create_voice(engine: str, options: dict[str, Any], fallback: str | None = No
         return primary
     from engines.fallback import FallbackEngine
 
-    try:
+    with refused_as("the fallback ([tts] fallback, [tts.fallback_options])"):
         backup = create_engine(fallback, **(fallback_options or {}))
-    except ValueError as exc:  # (it read as the primary's: its options are another table)
-        raise ValueError(f"the fallback ([tts] fallback, [tts.fallback_options]): {exc}") \
-            from None
     policy = fallback_policy or {}
     what = "the fallback policy ([tts.fallback_policy])"
     check_options(FallbackEngine, {"primary": primary, "fallback": backup, **policy}, what,
                   given=("primary", "fallback"))
-    try:
+    with refused_as(what):
         wrapped: TtsEngine = FallbackEngine(primary, backup, **policy)
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
     return wrapped
 
 

@@ -37,7 +37,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from engines.base import LlmBackend, TtsEngine, streams_always
-from engines.registry import create_engine, create_llm, create_voice
+from engines.registry import create_engine, create_llm, create_voice, refused_as
 from gateway.config import TTS_OPTION_NAMES, GatewayConfig, LlmConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
@@ -131,11 +131,8 @@ class Gateway:
                                              names=TTS_OPTION_NAMES)
         self.engines: list[TtsEngine] = [self.engine]
         if t.also:
-            try:
+            with refused_as("the second engine ([tts] also, [tts.also_options])"):
                 self.engines.append(create_engine(t.also, **t.also_options))
-            except ValueError as exc:  # (it read as the primary's)
-                raise ValueError(f"the second engine ([tts] also, [tts.also_options]): "
-                                 f"{exc}") from None
             if self.engines[1].lane == self.engine.lane:
                 raise ValueError(
                     f"tts.also: engine {t.also!r} runs on lane {self.engine.lane!r} like the "
