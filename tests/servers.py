@@ -4,6 +4,8 @@
   uvicorn in the test's own event loop; each request plays a script of steps.
 * ``TinyLlamaServer``: a real ``mlx_lm.server`` process serving a tiny random-weight llama
   built locally (``tests.tiny_models.llama``).
+* ``ServeProcess``: ``voice-gateway serve`` itself as a process, for what only a process
+  shows: its banner, its log, signals and its exit code.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -457,6 +459,89 @@ class TinyLlamaServer:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
+
+
+class ServeProcess:
+    """``python -m gateway.cli serve ARGS`` as its own process (stdout and stderr merged).
+
+    A thread reads the output line by line into ``output`` from the start, so nothing is
+    lost between waiting for a line and reading the rest (``communicate`` with a timeout
+    reads the raw pipe and loses what ``readline`` had buffered). Use it as a context
+    manager: a process still running at the end is killed.
+    """
+
+    def __init__(self, *args: str) -> None:
+        self.output: list[str] = []
+        self._seen = threading.Condition()
+        self._ended = False
+        self._proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", *args],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._reader = threading.Thread(target=self._read, daemon=True, name="serve output")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            with self._seen:
+                self.output.append(line)
+                self._seen.notify_all()
+        with self._seen:
+            self._ended = True
+            self._seen.notify_all()
+
+    def wait_for(self, wanted: Callable[[str], bool], timeout: float = 120.0) -> str:
+        """The first output line ``wanted`` holds for, once it has come."""
+        with self._seen:
+            self._seen.wait_for(lambda: self._ended or any(map(wanted, self.output)), timeout)
+            if line := next((x for x in self.output if wanted(x)), None):
+                return line
+        raise AssertionError("the gateway process never printed the line waited for:\n"
+                             + "".join(self.output))
+
+    def serving(self) -> str:
+        """The banner's first line, ``voice-gateway X serving ws://...``."""
+        return self.wait_for(lambda x: x.startswith("voice-gateway") and "serving" in x)
+
+    def banner(self) -> str:
+        """The banner's lines through the HTTP API's."""
+        self.wait_for(lambda x: x.startswith("  HTTP:"))
+        first = self.output.index(self.serving())
+        last = next(i for i, x in enumerate(self.output) if x.startswith("  HTTP:"))
+        return "".join(self.output[first:last + 1])
+
+    @property
+    def voice_url(self) -> str:
+        return self.serving().split()[3]
+
+    @property
+    def port(self) -> int:
+        return int(self.voice_url.rsplit(":", 1)[1].split("/")[0])
+
+    @property
+    def http_port(self) -> int:
+        http = self.wait_for(lambda x: x.startswith("  HTTP:")).split()[1]
+        return int(http.split("//")[1].split("/")[0].rsplit(":", 1)[1])
+
+    def signal(self, sig: int) -> None:
+        self._proc.send_signal(sig)
+
+    def finish(self, timeout: float = 30.0) -> tuple[int, str]:
+        """Its exit code and all it printed, once it has exited."""
+        code = self._proc.wait(timeout)
+        self._reader.join(timeout)
+        return code, "".join(self.output)
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        assert self._proc.stdout is not None
+        self._reader.join(5)
+        self._proc.stdout.close()
 
 
 def _free_port() -> int:

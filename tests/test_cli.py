@@ -7,11 +7,11 @@ import contextlib
 import json
 import os
 import signal
-import sys
 
 import pytest
 
 from gateway.cli import _parser, build_config, main
+from tests.servers import ServeProcess
 
 
 def config_of(*argv: str):
@@ -337,27 +337,17 @@ def test_the_start_banner_gives_urls_a_client_can_use_on_an_ipv6_host():
     health's and the HTTP API's."""
     import re
     import socket
-    import subprocess
 
     import httpx
     from websockets.asyncio.client import connect
 
     try:
-        socket.socket(socket.AF_INET6).bind(("::1", 0))
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
     except OSError:
         pytest.skip("this machine has no IPv6 loopback")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--host", "::1",
-                             "--port", "0", "--http-port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stdout is not None
-    try:
-        banner = []
-        while line := proc.stdout.readline():
-            banner.append(line)
-            if line.startswith("  HTTP:"):
-                break
-        urls = re.findall(r"(?:wss?|https?)://\S+?(?=[ ,)]|$)", "".join(banner), re.M)
+    with ServeProcess("--host", "::1", "--port", "0", "--http-port", "0") as gw:
+        urls = re.findall(r"(?:wss?|https?)://\S+?(?=[ ,)]|$)", gw.banner(), re.M)
         voice, health, console, speech = urls[:4]
         assert voice.startswith("ws://[::1]:") and voice.endswith("/v1/voice")
         assert speech.startswith("http://[::1]:") and speech.endswith("/v1/audio/speech")
@@ -372,7 +362,6 @@ def test_the_start_banner_gives_urls_a_client_can_use_on_an_ipv6_host():
                 assert (await client.get(models)).status_code == 200
 
         asyncio.run(use())
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        rest = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 0, rest
+        gw.signal(signal.SIGTERM)
+        code, output = gw.finish()
+    assert code == 0, output

@@ -22,7 +22,7 @@ from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.server import Gateway
-from tests.servers import Hang, Text, TinyLlamaServer
+from tests.servers import Hang, ServeProcess, Text, TinyLlamaServer
 from tests.wsclient import TurnResult, read_turn, read_until_closed, recv_event, send
 
 NO_PACING = {"max_lead_ms": 30_000}  # the whole reply is released at once
@@ -552,33 +552,18 @@ def test_sigterm_as_soon_as_it_says_serving_still_shuts_down_cleanly(sig):
     # the handlers were installed after the "serving" line: a supervisor's SIGTERM sent on
     # seeing it killed the process outright (10 of 10 runs). SIGHUP killed it (exit 129)
     # with no close to its clients.
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
-                             "--http-port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.stdout is not None
-    while line := proc.stdout.readline():
-        if line.startswith("voice-gateway") and "serving" in line:
-            proc.send_signal(sig)
-            break
-    rest = proc.communicate(timeout=30)[0]
-    assert proc.returncode == 0, rest
-    assert "shutting down: closing 0 session(s)" in rest and "stopped" in rest
+    with ServeProcess("--port", "0", "--http-port", "0") as gw:
+        gw.serving()
+        gw.signal(sig)
+        code, output = gw.finish()
+    assert code == 0, output
+    assert "shutting down: closing 0 session(s)" in output and "stopped" in output
 
 
 @pytest.mark.slow
 def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
-                             "--tts", "synthetic", "--max-lead-ms", "1000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
-    try:
-        assert proc.stdout is not None
-        while line := proc.stdout.readline():
-            if line.startswith("voice-gateway") and "serving" in line:
-                break
-        port = int(line.split()[3].rsplit(":", 1)[1].split("/")[0])
+    with ServeProcess("--port", "0", "--tts", "synthetic", "--max-lead-ms", "1000") as gw:
+        port = gw.port
 
         async def talk() -> list[int | None]:
             sockets = [await connect(f"ws://127.0.0.1:{port}/v1/voice") for _ in range(3)]
@@ -586,7 +571,7 @@ def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
                 await recv_event(ws, "session.created")
                 await send(ws, type="say", text=WELL * 3)
                 await recv_event(ws, "sentence")  # mid-turn
-            proc.send_signal(signal.SIGTERM)
+            gw.signal(signal.SIGTERM)
             codes = []
             for ws in sockets:
                 await read_until_closed(ws)
@@ -594,15 +579,12 @@ def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
             return codes
 
         assert asyncio.run(talk()) == [1001, 1001, 1001]
-        rest = proc.communicate(timeout=30)[0]
-        assert proc.returncode == 0, rest
-        assert "Traceback" not in rest, rest
-        # nothing left running: the port is closed
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        code, output = gw.finish()
+    assert code == 0, output
+    assert "Traceback" not in output, output
+    # nothing left running: the port is closed
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
 
 
 STUCK_THEN_EXIT = """

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -23,6 +20,7 @@ from tests.servers import (
     Drop,
     Finish,
     Hang,
+    ServeProcess,
     Status,
     Text,
     Usage,
@@ -172,34 +170,18 @@ async def test_full_turn_through_a_real_mlx_lm_server(tiny_llama_server):
     assert result.done["metrics"]["ttft_ms"] is not None
 
 
-def test_cli_serves_and_exits_cleanly_on_sigterm(tmp_path):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
-    try:
-        lines = []
-        while line := proc.stdout.readline():  # (iteration reads ahead past what we need)
-            lines.append(line)
-            if line.startswith("voice-gateway") and "serving" in line:
-                break
-        url = lines[-1].split()[3]
+def test_cli_serves_and_exits_cleanly_on_sigterm():
+    with ServeProcess("--port", "0") as gw:
+        url = gw.voice_url
         assert url.startswith("ws://127.0.0.1:") and url.endswith("/v1/voice")
-        port = int(url.rsplit(":", 1)[1].split("/")[0])
-        health = httpx.get(f"http://127.0.0.1:{port}/health").json()
+        health = httpx.get(f"http://127.0.0.1:{gw.port}/health").json()
         assert health["status"] == "ok"
         # the start-up heap is out of the collector's reach (freeze_startup_heap)
         assert health["loop"]["gc_frozen_objects"] > 10_000
-        proc.send_signal(signal.SIGTERM)
-        # (not communicate(): with a timeout it reads the raw pipe and loses what
-        # readline already buffered)
-        rest = proc.stdout.read()
-        proc.wait(timeout=30)
-        assert proc.returncode == 0, rest
-        assert "LLM:" in "".join(lines) + rest and "shutting down" in rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        gw.signal(signal.SIGTERM)
+        code, output = gw.finish()
+    assert code == 0, output
+    assert "LLM:" in output and "shutting down" in output
 
 
 async def test_a_runaway_reply_is_cut_at_max_reply_chars_and_its_stream_closed(

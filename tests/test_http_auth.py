@@ -13,6 +13,7 @@ from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.auth import redact
 from gateway.io.server import Gateway
+from tests.servers import ServeProcess
 from tests.wsclient import read_turn, recv_event, send
 
 SECRET = "s3cret-Token_value"
@@ -109,27 +110,11 @@ def test_redact_masks_query_and_bearer_tokens():
 @pytest.mark.slow
 def test_the_cli_at_debug_level_never_prints_a_token():
     import asyncio
-    import os
     import signal
-    import subprocess
-    import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
-                             "--tts", "synthetic", "--token", SECRET, "--log-level", "DEBUG"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        assert proc.stdout is not None
-        seen = []
-        while line := proc.stdout.readline():
-            seen.append(line)
-            if line.startswith("voice-gateway") and "serving" in line:
-                break
-        voice = line.split()[3]
-        while "HTTP:" not in line:  # the banner's next lines
-            line = proc.stdout.readline()
-            seen.append(line)
-        http_port = int(line.split("//")[1].split("/")[0].rsplit(":", 1)[1])
+    with ServeProcess("--port", "0", "--tts", "synthetic", "--token", SECRET,
+                      "--log-level", "DEBUG") as gw:
+        voice, http_port = gw.voice_url, gw.http_port
 
         async def talk() -> None:
             with pytest.raises(InvalidStatus):
@@ -145,11 +130,8 @@ def test_the_cli_at_debug_level_never_prints_a_token():
                 assert r.status_code == 200
 
         asyncio.run(talk())
-        proc.send_signal(signal.SIGTERM)
-        output = "".join(seen) + proc.communicate(timeout=30)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        gw.signal(signal.SIGTERM)
+        output = gw.finish()[1]
     assert "/v1/voice?token=***" in output  # the request line was logged, masked
     assert SECRET not in output
 
