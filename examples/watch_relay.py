@@ -291,11 +291,14 @@ class RelayCore:
         """How long the gateway keeps the session for a resume (its ``session.created``
         says; None when it does not)."""
         self._ended: tuple[int, Timeline] | None = None  # the last turn ended, still playing
-        self._latest_turn: int | None = None  # the last turn seen start
         self._unanswered: list[tuple[str, str]] = []
         """(type, message): a ``transcript``, ``say`` or ``cancel`` sent up whose effect has
         not been seen: lost if the gateway socket drops with it, so sent again after the
         resume (protocol.md, Resume)."""
+        self._answered_turn = 0
+        """The newest turn whose ``transcript`` or ``say`` has left ``_unanswered``. The
+        gateway handles messages in order and each valid one starts the next turn (or is
+        refused, ``rate_limited``), so turn N answers the N-th one sent."""
         self._mark: tuple[int, str] | None = None
         """(turn_id, message): the last ``playback`` mark sent up, in the gateway's time; sent
         again before a lost barge-in (``resumed``). Forgotten when a turn starts: the
@@ -334,14 +337,14 @@ class RelayCore:
         self._since_frame += 1
         event = orjson.loads(message)
         kind = event.get("type")
-        if kind == "turn.started":  # (only what the relay sent starts one: all of it came)
-            self._latest_turn = event.get("turn_id")
-            self._unanswered.clear()
+        if kind == "turn.started":  # (only what the relay sent starts one)
+            self._turns_started(event.get("turn_id"))
             self._mark = None  # it went up before the transcript that started this turn
         elif kind == "turn.done":  # no turn in progress: a cancel sent has nothing left to do
             self._unanswered = [u for u in self._unanswered if u[0] != "cancel"]
-        elif kind == "error" and "turn_id" not in event:  # a turn refused (rate_limited)
-            self._unanswered = [u for u in self._unanswered if u[0] == "cancel"]
+        elif kind == "error" and "turn_id" not in event \
+                and event.get("error", {}).get("code") == "rate_limited":
+            self._answered(1)  # the oldest transcript or say, refused
         if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
             # its tail plays on up to max_lead_ms, and marks for it still count (protocol.md,
             # History): keep its timeline
@@ -366,8 +369,8 @@ class RelayCore:
             kind = event.get("type")
         except (orjson.JSONDecodeError, AttributeError):
             return
-        if kind in ("transcript", "say", "cancel"):
-            self._unanswered.append((kind, message))
+        if kind == "cancel" or kind in ("transcript", "say") and _valid_text(event.get("text")):
+            self._unanswered.append((kind, message))  # (an invalid one starts no turn)
         elif kind == "playback":
             turn_id, played = event.get("turn_id"), event.get("played_ms")
             if _is_number(turn_id) and isinstance(turn_id, int) and _is_number(played) \
@@ -430,13 +433,33 @@ class RelayCore:
         newest mark the relay sent, so any mark that reached the gateway is it or an older
         one: sending it again never moves the gateway's count back (twice is harmless)."""
         self._skip = min(self._since_frame, replayed)
-        if turn_id != self._latest_turn:
-            asked = [i for i, (kind, _m) in enumerate(self._unanswered) if kind != "cancel"]
-            del self._unanswered[:asked[-1] + 1 if asked else 0]
+        self._turns_started(turn_id)  # (their turn.started, replayed, then changes nothing)
         again = [m for _kind, m in self._unanswered]
         if again and self._mark is not None and self._mark[0] == turn_id:
             again.insert(0, self._mark[1])
         return again
+
+
+    def _turns_started(self, turn_id: Any) -> None:
+        """The gateway has started every turn up to ``turn_id``."""
+        if isinstance(turn_id, int) and turn_id > self._answered_turn:
+            self._answered(turn_id - self._answered_turn)
+            self._answered_turn = turn_id
+
+    def _answered(self, count: int) -> None:
+        """The ``count`` oldest transcripts or says came, and every cancel sent before them."""
+        for _ in range(count):
+            asked = next((i for i, (kind, _m) in enumerate(self._unanswered)
+                          if kind != "cancel"), None)
+            if asked is None:
+                return
+            del self._unanswered[:asked + 1]
+
+
+def _valid_text(text: Any) -> bool:
+    """A ``transcript``'s or ``say``'s text the gateway takes (protocol.md: 1–4,000
+    characters, not only whitespace)."""
+    return isinstance(text, str) and len(text) <= 4_000 and bool(text.strip())
 
 
 def _is_number(value: Any) -> bool:

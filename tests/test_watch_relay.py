@@ -322,6 +322,16 @@ def _dumps(**message) -> str:
     (["transcript"], ["error"], None, []),  # refused (rate_limited): not again
     (["cancel"], ["turn.done"], 1, []),  # no turn in progress: nothing left to cancel
     (["ping", "playback"], [], None, []),
+    # turn N answers the N-th transcript or say: a second one sent before the first one's
+    # turn.started came is still unanswered
+    (["transcript", "second"], ["turn.started"], 1, ["second"]),
+    (["transcript", "second"], [], 1, ["second"]),
+    (["transcript", "cancel", "second"], [], 1, ["cancel", "second"]),
+    (["transcript", "second"], [], 2, []),
+    (["transcript", "second"], ["error"], None, ["second"]),  # the first one refused
+    (["transcript", "second"], ["other error"], None, ["transcript", "second"]),
+    (["blank", "second"], [], 1, []),  # refused (invalid_field): it starts no turn
+    (["blank"], [], None, []),
 ])
 def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, heard,
                                                                       resumed_turn, again):
@@ -329,16 +339,34 @@ def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, hear
     messages = {"transcript": _dumps(type="transcript", text="Hi"),
                 "say": _dumps(type="say", text="Hello"), "cancel": _dumps(type="cancel"),
                 "ping": _dumps(type="ping"),
-                "playback": _dumps(type="playback", turn_id=1, played_ms=5)}
+                "playback": _dumps(type="playback", turn_id=1, played_ms=5),
+                "second": _dumps(type="transcript", text="And tomorrow?"),
+                "blank": _dumps(type="transcript", text=" \n")}
     events = {"turn.started": _dumps(type="turn.started", turn_id=1, source="transcript"),
               "turn.done": _dumps(type="turn.done", turn_id=1, status="completed"),
-              "error": _dumps(type="error", error={"code": "rate_limited", "message": ""})}
+              "error": _dumps(type="error", error={"code": "rate_limited", "message": ""}),
+              "other error": _dumps(type="error", error={"code": "invalid_field",
+                                                          "message": "a playback mark"})}
     for kind in sent:
         up, _reply = core.from_watch(messages[kind])
         core.sent(up)
     for kind in heard:
         core.from_gateway(events[kind])
     assert core.resumed(0, resumed_turn) == [messages[kind] for kind in again]
+
+
+def test_core_counts_a_turn_started_during_a_resume_once():
+    """``session.resumed`` says turn 1 started; its ``turn.started``, replayed next, is the
+    same turn: the second transcript stays unanswered."""
+    core = RelayCore(Pcm16kAudio())
+    first, second = _dumps(type="transcript", text="Hi"), _dumps(type="transcript", text="Bye")
+    for message in (first, second):
+        core.sent(core.from_watch(message)[0])
+    assert core.resumed(0, 1) == [second]
+    core.from_gateway(_dumps(type="turn.started", turn_id=1, source="transcript"))
+    assert core.resumed(0, 1) == [second]  # after another drop
+    core.from_gateway(_dumps(type="turn.started", turn_id=2, source="transcript"))
+    assert core.resumed(0, 2) == []
 
 
 @pytest.mark.parametrize(("sent", "heard", "resumed_turn", "again"), [
