@@ -43,6 +43,8 @@ from engines.mlx_common import (
     process_memory,
     resolve_model_path,
     runaway_budget_s,
+    seed_sampling,
+    unseed_sampling,
 )
 
 log = logging.getLogger(__name__)
@@ -181,11 +183,11 @@ class ChatterboxStream:
         max_tokens = req.options.get("max_tokens", engine.max_tokens)
         if max_tokens is None:  # one second of speech tokens past the budget
             max_tokens = int((budget_s + 1) * SPEECH_TOKENS_HZ)
-        try:
-            import mlx.core as mx
+        import mlx.core as mx
 
-            if req.seed is not None:
-                mx.random.seed(req.seed)
+        if req.seed is not None:
+            seed_sampling(req.seed)  # (one step: the whole segment)
+        try:
             results = engine._model.generate(
                 self._text,
                 conds=engine._conds,
@@ -211,8 +213,8 @@ class ChatterboxStream:
         except Exception as exc:
             raise mlx_failure(exc, "chatterbox generation failed") from exc
         finally:
-            import mlx.core as mx
-
+            if req.seed is not None:
+                unseed_sampling()
             mx.clear_cache()
 
     def close(self) -> None:

@@ -209,6 +209,27 @@ def warm_up(engine: TtsEngine, text: str) -> float:
     return time.perf_counter() - started
 
 
+def seed_sampling(seed: int, step: int = 0) -> None:
+    """Seed MLX's random generator for ``step`` of a request that asked for ``seed``.
+
+    The streams on the lane share MLX's one global generator, and the lane steps them in
+    turn: a seed set once at a stream's start would not survive another stream sampling
+    between two of its steps. Seeding every step from (seed, step) gives a seed the same
+    audio alone or interleaved. Any integer is a seed (MLX itself takes 0 to 2**64 - 1).
+    """
+    import mlx.core as mx
+
+    mx.random.seed(hash((seed, step)) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def unseed_sampling() -> None:
+    """Back to unpredictable sampling, for the streams that asked for no seed, after a
+    seeded step."""
+    import mlx.core as mx
+
+    mx.random.seed(int.from_bytes(os.urandom(8)))
+
+
 def mlx_failure(exc: BaseException, what: str) -> EngineError:
     """Map a library error (mlx, mlx-audio, transformers) to ``engine_failed``."""
     if isinstance(exc, EngineError):

@@ -64,6 +64,8 @@ from engines.mlx_common import (
     quiet_tqdm,
     resolve_model_path,
     runaway_budget_s,
+    seed_sampling,
+    unseed_sampling,
 )
 
 log = logging.getLogger(__name__)
@@ -367,6 +369,7 @@ class Qwen3Stream:
         self._samples = 0
         self._gen: Any = None
         self._done = False
+        self._steps = 0
         self._decoder_state: Any = None
         """This stream's codec-decoder state while another stream steps (``DecoderStreams``)."""
 
@@ -385,7 +388,15 @@ class Qwen3Stream:
             decoder = engine._decoder
             if decoder is not None:
                 decoder.switch_to(self)
-            result = next(self._gen)
+            seed = self._request.seed
+            if seed is not None:
+                seed_sampling(seed, self._steps)
+            try:
+                result = next(self._gen)
+            finally:
+                self._steps += 1
+                if seed is not None:
+                    unseed_sampling()
             audio = result.audio
             n = int(audio.shape[0])
             if self._samples + n > self._budget_samples:
@@ -408,11 +419,7 @@ class Qwen3Stream:
         self._finish()
 
     def _start(self) -> Any:
-        import mlx.core as mx
-
         engine, req = self._engine, self._request
-        if req.seed is not None:
-            mx.random.seed(req.seed)
         max_tokens = req.options.get("max_tokens", engine.max_tokens)
         interval = engine.interval_for(req)
         if max_tokens is None:
