@@ -46,6 +46,7 @@ import numpy as np
 import soxr
 
 from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest
+from engines.spell import english_readings
 
 ESPEAK_RATE = 22_050
 """What libespeak-ng produces, in Hz."""
@@ -85,10 +86,11 @@ twenty-two degrees", a year). In English it is "to"; other languages keep the da
 
 
 def espeak_text(text: str, *, english: bool = False) -> str:
-    """``text`` as espeak should be given it: ranges read "to" in ``english`` voices
-    (``_RANGE``), minus signs as U+2212 (``_SIGN``)."""
+    """``text`` as espeak should be given it: in ``english`` voices the notations it
+    misreads in words (``engines.spell.english_readings``: "7 > 5" was "seven five") and
+    ranges read "to" (``_RANGE``); minus signs as U+2212 (``_SIGN``)."""
     if english:
-        text = _RANGE.sub(" to ", text)
+        text = _RANGE.sub(" to ", english_readings(text))
     return _SIGN.sub("\u2212", text)
 
 

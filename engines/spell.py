@@ -5,6 +5,11 @@ out as English words ("$184.50" -> "one hundred eighty-four dollars and fifty ce
 Pure text in, text out. The gateway's segmenter applies it when every engine that may speak
 needs it; a fallback engine that needs it while the primary does not applies it to the
 segments it takes over (``engines.fallback``).
+
+``english_readings`` is the part every English voice needs, whether or not it reads digits:
+notations no engine says right ("7 > 5" was "seven five"). ``spell_out`` starts with it,
+and espeak's English voices get it too (``engines.espeak.espeak_text``); it leaves digits
+as digits, so each engine reads the numbers its own way.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 
 def spell_out(text: str) -> str:
     """``text`` with its numbers and abbreviations as words (idempotent)."""
+    text = english_readings(text)
     for pattern, repl in _ABBREVIATIONS:
         text = pattern.sub(repl, text)
     return _numbers_to_words(text)
@@ -38,6 +44,57 @@ _ABBREVIATIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]
     (re.compile(r"(?<=[\d%M])\s?\u2013\s?(?=\$?\d)"), " to "),
 ]
 
+
+
+# --- notations every English voice needs (espeak's too) ----------------------------------
+
+_Rule = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
+
+_OPERAND = r"(?=[-\u2212+$\u20ac\u00a3(.]?\d)"
+"""A comparison's right side is a number: "7 > 5", "<5%", "x >= -1"."""
+
+
+_MENU_STEP = re.compile(r"\b[A-Z][a-z]+\s*$")
+"""A capitalised word before ``>``: a step of a menu path ("Settings > Devices > Add",
+"Wi-Fi > 5 GHz"), no comparison."""
+
+
+def _spaced(words: str) -> Callable[[re.Match[str]], str]:
+    """``words`` in place of the match, a space either side (none at the very start); an
+    ASCII sign after a menu step (``_MENU_STEP``) stays."""
+    def say(m: re.Match[str]) -> str:
+        if m.group().strip() in "<>" and _MENU_STEP.search(m.string, 0, m.start()):
+            return m.group()
+        return (" " if m.start() else "") + words + " "
+    return say
+
+
+_COMPARISONS: list[_Rule] = [
+    (re.compile(pattern), _spaced(words))
+    for words, signs in (("less than or equal to", ("<=", "\u2264")),
+                         ("greater than or equal to", (">=", "\u2265")),
+                         ("not equal to", ("!=", "\u2260")),
+                         ("less than", ("<",)), ("greater than", (">",)),
+                         ("approximately", ("\u2248",)))
+    for pattern in (
+        # a sign of its own: only ever a comparison
+        *(rf"\s*{sign}\s*" for sign in signs if not sign.isascii()),
+        # ASCII: before a number, or spaced between two single letters ("x > y"), never in
+        # an arrow or a tag ("->", "=>", "<div>", "<<")
+        *(rf"\s*(?<![-=<>!]){sign}(?![-=<>])\s*(?:{_OPERAND}|(?<=\b\w\s{sign}\s)(?=\w\b))"
+          for sign in signs if sign.isascii()),
+    )
+]
+"""Comparison signs. espeak says nothing for ``<`` and ``>`` ("7 > 5" was "seven five") and
+chatterbox nothing for any of them; espeak's own "less or equal to" is said the same way."""
+
+
+def english_readings(text: str) -> str:
+    """``text`` with the notations an English voice misreads written as it should say them:
+    comparison signs ("7 > 5": "7 greater than 5"). Digits stay digits."""
+    for pattern, repl in _COMPARISONS:
+        text = pattern.sub(repl, text)
+    return text
 
 
 # --- numbers as words (for engines with reads_digits=False) ------------------------------
