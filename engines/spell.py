@@ -89,9 +89,33 @@ _COMPARISONS: list[_Rule] = [
 chatterbox nothing for any of them; espeak's own "less or equal to" is said the same way."""
 
 
+_PHONE = re.compile(
+    r"(?<![\w+.,/-])(?:"
+    r"\+\d{1,3}(?:[-. ]\(?\d{1,4}\)?){2,5}"  # +1 415 555 0142, +44 20 7946 0958
+    r"|(?:\+?1[-. ]?)?\(\d{3}\)[-. ]?\d{3}[-. ]\d{4}"  # (415) 555-0142
+    r"|(?:1[-. ])?\d{3}([-.])\d{3}\1\d{4}"  # 415-555-0142, 1-800-555-0199, 415.555.0142
+    r"|\d{3}-\d{4}"  # 555-0142
+    r")(?![\w-]|[.,]\d)")
+"""A phone number: espeak read it as amounts ("555-0142" was "five hundred fifty-five dash
+zero one forty-two"), chatterbox too ("five hundred fifty-five-zero one four two")."""
+
+
+def _phone(m: re.Match[str]) -> str:
+    """Each digit apart, a pause between groups: "555-0142" -> "5 5 5, 0 1 4 2"."""
+    whole = m.group()
+    groups = re.findall(r"\d+", whole)
+    if len(groups) == 2 and groups[0][-1] == groups[1][-1] == "0" and groups[1][0] != "0":
+        return whole  # "100-1000", "500-1500 words": a range
+    if whole[0] == "+" and not 8 <= sum(map(len, groups)) <= 15:
+        return whole  # no international number (E.164: up to 15 digits)
+    return ("plus " if whole[0] == "+" else "") + ", ".join(" ".join(g) for g in groups)
+
+
 def english_readings(text: str) -> str:
     """``text`` with the notations an English voice misreads written as it should say them:
-    comparison signs ("7 > 5": "7 greater than 5"). Digits stay digits."""
+    comparison signs ("7 > 5": "7 greater than 5"), phone numbers digit by digit ("555-0142":
+    "5 5 5, 0 1 4 2"). Digits stay digits."""
+    text = _PHONE.sub(_phone, text)
     for pattern, repl in _COMPARISONS:
         text = pattern.sub(repl, text)
     return text

@@ -67,9 +67,42 @@ def test_arrows_tags_shifts_and_menus_are_no_comparison(text) -> None:
     assert english_readings(text) == text
 
 
-def test_espeak_says_a_comparison_it_skipped(engine) -> None:
-    # "7 > 5." was "seven five" with a pause: 1.26 s against 1.73 s for the words
-    words = samples(engine, "7 greater than 5.")
-    assert samples(engine, "7 > 5.") == pytest.approx(words, rel=0.02)
-    # German keeps its own reading: no English word in a German voice
-    assert samples(engine, "7 > 5.", "de") < samples(engine, "7 greater than 5.", "de") * 0.8
+# --- phone numbers ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("Call 555-0142.", "Call 5 5 5, 0 1 4 2.", "Call five five five, zero one four two."),
+    ("Dial (415) 555-0142 or +1 415 555 0142.",
+     "Dial 4 1 5, 5 5 5, 0 1 4 2 or plus 1, 4 1 5, 5 5 5, 0 1 4 2.",
+     "Dial four one five, five five five, zero one four two or plus one, four one five, "
+     "five five five, zero one four two."),
+    ("It's 1-800-555-0199 or 415.555.0142.",
+     "It's 1, 8 0 0, 5 5 5, 0 1 9 9 or 4 1 5, 5 5 5, 0 1 4 2.",
+     "It's one, eight zero zero, five five five, zero one nine nine or four one five, "
+     "five five five, zero one four two."),
+    ("London: +44 20 7946 0958", "London: plus 4 4, 2 0, 7 9 4 6, 0 9 5 8",
+     "London: plus four four, two zero, seven nine four six, zero nine five eight"),
+])
+def test_phone_numbers_are_read_digit_by_digit(text, english, spelled) -> None:
+    # espeak read amounts: "555-0142" was "five hundred fifty-five dash zero one forty-two"
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", [
+    "Aim for 100-1000 words, or 500-1500.", "On 2024-05-01 take I-95.", "SSN 123-45-6789",
+    "ZIP 02139-4307", "In 2019-2020.", "v1.555-0142", "Add +5 10 20.", "+1.5 2.3",
+])
+def test_ranges_dates_and_codes_are_no_phone_number(text) -> None:
+    assert english_readings(text) == text
+
+
+# --- what espeak says (the real library) ----------------------------------------------
+
+@pytest.mark.parametrize(("text", "reading"), [
+    # was "seven five" with a pause: 1.26 s against 1.73 s for the words
+    ("7 > 5.", "7 greater than 5."),
+    # was "five hundred fifty-five dash zero one forty-two"
+    ("Call 555-0142.", "Call 5 5 5, 0 1 4 2."),
+], ids=["comparison", "phone"])
+def test_espeak_says_what_it_misread(engine, text, reading) -> None:
+    # the same length as the reading written out (the German voice: ``check``)
+    assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
