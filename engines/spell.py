@@ -111,10 +111,26 @@ def _phone(m: re.Match[str]) -> str:
     return ("plus " if whole[0] == "+" else "") + ", ".join(" ".join(g) for g in groups)
 
 
+_ISO_DATE = re.compile(
+    r"(?<![\w.,/-])(1\d{3}|20\d{2})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?![\w-]|[.,]\d)")
+"""A date as ISO 8601 writes it: espeak read "2026-12-02" group by group ("two thousand
+twenty-six dash twelve dash zero two"), chatterbox "twenty twenty-six-twelve-two"."""
+_MONTH_NAMES = ("January February March April May June July August September October "
+                "November December").split()
+
+
+def _iso_date(m: re.Match[str]) -> str:
+    """ "2026-12-02" -> "December 2nd, 2026"."""
+    day = int(m.group(3))
+    suffix = "th" if 10 <= day % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+    return f"{_MONTH_NAMES[int(m.group(2)) - 1]} {day}{suffix}, {m.group(1)}"
+
+
 def english_readings(text: str) -> str:
     """``text`` with the notations an English voice misreads written as it should say them:
     comparison signs ("7 > 5": "7 greater than 5"), phone numbers digit by digit ("555-0142":
-    "5 5 5, 0 1 4 2"). Digits stay digits."""
+    "5 5 5, 0 1 4 2"), ISO dates ("2026-12-02": "December 2nd, 2026"). Digits stay digits."""
+    text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
     for pattern, repl in _COMPARISONS:
         text = pattern.sub(repl, text)

@@ -88,10 +88,32 @@ def test_phone_numbers_are_read_digit_by_digit(text, english, spelled) -> None:
 
 
 @pytest.mark.parametrize("text", [
-    "Aim for 100-1000 words, or 500-1500.", "On 2024-05-01 take I-95.", "SSN 123-45-6789",
+    "Aim for 100-1000 words, or 500-1500.", "Take I-95.", "SSN 123-45-6789",
     "ZIP 02139-4307", "In 2019-2020.", "v1.555-0142", "Add +5 10 20.", "+1.5 2.3",
 ])
 def test_ranges_dates_and_codes_are_no_phone_number(text) -> None:
+    assert english_readings(text) == text
+
+
+# --- ISO dates ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("On 2026-12-02 at 10.", "On December 2nd, 2026 at 10.",
+     "On December second, twenty twenty-six at ten."),
+    ("2024-05-01, 2023-11-11 and 1999-12-31.",
+     "May 1st, 2024, November 11th, 2023 and December 31st, 1999.",
+     "May first, twenty twenty-four, November eleventh, twenty twenty-three and December "
+     "thirty-first, nineteen ninety-nine."),
+])
+def test_iso_dates_are_read_as_dates(text, english, spelled) -> None:
+    # espeak: "two thousand twenty-six dash twelve dash zero two"
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", [
+    "2026-12-02T10:00Z", "2026-13-02", "12026-12-02", "2026-12-021", "build 2026-12-02.1",
+])
+def test_no_date_but_an_iso_date_is_read_as_one(text) -> None:
     assert english_readings(text) == text
 
 
@@ -102,7 +124,9 @@ def test_ranges_dates_and_codes_are_no_phone_number(text) -> None:
     ("7 > 5.", "7 greater than 5."),
     # was "five hundred fifty-five dash zero one forty-two"
     ("Call 555-0142.", "Call 5 5 5, 0 1 4 2."),
-], ids=["comparison", "phone"])
+    # was "two thousand twenty-six dash twelve dash zero two"
+    ("On 2026-12-02.", "On December 2nd, 2026."),
+], ids=["comparison", "phone", "iso date"])
 def test_espeak_says_what_it_misread(engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
