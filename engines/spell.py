@@ -126,12 +126,28 @@ def _iso_date(m: re.Match[str]) -> str:
     return f"{_MONTH_NAMES[int(m.group(2)) - 1]} {day}{suffix}, {m.group(1)}"
 
 
+_DOTTED_THOUSANDS = re.compile(r"(?<![\w.,])\d{1,3}(?:\.\d{3}){2,}(?![\w]|[.,]\d)")
+"""A number grouped with dots, as German, Spanish or Italian write it: an English voice read
+"1.000.000" as "one point zero zero zero point zero zero zero" (chatterbox "one dot zero dot
+zero"). Two dots or more: "1.000" alone may be a decimal."""
+
+
+def _dotted_thousands(m: re.Match[str]) -> str:
+    """ "1.000.000" -> "1,000,000"; an IPv4 address ("10.100.100.100") stays."""
+    parts = m.group().split(".")
+    if len(parts) == 4 and all(p == "0" or p[0] != "0" and int(p) <= 255 for p in parts):
+        return m.group()
+    return ",".join(parts)
+
+
 def english_readings(text: str) -> str:
     """``text`` with the notations an English voice misreads written as it should say them:
     comparison signs ("7 > 5": "7 greater than 5"), phone numbers digit by digit ("555-0142":
-    "5 5 5, 0 1 4 2"), ISO dates ("2026-12-02": "December 2nd, 2026"). Digits stay digits."""
+    "5 5 5, 0 1 4 2"), ISO dates ("2026-12-02": "December 2nd, 2026"), numbers grouped with
+    dots ("1.000.000": "1,000,000"). Digits stay digits."""
     text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
+    text = _DOTTED_THOUSANDS.sub(_dotted_thousands, text)
     for pattern, repl in _COMPARISONS:
         text = pattern.sub(repl, text)
     return text

@@ -117,6 +117,26 @@ def test_no_date_but_an_iso_date_is_read_as_one(text) -> None:
     assert english_readings(text) == text
 
 
+# --- numbers grouped with dots -------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("It sold 1.000.000 copies.", "It sold 1,000,000 copies.", "It sold one million copies."),
+    ("Between 1.234.567 and 1.000.000.000.", "Between 1,234,567 and 1,000,000,000.",
+     "Between one million two hundred thirty-four thousand five hundred sixty-seven and one "
+     "billion."),
+])
+def test_numbers_grouped_with_dots_are_read_as_numbers(text, english, spelled) -> None:
+    # espeak: "one point zero zero zero point zero zero zero"; chatterbox "one dot zero dot zero"
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", [
+    "Ping 10.100.100.100 or 192.168.1.1.", "v1.2.3 and 2.4.1", "1.000", "1.000.000,50",
+])
+def test_addresses_versions_and_decimals_keep_their_dots(text) -> None:
+    assert english_readings(text) == text
+
+
 # --- what espeak says (the real library) ----------------------------------------------
 
 @pytest.mark.parametrize(("text", "reading"), [
@@ -126,7 +146,9 @@ def test_no_date_but_an_iso_date_is_read_as_one(text) -> None:
     ("Call 555-0142.", "Call 5 5 5, 0 1 4 2."),
     # was "two thousand twenty-six dash twelve dash zero two"
     ("On 2026-12-02.", "On December 2nd, 2026."),
-], ids=["comparison", "phone", "iso date"])
+    # was "one point zero zero zero point zero zero zero"
+    ("It sold 1.000.000 copies.", "It sold 1,000,000 copies."),
+], ids=["comparison", "phone", "iso date", "dotted thousands"])
 def test_espeak_says_what_it_misread(engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
