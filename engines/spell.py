@@ -140,14 +140,67 @@ def _dotted_thousands(m: re.Match[str]) -> str:
     return ",".join(parts)
 
 
+_FRACTION = re.compile(
+    r"(?<![\w/.,:-])(?:(\d+) )?([1-9])/(2|3|4|6|8|16)(?![\w/]|[.,]\d)")
+"""A common fraction, alone or after a whole number: espeak read "1/2 cup" as "one slash
+two cup", chatterbox "one/two cup". The denominators recipes and measures use; not 5 or 10,
+which are mostly ratings ("4/5 stars", "8/10")."""
+_DENOMINATORS = {2: "half", 3: "third", 4: "quarter", 6: "sixth", 8: "eighth", 16: "sixteenth"}
+_NO_FRACTION_AFTER = frozenset(
+    "on by until till from since due before after page step part slide question item episode "
+    "chapter round day week game".split())
+"""A fraction after these is a date or a count ("due 3/4", "step 1/3"): it stays."""
+
+
+def _fraction(m: re.Match[str]) -> str:
+    """ "3/4" -> "three quarters", "1 1/2" -> "1 and a half"; "due 3/4" (a date) stays."""
+    whole, num, den = m.group(1), int(m.group(2)), int(m.group(3))
+    words = m.string[:m.start()].split()
+    if num >= den or (words and words[-1].lower() in _NO_FRACTION_AFTER and not whole):
+        return m.group()
+    name = _DENOMINATORS[den]
+    if num == 1:
+        part = ("a " if whole else "one ") + name
+    else:
+        part = _ONES[num] + " " + ("halves" if den == 2 else name + "s")
+    return f"{whole} and {part}" if whole else part
+
+
+_PER = {"km/h": ("kilometer", "hour"), "m/s": ("meter", "second"), "km/s": ("kilometer", "second"),
+        "ft/s": ("foot", "second"), "mi/h": ("mile", "hour"), "MB/s": ("megabyte", "second"),
+        "GB/s": ("gigabyte", "second"), "kB/s": ("kilobyte", "second"),
+        "Mb/s": ("megabit", "second"), "Gb/s": ("gigabit", "second")}
+_UNIT_PER = re.compile(r"(?<![\w/])(?:(\d[\d,.]*)\s?)?(" + "|".join(map(re.escape, _PER))
+                       + r")(?![\w/])")
+"""A unit per unit: espeak read "60 km/h" as "sixty K M slash H". Without a number only
+those that are no word ("km/h", not "m/s")."""
+
+
+_ROUND_THE_CLOCK = re.compile(r"(?<![\w/.])24/7(?![\w/])")
+"""espeak: "twenty-four slash seven"."""
+
+
+def _unit_per(m: re.Match[str]) -> str:
+    number, unit = m.group(1), m.group(2)
+    if number is None and unit in ("m/s", "ft/s", "mi/h"):
+        return m.group()
+    one, per = _PER[unit]
+    many = "feet" if one == "foot" else one + "s"
+    return (f"{number} " if number else "") + f"{one if number == '1' else many} per {per}"
+
+
 def english_readings(text: str) -> str:
     """``text`` with the notations an English voice misreads written as it should say them:
     comparison signs ("7 > 5": "7 greater than 5"), phone numbers digit by digit ("555-0142":
     "5 5 5, 0 1 4 2"), ISO dates ("2026-12-02": "December 2nd, 2026"), numbers grouped with
-    dots ("1.000.000": "1,000,000"). Digits stay digits."""
+    dots ("1.000.000": "1,000,000"), fractions and units per unit ("1/2": "one half",
+    "km/h": "kilometers per hour", "24/7": "24 7"). Digits stay digits."""
     text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
     text = _DOTTED_THOUSANDS.sub(_dotted_thousands, text)
+    text = _FRACTION.sub(_fraction, text)
+    text = _UNIT_PER.sub(_unit_per, text)
+    text = _ROUND_THE_CLOCK.sub("24 7", text)
     for pattern, repl in _COMPARISONS:
         text = pattern.sub(repl, text)
     return text

@@ -137,6 +137,36 @@ def test_addresses_versions_and_decimals_keep_their_dots(text) -> None:
     assert english_readings(text) == text
 
 
+# --- fractions and units per unit ---------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("Add 1/2 cup and 3/4 tsp.", "Add one half cup and three quarters tsp.",
+     "Add one half cup and three quarters tsp."),
+    ("1 1/2 cups, 2 3/4 inches, 2/3 of it, 5/8 inch.",
+     "1 and a half cups, 2 and three quarters inches, two thirds of it, five eighths inch.",
+     "one and a half cups, two and three quarters inches, two thirds of it, five eighths "
+     "inch."),
+    ("At 60 km/h, 1 km/h or 3.5 m/s; speeds in km/h.",
+     "At 60 kilometers per hour, 1 kilometer per hour or 3.5 meters per second; speeds in "
+     "kilometers per hour.",
+     "At sixty kilometers per hour, one kilometer per hour or three point five meters per "
+     "second; speeds in kilometers per hour."),
+    ("Open 24/7 at 100 MB/s.", "Open 24 7 at 100 megabytes per second.",
+     "Open twenty-four seven at one hundred megabytes per second."),
+])
+def test_fractions_and_units_per_unit_are_said(text, english, spelled) -> None:
+    # espeak: "one slash two cup", "sixty K M slash H"; chatterbox "one/two cup"
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", [
+    "Due 3/4, by 1/2.", "On 1/2/2026 or 12/25.", "9/11", "50/50", "Rated 4/5, 8/10.",
+    "Step 1/3: mix.", "It is 2.5/4 or 1/2.5.", "and/or", "4/4 time", "in m/s",
+])
+def test_dates_ratings_and_counts_keep_their_slash(text) -> None:
+    assert english_readings(text) == text
+
+
 # --- what espeak says (the real library) ----------------------------------------------
 
 @pytest.mark.parametrize(("text", "reading"), [
@@ -148,7 +178,9 @@ def test_addresses_versions_and_decimals_keep_their_dots(text) -> None:
     ("On 2026-12-02.", "On December 2nd, 2026."),
     # was "one point zero zero zero point zero zero zero"
     ("It sold 1.000.000 copies.", "It sold 1,000,000 copies."),
-], ids=["comparison", "phone", "iso date", "dotted thousands"])
+    # was "one slash two cup", "sixty K M slash H"
+    ("Add 1/2 cup at 60 km/h.", "Add one half cup at 60 kilometers per hour."),
+], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction"])
 def test_espeak_says_what_it_misread(engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
