@@ -189,18 +189,24 @@ def _unit_per(m: re.Match[str]) -> str:
     return (f"{number} " if number else "") + f"{one if number == '1' else many} per {per}"
 
 
+_SHARP_FLAT = re.compile(r"(?<![\w#])([A-G])(?:([#\u266f])|\u266d)(?![\w#+])")
+"""A note or a language: espeak read "C#" and "F#" as "C hash", chatterbox got the sign."""
+
+
 def english_readings(text: str) -> str:
     """``text`` with the notations an English voice misreads written as it should say them:
     comparison signs ("7 > 5": "7 greater than 5"), phone numbers digit by digit ("555-0142":
     "5 5 5, 0 1 4 2"), ISO dates ("2026-12-02": "December 2nd, 2026"), numbers grouped with
     dots ("1.000.000": "1,000,000"), fractions and units per unit ("1/2": "one half",
-    "km/h": "kilometers per hour", "24/7": "24 7"). Digits stay digits."""
+    "km/h": "kilometers per hour", "24/7": "24 7"), sharps and flats ("C#": "C sharp").
+    Digits stay digits."""
     text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
     text = _DOTTED_THOUSANDS.sub(_dotted_thousands, text)
     text = _FRACTION.sub(_fraction, text)
     text = _UNIT_PER.sub(_unit_per, text)
     text = _ROUND_THE_CLOCK.sub("24 7", text)
+    text = _SHARP_FLAT.sub(lambda m: m.group(1) + (" sharp" if m.group(2) else " flat"), text)
     for pattern, repl in _COMPARISONS:
         text = pattern.sub(repl, text)
     return text

@@ -167,6 +167,20 @@ def test_dates_ratings_and_counts_keep_their_slash(text) -> None:
     assert english_readings(text) == text
 
 
+# --- sharps and flats ----------------------------------------------------------------------
+
+def test_sharps_and_flats_are_said() -> None:
+    # espeak: "C hash and F hash"
+    check("Learn C# and F#; play C# minor, B\u266d and F\u266f.",
+          "Learn C sharp and F sharp; play C sharp minor, B flat and F sharp.",
+          "Learn C sharp and F sharp; play C sharp minor, B flat and F sharp.")
+
+
+@pytest.mark.parametrize("text", ["#C", "F#m", "A#1", "Q#", "AB#", "C++"])
+def test_hashtags_and_codes_keep_their_hash(text) -> None:
+    assert english_readings(text) == text
+
+
 # --- what espeak says (the real library) ----------------------------------------------
 
 @pytest.mark.parametrize(("text", "reading"), [
@@ -180,7 +194,9 @@ def test_dates_ratings_and_counts_keep_their_slash(text) -> None:
     ("It sold 1.000.000 copies.", "It sold 1,000,000 copies."),
     # was "one slash two cup", "sixty K M slash H"
     ("Add 1/2 cup at 60 km/h.", "Add one half cup at 60 kilometers per hour."),
-], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction"])
+    # was "C hash and F hash"
+    ("C# and F#.", "C sharp and F sharp."),
+], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp"])
 def test_espeak_says_what_it_misread(engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
