@@ -1,6 +1,7 @@
 """Text for engines that read digits and abbreviations badly (``reads_digits = False``):
-numbers, currency, percentages, times, dates, ordinals and common abbreviations written
-out as English words ("$184.50" -> "one hundred eighty-four dollars and fifty cents").
+numbers, currency ($ € £), percentages, times, dates, ordinals, units after a number
+("5km", "20°C") and common abbreviations written out as English words ("$184.50" -> "one
+hundred eighty-four dollars and fifty cents").
 
 Pure text in, text out. The gateway's segmenter applies it when every engine that may speak
 needs it; a fallback engine that needs it while the primary does not applies it to the
@@ -26,6 +27,26 @@ def spell_out(text: str) -> str:
     return _numbers_to_words(text)
 
 
+_UNITS = {
+    unit: (one, many)
+    for names, one, many in (
+        ("km", "kilometer", "kilometers"), ("cm", "centimeter", "centimeters"),
+        ("mm", "millimeter", "millimeters"), ("kg", "kilogram", "kilograms"),
+        ("g", "gram", "grams"), ("mg", "milligram", "milligrams"),
+        ("ml mL", "milliliter", "milliliters"), ("TB", "terabyte", "terabytes"),
+        ("GB", "gigabyte", "gigabytes"), ("MB", "megabyte", "megabytes"),
+        ("KB kB", "kilobyte", "kilobytes"), ("GHz", "gigahertz", "gigahertz"),
+        ("MHz", "megahertz", "megahertz"), ("kHz", "kilohertz", "kilohertz"),
+        ("Hz", "hertz", "hertz"), ("mph", "mile per hour", "miles per hour"),
+        ("kph", "kilometer per hour", "kilometers per hour"), ("lb lbs", "pound", "pounds"),
+        ("oz", "ounce", "ounces"), ("ft", "foot", "feet"), ("ms", "millisecond", "milliseconds"),
+        ("min mins", "minute", "minutes"), ("hr hrs", "hour", "hours"),
+        ("sec secs", "second", "seconds"),
+    )
+    for unit in names.split()
+}
+"""Unit abbreviations after a number (as written: "5 Mb" is no megabyte), singular after 1."""
+
 _ABBREVIATIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]] = [
     (re.compile(r"\bDr\.(?=\s+[A-Z])"), "Doctor"),
     (re.compile(r"\bMr\.(?=\s)"), "Mister"),
@@ -42,6 +63,19 @@ _ABBREVIATIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]
     (re.compile(r"&"), " and "),
     # a range: "20–22°C" was "twenty twenty-two", "1–2 hrs" "one two"
     (re.compile(r"(?<=[\d%M])\s?\u2013\s?(?=\$?\d)"), " to "),
+    # glued to a number, these were one word: "3pm" was "threepm", "5km" "fivekm"
+    (re.compile(r"(?<=\d)(?<!:\d\d)\s?([ap])\.?m\b(?!\.)", re.I),
+     lambda m: " " + m.group(1).upper() + " M"),
+    (re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)*)\s?(" + "|".join(
+        sorted(map(re.escape, _UNITS), key=len, reverse=True)) + r")(?![\w/])"
+        r"(?:\.(?=[,;:]|\s+[a-z\d]))?"),  # "5 min. ago": the abbreviation's dot goes too
+     lambda m: m.group(1) + " " + _UNITS[m.group(2)][m.group(1) != "1"]),
+    (re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)?)\s?\u00b0(?:\s?([CF])(?!\w))?"),
+     lambda m: m.group(1) + (" degree" if m.group(1) == "1" else " degrees")
+     + {"C": " Celsius", "F": " Fahrenheit", None: ""}[m.group(2)]),
+    (re.compile(r"\s*\u00b1\s*"), lambda m: (" " if m.start() else "") + "plus or minus "),
+    (re.compile(r"(?<![\w.,])(\d+(?:\.\d{1,2})?)\s?([\u20ac\u00a3])(?![\w\d])"),
+     lambda m: m.group(2) + m.group(1)),  # "5€" as "€5"
 ]
 
 
@@ -270,12 +304,20 @@ def _digits(s: str) -> str:
 
 
 def _number(m: re.Match[str]) -> str:
+    # "MP3": digits glued to a word are read apart from it ("MP three"), and so is a word
+    # glued to them ("5G": "five G", it was "fiveG")
+    glued = " " if m.start() > 0 and m.string[m.start() - 1].isalpha() else ""
+    words = _number_words(m, glued)
+    after = m.string[m.end():m.end() + 1]
+    return words + " " if after.isascii() and after.isalpha() else words
+
+
+def _number_words(m: re.Match[str], glued: str) -> str:
     whole = m.group(0)
     sign, cur, body = m.group("sign"), m.group("cur"), m.group("num")
     pct, scale, decade = m.group("pct"), m.group("scale"), m.group("decade")
     abbr = m.group("abbr")
-    # "MP3": digits glued to a word are read apart from it ("MP three")
-    glued = " " if m.start() > 0 and m.string[m.start() - 1].isalpha() else ""
+    after = scale or (" " + abbr if abbr else "")  # "4K" is "four K" (it was "fourK")
     minus = "minus " if sign else ""
     body = body.replace(",", "")
     if "." in body and body.count(".") > 1:  # 2.4.1, 192.168.1.1
@@ -285,17 +327,19 @@ def _number(m: re.Match[str]) -> str:
     if len(ip) > 15 or (len(ip) > 2 and ip[0] == "0" and not cur and not fp):
         # a long number, or one with a leading zero (a phone number's "0958", a code's
         # "007", a ZIP's "02139"), is read digit by digit: as an amount its zero was lost
-        return glued + minus + _digits(ip) + (" percent" if pct else "") + (scale or abbr or "")
+        return glued + minus + _digits(ip) + (" percent" if pct else "") + after
     n = int(ip or "0")
+    if cur:
+        (unit, units), (sub, subs) = _CURRENCIES[cur]
     if cur and (scale or abbr):  # "$5 million", "$1.5 billion", "$85.8B": the unit after
         amount = _int_words(n) + (" point " + _digits(fp) if fp else "")
-        return f"{minus}{amount} {scale.strip() if scale else _SCALES[abbr]} dollars"
+        return f"{minus}{amount} {scale.strip() if scale else _SCALES[abbr]} {units}"
     if cur:
         cents = int((fp + "0")[:2]) if fp else 0
-        words = f"{_int_words(n)} dollar" + ("" if n == 1 else "s") if n or not cents else ""
+        words = f"{_int_words(n)} " + (unit if n == 1 else units) if n or not cents else ""
         if cents:
-            words += (" and " if words else "") + f"{_int_words(cents)} cent" + (
-                "" if cents == 1 else "s")
+            words += (" and " if words else "") + f"{_int_words(cents)} " + (
+                sub if cents == 1 else subs)
         return minus + words
     if decade:  # "1990s", "80s"
         return glued + minus + _plural(_year_words(n) if len(ip) == 4 else _int_words(n))
@@ -305,14 +349,18 @@ def _number(m: re.Match[str]) -> str:
         words = _year_words(n)
     else:
         words = _int_words(n)
-    return glued + minus + words + (" percent" if pct else "") + (scale or abbr or "")
+    return glued + minus + words + (" percent" if pct else "") + after
 
 
 _NUMBER = re.compile(
-    r"(?P<sign>(?<![\w.,\d])-)?(?P<cur>\$)?"
-    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*|(?<=\$)\.\d+)"
+    r"(?P<sign>(?<![\w.,\d])-)?(?P<cur>[$\u20ac\u00a3])?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*|(?<=[$\u20ac\u00a3])\.\d+)"
     r"(?:(?P<decade>(?<=0)s\b)|(?P<pct>\s?%)|(?P<scale>\s(?:thousand|million|billion|trillion)\b)"
     r"|(?P<abbr>(?:[kKMBT]|bn|mn)\b))?")
+_CURRENCIES = {"$": (("dollar", "dollars"), ("cent", "cents")),
+               "\u20ac": (("euro", "euros"), ("cent", "cents")),
+               "\u00a3": (("pound", "pounds"), ("penny", "pence"))}
+"""Currency signs before an amount: chatterbox got "\u20acfive" for "\u20ac5"."""
 _SCALES = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B": "billion",
            "bn": "billion", "T": "trillion"}
 """A dollar amount's abbreviated scale: "$85.8B" is eighty-five point eight billion dollars

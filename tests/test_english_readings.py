@@ -181,6 +181,42 @@ def test_hashtags_and_codes_keep_their_hash(text) -> None:
     assert english_readings(text) == text
 
 
+# --- units and signs for engines that read digits badly (chatterbox) -----------------------
+
+@pytest.mark.parametrize(("text", "spelled"), [
+    ("Meet at 3pm or 10 AM, not 10:30pm or 10:00 am.",
+     "Meet at three P M or ten A M, not ten thirty P M or ten A M."),
+    ("Run 5km, 1 km, lift 10kg, store 20GB or 2.5 GB, add 100g.",
+     "Run five kilometers, one kilometer, lift ten kilograms, store twenty gigabytes or two "
+     "point five gigabytes, add one hundred grams."),
+    ("Wait 5 min, 2 hrs or 300 ms; it weighs 1 lb, 8 oz.",
+     "Wait five minutes, two hours or three hundred milliseconds; it weighs one pound, eight "
+     "ounces."),
+    ("Done 10 min. ago, 5 min., in 1 hr. 35 min. Then 1 min.",
+     "Done ten minutes ago, five minutes, in one hour thirty-five minutes. Then one minute."),
+    ("It is 20\u00b0C (68\u00b0F), -5\u00b0C at night; a 90\u00b0 turn.",
+     "It is twenty degrees Celsius (sixty-eight degrees Fahrenheit), minus five degrees "
+     "Celsius at night; a ninety degrees turn."),
+    ("\u20ac5, \u20ac5.50, \u00a320, \u00a31.01, 5\u20ac, \u20ac1.5 million, \u00a33bn.",
+     "five euros, five euros and fifty cents, twenty pounds, one pound and one penny, five "
+     "euros, one point five million euros, three billion pounds."),
+    ("\u00b12% and 5 \u00b1 0.1",
+     "plus or minus two percent and five plus or minus zero point one"),
+    ("5G, 4K video, a 7B model, 3D, 1400\u4e07", "five G, four K video, a seven B model, "
+     "three D, fourteen hundred\u4e07"),
+])
+def test_chatterbox_is_given_units_and_signs_as_words(text, spelled) -> None:
+    # they were "threepm", "fivekm", "twenty\u00b0C", "\u20acfive", "\u00b1two", "fourK"
+    assert spell_out(text) == spelled
+    assert spell_out(spelled) == spelled
+
+
+@pytest.mark.parametrize("text", ["Meet at 3pm.", "Run 5km.", "Store 20GB.", "It is 20\u00b0C."])
+def test_espeak_reads_units_itself(text) -> None:
+    # "three P M", "five K M", "twenty G B", "twenty degrees C": left to espeak
+    assert espeak.espeak_text(text, english=True) == text
+
+
 # --- what espeak says (the real library) ----------------------------------------------
 
 @pytest.mark.parametrize(("text", "reading"), [
