@@ -227,13 +227,61 @@ _SHARP_FLAT = re.compile(r"(?<![\w#])([A-G])(?:([#\u266f])|\u266d)(?![\w#+])")
 """A note or a language: espeak read "C#" and "F#" as "C hash", chatterbox got the sign."""
 
 
+_ROMAN_VALUES = {"I": 1, "V": 5, "X": 10}
+_NUMERAL = r"([IVX]{1,6})(?![\w-]|['\u2019](?!s\b))"
+"""A Roman numeral up to 39 (I, V and X only: never "MIX", "CIVIC", "DC" or "MD"), not a
+pronoun's contraction ("I'm")."""
+_REGNAL_NAMES = (
+    "Henry Edward Elizabeth George William Richard Charles James Mary Anne Stephen Harold "
+    "Edmund Robert David Louis Philip Philippe Henri Francis Fran\u00e7ois Peter Catherine "
+    "Frederick Frederik Napoleon John Paul Pius Leo Benedict Gregory Clement Boniface Sixtus "
+    "Julius Adrian Alexander Nicholas Ivan Constantine Justinian Theodosius Basil Michael "
+    "Manuel Otto Wilhelm Ludwig Friedrich Rudolf Carlos Juan Felipe Alfonso Ferdinand "
+    "Isabella Umberto Haakon Olav Harald Gustav Christian Margrethe Willem Mehmed Suleiman "
+    "Selim Murad Ramesses Ramses Rameses Thutmose Amenhotep Seti Ptolemy Darius Xerxes "
+    "Artaxerxes Cyrus Antiochus Rama Kamehameha".split())
+_REGNAL = re.compile(
+    r"\b((?:(?:King|Queen|Pope|Tsar|Czar|Emperor|Empress|Kaiser|Pharaoh|Sultan|Shah|Prince|"
+    r"Princess) [A-Z][a-z]+|" + "|".join(_REGNAL_NAMES) + r")) " + _NUMERAL)
+"""A ruler's name and number: espeak said "Henry roman eight" for "Henry VIII" and the
+pronoun for "Elizabeth I". Only the names of rulers, or any name after a title, so "Malcolm
+X" and "Plan B" stay."""
+_NUMBERED = re.compile(
+    r"\b(World War|Chapter|Part|Act|Volume|Vol\.|Book|Section|Scene|Episode|Phase|Stage|"
+    r"Level|Season|Article|Appendix|Round|Type|Class|Title|Psalm|Canto) " + _NUMERAL)
+"""A numbered part or kind: espeak said "Chapter roman four", "World War roman two"."""
+_NUMERAL_ONE = re.compile(r"['\u2019]s\b|\s*(?:[.,;:!?)\]]|$)|\s+(?:of|and)\b")
+"""What follows a lone "I" that is a numeral: after a name or "Part", "I" is the pronoun
+unless the sentence or phrase ends there ("Elizabeth I.", "Elizabeth I of England"); "told
+Peter I loved it", "Part I don't get" stay."""
+
+
+def _roman(numeral: str) -> int | None:
+    """The value of a well-formed numeral from 1 to 39, else None ("IIII", "VX", "IIX")."""
+    values = [_ROMAN_VALUES[c] for c in numeral]
+    n = sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
+    tens, ones = divmod(n, 10)
+    canonical = "X" * tens + ("", "I", "II", "III", "IV", "V", "VI", "VII", "VIII", "IX")[ones]
+    return n if 0 < n < 40 and canonical == numeral else None
+
+
+def _numeral(m: re.Match[str], ordinal: bool) -> str:
+    """ "Henry VIII" -> "Henry the eighth", "Chapter IV" -> "Chapter 4"."""
+    n = _roman(m.group(2))
+    pronoun_may_follow = ordinal or m.group(1) == "Part"  # a name, or "Part I think"
+    if n is None or n == 1 and pronoun_may_follow and not _NUMERAL_ONE.match(m.string, m.end()):
+        return m.group()
+    return f"{m.group(1)} the {_ordinal_words(n)}" if ordinal else f"{m.group(1)} {n}"
+
+
 def english_readings(text: str) -> str:
     """``text`` with the notations an English voice misreads written as it should say them:
     comparison signs ("7 > 5": "7 greater than 5"), phone numbers digit by digit ("555-0142":
     "5 5 5, 0 1 4 2"), ISO dates ("2026-12-02": "December 2nd, 2026"), numbers grouped with
     dots ("1.000.000": "1,000,000"), fractions and units per unit ("1/2": "one half",
-    "km/h": "kilometers per hour", "24/7": "24 7"), sharps and flats ("C#": "C sharp").
-    Digits stay digits."""
+    "km/h": "kilometers per hour", "24/7": "24 7"), sharps and flats ("C#": "C sharp"),
+    Roman numerals after a ruler's name or a part ("Henry VIII": "Henry the eighth",
+    "Chapter IV": "Chapter 4"). Digits stay digits."""
     text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
     text = _DOTTED_THOUSANDS.sub(_dotted_thousands, text)
@@ -241,6 +289,8 @@ def english_readings(text: str) -> str:
     text = _UNIT_PER.sub(_unit_per, text)
     text = _ROUND_THE_CLOCK.sub("24 7", text)
     text = _SHARP_FLAT.sub(lambda m: m.group(1) + (" sharp" if m.group(2) else " flat"), text)
+    text = _REGNAL.sub(lambda m: _numeral(m, ordinal=True), text)
+    text = _NUMBERED.sub(lambda m: _numeral(m, ordinal=False), text)
     for pattern, repl in _COMPARISONS:
         text = pattern.sub(repl, text)
     return text

@@ -181,6 +181,34 @@ def test_hashtags_and_codes_keep_their_hash(text) -> None:
     assert english_readings(text) == text
 
 
+# --- Roman numerals ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("Henry VIII's wives; Elizabeth I of England.",
+     "Henry the eighth's wives; Elizabeth the first of England.",
+     "Henry the eighth's wives; Elizabeth the first of England."),
+    ("After Elizabeth I, King Charles III and Pope John Paul II.",
+     "After Elizabeth the first, King Charles the third and Pope John Paul the second.",
+     "After Elizabeth the first, King Charles the third and Pope John Paul the second."),
+    ("World War I and World War II; Chapter IV, Part I, Act III, Volume XII; Type I error.",
+     "World War 1 and World War 2; Chapter 4, Part 1, Act 3, Volume 12; Type 1 error.",
+     "World War one and World War two; Chapter four, Part one, Act three, Volume twelve; "
+     "Type one error."),
+])
+def test_roman_numerals_of_rulers_and_parts_are_said(text, english, spelled) -> None:
+    # espeak: "Henry roman eight", "Elizabeth I" as the pronoun, "Chapter roman four"
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", [
+    "Robert I think so.", "I told Peter I loved it.", "Part I don't get is this.",
+    "Elizabeth I'm sure.", "Elizabeth I was queen.", "Malcolm X spoke.", "Plan B", "MIX",
+    "CIVIC", "DC", "MD", "Rocky IV", "Henry IIII", "Sorry I was late.", "Then I went.",
+])
+def test_no_numeral_but_a_rulers_or_a_parts(text) -> None:
+    assert english_readings(text) == text
+
+
 # --- units and signs for engines that read digits badly (chatterbox) -----------------------
 
 @pytest.mark.parametrize(("text", "spelled"), [
@@ -232,7 +260,9 @@ def test_espeak_reads_units_itself(text) -> None:
     ("Add 1/2 cup at 60 km/h.", "Add one half cup at 60 kilometers per hour."),
     # was "C hash and F hash"
     ("C# and F#.", "C sharp and F sharp."),
-], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp"])
+    # was "Henry roman eight", "World War roman two"
+    ("Henry VIII and World War II.", "Henry the eighth and World War 2."),
+], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman"])
 def test_espeak_says_what_it_misread(engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
