@@ -427,6 +427,18 @@ def test_a_leading_zero_is_read_digit_by_digit(text, spoken):
     assert speakable(text, reads_digits=False) == spoken
 
 
+@pytest.mark.parametrize(("text", "spoken"), [
+    ("So $x^2$ grows, and $$E = mc^2$$.", "So x^2 grows, and E = mc^2."),
+    ("Let $x$ be \\(a + b\\) or \\[x_1\\].", "Let x be a + b or x_1."),
+    # amounts keep their dollar signs
+    ("It costs $5 and $10, $5-$10 or $5/$10.", "It costs $5 and $10, $5-$10 or $5/$10."),
+    ("I paid $5 for a US$ note; $100k and $200k.", "I paid $5 for a US$ note; $100k and $200k."),
+])
+def test_latex_math_delimiters_are_not_said(text, spoken):
+    # espeak read "$x^2$" as "dollar x two dollar"
+    assert speakable(text) == spoken
+
+
 def test_segments_carry_the_engines_needs():
     [seg] = run("It costs $5.", reads_digits=False)
     assert (seg.text, seg.spoken) == ("It costs $5.", "It costs five dollars.")

@@ -718,6 +718,19 @@ _LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]*)\)")
 _EMPHASIS = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 _STRUCK = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
 """Struck-out text: what the reply takes back is not said ("at ~~3pm~~ 4pm" said both)."""
+_MATH = re.compile(r"\$\$(.+?)\$\$|\\\((.+?)\\\)|\\\[(.+?)\\\]"
+                   r"|\$(?=[^\s$])([^$\n]*?[^\s$\\])\$(?![\d$])")
+"""LaTeX math: its delimiters are no speech ("$x^2$" was "dollar x two dollar"). A single
+``$`` pair only as pandoc reads one (no space inside either end, no digit after), holding a
+single letter or a math sign, so amounts stay: "$5 and $10", "$5-$10", "US$ 5 ... S$"."""
+_MATH_SIGN = re.compile(r"^[A-Za-z]$|[\^_\\=+{}<>]")
+
+
+def _math(m: re.Match[str]) -> str:
+    inner = next(g for g in m.groups() if g is not None)
+    return inner if m.group(4) is None or _MATH_SIGN.search(inner) else m.group()
+
+
 _FOOTNOTE = re.compile(r"(?<=[^\s\[])\[\^?\d{1,3}\]")
 """A citation or footnote mark right after a word ("Reuters[1]", "end.[^2]"): espeak read
 "Reuters one"."""
@@ -750,7 +763,7 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     footnote marks, control characters and emoji; an HTML line break is a pause; a link
     says its label, a bare URL its host. With ``reads_digits=False`` (engines that read
     "3.5" or "$184.50" badly) numbers, currency, percentages, times, ordinals and common
-    abbreviations are written out as words.
+    abbreviations are written out as words. LaTeX math says its content, not its delimiters.
     """
     s = _CONTROL.sub(" ", text).strip()
     if s.startswith("```") or _TABLE_RULE.match(s):
@@ -760,6 +773,7 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     s = _FOOTNOTE.sub("", s)
     s = _BREAK.sub(", ", s)
     s = _URL.sub(lambda m: m.group(1).removeprefix("www.").rstrip(".,;:!?"), s)
+    s = _MATH.sub(_math, s)
     s = _STRUCK.sub("", s)
     s = _EMPHASIS.sub(r"\2", s)
     s = _ITALIC.sub(r"\2", s)
