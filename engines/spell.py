@@ -274,6 +274,16 @@ def _numeral(m: re.Match[str], ordinal: bool) -> str:
     return f"{m.group(1)} the {_ordinal_words(n)}" if ordinal else f"{m.group(1)} {n}"
 
 
+_POWER = re.compile(r"(?<=[\w)])(?:\^\{?([-\u2212]?\d+)\}?(?!\w|[.,]\d)|([\u00b2\u00b3]))")
+"""A power with a digit exponent: espeak was silent for "^" ("x^2" was "x two", "10^6" "ten
+six") and read "x\u00b2" as "x two"."""
+
+
+def _power(m: re.Match[str]) -> str:
+    exponent = m.group(1) or {"\u00b2": "2", "\u00b3": "3"}[m.group(2)]
+    return {"2": " squared", "3": " cubed"}.get(exponent, f" to the power of {exponent}")
+
+
 def english_readings(text: str) -> str:
     """``text`` with the notations an English voice misreads written as it should say them:
     comparison signs ("7 > 5": "7 greater than 5"), phone numbers digit by digit ("555-0142":
@@ -281,7 +291,7 @@ def english_readings(text: str) -> str:
     dots ("1.000.000": "1,000,000"), fractions and units per unit ("1/2": "one half",
     "km/h": "kilometers per hour", "24/7": "24 7"), sharps and flats ("C#": "C sharp"),
     Roman numerals after a ruler's name or a part ("Henry VIII": "Henry the eighth",
-    "Chapter IV": "Chapter 4"). Digits stay digits."""
+    "Chapter IV": "Chapter 4"), powers ("x^2": "x squared"). Digits stay digits."""
     text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
     text = _DOTTED_THOUSANDS.sub(_dotted_thousands, text)
@@ -291,6 +301,7 @@ def english_readings(text: str) -> str:
     text = _SHARP_FLAT.sub(lambda m: m.group(1) + (" sharp" if m.group(2) else " flat"), text)
     text = _REGNAL.sub(lambda m: _numeral(m, ordinal=True), text)
     text = _NUMBERED.sub(lambda m: _numeral(m, ordinal=False), text)
+    text = _POWER.sub(_power, text)
     for pattern, repl in _COMPARISONS:
         text = pattern.sub(repl, text)
     return text

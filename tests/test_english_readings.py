@@ -9,6 +9,7 @@ import pytest
 
 from engines.base import SynthesisRequest
 from engines.spell import english_readings, spell_out
+from gateway.core.segmenter import speakable
 
 espeak = pytest.importorskip("engines.espeak")
 
@@ -209,6 +210,33 @@ def test_no_numeral_but_a_rulers_or_a_parts(text) -> None:
     assert english_readings(text) == text
 
 
+# --- powers -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("So x^2 grows, not 2^3.", "So x squared grows, not 2 cubed.",
+     "So x squared grows, not two cubed."),
+    ("10^6 and 2^{10}, e^-1, (a+b)^2", "10 to the power of 6 and 2 to the power of 10, e to "
+     "the power of \u22121, (a+b) squared",
+     "ten to the power of six and two to the power of ten, e to the power of minus one, (a+b) "
+     "squared"),
+    ("x\u00b2 and m\u00b3", "x squared and m cubed", "x squared and m cubed"),
+])
+def test_powers_with_a_digit_exponent_are_said(text, english, spelled) -> None:
+    # espeak was silent for "^": "x^2" was "x two", "10^6" "ten six"
+    assert espeak.espeak_text(text, english=True) == english
+    assert spell_out(text) == spelled
+
+
+@pytest.mark.parametrize("text", ["x^n", "x^2.5", "^2", "a ^ b"])
+def test_other_carets_stay(text) -> None:
+    assert english_readings(text) == text
+
+
+def test_latex_power_reads_in_english() -> None:
+    # "$x^2$" was "dollar x two dollar"; speakable drops the delimiters for every language
+    assert espeak.espeak_text(speakable("So $x^2$ grows."), english=True) == "So x squared grows."
+
+
 # --- units and signs for engines that read digits badly (chatterbox) -----------------------
 
 @pytest.mark.parametrize(("text", "spelled"), [
@@ -262,7 +290,10 @@ def test_espeak_reads_units_itself(text) -> None:
     ("C# and F#.", "C sharp and F sharp."),
     # was "Henry roman eight", "World War roman two"
     ("Henry VIII and World War II.", "Henry the eighth and World War 2."),
-], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman"])
+    # was "x two", "ten six"
+    ("So x^2 or 10^6.", "So x squared or 10 to the power of 6."),
+], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman",
+        "power"])
 def test_espeak_says_what_it_misread(engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
