@@ -46,7 +46,7 @@ import numpy as np
 import soxr
 
 from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest
-from engines.spell import english_readings
+from engines.spell import amounts_in_words, english_readings
 
 ESPEAK_RATE = 22_050
 """What libespeak-ng produces, in Hz."""
@@ -87,10 +87,12 @@ twenty-two degrees", a year). In English it is "to"; other languages keep the da
 
 def espeak_text(text: str, *, english: bool = False) -> str:
     """``text`` as espeak should be given it: in ``english`` voices the notations it
-    misreads in words (``engines.spell.english_readings``: "7 > 5" was "seven five") and
-    ranges read "to" (``_RANGE``); minus signs as U+2212 (``_SIGN``)."""
+    misreads in words (``engines.spell.english_readings``: "7 > 5" was "seven five"),
+    ranges read "to" (``_RANGE``) and amounts with their unit after the number
+    (``engines.spell.amounts_in_words``: "$5.50" was "dollar five point five zero"); minus
+    signs as U+2212 (``_SIGN``)."""
     if english:
-        text = _RANGE.sub(" to ", english_readings(text))
+        text = amounts_in_words(_RANGE.sub(" to ", english_readings(text)))
     return _SIGN.sub("\u2212", text)
 
 

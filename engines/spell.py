@@ -427,6 +427,33 @@ _SCALES = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B
 """A dollar amount's abbreviated scale: "$85.8B" is eighty-five point eight billion dollars
 (it was "eighty-five dollars and eighty cents B"), "$85k" eighty-five thousand. Without a
 dollar sign the letter stays as it was: "4K", "5K run", "a 7B model"."""
+_AMOUNT = re.compile(
+    r"(?<![\w.])([$\u20ac\u00a3])(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d*)(?:\.(\d+))?"
+    r"(\s(?:thousand|million|billion|trillion)\b|(?:[kKMBT]|bn|mn)\b)?(?![\d.,]\d)")
+
+
+def amounts_in_words(text: str) -> str:
+    """``text`` with each amount after a currency sign ($ \u20ac \u00a3) as its number then its
+    unit, digits kept: "$184.50" -> "184 dollars 50 cents" (no "and": espeak pauses before
+    it), "$1.5 million" -> "1.5 million dollars". For an engine that reads digits but puts
+    the sign first (espeak: "dollar one hundred eighty-four point five zero")."""
+    def amount(m: re.Match[str]) -> str:
+        cur, whole, frac, scale = m.groups()
+        if not (whole or frac):
+            return m.group()  # "$1.2.3": no amount
+        (unit, units), (sub, subs) = _CURRENCIES[cur]
+        if scale:  # "$1.5 million", "$85.8B"
+            name = scale.strip() if scale[0].isspace() else _SCALES[scale]
+            return f"{whole or '0'}{'.' + frac if frac else ''} {name} {units}"
+        n = int(whole.replace(",", "") or "0")
+        cents = int((frac + "0")[:2]) if frac else 0
+        words = f"{whole} " + (unit if n == 1 else units) if n or not cents else ""
+        if cents:
+            words += (" " if words else "") + f"{cents} " + (sub if cents == 1 else subs)
+        return words
+    return _AMOUNT.sub(amount, text)
+
+
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})(?:\s?([ap])\.?m\b)?(?![\w:])", re.I)
 _ORD = re.compile(r"\b(\d{1,3}(?:,\d{3})+|\d+)(?:st|nd|rd|th)\b")
 

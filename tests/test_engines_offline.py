@@ -381,7 +381,7 @@ def test_espeak_is_given_minus_signs_it_says(text, given) -> None:
 
 @pytest.mark.parametrize(("text", "english", "other"), [
     ("Highs of 20\u201322\u00b0C, 1 \u2013 2 hrs, 5.25%\u20135.50%, \u20ac5\u2013\u20ac8.",
-     "Highs of 20 to 22\u00b0C, 1 to 2 hrs, 5.25% to 5.50%, \u20ac5 to \u20ac8.",
+     "Highs of 20 to 22\u00b0C, 1 to 2 hrs, 5.25% to 5.50%, 5 euros to 8 euros.",
      "Highs of 20\u201322\u00b0C, 1 \u2013 2 hrs, 5.25%\u20135.50%, \u20ac5\u2013\u20ac8."),
     # a minus after a range's dash stays a minus
     ("from \u20135 to \u20132\u00b0C", "from \u22125 to \u22122\u00b0C",

@@ -273,6 +273,31 @@ def test_espeak_reads_units_itself(text) -> None:
     assert espeak.espeak_text(text, english=True) == text
 
 
+# --- amounts (espeak) ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english"), [
+    ("It costs $184.50 today.", "It costs 184 dollars 50 cents today."),
+    ("$5, $1.00, $.50, $0.01, $1,234.56",
+     "5 dollars, 1 dollar, 50 cents, 1 cent, 1,234 dollars 56 cents"),
+    ("$1.5 million, $85.8B, $85k, \u00a33bn, \u20ac2 billion",
+     "1.5 million dollars, 85.8 billion dollars, 85 thousand dollars, 3 billion pounds, "
+     "2 billion euros"),
+    ("\u20ac5.50, \u00a320, \u00a31.01", "5 euros 50 cents, 20 pounds, 1 pound 1 penny"),
+    ("From $5\u2013$8, less than $5, -$5.", "From 5 dollars to 8 dollars, less than 5 dollars, "
+     "\u22125 dollars."),
+])
+def test_espeak_says_an_amounts_unit_after_its_number(text, english) -> None:
+    # espeak put the sign first and read the cents as decimals: "$184.50" was "dollar one
+    # hundred eighty-four point five zero"; chatterbox already had them right
+    assert espeak.espeak_text(text, english=True) == english
+    assert espeak.espeak_text(text) == text
+
+
+@pytest.mark.parametrize("text", ["US$5", "$x$", "$ 5", "5$", "$1.2.3"])
+def test_no_amount_but_a_sign_before_a_number(text) -> None:
+    assert espeak.espeak_text(text, english=True) == text
+
+
 # --- what espeak says (the real library) ----------------------------------------------
 
 @pytest.mark.parametrize(("text", "reading"), [
@@ -292,8 +317,10 @@ def test_espeak_reads_units_itself(text) -> None:
     ("Henry VIII and World War II.", "Henry the eighth and World War 2."),
     # was "x two", "ten six"
     ("So x^2 or 10^6.", "So x squared or 10 to the power of 6."),
+    # was "dollar one hundred eighty-four point five zero"
+    ("It costs $184.50.", "It costs 184 dollars 50 cents."),
 ], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman",
-        "power"])
+        "power", "amount"])
 def test_espeak_says_what_it_misread(engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
