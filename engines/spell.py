@@ -64,7 +64,7 @@ _ABBREVIATIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]
     # a range: "20–22°C" was "twenty twenty-two", "1–2 hrs" "one two"
     (re.compile(r"(?<=[\d%M])\s?\u2013\s?(?=\$?\d)"), " to "),
     # glued to a number, these were one word: "3pm" was "threepm", "5km" "fivekm"
-    (re.compile(r"(?<=\d)(?<!:\d\d)\s?([ap])\.?m\b(?!\.)", re.I),
+    (re.compile(r"(?<=\d)(?<!:\d\d)\s?([ap])\.?m\b(?!\.\w)", re.I),
      lambda m: " " + m.group(1).upper() + " M"),
     (re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)*)\s?(" + "|".join(
         sorted(map(re.escape, _UNITS), key=len, reverse=True)) + r")(?![\w/])"

@@ -242,6 +242,7 @@ def test_latex_power_reads_in_english() -> None:
 @pytest.mark.parametrize(("text", "spelled"), [
     ("Meet at 3pm or 10 AM, not 10:30pm or 10:00 am.",
      "Meet at three P M or ten A M, not ten thirty P M or ten A M."),
+    ("Meet me at 2 pm. Or at 9 a.m. then.", "Meet me at two P M. Or at nine A M then."),
     ("Run 5km, 1 km, lift 10kg, store 20GB or 2.5 GB, add 100g.",
      "Run five kilometers, one kilometer, lift ten kilograms, store twenty gigabytes or two "
      "point five gigabytes, add one hundred grams."),
