@@ -4,12 +4,17 @@ loopback without a token (protocol.md, Auth; README, Security and limits)."""
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import socket
 
+import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from engines.base import EngineError, SynthesisRequest
 from gateway.config import load_config
 from gateway.io.server import Gateway
 from tests.wsclient import read_turn, recv_event, send
@@ -191,3 +196,32 @@ async def test_a_token_or_insecure_bind_allows_it():
             assert gw.ready and gw.port > 0
         finally:
             await gw.aclose()
+
+
+async def test_a_voice_port_in_use_leaves_nothing_running():
+    """The voice port is bound last, once the engines have loaded. Taken, it failed the
+    start but left the HTTP API serving (its /health said "starting" for ever), the lane's
+    task running and the engine loaded on its thread: only the process's exit freed them."""
+    from tests.test_faults import SlowLoadingEngine
+
+    engine = SlowLoadingEngine()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        gw = Gateway(load_config(server={"port": taken.getsockname()[1], "http_port": 0},
+                                 llm={"tokens_per_s": 0}), engine=engine)
+        starting = asyncio.create_task(gw.start())
+        try:
+            await asyncio.to_thread(engine.loading.wait, 30)
+            http_port = gw.http_port  # (serving while the engine loads)
+        finally:
+            engine.release.set()
+        with pytest.raises(OSError) as refused:
+            await starting
+    assert refused.value.errno == errno.EADDRINUSE
+    assert all(task.done() for task in gw._lane_tasks)
+    with pytest.raises(EngineError, match="closed"):
+        engine.open(SynthesisRequest(text="Hello."))
+    async with httpx.AsyncClient(timeout=5) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"http://127.0.0.1:{http_port}/health")

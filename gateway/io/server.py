@@ -357,18 +357,24 @@ class Gateway:
                                      timing={n: lane.timing for n, lane in self.lanes.items()})
         for lane, s_ in zip(self.lanes.values(), seconds, strict=True):
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
-        self._server = await serve(
-            self._handle, s.host, s.port,
-            create_connection=VoiceSocket,
-            process_request=self._process_request,
-            max_size=WS_MAX_SIZE,
-            # PCM does not compress, and audio headers are cached without extensions
-            # (connection.binary_header, tests/test_framing.py)
-            compression=None,
-            ping_interval=KEEPALIVE_PING_S, ping_timeout=KEEPALIVE_PING_S,
-            select_subprotocol=select_subprotocol,
-            ssl=ssl_context,
-        )
+        try:
+            self._server = await serve(
+                self._handle, s.host, s.port,
+                create_connection=VoiceSocket,
+                process_request=self._process_request,
+                max_size=WS_MAX_SIZE,
+                # PCM does not compress, and audio headers are cached without extensions
+                # (connection.binary_header, tests/test_framing.py)
+                compression=None,
+                ping_interval=KEEPALIVE_PING_S, ping_timeout=KEEPALIVE_PING_S,
+                select_subprotocol=select_subprotocol,
+                ssl=ssl_context,
+            )
+        except BaseException:
+            # the voice port taken (or the start cancelled here): the engines have loaded,
+            # so everything closes as at the end, the engines too (shielded, as above)
+            await asyncio.shield(self.aclose())
+            raise
         self.ready = True
 
     async def _close_started(self) -> None:
