@@ -822,6 +822,32 @@ async def test_health_and_speech_answer_503_while_warming_up(replies):
         await gw.aclose()
 
 
+async def test_a_start_cancelled_before_the_http_api_serves_leaves_it_closed(replies,
+                                                                            monkeypatch):
+    """A ^C while uvicorn was starting (``started_unless_stopped``) cancelled the start, but
+    uvicorn's task went on to serve the port, owned by nobody."""
+    entered, go_on = asyncio.Event(), asyncio.Event()
+    startup = http_api._Uvicorn.startup
+
+    async def held(self, sockets=None):
+        entered.set()
+        await go_on.wait()
+        await startup(self, sockets)
+
+    monkeypatch.setattr(http_api._Uvicorn, "startup", held)
+    gw = Gateway(load_config(server={"port": 0}, llm={"replies": replies}))
+    starting = asyncio.create_task(gw.start())
+    await entered.wait()
+    port = gw.http_port
+    starting.cancel()
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    async with httpx.AsyncClient(timeout=5) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"http://127.0.0.1:{port}/health")
+
+
 async def test_health_follows_sessions_and_compute(gateway):
     gone = asyncio.Event()
     connections = gateway.connections

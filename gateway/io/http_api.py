@@ -1106,8 +1106,14 @@ class HttpServer:
             error_log.addFilter(_not_an_aborted_stream)
         self._server = _Uvicorn(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
-        # (the server's task is shielded: it goes on serving once it serves)
-        if await unless_stopped(self._server.serving.wait(), asyncio.shield(self._task)) is None:
+        try:
+            # (the server's task is shielded: it goes on serving once it serves)
+            serving = await unless_stopped(self._server.serving.wait(),
+                                           asyncio.shield(self._task))
+        except BaseException:  # cancelled: uvicorn would go on to serve, owned by nobody
+            await asyncio.shield(self.aclose())
+            raise
+        if serving is None:
             self._task.result()  # raises what stopped uvicorn
             raise RuntimeError("the HTTP server stopped while starting")
 
