@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import logging
 import math
@@ -152,6 +153,47 @@ async def test_an_app_written_for_openai_gets_the_default_voice_not_an_error(gat
         voices = (await http.get("/v1/audio/voices")).json()
     assert by_id.status_code == 200 and "x-speech-notes" not in by_id.headers
     assert voices["default"] == "en-us"
+
+
+class ClonedVoiceEngine(SyntheticEngine):
+    """Test double: one voice cloned from a reference file and named after it, as qwen3 and
+    chatterbox name theirs (``Łucja.wav``: a name beyond latin-1)."""
+
+    def __init__(self) -> None:
+        super().__init__(rtf=0, ttfa_ms=0)
+        self.default_voice = "Łucja"
+
+    def voices(self) -> list[str]:
+        return ["Łucja"]
+
+    def open(self, request: SynthesisRequest):
+        return super().open(dataclasses.replace(request, voice="mid"))
+
+
+@pytest.mark.parametrize("mode", [{"stream_format": "sse", "response_format": "pcm"},
+                                  {"response_format": "wav"},
+                                  {"response_format": "wav", "stream": False}])
+async def test_a_note_naming_a_voice_beyond_latin_1_is_sent_escaped(replies, mode):
+    """The note for an OpenAI voice name quotes the default voice. Named beyond latin-1, it
+    failed the header's encoding: a plain-text 500 for every request of an app written for
+    OpenAI, whose synthesis went on for nobody (the stream stayed open on the lane)."""
+    gw = await start_gateway(replies, ClonedVoiceEngine())
+    try:
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            response = await client.post("/v1/audio/speech", json={
+                "input": "Hello there.", "voice": "alloy", **mode})
+        assert response.status_code == 200
+        assert response.headers["x-speech-notes"] == (
+            "voice 'alloy' is OpenAI's; the gateway's default voice '\\u0141ucja' spoke")
+        if mode["response_format"] == "pcm":  # the SSE done event is JSON: as it is
+            done = [orjson.loads(line[6:]) for line in response.text.splitlines()
+                    if line.startswith("data: ")][-1]
+            assert done["notes"] == ["voice 'alloy' is OpenAI's; the gateway's default "
+                                     "voice 'Łucja' spoke"]
+        await asyncio.wait_for(gw.http.idle.wait(), 10)
+        assert gw.lane.queue_depth == 0
+    finally:
+        await gw.aclose()
 
 
 async def test_nothing_to_say_is_an_empty_answer_with_a_note(gateway):

@@ -130,6 +130,13 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Resp
                     headers={"Cache-Control": "no-store", **(headers or {})})
 
 
+def _notes_header(notes: list[str]) -> str:
+    """``X-Speech-Notes``: the notes in ASCII, anything beyond it escaped (``\\u0141``). A
+    note may quote a voice named after its reference file (``Łucja``): a header carries
+    latin-1 at most, and that one failed the whole response (a plain-text 500)."""
+    return "; ".join(notes).encode("ascii", "backslashreplace").decode("ascii")
+
+
 # ---- the request ----------------------------------------------------------------------------
 
 
@@ -596,7 +603,7 @@ class SpeechApi:
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(OUTPUT_RATE),
                    "X-Engine": getattr(engine, "primary", engine).name}
         if notes:  # (what happens while it is spoken joins stream.notes later)
-            headers["X-Speech-Notes"] = "; ".join(notes)
+            headers["X-Speech-Notes"] = _notes_header(notes)
         if mode == "sse":
             return _Streamed(_sse(stream, request), stream, counter,
                              media_type="text/event-stream",
@@ -920,7 +927,7 @@ async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
     headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
                "X-Compute-Ms": str(usage["compute_ms"])}
     if stream.notes:  # now with what happened while it was spoken
-        headers["X-Speech-Notes"] = "; ".join(stream.notes)
+        headers["X-Speech-Notes"] = _notes_header(stream.notes)
     return Response(data, media_type=encoding.media_type, headers=headers)
 
 
