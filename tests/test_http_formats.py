@@ -33,6 +33,7 @@ import pytest
 
 from engines.synthetic import SyntheticEngine
 from gateway.core.audio_formats import Encoder
+from gateway.io import http_api
 from tests.test_http_api import (
     FailingEngine,
     HeldEngine,
@@ -275,6 +276,27 @@ async def test_an_encoder_failure_is_a_server_error_said_once(start_gateway, mon
     assert len(ended) == 3 and all(": encoder_failed: encoding " in line for line in ended)
     assert gw.metrics.errors["encoder_failed"] == 3
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_an_encoder_thread_that_cannot_start_leaves_no_synthesis_behind(
+        start_gateway, monkeypatch):
+    """The first compressed answer starts the encoder thread, after its synthesis had
+    started: a process out of threads (``can't start new thread``) answered a plain-text 500
+    and left the synthesis running for nobody, the stream counted open for ever."""
+
+    def no_thread(name: str):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(http_api, "LaneThread", no_thread)
+    gw = await start_gateway(engine=SyntheticEngine(rtf=1.0, ttfa_ms=0, step_ms=100))
+    async with httpx.AsyncClient(base_url=base(gw)) as client:
+        response = await client.post("/v1/audio/speech", json={"input": TEXT,
+                                                               "response_format": "mp3"})
+    assert response.status_code == 500
+    assert response.json()["error"] == {
+        "message": "internal error: RuntimeError: can't start new thread",
+        "type": "server_error", "param": None, "code": "internal_error"}
+    assert not gw.http.streams and gw.lane.queue_depth == 0
 
 
 def test_the_encoder_thread_keeps_nothing_of_a_call_once_it_is_done():

@@ -509,7 +509,7 @@ class SpeechApi:
             Route("/v1/audio/voices", self.voices, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
-        ], exception_handlers={HTTPException: _http_error})
+        ], exception_handlers={HTTPException: _http_error, Exception: _internal_error})
         self.app.router.redirect_slashes = False  # /v1/audio/speech/: a JSON 404, not a 307
         # CORS outside auth: a browser's preflight carries no token. Browser apps on the hub
         # may call the API from the origins the voice socket admits (any, unless --origin).
@@ -585,8 +585,12 @@ class SpeechApi:
                                      seed=params.seed, step_ms=step_ms(Priority.BACKGROUND),
                                      options=options) for s in segments]
         stream = SpeechStream(gw, requests, lane, notes=notes)
-        stream.start()
         fmt, mode = params.response_format, params.mode
+        # made before the synthesis starts, which nothing would stop if this failed (the
+        # encoder thread may not start); the encoder then opens on its thread while the
+        # engine makes the first chunk
+        encoding = None if mode == "sse" else gw.http.encoding(fmt, streamed=mode == "chunked")
+        stream.start()
 
         def counter(status: str) -> None:
             """The request's end: counted, and one log line (the access log's place)."""
@@ -604,12 +608,10 @@ class SpeechApi:
                    "X-Engine": getattr(engine, "primary", engine).name}
         if notes:  # (what happens while it is spoken joins stream.notes later)
             headers["X-Speech-Notes"] = _notes_header(notes)
-        if mode == "sse":
+        if encoding is None:
             return _Streamed(_sse(stream, request), stream, counter,
                              media_type="text/event-stream",
                              headers={**headers, "X-Accel-Buffering": "no"})
-        # the encoder opens (on its thread) while the engine makes the first chunk
-        encoding = gw.http.encoding(fmt, streamed=mode == "chunked")
         if mode == "chunked":
             return await _chunked(request, stream, encoding, headers, counter)
         return await _whole(request, stream, encoding, headers, counter)
@@ -643,6 +645,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return ApiError(404, f"no route {request.url.path[:200]!r}{hint}",
                         code="not_found").response()
     return ApiError(exc.status_code, str(exc.detail), code="http_error").response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug (or a process out of threads) failing a request before its answer started: a
+    500 ``internal_error`` in OpenAI's shape too (Starlette's own is plain text). uvicorn
+    logs the traceback."""
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
+                    code="internal_error", type="server_error").response()
 
 
 def models_body(gateway: Gateway) -> dict[str, Any]:
