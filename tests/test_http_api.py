@@ -368,6 +368,33 @@ async def test_a_request_still_sending_its_body_when_the_shutdown_begins_is_refu
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+async def test_the_http_port_stops_taking_requests_as_the_shutdown_begins(replies):
+    """docs/http-api.md: both ports stop taking connections at once (a new connection is
+    refused, a kept-alive one is closed). The HTTP port took them until uvicorn's next
+    tick, up to 0.1 s later, and answered each one 503 (``Retry-After: 1``)."""
+    gw = await start_gateway(replies)
+    port, closing = gw.http_port, None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)  # the connection is kept alive
+        closing = asyncio.create_task(gw.aclose())
+        await gw.http.stopping.wait()
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            answer = await reader.read()
+        except ConnectionResetError:  # (closed before the request came)
+            answer = b""
+        writer.close()
+        assert answer == b""
+    finally:
+        await (closing or gw.aclose())
+
+
 async def test_a_client_gone_while_sending_its_request_is_no_server_error(gateway, caplog):
     caplog.set_level(logging.INFO)
     line = LineSeen("speech disconnected (499) while sending its request")

@@ -1170,6 +1170,7 @@ class HttpServer:
         """End every open speech response (``shutting_down``) and every wait for a speech
         request's body, then stop uvicorn."""
         self.stopping.set()
+        self._refuse_connections()
         for stream in list(self.streams):
             stream.fail("shutting_down", "the gateway is shutting down")
         if self._server is not None:  # a client that reads nothing would never see it
@@ -1182,3 +1183,14 @@ class HttpServer:
             await self._task
         if self._encoder_thread is not None:  # a daemon: it never holds up the exit
             self._encoder_thread.shutdown(wait=False)
+
+    def _refuse_connections(self) -> None:
+        """No new connection, and none kept alive between requests (one mid-request closes
+        after its answer): now, as the voice port does, not at uvicorn's next tick (it reads
+        ``should_exit`` every 0.1 s), which does both again."""
+        if self._server is None:
+            return
+        for server in getattr(self._server, "servers", ()):  # (none before it started)
+            server.close()
+        for connection in list(self._server.server_state.connections):
+            connection.shutdown()
