@@ -177,9 +177,26 @@ def default_format(stream_format: str) -> str:
 
 
 def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
-    """Validate a speech request body; raises ``ApiError`` (400) naming the bad parameter."""
+    """Validate a speech request body; raises ``ApiError`` (400) naming the bad parameter
+    (the first, in this order, of a body with several)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    text = _input(body)
+    model = _string(body, "model")
+    voice, notes = _voice(body, gateway)
+    stream_format, response_format, stream = _formats(body)
+    speed = _number_in(body, "speed", *SPEED_RANGE)
+    seed = _integer(body, "seed")
+    temperature = _number_in(body, "temperature", 0, 2)
+    instructions = _string(body, "instructions")
+    return SpeechParams(input=text, model=model, voice=voice, response_format=response_format,
+                        stream_format=stream_format, stream=stream,
+                        speed=1.0 if speed is None else speed, seed=seed, temperature=temperature,
+                        instructions=instructions or None, notes=tuple(notes))
+
+
+def _input(body: dict[str, Any]) -> str:
+    """The text to speak: a string, not blank, at most ``MAX_INPUT_CHARS``."""
     text = body.get("input")
     if text is not None and not isinstance(text, str):
         raise ApiError(400, "'input' must be a string: the text to speak", code="invalid_type",
@@ -190,25 +207,33 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     if len(text) > MAX_INPUT_CHARS:
         raise ApiError(400, f"'input' is {len(text)} characters; the limit is "
                        f"{MAX_INPUT_CHARS}", code="string_above_max_length", param="input")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, "'model' must be a string", code="invalid_type", param="model")
+    return text
+
+
+def _voice(body: dict[str, Any], gateway: Gateway) -> tuple[str | None, list[str]]:
+    """The voice asked for (None: the default) and the note to send with it: one of
+    OpenAI's names that no engine has stands for the default voice."""
     voice = body.get("voice")
-    notes: list[str] = []
     if isinstance(voice, dict) and "id" in voice:  # OpenAI's custom-voice form {"id": ...}
         voice = voice["id"]
-    if voice is not None:
-        if not isinstance(voice, str):
-            raise ApiError(400, "'voice' must be a string (or an object with a string 'id')",
-                           code="invalid_type", param="voice")
-        if gateway.voices and voice not in gateway.voices:
-            if voice.lower() not in OPENAI_VOICES:
-                raise ApiError(400, f"unknown voice {voice!r}; GET /v1/audio/voices lists the "
-                               f"{len(gateway.voices)} available", code="unknown_voice",
-                               param="voice")
-            notes.append(f"voice {voice!r} is OpenAI's; the gateway's default voice "
-                         f"{gateway.default_voice!r} spoke")
-            voice = None
+    if voice is None:
+        return None, []
+    if not isinstance(voice, str):
+        raise ApiError(400, "'voice' must be a string (or an object with a string 'id')",
+                       code="invalid_type", param="voice")
+    if not gateway.voices or voice in gateway.voices:
+        return voice, []
+    if voice.lower() not in OPENAI_VOICES:
+        raise ApiError(400, f"unknown voice {voice!r}; GET /v1/audio/voices lists the "
+                       f"{len(gateway.voices)} available", code="unknown_voice",
+                       param="voice")
+    return None, [f"voice {voice!r} is OpenAI's; the gateway's default voice "
+                  f"{gateway.default_voice!r} spoke"]
+
+
+def _formats(body: dict[str, Any]) -> tuple[str, str, bool]:
+    """``stream_format``, ``response_format`` and ``stream``, each defaulted when absent or
+    null, and a combination this gateway can answer."""
     stream_format = body.get("stream_format")
     if stream_format is None:  # absent or null: the default
         stream_format = "audio"
@@ -234,21 +259,26 @@ def parse_speech(body: Any, gateway: Gateway) -> SpeechParams:
     if stream_format == "sse" and response_format != "pcm":
         raise ApiError(400, "SSE deltas carry base64 PCM16; use response_format 'pcm' with "
                        "stream_format 'sse'", code="unsupported_format", param="response_format")
-    speed = _number_in(body, "speed", *SPEED_RANGE)
-    seed = body.get("seed")
-    if isinstance(seed, float) and seed.is_integer():  # JSON does not tell 1 from 1.0
-        seed = int(seed)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError(400, "'seed' must be an integer", code="invalid_type", param="seed")
-    temperature = _number_in(body, "temperature", 0, 2)
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise ApiError(400, "'instructions' must be a string", code="invalid_type",
-                       param="instructions")
-    return SpeechParams(input=text, model=model, voice=voice, response_format=response_format,
-                        stream_format=stream_format, stream=stream,
-                        speed=1.0 if speed is None else speed, seed=seed, temperature=temperature,
-                        instructions=instructions or None, notes=tuple(notes))
+    return stream_format, response_format, stream
+
+
+def _string(body: dict[str, Any], name: str) -> str | None:
+    """``body[name]``, a string, None when absent or null (``invalid_type`` otherwise)."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ApiError(400, f"'{name}' must be a string", code="invalid_type", param=name)
+    return value
+
+
+def _integer(body: dict[str, Any], name: str) -> int | None:
+    """``body[name]``, an integer (``1.0`` too: JSON does not tell 1 from 1.0), None when
+    absent or null (``invalid_type`` otherwise)."""
+    value = body.get(name)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ApiError(400, f"'{name}' must be an integer", code="invalid_type", param=name)
+    return value
 
 
 def _number_in(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
