@@ -577,22 +577,11 @@ class SpeechApi:
                            "data": [{"id": v, "object": "voice"} for v in gw.voices]})
 
     async def speech(self, request: Request) -> Response:
+        """``POST /v1/audio/speech``: admitted (``_admit``), cut into lane jobs
+        (``synthesis_requests``), answered as its ``mode`` asks."""
         gw = self.gateway
         try:
-            _refuse_speech_now(gw, None)  # before the body: it may take seconds
-            # ...unless the gateway begins to stop meanwhile: uvicorn would wait out its
-            # grace for the body, then cancel the request (a bare 500 and a traceback)
-            body = await unless_stopped(_read_json(request), gw.http.stopping.wait())
-            if body is None:
-                raise ApiError(503, "the gateway is shutting down", code="shutting_down",
-                               type="server_error")
-            params = parse_speech(body.result(), gw)
-            voice = params.voice or gw.config.tts.voice
-            lane = gw.lane_for_voice(voice)
-            # again after it: the gateway may have begun to stop meanwhile (its open
-            # speech streams already failed, this one would not be), and the voice may be
-            # another lane's
-            _refuse_speech_now(gw, lane)
+            params, voice, lane = await self._admit(request)
         except ClientDisconnect:  # gone while sending its request
             gw.telemetry.http_speech.labels("-", "-", "disconnected").inc()
             log.info("speech disconnected (499) while sending its request")
@@ -601,20 +590,8 @@ class SpeechApi:
             _speech_rejected(gw, error)
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
         engine = lane.engine
-        notes = self._notes(params, engine)
-        segmenter = Segmenter(None if streams_always(engine)
-                              else SegmenterConfig(max_chars=ONE_STEP_MAX_CHARS),
-                              reads_digits=getattr(engine, "reads_digits", True))
-        # a segment may have nothing to say (an emoji, a code block): no job for it
-        segments = [s for s in segmenter.feed(params.input) + segmenter.finish()
-                    if s.spoken.strip()]
-        options = {"instructions": params.instructions} if params.instructions and \
-            getattr(engine, "instructions", False) else {}
-        requests = [SynthesisRequest(text=s.spoken, voice=voice,
-                                     speed=params.speed, temperature=params.temperature,
-                                     seed=params.seed, step_ms=step_ms(Priority.BACKGROUND),
-                                     options=options) for s in segments]
-        stream = SpeechStream(gw, requests, lane, notes=notes)
+        stream = SpeechStream(gw, synthesis_requests(params, voice, engine), lane,
+                              notes=self._notes(params, engine))
         fmt, mode = params.response_format, params.mode
         # made before the synthesis starts, which nothing would stop if this failed (the
         # encoder thread may not start); the encoder then opens on its thread while the
@@ -636,8 +613,10 @@ class SpeechApi:
         # a fallback wrapper names the voice engine it wraps (usage.engine names both)
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(OUTPUT_RATE),
                    "X-Engine": getattr(engine, "primary", engine).name}
-        if notes:  # (what happens while it is spoken joins stream.notes later)
-            headers["X-Speech-Notes"] = _notes_header(notes)
+        # start() may have added one (nothing to say); what happens while it is spoken
+        # joins them later
+        if stream.notes:
+            headers["X-Speech-Notes"] = _notes_header(stream.notes)
         if encoding is None:
             return _Streamed(_sse(stream, request), stream, counter,
                              media_type="text/event-stream",
@@ -645,6 +624,27 @@ class SpeechApi:
         if mode == "chunked":
             return await _chunked(request, stream, encoding, headers, counter)
         return await _whole(request, stream, encoding, headers, counter)
+
+    async def _admit(self, request: Request) -> tuple[SpeechParams, str | None, Lane]:
+        """The request's parameters, its voice (None: the engine's default) and the lane
+        that speaks it, once the gateway can take it now; raises ``ApiError`` (503 when it
+        cannot, 4xx for the request) or ``ClientDisconnect``."""
+        gw = self.gateway
+        _refuse_speech_now(gw, None)  # before the body: it may take seconds
+        # ...unless the gateway begins to stop meanwhile: uvicorn would wait out its
+        # grace for the body, then cancel the request (a bare 500 and a traceback)
+        body = await unless_stopped(_read_json(request), gw.http.stopping.wait())
+        if body is None:
+            raise ApiError(503, "the gateway is shutting down", code="shutting_down",
+                           type="server_error")
+        params = parse_speech(body.result(), gw)
+        voice = params.voice or gw.config.tts.voice
+        lane = gw.lane_for_voice(voice)
+        # again after it: the gateway may have begun to stop meanwhile (its open speech
+        # streams already failed, this one would not be), and the voice may be another
+        # lane's
+        _refuse_speech_now(gw, lane)
+        return params, voice, lane
 
     def _notes(self, params: SpeechParams, engine: Any) -> list[str]:
         notes = list(params.notes)
@@ -683,6 +683,25 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     logs the traceback."""
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
                     code="internal_error", type="server_error").response()
+
+
+def synthesis_requests(params: SpeechParams, voice: str | None,
+                       engine: Any) -> list[SynthesisRequest]:
+    """A speech request's lane jobs: one per segment of its input with something to say,
+    cut by the ``Segmenter`` as a voice session's reply is (shorter segments where the
+    engine may make one in one step), in small background steps."""
+    segmenter = Segmenter(None if streams_always(engine)
+                          else SegmenterConfig(max_chars=ONE_STEP_MAX_CHARS),
+                          reads_digits=getattr(engine, "reads_digits", True))
+    # a segment may have nothing to say (an emoji, a code block): no job for it
+    segments = [s for s in segmenter.feed(params.input) + segmenter.finish()
+                if s.spoken.strip()]
+    options = {"instructions": params.instructions} if params.instructions and \
+        getattr(engine, "instructions", False) else {}
+    return [SynthesisRequest(text=s.spoken, voice=voice, speed=params.speed,
+                             temperature=params.temperature, seed=params.seed,
+                             step_ms=step_ms(Priority.BACKGROUND), options=options)
+            for s in segments]
 
 
 def models_body(gateway: Gateway) -> dict[str, Any]:
