@@ -60,6 +60,7 @@ _pieces = st.sampled_from([
     "# ", "the", "The", "I", "word", "Okay", "192.168.1.1", "a@b.io", "https://x.io/a?b=1",
     " and ", " in ", "in", "side", " with ", " because ", " is ", " a ", "Mr.", " 3 ", " or ",
     "今天", "很好", "。", "！", "？", "「", "」", "（", "）", "と聞いた", "，", "、", "：",
+    "„", "“", "«", "»", " » ", "\u202f", "z. B.", "am 3. ", "Oktober", "Sr.", "¿", "3,5",
 ])
 _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 

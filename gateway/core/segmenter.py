@@ -23,10 +23,12 @@ on how the stream was chunked:
   ``Jan. 3``, ``fig. 2``, ``1 hr. 35`` never before a digit, except ``No.`` opening a
   sentence (the answer). An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
-* Nothing splits inside an open quote or bracket. A double quote still open
-  ``quote_max_chars`` after it opened is taken as unmatched (a stray ``"`` in the reply):
-  the text after it is scanned again as if it were not there, so one stray mark cannot
-  turn the rest of a paragraph into one segment.
+* Nothing splits inside an open quote or bracket: ``"…"``, ``“…”``, German ``„…“`` and
+  ``»…«``, and ``«…»`` (French spaces it, ``« Je viens. » Puis``: the closing mark stays
+  with its sentence). A double quote still open ``quote_max_chars`` after it opened is
+  taken as unmatched (a stray ``"`` in the reply): the text after it is scanned again as
+  if it were not there, so one stray mark cannot turn the rest of a paragraph into one
+  segment.
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty.
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
@@ -94,7 +96,7 @@ class Segment:
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile(
-    "[.!?\u2026\u061f\u06d4\u0964\u0965,;:\u2014\u2013\\-\n\"\u201c\u201d()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
+    "[.!?\u2026\u061f\u06d4\u0964\u0965,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
     "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
 )
 _TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965")
@@ -112,7 +114,10 @@ _CJK_CLOSERS = frozenset("\u300d\u300f\uff09\u3011")
 not end the sentence (「本当？」と聞いた is one sentence)."""
 _CLAUSE = frozenset(",;:\u2014\u2013-")
 _CLOSERS = frozenset("\"'\u201d\u2019)]*_")
-_SPACE = frozenset(" \t\r\u00a0")
+_QUOTE_CLOSERS = frozenset("\u201c\u00ab\u00bb")
+"""“ « »: they close a quote that is open (German „…“ and »…«, French, Spanish, Italian
+and Portuguese «…»), and open one otherwise (English “…”, «…»)."""
+_SPACE = frozenset(" \t\r\u00a0\u202f")
 
 # "Dr. Smith": titles (as written) and these lowercase forms never end a sentence.
 _TITLES = frozenset(
@@ -180,7 +185,7 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "of to than as so that not very is are was were be been being am do does did has have "
     "had will would can could should shall may might must".split()
 )
-_OPENERS = frozenset("([\"\u201c'\u2018*_")
+_OPENERS = frozenset("([\"\u201c\u201e\u00ab\u00bb'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
 
 
@@ -348,7 +353,9 @@ class Segmenter:
                 elif c == '"':
                     if self._quote or i == 0 or not buf[i - 1].isdigit():
                         self._quote ^= 1  # else an inch mark: 'a 6.1" screen'
-                elif c == "\u201c":
+                elif c in _QUOTE_CLOSERS:
+                    self._quote ^= 1  # “ opens, or closes „…“; « and » as " does
+                elif c == "\u201e":
                     self._quote = 1
                 elif c == "\u201d":
                     self._quote = 0
@@ -426,9 +433,20 @@ class Segmenter:
         """Step over closing quotes/brackets/emphasis after a mark; returns (j, quote, paren)."""
         buf = self._buf
         quote, paren = self._quote, self._paren
-        while self._need(j) and buf[j] in _CLOSERS:
+        while self._need(j):
             c = buf[j]
-            if c == '"' or c == "\u201d":
+            if c in _SPACE and quote:
+                k = j  # French spacing: 'demain. » Puis', 'demain\u202f!\u202f»'
+                while self._need(k) and buf[k] in _SPACE:
+                    k += 1
+                if not (k < len(buf) and buf[k] in "\u00ab\u00bb") or (
+                        self._need(k + 1) and buf[k + 1].isalnum()):
+                    break  # '. «Bonjour': the next quote opens
+                j = k
+                continue
+            if c not in _CLOSERS and not (quote and c in _QUOTE_CLOSERS):
+                break
+            if c == '"' or c == "\u201d" or c in _QUOTE_CLOSERS:
                 quote = 0
             elif c in ")]":
                 paren = max(0, paren - 1)
@@ -531,7 +549,7 @@ class Segmenter:
                         and self._next_word(i + len(run)) in ("I", "I'm", "I've", "I'd"))
         buf = self._buf
         ws = max(buf.rfind(" ", self._seg, i), buf.rfind("\n", 0, i), self._seg - 1) + 1
-        word = buf[ws:i].lstrip("(\"'\u201c*_[")
+        word = buf[ws:i].lstrip("(\"'\u201c\u201e\u00ab\u00bb*_[")
         low = word.lower()
         if (len(word) == 1 and word.isupper()) or word in ("St", "c", "ca") or (
                 "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
@@ -571,7 +589,7 @@ class Segmenter:
         while p >= self._seg and buf[p] in _SPACE:
             p -= 1
         q = max(buf.rfind(" ", self._seg, p), self._seg - 1) + 1
-        prev = buf[q:p + 1].strip("(\"'\u201c*_[,;:")
+        prev = buf[q:p + 1].strip("(\"'\u201c\u201e\u00ab\u00bb*_[,;:")
         return prev.lower() in _LABELS
 
     def _next_word(self, j: int) -> str:
@@ -649,7 +667,7 @@ class Segmenter:
             if len(words) < self.config.first_phrase_words:
                 continue
             prev = words[-1]
-            low = prev.lower().rstrip("\"'\u201d\u2019)]*_")
+            low = prev.lower().rstrip("\"'\u201c\u201d\u00ab\u00bb\u2019)]*_")
             if low in _NO_PHRASE_END or prev.rstrip(".") in _TITLES:
                 continue
             if m.group() in ("and", "or") and any(c.isdigit() for c in prev):
