@@ -196,6 +196,20 @@ def test_eager_clause_never_cuts_numbers_or_inside_quotes():
     assert got == ['We paid 1,250 dollars for "the big one, with extras" last week,', "I think."]
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    # a German abbreviation right after the eager cut stays whole ("z." was a segment)
+    ("Es gibt viele Sorten, z. B. Äpfel, Birnen und Kirschen.",
+     ["Es gibt viele Sorten,", "z. B. Äpfel, Birnen und Kirschen."]),
+    # a decimal comma is never a clause mark
+    ("Heute sind es 3,5 Grad und morgen 4,5 Grad, sagt der Wetterbericht.",
+     ["Heute sind es 3,5 Grad und morgen 4,5 Grad,", "sagt der Wetterbericht."]),
+    ("Am 3. Oktober ist Feiertag, die Geschäfte sind zu.",
+     ["Am 3. Oktober ist Feiertag,", "die Geschäfte sind zu."]),
+])
+def test_eager_clause_in_german(text, want):
+    assert [s.text for s in run(text)] == want
+
+
 def phrase(text: str, words: int, **kw) -> list[str]:
     """Segments with first_phrase_words; the same whatever the chunking."""
     config = SegmenterConfig(first_phrase_words=words, **kw)

@@ -21,7 +21,12 @@ on how the stream was chunked:
   before a word that opens sentences (``Then``, ``It's``...), or after a label word
   (``option A.``), so ``the U.S. Army`` and ``John F. Kennedy`` go on; ``No. 5``,
   ``Jan. 3``, ``fig. 2``, ``1 hr. 35`` never before a digit, except ``No.`` opening a
-  sentence (the answer). An opening bracket or quote is looked through (``a.m. (It``).
+  sentence (the answer). German, French, Spanish, Italian and Portuguese replies: ``z. B.``,
+  ``u. a.``, ``bzw.``, ``p. ex.`` and titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never
+  end one; ``Nr. 5``, ``pág. 12``, ``Hauptstr. 12`` never before a digit; a day or an
+  ordinal before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``,
+  ``der 1. FC``) is not a sentence end, while ``Platz 1. Der`` is.
+  An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
 * Nothing splits inside an open quote or bracket: ``"…"``, ``“…”``, German ``„…“`` and
   ``»…«``, and ``«…»`` (French spaces it, ``« Je viens. » Puis``: the closing mark stays
@@ -121,9 +126,26 @@ _SPACE = frozenset(" \t\r\u00a0\u202f")
 
 # "Dr. Smith": titles (as written) and these lowercase forms never end a sentence.
 _TITLES = frozenset(
-    "Mr Mrs Ms Dr Prof St Sr Sen Rep Gov Gen Col Capt Lt Sgt Rev Hon Mt Ft MR MRS MS DR".split()
+    "Mr Mrs Ms Dr Prof St Sr Sen Rep Gov Gen Col Capt Lt Sgt Rev Hon Mt Ft MR MRS MS DR "
+    "Hr Hrn Sra Srta Sres Dra Dres Lic Sig Sigg Dott Avv Ing".split()
 )
-_NEVER_END = frozenset("vs e.g i.e cf approx dept est".split())
+_NEVER_END = frozenset(
+    "vs e.g i.e cf approx dept est "
+    "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl zzgl sog "  # German
+    "p.ex p.ej sig dott avv prof".split()  # French, Spanish, Italian
+)
+"""Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
+"p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna")."""
+_SPACED_ABBR = re.compile(
+    r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
+"""A spaced abbreviation ending right before a dot: "z. B", "u. a", "i. d. R", "p. ex"."""
+_MONTHS_DE = frozenset(
+    "Januar Jänner Februar März April Mai Juni Juli August September Oktober November "
+    "Dezember Jan Feb Mär Apr Jun Jul Aug Sep Sept Okt Nov Dez".split()
+)
+_ORDINAL_AFTER = frozenset("im vom zum zur beim der den dem des die das".split())
+"""German words before a day or an ordinal number ("der 1. FC", "im 19. Jahrhundert"):
+"3." after them (or before a month: "am 3. Oktober") is an ordinal, not a sentence end."""
 # "3 p.m. Eastern": a time zone goes on the sentence.
 _ZONES = frozenset(
     "Eastern Central Mountain Pacific UTC GMT EST EDT CST CDT MST MDT PST PDT CET CEST BST "
@@ -133,10 +155,10 @@ _ZONES = frozenset(
 _CAPITAL_END = frozenset(
     "a.m p.m etc inc ltd co corp jr u.s u.k u.n ph.d b.c a.d st".split()
 )
-# "No. 5", "Jan. 3": never before a digit.
+# "No. 5", "Jan. 3", "Nr. 5", "pág. 12" (and "Hauptstr. 12"): never before a digit.
 _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
-    "sept oct nov dec approx tel".split()
+    "sept oct nov dec approx tel nr bd abs kap str pág págs pag núm num cap n".split()
 )
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
@@ -551,22 +573,45 @@ class Segmenter:
         ws = max(buf.rfind(" ", self._seg, i), buf.rfind("\n", 0, i), self._seg - 1) + 1
         word = buf[ws:i].lstrip("(\"'\u201c\u201e\u00ab\u00bb*_[")
         low = word.lower()
+        if len(word) <= 2 and word.isalpha():
+            spaced = _SPACED_ABBR.search(buf, max(self._seg, i - 16), i)
+            if spaced is not None:  # "z. B", "u. a": the whole abbreviation decides
+                low = spaced.group().replace(" ", "").lower()
+            if low in _NEVER_END:
+                return False
+            if len(word) == 1 and word.islower() and len(self._next_word(i + 1)) == 1 and (
+                    self._need(i + 3) and buf[i + 3] == "."):
+                return False  # "z. B.", "e. V.": the abbreviation goes on
         if (len(word) == 1 and word.isupper()) or word in ("St", "c", "ca") or (
                 "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
             return self._name_or_end(i, ws, word)
         if word == "No" and not buf[self._seg:ws].strip():
             return True  # "No. 91 isn't prime.": the answer, not "No. 5"
-        if word in _TITLES or low in _NEVER_END:
+        base = word.rsplit("'", 1)[-1].rsplit("\u2019", 1)[-1]  # "l'avv.", "dell'Ing."
+        if word in _TITLES or low in _NEVER_END or base in _TITLES or base.lower() in _NEVER_END:
             return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES:
             return False
-        if low in _BEFORE_NUMBER and nxt.isdigit():
+        if (low in _BEFORE_NUMBER or low.endswith("str")) and nxt.isdigit():
             return False
         if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
             return nxt.isupper() or _is_cjk(nxt)  # "at 3 p.m. The", "at 3 p.m. 会议"
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
             return False  # "1. " list marker at the start of a line
+        if word.isdigit() and len(word) <= 2 and (self._prev_word(ws) in _ORDINAL_AFTER or (
+                nxt in "JFMASOND" and self._next_word(i + 1) in _MONTHS_DE)):
+            return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert"
         return True
+
+    def _prev_word(self, ws: int) -> str:
+        """The word of the pending segment before position ``ws`` (the start of a word),
+        lower case, without quotes or brackets ("" if none)."""
+        buf = self._buf
+        p = ws - 1
+        while p >= self._seg and buf[p] in _SPACE:
+            p -= 1
+        q = max(buf.rfind(" ", self._seg, p), buf.rfind("\n", self._seg, p), self._seg - 1) + 1
+        return buf[q:p + 1].strip("(\"'\u201c\u201e\u00ab\u00bb*_[,;:").lower()
 
     def _name_or_end(self, i: int, ws: int, word: str) -> bool:
         """After "B.", "U.S." or "St." before a capital: a name going on or a new sentence.
