@@ -46,6 +46,7 @@ import numpy as np
 import soxr
 
 from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest
+from engines.espeak_languages import for_language
 from engines.spell import amounts_in_words, english_readings
 
 ESPEAK_RATE = 22_050
@@ -428,8 +429,9 @@ class EspeakStream:
         return np.concatenate(parts).astype("<i2").tobytes()
 
     def _synthesise(self) -> None:
-        english = os.path.basename(self._voice.split(b"+")[0]).lower().startswith(b"en")
-        text = espeak_text(self._text, english=english).encode("utf-8", "replace")
+        language = os.path.basename(self._voice.split(b"+")[0]).decode().lower()
+        text = espeak_text(for_language(self._text, language),
+                           english=language.startswith("en")).encode("utf-8", "replace")
         if not text.strip():
             return
         sink = _Synthesis(self)

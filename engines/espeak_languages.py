@@ -1,0 +1,102 @@
+"""What espeak-ng should be given in German, French, Spanish, Italian and Portuguese.
+
+espeak reads digits itself (``reads_digits = True``), and each language's voice reads
+plain numbers, decimal commas and thousands dots right ("3,5 km", "1.000 €"). Some forms a
+reply in those languages writes every day it reads wrongly, heard with libespeak-ng's
+phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
+
+* times: German "14:30 Uhr" was "vierzehn Uhr dreißig Uhr" (its own "Uhr" for the colon,
+  then the written one), "9:00" "neun Uhr null null", "14.30 Uhr" "vierzehn Punkt dreißig
+  Uhr"; French "14h30" "quatorze ache trente"; Portuguese "14h30" "catorze agá trinta";
+  Spanish "14 h" "catorce hache"; Italian "alle 14.30" "quattordici punto trenta"; and
+  every voice read a minute's leading zero ("9:05": "neun Uhr null fünf", "nueve cero
+  cinco", "nove e zero cinque").
+
+``for_language`` rewrites those into the words a speaker of the language uses, leaving
+digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"). Other
+languages, English among them (``espeak_text``'s business), are returned unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+_HOUR = r"(?<![\d.,:])([01]?\d|2[0-3])"
+_COLON_TIME = re.compile(_HOUR + r":([0-5]\d)(?![\d:])")
+"""14:30, 9:05 (not 14:30:15; a ratio's "3:1" has no two-digit minutes)."""
+_UHR = re.compile(_HOUR + r"[:.]([0-5]\d)(?![\d:])\s*Uhr\b")
+"""German "14:30 Uhr", "14.30 Uhr"."""
+_UM_DOT = re.compile(r"\b(um|gegen|ab) " + _HOUR + r"\.([0-5]\d)(?![\d.:,]\d|\d)")
+"""German "um 14.30": a dot time after "um" (a date rarely follows it)."""
+_H_TIME = re.compile(_HOUR + r" ?h(?: ?([0-5]\d))?\b")
+"""French, Portuguese, Spanish "14h30", "14 h 30", "14h", "9 h" (not "km/h": a digit leads)."""
+_DOT_TIME = re.compile(_HOUR + r"\.([0-5]\d)(?![\d.:,]\d|\d)")
+"""Italian "alle 14.30": thousands have three digits after the dot, decimals a comma."""
+
+
+def _hm(m: re.Match[str], at: int = 1) -> tuple[int, int]:
+    """Hour and minutes of a time matched at groups ``at`` and ``at + 1`` (minutes may be
+    absent: 0)."""
+    return int(m.group(at)), int(m.group(at + 1) or 0)
+
+
+def _german(text: str) -> str:
+    def said(h: int, mm: int) -> str:
+        return f"{h} Uhr {mm}" if mm else f"{h} Uhr"
+
+    text = _UHR.sub(lambda m: said(*_hm(m)), text)
+    text = _UM_DOT.sub(lambda m: f"{m.group(1)} {said(*_hm(m, 2))}", text)
+    return _COLON_TIME.sub(lambda m: said(*_hm(m)), text)
+
+
+def _french(text: str) -> str:
+    def said(m: re.Match[str]) -> str:
+        h, mm = _hm(m)
+        hours = "une heure" if h == 1 else f"{h} heure" if h == 0 else f"{h} heures"
+        return f"{hours} {mm}" if mm else hours
+
+    return _COLON_TIME.sub(said, _H_TIME.sub(said, text))
+
+
+def _spanish(text: str) -> str:
+    def clock(m: re.Match[str]) -> str:  # "a las 9:05": "a las 9 y 5"
+        h, mm = _hm(m)
+        return f"{h} y {mm}" if mm else str(h)
+
+    def hours(m: re.Match[str]) -> str:  # "a las 14 h": "a las 14 horas"
+        h, mm = _hm(m)
+        said = "una hora" if h == 1 else f"{h} horas"
+        return f"{said} y {mm}" if mm else said
+
+    return _COLON_TIME.sub(clock, _H_TIME.sub(hours, text))
+
+
+def _portuguese(text: str) -> str:
+    def said(m: re.Match[str]) -> str:
+        h, mm = _hm(m)
+        if mm:
+            return f"{h} e {mm}"
+        return "uma hora" if h == 1 else f"{h} horas"
+
+    return _COLON_TIME.sub(said, _H_TIME.sub(said, text))
+
+
+def _italian(text: str) -> str:
+    def said(m: re.Match[str]) -> str:
+        h, mm = _hm(m)
+        return f"{h} e {mm}" if mm else str(h)
+
+    return _COLON_TIME.sub(said, _DOT_TIME.sub(said, text))
+
+
+_BY_LANGUAGE: dict[str, Callable[[str], str]] = {
+    "de": _german, "fr": _french, "es": _spanish, "pt": _portuguese, "it": _italian,
+}
+
+
+def for_language(text: str, language: str) -> str:
+    """``text`` as the espeak voice of ``language`` (an espeak voice or language name:
+    "de", "fr-be", "pt-br", "es-419") should be given it; unchanged for other languages."""
+    rewrite = _BY_LANGUAGE.get(language.lower().partition("-")[0])
+    return text if rewrite is None else rewrite(text)
