@@ -11,9 +11,15 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
   Spanish "14 h" "catorce hache"; Italian "alle 14.30" "quattordici punto trenta"; and
   every voice read a minute's leading zero ("9:05": "neun Uhr null fünf", "nueve cero
   cinco", "nove e zero cinque").
+* German ordinals: espeak takes "3." for an ordinal only before a lower-case word, and
+  German nouns are capitalized, so "am 3. Oktober" was "am drei. Oktober" (a sentence end
+  in the middle: 0.3 s longer than "am dritten Oktober"), "im 19. Jahrhundert" "im
+  neunzehn. Jahrhundert"; a numeric date "am 02.12.2026" was "am null zwei Punkt zwölf
+  Punkt zweitausendsechsundzwanzig".
 
 ``for_language`` rewrites those into the words a speaker of the language uses, leaving
-digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"). Other
+digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"), and German
+ordinals and dates into words ("am dritten Oktober", "am zweiten Dezember 2026"). Other
 languages, English among them (``espeak_text``'s business), are returned unchanged.
 """
 
@@ -41,10 +47,59 @@ def _hm(m: re.Match[str], at: int = 1) -> tuple[int, int]:
     return int(m.group(at)), int(m.group(at + 1) or 0)
 
 
+_ONES_DE = "null ein zwei drei vier fünf sechs sieben acht neun".split()
+_TEENS_DE = "zehn elf zwölf dreizehn vierzehn fünfzehn sechzehn siebzehn achtzehn neunzehn".split()
+_TENS_DE = "_ _ zwanzig dreißig vierzig fünfzig sechzig siebzig achtzig neunzig".split()
+_ORDINAL_STEMS_DE = {1: "erst", 3: "dritt", 7: "siebt", 8: "acht"}
+_MONTHS_DE = ("Januar Februar März April Mai Juni Juli August September Oktober November "
+              "Dezember").split()
+_MONTH_WORDS_DE = frozenset(_MONTHS_DE) | frozenset(
+    "Jänner Jan Feb Mär Apr Jun Jul Aug Sep Sept Okt Nov Dez".split())
+_ORDINAL_AFTER_DE = frozenset("am im vom zum zur beim der den dem des die das".split())
+"""Words before a day or another ordinal ("der 1. FC", "im 19. Jahrhundert")."""
+_ENDING_DE = {"der": "e", "die": "e", "das": "e"}
+"""The ordinal's ending after the word before it: "der dritte", else the dative of "am
+dritten", "vom dritten", "bis zum dritten" (the common case in a reply)."""
+_DAY_DE = re.compile(r"(?<![\d.,])(\d{1,2})\.(?=[ \u00a0]+(\w+))")
+_DATE_DE = re.compile(r"(?<![\d.,])(\d{1,2})\.(\d{1,2})\.(?:(\d{4})(?![\d.,]\d|\d)|(?!\d))")
+"""02.12.2026, 2.12.2026, 2.12. (a day and a month; not a version "2.4.1")."""
+
+
+def _ordinal_de(n: int, before: str) -> str:
+    """``n`` (1-99) as a German ordinal with the ending the word ``before`` it asks for."""
+    if n < 20:
+        stem = _ORDINAL_STEMS_DE.get(n) or (_TEENS_DE[n - 10] if n >= 10 else _ONES_DE[n]) + "t"
+    else:
+        tens, ones = divmod(n, 10)
+        stem = (f"{_ONES_DE[ones]}und" if ones else "") + _TENS_DE[tens] + "st"
+    return stem + _ENDING_DE.get(before.lower(), "en")
+
+
+def _word_before(text: str, at: int) -> str:
+    """The word right before position ``at`` ("" after punctuation or at the start)."""
+    m = re.search(r"(\w+)\s+\Z", text[max(0, at - 40):at])
+    return m.group(1) if m else ""
+
+
 def _german(text: str) -> str:
     def said(h: int, mm: int) -> str:
         return f"{h} Uhr {mm}" if mm else f"{h} Uhr"
 
+    def date(m: re.Match[str]) -> str:
+        day, month = int(m.group(1)), int(m.group(2))
+        if not (1 <= day <= 31 and 1 <= month <= 12):
+            return m.group()
+        words = f"{_ordinal_de(day, _word_before(m.string, m.start()))} {_MONTHS_DE[month - 1]}"
+        return f"{words} {m.group(3)}" if m.group(3) else words
+
+    def day(m: re.Match[str]) -> str:
+        n, before = int(m.group(1)), _word_before(m.string, m.start())
+        if n and (m.group(2) in _MONTH_WORDS_DE or before.lower() in _ORDINAL_AFTER_DE):
+            return _ordinal_de(n, before)
+        return m.group()
+
+    text = _DATE_DE.sub(date, text)
+    text = _DAY_DE.sub(day, text)
     text = _UHR.sub(lambda m: said(*_hm(m)), text)
     text = _UM_DOT.sub(lambda m: f"{m.group(1)} {said(*_hm(m, 2))}", text)
     return _COLON_TIME.sub(lambda m: said(*_hm(m)), text)

@@ -58,7 +58,28 @@ def test_times_are_read_as_a_speaker_of_the_language_says_them(engine, voice, te
     assert same_speech(engine, voice, text, spoken)
 
 
+@pytest.mark.parametrize(("text", "spoken"), [
+    # "am drei. Oktober": espeak takes "3." for an ordinal only before a lower-case word
+    ("Das Konzert ist am 3. Oktober.", "Das Konzert ist am dritten Oktober."),
+    ("Heute ist der 3. Oktober.", "Heute ist der dritte Oktober."),
+    ("Wir sind vom 3. bis 24. Dezember weg.", "Wir sind vom dritten bis vierundzwanzigsten "
+                                              "Dezember weg."),
+    ("Das Schloss ist aus dem 19. Jahrhundert.", "Das Schloss ist aus dem neunzehnten "
+                                                 "Jahrhundert."),
+    # "null zwei Punkt zwölf Punkt zweitausendsechsundzwanzig"
+    ("Dein Termin ist am 02.12.2026 um 14:30 Uhr.",
+     "Dein Termin ist am zweiten Dezember 2026 um 14 Uhr 30."),
+    ("Geöffnet bis 31.12.", "Geöffnet bis einunddreißigsten Dezember"),
+])
+def test_german_ordinals_and_dates_are_words(engine, text, spoken):
+    assert for_language(text, "de") == spoken
+    assert same_speech(engine, "de", text, spoken)
+
+
 @pytest.mark.parametrize(("voice", "text"), [
+    ("de", "Platz 1. Der zweite Platz geht an Anna."),  # a sentence ends after "1."
+    ("de", "Ich zähle bis 3. Dann geht es los."),
+    ("de", "Version 2.4.1 läuft auf 10.1.1.1."),
     ("de", "Das kostet 1.000,50 € und wiegt 3,5 kg."),  # espeak reads these right
     ("de", "Es steht 2:1 nach 90 Minuten."),
     ("fr", "Il roule à 50 km/h et il fait 3,5 degrés."),
