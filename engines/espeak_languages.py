@@ -16,10 +16,17 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
   in the middle: 0.3 s longer than "am dritten Oktober"), "im 19. Jahrhundert" "im
   neunzehn. Jahrhundert"; a numeric date "am 02.12.2026" was "am null zwei Punkt zwölf
   Punkt zweitausendsechsundzwanzig".
+* abbreviations it spells or cuts: German "z. B." "zet be", "d. h." "de ha", "bzw." "be zet
+  we", "usw." "usf", "Nr. 5" "en er fünf", "Dr. Müller" "de er Müller", "ca." "ka";
+  Spanish and Portuguese "1.º", "2.ª" "uno punto o", "um ordinal masculino", "n.º"
+  "ene o"; Portuguese "Sr. Silva" "esse erre Silva"; French "M. Dupont" "em Dupont", "p.
+  ex." "pe ex", "n° 5" "en cinq"; Italian "Sig. Rossi" "sig Rossi", "dott." "dot", "ecc."
+  "ek", "pag." "pag".
 
 ``for_language`` rewrites those into the words a speaker of the language uses, leaving
 digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"), and German
-ordinals and dates into words ("am dritten Oktober", "am zweiten Dezember 2026"). Other
+ordinals and dates into words ("am dritten Oktober", "am zweiten Dezember 2026"), and
+those abbreviations into their words ("zum Beispiel", "1º", "número", "Monsieur"). Other
 languages, English among them (``espeak_text``'s business), are returned unchanged.
 """
 
@@ -145,6 +152,70 @@ def _italian(text: str) -> str:
     return _COLON_TIME.sub(said, _DOT_TIME.sub(said, text))
 
 
+_ABBREVIATIONS: dict[str, list[tuple[str, str]]] = {
+    "de": [
+        (r"z\. ?B\.", "zum Beispiel"), (r"u\. ?a\.", "unter anderem"),
+        (r"d\. ?h\.", "das heißt"), (r"bzw\.", "beziehungsweise"), (r"usw\.", "und so weiter"),
+        (r"etc\.", "et cetera"), (r"ca\.", "circa"), (r"inkl\.", "inklusive"),
+        (r"ggf\.", "gegebenenfalls"), (r"evtl\.", "eventuell"), (r"vgl\.", "vergleiche"),
+        (r"bspw\.", "beispielsweise"), (r"zzgl\.", "zuzüglich"), (r"max\.", "maximal"),
+        (r"Nr\.(?= ?\d)", "Nummer"), (r"S\.(?= ?\d)", "Seite"), (r"Dr\.", "Doktor"),
+        (r"Prof\.", "Professor"), (r"Hr\.", "Herr"), (r"Mio\.", "Millionen"),
+        (r"Mrd\.", "Milliarden"), (r"Std\.", "Stunden"), (r"Min\.", "Minuten"),
+        (r"Tel\.", "Telefon"), (r"Jh\.", "Jahrhundert"), (r"Abs\.", "Absatz"),
+    ],
+    "es": [
+        (r"n\.?º", "número"), (r"1\.?er", "primer"), (r"3\.?er", "tercer"),
+        (r"págs\.", "páginas"), (r"pág\.", "página"), (r"EE\. ?UU\.", "Estados Unidos"),
+    ],
+    "pt": [
+        (r"n\.?º", "número"), (r"Sr\.", "senhor"), (r"Sra\.", "senhora"),
+        (r"Dr\.ª", "doutora"), (r"pág\.", "página"), (r"V\. ?Ex\.ª", "Vossa Excelência"),
+        (r"p\. ?ex\.", "por exemplo"),
+    ],
+    "fr": [
+        (r"M\.(?= [A-ZÀ-Ý])", "Monsieur"), (r"MM\.(?= [A-ZÀ-Ý])", "Messieurs"),
+        (r"p\. ?ex\.", "par exemple"), (r"env\.", "environ"),
+        (r"n°(?= ?\d)", "numéro"), (r"av\. ?J\.-C\.", "avant Jésus-Christ"),
+        (r"apr\. ?J\.-C\.", "après Jésus-Christ"),
+    ],
+    "it": [
+        (r"Sig\.ra", "signora"), (r"Sig\.na", "signorina"), (r"Sig\.", "signor"),
+        (r"[Dd]ott\.ssa", "dottoressa"), (r"[Dd]ott\.", "dottor"),
+        (r"[Pp]rof\.ssa", "professoressa"), (r"[Pp]rof\.", "professor"),
+        (r"[Aa]vv\.", "avvocato"), (r"[Ii]ng\.", "ingegner"), (r"pag\.", "pagina"),
+        (r"ecc\.", "eccetera"), (r"ca\.", "circa"), (r"n[°º.](?= ?\d)", "numero"),
+    ],
+}
+"""What each voice should say for an abbreviation it reads badly (module docstring)."""
+_ABBREVIATION = {
+    language: (re.compile(r"(?<![\w.])(?:" + "|".join(f"({p})" for p, _ in table) + ")"),
+               [words for _, words in table])
+    for language, table in _ABBREVIATIONS.items()
+}
+_ORDINAL_DOT = re.compile(r"(?<=\d)\.(?=[ºª])")
+"""Spanish and Portuguese "1.º", "2.ª": espeak reads "1º" as "primero", "primeiro"."""
+_CLOSING = re.compile(r"[\s\"'»“”)\]]*\Z")
+
+
+def _abbreviations(text: str, language: str) -> str:
+    """The words for ``language``'s abbreviations (``_ABBREVIATIONS``); one that ends the
+    text keeps a full stop ("und so weiter.")."""
+    found = _ABBREVIATION.get(language)
+    if found is None:
+        return text
+    pattern, words = found
+
+    def said(m: re.Match[str]) -> str:
+        spoken = words[m.lastindex - 1] if m.lastindex else m.group()
+        ends = m.group().endswith(".") and _CLOSING.match(m.string, m.end()) is not None
+        return spoken + "." if ends else spoken
+
+    if language in ("es", "pt"):
+        text = _ORDINAL_DOT.sub("", text)
+    return pattern.sub(said, text)
+
+
 _BY_LANGUAGE: dict[str, Callable[[str], str]] = {
     "de": _german, "fr": _french, "es": _spanish, "pt": _portuguese, "it": _italian,
 }
@@ -153,5 +224,6 @@ _BY_LANGUAGE: dict[str, Callable[[str], str]] = {
 def for_language(text: str, language: str) -> str:
     """``text`` as the espeak voice of ``language`` (an espeak voice or language name:
     "de", "fr-be", "pt-br", "es-419") should be given it; unchanged for other languages."""
-    rewrite = _BY_LANGUAGE.get(language.lower().partition("-")[0])
-    return text if rewrite is None else rewrite(text)
+    language = language.lower().partition("-")[0]
+    rewrite = _BY_LANGUAGE.get(language)
+    return text if rewrite is None else rewrite(_abbreviations(text, language))

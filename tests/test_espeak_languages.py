@@ -76,7 +76,40 @@ def test_german_ordinals_and_dates_are_words(engine, text, spoken):
     assert same_speech(engine, "de", text, spoken)
 
 
+@pytest.mark.parametrize(("voice", "text", "spoken"), [
+    # "zet be", "be zet we", "en er fünf", "de er Müller", "ka", "usf"
+    ("de", "Es gibt viele Sorten, z. B. Äpfel.", "Es gibt viele Sorten, zum Beispiel Äpfel."),
+    ("de", "Das kostet 5 bzw. 6 Euro.", "Das kostet 5 beziehungsweise 6 Euro."),
+    ("de", "Siehe Nr. 5 auf S. 12.", "Siehe Nummer 5 auf Seite 12."),
+    ("de", "Dr. Müller kommt ca. 20 Minuten später.",
+     "Doktor Müller kommt circa 20 Minuten später."),
+    ("de", "Du brauchst Mehl, Eier usw.", "Du brauchst Mehl, Eier und so weiter."),
+    # "uno punto o", "tres punto er", "ene o"
+    ("es", "Vivo en el 1.º piso, n.º 5.", "Vivo en el 1º piso, número 5."),
+    ("es", "Es el 3.er piso.", "Es el tercer piso."),
+    ("es", "Mira la pág. 12.", "Mira la página 12."),
+    # "um ordinal masculino", "esse erre Silva", "doutor ordinal feminino Costa"
+    ("pt", "Moro no 1.º andar, n.º 5.", "Moro no 1º andar, número 5."),
+    ("pt", "Falei com o Sr. Silva e a Dr.ª Costa.", "Falei com o senhor Silva e a doutora Costa."),
+    # "em Dupont", "pe ex", "en cinq"
+    ("fr", "J'ai vu M. Dupont.", "J'ai vu Monsieur Dupont."),
+    ("fr", "Prends des fruits, p. ex. des pommes.", "Prends des fruits, par exemple des pommes."),
+    ("fr", "Il habite au n° 5.", "Il habite au numéro 5."),
+    # "sig Rossi", "dot ssa", "ek", "pag", "enne"
+    ("it", "Ho parlato con il Sig. Rossi e la Sig.ra Bianchi.",
+     "Ho parlato con il signor Rossi e la signora Bianchi."),
+    ("it", "La Dott.ssa Neri arriva.", "La dottoressa Neri arriva."),
+    ("it", "Vedi pag. 12, n. 5, ecc.", "Vedi pagina 12, numero 5, eccetera."),
+])
+def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
+    assert for_language(text, voice) == spoken
+    assert same_speech(engine, voice, text, spoken)
+
+
 @pytest.mark.parametrize(("voice", "text"), [
+    ("de", "Die Straße heißt Nr. Zwei."),  # no number after it: not "Nummer"
+    ("fr", "M. le maire arrive."),  # not before a name
+    ("es", "Sr. García y la Dra. López llegan."),  # espeak says these itself
     ("de", "Platz 1. Der zweite Platz geht an Anna."),  # a sentence ends after "1."
     ("de", "Ich zähle bis 3. Dann geht es los."),
     ("de", "Version 2.4.1 läuft auf 10.1.1.1."),
