@@ -41,6 +41,12 @@ end of a generation, and those tails are slices that keep whole chunk tensors al
 The HTTP speech API then hands OpenAI's ``instructions`` ("speak cheerfully") through as
 ``request.options["instructions"]``; with any other checkpoint it is ignored, with a note.
 
+``language``: "auto" (the default: the text decides, so a session may switch language
+from one turn to the next) or one the checkpoint speaks, by the name its config uses
+("german") or its code ("de", "de-DE"); a request may name one in
+``request.options["language"]``. mlx-audio took a code, or any name it does not know, for
+"auto" without a word; the engine refuses one the model does not speak.
+
 ``reads_digits = True``: Qwen3-TTS's talker reads text through the Qwen tokenizer and was
 trained on ordinary multilingual text, so it speaks "3:30", "$5" or "Dr." itself; an
 English-only number normaliser in front of it would be wrong for its other languages.
@@ -72,6 +78,12 @@ log = logging.getLogger(__name__)
 
 CODEC_HZ = 12.5
 SAMPLE_RATE = 24_000
+LANGUAGE_CODES = {
+    "en": "english", "zh": "chinese", "de": "german", "fr": "french", "es": "spanish",
+    "it": "italian", "pt": "portuguese", "ja": "japanese", "ko": "korean", "ru": "russian",
+}
+"""ISO 639-1 codes of the languages Qwen3-TTS speaks, to the names its config keys them by
+(``codec_language_id``): mlx-audio took any other ``lang_code`` ("de") for "auto"."""
 
 
 class PrecomputedSpeakerEmbeddings:
@@ -292,6 +304,7 @@ class Qwen3Engine:
                 )
         else:
             raise EngineError("engine_failed", f"unsupported Qwen3-TTS model type {kind!r}")
+        self.language = self._language_of(model, self.language, "engine_failed")
         self._decoder = DecoderStreams(model.speech_tokenizer.decoder)
         self._model = model
         load_s = time.perf_counter() - t0
@@ -301,7 +314,10 @@ class Qwen3Engine:
 
     def open(self, request: SynthesisRequest) -> Qwen3Stream:
         self._lifecycle.admit(self._model)
-        return self._lifecycle.track(Qwen3Stream(self, request, self._voice_for(request.voice)))
+        language = self.language if "language" not in request.options else (
+            self._language_of(self._model, request.options["language"], "bad_request"))
+        return self._lifecycle.track(
+            Qwen3Stream(self, request, self._voice_for(request.voice), language))
 
     def close(self) -> None:
         self._lifecycle.close(self._unload)
@@ -343,6 +359,20 @@ class Qwen3Engine:
         frames = max(1, round(request.step_ms / 1000 * CODEC_HZ))
         return frames / CODEC_HZ
 
+    @staticmethod
+    def _language_of(model: Any, language: str, code: str) -> str:
+        """``language`` as the model's config names it ("de", "de-DE", "German" ->
+        "german"); EngineError ``code`` for one it does not speak. mlx-audio itself took an
+        unknown name for "auto" without a word."""
+        name = language.strip().lower()
+        name = LANGUAGE_CODES.get(name.partition("-")[0].partition("_")[0], name)
+        supported = [lang.lower() for lang in model.get_supported_languages()]
+        if name not in supported:
+            codes = [k for k, v in LANGUAGE_CODES.items() if v in supported]
+            raise EngineError(code, f"qwen3 does not speak language {language!r}: it speaks "
+                              f"{', '.join(supported)} (or {', '.join(codes)})")
+        return name
+
     def _voice_for(self, requested: str | None) -> str | None:
         """The speaker to pass to mlx-audio (None for a clone)."""
         if self._kind == "custom_voice":
@@ -358,10 +388,12 @@ class Qwen3Engine:
 class Qwen3Stream:
     """One Qwen3-TTS synthesis; ``step`` = ``next()`` of mlx-audio's streaming generator."""
 
-    def __init__(self, engine: Qwen3Engine, request: SynthesisRequest, speaker: str | None):
+    def __init__(self, engine: Qwen3Engine, request: SynthesisRequest, speaker: str | None,
+                 language: str = "auto"):
         self._engine = engine
         self._request = request
         self._speaker = speaker
+        self._language = language
         # The gateway hands over one sentence; mlx-audio would otherwise split on "\n"
         # and restart its streaming decoder per line.
         self._text = " ".join(request.text.split())
@@ -431,7 +463,7 @@ class Qwen3Stream:
             temperature=req.temperature if req.temperature is not None else engine.temperature,
             top_p=req.top_p if req.top_p is not None else engine.top_p,
             max_tokens=max_tokens,
-            lang_code=req.options.get("language", engine.language),
+            lang_code=self._language,
             stream=True,
             streaming_interval=interval,
             split_pattern="",

@@ -298,3 +298,30 @@ def test_style_instructions_reach_a_checkpoint_that_takes_them(tmp_path, offline
     assert small.instructions is False
     assert speak(small, instructions="Very happy.") == speak(small)
     small.close()
+
+
+def test_a_language_is_known_by_its_code_as_by_its_name(cv_engine):
+    """mlx-audio looks ``lang_code`` up in the model's ``codec_language_id`` ("english",
+    "german"...) and took anything else, such as the code "en" or "de" an operator or a
+    client writes, for "auto" without a word: the voice spoke without its language."""
+    def said(**options) -> list[bytes]:
+        return run(cv_engine.open(SynthesisRequest("Hi.", seed=3,
+                                                   options={"max_tokens": 4, **options})))
+
+    auto, by_name = said(), said(language="English")
+    assert by_name != auto
+    assert said(language="en") == said(language="en-US") == by_name
+
+
+def test_a_language_the_model_does_not_speak_is_refused(cv_engine, tiny_qwen3_custom_voice):
+    from engines.qwen3 import Qwen3Engine
+
+    with pytest.raises(EngineError) as err:
+        cv_engine.open(SynthesisRequest("Hi.", options={"language": "de"}))
+    assert (err.value.code, err.value.message) == (
+        "bad_request", "qwen3 does not speak language 'de': it speaks auto, english, chinese "
+        "(or en, zh)")
+    with pytest.raises(EngineError) as err:
+        Qwen3Engine(str(tiny_qwen3_custom_voice), voice="aria", language="klingon").load()
+    assert err.value.code == "engine_failed"
+    assert err.value.message.startswith("qwen3 does not speak language 'klingon'")
