@@ -389,6 +389,10 @@ def test_feed_after_finish_is_an_error():
     # the same symbols without U+FE0F are text; a keycap keeps its digit
     ("Step 1 \u2192 preheat, \u00a92024 \u25b6", "Step 1 \u2192 preheat, \u00a92024 \u25b6"),
     ("1\ufe0f\u20e3 Preheat. Wow\u203c\ufe0f", "1 Preheat. Wow\u203c"),
+    # a German date opening a line is no list number: the day was dropped
+    ("3. Oktober: Tag der Deutschen Einheit", "3. Oktober: Tag der Deutschen Einheit"),
+    ("1. Mai ist Feiertag.", "1. Mai ist Feiertag."),
+    ("2. Maiskolben kochen", "Maiskolben kochen"),
 ])
 def test_speakable_markdown(text, spoken):
     assert speakable(text) == spoken

@@ -800,7 +800,10 @@ _FOOTNOTE = re.compile(r"(?<=[^\s\[])\[\^?\d{1,3}\]")
 _BREAK = re.compile(r"\s*<br\s*/?>\s*", re.I)
 """An HTML line break, which LLMs put in table cells: espeak read "B R"."""
 _ITALIC = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
-_LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+)")
+_LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+"
+                        r"(?!(?:" + "|".join(sorted(_MONTHS_DE)) + r")\b))")
+"""A heading, quote, bullet or list number opening a line; not the day of a German date
+opening one ("3. Oktober: Feiertag", "1. Mai ist ..." lost the day)."""
 _TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-{3}[\s:|-]*$|^\s*(?:[-*_]\s*){3,}$")
 _SPACES = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
