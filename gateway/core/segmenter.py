@@ -25,7 +25,8 @@ on how the stream was chunked:
   ``u. a.``, ``bzw.``, ``p. ex.`` and titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never
   end one; ``Nr. 5``, ``pág. 12``, ``Hauptstr. 12`` never before a digit; a day or an
   ordinal before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``,
-  ``der 1. FC``) is not a sentence end, while ``Platz 1. Der`` is.
+  ``der 1. FC``) is not a sentence end, while ``Platz 1. Der`` is; nor are ``EE. UU.``,
+  ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``, ``sec. XIX``).
   An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
 * Nothing splits inside an open quote or bracket: ``"…"``, ``“…”``, German ``„…“`` and
@@ -132,13 +133,17 @@ _TITLES = frozenset(
 _NEVER_END = frozenset(
     "vs e.g i.e cf approx dept est "
     "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl zzgl sog "  # German
-    "p.ex p.ej sig dott avv prof".split()  # French, Spanish, Italian
+    "p.ex p.ej sig dott avv prof av avda".split()  # French, Spanish, Italian
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
 "p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna")."""
 _SPACED_ABBR = re.compile(
     r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
 """A spaced abbreviation ending right before a dot: "z. B", "u. a", "i. d. R", "p. ex"."""
+_BEFORE_ROMAN = frozenset("séc sec s sig jh".split())
+_ROMAN = re.compile(r"[IVXLC]+")
+_DOUBLED = re.compile(r"([A-Z])\1")
+"""Spanish doubles a letter for a plural: "EE. UU." (Estados Unidos), "FF. AA."."""
 _MONTHS_DE = frozenset(
     "Januar Jänner Februar März April Mai Juni Juli August September Oktober November "
     "Dezember Jan Feb Mär Apr Jun Jul Aug Sep Sept Okt Nov Dez".split()
@@ -158,7 +163,7 @@ _CAPITAL_END = frozenset(
 # "No. 5", "Jan. 3", "Nr. 5", "pág. 12" (and "Hauptstr. 12"): never before a digit.
 _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
-    "sept oct nov dec approx tel nr bd abs kap str pág págs pag núm num cap n".split()
+    "sept oct nov dec approx tel nr bd abs kap str abb tab pág págs pag núm num cap n".split()
 )
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
@@ -594,6 +599,15 @@ class Segmenter:
             return False
         if (low in _BEFORE_NUMBER or low.endswith("str")) and nxt.isdigit():
             return False
+        if nxt.isupper() and (low in _BEFORE_ROMAN or _DOUBLED.fullmatch(word) or low == "co"):
+            after = self._next_word(i + 1)
+            if low in _BEFORE_ROMAN and _ROMAN.fullmatch(after) and after != "I":
+                return False  # "séc. XX", "sec. XIX", "s. XIX": a century
+            if low == "co" and after in ("KG", "OHG", "KGaA"):
+                return False  # "GmbH & Co. KG"
+            if _DOUBLED.fullmatch(word) and _DOUBLED.fullmatch(after) and (
+                    self._need(i + 2 + len(after)) and buf[i + 2 + len(after)] == "."):
+                return False  # "EE. UU.", "FF. AA.": a Spanish plural abbreviation goes on
         if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
             return nxt.isupper() or _is_cjk(nxt)  # "at 3 p.m. The", "at 3 p.m. 会议"
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
