@@ -61,6 +61,7 @@ _pieces = st.sampled_from([
     " and ", " in ", "in", "side", " with ", " because ", " is ", " a ", "Mr.", " 3 ", " or ",
     "今天", "很好", "。", "！", "？", "「", "」", "（", "）", "と聞いた", "，", "、", "：",
     "„", "“", "«", "»", " » ", "\u202f", "z. B.", "am 3. ", "Oktober", "Sr.", "¿", "3,5",
+    "1 250 000", "EE. UU.", "Co. KG", "séc. XIX",
 ])
 _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 
@@ -194,6 +195,19 @@ def test_eager_clause_never_cuts_numbers_or_inside_quotes():
     text = 'We paid 1,250 dollars for "the big one, with extras" last week, I think.'
     got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=2))]
     assert got == ['We paid 1,250 dollars for "the big one, with extras" last week,', "I think."]
+
+
+def test_a_long_sentence_is_not_cut_inside_a_number_written_in_groups():
+    # French (and Swiss, Scandinavian...) group digits with spaces: "1 250 | 000 euros"
+    # was two segments, and espeak said "zéro zéro zéro euros"
+    text = ("Le budget prévu pour la rénovation du bâtiment principal est de 1 250 000 euros "
+            "selon le devis.")
+    config = SegmenterConfig(first_min_words=0, max_chars=text.index(" 000") + 1)
+    rng = random.Random(5)
+    for hi in (1, 4, 10_000):
+        got = [s.text for s in run(text, chunks(text, rng, hi), config)]
+        assert got == ["Le budget prévu pour la rénovation du bâtiment principal est de",
+                       "1 250 000 euros selon le devis."]
 
 
 @pytest.mark.parametrize(("text", "want"), [

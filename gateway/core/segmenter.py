@@ -48,7 +48,8 @@ on how the stream was chunked:
   goes whole, and the result does not depend on the chunking.
 * Later sentences shorter than ``min_chars`` are merged with the next (never across a
   newline); a sentence longer than ``max_chars`` is cut at its last clause mark (else its
-  last space, or between two Chinese or Japanese characters) before ``max_chars``.
+  last space that is not inside a number written in groups, "1 250 000", or between two
+  Chinese or Japanese characters) before ``max_chars``.
 
 ``text`` is the exact substring of the reply; ``spoken`` is what the TTS engine receives
 (see ``speakable``).
@@ -745,6 +746,9 @@ class Segmenter:
             end, resume, quote, paren = self._clause
         else:
             sp = buf.rfind(" ", self._seg + 1, limit + 1)
+            while sp > self._seg + 1 and buf[sp - 1].isdigit() and (
+                    self._need(sp + 1) and buf[sp + 1].isdigit()):
+                sp = buf.rfind(" ", self._seg + 1, sp)  # "1 250 000 €": one number
             cjk = self._cjk_break(max(sp, self._seg + 1), limit)
             if cjk > sp:  # Chinese and Japanese have no spaces: cut between two characters
                 end = resume = cjk
