@@ -510,7 +510,8 @@ def main() -> None:
             want = boundaries(row["reply"], row["segments"])
             got = boundaries(row["reply"], r["segments"])
             first = min(got, default=None)
-            if name in ("ours-eager", "ours-phrase") and first not in want and (
+            if name in ("ours-eager", "ours-phrase") and first is not None and (
+                    first not in want) and (
                     _nonspace(row["reply"])[first - 1] in _CLAUSE_MARKS
                     or name == "ours-phrase" and _opens_phrase(row["reply"], first)):
                 got = got - {first}  # the reply's first cut, an intended early one: not bad
