@@ -16,6 +16,10 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
   in the middle: 0.3 s longer than "am dritten Oktober"), "im 19. Jahrhundert" "im
   neunzehn. Jahrhundert"; a numeric date "am 02.12.2026" was "am null zwei Punkt zwölf
   Punkt zweitausendsechsundzwanzig".
+* ranges: every voice skipped an en dash between numbers ("20–22 Grad" "zwanzig
+  zweiundzwanzig Grad", "20–22 degrés" "vingt vingt-deux degrés"), and read a hyphen as
+  "Strich" (German), "menos" (Portuguese: "10-15 minutos" "dez menos quinze minutos") or
+  not at all (French, Spanish, Italian).
 * abbreviations it spells or cuts: German "z. B." "zet be", "d. h." "de ha", "bzw." "be zet
   we", "usw." "usf", "Nr. 5" "en er fünf", "Dr. Müller" "de er Müller", "ca." "ka";
   Spanish and Portuguese "1.º", "2.ª" "uno punto o", "um ordinal masculino", "n.º"
@@ -26,7 +30,8 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
 ``for_language`` rewrites those into the words a speaker of the language uses, leaving
 digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"), and German
 ordinals and dates into words ("am dritten Oktober", "am zweiten Dezember 2026"), and
-those abbreviations into their words ("zum Beispiel", "1º", "número", "Monsieur"). Other
+those abbreviations into their words ("zum Beispiel", "1º", "número", "Monsieur"); a range
+reads "bis", "à", "a". Other
 languages, English among them (``espeak_text``'s business), are returned unchanged.
 """
 
@@ -216,6 +221,26 @@ def _abbreviations(text: str, language: str) -> str:
     return pattern.sub(said, text)
 
 
+_RANGE_WORD = {"de": "bis", "fr": "à", "es": "a", "it": "a", "pt": "a"}
+_EN_DASH_RANGE = re.compile(r"(?<=[\d%°])[ \u00a0]?\u2013[ \u00a0]?(?=[$€£]?\d)")
+"""An en dash between two numbers ("20–22", "5 % – 7 %")."""
+_HYPHEN_RANGE = re.compile(r"(?<![\w.,:/\u2212-])([1-9]\d{0,3})-(\d{1,4})(?![\w,:/-]|\.\d)")
+"""A hyphen between two numbers, the second the larger ("10-15 Minuten"), no other number
+joined to them: not a date (2024-05-01), a phone number (030-1234), a score (2-1)."""
+
+
+def _ranges(text: str, language: str) -> str:
+    """A range between two numbers read with the language's word (``_RANGE_WORD``)."""
+    word = _RANGE_WORD[language]
+    text = _EN_DASH_RANGE.sub(f" {word} ", text)
+
+    def hyphen(m: re.Match[str]) -> str:
+        low, high = m.group(1), m.group(2)
+        return f"{low} {word} {high}" if int(high) > int(low) else m.group()
+
+    return _HYPHEN_RANGE.sub(hyphen, text)
+
+
 _BY_LANGUAGE: dict[str, Callable[[str], str]] = {
     "de": _german, "fr": _french, "es": _spanish, "pt": _portuguese, "it": _italian,
 }
@@ -226,4 +251,4 @@ def for_language(text: str, language: str) -> str:
     "de", "fr-be", "pt-br", "es-419") should be given it; unchanged for other languages."""
     language = language.lower().partition("-")[0]
     rewrite = _BY_LANGUAGE.get(language)
-    return text if rewrite is None else rewrite(_abbreviations(text, language))
+    return text if rewrite is None else rewrite(_ranges(_abbreviations(text, language), language))

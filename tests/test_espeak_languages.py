@@ -106,7 +106,26 @@ def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
     assert same_speech(engine, voice, text, spoken)
 
 
+@pytest.mark.parametrize(("voice", "text", "spoken"), [
+    # the en dash was skipped ("zwanzig zweiundzwanzig Grad"), a hyphen "Strich" / "menos"
+    ("de", "Morgen werden es 20–22 Grad.", "Morgen werden es 20 bis 22 Grad."),
+    ("de", "Das dauert 10-15 Minuten.", "Das dauert 10 bis 15 Minuten."),
+    ("de", "Geöffnet von 9:00–17:00 Uhr.", "Geöffnet von 9 Uhr bis 17 Uhr."),
+    ("fr", "Il fera 20–22 degrés.", "Il fera 20 à 22 degrés."),
+    ("fr", "Lisez les pages 3-5.", "Lisez les pages 3 à 5."),
+    ("es", "Tarda 10-15 minutos.", "Tarda 10 a 15 minutos."),
+    ("it", "Ci saranno 20–22 gradi.", "Ci saranno 20 a 22 gradi."),
+    ("pt", "Demora 10-15 minutos.", "Demora 10 a 15 minutos."),
+])
+def test_a_range_is_read_with_the_languages_word(engine, voice, text, spoken):
+    assert for_language(text, voice) == spoken
+    assert same_speech(engine, voice, text, spoken)
+
+
 @pytest.mark.parametrize(("voice", "text"), [
+    # a hyphen that joins no range: a date, a score, a phone number
+    ("de", "Am 2024-05-01 stand es 2-1, ruf 030-1234 an."),
+    ("pt", "A partida ficou 3-1."),
     ("de", "Die Straße heißt Nr. Zwei."),  # no number after it: not "Nummer"
     ("fr", "M. le maire arrive."),  # not before a name
     ("es", "Sr. García y la Dra. López llegan."),  # espeak says these itself
