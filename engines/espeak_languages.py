@@ -16,6 +16,8 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
   in the middle: 0.3 s longer than "am dritten Oktober"), "im 19. Jahrhundert" "im
   neunzehn. Jahrhundert"; a numeric date "am 02.12.2026" was "am null zwei Punkt zwölf
   Punkt zweitausendsechsundzwanzig".
+* German prices: "5,99 €" was "fünf Komma neun neun Euro" (a decimal's digits one by one),
+  "12,50 EUR" "zwölf Komma fünf null Ör", "€5" "Euro fünf".
 * ranges: every voice skipped an en dash between numbers ("20–22 Grad" "zwanzig
   zweiundzwanzig Grad", "20–22 degrés" "vingt vingt-deux degrés"), and read a hyphen as
   "Strich" (German), "menos" (Portuguese: "10-15 minutos" "dez menos quinze minutos") or
@@ -31,7 +33,7 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
 digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"), and German
 ordinals and dates into words ("am dritten Oktober", "am zweiten Dezember 2026"), and
 those abbreviations into their words ("zum Beispiel", "1º", "número", "Monsieur"); a range
-reads "bis", "à", "a". Other
+reads "bis", "à", "a"; a German price "5 Euro 99". Other
 languages, English among them (``espeak_text``'s business), are returned unchanged.
 """
 
@@ -93,6 +95,21 @@ def _word_before(text: str, at: int) -> str:
     return m.group(1) if m else ""
 
 
+_AMOUNT = r"(\d{1,3}(?:\.\d{3})+|\d+)(?:,(\d\d|-{1,2}))?"
+_PRICE_DE = re.compile(r"(?<![\d.,])" + _AMOUNT + r"[ \u00a0]?(?:€|EUR\b)"
+                       r"|(?:€|\bEUR)[ \u00a0]?" + _AMOUNT + r"(?![\d,])")
+"""A price in euros, the sign or code after it ("5,99 €", "1.000 EUR") or before ("€5")."""
+
+
+def _price_de(m: re.Match[str]) -> str:
+    euros, cents = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    cents = "" if not cents or cents.startswith("-") or cents == "00" else str(int(cents))
+    if euros == "0" and cents:
+        return f"{cents} Cent"
+    said = "ein Euro" if euros == "1" else f"{euros} Euro"
+    return f"{said} {cents}" if cents else said
+
+
 def _german(text: str) -> str:
     def said(h: int, mm: int) -> str:
         return f"{h} Uhr {mm}" if mm else f"{h} Uhr"
@@ -110,6 +127,7 @@ def _german(text: str) -> str:
             return _ordinal_de(n, before)
         return m.group()
 
+    text = _PRICE_DE.sub(_price_de, text)
     text = _DATE_DE.sub(date, text)
     text = _DAY_DE.sub(day, text)
     text = _UHR.sub(lambda m: said(*_hm(m)), text)

@@ -106,6 +106,20 @@ def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
     assert same_speech(engine, voice, text, spoken)
 
 
+@pytest.mark.parametrize(("text", "spoken"), [
+    # "fünf Komma neun neun Euro": a decimal's digits one by one
+    ("Das kostet 5,99 €.", "Das kostet 5 Euro 99."),
+    ("Der Fernseher kostet 1.000,50 €.", "Der Fernseher kostet 1.000 Euro 50."),
+    ("Nur 0,99 €!", "Nur 99 Cent!"),
+    ("Es kostet 12,50 EUR.", "Es kostet 12 Euro 50."),  # "zwölf Komma fünf null e u er"
+    ("Es kostet €5.", "Es kostet 5 Euro."),  # "Euro fünf"
+    ("Es kostet 1,00 €.", "Es kostet ein Euro."),
+])
+def test_german_prices_are_said_as_euros_and_cents(engine, text, spoken):
+    assert for_language(text, "de") == spoken
+    assert same_speech(engine, "de", text, spoken)
+
+
 @pytest.mark.parametrize(("voice", "text", "spoken"), [
     # the en dash was skipped ("zwanzig zweiundzwanzig Grad"), a hyphen "Strich" / "menos"
     ("de", "Morgen werden es 20–22 Grad.", "Morgen werden es 20 bis 22 Grad."),
@@ -132,7 +146,7 @@ def test_a_range_is_read_with_the_languages_word(engine, voice, text, spoken):
     ("de", "Platz 1. Der zweite Platz geht an Anna."),  # a sentence ends after "1."
     ("de", "Ich zähle bis 3. Dann geht es los."),
     ("de", "Version 2.4.1 läuft auf 10.1.1.1."),
-    ("de", "Das kostet 1.000,50 € und wiegt 3,5 kg."),  # espeak reads these right
+    ("de", "Es wiegt 3,5 kg und kostet 1.000 Euro."),  # espeak reads these right
     ("de", "Es steht 2:1 nach 90 Minuten."),
     ("fr", "Il roule à 50 km/h et il fait 3,5 degrés."),
     ("it", "Costa 1.000 euro, cioè 3,50 al giorno."),
