@@ -27,7 +27,8 @@ on how the stream was chunked:
   ordinal before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``,
   ``der 1. FC``) is not a sentence end, while ``Platz 1. Der`` is; nor are ``EE. UU.``,
   ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``, ``sec. XIX``).
-  An opening bracket or quote is looked through (``a.m. (It``).
+  A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
+  ¿Quieres``, ``p. m. ¡Hasta``). An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
 * Nothing splits inside an open quote or bracket: ``"…"``, ``“…”``, German ``„…“`` and
   ``»…«``, and ``«…»`` (French spaces it, ``« Je viens. » Puis``: the closing mark stays
@@ -567,6 +568,8 @@ class Segmenter:
         return True
 
     def _ends_sentence(self, i: int, run: str, nxt: str) -> bool:
+        if nxt in "\u00bf\u00a1":
+            return True  # Spanish "¿" and "¡" open a sentence: "etc. ¿Quieres", "p. m. ¡Hasta"
         if nxt.islower():
             return False  # "3 p.m. in", "e.g. this", "well... maybe"
         if run != ".":
