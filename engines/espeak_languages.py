@@ -16,6 +16,9 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
   in the middle: 0.3 s longer than "am dritten Oktober"), "im 19. Jahrhundert" "im
   neunzehn. Jahrhundert"; a numeric date "am 02.12.2026" was "am null zwei Punkt zwölf
   Punkt zweitausendsechsundzwanzig".
+* dates with slashes: "le 02/12/2026" was "zéro deux douze deux mille vingt-six", "el
+  02/12/2026" "cero dos barra doce barra dos mil veintiséis", Italian "zero due barra
+  dodici barra ...", Portuguese "zero dois doze dois mil e vinte e seis".
 * German prices: "5,99 €" was "fünf Komma neun neun Euro" (a decimal's digits one by one),
   "12,50 EUR" "zwölf Komma fünf null Ör", "€5" "Euro fünf".
 * ranges: every voice skipped an en dash between numbers ("20–22 Grad" "zwanzig
@@ -33,7 +36,8 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
 digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"), and German
 ordinals and dates into words ("am dritten Oktober", "am zweiten Dezember 2026"), and
 those abbreviations into their words ("zum Beispiel", "1º", "número", "Monsieur"); a range
-reads "bis", "à", "a"; a German price "5 Euro 99". Other
+reads "bis", "à", "a"; a German price "5 Euro 99"; a date DD/MM/YYYY its month's name
+("2 de diciembre de 2026"). Other
 languages, English among them (``espeak_text``'s business), are returned unchanged.
 """
 
@@ -259,6 +263,40 @@ def _ranges(text: str, language: str) -> str:
     return _HYPHEN_RANGE.sub(hyphen, text)
 
 
+_MONTHS = {
+    "fr": "janvier février mars avril mai juin juillet août septembre octobre novembre "
+          "décembre",
+    "es": "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre "
+          "diciembre",
+    "it": "gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre "
+          "novembre dicembre",
+    "pt": "janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro "
+          "dezembro",
+}
+_SLASH_DATE = re.compile(r"(?<![\d/.,])(\d{1,2})/(\d{1,2})/(\d{4})(?![\d/])")
+"""DD/MM/YYYY (the year is required: "3/4" is a fraction)."""
+
+
+def _slash_dates(text: str, language: str) -> str:
+    """A DD/MM/YYYY date as the language says it, with the month's name."""
+    months = _MONTHS.get(language)
+    if months is None:
+        return text
+    names = months.split()
+
+    def date(m: re.Match[str]) -> str:
+        day, month, year = int(m.group(1)), int(m.group(2)), m.group(3)
+        if not (1 <= day <= 31 and 1 <= month <= 12):
+            return m.group()
+        name = names[month - 1]
+        if language in ("es", "pt"):
+            return f"{day} de {name} de {year}"
+        first = {"fr": "1er", "it": "1º"}[language]
+        return f"{first if day == 1 else day} {name} {year}"
+
+    return _SLASH_DATE.sub(date, text)
+
+
 _BY_LANGUAGE: dict[str, Callable[[str], str]] = {
     "de": _german, "fr": _french, "es": _spanish, "pt": _portuguese, "it": _italian,
 }
@@ -269,4 +307,6 @@ def for_language(text: str, language: str) -> str:
     "de", "fr-be", "pt-br", "es-419") should be given it; unchanged for other languages."""
     language = language.lower().partition("-")[0]
     rewrite = _BY_LANGUAGE.get(language)
-    return text if rewrite is None else rewrite(_ranges(_abbreviations(text, language), language))
+    if rewrite is None:
+        return text
+    return rewrite(_ranges(_slash_dates(_abbreviations(text, language), language), language))

@@ -106,6 +106,19 @@ def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
     assert same_speech(engine, voice, text, spoken)
 
 
+@pytest.mark.parametrize(("voice", "text", "spoken"), [
+    # "zéro deux douze deux mille vingt-six", "cero dos barra doce barra ..."
+    ("fr", "Le rendez-vous est le 02/12/2026.", "Le rendez-vous est le 2 décembre 2026."),
+    ("fr", "Le 01/01/2027 est férié.", "Le 1er janvier 2027 est férié."),
+    ("es", "La cita es el 02/12/2026.", "La cita es el 2 de diciembre de 2026."),
+    ("it", "Il 02/12/2026 è martedì.", "Il 2 dicembre 2026 è martedì."),
+    ("pt", "A consulta é em 02/12/2026.", "A consulta é em 2 de dezembro de 2026."),
+])
+def test_a_date_with_slashes_names_its_month(engine, voice, text, spoken):
+    assert for_language(text, voice) == spoken
+    assert same_speech(engine, voice, text, spoken)
+
+
 @pytest.mark.parametrize(("text", "spoken"), [
     # "fünf Komma neun neun Euro": a decimal's digits one by one
     ("Das kostet 5,99 €.", "Das kostet 5 Euro 99."),
@@ -140,6 +153,7 @@ def test_a_range_is_read_with_the_languages_word(engine, voice, text, spoken):
     # a hyphen that joins no range: a date, a score, a phone number
     ("de", "Am 2024-05-01 stand es 2-1, ruf 030-1234 an."),
     ("pt", "A partida ficou 3-1."),
+    ("es", "Añade 3/4 de taza."),  # a fraction, not a date: the year is required
     ("de", "Die Straße heißt Nr. Zwei."),  # no number after it: not "Nummer"
     ("fr", "M. le maire arrive."),  # not before a name
     ("es", "Sr. García y la Dra. López llegan."),  # espeak says these itself
