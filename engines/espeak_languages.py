@@ -16,6 +16,10 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
   in the middle: 0.3 s longer than "am dritten Oktober"), "im 19. Jahrhundert" "im
   neunzehn. Jahrhundert"; a numeric date "am 02.12.2026" was "am null zwei Punkt zwölf
   Punkt zweitausendsechsundzwanzig".
+* Roman numerals: the French voice adds "romain" ("Louis XIV" "Louis quatorze romain",
+  "chapitre IV" "chapitre quatre romain"), the German one "römisch" ("Ludwig XIV."
+  "Ludwig römisch vierzehn"); French ordinals were letters: "au XIXe siècle" "au ixe
+  siècle", "le 2e étage" "le deux e étage".
 * dates with slashes: "le 02/12/2026" was "zéro deux douze deux mille vingt-six", "el
   02/12/2026" "cero dos barra doce barra dos mil veintiséis", Italian "zero due barra
   dodici barra ...", Portuguese "zero dois doze dois mil e vinte e seis".
@@ -37,7 +41,8 @@ digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"), a
 ordinals and dates into words ("am dritten Oktober", "am zweiten Dezember 2026"), and
 those abbreviations into their words ("zum Beispiel", "1º", "número", "Monsieur"); a range
 reads "bis", "à", "a"; a German price "5 Euro 99"; a date DD/MM/YYYY its month's name
-("2 de diciembre de 2026"). Other
+("2 de diciembre de 2026"); a Roman numeral a number ("Louis 14", "Ludwig der vierzehnte")
+and a French ordinal its word ("dix-neuvième"). Other
 languages, English among them (``espeak_text``'s business), are returned unchanged.
 """
 
@@ -114,6 +119,40 @@ def _price_de(m: re.Match[str]) -> str:
     return f"{said} {cents}" if cents else said
 
 
+_ROMAN_VALUES = {"I": 1, "V": 5, "X": 10}
+_ROMAN = re.compile(r"(?<![\w.\-'’])(X{0,3}(?:IX|IV|V?I{0,3}))(?![\w\-'’])")
+"""A Roman numeral of I, V and X (1-39: kings, popes, centuries, chapters); not with L, C,
+D or M, which spell acronyms ("CV", "CD", "MD", "XL")."""
+
+
+def _roman(numeral: str) -> int:
+    values = [_ROMAN_VALUES[c] for c in numeral]
+    return sum(-v if i + 1 < len(values) and v < values[i + 1] else v
+               for i, v in enumerate(values))
+
+
+def _romans(text: str, pattern: re.Pattern[str], said: Callable[[re.Match[str]], str]) -> str:
+    """``said`` for each Roman numeral ``pattern`` finds (two letters at least, or any
+    numeral followed by a suffix the pattern asks for: a lone "I" or "V" is a letter)."""
+    return pattern.sub(lambda m: said(m) if m.group(1) else m.group(), text)
+
+
+_ROMAN_DE = re.compile(_ROMAN.pattern.replace(r"(?![\w\-'’])", r"(\.)?(?![\w\-'’])"))
+_NAME_BEFORE = re.compile(r"[A-ZÄÖÜ][a-zäöüß]+[ \u00a0]\Z")
+_LOWER_AFTER = re.compile(r"[ \u00a0]+[a-zäöüß]")
+
+
+def _german_roman(m: re.Match[str]) -> str:
+    numeral, dot = m.group(1), m.group(2)
+    if len(numeral) < 2 and not dot:
+        return m.group()
+    n = _roman(numeral)
+    if dot and _NAME_BEFORE.search(m.string, 0, m.start()) and _LOWER_AFTER.match(
+            m.string, m.end()):
+        return f"der {_ordinal_de(n, 'der')}"  # "Ludwig XIV. war": "Ludwig der vierzehnte"
+    return f"{n}." if dot else str(n)  # "im XIX. Jahrhundert" is then an ordinal
+
+
 def _german(text: str) -> str:
     def said(h: int, mm: int) -> str:
         return f"{h} Uhr {mm}" if mm else f"{h} Uhr"
@@ -131,6 +170,7 @@ def _german(text: str) -> str:
             return _ordinal_de(n, before)
         return m.group()
 
+    text = _romans(text, _ROMAN_DE, _german_roman)
     text = _PRICE_DE.sub(_price_de, text)
     text = _DATE_DE.sub(date, text)
     text = _DAY_DE.sub(day, text)
@@ -139,12 +179,62 @@ def _german(text: str) -> str:
     return _COLON_TIME.sub(lambda m: said(*_hm(m)), text)
 
 
+_UNITS_FR = ("zéro un deux trois quatre cinq six sept huit neuf dix onze douze treize "
+             "quatorze quinze seize").split()
+_TENS_FR = "_ dix vingt trente quarante cinquante soixante".split()
+_ROMAN_FR = re.compile(_ROMAN.pattern.replace(r"(?![\w\-'’])", r"(er|re|e|ème)?(?![\w\-'’])"))
+_ORDINAL_FR = re.compile(r"(?<![\w.,])(\d{1,2})(er|re|e|ème)(?![\w'’])")
+"""2e, 3ème, 21e, 1er, 1re (espeak reads 1er and 1re itself, not "XIXe" or "2e")."""
+
+
+def _cardinal_fr(n: int) -> str:
+    """``n`` (0-99) in French words."""
+    if n <= 16:
+        return _UNITS_FR[n]
+    if n < 20:
+        return f"dix-{_UNITS_FR[n - 10]}"
+    if n >= 80:
+        rest = n - 80
+        return "quatre-vingts" if not rest else f"quatre-vingt-{_cardinal_fr(rest)}"
+    tens, ones = divmod(n, 10)
+    if tens == 7:
+        tens, ones = 6, ones + 10
+    if ones == 0:
+        return _TENS_FR[tens]
+    return f"{_TENS_FR[tens]}{' et ' if ones in (1, 11) else '-'}{_cardinal_fr(ones)}"
+
+
+def _ordinal_fr(n: int, suffix: str) -> str:
+    """``n`` (1-99) as a French ordinal: "premier", "première", "deuxième", "vingt et
+    unième", "dix-neuvième"."""
+    if n == 1:
+        return "première" if suffix == "re" else "premier"
+    word = _cardinal_fr(n)
+    if word.endswith("cinq"):
+        return word + "uième"
+    if word.endswith("neuf"):
+        return word[:-1] + "vième"
+    if word == "quatre-vingts":
+        return "quatre-vingtième"
+    return word.removesuffix("e") + "ième"
+
+
+def _french_roman(m: re.Match[str]) -> str:
+    numeral, suffix = m.group(1), m.group(2)
+    if suffix:
+        return _ordinal_fr(_roman(numeral), suffix)  # "XIXe siècle", "François Ier"
+    return str(_roman(numeral)) if len(numeral) >= 2 else m.group()  # "Louis XIV"
+
+
 def _french(text: str) -> str:
     def said(m: re.Match[str]) -> str:
         h, mm = _hm(m)
         hours = "une heure" if h == 1 else f"{h} heure" if h == 0 else f"{h} heures"
         return f"{hours} {mm}" if mm else hours
 
+    text = _romans(text, _ROMAN_FR, _french_roman)
+    text = _ORDINAL_FR.sub(lambda m: _ordinal_fr(int(m.group(1)), m.group(2))
+                           if int(m.group(1)) else m.group(), text)
     return _COLON_TIME.sub(said, _H_TIME.sub(said, text))
 
 

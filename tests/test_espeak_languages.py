@@ -109,7 +109,7 @@ def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
 @pytest.mark.parametrize(("voice", "text", "spoken"), [
     # "zéro deux douze deux mille vingt-six", "cero dos barra doce barra ..."
     ("fr", "Le rendez-vous est le 02/12/2026.", "Le rendez-vous est le 2 décembre 2026."),
-    ("fr", "Le 01/01/2027 est férié.", "Le 1er janvier 2027 est férié."),
+    ("fr", "Le 01/01/2027 est férié.", "Le premier janvier 2027 est férié."),
     ("es", "La cita es el 02/12/2026.", "La cita es el 2 de diciembre de 2026."),
     ("it", "Il 02/12/2026 è martedì.", "Il 2 dicembre 2026 è martedì."),
     ("pt", "A consulta é em 02/12/2026.", "A consulta é em 2 de dezembro de 2026."),
@@ -117,6 +117,35 @@ def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
 def test_a_date_with_slashes_names_its_month(engine, voice, text, spoken):
     assert for_language(text, voice) == spoken
     assert same_speech(engine, voice, text, spoken)
+
+
+@pytest.mark.parametrize(("voice", "text", "spoken"), [
+    # "Louis quatorze romain", "chapitre quatre romain"
+    ("fr", "Louis XIV a régné longtemps.", "Louis 14 a régné longtemps."),
+    ("fr", "Lis le chapitre IV.", "Lis le chapitre 4."),
+    # "au ixe siècle", "au deux e étage", "François i"
+    ("fr", "Au XIXe siècle, Paris grandit.", "Au dix-neuvième siècle, Paris grandit."),
+    ("fr", "Il habite au 2e étage, la 1re porte.", "Il habite au deuxième étage, la première "
+                                                   "porte."),
+    ("fr", "François Ier est né au XVe siècle.", "François premier est né au quinzième siècle."),
+    ("fr", "C'est le 21e jour.", "C'est le vingt et unième jour."),
+    # "Ludwig römisch vierzehn"
+    ("de", "Ludwig XIV. war König.", "Ludwig der vierzehnte war König."),
+    ("de", "Lies Kapitel IV bis VI.", "Lies Kapitel 4 bis 6."),
+    ("de", "Im XIX. Jahrhundert war das so.", "Im neunzehnten Jahrhundert war das so."),
+])
+def test_roman_numerals_and_french_ordinals(engine, voice, text, spoken):
+    assert for_language(text, voice) == spoken
+    assert same_speech(engine, voice, text, spoken)
+
+
+def test_french_ordinal_words():
+    from engines.espeak_languages import _ordinal_fr
+
+    assert [_ordinal_fr(n, "e") for n in (2, 3, 5, 9, 17, 21, 71, 80, 81, 99)] == [
+        "deuxième", "troisième", "cinquième", "neuvième", "dix-septième", "vingt et unième",
+        "soixante et onzième", "quatre-vingtième", "quatre-vingt-unième",
+        "quatre-vingt-dix-neuvième"]
 
 
 @pytest.mark.parametrize(("text", "spoken"), [
@@ -154,6 +183,8 @@ def test_a_range_is_read_with_the_languages_word(engine, voice, text, spoken):
     ("de", "Am 2024-05-01 stand es 2-1, ruf 030-1234 an."),
     ("pt", "A partida ficou 3-1."),
     ("es", "Añade 3/4 de taza."),  # a fraction, not a date: the year is required
+    ("fr", "Il a un CV et un CD, I love it."),  # acronyms, a lone I: no Roman numerals
+    ("de", "Er war Mitglied der CDU, ich und du."),
     ("de", "Die Straße heißt Nr. Zwei."),  # no number after it: not "Nummer"
     ("fr", "M. le maire arrive."),  # not before a name
     ("es", "Sr. García y la Dra. López llegan."),  # espeak says these itself
