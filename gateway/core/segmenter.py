@@ -25,8 +25,9 @@ on how the stream was chunked:
   ``u. a.``, ``bzw.``, ``p. ex.`` and titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never
   end one; ``Nr. 5``, ``pág. 12``, ``Hauptstr. 12`` never before a digit; a day or an
   ordinal before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``,
-  ``der 1. FC``) is not a sentence end, while ``Platz 1. Der`` is; nor are ``EE. UU.``,
-  ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``, ``sec. XIX``).
+  ``der 1. FC``, ``im XIX. Jahrhundert``) is not a sentence end, while ``Platz 1. Der``
+  is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``, ``sec.
+  XIX``).
   A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
   ¿Quieres``, ``p. m. ¡Hasta``). An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
@@ -616,7 +617,8 @@ class Segmenter:
             return nxt.isupper() or _is_cjk(nxt)  # "at 3 p.m. The", "at 3 p.m. 会议"
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
             return False  # "1. " list marker at the start of a line
-        if word.isdigit() and len(word) <= 2 and (self._prev_word(ws) in _ORDINAL_AFTER or (
+        if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
+                self._prev_word(ws) in _ORDINAL_AFTER or (
                 nxt in "JFMASOND" and self._next_word(i + 1) in _MONTHS_DE)):
             return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert"
         return True
