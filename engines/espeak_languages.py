@@ -34,7 +34,8 @@ phoneme trace (what ``espeak-ng -q -x`` prints) and the length of its audio:
   Spanish and Portuguese "1.º", "2.ª" "uno punto o", "um ordinal masculino", "n.º"
   "ene o"; Portuguese "Sr. Silva" "esse erre Silva"; French "M. Dupont" "em Dupont", "p.
   ex." "pe ex", "n° 5" "en cinq"; Italian "Sig. Rossi" "sig Rossi", "dott." "dot", "ecc."
-  "ek", "pag." "pag".
+  "ek", "pag." "pag"; and the Roman numeral VI, a word in all three ("Felipe VI" "Felipe
+  vi", "Carlo VI", "o capítulo VI").
 
 ``for_language`` rewrites those into the words a speaker of the language uses, leaving
 digits for espeak to read ("14 Uhr 30", "14 heures 30", "14 y 30", "14 e 30"), and German
@@ -284,11 +285,12 @@ _ABBREVIATIONS: dict[str, list[tuple[str, str]]] = {
     "es": [
         (r"n\.?º", "número"), (r"1\.?er", "primer"), (r"3\.?er", "tercer"),
         (r"págs\.", "páginas"), (r"pág\.", "página"), (r"EE\. ?UU\.", "Estados Unidos"),
+        (r"VI(?![\w'’])", "6"),
     ],
     "pt": [
         (r"n\.?º", "número"), (r"Sr\.", "senhor"), (r"Sra\.", "senhora"),
         (r"Dr\.ª", "doutora"), (r"pág\.", "página"), (r"V\. ?Ex\.ª", "Vossa Excelência"),
-        (r"p\. ?ex\.", "por exemplo"),
+        (r"p\. ?ex\.", "por exemplo"), (r"VI(?![\w'’])", "6"),
     ],
     "fr": [
         (r"M\.(?= [A-ZÀ-Ý])", "Monsieur"), (r"MM\.(?= [A-ZÀ-Ý])", "Messieurs"),
@@ -302,6 +304,7 @@ _ABBREVIATIONS: dict[str, list[tuple[str, str]]] = {
         (r"[Pp]rof\.ssa", "professoressa"), (r"[Pp]rof\.", "professor"),
         (r"[Aa]vv\.", "avvocato"), (r"[Ii]ng\.", "ingegner"), (r"pag\.", "pagina"),
         (r"ecc\.", "eccetera"), (r"ca\.", "circa"), (r"n[°º.](?= ?\d)", "numero"),
+        (r"VI(?![\w'’])", "sesto"),
     ],
 }
 """What each voice should say for an abbreviation it reads badly (module docstring)."""

@@ -100,6 +100,10 @@ def test_german_ordinals_and_dates_are_words(engine, text, spoken):
      "Ho parlato con il signor Rossi e la signora Bianchi."),
     ("it", "La Dott.ssa Neri arriva.", "La dottoressa Neri arriva."),
     ("it", "Vedi pag. 12, n. 5, ecc.", "Vedi pagina 12, numero 5, eccetera."),
+    # "vi", a word: the other numerals are read as numbers ("Felipe II": "Felipe dos")
+    ("es", "El rey Felipe VI habló ayer.", "El rey Felipe 6 habló ayer."),
+    ("pt", "Lê o capítulo VI.", "Lê o capítulo 6."),
+    ("it", "Carlo VI era imperatore.", "Carlo sesto era imperatore."),
 ])
 def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
     assert for_language(text, voice) == spoken
