@@ -224,6 +224,22 @@ def test_eager_clause_in_german(text, want):
     assert [s.text for s in run(text)] == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    # a month English has too after a number ends the sentence, unless a German word
+    # leads the day
+    ("The answer is 12. August is the hottest month here.",
+     ["The answer is 12.", "August is the hottest month here."]),
+    ("I finished chapter 3. Jan said it was good.",
+     ["I finished chapter 3.", "Jan said it was good."]),
+    ("Add them up to get 7. April will be warmer.", ["Add them up to get 7.",
+                                                     "April will be warmer."]),
+    ("Wir fahren am 3. April los. Bis dann.", ["Wir fahren am 3. April los.", "Bis dann."]),
+    ("Das Fest ist 3. Oktober. Bis dann.", ["Das Fest ist 3. Oktober.", "Bis dann."]),
+])
+def test_a_german_date_and_an_english_sentence_end(text, want):
+    assert [s.text for s in run(text, config=SegmenterConfig(min_chars=0))] == want
+
+
 def phrase(text: str, words: int, **kw) -> list[str]:
     """Segments with first_phrase_words; the same whatever the chunking."""
     config = SegmenterConfig(first_phrase_words=words, **kw)

@@ -151,6 +151,11 @@ _MONTHS_DE = frozenset(
     "Januar Jänner Februar März April Mai Juni Juli August September Oktober November "
     "Dezember Jan Feb Mär Apr Jun Jul Aug Sep Sept Okt Nov Dez".split()
 )
+_MONTHS_ALSO_ENGLISH = frozenset(
+    "April August September November Jan Feb Apr Jun Jul Aug Sep Sept Nov".split())
+"""German months that English has too: "is 12. August is hot" ends a sentence, so these
+need a German word before the day ("am 3. April", ``_DAY_AFTER``)."""
+_DAY_AFTER = frozenset("am vom bis zum ab seit und".split())
 _ORDINAL_AFTER = frozenset("im vom zum zur beim der den dem des die das".split())
 """German words before a day or an ordinal number ("der 1. FC", "im 19. Jahrhundert"):
 "3." after them (or before a month: "am 3. Oktober") is an ordinal, not a sentence end."""
@@ -619,9 +624,16 @@ class Segmenter:
             return False  # "1. " list marker at the start of a line
         if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
                 self._prev_word(ws) in _ORDINAL_AFTER or (
-                nxt in "JFMASOND" and self._next_word(i + 1) in _MONTHS_DE)):
+                nxt in "JFMASOND" and self._german_month(i + 1, ws))):
             return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert"
         return True
+
+    def _german_month(self, j: int, ws: int) -> bool:
+        """The word after ``j`` is a German month after the day that ends at the word
+        starting at ``ws`` ("am 3. Oktober", "3. Mai"; not "is 12. August is hot")."""
+        month = self._next_word(j)
+        return month in _MONTHS_DE and (
+            month not in _MONTHS_ALSO_ENGLISH or self._prev_word(ws) in _DAY_AFTER)
 
     def _prev_word(self, ws: int) -> str:
         """The word of the pending segment before position ``ws`` (the start of a word),
