@@ -152,6 +152,45 @@ async def test_a_socket_let_in_past_the_limit_may_only_resume(start_gateway, fir
     assert gw.metrics.errors["server_full"] == 1
 
 
+async def test_a_socket_refused_past_the_limit_cannot_resume_on_its_way_out(start_gateway):
+    """A phone's first reconnect went quiet and its retry took its place (the first is
+    refused: server_full, close 1013); the first one's session.resume, held up in the
+    network, arrives while that socket closes. It was acted on: the stale socket took the
+    session from the retry that had resumed it (4000, "resumed elsewhere", which a client
+    reads as another device taking over), then dropped it again as it closed."""
+    from websockets.frames import Close, Frame, Opcode
+
+    gw = await start_gateway(server={"max_sessions": 1, "resume_window_s": 30.0})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    created = await dropped(url)
+    sid, token = created["session_id"], created["resume_token"]
+    # the first attempt: a raw socket, so it can still send after the server's close frame
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(f"GET /v1/voice?resume={sid} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    seen = await reader.readuntil(b"session.created")
+    assert seen.startswith(b"HTTP/1.1 101 ")
+    async with connect(f"{url}?resume={sid}") as retry:  # the retry: the first is refused
+        await recv_event(retry, "session.created")
+        await send(retry, type="session.resume", session_id=sid, resume_token=token)
+        assert (await recv_event(retry))["type"] == "session.resumed"
+        refused = await reader.readuntil(b"server full")  # its error, then its close frame
+        assert b'"server_full"' in refused
+        # the first attempt's resume arrives late, then its close reply
+        late = json.dumps({"type": "session.resume", "session_id": sid,
+                           "resume_token": token}).encode()
+        writer.write(Frame(Opcode.TEXT, late).serialize(mask=True, extensions=[])
+                     + Frame(Opcode.CLOSE, Close(1013, "").serialize()).serialize(
+                         mask=True, extensions=[]))
+        rest = await reader.read()  # to the end: the server has handled both and closed
+        writer.close()
+        assert b"session.resumed" not in rest
+        await send(retry, type="ping", id="still mine")  # the retry keeps the session
+        assert await recv_event(retry) == {"type": "pong", "id": "still mine"}
+        assert not gw.runners[sid].session.held and gw.metrics.sessions_resumed == 1
+
+
 async def test_a_browser_origin_outside_the_allowlist_is_refused(start_gateway):
     gw = await start_gateway(server={"origins": ("https://console.example",)})
     url = f"ws://127.0.0.1:{gw.port}/v1/voice"

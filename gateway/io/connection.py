@@ -566,10 +566,11 @@ class VoiceConnection:
         async for message in self.ws:
             runner = self.runner
             assert runner is not None
-            if self._closing is not None or runner.connection is not self:
-                # Closing (taken over by a resume, or a slow consumer): the messages still
-                # arriving during the close handshake belong to no session any more; fed
-                # in, they would steer a session another socket now holds.
+            if self._closing is not None or runner.connection is not self or runner.closed:
+                # Closing (taken over by a resume, a slow consumer, refused past the limit,
+                # the gateway stopping): the messages still arriving during the close
+                # handshake belong to no session any more; fed in, they would steer a
+                # session another socket now holds (a late session.resume took it over).
                 continue
             now = self.loop.time()
             if self.gateway.tracer is not None:
