@@ -577,6 +577,22 @@ async def test_clean_close_ends_the_session_at_once(gateway):
         assert (await recv_event(ws2))["error"]["code"] == "resume_failed"
 
 
+async def test_a_close_frame_without_a_code_ends_the_session_at_once(gateway):
+    """A browser's ``ws.close()`` without arguments sends a close frame with no code (1005
+    on this side): a page that is done, not a network gone quiet (a client that means to
+    resume closes with a code of its own, e.g. 4001). The session waited for a resume, its
+    turn going on, for resume_window_s (websockets itself counts 1005 as a normal close)."""
+    async with connect(url(gateway)) as ws:
+        created = await recv_event(ws, "session.created")
+        await ws.close(code=None)  # type: ignore[arg-type]  # an empty close frame
+        assert ws.protocol.close_sent.code == 1005
+    async with connect(url(gateway)) as ws2:
+        await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        assert (await recv_event(ws2))["error"]["code"] == "resume_failed"
+
+
 async def test_detached_session_expires_after_the_window():
     gw = await started(resume_window_s=0.2)
     try:

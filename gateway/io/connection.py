@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, assert_never, cast
 import orjson
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import Frame, Opcode
+from websockets.frames import OK_CLOSE_CODES, Frame, Opcode
 from websockets.protocol import State
 
 from engines.base import EngineError, LlmDelta, LlmDone, LlmRequest, SynthesisRequest
@@ -507,7 +507,9 @@ class VoiceConnection:
                         task.cancel()
         except* ConnectionClosed as group:
             rcvd = cast(ConnectionClosed, group.exceptions[0]).rcvd
-            clean = rcvd is not None and rcvd.code in (1000, 1001)
+            # 1000, 1001, or no code at all (1005: a browser's close() without arguments),
+            # as websockets counts a normal close when the reader's loop ends by itself
+            clean = rcvd is not None and rcvd.code in OK_CLOSE_CODES
             # The group's traceback holds finished frames (Python 3.11's TaskGroup.__aexit__
             # keeps the group it raised in a local) that hold the group: clear them, or this
             # connection waits for a full GC to be freed.
