@@ -590,6 +590,26 @@ def test_a_sentence_cut_short_by_its_engine_says_so(clock):
     assert "cut_short" not in events(out, "sentence.done")[0]
 
 
+def test_a_sentence_cut_short_by_its_engine_is_remembered_only_as_far_as_it_was_said(clock):
+    """sentence.done cut_short: the engine failed mid-sentence and another said the next
+    ones; the rest of that sentence was never said. The history kept the whole reply, so
+    the LLM took the words the listener never heard as said."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=30_000))
+    tid = start(s, clock)
+    s.llm_delta(tid, "The meeting is at three in room four. It takes an hour.", clock())
+    s.llm_done(tid, None, clock())
+    s.audio(tid, 0, pcm(650), "qwen3", clock())  # about 10 of its 37 characters
+    s.synthesis_done(tid, 0, clock(), cut_short=True)
+    s.audio(tid, 1, pcm(1200), "espeak", clock())
+    out = s.synthesis_done(tid, 1, clock())
+    assert events(out, "turn.done")[0]["status"] == "completed"
+    assert s.history[-1]["content"] == "The meeting … It takes an hour."
+    # a barge-in while it plays out cuts it the same way, and then where the mark says
+    s.receive(ClientPlayback(tid, 1000.0), clock.advance(1000))
+    s.receive(ClientCancel(None), clock())
+    assert s.history[-1]["content"] == "The meeting … It …"
+
+
 def test_session_update_and_unknown_voice(clock):
     s = Session("s", voices=["en-us", "en-gb"])
     out = s.receive(ClientSessionUpdate({"voice": "en-gb", "frame_ms": 20}), clock())

@@ -870,28 +870,34 @@ class Session:
         sentence that was playing is cut by words (Chinese and Japanese: by characters) in
         proportion to its audio (estimated from its length while unknown), then ``…``; a
         reply cut between two sentences ends in ``…`` too, so the LLM knows it did not
-        finish, whatever side of the boundary a mark landed on."""
-        if status == "completed":
+        finish, whatever side of the boundary a mark landed on. A sentence its engine cut
+        short (``cut_short``: the next engine went on with the next sentence) is kept only
+        as far as its audio went, by its estimated length, then ``…``."""
+        if status == "completed" and not any(seg.cut_short for seg in turn.segments):
             return turn.reply.strip()
         played = turn.pacer.played_ms
-        heard_ms = turn.pacer.sent_ms if played is None or status == "failed" else played
+        heard_ms = turn.pacer.sent_ms if played is None or status != "cancelled" else played
         parts: list[str] = []
         heard_to = 0  # the end in the reply of the sentences heard whole
+        cut = False  # the last of them was cut short by its engine (it ends in "…")
         for seg in turn.segments:
             if heard_ms <= 0:
                 break
+            text = seg.segment.text
+            estimated_ms = len(text) * _MS_PER_CHAR
             if seg.finished and heard_ms >= seg.sent_ms - _WHOLE_SLACK_MS:
-                parts.append(seg.segment.text)
+                cut = seg.cut_short
+                parts.append(_cut(text, seg.sent_ms / max(seg.sent_ms, estimated_ms))
+                             if cut else text)
                 heard_ms -= seg.sent_ms
-                heard_to = seg.segment.start + len(seg.segment.text)
+                heard_to = seg.segment.start + len(text)
                 continue
             known_ms = seg.sent_ms + len(seg.pending) / BYTES_PER_MS
-            total_ms = known_ms if seg.synthesized else max(
-                known_ms, len(seg.segment.text) * _MS_PER_CHAR)
-            part = heard_prefix(seg.segment.text, heard_ms / total_ms if total_ms else 0.0)
-            parts.append(f"{part} …" if part else "…")  # (heard into it: said to be cut)
+            total_ms = known_ms if seg.synthesized and not seg.cut_short else max(
+                known_ms, estimated_ms)
+            parts.append(_cut(text, heard_ms / total_ms if total_ms else 0.0))
             return " ".join(parts)
-        if turn.reply[heard_to:].strip():  # cut at a sentence's end, the reply went on
+        if turn.reply[heard_to:].strip() and not cut:  # cut at a sentence's end, went on
             parts.append("…")
         return " ".join(parts)
 
@@ -927,3 +933,9 @@ class Session:
             "underruns": turn.pacer.underruns,
             "sentences": len(turn.segments),
         }
+
+
+def _cut(text: str, share: float) -> str:
+    """``text`` heard to ``share`` of its audio, marked cut (``…``): a sentence interrupted."""
+    part = heard_prefix(text, share)
+    return f"{part} …" if part else "…"
