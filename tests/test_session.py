@@ -848,6 +848,30 @@ def test_a_playback_mark_says_which_frames_the_client_has(clock):
     assert [e for e in again if isinstance(e, Received)] == []  # said once
 
 
+@pytest.mark.parametrize("source", ["say", "transcript"])
+def test_marks_after_turn_done_prove_the_last_frames_received_after_a_say_too(clock, source):
+    """A turn's last lead of audio goes out before its turn.done and plays on after it; the
+    marks the client sends meanwhile prove it has those frames, and the resume buffer lets
+    them go. After a say they were ignored (only a reply's were taken, for its history):
+    a session idle after a say kept its last ~1.5 s of audio buffered (77 KB at the default
+    lead, 297 bytes after a reply) until its next turn."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000))
+    if source == "say":
+        s.receive(ClientSay("Something long enough to say here."), clock())
+        tid = s.turn.id
+    else:
+        tid = start(s, clock)
+        s.llm_delta(tid, "Something long enough to say here.", clock())
+        s.llm_done(tid, None, clock())
+    out = s.audio(tid, 0, pcm(2000), "x", clock()) + s.synthesis_done(tid, 0, clock())
+    out += run_until(s, clock, clock() + 5)
+    last = frames(out)[-1]
+    assert last.turn_end and events(out, "turn.done")
+    out = s.receive(ClientPlayback(tid, 2000.0), clock())
+    assert [e for e in out if isinstance(e, Received)] == [Received(last.seq)]
+    assert [e for e in out if not isinstance(e, Received)] == []  # and nothing else
+
+
 def probes(effects) -> int:
     return sum(isinstance(e, ProbeListener) for e in effects)
 

@@ -351,8 +351,9 @@ class Session:
                     turn.pacer.mark(played_ms, now)
                     received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
                     return received + self._pump(turn, now)
-                if turn is not None and turn.id == turn_id and turn.playing_out:
-                    # its last audio plays on after turn.done: what it heard still counts
+                if turn is not None and turn.id == turn_id:
+                    # its last audio plays on after turn.done: the frames the client has free
+                    # the resume buffer, and what it heard of a reply still counts (playing_out)
                     turn.pacer.mark(played_ms, now)
                     return self._received(turn, min(played_ms, turn.pacer.sent_ms))
                 return []
