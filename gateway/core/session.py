@@ -336,45 +336,11 @@ class Session:
             case ClientSay(text=text):
                 return self._start_turn("say", text, now)
             case ClientCancel(turn_id=turn_id):
-                turn = self.turn
-                if turn is None or turn.state is TurnState.ENDED:
-                    if turn is not None and turn_id in (None, turn.id):
-                        self._barge_in_after_the_end(now)
-                    return []  # nothing to cancel: idempotent
-                if turn_id is not None and turn_id != turn.id:
-                    return []  # a cancel that raced with the end of its turn
-                return self._end_turn(turn, "cancelled", now)
+                return self._cancel(turn_id, now)
             case ClientPlayback(turn_id=turn_id, played_ms=played_ms):
-                turn = self.turn
-                if turn is not None and turn.id == turn_id and turn.state is not TurnState.ENDED:
-                    turn.marking = True
-                    turn.pacer.mark(played_ms, now)
-                    received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
-                    return received + self._pump(turn, now)
-                if turn is not None and turn.id == turn_id:
-                    # its last audio plays on after turn.done: the frames the client has free
-                    # the resume buffer, and what it heard of a reply still counts (playing_out)
-                    turn.pacer.mark(played_ms, now)
-                    return self._received(turn, min(played_ms, turn.pacer.sent_ms))
-                return []
+                return self._playback(turn_id, played_ms, now)
             case ClientSessionUpdate(settings=changes):
-                voice = changes.get("voice")
-                if voice is not None and self.voices is not None and voice not in self.voices \
-                        and voice != self.defaults.voice:  # (the server's own is always good)
-                    return self.protocol_error(ProtocolError(
-                        "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"),
-                        now)
-                lead, most = changes.get("max_lead_ms"), self.max_lead_ms_limit
-                if lead is not None and lead > most:
-                    return self.protocol_error(ProtocolError(
-                        "invalid_field", f"field 'max_lead_ms' must be between "
-                        f"{codec.MAX_LEAD_MS_RANGE[0]} and {most}"), now)
-                try:
-                    self.settings = self.settings.updated(changes, self.defaults)
-                except (TypeError, ValueError) as exc:  # a segmenter config it rejects
-                    return self.protocol_error(ProtocolError("invalid_field", str(exc)), now)
-                return [SendEvent({"type": "session.updated",
-                                   "session": self.settings.to_event()})]
+                return self._update_settings(changes, now)
             case ClientPing(id=ping_id):
                 event: dict[str, Any] = {"type": "pong"}
                 if ping_id is not None:
@@ -382,6 +348,51 @@ class Session:
                 return [SendEvent(event)]
             case _:
                 assert_never(message)
+
+    def _cancel(self, turn_id: int | None, now: float) -> list[Effect]:
+        """``cancel``: end the turn in progress (only when it is ``turn_id``, if given).
+        Idempotent: for a turn that ended already it is only a barge-in after the end
+        (``_barge_in_after_the_end``)."""
+        turn = self.turn
+        if turn is None or turn_id not in (None, turn.id):
+            return []  # nothing to cancel, or a cancel that raced with the end of its turn
+        if turn.state is TurnState.ENDED:
+            self._barge_in_after_the_end(now)
+            return []
+        return self._end_turn(turn, "cancelled", now)
+
+    def _playback(self, turn_id: int, played_ms: float, now: float) -> list[Effect]:
+        """A ``playback`` mark for the turn in progress (it paces the rest), or for the
+        latest turn after its ``turn.done``, while its last audio plays on: it proves what
+        the client has (``Received``) and, for a reply, what it heard still counts
+        (``playing_out``). A mark for any other turn is ignored."""
+        turn = self.turn
+        if turn is None or turn.id != turn_id:
+            return []
+        turn.pacer.mark(played_ms, now)
+        received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
+        if turn.state is TurnState.ENDED:
+            return received
+        turn.marking = True
+        return received + self._pump(turn, now)
+
+    def _update_settings(self, changes: dict[str, Any], now: float) -> list[Effect]:
+        """``session.update``: all of ``changes`` or, at the first bad one, none."""
+        voice = changes.get("voice")
+        if voice is not None and self.voices is not None and voice not in self.voices \
+                and voice != self.defaults.voice:  # (the server's own is always good)
+            return self.protocol_error(ProtocolError(
+                "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"), now)
+        lead, most = changes.get("max_lead_ms"), self.max_lead_ms_limit
+        if lead is not None and lead > most:
+            return self.protocol_error(ProtocolError(
+                "invalid_field", f"field 'max_lead_ms' must be between "
+                f"{codec.MAX_LEAD_MS_RANGE[0]} and {most}"), now)
+        try:
+            self.settings = self.settings.updated(changes, self.defaults)
+        except (TypeError, ValueError) as exc:  # a segmenter config it rejects
+            return self.protocol_error(ProtocolError("invalid_field", str(exc)), now)
+        return [SendEvent({"type": "session.updated", "session": self.settings.to_event()})]
 
     @property
     def max_lead_ms_limit(self) -> int:
