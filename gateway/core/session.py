@@ -225,6 +225,8 @@ class SessionLimits:
 
 
 class TurnState(enum.Enum):
+    """A turn's state, as ``Turn.state`` derives it from ``llm_done`` and ``ended``."""
+
     STREAMING = "streaming"  # text still arriving (LLM) or being segmented
     SPEAKING = "speaking"  # all text known; audio still being produced or sent
     ENDED = "ended"
@@ -251,11 +253,13 @@ class Turn:
     settings: SessionSettings
     segmenter: Segmenter
     pacer: Pacer
-    state: TurnState = TurnState.STREAMING
     reply: str = ""
     segments: list[_SegmentAudio] = field(default_factory=list)
     current: int = 0  # index of the segment whose frames are being sent
     llm_done: bool = False
+    """No more text comes: the LLM finished, failed or was stopped (a ``say``: at once)."""
+    ended: bool = False
+    """``turn.done`` was sent."""
     failed: tuple[str, str] | None = None  # (code, message) of the first failure
     t_first_delta: float | None = None
     t_first_segment: float | None = None
@@ -275,6 +279,12 @@ class Turn:
     """Ended completed or failed, its history entry all it sent, while its last audio may
     still be playing: a barge-in before that playback ends keeps only what the client's
     mark says it heard (``_barge_in_after_the_end``)."""
+
+    @property
+    def state(self) -> TurnState:
+        if self.ended:
+            return TurnState.ENDED
+        return TurnState.SPEAKING if self.llm_done else TurnState.STREAMING
 
 
 class Session:
@@ -356,7 +366,7 @@ class Session:
         turn = self.turn
         if turn is None or turn_id not in (None, turn.id):
             return []  # nothing to cancel, or a cancel that raced with the end of its turn
-        if turn.state is TurnState.ENDED:
+        if turn.ended:
             self._barge_in_after_the_end(now)
             return []
         return self._end_turn(turn, "cancelled", now)
@@ -371,7 +381,7 @@ class Session:
             return []
         turn.pacer.mark(played_ms, now)
         received = self._received(turn, min(played_ms, turn.pacer.sent_ms))
-        if turn.state is TurnState.ENDED:
+        if turn.ended:
             return received
         turn.marking = True
         return received + self._pump(turn, now)
@@ -438,7 +448,6 @@ class Session:
             return []
         turn.llm_done = True
         turn.tokens_per_s = tokens_per_s
-        turn.state = TurnState.SPEAKING  # before: adding silent segments may end the turn
         effects = self._add_segments(turn, turn.segmenter.finish(), now)
         return effects + self._pump(turn, now)
 
@@ -450,7 +459,6 @@ class Session:
         if turn is None or turn.llm_done:
             return []
         turn.llm_done = True
-        turn.state = TurnState.SPEAKING
         effects: list[Effect] = [self._turn_error(turn, code, message)]
         effects += self._add_segments(turn, turn.segmenter.abandon(), now)
         return effects + self._pump(turn, now)
@@ -502,14 +510,13 @@ class Session:
                    *self._stop_work(turn, turn.segments[index:])]
         turn.held_bytes -= sum(len(seg.pending) for seg in turn.segments[index:])
         del turn.segments[index:]
-        turn.state = TurnState.SPEAKING
         return effects + self._pump(turn, now)
 
     # ---- time ------------------------------------------------------------------------
 
     def tick(self, now: float) -> list[Effect]:
         turn = self.turn
-        if turn is None or turn.state is TurnState.ENDED:
+        if turn is None or turn.ended:
             return []
         return self._pump(turn, now)
 
@@ -522,7 +529,7 @@ class Session:
         without the probe; checked in ``_pump``: 0.0126-0.0149 (median 0.0132) against
         0.0125-0.0130 (0.0127) in four pairs.)"""
         turn = self.turn
-        if (self.held or turn is None or turn.state is TurnState.ENDED
+        if (self.held or turn is None or turn.ended
                 or turn.current >= len(turn.segments)):
             return None
         if not self._frame_ready(turn, turn.segments[turn.current]):
@@ -540,7 +547,7 @@ class Session:
         """When to probe the listener: after ``LISTENER_SILENT_S`` (a client that marks) or
         ``UNMARKED_SILENT_S`` (one that does not) with nothing from it, if it should still
         be playing then (by what was sent): a client that ran dry sends no marks."""
-        if (self._probing or self.held or turn.state is TurnState.ENDED
+        if (self._probing or self.held or turn.ended
                 or turn.pacer.play_end is None):
             return None
         due = self._heard_at + (LISTENER_SILENT_S if turn.marking else UNMARKED_SILENT_S)
@@ -560,7 +567,7 @@ class Session:
         self._probing = False  # (its socket is gone)
         self._heard_at = now
         turn = self.turn
-        if turn is None or turn.state is TurnState.ENDED:
+        if turn is None or turn.ended:
             return []
         pacer = turn.pacer
         if pacer.play_end is not None:
@@ -606,7 +613,7 @@ class Session:
         ``shutting_down`` (its listener may play out what it holds), before the
         connection closes (1001)."""
         turn = self.turn
-        if turn is None or turn.state is TurnState.ENDED:
+        if turn is None or turn.ended:
             return []
         return self._fail(turn, "shutting_down", "the gateway is shutting down", now)
 
@@ -615,7 +622,7 @@ class Session:
         sent; a turn in progress ends ``cancelled``, and its ``turn.done`` comes back as a
         ``SendEvent`` only for the record (the gateway's turn counters)."""
         turn = self.turn
-        if turn is None or turn.state is TurnState.ENDED:
+        if turn is None or turn.ended:
             return []
         return [e for e in self._end_turn(turn, "cancelled", now)
                 if not isinstance(e, SendEvent | SendAudio | SendFrames)
@@ -625,13 +632,13 @@ class Session:
 
     def _active(self, turn_id: int) -> Turn | None:
         turn = self.turn
-        if turn is None or turn.id != turn_id or turn.state is TurnState.ENDED:
+        if turn is None or turn.id != turn_id or turn.ended:
             return None
         return turn
 
     def _start_turn(self, source: str, text: str, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        if self.turn is not None and self.turn.state is not TurnState.ENDED:
+        if self.turn is not None and not self.turn.ended:
             effects += self._end_turn(self.turn, "cancelled", now)  # barge-in by text
         self._barge_in_after_the_end(now)
         turn_id = self._next_turn_id
@@ -647,7 +654,6 @@ class Session:
         if source == "say":
             turn.reply = text
             turn.llm_done = True
-            turn.state = TurnState.SPEAKING
             segments = turn.segmenter.feed(text) + turn.segmenter.finish()
             effects += self._add_segments(turn, segments, now)
             effects += self._pump(turn, now)
@@ -705,7 +711,7 @@ class Session:
 
     def _release(self, turn: Turn, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        if turn.state is TurnState.ENDED:  # a pump nested in this call ended it already
+        if turn.ended:  # a pump nested in this call ended it already
             return effects
         frame_bytes = turn.settings.frame_ms * BYTES_PER_MS
         while turn.current < len(turn.segments):
@@ -846,7 +852,7 @@ class Session:
 
     def _end_turn(self, turn: Turn, status: str, now: float) -> list[Effect]:
         effects = self._stop_work(turn, turn.segments)
-        turn.state = TurnState.ENDED
+        turn.ended = True
         if turn.source == "transcript":
             self._remember(turn, status)
             # (a failed turn still plays out the sentences it sent)
