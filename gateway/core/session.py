@@ -735,18 +735,8 @@ class Session:
             take = min(frame_bytes, len(seg.pending))
             if not turn.pacer.may_send(now, take / BYTES_PER_MS):
                 return effects
-            payload = bytes(seg.pending[:take])
-            del seg.pending[:take]
-            turn.held_bytes -= take
-            closing = seg.synthesized and not seg.pending
-            flags = 0
-            if closing:
-                flags |= FLAG_SENTENCE_END
-                if self._is_last_segment(turn, turn.current):
-                    flags |= FLAG_TURN_END
-            duration = take / BYTES_PER_MS
-            effects.append(self._frame(turn, seg, flags, payload, duration, now))
-            if closing:
+            effects.append(self._frame(turn, seg, take, now))
+            if seg.synthesized and not seg.pending:  # that was its last frame
                 effects += self._finish_segment(turn, seg)
         if turn.llm_done and turn.current >= len(turn.segments):
             if turn.t_first_audio is not None and not turn.last_frame_turn_end:
@@ -783,8 +773,18 @@ class Session:
                           "text": segment.text, "spoken": segment.spoken,
                           "engine": seg.engine})
 
-    def _frame(self, turn: Turn, seg: _SegmentAudio, flags: int, payload: bytes,
-               duration: float, now: float) -> SendAudio:
+    def _frame(self, turn: Turn, seg: _SegmentAudio, take: int, now: float) -> SendAudio:
+        """The next ``take`` bytes of ``seg`` as one frame, flagged as the segment's last
+        (and the turn's) when nothing more comes for it."""
+        payload = bytes(seg.pending[:take])
+        del seg.pending[:take]
+        turn.held_bytes -= take
+        flags = 0
+        if seg.synthesized and not seg.pending:
+            flags |= FLAG_SENTENCE_END
+            if self._is_last_segment(turn, turn.current):
+                flags |= FLAG_TURN_END
+        duration = take / BYTES_PER_MS
         header = codec.frame_header(flags, seg.segment.index, turn.id, self._seq)
         self._sent(turn, seg, 1, duration, bool(flags & FLAG_TURN_END), now)
         return SendAudio(header + payload, duration)
