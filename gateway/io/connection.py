@@ -603,36 +603,16 @@ class VoiceConnection:
         fresh session goes on."""
         fresh = self.runner
         assert fresh is not None
-
-        def failed(problem: str) -> None:
+        found = self._resumable(request, fresh)
+        if isinstance(found, str):
             # past the session limit the socket was let in for the resume only: it closes
             # (refuse_past_limit, next), so there is no new session to continue with
             then = ("the gateway is full, so this socket closes" if self.resume_only is not None
                     else f"continuing with the new session {fresh.session.id}")
             fresh.protocol_error(ProtocolError(
-                "resume_failed", f"cannot resume: {problem}; {then}"), now)
-
-        old = self.gateway.runners.get(request.session_id)
-        if old is None or old.closed or not old.check_resume_token(request.resume_token):
-            failed("unknown or expired session, or wrong resume_token")
+                "resume_failed", f"cannot resume: {found}; {then}"), now)
             return False
-        if old is fresh:
-            failed("that is this socket's own new session")
-            return False
-        position = old.outbox.position_after_frame(request.last_seq)
-        if position is None:
-            sent = old.session.frames_sent
-            if request.last_seq is not None and (request.last_seq - sent) % 2**32 < 2**31:
-                failed(f"frame {request.last_seq} was never sent (the last one was "
-                       f"{(sent - 1) % 2**32})" if sent else
-                       f"frame {request.last_seq} was never sent (no frame was)")
-            else:
-                failed("the frames after last_seq are no longer buffered")
-            return False
-        if request.last_seq is None:
-            # no frame received: replay from the start, but after the old session's own
-            # session.created (always message 0), which the client acted on already
-            position = max(position, old.outbox.start + 1)
+        old, position = found
         if old.connection is not None:
             old.connection.close_soon(4000, "session resumed elsewhere")
         fresh.close()
@@ -652,6 +632,29 @@ class VoiceConnection:
             self.resume_only = None
             self.gateway.past_limit.pop(self.ws, None)
         return True
+
+    def _resumable(self, request: codec.ClientResume,
+                   fresh: SessionRunner) -> tuple[SessionRunner, int] | str:
+        """The session ``request`` names and the outbox position its replay starts from,
+        or what stands in the way (told to the client as ``resume_failed``)."""
+        old = self.gateway.runners.get(request.session_id)
+        if old is None or old.closed or not old.check_resume_token(request.resume_token):
+            return "unknown or expired session, or wrong resume_token"
+        if old is fresh:
+            return "that is this socket's own new session"
+        position = old.outbox.position_after_frame(request.last_seq)
+        if position is None:
+            sent = old.session.frames_sent
+            if request.last_seq is not None and (request.last_seq - sent) % 2**32 < 2**31:
+                return (f"frame {request.last_seq} was never sent (the last one was "
+                        f"{(sent - 1) % 2**32})" if sent else
+                        f"frame {request.last_seq} was never sent (no frame was)")
+            return "the frames after last_seq are no longer buffered"
+        if request.last_seq is None:
+            # no frame received: replay from the start, but after the old session's own
+            # session.created (always message 0), which the client acted on already
+            position = max(position, old.outbox.start + 1)
+        return old, position
 
     def probe(self, silent_s: float) -> None:
         """Ping the client, silent for ``silent_s`` (``ProbeListener``): a pong within
