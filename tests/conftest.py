@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -20,6 +21,16 @@ async def scripted_llm_server() -> AsyncIterator[ScriptedLlmServer]:
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A 127.0.0.1 port that refuses connections for the whole test: bound, never listening,
+    and held. (A port found free and let go may be another process's listener by the time
+    the test connects: other test runs share the machine.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

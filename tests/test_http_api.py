@@ -978,13 +978,10 @@ async def test_llm_reachability_is_probed_and_cached(replies, scripted_llm_serve
 
 
 async def test_an_llm_down_at_start_is_logged_once_and_so_is_its_return(
-        caplog, scripted_llm_server):
+        caplog, scripted_llm_server, refused_port):
     """A gateway started before its LLM said nothing until a turn failed: the probe at start
     warns, later probes that find it still down say nothing, and its return is said."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/v1"
+    url = f"http://127.0.0.1:{refused_port}/v1"
     gw = Gateway(load_config(server={"port": 0}, llm={"url": url}))
     caplog.set_level(logging.INFO, logger="gateway.io.telemetry")
     await gw.start()
@@ -1006,13 +1003,12 @@ async def test_an_llm_down_at_start_is_logged_once_and_so_is_its_return(
         await gw.aclose()
 
 
-async def test_turns_tell_the_llm_reachability_without_waiting_for_a_probe(replies):
+async def test_turns_tell_the_llm_reachability_without_waiting_for_a_probe(replies,
+                                                                           refused_port):
     """/health answered with the previous probe's result: the LLM down for seconds read
     reachable, back up for turns read unreachable. A turn's outcome now counts as a probe."""
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    gw = Gateway(load_config(server={"port": 0}, llm={"url": f"http://127.0.0.1:{port}/v1"}))
+    gw = Gateway(load_config(server={"port": 0},
+                             llm={"url": f"http://127.0.0.1:{refused_port}/v1"}))
     await gw.start()
     try:
         await gw.telemetry.llm_probe._task

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import httpx
 import pytest
@@ -242,18 +241,15 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
         await scripted_llm_server.requests[0].disconnected.wait()
 
 
-async def test_connection_refused_is_unavailable():
-    with socket.socket() as s:  # a port that was free a moment ago and has no listener
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    llm = OpenAiLlm(f"http://127.0.0.1:{port}/v1", timeout=2.0)
+async def test_connection_refused_is_unavailable(refused_port):
+    llm = OpenAiLlm(f"http://127.0.0.1:{refused_port}/v1", timeout=2.0)
     try:
         with pytest.raises(EngineError) as info:
             await collect(llm)
     finally:
         await llm.aclose()
     assert info.value.code == "llm_unavailable"
-    assert f"127.0.0.1:{port}" in info.value.message
+    assert f"127.0.0.1:{refused_port}" in info.value.message
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8081/v1", "ftp://host/v1", "http:///v1"])

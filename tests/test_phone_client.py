@@ -166,14 +166,10 @@ async def test_a_refused_handshake_is_not_retried_and_a_token_gets_in(tmp_path, 
     assert "s3cret" not in capsys.readouterr().err
 
 
-async def test_an_unreachable_gateway_is_given_up_after_the_attempts(tmp_path, capsys):
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+async def test_an_unreachable_gateway_is_given_up_after_the_attempts(tmp_path, capsys,
+                                                                   refused_port):
     rc = await asyncio.to_thread(phone_client.main, [
-        "--url", f"ws://127.0.0.1:{port}/v1/voice", "--out", str(tmp_path),
+        "--url", f"ws://127.0.0.1:{refused_port}/v1/voice", "--out", str(tmp_path),
         "--connect-attempts", "2", "Hello"])
     assert rc == 2
     err = capsys.readouterr().err
