@@ -84,11 +84,12 @@ async def test_loop_lag_monitor_sees_a_blocked_loop():
     try:
         for _ in range(3):
             await observed.next()
-        assert monitor.health()["lag_max_ms_1m"] < 250
         asyncio.get_running_loop().call_soon(_hold_the_loop, 0.3)
         lags = [await observed.next() for _ in range(2)]
         assert max(lags) >= 0.25  # the wake-up due during the hold came ~300 ms late
-        assert monitor.health()["lag_max_ms_1m"] >= 250
+        # the largest lag seen, whatever the machine did before the hold (a bound on the
+        # lags before it timed the machine: any 250 ms stall of a busy host failed it)
+        assert monitor.health()["lag_max_ms_1m"] == round(max(observed.samples) * 1000, 1)
         assert registry.get_sample_value("lag_bucket", {"le": "0.1"}) < \
             registry.get_sample_value("lag_count")
     finally:
