@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from engines import synthetic
+from engines import espeak, synthetic
 from engines.base import OUTPUT_RATE, EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from tests.conformance import check_engine
@@ -142,8 +142,6 @@ def test_synthetic_rejects_bad_options() -> None:
 
 
 # --- espeak ---------------------------------------------------------------------------------
-
-espeak = pytest.importorskip("engines.espeak")
 
 
 def test_espeak_conforms() -> None:
