@@ -9,7 +9,7 @@ import pytest
 
 from tests.servers import ScriptedLlmServer, TinyLlamaServer
 
-pytest_plugins = ["tests.fixtures_mlx"]
+pytest_plugins = ["tests.fixtures_mlx", "tests.no_skips"]
 
 
 @pytest.fixture
