@@ -33,6 +33,28 @@ def refused_port() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def espeak_engine():
+    """A loaded espeak engine, one per test module."""
+    from engines.espeak import EspeakEngine
+
+    engine = EspeakEngine()
+    engine.load()
+    yield engine
+    engine.close()
+
+
+def synthesized(engine, text: str, voice: str | None = None) -> bytes:
+    """All the audio ``engine`` makes for ``text`` in ``voice``, stepped to its end."""
+    from engines.base import SynthesisRequest
+
+    stream = engine.open(SynthesisRequest(text=text, voice=voice))
+    chunks = []
+    while (chunk := stream.step()) is not None:
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory):
     """A tiny random-weight llama built locally, once per session."""

@@ -7,28 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from engines.base import SynthesisRequest
+from engines import espeak
 from engines.spell import english_readings, spell_out
 from gateway.core.segmenter import speakable
-
-espeak = pytest.importorskip("engines.espeak")
-
-
-@pytest.fixture(scope="module")
-def engine():
-    e = espeak.EspeakEngine()
-    e.load()
-    yield e
-    e.close()
+from tests.conftest import synthesized
 
 
 def samples(engine, text: str, voice: str = "en-us") -> int:
     """How many samples espeak makes for ``text`` (``text`` as the gateway gives it)."""
-    stream = engine.open(SynthesisRequest(text=text, voice=voice))
-    n = 0
-    while (chunk := stream.step()) is not None:
-        n += len(chunk) // 2
-    return n
+    return len(synthesized(engine, text, voice)) // 2
 
 
 def check(text: str, english: str, spelled: str) -> None:
@@ -322,6 +309,7 @@ def test_no_amount_but_a_sign_before_a_number(text) -> None:
     ("It costs $184.50.", "It costs 184 dollars 50 cents."),
 ], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman",
         "power", "amount"])
-def test_espeak_says_what_it_misread(engine, text, reading) -> None:
+def test_espeak_says_what_it_misread(espeak_engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
-    assert samples(engine, text) == pytest.approx(samples(engine, reading), rel=0.02)
+    assert samples(espeak_engine, text) == pytest.approx(samples(espeak_engine, reading),
+                                                       rel=0.02)

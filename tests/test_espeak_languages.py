@@ -7,32 +7,15 @@ from __future__ import annotations
 import pytest
 
 from engines import espeak
-from engines.base import SynthesisRequest
 from engines.espeak_languages import for_language
-
-
-@pytest.fixture(scope="module")
-def engine():
-    engine = espeak.EspeakEngine()
-    engine.load()
-    yield engine
-    engine.close()
-
-
-def said(engine: espeak.EspeakEngine, voice: str, text: str) -> bytes:
-    """The audio the engine makes for ``text`` in ``voice``."""
-    stream = engine.open(SynthesisRequest(text=text, voice=voice))
-    chunks = []
-    while (chunk := stream.step()) is not None:
-        chunks.append(chunk)
-    return b"".join(chunks)
+from tests.conftest import synthesized
 
 
 def same_speech(engine: espeak.EspeakEngine, voice: str, a: str, b: str) -> bool:
     """Whether the voice says ``a`` as it says ``b``: the same length of audio (exactly,
     where espeak is deterministic; else within a few pitch periods). Not the same bytes:
     some voices (pt) vary their waveform, not their length, from one call to the next."""
-    x, y = len(said(engine, voice, a)), len(said(engine, voice, b))
+    x, y = len(synthesized(engine, a, voice)), len(synthesized(engine, b, voice))
     return x == y if engine.deterministic else abs(x - y) < 2 * 1000
 
 
@@ -53,9 +36,9 @@ def same_speech(engine: espeak.EspeakEngine, voice: str, a: str, b: str) -> bool
     ("it", "Ci vediamo alle 14.30.", "Ci vediamo alle 14 e 30."),  # "punto"
     ("it", "Il treno parte alle 9:05.", "Il treno parte alle 9 e 5."),  # "zero cinque"
 ])
-def test_times_are_read_as_a_speaker_of_the_language_says_them(engine, voice, text, spoken):
+def test_times_are_read_as_a_speaker_of_the_language_says_them(espeak_engine, voice, text, spoken):
     assert for_language(text, voice) == spoken
-    assert same_speech(engine, voice, text, spoken)
+    assert same_speech(espeak_engine, voice, text, spoken)
 
 
 @pytest.mark.parametrize(("text", "spoken"), [
@@ -71,9 +54,9 @@ def test_times_are_read_as_a_speaker_of_the_language_says_them(engine, voice, te
      "Dein Termin ist am zweiten Dezember 2026 um 14 Uhr 30."),
     ("Geöffnet bis 31.12.", "Geöffnet bis einunddreißigsten Dezember"),
 ])
-def test_german_ordinals_and_dates_are_words(engine, text, spoken):
+def test_german_ordinals_and_dates_are_words(espeak_engine, text, spoken):
     assert for_language(text, "de") == spoken
-    assert same_speech(engine, "de", text, spoken)
+    assert same_speech(espeak_engine, "de", text, spoken)
 
 
 @pytest.mark.parametrize(("voice", "text", "spoken"), [
@@ -105,9 +88,9 @@ def test_german_ordinals_and_dates_are_words(engine, text, spoken):
     ("pt", "Lê o capítulo VI.", "Lê o capítulo 6."),
     ("it", "Carlo VI era imperatore.", "Carlo sesto era imperatore."),
 ])
-def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
+def test_abbreviations_are_said_as_words(espeak_engine, voice, text, spoken):
     assert for_language(text, voice) == spoken
-    assert same_speech(engine, voice, text, spoken)
+    assert same_speech(espeak_engine, voice, text, spoken)
 
 
 @pytest.mark.parametrize(("voice", "text", "spoken"), [
@@ -118,9 +101,9 @@ def test_abbreviations_are_said_as_words(engine, voice, text, spoken):
     ("it", "Il 02/12/2026 è martedì.", "Il 2 dicembre 2026 è martedì."),
     ("pt", "A consulta é em 02/12/2026.", "A consulta é em 2 de dezembro de 2026."),
 ])
-def test_a_date_with_slashes_names_its_month(engine, voice, text, spoken):
+def test_a_date_with_slashes_names_its_month(espeak_engine, voice, text, spoken):
     assert for_language(text, voice) == spoken
-    assert same_speech(engine, voice, text, spoken)
+    assert same_speech(espeak_engine, voice, text, spoken)
 
 
 @pytest.mark.parametrize(("voice", "text", "spoken"), [
@@ -138,9 +121,9 @@ def test_a_date_with_slashes_names_its_month(engine, voice, text, spoken):
     ("de", "Lies Kapitel IV bis VI.", "Lies Kapitel 4 bis 6."),
     ("de", "Im XIX. Jahrhundert war das so.", "Im neunzehnten Jahrhundert war das so."),
 ])
-def test_roman_numerals_and_french_ordinals(engine, voice, text, spoken):
+def test_roman_numerals_and_french_ordinals(espeak_engine, voice, text, spoken):
     assert for_language(text, voice) == spoken
-    assert same_speech(engine, voice, text, spoken)
+    assert same_speech(espeak_engine, voice, text, spoken)
 
 
 def test_french_ordinal_words():
@@ -161,9 +144,9 @@ def test_french_ordinal_words():
     ("Es kostet €5.", "Es kostet 5 Euro."),  # "Euro fünf"
     ("Es kostet 1,00 €.", "Es kostet ein Euro."),
 ])
-def test_german_prices_are_said_as_euros_and_cents(engine, text, spoken):
+def test_german_prices_are_said_as_euros_and_cents(espeak_engine, text, spoken):
     assert for_language(text, "de") == spoken
-    assert same_speech(engine, "de", text, spoken)
+    assert same_speech(espeak_engine, "de", text, spoken)
 
 
 @pytest.mark.parametrize(("voice", "text", "spoken"), [
@@ -177,9 +160,9 @@ def test_german_prices_are_said_as_euros_and_cents(engine, text, spoken):
     ("it", "Ci saranno 20–22 gradi.", "Ci saranno 20 a 22 gradi."),
     ("pt", "Demora 10-15 minutos.", "Demora 10 a 15 minutos."),
 ])
-def test_a_range_is_read_with_the_languages_word(engine, voice, text, spoken):
+def test_a_range_is_read_with_the_languages_word(espeak_engine, voice, text, spoken):
     assert for_language(text, voice) == spoken
-    assert same_speech(engine, voice, text, spoken)
+    assert same_speech(espeak_engine, voice, text, spoken)
 
 
 @pytest.mark.parametrize(("voice", "text"), [
@@ -208,7 +191,7 @@ def test_what_each_voice_reads_right_is_left_alone(voice, text):
     assert for_language(text, voice) == text
 
 
-def test_a_voice_variant_and_a_regional_voice_pick_the_language(engine):
+def test_a_voice_variant_and_a_regional_voice_pick_the_language(espeak_engine):
     assert for_language("à 14h30", "fr-be") == "à 14 heures 30"
     assert for_language("às 14h30", "pt-br") == "às 14 e 30"
-    assert same_speech(engine, "de+f3", "um 14:30 Uhr", "um 14 Uhr 30")
+    assert same_speech(espeak_engine, "de+f3", "um 14:30 Uhr", "um 14 Uhr 30")

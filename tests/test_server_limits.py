@@ -98,20 +98,26 @@ async def test_a_full_gateway_lets_a_phone_back_in_to_resume_its_session(start_g
     assert gw.metrics.errors["server_full"] == 4  # three 503s and the quiet socket
 
 
+async def raw_resume_handshake(gw, sid: str, version: int = 13):
+    """A reconnect naming session ``sid`` (``?resume=``) on a raw socket, so a test can
+    send what no websockets client would: (reader, writer) after the upgrade request."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(f"GET /v1/voice?resume={sid} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 f"Sec-WebSocket-Version: {version}\r\n\r\n".encode())
+    return reader, writer
+
+
 async def test_a_resume_handshake_that_failed_does_not_block_the_next(start_gateway):
     """The gateway let a socket naming the session past the limit, then websockets refused
     its handshake (here a wrong Sec-WebSocket-Version): its place stayed taken, and the
     phone's proper resume got 503 "another socket is resuming" until a full GC (I/O review)."""
-    import asyncio
 
     gw = await start_gateway(server={"max_sessions": 1, "resume_window_s": 30.0})
     url = f"ws://127.0.0.1:{gw.port}/v1/voice"
     created = await dropped(url)
     sid, token = created["session_id"], created["resume_token"]
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    writer.write(f"GET /v1/voice?resume={sid} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
-                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                 "Sec-WebSocket-Version: 7\r\n\r\n".encode())
+    reader, writer = await raw_resume_handshake(gw, sid, version=7)
     answer = await reader.read()  # to the end: the server has closed it
     writer.close()
     assert answer.startswith(b"HTTP/1.1 400 ")
@@ -165,10 +171,7 @@ async def test_a_socket_refused_past_the_limit_cannot_resume_on_its_way_out(star
     created = await dropped(url)
     sid, token = created["session_id"], created["resume_token"]
     # the first attempt: a raw socket, so it can still send after the server's close frame
-    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    writer.write(f"GET /v1/voice?resume={sid} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
-                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                 "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    reader, writer = await raw_resume_handshake(gw, sid)
     seen = await reader.readuntil(b"session.created")
     assert seen.startswith(b"HTTP/1.1 101 ")
     async with connect(f"{url}?resume={sid}") as retry:  # the retry: the first is refused
