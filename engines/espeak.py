@@ -4,7 +4,7 @@ The library is driven with ctypes in synchronous mode: ``espeak_Synth`` runs on 
 thread and hands 22,050 Hz int16 audio to a callback every ``buffer_ms``; the callback
 returns 1 to abort (espeak stops within about a millisecond). The audio is resampled to
 24 kHz with one streaming ``soxr.ResampleStream`` per synthesis, so chunk boundaries carry
-no clicks.
+no clicks; the stream works in float32 and this module rounds its output to int16.
 
 libespeak-ng keeps global state and is **not thread-safe** (two threads crashed the process
 in tests). The gateway calls one engine from one lane thread only; this module guards that
@@ -26,6 +26,17 @@ reseeds the generator with ``espeak_ng_SetRandSeed``. Where the symbols cannot b
 stripped or non-ELF build) ``deterministic`` is False and the output varies as before.
 Klatt variants (``+klatt``...) keep further state of their own: their length is
 deterministic, their waveform is not.
+
+The resampler needs no reset (a new stream per synthesis) but must not be asked for int16:
+the int16 output stage of the ``soxr`` 1.1.0 wheel (which dithers by ±1 LSB) let heap
+memory that ``soxr_create`` allocates and never initialises into the samples (valgrind:
+"uninitialised value ... created by a heap allocation" in ``_soxr_init``; with
+``MALLOC_PERTURB_`` set, which fills that memory with a fixed byte, the variation vanished).
+Whether an output was hit depended on its samples, not on the voice: with one sentence per
+voice and three calls, 6 to 9 of the 144 voices (``as``, ``om``, ``piqd``...; ``pt`` and
+``nl`` with other sentences) gave the same length and the same 22,050 Hz samples, but 24 kHz
+bytes that differed by 1-2 LSB from some point to the end, on every call. The float32 stream
+reads no such memory, and ``_pcm16`` rounds without dither.
 
 Streaming: espeak is about 700x faster than real time, so the first ``step()`` synthesises
 the whole segment (a sentence takes ~4 ms) and every step hands out ``step_ms`` of it. The
@@ -262,11 +273,16 @@ def _elf_symbols(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]]:
 
 
 class _Synthesis:
-    """The callback's sink for one ``espeak_Synth`` call: resamples into ``out``."""
+    """The callback's sink for one ``espeak_Synth`` call: resamples into ``out``.
+
+    The resampler works in float32 and this class rounds to int16 itself: soxr's own int16
+    output dithers, and in the soxr wheel that dither read heap memory soxr never
+    initialised, so the same samples came out differently from call to call (see the
+    module doc)."""
 
     def __init__(self, stream: EspeakStream) -> None:
         self.stream = stream
-        self.resampler = soxr.ResampleStream(ESPEAK_RATE, OUTPUT_RATE, 1, dtype="int16")
+        self.resampler = soxr.ResampleStream(ESPEAK_RATE, OUTPUT_RATE, 1, dtype="float32")
         self.error: BaseException | None = None
         self.calls = 0
 
@@ -275,11 +291,20 @@ class _Synthesis:
         if self.stream.closed:
             return 1
         if samples is not None and len(samples):
-            self.stream._push(self.resampler.resample_chunk(samples))
+            self.stream._push(_pcm16(self.resampler.resample_chunk(samples.astype(np.float32))))
         return 0
 
     def flush(self) -> None:
-        self.stream._push(self.resampler.resample_chunk(np.zeros(0, np.int16), last=True))
+        self.stream._push(_pcm16(self.resampler.resample_chunk(np.zeros(0, np.float32),
+                                                               last=True)))
+
+
+def _pcm16(samples: np.ndarray) -> np.ndarray:
+    """Float samples on the int16 scale (soxr's float32 output) as int16: rounded to the
+    nearest integer, clipped to the int16 range. Overwrites ``samples``."""
+    np.rint(samples, out=samples)
+    np.clip(samples, -32768, 32767, out=samples)
+    return samples.astype(np.int16)
 
 
 class EspeakEngine:
