@@ -24,8 +24,13 @@ this module zeroes both counters, found by name in the library's ELF symbol tabl
 with pyelftools, a dependency on Linux only), and
 reseeds the generator with ``espeak_ng_SetRandSeed``. Where the symbols cannot be found (a
 stripped or non-ELF build) ``deterministic`` is False and the output varies as before.
-Klatt variants (``+klatt``...) keep further state of their own: their length is
-deterministic, their waveform is not.
+The Klatt variants (the ``!v`` files that say ``klatt``: ``+klatt`` to ``+klatt6``, ``+Reed``,
+``+edward``...) keep state of their own, which changed their waveform but not their length
+(13 of the 19 varied): ``klatt.c`` has its own F0 flutter phase (``time_count`` in
+``flutter()``), zeroed with the two above when this build names it, and ``klatt 6`` voices
+with breath (``+Reed``, ``+caleb``) draw their noise from the C library's ``rand()``, which
+this module reseeds with ``srand(1)`` (the C library's state at start-up) before every
+synthesis. Other code in the process that relies on ``rand()``'s sequence sees it restart.
 
 The resampler needs no reset (a new stream per synthesis) but must not be asked for int16:
 the int16 output stage of the ``soxr`` 1.1.0 wheel (which dithers by ±1 LSB) let heap
@@ -84,6 +89,11 @@ _WAVEGEN_COUNTERS = {
 }
 """wavegen.c's function-local statics that carry over between syntheses, as compilers name
 them in the symbol table (gcc: ``Flutter_ix.5965``; clang: ``AdvanceParameters.Flutter_ix``)."""
+_KLATT_COUNTERS = {
+    "flutter": re.compile(r"(?:flutter\.)?time_count(?:\.\d+)?"),
+}
+"""klatt.c's function-local statics that carry over (gcc: ``time_count.5765``), reset when
+found; a build without the Klatt synthesiser has none, and its other voices need none."""
 _SIGN = re.compile(r"(?:(?<=^)|(?<=[\s(\[=/]))[-\u2013](?=\d)")
 """A minus sign written as a hyphen or an en dash, before a digit and after a space, an
 opening bracket, ``=`` or ``/``. espeak says "minus" for ``-5`` after a space but drops
@@ -177,6 +187,10 @@ class _Library:
         if self._seed is not None:
             self._seed.restype = ctypes.c_int
             self._seed.argtypes = [ctypes.c_long]
+        self._srand = getattr(ctypes.CDLL(None), "srand", None)  # speechPlayer's noise
+        if self._srand is not None:
+            self._srand.restype = None
+            self._srand.argtypes = [ctypes.c_uint]
         self.deterministic = self._counters is not None and self._seed is not None
 
     def reset(self) -> None:
@@ -186,6 +200,8 @@ class _Library:
                 counter.value = 0
         if self._seed is not None:
             self._seed(0)
+        if self._srand is not None:
+            self._srand(1)
 
     @classmethod
     def get(cls) -> _Library:
@@ -227,8 +243,9 @@ class _Library:
 
 
 def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctypes.c_int] | None:
-    """wavegen.c's carried-over counters as ints in the loaded library, or None if this build
-    does not name them (stripped, not ELF) or they do not look like those counters."""
+    """wavegen.c's carried-over counters as ints in the loaded library, then klatt.c's where
+    this build names them; None if it does not name wavegen.c's (stripped, not ELF) or they
+    do not look like those counters."""
     try:
         symbols = _elf_symbols(path)
     except (ImportError, OSError, ValueError):  # ImportError: pyelftools (Linux only) absent
@@ -251,6 +268,12 @@ def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctype
     flutter, cycles = counters
     if not (0 <= flutter.value < _N_FLUTTER * 64 and flutter.value % 64 == 0 and cycles.value >= 0):
         return None
+    for pattern in _KLATT_COUNTERS.values():
+        found = [v for name, v in symbols.items() if pattern.fullmatch(name)]
+        if len(found) == 1 and found[0][1] == ctypes.sizeof(ctypes.c_int):
+            counter = ctypes.c_int.from_address(base + found[0][0])
+            if counter.value >= 0:
+                counters.append(counter)
     return counters
 
 

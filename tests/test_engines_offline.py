@@ -237,6 +237,8 @@ DETERMINISM_CASES = [
     SynthesisRequest(text="It speaks a second sentence, a little longer."),
     SynthesisRequest(text="Two meetings. The first is at ten.", voice="en-us+f3"),  # breath noise
     SynthesisRequest(text="Bonjour, il est neuf heures.", voice="fr", speed=1.3),
+    SynthesisRequest(text="Klatt keeps its own flutter.", voice="en-gb+klatt"),
+    SynthesisRequest(text="And its breath from rand.", voice="en-us+Reed"),  # klatt 6, breath
 ]
 
 
@@ -271,8 +273,6 @@ def test_espeak_same_text_same_bytes_whatever_ran_before_or_alongside() -> None:
     assert engine.deterministic
     engine.load()
     first = [b"".join(_run(engine.open(r))) for r in DETERMINISM_CASES]
-    klatt = SynthesisRequest(text="Klatt keeps its own filter state.", voice="en-gb+klatt")
-    klatt_len = len(b"".join(_run(engine.open(klatt))))
     stop, done = threading.Event(), threading.Semaphore(0)
     other = threading.Thread(target=_other_lane, args=(stop, done))
     other.start()
@@ -281,7 +281,6 @@ def test_espeak_same_text_same_bytes_whatever_ran_before_or_alongside() -> None:
             for request, expected in zip(DETERMINISM_CASES, first, strict=True):
                 assert done.acquire(timeout=30)  # the other lane synthesised since our last call
                 assert b"".join(_run(engine.open(request))) == expected, (round_, request)
-            assert len(b"".join(_run(engine.open(klatt)))) == klatt_len  # length only
     finally:
         stop.set()
         other.join(30)
