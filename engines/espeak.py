@@ -178,7 +178,7 @@ class _Library:
         self.sink: _Synthesis | None = None
         self._callback = _SynthCallback(self._on_audio)
         lib.espeak_SetSynthCallback(self._callback)
-        self.voices = self._list_voices()
+        self.voices = self._list_voices(Path(data_path))
         self.variants = frozenset(
             p.name for p in (Path(data_path) / "voices" / "!v").iterdir() if p.is_file()
         )
@@ -221,15 +221,21 @@ class _Library:
             sink.error = exc
             return 1
 
-    def _list_voices(self) -> dict[str, str]:
+    def _list_voices(self, data: Path) -> dict[str, str]:
         """Usable voice name → espeak identifier: file names (``en-us``) and languages
-        (``en-gb``), lower case; the first voice claiming a name wins."""
+        (``en-gb``), lower case; the first voice claiming a name wins. A voice whose
+        dictionary the data lacks is left out: the wheel lists ``fo``, ``kaa`` and ``xex``
+        without theirs, and they said every word letter by letter, after "Can't read
+        dictionary file" on stderr."""
         names: dict[str, str] = {}
         entries = self.lib.espeak_ListVoices(None)
         i = 0
         while entries[i]:
             v = entries[i].contents
             ident = v.identifier.decode()
+            if not (data / f"{_dictionary(data / 'lang' / ident)}_dict").is_file():
+                i += 1
+                continue
             candidates = [os.path.basename(ident).lower()]
             p = v.languages
             while ctypes.c_ubyte.from_address(p).value:
@@ -240,6 +246,23 @@ class _Library:
                 names.setdefault(c, ident)
             i += 1
         return names
+
+
+def _dictionary(voice_file: Path) -> str:
+    """The dictionary a voice file names: its ``dictionary`` line, else its first
+    language without the region (``pt-br``: ``pt``), as libespeak-ng picks it."""
+    first = None
+    try:
+        lines = voice_file.read_text("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        words = line.split()
+        if len(words) >= 2 and words[0] == "dictionary":
+            return words[1]
+        if len(words) >= 2 and words[0] == "language" and first is None:
+            first = words[1].split("-")[0]
+    return first or ""
 
 
 def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctypes.c_int] | None:

@@ -170,6 +170,17 @@ def test_espeak_voices_include_english_variants_and_others() -> None:
         assert err.value.code == "unknown_voice"
 
 
+def test_every_espeak_voice_listed_has_its_dictionary(capfd: pytest.CaptureFixture[str]) -> None:
+    # the wheel lists fo, kaa and xex without their dictionaries: libespeak-ng printed
+    # "Can't read dictionary file" and spelled every word
+    engine = espeak.EspeakEngine()
+    engine.load()
+    capfd.readouterr()
+    for voice in engine.voices():
+        assert _run(engine.open(SynthesisRequest(text="ok", voice=voice)))
+    assert "dictionary" not in capfd.readouterr().err
+
+
 def test_espeak_resamples_to_24k_seamlessly(monkeypatch: pytest.MonkeyPatch) -> None:
     import soxr
 
