@@ -52,6 +52,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from engines.spell import roman_value
+
 _HOUR = r"(?<![\d.,:])([01]?\d|2[0-3])"
 _COLON_TIME = re.compile(_HOUR + r":([0-5]\d)(?![\d:])")
 """14:30, 9:05 (not 14:30:15; a ratio's "3:1" has no two-digit minutes)."""
@@ -120,16 +122,16 @@ def _price_de(m: re.Match[str]) -> str:
     return f"{said} {cents}" if cents else said
 
 
-_ROMAN_VALUES = {"I": 1, "V": 5, "X": 10}
 _ROMAN = re.compile(r"(?<![\w.\-'’])(X{0,3}(?:IX|IV|V?I{0,3}))(?![\w\-'’])")
 """A Roman numeral of I, V and X (1-39: kings, popes, centuries, chapters); not with L, C,
 D or M, which spell acronyms ("CV", "CD", "MD", "XL")."""
 
 
 def _roman(numeral: str) -> int:
-    values = [_ROMAN_VALUES[c] for c in numeral]
-    return sum(-v if i + 1 < len(values) and v < values[i + 1] else v
-               for i, v in enumerate(values))
+    """The value of a numeral ``_ROMAN`` found (well formed, 1-39)."""
+    n = roman_value(numeral)
+    assert n is not None, numeral
+    return n
 
 
 def _romans(text: str, pattern: re.Pattern[str], said: Callable[[re.Match[str]], str]) -> str:

@@ -256,7 +256,7 @@ unless the sentence or phrase ends there ("Elizabeth I.", "Elizabeth I of Englan
 Peter I loved it", "Part I don't get" stay."""
 
 
-def _roman(numeral: str) -> int | None:
+def roman_value(numeral: str) -> int | None:
     """The value of a well-formed numeral from 1 to 39, else None ("IIII", "VX", "IIX")."""
     values = [_ROMAN_VALUES[c] for c in numeral]
     n = sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
@@ -267,7 +267,7 @@ def _roman(numeral: str) -> int | None:
 
 def _numeral(m: re.Match[str], ordinal: bool) -> str:
     """ "Henry VIII" -> "Henry the eighth", "Chapter IV" -> "Chapter 4"."""
-    n = _roman(m.group(2))
+    n = roman_value(m.group(2))
     pronoun_may_follow = ordinal or m.group(1) == "Part"  # a name, or "Part I think"
     if n is None or n == 1 and pronoun_may_follow and not _NUMERAL_ONE.match(m.string, m.end()):
         return m.group()
@@ -468,9 +468,8 @@ def _time(m: re.Match[str]) -> str:
     return _int_words(h) + " " + ("oh " + _ONES[mi] if mi < 10 else _int_words(mi))
 
 
-_MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|"
-           "December|Jan\\.?|Feb\\.?|Mar\\.?|Apr\\.?|Jun\\.?|Jul\\.?|Aug\\.?|Sept?\\.?|Oct\\.?|"
-           "Nov\\.?|Dec\\.?")
+_MONTHS = "|".join(_MONTH_NAMES) + (
+    "|Jan\\.?|Feb\\.?|Mar\\.?|Apr\\.?|Jun\\.?|Jul\\.?|Aug\\.?|Sept?\\.?|Oct\\.?|Nov\\.?|Dec\\.?")
 _MONTH_DAY = re.compile(rf"\b((?:{_MONTHS})\s)(\d{{1,2}})\b(?![:.]\d)")
 """A month's name, then its day: "July 4" -> "July fourth" (not "Mario 64", "Mark 12")."""
 
