@@ -5,6 +5,7 @@ the AudioWorklet, Stop cancels the turn and silences it. Also the static routes.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -66,12 +67,12 @@ needs_chromium = pytest.mark.skipif(
 
 
 @asynccontextmanager
-async def console(url: str, *, clock: bool = False, args: Sequence[str] = ()
-                  ) -> AsyncIterator[tuple[Any, list[str]]]:
+async def console(url: str, *, clock: bool = False, args: Sequence[str] = (),
+                  init: str | None = None) -> AsyncIterator[tuple[Any, list[str]]]:
     """Headless Chromium (Playwright) on the console at ``url``: yields the page and the
     page's uncaught JavaScript errors; the browser is closed on the way out. ``clock``: the
     page's timers run on Playwright's clock (``page.clock``), which the test may move;
-    ``args``: more Chromium flags."""
+    ``args``: more Chromium flags; ``init``: a script run before the page's own."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
@@ -83,6 +84,8 @@ async def console(url: str, *, clock: bool = False, args: Sequence[str] = ()
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             if clock:
                 await page.clock.install()
+            if init:
+                await page.add_init_script(init)
             await page.goto(url)
             yield page, errors
         finally:
@@ -725,4 +728,60 @@ async def test_console_escape_in_a_settings_field_does_not_stop_the_reply(gatewa
         assert gateway.metrics.turns["cancelled"] == 0
         await page.press("#transcript", "Escape")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
+        assert errors == []
+
+
+# The test stands between the worklet and the page: the page's player node is kept as
+# window.player, and hold() queues what the worklet says until release() hands it on, in
+# order, as a page busy for a while (or a status on its way) would get it.
+STAND_BETWEEN = """(() => {
+  const Native = window.AudioWorkletNode;
+  window.AudioWorkletNode = class extends Native {
+    constructor(...args) { super(...args); window.player = this; }
+  };
+  window.held = null;
+  window.hold = () => {
+    const port = window.player.port, page = port.onmessage;
+    window.held = [];
+    port.onmessage = (e) => window.held.push(e);
+    window.release = () => { port.onmessage = page; window.held.forEach(page); };
+  };
+})()"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_marks_of_a_turn_that_cut_another_count_only_its_own_audio(
+        start_gateway):
+    """The new turn's count started from the worklet's last report (every ~50 ms), not
+    from where the player was when it was flushed: what the cut reply played since that
+    report was counted as heard of the new turn. Here the new turn has no audio at all
+    (a code block), so whatever the page says was heard of it must be 0."""
+    code = "```\n" + "".join(f"x = {i}\n" for i in range(40)) + "```"
+    gw = await start_gateway([{"transcript": "Tell me", "reply": LONG},
+                              {"transcript": "Show me", "reply": code}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/", init=STAND_BETWEEN) as (page, errors):
+        marks: list[dict[str, Any]] = []
+
+        def sent(payload: str | bytes) -> None:
+            if isinstance(payload, str) and '"playback"' in payload:
+                marks.append(json.loads(payload))
+
+        page.on("websocket", lambda ws: ws.on("framesent", sent))
+        await talk_when_ready(page, "Tell me")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await page.evaluate("window.hold()")
+        # the reply plays on, further than the page knows
+        await page.wait_for_function(
+            f"window.held.some(e => e.data.played > {state}.samplesPlayed)")
+        await talk(page, "Show me")  # barge-in
+        await page.wait_for_function(f"{state}.turnId === 2")
+        reports = await page.evaluate(f"window.release(), {state}.workletReports")
+        await page.wait_for_function(f"{state}.workletReports > {reports}")  # one more came
+        await page.click("#stop")
+        await page.wait_for_function(f"{state}.lastTurn?.turnId === 2")
+        assert (await page.evaluate(f"{state}.lastTurn.metrics.audio_ms")) == 0
+        mine = [m["played_ms"] for m in marks if m["turn_id"] == 2]
+        assert mine and all(ms == 0 for ms in mine), mine
         assert errors == []

@@ -28,7 +28,8 @@ let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn
 // a resume needs; asked: {text, after} a transcript sent after turn `after`, its turn not started
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
-let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing
+let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing;
+// playedBase: the player's count when the turn's audio began (null until the worklet says)
 let audio = null; // {ctx, node, analyser}
 
 // ---- audio: AudioContext at 24 kHz, an AudioWorklet player, an analyser for the waveform --
@@ -58,7 +59,12 @@ async function startAudio() {
     state.playing = m.playing;
     state.underruns = m.underruns;
     state.workletReports += 1;
-    if (turn?.heard && state.samplesPlayed - turn.playedBase >= turn.samplesPosted) {
+    if (turn && m.flushed !== undefined && m.flushed === turn.flush) { // where it starts
+      turn.playedBase = m.played;
+      turn.underrunsBase = m.underruns;
+    }
+    if (turn?.heard && turn.playedBase !== null &&
+        state.samplesPlayed - turn.playedBase >= turn.samplesPosted) {
       showHeard(turn); // its last sample played: the browser's own count is final
     }
   };
@@ -305,11 +311,15 @@ function onEvent(ev) {
         session.latestTurn = ev.turn_id;
         session.asked = null;
       }
-      flushAudio();
       if (turn?.heard) showHeard(turn); // cut by the new turn
-      turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source,
-              playedBase: state.samplesPlayed, underrunsBase: state.underruns, samplesPosted: 0,
-              heard: null, ended: false, stopped: null, stopSent: false};
+      { // the turn's count starts where the flush found the player (its answer), not at the
+        // last status, up to 50 ms old: what the cut reply played since is not this turn's
+        const flush = flushAudio();
+        turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source, flush,
+                playedBase: flush === null ? state.samplesPlayed : null,
+                underrunsBase: state.underruns, samplesPosted: 0,
+                heard: null, ended: false, stopped: null, stopSent: false};
+      }
       state.turnId = ev.turn_id;
       reply = {text: "", cuts: [0]};
       renderReply();
@@ -457,17 +467,25 @@ function onFrame(buffer) {
   if (samples.length) audio.node.port.postMessage({type: "pcm", samples}, [samples.buffer]);
 }
 
+// Drops what the player holds; the worklet answers with its counts then (a status with
+// `flushed`: this number). null: no player.
+let flushes = 0;
 function flushAudio() {
-  audio?.node.port.postMessage({type: "flush"});
+  if (!audio) return null;
+  audio.node.port.postMessage({type: "flush", n: ++flushes});
+  return flushes;
 }
 
-// playback marks: what the listener heard of the current turn, every 250 ms while playing
+// playback marks: what the listener heard of the current turn, every 250 ms while playing;
+// none until the worklet has said where the turn's count starts (nothing known heard: 0)
 function playedMs() {
-  return turn ? Math.max(0, (state.samplesPlayed - turn.playedBase) / RATE * 1000) : 0;
+  if (!turn || turn.playedBase === null) return 0;
+  return Math.max(0, (state.samplesPlayed - turn.playedBase) / RATE * 1000);
 }
 let lastMark = null;
 setInterval(() => {
-  if (!turn || turn.stopped || !state.connected || !(state.playing || state.bufferedSamples)) {
+  if (!turn || turn.stopped || turn.playedBase === null || !state.connected ||
+      !(state.playing || state.bufferedSamples)) {
     return;
   }
   const ms = Math.round(playedMs());

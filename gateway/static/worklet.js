@@ -1,7 +1,9 @@
 // AudioWorklet: plays PCM pushed from the page, with a small jitter buffer.
 // Messages in:  {type: "pcm", samples: Float32Array}, {type: "end"} (turn over: play out
-// what is left), {type: "flush"} (barge-in: drop everything).
-// Messages out: {type: "status", played, buffered, playing, underruns} about every 50 ms.
+// what is left), {type: "flush", n} (barge-in: drop everything).
+// Messages out: {type: "status", played, buffered, playing, underruns} about every 50 ms, and
+// one at once for each flush, with its `flushed: n`: the counts at the flush, exactly (what
+// plays after it is what was sent after it; a status every 50 ms is up to 50 ms stale).
 // An underrun is a gap heard: the player ran dry before the turn's end and more audio came
 // (as turn.done's metrics count them); running dry on a turn whose last words were said
 // while it goes on silently (a code block still streaming) is none.
@@ -37,8 +39,14 @@ class PcmPlayer extends AudioWorkletProcessor {
         this.playing = false;
         this.ending = false;
         this.starved = false;
+        this.report({flushed: m.n});
       }
     };
+  }
+
+  report(extra) {
+    this.port.postMessage({type: "status", played: this.played, buffered: this.buffered,
+                           playing: this.playing, underruns: this.underruns, ...extra});
   }
 
   process(_inputs, outputs) {
@@ -67,10 +75,7 @@ class PcmPlayer extends AudioWorkletProcessor {
       }
     }
     out.fill(0, i);
-    if (++this.quanta % 10 === 0) {
-      this.port.postMessage({type: "status", played: this.played, buffered: this.buffered,
-                             playing: this.playing, underruns: this.underruns});
-    }
+    if (++this.quanta % 10 === 0) this.report();
     return true;
   }
 }
