@@ -785,3 +785,50 @@ async def test_console_marks_of_a_turn_that_cut_another_count_only_its_own_audio
         mine = [m["played_ms"] for m in marks if m["turn_id"] == 2]
         assert mine and all(ms == 0 for ms in mine), mine
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_stop_right_after_a_transcript_stops_its_reply(gateway):
+    """Stop pressed after a transcript went and before its turn.started came (a slow
+    network's round trip) did nothing to the reply asked for: it played in full. Stop now
+    cancels it too, and none of it is played."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # the transcript is on its way ...
+        await talk(page, "Tell me everything")
+        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        await page.click("#stop")  # ... when Stop is pressed
+        conn.ws.transport.resume_reading()
+        await page.wait_for_function(  # (played: it goes on for a minute)
+            f"{state}.lastTurn?.turnId === 1 || {state}.samplesReceived > 0")
+        st = await page.evaluate(state)
+        assert st["lastTurn"] and st["lastTurn"]["status"] == "cancelled"
+        assert st["samplesReceived"] == 0 and st["samplesPlayed"] == 0
+        assert gateway.metrics.turns["cancelled"] == 1
+        assert st["errors"] == [] and errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_does_not_send_again_a_transcript_stopped_before_it_was_lost(gateway):
+    """A transcript lost with its socket is sent again after the resume, unless Stop was
+    pressed since: the reply nobody wants any more is not asked for again."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        await talk(page, "Tell me everything")
+        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        await page.click("#stop")
+        conn.ws.transport.abort()  # ... and is lost with the socket
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        await talk(page, "Hello")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'",
+                                     timeout=10_000)
+        assert [t["turnId"] for t in await page.evaluate(f"{state}.turns")] == [1]
+        assert await page.inner_text("#reply") == "Hi. Nice to hear you."
+        assert errors == []

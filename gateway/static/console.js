@@ -25,7 +25,8 @@ let pingedAt = null; // when the first ping with nothing heard since went out
 let pendingUpdate = null; // {session, n}: a session.update sent and not answered yet
 let sentNo = 0; // numbers what is sent again after a resume, to keep its order
 let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn, asked}: what
-// a resume needs; asked: {text, after} a transcript sent after turn `after`, its turn not started
+// a resume needs; asked: {text, after, n, stopped} a transcript sent after turn `after`, its
+// turn not started (stopped: Stop was pressed since)
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
 let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing;
@@ -288,6 +289,11 @@ function onEvent(ev) {
       // a Stop pressed while the socket was down, or sent and lost with it (the turn did
       // not end): again (protocol.md, Resume: a cancel is idempotent)
       if (turn?.stopped && (!turn.stopSent || !turn.ended)) sendStop(turn);
+      // a transcript stopped before its turn started: its cancel again if the turn did
+      // start (sendAgain does not send a stopped transcript again)
+      if (session.asked?.stopped && (ev.turn_id ?? null) !== session.asked.after) {
+        sendStopAsked(session.asked);
+      }
       sendAgain(ev);
       break;
     case "pong":
@@ -306,7 +312,8 @@ function onEvent(ev) {
         li?.append(note);
       }
       break;
-    case "turn.started":
+    case "turn.started": {
+      const stopped = session?.asked?.stopped ? {playedMs: 0} : null; // (Stop came first)
       if (session) {
         session.latestTurn = ev.turn_id;
         session.asked = null;
@@ -318,13 +325,14 @@ function onEvent(ev) {
         turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source, flush,
                 playedBase: flush === null ? state.samplesPlayed : null,
                 underrunsBase: state.underruns, samplesPosted: 0,
-                heard: null, ended: false, stopped: null, stopSent: false};
+                heard: null, ended: false, stopped, stopSent: stopped !== null};
       }
       state.turnId = ev.turn_id;
       reply = {text: "", cuts: [0]};
       renderReply();
       $("sentences").innerHTML = "";
       break;
+    }
     case "text.delta":
       if (turn && ev.turn_id === turn.id) {
         reply.text += ev.delta;
@@ -398,8 +406,12 @@ function onEvent(ev) {
 function sendAgain(ev) {
   const again = [];
   if (session.asked && (ev.turn_id ?? null) === session.asked.after) {
-    const text = session.asked.text;
-    again.push([session.asked.n, {type: "transcript", text}]);
+    if (session.asked.stopped) {
+      session.asked = null; // lost, and Stop was pressed since: not asked again
+    } else {
+      const text = session.asked.text;
+      again.push([session.asked.n, {type: "transcript", text}]);
+    }
   }
   if (pendingUpdate && !Object.entries(pendingUpdate.session).every(
     ([key, value]) => ev.session?.[key] === value)) {
@@ -615,8 +627,11 @@ $("talk").addEventListener("submit", (e) => {
 });
 
 // Stop: silence now, and nothing more of the turn is played, whatever still arrives (frames
-// in flight, or replayed by a resume) before the server ends it.
+// in flight, or replayed by a resume) before the server ends it. A transcript sent and its
+// turn not started yet (a round trip on a slow network) is the reply being waited for: it
+// is stopped too.
 function stop() {
+  if (session?.asked && !session.asked.stopped) stopAsked(session.asked);
   if (!turn) return;
   flushAudio();
   turn.stopped ??= {playedMs: Math.round(playedMs())};
@@ -627,6 +642,21 @@ function stop() {
     return;
   }
   sendStop(turn);
+}
+
+// The turn of a transcript not started yet is the next (turn ids go up by 1): nothing of it
+// heard, then its cancel (a transcript refused has no turn: both are ignored). Its
+// turn.started makes it a stopped turn; offline, it goes once the session is back.
+function stopAsked(asked) {
+  asked.stopped = true;
+  if (connected()) sendStopAsked(asked);
+  else if (!turn) showError("not connected: Stop is sent when the session resumes");
+}
+
+function sendStopAsked(asked) {
+  const id = (asked.after ?? 0) + 1;
+  send({type: "playback", turn_id: id, played_ms: 0});
+  send({type: "cancel", turn_id: id});
 }
 
 // What was heard (so the history keeps only that), then the cancel.
