@@ -832,3 +832,44 @@ async def test_console_does_not_send_again_a_transcript_stopped_before_it_was_lo
         assert [t["turnId"] for t in await page.evaluate(f"{state}.turns")] == [1]
         assert await page.inner_text("#reply") == "Hi. Nice to hear you."
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_sends_a_barge_in_lost_with_its_socket_again_with_its_mark(gateway):
+    """protocol.md: a barge-in's transcript goes after a playback mark of what was heard.
+    A barge-in lost with its socket was sent again after the resume without one, so the
+    history of the cut reply was the last mark before the drop (the reply played on,
+    offline, for up to a second and more)."""
+    state = "window.consoleState"
+    sockets: list[list[dict[str, Any]]] = []
+
+    def opened(ws: Any) -> None:
+        sent: list[dict[str, Any]] = []
+        sockets.append(sent)
+        ws.on("framesent", lambda m: sent.append(json.loads(m)) if isinstance(m, str) else None)
+
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        page.on("websocket", opened)
+        await page.reload()  # (the first socket opened before the listener)
+        await talk_when_ready(page, "Tell me everything")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        await talk(page, "Hello")
+        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn.ws.transport.abort()  # ... and is lost with the socket
+        await page.wait_for_function(f"{state}.lastTurn?.turnId === 2", timeout=30_000)
+        first, again = sockets[-2], sockets[-1]
+
+        def mark_before_the_transcript(sent: list[dict[str, Any]]) -> dict[str, Any]:
+            sent = [m for m in sent if m["type"] in ("playback", "transcript")]
+            at = [m.get("text") for m in sent].index("Hello")
+            assert at > 0 and sent[at - 1]["type"] == "playback", sent
+            return sent[at - 1]
+
+        lost = mark_before_the_transcript(first)  # (marks of turn 1 may follow it)
+        mark = mark_before_the_transcript(again)
+        assert lost["turn_id"] == mark["turn_id"] == 1
+        assert mark["played_ms"] >= lost["played_ms"]
+        assert errors == []

@@ -410,14 +410,17 @@ function sendAgain(ev) {
       session.asked = null; // lost, and Stop was pressed since: not asked again
     } else {
       const text = session.asked.text;
-      again.push([session.asked.n, {type: "transcript", text}]);
+      again.push([session.asked.n, {type: "transcript", text}, true]);
     }
   }
   if (pendingUpdate && !Object.entries(pendingUpdate.session).every(
     ([key, value]) => ev.session?.[key] === value)) {
     again.push([pendingUpdate.n, {type: "session.update", session: pendingUpdate.session}]);
   }
-  for (const [, message] of again.sort((a, b) => a[0] - b[0])) send(message);
+  for (const [, message, bargeIn] of again.sort((a, b) => a[0] - b[0])) {
+    if (bargeIn) markBargeIn(); // (the one sent with it was lost too, and is stale now)
+    send(message);
+  }
 }
 
 let settings = null; // the session's settings as the server last reported them
@@ -587,6 +590,14 @@ function showError(text) {
 
 const chars = (text) => [...text].length; // code points
 
+// A barge-in goes after a mark of what was heard of the turn it cuts (protocol.md,
+// playback), whether it plays or has run dry (all it had was heard); nobody to tell of a
+// stopped turn or one of a session gone.
+function markBargeIn() {
+  if (!turn || turn.stopped || turn.sessionId !== session?.id) return;
+  send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())});
+}
+
 // Sends the transcript; false (with the reason shown) when it cannot go. The reply playing
 // stops when the server starts the new turn (or ends the old one cancelled), not here: a
 // transcript the server refuses (rate_limited) leaves the reply playing, whole.
@@ -607,9 +618,7 @@ async function sendTranscript(text) {
     showError("not connected: the transcript was not sent");
     return false;
   }
-  if (turn && (state.playing || state.bufferedSamples)) {
-    send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())}); // barge-in
-  }
+  markBargeIn();
   send({type: "transcript", text});
   session.asked = {text, after: session.latestTurn, n: ++sentNo};
   return true;
