@@ -145,6 +145,7 @@ function connect() {
     setStatus(false, `disconnected (${e.code})`);
     if (session && session.droppedAt === null) session.droppedAt = performance.now();
     if (!canResume(e.code)) { // the session is gone: so is the audio of a turn it did not end
+      giveBackAsked();
       session = null;
       if (!turn?.ended) {
         flushAudio();
@@ -383,6 +384,7 @@ function onEvent(ev) {
           turn.heard = $("timeline").querySelector(".heard");
         }
         if (turn?.heard) showHeard(turn);
+        giveBackAsked();
         session = null;
         flushAudio();
         turn = null;
@@ -436,6 +438,19 @@ function showSettings(s, {keepEdits = false} = {}) {
     $(id).value = value;
   }
   shown = values;
+}
+
+// A session gone with a transcript it never started a turn for: the transcript, cleared
+// from the box when it went, goes back there (unless something else is being typed), to be
+// sent again in the new session or not. A stopped one is not wanted any more.
+function giveBackAsked() {
+  const asked = session?.asked;
+  if (!asked || asked.stopped) return;
+  const box = $("transcript");
+  if (!box.value.trim()) box.value = asked.text;
+  const text = chars(asked.text) > 60 ? `${[...asked.text].slice(0, 60).join("")}…` : asked.text;
+  showError(`“${text}” was not answered: its session was lost` +
+            (box.value === asked.text ? "; it is back in the box, to send again" : ""));
 }
 
 function startSession(ev) {
