@@ -900,3 +900,25 @@ async def test_console_gives_back_a_transcript_its_lost_session_never_answered(s
         await page.click("#send")  # and it goes in the new session
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_shows_a_turn_lost_with_its_session(start_gateway):
+    """A turn in progress when its session is gone for good (here: dropped, and the gateway
+    keeps no session for a resume) never gets its turn.done: its audio stopped, but the
+    timeline had no row for it at all (a failed resume did show one, "lost")."""
+    gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}],
+                             server={"resume_window_s": 0})
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await talk_when_ready(page, "Tell me")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        first = await page.evaluate(f"{state}.sessionId")
+        for conn in list(gw.connections):
+            conn.ws.transport.abort()
+        await page.wait_for_function(
+            f"{state}.connected && {state}.sessionId !== {first!r}", timeout=30_000)
+        assert await page.locator("#timeline [data-status=lost]").count() == 1
+        assert re.fullmatch(r"· heard \d+", await page.inner_text("#timeline .heard"))
+        assert errors == []

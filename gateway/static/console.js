@@ -147,10 +147,7 @@ function connect() {
     if (!canResume(e.code)) { // the session is gone: so is the audio of a turn it did not end
       giveBackAsked();
       session = null;
-      if (!turn?.ended) {
-        flushAudio();
-        turn = null;
-      } // (one that ended plays out, as protocol.md says of shutting_down)
+      if (!turn?.ended) loseTurn(); // (one that ended plays out: protocol.md, shutting_down)
     }
     if (was && !e.told) {
       showError(e.code === 1001 && e.reason === "server shutting down"
@@ -379,15 +376,9 @@ function onEvent(ev) {
       showError(`${ev.error.code}: ${ev.error.message}` +
                 (ev.turn_id ? ` (turn ${ev.turn_id})` : ""));
       if (ev.error.code === "resume_failed" && fresh) { // carry on with the new session
-        if (turn && !state.turns.some((t) => t.turnId === turn.id)) {
-          addTimeline({turn_id: turn.id, status: "lost", metrics: {}}); // it never ended here
-          turn.heard = $("timeline").querySelector(".heard");
-        }
-        if (turn?.heard) showHeard(turn);
         giveBackAsked();
         session = null;
-        flushAudio();
-        turn = null;
+        loseTurn();
         startSession(fresh);
         fresh = null;
         return;
@@ -438,6 +429,18 @@ function showSettings(s, {keepEdits = false} = {}) {
     $(id).value = value;
   }
   shown = values;
+}
+
+// A session gone with the turn playing: its audio stops; a turn it did not end gets its
+// row, "lost" (its turn.done will never come).
+function loseTurn() {
+  if (turn && !turn.ended) {
+    addTimeline({turn_id: turn.id, status: "lost", metrics: {}});
+    turn.heard = $("timeline").querySelector(".heard");
+  }
+  flushAudio();
+  if (turn?.heard) showHeard(turn);
+  turn = null;
 }
 
 // A session gone with a transcript it never started a turn for: the transcript, cleared
