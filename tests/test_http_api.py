@@ -688,6 +688,47 @@ async def read_to_the_end(sock: socket.socket) -> bytes:
     return bytes(data)
 
 
+async def test_a_whole_file_its_client_left_half_way_is_a_disconnect(gateway, caplog):
+    """The whole file went to the server in one write and the request was counted
+    ``completed`` before a byte of it was sent: a client that read a part of it and left
+    was counted, and logged, as served."""
+    caplog.set_level(logging.INFO)
+    line = LineSeen("speech ")
+    logging.getLogger("gateway.io.http_api").addHandler(line)
+    try:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", gateway.http_port))
+        # 230 s of audio, 11 MB: more than the loopback socket's buffers hold
+        body = orjson.dumps({"input": (TEXT + " ") * 60 + ".", "response_format": "wav",
+                             "stream": False})
+        await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+                                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = bytearray()
+        while len(got) < 100_000:  # the headers and a part of the file
+            got += await loop.sock_recv(sock, 1 << 16)
+        sock.close()
+        async with asyncio.timeout(30):
+            await line.seen.wait()
+    finally:
+        logging.getLogger("gateway.io.http_api").removeHandler(line)
+    assert got.startswith(b"HTTP/1.1 200 ")
+    length = int(bytes(got).lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert length > 10_000_000
+    ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speech ")]
+    assert len(ended) == 1 and ended[0].startswith("speech disconnected (499) (wav, whole,"), \
+        ended
+    m = metrics(gateway.telemetry.exposition().decode())
+    assert m["gateway_http_speech_requests_total{format=wav,status=disconnected,"
+             "stream=whole}"] == 1
+    assert "gateway_http_speech_requests_total{format=wav,status=completed,stream=whole}" \
+        not in m
+    await asyncio.wait_for(gateway.http.idle.wait(), 10)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 async def test_a_client_that_takes_nothing_is_dropped(replies, monkeypatch):
     """No write deadline: a client that stopped reading held its answer, its socket and the
     audio queued for it for ever (the voice socket drops such a client)."""

@@ -97,6 +97,9 @@ MAX_BUFFERED_S = 60.0
 ``slow_consumer``."""
 LOW_WATER_CHUNKS = 8
 """The next segment is submitted once the reader has this few chunks left unread."""
+WHOLE_SLICE_BYTES = 64 * 1024
+"""A whole file goes to the server this much at a time (``_Whole``): the size of the
+server's write buffer, past which a ``send`` waits for the client."""
 SHUTDOWN_GRACE_S = 2
 SERVING = ("ok", "degraded")
 """``/health`` statuses answered 200: "degraded" serves, with a fallback standing in."""
@@ -971,7 +974,8 @@ async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
 async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
                  headers: dict[str, str], counter: Callable[[str], None]) -> Response:
     """Collect the whole file (``"stream": false``), encoding each chunk as it comes; a
-    client that leaves while we wait cancels the request."""
+    client that leaves while we wait cancels the request. ``_Whole`` sends it and counts
+    it."""
 
     async def collect() -> bytes | memoryview:
         async for pcm in stream.chunks():
@@ -981,13 +985,47 @@ async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
     data = await _unless_ended(request, collect(), stream, encoding, headers, counter)
     if isinstance(data, Response):
         return data
-    _end(stream, encoding, counter, "completed")
     usage = stream.usage()
     headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
                "X-Compute-Ms": str(usage["compute_ms"])}
     if stream.notes:  # now with what happened while it was spoken
         headers["X-Speech-Notes"] = _notes_header(stream.notes)
-    return Response(data, media_type=encoding.media_type, headers=headers)
+    return _Whole(data, request, stream, encoding, counter, media_type=encoding.media_type,
+                  headers=headers)
+
+
+class _Whole(Response):
+    """A whole file, sent ``WHOLE_SLICE_BYTES`` at a time and counted once it is sent.
+    Starlette's ``Response`` hands the server the whole body in one write and returns at
+    once: a client that left mid-file (the server drops what it is sent after that) was
+    counted ``completed``, and a shutdown could not tell an answer still being sent from
+    a finished one. Each slice waits for the client to take the ones before it (the
+    server's flow control), so the request stays open (``HttpServer.streams``) while its
+    client takes it."""
+
+    def __init__(self, data: bytes | memoryview, request: Request, stream: SpeechStream,
+                 encoding: Encoding, counter: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
+        self.request, self.stream, self.encoding, self.counter = (
+            request, stream, encoding, counter)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        outcome = "disconnected"
+        try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            body = memoryview(self.body)
+            for start in range(0, len(body), WHOLE_SLICE_BYTES):
+                # (once the client is gone, the server drops each slice without waiting)
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": bytes(body[start:start + WHOLE_SLICE_BYTES])})
+            # the last slices are in the server's buffers: as for a stream (_chunked), what
+            # a client that left after they were handed over did not take goes unseen
+            if not await self.request.is_disconnected():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                outcome = "completed"
+        finally:
+            _end(self.stream, self.encoding, self.counter, outcome)
 
 
 async def _disconnected(request: Request) -> None:
