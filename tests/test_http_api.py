@@ -653,9 +653,10 @@ async def test_disconnect_mid_stream_cancels_the_job_and_frees_the_lane(replies)
         await gw.aclose()
 
 
-async def stalled_client(gw: Gateway, monkeypatch) -> socket.socket:
-    """A client that asks for a long streamed answer and reads none of it; returns once the
-    server's writes to it are paused (its socket is full)."""
+async def stalled_client(gw: Gateway, monkeypatch, **fields) -> socket.socket:
+    """A client that asks for a long answer (streamed, unless ``fields`` say otherwise) and
+    reads none of it; returns once the server's writes to it are paused (its socket is
+    full)."""
     paused, full = http_api._H11.pause_writing, asyncio.Event()
 
     def pause_writing(self) -> None:
@@ -669,7 +670,8 @@ async def stalled_client(gw: Gateway, monkeypatch) -> socket.socket:
     loop = asyncio.get_running_loop()
     await loop.sock_connect(sock, ("127.0.0.1", gw.http_port))
     # 4000 characters: 230 s of audio, 11 MB, more than a loopback socket takes
-    body = orjson.dumps({"input": (TEXT + " ") * 60 + ".", "response_format": "pcm"})
+    body = orjson.dumps({"input": (TEXT + " ") * 60 + ".", "response_format": "pcm",
+                         **fields})
     await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     await asyncio.wait_for(full.wait(), 30)
@@ -747,16 +749,18 @@ async def test_a_client_that_takes_nothing_is_dropped(replies, monkeypatch):
         await gw.aclose()
 
 
-async def test_a_shutdown_drops_a_client_that_takes_nothing_at_once(replies, monkeypatch,
-                                                                    caplog):
+async def test_a_shutdown_drops_a_client_that_takes_nothing_when_its_grace_ends(
+        replies, monkeypatch, caplog):
     """The shutdown failed the stream, but its answer waited on the full socket: uvicorn
     waited out its grace, cancelled it with an ERROR traceback, and closed the socket,
-    which a close keeps open until the client takes what is buffered: never."""
+    which a close keeps open until the client takes what is buffered: never. (The grace is
+    made 0 here: the client takes nothing however long it lasts.)"""
     caplog.set_level(logging.INFO)
     gw = await start_gateway(replies)
     closed = False
     try:
         sock = await stalled_client(gw, monkeypatch)
+        monkeypatch.setattr(http_api, "SHUTDOWN_GRACE_S", 0)
         await gw.aclose()
         closed = True
         data = await read_to_the_end(sock)  # reset: nothing more is kept for it
@@ -764,6 +768,67 @@ async def test_a_shutdown_drops_a_client_that_takes_nothing_at_once(replies, mon
         if not closed:
             await gw.aclose()
     assert data.startswith(b"HTTP/1.1 200 ") and not data.endswith(b"\r\n0\r\n\r\n")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_whole_file_being_taken_when_the_shutdown_begins_goes_out_whole(
+        replies, monkeypatch, caplog):
+    """A whole file already made, its client's socket full as the shutdown began: its
+    connection was aborted at once ("takes nothing of its answer"), though its client was
+    reading, which got 2.8 MB of 12 MB. Its client now has the grace to take the rest (made
+    long here: the client reads as fast as it can once the shutdown has begun)."""
+    caplog.set_level(logging.INFO)
+    gw = await start_gateway(replies)
+    closing = None
+    try:
+        sock = await stalled_client(gw, monkeypatch, response_format="wav", stream=False)
+        monkeypatch.setattr(http_api, "SHUTDOWN_GRACE_S", 60)
+        closing = asyncio.create_task(gw.aclose())
+        await gw.http.stopping.wait()
+        data = await read_to_the_end(sock)
+        await closing
+    finally:
+        await (closing or gw.aclose())
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert length > 10_000_000 and len(body) == length
+    with wave.open(io.BytesIO(body)) as w:
+        assert w.getnframes() * 2 == length - 44
+    ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speech ")]
+    assert len(ended) == 1 and ended[0].startswith("speech completed (wav, whole,"), ended
+    assert not [r for r in caplog.records if "connection aborted" in r.getMessage()]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_whole_file_not_taken_within_the_grace_ends_without_an_error(
+        replies, monkeypatch, caplog):
+    """What uvicorn does when its grace ends (an ERROR, a cancelled request with its
+    traceback) is not how the gateway ends an answer on purpose: the gateway aborts the
+    connection itself, says so at INFO, and counts the request a disconnect."""
+    caplog.set_level(logging.INFO)
+    gw = await start_gateway(replies)
+    closed = False
+    try:
+        sock = await stalled_client(gw, monkeypatch, response_format="wav", stream=False)
+        monkeypatch.setattr(http_api, "SHUTDOWN_GRACE_S", 0)  # over before the client reads
+        await gw.aclose()
+        closed = True
+        data = await read_to_the_end(sock)
+    finally:
+        if not closed:
+            await gw.aclose()
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert head.startswith(b"HTTP/1.1 200 ") and len(body) < length
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.endswith("had not taken its answer when the shutdown's "
+                                              "0 s grace ended: connection aborted")]
+    ended = [m for m in messages if m.startswith("speech ")]
+    assert len(ended) == 1 and ended[0].startswith("speech disconnected (499) (wav, whole,")
+    m = metrics(gw.telemetry.exposition().decode())
+    assert m["gateway_http_speech_requests_total{format=wav,status=disconnected,"
+             "stream=whole}"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

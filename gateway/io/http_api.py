@@ -60,6 +60,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
 from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest, streams_always
 from gateway.core.audio_formats import FORMATS, Encoder
@@ -101,6 +102,8 @@ WHOLE_SLICE_BYTES = 64 * 1024
 """A whole file goes to the server this much at a time (``_Whole``): the size of the
 server's write buffer, past which a ``send`` waits for the client."""
 SHUTDOWN_GRACE_S = 2
+"""How long a shutdown lets clients take the answers being sent (``HttpServer.aclose``)
+before it aborts their connections."""
 SERVING = ("ok", "degraded")
 """``/health`` statuses answered 200: "degraded" serves, with a fallback standing in."""
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin",
@@ -1071,6 +1074,9 @@ class _H11(H11Protocol):
         self._disarm()
         self._resumed()
         super().connection_lost(exc)
+        state = self.server_state
+        if isinstance(state, _ServerState) and not state.connections:
+            state.emptied.set()
 
     def pause_writing(self) -> None:
         """The client's socket is full. A client that takes nothing more held its response
@@ -1094,8 +1100,19 @@ class _H11(H11Protocol):
     def abort_stalled(self, why: str) -> None:
         """Abort the connection if its client is not taking what waits for it (a close
         would wait to flush it): its response ends as a disconnect, its jobs cancelled."""
-        if self._stalled is None:
-            return
+        if self._stalled is not None:
+            self.abort(why)
+
+    @property
+    def sending(self) -> bool:
+        """An answer is in progress on the connection, or some of one waits to go out."""
+        cycle = self.cycle
+        return (cycle is not None and not cycle.response_complete) or \
+            self.transport.get_write_buffer_size() > 0
+
+    def abort(self, why: str) -> None:
+        """Abort the connection now, whatever waits to be sent on it (logged at INFO with
+        ``why``): a response still being sent ends as a disconnect."""
         self._resumed()
         peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         log.info("HTTP client %s %s: connection aborted", peer, why)
@@ -1132,12 +1149,24 @@ class _H11(H11Protocol):
             self.transport.close()
 
 
+class _ServerState(ServerState):
+    """uvicorn's, telling when its last connection is gone (uvicorn polls for that every
+    0.1 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emptied = asyncio.Event()
+
+
 class _Uvicorn(uvicorn.Server):
-    """uvicorn in someone else's loop: tells when it serves, leaves signals to the gateway."""
+    """uvicorn in someone else's loop: tells when it serves and when its last connection is
+    gone (``tracked.emptied``), leaves signals to the gateway."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self.serving = asyncio.Event()
+        self.tracked = _ServerState()
+        self.server_state = self.tracked
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -1255,21 +1284,41 @@ class HttpServer:
 
     async def aclose(self) -> None:
         """End every open speech response (``shutting_down``) and every wait for a speech
-        request's body, then stop uvicorn."""
+        request's body, let clients take what is being sent to them (``_drain``), then stop
+        uvicorn."""
         self.stopping.set()
         self._refuse_connections()
         for stream in list(self.streams):
             stream.fail("shutting_down", "the gateway is shutting down")
-        if self._server is not None:  # a client that reads nothing would never see it
-            for connection in list(self._server.server_state.connections):
-                if isinstance(connection, _H11):
-                    connection.abort_stalled("takes nothing of its answer and the gateway "
-                                             "is stopping")
         if self._server is not None and self._task is not None:
+            await self._drain(self._server)
             self._server.should_exit = True
             await self._task
         if self._encoder_thread is not None:  # a daemon: it never holds up the exit
             self._encoder_thread.shutdown(wait=False)
+
+    async def _drain(self, server: _Uvicorn) -> None:
+        """Wait, ``SHUTDOWN_GRACE_S`` at most, until every connection has closed (each closes
+        once its answer is sent: a whole file already made goes out whole, an ended stream
+        sends its ending), then abort those still open: their clients took too little of
+        their answers, or nothing. uvicorn would wait out its own grace, then cancel their
+        requests with an ERROR (and a traceback each, once the request is still sending),
+        and leave their sockets open (a close waits to flush); and an answer being taken
+        slowly is not one taking nothing, which was aborted at once."""
+        state = server.tracked
+        state.emptied.clear()
+        if not state.connections:
+            return
+        try:
+            async with asyncio.timeout(SHUTDOWN_GRACE_S):
+                await state.emptied.wait()
+        except TimeoutError:
+            ended = f"when the shutdown's {SHUTDOWN_GRACE_S:g} s grace ended"
+            for connection in list(state.connections):
+                if isinstance(connection, _H11):
+                    # (an idle TLS connection's close waits for the client's close_notify)
+                    connection.abort(f"had not taken its answer {ended}" if connection.sending
+                                     else f"had not acknowledged the close {ended}")
 
     def _refuse_connections(self) -> None:
         """No new connection, and none kept alive between requests (one mid-request closes
