@@ -1079,9 +1079,9 @@ class _H11(H11Protocol):
             state.emptied.set()
 
     def pause_writing(self) -> None:
-        """The client's socket is full. A client that takes nothing more held its response
-        (and its socket, and the audio queued for it) for ever, and a shutdown waited out
-        its grace for it, then left the socket open (a close waits to flush)."""
+        """The client's socket is full: if it takes nothing more for ``SEND_TIMEOUT_S``,
+        the connection is aborted (it held its response, its socket and the audio queued
+        for it for ever). A shutdown does not wait that long (``HttpServer._drain``)."""
         super().pause_writing()
         if self._stalled is None:
             self._stalled = self.loop.call_later(
