@@ -4,7 +4,8 @@ The client plays frames back to back. When a frame arrives after the client ran 
 audio, playback restarts at arrival (an underrun). So after sending a frame of ``d`` ms at
 ``now``: ``play_end = max(play_end, now) + d``; the client's buffered lead is
 ``play_end - now``. A ``playback`` mark (``played_ms``) replaces the estimate with what the
-client says it holds: ``sent_ms - played_ms``.
+client says it holds: ``sent_ms - played_ms``; one below an earlier mark of the turn (a
+resent one) changes nothing.
 
 Pure: every method takes ``now`` in seconds from any monotonic origin.
 """
@@ -30,7 +31,7 @@ class Pacer:
     """When the client will have played everything sent so far (seconds, clock of ``now``)."""
     underruns: int = 0
     played_ms: float | None = None
-    """Last ``played_ms`` reported by the client, if any."""
+    """Highest ``played_ms`` reported by the client, if any."""
 
     def lead_ms(self, now: float) -> float:
         """Audio the client holds but has not played yet, in ms (0 when starved)."""
@@ -76,5 +77,7 @@ class Pacer:
 
     def mark(self, played_ms: float, now: float) -> None:
         played_ms = min(played_ms, self.sent_ms)
-        self.played_ms = played_ms if self.played_ms is None else max(self.played_ms, played_ms)
-        self.play_end = now + (self.sent_ms - self.played_ms) / 1000.0
+        if self.played_ms is not None and played_ms < self.played_ms:
+            return  # older than a mark already taken: what was played stays played
+        self.played_ms = played_ms
+        self.play_end = now + (self.sent_ms - played_ms) / 1000.0
