@@ -3,6 +3,8 @@ many go as one frame at a time would."""
 
 from __future__ import annotations
 
+import heapq
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,3 +123,158 @@ def test_a_playback_mark_below_an_earlier_one_changes_nothing():
     assert pacer.played_ms == 500
     # as without it: the client went on playing after its 500 ms mark, it did not stop
     assert pacer.lead_ms(0.6) == pytest.approx(1400)
+
+
+def listen_over(pacer: Pacer, one_way_s: float, audio_ms: float = 10_000, *,
+                stall: tuple[float, float] | None = None, mark_every_s: float = 0.25,
+                jitter_s: float = 0.0, late: tuple[float, float] | None = None
+                ) -> dict[str, float]:
+    """A client ``one_way_s`` away (each way) that plays in real time, marks every
+    ``mark_every_s`` while it plays (protocol.md), and (``stall``: from, seconds) stops
+    playing for a while; every other mark takes ``jitter_s`` longer up. The server sends
+    what the pacer allows, when it allows it; the audio is ready at 0 (``late``: the audio
+    after ``late[0]`` ms only at ``late[1]`` s, a sentence its engine made late). Fake
+    clock, events in time order. Returns the client's underruns and the most audio sent
+    ahead of what it had played."""
+    frame = 40.0
+    events: list[tuple[float, int, str, float]] = [(0.0, 0, "pump", 0.0)]
+    order = marks = 0
+    end: float | None = None  # when the client has played all it received
+    fed = left = 0.0
+    left = audio_ms
+    if late is not None:
+        events.append((late[1], 0, "pump", 0.0))  # (a heap: it is the latest)
+    underruns, ahead = 0, 0.0
+    frozen: tuple[float, float, float] | None = None  # stall: from, until, what it had played
+
+    def push(t: float, kind: str, value: float = 0.0) -> None:
+        nonlocal order
+        order += 1
+        heapq.heappush(events, (t, order, kind, value))
+
+    def played(t: float) -> float:
+        if end is None:
+            return 0.0
+        at = fed - max(0.0, end - t) * 1000.0
+        if frozen is not None and frozen[0] <= t < frozen[1]:
+            return max(at, frozen[2])  # (the end moved by the whole stall at its start)
+        return at
+
+    while events:
+        now, _, kind, value = heapq.heappop(events)
+        if kind == "pump":
+            ready = left if late is None or now >= late[1] else late[0] - pacer.sent_ms
+            n = min(pacer.frames_allowed(now, frame), int(max(0.0, ready) // frame))
+            if n:
+                pacer.sent(n * frame, now)
+                left -= n * frame
+                for _ in range(n):
+                    push(now + one_way_s, "frame")
+                ahead = max(ahead, pacer.sent_ms - played(now))
+            if left and (wake := pacer.wake_at()) is not None:
+                push(max(wake, now + 1e-3), "pump")
+        elif kind == "frame":
+            if end is not None and end < now:
+                underruns += 1
+            if end is None:
+                push(now + mark_every_s, "mark")
+            end = (now if end is None else max(end, now)) + frame / 1000.0
+            fed += frame
+        elif kind == "stall":
+            frozen = (now, now + value, played(now))
+            end = max(end, now) + value  # nothing plays for a while
+        elif kind == "mark":
+            marks += 1
+            push(now + one_way_s + jitter_s * (marks % 2), "arrive", played(now))
+            if left or now < end:
+                push(now + mark_every_s, "mark")
+        elif kind == "arrive":
+            pacer.mark(value, now)
+            push(now, "pump")
+        if stall is not None and kind == "frame" and fed == frame:
+            push(stall[0], "stall", stall[1])
+    return {"underruns": underruns, "ahead_ms": ahead}
+
+
+@pytest.mark.parametrize(("one_way_s", "jitter_s"), [
+    (0.0, 0.0), (0.1, 0.0), (0.3, 0.0), (0.5, 0.0), (0.8, 0.0), (1.5, 0.0), (0.5, 0.2)])
+def test_a_client_on_a_long_link_never_runs_dry(one_way_s, jitter_s):
+    """Each mark is one uplink delay old when it arrives, and the frames sent since it are
+    still on their way down: taken as fresh, a mark put the estimate one round trip later
+    than the client, and with 500 ms each way the client ran dry on every refill (marks
+    fresh: 17-23 underruns here in 10 s, bench/slow_link.py: 60-100 in a 22 s turn). A gap
+    measured against an estimate earlier marks moved took each mark's jitter as the link
+    getting faster, until the round trip it kept was gone (with ``jitter_s``)."""
+    pacer = Pacer(max_lead_ms=1000)
+    seen = listen_over(pacer, one_way_s, jitter_s=jitter_s)
+    assert seen["underruns"] == 0
+    assert pacer.underruns == 0
+
+
+def test_a_sentence_made_late_is_no_faster_link():
+    """The audio stops for 1 s (the next sentence is late), so the timeline without marks
+    starts again at its send: a mark of the first sentence arriving after that is a round
+    trip behind where that sentence was played, not behind the restart (measured against
+    the restart, its gap was the link's round trip less the pause, and every later refill
+    came that much too late)."""
+    pacer = Pacer(max_lead_ms=1000)
+    seen = listen_over(pacer, 0.5, audio_ms=12_000, late=(2_000, 3.0))
+    assert seen["underruns"] == 1  # the late sentence's own, and the server counts it too
+    assert pacer.underruns == 1
+    assert pacer.link_lag == pytest.approx(1.0)
+
+
+def test_marks_still_hold_the_audio_back_while_the_client_stalls():
+    """What a mark says beyond the link's round trip is the client falling behind: a client
+    that stops playing for 3 s is not sent 3 s more audio."""
+    for one_way_s in (0.0, 0.5):
+        pacer = Pacer(max_lead_ms=1000)
+        seen = listen_over(pacer, one_way_s, stall=(2.0, 3.0))
+        assert seen["underruns"] == 0
+        # at most the lead, the round trip its marks take, a mark interval and a frame
+        assert seen["ahead_ms"] <= 1000 + 2 * one_way_s * 1000 + 250 + 40 + 1e-6
+
+
+def test_the_first_mark_on_audio_measures_the_round_trip_and_later_ones_the_stall():
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.sent(1000, 0.0)  # the client gets it at 0.5 and plays from then
+    pacer.mark(250, 1.25)  # played at 0.75, arrives at 1.25: 1 s behind the estimate
+    assert pacer.link_lag == pytest.approx(1.0)
+    assert pacer.play_end == pytest.approx(1.0)  # unchanged: that was the link
+    pacer.mark(500, 1.5)  # the same link: still no change
+    assert pacer.play_end == pytest.approx(1.0)
+    pacer.mark(500, 1.75)  # it played nothing in 250 ms: it stalled
+    assert pacer.play_end == pytest.approx(1.25)
+    assert pacer.marks_end == pytest.approx(2.25)  # when its marks will say it is done
+    pacer.resumed(0, 1.75)  # a new socket: its next mark measures its link again
+    assert pacer.link_lag is None
+
+
+def test_a_client_ahead_of_the_estimate_is_believed():
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.sent(1000, 0.0)
+    pacer.mark(600, 0.5)  # played faster than the clock (or counted what it got)
+    assert pacer.play_end == pytest.approx(0.9)
+
+
+def test_a_resumed_socket_measures_its_own_link():
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.sent(1000, 0.0)
+    pacer.mark(100, 0.6)  # 250 ms each way
+    assert pacer.link_lag == pytest.approx(0.5)
+    pacer.resumed(300, 2.0)  # dropped; it had 700 ms, the other 300 come again now
+    assert pacer.link_lag is None
+    assert pacer.play_end == pytest.approx(2.3)
+    pacer.mark(800, 2.3)  # 100 ms each way now: played 100 ms of the replay by 2.2
+    assert pacer.link_lag == pytest.approx(0.2)
+    assert pacer.play_end == pytest.approx(2.3)
+
+
+def test_the_timeline_keeps_a_bounded_history():
+    pacer = Pacer(max_lead_ms=1000)
+    for i in range(1000):  # an engine slower than real time, and no marks: dry each frame
+        pacer.sent(40, i * 0.1)
+    assert len(pacer._runs) <= 64
+    pacer.mark(400, 100.0)  # from before the runs kept: taken as it says
+    assert pacer.link_lag is None
+    assert pacer.play_end == pytest.approx(100.0 + (40_000 - 400) / 1000)

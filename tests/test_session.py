@@ -183,16 +183,22 @@ def test_pacing_holds_frames_beyond_max_lead_and_releases_on_tick(clock):
     assert s.wake_at() == pytest.approx(clock() + 0.08)
 
 
-def test_playback_mark_replaces_the_estimate(clock):
+def test_playback_marks_move_the_estimate_by_what_the_client_fell_behind(clock):
     s = Session("s", settings=SessionSettings(max_lead_ms=200))
     s.receive(ClientSay("Something to say here."), clock())
     tid = s.turn.id
-    s.audio(tid, 0, pcm(1000), "x", clock())
+    s.audio(tid, 0, pcm(1000), "x", clock())  # 200 ms sent
     clock.advance(100)
-    # the wall clock says 100 ms were played (3 frames due), the client says only 40 ms
-    # (its buffer started late): it holds 160 ms, so exactly one more frame is due
+    # the wall clock says 100 ms were played, the client says 40 ms: its mark is 60 ms old
+    # by now, or its buffer started 60 ms late; the first mark cannot tell, and every mark
+    # is as late as the link's round trip, so it is the link's: 2 frames due, as by the clock
     out = s.receive(ClientPlayback(tid, 40.0), clock())
-    assert len(frames(out)) == 1
+    assert len(frames(out)) == 2
+    assert s.lead_ms(tid, clock()) == pytest.approx(180)
+    clock.advance(100)
+    # 60 ms played in 100 ms: it fell 40 ms further behind (a stall), which counts
+    out = s.receive(ClientPlayback(tid, 100.0), clock())
+    assert len(frames(out)) == 2  # it holds 80 + 40 ms by the estimate: 2 frames, not 3
     assert s.lead_ms(tid, clock()) == pytest.approx(200)
 
 

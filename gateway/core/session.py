@@ -548,10 +548,10 @@ class Session:
         ``UNMARKED_SILENT_S`` (one that does not) with nothing from it, if it should still
         be playing then (by what was sent): a client that ran dry sends no marks."""
         if (self._probing or self.held or turn.ended
-                or turn.pacer.play_end is None):
+                or turn.pacer.marks_end is None):
             return None
         due = self._heard_at + (LISTENER_SILENT_S if turn.marking else UNMARKED_SILENT_S)
-        return due if turn.pacer.play_end > due else None
+        return due if turn.pacer.marks_end > due else None
 
     @property
     def frames_sent(self) -> int:
@@ -569,12 +569,8 @@ class Session:
         turn = self.turn
         if turn is None or turn.ended:
             return []
-        pacer = turn.pacer
-        if pacer.play_end is not None:
-            # The estimate counted the replayed frames as received; the listener played what
-            # it did receive (if any is left, a short blip) and then gets the replay.
-            replayed = replayed_ms / 1000.0
-            pacer.play_end = max(now, pacer.play_end - replayed) + replayed
+        # The estimate counted the replayed frames as received.
+        turn.pacer.resumed(replayed_ms, now)
         return self._pump(turn, now)
 
     def deadline(self, turn_id: int, now: float) -> float | None:
@@ -876,7 +872,7 @@ class Session:
         turn.playing_out = False
         pacer = turn.pacer
         if pacer.played_ms is None or pacer.played_ms >= pacer.sent_ms or \
-                pacer.play_end is None or now >= pacer.play_end:
+                pacer.marks_end is None or now >= pacer.marks_end:
             return
         if self.history and self.history[-1]["role"] == "assistant":  # (its entry: the last)
             self.history[-1]["content"] = self._spoken_reply(turn, "cancelled") or "…"
