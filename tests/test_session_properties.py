@@ -32,7 +32,6 @@ from gateway.core.session import (
     SessionSettings,
     StartLlm,
     StartSynthesis,
-    TurnState,
 )
 
 SAY = ["Hello there.", "One. Two three. Four five six!", "Dr. Patel calls at 3 p.m. today.",
@@ -280,17 +279,16 @@ class SessionMachine(RuleBasedStateMachine):
     def one_turn_done_per_ended_turn(self):
         current = self.session.turn
         for tid, log in self.turns.items():
-            active = current is not None and current.id == tid and \
-                current.state is not TurnState.ENDED
+            active = current is not None and current.id == tid and not current.ended
             assert log.done == (0 if active else 1), (tid, log.done)
 
     @invariant()
     def the_core_reports_only_what_it_sent(self):
-        if self.session.turn is not None and self.session.turn.state is TurnState.ENDED:
+        if self.session.turn is not None and self.session.turn.ended:
             assert self.session.wake_at() is None
 
     def teardown(self):
-        active = self.session.turn is not None and self.session.turn.state is not TurnState.ENDED
+        active = self.session.turn is not None and not self.session.turn.ended
         effects = self.session.close(self.now())
         assert not any(isinstance(e, SendAudio | SendFrames) for e in effects)
         # nothing to send: the turn.done of a turn cut short comes back for the record only
@@ -316,7 +314,7 @@ def test_say_with_nothing_to_speak_ends_its_turn_once():
     s = Session("r")
     effects = s.receive(ClientSay("🙂"), 0.0)
     assert turn_done_count(effects) == 1
-    assert s.turn.state is TurnState.ENDED
+    assert s.turn.ended
 
 
 def test_reply_ending_in_silent_text_ends_its_turn_once():
@@ -326,7 +324,7 @@ def test_reply_ending_in_silent_text_ends_its_turn_once():
     effects += s.llm_delta(tid, "🙂", 0.0)
     effects += s.llm_done(tid, None, 0.0)
     assert turn_done_count(effects) == 1
-    assert s.turn.state is TurnState.ENDED and s.wake_at() is None
+    assert s.turn.ended and s.wake_at() is None
 
 
 # ---- playback marks and what they prove received ------------------------------------------

@@ -20,7 +20,6 @@ After executing the effects the caller asks ``wake_at()`` when to call ``tick`` 
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -224,14 +223,6 @@ class SessionLimits:
 # --- turns --------------------------------------------------------------------------------
 
 
-class TurnState(enum.Enum):
-    """A turn's state, as ``Turn.state`` derives it from ``llm_done`` and ``ended``."""
-
-    STREAMING = "streaming"  # text still arriving (LLM) or being segmented
-    SPEAKING = "speaking"  # all text known; audio still being produced or sent
-    ENDED = "ended"
-
-
 @dataclass(slots=True)
 class _SegmentAudio:
     segment: Segment
@@ -279,12 +270,6 @@ class Turn:
     """Ended completed or failed, its history entry all it sent, while its last audio may
     still be playing: a barge-in before that playback ends keeps only what the client's
     mark says it heard (``_barge_in_after_the_end``)."""
-
-    @property
-    def state(self) -> TurnState:
-        if self.ended:
-            return TurnState.ENDED
-        return TurnState.SPEAKING if self.llm_done else TurnState.STREAMING
 
 
 class Session:

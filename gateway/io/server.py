@@ -505,7 +505,7 @@ class Gateway:
     def active_turns(self) -> int:
         """Turns in progress, over every live session."""
         return sum(1 for r in self.runners.values()
-                   if r.session.turn is not None and r.session.turn.state.value != "ended")
+                   if r.session.turn is not None and not r.session.turn.ended)
 
     def health(self) -> dict[str, Any]:
         lane = self.lane
