@@ -79,8 +79,9 @@ _TENS_DE = "_ _ zwanzig dreißig vierzig fünfzig sechzig siebzig achtzig neunzi
 _ORDINAL_STEMS_DE = {1: "erst", 3: "dritt", 7: "siebt", 8: "acht"}
 _MONTHS_DE = ("Januar Februar März April Mai Juni Juli August September Oktober November "
               "Dezember").split()
-_MONTH_WORDS_DE = frozenset(_MONTHS_DE) | frozenset(
+GERMAN_MONTH_WORDS = frozenset(_MONTHS_DE) | frozenset(
     "Jänner Jan Feb Mär Apr Jun Jul Aug Sep Sept Okt Nov Dez".split())
+"""German months and their short forms (the segmenter's German dates use them too)."""
 _ORDINAL_AFTER_DE = frozenset("am im vom zum zur beim der den dem des die das".split())
 """Words before a day or another ordinal ("der 1. FC", "im 19. Jahrhundert")."""
 _ENDING_DE = {"der": "e", "die": "e", "das": "e"}
@@ -169,7 +170,7 @@ def _german(text: str) -> str:
 
     def day(m: re.Match[str]) -> str:
         n, before = int(m.group(1)), _word_before(m.string, m.start())
-        if n and (m.group(2) in _MONTH_WORDS_DE or before.lower() in _ORDINAL_AFTER_DE):
+        if n and (m.group(2) in GERMAN_MONTH_WORDS or before.lower() in _ORDINAL_AFTER_DE):
             return _ordinal_de(n, before)
         return m.group()
 

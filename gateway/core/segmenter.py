@@ -62,6 +62,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from engines.espeak_languages import GERMAN_MONTH_WORDS
 from engines.spell import spell_out
 
 ONE_STEP_MAX_CHARS = 150
@@ -147,10 +148,6 @@ _BEFORE_ROMAN = frozenset("séc sec s sig jh".split())
 _ROMAN = re.compile(r"[IVXLC]+")
 _DOUBLED = re.compile(r"([A-Z])\1")
 """Spanish doubles a letter for a plural: "EE. UU." (Estados Unidos), "FF. AA."."""
-_MONTHS_DE = frozenset(
-    "Januar Jänner Februar März April Mai Juni Juli August September Oktober November "
-    "Dezember Jan Feb Mär Apr Jun Jul Aug Sep Sept Okt Nov Dez".split()
-)
 _MONTHS_ALSO_ENGLISH = frozenset(
     "April August September November Jan Feb Apr Jun Jul Aug Sep Sept Nov".split())
 """German months that English has too: "is 12. August is hot" ends a sentence, so these
@@ -632,7 +629,7 @@ class Segmenter:
         """The word after ``j`` is a German month after the day that ends at the word
         starting at ``ws`` ("am 3. Oktober", "3. Mai"; not "is 12. August is hot")."""
         month = self._next_word(j)
-        return month in _MONTHS_DE and (
+        return month in GERMAN_MONTH_WORDS and (
             month not in _MONTHS_ALSO_ENGLISH or self._prev_word(ws) in _DAY_AFTER)
 
     def _prev_word(self, ws: int) -> str:
@@ -836,7 +833,7 @@ _BREAK = re.compile(r"\s*<br\s*/?>\s*", re.I)
 """An HTML line break, which LLMs put in table cells: espeak read "B R"."""
 _ITALIC = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
 _LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+"
-                        r"(?!(?:" + "|".join(sorted(_MONTHS_DE)) + r")\b))")
+                        r"(?!(?:" + "|".join(sorted(GERMAN_MONTH_WORDS)) + r")\b))")
 """A heading, quote, bullet or list number opening a line; not the day of a German date
 opening one ("3. Oktober: Feiertag", "1. Mai ist ..." lost the day)."""
 _TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-{3}[\s:|-]*$|^\s*(?:[-*_]\s*){3,}$")
