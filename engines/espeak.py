@@ -104,7 +104,8 @@ equals one") and after a space when it is an en dash ("lows of –5°C"); it say
 
 _RANGE = re.compile(r"(?<=[\d%])\s?\u2013\s?(?=[$\u20ac\u00a3]?\d)")
 """An en dash between two numbers, a range: espeak skips it ("20–22°C" was "twenty
-twenty-two degrees", a year). In English it is "to"; other languages keep the dash."""
+twenty-two degrees", a year). In English it is "to"; German, French, Spanish, Italian and
+Portuguese get their own word from ``engines.espeak_languages`` (``_EN_DASH_RANGE``)."""
 
 
 def espeak_text(text: str, *, english: bool = False) -> str:
