@@ -99,7 +99,7 @@ MAX_BUFFERED_S = 60.0
 LOW_WATER_CHUNKS = 8
 """The next segment is submitted once the reader has this few chunks left unread."""
 WHOLE_SLICE_BYTES = 64 * 1024
-"""A whole file goes to the server this much at a time (``_Whole``): the size of the
+"""A whole file goes to the server this much at a time (``_slices``): the size of the
 server's write buffer, past which a ``send`` waits for the client."""
 SHUTDOWN_GRACE_S = 2
 """How long a shutdown lets clients take the answers being sent (``HttpServer.aclose``)
@@ -977,8 +977,8 @@ async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
 async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
                  headers: dict[str, str], counter: Callable[[str], None]) -> Response:
     """Collect the whole file (``"stream": false``), encoding each chunk as it comes; a
-    client that leaves while we wait cancels the request. ``_Whole`` sends it and counts
-    it."""
+    client that leaves while we wait cancels the request. ``_Streamed`` sends it
+    (``_slices``) and counts it."""
 
     async def collect() -> bytes | memoryview:
         async for pcm in stream.chunks():
@@ -993,42 +993,26 @@ async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
                "X-Compute-Ms": str(usage["compute_ms"])}
     if stream.notes:  # now with what happened while it was spoken
         headers["X-Speech-Notes"] = _notes_header(stream.notes)
-    return _Whole(data, request, stream, encoding, counter, media_type=encoding.media_type,
-                  headers=headers)
+    # sent a slice at a time, each waiting for the client to take the ones before it (the
+    # server's flow control): Starlette's Response hands the server the whole body in one
+    # write and returns, so a client that left mid-file was counted completed, and a
+    # shutdown could not tell an answer still being sent from a finished one
+    headers["Content-Length"] = str(len(data))
+    return _Streamed(_slices(data, request, stream), stream, counter, encoding,
+                     media_type=encoding.media_type, headers=headers)
 
 
-class _Whole(Response):
-    """A whole file, sent ``WHOLE_SLICE_BYTES`` at a time and counted once it is sent.
-    Starlette's ``Response`` hands the server the whole body in one write and returns at
-    once: a client that left mid-file (the server drops what it is sent after that) was
-    counted ``completed``, and a shutdown could not tell an answer still being sent from
-    a finished one. Each slice waits for the client to take the ones before it (the
-    server's flow control), so the request stays open (``HttpServer.streams``) while its
-    client takes it."""
-
-    def __init__(self, data: bytes | memoryview, request: Request, stream: SpeechStream,
-                 encoding: Encoding, counter: Callable[[str], None], **kwargs: Any) -> None:
-        super().__init__(data, **kwargs)
-        self.request, self.stream, self.encoding, self.counter = (
-            request, stream, encoding, counter)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        outcome = "disconnected"
-        try:
-            await send({"type": "http.response.start", "status": self.status_code,
-                        "headers": self.raw_headers})
-            body = memoryview(self.body)
-            for start in range(0, len(body), WHOLE_SLICE_BYTES):
-                # (once the client is gone, the server drops each slice without waiting)
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": bytes(body[start:start + WHOLE_SLICE_BYTES])})
-            # the last slices are in the server's buffers: as for a stream (_chunked), what
-            # a client that left after they were handed over did not take goes unseen
-            if not await self.request.is_disconnected():
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                outcome = "completed"
-        finally:
-            _end(self.stream, self.encoding, self.counter, outcome)
+async def _slices(data: bytes | memoryview, request: Request,
+                  stream: SpeechStream) -> AsyncIterator[bytes]:
+    """A whole file ``WHOLE_SLICE_BYTES`` at a time; ``completed`` once it is all sent."""
+    body = memoryview(data)
+    for start in range(0, len(body), WHOLE_SLICE_BYTES):
+        # (once the client is gone, the server drops each slice without waiting)
+        yield bytes(body[start:start + WHOLE_SLICE_BYTES])
+    # the last slices are in the server's buffers: as for a stream (_chunked), what a
+    # client that left after they were handed over did not take goes unseen
+    if not await request.is_disconnected():
+        stream.outcome = "completed"
 
 
 async def _disconnected(request: Request) -> None:
