@@ -403,8 +403,23 @@ class TinyLlamaServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> None:
+        """Start it and wait until it serves. The port was free when picked, but another
+        process may take it before mlx_lm.server binds it: its main thread then dies of
+        "Address already in use" (the process lives on, in its model thread), and it is
+        started again on a newly picked port (three tries)."""
+        for _ in range(3):
+            if self._start_once():
+                return
+            self.port = _free_port()
+        raise RuntimeError("mlx_lm.server found its port taken three times:\n"
+                           + "".join(self.log[-30:]))
+
+    def _start_once(self) -> bool:
+        """One start on ``self.port``: True once it serves, False if the port was taken."""
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(self.cache_dir))
         env.setdefault("PYTHONUNBUFFERED", "1")
+        self.log = []
+        self._ready = threading.Event()
         self._proc = subprocess.Popen(
             [
                 sys.executable,
@@ -425,8 +440,13 @@ class TinyLlamaServer:
             text=True,
             env=env,
         )
-        threading.Thread(target=self._read_log, daemon=True, name="mlx_lm.server log").start()
-        if not self._ready.wait(self.START_TIMEOUT) or self._proc.poll() is not None:
+        threading.Thread(target=self._read_log, args=(self._proc, self.log, self._ready),
+                         daemon=True, name="mlx_lm.server log").start()
+        ready = self._ready.wait(self.START_TIMEOUT)
+        if any(_PORT_TAKEN in line for line in self.log):
+            self.stop()
+            return False
+        if not ready or self._proc.poll() is not None:
             self.stop()
             raise RuntimeError("mlx_lm.server did not start:\n" + "".join(self.log[-30:]))
         # Bound and serving once it logged; a few tries only cover a slow first accept.
@@ -434,20 +454,23 @@ class TinyLlamaServer:
         while True:
             try:
                 httpx.get(f"{self.url}/models", timeout=5.0).raise_for_status()
-                return
+                return True
             except httpx.HTTPError:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise
                 time.sleep(0.1)
 
-    def _read_log(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self.log.append(line)
-            if "Starting httpd" in line:
-                self._ready.set()
-        self._ready.set()  # exited: wake the waiter, which checks poll()
+    @staticmethod
+    def _read_log(proc: subprocess.Popen[str], log: list[str], ready: threading.Event,
+                  ) -> None:
+        """One start's output (its own list and event: a retry gets new ones)."""
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.append(line)
+            if "Starting httpd" in line or _PORT_TAKEN in line:
+                ready.set()  # taken: its model thread lives on, so no exit to wait for
+        ready.set()  # exited: wake the waiter, which checks poll()
 
     def stop(self) -> None:
         if self._proc is None:
@@ -542,6 +565,9 @@ class ServeProcess:
         assert self._proc.stdout is not None
         self._reader.join(5)
         self._proc.stdout.close()
+
+
+_PORT_TAKEN = "Address already in use"  # the OSError of a bind, on Linux and macOS
 
 
 def _free_port() -> int:

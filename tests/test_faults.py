@@ -494,6 +494,30 @@ async def test_llm_process_killed_mid_stream(tiny_llama_dir, tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
+def test_tiny_llama_server_moves_to_another_port_when_its_own_is_taken(
+        tiny_llama_dir, tmp_path):
+    """The harness picks a free port, but another process may bind it before
+    mlx_lm.server does (the suite starts servers in parallel with other work): it then
+    exits with "Address already in use", and the harness tries a new port instead of
+    failing the test."""
+    import socket
+
+    (tmp_path / "hf-cache").mkdir()
+    server = TinyLlamaServer(tiny_llama_dir, tmp_path / "hf-cache")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server.port = taken
+        server.start()
+        try:
+            assert server.port != taken
+            assert httpx.get(f"{server.url}/models", timeout=10).status_code == 200
+        finally:
+            server.stop()
+
+
 # ---- the client -------------------------------------------------------------------------
 
 
