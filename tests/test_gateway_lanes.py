@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import threading
 
 import httpx
 import pytest
@@ -403,4 +405,81 @@ async def test_a_second_engine_failing_mid_sentence_ends_it_there_and_the_primar
         gapless(result)
         assert gw.placer is not None and gw.placer.rerouted["ane"] == 1
     finally:
+        await gw.aclose()
+
+
+class StuckAne(SyntheticEngine):
+    """TEST DOUBLE: a second engine whose model gets stuck. The first call on its lane
+    thread waits for ``gate``; once ``stuck`` is set, every later call blocks until
+    ``release`` (a kernel that never returns)."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.blocks = True  # on the lane thread, where it can hang like a real model
+        self.entered, self.gate, self.release = (threading.Event(), threading.Event(),
+                                                 threading.Event())
+        self.stuck = False
+
+    def _call(self) -> None:
+        if not self.gate.is_set():
+            self.entered.set()
+            self.gate.wait()
+        elif self.stuck:
+            self.release.wait()
+
+    def open(self, request: SynthesisRequest):
+        self._call()
+        stream = super().open(request)
+        real_step = stream.step
+
+        def step():
+            self._call()
+            return real_step()
+
+        stream.step = step
+        return stream
+
+
+async def test_turns_queued_on_a_second_lane_that_gets_stuck_are_spoken_by_the_primary(
+        monkeypatch):
+    """The ane engine gets stuck (engine_timeout) on one turn while another session's turn
+    waits on that lane. The stuck turn moved to the primary; the one waiting failed with
+    engine_unavailable although the primary was free to speak it (its jobs were failed
+    as cancelled, which a reroute skips)."""
+    monkeypatch.setitem(registry.TTS_ENGINES, "stuck", f"{__name__}:StuckAne")
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "synthetic", "voice": "mid",
+        "options": {"rtf": 0.0, "ttfa_ms": 0.0, "name": "synthetic-gpu"},
+        "also": "stuck",
+        "also_options": {"lane": "ane", "rtf": 0.0, "ttfa_ms": 0.0, "name": "stuck-ane"},
+        "profiles": {"gpu": {"first_s": 0.2, "rtf": 0.0},
+                     "ane": {"first_s": 0.005, "rtf": 0.05}}}))
+    await gw.start()
+    ane = gw.lanes["ane"]
+    engine = ane.engine
+    ane.step_timeout_s = None  # the gated call: no limit
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as a, \
+                connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as b:
+            await recv_event(a, "session.created")
+            await recv_event(b, "session.created")
+            await send(a, type="say", text="First sentence here. And a second one.")
+            await asyncio.to_thread(engine.entered.wait)  # a's first call holds ane
+            await send(b, type="say", text="Bee speaks here. And says more.")
+            started = await recv_event(b, "turn.started")  # (its jobs were submitted)
+            assert ane.queue_depth == 4  # both turns wait on ane
+            # the next call on ane gets stuck, and times out
+            ane.step_timeout_s = 0.05
+            engine.stuck = True
+            engine.gate.set()
+            first, second = await read_turn(a), await read_turn(b, started["turn_id"])
+            assert ane.unhealthy is not None and "engine_timeout" in ane.unhealthy
+        for result in (first, second):
+            assert result.done["status"] == "completed", result.events
+            assert result.of("error") == []
+            assert result.done["metrics"]["engines"][-1] == "synthetic-gpu"
+            gapless(result)
+        assert ane.queue_depth == 0
+    finally:
+        engine.release.set()
         await gw.aclose()

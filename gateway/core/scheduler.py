@@ -257,6 +257,11 @@ class LaneScheduler:
     def owners(self) -> list[Hashable]:
         return list(self._queues)
 
+    def head(self, owner: Hashable) -> Job | None:
+        """``owner``'s first job (the one running, if any), or None when it has none."""
+        queue = self._queues.get(owner)
+        return queue[0] if queue else None
+
     def finish(self, job: Job) -> None:
         """The job produced its last step (or failed): remove it; the owner's next job
         becomes a candidate."""

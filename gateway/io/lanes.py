@@ -414,14 +414,18 @@ class Lane:
                           job.owner)
 
     def _fail_queued(self) -> None:
-        """The lane is unhealthy: every job waiting for it fails now."""
-        reason = self.unhealthy or "the lane is unavailable"
+        """The lane is unhealthy: every job waiting for it fails now, each owner's in order
+        and as a failed step does (``_step_failed``): the sink hears of its first job and
+        decides for the rest, which it may cancel or move to another lane (a voice turn on
+        a second lane goes on on the primary, ``Gateway.reroute``). They were taken off as
+        cancelled, which a reroute skips: a turn waiting on a stuck second lane failed
+        while the primary was free. An owner whose step is in flight is left to that step,
+        which reports itself."""
         for owner in self.scheduler.owners():
-            for job in self.scheduler.cancel(owner):
-                if job.running:
-                    continue  # its step is in flight; _step reports it
-                self._close_later_safe(job.state)
-                job.state = None
+            while (self.unhealthy is not None
+                   and (job := self.scheduler.head(owner)) is not None and not job.running):
+                reason = self.unhealthy
+                self._drop(job)
                 self.stats.jobs_failed += 1
                 self._ended(job, "failed")
                 job.payload.sink.on_failed(job, "engine_unavailable",
