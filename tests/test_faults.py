@@ -444,6 +444,54 @@ async def test_a_stream_a_timed_out_call_holds_is_closed_once_the_call_returns(t
         await gw.aclose()
 
 
+class OpensSlowly(FaultyEngine):
+    """TEST DOUBLE: ``SLOW`` in a text holds its ``open`` until ``gate`` is set (a model's
+    prefill); ``stepped`` lists the texts whose stream was stepped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.stepped: list[str] = []
+
+    def open(self, request: SynthesisRequest):
+        if "SLOW" in request.text:
+            self.hung.set()
+            self.gate.wait()
+        stream = super().open(request)
+        step = stream.step
+
+        def recording() -> bytes | None:
+            self.stepped.append(request.text)
+            return step()
+
+        stream.step = recording  # type: ignore[method-assign]
+        return stream
+
+
+async def test_a_turn_cancelled_while_its_stream_opens_takes_no_step():
+    """Barge-in while the engine opens the turn's stream: the lane went on to run that
+    stream's first step (a whole step of lane time: ~140 ms for Qwen3-TTS, ~300 ms with
+    the LLM decoding) for audio nobody would hear, ahead of the new turn's first audio."""
+    engine = OpensSlowly()
+    gw = await start(engine)
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="SLOW to open this one. And then more.")
+            await asyncio.to_thread(engine.hung.wait)  # its open holds the lane thread
+            await send(ws, type="cancel")
+            cut = await read_turn(ws)
+            assert cut.done["status"] == "cancelled"
+            engine.gate.set()
+            after = await say(ws, "The next turn.")  # after the cancelled open, on one thread
+            assert after.done["status"] == "completed"
+        assert engine.stepped == ["The next turn."] * len(engine.stepped)
+        assert gw.lane.stats.jobs_cancelled == 2 and not engine._streams
+    finally:
+        engine.gate.set()
+        await gw.aclose()
+
+
 async def test_dead_lane_executor_fails_jobs_with_a_clear_error():
     gw = await start(FaultyEngine())
     try:

@@ -452,7 +452,10 @@ class Lane:
         try:
             if opened:
                 job.state = await self._call_step(self.engine.open, payload.request)
-            chunk, ready_at = await self._call_step(_timed_step, job.state)
+            # cancelled while its stream opened (a barge-in during a model's prefill): no
+            # step for audio nobody hears, ahead of the new turn's first audio
+            if not job.cancelled:
+                chunk, ready_at = await self._call_step(_timed_step, job.state)
         except StepTimeout as exc:  # the stream stays with the stuck thread...
             # ...which closes it once the call returns: nothing else would (an engine keeps
             # its open streams, and a model's holds its caches)
