@@ -19,7 +19,8 @@ the connection mid-body so the server sees the client leave. Both formats are as
 carry 24 kHz mono PCM16 (OpenAI's ``pcm`` and mlx-audio's Qwen3-TTS are).
 
 Errors: transport failures and non-2xx answers raise ``engine_failed`` (timeouts
-``engine_timeout``), a ``speech.audio.error`` event raises ``engine_failed`` with its message.
+``engine_timeout``); an error event (``speech.audio.error``, ``"type": "error"`` or an
+``event: error`` line) raises ``engine_failed`` with the server's message.
 """
 
 from __future__ import annotations
@@ -182,6 +183,8 @@ class HttpTtsStream:
         from httpx_sse import EventSource
 
         for sse in EventSource(response).iter_sse():
+            if sse.event == "error":  # (its data may be JSON or plain text)
+                raise EngineError("engine_failed", f"TTS server error: {_error_message(sse.data)}")
             if not sse.data or sse.data == "[DONE]":
                 continue
             event = json.loads(sse.data)
@@ -190,10 +193,22 @@ class HttpTtsStream:
                 yield base64.b64decode(event.get("audio", ""))
             elif kind == "speech.audio.done":
                 return
-            elif kind == "speech.audio.error":
-                err = event.get("error", event)
-                message = err.get("message", json.dumps(err)) if isinstance(err, dict) else err
-                raise EngineError("engine_failed", f"TTS server error: {message}")
+            elif kind in ("speech.audio.error", "error"):
+                raise EngineError("engine_failed", f"TTS server error: {_error_message(event)}")
         raise EngineError(
             "engine_failed", "TTS server ended the SSE stream without speech.audio.done"
         )
+
+
+def _error_message(event: Any) -> str:
+    """The reason an SSE error event gives: ``{"error": {"message"}}``, ``{"message"}``, or
+    its data as it is (``event: error`` with plain text)."""
+    if isinstance(event, str):
+        try:
+            event = json.loads(event)
+        except ValueError:
+            return event
+    err = event.get("error", event) if isinstance(event, dict) else event
+    if isinstance(err, dict):
+        return str(err.get("message", json.dumps(err)))
+    return str(err)

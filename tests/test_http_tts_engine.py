@@ -79,6 +79,28 @@ def test_error_event_is_an_engine_failure(sse_server, engine_for):
     assert stream.step() is None
 
 
+@pytest.mark.parametrize("event", [
+    {"type": "error", "error": {"message": "model exploded", "code": "server_error"}},
+    b'event: error\ndata: {"error": {"message": "model exploded"}}\n\n',
+    b'event: error\ndata: {"message": "model exploded"}\n\n',
+    b"event: error\ndata: model exploded\n\n",
+], ids=["type-error", "event-error", "event-error-flat", "event-error-text"])
+def test_an_sse_error_event_of_any_spelling_fails_with_the_servers_message(
+        sse_server, engine_for, event):
+    """SSE servers name an error ``error`` too (OpenAI's own streams: ``"type": "error"``;
+    others: an ``event: error`` line). Such an event was skipped, so the turn's error said
+    only that the stream ended without ``speech.audio.done``, and the server's reason was
+    lost."""
+    server, _ = sse_server
+    server.script = [delta(b"\x00\x00"), event]
+    stream = engine_for().open(SynthesisRequest("x"))
+    assert stream.step() == b"\x00\x00"
+    with pytest.raises(EngineError) as err:
+        stream.step()
+    assert err.value.code == "engine_failed"
+    assert err.value.message == "TTS server error: model exploded"
+
+
 @pytest.mark.parametrize("script", [[delta(b"\x00\x00"), "hangup"], [delta(b"\x00\x00")]])
 def test_stream_ending_without_done_is_an_engine_failure(sse_server, engine_for, script):
     server, _ = sse_server

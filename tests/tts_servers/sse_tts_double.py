@@ -32,14 +32,15 @@ DONE = {
 
 
 class ScriptedSseServer:
-    """Serves ``script`` (a list of events; ``"hangup"`` ends the body abruptly).
+    """Serves ``script`` (a list of events; ``"hangup"`` ends the body abruptly; ``bytes``
+    are sent as they are, for events a test writes itself).
 
     ``status`` other than 200 answers a JSON error instead. ``requests`` records bodies;
     ``disconnected`` is set when a client goes away mid-stream.
     """
 
     def __init__(self) -> None:
-        self.script: list[dict[str, Any] | str] = [DONE]
+        self.script: list[dict[str, Any] | str | bytes] = [DONE]
         self.status = 200
         self.hold = False  # True: after the first event, wait until the client goes away
         self.requests: list[dict[str, Any]] = []
@@ -60,7 +61,8 @@ class ScriptedSseServer:
                 for i, item in enumerate(script):
                     if item == "hangup":
                         raise RuntimeError("scripted hang-up")
-                    yield f"data: {json.dumps(item)}\n\n".encode()
+                    yield item if isinstance(item, bytes) else \
+                        f"data: {json.dumps(item)}\n\n".encode()
                     if hold and i == 0:
                         await asyncio.Future()  # Starlette cancels us when the client leaves
             except asyncio.CancelledError:
