@@ -50,7 +50,7 @@ class HttpTtsEngine:
         api_key: str | None = None,
         streaming_interval: float = 0.32,
         connect_timeout_s: float = 5.0,
-        read_timeout_s: float = 30.0,
+        read_timeout_s: float = 20.0,
         reads_digits: bool = True,
         extra_body: dict[str, Any] | None = None,
     ) -> None:
@@ -65,6 +65,11 @@ class HttpTtsEngine:
         self.reads_digits = reads_digits
         self.extra_body = dict(extra_body or {})
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.read_timeout_s = read_timeout_s
+        """How long a step waits for the server (``engine_timeout`` after it). Below the
+        lane's step deadline (``[tts] step_timeout_s``, 30 s; the gateway checks it), so a
+        stalled server fails its sentence, which a fallback then speaks, instead of holding
+        the lane past its deadline (the lane unhealthy for every session)."""
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._client: httpx.Client | None = None
         self._streams: weakref.WeakSet[HttpTtsStream] = weakref.WeakSet()

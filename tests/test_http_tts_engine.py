@@ -143,6 +143,58 @@ def test_close_mid_stream_disconnects_and_the_connection_is_reused(sse_server, e
     assert run(engine.open(SynthesisRequest("again"))) == [b"\x00\x00"]
 
 
+# --- in the gateway ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fallback", [None, "espeak"])
+async def test_a_remote_engine_gives_up_reading_before_the_lane_gives_up_on_it(
+        start_gateway, fallback):
+    """A TTS server that stalls must fail its sentence (``engine_timeout``, which a fallback
+    then speaks) before the lane's step deadline makes the whole lane unhealthy. Both
+    waited 30 s, and the lane's wait started first: a stalled server made /health 503 and
+    failed every session's turn on the lane with ``engine_unavailable``, and the fallback
+    never spoke."""
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+
+    tts = {"engine": "http", "url": "http://127.0.0.1:9/v1", "fallback": fallback}
+    gw = await start_gateway(tts=tts)
+    remote = gw.engine.primary if fallback else gw.engine
+    assert remote._timeout.read == remote.read_timeout_s < gw.lane.step_timeout_s
+    for options, step in (({"read_timeout_s": 30}, 30), ({}, 5)):
+        with pytest.raises(ValueError, match=r"read_timeout_s \(\d+ s\) must be below "
+                                             r"\[tts\] step_timeout_s"):
+            Gateway(load_config(server={"port": 0}, tts={**tts, "options": options,
+                                                         "step_timeout_s": step}))
+
+
+async def test_a_stalled_server_fails_its_sentence_and_the_fallback_speaks_it(
+        sse_server, start_gateway):
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import gapless, read_turn, recv_event, send
+
+    server, url = sse_server
+    server.script = lambda body: ["stall"] if "stalls" in body["input"] else \
+        [delta(b"\x01\x00" * 2400), DONE]
+    gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": "espeak",
+                                  "options": {"read_timeout_s": 0.5}},
+                             session={"max_lead_ms": 30_000})
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws, \
+            connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as other:
+        for socket in (ws, other):
+            await recv_event(socket, "session.created")
+        await send(ws, type="say", text="This sentence stalls. The next one is fine.")
+        await send(other, type="say", text="Another session speaks.")
+        stalled, fine = await read_turn(ws), await read_turn(other)
+        assert stalled.done["status"] == "completed" and not stalled.of("error")
+        assert [s["engine"] for s in stalled.of("sentence")] == ["espeak", "http"]
+        gapless(stalled)
+        assert fine.done["status"] == "completed" and fine.done["metrics"]["engines"] == ["http"]
+        assert server.disconnected.wait(timeout=10)  # the stalled request was let go
+    assert gw.lane.unhealthy is None and gw.health()["status"] == "ok"
+
+
 # --- mlx-audio's real server -------------------------------------------------------------
 
 

@@ -138,6 +138,8 @@ class Gateway:
                     f"tts.also: engine {t.also!r} runs on lane {self.engine.lane!r} like the "
                     f"primary engine {t.engine!r}; the two engines must declare different "
                     "lanes (one worker per lane)")
+        for eng in self.engines:
+            _check_read_timeouts(eng, t.step_timeout_s)
         self.profiles = self._profiles() if len(self.engines) > 1 else {}
         if t.profiles and len(self.engines) == 1:
             log.warning("[tts.profiles] is ignored: it places turns between two lanes, and "
@@ -628,6 +630,26 @@ class Gateway:
             # full GC. The message and type stay (``close_exc`` chains to it).
             if (exc := websocket.protocol.parser_exc) is not None:
                 exc.__traceback__ = None
+
+
+def _check_read_timeouts(engine: TtsEngine, step_timeout_s: float | None) -> None:
+    """Refuse an engine (or one behind a fallback wrapper) that waits for its server
+    (``read_timeout_s``, the ``http`` engine) as long as the lane waits for a step, or
+    longer: a stalled TTS server then held the lane past its deadline, and the lane turned
+    unhealthy for every session (``engine_unavailable``, /health 503) instead of that one
+    sentence failing with ``engine_timeout``, which a fallback would have spoken."""
+    if step_timeout_s is None:
+        return
+    for eng in (engine, getattr(engine, "primary", None), getattr(engine, "fallback", None)):
+        read = getattr(eng, "read_timeout_s", None)
+        if eng is not None and read is not None and read >= step_timeout_s:
+            raise ValueError(
+                f"tts: the {eng.name} engine's read_timeout_s ({read:g} s) must be below "
+                f"[tts] step_timeout_s ({step_timeout_s:g} s): a TTS server that stalls "
+                "would hold the lane past its step deadline and make it unhealthy for every "
+                "session, instead of failing that sentence (engine_timeout) for the fallback "
+                "to speak; lower read_timeout_s in the engine's options or raise "
+                "step_timeout_s")
 
 
 def _tls_context(cert: str | None, key: str | None) -> Any:

@@ -32,15 +32,17 @@ DONE = {
 
 
 class ScriptedSseServer:
-    """Serves ``script`` (a list of events; ``"hangup"`` ends the body abruptly; ``bytes``
-    are sent as they are, for events a test writes itself).
+    """Serves ``script`` (a list of events; ``"hangup"`` ends the body abruptly, ``"stall"``
+    sends nothing more until the client goes away; ``bytes`` are sent as they are, for
+    events a test writes itself). ``script`` may also be a function of the request's body
+    returning such a list.
 
     ``status`` other than 200 answers a JSON error instead. ``requests`` records bodies;
     ``disconnected`` is set when a client goes away mid-stream.
     """
 
     def __init__(self) -> None:
-        self.script: list[dict[str, Any] | str | bytes] = [DONE]
+        self.script: Any = [DONE]
         self.status = 200
         self.hold = False  # True: after the first event, wait until the client goes away
         self.requests: list[dict[str, Any]] = []
@@ -51,16 +53,20 @@ class ScriptedSseServer:
         self._thread: threading.Thread | None = None
 
     async def _speech(self, request: Request):
-        self.requests.append(await request.json())
+        body = await request.json()
+        self.requests.append(body)
         if self.status != 200:
             return JSONResponse({"error": {"message": "scripted failure"}}, status_code=self.status)
-        script, hold = list(self.script), self.hold
+        script = self.script(body) if callable(self.script) else list(self.script)
+        hold = self.hold
 
         async def events():
             try:
                 for i, item in enumerate(script):
                     if item == "hangup":
                         raise RuntimeError("scripted hang-up")
+                    if item == "stall":
+                        await asyncio.Future()  # Starlette cancels us when the client leaves
                     yield item if isinstance(item, bytes) else \
                         f"data: {json.dumps(item)}\n\n".encode()
                     if hold and i == 0:
