@@ -343,3 +343,28 @@ def test_degraded_says_why_the_fallback_speaks():
     clock.now += 30
     drain(engine.open(SynthesisRequest("probe")))  # the default script: it speaks whole
     assert engine.degraded is None
+
+
+async def test_a_sentence_the_fallback_speaks_after_an_empty_chunk_is_named_as_the_fallbacks(
+        start_gateway):
+    """The primary's first step made no audio (an empty chunk), then it failed: the fallback
+    spoke the whole sentence, but its ``sentence`` event and the turn's ``engines`` named
+    the primary, which made none of it."""
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import gapless, read_turn, recv_event, send
+
+    clock = FakeClock()
+    primary = ScriptedEngine("qwen3", clock, scripts=[[b"", fail()]])
+    fallback = ScriptedEngine("espeak", clock, default=[b"\x02\x00" * 2400])
+    gw = await start_gateway(engine=FallbackEngine(primary, fallback, clock=clock),
+                             session={"max_lead_ms": 30_000})
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text="Only this sentence.")
+        result = await read_turn(ws)
+    assert result.done["status"] == "completed" and result.of("error") == []
+    assert [s["engine"] for s in result.of("sentence")] == ["espeak"]
+    assert result.done["metrics"]["engine"] == "espeak"
+    assert result.done["metrics"]["engines"] == ["espeak"]
+    gapless(result)

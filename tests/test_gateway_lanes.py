@@ -293,7 +293,8 @@ async def test_placement_learns_what_the_lanes_measure(scripted_llm_server):
 
 class BrokenAne(SyntheticEngine):
     """TEST DOUBLE: a second engine whose model breaks. ``fail="open"``: every synthesis
-    fails before any audio; ``fail="mid"``: each stream fails after its first chunk."""
+    fails before any audio; ``fail="mid"``: each stream fails after its first chunk;
+    ``fail="empty"``: after a first step that made no audio (an empty chunk)."""
 
     def __init__(self, fail: str = "open", **options) -> None:
         super().__init__(**options)
@@ -312,7 +313,7 @@ class BrokenAne(SyntheticEngine):
             steps += 1
             if steps > 1:
                 raise EngineError("engine_failed", "the model broke mid-sentence (test double)")
-            return real_step()
+            return b"" if self.fail == "empty" else real_step()
 
         stream.step = step
         return stream
@@ -482,4 +483,27 @@ async def test_turns_queued_on_a_second_lane_that_gets_stuck_are_spoken_by_the_p
         assert ane.queue_depth == 0
     finally:
         engine.release.set()
+        await gw.aclose()
+
+
+async def test_a_second_engine_failing_after_a_step_without_audio_has_its_sentence_said_again(
+        monkeypatch):
+    """A step that made no audio (an empty chunk: a remote server's empty delta) counted as
+    audio heard: the failing sentence was ended as cut short with nothing said (the whole
+    sentence lost, its ``sentence`` naming the engine that made none of it), where a
+    sentence none of whose audio went out is said again by the primary."""
+    gw = broken_ane_gateway(monkeypatch, "empty")
+    await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="First sentence here. And a second one.")
+            result = await read_turn(ws)
+        assert result.done["status"] == "completed" and result.of("error") == []
+        assert [s["engine"] for s in result.of("sentence")] == ["synthetic-gpu"] * 2
+        assert all("cut_short" not in d and d["audio_ms"] > 0
+                   for d in result.of("sentence.done"))
+        assert result.done["metrics"]["engines"] == ["synthetic-gpu"]
+        gapless(result)
+    finally:
         await gw.aclose()

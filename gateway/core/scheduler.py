@@ -124,7 +124,7 @@ class Job:
     state: Any = None
     """What the lane keeps between steps (the engine stream)."""
     steps: int = 0
-    """Steps this job has run (the lane counts them)."""
+    """Steps this job has run that made audio (the lane counts them)."""
     since: float | None = None
     """When the job's stream started (a turn's first segment), for rule 2b. Set it on every
     job of a stream after the first; None: the stream starts with this job (then its

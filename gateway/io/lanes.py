@@ -498,11 +498,16 @@ class Lane:
             self._ended(job, "done")
             payload.sink.on_done(job, truncated)
             return
-        job.steps += 1
         if job.priority is Priority.INTERACTIVE:
             # until the engine returned: not the loop's delay in taking the result
             self.timing.step(ready_at - started, len(chunk) / BYTES_PER_MS / 1000.0,
                              opened=opened, llm=llm)
+        if not chunk:
+            # a step that made no audio (allowed: engines.base) is not audio heard: passed
+            # on and counted, it named its engine on the sentence and made a failure after
+            # it cut the sentence short with nothing said (Gateway.reroute), not say it again
+            return
+        job.steps += 1
         engine_name = getattr(job.state, "engine_name", None) or self.engine.name
         payload.sink.on_audio(job, chunk, engine_name, ready_at)
 
