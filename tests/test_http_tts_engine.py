@@ -143,6 +143,99 @@ def test_close_mid_stream_disconnects_and_the_connection_is_reused(sse_server, e
     assert run(engine.open(SynthesisRequest("again"))) == [b"\x00\x00"]
 
 
+def _wav(pcm: bytes, rate: int = 24_000, channels: int = 1, size: int | None = None) -> bytes:
+    """A WAV file's header (``size``: what its data chunk says, default the true length)
+    and ``pcm``, with a LIST chunk before the data as some writers add."""
+    import struct
+
+    data_size = len(pcm) if size is None else size
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * 2 * channels, 2 * channels, 16)
+    listing = b"LIST" + struct.pack("<I", 5) + b"INFOx\x00"  # odd size: a pad byte follows
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + listing + b"data" + \
+        struct.pack("<I", data_size) + pcm
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+@pytest.fixture
+def raw_server():
+    """TEST DOUBLE: a raw-PCM (mlx-audio style) server answering ``body`` in the pieces
+    ``pieces`` cuts it into (one network chunk each), with ``content_type``."""
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    answer: dict = {}
+
+    async def speech(request):
+        await request.body()
+
+        async def chunks():
+            for piece in answer["pieces"]:
+                yield piece
+
+        return StreamingResponse(chunks(), media_type=answer.get("type", "audio/pcm"))
+
+    server = ScriptedSseServer()  # (its uvicorn runner, with this app's route instead)
+    server._server.config.app = Starlette(routes=[Route("/v1/audio/speech", speech,
+                                                        methods=["POST"])])
+    url = server.start()
+    engines = []
+
+    def make(pieces, content_type="audio/pcm"):
+        answer.update(pieces=pieces, type=content_type)
+        engine = HttpTtsEngine(url, format="pcm")
+        engine.load()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+    server.stop()
+
+
+def cut(data: bytes, *sizes: int) -> list[bytes]:
+    """``data`` in pieces of ``sizes`` bytes, then the rest."""
+    pieces = []
+    for size in sizes:
+        pieces.append(data[:size])
+        data = data[size:]
+    return [*pieces, data]
+
+
+PCM = bytes(range(1, 201)) * 24  # 4,800 bytes: 100 ms at 24 kHz
+
+
+@pytest.mark.parametrize(("pieces", "content_type"), [
+    (cut(_wav(PCM), 7, 40, 3), "audio/wav"),  # a header cut across network chunks
+    (cut(_wav(PCM, size=0xFFFFFFFF), 100), "audio/wav"),  # streamed: length unknown
+    (cut(_wav(PCM[:2000]) + _wav(PCM[2000:]), 2100), "audio/wav"),  # mlx-audio's wav stream
+    ([_wav(PCM)], "audio/pcm"),  # said to be PCM, but it is a WAV file
+], ids=["cut-header", "streamed", "one-file-per-chunk", "mislabelled"])
+def test_a_wav_answer_is_played_without_its_header(raw_server, pieces, content_type):
+    """A raw-PCM server that sends WAV instead (a header, or whole files one after another,
+    as mlx-audio streams ``wav``) had every header played as samples: a loud click at each
+    sentence's start ("RIFF" is 18,770 as a sample)."""
+    engine = raw_server(pieces, content_type)
+    assert b"".join(run(engine.open(SynthesisRequest("x")))) == PCM
+
+
+@pytest.mark.parametrize(("rate", "channels"), [(22_050, 1), (24_000, 2)])
+def test_a_wav_answer_at_another_rate_or_in_stereo_is_an_engine_failure(raw_server, rate,
+                                                                        channels):
+    """Played as 24 kHz mono, such audio went out at the wrong pitch and pace, without a
+    word in the log; failing, the sentence goes to the fallback."""
+    engine = raw_server([_wav(PCM, rate=rate, channels=channels)], "audio/wav")
+    with pytest.raises(EngineError, match=f"{channels} channel.*{rate} Hz") as err:
+        run(engine.open(SynthesisRequest("x")))
+    assert err.value.code == "engine_failed"
+
+
+def test_raw_pcm_is_played_as_it_comes(raw_server):
+    engine = raw_server(cut(PCM, 5, 6))  # tiny and odd pieces: carried, not lost
+    assert b"".join(run(engine.open(SynthesisRequest("x")))) == PCM
+
+
 # --- in the gateway ----------------------------------------------------------------------
 
 
