@@ -264,6 +264,8 @@ class FallbackStream:
         self.engine_name = owner.primary.name if use_primary else owner.fallback.name
         self._probe = use_primary and owner.state is BreakerState.HALF_OPEN
         self.error: EngineError | None = None
+        self._primary_error: EngineError | None = None
+        """Why the primary gave this segment to the fallback (None: it did not)."""
         self.truncated = False
         self._produced = False
         self._first_step_done = False
@@ -294,11 +296,13 @@ class FallbackStream:
                 return None
             owner.switches += 1
             log.warning(
-                "%s failed before audio (%s); %s speaks the segment",
+                "%s failed before audio (%s: %s); %s speaks the segment",
                 owner.primary.name,
                 exc.code,
+                exc.message,
                 owner.fallback.name,
             )
+            self._primary_error = exc
             self._on_primary = False
             self.engine_name = owner.fallback.name
             return self._step_fallback()
@@ -339,10 +343,17 @@ class FallbackStream:
             self._inner = self._owner.fallback.open(request)
         try:
             chunk = self._inner.step()
-        except EngineError:
+        except EngineError as exc:
             self._done = True
             self._close_inner()
-            raise
+            first = self._primary_error
+            if first is None:
+                raise
+            # the turn's error says why the fallback had to speak, as well as why it failed
+            raise EngineError(exc.code, f"{self._owner.primary.name} failed ({first.code}: "
+                                        f"{first.message}), and the fallback "
+                                        f"{self._owner.fallback.name} failed too: "
+                                        f"{exc.message}") from exc
         if chunk is None:
             self._done = True
             self._close_inner()

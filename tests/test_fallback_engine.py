@@ -244,6 +244,21 @@ def test_fallback_failure_is_raised():
     assert stream.step() is None
 
 
+def test_when_both_fail_the_error_and_the_log_give_the_primarys_reason(caplog):
+    """The primary failed before audio, then its fallback failed too: the turn's error gave
+    only the fallback's reason, and the primary's was in no log line either (the switch's
+    WARNING named its code alone; only a breaker that trips says why)."""
+    engine, _, fallback, _ = setup([[EngineError("engine_failed", "Metal ran out of memory")]])
+    fallback.scripts = [[EngineError("engine_timeout", "no answer in 30 s")]]
+    stream = engine.open(SynthesisRequest("a"))
+    with pytest.raises(EngineError) as err:
+        stream.step()
+    assert err.value.code == "engine_timeout"
+    assert err.value.message == ("qwen3 failed (engine_failed: Metal ran out of memory), and "
+                                 "the fallback chatterbox failed too: no answer in 30 s")
+    assert "Metal ran out of memory" in caplog.text
+
+
 def test_primary_that_fails_to_load_opens_the_breaker():
     clock = FakeClock()
 
