@@ -16,9 +16,8 @@ chunk of the raw body), so the lane is not held longer than the server's own pac
 synchronous ``httpx.Client`` is shared by all streams of the engine (connection reuse);
 steps run on the ``remote`` lane's thread. ``close()`` closes the response, which closes
 the connection mid-body so the server sees the client leave. Both formats are assumed to
-carry 24 kHz mono PCM16 (OpenAI's ``pcm`` and mlx-audio's Qwen3-TTS are). A raw body that
-is WAV after all (a header, or whole files one after another) is unwrapped when its format
-says 24 kHz mono PCM16, else fails (``engine_failed``) naming what it holds.
+carry 24 kHz mono PCM16 (OpenAI's ``pcm`` and mlx-audio's Qwen3-TTS are); a raw body that
+is a WAV file after all fails (``engine_failed``) rather than be played as samples.
 
 Errors: transport failures and non-2xx answers raise ``engine_failed`` (timeouts
 ``engine_timeout``); an error event (``speech.audio.error``, ``"type": "error"`` or an
@@ -29,14 +28,13 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
 
-from engines.base import OUTPUT_RATE, EngineError, SynthesisRequest
+from engines.base import EngineError, SynthesisRequest
 
 
 class HttpTtsEngine:
@@ -223,72 +221,19 @@ def _error_message(event: Any) -> str:
 
 
 def _pcm_of(pieces: Iterator[bytes]) -> Iterator[bytes]:
-    """The samples of a raw-PCM body as they come; when the server sent WAV instead (one
-    file, or whole files one after another as mlx-audio streams ``wav``), the samples of
-    their ``data`` chunks, once each file's ``fmt`` says 24 kHz mono PCM16, else
-    ``engine_failed`` naming what it sent. Played as samples, each header was a loud click
-    at a sentence's start, and another rate the wrong pitch and pace."""
+    """The samples of a raw-PCM body as they come. A body that is a WAV file instead (a
+    server that ignores ``response_format``) fails the sentence (``engine_failed``, which a
+    fallback then speaks) rather than be played: its header was a loud click at the
+    sentence's start ("RIFF" is 18,770 as a sample), and its rate may not be 24 kHz."""
     head = b""
     for piece in pieces:
         head += piece
         if len(head) >= 12:
             break
     if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
-        yield from _wav_samples(bytearray(head), pieces)
-        return
+        raise EngineError("engine_failed", "TTS server sent a WAV file, not raw PCM: the http "
+                          "engine plays 24 kHz mono 16-bit PCM; set the server to answer "
+                          "response_format pcm as it is")
     if head:
         yield head
     yield from pieces
-
-
-def _wav_samples(buf: bytearray, pieces: Iterator[bytes]) -> Iterator[bytes]:
-    def fill(n: int) -> bool:
-        """At least ``n`` bytes in ``buf``; False: the body ended first."""
-        while len(buf) < n:
-            piece = next(pieces, None)
-            if piece is None:
-                return False
-            buf.extend(piece)
-        return True
-
-    fmt_seen = False
-    while fill(8):
-        chunk, size = bytes(buf[:4]), int.from_bytes(buf[4:8], "little")
-        if chunk == b"RIFF":  # a file (the next one): its chunks follow "WAVE"
-            if not fill(12):
-                return
-            del buf[:12]
-            fmt_seen = False
-            continue
-        del buf[:8]
-        if chunk == b"data":
-            if not fmt_seen:
-                raise EngineError("engine_failed", "TTS server sent WAV data before its format")
-            left = None if size in (0, 0xFFFFFFFF) else size  # streamed: to the end
-            while left is None or left > 0:
-                if not fill(1):
-                    return
-                take = len(buf) if left is None else min(left, len(buf))
-                yield bytes(buf[:take])
-                del buf[:take]
-                if left is not None:
-                    left -= take
-            if size & 1 and fill(1):  # (a chunk of odd size is padded)
-                del buf[:1]
-            continue
-        if not fill(size + (size & 1)):  # (a chunk of odd size is padded)
-            return
-        body = bytes(buf[:size])
-        del buf[:size + (size & 1)]
-        if chunk == b"fmt ":
-            if len(body) < 16:
-                raise EngineError("engine_failed", "TTS server sent WAV with a broken format")
-            tag, channels, rate = struct.unpack_from("<HHI", body)
-            bits = struct.unpack_from("<H", body, 14)[0]
-            if tag not in (1, 0xFFFE) or channels != 1 or rate != OUTPUT_RATE or bits != 16:
-                raise EngineError(
-                    "engine_failed",
-                    f"TTS server sent WAV of {channels} channel(s), {bits}-bit, {rate} Hz "
-                    f"(format {tag:#x}); the http engine plays {OUTPUT_RATE} Hz mono 16-bit "
-                    "PCM: ask the server for response_format pcm at that rate")
-            fmt_seen = True
