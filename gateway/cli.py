@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--insecure-bind", action=argparse.BooleanOptionalAction, default=None,
                    help="allow a non-loopback --host without tokens (--no-insecure-bind "
                    "overrides a config file's true)")
-    s.add_argument("--origin", action="append", help="allowed browser Origin (repeatable)")
+    s.add_argument("--origin", action="append", help="allowed browser Origin, e.g. "
+                   "http://hub.local:3000 (repeatable; '*': any). Default: any with tokens; "
+                   "without, only the gateway's own console")
     s.add_argument("--tls-cert", help="serve wss:// (and https:// on the HTTP port) with this "
                    "certificate (PEM)")
     s.add_argument("--tls-key", help="private key for --tls-cert")

@@ -75,7 +75,9 @@ class ServerConfig:
     insecure_bind: bool = False
     """Allow binding a non-loopback address without tokens (say you mean it)."""
     origins: tuple[str, ...] | None = None
-    """Allowed browser ``Origin`` values (None: any). Clients without ``Origin`` pass."""
+    """Allowed browser ``Origin`` values; ``"*"``: any. None: any when tokens are set, else
+    only the voice port's own pages (``gateway.io.auth.origin_allowlist``). Clients without
+    ``Origin`` pass."""
     tls_cert: str | None = None
     tls_key: str | None = None
     turns_per_minute: int = 60

@@ -187,3 +187,37 @@ async def test_with_an_origin_allowlist_only_those_origins_get_cors():
     # as http-api.md says: the CORS layer's own refusal, which the browser obeys
     assert (preflight.status_code, preflight.text) == (400, "Disallowed CORS origin")
     assert "access-control-allow-origin" not in preflight.headers
+
+
+async def test_without_tokens_a_page_of_another_site_cannot_call_the_api():
+    # a page's simple POST (no preflight) was spoken, and CORS "*" let it read the audio
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+            simple = await http.post("/v1/audio/speech", content=b'{"input": "Hi."}',
+                                     headers={"Origin": "http://evil.example",
+                                              "Content-Type": "text/plain"})
+            models = await http.get("/v1/models", headers={"Origin": "http://evil.example"})
+            no_origin = await http.post("/v1/audio/speech", json={"input": "Hi."})
+    finally:
+        await gw.aclose()
+    assert simple.status_code == models.status_code == 403
+    assert simple.json()["error"]["code"] == "forbidden_origin"
+    assert "access-control-allow-origin" not in models.headers
+    assert no_origin.status_code == 200  # not a browser
+
+
+async def test_origins_star_lets_any_page_call_the_api():
+    gw = Gateway(load_config(server={"port": 0, "origins": ("*",)}, llm={"tokens_per_s": 0}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+            models = await http.get("/v1/models", headers={"Origin": "http://app.example"})
+    finally:
+        await gw.aclose()
+    assert models.status_code == 200
+    assert models.headers["access-control-allow-origin"] == "*"
+

@@ -267,3 +267,53 @@ async def test_a_voice_port_in_use_leaves_nothing_running():
     async with httpx.AsyncClient(timeout=5) as client:
         with pytest.raises(httpx.ConnectError):
             await client.get(f"http://127.0.0.1:{http_port}/health")
+
+
+async def refused_403(url: str, origin: str, **kwargs) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(url, origin=origin, **kwargs):
+            pass
+    assert refused.value.response.status_code == 403
+    assert json.loads(refused.value.response.body)["error"]["code"] == "forbidden_origin"
+
+
+async def test_without_tokens_a_page_of_another_site_cannot_open_a_session(start_gateway):
+    # No token: the hub owner's browser, on any page of any site, could open a session on
+    # the loopback gateway (WebSockets are not bound by CORS) and use its LLM and voice.
+    # Only the gateway's own console, and clients that send no Origin, are let in.
+    gw = await start_gateway()
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    await refused_403(url, "https://evil.example")
+    await refused_403(url, f"http://127.0.0.1:{gw.port + 1}")  # another port, another site
+    for origin in (None, f"http://127.0.0.1:{gw.port}"):
+        async with connect(url, origin=origin) as ws:
+            await created(ws)
+    async with connect(f"ws://localhost:{gw.port}/v1/voice", host="127.0.0.1",
+                       origin=f"http://localhost:{gw.port}") as ws:
+        await created(ws)
+    # "*" lets any page in, as before
+    gw = await start_gateway(server={"origins": ("*",)})
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice", origin="https://a.example") as ws:
+        await created(ws)
+
+
+@pytest.mark.parametrize("origins", [None, ("https://console.example",)])
+async def test_dns_rebinding_does_not_pass_for_the_gateways_own_console(start_gateway,
+                                                                          origins):
+    # A page of rebind.example whose name the attacker then points at 127.0.0.1 sends
+    # Origin http://rebind.example:PORT and Host rebind.example:PORT: equal, as the
+    # gateway's own console's are. Without tokens, only a Host that no DNS answer can
+    # steer (an IP address, localhost) makes an Origin the gateway's own.
+    gw = await start_gateway(server={"origins": origins})
+    name = f"rebind.example:{gw.port}"
+    await refused_403(f"ws://{name}/v1/voice", f"http://{name}", host="127.0.0.1")
+
+
+async def test_with_tokens_the_gateways_own_console_is_let_in_by_any_name(start_gateway):
+    # (the token is what a page of another site cannot present)
+    gw = await start_gateway(server={"tokens": ("s3cret",),
+                                     "origins": ("https://console.example",)})
+    name = f"hub.local:{gw.port}"
+    async with connect(f"ws://{name}/v1/voice?token=s3cret", host="127.0.0.1",
+                       origin=f"http://{name}") as ws:
+        await created(ws)

@@ -73,13 +73,52 @@ def select_subprotocol(connection: ServerConnection,
     return SUBPROTOCOL if SUBPROTOCOL in subprotocols else None
 
 
+ANY_ORIGIN = "*"
+"""In ``[server] origins`` (``--origin '*'``): any browser Origin is let in."""
+
+
+def origin_allowlist(tokens: Sequence[str],
+                     origins: Sequence[str] | None) -> Sequence[str] | None:
+    """The browser origins both ports let in besides their own (None: any). Unset, any when
+    tokens are required (a page of another site cannot present one), else none: without a
+    token, any page the owner's browser opens could otherwise use the gateway (a WebSocket
+    is not bound by CORS, and a page's simple POST needs no preflight)."""
+    if origins is None:
+        return None if tokens else ()
+    return None if ANY_ORIGIN in origins else origins
+
+
+def own_origin(scheme: str, host: str, *, any_name: bool) -> str | None:
+    """The origin of the port asked (``scheme://Host``), whose pages (the voice port's
+    console) are let in, or None. ``any_name`` False (no tokens): only when ``Host`` is an
+    IP address or ``localhost``. A page of an attacker's site whose name is pointed at this
+    machine once it has loaded (DNS rebinding) sends its own name as both Origin and Host,
+    so an Origin equal to ``scheme://Host`` proves nothing unless no DNS answer can steer
+    the name."""
+    if not host:
+        return None
+    if not any_name:
+        try:
+            parts = urlsplit(f"//{host}")
+            name = parts.hostname or ""
+            parts.port  # noqa: B018 (a malformed port raises)
+        except ValueError:
+            return None
+        if name != "localhost":
+            try:
+                ipaddress.ip_address(name)
+            except ValueError:
+                return None
+    return f"{scheme}://{host}"
+
+
 def refused_origin(origins: Sequence[str], allowed: Iterable[str] | None,
                    own: str | None = None) -> str | None:
     """Why a request with these ``Origin`` header values is refused (403
-    ``forbidden_origin``), or None. Both ports' rule: with an allowlist (``--origin``), a
-    browser Origin outside it, or more than one, is refused; no Origin (not a browser) is
-    let in. ``own``: the origin of the port asked (``scheme://Host``), whose pages (the
-    voice port's console) are let in too: a page of another site cannot send its Origin."""
+    ``forbidden_origin``), or None. Both ports' rule: with an allowlist
+    (``origin_allowlist``), a browser Origin outside it, or more than one, is refused; no
+    Origin (not a browser) is let in. ``own``: the origin of the port asked
+    (``own_origin``), whose pages (the voice port's console) are let in too."""
     if allowed is None or not origins or (
             len(origins) == 1 and (origins[0] in allowed or origins[0] == own)):
         return None

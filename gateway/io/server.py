@@ -49,6 +49,8 @@ from gateway.io.auth import (
     check_token,
     install_redaction,
     is_loopback,
+    origin_allowlist,
+    own_origin,
     refused_origin,
     select_subprotocol,
 )
@@ -448,8 +450,12 @@ class Gateway:
                            "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
             scheme = "https" if self.config.server.tls_cert else "http"
-            why = refused_origin(request.headers.get_all("Origin"), self.config.server.origins,
-                                 own=f"{scheme}://{request.headers.get('Host', '')}")
+            server = self.config.server
+            hosts = request.headers.get_all("Host")
+            own = own_origin(scheme, hosts[0] if len(hosts) == 1 else "",
+                             any_name=bool(server.tokens))
+            why = refused_origin(request.headers.get_all("Origin"),
+                                 origin_allowlist(server.tokens, server.origins), own=own)
             if why is not None:
                 self.metrics.errors["forbidden_origin"] += 1
                 return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
