@@ -104,6 +104,9 @@ def test_redact_masks_query_and_bearer_tokens():
     assert redact("GET /v1/voice?token=abc&x=1 HTTP/1.1") == "GET /v1/voice?token=***&x=1 HTTP/1.1"
     assert redact("Authorization: Bearer abc.def") == "Authorization: Bearer ***"
     assert redact("subprotocol bearer.abc") == "subprotocol bearer.***"
+    assert redact("Authorization: BEARER a!b$c@d") == "Authorization: BEARER ***"
+    assert redact("Sec-WebSocket-Protocol: bearer.a!b#c, voice.v1") == \
+        "Sec-WebSocket-Protocol: bearer.***, voice.v1"
     assert redact("nothing secret here") == "nothing secret here"
 
 
@@ -221,3 +224,32 @@ async def test_origins_star_lets_any_page_call_the_api():
     assert models.status_code == 200
     assert models.headers["access-control-allow-origin"] == "*"
 
+
+async def test_tokens_of_any_characters_and_case_never_reach_the_logs(caplog):
+    # websockets logs every request header at DEBUG. The masks stopped at the first
+    # character outside [A-Za-z0-9._~+/=-] ("Bearer ***!c$d#Secret9") and missed a
+    # scheme the gateway accepts in any case ("BEARER <token>" was logged whole).
+    token = "Ab!c$d#Secret9"
+    caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="websockets.server")  # (the CLI quiets it)
+    gw = Gateway(load_config(server={"port": 0, "tokens": (token,)}, llm={"tokens_per_s": 0}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    try:
+        voice = f"ws://127.0.0.1:{gw.port}/v1/voice"
+        for offer in ({"additional_headers": {"Authorization": f"Bearer {token}"}},
+                      {"additional_headers": {"Authorization": f"BEARER {token}"}},
+                      {"subprotocols": ["voice.v1", f"bearer.{token}"]}):
+            async with connect(voice, **offer) as ws:
+                await recv_event(ws, "session.created")
+        with pytest.raises(InvalidStatus):  # a near miss (a typo) is not logged either
+            async with connect(voice, additional_headers={
+                    "Authorization": f"bearer {token}x"}):
+                pass
+    finally:
+        await gw.aclose()
+    server_side = [r for r in caplog.records
+                   if not r.name.startswith(("httpx", "httpcore", "websockets.client"))]
+    text = "\n".join(r.getMessage() + (r.exc_text or "") for r in server_side)
+    assert "Authorization" in text  # the headers were logged...
+    assert "Secret9" not in text  # ...without the tokens, or any part of them

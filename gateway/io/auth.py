@@ -135,7 +135,9 @@ def is_loopback(host: str) -> bool:
 
 
 _TOKEN_IN_TEXT = re.compile(r"((?:[?&]|\b)token=)[^&\s\"']+")
-_BEARER_IN_TEXT = re.compile(r"((?:[Bb]earer[ .]))[A-Za-z0-9._~+/=-]+")
+_BEARER_IN_TEXT = re.compile(r"(bearer[ .])[^\s,]+", re.IGNORECASE)
+"""A bearer token, whatever its characters (up to a space, or the comma that ends a
+subprotocol entry), after ``Bearer`` in any case: the scheme is accepted so."""
 
 
 def redact(text: str) -> str:
