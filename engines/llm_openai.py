@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -64,6 +65,17 @@ slow to send the rest, or to end its body, must not fail the turn after ``stall_
 
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` as errors, logs and ``/health`` show it: without the password of a
+    ``user:password@`` part (an LLM behind a proxy with basic auth). ``/health`` is open
+    to anyone who reaches the port, and errors go to every voice client."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}").geturl()
 
 
 class ThinkFilter:
@@ -238,6 +250,8 @@ class OpenAiLlm:
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError(f"LLM url must be http(s)://host[:port]/base, got {url!r}")
         self.url = url.rstrip("/")
+        self.shown_url = shown_url(self.url)
+        """``url`` for messages (no password)."""
         self.model = model
         self._endpoint = f"{self.url}/chat/completions"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -286,20 +300,21 @@ class OpenAiLlm:
             raise EngineError("llm_failed", busy.message) from None
         except httpx.ReadTimeout as exc:
             raise EngineError(
-                "llm_unavailable", f"LLM server {self.url} sent nothing for "
+                "llm_unavailable", f"LLM server {self.shown_url} sent nothing for "
                 f"{self._client.timeout.read:g} s (ReadTimeout)") from exc
         except httpx.TimeoutException as exc:
             raise EngineError(
-                "llm_unavailable", f"LLM server {self.url} timed out ({type(exc).__name__})"
+                "llm_unavailable", f"LLM server {self.shown_url} timed out ({type(exc).__name__})"
             ) from exc
         except httpx.ConnectError as exc:
             raise EngineError(
-                "llm_unavailable", f"cannot reach LLM server {self.url}: {exc}"
+                "llm_unavailable", f"cannot reach LLM server {self.shown_url}: {exc}"
             ) from exc
         except httpx.HTTPError as exc:
             # RemoteProtocolError, ReadError, ...: it answered, then broke off.
             raise EngineError(
-                "llm_failed", f"LLM stream from {self.url} broke off: {type(exc).__name__}: {exc}"
+                "llm_failed",
+                f"LLM stream from {self.shown_url} broke off: {type(exc).__name__}: {exc}"
             ) from exc
 
     async def _stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
@@ -343,7 +358,7 @@ class OpenAiLlm:
                     if finished:
                         break  # (the connection is closed, not reused)
                     raise EngineError(
-                        "llm_unavailable", f"LLM server {self.url} sent no data for "
+                        "llm_unavailable", f"LLM server {self.shown_url} sent no data for "
                         f"{self.stall_s:g} s " + (f"(deltas so far: {deltas})" if deltas else
                                                   "before its first token (queued behind "
                                                   "other requests, or stuck)")) from None

@@ -253,3 +253,30 @@ async def test_tokens_of_any_characters_and_case_never_reach_the_logs(caplog):
     text = "\n".join(r.getMessage() + (r.exc_text or "") for r in server_side)
     assert "Authorization" in text  # the headers were logged...
     assert "Secret9" not in text  # ...without the tokens, or any part of them
+
+
+async def test_the_llm_urls_password_is_shown_to_no_one(refused_port, caplog):
+    # An LLM behind a proxy with basic auth is configured as http://user:password@host/v1.
+    # /health (open to anyone on the LAN, tokens or not) showed that URL whole, and so did
+    # every llm_unavailable error sent to a voice client and the log lines about the LLM.
+    caplog.set_level(logging.INFO)
+    gw = Gateway(load_config(server={"port": 0, "tokens": (SECRET,)},
+                             llm={"url": f"http://hub:pa55word@127.0.0.1:{refused_port}/v1"}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice?token={SECRET}") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="Hello?")
+            turn = await read_turn(ws)
+        async with httpx.AsyncClient() as http:
+            health = [(await http.get(f"http://127.0.0.1:{port}/health")).text
+                      for port in (gw.port, gw.http_port)]
+    finally:
+        await gw.aclose()
+    (error,) = turn.of("error")
+    assert error["error"]["code"] == "llm_unavailable"
+    assert f"127.0.0.1:{refused_port}" in error["error"]["message"]  # still says where
+    seen = [error["error"]["message"], *health,
+            *(r.getMessage() for r in caplog.records if not r.name.startswith("httpx"))]
+    assert all("pa55word" not in text for text in seen), seen

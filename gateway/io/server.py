@@ -37,6 +37,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from engines.base import LlmBackend, TtsEngine, streams_always
+from engines.llm_openai import shown_url
 from engines.registry import create_engine, create_llm, create_voice, refused_as
 from gateway.config import TTS_OPTION_NAMES, GatewayConfig, LlmConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
@@ -738,7 +739,7 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     print(f"voice-gateway {version()} serving {ws}://{base}{VOICE_PATH} "
           f"(health: {http}://{base}/health)", flush=True)
     print(f"  console: {http}://{base}/ (type a transcript, hear the reply)", flush=True)
-    llm = f"openai at {c.llm.url}" + (f" model {c.llm.model}" if c.llm.model else "") \
+    llm = f"openai at {shown_url(c.llm.url)}" + (f" model {c.llm.model}" if c.llm.model else "") \
         if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
     print(f"  HTTP:  {http}://{host}:{gateway.http_port}/v1/audio/speech "
           "(OpenAI-compatible), /v1/models, /health, /metrics", flush=True)

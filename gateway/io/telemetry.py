@@ -54,7 +54,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from engines.base import OUTPUT_RATE
-from engines.llm_openai import OpenAiLlm
+from engines.llm_openai import OpenAiLlm, shown_url
 from gateway.core.scheduler import Job
 from gateway.io.aio import cancel_and_wait
 
@@ -159,6 +159,8 @@ class LlmProbe:
     def __init__(self, url: str | None, api_key: str | None = None,
                  interval_s: float = LLM_PROBE_INTERVAL_S) -> None:
         self.url = url
+        self.shown_url = url and shown_url(url)
+        """``url`` for the log (no password)."""
         self.api_key = api_key
         self.interval_s = interval_s
         self.reachable: bool | None = None if url else True
@@ -196,9 +198,9 @@ class LlmProbe:
         # LLM logged nothing until a turn failed), not at every probe
         if not self.reachable and was is not False:
             log.warning("the LLM server at %s does not answer (%s): turns fail with "
-                        "llm_unavailable until it does", self.url, self.detail)
+                        "llm_unavailable until it does", self.shown_url, self.detail)
         elif self.reachable and was is False:
-            log.info("the LLM server at %s answers again (%s)", self.url, self.detail)
+            log.info("the LLM server at %s answers again (%s)", self.shown_url, self.detail)
 
     def observed(self, reachable: bool, detail: str) -> None:
         """What a turn's LLM stream showed: it answered, or could not reach the server. As
@@ -444,7 +446,7 @@ class Telemetry:
         thoughts = {"thinking": {"mode": llm.thinking, "unopened": llm.thoughts_unopened,
                                  "unclosed": llm.thoughts_unclosed}} \
             if isinstance(llm, OpenAiLlm) else {}
-        return {"backend": llm.name, "url": self.gateway.config.llm.url,
+        return {"backend": llm.name, "url": self.llm_probe.shown_url,
                 **self.llm_probe.status(), "tokens_per_s": self.llm_tokens_per_s, **thoughts}
 
     def exposition(self) -> bytes:
