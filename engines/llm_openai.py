@@ -4,7 +4,9 @@ One ``httpx.AsyncClient`` per backend keeps connections alive between turns; SSE
 parsed by ``httpx-sse``. What this module adds on top is the knowledge of how these servers
 actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
 
-* keep-alive comment lines (``: keepalive 12/40``) arrive before the first token;
+* keep-alive comment lines (``: keepalive 12/40``) arrive before the first token; oMLX's
+  keep-alives (its default ``sse_keepalive_mode = "chunk"``) are ``data:`` chunks with an
+  empty delta instead, sent first and then every 10 s the stream is quiet;
 * every delta may repeat ``role``; a chunk may carry many tokens (oMLX sends bursts);
 * with ``stream_options.include_usage`` the usage arrives in its own chunk *after* the
   ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``;
@@ -19,8 +21,8 @@ actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
   those fields whatever the template did, and its content is then the reply.
 
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
-or stops answering in time (connection refused, DNS, connect/read timeout, no data event for
-``stall_s`` even if keep-alive comments still arrive), ``llm_failed``
+or stops answering in time (connection refused, DNS, connect/read timeout, no data event
+that says something for ``stall_s`` even if keep-alives still arrive), ``llm_failed``
 when it answers wrongly (HTTP status >= 400, an error payload, malformed JSON, a stream that
 breaks off or ends without ``finish_reason`` or ``[DONE]``).
 """
@@ -48,9 +50,10 @@ they process a long prompt), not the length of the whole reply; ``OpenAiLlm`` se
 ``stall_s`` unless given a timeout of its own."""
 
 DEFAULT_STALL_S = 60.0
-"""The longest a stream may go without a data event. Keep-alive comments reset httpx's
-read timeout but not this: a server stuck after its first token that keeps sending
-``: keepalive`` would otherwise hold the turn open for ever. Generous, because servers
+"""The longest a stream may go without a data event that says something (text, a
+thought, a finish, usage). Keep-alives reset httpx's read timeout but not this, whether
+comments (``: keepalive``) or oMLX's empty chunks: a server stuck after its first token
+that keeps sending them would otherwise hold the turn open for ever. Generous, because servers
 also send keep-alives while they process a long prompt before the first token."""
 
 MIN_DECODE_S = 0.25
@@ -59,9 +62,10 @@ were buffered on the way than about the server (two chunks 1 ms apart: thousands
 tokens per second): no rate then."""
 
 AFTER_FINISH_S = 2.0
-"""How long the usage chunk and ``[DONE]`` may take after the ``finish_reason`` chunk, and
-the end of the body after ``[DONE]``. The reply is whole by then: a server (or a proxy)
-slow to send the rest, or to end its body, must not fail the turn after ``stall_s``."""
+"""How long the usage chunk and ``[DONE]`` may take after the ``finish_reason`` chunk (or
+each other), and the end of the body after ``[DONE]``. The reply is whole by then: a server
+(or a proxy) slow to send the rest, or to end its body, must not fail the turn after
+``stall_s``."""
 
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
@@ -326,6 +330,7 @@ class OpenAiLlm:
         first_at = last_at = 0.0  # when the first and the last text chunk came (monotonic)
         first_chars = all_chars = 0  # the first chunk's text, and all of it, thoughts too
         thoughts = ThinkFilter(opened=self.thinking == "opened")
+        loop = asyncio.get_running_loop()
         async with aconnect_sse(
             self._client, "POST", self._endpoint, json=self._body(request)
         ) as source:
@@ -345,12 +350,14 @@ class OpenAiLlm:
                     f"stream: {_snippet(await _read_head(response))}",
                 )
             events = source.aiter_sse()
+            said_at = loop.time()  # the last data event that said something (no keep-alive)
             while True:
                 # once the reply is whole, the rest (usage, [DONE], the body's end) gets a
                 # short while only, and not getting it is no failure
                 finished = seen_done or finish_reason is not None
                 try:
-                    async with asyncio.timeout(AFTER_FINISH_S if finished else self.stall_s):
+                    async with asyncio.timeout_at(
+                            said_at + (AFTER_FINISH_S if finished else self.stall_s)):
                         sse = await anext(events)
                 except StopAsyncIteration:
                     break
@@ -369,6 +376,7 @@ class OpenAiLlm:
                     continue  # read to the end of the body so the connection can be reused
                 if data == "[DONE]":
                     seen_done = True
+                    said_at = loop.time()
                     continue
                 try:
                     chunk = orjson.loads(data)
@@ -384,7 +392,10 @@ class OpenAiLlm:
                     usage = chunk["usage"]
                 if isinstance(chunk.get("timings"), dict):
                     timings = chunk["timings"]
-                for text, thought, reason in _choices(chunk, data):
+                choices = _choices(chunk, data)
+                if _says_something(chunk):
+                    said_at = loop.time()
+                for text, thought, reason in choices:
                     # completion_tokens counts a reasoning model's thinking too (vLLM sends
                     # it as reasoning_content): the decode time must cover it as well
                     if text or thought:
@@ -502,6 +513,16 @@ def _choices(chunk: dict[str, Any], data: str) -> list[tuple[str, str, str | Non
             raise EngineError("llm_failed", f"malformed LLM chunk (not text): {_snippet(data)}")
         out.append((text, thought, reason))
     return out
+
+
+def _says_something(chunk: dict[str, Any]) -> bool:
+    """Whether a chunk (already checked by ``_choices``) is more than a keep-alive: oMLX's
+    is a chunk whose delta has a ``role`` and an empty ``content``, and nothing else."""
+    if chunk.get("usage") or chunk.get("timings"):
+        return True
+    return any(choice.get("finish_reason") or
+               any(value for key, value in (choice.get("delta") or {}).items() if key != "role")
+               for choice in chunk.get("choices") or [])
 
 
 async def _read_head(response: httpx.Response, limit: int = 2048) -> bytes:

@@ -105,9 +105,20 @@ class Hang:
 @dataclass(frozen=True)
 class KeepAlive:
     """Send a ``: keepalive`` comment every ``every_s`` seconds until the client goes away
-    (or the server shuts down): a server stuck mid-reply that still looks alive."""
+    (or the server shuts down): a server stuck mid-reply that still looks alive.
+    ``chunk``: send oMLX's keep-alive instead (its default ``sse_keepalive_mode``), a
+    ``data:`` chunk with an empty delta (``OMLX_KEEPALIVE``)."""
 
     every_s: float = 0.05
+    chunk: bool = False
+
+
+OMLX_KEEPALIVE = (
+    b'data: {"id":"chatcmpl-keepalive","object":"chat.completion.chunk","created":0,'
+    b'"model":"keepalive","choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+    b'"finish_reason":null}]}\n\n')
+"""What oMLX sends, by default, every 10 s while a stream is quiet (and once before the
+first token): a chunk that says nothing, in ``data:``, not an SSE comment."""
 
 
 def reply_script(
@@ -263,8 +274,8 @@ class ScriptedLlmServer:
                 return
             if isinstance(step, KeepAlive):
                 while not (record.disconnected.is_set() or self._closing.is_set()):
-                    await send({"type": "http.response.body", "body": _encode(Comment()),
-                                "more_body": True})
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": OMLX_KEEPALIVE if step.chunk else _encode(Comment())})
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(step.every_s):
                             await self._hang(record)

@@ -11,6 +11,7 @@ import pytest
 from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
 from engines.llm_openai import OpenAiLlm, ThinkFilter, tokens_per_s_from
 from tests.servers import (
+    OMLX_KEEPALIVE,
     Burst,
     Comment,
     Done,
@@ -221,16 +222,22 @@ async def test_a_server_that_hangs_times_out_as_unavailable(scripted_llm_server,
         await scripted_llm_server.requests[0].disconnected.wait()
 
 
+@pytest.mark.parametrize("chunk", [False, True], ids=["comments", "omlx-chunks"])
 async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
-        scripted_llm_server):
-    # every comment resets httpx's read timeout; the stall bound counts data events only
+        scripted_llm_server, chunk):
+    # every comment resets httpx's read timeout; the stall bound counts data events only,
+    # and of those only the ones that say something: oMLX's keep-alives (its default
+    # sse_keepalive_mode "chunk") are data chunks with an empty delta, and held a turn of a
+    # stuck oMLX open for ever
     llm = OpenAiLlm(scripted_llm_server.url, stall_s=0.5)
-    scripted_llm_server.script([Comment(), Text("Half a reply"), KeepAlive(every_s=0.05)])
+    scripted_llm_server.script(
+        [Comment(), Text("Half a reply"), KeepAlive(every_s=0.05, chunk=chunk)])
     got = []
     try:
         with pytest.raises(EngineError) as info:
-            async for event in llm.stream(REQUEST):
-                got.append(event)
+            async with asyncio.timeout(20):  # a safety net only, as in collect
+                async for event in llm.stream(REQUEST):
+                    got.append(event)
     finally:
         await llm.aclose()
     assert [e.text for e in got] == ["Half a reply"]
@@ -239,6 +246,32 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
                                   "0.5 s (deltas so far: 1)")
     async with asyncio.timeout(5):
         await scripted_llm_server.requests[0].disconnected.wait()
+
+
+async def test_omlx_keep_alive_chunks_before_the_first_token_do_not_hold_it_open(
+        scripted_llm_server):
+    llm = OpenAiLlm(scripted_llm_server.url, stall_s=0.5)
+    scripted_llm_server.script([KeepAlive(every_s=0.05, chunk=True)])
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+    assert info.value.code == "llm_unavailable"
+    assert "sent no data for 0.5 s before its first token" in info.value.message
+    async with asyncio.timeout(5):
+        await scripted_llm_server.requests[0].disconnected.wait()
+
+
+async def test_omlx_keep_alive_chunks_between_tokens_are_nothing_said(scripted_llm_server):
+    llm = OpenAiLlm(scripted_llm_server.url, stall_s=5)
+    scripted_llm_server.script([Raw(OMLX_KEEPALIVE), Text("One"), Raw(OMLX_KEEPALIVE),
+                                Text(" two."), Finish(), Raw(OMLX_KEEPALIVE), Done()])
+    try:
+        events = await collect(llm)
+    finally:
+        await llm.aclose()
+    assert events == [LlmDelta("One"), LlmDelta(" two."), LlmDone("stop")]
 
 
 async def test_connection_refused_is_unavailable(refused_port):
