@@ -24,7 +24,8 @@ Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server can
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event
 that says something for ``stall_s`` even if keep-alives still arrive), ``llm_failed``
 when it answers wrongly (HTTP status >= 400, an error payload, malformed JSON, a stream that
-breaks off or ends without ``finish_reason`` or ``[DONE]``).
+breaks off or ends without ``finish_reason`` or ``[DONE]``, or with a ``finish_reason`` that
+says it gave up: ``ABORTED``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ AFTER_FINISH_S = 2.0
 each other), and the end of the body after ``[DONE]``. The reply is whole by then: a server
 (or a proxy) slow to send the rest, or to end its body, must not fail the turn after
 ``stall_s``."""
+
+ABORTED = ("abort", "error")
+"""The ``finish_reason`` of a reply the server gave up on (vLLM: an aborted request, an
+engine shutting down or pausing; some servers: an error while decoding), which it ends as
+it ends a whole one, ``[DONE]`` included: the reply is cut short, so the turn fails."""
 
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
@@ -420,6 +426,9 @@ class OpenAiLlm:
                 "llm_failed",
                 f"LLM stream ended after {deltas} deltas without finish_reason or [DONE]",
             )
+        if finish_reason in ABORTED:
+            raise EngineError("llm_failed", f"the LLM server ended the reply early "
+                              f"({finish_reason!r}) after {deltas} deltas")
         if rest := thoughts.finish():
             yield LlmDelta(rest)
         if thoughts.inside:

@@ -74,6 +74,9 @@ async def test_burst_with_usage_after_finish_gives_exact_text_and_rate(scripted_
     ([Text("Half a sentence. And then"), Drop()], "llm_failed"),
     # the break right after a sentence's end: it is complete, so spoken too
     ([Text("Half a sentence. "), Drop()], "llm_failed"),
+    # an aborted request (vLLM: finish_reason "abort") was a completed turn that spoke
+    # "And then" and kept it in the history as said
+    ([Text("Half a sentence. And then"), Finish("abort"), Done()], "llm_failed"),
     ([Text("Okay. "), Text("{broken"), Finish(), Done()], None),  # text, not JSON: fine
 ])
 async def test_llm_failures_end_the_turn_failed_and_speak_what_was_complete(

@@ -183,6 +183,9 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         ([Raw(b'data: {"error": {"message": "model crashed"}}\n\n')], "model crashed"),
         ([Text("half a rep"), Drop()], "broke off"),
         ([Text("no ending")], "without finish_reason or [DONE]"),
+        # vLLM ends an aborted request (engine shutdown, a pause, memory) as if it finished
+        ([Text("half a rep"), Finish("abort"), Done()], "ended the reply early ('abort')"),
+        ([Text("half a rep"), Finish("error"), Done()], "ended the reply early ('error')"),
         # shapes no OpenAI-compatible server sends: named, not a Python error from deep in
         # the gateway with a traceback
         ([Raw(b'data: {"choices": ["oops"]}\n\n')], "malformed LLM chunk ('delta')"),
@@ -193,6 +196,7 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
          "malformed LLM chunk (not text)"),
     ],
     ids=["500", "404", "not-sse", "bad-json", "error-payload", "dropped", "no-finish",
+         "finish-abort", "finish-error",
          "choice-not-object", "choices-not-list", "content-number", "content-parts"],
 )
 async def test_failures_map_to_llm_failed(llm, scripted_llm_server, script, fragment):
