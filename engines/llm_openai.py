@@ -367,7 +367,9 @@ class OpenAiLlm:
                         sse = await anext(events)
                 except StopAsyncIteration:
                     break
-                except TimeoutError:
+                except (TimeoutError, httpx.ReadTimeout):
+                    # (httpx's read timeout is stall_s too: with one shorter than
+                    # AFTER_FINISH_S, it is the one that ends the wait after a whole reply)
                     if finished:
                         break  # (the connection is closed, not reused)
                     raise EngineError(

@@ -447,6 +447,20 @@ async def test_a_whole_reply_ends_even_if_the_server_is_slow_with_the_rest(
 
 
 
+async def test_a_whole_reply_ends_well_with_a_stall_timeout_shorter_than_the_wait_after_it(
+        scripted_llm_server):
+    """stall_timeout_s also bounds httpx's read timeout: set below AFTER_FINISH_S, it failed
+    a whole reply llm_unavailable when the server was slow with its usage or [DONE]."""
+    backend = OpenAiLlm(scripted_llm_server.url, stall_s=0.3)
+    scripted_llm_server.script([Text("All "), Text("of it."), Finish(), Hang()])
+    try:
+        events = await collect(backend)
+    finally:
+        await backend.aclose()
+    assert [e.text for e in events if isinstance(e, LlmDelta)] == ["All ", "of it."]
+    assert events[-1].finish_reason == "stop"
+
+
 @pytest.mark.parametrize(("first", "retried"), [
     (Status(503, b'{"error": {"message": "Model is loading"}}', retry_after="0.2"), True),
     (Status(429, retry_after="0.1"), True),
