@@ -27,9 +27,12 @@ Lane = Literal["gpu", "ane", "cpu", "remote"]
 class EngineError(Exception):
     """Any failure of an engine or LLM backend, mapped at the boundary.
 
-    ``code`` is a stable, machine-readable word that ends up in the client's ``error``
-    event (``engine_failed``, ``engine_timeout``, ``engine_runaway``, ``llm_unavailable``,
-    ``llm_failed``, ...). Library errors are chained with ``raise EngineError(...) from exc``.
+    ``code`` is a stable, machine-readable word (``engine_failed``, ``engine_timeout``,
+    ``engine_runaway``, ``llm_unavailable``, ``llm_failed``, ...): the logs, ``/health`` and
+    the HTTP API's errors show it as it is; a voice client's ``error`` event has it when
+    protocol.md lists it, else ``engine_failed`` or ``llm_failed`` with the code leading
+    the message (``gateway.core.session.SYNTHESIS_ERROR_CODES``). Library errors are
+    chained with ``raise EngineError(...) from exc``.
     """
 
     def __init__(self, code: str, message: str) -> None:

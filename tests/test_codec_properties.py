@@ -579,3 +579,50 @@ def test_u32_turn_ids_decode_up_to_the_largest():
         decode_client('{"type":"session.resume","session_id":"s","resume_token":"t",'
                       '"last_seq":-2}')
     assert info.value.code == "invalid_field"
+
+
+# --- turn errors: an engine's or an LLM backend's own code reaches a client documented ----
+
+
+def engine_codes() -> set[str]:
+    """Every code an engine or LLM backend raises (``EngineError("code", ...)`` in
+    engines/, read, not copied)."""
+    found: set[str] = set()
+    for path in (PROTOCOL_MD.parent / "engines").glob("*.py"):
+        found |= set(re.findall(r'EngineError\(\s*"([a-z_]+)"', path.read_text()))
+    return found
+
+
+def turn_error(fail) -> dict:
+    """The ``error`` event of a turn whose LLM or engine ``fail``s on its first sentence."""
+    s = Session("s")
+    s.receive(ClientTranscript("hello there"), 0.0)
+    s.llm_delta(1, "A complete sentence. More", 0.0)
+    (error,) = [e.event for e in fail(s) if isinstance(e, SendEvent)
+                and e.event["type"] == "error"]
+    assert error["turn_id"] == 1
+    return error["error"]
+
+
+def test_every_code_an_engine_raises_reaches_a_client_as_a_documented_one():
+    """protocol.md's codes are stable, and a client codes against that table. The qwen3
+    and chatterbox runaway guards' ``engine_runaway`` went to the client as it was, and
+    so would ``voice_unknown``, ``engine_busy``, ``engine_closed`` or ``bad_request``."""
+    codes = engine_codes()
+    assert {"engine_failed", "engine_runaway", "voice_unknown", "llm_failed"} <= codes
+    for code in sorted(codes):
+        for fail in (lambda s, c=code: s.synthesis_failed(1, 0, c, "boom", 0.0),
+                     lambda s, c=code: s.llm_failed(1, c, "boom", 0.0)):
+            assert turn_error(fail)["code"] in CODES, code
+
+
+def test_an_engines_own_code_is_told_as_engine_failed_and_named_in_the_message():
+    error = turn_error(lambda s: s.synthesis_failed(1, 0, "engine_runaway", "too long", 0.0))
+    assert error == {"code": "engine_failed", "message": "engine_runaway: too long"}
+    for code in ("engine_failed", "engine_timeout", "engine_unavailable", "internal_error"):
+        error = turn_error(lambda s, c=code: s.synthesis_failed(1, 0, c, "boom", 0.0))
+        assert error == {"code": code, "message": "boom"}
+    error = turn_error(lambda s: s.llm_failed(1, "bad_request", "no", 0.0))
+    assert error == {"code": "llm_failed", "message": "bad_request: no"}
+    for code in ("llm_failed", "llm_unavailable"):
+        assert turn_error(lambda s, c=code: s.llm_failed(1, c, "boom", 0.0))["code"] == code

@@ -152,6 +152,20 @@ UNMARKED_SILENT_S = 10.0
 """The same for a client that sends no marks in the turn (it may send nothing at all while
 it listens: probed less often, still well before the resume buffer (~20 s) is outrun)."""
 
+SYNTHESIS_ERROR_CODES = frozenset({"engine_failed", "engine_timeout", "engine_unavailable",
+                                   "internal_error"})
+LLM_ERROR_CODES = frozenset({"llm_failed", "llm_unavailable"})
+"""The codes protocol.md gives a turn whose synthesis, or LLM stream, failed. An engine's or
+a backend's own code (``engine_runaway``, ``voice_unknown``, ``bad_request``, ...) goes to
+the client as ``engine_failed`` (``llm_failed``), with that code leading the message
+(``_documented``): a client meets only the codes of protocol.md's table."""
+
+
+def _documented(code: str, message: str, codes: frozenset[str],
+                other: str) -> tuple[str, str]:
+    return (code, message) if code in codes else (other, f"{code}: {message}")
+
+
 Effect = (SendEvent | SendAudio | SendFrames | StartLlm | CancelLlm | StartSynthesis
           | CancelSynthesis | Received | ProbeListener)
 
@@ -444,6 +458,7 @@ class Session:
         if turn is None or turn.llm_done:
             return []
         turn.llm_done = True
+        code, message = _documented(code, message, LLM_ERROR_CODES, "llm_failed")
         effects: list[Effect] = [self._turn_error(turn, code, message)]
         effects += self._add_segments(turn, turn.segmenter.abandon(), now)
         return effects + self._pump(turn, now)
@@ -488,6 +503,7 @@ class Session:
         turn = self._active(turn_id)
         if turn is None or index >= len(turn.segments):
             return []
+        code, message = _documented(code, message, SYNTHESIS_ERROR_CODES, "engine_failed")
         if turn.segments[index].announced or index < turn.current or \
                 not all(seg.synthesized for seg in turn.segments[:index]):
             return self._fail(turn, code, message, now)
