@@ -12,6 +12,7 @@ whose model runs at another rate resamples inside its stream.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -178,3 +179,14 @@ class LlmBackend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def shown_url(url: str) -> str:
+    """``url`` as errors, logs and ``/health`` show it: without the password of a
+    ``user:password@`` part (an LLM or TTS server behind a proxy with basic auth).
+    ``/health`` is open to anyone who reaches the port, and errors go to every client."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}").geturl()

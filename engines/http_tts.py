@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import httpx
 
-from engines.base import EngineError, SynthesisRequest
+from engines.base import EngineError, SynthesisRequest, shown_url
 
 
 class HttpTtsEngine:
@@ -131,6 +131,8 @@ class HttpTtsStream:
     def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str) -> None:
         self._client = client
         self._url = url
+        self._shown_url = shown_url(url)
+        """``url`` for messages (no password)."""
         self._body = body
         self._format = fmt
         self._response: httpx.Response | None = None
@@ -150,10 +152,10 @@ class HttpTtsStream:
             raise
         except httpx.TimeoutException as exc:
             self.close()
-            raise EngineError("engine_timeout", f"TTS server {self._url}: {exc!r}") from exc
+            raise EngineError("engine_timeout", f"TTS server {self._shown_url}: {exc!r}") from exc
         except Exception as exc:
             self.close()
-            raise EngineError("engine_failed", f"TTS server {self._url}: {exc!r}") from exc
+            raise EngineError("engine_failed", f"TTS server {self._shown_url}: {exc!r}") from exc
         if piece is None:
             self.close()
             return None
@@ -175,8 +177,8 @@ class HttpTtsStream:
         if response.status_code >= 400:
             detail = response.read()[:300].decode("utf-8", "replace")
             raise EngineError(
-                "engine_failed", f"TTS server {self._url} answered {response.status_code}: {detail}"
-            )
+                "engine_failed",
+                f"TTS server {self._shown_url} answered {response.status_code}: {detail}")
         if self._format == "sse":
             return self._sse_audio(response)
         ctype = response.headers.get("content-type", "")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -41,7 +40,15 @@ import httpx
 import orjson
 from httpx_sse import aconnect_sse
 
-from engines.base import THINKING_MODES, EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
+from engines.base import (
+    THINKING_MODES,
+    EngineError,
+    LlmDelta,
+    LlmDone,
+    LlmEvent,
+    LlmRequest,
+    shown_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +83,6 @@ it ends a whole one, ``[DONE]`` included: the reply is cut short, so the turn fa
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
 
-
-def shown_url(url: str) -> str:
-    """``url`` as errors, logs and ``/health`` show it: without the password of a
-    ``user:password@`` part (an LLM behind a proxy with basic auth). ``/health`` is open
-    to anyone who reaches the port, and errors go to every voice client."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user, _, host = parts.netloc.rpartition("@")
-    return parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}").geturl()
 
 
 class ThinkFilter:

@@ -352,3 +352,15 @@ def test_a_compressed_pcm_answer_is_decoded_not_played_as_samples():
         engine.close()
         server.shutdown()
         server.server_close()
+
+
+def test_a_tts_urls_password_is_not_in_its_errors(refused_port):
+    # (engine errors reach every voice client and HTTP caller, /health and the log)
+    engine = HttpTtsEngine(f"http://hub:pa55word@127.0.0.1:{refused_port}/v1",
+                           connect_timeout_s=2)
+    engine.load()
+    with pytest.raises(EngineError) as err:
+        engine.open(SynthesisRequest("x")).step()
+    engine.close()
+    assert f"hub:***@127.0.0.1:{refused_port}" in err.value.message
+    assert "pa55word" not in err.value.message

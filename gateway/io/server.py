@@ -36,8 +36,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from engines.base import LlmBackend, TtsEngine, streams_always
-from engines.llm_openai import shown_url
+from engines.base import LlmBackend, TtsEngine, shown_url, streams_always
 from engines.registry import create_engine, create_llm, create_voice, refused_as
 from gateway.config import TTS_OPTION_NAMES, GatewayConfig, LlmConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES

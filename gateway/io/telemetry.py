@@ -53,8 +53,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from engines.base import OUTPUT_RATE
-from engines.llm_openai import OpenAiLlm, shown_url
+from engines.base import OUTPUT_RATE, shown_url
+from engines.llm_openai import OpenAiLlm
 from gateway.core.scheduler import Job
 from gateway.io.aio import cancel_and_wait
 
