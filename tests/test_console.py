@@ -584,6 +584,36 @@ async def test_console_keeps_a_live_socket_when_its_timers_are_throttled(gateway
         assert errors == []
 
 
+
+async def raw_answer(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """The head and the body of the voice port's answer to ``request`` (it closes the
+    connection after any answer but a 101)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    answer = await reader.read()  # (to the end: the server closes)
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
+async def test_the_voice_port_answers_get_head_and_nothing_else(gateway):
+    # websockets answers any method as GET: HEAD got the whole page after its headers (a
+    # proxy keeping the connection would take those bytes for the next answer), and
+    # POST, PUT, DELETE... got the page, /metrics or /health as if they were GETs
+    head, body = await raw_answer(gateway.port, b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b""
+    length = int(re.search(rb"Content-Length: (\d+)", head)[1])
+    assert length == len((STATIC_DIR / "index.html").read_bytes())  # as GET would say
+    for method in (b"POST", b"PUT", b"DELETE", b"OPTIONS"):
+        for path in (b"/", b"/health", b"/v1/voice"):
+            head, body = await raw_answer(gateway.port, method + b" " + path +
+                                          b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 405 "), (method, path, head)
+            assert b"Allow: GET, HEAD" in head
+            assert json.loads(body)["error"]["code"] == "method_not_allowed"
+    head, _ = await raw_answer(gateway.port, b"HEAD /v1/voice HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405 ")  # (a WebSocket opens with a GET)
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_talks_without_sound_where_the_page_cannot_play(start_gateway):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import gc
 import http
 import logging
@@ -430,7 +431,18 @@ class Gateway:
     # ---- HTTP on the voice port ----------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        response = self._answer_request(connection, request)
+        # websockets answers any method as a GET: a HEAD got the body too, a POST the page
+        if request.method == "GET":
+            response = self._answer_request(connection, request)
+        elif request.method == "HEAD" and request.path.split("?", 1)[0] != VOICE_PATH:
+            response = self._answer_request(connection, request)
+            assert response is not None  # (only the voice path goes on to a handshake)
+            response = dataclasses.replace(response, body=b"")  # its Content-Length stays
+        else:
+            response = _json_response(http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": {
+                "code": "method_not_allowed",
+                "message": f"{request.method[:20]} is not allowed here (GET, HEAD)"}})
+            response.headers["Allow"] = "GET, HEAD"
         if response is not None:
             # websockets closes the connection after any answer but a 101: say so, or a
             # client reusing it (httpx's pool) sends its next request into a closed socket
