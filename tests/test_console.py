@@ -584,7 +584,6 @@ async def test_console_keeps_a_live_socket_when_its_timers_are_throttled(gateway
         assert errors == []
 
 
-
 async def raw_answer(port: int, request: bytes) -> tuple[bytes, bytes]:
     """The head and the body of the voice port's answer to ``request`` (it closes the
     connection after any answer but a 101)."""
@@ -613,6 +612,7 @@ async def test_the_voice_port_answers_get_head_and_nothing_else(gateway):
             assert json.loads(body)["error"]["code"] == "method_not_allowed"
     head, _ = await raw_answer(gateway.port, b"HEAD /v1/voice HTTP/1.1\r\nHost: x\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 405 ")  # (a WebSocket opens with a GET)
+
 
 @pytest.mark.slow
 @needs_chromium
