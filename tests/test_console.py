@@ -616,6 +616,24 @@ async def test_the_voice_port_answers_get_head_and_nothing_else(gateway):
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_by_a_name_without_tokens_says_why_it_is_refused(gateway):
+    """Without tokens the gateway admits its console only at an IP address or localhost
+    (a name could be an attacker's, pointed at the hub). Opened by a name, the page retried
+    for ever, saying only "socket closed with 1006; reconnecting". It now says why, once,
+    and what to open or set instead."""
+    url = f"http://gateway.test:{gateway.port}/"
+    async with console(url, args=["--host-resolver-rules=MAP gateway.test 127.0.0.1"]) as (
+            page, errors):
+        await page.wait_for_function("window.consoleState.reconnects >= 3")
+        state = await page.evaluate("window.consoleState")
+        assert not state["connected"] and errors == []
+        (why,) = [e for e in state["errors"] if "refused this page" in e]
+        assert f"http://127.0.0.1:{gateway.port}/" in why
+        assert f"--origin http://gateway.test:{gateway.port}" in why
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_talks_without_sound_where_the_page_cannot_play(start_gateway):
     """Served over plain http from a name other than localhost (a hub on the LAN, --token
     without --tls-cert) the page is no secure context and has no AudioWorklet: every

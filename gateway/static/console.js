@@ -8,7 +8,7 @@ const state = window.consoleState = {
   connected: false, sessionId: null, framesReceived: 0, samplesReceived: 0,
   samplesPlayed: 0, bufferedSamples: 0, playing: false, underruns: 0, workletReports: 0,
   turnId: null, lastTurn: null, turns: [], errors: [], reconnects: 0, resumes: 0,
-  audioReady: false, needsToken: false, eventsSinceFrame: 0, pongs: 0,
+  audioReady: false, needsToken: false, originRefused: false, eventsSinceFrame: 0, pongs: 0,
 };
 
 const MAX_TEXT_CHARS = 4000; // protocol.md, Limits: code points, as the server counts them
@@ -161,6 +161,11 @@ function connect() {
   };
 }
 
+// A page the gateway takes for its own without tokens: by IP address or localhost.
+function byAddress(host) {
+  return host === "localhost" || host.startsWith("[") || /^\d+\.\d+\.\d+\.\d+$/.test(host);
+}
+
 function reconnectLater() {
   retry = setTimeout(connect, backoff);
   backoff = Math.min(backoff * 2, 8000);
@@ -209,7 +214,19 @@ async function refusedForToken() {
   if (health && health.sessions >= health.limits?.max_sessions) {
     setStatus(false, `the gateway is full (${health.sessions} sessions); retrying`);
   }
-  if (health?.auth !== "bearer") return false;
+  if (health?.auth !== "bearer") {
+    if (health && !state.originRefused && !byAddress(location.hostname)) {
+      // Without tokens the gateway lets a browser in only from its own page at an IP
+      // address or localhost (protocol.md, Origin): any name could be an attacker's,
+      // pointed at the hub. Said once; the retries go on (a gateway restarted with --origin).
+      state.originRefused = true;
+      showError(`the gateway refused this page (${location.origin}): without tokens it ` +
+        `admits its console only at an IP address or localhost (http://127.0.0.1:` +
+        `${location.port}/ on the hub), or from an origin it is started with: ` +
+        `--origin ${location.origin}`);
+    }
+    return false;
+  }
   if (token) {
     const models = await fetch("/v1/models", {cache: "no-store",
       headers: {Authorization: `Bearer ${token}`}}).catch(() => null);
