@@ -42,6 +42,15 @@ class EngineError(Exception):
         self.message = message
 
 
+class LlmContextFull(EngineError):
+    """The LLM server refused a request as longer than its context window: the prompt must
+    shrink before it can answer (the session forgets its oldest turns). An ``llm_failed``
+    when nothing is left to forget."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("llm_failed", message)
+
+
 @dataclass(frozen=True, slots=True)
 class SynthesisRequest:
     """One piece of text to speak, with the per-request knobs an engine may honour."""

@@ -43,6 +43,7 @@ from httpx_sse import aconnect_sse
 from engines.base import (
     THINKING_MODES,
     EngineError,
+    LlmContextFull,
     LlmDelta,
     LlmDone,
     LlmEvent,
@@ -74,6 +75,14 @@ AFTER_FINISH_S = 2.0
 each other), and the end of the body after ``[DONE]``. The reply is whole by then: a server
 (or a proxy) slow to send the rest, or to end its body, must not fail the turn after
 ``stall_s``."""
+
+CONTEXT_FULL = ("context window", "context length", "context_length", "maximum context",
+                "context size", "exceed_context_size", "too many tokens", "prompt is too long",
+                "input is too long", "maximum prompt length")
+"""Words of an HTTP 400 that refuses a prompt longer than the model's context: oMLX
+("exceeds max context window of 32768 tokens"), vLLM and OpenAI ("maximum context length",
+``context_length_exceeded``), llama.cpp ("exceeds the available context size",
+``exceed_context_size_error``), SGLang, and others. A 413 is taken as one too."""
 
 ABORTED = ("abort", "error")
 """The ``finish_reason`` of a reply the server gave up on (vLLM: an aborted request, an
@@ -339,8 +348,12 @@ class OpenAiLlm:
         ) as source:
             response = source.response
             if response.status_code >= 400:
-                message = (f"LLM server answered HTTP {response.status_code}: "
-                           f"{_snippet(await _read_head(response))}")
+                head = await _read_head(response)
+                message = f"LLM server answered HTTP {response.status_code}: {_snippet(head)}"
+                if response.status_code == 413 or response.status_code == 400 and any(
+                        words in head.decode("utf-8", "replace").lower()
+                        for words in CONTEXT_FULL):
+                    raise LlmContextFull(message)
                 wait_s = _retry_after_s(response)
                 if wait_s is not None:
                     raise _Busy(message, wait_s)

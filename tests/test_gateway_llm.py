@@ -340,3 +340,57 @@ async def test_the_thinking_settings_reach_the_backend(scripted_llm_server):
     assert scripted_llm_server.chats[0].body["chat_template_kwargs"] == {
         "reasoning_effort": "low"}
     assert result.reply == "\n\nHello! How can I help?"
+
+
+OVERFLOW = Status(400, b'{"error": {"message": "Prompt (9210 tokens) exceeds max context window '
+                       b'of 8192 tokens", "type": "invalid_request_error"}}')
+"""What oMLX answers a prompt longer than its model's context (llama.cpp, vLLM and others
+word it their own way: ``engines.llm_openai.CONTEXT_FULL``)."""
+
+
+async def test_a_conversation_grown_past_the_llm_context_forgets_its_oldest_turns(
+        scripted_llm_server):
+    """A session whose history outgrew the LLM's context failed every turn from then on
+    (llm_failed, HTTP 400): each failed turn only made the history longer. The oldest half
+    of the turns is now forgotten and the request made again, until it fits."""
+    scripted_llm_server.script(
+        reply_script(["One."]), reply_script(["Two."]), reply_script(["Three."]),
+        [OVERFLOW], [OVERFLOW], reply_script(["Four."]))
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            for text in ("first", "second", "third"):
+                await send(ws, type="transcript", text=text)
+                assert (await read_turn(ws)).done["status"] == "completed"
+            await send(ws, type="transcript", text="fourth")
+            fourth = await read_turn(ws)
+    finally:
+        await gw.aclose()
+    assert fourth.done["status"] == "completed" and not fourth.of("error")
+    assert fourth.reply == "Four."
+    users = [[m["content"] for m in chat.body["messages"] if m["role"] == "user"]
+             for chat in scripted_llm_server.chats[3:]]
+    assert users == [["first", "second", "third", "fourth"], ["third", "fourth"], ["fourth"]]
+    assert gw.llm_failing is None  # the LLM answered as asked: it is not failing
+
+
+async def test_a_request_past_the_llm_context_with_no_history_fails_the_turn_only(
+        scripted_llm_server):
+    scripted_llm_server.script([OVERFLOW], reply_script(["Fine."]))
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="a very long question")
+            first = await read_turn(ws)
+            await send(ws, type="transcript", text="short")
+            second = await read_turn(ws)
+    finally:
+        await gw.aclose()
+    (error,) = first.of("error")
+    assert error["error"]["code"] == "llm_failed"
+    assert "exceeds max context window" in error["error"]["message"]
+    assert first.done["status"] == "failed"
+    assert second.done["status"] == "completed"
+    assert len(scripted_llm_server.chats) == 2

@@ -8,7 +8,14 @@ import contextlib
 import httpx
 import pytest
 
-from engines.base import EngineError, LlmDelta, LlmDone, LlmEvent, LlmRequest
+from engines.base import (
+    EngineError,
+    LlmContextFull,
+    LlmDelta,
+    LlmDone,
+    LlmEvent,
+    LlmRequest,
+)
 from engines.llm_openai import OpenAiLlm, ThinkFilter, tokens_per_s_from
 from tests.servers import (
     OMLX_KEEPALIVE,
@@ -520,3 +527,25 @@ async def test_more_turns_at_once_than_an_http_pool_holds_all_reach_the_server(
         assert len(scripted_llm_server.chats) == turns
     finally:
         await llm.aclose()
+
+
+@pytest.mark.parametrize(("status", "full"), [
+    (Status(400, b'{"error": {"message": "Prompt (9210 tokens) exceeds max context window of '
+                 b'8192 tokens"}}'), True),  # oMLX
+    (Status(400, b'{"error": {"message": "This model\'s maximum context length is 8192 tokens. '
+                 b'However, you requested 9000 tokens.", "code": "context_length_exceeded"}}'),
+     True),  # vLLM, OpenAI
+    (Status(400, b'{"error": {"code": 400, "message": "the request exceeds the available context '
+                 b'size, try increasing it", "type": "exceed_context_size_error"}}'),
+     True),  # llama.cpp
+    (Status(413, b""), True),
+    (Status(400, b'{"error": {"message": "temperature must be at most 2"}}'), False),
+    (Status(500, b'{"error": {"message": "maximum context length"}}'), False),
+], ids=["omlx", "vllm", "llama.cpp", "413", "other-400", "500"])
+async def test_a_prompt_longer_than_the_context_is_told_apart(llm, scripted_llm_server, status,
+                                                              full):
+    scripted_llm_server.script([status])
+    with pytest.raises(EngineError) as info:
+        await collect(llm)
+    assert isinstance(info.value, LlmContextFull) is full
+    assert info.value.code == "llm_failed" and f"HTTP {status.code}" in info.value.message

@@ -463,6 +463,21 @@ class Session:
         effects += self._add_segments(turn, turn.segmenter.abandon(), now)
         return effects + self._pump(turn, now)
 
+    def llm_context_full(self, turn_id: int, message: str, now: float) -> list[Effect]:
+        """The LLM refused the turn's request as longer than its context (before any text):
+        the older half of the history (rounded up) is forgotten and the request made again,
+        so a conversation grown past the context goes on instead of failing every turn
+        from then on. With no history left to forget, the turn fails (``llm_failed``)."""
+        turn = self._active(turn_id)
+        if turn is None or turn.llm_done:
+            return []
+        users = [i for i, m in enumerate(self.history) if m["role"] == "user"]
+        if turn.reply or not users:
+            return self.llm_failed(turn_id, "llm_failed", message, now)
+        forget = (len(users) + 1) // 2
+        del self.history[: users[forget] if forget < len(users) else len(self.history)]
+        return [StartLlm(turn.id, self._llm_request(turn))]
+
     # ---- synthesis input -------------------------------------------------------------
 
     def audio(self, turn_id: int, index: int, pcm: bytes, engine: str, now: float) -> list[Effect]:
@@ -655,12 +670,15 @@ class Session:
             effects += self._add_segments(turn, segments, now)
             effects += self._pump(turn, now)
         else:
-            messages = [{"role": "system", "content": s.instructions}, *self.history,
-                        {"role": "user", "content": text}]
-            effects.append(StartLlm(turn_id, LlmRequest(
-                messages=messages, model=s.llm_model, temperature=s.temperature,
-                max_tokens=s.max_tokens)))
+            effects.append(StartLlm(turn_id, self._llm_request(turn)))
         return effects
+
+    def _llm_request(self, turn: Turn) -> LlmRequest:
+        s = turn.settings
+        messages = [{"role": "system", "content": s.instructions}, *self.history,
+                    {"role": "user", "content": turn.user_text}]
+        return LlmRequest(messages=messages, model=s.llm_model, temperature=s.temperature,
+                          max_tokens=s.max_tokens)
 
     def _add_segments(self, turn: Turn, segments: list[Segment], now: float) -> list[Effect]:
         effects: list[Effect] = []

@@ -30,7 +30,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import OK_CLOSE_CODES, Frame, Opcode
 from websockets.protocol import State
 
-from engines.base import EngineError, LlmDelta, LlmDone, LlmRequest, SynthesisRequest
+from engines.base import (
+    EngineError,
+    LlmContextFull,
+    LlmDelta,
+    LlmDone,
+    LlmRequest,
+    SynthesisRequest,
+)
 from gateway.core import codec
 from gateway.core.codec import ProtocolError
 from gateway.core.outbox import Outbox
@@ -368,6 +375,11 @@ class SessionRunner:
                             self._guarded(self.session.llm_done, turn_id, rate, self.now())
                             return
             raise EngineError("llm_failed", "the LLM stream ended without finishing")
+        except LlmContextFull as exc:
+            # the LLM answered as it should: the request was too long (not a failing LLM)
+            log.info("session %s: the conversation is longer than the LLM's context, its "
+                     "older turns are forgotten (%s)", self.session.id, exc.message)
+            self._guarded(self.session.llm_context_full, turn_id, exc.message, self.now())
         except EngineError as exc:
             self.gateway.llm_answered((exc.code, exc.message))
             self._guarded(self.session.llm_failed, turn_id, exc.code, exc.message, self.now())
