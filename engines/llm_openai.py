@@ -404,7 +404,9 @@ class OpenAiLlm:
                     ) from exc
                 if not isinstance(chunk, dict):
                     raise EngineError("llm_failed", f"unexpected LLM chunk: {_snippet(data)}")
-                if chunk.get("error"):
+                if chunk.get("error") or chunk.get("object") == "error":
+                    # ({"error": {...}}; vLLM's ErrorResponse unwrapped, {"object": "error",
+                    # "message": ...}, in some versions: then [DONE], as after a whole reply)
                     raise EngineError("llm_failed", f"LLM server error: {_snippet(data)}")
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]

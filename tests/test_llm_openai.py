@@ -188,6 +188,11 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         ([Status(200, b'{"choices": []}', "application/json")], "not an event stream"),
         ([Text("ok"), Raw(b"data: {not json\n\n"), Done()], "malformed JSON"),
         ([Raw(b'data: {"error": {"message": "model crashed"}}\n\n')], "model crashed"),
+        # vLLM's own error shape (some versions stream it unwrapped), then [DONE]: the cut
+        # reply was taken as whole
+        ([Text("half a rep"), Raw(b'data: {"object": "error", "message": "out of KV cache", '
+                                  b'"type": "InternalServerError", "param": null, "code": 500}'
+                                  b'\n\n'), Done()], "out of KV cache"),
         ([Text("half a rep"), Drop()], "broke off"),
         ([Text("no ending")], "without finish_reason or [DONE]"),
         # vLLM ends an aborted request (engine shutdown, a pause, memory) as if it finished
@@ -202,7 +207,8 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         ([Raw(b'data: {"choices": [{"delta": {"content": [{"type": "text"}]}}]}\n\n')],
          "malformed LLM chunk (not text)"),
     ],
-    ids=["500", "404", "not-sse", "bad-json", "error-payload", "dropped", "no-finish",
+    ids=["500", "404", "not-sse", "bad-json", "error-payload", "vllm-error-object",
+         "dropped", "no-finish",
          "finish-abort", "finish-error",
          "choice-not-object", "choices-not-list", "content-number", "content-parts"],
 )
