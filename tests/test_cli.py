@@ -261,6 +261,30 @@ def test_lane_profiles_with_one_engine_are_said_to_be_ignored(caplog):
     assert "[tts.profiles] is ignored" in caplog.text  # it used to be ignored without a word
 
 
+@pytest.mark.parametrize(("tts", "warning"), [
+    ({"fallback_policy": {"breaker_failure": 3}},
+     "[tts.fallback_policy] is ignored: no fallback engine is configured ([tts] fallback, "
+     "--fallback)"),
+    ({"fallback_options": {"model": "x"}},
+     "[tts.fallback_options] is ignored: no fallback engine is configured ([tts] fallback, "
+     "--fallback)"),
+    ({"also_options": {"voice": "Serena"}},
+     "[tts.also_options] is ignored: no second engine is configured ([tts] also, --tts-also)"),
+    ({"fallback": "synthetic", "fallback_policy": {"breaker_failures": 2}}, None),
+])
+def test_option_tables_of_an_engine_not_configured_are_said_to_be_ignored(tts, warning,
+                                                                         caplog):
+    """A misspelt [tts.fallback_policy] key started the gateway without a word when no
+    fallback was set (with one, it is refused), as did any table for an engine that is not
+    there; [tts.profiles] and the [llm] settings a backend does not use were said."""
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+
+    Gateway(load_config(tts=tts))
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == ([warning] if warning else [])
+
+
 def test_no_insecure_bind_overrides_a_config_files_true(tmp_path):
     toml = tmp_path / "gw.toml"
     toml.write_text("[server]\ninsecure_bind = true\n")

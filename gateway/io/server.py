@@ -147,6 +147,14 @@ class Gateway:
         if t.profiles and len(self.engines) == 1:
             log.warning("[tts.profiles] is ignored: it places turns between two lanes, and "
                         "only one engine runs (add one with [tts] also)")
+        for name, where, named, tables in (
+                ("fallback engine", "[tts] fallback, --fallback", t.fallback,
+                 ("fallback_policy", "fallback_options")),
+                ("second engine", "[tts] also, --tts-also", t.also, ("also_options",))):
+            for table in tables:  # (an engine that is there is refused a bad key of its own)
+                if getattr(t, table) and not named:
+                    log.warning("[tts.%s] is ignored: no %s is configured (%s)", table, name,
+                                where)
         self.llm = llm or self._make_llm()
         self.lanes: dict[str, Lane] = {}
         """One lane (worker thread + scheduler) per engine, by lane name; primary first."""
