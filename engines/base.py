@@ -113,6 +113,9 @@ class TtsEngine(Protocol):
     # Optional: ``speed_range = (lo, hi)``, the speeds the engine honours (it clamps to
     # them); absent: it honours any speed the API takes; ``None``: it ignores speed. The HTTP
     # API says so in ``X-Speech-Notes`` instead of silently speaking at another pace.
+    # Optional: ``interrupt()``, called from the event loop's thread when the gateway closes,
+    # for an engine whose call may wait on I/O (``http``): make the call in flight on the
+    # lane thread return now (it may fail), so that ``close`` does not wait behind it.
     # Optional: ``streams_always``, for a wrapper whose ``streams`` is only its engine of the
     # moment (``FallbackEngine``): False when another engine behind it makes a segment in
     # one step (see ``streams_always`` below).

@@ -179,6 +179,13 @@ class FallbackEngine:
         finally:
             self.fallback.close()
 
+    def interrupt(self) -> None:
+        """Either engine's ``interrupt`` (``engines.base``), for the one that has it."""
+        for engine in (self.primary, self.fallback):
+            interrupt = getattr(engine, "interrupt", None)
+            if interrupt is not None:
+                interrupt()
+
     @property
     def degraded(self) -> str | None:
         """Why the fallback speaks instead of the primary (``/health`` says "degraded"),

@@ -27,7 +27,10 @@ Errors: transport failures and non-2xx answers raise ``engine_failed`` (timeouts
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import socket
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -74,6 +77,9 @@ class HttpTtsEngine:
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._client: httpx.Client | None = None
         self._streams: weakref.WeakSet[HttpTtsStream] = weakref.WeakSet()
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        """The sockets of the client's connections (``interrupt`` cuts them)."""
+        self._sockets_lock = threading.Lock()
 
     def voices(self) -> list[str]:
         return [self.default_voice] if self.default_voice else []
@@ -91,9 +97,29 @@ class HttpTtsEngine:
     def open(self, request: SynthesisRequest) -> HttpTtsStream:
         if self._client is None:
             raise EngineError("engine_failed", "http engine used before load()")
-        stream = HttpTtsStream(self._client, self.url, self._body(request), self.format)
+        stream = HttpTtsStream(self._client, self.url, self._body(request), self.format,
+                               self._trace)
         self._streams.add(stream)
         return stream
+
+    def interrupt(self) -> None:
+        """Make a call waiting for the server on the lane thread return now: the gateway is
+        closing, and the engine's ``close`` waits behind that call (for a silent server,
+        until the read timeout). Cuts every connection (the step in flight fails); safe from
+        any thread."""
+        with self._sockets_lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):  # (closed already)
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's ``trace`` extension: note each new connection's socket."""
+        if event == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                with self._sockets_lock:
+                    self._sockets.add(sock)
 
     def close(self) -> None:
         for stream in list(self._streams):
@@ -128,8 +154,10 @@ class HttpTtsEngine:
 class HttpTtsStream:
     """One remote synthesis; the request is sent by the first ``step``."""
 
-    def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str) -> None:
+    def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str,
+                 trace: Any = None) -> None:
         self._client = client
+        self._trace = trace
         self._url = url
         self._shown_url = shown_url(url)
         """``url`` for messages (no password)."""
@@ -171,7 +199,9 @@ class HttpTtsStream:
             response.close()
 
     def _start(self) -> Iterator[bytes]:
-        request = self._client.build_request("POST", self._url, json=self._body)
+        request = self._client.build_request(
+            "POST", self._url, json=self._body,
+            extensions={"trace": self._trace} if self._trace is not None else None)
         response = self._client.send(request, stream=True)
         self._response = response
         if response.status_code >= 400:

@@ -281,6 +281,75 @@ async def test_a_stalled_server_fails_its_sentence_and_the_fallback_speaks_it(
     assert gw.lane.unhealthy is None and gw.health()["status"] == "ok"
 
 
+class SilentServer:
+    """TEST DOUBLE: a TTS server that takes a request and then says nothing more: no answer
+    at all, or (``headers=True``) an SSE answer's headers and one delta. ``stalled`` is set
+    once it went quiet; ``left`` once the client closed its connection."""
+
+    def __init__(self, headers: bool) -> None:
+        import socket
+        import threading
+
+        self.headers = headers
+        self.stalled, self.left = threading.Event(), threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import base64
+
+        conn, _ = self._listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            if self.headers:
+                event = b'data: {"type": "speech.audio.delta", "audio": "' + \
+                    base64.b64encode(b"\x01\x00" * 480) + b'"}\n\n'
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n" +
+                             f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            self.stalled.set()
+            while conn.recv(65536):  # (the rest of the request body, if any)
+                pass
+            self.left.set()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.parametrize("headers", [False, True], ids=["before-its-answer", "mid-answer"])
+async def test_closing_the_gateway_does_not_wait_for_a_stalled_tts_server(headers):
+    """A SIGTERMed gateway waited for the remote lane's step in flight, which waited for a
+    silent server until its read timeout (30 s; past launchd's 20 s before it kills): the
+    engine's close queued behind it on the lane thread. Closing now cuts the connections
+    the step waits on."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+    from tests.wsclient import recv_event, send
+
+    server = SilentServer(headers)
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "http", "url": server.url, "step_timeout_s": 3600,
+        "options": {"read_timeout_s": 3000}}))  # no deadline ends the wait by itself
+    await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="Hello there.")
+            assert await asyncio.to_thread(server.stalled.wait, 30)
+            await asyncio.wait_for(gw.aclose(), 60)  # (a guard against hanging, not a time)
+        assert await asyncio.to_thread(server.left.wait, 30)
+    finally:
+        await asyncio.wait_for(gw.aclose(), 60)
+        server.close()
+
+
 # --- mlx-audio's real server -------------------------------------------------------------
 
 

@@ -551,6 +551,12 @@ class Lane:
         self._closed = True
         for owner in self.scheduler.owners():
             self.cancel(owner)
+        interrupt = getattr(self.engine, "interrupt", None)
+        if interrupt is not None:
+            # a remote engine's step waiting for a silent server (still running on the
+            # thread after the lane's task was cancelled) held the close, and a SIGTERMed
+            # gateway, until its read timeout: its result is not wanted anyway
+            interrupt()
         try:
             if self.unhealthy is None:
                 await self.call(self.engine.close)
