@@ -264,7 +264,9 @@ async def test_a_stalled_server_fails_its_sentence_and_the_fallback_speaks_it(
     server.script = lambda body: ["stall"] if "stalls" in body["input"] else \
         [delta(b"\x01\x00" * 2400), DONE]
     gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": "espeak",
-                                  "options": {"read_timeout_s": 0.5}},
+                                  "options": {"read_timeout_s": 0.5},
+                                  # (a slow machine's first chunks must not trip the breaker)
+                                  "fallback_policy": {"first_chunk_timeout_s": 60}},
                              session={"max_lead_ms": 30_000})
     async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws, \
             connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as other:
