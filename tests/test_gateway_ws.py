@@ -360,3 +360,39 @@ async def test_a_client_closing_while_it_no_longer_reads_ends_its_session_at_onc
         ws.transport.abort()
         await closing
     assert gateway.metrics.errors["slow_consumer"] == 0
+
+
+async def test_a_client_flooding_messages_is_closed(gateway, monkeypatch):
+    # One client sending pings as fast as it could (145,000 a second from one process)
+    # had them all answered: the event loop that paces every session spent its time on
+    # them (loop lag 0.2-0.7 s). Past a burst, messages are allowed at a steady rate; a
+    # client beyond it is closed with 1008. (Small figures here, so no clock matters.)
+    from gateway.io import connection
+
+    monkeypatch.setattr(connection, "MESSAGE_BURST", 50, raising=False)
+    monkeypatch.setattr(connection, "MESSAGES_PER_S", 0.0, raising=False)  # (no refill)
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        for i in range(2000):
+            await send(ws, type="ping", id=i)
+        await send(ws, type="ping", id="last")
+        pongs = 0
+        with pytest.raises(ConnectionClosed):
+            while (await recv_event(ws))["id"] != "last":
+                pongs += 1
+    assert ws.close_code == 1008 and ws.close_reason == "too many messages"
+    assert pongs <= 50
+    assert gateway.metrics.errors["too_many_messages"] == 1
+    await gateway.wait_no_sessions()  # the session ended with its socket
+
+
+async def test_a_burst_within_the_allowance_is_answered(gateway):
+    # (a client's playback marks every 200 ms, its pings and a resume's burst are far below)
+    from gateway.io.connection import MESSAGE_BURST
+
+    async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        for i in range(MESSAGE_BURST - 1):
+            await send(ws, type="ping", id=i)
+        for i in range(MESSAGE_BURST - 1):
+            assert (await recv_event(ws)) == {"type": "pong", "id": i}

@@ -72,6 +72,13 @@ RESUME_PAST_LIMIT_S = 10.0
 """How long a socket let in beyond ``max_sessions`` to resume may take to ask for it."""
 WRITE_BATCH = 32
 """Most messages written with one socket write."""
+MESSAGE_BURST = 200
+MESSAGES_PER_S = 50.0
+"""Messages a client may send at once, and then a second, on average (a token bucket): a
+client sends a few a second (a mark every 200-500 ms, pings, turns). One flooding pings
+had the event loop that paces every session answer all of them; past this it is closed
+(``CLOSE_TOO_MANY_MESSAGES``) and its session ends."""
+CLOSE_TOO_MANY_MESSAGES = (1008, "too many messages")
 
 
 class SessionRunner:
@@ -577,6 +584,7 @@ class VoiceConnection:
         """Nothing has acted on this socket's new session yet (a turn or a settings change;
         a ping, a cancel or a mark change nothing): a ``session.resume`` may still replace
         it (again after a ``resume_failed``: a client may retry)."""
+        allowance, then = float(MESSAGE_BURST), self.loop.time()
         async for message in self.ws:
             runner = self.runner
             assert runner is not None
@@ -587,6 +595,12 @@ class VoiceConnection:
                 # session another socket now holds (a late session.resume took it over).
                 continue
             now = self.loop.time()
+            allowance = min(float(MESSAGE_BURST), allowance + (now - then) * MESSAGES_PER_S)
+            then = now
+            if allowance < 1.0:
+                self._flooded(runner)
+                continue
+            allowance -= 1.0
             if self.gateway.tracer is not None:
                 runner.received_at = time.perf_counter()
             try:
@@ -608,6 +622,15 @@ class VoiceConnection:
             else:
                 runner.receive(decoded, now)
                 fresh = fresh and not isinstance(decoded, ACTS_ON_THE_SESSION)
+
+    def _flooded(self, runner: SessionRunner) -> None:
+        """The client sent more than ``MESSAGE_BURST`` messages beyond ``MESSAGES_PER_S``:
+        its session ends and the socket closes (1008), as for a slow consumer."""
+        self.gateway.metrics.errors["too_many_messages"] += 1
+        log.warning("session %s: more than %d messages at once, beyond %g a second; closing",
+                    runner.session.id, MESSAGE_BURST, MESSAGES_PER_S)
+        runner.close("the client sent too many messages")
+        self.close_soon(*CLOSE_TOO_MANY_MESSAGES)
 
     def _resume(self, request: codec.ClientResume, now: float) -> bool:
         """``session.resume`` before any other message: swap the fresh session for the old
