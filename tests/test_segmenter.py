@@ -406,6 +406,10 @@ def test_feed_after_finish_is_an_error():
     # a NUL ended espeak's C string: "Hello" was all it said
     ("Hello\x00 there,\x07 how are you\x1b today.", "Hello there, how are you today."),
     ("\x00\x7f", ""),
+    # an LLM's invalid UTF-8 (random weights, a byte cut off) decodes to U+FFFD: not speech,
+    # nor for a model's tokenizer, which took its three bytes as text to voice
+    ("The caf\ufffd\ufffd is open.", "The caf is open."),
+    ("\ufffd\ufffd", ""),
     # struck-out text is taken back, not said; footnote marks and <br> were read aloud
     ("It is at ~~3pm~~ 4pm, ~~not~~ **sure**.", "It is at 4pm, sure."),
     ("According to Reuters[1], rates rose.[^2] See [3](https://ex.org/n).",

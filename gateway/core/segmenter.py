@@ -858,12 +858,13 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
 
     Drops markdown markers (emphasis, headings, list numbering and bullets, quote marks,
     table pipes and rules, code fences and inline-code backticks), struck-out text,
-    footnote marks, control characters and emoji; an HTML line break is a pause; a link
+    footnote marks, control characters, U+FFFD (what an LLM's invalid UTF-8 decodes to:
+    "caf\ufffd\ufffd" says "caf") and emoji; an HTML line break is a pause; a link
     says its label, a bare URL its host. With ``reads_digits=False`` (engines that read
     "3.5" or "$184.50" badly) numbers, currency, percentages, times, ordinals and common
     abbreviations are written out as words. LaTeX math says its content, not its delimiters.
     """
-    s = _CONTROL.sub(" ", text).strip()
+    s = _CONTROL.sub(" ", text).replace("\ufffd", "").strip()
     if s.startswith("```") or _TABLE_RULE.match(s):
         return ""
     s = _LINE_MARK.sub("", s)
