@@ -396,6 +396,8 @@ class OpenAiLlm:
                     seen_done = True
                     said_at = loop.time()
                     continue
+                if sse.event == "error":  # (its data in any shape: JSON or plain text)
+                    raise EngineError("llm_failed", f"LLM server error: {_snippet(data)}")
                 try:
                     chunk = orjson.loads(data)
                 except orjson.JSONDecodeError as exc:

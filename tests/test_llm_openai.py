@@ -193,6 +193,10 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         ([Text("half a rep"), Raw(b'data: {"object": "error", "message": "out of KV cache", '
                                   b'"type": "InternalServerError", "param": null, "code": 500}'
                                   b'\n\n'), Done()], "out of KV cache"),
+        # an error event in a shape of its own: the reply ended "without finish_reason",
+        # and the server's reason was lost
+        ([Text("One. "), Raw(b'event: error\ndata: {"message": "boom"}\n\n')], "boom"),
+        ([Text("One. "), Raw(b'event: error\ndata: out of memory\n\n')], "out of memory"),
         ([Text("half a rep"), Drop()], "broke off"),
         ([Text("no ending")], "without finish_reason or [DONE]"),
         # vLLM ends an aborted request (engine shutdown, a pause, memory) as if it finished
@@ -208,7 +212,7 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
          "malformed LLM chunk (not text)"),
     ],
     ids=["500", "404", "not-sse", "bad-json", "error-payload", "vllm-error-object",
-         "dropped", "no-finish",
+         "error-event-json", "error-event-text", "dropped", "no-finish",
          "finish-abort", "finish-error",
          "choice-not-object", "choices-not-list", "content-number", "content-parts"],
 )
