@@ -159,8 +159,6 @@ class LlmProbe:
     def __init__(self, url: str | None, api_key: str | None = None,
                  interval_s: float = LLM_PROBE_INTERVAL_S) -> None:
         self.url = url
-        self.shown_url = url and shown_url(url)
-        """``url`` for the log (no password)."""
         self.api_key = api_key
         self.interval_s = interval_s
         self.reachable: bool | None = None if url else True
@@ -169,6 +167,11 @@ class LlmProbe:
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
         """One for every probe: building one loads the CA bundle on the loop (~18 ms)."""
+
+    @property
+    def shown_url(self) -> str | None:
+        """``url`` for the log and /health (no password)."""
+        return self.url and shown_url(self.url)
 
     def refresh_if_stale(self) -> None:
         """Start a probe in the background when the cached answer is too old."""
