@@ -409,6 +409,49 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
         await gw.aclose()
 
 
+async def test_a_bug_hearing_of_a_stuck_lane_does_not_stop_the_lane_for_good(monkeypatch):
+    """A session whose handling of ``engine_unavailable`` raised (a gateway bug, as the one
+    consuming audio above) while the lane was stuck stopped the lane task: the lane stayed
+    unhealthy for good ("the lane stopped"), every later turn failing, although the stuck
+    call returned. Now that turn fails with internal_error and the lane recovers."""
+    from gateway.io.connection import SessionRunner
+
+    on_failed = SessionRunner.on_failed
+
+    def buggy(self, job, code, message):
+        if code == "engine_unavailable":
+            raise TypeError("a scripted bug in the session")
+        on_failed(self, job, code, message)
+
+    monkeypatch.setattr(SessionRunner, "on_failed", buggy)
+    engine = FaultyEngine()
+    gw = await start(engine)
+    gw.lane.step_timeout_s = 0.5
+    try:
+        async with connect(url(gw)) as ws, connect(url(gw)) as other:
+            await recv_event(ws, "session.created")
+            await recv_event(other, "session.created")
+            await send(ws, type="say", text="It starts well. Then HANG stops it cold.")
+            await asyncio.to_thread(engine.hung.wait)
+            await send(other, type="say", text=WELL)
+            started = await recv_event(other, "turn.started")  # queued behind the stuck step
+            bad = await read_turn(ws)
+            assert [e["error"]["code"] for e in bad.of("error")] == ["engine_timeout"]
+            # (the queued turn was failed right after, in the same step of the lane task)
+            assert gw.lane.unhealthy is not None
+            assert "engine_timeout" in gw.lane.unhealthy, gw.lane.unhealthy
+            queued = await read_turn(other, started["turn_id"])
+            assert [e["error"]["code"] for e in queued.of("error")] == ["internal_error"]
+            assert queued.done["status"] == "failed"
+            engine.release.set()
+            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            after = await say(other, WELL)
+            assert after.done["status"] == "completed"
+    finally:
+        engine.release.set()
+        await gw.aclose()
+
+
 class HangsOpening(FaultyEngine):
     """TEST DOUBLE: ``STALL`` in a text blocks its ``open`` until ``release`` is set."""
 

@@ -399,7 +399,8 @@ class Lane:
 
     def _consumer_failed(self, job: Job, exc: Exception) -> None:
         """A step raised outside the engine: a bug in what consumes the audio (the session
-        or HTTP request the job is for) or in an observer. That owner's jobs end failed
+        or HTTP request the job is for) or in an observer; or telling a sink that the lane
+        cannot run its job raised (``_fail_queued``). That owner's jobs end failed
         with ``internal_error``; the lane and every other owner's jobs go on."""
         log.exception("lane %s: internal error in a job of %s", self.name, job.owner)
         cancelled = job.cancelled  # (before _remove, which cancels it and frees its stream)
@@ -428,8 +429,12 @@ class Lane:
                 self._drop(job)
                 self.stats.jobs_failed += 1
                 self._ended(job, "failed")
-                job.payload.sink.on_failed(job, "engine_unavailable",
-                                           f"the {self.name} lane cannot synthesize: {reason}")
+                try:
+                    job.payload.sink.on_failed(
+                        job, "engine_unavailable",
+                        f"the {self.name} lane cannot synthesize: {reason}")
+                except Exception as exc:  # a bug in the sink: its owner only, as in a step
+                    self._consumer_failed(job, exc)
 
     def _close_after(self, stream: SynthesisStream | None, call: Future[Any]) -> None:
         """Close a job's stream on the lane thread after ``call``, stuck there now, has
