@@ -253,6 +253,24 @@ def test_the_readme_names_every_configuration_key():
     assert missing == []
 
 
+def test_the_readme_names_every_serve_flag_and_no_other():
+    """The Configuration section is where an operator looks a flag up: each of ``serve``'s
+    flags is named there (``--synthetic-*`` for the three), and each it names exists."""
+    import fnmatch
+    import re
+    from pathlib import Path
+
+    from gateway.cli import _parser
+
+    serve = next(a for a in _parser()._actions if a.dest == "command").choices["serve"]
+    flags = {o for a in serve._actions for o in a.option_strings if o.startswith("--")}
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"--[a-z][a-z-]*(?:\*|[a-z])", section))
+    assert {f for f in flags if not any(fnmatch.fnmatch(f, n) for n in named)} == set()
+    assert {n for n in named if not fnmatch.filter(flags, n)} == set()
+
+
 def test_lane_profiles_with_one_engine_are_said_to_be_ignored(caplog):
     from gateway.config import load_config
     from gateway.io.server import Gateway
