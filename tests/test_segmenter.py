@@ -380,6 +380,21 @@ def test_code_block_is_one_silent_segment():
     ]
 
 
+@pytest.mark.parametrize("sizes", [[1] * 80, [3] * 30, [80]])
+def test_a_line_opening_with_inline_triple_backticks_is_said(sizes):
+    """Markdown takes "```x``` words" as inline code, not a code block (a fence's info string
+    has no backtick): the whole line was taken for a block and said nothing."""
+    text = "```code``` See https://example.com/x now.\nThen wait."
+    got = run(text, sizes, SENTENCES)
+    assert [(s.text, s.spoken) for s in got] == [
+        ("```code``` See https://example.com/x now.", "code See example.com now."),
+        ("Then wait.", "Then wait."),
+    ]
+    fenced = run("````python\nx = 1\n````\nDone.", sizes, SENTENCES)
+    assert [(s.text, s.spoken) for s in fenced] == [
+        ("````python\nx = 1\n````", ""), ("Done.", "Done.")]
+
+
 def test_feed_after_finish_is_an_error():
     seg = Segmenter()
     seg.finish()

@@ -433,12 +433,24 @@ class Segmenter:
         raise _Wait
 
     def _at_fence(self, i: int) -> bool:
+        """A code block opens at ``i``: three or more backticks start the line, and the rest
+        of it (the info string, "python") has none. "```x``` See ..." is inline code, to be
+        said, as Markdown takes it (waits for the end of the line to tell)."""
         buf = self._buf
         line = buf.rfind("\n", 0, i) + 1
         if buf[line:i].strip(" \t"):
             return False
         self._need(i + 2)
-        return buf.startswith("```", i)
+        if not buf.startswith("```", i):
+            return False
+        j = i + 3
+        while self._need(j) and buf[j] == "`":
+            j += 1
+        while self._need(j) and buf[j] != "\n":
+            if buf[j] == "`":
+                return False
+            j += 1
+        return True
 
     def _scan_fence(self, out: list[Segment]) -> bool:
         """Inside a code block: find the closing fence line. False when waiting."""
@@ -838,6 +850,8 @@ _LINE_MARK = re.compile(r"^\s*(?:#{1,6}\s+|>\s*|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3
 opening one ("3. Oktober: Feiertag", "1. Mai ist ..." lost the day)."""
 _TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-{3}[\s:|-]*$|^\s*(?:[-*_]\s*){3,}$")
 _SPACES = re.compile(r"\s+")
+_FENCE = re.compile(r"```+[^`\n]*(?:\n|$)")
+"""A code block's opening line ("```python"); "```x``` and more" is inline code."""
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """Control characters: not speech, and a NUL ends a C engine's string (espeak stopped
 speaking at it)."""
@@ -865,7 +879,7 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     abbreviations are written out as words. LaTeX math says its content, not its delimiters.
     """
     s = _CONTROL.sub(" ", text).replace("\ufffd", "").strip()
-    if s.startswith("```") or _TABLE_RULE.match(s):
+    if _FENCE.match(s) or _TABLE_RULE.match(s):
         return ""
     s = _LINE_MARK.sub("", s)
     s = _LINK.sub(lambda m: m.group(1), s)
