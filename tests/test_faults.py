@@ -798,3 +798,31 @@ async def test_a_stop_during_the_model_load_does_not_wait_for_it(capsys):
                 await client.get(f"http://127.0.0.1:{http_port}/health")
     finally:
         engine.release.set()
+
+
+async def test_an_engine_bug_on_every_job_is_logged_once_and_health_says_degraded(caplog):
+    """An engine that raises something else than an ``EngineError`` (a bug, a library's own
+    error) on every job: each job fails ``engine_failed`` like any other failure, so
+    /health says degraded (``engine.failing``) and the log says so once, with the
+    traceback, not a traceback per sentence while /health said ok."""
+    gw = await start(FaultyEngine(RuntimeError("a bug in the engine")))
+    caplog.set_level(logging.INFO, logger="gateway.io.lanes")
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            for _ in range(2):
+                bad = await say(ws, "RAISE breaks this sentence midway, every time.")
+                assert bad.done["status"] == "failed"
+            health = gw.health()
+            assert health["status"] == "degraded"
+            assert health["engine"]["failing"] == "engine_failed"
+            (error,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            assert error.levelname == "ERROR" and error.exc_info is not None
+            caplog.clear()
+            again = await say(ws, "The lane still works.")
+            assert again.done["status"] == "completed"
+        assert gw.health()["status"] == "ok" and gw.health()["engine"]["failing"] is None
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("INFO", "lane cpu: synthetic spoke a whole job again")]
+    finally:
+        await gw.aclose()

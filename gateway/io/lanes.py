@@ -477,7 +477,11 @@ class Lane:
             self._step_failed(job, exc.code, exc.message)
             return
         except Exception as exc:  # an engine bug must not take the lane down
-            log.exception("engine %s failed", self.engine.name)
+            # failing like any other failure (/health degraded), said once with its
+            # traceback: one per sentence flooded the log while /health said ok
+            if self.failing is None:
+                log.exception("engine %s failed", self.engine.name)
+            self.failing = "engine_failed"
             self._step_failed(job, "engine_failed", f"{type(exc).__name__}: {exc}")
             return
         finally:
@@ -522,7 +526,7 @@ class Lane:
 
     def _engine_failed(self, code: str, message: str) -> None:
         """One WARNING when the engine starts failing jobs, not one per turn (README, Logs;
-        a stuck lane and an engine bug say so at ERROR themselves): a TTS server that was
+        a stuck lane says so at ERROR itself, an engine bug once): a TTS server that was
         down or a model that ran away failed every turn without a line in the log."""
         if self.failing is None:
             log.warning("lane %s: %s fails (%s): %s", self.name, self.engine.name, code,
