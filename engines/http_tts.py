@@ -13,7 +13,9 @@ URL to which ``/audio/speech`` is appended):
 
 One ``step`` returns the next piece of audio as it arrives (one SSE delta, or one network
 chunk of the raw body), so the lane is not held longer than the server's own pacing. The
-synchronous ``httpx.Client`` is shared by all streams of the engine (connection reuse);
+synchronous ``httpx.Client`` is shared by all streams of the engine (connection reuse,
+for raw PCM: an SSE answer is closed at ``speech.audio.done`` rather than read on to the
+end of its body, which a server may keep open, so its connection is not reused);
 steps run on the ``remote`` lane's thread. ``close()`` closes the response, which closes
 the connection mid-body so the server sees the client leave. Both formats are assumed to
 carry 24 kHz mono PCM16 (OpenAI's ``pcm`` and mlx-audio's Qwen3-TTS are); a raw body that
