@@ -307,6 +307,31 @@ async def test_a_stopping_gateway_says_so(gateway):
     assert speech.status_code == 503 and speech.json()["error"]["code"] == "shutting_down"
 
 
+async def test_health_asked_as_the_gateway_stops_says_stopping(replies):
+    """A /health request on its way to the voice port as the gateway starts stopping: it
+    answered 500 (and an ERROR with a traceback in the log), as the health's ``http.port``
+    asked the HTTP API's socket, closed by then, for its port; it says 503 "stopping"."""
+    gw = await start_gateway(replies)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\n")  # accepted before the ports stop taking any
+        await writer.drain()
+        closing = asyncio.create_task(gw.aclose())
+        await gw.http.stopping.wait()  # the HTTP API's listening socket is closed now
+        writer.write(b"Host: x\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()  # (websockets waits for the client's end of the TCP connection)
+        await closing
+    finally:
+        writer.close()
+        await gw.aclose()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), answer
+    assert orjson.loads(body)["status"] == "stopping"
+    assert orjson.loads(body)["http"]["port"] == gw.http_port
+
+
 def body_read_seen(monkeypatch) -> asyncio.Event:
     """Set once the speech handler starts reading a request's body."""
     reading = asyncio.Event()

@@ -1198,6 +1198,7 @@ class HttpServer:
         self.stopping = asyncio.Event()
         """Set as ``aclose`` begins: a speech request still reading its body is refused."""
         self._socket: socket.socket | None = None
+        self._port: int | None = None
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -1216,6 +1217,7 @@ class HttpServer:
             raise OSError(exc.errno, f"cannot listen on {self.host}:{self.requested_port} "
                                      f"(HTTP API, --http-port): {exc.strerror}") from None
         self._socket = sock
+        self._port = int(sock.getsockname()[1])
         cert, key = self.tls or (None, None)
         config = uvicorn.Config(self.api.asgi, lifespan="off", log_config=None,
                                 access_log=False, ws="none", http=_H11,
@@ -1266,8 +1268,10 @@ class HttpServer:
 
     @property
     def port(self) -> int:
-        assert self._socket is not None, "start() first"
-        return int(self._socket.getsockname()[1])
+        """The port bound (kept: /health asks for it while stopping, when the socket that
+        was bound is closed already)."""
+        assert self._port is not None, "start() first"
+        return self._port
 
     async def aclose(self) -> None:
         """End every open speech response (``shutting_down``) and every wait for a speech
