@@ -826,3 +826,39 @@ async def test_an_engine_bug_on_every_job_is_logged_once_and_health_says_degrade
             ("INFO", "lane cpu: synthetic spoke a whole job again")]
     finally:
         await gw.aclose()
+
+
+class _BuggyLlm:
+    """TEST DOUBLE: an LLM backend with a bug: its stream raises a ``KeyError`` (not an
+    ``EngineError``) before any text."""
+
+    name = "buggy"
+
+    async def stream(self, request):
+        raise KeyError("choices")
+        yield  # (an async generator)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_llm_backend_bug_on_every_turn_is_logged_once(caplog):
+    """README (Logs): the LLM failing turns is a WARNING once, not a line per turn. A bug in
+    the backend failed each turn ``llm_failed`` with an ERROR traceback per turn besides;
+    the traceback is logged once, when the failing starts, with the WARNING."""
+    gw = Gateway(load_config(server={"port": 0}, session=NO_PACING), llm=_BuggyLlm())
+    await gw.start()
+    caplog.set_level(logging.INFO, logger="gateway")
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            for _ in range(3):
+                await send(ws, type="transcript", text="Hello?")
+                done = await recv_event(ws, "turn.done")
+                assert done["status"] == "failed"
+        assert gw.health()["llm"]["failing"]["turns"] == 3
+    finally:
+        await gw.aclose()
+    loud = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == [("ERROR", "LLM backend failed"),
+                    ("WARNING", "the LLM fails turns (llm_failed): KeyError: 'choices'")]

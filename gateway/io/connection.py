@@ -391,7 +391,8 @@ class SessionRunner:
             self.gateway.llm_answered((exc.code, exc.message))
             self._guarded(self.session.llm_failed, turn_id, exc.code, exc.message, self.now())
         except Exception as exc:
-            log.exception("LLM backend failed")
+            if self.gateway.llm_failing is None:  # once, as the LLM starts failing turns
+                log.exception("LLM backend failed")
             message = f"{type(exc).__name__}: {exc}"
             self.gateway.llm_answered(("llm_failed", message))
             self._guarded(self.session.llm_failed, turn_id, "llm_failed", message, self.now())
