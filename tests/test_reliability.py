@@ -434,6 +434,31 @@ async def test_a_turn_cut_short_by_its_session_closing_is_counted(gateway):
     assert gateway.metrics.turns["cancelled"] == before + 1
 
 
+async def test_every_session_opened_in_the_log_ends_there_too(gateway, caplog):
+    """README (Logs): an INFO line when a session opens, and one when it ends. A socket's
+    own new session, given up for the session it resumed, was opened in the log and never
+    ended: an operator pairing the two saw a session that lived forever."""
+    import logging
+    import re
+
+    caplog.set_level(logging.INFO, logger="gateway.io.connection")
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    await _drop(ws)
+    async with connect(url(gateway)) as ws2:
+        fresh = await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        assert (await recv_event(ws2))["type"] == "session.resumed"
+    await no_sessions(gateway)
+    lines = [r.getMessage() for r in caplog.records]
+    opened = {m[1] for line in lines if (m := re.match(r"session (\S+) opened by ", line))}
+    ended = {m[1] for line in lines if (m := re.match(r"session (\S+) ended: ", line))}
+    assert opened == ended == {created["session_id"], fresh["session_id"]}, lines
+    assert f"session {fresh['session_id']} ended: replaced by the session it resumed, " \
+        f"{created['session_id']}" in lines
+
+
 async def test_a_resume_without_last_seq_does_not_replay_the_old_session_created(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")

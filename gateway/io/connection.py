@@ -651,7 +651,7 @@ class VoiceConnection:
         old, position = found
         if old.connection is not None:
             old.connection.close_soon(4000, "session resumed elsewhere")
-        fresh.close()
+        fresh.close(f"replaced by the session it resumed, {old.session.id}")
         replayed = old.outbox.end - position
         # the resumed event goes first, then the replay from `position` (set before
         # attaching: attaching releases held audio, which must not overtake it)
