@@ -862,3 +862,29 @@ async def test_an_llm_backend_bug_on_every_turn_is_logged_once(caplog):
     loud = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
     assert loud == [("ERROR", "LLM backend failed"),
                     ("WARNING", "the LLM fails turns (llm_failed): KeyError: 'choices'")]
+
+
+async def test_a_stalled_engine_is_an_error_once_and_its_return_an_info(caplog):
+    """README (Logs): an engine that stalls is said once, and its return as an INFO, as an
+    engine that fails and speaks again is. The return was a WARNING: an alert on WARNING
+    and above fired again as the lane came back."""
+    engine = FaultyEngine()
+    gw = await start(engine)
+    gw.lane.step_timeout_s = 0.3
+    caplog.set_level(logging.INFO, logger="gateway.io.lanes")
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            bad = await say(ws, "HANG stops it cold.")
+            assert bad.done["status"] == "failed"
+            assert gw.health()["status"] == "unhealthy"
+            engine.release.set()
+            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            assert gw.health()["status"] == "ok"
+    finally:
+        engine.release.set()
+        await gw.aclose()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("ERROR", "lane cpu: engine_timeout: an engine call (_timed_step) of synthetic ran "
+                  "more than 0.3 s and still holds the lane thread"),
+        ("INFO", "lane cpu: the stuck engine call returned; the lane is healthy again")]

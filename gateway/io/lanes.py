@@ -246,8 +246,8 @@ class Lane:
 
     def _stuck_call_returned(self) -> None:
         if not self._broken and self.unhealthy is not None:
-            log.warning("lane %s: the stuck engine call returned; the lane is healthy again",
-                        self.name)
+            log.info("lane %s: the stuck engine call returned; the lane is healthy again",
+                     self.name)
             self.unhealthy = None
             self._wake.set()
 
