@@ -1155,6 +1155,47 @@ async def test_turns_tell_the_llm_reachability_without_waiting_for_a_probe(repli
         await gw.aclose()
 
 
+async def test_an_llm_found_down_by_the_probe_and_back_by_a_turn_is_said_back(
+        caplog, scripted_llm_server, monkeypatch):
+    """README (Logs): the probe finding the LLM server not answering is a WARNING, "an INFO
+    when it answers again". The server came back and a turn found it first: the turn set
+    ``reachable`` without a word, the probe found nothing changed, and the WARNING stood
+    in the log for good."""
+    from tests.wsclient import read_turn
+
+    answer = scripted_llm_server.__class__.__call__
+
+    async def models_down(self, scope, receive, send):  # its /models fails, as it loads
+        if scope.get("path") == "/v1/models":
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await answer(self, scope, receive, send)
+
+    monkeypatch.setattr(scripted_llm_server.__class__, "__call__", models_down)
+    url = scripted_llm_server.url
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": url}))
+    caplog.set_level(logging.INFO, logger="gateway")
+    await gw.start()
+    try:
+        await gw.telemetry.llm_probe._task
+        monkeypatch.setattr(scripted_llm_server.__class__, "__call__", answer)  # it is up
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="Are you there?")
+            done = (await read_turn(ws)).done
+        assert done["status"] == "completed"
+        assert gw.health()["llm"]["reachable"] is True
+    finally:
+        await gw.aclose()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "gateway.io.telemetry"]
+    assert said == [
+        ("WARNING", f"the LLM server at {url} does not answer (HTTP 503): turns fail with "
+                    "llm_unavailable until it does"),
+        ("INFO", f"the LLM server at {url} answers again (answered a turn)")]
+
+
 @pytest.mark.slow
 async def test_metrics_move_after_turns_and_speech(gateway):
     async with httpx.AsyncClient(base_url=base(gateway)) as client:

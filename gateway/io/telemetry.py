@@ -167,6 +167,8 @@ class LlmProbe:
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
         """One for every probe: building one loads the CA bundle on the loop (~18 ms)."""
+        self._said_down = False
+        """The log says the server does not answer, and not yet that it answers again."""
 
     @property
     def shown_url(self) -> str | None:
@@ -202,7 +204,13 @@ class LlmProbe:
         if not self.reachable and was is not False:
             log.warning("the LLM server at %s does not answer (%s): turns fail with "
                         "llm_unavailable until it does", self.shown_url, self.detail)
-        elif self.reachable and was is False:
+            self._said_down = True
+        elif self.reachable:
+            self._said_back()
+
+    def _said_back(self) -> None:
+        if self._said_down:
+            self._said_down = False
             log.info("the LLM server at %s answers again (%s)", self.shown_url, self.detail)
 
     def observed(self, reachable: bool, detail: str) -> None:
@@ -213,6 +221,8 @@ class LlmProbe:
             return
         self.reachable, self.detail = reachable, detail
         self.checked_at = time.monotonic()
+        if reachable:  # back: said here when a turn finds it first, or never
+            self._said_back()
 
     async def aclose(self) -> None:
         await cancel_and_wait(self._task)
