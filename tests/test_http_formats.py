@@ -299,6 +299,28 @@ async def test_an_encoder_thread_that_cannot_start_leaves_no_synthesis_behind(
     assert not gw.http.streams and gw.lane.queue_depth == 0
 
 
+async def test_a_speech_request_failed_by_a_bug_is_counted(start_gateway, monkeypatch):
+    """A speech request that a bug (here a process out of threads) ends in a 500 was in no
+    figure: neither ``gateway_http_speech_requests_total`` (which counts every speech
+    request by how it ended) nor ``gateway_errors_total{code="internal_error"}`` (which the
+    voice port's own bugs move) said anything happened."""
+    from tests.test_http_api import metrics
+
+    def no_thread(name: str):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(http_api, "LaneThread", no_thread)
+    gw = await start_gateway()
+    async with httpx.AsyncClient(base_url=base(gw)) as client:
+        response = await client.post("/v1/audio/speech", json={
+            "input": TEXT, "response_format": "mp3", "stream": False})
+        assert response.status_code == 500
+        m = metrics((await client.get("/metrics")).text)
+    assert m["gateway_http_speech_requests_total{format=mp3,status=failed,stream=whole}"] == 1
+    assert m["gateway_errors_total{code=internal_error}"] == 1
+    assert gw.health()["errors"] == {"internal_error": 1}
+
+
 def test_the_encoder_thread_keeps_nothing_of_a_call_once_it_is_done():
     """The worker's loop kept its last call's arguments while it waited for the next: the
     last compressed response's encoder, its whole file and PyAV's resampler threads stayed

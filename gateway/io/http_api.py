@@ -546,7 +546,7 @@ class SpeechApi:
             Route("/v1/audio/voices", self.voices, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
-        ], exception_handlers={HTTPException: _http_error, Exception: _internal_error})
+        ], exception_handlers={HTTPException: _http_error, Exception: self._internal_error})
         self.app.router.redirect_slashes = False  # /v1/audio/speech/: a JSON 404, not a 307
         # CORS outside auth: a browser's preflight carries no token. Browser apps on the hub
         # may call the API from the origins the voice socket admits (auth.origin_allowlist:
@@ -560,6 +560,16 @@ class SpeechApi:
             allow_methods=["GET", "POST"], allow_headers=["*"],
             expose_headers=["X-Audio-Ms", "X-Compute-Ms", "X-Engine", "X-Sample-Rate",
                             "X-Speech-Notes"], max_age=600)
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        """A bug's 500 (``_internal_error``), counted: as ``internal_error`` in the errors, as
+        the voice port's are, and a speech request not counted yet as ``failed``."""
+        self.gateway.metrics.errors["internal_error"] += 1
+        labels = getattr(request.state, "speech_uncounted", None)
+        if labels is not None:
+            request.state.speech_uncounted = None
+            self.gateway.telemetry.http_speech.labels(*labels, "failed").inc()
+        return await _internal_error(request, exc)
 
     async def health(self, request: Request) -> Response:
         body = self.gateway.health()
@@ -598,10 +608,11 @@ class SpeechApi:
         except ApiError as error:
             _speech_rejected(gw, error)
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
+        fmt, mode = params.response_format, params.mode
+        request.state.speech_uncounted = (fmt, mode)  # (a bug's 500 counts it: _internal_error)
         engine = lane.engine
         stream = SpeechStream(gw, synthesis_requests(params, voice, engine), lane,
                               notes=self._notes(params, engine))
-        fmt, mode = params.response_format, params.mode
         # made before the synthesis starts, which nothing would stop if this failed (the
         # encoder thread may not start); the encoder then opens on its thread while the
         # engine makes the first chunk
@@ -610,6 +621,7 @@ class SpeechApi:
 
         def counter(status: str) -> None:
             """The request's end: counted, and one log line (the access log's place)."""
+            request.state.speech_uncounted = None
             gw.telemetry.http_speech.labels(fmt, mode, status).inc()
             failure = stream.failure
             log.info("speech %s%s (%s, %s, voice %s): %d ms of audio in %.0f ms%s", status,
