@@ -409,6 +409,34 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
         await gw.aclose()
 
 
+class GetsStuck(FaultyEngine):
+    """TEST DOUBLE: ``HANG`` in a text holds its second step until ``gate`` is set; once
+    ``stuck`` is set, every later call blocks until ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.stuck = False
+
+    def open(self, request: SynthesisRequest):
+        if self.stuck:
+            self.release.wait()
+        stream = SyntheticEngine.open(self, request)  # (not FaultyEngine's own HANG)
+        step, steps = stream.step, [0]
+
+        def gated() -> bytes | None:
+            steps[0] += 1
+            if self.stuck:
+                self.release.wait()
+            elif steps[0] == 2 and "HANG" in request.text:
+                self.hung.set()
+                self.gate.wait()
+            return step()
+
+        stream.step = gated  # type: ignore[method-assign]
+        return stream
+
+
 async def test_a_bug_hearing_of_a_stuck_lane_does_not_stop_the_lane_for_good(monkeypatch):
     """A session whose handling of ``engine_unavailable`` raised (a gateway bug, as the one
     consuming audio above) while the lane was stuck stopped the lane task: the lane stayed
@@ -424,30 +452,40 @@ async def test_a_bug_hearing_of_a_stuck_lane_does_not_stop_the_lane_for_good(mon
         on_failed(self, job, code, message)
 
     monkeypatch.setattr(SessionRunner, "on_failed", buggy)
-    engine = FaultyEngine()
+    engine = GetsStuck()
     gw = await start(engine)
-    gw.lane.step_timeout_s = 0.5
+    gw.lane.step_timeout_s = None  # (the gated call: no limit)
     try:
         async with connect(url(gw)) as ws, connect(url(gw)) as other:
             await recv_event(ws, "session.created")
             await recv_event(other, "session.created")
-            await send(ws, type="say", text="It starts well. Then HANG stops it cold.")
+            await send(ws, type="say", text="It starts well. Then HANG holds it.")
+            first = await recv_event(ws, "turn.started")
             await asyncio.to_thread(engine.hung.wait)
             await send(other, type="say", text=WELL)
-            started = await recv_event(other, "turn.started")  # queued behind the stuck step
-            bad = await read_turn(ws)
-            assert [e["error"]["code"] for e in bad.of("error")] == ["engine_timeout"]
-            # (the queued turn was failed right after, in the same step of the lane task)
-            assert gw.lane.unhealthy is not None
-            assert "engine_timeout" in gw.lane.unhealthy, gw.lane.unhealthy
-            queued = await read_turn(other, started["turn_id"])
-            assert [e["error"]["code"] for e in queued.of("error")] == ["internal_error"]
-            assert queued.done["status"] == "failed"
+            second = await recv_event(other, "turn.started")  # queued behind the step
+            # the next call gets stuck and times out; the other turn's jobs wait for a lane
+            # that cannot run them
+            gw.lane.step_timeout_s = 0.05
+            engine.stuck = True
+            engine.gate.set()
+            reads = [asyncio.create_task(read_turn(ws, first["turn_id"])),
+                     asyncio.create_task(read_turn(other, second["turn_id"]))]
+            await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+            # (both turns were failed in one step of the lane task)
+            assert "engine_timeout" in (gw.lane.unhealthy or ""), gw.lane.unhealthy
+            results = [await read for read in reads]
+            assert sorted(e["error"]["code"] for r in results for e in r.of("error")) == [
+                "engine_timeout", "internal_error"]
+            assert all(r.done["status"] == "failed" for r in results)
+            gw.lane.step_timeout_s = None
+            engine.stuck = False
             engine.release.set()
             await asyncio.wait_for(gw.lane.wait_healthy(), 10)
             after = await say(other, WELL)
             assert after.done["status"] == "completed"
     finally:
+        engine.gate.set()
         engine.release.set()
         await gw.aclose()
 
