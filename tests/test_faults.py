@@ -573,6 +573,50 @@ async def test_a_turn_cancelled_while_its_stream_opens_takes_no_step():
         await gw.aclose()
 
 
+class HangsThenRaises(FaultyEngine):
+    """TEST DOUBLE: every stream's second step waits for ``release``, then raises."""
+
+    def open(self, request: SynthesisRequest):
+        stream = SyntheticEngine.open(self, request)
+        step, steps = stream.step, [0]
+
+        def hangs_then_raises() -> bytes | None:
+            steps[0] += 1
+            if steps[0] == 2:
+                self.hung.set()
+                self.release.wait()
+                raise self.fault
+            return step()
+
+        stream.step = hangs_then_raises  # type: ignore[method-assign]
+        return stream
+
+
+async def test_a_job_cancelled_while_its_step_fails_is_counted_once():
+    """A barge-in while a step is running, and that step then fails: the job was counted
+    (and observed) cancelled, then failed too, so the lane's figures held one job twice."""
+    engine = HangsThenRaises()
+    gw = await start(engine)
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="This sentence is long enough to take steps.")
+            await asyncio.to_thread(engine.hung.wait)
+            await send(ws, type="cancel")
+            assert (await read_turn(ws)).done["status"] == "cancelled"
+            engine.release.set()
+            engine.hung.clear()
+            # the failed step is booked before the lane takes its next job: this one
+            await send(ws, type="say", text="Again, and then it fails.")
+            await asyncio.to_thread(engine.hung.wait)
+            failed = await read_turn(ws)
+        assert failed.done["status"] == "failed"
+        assert (gw.lane.stats.jobs_cancelled, gw.lane.stats.jobs_failed) == (1, 1)
+    finally:
+        engine.release.set()
+        await gw.aclose()
+
+
 async def test_dead_lane_executor_fails_jobs_with_a_clear_error():
     gw = await start(FaultyEngine())
     try:

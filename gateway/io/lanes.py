@@ -536,16 +536,19 @@ class Lane:
     def _step_failed(self, job: Job, code: str, message: str, *,
                      free_stream: bool = True) -> None:
         """The job's step failed: it ends ``failed`` (its stream freed, unless a thread that
-        cannot be stopped still holds it), and its sink hears why unless it was cancelled.
-        Before the step's figures are booked (``_step``'s ``finally``), as it always was."""
+        cannot be stopped still holds it), and its sink hears why. A job cancelled while
+        its step ran ended then (``_remove``: counted and observed as cancelled), so it is
+        not counted failed too. Before the step's figures are booked (``_step``'s
+        ``finally``), as it always was."""
         if free_stream:
             self._drop(job)
         else:
             self.scheduler.finish(job)
+        if job.cancelled:
+            return
         self.stats.jobs_failed += 1
         self._ended(job, "failed")
-        if not job.cancelled:
-            job.payload.sink.on_failed(job, code, message)
+        job.payload.sink.on_failed(job, code, message)
 
     def _drop(self, job: Job) -> None:
         self.scheduler.finish(job)
