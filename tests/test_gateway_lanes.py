@@ -19,7 +19,7 @@ from gateway.core.placement import LaneLoad, place
 from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.servers import Hang, Text
-from tests.wsclient import gapless, read_turn, recv_event, send
+from tests.wsclient import TurnResult, gapless, read_turn, recv_event, send
 
 LONG = ("This first sentence is long on purpose, so that its synthesis is still queued on "
         "its lane, paced just in time, when the listener interrupts the reply halfway "
@@ -319,6 +319,15 @@ class BrokenAne(SyntheticEngine):
         return stream
 
 
+async def one_turn(gw: Gateway, text: str = "First sentence here. And a second one."
+                   ) -> TurnResult:
+    """A new session on ``gw`` says ``text``: that turn, read to its end."""
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text=text)
+        return await read_turn(ws)
+
+
 def broken_ane_gateway(monkeypatch, fail: str) -> Gateway:
     monkeypatch.setitem(registry.TTS_ENGINES, "broken", f"{__name__}:BrokenAne")
     return Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
@@ -391,10 +400,7 @@ async def test_a_second_engine_failing_mid_sentence_ends_it_there_and_the_primar
     gw = broken_ane_gateway(monkeypatch, "mid")
     await gw.start()
     try:
-        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
-            await recv_event(ws, "session.created")
-            await send(ws, type="say", text="First sentence here. And a second one.")
-            result = await read_turn(ws)
+        result = await one_turn(gw)
         assert result.done["status"] == "completed" and result.of("error") == []
         # the first sentence stops after the one chunk ane made (the listener heard it;
         # no word is said twice); the second is the primary's
@@ -495,10 +501,7 @@ async def test_a_second_engine_failing_after_a_step_without_audio_has_its_senten
     gw = broken_ane_gateway(monkeypatch, "empty")
     await gw.start()
     try:
-        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
-            await recv_event(ws, "session.created")
-            await send(ws, type="say", text="First sentence here. And a second one.")
-            result = await read_turn(ws)
+        result = await one_turn(gw)
         assert result.done["status"] == "completed" and result.of("error") == []
         assert [s["engine"] for s in result.of("sentence")] == ["synthetic-gpu"] * 2
         assert all("cut_short" not in d and d["audio_ms"] > 0
