@@ -260,6 +260,14 @@ class FallbackEngine:
         self.opened_at = self.clock()
 
 
+def _bug(name: str, exc: Exception) -> EngineError:
+    """A primary's exception that is not an engine error (a bug, a library's own error),
+    logged with its traceback and then handled as a failure: the fallback speaks for it, as
+    for any failure, rather than the turn failing. The breaker bounds the lines logged."""
+    log.error("%s raised %s: %s", name, type(exc).__name__, exc, exc_info=exc)
+    return EngineError("engine_failed", f"{type(exc).__name__}: {exc}")
+
+
 class FallbackStream:
     """One segment: the primary's stream, or the fallback's after a switch."""
 
@@ -290,7 +298,8 @@ class FallbackStream:
             if self._inner is None:
                 self._inner = owner.primary.open(self._request)
             chunk = self._inner.step()
-        except EngineError as exc:
+        except Exception as raised:
+            exc = raised if isinstance(raised, EngineError) else _bug(owner.primary.name, raised)
             if not self._slow:  # (a slow first chunk counted this segment's failure already)
                 owner.record_failure(exc)
             if self._produced:

@@ -20,7 +20,8 @@ class FakeClock:
 
 class ScriptedEngine:
     """Test double: each ``open`` plays the next script; a script item is bytes, an
-    ``EngineError`` to raise, or ``("slow", seconds, bytes)`` which advances the clock."""
+    exception to raise (an ``EngineError``, or another: a bug), or ``("slow", seconds,
+    bytes)`` which advances the clock."""
 
     lane = "gpu"
     streams = True
@@ -62,7 +63,7 @@ class ScriptedEngine:
                 if not self.items:
                     return None
                 item = self.items.pop(0)
-                if isinstance(item, EngineError):
+                if isinstance(item, Exception):
                     raise item
                 if isinstance(item, tuple):
                     engine.clock.now += item[1]
@@ -120,6 +121,23 @@ def test_failure_before_audio_switches_to_fallback_for_the_whole_segment():
     assert stream.engine_name == "chatterbox"
     assert fallback.opened[0].text == "Hi." and fallback.opened[0].voice is None
     assert engine.switches == 1 and primary.closed_streams == 1
+
+
+def test_a_bug_in_the_primary_is_a_failure_the_fallback_speaks_for(caplog):
+    """An exception from the primary that is not an engine error (a bug, a library's own
+    error) went past the wrapper: the turn failed, although the fallback was there to
+    speak. It is a failure like any other now, logged with its traceback."""
+    engine, primary, fallback, _ = setup([[RuntimeError("a bug before audio")],
+                                          [b"\x01\x00", KeyError("a bug mid-segment")]])
+    first = engine.open(SynthesisRequest("Hi.", voice="qwen3-voice"))
+    assert drain(first) == [b"\x09\x00" * 8] and first.engine_name == "chatterbox"
+    second = engine.open(SynthesisRequest("Again.", voice="qwen3-voice"))
+    assert drain(second) == [b"\x01\x00"]  # cut where it stopped: no word twice
+    assert second.truncated and second.error.code == "engine_failed"
+    assert "KeyError" in second.error.message
+    assert engine.switches == 1 and primary.closed_streams == 2
+    bugs = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.exc_info[0] for r in bugs] == [RuntimeError, KeyError]
 
 
 def test_failure_mid_segment_ends_the_segment_without_duplicating_audio():
