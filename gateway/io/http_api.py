@@ -67,7 +67,7 @@ from gateway.core.audio_formats import FORMATS, Encoder
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import ONE_STEP_MAX_CHARS, Segmenter, SegmenterConfig
 from gateway.io.aio import unless_stopped
-from gateway.io.auth import origin_allowlist, refused_origin, token_ok, tokens_from
+from gateway.io.auth import refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -490,8 +490,7 @@ class AuthMiddleware:
             return
         headers = dict(scope["headers"])  # (a repeated header: its last value)
         origins = [v.decode("latin-1") for k, v in scope["headers"] if k == b"origin"]
-        allowed = origin_allowlist(server.tokens, server.origins)
-        if (why := refused_origin(origins, allowed)) is not None:
+        if (why := refused_origin(origins, self.gateway.origins)) is not None:
             await self._refuse(ApiError(403, why, code="forbidden_origin"), scope, receive,
                                send)
             return
@@ -551,8 +550,7 @@ class SpeechApi:
         # CORS outside auth: a browser's preflight carries no token. Browser apps on the hub
         # may call the API from the origins the voice socket admits (auth.origin_allowlist:
         # any with tokens, none without, unless --origin)
-        server = gateway.config.server
-        origins = origin_allowlist(server.tokens, server.origins)
+        origins = gateway.origins
         self.asgi = CORSMiddleware(
             AuthMiddleware(self.app, gateway),
             allow_origins=["*"] if origins is None else list(origins),

@@ -128,6 +128,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig, *, engine: TtsEngine | None = None,
                  llm: LlmBackend | None = None) -> None:
         self.config = config
+        self.origins = origin_allowlist(config.server.tokens, config.server.origins)
+        """The browser origins both ports let in besides their own pages (None: any)."""
         t = config.tts
         self.engine = engine or create_voice(t.engine, t.engine_options(), t.fallback,
                                              t.fallback_options, t.fallback_policy,
@@ -470,12 +472,10 @@ class Gateway:
                            "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
             scheme = "https" if self.config.server.tls_cert else "http"
-            server = self.config.server
             hosts = request.headers.get_all("Host")
             own = own_origin(scheme, hosts[0] if len(hosts) == 1 else "",
-                             any_name=bool(server.tokens))
-            why = refused_origin(request.headers.get_all("Origin"),
-                                 origin_allowlist(server.tokens, server.origins), own=own)
+                             any_name=bool(self.config.server.tokens))
+            why = refused_origin(request.headers.get_all("Origin"), self.origins, own=own)
             if why is not None:
                 self.metrics.errors["forbidden_origin"] += 1
                 return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
