@@ -444,13 +444,9 @@ class Segmenter:
         if not buf.startswith("```", i):
             return False
         j = i + 3
-        while self._need(j) and buf[j] == "`":
-            j += 1
         while self._need(j) and buf[j] != "\n":
-            if buf[j] == "`":
-                return False
             j += 1
-        return True
+        return _FENCE.match(buf, i) is not None  # (speakable's rule too)
 
     def _scan_fence(self, out: list[Segment]) -> bool:
         """Inside a code block: find the closing fence line. False when waiting."""
