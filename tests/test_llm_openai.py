@@ -441,23 +441,20 @@ async def test_a_whole_reply_ends_even_if_the_server_is_slow_with_the_rest(
     from engines import llm_openai
 
     monkeypatch.setattr(llm_openai, "AFTER_FINISH_S", 0.2)
-    backend = OpenAiLlm(scripted_llm_server.url, stall_s=30)
-    scripted_llm_server.script([Text("All "), Text("of it."), *rest])
-    try:
-        events = await collect(backend)
-    finally:
-        await backend.aclose()
-    assert [e.text for e in events if isinstance(e, LlmDelta)] == ["All ", "of it."]
-    assert events[-1].finish_reason == "stop"
-
+    await ends_whole(scripted_llm_server, 30, rest)
 
 
 async def test_a_whole_reply_ends_well_with_a_stall_timeout_shorter_than_the_wait_after_it(
         scripted_llm_server):
     """stall_timeout_s also bounds httpx's read timeout: set below AFTER_FINISH_S, it failed
     a whole reply llm_unavailable when the server was slow with its usage or [DONE]."""
-    backend = OpenAiLlm(scripted_llm_server.url, stall_s=0.3)
-    scripted_llm_server.script([Text("All "), Text("of it."), Finish(), Hang()])
+    await ends_whole(scripted_llm_server, 0.3, [Finish(), Hang()])
+
+
+async def ends_whole(server: ScriptedLlmServer, stall_s: float, rest: list) -> None:
+    """A backend with ``stall_s`` gets "All of it." then ``rest``: the reply ends whole."""
+    backend = OpenAiLlm(server.url, stall_s=stall_s)
+    server.script([Text("All "), Text("of it."), *rest])
     try:
         events = await collect(backend)
     finally:
