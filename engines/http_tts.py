@@ -157,7 +157,7 @@ class HttpTtsStream:
     """One remote synthesis; the request is sent by the first ``step``."""
 
     def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str,
-                 trace: Any = None) -> None:
+                 trace: Any) -> None:
         self._client = client
         self._trace = trace
         self._url = url
@@ -203,7 +203,7 @@ class HttpTtsStream:
     def _start(self) -> Iterator[bytes]:
         request = self._client.build_request(
             "POST", self._url, json=self._body,
-            extensions={"trace": self._trace} if self._trace is not None else None)
+            extensions={"trace": self._trace})  # (the engine notes its sockets)
         response = self._client.send(request, stream=True)
         self._response = response
         if response.status_code >= 400:
