@@ -174,6 +174,8 @@ class LlmDone:
     tokens_per_s: float | None = None
     """Decode rate as reported by the server's usage (never inferred from chunk counts)."""
     usage: dict[str, Any] | None = None
+    thought_chars: int = 0
+    """Characters of thought the reply had (``reasoning_content``, ``<think>``), not said."""
 
 
 LlmEvent = LlmDelta | LlmDone

@@ -454,6 +454,7 @@ class OpenAiLlm:
             tokens_per_s=tokens_per_s_from(usage, timings, last_at - first_at,
                                            first_chars / all_chars if all_chars else 0.0),
             usage=usage,
+            thought_chars=max(0, all_chars - thoughts.said),
         )
 
     def _unopened_thought(self, said: int) -> None:

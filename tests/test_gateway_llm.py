@@ -20,6 +20,7 @@ from tests.servers import (
     Drop,
     Finish,
     Hang,
+    Raw,
     ServeProcess,
     Status,
     Text,
@@ -117,6 +118,66 @@ async def test_a_reply_cut_at_the_token_limit_speaks_its_whole_sentences_only(
                               "token limit (max_tokens); the rest is not spoken"}
     assert result.done["status"] == "failed"
     assert gw.llm_failing is None  # the LLM answered as asked: it is not failing
+
+
+def _chunk(delta: bytes, finish: bytes = b"null") -> Raw:
+    return Raw(b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,'
+               b'"delta":' + delta + b',"finish_reason":' + finish + b'}]}\n\n')
+
+
+TOOL_CALL = [  # as vLLM and llama.cpp stream a tool call: content null, then the finish
+    _chunk(b'{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1",'
+           b'"type":"function","function":{"name":"get_weather","arguments":""}}]}'),
+    _chunk(b'{"tool_calls":[{"index":0,"function":{"arguments":"{\\"city\\": \\"Oslo\\"}"}}]}'),
+    Finish("tool_calls"), Done()]
+
+
+@pytest.mark.parametrize("script, code, message, spoken", [
+    ([Finish(), Done()], "llm_empty_reply", "the LLM's reply was empty: nothing to say", []),
+    ([Text("\n\n"), Finish(), Done()], "llm_empty_reply",
+     "the LLM's reply was empty: nothing to say", []),
+    # a reasoning model that thought and said nothing: vLLM, llama.cpp and oMLX send the
+    # thought in reasoning_content (content null), mlx_lm.server in reasoning
+    ([_chunk(b'{"role":"assistant","content":null,"reasoning_content":"The user says hi."}'),
+      _chunk(b'{"reasoning":" Hm."}'), Finish(), Done()], "llm_empty_reply",
+     "the LLM's reply was only a thought (21 characters, not said): nothing to say", []),
+    ([Text("<think>Hm, a greeting.</think>"), Finish(), Done()], "llm_empty_reply",
+     "the LLM's reply was only a thought (30 characters, not said): nothing to say", []),
+    (TOOL_CALL, "llm_failed", "the LLM stopped its reply to call a tool (finish_reason "
+     "'tool_calls'), and the gateway offers none; the rest is not spoken", []),
+    ([Text("Let me check the weather. "), *TOOL_CALL], "llm_failed",
+     "the LLM stopped its reply to call a tool (finish_reason 'tool_calls'), and the "
+     "gateway offers none; the rest is not spoken", ["Let me check the weather."]),
+    ([Text("Sure. Here is how to"), Finish("content_filter"), Done()], "llm_failed",
+     "the LLM server's content filter held back the rest of the reply (finish_reason "
+     "'content_filter'); the rest is not spoken", ["Sure."]),
+], ids=["nothing", "white-space", "reasoning-only", "think-only", "tool-call",
+        "words-then-tool-call", "content-filter"])
+async def test_a_reply_with_nothing_to_say_or_cut_short_fails_and_says_why(
+        scripted_llm_server, script, code, message, spoken):
+    """These turns ended `completed` with no audio and no error (or spoke an unfinished
+    sentence): the listener heard nothing and never knew why. Like an llm_failed turn,
+    the history keeps what was said, or '…'."""
+    scripted_llm_server.script(script, reply_script(["Fine."]))
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        first, second = await turns(gw, "hi", "again")
+    finally:
+        await gw.aclose()
+    assert [e["error"] for e in first.of("error")] == [{"code": code, "message": message}]
+    assert first.done["status"] == "failed"
+    assert [s["text"] for s in first.of("sentence")] == spoken
+    assert bool(first.frames) == bool(spoken)
+    assert gw.metrics.errors[code] == 1
+    assert gw.llm_failing is None  # the LLM answered as asked: it is not failing
+    assert second.reply == "Fine." and second.done["status"] == "completed"
+    history = scripted_llm_server.chats[1].body["messages"][1:]
+    # (what it said, then " …" when its text went on: protocol.md's History)
+    said = {"Let me check the weather.": "Let me check the weather.", "Sure.": "Sure. …"}[
+        spoken[0]] if spoken else "…"
+    assert history == [{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": said},
+                       {"role": "user", "content": "again"}]
 
 
 async def test_malformed_sse_is_llm_failed(scripted_llm_server):
@@ -309,7 +370,8 @@ async def test_by_default_an_unopened_thought_is_said_but_never_its_tag_and_the_
 async def test_a_reply_that_never_ends_its_thought_says_nothing_and_the_turn_ends(
         scripted_llm_server, finish):
     """'opened' and no </think>: thinking cut at the token limit, or a model that did not
-    think. Nothing is said (a thought held back is never spoken late); the turn ends."""
+    think. Nothing is said (a thought held back is never spoken late); the turn ends, and
+    says why (it ended completed, with no audio and no error)."""
     scripted_llm_server.script(reply_script(["The user says hi. ", "Greet th"], finish=finish),
                                reply_script(["Thought.</think>Hi."]))
     gw = await gateway_thinking(scripted_llm_server.url, "opened")
@@ -319,12 +381,11 @@ async def test_a_reply_that_never_ends_its_thought_says_nothing_and_the_turn_end
     finally:
         await gw.aclose()
     assert not silent.of("text.delta") and not silent.of("sentence")
-    if finish == "stop":
-        assert silent.done["status"] == "completed" and not silent.of("error")
-    else:
-        assert [e["error"]["message"] for e in silent.of("error")] == [
-            "the reply reached the LLM's token limit (max_tokens); the rest is not spoken"]
-        assert silent.done["status"] == "failed"
+    assert [e["error"]["message"] for e in silent.of("error")] == [
+        "the LLM's reply was only a thought (26 characters, not said): nothing to say"
+        if finish == "stop" else
+        "the reply reached the LLM's token limit (max_tokens); the rest is not spoken"]
+    assert silent.done["status"] == "failed"
     assert after.reply == "Hi." and after.done["status"] == "completed"
     assert health["thinking"] == {"mode": "opened", "unopened": 0, "unclosed": 1}
 

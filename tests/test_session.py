@@ -553,13 +553,26 @@ def test_a_closing_frame_names_the_last_sentence_holds_no_audio_and_takes_its_se
     assert frames(out)[0].seq == frame.seq + 1 == s.frames_sent - 1  # gapless after it
 
 
-def test_empty_reply_completes_without_frames(clock):
+@pytest.mark.parametrize("reply, thought_chars, message", [
+    ("", 0, "the LLM's reply was empty: nothing to say"),
+    (" \n", 0, "the LLM's reply was empty: nothing to say"),
+    ("", 1234, "the LLM's reply was only a thought (1,234 characters, not said): nothing "
+               "to say"),
+])
+def test_a_reply_with_nothing_to_say_fails_the_turn_and_says_why(clock, reply, thought_chars,
+                                                                  message):
+    """It ended completed, with no frame and no error: the listener heard nothing and
+    never knew why. The history keeps the turn, as after any failure before a word."""
     s = Session("s")
     tid = start(s, clock)
-    out = s.llm_done(tid, None, clock.advance(30))
+    out = s.llm_delta(tid, reply, clock()) + s.llm_done(tid, None, clock.advance(30),
+                                                        thought_chars)
     assert frames(out) == []
-    assert events(out, "turn.done")[0]["status"] == "completed"
-    assert events(out, "turn.done")[0]["metrics"]["duration_ms"] == 30.0
+    assert events(out, "error") == [{"type": "error", "turn_id": tid, "error": {
+        "code": "llm_empty_reply", "message": message}}]
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed" and done["metrics"]["duration_ms"] == 30.0
+    assert s.history[-1] == {"role": "assistant", "content": "…"}
 
 
 def test_a_reply_of_exactly_max_reply_chars_is_spoken_whole(clock):

@@ -157,7 +157,7 @@ class SessionMachine(RuleBasedStateMachine):
                 assert log.source == "transcript" and event["delta"]
             case "error":
                 assert event["error"]["code"] in {"llm_failed", "llm_unavailable",
-                                                  "engine_failed"}
+                                                  "llm_empty_reply", "engine_failed"}
             case _:
                 raise AssertionError(event)
 

@@ -184,7 +184,7 @@ async def test_opened_without_a_closing_tag_ends_having_said_nothing(
                                reply_script(["More thought."]))
     backend = backend_of(thinking="opened")
     with caplog.at_level(logging.WARNING, logger="engines.llm_openai"):
-        assert await reply(backend) == ("", LlmDone(finish_reason=finish))
+        assert await reply(backend) == ("", LlmDone(finish_reason=finish, thought_chars=23))
         assert (await reply(backend))[0] == ""
     (warning,) = caplog.records
     assert "ended inside a thought" in warning.getMessage()

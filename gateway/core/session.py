@@ -154,7 +154,7 @@ it listens: probed less often, still well before the resume buffer (~20 s) is ou
 
 SYNTHESIS_ERROR_CODES = frozenset({"engine_failed", "engine_timeout", "engine_unavailable",
                                    "internal_error"})
-LLM_ERROR_CODES = frozenset({"llm_failed", "llm_unavailable"})
+LLM_ERROR_CODES = frozenset({"llm_failed", "llm_unavailable", "llm_empty_reply"})
 """The codes protocol.md gives a turn whose synthesis, or LLM stream, failed. An engine's or
 a backend's own code (``engine_runaway``, ``voice_unknown``, ``bad_request``, ...) goes to
 the client as ``engine_failed`` (``llm_failed``), with that code leading the message
@@ -441,12 +441,19 @@ class Session:
                 "characters; the rest is not spoken", now)
         return effects
 
-    def llm_done(self, turn_id: int, tokens_per_s: float | None, now: float) -> list[Effect]:
+    def llm_done(self, turn_id: int, tokens_per_s: float | None, now: float,
+                 thought_chars: int = 0) -> list[Effect]:
+        """The LLM finished its reply. One with nothing in it but white space (nothing
+        came, or only a thought of ``thought_chars`` characters, which is never said)
+        fails the turn with ``llm_empty_reply``: it said ``completed`` with no audio and no
+        error, and the listener heard nothing without knowing why."""
         turn = self._active(turn_id)
         if turn is None or turn.llm_done:
             return []
-        turn.llm_done = True
         turn.tokens_per_s = tokens_per_s
+        if not turn.reply.strip():
+            return self.llm_failed(turn_id, "llm_empty_reply", _empty_reply(thought_chars), now)
+        turn.llm_done = True
         effects = self._add_segments(turn, turn.segmenter.finish(), now)
         return effects + self._pump(turn, now)
 
@@ -966,6 +973,13 @@ class Session:
             "underruns": turn.pacer.underruns,
             "sentences": len(turn.segments),
         }
+
+
+def _empty_reply(thought_chars: int) -> str:
+    if thought_chars:
+        return (f"the LLM's reply was only a thought ({thought_chars:,} characters, not "
+                "said): nothing to say")
+    return "the LLM's reply was empty: nothing to say"
 
 
 def _cut(text: str, share: float) -> str:

@@ -79,6 +79,19 @@ client sends a few a second (a mark every 200-500 ms, pings, turns). One floodin
 had the event loop that paces every session answer all of them; past this it is closed
 (``CLOSE_TOO_MANY_MESSAGES``) and its session ends."""
 CLOSE_TOO_MANY_MESSAGES = (1008, "too many messages")
+CUT_SHORT = {
+    "length": "the reply reached the LLM's token limit (max_tokens); the rest is not spoken",
+    "tool_calls": "the LLM stopped its reply to call a tool (finish_reason 'tool_calls'), "
+                  "and the gateway offers none; the rest is not spoken",
+    "function_call": "the LLM stopped its reply to call a function (finish_reason "
+                     "'function_call'), and the gateway offers none; the rest is not spoken",
+    "content_filter": "the LLM server's content filter held back the rest of the reply "
+                      "(finish_reason 'content_filter'); the rest is not spoken",
+}
+"""The ``finish_reason`` of a reply that the LLM server ended as asked, short of its end:
+the turn fails (``llm_failed``, with these words) after the sentences complete before, and
+the LLM is not failing. They went on as ``completed`` turns that spoke the unfinished
+sentence, or nothing at all without a word of why (a tool call, a filtered reply)."""
 
 
 class SessionRunner:
@@ -369,17 +382,18 @@ class SessionRunner:
                     match event:
                         case LlmDelta(text=text):
                             self._guarded(self.session.llm_delta, turn_id, text, self.now())
-                        case LlmDone(finish_reason="length"):
-                            # the server answered well, but stopped at its token limit:
-                            # the unfinished sentence is not spoken, as at max_reply_chars
+                        case LlmDone(finish_reason=str(reason)) if reason in CUT_SHORT:
+                            # the server answered well, but the reply stops short of its
+                            # end: the unfinished sentence is not spoken, as at
+                            # max_reply_chars
                             self.gateway.llm_answered(None)
                             self._guarded(self.session.llm_failed, turn_id, "llm_failed",
-                                          "the reply reached the LLM's token limit "
-                                          "(max_tokens); the rest is not spoken", self.now())
+                                          CUT_SHORT[reason], self.now())
                             return
-                        case LlmDone(tokens_per_s=rate):
+                        case LlmDone(tokens_per_s=rate, thought_chars=thought_chars):
                             self.gateway.llm_answered(None)
-                            self._guarded(self.session.llm_done, turn_id, rate, self.now())
+                            self._guarded(self.session.llm_done, turn_id, rate, self.now(),
+                                          thought_chars)
                             return
             raise EngineError("llm_failed", "the LLM stream ended without finishing")
         except LlmContextFull as exc:
