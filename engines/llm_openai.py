@@ -1,8 +1,9 @@
 """LLM backend for any OpenAI-compatible streaming chat server (oMLX, mlx_lm.server, vLLM, ...).
 
 One ``httpx.AsyncClient`` per backend keeps connections alive between turns; SSE framing is
-parsed by ``httpx-sse``. What this module adds on top is the knowledge of how these servers
-actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
+parsed by ``httpx-sse``, with a bound on the bytes one event may take (``_EventBound``).
+What this module adds on top is the knowledge of how these servers actually behave
+(checked against mlx_lm.server and oMLX, see platform-facts.md):
 
 * keep-alive comment lines (``: keepalive 12/40``) arrive before the first token; oMLX's
   keep-alives (its default ``sse_keepalive_mode = "chunk"``) are ``data:`` chunks with an
@@ -23,9 +24,9 @@ actually behave (checked against mlx_lm.server and oMLX, see platform-facts.md):
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event
 that says something for ``stall_s`` even if keep-alives still arrive), ``llm_failed``
-when it answers wrongly (HTTP status >= 400, an error payload, malformed JSON, a stream that
-breaks off or ends without ``finish_reason`` or ``[DONE]``, or with a ``finish_reason`` that
-says it gave up: ``ABORTED``).
+when it answers wrongly (HTTP status >= 400, an error payload, malformed JSON, an event
+longer than ``MAX_EVENT_BYTES``, a stream that breaks off or ends without ``finish_reason``
+or ``[DONE]``, or with a ``finish_reason`` that says it gave up: ``ABORTED``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ it ends a whole one, ``[DONE]`` included: the reply is cut short, so the turn fa
 
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
+
+MAX_EVENT_BYTES = 1 << 20
+"""The most body bytes read between one SSE event and the next. A chunk is a few hundred
+bytes (mlx_lm.server: 339 in the median, 368 at most; oMLX's bursts of several tokens a
+few more), and a whole 32,000-character reply (``max_reply_chars``) escaped as ``\\uXXXX``
+in one chunk would be under 400,000. A line that never ends (a broken server or proxy) was
+buffered by the SSE parser until ``stall_s``: 534 MB of memory for 512 MB sent."""
 
 
 
@@ -365,6 +373,7 @@ class OpenAiLlm:
                     f"LLM server answered {content_type or 'no content type'!r}, not an event "
                     f"stream: {_snippet(await _read_head(response))}",
                 )
+            response.stream = bound = _EventBound(response.stream)
             events = source.aiter_sse()
             said_at = loop.time()  # the last data event that said something (no keep-alive)
             while True:
@@ -375,6 +384,7 @@ class OpenAiLlm:
                     async with asyncio.timeout_at(
                             said_at + (AFTER_FINISH_S if finished else self.stall_s)):
                         sse = await anext(events)
+                    bound.event_read()
                 except StopAsyncIteration:
                     break
                 except (TimeoutError, httpx.ReadTimeout):
@@ -498,6 +508,34 @@ class OpenAiLlm:
 MAX_RETRY_AFTER_S = 3.0
 """The longest ``Retry-After`` a turn waits, once, for a busy or loading LLM server (429,
 503): a listener would rather wait that long than hear nothing; beyond it, the turn fails."""
+
+
+class _EventBound(httpx.AsyncByteStream):
+    """The response body, failing once more than ``limit`` bytes arrive without the SSE
+    parser giving an event (``event_read`` after each). The parser pulls a read only when
+    the events of the last one are out, so what it holds unparsed is at most ``limit``
+    and one read."""
+
+    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream,
+                 limit: int = MAX_EVENT_BYTES) -> None:
+        assert isinstance(stream, httpx.AsyncByteStream)
+        self._stream = stream
+        self._limit = limit
+        self._pending = 0
+
+    def event_read(self) -> None:
+        self._pending = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            self._pending += len(chunk)
+            if self._pending > self._limit:
+                raise EngineError("llm_failed", f"the LLM server sent {self._pending:,} bytes "
+                                  f"without ending an SSE event (at most {self._limit:,})")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 class _Busy(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import httpx
 import pytest
@@ -544,3 +545,32 @@ async def test_a_prompt_longer_than_the_context_is_told_apart(llm, scripted_llm_
         await collect(llm)
     assert isinstance(info.value, LlmContextFull) is full
     assert info.value.code == "llm_failed" and f"HTTP {status.code}" in info.value.message
+
+
+@pytest.mark.parametrize("endless", [
+    Raw(b"data: " + b"x" * (2 << 20)),  # one line that never ends
+    Raw(b"data: x\n" * (1 << 20)),  # data lines, and never the blank line that ends them
+], ids=["line", "event"])
+async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory(
+        scripted_llm_server, endless):
+    """The SSE parser buffered it whole until stall_s: 534 MB of memory for 512 MB sent at
+    full speed, and the turn failed as 'sent no data ... queued behind other requests'."""
+    llm = OpenAiLlm(scripted_llm_server.url, stall_s=60)
+    scripted_llm_server.script([Text("One. "), endless, Hang()])
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+    assert info.value.code == "llm_failed"
+    assert "without ending an SSE event (at most 1,048,576)" in info.value.message
+    async with asyncio.timeout(5):
+        await scripted_llm_server.requests[0].disconnected.wait()
+
+
+async def test_a_whole_reply_in_one_chunk_is_no_endless_event(llm, scripted_llm_server):
+    reply = "\N{GRINNING FACE}" * 32_000  # max_reply_chars, 12 bytes each as JSON escapes
+    chunk = json.dumps({"choices": [{"index": 0, "delta": {"content": reply}}]})
+    assert len(chunk) > 384_000
+    scripted_llm_server.script([Raw(f"data: {chunk}\n\n".encode()), Finish(), Done()])
+    assert await collect(llm) == [LlmDelta(reply), LlmDone("stop")]
