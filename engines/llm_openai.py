@@ -11,6 +11,9 @@ What this module adds on top is the knowledge of how these servers actually beha
 * every delta may repeat ``role``; a chunk may carry many tokens (oMLX sends bursts);
 * with ``stream_options.include_usage`` the usage arrives in its own chunk *after* the
   ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``;
+* uvicorn (under oMLX and vLLM) and llama.cpp close a connection idle for 5 s: a request
+  that goes out on a kept-alive connection as it closes, and gets nothing back, is sent
+  again at once, once (``_Stale``);
 * the decode rate comes from the server (oMLX's ``generation_tokens_per_second``, or
   llama.cpp's ``timings``, else ``usage.completion_tokens`` over the time the text took to
   arrive), never from counting chunks;
@@ -32,6 +35,7 @@ or ``[DONE]``, or with a ``finish_reason`` that says it gave up: ``ABORTED``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -313,12 +317,12 @@ class OpenAiLlm:
         """
         try:
             try:
-                async for event in self._stream(request):
+                async for event in self._attempt(request):
                     yield event
             except _Busy as busy:
                 # nothing was said yet: one more try after the wait the server asked for
                 await asyncio.sleep(busy.retry_after_s)
-                async for event in self._stream(request):
+                async for event in self._attempt(request):
                     yield event
         except _Busy as busy:
             raise EngineError("llm_failed", busy.message) from None
@@ -341,6 +345,20 @@ class OpenAiLlm:
                 f"LLM stream from {self.shown_url} broke off: {type(exc).__name__}: {exc}"
             ) from exc
 
+    async def _attempt(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+        """``_stream``, sent again at once, once, when it went out on a kept-alive
+        connection that the server closed as the request arrived (``_Stale``)."""
+        for last in (False, True):
+            try:
+                async for event in self._stream(request):
+                    yield event
+                return
+            except _Stale as stale:
+                if last:
+                    raise stale.error from None
+                log.debug("the LLM server closed a kept-alive connection as a request went "
+                          "out (%s: %s): sent again", type(stale.error).__name__, stale.error)
+
     async def _stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
         finish_reason: str | None = None
         usage: dict[str, Any] | None = None
@@ -351,9 +369,22 @@ class OpenAiLlm:
         first_chars = all_chars = 0  # the first chunk's text, and all of it, thoughts too
         thoughts = ThinkFilter(opened=self.thinking == "opened")
         loop = asyncio.get_running_loop()
-        async with aconnect_sse(
-            self._client, "POST", self._endpoint, json=self._body(request)
-        ) as source:
+        reused = True  # the request goes out on a kept-alive connection (no connect seen)
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            nonlocal reused
+            if name.startswith("connection.connect_"):
+                reused = False
+
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                source = await stack.enter_async_context(aconnect_sse(
+                    self._client, "POST", self._endpoint, json=self._body(request),
+                    extensions={"trace": trace}))
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                if reused:  # (a new connection broken before the answer is no race)
+                    raise _Stale(exc) from exc
+                raise
             response = source.response
             if response.status_code >= 400:
                 head = await _read_head(response)
@@ -536,6 +567,20 @@ class _EventBound(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+
+class _Stale(Exception):
+    """The connection broke before the answer's headers were whole, and it was a kept-alive
+    one: the server closed it as the request went out (uvicorn, under oMLX and vLLM, and
+    llama.cpp close a connection idle for 5 s, httpx's own limit too), so the request
+    never reached the server's application. It is sent again, as browsers do (Chromium
+    resends any request that meets a closed reused connection before the answer's
+    headers); a chat completion changes nothing on the server, so even a server that did
+    read it, then died, gets nothing worse than the same request twice."""
+
+    def __init__(self, error: httpx.HTTPError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _Busy(Exception):

@@ -574,3 +574,91 @@ async def test_a_whole_reply_in_one_chunk_is_no_endless_event(llm, scripted_llm_
     assert len(chunk) > 384_000
     scripted_llm_server.script([Raw(f"data: {chunk}\n\n".encode()), Finish(), Done()])
     assert await collect(llm) == [LlmDelta(reply), LlmDone("stop")]
+
+
+
+class KeepAliveServer:
+    """A plain HTTP/1.1 server on 127.0.0.1:0 that answers each request with a whole SSE
+    reply and keeps the connection open, except for the requests ``actions`` names by
+    their order of arrival (0, 1, ...): ``close`` or ``reset`` the connection once the
+    request is read, without a byte of answer (what a server's keep-alive timer does when
+    it fires as a request arrives), or send the answer's ``headers`` only, then close."""
+
+    REPLY = (b'data: {"choices":[{"index":0,"delta":{"content":"Hi."},"finish_reason":null}]}'
+             b'\n\ndata: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+             b"data: [DONE]\n\n")
+
+    def __init__(self, actions: dict[int, str]) -> None:
+        self.actions = actions
+        self.seen: list[int] = []  # the connection (0, 1, ...) of each request, in order
+        self._connections = 0
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection, self._connections = self._connections, self._connections + 1
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
+        try:
+            while True:
+                request = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in request.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                action = self.actions.get(len(self.seen), "answer")
+                self.seen.append(connection)
+                if action == "reset":
+                    writer.transport.abort()
+                    return
+                if action == "close":
+                    break
+                writer.write(head % len(self.REPLY))
+                if action == "headers":
+                    break
+                writer.write(self.REPLY)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+@pytest.mark.parametrize("action", ["close", "reset"])
+async def test_a_kept_alive_connection_closed_as_the_request_goes_out_is_tried_again(action):
+    """uvicorn (under oMLX and vLLM) and llama.cpp close a connection idle for 5 s, as
+    httpx drops one: a turn that started about 5 s after the last reply ended met a
+    connection closing under its request, and failed llm_failed ('broke off:
+    ReadError'; 16 turns in 300 timed near a 0.2 s keep-alive). Nothing of the answer had
+    come: it is sent again, at once, on a new connection."""
+    server = KeepAliveServer({1: action})
+    async with server as url:
+        llm = OpenAiLlm(url)
+        try:
+            first = await collect(llm)
+            second = await collect(llm)
+        finally:
+            await llm.aclose()
+    assert first == second == [LlmDelta("Hi."), LlmDone("stop")]
+    assert server.seen == [0, 0, 1]  # the second request twice, then on a new connection
+
+
+@pytest.mark.parametrize(("actions", "seen"), [
+    ({0: "close"}, [0]),  # a new connection: the server took the request, then died
+    ({1: "headers"}, [0, 0]),  # part of the answer came: the server had the request
+], ids=["new-connection", "answer-begun"])
+async def test_a_request_the_server_may_have_read_is_not_sent_twice(actions, seen):
+    server = KeepAliveServer(actions)
+    async with server as url:
+        llm = OpenAiLlm(url)
+        try:
+            with pytest.raises(EngineError) as info:
+                for _ in seen:
+                    await collect(llm)
+        finally:
+            await llm.aclose()
+    assert info.value.code == "llm_failed" and "broke off" in info.value.message
+    assert server.seen == seen
