@@ -438,7 +438,7 @@ class OpenAiLlm:
                     said_at = loop.time()
                     continue
                 if sse.event == "error":  # (its data in any shape: JSON or plain text)
-                    raise EngineError("llm_failed", f"LLM server error: {_snippet(data)}")
+                    raise _server_error(data, deltas)
                 try:
                     chunk = orjson.loads(data)
                 except orjson.JSONDecodeError as exc:
@@ -450,7 +450,7 @@ class OpenAiLlm:
                 if chunk.get("error") or chunk.get("object") == "error":
                     # ({"error": {...}}; vLLM's ErrorResponse unwrapped, {"object": "error",
                     # "message": ...}, in some versions: then [DONE], as after a whole reply)
-                    raise EngineError("llm_failed", f"LLM server error: {_snippet(data)}")
+                    raise _server_error(data, deltas)
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
                 if isinstance(chunk.get("timings"), dict):
@@ -600,6 +600,16 @@ def _retry_after_s(response: httpx.Response) -> float | None:
     except ValueError:  # absent, or an HTTP date: not worth a turn's wait
         return None
     return wait_s if 0 <= wait_s <= MAX_RETRY_AFTER_S else None
+
+
+def _server_error(data: str, deltas: int) -> EngineError:
+    """An error the server sent in its stream: ``llm_failed`` with its words, or, before
+    anything was said, ``LlmContextFull`` when they say the context is full (llama.cpp
+    answers so in the stream when prompt and reply outgrow it)."""
+    message = f"LLM server error: {_snippet(data)}"
+    if not deltas and any(words in data.lower() for words in CONTEXT_FULL):
+        return LlmContextFull(message)
+    return EngineError("llm_failed", message)
 
 
 def _choices(chunk: dict[str, Any], data: str) -> list[tuple[str, str, str | None]]:

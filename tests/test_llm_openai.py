@@ -662,3 +662,33 @@ async def test_a_request_the_server_may_have_read_is_not_sent_twice(actions, see
             await llm.aclose()
     assert info.value.code == "llm_failed" and "broke off" in info.value.message
     assert server.seen == seen
+
+
+LLAMA_CPP_CONTEXT = (b'{"code":400,"message":"the request exceeds the available context size. '
+                     b'try increasing the context size or enable context shift","type":'
+                     b'"invalid_request_error"}')
+
+
+@pytest.mark.parametrize(("script", "said", "full"), [
+    ([Raw(b'data: {"error":' + LLAMA_CPP_CONTEXT + b"}\n\n"), Done()], [], True),
+    ([Raw(b"event: error\ndata: " + LLAMA_CPP_CONTEXT + b"\n\n")], [], True),
+    ([Text("Once upon a"), Raw(b'data: {"error":' + LLAMA_CPP_CONTEXT + b"}\n\n"), Done()],
+     ["Once upon a"], False),
+    ([Raw(b'data: {"error":{"code":500,"message":"Failed to decode the batch"}}\n\n'), Done()],
+     [], False),
+], ids=["context", "context-event", "context-after-text", "other-error"])
+async def test_an_error_in_the_stream_that_says_the_context_is_full_is_told_apart(
+        llm, scripted_llm_server, script, said, full):
+    """llama.cpp says a prompt outgrew its context in the stream, not as an HTTP 400: the
+    turn failed, and every later one too, as the history only grows. Before a word, it is
+    LlmContextFull, so the session forgets its oldest turns and asks again."""
+    scripted_llm_server.script(script)
+    got: list[LlmEvent] = []
+    with pytest.raises(EngineError) as info:
+        async with asyncio.timeout(20):
+            async for event in llm.stream(REQUEST):
+                got.append(event)
+    assert [e.text for e in got if isinstance(e, LlmDelta)] == said
+    assert info.value.code == "llm_failed"
+    assert isinstance(info.value, LlmContextFull) is full
+    assert info.value.message.startswith("LLM server error: '{\"")
