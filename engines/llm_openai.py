@@ -97,12 +97,13 @@ it ends a whole one, ``[DONE]`` included: the reply is cut short, so the turn fa
 _SNIPPET = 200
 """How many characters of a bad body end up in an error message."""
 
-MAX_EVENT_BYTES = 1 << 20
+MAX_EVENT_BYTES = 4 << 20
 """The most body bytes read between one SSE event and the next. A chunk is a few hundred
 bytes (mlx_lm.server: 339 in the median, 368 at most; oMLX's bursts of several tokens a
-few more), and a whole 32,000-character reply (``max_reply_chars``) escaped as ``\\uXXXX``
-in one chunk would be under 400,000. A line that never ends (a broken server or proxy) was
-buffered by the SSE parser until ``stall_s``: 534 MB of memory for 512 MB sent."""
+few more); a server that sends a runaway reply in one chunk is still read (it is cut at
+``max_reply_chars``, tested with 1.1 MB). A line that never ends (a broken server or
+proxy) was buffered by the SSE parser until ``stall_s``: 534 MB of memory for 512 MB
+sent."""
 
 
 

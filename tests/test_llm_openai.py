@@ -548,7 +548,7 @@ async def test_a_prompt_longer_than_the_context_is_told_apart(llm, scripted_llm_
 
 
 @pytest.mark.parametrize("endless", [
-    Raw(b"data: " + b"x" * (2 << 20)),  # one line that never ends
+    Raw(b"data: " + b"x" * (5 << 20)),  # one line that never ends
     Raw(b"data: x\n" * (1 << 20)),  # data lines, and never the blank line that ends them
 ], ids=["line", "event"])
 async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory(
@@ -563,7 +563,7 @@ async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory
     finally:
         await llm.aclose()
     assert info.value.code == "llm_failed"
-    assert "without ending an SSE event (at most 1,048,576)" in info.value.message
+    assert "without ending an SSE event (at most 4,194,304)" in info.value.message
     async with asyncio.timeout(5):
         await scripted_llm_server.requests[0].disconnected.wait()
 
