@@ -85,6 +85,11 @@ class SynthesisStream(Protocol):
         """Stop early and free what the stream holds. Idempotent; safe after the end."""
         ...
 
+    # Optional: ``interrupt()``, called from the event loop's thread when the stream's job is
+    # cancelled while its step runs, for a stream whose step may wait on I/O (``http``):
+    # make that step (and every later one) return ``None`` now, so a barge-in does not wait
+    # for a stalled server. A failure it causes is not an engine failure (no error raised).
+
 
 @runtime_checkable
 class TtsEngine(Protocol):

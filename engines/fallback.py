@@ -286,9 +286,18 @@ class FallbackStream:
         self._first_step_done = False
         self._slow = False
         self._done = False
+        self._interrupted = False
+
+    def interrupt(self) -> None:
+        """The engine's stream's ``interrupt`` (``engines.base``), when it has one. What the
+        cut step does then proves nothing of the primary: no failure, no success."""
+        self._interrupted = True
+        interrupt = getattr(self._inner, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
 
     def step(self) -> bytes | None:
-        if self._done:
+        if self._done or self._interrupted:
             return None
         owner = self._owner
         if not self._on_primary:
@@ -297,8 +306,14 @@ class FallbackStream:
         try:
             if self._inner is None:
                 self._inner = owner.primary.open(self._request)
+                if self._interrupted:  # (before ``interrupt`` saw this stream)
+                    self.close()
+                    return None
             chunk = self._inner.step()
         except Exception as raised:
+            if self._interrupted:
+                self.close()
+                return None
             exc = raised if isinstance(raised, EngineError) else _bug(owner.primary.name, raised)
             if not self._slow:  # (a slow first chunk counted this segment's failure already)
                 owner.record_failure(exc)
@@ -322,6 +337,9 @@ class FallbackStream:
             self._on_primary = False
             self.engine_name = owner.fallback.name
             return self._step_fallback()
+        if self._interrupted:  # (its None or chunk came of the cut: nobody wants it)
+            self.close()
+            return None
         if not self._first_step_done:
             self._first_step_done = True
             elapsed = owner.clock() - t0

@@ -34,7 +34,7 @@ import json
 import socket
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import httpx
@@ -100,7 +100,7 @@ class HttpTtsEngine:
         if self._client is None:
             raise EngineError("engine_failed", "http engine used before load()")
         stream = HttpTtsStream(self._client, self.url, self._body(request), self.format,
-                               self._trace)
+                               self._note_socket)
         self._streams.add(stream)
         return stream
 
@@ -115,13 +115,10 @@ class HttpTtsEngine:
             with contextlib.suppress(OSError):  # (closed already)
                 sock.shutdown(socket.SHUT_RDWR)
 
-    def _trace(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's ``trace`` extension: note each new connection's socket."""
-        if event == "connection.connect_tcp.complete":
-            sock = info["return_value"].get_extra_info("socket")
-            if sock is not None:
-                with self._sockets_lock:
-                    self._sockets.add(sock)
+    def _note_socket(self, sock: socket.socket) -> None:
+        """A stream opened a new connection on ``sock`` (``interrupt`` cuts it)."""
+        with self._sockets_lock:
+            self._sockets.add(sock)
 
     def close(self) -> None:
         for stream in list(self._streams):
@@ -154,12 +151,20 @@ class HttpTtsEngine:
 
 
 class HttpTtsStream:
-    """One remote synthesis; the request is sent by the first ``step``."""
+    """One remote synthesis; the request is sent by the first ``step``.
+
+    ``interrupt`` (any thread) makes a step waiting for the server return ``None`` now by
+    cutting the stream's connection: the lane calls it when the job is cancelled while its
+    step waits (a barge-in during a stalled answer waited out the read timeout, 20 s, and
+    the lane with it). The stream knows its connection once it opened it (httpcore's
+    ``trace`` hook: every SSE request does, its connection is never reused) or once the
+    answer's headers came; a raw-PCM request that reused a connection and still waits for
+    its headers cannot be cut, and runs to its read timeout."""
 
     def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str,
-                 trace: Any) -> None:
+                 note_socket: Callable[[socket.socket], None]) -> None:
         self._client = client
-        self._trace = trace
+        self._note_socket = note_socket
         self._url = url
         self._shown_url = shown_url(url)
         """``url`` for messages (no password)."""
@@ -169,23 +174,28 @@ class HttpTtsStream:
         self._pieces: Iterator[bytes] | None = None
         self._carry = b""  # an odd trailing byte waits for its partner
         self._done = False
+        self._interrupted = False
+        self._socket: socket.socket | None = None
+        """The socket of this stream's connection while the stream uses it."""
+        self._socket_lock = threading.Lock()
 
     def step(self) -> bytes | None:
-        if self._done:
+        if self._done or self._interrupted:
+            self.close()
             return None
         try:
             if self._pieces is None:
                 self._pieces = self._start()
             piece = next(self._pieces, None)
-        except EngineError:
-            self.close()
-            raise
-        except httpx.TimeoutException as exc:
-            self.close()
-            raise EngineError("engine_timeout", f"TTS server {self._shown_url}: {exc!r}") from exc
         except Exception as exc:
             self.close()
-            raise EngineError("engine_failed", f"TTS server {self._shown_url}: {exc!r}") from exc
+            if self._interrupted:  # (the cut connection's error): nobody wants this audio
+                return None
+            if isinstance(exc, EngineError):
+                raise
+            code = "engine_timeout" if isinstance(exc, httpx.TimeoutException) else \
+                "engine_failed"
+            raise EngineError(code, f"TTS server {self._shown_url}: {exc!r}") from exc
         if piece is None:
             self.close()
             return None
@@ -194,18 +204,54 @@ class HttpTtsStream:
         self._carry = data[cut:]
         return data[:cut]
 
+    def interrupt(self) -> None:
+        """Make the step in flight (if any) return ``None`` now, and every later one: the
+        job was cancelled. Safe from any thread."""
+        self._interrupted = True
+        with self._socket_lock:
+            if self._socket is not None:
+                with contextlib.suppress(OSError):  # (closed already)
+                    self._socket.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         self._done = True
         response, self._response = self._response, None
         if response is not None:
             response.close()
+        with self._socket_lock:
+            self._socket = None
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's ``trace`` extension, on the thread of the request: note the socket of
+        the connection this stream opens, and forget it before the connection goes back to
+        the pool (another stream's then: ``interrupt`` must not cut it)."""
+        if event == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                self._note_socket(sock)
+                with self._socket_lock:
+                    self._socket = sock
+                    interrupted = self._interrupted
+                if interrupted:  # (interrupted while it connected)
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+        elif event == "http11.response_closed.started":
+            with self._socket_lock:
+                self._socket = None
 
     def _start(self) -> Iterator[bytes]:
         request = self._client.build_request(
             "POST", self._url, json=self._body,
-            extensions={"trace": self._trace})  # (the engine notes its sockets)
+            extensions={"trace": self._trace})  # (the stream and the engine note sockets)
         response = self._client.send(request, stream=True)
         self._response = response
+        stream = response.extensions.get("network_stream")
+        sock = None if stream is None else stream.get_extra_info("socket")
+        with self._socket_lock:
+            if self._socket is None and sock is not None and not self._done:
+                self._socket = sock  # a connection reused from the pool
+        if self._interrupted:
+            return iter(())  # (the step returns None)
         if response.status_code >= 400:
             detail = response.read()[:300].decode("utf-8", "replace")
             raise EngineError(

@@ -20,8 +20,8 @@ class FakeClock:
 
 class ScriptedEngine:
     """Test double: each ``open`` plays the next script; a script item is bytes, an
-    exception to raise (an ``EngineError``, or another: a bug), or ``("slow", seconds,
-    bytes)`` which advances the clock."""
+    exception to raise (an ``EngineError``, or another: a bug), ``("slow", seconds,
+    bytes)`` which advances the clock, or a function whose result the step returns."""
 
     lane = "gpu"
     streams = True
@@ -68,6 +68,8 @@ class ScriptedEngine:
                 if isinstance(item, tuple):
                     engine.clock.now += item[1]
                     return item[2]
+                if callable(item):
+                    return item()
                 return item
 
             def close(self) -> None:
@@ -401,3 +403,34 @@ async def test_a_sentence_the_fallback_speaks_after_an_empty_chunk_is_named_as_t
     assert result.done["metrics"]["engine"] == "espeak"
     assert result.done["metrics"]["engines"] == ["espeak"]
     gapless(result)
+
+
+def test_an_interrupted_probe_proves_nothing():
+    """A probe cut by a barge-in (``interrupt`` while its step runs: the step then fails,
+    or ends) neither re-opens nor closes the breaker, and the fallback does not speak."""
+    probes = []
+
+    def cut(then):
+        def step():
+            probes[-1].interrupt()
+            if isinstance(then, Exception):
+                raise then
+            return then
+        return step
+
+    engine, primary, fallback, clock = setup(
+        [[fail()], [fail()], [cut(fail())], [b"", cut(None)], [b"\x01\x00"]])
+    drain(engine.open(SynthesisRequest("a")))
+    drain(engine.open(SynthesisRequest("b")))
+    assert engine.state is BreakerState.OPEN
+    clock.now += 31
+    opened = len(fallback.opened)
+    for outcome in ("failed", "ended"):
+        probes.append(engine.open(SynthesisRequest("probe")))
+        assert drain(probes[-1]) in ([], [b""])
+        probes[-1].close()
+        assert engine.state is BreakerState.HALF_OPEN, outcome
+        assert engine.consecutive_failures == 2, outcome
+    assert len(fallback.opened) == opened
+    assert drain(engine.open(SynthesisRequest("c"))) == [b"\x01\x00"]  # the next probe ran
+    assert engine.state is BreakerState.CLOSED

@@ -435,3 +435,40 @@ def test_a_tts_urls_password_is_not_in_its_errors(refused_port):
     engine.close()
     assert f"hub:***@127.0.0.1:{refused_port}" in err.value.message
     assert "pa55word" not in err.value.message
+
+
+@pytest.mark.parametrize("fallback", [None, "espeak"])
+async def test_a_barge_in_cuts_a_stalled_tts_answer_at_once(sse_server, start_gateway,
+                                                            fallback):
+    """A cancelled turn's step waiting for a stalled TTS server held the remote lane, for
+    the barge-in's own new turn too, until the read timeout (20 s): the step could not be
+    interrupted. Cancelling now cuts the stream's connection; the cut is nobody's failure
+    (behind a fallback, the breaker does not count it and the fallback does not speak)."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import read_turn, recv_event, send
+
+    server, url = sse_server
+    server.script = lambda body: ["stall"] if "stalls" in body["input"] else \
+        [delta(b"\x01\x00" * 2400), DONE]
+    gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": fallback,
+                                  "step_timeout_s": 3600,
+                                  "options": {"read_timeout_s": 3000}})  # no timeout helps
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text="This sentence stalls.")
+        assert await asyncio.to_thread(server.stalled.wait, 30)  # (the lane's step waits)
+        await send(ws, type="cancel")
+        await send(ws, type="say", text="After the barge-in.")
+        cancelled = await asyncio.wait_for(read_turn(ws), 60)  # (a guard, not a time)
+        after = await asyncio.wait_for(read_turn(ws), 60)
+        assert cancelled.done["status"] == "cancelled" and not cancelled.frames
+        assert after.done["status"] == "completed"
+        assert after.done["metrics"]["engines"] == ["http"] and after.audio_ms == 100
+        assert await asyncio.to_thread(server.disconnected.wait, 10)
+    if fallback:
+        assert gw.engine.counters()["consecutive_failures"] == 0
+        assert gw.engine.switches == 0
+    assert gw.lane.failing is None

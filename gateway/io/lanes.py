@@ -332,7 +332,10 @@ class Lane:
         self._wake.set()
 
     def cancel(self, owner: Hashable) -> int:
-        """Drop ``owner``'s jobs. Queued ones go now; a running step finishes, then stops."""
+        """Drop ``owner``'s jobs. Queued ones go now; a running step finishes, then stops: at
+        once when its stream can ``interrupt`` (``engines.base``: a remote engine's step
+        waiting for a stalled server held the lane, a barge-in included, until its read
+        timeout)."""
         jobs = self._remove(owner, "cancelled")
         self.stats.jobs_cancelled += len(jobs)
         return len(jobs)
@@ -352,6 +355,8 @@ class Lane:
             if not job.running:
                 self._close_later_safe(job.state)
                 job.state = None
+            elif (interrupt := getattr(job.state, "interrupt", None)) is not None:
+                interrupt()
         return jobs
 
     @property

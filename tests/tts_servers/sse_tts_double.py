@@ -38,7 +38,8 @@ class ScriptedSseServer:
     returning such a list.
 
     ``status`` other than 200 answers a JSON error instead. ``requests`` records bodies;
-    ``disconnected`` is set when a client goes away mid-stream.
+    ``stalled`` is set when an answer reaches ``"stall"``; ``disconnected`` when a client
+    goes away mid-stream.
     """
 
     def __init__(self) -> None:
@@ -46,6 +47,7 @@ class ScriptedSseServer:
         self.status = 200
         self.hold = False  # True: after the first event, wait until the client goes away
         self.requests: list[dict[str, Any]] = []
+        self.stalled = threading.Event()
         self.disconnected = threading.Event()
         self.port = 0
         app = Starlette(routes=[Route("/v1/audio/speech", self._speech, methods=["POST"])])
@@ -66,6 +68,7 @@ class ScriptedSseServer:
                     if item == "hangup":
                         raise RuntimeError("scripted hang-up")
                     if item == "stall":
+                        self.stalled.set()
                         await asyncio.Future()  # Starlette cancels us when the client leaves
                     yield item if isinstance(item, bytes) else \
                         f"data: {json.dumps(item)}\n\n".encode()
