@@ -361,6 +361,8 @@ class EspeakEngine:
     lane: Lane = "cpu"
     streams = True
     reads_digits = True
+    thread_safe = True
+    """Every library call is made under one lock (``engines.base``)."""
     speed_range = (RATE_MIN / RATE_NORMAL, RATE_MAX / RATE_NORMAL)
     """0.46-2.57: the rates espeak speaks at (``RATE_MIN``, ``RATE_MAX``)."""
     timing = {"first_s": 0.001, "rtf": 0.0013}

@@ -29,13 +29,16 @@ another ``breaker_reset_s``. Only the probe closes it.
 ``stream.engine_name`` names the engine that produced the audio (updated on a switch) for
 the gateway's ``sentence`` event. Both engines run on the *primary's* lane thread (the
 stream's steps run there): two MLX engines share the gpu lane as they must; espeak as the
-fallback of qwen3 is safe there too (it serialises its own calls).
+fallback of qwen3 is safe there too (it serialises its own calls). A primary that runs
+several steps at once (``parallel_steps``: ``http``) keeps doing so behind a
+``thread_safe`` fallback (espeak), and runs one at a time behind any other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -79,6 +82,9 @@ class FallbackEngine:
         timing = getattr(primary, "timing", None)
         if timing is not None:
             self.timing = timing  # placement plans with the primary; the fallback is rare
+        if getattr(fallback, "thread_safe", False):
+            # both engines' steps may then run at once on the primary's lane (engines.base)
+            self.parallel_steps = getattr(primary, "parallel_steps", 1)
         self.first_chunk_timeout_s = first_chunk_timeout_s
         self.breaker_failures = breaker_failures
         self.breaker_reset_s = breaker_reset_s
@@ -91,6 +97,8 @@ class FallbackEngine:
         self.truncations = 0
         self.breaker_opens = 0
         self._probing = False
+        self._lock = threading.RLock()
+        """The breaker's: segments' steps may run at once (``parallel_steps``)."""
         self.primary_load_error: str | None = None
         """Why the primary did not load: the fallback speaks everything (``/health`` says
         ``degraded``)."""
@@ -170,8 +178,10 @@ class FallbackEngine:
             self.record_failure(exc)
 
     def open(self, request: SynthesisRequest) -> FallbackStream:
-        use_primary = self._allow_primary() and not request.options.get("deadline_passed")
-        return FallbackStream(self, request, use_primary)
+        with self._lock:
+            use_primary = self._allow_primary() and not request.options.get("deadline_passed")
+            probe = use_primary and self.state is BreakerState.HALF_OPEN
+        return FallbackStream(self, request, use_primary, probe)
 
     def close(self) -> None:
         try:
@@ -231,33 +241,46 @@ class FallbackEngine:
         """A segment the primary spoke whole. Only the probe (``probe``) closes an open
         breaker: a stream opened before the breaker tripped and ending well afterwards
         closed it 13 s into a 30 s reset and let the failing primary back."""
-        if probe:
-            self._probing = False
-            if self.state is not BreakerState.CLOSED:
-                log.info("primary engine %s recovered; breaker closed", self.primary.name)
-                self.state = BreakerState.CLOSED
-        if self.state is BreakerState.CLOSED:
-            self.consecutive_failures = 0
+        with self._lock:
+            if probe:
+                self._probing = False
+                if self.state is not BreakerState.CLOSED:
+                    log.info("primary engine %s recovered; breaker closed", self.primary.name)
+                    self.state = BreakerState.CLOSED
+            if self.state is BreakerState.CLOSED:
+                self.consecutive_failures = 0
 
     def record_failure(self, exc: EngineError) -> None:
-        self.consecutive_failures += 1
-        self._probing = False
-        if (
-            self.state is BreakerState.HALF_OPEN
-            or self.consecutive_failures >= self.breaker_failures
-        ):
-            self.trip(exc)
+        with self._lock:
+            self.consecutive_failures += 1
+            self._probing = False
+            if (
+                self.state is BreakerState.HALF_OPEN
+                or self.consecutive_failures >= self.breaker_failures
+            ):
+                self.trip(exc)
 
     def trip(self, exc: EngineError) -> None:
         """Open the breaker now: after ``breaker_failures``, or at a failure mid-segment
         (the next segment must not start on the primary only to be cut too)."""
-        self._probing = False
-        if self.state is not BreakerState.OPEN:
-            self.breaker_opens += 1
-            log.warning("breaker open for %s after %s: %s", self.primary.name, exc.code,
-                        exc.message)
-        self.state = BreakerState.OPEN
-        self.opened_at = self.clock()
+        with self._lock:
+            self._probing = False
+            if self.state is not BreakerState.OPEN:
+                self.breaker_opens += 1
+                log.warning("breaker open for %s after %s: %s", self.primary.name, exc.code,
+                            exc.message)
+            self.state = BreakerState.OPEN
+            self.opened_at = self.clock()
+
+    def count(self, counter: str) -> None:
+        """One more of ``counter`` (``switches``, ``truncations``), from any lane thread."""
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
+
+    def probe_abandoned(self) -> None:
+        """A probe closed before it ended (cancelled): another may run."""
+        with self._lock:
+            self._probing = False
 
 
 def _bug(name: str, exc: Exception) -> EngineError:
@@ -271,13 +294,14 @@ def _bug(name: str, exc: Exception) -> EngineError:
 class FallbackStream:
     """One segment: the primary's stream, or the fallback's after a switch."""
 
-    def __init__(self, owner: FallbackEngine, request: SynthesisRequest, use_primary: bool):
+    def __init__(self, owner: FallbackEngine, request: SynthesisRequest, use_primary: bool,
+                 probe: bool = False):
         self._owner = owner
         self._request = request
         self._inner: SynthesisStream | None = None
         self._on_primary = use_primary
         self.engine_name = owner.primary.name if use_primary else owner.fallback.name
-        self._probe = use_primary and owner.state is BreakerState.HALF_OPEN
+        self._probe = probe
         self.error: EngineError | None = None
         self._primary_error: EngineError | None = None
         """Why the primary gave this segment to the fallback (None: it did not)."""
@@ -322,10 +346,10 @@ class FallbackStream:
             self._close_inner()
             if self._produced:
                 self.error, self.truncated = exc, True
-                owner.truncations += 1
+                owner.count("truncations")
                 self._done = True
                 return None
-            owner.switches += 1
+            owner.count("switches")
             log.warning(
                 "%s failed before audio (%s: %s); %s speaks the segment",
                 owner.primary.name,
@@ -365,7 +389,7 @@ class FallbackStream:
         self._done = True
         self._close_inner()
         if self._probe and self._on_primary:  # an abandoned probe proves nothing
-            self._owner._probing = False
+            self._owner.probe_abandoned()
 
     def _step_fallback(self) -> bytes | None:
         if self._inner is None:

@@ -16,8 +16,9 @@ chunk of the raw body), so the lane is not held longer than the server's own pac
 synchronous ``httpx.Client`` is shared by all streams of the engine (connection reuse,
 for raw PCM: an SSE answer is closed at ``speech.audio.done`` rather than read on to the
 end of its body, which a server may keep open, so its connection is not reused);
-steps run on the ``remote`` lane's thread. ``close()`` closes the response, which closes
-the connection mid-body so the server sees the client leave. Both formats are assumed to
+steps run on the ``remote`` lane's threads, ``parallel_steps`` (8) of them at once (one
+stalled answer holds its own job only). ``close()`` closes the response, which closes the
+connection mid-body so the server sees the client leave. Both formats are assumed to
 carry 24 kHz mono PCM16 (OpenAI's ``pcm`` and mlx-audio's Qwen3-TTS are); a raw body that
 is a WAV file after all fails (``engine_failed``) rather than be played as samples.
 
@@ -46,6 +47,8 @@ class HttpTtsEngine:
     name = "http"
     lane = "remote"
     streams = True
+    thread_safe = True
+    """Its calls may come from several threads at once (``engines.base``)."""
 
     def __init__(
         self,
@@ -59,9 +62,17 @@ class HttpTtsEngine:
         read_timeout_s: float = 20.0,
         reads_digits: bool = True,
         extra_body: dict[str, Any] | None = None,
+        parallel_steps: int = 8,
     ) -> None:
         if format not in ("sse", "pcm"):
             raise ValueError(f"format must be 'sse' or 'pcm', not {format!r}")
+        if not (isinstance(parallel_steps, int) and parallel_steps >= 1):
+            raise ValueError(f"parallel_steps must be an integer at least 1, not "
+                             f"{parallel_steps!r}")
+        self.parallel_steps = parallel_steps
+        """Steps the remote lane runs at once (``gateway.io.lanes``), each waiting for its
+        own answer: a stalled answer holds its own job only, and a server that speaks
+        several requests at once is asked for them at once."""
         url = url.rstrip("/")
         self.url = url if url.endswith("/audio/speech") else url + "/audio/speech"
         self.model = model
@@ -101,7 +112,8 @@ class HttpTtsEngine:
             raise EngineError("engine_failed", "http engine used before load()")
         stream = HttpTtsStream(self._client, self.url, self._body(request), self.format,
                                self._note_socket)
-        self._streams.add(stream)
+        with self._sockets_lock:  # (opened on several threads at once)
+            self._streams.add(stream)
         return stream
 
     def interrupt(self) -> None:
@@ -121,7 +133,9 @@ class HttpTtsEngine:
             self._sockets.add(sock)
 
     def close(self) -> None:
-        for stream in list(self._streams):
+        with self._sockets_lock:
+            streams = list(self._streams)
+        for stream in streams:
             stream.close()
         client, self._client = self._client, None
         if client is not None:

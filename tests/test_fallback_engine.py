@@ -434,3 +434,19 @@ def test_an_interrupted_probe_proves_nothing():
     assert len(fallback.opened) == opened
     assert drain(engine.open(SynthesisRequest("c"))) == [b"\x01\x00"]  # the next probe ran
     assert engine.state is BreakerState.CLOSED
+
+
+@pytest.mark.parametrize(("fallback_safe", "expected"), [(True, 8), (False, 1)])
+def test_a_primary_runs_steps_at_once_only_behind_a_thread_safe_fallback(fallback_safe,
+                                                                         expected):
+    """Both engines' steps run on the primary's lane: several at once (an http primary's
+    ``parallel_steps``) only when the fallback's calls may come from several threads
+    (espeak), not behind an MLX engine."""
+    clock = FakeClock()
+    primary = ScriptedEngine("http", clock)
+    primary.parallel_steps = 8  # type: ignore[attr-defined]
+    fallback = ScriptedEngine("espeak" if fallback_safe else "chatterbox", clock)
+    if fallback_safe:
+        fallback.thread_safe = True  # type: ignore[attr-defined]
+    engine = FallbackEngine(primary, fallback)
+    assert getattr(engine, "parallel_steps", 1) == expected

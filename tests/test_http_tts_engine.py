@@ -472,3 +472,38 @@ async def test_a_barge_in_cuts_a_stalled_tts_answer_at_once(sse_server, start_ga
         assert gw.engine.counters()["consecutive_failures"] == 0
         assert gw.engine.switches == 0
     assert gw.lane.failing is None
+
+
+@pytest.mark.parametrize("fallback", [None, "espeak"])
+async def test_one_stalled_tts_answer_holds_its_own_turn_only(sse_server, start_gateway,
+                                                              fallback):
+    """The remote lane ran one step at a time: a TTS answer that stalled held every session
+    on the lane until its read timeout (20 s). It runs ``parallel_steps`` at once now, so
+    another session speaks meanwhile (behind espeak as the fallback too)."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import gapless, read_turn, recv_event, send
+
+    server, url = sse_server
+    server.script = lambda body: ["stall"] if "stalls" in body["input"] else \
+        [delta(b"\x01\x00" * 2400), DONE]
+    gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": fallback,
+                                  "step_timeout_s": 3600,
+                                  "options": {"read_timeout_s": 3000}})  # no timeout helps
+    assert gw.lane.parallel_steps == 8
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws, \
+            connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as other:
+        for socket in (ws, other):
+            await recv_event(socket, "session.created")
+        await send(ws, type="say", text="This sentence stalls.")
+        assert await asyncio.to_thread(server.stalled.wait, 30)
+        await send(other, type="say", text="Another session speaks.")
+        fine = await asyncio.wait_for(read_turn(other), 60)  # (a guard, not a time)
+        assert fine.done["status"] == "completed" and fine.done["metrics"]["engines"] == ["http"]
+        gapless(fine)
+        assert not server.disconnected.is_set()  # the stalled answer still holds its turn
+        await send(ws, type="cancel")
+        assert (await read_turn(ws)).done["status"] == "cancelled"
+    assert gw.lane.unhealthy is None and gw.lane.failing is None

@@ -259,6 +259,29 @@ def test_cancel_of_the_running_job_marks_it_for_the_step_boundary() -> None:
     assert len(sched) == 1 and sched.next_job(0.0).owner == "b"  # type: ignore[union-attr]
 
 
+def test_a_held_owner_is_no_candidate_until_its_step_returns() -> None:
+    """Rule 5: on a lane running several steps at once, the job whose step runs is held:
+    the next decision hands out another owner's, never a second step of the same owner
+    (touched, or its job finished meanwhile); ``release`` makes its head a candidate."""
+    sched, _ = make([("a", IA, 0.0), ("a", IA, 0.5), ("b", IA, 1.0)])
+    first = sched.next_job(0.0)
+    assert first is not None and first.owner == "a"
+    sched.hold(first)
+    sched.touch("a")  # (a playback mark while its step runs)
+    other = sched.next_job(0.0)
+    assert other is not None and other.owner == "b"
+    sched.hold(other)
+    assert sched.next_job(0.0) is None
+    sched.finish(first)  # its last step: the owner's next job waits for the release
+    assert sched.next_job(0.0) is None
+    sched.release(first)
+    second = sched.next_job(0.0)
+    assert second is not None and second.owner == "a" and second is not first
+    sched.release(other)  # a step that did not finish its job: it is a candidate again
+    assert sched.cancel("a") == [second]
+    assert sched.next_job(0.0) is other
+
+
 def test_finish_then_resubmit_same_owner() -> None:
     sched, jobs = make([("a", IA, 0.0)])
     sched.finish(jobs["a"])

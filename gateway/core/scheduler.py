@@ -32,6 +32,10 @@ in order:
    file gets ~2x real time instead of real time), unless ``pace_background_always``.
 4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
    is marked cancelled and the lane drops it at the step boundary.
+5. **Steps at once.** A lane that runs several steps at once (a remote engine's,
+   ``parallel_steps``) holds the job it starts (``hold``): its owner is no candidate until
+   ``release`` (its step returned), so no other step of that owner runs meanwhile (rule 1).
+   A lane that runs one step at a time needs neither.
 
 **Step sizes.** A step in flight cannot be interrupted, so the step size of the work already
 on a lane bounds how long newly arrived interactive work waits for it. ``step_ms(priority)``
@@ -235,6 +239,8 @@ class LaneScheduler:
     """Dropped entries still in a heap (each is popped when it reaches the top; a heap
     whose top never drains is compacted instead, see ``_drop_entry``)."""
     _interactive: int = 0
+    _held: set[Hashable] = field(default_factory=set)
+    """Owners whose job's step is in flight on a lane running several at once (rule 5)."""
     _holder: Hashable = None
     _counter: itertools.count = field(default_factory=itertools.count)
 
@@ -272,10 +278,10 @@ class LaneScheduler:
         self._size -= 1
         self._interactive -= job.priority is _INTERACTIVE
         self._drop_entry(job.owner)
-        if queue:
-            self._push_head(queue[0])
-        else:
+        if not queue:
             del self._queues[job.owner]
+        elif job.owner not in self._held:  # (a held owner's next job waits for release)
+            self._push_head(queue[0])
 
     def cancel(self, owner: Hashable) -> list[Job]:
         """Drop every job of ``owner``; returns them (the lane closes their streams)."""
@@ -292,8 +298,22 @@ class LaneScheduler:
     def touch(self, owner: Hashable) -> None:
         """``owner``'s deadline may have moved earlier: ask ``deadline_of`` again."""
         queue = self._queues.get(owner)
-        if queue:
+        if queue and owner not in self._held:
             self._drop_entry(owner)
+            self._push_head(queue[0])
+
+    def hold(self, job: Job) -> None:
+        """``job`` (returned by ``next_job``) starts a step while others may run (rule 5):
+        its owner is no candidate until ``release``."""
+        self._held.add(job.owner)
+        self._drop_entry(job.owner)
+
+    def release(self, job: Job) -> None:
+        """``job``'s step returned: its owner's head (``job``, unless it was finished or
+        cancelled meanwhile) is a candidate again."""
+        self._held.discard(job.owner)
+        queue = self._queues.get(job.owner)
+        if queue and job.owner not in self._entries:
             self._push_head(queue[0])
 
     # ---- decision ----------------------------------------------------------------------

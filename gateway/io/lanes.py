@@ -5,6 +5,12 @@ into an engine (load, open, step, close) happens on its lane's single thread. Th
 picks the next job from the core ``LaneScheduler`` between steps, so an urgent job waits at
 most one step of whatever is running.
 
+Steps at once. An engine whose steps mostly wait for a server (``parallel_steps``, the
+``http`` engine: a thread-safe client) runs up to that many jobs' steps at once, each on a
+thread of its own (``LanePool``): one TTS answer that stalls holds its own job, not every
+session on the lane until its read timeout. A job cancelled while its step runs frees its
+place at once (its stream is interrupted when it can be, and closed once the step returns).
+
 Faults. An engine that raises fails that job only (``engine_failed``, or the
 ``EngineError``'s code) and the lane goes on. A call that does not return within
 ``step_timeout_s`` (an engine hung in a kernel, a dead remote) fails its job with
@@ -31,7 +37,14 @@ from typing import Any, Protocol
 from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
 from gateway.core.codec import BYTES_PER_MS
 from gateway.core.placement import StepTimes
-from gateway.core.scheduler import JIT_GRANULARITY_S, DeadlineOf, Job, LaneScheduler, Priority
+from gateway.core.scheduler import (
+    JIT_GRANULARITY_S,
+    DeadlineOf,
+    Job,
+    LanePolicy,
+    LaneScheduler,
+    Priority,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +134,57 @@ class LaneThread:
             del item
 
 
+class LanePool:
+    """Daemon worker threads for a lane that runs several calls at once (``parallel_steps``):
+    a call goes to an idle thread, or to a new one when none is idle; a thread stays for the
+    next call. As many threads as calls were ever in flight at once: the lane's steps, plus
+    those of cancelled jobs still waiting for their server, plus streams being closed."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Any, tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._shutdown = False
+
+    def submit(self, fn: Any, *args: Any) -> Future[Any]:
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            future: Future[Any] = Future()
+            self._queue.put((future, fn, args))
+            if self._idle:
+                self._idle -= 1  # (an idle thread takes it)
+            else:
+                thread = threading.Thread(target=self._work, daemon=True,
+                                          name=f"{self._name}-{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
+            return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No more calls; the ones queued still run. ``wait``: until they have."""
+        with self._lock:
+            if not self._shutdown:
+                self._shutdown = True
+                for _ in self._threads:
+                    self._queue.put(None)
+            threads = list(self._threads)
+        if wait:
+            for thread in threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            _run_call(*item)
+            del item
+            with self._lock:
+                self._idle += 1
+
+
 def _run_call(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     if not future.set_running_or_notify_cancel():
         return
@@ -165,6 +229,9 @@ class Lane:
         self._broken = False
         self.engine = engine
         self.inline = getattr(engine, "blocks", True) is False
+        self.parallel_steps = 1 if self.inline else \
+            max(1, int(getattr(engine, "parallel_steps", 1)))
+        """Steps the engine may run at once (module docstring, "Steps at once")."""
         self._inline_since = 0.0
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead,
                                        tolerance=JIT_GRANULARITY_S)
@@ -172,10 +239,14 @@ class Lane:
         self.timing = StepTimes()
         """What this lane's interactive steps measured, for placing turns between lanes."""
         self.loaded = False
-        self._executor = LaneThread(f"lane-{name}")
+        self._executor: LaneThread | LanePool = LaneThread(f"lane-{name}") \
+            if self.parallel_steps == 1 else LanePool(f"lane-{name}")
         self._closed = False
         self._wake = asyncio.Event()
-        self._busy_since: float | None = None
+        self._stepping: set[Job] = set()
+        """Jobs whose step is in flight (a cancelled one's too, until it returns)."""
+        self._step_tasks: set[asyncio.Task[None]] = set()
+        """The tasks of steps at once (``parallel_steps``)."""
         self.observer: LaneObserver | None = None
         self.failing: str | None = None
         """The code of the engine's last failure, until a job ends whole again (``/health``
@@ -355,8 +426,11 @@ class Lane:
             if not job.running:
                 self._close_later_safe(job.state)
                 job.state = None
-            elif (interrupt := getattr(job.state, "interrupt", None)) is not None:
-                interrupt()
+            else:
+                if (interrupt := getattr(job.state, "interrupt", None)) is not None:
+                    interrupt()
+                if self.parallel_steps > 1:
+                    self._wake.set()  # (its place is free: another job may start)
         return jobs
 
     @property
@@ -365,7 +439,7 @@ class Lane:
 
     @property
     def busy(self) -> bool:
-        return self._busy_since is not None
+        return bool(self._stepping)
 
     async def run(self) -> None:
         """Drive the lane until cancelled. Safe to cancel: the step in flight completes on
@@ -380,11 +454,25 @@ class Lane:
             self._fail_queued()
 
     async def _serve(self) -> None:
+        try:
+            await self._serve_jobs()
+        finally:  # (steps at once are the lane's: they end with it)
+            for task in list(self._step_tasks):
+                task.cancel()
+
+    async def _serve_jobs(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if self.unhealthy is not None:
                 self._fail_queued()
                 self._wake.clear()
+                await self._wake.wait()
+                continue
+            at_once = self.parallel_steps
+            if at_once > 1 and self.scheduler.policy is LanePolicy.FIFO:
+                at_once = 1  # (whole jobs in arrival order: one at a time)
+            if at_once > 1 and sum(not j.cancelled for j in self._stepping) >= at_once:
+                self._wake.clear()  # every place taken: until a step returns
                 await self._wake.wait()
                 continue
             job = self.scheduler.next_job(loop.time())
@@ -397,10 +485,31 @@ class Lane:
                     async with asyncio.timeout_at(wake_at):
                         await self._wake.wait()
                 continue
-            try:
-                await self._step(job)
-            except Exception as exc:
-                self._consumer_failed(job, exc)
+            if at_once == 1:
+                await self._step_guarded(job)
+            else:
+                self.scheduler.hold(job)
+                # its place is taken now, not when the task runs; and it is no queued job
+                # for ``_fail_queued`` to fail meanwhile
+                job.running = True
+                self._stepping.add(job)
+                task = asyncio.create_task(self._step_held(job))
+                self._step_tasks.add(task)
+                task.add_done_callback(self._step_tasks.discard)
+
+    async def _step_guarded(self, job: Job) -> None:
+        try:
+            await self._step(job)
+        except Exception as exc:
+            self._consumer_failed(job, exc)
+
+    async def _step_held(self, job: Job) -> None:
+        """One of several steps at once: its owner is held meanwhile (scheduler rule 5)."""
+        try:
+            await self._step_guarded(job)
+        finally:
+            self.scheduler.release(job)
+            self._wake.set()
 
     def _consumer_failed(self, job: Job, exc: Exception) -> None:
         """A step raised outside the engine: a bug in what consumes the audio (the session
@@ -443,10 +552,18 @@ class Lane:
 
     def _close_after(self, stream: SynthesisStream | None, call: Future[Any]) -> None:
         """Close a job's stream on the lane thread after ``call``, stuck there now, has
-        returned (the thread runs its calls in order): ``stream``, or the one ``call``
-        returns when it is the job's ``open``."""
-        with contextlib.suppress(RuntimeError):  # the thread is gone: nothing can close it
-            self._executor.submit(_close_after_call, stream, call)
+        returned (the thread runs its calls in order; a pool's threads do not, so there
+        the close is submitted once it returned): ``stream``, or the one ``call`` returns
+        when it is the job's ``open``."""
+
+        def submit(_call: Future[Any] | None = None) -> None:
+            with contextlib.suppress(RuntimeError):  # the thread is gone: nothing can close it
+                self._executor.submit(_close_after_call, stream, call)
+
+        if isinstance(self._executor, LaneThread):
+            submit()
+        else:
+            call.add_done_callback(submit)
 
     def _close_later_safe(self, stream: SynthesisStream | None) -> None:
         with contextlib.suppress(RuntimeError):
@@ -455,7 +572,8 @@ class Lane:
     async def _step(self, job: Job) -> None:
         payload: SynthesisJob = job.payload
         job.running = True
-        self._busy_since = started = time.perf_counter()
+        self._stepping.add(job)
+        started = time.perf_counter()
         chunk: bytes | None = None
         opened = job.state is None
         llm = self.scheduler.llm_decoding > 0
@@ -491,9 +609,9 @@ class Lane:
             return
         finally:
             job.running = False
+            self._stepping.discard(job)
             seconds = time.perf_counter() - started
             self.stats.busy_s += seconds
-            self._busy_since = None
             self.stats.steps += 1
             if self.observer is not None:
                 self.observer.job_step(self.name, job, started, seconds,
