@@ -62,6 +62,9 @@ class SynthesisRequest:
     top_p: float | None = None
     seed: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific knobs. ``first_audio_timeout_s``: seconds within which the first
+    audio must come, for an engine that waits on a server (``http``; others ignore it):
+    later, its step fails with ``engine_timeout`` (a fallback engine's probe asks it)."""
     step_ms: float | None = None
     """Audio per step the lane would like, in ms (None: the engine's default). A streaming
     engine honours it as closely as its frame size allows (Qwen3-TTS: whole 80 ms codec

@@ -24,7 +24,12 @@ primary for this segment.
 Circuit breaker: ``breaker_failures`` consecutive failures open it (a mid-segment one at
 once); while open, segments go to the fallback; after ``breaker_reset_s`` one segment probes
 the primary (half-open): a clean segment closes the breaker, a failure re-opens it for
-another ``breaker_reset_s``. Only the probe closes it.
+another ``breaker_reset_s``. Only the probe closes it. The probe asks its first audio within
+``first_chunk_timeout_s`` (``SynthesisRequest.options["first_audio_timeout_s"]``; an engine
+that waits on a server honours it): later it would count as a failure anyway, and a remote
+primary that takes requests and never answers held the probe's sentence, and on a lane
+that runs one step at a time every session, until its read timeout (20 s) at every
+``breaker_reset_s`` (30 s); now the fallback speaks it after ``first_chunk_timeout_s``.
 
 ``stream.engine_name`` names the engine that produced the audio (updated on a switch) for
 the gateway's ``sentence`` event. Both engines run on the *primary's* lane thread (the
@@ -329,7 +334,11 @@ class FallbackStream:
         t0 = owner.clock()
         try:
             if self._inner is None:
-                self._inner = owner.primary.open(self._request)
+                request = self._request
+                if self._probe:  # a server that took it and says nothing fails it fast
+                    request = dataclasses.replace(request, options={
+                        **request.options, "first_audio_timeout_s": owner.first_chunk_timeout_s})
+                self._inner = owner.primary.open(request)
                 if self._interrupted:  # (before ``interrupt`` saw this stream)
                     self.close()
                     return None

@@ -111,7 +111,8 @@ class HttpTtsEngine:
         if self._client is None:
             raise EngineError("engine_failed", "http engine used before load()")
         stream = HttpTtsStream(self._client, self.url, self._body(request), self.format,
-                               self._note_socket)
+                               self._note_socket,
+                               request.options.get("first_audio_timeout_s"))
         with self._sockets_lock:  # (opened on several threads at once)
             self._streams.add(stream)
         return stream
@@ -173,11 +174,20 @@ class HttpTtsStream:
     the lane with it). The stream knows its connection once it opened it (httpcore's
     ``trace`` hook: every SSE request does, its connection is never reused) or once the
     answer's headers came; a raw-PCM request that reused a connection and still waits for
-    its headers cannot be cut, and runs to its read timeout."""
+    its headers cannot be cut, and runs to its read timeout.
+
+    ``first_audio_timeout_s`` (``SynthesisRequest.options``): no audio by then, and the
+    connection is cut the same way: the step fails with ``engine_timeout``."""
 
     def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str,
-                 note_socket: Callable[[socket.socket], None]) -> None:
+                 note_socket: Callable[[socket.socket], None],
+                 first_audio_timeout_s: float | None = None) -> None:
         self._client = client
+        self._first_audio_timeout_s = first_audio_timeout_s
+        self._first_audio_timer: threading.Timer | None = None
+        self._audio_came = False
+        self._late = False
+        """No audio came within ``first_audio_timeout_s``: the connection was cut."""
         self._note_socket = note_socket
         self._url = url
         self._shown_url = shown_url(url)
@@ -199,12 +209,24 @@ class HttpTtsStream:
             return None
         try:
             if self._pieces is None:
+                if self._first_audio_timeout_s is not None:
+                    self._first_audio_timer = threading.Timer(self._first_audio_timeout_s,
+                                                              self._first_audio_late)
+                    self._first_audio_timer.daemon = True
+                    self._first_audio_timer.start()
                 self._pieces = self._start()
             piece = next(self._pieces, None)
+            if piece and not self._audio_came:
+                with self._socket_lock:
+                    self._audio_came = not self._late
+                if self._late:  # (it came as the connection was cut)
+                    raise self._late_error()
         except Exception as exc:
             self.close()
             if self._interrupted:  # (the cut connection's error): nobody wants this audio
                 return None
+            if self._late and not isinstance(exc, EngineError):
+                raise self._late_error() from exc
             if isinstance(exc, EngineError):
                 raise
             code = "engine_timeout" if isinstance(exc, httpx.TimeoutException) else \
@@ -227,8 +249,25 @@ class HttpTtsStream:
                 with contextlib.suppress(OSError):  # (closed already)
                     self._socket.shutdown(socket.SHUT_RDWR)
 
+    def _late_error(self) -> EngineError:
+        return EngineError("engine_timeout", f"TTS server {self._shown_url}: no audio within "
+                                             f"{self._first_audio_timeout_s:g} s")
+
+    def _first_audio_late(self) -> None:
+        """(timer thread) ``first_audio_timeout_s`` passed: cut the connection unless audio
+        came."""
+        with self._socket_lock:
+            if self._audio_came or self._done:
+                return
+            self._late = True
+            if self._socket is not None:
+                with contextlib.suppress(OSError):  # (closed already)
+                    self._socket.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         self._done = True
+        if self._first_audio_timer is not None:
+            self._first_audio_timer.cancel()
         response, self._response = self._response, None
         if response is not None:
             response.close()
@@ -245,8 +284,8 @@ class HttpTtsStream:
                 self._note_socket(sock)
                 with self._socket_lock:
                     self._socket = sock
-                    interrupted = self._interrupted
-                if interrupted:  # (interrupted while it connected)
+                    interrupted = self._interrupted or self._late
+                if interrupted:  # (interrupted, or late, while it connected)
                     with contextlib.suppress(OSError):
                         sock.shutdown(socket.SHUT_RDWR)
         elif event == "http11.response_closed.started":
@@ -266,6 +305,8 @@ class HttpTtsStream:
                 self._socket = sock  # a connection reused from the pool
         if self._interrupted:
             return iter(())  # (the step returns None)
+        if self._late:
+            raise self._late_error()
         if response.status_code >= 400:
             detail = response.read()[:300].decode("utf-8", "replace")
             raise EngineError(

@@ -450,3 +450,18 @@ def test_a_primary_runs_steps_at_once_only_behind_a_thread_safe_fallback(fallbac
         fallback.thread_safe = True  # type: ignore[attr-defined]
     engine = FallbackEngine(primary, fallback)
     assert getattr(engine, "parallel_steps", 1) == expected
+
+
+def test_the_probe_asks_its_first_audio_within_the_first_chunk_timeout():
+    """A remote primary that takes requests and never answers held each probe's sentence
+    (and its lane) until its read timeout (20 s) every ``breaker_reset_s``: the probe now
+    asks the engine for its first audio within ``first_chunk_timeout_s`` (a slower one
+    would count as a failure anyway); other segments ask nothing."""
+    engine, primary, _, clock = setup([[fail()], [fail()]])
+    drain(engine.open(SynthesisRequest("a", options={"http_body": {"k": 1}})))
+    drain(engine.open(SynthesisRequest("b")))
+    clock.now += 31
+    drain(engine.open(SynthesisRequest("probe", options={"http_body": {"k": 1}})))
+    assert [r.options for r in primary.opened] == [
+        {"http_body": {"k": 1}}, {},
+        {"http_body": {"k": 1}, "first_audio_timeout_s": 1.0}]

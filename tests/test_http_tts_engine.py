@@ -143,6 +143,33 @@ def test_close_mid_stream_disconnects_and_the_connection_is_reused(sse_server, e
     assert run(engine.open(SynthesisRequest("again"))) == [b"\x00\x00"]
 
 
+@pytest.mark.parametrize("headers", [True, False], ids=["mid-answer", "before-its-answer"])
+def test_no_first_audio_in_time_fails_fast_when_asked(sse_server, engine_for, headers):
+    """``first_audio_timeout_s`` (a fallback's probe asks it): a server that took the request
+    and says nothing fails the step then (``engine_timeout``), not at the read timeout, and
+    is let go; audio in time is not cut."""
+    server, url = sse_server
+    if headers:
+        server.script = ["stall"]
+        engine = engine_for(read_timeout_s=30)
+    else:
+        silent = SilentServer(headers=False)
+        engine = HttpTtsEngine(silent.url, read_timeout_s=30)
+        engine.load()
+    with pytest.raises(EngineError, match=r"no audio within 0\.2 s") as err:
+        engine.open(SynthesisRequest("x", options={"first_audio_timeout_s": 0.2})).step()
+    assert err.value.code == "engine_timeout"
+    if headers:
+        assert server.disconnected.wait(timeout=10)
+        server.script = [delta(b"\x01\x00"), DONE]
+        assert run(engine.open(SynthesisRequest(
+            "in time", options={"first_audio_timeout_s": 30}))) == [b"\x01\x00"]
+    else:
+        assert silent.left.wait(timeout=10)
+        engine.close()
+        silent.close()
+
+
 def _wav(pcm: bytes, rate: int = 24_000) -> bytes:
     """A mono 16-bit WAV file of ``pcm`` (the standard library writes it)."""
     import io
