@@ -184,7 +184,9 @@ class FallbackEngine:
 
     def open(self, request: SynthesisRequest) -> FallbackStream:
         with self._lock:
-            use_primary = self._allow_primary() and not request.options.get("deadline_passed")
+            # (a passed deadline asks for no probe: one granted and not run never ended, so
+            # no other ever came)
+            use_primary = not request.options.get("deadline_passed") and self._allow_primary()
             probe = use_primary and self.state is BreakerState.HALF_OPEN
         return FallbackStream(self, request, use_primary, probe)
 

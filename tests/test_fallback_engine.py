@@ -254,6 +254,21 @@ def test_deadline_passed_skips_the_primary_for_one_segment():
     assert not primary.opened and engine.state is BreakerState.CLOSED
 
 
+def test_a_passed_deadline_while_half_open_leaves_the_probe_to_the_next_segment():
+    """A segment whose deadline passed, opened when a probe was due, was granted the probe
+    and then skipped the primary: the probe never ran nor ended, so no other came, and the
+    fallback spoke every sentence for good."""
+    engine, primary, _, clock = setup([[fail()], [fail()]])
+    drain(engine.open(SynthesisRequest("a")))
+    drain(engine.open(SynthesisRequest("b")))
+    clock.now += 31
+    late = engine.open(SynthesisRequest("late", options={"deadline_passed": True}))
+    assert late.engine_name == "chatterbox" and drain(late)
+    probe = engine.open(SynthesisRequest("probe"))
+    assert probe.engine_name == "qwen3" and drain(probe)
+    assert engine.state is BreakerState.CLOSED
+
+
 def test_fallback_failure_is_raised():
     engine, _, fallback, _ = setup([[fail()]])
     fallback.scripts = [[fail("engine_timeout")]]
