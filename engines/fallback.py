@@ -99,6 +99,11 @@ class FallbackEngine:
         self.opened_at: float | None = None
         self.switches = 0
         """Segments the fallback spoke after the primary failed at their start."""
+        self.fallback_segments = 0
+        """Segments the fallback spoke, for whatever reason: a switch, an open breaker, a
+        primary that did not load, a passed deadline. A turn the fallback spoke alone is
+        not one spoken by two engines (``gateway_fallbacks_total``): with the breaker open,
+        that counter stood still while the fallback spoke everything."""
         self.truncations = 0
         self.breaker_opens = 0
         self._probing = False
@@ -224,6 +229,7 @@ class FallbackEngine:
             "consecutive_failures": self.consecutive_failures,
             "breaker_opens": self.breaker_opens,
             "switches": self.switches,
+            "fallback_segments": self.fallback_segments,
             "truncations": self.truncations,
             "primary_load_error": self.primary_load_error,
         }
@@ -280,7 +286,8 @@ class FallbackEngine:
             self.opened_at = self.clock()
 
     def count(self, counter: str) -> None:
-        """One more of ``counter`` (``switches``, ``truncations``), from any lane thread."""
+        """One more of ``counter`` (``switches``, ``fallback_segments``, ``truncations``),
+        from any lane thread."""
         with self._lock:
             setattr(self, counter, getattr(self, counter) + 1)
 
@@ -404,6 +411,7 @@ class FallbackStream:
 
     def _step_fallback(self) -> bytes | None:
         if self._inner is None:
+            self._owner.count("fallback_segments")
             request = self._request
             if self._owner.fallback.voices() and request.voice not in self._owner.fallback.voices():
                 request = dataclasses.replace(request, voice=None)

@@ -497,7 +497,7 @@ async def test_a_barge_in_cuts_a_stalled_tts_answer_at_once(sse_server, start_ga
         assert await asyncio.to_thread(server.disconnected.wait, 10)
     if fallback:
         assert gw.engine.counters()["consecutive_failures"] == 0
-        assert gw.engine.switches == 0
+        assert gw.engine.switches == 0 and gw.engine.fallback_segments == 0
     assert gw.lane.failing is None
 
 
@@ -534,3 +534,32 @@ async def test_one_stalled_tts_answer_holds_its_own_turn_only(sse_server, start_
         await send(ws, type="cancel")
         assert (await read_turn(ws)).done["status"] == "cancelled"
     assert gw.lane.unhealthy is None and gw.lane.failing is None
+
+
+async def test_sentences_an_open_breaker_gives_the_fallback_are_counted(sse_server,
+                                                                        start_gateway):
+    """With the breaker open the fallback speaks every sentence, each turn by one engine:
+    ``gateway_fallbacks_total`` (turns spoken by two) stood at 0 and nothing else showed
+    it. ``gateway_fallback_segments_total`` counts the sentences the fallback spoke."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import read_turn, recv_event, send
+
+    server, url = sse_server
+    server.status = 503
+    gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": "espeak",
+                                  "fallback_policy": {"breaker_failures": 1}})
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        for text in ("The first one fails. The breaker is open now.", "Still open."):
+            await send(ws, type="say", text=text)
+            turn = await read_turn(ws)
+            assert turn.done["status"] == "completed"
+            assert turn.done["metrics"]["engines"] == ["espeak"]
+    values = {s.name: s.value for family in text_string_to_metric_families(
+        gw.telemetry.exposition().decode()) for s in family.samples}
+    assert values["gateway_fallbacks_total"] == 0
+    assert values["gateway_fallback_segments_total"] == 3
+    assert gw.health()["engine"]["fallback"]["fallback_segments"] == 3
+    assert len(server.requests) == 1  # (the breaker kept the others from the server)

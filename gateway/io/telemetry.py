@@ -509,6 +509,11 @@ class _StateCollector(Collector):
             "gateway_listeners_lost", "Sockets dropped because a client went quiet while it "
             "should have been playing and answered no ping (the session waits for a resume)",
             value=m.listeners_lost)
+        counters = getattr(gw.engine, "counters", None)  # (a voice behind a fallback)
+        if counters is not None:
+            yield CounterMetricFamily(
+                "gateway_fallback_segments", "Sentences the fallback engine spoke (all of "
+                "them while its breaker is open)", value=counters()["fallback_segments"])
         cancels = CounterMetricFamily("gateway_lane_cancels", "Synthesis jobs cancelled",
                                       labels=["lane"])
         compute = CounterMetricFamily("gateway_lane_compute_seconds",
