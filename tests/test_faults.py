@@ -224,6 +224,38 @@ async def test_a_bug_consuming_the_audio_fails_that_turn_only(monkeypatch):
         await gw.aclose()
 
 
+async def test_every_job_a_consumers_bug_fails_is_counted(monkeypatch):
+    """A bug consuming a job's audio fails its owner's jobs: the one whose audio broke and
+    those queued behind it. The lane counted one failure for all of them (``/health``'s
+    ``jobs.failed``), while its observer saw each end ``failed``."""
+    from gateway.io.connection import SessionRunner
+
+    on_audio = SessionRunner.on_audio
+
+    def buggy(self, job, pcm, engine, ready_at):
+        if "BUG" in job.payload.request.text:
+            raise TypeError("a scripted bug in the session")
+        on_audio(self, job, pcm, engine, ready_at)
+
+    monkeypatch.setattr(SessionRunner, "on_audio", buggy)
+    gw = await start(FaultyEngine())
+    ended = []
+    job_ended = gw.telemetry.job_ended
+    monkeypatch.setattr(gw.telemetry, "job_ended", lambda lane, job, outcome: (
+        ended.append(outcome), job_ended(lane, job, outcome)))
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            bad = await say(ws, "This one is fine. But BUG breaks this one. And this one "
+                                "never comes. Nor does this one.")
+            assert bad.done["status"] == "failed"
+        assert ended.count("failed") == 3
+        assert gw.lane.stats.jobs_failed == 3
+        assert gw.health()["lanes"][gw.lane.name]["jobs"]["failed"] == 3
+    finally:
+        await gw.aclose()
+
+
 async def test_a_bug_handling_a_message_ends_that_session_only(monkeypatch, caplog):
     """A message whose handling raises (a gateway bug) closes its socket 1011 "internal
     error" and ends the session (its state may hold what broke it: a resume would break

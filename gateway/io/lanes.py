@@ -518,8 +518,9 @@ class Lane:
         with ``internal_error``; the lane and every other owner's jobs go on."""
         log.exception("lane %s: internal error in a job of %s", self.name, job.owner)
         cancelled = job.cancelled  # (before _remove, which cancels it and frees its stream)
-        self._remove(job.owner, "failed")
-        self.stats.jobs_failed += 1
+        # each job taken off counts, as the observer sees each end; ``job`` itself is one of
+        # them unless it had ended already (done, or failed by ``_fail_queued``: counted)
+        self.stats.jobs_failed += len(self._remove(job.owner, "failed"))
         if cancelled:
             return
         try:
