@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -506,6 +507,12 @@ def test_a_stream_turns_playing_after_its_first_step() -> None:
      [("bg", B, 5.0), ("hub", IA, 3.0)], 0, False, None, 2.0),
     ("pace_background_always: paced alone too", [("bg", B, 5.0)], 0, True, None, 4.0),
     ("warm-up follows background", [("warm", W, 5.0)], 0, False, "warm", None),
+    # a voice session waiting for a resume asks for nothing (Session.deadline: inf) for up
+    # to its resume window: its queued turn does not share the lane
+    ("only a session waiting for a resume queued: flat out",
+     [("bg", B, 5.0), ("detached", IA, math.inf)], 0, False, "bg", None),
+    ("a session waiting for a resume, and a listening one: paced",
+     [("bg", B, 5.0), ("detached", IA, math.inf), ("hub", IA, 3.0)], 0, False, None, 2.0),
 ])
 def test_background_is_paced_only_while_the_lane_is_shared(rule, jobs, llm, always, expected,
                                                           eligible_at) -> None:

@@ -29,7 +29,9 @@ in order:
    (new submissions also change the answer). Background and warm-up jobs are held to it
    only while the lane is *shared*: an interactive job is queued or an LLM decodes
    (``llm_decoding``, set by the I/O layer). Alone they run flat out (an app rendering a
-   file gets ~2x real time instead of real time), unless ``pace_background_always``.
+   file gets ~2x real time instead of real time), unless ``pace_background_always``. An
+   interactive job whose deadline is infinite (nobody listens: a voice session waiting for
+   a resume) does not share the lane.
 4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
    is marked cancelled and the lane drops it at the step boundary.
 5. **Steps at once.** A lane that runs several steps at once (a remote engine's,
@@ -391,8 +393,29 @@ class LaneScheduler:
                     continue
                 wake = min(wake, deadline - self._lead(job, lead))
                 break
+            if priority is _INTERACTIVE and shared and not self.llm_decoding:
+                shared = self._listened_to()
         self.next_eligible_at = None if wake == math.inf else wake
         return None
+
+    def _listened_to(self) -> bool:
+        """Rule 3's "shared", once the interactive heads had nothing to run: some wait for
+        their listener (just in time) or run (held). Not when every one waits for a
+        listener who is gone (a voice session waiting for a resume: its deadline is
+        infinite for up to its resume window, and its turn held background work to real
+        time all that while). The waiting heap's top is fresh and live here (the loop above
+        refreshed it), and a stale key is never later than the true one: an infinite top
+        means every waiting head's deadline is, so the heap holds the gone listeners' turns
+        only (few: it is read whole then)."""
+        if any(self._queues[owner][0].priority is _INTERACTIVE
+               for owner in self._held if owner in self._queues):
+            return True
+        waiting = self._waiting[_INTERACTIVE]
+        if waiting and waiting[0].key[-1] != math.inf:
+            return True
+        gone = sum(job.priority is _INTERACTIVE for entry in waiting if entry.live
+                   for job in self._queues[entry.job.owner])
+        return self._interactive > gone  # (an owner's later interactive job: it shares)
 
     def _deadline(self, job: Job, now: float) -> float:
         return self.deadline_of(job, now) if self.deadline_of else job.deadline
