@@ -340,7 +340,11 @@ class RelayCore:
         if kind == "turn.started":  # (only what the relay sent starts one)
             self._turns_started(event.get("turn_id"))
             self._mark = None  # it went up before the transcript that started this turn
-        elif kind == "turn.done":  # no turn in progress: a cancel sent has nothing left to do
+        elif kind == "turn.done" and event.get("status") == "cancelled":
+            # the cancels sent came (or a barge-in did their work): nothing left to cancel.
+            # After a turn that ended otherwise a cancel sent may have crossed its turn.done:
+            # it still cuts the turn's history while its tail plays (protocol.md, History),
+            # so it stays to be sent again, until a transcript or say after it is answered
             self._unanswered = [u for u in self._unanswered if u[0] != "cancel"]
         elif kind == "error" and "turn_id" not in event \
                 and event.get("error", {}).get("code") == "rate_limited":

@@ -320,7 +320,10 @@ def _dumps(**message) -> str:
     (["cancel", "say"], [], None, ["cancel", "say"]),  # in the order sent
     (["transcript"], ["turn.started"], 1, []),
     (["transcript"], ["error"], None, []),  # refused (rate_limited): not again
-    (["cancel"], ["turn.done"], 1, []),  # no turn in progress: nothing left to cancel
+    (["cancel"], ["turn.cancelled"], 1, []),  # it came: nothing left to cancel
+    # it may have crossed the turn's turn.done, and still cuts the tail (protocol.md, History)
+    (["cancel"], ["turn.done"], 1, ["cancel"]),
+    (["cancel", "transcript"], ["turn.done", "turn.started 2"], 2, []),
     (["ping", "playback"], [], None, []),
     # turn N answers the N-th transcript or say: a second one sent before the first one's
     # turn.started came is still unanswered
@@ -344,6 +347,8 @@ def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, hear
                 "blank": _dumps(type="transcript", text=" \n")}
     events = {"turn.started": _dumps(type="turn.started", turn_id=1, source="transcript"),
               "turn.done": _dumps(type="turn.done", turn_id=1, status="completed"),
+              "turn.cancelled": _dumps(type="turn.done", turn_id=1, status="cancelled"),
+              "turn.started 2": _dumps(type="turn.started", turn_id=2, source="transcript"),
               "error": _dumps(type="error", error={"code": "rate_limited", "message": ""}),
               "other error": _dumps(type="error", error={"code": "invalid_field",
                                                           "message": "a playback mark"})}
@@ -920,6 +925,57 @@ async def test_the_barge_in_mark_lost_with_the_gateway_socket_is_sent_again(star
             while (await recv_event(ws, "turn.done"))["turn_id"] != turn_id:
                 pass
             assert session.gateway is not upstream  # resumed on a new socket
+            (runner,) = gateway.runners.values()
+            assert runner.session.history[-1] == {"role": "assistant",
+                                                  "content": "Two meetings. …"}
+    finally:
+        await relay.aclose()
+
+
+@pytest.mark.slow
+async def test_a_cancel_lost_as_its_turn_ended_is_sent_again(start_gateway):
+    """The watch cancels while the reply is still coming; the gateway, not having read it,
+    ends the turn (turn.done completed) and the phone's uplink drops with the cancel unread.
+    The relay took that turn.done for the cancel's answer and did not send it again, so the
+    gateway kept the whole reply in its history, where the watch had heard one sentence
+    (protocol.md, History: a cancel in the tail of a turn still counts)."""
+    gateway = await start_gateway([{
+        "transcript": "What is on today?",
+        "reply": "Two meetings. The first one is at ten, in the big room, with the team."}])
+    relay = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", resume_window_s=5.0)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="What is on today?")
+            started = await recv_event(ws, "turn.started")
+            heard_ms = 0.0  # the watch's time = the gateway's for pcm16 (same lengths)
+            while True:
+                message = await ws.recv()
+                if isinstance(message, bytes):
+                    heard_ms += (len(message) - HEADER.size) / 32
+                    if HEADER.unpack_from(message)[1] & FLAG_SENTENCE_END:
+                        break  # all of 'Two meetings.' is here, the rest still to come
+            (session,) = relay.sessions
+            upstream = session.gateway
+            (conn,) = gateway.connections
+            conn.ws.transport.pause_reading()  # what goes up now stays unread ...
+            await send(ws, type="playback", turn_id=started["turn_id"], played_ms=heard_ms)
+            await send(ws, type="cancel")
+            done = await recv_event(ws, "turn.done")  # (the gateway never saw the cancel)
+            assert done["status"] == "completed"
+            resumed, core_resumed = asyncio.Event(), session.core.resumed
+
+            def resuming(*args):
+                resumed.set()
+                return core_resumed(*args)
+
+            session.core.resumed = resuming
+            conn.ws.transport.abort()  # ... and is lost with the uplink
+            await asyncio.wait_for(resumed.wait(), 10)
+            await send(ws, type="ping", id=1)
+            await asyncio.wait_for(recv_event(ws, "pong"), 10)  # after what went again
+            assert session.gateway is not upstream
             (runner,) = gateway.runners.values()
             assert runner.session.history[-1] == {"role": "assistant",
                                                   "content": "Two meetings. …"}
