@@ -32,7 +32,10 @@ Measured per turn (client side, from the moment the transcript was sent):
 * ``seq`` gaps or repeats, frames after their ``turn.done``, ``error`` events, failed turns.
 
 A progress line goes to stderr while it runs, a p50/p90/p99 table to stdout at the end.
-The exit status is 1 when any turn failed, any error arrived or ``seq`` broke.
+The exit status is 1 when any turn failed, any error arrived or ``seq`` broke. Ctrl-C stops
+the run: the sessions close their sockets, the turns being heard count as ``interrupted``
+(those never sent as ``unsent``), and the table (and ``--json``, ``--plot``) has what was
+measured until then; the exit status is 130 (a second Ctrl-C stops at once).
 
 The accounting is ``SessionAccount``: pure (times are passed in), unit-tested in
 tests/test_loadgen.py. Needs ``websockets``; ``--plot`` needs matplotlib.
@@ -42,10 +45,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import math
 import random
+import signal
 import struct
 import sys
 import time
@@ -71,8 +76,9 @@ class TurnStats:
     sent_at: float
     turn_id: int | None = None
     status: str | None = None
-    """``completed``, ``cancelled``, ``failed`` (from ``turn.done``), or ``lost`` when the
-    socket closed or the turn timed out before its ``turn.done``."""
+    """``completed``, ``cancelled``, ``failed`` (from ``turn.done``), ``lost`` when the
+    socket closed or the turn timed out before its ``turn.done``, or ``interrupted`` when the
+    run was stopped (Ctrl-C) first."""
     ttfa_s: float | None = None
     done_s: float | None = None
     frames: int = 0
@@ -194,6 +200,11 @@ class SessionAccount:
         self._last_sentence = sentence
         del flags  # sentence/turn ends need no accounting: turn.done is the authority
 
+    def interrupted(self) -> None:
+        """The run was stopped (Ctrl-C) while the current turn was being heard."""
+        if self._turn is not None and self._turn.status is None:
+            self._turn.status = "interrupted"
+
     def lost(self, reason: str) -> None:
         """The current turn will never finish (socket closed, timeout)."""
         self.errors.append(reason)
@@ -252,6 +263,8 @@ class Report:
     wall_s: float
     accounts: list[SessionAccount]
     t0: float
+    interrupted: bool = False
+    """Stopped (Ctrl-C) before every session had ended."""
 
     def all_turns(self) -> list[TurnStats]:
         return [t for a in self.accounts for t in a.turns]
@@ -277,6 +290,7 @@ class Report:
 
         return {
             "sessions": self.sessions,
+            **({"interrupted": True} if self.interrupted else {}),
             "turns": {"requested": self.sessions * self.turns_requested, **statuses,
                       **({"unsent": unsent} if (unsent := sum(a.unsent for a in self.accounts))
                          else {})},
@@ -307,7 +321,8 @@ class Report:
 
     def table(self) -> str:
         s = self.summary()
-        lines = [f"{s['sessions']} sessions, turns {s['turns']}, {s['wall_s']} s wall, "
+        lines = [("interrupted: " if self.interrupted else "") +
+                 f"{s['sessions']} sessions, turns {s['turns']}, {s['wall_s']} s wall, "
                  f"{s['frames']} frames, {s['audio_s']} s audio",
                  f"{'':22}{'n':>6}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}"]
         for key, label in (("ttfa_ms", "TTFA (client) ms"), ("server_ttfa_ms", "TTFA (server) ms"),
@@ -442,53 +457,65 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                 except ConnectionClosed:
                     return
 
-    await asyncio.sleep(rng.uniform(0, arrival_s))  # stagger the sessions' first turns
+    async def talk(ws: Any) -> None:
+        nonlocal sent
+        created = json.loads(await ws.recv())
+        if created.get("type") != "session.created":
+            account.violations.append(f"first message was {created.get('type')}")
+        progress.connected += 1
+        async with asyncio.TaskGroup() as tasks:
+            read = tasks.create_task(reader(ws))
+            mark = tasks.create_task(marks(ws))
+            for k in range(turns):
+                if k:
+                    await asyncio.sleep(rng.expovariate(1 / arrival_s) if arrival_s else 0)
+                account.sent(loop.time())
+                sent += 1
+                await ws.send(json.dumps({"type": "transcript", "text": rng.choice(transcripts)}))
+                try:
+                    event = await asyncio.wait_for(done.get(), turn_timeout_s)
+                except TimeoutError:
+                    account.lost("timeout")
+                    break
+                if event is None:
+                    account.lost(f"closed {ws.close_code}")
+                    break
+                if event["type"] == "error":
+                    continue  # refused: counted as an error, on to the next turn
+                progress.turns_done += 1
+                end = account.playback_end
+                if end is not None:  # the speaker listens to the end of the reply
+                    await asyncio.sleep(max(0.0, end - loop.time()))
+            mark.cancel()
+            await ws.close()
+            await read
+
     sent = 0
     try:
-        async with connect(url, compression=None, max_size=2**20, open_timeout=30) as ws:
-            created = json.loads(await ws.recv())
-            if created.get("type") != "session.created":
-                account.violations.append(f"first message was {created.get('type')}")
-            progress.connected += 1
-            async with asyncio.TaskGroup() as tasks:
-                read = tasks.create_task(reader(ws))
-                mark = tasks.create_task(marks(ws))
-                for k in range(turns):
-                    if k:
-                        await asyncio.sleep(rng.expovariate(1 / arrival_s) if arrival_s else 0)
-                    account.sent(loop.time())
-                    sent += 1
-                    await ws.send(json.dumps({"type": "transcript",
-                                              "text": rng.choice(transcripts)}))
-                    try:
-                        event = await asyncio.wait_for(done.get(), turn_timeout_s)
-                    except TimeoutError:
-                        account.lost("timeout")
-                        break
-                    if event is None:
-                        account.lost(f"closed {ws.close_code}")
-                        break
-                    if event["type"] == "error":
-                        continue  # refused: counted as an error, on to the next turn
-                    progress.turns_done += 1
-                    end = account.playback_end
-                    if end is not None:  # the speaker listens to the end of the reply
-                        await asyncio.sleep(max(0.0, end - loop.time()))
-                mark.cancel()
-                await ws.close()
-                await read
-    except* ConnectionClosed as group:  # closed under a send or the first recv
-        closed = group.exceptions[0]
-        assert isinstance(closed, ConnectionClosed)
-        account.lost(f"closed {closed.rcvd.code if closed.rcvd else 1006}")
-    except* (OSError, InvalidStatus, TimeoutError) as group:
-        account.lost(f"connect failed: {group.exceptions[0]}")
-    account.unsent += turns - sent
+        await asyncio.sleep(rng.uniform(0, arrival_s))  # stagger the sessions' first turns
+        try:
+            async with connect(url, compression=None, max_size=2**20, open_timeout=30) as ws:
+                try:
+                    await talk(ws)
+                except asyncio.CancelledError:  # the run was stopped (Ctrl-C): end the
+                    await ws.close()  # session (on the way out it would be 1011, which
+                    raise  # leaves it waiting for a resume)
+        except* ConnectionClosed as group:  # closed under a send or the first recv
+            closed = group.exceptions[0]
+            assert isinstance(closed, ConnectionClosed)
+            account.lost(f"closed {closed.rcvd.code if closed.rcvd else 1006}")
+        except* (OSError, InvalidStatus, TimeoutError) as group:
+            account.lost(f"connect failed: {group.exceptions[0]}")
+    finally:  # (cancelled too: the run was stopped, and its turns not sent are unsent)
+        account.unsent += turns - sent
 
 
 async def run_load(url: str, *, sessions: int, turns: int, transcripts: list[str],
                    arrival_s: float = 0.0, seed: int = 1, prebuffer_s: float = 0.0,
-                   show_progress: bool = False, turn_timeout_s: float = 90.0) -> Report:
+                   show_progress: bool = False, turn_timeout_s: float = 90.0,
+                   stop: asyncio.Event | None = None) -> Report:
+    """Run the sessions to their end, or until ``stop`` is set (Ctrl-C): the sessions then
+    close their sockets, and the report has what was measured until then."""
     loop = asyncio.get_running_loop()
     accounts = [SessionAccount(prebuffer_s=prebuffer_s) for _ in range(sessions)]
     progress = Progress()
@@ -507,19 +534,34 @@ async def run_load(url: str, *, sessions: int, turns: int, transcripts: list[str
             print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr,
                   flush=True)
 
-    async with asyncio.TaskGroup() as tasks:
-        tick = tasks.create_task(ticker()) if show_progress else None
+    async def speak() -> None:
         async with asyncio.TaskGroup() as speakers:
             for i in range(sessions):
                 speakers.create_task(run_session(
                     url, i, accounts[i], turns=turns, transcripts=transcripts,
                     arrival_s=arrival_s, seed=seed, progress=progress,
                     turn_timeout_s=turn_timeout_s))
+
+    interrupted = False
+    async with asyncio.TaskGroup() as tasks:
+        tick = tasks.create_task(ticker()) if show_progress else None
+        speaking = tasks.create_task(speak())
+        if stop is not None:
+            stopping = tasks.create_task(stop.wait())
+            await asyncio.wait((speaking, stopping), return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not speaking.done():
+                interrupted = True
+                speaking.cancel()  # each session closes its socket on the way out
+        await asyncio.wait((speaking,))
         if tick is not None:
             tick.cancel()
+    if interrupted:
+        for account in accounts:
+            account.interrupted()
     if show_progress:
         print(file=sys.stderr)
-    return Report(sessions, turns, loop.time() - t0, accounts, t0)
+    return Report(sessions, turns, loop.time() - t0, accounts, t0, interrupted)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -545,17 +587,30 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--plot needs matplotlib: pip install matplotlib")  # before the load, not after
     transcripts = load_transcripts(args.transcripts)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    report = asyncio.run(run_load(args.url, sessions=args.sessions, turns=args.turns,
-                                  transcripts=transcripts, arrival_s=args.arrival,
-                                  seed=args.seed, prebuffer_s=args.prebuffer_ms / 1000,
-                                  show_progress=True, turn_timeout_s=args.turn_timeout))
+
+    async def run() -> Report:
+        # Ctrl-C stops the run and keeps what it measured (a second one: at once)
+        loop, stop = asyncio.get_running_loop(), asyncio.Event()
+
+        def interrupt() -> None:
+            stop.set()
+            loop.remove_signal_handler(signal.SIGINT)
+
+        with contextlib.suppress(NotImplementedError):  # (Windows: Ctrl-C ends it at once)
+            loop.add_signal_handler(signal.SIGINT, interrupt)
+        return await run_load(args.url, sessions=args.sessions, turns=args.turns,
+                              transcripts=transcripts, arrival_s=args.arrival,
+                              seed=args.seed, prebuffer_s=args.prebuffer_ms / 1000,
+                              show_progress=True, turn_timeout_s=args.turn_timeout, stop=stop)
+
+    report = asyncio.run(run())
     print(f"loadgen {started} {args.url}")
     print(report.table())
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
     if args.plot:
         plot(report, args.plot)
-    return 0 if report.ok else 1
+    return 130 if report.interrupted else 0 if report.ok else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ gateway (replay LLM + espeak on 127.0.0.1:0)."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -199,3 +200,42 @@ async def test_a_gateway_gone_between_turns_is_a_report_not_a_crash(start_gatewa
     assert sum(n for k, n in s["turns"].items() if k != "requested") == 6  # all accounted
     assert s["turns"]["unsent"] >= 1 and not report.ok, s["turns"]
     assert "closed" in " ".join(s["errors"])
+
+
+@pytest.mark.slow
+async def test_ctrl_c_ends_the_run_with_the_report_of_what_was_measured(start_gateway):
+    """A load run stopped with Ctrl-C died in a KeyboardInterrupt traceback: minutes of
+    measurements gone, no table, no JSON. Now the sessions close, the turn being heard counts
+    as interrupted and those never sent as unsent, and the report comes out (status 130)."""
+    import signal
+    import sys
+    from pathlib import Path
+
+    gw = await start_gateway([{"transcript": "Hello", "reply": " ".join(
+        f"This is sentence number {i} of a long answer." for i in range(1, 20))}])
+    out = Path(__file__).parent / ".." / "examples" / "loadgen.py"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(out), "--url", f"ws://127.0.0.1:{gw.port}/v1/voice",
+        "--sessions", "2", "--turns", "3", "--transcripts", str(gw.config.llm.replies),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    progress = []
+    try:
+        while True:  # the progress lines (one a second, not on a terminal)
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line, progress
+            progress.append(line)
+            if (frames := re.search(r"frames (\d+)", line)) and int(frames[1]) > 0:
+                break
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 130, stderr.decode()
+    assert "Traceback" not in stderr.decode()
+    table = stdout.decode()
+    assert "interrupted" in table and "TTFA (client) ms" in table
+    assert re.search(r"turns \{'requested': 6, 'interrupted': 2, 'unsent': 4\}", table), table
+    await asyncio.wait_for(gw.wait_no_sessions(), 10)  # closed, not left to time out
