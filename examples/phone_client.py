@@ -12,8 +12,9 @@ One WebSocket holds the session across turns. For each transcript the client:
    PCM16 mono 24 kHz), saving each turn's audio as ``turn-NNN.wav`` in ``--out`` and, with
    ``--play``, playing it on the default output device (skipped if there is none);
 3. plays at real time (a virtual clock when not playing aloud) and sends
-   ``{"type":"playback","turn_id":...,"played_ms":...}`` every 250 ms while audio plays, so
-   the server paces its sending and knows what the listener heard;
+   ``{"type":"playback","turn_id":...,"played_ms":...}`` every 250 ms while audio plays
+   (typed turns too, while the next line is being typed), so the server paces its sending
+   and knows what the listener heard;
 4. on ``turn.done`` closes the WAV; with ``cancelled`` it drops the audio not yet played.
 
 Barge-in: a new transcript while a reply is playing sends a final ``playback`` mark, drops
@@ -184,10 +185,12 @@ class PhoneClient:
         try:
             async with asyncio.TaskGroup() as tasks:
                 link = tasks.create_task(self._keep_connected())
+                marks = tasks.create_task(self._keep_marking())
                 try:
                     await self._talk(transcripts, sequential, barge_in_after)
                 finally:
                     link.cancel()
+                    marks.cancel()
                     if self._ws is not None:
                         await self._ws.close()
         except* GaveUp as group:
@@ -312,7 +315,7 @@ class PhoneClient:
 
     async def _listen(self, barge_in_after: float | None) -> None:
         """Wait for the turn to end and its audio to play (or ``barge_in_after`` seconds of
-        it), sending playback marks at the playback pace."""
+        it)."""
         started = time.monotonic()
         while not (self._done.is_set() and self.player.buffered_s() == 0):
             try:
@@ -321,9 +324,16 @@ class PhoneClient:
                 pass
             if self._done.is_set():  # let the buffered audio play out
                 await asyncio.sleep(min(MARK_EVERY_S, self.player.buffered_s()))
-            await self._mark()
             if barge_in_after is not None and time.monotonic() - started >= barge_in_after:
                 return
+
+    async def _keep_marking(self) -> None:
+        """A playback mark every ``MARK_EVERY_S`` while a reply plays (or is awaited), however
+        the transcripts come: typed ones too, while the next line is being typed."""
+        while True:
+            await asyncio.sleep(MARK_EVERY_S)
+            if not self._done.is_set() or self.player.buffered_s() > 0:
+                await self._mark()
 
     async def _mark(self) -> None:
         if self._turn_id is not None and self._ws is not None:

@@ -290,3 +290,56 @@ async def test_a_gateway_behind_a_failing_proxy_is_given_up_after_the_attempts(t
     assert rc == 2
     err = capsys.readouterr().err
     assert err.count("connection failed") == 2 and "cannot reach" in err
+
+
+def received(gateway) -> list[tuple]:
+    """What the gateway's only session takes in from now on, whichever socket it comes on:
+    ``("playback", turn_id, played_ms)`` and ``("transcript", text)``."""
+    from gateway.core.codec import ClientPlayback, ClientTranscript
+
+    (runner,) = gateway.runners.values()
+    messages: list[tuple] = []
+    receive = runner.receive
+
+    def receiving(message, now):
+        if isinstance(message, ClientPlayback):
+            messages.append(("playback", message.turn_id, message.played_ms))
+        elif isinstance(message, ClientTranscript):
+            messages.append(("transcript", message.text))
+        return receive(message, now)
+
+    runner.receive = receiving
+    return messages
+
+
+@pytest.mark.slow
+async def test_typed_turns_send_playback_marks_while_the_reply_plays(gateway, tmp_path):
+    """protocol.md, playback: marks every 200-500 ms while playing. Typed in (--play,
+    stdin) the client sent none while a reply played: only the turns from a list or a file
+    were listened to with marks, so the gateway paced and cut the history blind, and could
+    not tell a silent network from a listener."""
+    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                      phone_client.ClockPlayer(), verbose=False)
+    taken: list[list[tuple]] = []
+    done = asyncio.Event()
+
+    class Results(list):
+        def append(self, result) -> None:  # a turn.done came: what the gateway had by then
+            super().append(result)
+            taken.append(list(taken[0]))
+            done.set()
+
+    client.results = Results()
+
+    async def typed():
+        await client._connected.wait()
+        taken.append(received(gateway))
+        yield "Time"
+        await done.wait()  # the user types nothing more until the reply has been sent
+
+    await asyncio.wait_for(client.run(typed(), sequential=False, barge_in_after=None), 60)
+    (result,) = client.results
+    assert result["status"] == "completed" and result["metrics"]["audio_ms"] > 3000
+    marks = [m for m in taken[1] if m[0] == "playback"]
+    # one every 250 ms while the reply played (it is sent up to 1 s ahead of playback)
+    assert len(marks) >= (result["metrics"]["audio_ms"] - 1000) / 250 - 2, marks
