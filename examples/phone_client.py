@@ -18,9 +18,11 @@ One WebSocket holds the session across turns. For each transcript the client:
 4. on ``turn.done`` closes the WAV; with ``cancelled`` it drops the audio not yet played.
 
 Barge-in: a new transcript while a reply is playing sends a final ``playback`` mark, drops
-the buffered audio and then sends the transcript (which cancels the turn server-side). From
-args or ``--file`` each reply is heard to its end unless ``--barge-in-after SECONDS``.
-From stdin, any line typed while the reply plays barges in.
+the buffered audio and then sends the transcript (which cancels the turn server-side); typed
+while the socket is down, or lost with it, the two go (again) after the resume, the mark
+first, since the gateway cuts the reply's history from it. From args or ``--file`` each
+reply is heard to its end unless ``--barge-in-after SECONDS``. From stdin, any line typed
+while the reply plays barges in (the next line is read once the turn it asks for started).
 
 If the gateway cannot be reached at all, the client gives up after ``--connect-attempts``
 tries in a row (default 5, about 8 s) and exits with status 2; a gateway that refuses the
@@ -160,6 +162,8 @@ class PhoneClient:
         self._pending: list[int] = []  # local numbers of transcripts sent, not yet started
         self._done = asyncio.Event()  # set on the turn.done of the last transcript sent
         self._done.set()
+        self._started = asyncio.Event()  # set while no transcript sent waits for its turn
+        self._started.set()
         self._in_flight = False  # a transcript was sent and its turn.done has not come
         self._lost = False  # the socket dropped before the last transcript's turn.done
         self._connected = asyncio.Event()
@@ -271,6 +275,7 @@ class PhoneClient:
                 self._in_flight, self._lost = False, True
                 self._pending.clear()
                 self._done.set()
+                self._started.set()
             return True
         self.resumes_failed += 1
         self.say(f"[resume failed ({answer.get('error', {}).get('message')}); "
@@ -287,6 +292,7 @@ class PhoneClient:
             self._in_flight, self._lost = False, True
             self._pending.clear()
             self._done.set()
+            self._started.set()
 
     async def _send(self, **message: Any) -> None:
         await self._connected.wait()
@@ -298,7 +304,7 @@ class PhoneClient:
     async def _talk(self, transcripts: Any, sequential: bool, barge_in_after: float | None
                     ) -> None:
         async for text in transcripts:
-            await self._barge_in_if_speaking()
+            mark = self._barge_in_if_speaking()
             self._lost = True
             while self._lost:  # resent after a reconnect if the reply was cut off
                 self._lost = False
@@ -306,11 +312,19 @@ class PhoneClient:
                 self.turns += 1
                 self._pending.append(self.turns)
                 self._done.clear()
+                self._started.clear()
                 self._in_flight = True
                 self.say(f"> {text}")
+                if mark is not None and mark["turn_id"] == self._turn_id:
+                    # what was heard of the reply it cuts, first (again after a resume: the
+                    # gateway cuts that reply's history from the mark it has; not after a
+                    # failed one: the new session never had that turn)
+                    await self._send(**mark)
                 await self._send(type="transcript", text=text)
                 if sequential:
                     await self._listen(barge_in_after)
+                else:  # until its turn starts, it is refused, or it is lost with the socket
+                    await self._started.wait()
         await self._listen(None)  # hear the last reply out
 
     async def _listen(self, barge_in_after: float | None) -> None:
@@ -343,11 +357,16 @@ class PhoneClient:
             except ConnectionClosed:
                 pass  # the reader notices and reconnects
 
-    async def _barge_in_if_speaking(self) -> None:
-        if self._turn_id is not None and (not self._done.is_set() or self.player.buffered_s()):
-            await self._mark()  # tell the server what was heard, then stop the sound
-            self.player.flush()
-            self.say("[barge-in]")
+    def _barge_in_if_speaking(self) -> dict[str, Any] | None:
+        """Stop the sound of the reply playing; returns the mark of what was heard of it, to
+        send before the transcript (None: no reply playing)."""
+        if self._turn_id is None or (self._done.is_set() and not self.player.buffered_s()):
+            return None
+        mark = {"type": "playback", "turn_id": self._turn_id,
+                "played_ms": round(self.player.played_ms())}
+        self.player.flush()
+        self.say("[barge-in]")
+        return mark
 
     # ---- what the server says --------------------------------------------------------
 
@@ -371,6 +390,8 @@ class PhoneClient:
                     self._close_wav()
                     self._turn_id = event["turn_id"]
                     number = self._pending.pop(0) if self._pending else self.turns
+                    if not self._pending:
+                        self._started.set()
                     path = self.out_dir / f"turn-{number:03d}.wav"
                     self._wav = wave.open(str(path), "wb")
                     self._wav.setnchannels(1)
@@ -405,6 +426,7 @@ class PhoneClient:
                         if not self._pending:
                             self._in_flight = False
                             self._done.set()
+                            self._started.set()
                 case _:
                     pass  # session.updated, sentence, sentence.done, pong
 

@@ -292,6 +292,26 @@ async def test_a_gateway_behind_a_failing_proxy_is_given_up_after_the_attempts(t
     assert err.count("connection failed") == 2 and "cannot reach" in err
 
 
+class FedPlayer(phone_client.ClockPlayer):
+    """A ClockPlayer that says when it has been fed ``at_s`` of audio, and counts what it is
+    fed after a flush (audio the listener hears after a barge-in)."""
+
+    def __init__(self, at_s: float) -> None:
+        super().__init__()
+        self.at_s, self.fed = at_s, asyncio.Event()
+        self.after_flush = 0  # bytes fed since the last flush
+
+    def feed(self, pcm: bytes) -> None:
+        super().feed(pcm)
+        self.after_flush += len(pcm)
+        if self._queued_s >= self.at_s:
+            self.fed.set()
+
+    def flush(self) -> None:
+        super().flush()
+        self.after_flush = 0
+
+
 def received(gateway) -> list[tuple]:
     """What the gateway's only session takes in from now on, whichever socket it comes on:
     ``("playback", turn_id, played_ms)`` and ``("transcript", text)``."""
@@ -310,6 +330,65 @@ def received(gateway) -> list[tuple]:
 
     runner.receive = receiving
     return messages
+
+
+LONG = " ".join(f"This is sentence number {i} of a long answer." for i in range(1, 12))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["lost", "offline"])
+async def test_a_barge_in_after_a_drop_goes_with_its_mark(start_gateway, tmp_path, when):
+    """protocol.md, Resume: the mark sent just before a barge-in is worth sending again
+    before the transcript it preceded (the gateway cuts the cut reply's history from it).
+    The client sent the transcript again after the resume without it ("lost": both went
+    into a socket that died), or never sent it at all ("offline": typed while the socket was
+    down, the reply playing on from its buffer): the history kept the last mark before the
+    drop, up to a second and more short of what the listener heard."""
+    gateway = await start_gateway([{"transcript": "Tell me", "reply": LONG},
+                                   {"transcript": "Hello", "reply": "Hi."}])
+    player = FedPlayer(at_s=2.0)
+    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                      player, verbose=False)
+    sent, send = asyncio.Event(), client._send
+    dropped, clear = asyncio.Event(), client._connected.clear
+
+    async def sending(**message) -> None:
+        await send(**message)
+        if message.get("text") == "Hello":
+            sent.set()
+
+    def clearing() -> None:
+        clear()
+        dropped.set()
+
+    client._send, client._connected.clear = sending, clearing
+    heard: list[float] = []
+    taken: list[list[tuple]] = []
+
+    async def typed():
+        yield "Tell me"
+        await player.fed.wait()  # about a second of it played
+        (conn,) = gateway.connections
+        if when == "lost":
+            conn.ws.transport.pause_reading()  # what the client sends now stays unread ...
+        else:
+            conn.ws.transport.abort()  # the socket drops: the client is offline
+            await dropped.wait()  # (once it knows)
+        taken.append(received(gateway))  # from now on
+        heard.append(player.played_ms())
+        yield "Hello"
+        if when == "lost":
+            await sent.wait()
+            conn.ws.transport.abort()  # ... and is lost with it
+
+    await asyncio.wait_for(client.run(typed(), sequential=False, barge_in_after=None), 60)
+    assert client.resumes == 1
+    assert [r["status"] for r in client.results] == ["cancelled", "completed"]
+    # what came before the barge-in's transcript, after the resume: the mark of turn 1
+    (messages,) = taken
+    before = messages[:messages.index(("transcript", "Hello"))]
+    assert before and before[-1][:2] == ("playback", 1), messages
+    assert before[-1][2] >= round(heard[0])
 
 
 @pytest.mark.slow
