@@ -9,8 +9,9 @@ One WebSocket holds the session across turns. For each transcript the client:
 
 1. sends ``{"type":"transcript","text":...}`` and waits for ``turn.started`` (its turn_id);
 2. reads ``text.delta`` / ``sentence`` events and binary audio frames (12-byte header +
-   PCM16 mono 24 kHz), saving each turn's audio as ``turn-NNN.wav`` in ``--out`` and, with
-   ``--play``, playing it on the default output device (skipped if there is none);
+   PCM16 mono 24 kHz), saving each turn's audio as ``turn-NNN.wav`` in ``--out`` (all that
+   was sent) and, with ``--play``, playing it on the default output device (skipped if there
+   is none) up to a barge-in;
 3. plays at real time (a virtual clock when not playing aloud) and sends
    ``{"type":"playback","turn_id":...,"played_ms":...}`` every 250 ms while audio plays
    (typed turns too, while the next line is being typed), so the server paces its sending
@@ -158,6 +159,7 @@ class PhoneClient:
         self.results: list[dict[str, Any]] = []  # turn.done events, in order
         self._ws: ClientConnection | None = None
         self._turn_id: int | None = None  # the turn whose audio we are receiving
+        self._barged: int | None = None  # the turn a barge-in cut: no more of it is heard
         self._wav: wave.Wave_write | None = None
         self._pending: list[int] = []  # local numbers of transcripts sent, not yet started
         self._done = asyncio.Event()  # set on the turn.done of the last transcript sent
@@ -285,7 +287,7 @@ class PhoneClient:
     def _cut_off(self) -> None:
         """The reply in progress will never finish: drop it, and have _talk send its
         transcript again."""
-        self._turn_id = None
+        self._turn_id = self._barged = None  # (turn ids start again in a new session)
         self._close_wav()
         self.player.flush()
         if self._in_flight:
@@ -365,6 +367,7 @@ class PhoneClient:
         mark = {"type": "playback", "turn_id": self._turn_id,
                 "played_ms": round(self.player.played_ms())}
         self.player.flush()
+        self._barged = self._turn_id  # (its frames still on their way are not played)
         self.say("[barge-in]")
         return mark
 
@@ -377,8 +380,9 @@ class PhoneClient:
                 self._count_seq(seq)
                 if turn_id == self._turn_id and self._wav is not None:
                     pcm = message[HEADER.size:]
-                    self._wav.writeframes(pcm)
-                    self.player.feed(pcm)
+                    self._wav.writeframes(pcm)  # (all the gateway sent of the turn)
+                    if turn_id != self._barged:
+                        self.player.feed(pcm)
                 continue
             event = json.loads(message)
             match event["type"]:

@@ -300,6 +300,7 @@ class FedPlayer(phone_client.ClockPlayer):
         super().__init__()
         self.at_s, self.fed = at_s, asyncio.Event()
         self.after_flush = 0  # bytes fed since the last flush
+        self.flushes: list[int] = []  # at each flush: the bytes fed since the one before
 
     def feed(self, pcm: bytes) -> None:
         super().feed(pcm)
@@ -309,6 +310,7 @@ class FedPlayer(phone_client.ClockPlayer):
 
     def flush(self) -> None:
         super().flush()
+        self.flushes.append(self.after_flush)
         self.after_flush = 0
 
 
@@ -422,3 +424,52 @@ async def test_typed_turns_send_playback_marks_while_the_reply_plays(gateway, tm
     marks = [m for m in taken[1] if m[0] == "playback"]
     # one every 250 ms while the reply played (it is sent up to 1 s ahead of playback)
     assert len(marks) >= (result["metrics"]["audio_ms"] - 1000) / 250 - 2, marks
+
+
+def frames_written(gateway, n: int) -> asyncio.Event:
+    """Set once the gateway has written ``n`` more audio frames to its only session."""
+    (runner,) = gateway.runners.values()
+    written, count = asyncio.Event(), 0
+    original = runner.written
+
+    def counting(batch) -> None:
+        nonlocal count
+        count += sum(isinstance(m, bytes) for m in batch)
+        if count >= n:
+            written.set()
+        original(batch)
+
+    runner.written = counting
+    return written
+
+
+@pytest.mark.slow
+async def test_after_a_barge_in_nothing_more_of_the_cut_reply_is_heard(start_gateway,
+                                                                        tmp_path):
+    """The frames of the reply still on their way when the user barges in (a round trip's
+    worth: the gateway has not read the transcript yet) were played after the barge-in had
+    stopped the sound, until its turn.done came: the old reply spoke again over the new
+    one's wait."""
+    gateway = await start_gateway([{"transcript": "Tell me", "reply": LONG},
+                                   {"transcript": "Hello", "reply": "Hi."}])
+    player = FedPlayer(at_s=2.0)
+    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                      player, verbose=False)
+
+    async def in_flight(conn, written: asyncio.Event) -> None:
+        await written.wait()
+        conn.ws.transport.resume_reading()
+
+    async with asyncio.TaskGroup() as tasks:
+        async def typed():
+            yield "Tell me"
+            await player.fed.wait()
+            (conn,) = gateway.connections
+            conn.ws.transport.pause_reading()  # the barge-in is on its way ...
+            tasks.create_task(in_flight(conn, frames_written(gateway, 5)))  # ... 200 ms
+            yield "Hello"
+
+        await asyncio.wait_for(client.run(typed(), sequential=False, barge_in_after=None), 60)
+    assert [r["status"] for r in client.results] == ["cancelled", "completed"]
+    *_, whole, since_barge_in = player.flushes  # (the barge-in's flush, the turn.done's)
+    assert whole >= 2 * 48_000 and since_barge_in == 0
