@@ -974,3 +974,42 @@ async def test_console_shows_a_turn_lost_with_its_session(start_gateway):
         assert await page.locator("#timeline [data-status=lost]").count() == 1
         assert re.fullmatch(r"· heard \d+", await page.inner_text("#timeline .heard"))
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_stop_marks_what_was_heard_to_the_sample(gateway):
+    """Stop tells the gateway what was heard (the history keeps only that): the mark was the
+    worklet's last periodic count, up to 53 ms (10 render quanta) old, so it said less than
+    was heard. The flush that silences the turn answers with the exact count: that is the
+    mark now."""
+    from gateway.core.codec import ClientCancel, ClientPlayback
+
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await talk_when_ready(page, "Tell me everything")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        (runner,) = gateway.runners.values()
+        received: list[Any] = []
+        receive = runner.receive
+
+        def receiving(message, now):
+            received.append(message)
+            return receive(message, now)
+
+        runner.receive = receiving
+        # Stop 25 ms after a periodic count came (half the time to the next one)
+        await page.evaluate("""async () => {
+            const s = window.consoleState, n = s.workletReports;
+            while (s.workletReports === n) await new Promise((r) => setTimeout(r, 1));
+            await new Promise((r) => setTimeout(r, 25));
+            document.querySelector("#stop").click();
+        }""")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
+        await page.wait_for_function(f"!{state}.playing && {state}.bufferedSamples === 0")
+        heard = await page.evaluate(f"{state}.samplesPlayed")  # (the first turn's, all)
+        marks = [m for m in received if isinstance(m, ClientPlayback)]
+        cancel = next(i for i, m in enumerate(received) if isinstance(m, ClientCancel))
+        assert marks and received.index(marks[-1]) < cancel
+        assert marks[-1].played_ms == pytest.approx(heard / 24, abs=0.5)
+        assert errors == []

@@ -64,6 +64,11 @@ async function startAudio() {
       turn.playedBase = m.played;
       turn.underrunsBase = m.underruns;
     }
+    if (turn?.stopped?.playedMs === null && m.flushed === turn.stopped.flush) {
+      // where Stop silenced it, to the sample (the last periodic count is up to 53 ms old)
+      turn.stopped.playedMs = Math.round(Math.max(0, (m.played - turn.playedBase) / RATE * 1000));
+      if (!turn.stopSent && turn.sessionId === session?.id && connected()) sendStop(turn);
+    }
     if (turn?.heard && turn.playedBase !== null &&
         state.samplesPlayed - turn.playedBase >= turn.samplesPosted) {
       showHeard(turn); // its last sample played: the browser's own count is final
@@ -303,7 +308,9 @@ function onEvent(ev) {
       showSettings(ev.session, {keepEdits: true}); // (a field being typed in is left alone)
       // a Stop pressed while the socket was down, or sent and lost with it (the turn did
       // not end): again (protocol.md, Resume: a cancel is idempotent)
-      if (turn?.stopped && (!turn.stopSent || !turn.ended)) sendStop(turn);
+      if (turn?.stopped && turn.stopped.playedMs !== null && (!turn.stopSent || !turn.ended)) {
+        sendStop(turn);
+      }
       // a transcript stopped before its turn started: its cancel again if the turn did
       // start (sendAgain does not send a stopped transcript again)
       if (session.asked?.stopped && (ev.turn_id ?? null) !== session.asked.after) {
@@ -677,15 +684,17 @@ $("talk").addEventListener("submit", (e) => {
 function stop() {
   if (session?.asked && !session.asked.stopped) stopAsked(session.asked);
   if (!turn) return;
-  flushAudio();
-  turn.stopped ??= {playedMs: Math.round(playedMs())};
+  const flush = flushAudio();
+  // what was heard: the flush's answer says, exactly (null until it comes, in a few ms;
+  // without a player, the count as it stands)
+  turn.stopped ??= {playedMs: flush === null ? Math.round(playedMs()) : null, flush};
   if (turn.heard) showHeard(turn); // it had ended, its tail playing: cut now, count final
   if (turn.sessionId !== session?.id) return; // its session is gone: nobody to tell
   if (!connected()) { // said once the session is back
     showError("not connected: Stop is sent when the session resumes");
     return;
   }
-  sendStop(turn);
+  if (turn.stopped.playedMs !== null) sendStop(turn); // (else once the flush has answered)
 }
 
 // The turn of a transcript not started yet is the next (turn ids go up by 1): nothing of it
