@@ -25,8 +25,9 @@ first, since the gateway cuts the reply's history from it. From args or ``--file
 reply is heard to its end unless ``--barge-in-after SECONDS``. From stdin, any line typed
 while the reply plays barges in (the next line is read once the turn it asks for started).
 
-If the gateway cannot be reached at all, the client gives up after ``--connect-attempts``
-tries in a row (default 5, about 8 s) and exits with status 2; a gateway that refuses the
+If the gateway cannot be reached at all, or is full (HTTP 503 ``server_full``, said so),
+the client gives up after ``--connect-attempts`` tries in a row (default 5, about 8 s) and
+exits with status 2; a gateway that refuses the
 handshake (HTTP 401: a missing or wrong ``--token``) is not retried. Once connected, if the
 socket drops, the client reconnects with exponential backoff (0.5 s doubling to 8 s,
 with jitter, for as long as it takes) and resumes its session (protocol.md, Resume): the
@@ -235,12 +236,14 @@ class PhoneClient:
                     # another device took the session over: taking it back would have the
                     # two close each other for ever
                     raise GaveUp("the session was resumed elsewhere (close 4000)") from None
-                self.say(f"[connection failed: {exc}]")
+                why = _refusal(exc)
+                self.say(f"[connection failed: {why}]")
                 if self._session_id is None:  # never connected yet (5xx from a proxy too)
                     failures += 1
                     if failures >= self.connect_attempts:
-                        raise GaveUp(f"cannot reach {self.url} ({failures} attempts): "
-                                     f"{exc}") from None
+                        reached = "server_full" in why
+                        raise GaveUp(f"{'' if reached else 'cannot reach '}{self.url} "
+                                     f"({failures} attempts): {why}") from None
             self._connected.clear()
             self._ws = None
             delay = backoff * random.uniform(0.8, 1.2)
@@ -449,6 +452,19 @@ class PhoneClient:
         if self._wav is not None:
             self._wav.close()
             self._wav = None
+
+
+def _refusal(exc: Exception) -> str:
+    """What a failed connection says: a full gateway's 503 by its code (protocol.md,
+    Connection: ``server_full``), since it was reached."""
+    if isinstance(exc, InvalidStatus) and exc.response.status_code == 503:
+        try:
+            code = json.loads(exc.response.body or b"")["error"]["code"]
+        except (ValueError, TypeError, KeyError):
+            code = None
+        if code == "server_full":
+            return "the gateway is full (HTTP 503 server_full)"
+    return str(exc)
 
 
 async def _from_list(items: list[str]) -> Any:

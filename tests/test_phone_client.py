@@ -473,3 +473,23 @@ async def test_after_a_barge_in_nothing_more_of_the_cut_reply_is_heard(start_gat
     assert [r["status"] for r in client.results] == ["cancelled", "completed"]
     *_, whole, since_barge_in = player.flushes  # (the barge-in's flush, the turn.done's)
     assert whole >= 2 * 48_000 and since_barge_in == 0
+
+
+async def test_a_full_gateway_is_said_to_be_full_not_unreachable(start_gateway, tmp_path,
+                                                                  capsys):
+    """A full gateway answers HTTP 503 server_full: the client said it could not reach it,
+    which sends the user looking at the network, the address or the gateway's process."""
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import recv_event
+
+    gw = await start_gateway(REPLIES, server={"max_sessions": 1})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    async with connect(url) as other:  # the one session the gateway takes
+        await recv_event(other, "session.created")
+        rc = await asyncio.to_thread(phone_client.main, [
+            "--url", url, "--out", str(tmp_path), "--connect-attempts", "2", "Hello"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "cannot reach" not in err
+    assert err.count("the gateway is full (HTTP 503 server_full)") == 3, err  # 2 tries, gave up
