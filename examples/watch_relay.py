@@ -466,6 +466,16 @@ def _valid_text(text: Any) -> bool:
     return isinstance(text, str) and len(text) <= 4_000 and bool(text.strip())
 
 
+def _server_full(exc: Exception) -> bool:
+    """The gateway refused the socket for want of room: HTTP 503 ``server_full``."""
+    if not isinstance(exc, InvalidStatus) or exc.response.status_code != 503:
+        return False
+    try:
+        return bool(orjson.loads(exc.response.body or b"")["error"]["code"] == "server_full")
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        return False
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -501,7 +511,10 @@ class RelaySession:
             self.gateway = await self.relay.connect_upstream()
             created = orjson.loads(await self.gateway.recv())
         except (OSError, InvalidStatus, ConnectionClosed, TimeoutError) as exc:
-            await self.watch.close(1011, f"gateway unavailable: {exc}"[:120])
+            if _server_full(exc):  # as the gateway closes a socket it has no room for
+                await self.watch.close(1013, "server full: try again later")
+            else:
+                await self.watch.close(1011, f"gateway unavailable: {exc}"[:120])
             return
         self._ready.set()
         try:

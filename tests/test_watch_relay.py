@@ -981,3 +981,25 @@ async def test_a_cancel_lost_as_its_turn_ended_is_sent_again(start_gateway):
                                                   "content": "Two meetings. …"}
     finally:
         await relay.aclose()
+
+
+async def test_a_full_gateway_sends_the_watch_away_with_1013(start_gateway):
+    """A gateway at max_sessions answers HTTP 503 server_full (protocol.md, Connection),
+    which the relay passed on to the watch as 1011, an internal error; the gateway's own
+    close for a full server is 1013 (try again later), as the relay passes on once the
+    session is open."""
+    from websockets.exceptions import ConnectionClosed
+
+    gateway = await start_gateway([{"transcript": "Hi", "reply": "Hello."}],
+                                  server={"max_sessions": 1})
+    relay = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", resume_window_s=5.0)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as other:
+            await recv_event(other, "session.created")  # the one session it takes
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+                with pytest.raises(ConnectionClosed):
+                    await ws.recv()
+        assert ws.close_code == 1013 and "full" in ws.close_reason
+    finally:
+        await relay.aclose()
