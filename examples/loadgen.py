@@ -200,6 +200,13 @@ class SessionAccount:
         self._last_sentence = sentence
         del flags  # sentence/turn ends need no accounting: turn.done is the authority
 
+    def withdraw(self) -> None:
+        """The transcript ``sent()`` announced never went out (its socket had closed): the
+        turn is unsent, not lost."""
+        if self._turn is not None and self._turn.turn_id is None and self._turn.status is None:
+            self.turns.pop()
+            self._turn = self.turns[-1] if self.turns else None
+
     def interrupted(self) -> None:
         """The run was stopped (Ctrl-C) while the current turn was being heard."""
         if self._turn is not None and self._turn.status is None:
@@ -471,7 +478,13 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                     await asyncio.sleep(rng.expovariate(1 / arrival_s) if arrival_s else 0)
                 account.sent(loop.time())
                 sent += 1
-                await ws.send(json.dumps({"type": "transcript", "text": rng.choice(transcripts)}))
+                try:
+                    await ws.send(json.dumps({"type": "transcript",
+                                              "text": rng.choice(transcripts)}))
+                except ConnectionClosed:  # (closed since the last turn: never went out)
+                    account.withdraw()
+                    sent -= 1
+                    raise
                 try:
                     event = await asyncio.wait_for(done.get(), turn_timeout_s)
                 except TimeoutError:

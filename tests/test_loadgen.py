@@ -239,3 +239,22 @@ async def test_ctrl_c_ends_the_run_with_the_report_of_what_was_measured(start_ga
     assert "interrupted" in table and "TTFA (client) ms" in table
     assert re.search(r"turns \{'requested': 6, 'interrupted': 2, 'unsent': 4\}", table), table
     await asyncio.wait_for(gw.wait_no_sessions(), 10)  # closed, not left to time out
+
+
+@pytest.mark.slow
+async def test_a_turn_the_closed_socket_never_took_is_unsent_not_lost(start_gateway):
+    """The gateway stops while the speaker hears its first reply out: its next transcript
+    meets a closed socket and never leaves. It was counted 'lost' (a turn the gateway took
+    and never ended) beside one 'unsent', where neither turn was ever sent."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi. Nice to hear you."}],
+                             session={"max_lead_ms": 10_000})  # (all of it sent at once)
+    stopping: list[asyncio.Task] = []
+    gw.metrics.listeners.append(  # the first reply is all sent: the gateway stops
+        lambda _: stopping.append(asyncio.ensure_future(gw.aclose())) if not stopping else None)
+    report = await asyncio.wait_for(run_load(
+        f"ws://127.0.0.1:{gw.port}/v1/voice", sessions=1, turns=3, transcripts=["Hello"]), 30)
+    await stopping[0]
+    s = report.summary()
+    assert s["turns"] == {"requested": 3, "completed": 1, "unsent": 2}, s["turns"]
+    assert [t.status for t in report.accounts[0].turns] == ["completed"]
+    assert s["errors"] == ["closed 1001"]
