@@ -66,8 +66,7 @@ async function startAudio() {
     }
     if (turn?.stopped?.playedMs === null && m.flushed === turn.stopped.flush) {
       // where Stop silenced it, to the sample (the last periodic count is up to 53 ms old)
-      turn.stopped.playedMs = Math.round(Math.max(0, (m.played - turn.playedBase) / RATE * 1000));
-      if (!turn.stopSent && turn.sessionId === session?.id && connected()) sendStop(turn);
+      stopHeard(turn, heardMs(turn, m.played));
     }
     if (turn?.heard && turn.playedBase !== null &&
         state.samplesPlayed - turn.playedBase >= turn.samplesPosted) {
@@ -536,8 +535,7 @@ function flushAudio() {
 // playback marks: what the listener heard of the current turn, every 250 ms while playing;
 // none until the worklet has said where the turn's count starts (nothing known heard: 0)
 function playedMs() {
-  if (!turn || turn.playedBase === null) return 0;
-  return Math.max(0, (state.samplesPlayed - turn.playedBase) / RATE * 1000);
+  return turn ? Math.max(0, heardMs(turn, state.samplesPlayed)) : 0;
 }
 let lastMark = null;
 setInterval(() => {
@@ -688,6 +686,14 @@ function stop() {
   // what was heard: the flush's answer says, exactly (null until it comes, in a few ms;
   // without a player, the count as it stands)
   turn.stopped ??= {playedMs: flush === null ? Math.round(playedMs()) : null, flush};
+  if (turn.stopped.playedMs === null) {
+    // a player that does not answer (its context suspended) gets the last periodic count,
+    // up to 53 ms low, rather than no Stop at all
+    const t = turn;
+    setTimeout(() => {
+      if (t.stopped.playedMs === null) stopHeard(t, heardMs(t, state.samplesPlayed));
+    }, 250);
+  }
   if (turn.heard) showHeard(turn); // it had ended, its tail playing: cut now, count final
   if (turn.sessionId !== session?.id) return; // its session is gone: nobody to tell
   if (!connected()) { // said once the session is back
@@ -695,6 +701,18 @@ function stop() {
     return;
   }
   if (turn.stopped.playedMs !== null) sendStop(turn); // (else once the flush has answered)
+}
+
+// What the player's count ``played`` says was heard of ``t`` (nothing while its start is
+// unknown: none of it reached the player).
+function heardMs(t, played) {
+  return t.playedBase === null ? 0 : (played - t.playedBase) / RATE * 1000;
+}
+
+// What Stop silenced of ``t`` is known: its mark and cancel go now, if they can.
+function stopHeard(t, ms) {
+  t.stopped.playedMs = Math.round(Math.max(0, ms));
+  if (!t.stopSent && t.sessionId === session?.id && connected()) sendStop(t);
 }
 
 // The turn of a transcript not started yet is the next (turn ids go up by 1): nothing of it
