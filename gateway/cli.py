@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--origin", action="append", help="allowed browser Origin, e.g. "
                    "http://hub.local:3000 (repeatable; '*': any). Default: any with tokens; "
                    "without, only the gateway's own console")
+    s.add_argument("--allowed-host", action="append", help="without tokens, a Host name "
+                   "both ports answer besides IP addresses, localhost and --origin's names, "
+                   "e.g. hub.local (repeatable; '*': any). Another name could be a site's "
+                   "pointed at this machine (DNS rebinding)")
     s.add_argument("--tls-cert", help="serve wss:// (and https:// on the HTTP port) with this "
                    "certificate (PEM)")
     s.add_argument("--tls-key", help="private key for --tls-cert")
@@ -99,6 +103,7 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
                 "lane_policy": args.lane_policy, "max_sessions": args.max_sessions,
                 "tokens": _tokens(args), "insecure_bind": args.insecure_bind,
                 "origins": tuple(args.origin) if args.origin else None,
+                "allowed_hosts": tuple(args.allowed_host) if args.allowed_host else None,
                 "tls_cert": args.tls_cert, "tls_key": args.tls_key},
         llm={"url": args.llm_url, "model": args.llm_model, "replies": args.replies},
         tts={"engine": args.tts, "model": args.tts_model, "voice": args.voice,

@@ -5,7 +5,8 @@ TOML layout (every key optional; the README's Configuration table has each key, 
 and default, and a test keeps that table complete; see examples/hub.toml)::
 
     [server]   host, port, http_port, max_sessions, tokens, insecure_bind, origins,
-               tls_cert, tls_key, turns_per_minute, resume_window_s, outbox_bytes, lane_policy
+               allowed_hosts, tls_cert, tls_key, turns_per_minute, resume_window_s,
+               outbox_bytes, lane_policy
     [llm]      url, model, api_key, temperature, max_tokens, stall_timeout_s, thinking,
                replies (replay file), tokens_per_s
     [llm.chat_template_kwargs]   sent with each request (e.g. enable_thinking = false)
@@ -24,6 +25,7 @@ its key, and ``voice-gateway serve`` exits 2 with it before serving.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -65,6 +67,9 @@ def _check_seconds(where: str, value: Any, lo: float, hi: float, *,
         raise ValueError(f"{where} must be {bound} seconds, not {value!r}")
 
 
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -78,6 +83,10 @@ class ServerConfig:
     """Allowed browser ``Origin`` values; ``"*"``: any. None: any when tokens are set, else
     only the voice port's own pages (``gateway.io.auth.origin_allowlist``). Clients without
     ``Origin`` pass."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Without tokens, the ``Host`` names both ports answer besides IP addresses,
+    ``localhost`` and the names of ``origins`` (``"*"``: any): another name could be an
+    attacker's pointed at this machine (DNS rebinding; ``gateway.io.auth.host_allowed``)."""
     tls_cert: str | None = None
     tls_key: str | None = None
     turns_per_minute: int = 60
@@ -102,6 +111,10 @@ class ServerConfig:
         if any(not token.strip() for token in self.tokens):
             # (`--token "$UNSET"`: every client refused, yet a public bind allowed)
             raise ValueError("server.tokens: a token cannot be empty")
+        for name in self.allowed_hosts:
+            if name != "*" and not _HOST_NAME.fullmatch(name):
+                raise ValueError(f"server.allowed_hosts: {name!r} is not a host name (a name "
+                                 "such as hub.local, without scheme or port; '*': any)")
         _check_int("server.port", self.port, 0, 65535)
         if self.http_port is not None:
             _check_int("server.http_port", self.http_port, 0, 65535)

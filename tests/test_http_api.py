@@ -318,7 +318,7 @@ async def test_health_asked_as_the_gateway_stops_says_stopping(replies):
         await writer.drain()
         closing = asyncio.create_task(gw.aclose())
         await gw.http.stopping.wait()  # the HTTP API's listening socket is closed now
-        writer.write(b"Host: x\r\n\r\n")
+        writer.write(b"Host: 127.0.0.1\r\n\r\n")
         await writer.drain()
         answer = await reader.read()
         writer.close()  # (websockets waits for the client's end of the TCP connection)
@@ -353,8 +353,9 @@ async def test_a_request_whose_body_came_after_the_shutdown_began_is_refused(gat
     reading = body_read_seen(monkeypatch)
     body = orjson.dumps({"input": "Hello there.", "response_format": "pcm"})
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
-    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body[:5]))
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body[:5]))
     await reading.wait()  # past the first check, waiting for the rest of its body
     gateway.closing = True
     try:
@@ -379,7 +380,7 @@ async def test_a_request_still_sending_its_body_when_the_shutdown_begins_is_refu
     closing = None
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.http_port)
-        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                      b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
         await reading.wait()  # the rest of the body never comes
         closing = asyncio.create_task(gw.aclose())
@@ -401,7 +402,7 @@ async def test_the_http_port_stops_taking_requests_as_the_shutdown_begins(replie
     port, closing = gw.http_port, None
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         await reader.readexactly(length)  # the connection is kept alive
@@ -409,7 +410,7 @@ async def test_the_http_port_stops_taking_requests_as_the_shutdown_begins(replie
         await gw.http.stopping.wait()
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         try:
             answer = await reader.read()
         except ConnectionResetError:  # (closed before the request came)
@@ -426,7 +427,7 @@ async def test_a_client_gone_while_sending_its_request_is_no_server_error(gatewa
     logging.getLogger("gateway.io.http_api").addHandler(line)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
-        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: "
+        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                      b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
         await writer.drain()
         writer.close()
@@ -440,8 +441,8 @@ async def test_a_client_gone_while_sending_its_request_is_no_server_error(gatewa
 
 @pytest.mark.parametrize("sent", [
     b"",  # connects and says nothing
-    b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Ty",  # headers trickled in
-    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /heal",  # the next request, kept alive
+    b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty",  # headers trickled in
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /heal",  # the next request, kept alive
 ], ids=["silent", "partial-headers", "after-a-response"])
 async def test_headers_that_never_arrive_whole_close_the_connection(gateway, monkeypatch,
                                                                     sent):
@@ -471,8 +472,9 @@ async def test_a_pipelined_request_is_not_cut_by_the_header_deadline(replies):
         second = orjson.dumps({"input": "One held sentence, long enough for steps.",
                                "response_format": "pcm"})
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.http_port)
-        writer.write(b"".join(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                              b"%d\r\n%s\r\n%s" % (len(body), close, body) for body, close in (
+        writer.write(b"".join(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              b"Content-Length: %d\r\n%s\r\n%s" % (len(body), close, body)
+                              for body, close in (
                                   (first, b""), (second, b"Connection: close\r\n"))))
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
@@ -499,7 +501,7 @@ async def test_a_body_that_never_arrives_whole_gets_408(gateway, monkeypatch):
 
     monkeypatch.setattr(http_api, "BODY_TIMEOUT_S", 0.3)
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
-    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: "
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
     await writer.drain()
     async with asyncio.timeout(10):
@@ -697,7 +699,7 @@ async def stalled_client(gw: Gateway, monkeypatch, **fields) -> socket.socket:
     # 4000 characters: 230 s of audio, 11 MB, more than a loopback socket takes
     body = orjson.dumps({"input": (TEXT + " ") * 60 + ".", "response_format": "pcm",
                          **fields})
-    await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+    await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     await asyncio.wait_for(full.wait(), 30)
     return sock
@@ -731,7 +733,7 @@ async def test_a_whole_file_its_client_left_half_way_is_a_disconnect(gateway, ca
         # 230 s of audio, 11 MB: more than the loopback socket's buffers hold
         body = orjson.dumps({"input": (TEXT + " ") * 60 + ".", "response_format": "wav",
                              "stream": False})
-        await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+        await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         got = bytearray()
         while len(got) < 100_000:  # the headers and a part of the file
@@ -929,7 +931,7 @@ async def test_a_client_that_holds_up_a_long_segment_is_a_slow_consumer(replies,
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", gw.http_port))
         body = orjson.dumps({"input": "One long segment.", "response_format": "pcm"})
         await asyncio.get_running_loop().sock_sendall(sock, (
-            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n"
             % len(body)) + body)  # and read nothing
         await asyncio.wait_for(failed.wait(), 30)
         assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 1

@@ -102,7 +102,7 @@ async def raw_resume_handshake(gw, sid: str, version: int = 13):
     """A reconnect naming session ``sid`` (``?resume=``) on a raw socket, so a test can
     send what no websockets client would: (reader, writer) after the upgrade request."""
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-    writer.write(f"GET /v1/voice?resume={sid} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+    writer.write(f"GET /v1/voice?resume={sid} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
                  "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                  f"Sec-WebSocket-Version: {version}\r\n\r\n".encode())
     return reader, writer
@@ -269,12 +269,13 @@ async def test_a_voice_port_in_use_leaves_nothing_running():
             await client.get(f"http://127.0.0.1:{http_port}/health")
 
 
-async def refused_403(url: str, origin: str, **kwargs) -> None:
+async def refused_403(url: str, origin: str, code: str = "forbidden_origin",
+                      **kwargs) -> None:
     with pytest.raises(InvalidStatus) as refused:
         async with connect(url, origin=origin, **kwargs):
             pass
     assert refused.value.response.status_code == 403
-    assert json.loads(refused.value.response.body)["error"]["code"] == "forbidden_origin"
+    assert json.loads(refused.value.response.body)["error"]["code"] == code
 
 
 async def test_without_tokens_a_page_of_another_site_cannot_open_a_session(start_gateway):
@@ -303,10 +304,20 @@ async def test_dns_rebinding_does_not_pass_for_the_gateways_own_console(start_ga
     # A page of rebind.example whose name the attacker then points at 127.0.0.1 sends
     # Origin http://rebind.example:PORT and Host rebind.example:PORT: equal, as the
     # gateway's own console's are. Without tokens, only a Host that no DNS answer can
-    # steer (an IP address, localhost) makes an Origin the gateway's own.
+    # steer (an IP address, localhost) or the operator named makes an Origin the gateway's
+    # own; any other Host is refused before the Origin is looked at (test_host_check.py).
     gw = await start_gateway(server={"origins": origins})
     name = f"rebind.example:{gw.port}"
-    await refused_403(f"ws://{name}/v1/voice", f"http://{name}", host="127.0.0.1")
+    await refused_403(f"ws://{name}/v1/voice", f"http://{name}", "forbidden_host",
+                      host="127.0.0.1")
+    # a name the operator allowed is the console's own: its page is let in
+    gw = await start_gateway(server={"origins": origins, "allowed_hosts": ("hub.local",)})
+    name = f"hub.local:{gw.port}"
+    async with connect(f"ws://{name}/v1/voice", host="127.0.0.1",
+                       origin=f"http://{name}") as ws:
+        await created(ws)
+    await refused_403(f"ws://{name}/v1/voice", f"http://other.local:{gw.port}",
+                      host="127.0.0.1")
 
 
 async def test_with_tokens_the_gateways_own_console_is_let_in_by_any_name(start_gateway):

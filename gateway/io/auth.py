@@ -88,27 +88,79 @@ def origin_allowlist(tokens: Sequence[str],
     return None if ANY_ORIGIN in origins else origins
 
 
-def own_origin(scheme: str, host: str, *, any_name: bool) -> str | None:
-    """The origin of the port asked (``scheme://Host``), whose pages (the voice port's
-    console) are let in, or None. ``any_name`` False (no tokens): only when ``Host`` is an
-    IP address or ``localhost``. A page of an attacker's site whose name is pointed at this
-    machine once it has loaded (DNS rebinding) sends its own name as both Origin and Host,
-    so an Origin equal to ``scheme://Host`` proves nothing unless no DNS answer can steer
-    the name."""
-    if not host:
+ANY_HOST = "*"
+"""In ``[server] allowed_hosts`` (``--allowed-host '*'``): any ``Host`` is answered."""
+
+
+def host_allowlist(tokens: Sequence[str], hosts: Sequence[str],
+                   origins: Sequence[str] | None, *, tls: bool) -> tuple[str, ...] | None:
+    """The ``Host`` names both ports answer besides IP addresses and ``localhost`` (None:
+    any). Any when tokens are required (a page cannot present one), with TLS (a name
+    pointed at the hub does not match its certificate: the browser stops there), or when
+    ``*`` is among the allowed hosts or origins (the operator let every page in); else the
+    names of ``[server] allowed_hosts`` and of ``[server] origins``: an origin the operator
+    trusts names a machine of theirs, whose console and clients use that name."""
+    if tokens or tls or ANY_HOST in hosts or (origins is not None and ANY_ORIGIN in origins):
         return None
-    if not any_name:
-        try:
-            parts = urlsplit(f"//{host}")
-            name = parts.hostname or ""
-            parts.port  # noqa: B018 (a malformed port raises)
-        except ValueError:
-            return None
-        if name != "localhost":
-            try:
-                ipaddress.ip_address(name)
-            except ValueError:
-                return None
+    names = [host_name(h) for h in hosts]
+    names += [host_name(urlsplit(o).netloc) for o in origins or ()]
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
+def host_name(host: str) -> str | None:
+    """The name in a ``Host`` value (``name[:port]``, ``[v6]:port``), in lower case without
+    a final dot; None when malformed."""
+    try:
+        parts = urlsplit(f"//{host}")
+        name = parts.hostname or ""
+        parts.port  # noqa: B018 (a malformed port raises)
+    except ValueError:
+        return None
+    return name.removesuffix(".") or None
+
+
+def host_allowed(host: str, names: Iterable[str] | None) -> bool:
+    """Whether a request with this ``Host`` is answered (``names``: ``host_allowlist``). A
+    page of an attacker's site whose name is pointed at this machine once it has loaded
+    (DNS rebinding) is same-origin with the gateway: its GETs carry no Origin, and only
+    its ``Host`` (its own name) tells. An IP address or ``localhost`` no DNS answer can
+    steer. No ``Host`` at all: not a browser."""
+    if names is None or not host:
+        return True
+    name = host_name(host)
+    if name is None:
+        return False
+    if name == "localhost" or name in names:
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def refused_host(hosts: Sequence[str], names: Iterable[str] | None) -> str | None:
+    """Why a request with these ``Host`` header values is refused (403 ``forbidden_host``),
+    or None. More than one is refused (which would be meant?)."""
+    if names is None or (len(hosts) <= 1 and host_allowed(hosts[0] if hosts else "", names)):
+        return None
+    host = hosts[-1][:200]
+    name = host_name(host) or host
+    return (f"Host {host!r} is not allowed without a token: another site's name pointed at "
+            f"this machine would look the same (DNS rebinding). Use an IP address or "
+            f"localhost, add the name to [server] allowed_hosts (--allowed-host {name}), "
+            "or require tokens")
+
+
+def own_origin(scheme: str, host: str, names: Iterable[str] | None) -> str | None:
+    """The origin of the port asked (``scheme://Host``), whose pages (the voice port's
+    console) are let in, or None. ``names`` (``host_allowlist``): unless any, only when
+    ``Host`` is an IP address, ``localhost`` or a name the operator allowed. A page of an
+    attacker's site whose name is pointed at this machine once it has loaded (DNS
+    rebinding) sends its own name as both Origin and Host, so an Origin equal to
+    ``scheme://Host`` proves nothing unless no DNS answer can steer the name."""
+    if not host or not host_allowed(host, names):
+        return None
     return f"{scheme}://{host}"
 
 

@@ -67,7 +67,7 @@ from gateway.core.audio_formats import FORMATS, Encoder
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import ONE_STEP_MAX_CHARS, Segmenter, SegmenterConfig
 from gateway.io.aio import unless_stopped
-from gateway.io.auth import refused_origin, token_ok, tokens_from
+from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -475,17 +475,27 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 class AuthMiddleware:
-    """Pure ASGI (streaming responses pass through untouched), the voice socket's rules: a
-    browser Origin outside ``--origin``'s allowlist is refused (403; CORS alone would let a
-    page's simple POST be spoken, only hiding the answer), and a request to anything but
-    ``OPEN_PATHS`` must present one of the gateway's tokens when any is configured."""
+    """Pure ASGI (streaming responses pass through untouched), the voice socket's rules:
+    without tokens, a ``Host`` that is not an IP address, ``localhost`` or an allowed name
+    is refused (403, on every path: a page whose name was pointed at the hub reads it
+    same-origin, with no Origin header); a browser Origin outside ``--origin``'s allowlist
+    is refused (403; CORS alone would let a page's simple POST be spoken, only hiding the
+    answer); and a request to anything but ``OPEN_PATHS`` must present one of the
+    gateway's tokens when any is configured."""
 
     def __init__(self, app: Any, gateway: Gateway) -> None:
         self.app, self.gateway = app, gateway
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         server = self.gateway.config.server
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+        if (why := refused_host(hosts, self.gateway.hosts)) is not None:
+            await self._refuse(ApiError(403, why, code="forbidden_host"), scope, receive, send)
+            return
+        if scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])  # (a repeated header: its last value)

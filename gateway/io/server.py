@@ -48,10 +48,12 @@ from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait, unless_stopped
 from gateway.io.auth import (
     check_token,
+    host_allowlist,
     install_redaction,
     is_loopback,
     origin_allowlist,
     own_origin,
+    refused_host,
     refused_origin,
     select_subprotocol,
 )
@@ -130,6 +132,10 @@ class Gateway:
         self.config = config
         self.origins = origin_allowlist(config.server.tokens, config.server.origins)
         """The browser origins both ports let in besides their own pages (None: any)."""
+        self.hosts = host_allowlist(config.server.tokens, config.server.allowed_hosts,
+                                    config.server.origins, tls=bool(config.server.tls_cert))
+        """The ``Host`` names both ports answer besides IP addresses and localhost (None:
+        any; ``gateway.io.auth.host_allowed``)."""
         t = config.tts
         self.engine = engine or create_voice(t.engine, t.engine_options(), t.fallback,
                                              t.fallback_options, t.fallback_policy,
@@ -461,6 +467,11 @@ class Gateway:
 
     def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
+        hosts = request.headers.get_all("Host")
+        if (why := refused_host(hosts, self.hosts)) is not None:  # (DNS rebinding)
+            self.metrics.errors["forbidden_host"] += 1
+            return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
+                "code": "forbidden_host", "message": why}})
         tokens = self.config.server.tokens
         # like the HTTP API port: everything but /health and the console page needs a token
         if path in (VOICE_PATH, "/metrics", "/v1/models") and tokens and \
@@ -472,9 +483,7 @@ class Gateway:
                            "or a 'bearer.<token>' WebSocket subprotocol)"}})
         if path == VOICE_PATH:
             scheme = "https" if self.config.server.tls_cert else "http"
-            hosts = request.headers.get_all("Host")
-            own = own_origin(scheme, hosts[0] if len(hosts) == 1 else "",
-                             any_name=bool(self.config.server.tokens))
+            own = own_origin(scheme, hosts[0] if len(hosts) == 1 else "", self.hosts)
             why = refused_origin(request.headers.get_all("Origin"), self.origins, own=own)
             if why is not None:
                 self.metrics.errors["forbidden_origin"] += 1

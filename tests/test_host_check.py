@@ -1,0 +1,140 @@
+"""DNS rebinding: without tokens, both ports answer only requests whose ``Host`` no DNS
+answer can steer (an IP address, ``localhost``) or that the operator named
+(``[server] allowed_hosts``, the names of ``[server] origins``).
+
+A page of rebind.example whose name the attacker then points at 127.0.0.1 is same-origin
+with the gateway: its GETs carry no Origin header, so the Origin check let it read
+``/health``, ``/metrics`` and ``/v1/models``; only its Host header (its own name) tells."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from engines.synthetic import SyntheticEngine
+from gateway.config import load_config
+from gateway.io.auth import host_allowed
+from gateway.io.server import Gateway
+from tests.wsclient import recv_event
+
+READS = ("/health", "/metrics", "/v1/models")
+
+
+@pytest.fixture
+async def start():
+    started: list[Gateway] = []
+
+    async def start(**server) -> Gateway:
+        gw = Gateway(load_config(server={"port": 0, **server}, llm={"tokens_per_s": 0}),
+                     engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+        started.append(gw)
+        await gw.start()
+        return gw
+
+    yield start
+    for gw in reversed(started):
+        await gw.aclose()
+
+
+def assert_forbidden_host(response: httpx.Response, name: str) -> None:
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert error["code"] == "forbidden_host"
+    assert f"'{name}'" in error["message"] and "allowed_hosts" in error["message"]
+    assert "access-control-allow-origin" not in response.headers
+
+
+async def test_without_tokens_a_rebound_name_reads_nothing_on_either_port(start):
+    gw = await start()
+    async with httpx.AsyncClient() as http:
+        for port in (gw.port, gw.http_port):
+            for path in (*READS, "/", "/v1/audio/voices"):
+                if path in ("/",) and port == gw.http_port or \
+                        path == "/v1/audio/voices" and port == gw.port:
+                    continue
+                url = f"http://127.0.0.1:{port}{path}"
+                assert_forbidden_host(await http.get(url, headers={
+                    "Host": f"rebind.example:{port}"}), f"rebind.example:{port}")
+                for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}",
+                             "LocalHost", "10.1.2.3:99"):
+                    answer = await http.get(url, headers={"Host": host})
+                    assert answer.status_code == 200, (host, path, answer.text)
+        speech = await http.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
+                                 json={"input": "Hi.", "response_format": "pcm"},
+                                 headers={"Host": "rebind.example"})
+        assert_forbidden_host(speech, "rebind.example")
+    assert gw.metrics.errors["forbidden_host"] == 9
+    # the WebSocket upgrade too, whatever Origin comes with it
+    for origin in (None, f"http://rebind.example:{gw.port}"):
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(f"ws://rebind.example:{gw.port}/v1/voice", host="127.0.0.1",
+                               origin=origin):
+                pass
+        assert refused.value.response.status_code == 403
+        assert b"forbidden_host" in refused.value.response.body
+
+
+async def test_names_the_operator_allows_are_answered(start):
+    gw = await start(allowed_hosts=("hub.local",), origins=("https://hub.example.ts.net",))
+    async with httpx.AsyncClient() as http:
+        for port in (gw.port, gw.http_port):
+            for host in ("hub.local", f"HUB.local:{port}", "hub.local.",
+                         "hub.example.ts.net"):
+                answer = await http.get(f"http://127.0.0.1:{port}/v1/models",
+                                        headers={"Host": host})
+                assert answer.status_code == 200, (host, answer.text)
+            assert_forbidden_host(await http.get(
+                f"http://127.0.0.1:{port}/v1/models", headers={"Host": "sub.hub.local"}),
+                "sub.hub.local")
+    async with connect(f"ws://hub.local:{gw.port}/v1/voice", host="127.0.0.1") as ws:
+        assert (await recv_event(ws))["type"] == "session.created"
+
+
+@pytest.mark.parametrize("server", [{"tokens": ("s3cret",)}, {"allowed_hosts": ("*",)},
+                                    {"origins": ("*",)}])
+async def test_tokens_or_a_star_let_any_name_in(start, server):
+    gw = await start(**server)
+    async with httpx.AsyncClient() as http:
+        for port in (gw.port, gw.http_port):
+            answer = await http.get(f"http://127.0.0.1:{port}/health",
+                                    headers={"Host": "hub.anything.example"})
+            assert answer.status_code == 200
+
+
+@pytest.mark.parametrize(("host", "ok"), [
+    ("127.0.0.1", True), ("127.0.0.1:8780", True), ("[::1]:8780", True), ("[::1]", True),
+    ("localhost", True), ("localhost:1", True), ("LOCALHOST.", True), ("", True),
+    ("192.168.1.20:8780", True), ("hub.local", False), ("localhost.evil.example", False),
+    ("evil.localhost", False), ("127.0.0.1.evil.example", False), ("[::1", False),
+    ("127.0.0.1:99999", False), ("a b", False), ("hub.local:8780", False)])
+def test_host_allowed(host, ok):
+    assert host_allowed(host, ()) is ok
+    assert host_allowed(host, None)  # any
+
+
+def test_host_allowed_names():
+    assert host_allowed("Hub.Local:8780", ("hub.local",))
+    assert not host_allowed("hub.local.evil.example", ("hub.local",))
+
+
+def test_the_allowlist_holds_the_allowed_names_and_origins_names():
+    from gateway.io.auth import host_allowlist
+
+    names = host_allowlist((), ("Hub.Local.",), ("https://hub.example.ts.net", "null"),
+                           tls=False)
+    assert names == ("hub.local", "hub.example.ts.net")
+    assert host_allowlist((), (), None, tls=False) == ()
+    # any name: tokens (a page cannot present one), TLS (a name pointed at the hub fails
+    # its certificate in the browser), or a '*'
+    assert host_allowlist(("s3cret",), (), None, tls=False) is None
+    assert host_allowlist((), (), None, tls=True) is None
+    assert host_allowlist((), ("*",), None, tls=False) is None
+    assert host_allowlist((), (), ("*",), tls=False) is None
+
+
+@pytest.mark.parametrize("name", ["http://hub.local", "hub.local:8780", "", "a b", "-x"])
+def test_allowed_hosts_are_names(name):
+    with pytest.raises(ValueError, match="allowed_hosts"):
+        load_config(server={"allowed_hosts": (name,)})
