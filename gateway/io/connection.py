@@ -92,6 +92,10 @@ CUT_SHORT = {
 the turn fails (``llm_failed``, with these words) after the sentences complete before, and
 the LLM is not failing. They went on as ``completed`` turns that spoke the unfinished
 sentence, or nothing at all without a word of why (a tool call, a filtered reply)."""
+CLOSED_TCP_GRACE_S = 1.0
+"""Once the server has ended its side of the TCP connection (its close frame sent, its
+side shut down), how long the client has to close its own before the connection is
+aborted (``VoiceSocket.send_data``), as ``VoiceConnection.close_soon`` waits."""
 
 
 class SessionRunner:
@@ -483,12 +487,34 @@ class VoiceSocket(ServerConnection):
     event cost every idle session 2.2 KiB, a tenth of its memory (bench/capacity.py idle)."""
 
     on_close_frame: Callable[[], object] | None = None
+    _abort_later: asyncio.TimerHandle | None = None
 
     def process_event(self, event: Any) -> None:
         super().process_event(event)
         if (isinstance(event, Frame) and event.opcode is Opcode.CLOSE
                 and self.on_close_frame is not None):
             self.on_close_frame()
+
+    def send_data(self) -> None:
+        """websockets' own, then: once the server has sent its close frame and the end of
+        its side of the TCP connection, the client has ``CLOSED_TCP_GRACE_S`` to close its
+        side. websockets fails a connection (a message over 1 MiB or of more than 4,096
+        fragments: 1009, invalid UTF-8: 1007) so, then waits for the client's end: a client
+        that never closed kept the socket, and its session attached to a dead socket, until
+        websockets' close timeout (10 s) or the next keepalive ping came to enforce it.
+        (Not after a plain HTTP answer: websockets gives its reader the close timeout.)"""
+        super().send_data()
+        protocol = self.protocol
+        if protocol.eof_sent and protocol.close_sent is not None and \
+                self._abort_later is None:
+            self._abort_later = self.loop.call_later(CLOSED_TCP_GRACE_S,
+                                                     self.transport.abort)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._abort_later is not None:
+            self._abort_later.cancel()
+            self._abort_later = None  # (its callback holds the transport)
+        super().connection_lost(exc)
 
 
 class VoiceConnection:
