@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import struct
 
@@ -67,3 +68,88 @@ async def test_a_socket_websockets_fails_goes_at_once_though_its_client_stays(st
         writer.close()
     (runner,) = gw.runners.values()
     assert runner.connection is None and runner.session.held  # waits for a resume
+
+
+async def server_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The next frame the server sent (unmasked): its opcode and payload."""
+    first, second = await reader.readexactly(2)
+    n = second & 0x7F
+    if n == 126:
+        (n,) = struct.unpack("!H", await reader.readexactly(2))
+    elif n == 127:
+        (n,) = struct.unpack("!Q", await reader.readexactly(8))
+    return first & 0x0F, await reader.readexactly(n)
+
+
+async def until(reader: asyncio.StreamReader, opcode: int) -> bytes:
+    """The payload of the next frame of ``opcode`` (the frames before it are skipped)."""
+    while True:
+        got, payload = await server_frame(reader)
+        if got == opcode:
+            return payload
+
+
+async def unfinished(writer: asyncio.StreamWriter, reader: asyncio.StreamReader,
+                     size: int, *, first: bool = True) -> None:
+    """Send ``size`` more bytes of a fragmented text message, and wait until the gateway
+    has read them: a ping after them is answered (data is read in order)."""
+    for start in range(0, size, 65536):
+        chunk = b"x" * min(65536, size - start)
+        writer.write(client_frame(0x1 if first else 0x0, chunk, fin=False))
+        first = False
+    writer.write(client_frame(0x9, b"seen?", fin=True))
+    await writer.drain()
+    assert await until(reader, 0xA) == b"seen?"
+
+
+async def test_unfinished_messages_draw_on_a_gateway_wide_budget(start_gateway):
+    """websockets keeps every message until its last byte, up to 1 MiB: a client that
+    never finished one held 1.1 MiB per socket (1,000 sockets: +1.1 GiB RSS). Beyond the
+    largest message the gateway acts on, what sockets hold now draws on one budget; the
+    socket that would pass it is closed with 1009, the others are answered as before."""
+    from gateway.io.connection import FRAGMENT_COST, UNFINISHED_FREE_BYTES
+
+    gw = await start_gateway()
+    gw.unfinished.limit = 256 * 1024
+    r1, w1 = await upgraded(gw)
+    await unfinished(w1, r1, UNFINISHED_FREE_BYTES + 200 * 1024)  # in 5 fragments
+    drawn = 200 * 1024 + 5 * FRAGMENT_COST
+    assert gw.unfinished.used == drawn
+    r2, w2 = await upgraded(gw)
+    await unfinished(w2, r2, UNFINISHED_FREE_BYTES - 1024)  # free: nothing drawn
+    assert gw.unfinished.used == drawn
+    w2.write(client_frame(0x0, bytes(100 * 1024), fin=False))  # 300 KiB drawn: too many
+    received = await r2.read()  # the close frame, then the end of the stream
+    assert struct.pack("!H", 1009) + b"message too big" in received
+    w2.close()
+    async with asyncio.timeout(5):
+        await no_connections_but(gw, 1)
+    assert gw.unfinished.used == drawn  # the refused socket's share is back
+    assert gw.metrics.errors["unfinished_messages"] == 1
+    # the first socket goes on: its message, over 64 KiB, is answered as it always was
+    w1.write(client_frame(0x0, b"", fin=True))
+    error = json.loads(await until(r1, 0x1))
+    assert error["type"] == "error" and error["error"]["code"] == "message_too_large"
+    assert gw.unfinished.used == 0
+    w1.close()
+
+
+async def test_a_message_the_gateway_acts_on_never_draws_on_the_budget(start_gateway):
+    gw = await start_gateway()
+    gw.unfinished.limit = 0  # spent
+    reader, writer = await upgraded(gw)
+    ping = json.dumps({"type": "ping", "id": "x" * 64000}).encode()
+    writer.write(b"".join(client_frame(0x1 if i == 0 else 0x0, ping[i:i + 1000],
+                                       fin=i + 1000 >= len(ping))
+                          for i in range(0, len(ping), 1000)))  # 64 fragments
+    await writer.drain()
+    while (event := json.loads(await until(reader, 0x1)))["type"] != "pong":
+        pass
+    assert len(event["id"]) == 64000 and gw.unfinished.used == 0
+    writer.close()
+
+
+async def no_connections_but(gw: Gateway, n: int) -> None:
+    while len(gw.connections) > n:
+        gw._live_changed.clear()
+        await gw._live_changed.wait()

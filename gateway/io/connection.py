@@ -14,6 +14,7 @@ is only ever touched by one thread.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import hmac
@@ -22,6 +23,7 @@ import secrets
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, assert_never, cast
 
 import orjson
@@ -92,6 +94,18 @@ CUT_SHORT = {
 the turn fails (``llm_failed``, with these words) after the sentences complete before, and
 the LLM is not failing. They went on as ``completed`` turns that spoke the unfinished
 sentence, or nothing at all without a word of why (a tool call, a filtered reply)."""
+UNFINISHED_FREE_BYTES = codec.MAX_MESSAGE_BYTES + 16 * 1024
+"""What a socket may hold of a message still arriving (its frames so far, the frame being
+read) without drawing on the gateway's budget (``UnfinishedBudget``): the largest message
+answered (64 KiB), and room for frame headers and a few fragments. Any message the
+gateway would act on fits, so the budget never refuses one."""
+UNFINISHED_BUDGET_BYTES = 16 * 1024 * 1024
+"""What all sockets together may hold beyond ``UNFINISHED_FREE_BYTES`` each: room for 16
+messages of 1 MiB (each answered ``message_too_large``) arriving at once."""
+FRAGMENT_COST = 160
+"""Memory a fragment's frame object costs beyond its bytes (measured: 4,095 empty
+fragments held 651 KiB)."""
+CLOSE_UNFINISHED = (1009, "message too big: the gateway holds too many unfinished messages")
 CLOSED_TCP_GRACE_S = 1.0
 """Once the server has ended its side of the TCP connection (its close frame sent, its
 side shut down), how long the client has to close its own before the connection is
@@ -477,6 +491,20 @@ def _closed_how(ws: ServerConnection) -> str:
     return ", then ".join(f for f in frames if f) or "no close frame received or sent"
 
 
+@dataclass(slots=True)
+class UnfinishedBudget:
+    """The gateway-wide bytes that sockets hold of messages still arriving beyond
+    ``UNFINISHED_FREE_BYTES`` each (``VoiceSocket.data_received``). websockets keeps a
+    message until its last byte (up to ``max_size``, 1 MiB, whether one frame or 4,096
+    fragments): a client that never finished one held 1.1 MiB per socket, ~11 GiB at
+    10,000 sessions; websockets offers no way to drop what it holds."""
+
+    errors: collections.Counter[str]
+    """The gateway's error counters: a socket refused counts as ``unfinished_messages``."""
+    limit: int = UNFINISHED_BUDGET_BYTES
+    used: int = 0
+
+
 class VoiceSocket(ServerConnection):
     """websockets' server connection, which calls ``on_close_frame`` when the client's
     close frame comes. websockets raises ``ConnectionClosed`` only once the TCP connection
@@ -488,8 +516,43 @@ class VoiceSocket(ServerConnection):
 
     on_close_frame: Callable[[], object] | None = None
     _abort_later: asyncio.TimerHandle | None = None
+    budget: UnfinishedBudget | None = None
+    """Set by the gateway once the handshake is over: what unfinished messages draw on."""
+    _unfinished = 0
+    """The frames so far of a fragmented message still arriving (bytes and their cost)."""
+    _charged = 0
+    """What this socket draws on ``budget`` now."""
+
+    def data_received(self, data: bytes) -> None:
+        """websockets' own, then: what this socket holds of a message still arriving, beyond
+        ``UNFINISHED_FREE_BYTES``, is drawn on the gateway's budget. A socket that would
+        pass the budget is failed as one over ``max_size`` is: 1009, and its memory goes
+        with the connection (at most ``CLOSED_TCP_GRACE_S`` later). Large messages are
+        refused thus only while others hold the budget; a message the gateway acts on
+        (64 KiB at most) never is."""
+        super().data_received(data)
+        budget = self.budget
+        if budget is None:
+            return
+        excess = max(0, self._unfinished + len(self.protocol.reader.buffer)
+                     - UNFINISHED_FREE_BYTES)
+        if (excess > self._charged and budget.used - self._charged + excess > budget.limit
+                and self.protocol.state is State.OPEN):
+            budget.errors["unfinished_messages"] += 1
+            log.warning("%s: an unfinished message would pass the gateway's budget of %d "
+                        "MiB for them; closing (1009)", _peer(self), budget.limit >> 20)
+            self.protocol.fail(*CLOSE_UNFINISHED)
+            self.send_data()
+        if excess != self._charged:  # (most sockets never hold one: no attribute set)
+            budget.used += excess - self._charged
+            self._charged = excess
 
     def process_event(self, event: Any) -> None:
+        if isinstance(event, Frame) and event.opcode in _DATA_OPCODES:
+            if not event.fin:
+                self._unfinished += len(event.data) + FRAGMENT_COST
+            elif self._unfinished:
+                self._unfinished = 0
         super().process_event(event)
         if (isinstance(event, Frame) and event.opcode is Opcode.CLOSE
                 and self.on_close_frame is not None):
@@ -514,7 +577,18 @@ class VoiceSocket(ServerConnection):
         if self._abort_later is not None:
             self._abort_later.cancel()
             self._abort_later = None  # (its callback holds the transport)
+        if self.budget is not None:
+            self.budget.used -= self._charged
+            self._charged = 0
         super().connection_lost(exc)
+
+
+_DATA_OPCODES = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+
+
+def _peer(ws: ServerConnection) -> str:
+    peer = ws.remote_address
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
 class VoiceConnection:

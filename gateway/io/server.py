@@ -60,6 +60,7 @@ from gateway.io.auth import (
 from gateway.io.connection import (
     KEEPALIVE_PING_S,
     SessionRunner,
+    UnfinishedBudget,
     VoiceConnection,
     VoiceSocket,
     job_deadline,
@@ -184,6 +185,8 @@ class Gateway:
         self.llm_streams = 0
         """This gateway's LLM streams decoding now."""
         self.metrics = Metrics()
+        self.unfinished = UnfinishedBudget(self.metrics.errors)
+        """What the voice sockets hold of messages still arriving, beyond 80 KiB each."""
         self.telemetry = Telemetry(self)
         s = config.server
         self.http = HttpServer(self, s.host, s.http_port if s.http_port is not None
@@ -650,8 +653,9 @@ class Gateway:
         # loop for 0.3-0.8 s. The handshake is over, so drop the binding (the class's own
         # method takes its place) and let reference counting free the connection.
         vars(websocket.protocol).pop("select_subprotocol", None)
-        conn = VoiceConnection(self, cast(VoiceSocket, websocket),  # (create_connection)
-                               resume_only=self.past_limit.get(websocket))
+        socket = cast(VoiceSocket, websocket)  # (create_connection)
+        socket.budget = self.unfinished
+        conn = VoiceConnection(self, socket, resume_only=self.past_limit.get(websocket))
         self.connections.add(conn)
         self.metrics.connections_opened += 1
         try:
