@@ -7,7 +7,7 @@ and default, and a test keeps that table complete; see examples/hub.toml)::
     [server]   host, port, http_port, max_sessions, tokens, insecure_bind, origins,
                allowed_hosts, tls_cert, tls_key, turns_per_minute, resume_window_s,
                outbox_bytes, lane_policy
-    [llm]      url, model, api_key, temperature, max_tokens, stall_timeout_s, thinking,
+    [llm]      url, model, models, api_key, temperature, max_tokens, stall_timeout_s, thinking,
                replies (replay file), tokens_per_s
     [llm.chat_template_kwargs]   sent with each request (e.g. enable_thinking = false)
     [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, also,
@@ -138,6 +138,10 @@ class LlmConfig:
     url: str | None = None
     """OpenAI-compatible base URL (``.../v1``). None: the scripted ``replay`` backend."""
     model: str | None = None
+    models: tuple[str, ...] = ()
+    """The models a client may ask for (``session.llm.model``) besides ``model``; ``"*"``:
+    any. The LLM server loads the model asked for, for every session (oMLX swaps its
+    loaded model), so by default a client gets ``model`` only."""
     api_key: str | None = None
     temperature: float | None = None
     max_tokens: int | None = None
@@ -159,6 +163,8 @@ class LlmConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "llm")
+        if any(not m.strip() for m in self.models):
+            raise ValueError("llm.models: a model name cannot be empty")
         _check_seconds("llm.stall_timeout_s", self.stall_timeout_s, 0, 3600, above=True)
         if self.thinking not in THINKING_MODES:
             raise ValueError(f"llm.thinking must be one of {', '.join(THINKING_MODES)}, not "

@@ -173,6 +173,14 @@ Effect = (SendEvent | SendAudio | SendFrames | StartLlm | CancelLlm | StartSynth
 # --- settings -----------------------------------------------------------------------------
 
 
+def _model_list(models: frozenset[str], own: str | None) -> str:
+    names = sorted(models | ({own} if own else set()))
+    if not names:
+        return ("only the LLM server's default model is used here (the server offers more "
+                "with [llm] models)")
+    return f"offered: {', '.join(names)} (the server's [llm] model and models)"
+
+
 @dataclass(frozen=True, slots=True)
 class SessionSettings:
     """What a client may change with ``session.update``."""
@@ -296,6 +304,7 @@ class Session:
         settings: SessionSettings | None = None,
         limits: SessionLimits | None = None,
         voices: Iterable[str] | None = None,
+        llm_models: Iterable[str] | None = None,
         reads_digits: bool = True,
     ) -> None:
         self.id = session_id
@@ -303,6 +312,9 @@ class Session:
         """``defaults``: the server's settings, what a null in ``session.update`` restores."""
         self.limits = limits or SessionLimits()
         self.voices = frozenset(voices) if voices is not None else None
+        self.llm_models = frozenset(llm_models) if llm_models is not None else None
+        """The LLM models a ``session.update`` may name besides the server's own (None:
+        any): the LLM server loads the one asked for, for every session."""
         self.reads_digits = reads_digits
         self.history: list[dict[str, str]] = []
         self.turn: Turn | None = None
@@ -392,6 +404,13 @@ class Session:
                 and voice != self.defaults.voice:  # (the server's own is always good)
             return self.protocol_error(ProtocolError(
                 "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"), now)
+        llm = changes.get("llm")
+        model = llm.get("model") if isinstance(llm, dict) else None
+        if model is not None and self.llm_models is not None and \
+                model not in self.llm_models and model != self.defaults.llm_model:
+            return self.protocol_error(ProtocolError(
+                "unknown_model", f"LLM model {model!r} is not offered here; "
+                f"{_model_list(self.llm_models, self.defaults.llm_model)}"), now)
         lead, most = changes.get("max_lead_ms"), self.max_lead_ms_limit
         if lead is not None and lead > most:
             return self.protocol_error(ProtocolError(

@@ -644,6 +644,8 @@ class Gateway:
                        limits=SessionLimits(history_turns=d.history_turns,
                                             max_reply_chars=d.max_reply_chars),
                        voices=self.voices or None,
+                       llm_models=None if "*" in self.config.llm.models
+                       else self.config.llm.models,
                        reads_digits=all(getattr(e, "reads_digits", True) for e in self.engines))
 
     async def _handle(self, websocket: ServerConnection) -> None:
