@@ -419,25 +419,19 @@ class Gateway:
 
     async def aclose(self) -> None:
         """End every turn (``shutting_down``), close connections with 1001 (going away),
-        release the engine."""
+        release the engine.
+
+        The two ports close at the same time, each within its ``SHUTDOWN_GRACE_S``: neither
+        needs the other, nor the lanes (a voice turn ends at once, a speech stream fails at
+        once; what each grace protects is a client taking what was already made). One
+        after the other, a voice turn went on speaking while an HTTP client held the HTTP
+        API's grace, and the stop took both graces."""
         self.ready = False
         self.closing = True
         if self._server is not None:
-            self._server.server.close()  # no new voice connections while the HTTP API closes
-        await self.http.aclose()
-        if self._server is not None:
-            # counted now, not at the signal: a turn may end while the HTTP API closes
-            log.info("shutting down: closing %d session(s) (1001), %d turn(s) in progress "
-                     "cut short", len(self.runners), self.active_turns())
-            for runner in list(self.runners.values()):
-                runner.shutdown()  # each writer sends the turn's end, then closes (1001)
-            try:
-                async with asyncio.timeout(SHUTDOWN_GRACE_S):
-                    await self.wait_no_sessions()
-            except TimeoutError:  # clients that read nothing: websockets closes them
-                pass
-            self._server.close(close_connections=True)
-            await self._server.wait_closed()
+            self._server.server.close()  # no new voice connections
+        results = await asyncio.gather(self.http.aclose(), self._close_sessions(),
+                                       return_exceptions=True)
         for task in self._lane_tasks:
             await cancel_and_wait(task)
         for runner in list(self.runners.values()):
@@ -446,6 +440,33 @@ class Gateway:
             await lane.aclose()
         await self.llm.aclose()
         await self.telemetry.aclose()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _close_sessions(self) -> None:
+        """End every session's turn (``shutting_down``) and close its socket with 1001;
+        abort the sockets still open after ``SHUTDOWN_GRACE_S``. Their clients read nothing
+        (not the close frame either): websockets would wait out its close timeout for each
+        (10 s), and the stop with them. What the kernel holds for them (the turn's end, the
+        close frame) still reaches them after the abort."""
+        if self._server is None:
+            return
+        log.info("shutting down: closing %d session(s) (1001), %d turn(s) in progress "
+                 "cut short", len(self.runners), self.active_turns())
+        for runner in list(self.runners.values()):
+            runner.shutdown()  # each writer sends the turn's end, then closes (1001)
+        try:
+            async with asyncio.timeout(SHUTDOWN_GRACE_S):
+                await self.wait_no_sessions()
+        except TimeoutError:
+            if stuck := list(self.connections):
+                log.info("shutting down: %d socket(s) had not taken their close when the "
+                         "shutdown's %g s grace ended: aborted", len(stuck), SHUTDOWN_GRACE_S)
+            for connection in stuck:
+                connection.ws.transport.abort()
+        self._server.close(close_connections=True)
+        await self._server.wait_closed()
 
     # ---- HTTP on the voice port ----------------------------------------------------------
 
