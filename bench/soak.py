@@ -17,10 +17,12 @@ frame accounting) loops over turns until the time is up; each turn, by a seeded 
 Every ``--renew-every`` turns a session closes cleanly and a new one opens (session churn:
 what a leak per session would show up in).
 
-Reported: RSS and descriptors over time (start, after warm-up, peak, end, and after every
-session closed), frames lost (seq gaps) and duplicated (seq repeats) across resumes (goal
-0), turns completed / cancelled / failed (goal 0) / lost (no ``turn.done``), resumes and
-resume failures, protocol violations. Exit status 1 if anything that should be 0 is not.
+Reported: RSS, descriptors and the gateway's asyncio tasks (``/health`` → ``loop.tasks``)
+over time (start, after warm-up, peak, end, and after every session closed), frames lost
+(seq gaps) and duplicated (seq repeats) across resumes (goal 0), turns completed /
+cancelled / failed (goal 0) / lost (no ``turn.done``), resumes and resume failures,
+protocol violations, and how long the gateway took to exit on SIGTERM. Exit status 1 if
+anything that should be 0 is not.
 """
 
 from __future__ import annotations
@@ -286,17 +288,24 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         samples.append(s)
         return s
 
+    async def tasks(s: dict[str, float]) -> dict[str, float]:
+        """The gateway's asyncio tasks (``/health`` → ``loop.tasks``, this probe's own
+        included), asked from a thread: the sessions' loop goes on meanwhile."""
+        s["tasks"] = (await asyncio.to_thread(gateway.health))["loop"]["tasks"]
+        return s
+
     async def sampler() -> None:
         while True:
             await asyncio.sleep(args.sample_s)
-            s = sample()
+            s = await tasks(sample())
             turns = sum(stats.statuses.values())
-            print(f"[{s['t_s']:7.1f}s] rss {s['rss_mb']:.1f} MB fds {s['fds']} turns {turns} "
+            print(f"[{s['t_s']:7.1f}s] rss {s['rss_mb']:.1f} MB fds {s['fds']} "
+                  f"tasks {s['tasks']} turns {turns} "
                   f"resumes {stats.resumes} {dict(stats.statuses)}", file=sys.stderr,
                   flush=True)
 
     try:
-        sample("start")
+        await tasks(sample("start"))
         deadline = loop.time() + args.minutes * 60
         sessions = [SoakSession(gateway.url, i, args.seed, transcripts, stats,
                                 args.turn_timeout, args.renew_every)
@@ -317,9 +326,11 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             if fd_count(gateway.pid) <= samples[0]["fds"]:
                 break
             await asyncio.sleep(0.1)
-        after = sample("sessions gone")
+        after = await tasks(sample("sessions gone"))
     finally:
+        stopping = time.monotonic()
         code = gateway.stop()
+        stop_s = time.monotonic() - stopping
     accounts = [s.account for s in sessions]
     warm = next((s for s in samples if s["t_s"] >= min(60.0, args.minutes * 30)), samples[0])
     running = [s for s in samples if not s["label"]]
@@ -342,14 +353,18 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                    "idle_after": after["rss_mb"]},
         "fds": {"start": samples[0]["fds"], "peak": max(s["fds"] for s in samples),
                 "idle_after": after["fds"]},
+        "tasks": {"start": samples[0]["tasks"],
+                  "peak": max(s.get("tasks", 0) for s in samples),
+                  "idle_after": after["tasks"]},
         "gateway": {"sessions_after": health["sessions"], "queue_after":
                     health["lanes"], "errors": health["errors"], "turns": health["turns"],
-                    "exit_code": code},
+                    "exit_code": code, "stop_s": round(stop_s, 2)},
         "samples": samples,
     }
     result["ok"] = (result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
                     result["violations"] == 0 and stats.statuses.get("failed", 0) == 0 and
-                    stats.statuses.get("lost", 0) == 0 and health["sessions"] == 0)
+                    stats.statuses.get("lost", 0) == 0 and health["sessions"] == 0 and
+                    after["tasks"] <= samples[0]["tasks"])
     return result
 
 
@@ -367,9 +382,12 @@ def table(r: dict[str, Any]) -> str:
         ("RSS MB start/warm/peak/end/idle", "{start} / {warm} / {peak} / {end_of_load} / "
          "{idle_after}".format(**r["rss_mb"])),
         ("fds start/peak/idle", "{start} / {peak} / {idle_after}".format(**r["fds"])),
+        ("asyncio tasks start/peak/idle", "{start} / {peak} / {idle_after}".format(
+            **r["tasks"])),
         ("gateway sessions after", str(r["gateway"]["sessions_after"])),
         ("gateway errors", json.dumps(r["gateway"]["errors"])),
-        ("gateway exit code (SIGTERM)", str(r["gateway"]["exit_code"])),
+        ("gateway exit code (SIGTERM)", f"{r['gateway']['exit_code']} after "
+                                        f"{r['gateway']['stop_s']} s"),
         ("ok", str(r["ok"])),
     ]
     width = max(len(k) for k, _ in rows)

@@ -21,5 +21,6 @@ def test_a_short_soak_loses_nothing(tmp_path, capsys):
     assert result["seq_gaps"] == result["seq_repeats"] == result["violations"] == 0
     assert "failed" not in result["turns"] and "lost" not in result["turns"]
     assert result["fds"]["idle_after"] == result["fds"]["start"]  # every socket closed
+    assert result["tasks"]["idle_after"] == result["tasks"]["start"]  # and every task ended
     assert result["gateway"]["sessions_after"] == 0 and result["gateway"]["exit_code"] == 0
     assert "frames lost / duplicated" in capsys.readouterr().out

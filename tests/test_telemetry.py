@@ -199,3 +199,29 @@ def test_gc_pauses_books_each_collection_under_its_generation_until_stopped():
     gc.collect(2)
     assert pauses.histograms[2].count == counted
     assert pauses._callback not in gc.callbacks
+
+
+async def test_the_loop_tasks_figure_comes_back_to_idle_once_sessions_have_ended(
+        start_gateway):
+    """``/health`` → ``loop.tasks`` and ``gateway_loop_tasks``: what a task left behind by
+    each session would show (bench/soak.py watches it over thousands of sessions). Real
+    gateway, espeak, sessions that speak and then close or drop their socket."""
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import read_turn, send
+
+    gw = await start_gateway([{"transcript": "Hi?", "reply": "Hello there. How are you?"}],
+                             server={"resume_window_s": 0})
+    idle = gw.health()["loop"]["tasks"]
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    async with connect(url) as a, connect(url) as b:
+        for ws in (a, b):
+            await send(ws, type="say", text="A sentence to speak, then another one.")
+            await read_turn(ws)
+        during = gw.health()["loop"]["tasks"]
+        b.transport.abort()  # a drop: the session goes (no resume window)
+    await gw.wait_no_sessions()
+    await asyncio.sleep(0)  # the handlers' tasks return once their last step has run
+    assert during > idle
+    assert gw.health()["loop"]["tasks"] == idle
+    assert f"gateway_loop_tasks {float(idle)}" in gw.telemetry.exposition().decode()

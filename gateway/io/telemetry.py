@@ -286,8 +286,9 @@ class LoopLagMonitor:
             self.recent.add(now, lag)
 
     def health(self) -> dict[str, float]:
-        return {"lag_max_ms_1m": round(self.recent.max(asyncio.get_running_loop().time())
-                                       * 1000.0, 1)}
+        loop = asyncio.get_running_loop()
+        return {"lag_max_ms_1m": round(self.recent.max(loop.time()) * 1000.0, 1),
+                "tasks": len(asyncio.all_tasks(loop))}
 
     async def aclose(self) -> None:
         await cancel_and_wait(self._task)
@@ -544,6 +545,10 @@ class _StateCollector(Collector):
                                 value=sum(r.connection is None for r in gw.runners.values()))
         yield GaugeMetricFamily("gateway_connections", "Open voice sockets",
                                 value=len(gw.connections))
+        yield GaugeMetricFamily("gateway_loop_tasks", "Tasks alive on the event loop: back "
+                                "to its idle figure once sessions have ended (what a task "
+                                "left behind by each would show)",
+                                value=len(asyncio.all_tasks(asyncio.get_running_loop())))
         yield GaugeMetricFamily("gateway_llm_failing", "1 while the LLM fails turns (from a failed "
                                 "turn until three replies in a row came whole), else 0",
                                 value=float(gw.llm_failing is not None))
