@@ -14,7 +14,13 @@ which never become garbage. This bench measures what that buys, in the same run:
   than the 0.6B checkpoint's), ``--sessions`` voice sessions from a client process, each
   in a turn of a ``--sentences`` ``say`` (its segments queued on the lane, its audio paced
   out), then ``--collections`` forced full collections 100 ms apart;
-* printed: objects tracked, objects frozen, and the full collection's median / max time.
+* printed: objects tracked, objects frozen, and the full collection's median / max time
+  (and its median in CPU time: on a shared machine the wall time also counts the others);
+* ``--window S``: first, the collections the load brings by itself over S seconds
+  (``gc.callbacks``): how many full and young ones, the longest, all their time, RSS;
+* ``--young N ...``: one more freeze variant per generation-0 threshold N (Python's: 700);
+* ``--engine synthetic``: the capacity bench's zero-cost engine, so that 1,000-2,000
+  sessions fit on a small machine and only the gateway's own objects are walked.
 """
 
 from __future__ import annotations
@@ -59,6 +65,12 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 
 
 def _engine(name: str, tmp: Path):
+    if name == "synthetic":  # the capacity bench's: zero cost, only the gateway's objects
+        from engines.synthetic import SyntheticEngine
+
+        engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu")
+        engine.prerender()
+        return engine
     if name == "espeak":
         from engines.espeak import EspeakEngine
 
@@ -80,6 +92,16 @@ async def _measure(args: argparse.Namespace) -> dict:
                                  session={"max_lead_ms": 5000}), engine=engine)
         await gw.start()
         frozen = freeze_startup_heap() if args.freeze else 0
+        # explicit, whatever the gateway's default: each variant says its own
+        gc.set_threshold(args.young or 700, 10, 10)
+        pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        began = [0.0]
+
+        def timed(phase: str, info: dict) -> None:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            else:
+                pauses[info["generation"]].append((time.perf_counter() - began[0]) * 1000)
         client = await asyncio.create_subprocess_exec(
             sys.executable, "-c", CLIENT, f"ws://127.0.0.1:{gw.port}/v1/voice",
             str(args.sessions), str(args.sentences), stdout=subprocess.PIPE)
@@ -88,61 +110,109 @@ async def _measure(args: argparse.Namespace) -> dict:
             line = await asyncio.wait_for(client.stdout.readline(), 600)
             if line.strip() != b"SPEAKING":
                 raise SystemExit(f"the client's sessions did not start: {line!r}")
-            times = []
+            gc.callbacks.append(timed)
+            rss_speaking = _rss_mb()
+            await asyncio.sleep(args.window)  # the collections the load itself brings
+            gc.callbacks.remove(timed)
+            rss_window = _rss_mb()
+            times: list[float] = []
+            cpu: list[float] = []  # the same, in this thread's CPU: a busy machine's share
             for _ in range(args.collections):
                 await asyncio.sleep(0.1)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 gc.collect()
                 times.append((time.perf_counter() - t0) * 1000)
+                cpu.append((time.thread_time() - c0) * 1000)
             tracked = len(gc.get_objects())
             sessions = len(gw.runners)
         finally:
             client.kill()
             await client.wait()
             await gw.aclose()
-    return {"freeze": args.freeze, "engine": args.engine, "sessions": sessions,
-            "sentences": args.sentences,
-            "tracked": tracked, "frozen": frozen,
+    return {"freeze": args.freeze, "young": args.young or 700, "engine": args.engine,
+            "sessions": sessions, "sentences": args.sentences,
+            "tracked": tracked, "frozen": frozen, "window_s": args.window,
+            "full_gcs_in_window": len(pauses[2]),
+            "full_gc_ms_max_in_window": round(max(pauses[2], default=0.0), 1),
+            "gc_ms_total_in_window": round(sum(map(sum, pauses.values())), 1),
+            "young_gcs_in_window": len(pauses[0]) + len(pauses[1]),
+            "young_gc_ms_max_in_window": round(max(pauses[0] + pauses[1], default=0.0), 1),
+            "rss_mb_speaking": rss_speaking, "rss_mb_after_window": rss_window,
             "full_gc_ms_median": round(statistics.median(times), 1),
-            "full_gc_ms_max": round(max(times), 1)}
+            "full_gc_ms_max": round(max(times), 1),
+            "full_gc_cpu_ms_median": round(statistics.median(cpu), 1)}
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", choices=["qwen3", "espeak"], default="qwen3")
+    p.add_argument("--engine", choices=["qwen3", "espeak", "synthetic"], default="qwen3")
     p.add_argument("--sessions", type=int, default=200, help="the hub's max_sessions")
     p.add_argument("--sentences", type=int, default=2,
                    help="each session's turn (a typical reply: 1-2, calibration.json)")
     p.add_argument("--collections", type=int, default=15)
+    p.add_argument("--window", type=float, default=0.0,
+                   help="seconds to record the collections the load brings by itself "
+                        "(gc.callbacks) before forcing any; give the turns enough "
+                        "--sentences to speak all through it")
+    p.add_argument("--young", type=int, nargs="*", default=[],
+                   help="also run the freeze with each of these generation-0 thresholds "
+                        "(Python's default: 700)")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--one", choices=["freeze", "no-freeze"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:  # a variant, in its own process
         args.freeze = args.one == "freeze"
+        args.young = args.young[0] if args.young else None
         import uvloop
 
         print(json.dumps(uvloop.run(_measure(args))))
         return
     rows = []
-    for variant in ("no-freeze", "freeze"):
+    variants = [("no-freeze", []), ("freeze", [])]
+    variants += [("freeze", ["--young", str(n)]) for n in args.young]
+    for variant, extra in variants:
         out = subprocess.run([sys.executable, "-m", "bench.gc_pause", "--one", variant,
                               "--engine", args.engine, "--sessions", str(args.sessions),
                               "--sentences", str(args.sentences),
-                              "--collections", str(args.collections)],
+                              "--collections", str(args.collections),
+                              "--window", str(args.window), *extra],
                              cwd=ROOT, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{'variant':10} {'engine':7} {'sessions':>8} {'tracked':>8} {'frozen':>8} "
-          f"{'full GC median ms':>17} {'max ms':>7}")
+    print(f"{'variant':16} {'engine':9} {'sessions':>8} {'tracked':>8} {'frozen':>8} "
+          f"{'full GC median ms':>17} {'max ms':>7} {'CPU median ms':>13}")
     for r in rows:
-        print(f"{'freeze' if r['freeze'] else 'no freeze':10} {r['engine']:7} "
+        print(f"{_name(r):16} {r['engine']:9} "
               f"{r['sessions']:>8} {r['tracked']:>8} {r['frozen']:>8} "
-              f"{r['full_gc_ms_median']:>17} {r['full_gc_ms_max']:>7}")
-    base, new = rows
+              f"{r['full_gc_ms_median']:>17} {r['full_gc_ms_max']:>7} "
+              f"{r['full_gc_cpu_ms_median']:>13}")
+    base, new = rows[:2]
     print(f"full collection: {base['full_gc_ms_median']} → {new['full_gc_ms_median']} ms median "
           f"({base['full_gc_ms_median'] / max(new['full_gc_ms_median'], 0.05):.0f}× shorter)")
+    if args.window:
+        print(f"\nover {args.window:g} s of the load (no collection forced):")
+        print(f"{'variant':16} {'full GCs':>8} {'longest ms':>10} {'young GCs':>9} "
+              f"{'longest ms':>10} {'all GC ms':>9} {'RSS MB':>13}")
+        for r in rows:
+            print(f"{_name(r):16} {r['full_gcs_in_window']:>8} "
+                  f"{r['full_gc_ms_max_in_window']:>10} {r['young_gcs_in_window']:>9} "
+                  f"{r['young_gc_ms_max_in_window']:>10} {r['gc_ms_total_in_window']:>9} "
+                  f"{r['rss_mb_speaking']:>6}→{r['rss_mb_after_window']:<6}")
     if args.json:
         Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "rows": rows}, indent=1))
+
+
+def _name(row: dict) -> str:
+    if not row["freeze"]:
+        return "no freeze"
+    return "freeze" if row["young"] == 700 else f"freeze, young {row['young']}"
 
 
 if __name__ == "__main__":
