@@ -891,6 +891,18 @@ async def test_a_stalled_gateway_holds_the_resume_no_longer_than_its_window(stal
         await asyncio.wait_for(sockets[-1].wait_closed(), 10)  # and the socket let go
 
 
+async def first_sentence_ms(ws) -> float:
+    """Read the watch's audio up to the end of the turn's first sentence: its ms (the
+    watch's time is the gateway's for pcm16 at 16 kHz, same lengths)."""
+    heard_ms = 0.0
+    while True:
+        message = await ws.recv()
+        if isinstance(message, bytes):
+            heard_ms += (len(message) - HEADER.size) / 32
+            if HEADER.unpack_from(message)[1] & FLAG_SENTENCE_END:
+                return heard_ms
+
+
 async def test_the_barge_in_mark_lost_with_the_gateway_socket_is_sent_again(start_gateway):
     """The watch reports it played 'Two meetings.' whole, then cancels; the phone's uplink
     drops with both unread. The relay sent the cancel again after the resume, not the mark
@@ -906,13 +918,7 @@ async def test_the_barge_in_mark_lost_with_the_gateway_socket_is_sent_again(star
             await recv_event(ws, "session.created")
             await send(ws, type="transcript", text="What is on today?")
             started = await recv_event(ws, "turn.started")
-            heard_ms = 0.0  # the watch's time = the gateway's for pcm16 (same lengths)
-            while True:
-                message = await ws.recv()
-                if isinstance(message, bytes):
-                    heard_ms += (len(message) - HEADER.size) / 32
-                    if HEADER.unpack_from(message)[1] & FLAG_SENTENCE_END:
-                        break  # all of 'Two meetings.' is here
+            heard_ms = await first_sentence_ms(ws)  # all of 'Two meetings.'
             turn_id = started["turn_id"]
             await send(ws, type="playback", turn_id=turn_id, played_ms=heard_ms / 2)
             await send(ws, type="ping", id=1)
@@ -949,13 +955,7 @@ async def test_a_cancel_lost_as_its_turn_ended_is_sent_again(start_gateway):
             await recv_event(ws, "session.created")
             await send(ws, type="transcript", text="What is on today?")
             started = await recv_event(ws, "turn.started")
-            heard_ms = 0.0  # the watch's time = the gateway's for pcm16 (same lengths)
-            while True:
-                message = await ws.recv()
-                if isinstance(message, bytes):
-                    heard_ms += (len(message) - HEADER.size) / 32
-                    if HEADER.unpack_from(message)[1] & FLAG_SENTENCE_END:
-                        break  # all of 'Two meetings.' is here, the rest still to come
+            heard_ms = await first_sentence_ms(ws)  # 'Two meetings.', the rest to come
             (session,) = relay.sessions
             upstream = session.gateway
             (conn,) = gateway.connections
