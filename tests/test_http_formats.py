@@ -48,6 +48,9 @@ MS = 24  # samples per millisecond at 24 kHz
 CODECS = {"mp3": ("mp3", "mp3"), "opus": ("ogg", "opus"), "aac": ("aac", "aac"),
           "flac": ("flac", "flac")}
 """format → (FFmpeg's demuxer, codec) that must read it."""
+CODEC_NAMES = {av.codec.Codec(name, "r").id: name for name in ("mp3", "opus", "aac", "flac")}
+"""A decoder's codec by its FFmpeg name, whichever decoder reads it (FFmpeg's for MP3 is
+"mp3float"): ``Codec.canonical_name`` says it from PyAV 14.2 on, and av>=12 is allowed."""
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac",
                "flac": "audio/flac"}
 
@@ -93,7 +96,8 @@ def decode(data: bytes, demuxer: str | None = None) -> Decoded:
     samples = np.concatenate([p.reshape(-1) for p in planes]) if planes else np.zeros(0)
     if samples.dtype.kind == "f":
         samples = samples * 32768.0
-    return Decoded(name, ctx.codec.canonical_name, rate, input_rate, samples.astype(np.float64))
+    codec = CODEC_NAMES.get(ctx.codec.id, ctx.codec.name)
+    return Decoded(name, codec, rate, input_rate, samples.astype(np.float64))
 
 
 async def pcm_answer(client: openai.AsyncOpenAI, text: str) -> int:
