@@ -1462,6 +1462,23 @@ async def test_the_voice_port_says_it_closes_so_a_pooled_client_never_reuses_its
             assert response.status_code in (200, 404)
 
 
+async def test_a_chunk_not_ended_by_crlf_is_refused_not_read_past(gateway):
+    """A chunk's data must be followed by CRLF. h11 before 0.16 took any two bytes for it
+    (CVE-2025-43859): a proxy in front that reads the chunk's end otherwise sees a
+    different request boundary than the gateway, the way requests are smuggled past it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    body = b'{"input":"Hi."}'
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 + b"%x\r\n" % len(body) + body + b"XX0\r\n\r\n")
+    await writer.drain()
+    async with asyncio.timeout(10):
+        answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b'"invalid_http"' in answer
+
+
 async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog):
     # uvicorn said it as a WARNING (kept for what needs the operator) with no peer
     caplog.set_level(logging.INFO)
