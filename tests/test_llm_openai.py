@@ -188,6 +188,10 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         ([Status(404, b'{"error": "no such model"}')], "HTTP 404"),
         ([Status(200, b'{"choices": []}', "application/json")], "not an event stream"),
         ([Text("ok"), Raw(b"data: {not json\n\n"), Done()], "malformed JSON"),
+        # orjson before 3.9.15 had no depth limit: it recursed down 500,000 brackets until
+        # the stack ran out, and the whole gateway died of a segmentation fault
+        ([Text("ok"), Raw(b"data: " + b"[" * 500_000 + b"]" * 500_000 + b"\n\n")],
+         "malformed JSON"),
         ([Raw(b'data: {"error": {"message": "model crashed"}}\n\n')], "model crashed"),
         # vLLM's own error shape (some versions stream it unwrapped), then [DONE]: the cut
         # reply was taken as whole
@@ -212,7 +216,7 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         ([Raw(b'data: {"choices": [{"delta": {"content": [{"type": "text"}]}}]}\n\n')],
          "malformed LLM chunk (not text)"),
     ],
-    ids=["500", "404", "not-sse", "bad-json", "error-payload", "vllm-error-object",
+    ids=["500", "404", "not-sse", "bad-json", "deep-json", "error-payload", "vllm-error-object",
          "error-event-json", "error-event-text", "dropped", "no-finish",
          "finish-abort", "finish-error",
          "choice-not-object", "choices-not-list", "content-number", "content-parts"],
