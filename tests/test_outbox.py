@@ -126,3 +126,44 @@ def test_audio_counts_its_bytes_and_a_header_only_frame_is_a_frame():
     written(box, audio, closing)
     assert box.nbytes == len(audio) + len(closing)
     assert box.position_after_frame(1) == 2 and box.release_through(1) == 2
+
+
+def test_frames_put_in_with_extend_are_released_and_replayed_as_appended_ones():
+    """``extend`` keeps each frame's size as ``append`` does: a release drops exactly the
+    bytes of what went, and a resume's replay counts exactly its own bytes."""
+    size = len(frame(0))
+    for put in (lambda box, fs: [box.append(f) for f in fs], Outbox.extend):
+        box = Outbox(max_bytes=4 * size)
+        written(box, '{"type":"turn.started"}')
+        put(box, [frame(0), frame(1), frame(2)])
+        box.take()
+        assert box.release_through(0) == 2 and box.nbytes == 2 * size
+        assert box.rewind(box.position_after_frame(1)) == [frame(2)]
+        # the replay aside, four more frames fit: the bound holds exactly
+        assert all([box.append(frame(seq)) for seq in (3, 4, 5, 6)])
+        assert not box.append(frame(7))
+
+
+def test_a_replay_written_in_parts_counts_only_what_was_written():
+    """A writer that sends the replay a few messages at a time: the part of it not written
+    yet still does not count against ``max_bytes`` (protocol.md, Resume)."""
+    size = len(frame(0))
+    box = Outbox(max_bytes=4 * size)
+    written(box, frame(0), frame(1), frame(2), frame(3))
+    box.rewind(box.position_after_frame(0))  # frames 1, 2 and 3 again
+    assert box.take(1) == [frame(1)]  # 2 and 3 not written yet: they do not count
+    # written: 0 and 1 (trimmed to make room); unwritten and not replayed: the new ones
+    assert all([box.append(frame(seq)) for seq in (4, 5, 6, 7)])
+    assert box.start == 2
+    assert not box.append(frame(8))  # five new frames unread: past the bound
+
+
+def test_a_client_that_proved_it_has_everything_resumes_with_nothing_to_replay():
+    """Marks covered every frame (all released), then the socket dropped between turns:
+    a resume after the last frame is at the end, not refused."""
+    box = Outbox()
+    written(box, '{"type":"turn.started"}', frame(0), frame(1))
+    assert box.release_through(1) == 3 and box.nbytes == 0
+    assert box.position_after_frame(1) == box.end == 3
+    assert box.rewind(3) == [] and box.take() == []
+    assert box.position_after_frame(0) is None  # older than what it proved it has
