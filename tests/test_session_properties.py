@@ -51,6 +51,8 @@ class TurnLog:
     sentence_done: list[int] = field(default_factory=list)
     current_sentence: int | None = None
     synth: set[int] = field(default_factory=set)
+    made: set[int] = field(default_factory=set)
+    """segments whose synthesis this machine said done"""
     sent_ms: float = 0.0
 
 
@@ -208,6 +210,18 @@ class SessionMachine(RuleBasedStateMachine):
         finally:
             self.mark = None
 
+    @precondition(lambda self: self.session.turn is not None)
+    @rule(share=st.floats(0, 1), advance=st.floats(0, 500))
+    def playback_of_the_latest_turn(self, share, advance):
+        """A client playing the latest turn, marking a share of what it was sent."""
+        tid = self.session.turn.id
+        played = share * self.turns[tid].sent_ms
+        self.mark = (tid, played)
+        try:
+            self.check(self.session.receive(ClientPlayback(tid, played), self.now(advance)))
+        finally:
+            self.mark = None
+
     @rule(frame_ms=st.sampled_from(FRAME_MS_CHOICES), lead=st.integers(100, 2000),
           voice=st.sampled_from(["a", "b", "nope"]))
     def session_update(self, frame_ms, lead, voice):
@@ -250,7 +264,31 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def synthesis_done(self, data):
         tid = self.pick_turn(data)
-        self.check(self.session.synthesis_done(tid, self.pick_index(data, tid), self.now()))
+        index = self.pick_index(data, tid)
+        self.check(self.session.synthesis_done(tid, index, self.now()))
+        if tid in self.turns:
+            self.turns[tid].made.add(index)
+
+    def synthesizing(self) -> tuple[int, int] | None:
+        """(turn, segment) the lane works on: the current turn's first one asked and not
+        done yet."""
+        turn = self.session.turn
+        log = self.turns.get(turn.id) if turn is not None and not turn.ended else None
+        left = sorted(log.synth - log.made) if log is not None else []
+        return (turn.id, left[0]) if left else None
+
+    @precondition(lambda self: self.synthesizing() is not None)
+    @rule(samples=st.integers(0, 6000), done=st.booleans(), advance=st.floats(0, 100))
+    def audio_in_order(self, samples, done, advance):
+        """The lane's audio for the segment it works on, in order: the rules above pick a
+        turn and a segment at random, and without this one a turn seldom got far enough
+        to send frames (36 frame effects in 150 runs, no ``Received``, no closing frame)."""
+        tid, index = self.synthesizing()
+        now = self.now(advance)
+        self.check(self.session.audio(tid, index, b"\x01\x00" * samples, "x", now))
+        if done:
+            self.check(self.session.synthesis_done(tid, index, now))
+            self.turns[tid].made.add(index)
 
     @rule(data=st.data())
     def synthesis_failed(self, data):
