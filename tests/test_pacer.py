@@ -278,3 +278,115 @@ def test_the_timeline_keeps_a_bounded_history():
     pacer.mark(400, 100.0)  # from before the runs kept: taken as it says
     assert pacer.link_lag is None
     assert pacer.play_end == pytest.approx(100.0 + (40_000 - 400) / 1000)
+
+
+def test_audio_sent_while_the_client_still_plays_continues_its_timeline():
+    """The timeline without marks restarts only at a send after it ran dry: a second
+    sentence sent while the first still plays is played after it, not from its send. A
+    mark on a link with no delay then measures no round trip (measured from the second
+    send, it took 400 ms of that sentence for link, and the client's buffer for as much)."""
+    pacer = Pacer(max_lead_ms=2000)
+    pacer.sent(500, 0.0)
+    pacer.sent(500, 0.1)  # queued behind the first: played from 0.5 on
+    pacer.mark(700, 0.7)  # fresh: the link takes no time
+    assert pacer.link_lag == pytest.approx(0.0)
+    assert pacer.play_end == pytest.approx(1.0)
+    assert pacer.marks_end == pytest.approx(1.0)
+
+
+def test_a_mark_beyond_the_audio_sent_counts_as_all_of_it():
+    """protocol.md (playback): a ``played_ms`` beyond the audio sent counts as all of it;
+    it must not hold back the marks that follow, as a mark above them would."""
+    pacer = Pacer(max_lead_ms=2000)
+    pacer.sent(1000, 0.0)
+    pacer.mark(5000, 1.0)  # all of it, on a link with no delay
+    assert pacer.played_ms == 1000 and pacer.play_end == pytest.approx(1.0)
+    pacer.sent(1000, 1.0)
+    pacer.mark(1200, 1.5)  # 200 ms of the next second played in 500: it stalled 300
+    assert pacer.play_end == pytest.approx(2.3)
+    assert pacer.lead_ms(1.5) == pytest.approx(800)
+
+
+def test_the_marks_end_is_the_play_end_one_link_lag_later():
+    """``marks_end``: when the client's marks will say it played everything sent."""
+    pacer = Pacer(max_lead_ms=1000)
+    assert pacer.marks_end is None  # nothing sent
+    pacer.sent(1000, 0.0)
+    assert pacer.marks_end == pytest.approx(1.0)  # no mark yet: no lag known
+    pacer.mark(100, 0.6)  # 250 ms each way
+    assert pacer.marks_end == pytest.approx(pacer.play_end + 0.5) == pytest.approx(1.5)
+    ahead = Pacer(max_lead_ms=1000)
+    ahead.sent(1000, 0.0)
+    ahead.mark(600, 0.5)  # ahead of the timeline: no lag to add, and none taken off
+    assert ahead.marks_end == pytest.approx(ahead.play_end) == pytest.approx(0.9)
+
+
+def test_a_resume_continues_the_timeline_of_a_client_that_still_had_audio():
+    """``resumed``: the listener plays what it had, then the replay. Still playing when
+    the replay comes, it plays the replay right after, not from its send: a mark on a link
+    with no delay then measures none. (Clock origin at 1,000 s: any monotonic origin.)"""
+    t = 1000.0
+    pacer = Pacer(max_lead_ms=2000)
+    pacer.sent(1000, t)
+    pacer.resumed(300, t + 0.5)  # it got 700, played 500: 200 left, then the replay
+    assert pacer.play_end == pytest.approx(t + 1.0)
+    pacer.mark(800, t + 0.8)
+    assert pacer.link_lag == pytest.approx(0.0)
+    assert pacer.play_end == pytest.approx(t + 1.0)
+    before = Pacer(max_lead_ms=2000)  # a first mark on audio from before the replay
+    before.sent(1000, t)
+    before.resumed(300, t + 0.5)
+    before.mark(600, t + 0.6)
+    assert before.link_lag == pytest.approx(0.0)
+
+
+def test_a_replay_after_the_client_ran_dry_plays_from_its_send():
+    pacer = Pacer(max_lead_ms=2000)
+    pacer.sent(1000, 0.0)
+    pacer.resumed(300, 0.8)  # it got 700 and played them all by 0.7: the replay from 0.8
+    assert pacer.play_end == pytest.approx(1.1)
+    pacer.mark(800, 0.9)  # no delay on the new link
+    assert pacer.link_lag == pytest.approx(0.0)
+    assert pacer.play_end == pytest.approx(1.1)
+    # a sentence that started after a dry spell, replayed whole: it plays from the replay
+    again = Pacer(max_lead_ms=2000)
+    again.sent(500, 0.0)
+    again.sent(500, 1.0)  # played from 1.0: the client ran dry at 0.5
+    again.resumed(700, 1.2)  # it got only the first 300 ms
+    again.mark(400, 1.3)
+    assert again.link_lag == pytest.approx(0.0)
+    assert again.play_end == pytest.approx(1.9)
+
+
+def test_a_resume_before_any_audio_has_no_timeline():
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.resumed(0, 1.0)
+    assert pacer.play_end is None and pacer.clock_end is None and pacer.wake_at() is None
+
+
+def test_a_run_after_a_dry_spell_plays_from_its_send_whatever_the_mark_says():
+    """A mark in the first run, arriving after audio sent once the client ran dry: that
+    audio plays from its send, not right after the first run."""
+    pacer = Pacer(max_lead_ms=2000)
+    pacer.sent(500, 0.0)  # 250 ms each way: played 0.25 to 0.75
+    pacer.sent(500, 0.6)  # the timeline ran dry at 0.5: this plays from 0.6 on
+    pacer.mark(250, 0.75)  # played at 0.5, arrives at 0.75
+    assert pacer.link_lag == pytest.approx(0.5)
+    assert pacer.play_end == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize(("resume_at", "send_at", "plays_at"), [
+    (0.5, 0.9, 1.1),  # it still had audio: the replay ends at 1.0, the next sentence after
+    (0.5, 1.05, 1.15),  # the next sentence comes after the replay ran out: from its send
+    (0.8, 1.05, 1.2),  # it ran dry before the replay (0.8 to 1.1): the next one after it
+])
+def test_audio_after_a_replay_plays_on_the_replays_timeline(resume_at, send_at, plays_at):
+    """A link with no delay: the first mark after the resume, taken as the timeline plays
+    it, measures no round trip (clock origin at 1,000 s)."""
+    t = 1000.0
+    pacer = Pacer(max_lead_ms=2000)
+    pacer.sent(1000, t)
+    pacer.resumed(300, t + resume_at)  # it got 700 of the 1000
+    pacer.sent(200, t + send_at)
+    pacer.mark(1100, t + plays_at)
+    assert pacer.link_lag == pytest.approx(0.0, abs=1e-9)
