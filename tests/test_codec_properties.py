@@ -565,6 +565,45 @@ def test_a_setting_out_of_range_or_unknown_is_an_invalid_field_naming_it(raw, na
         assert name in info.value.message
 
 
+def documented_ranges() -> dict[str, tuple[int, int]]:
+    """The ranges of protocol.md's "Session settings" (`name` lo–hi), read, not copied."""
+    section = PROTOCOL_MD.read_text().split("Session settings", 1)[1].split("### Server", 1)[0]
+    number = r"(\d+(?:,\d{3})*)"
+    return {name: (int(lo.replace(",", "")), int(hi.replace(",", ""))) for name, lo, hi in
+            re.findall(rf"`(\w+)`(?: \|)? (?:integer )?{number}–{number}", section)}
+
+
+RANGES = documented_ranges()
+GROUPS = {"temperature": "llm", "max_tokens": "llm", "first_min_words": "segmenter",
+          "first_phrase_words": "segmenter", "min_chars": "segmenter",
+          "max_chars": "segmenter", "quote_max_chars": "segmenter"}
+
+
+def test_the_documented_ranges_were_found():
+    assert set(RANGES) == {*GROUPS, "max_lead_ms"}
+    assert RANGES["max_tokens"] == (1, 32_768) and RANGES["max_lead_ms"] == (100, 30_000)
+
+
+@pytest.mark.parametrize("name", sorted(RANGES))
+def test_a_setting_takes_its_documented_range_and_nothing_past_it(name):
+    """Both ends of each range protocol.md gives apply, and one step past either is an
+    ``invalid_field`` (the codec's, or the session's for ``max_lead_ms``)."""
+    lo, hi = RANGES[name]
+    step = 0.01 if name == "temperature" else 1
+
+    def outcome(value) -> str:
+        setting = {name: value} if name not in GROUPS else {GROUPS[name]: {name: value}}
+        try:
+            message = decode_client(json.dumps({"type": "session.update", "session": setting}))
+        except ProtocolError as error:
+            return error.code
+        (effect,) = Session("s").receive(message, 0.0)
+        return effect.event["error"]["code"] if effect.event["type"] == "error" else "ok"
+
+    assert [outcome(v) for v in (lo, hi, lo - step, hi + step)] == \
+        ["ok", "ok", "invalid_field", "invalid_field"]
+
+
 def test_max_lead_ms_beyond_30_000_is_left_to_the_session_up_to_2_53():
     # a server's own default may be larger (Session checks); the codec only refuses what
     # no int of a double could be
