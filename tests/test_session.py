@@ -1043,3 +1043,30 @@ def test_a_turn_closed_by_a_silent_last_sentence_ends_with_an_empty_frame_after_
             order += [("frame", (f.sentence, f.flags, len(f.pcm))) for f in frames([e])]
     assert order[-5:] == [("frame", (0, 1, 1920)), ("sentence.done", 0), ("sentence.done", 1),
                           ("frame", (1, 3, 0)), ("turn.done", None)]
+
+
+@pytest.mark.parametrize("barge_in", [False, True])
+def test_a_say_is_not_added_to_the_history(clock, barge_in):
+    """protocol.md: a ``say`` is "not added to the LLM history", whether it played to
+    the end or was cut by the next turn (a barge-in after the end must not rewrite the
+    reply before it either)."""
+    s = Session("s")
+    tid = start(s, clock, "hello")
+    s.llm_delta(tid, "Hi there.", clock())
+    s.llm_done(tid, None, clock())
+    s.audio(tid, 0, pcm(400), "x", clock())
+    s.synthesis_done(tid, 0, clock())
+    s.tick(clock.advance(1000))
+    assert s.turn.ended
+    say = s.receive(ClientSay("Hello there, this is one sentence."), clock.advance(1000))
+    (started,) = events(say, "turn.started")
+    s.audio(started["turn_id"], 0, pcm(1000), "x", clock())
+    s.synthesis_done(started["turn_id"], 0, clock())
+    s.tick(clock())
+    assert s.turn.ended
+    if barge_in:  # it still plays: the client marks 200 ms and asks something
+        s.receive(ClientPlayback(started["turn_id"], 200), clock.advance(200))
+    effects = s.receive(ClientTranscript("and now"), clock())
+    (llm,) = [e for e in effects if isinstance(e, StartLlm)]
+    assert [m["content"] for m in llm.request.messages[1:]] == ["hello", "Hi there.",
+                                                               "and now"]
