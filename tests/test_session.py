@@ -741,6 +741,16 @@ def test_a_history_of_no_turns_keeps_none(clock):
     s.receive(ClientTranscript("and now?"), clock())
     assert events(s.receive(ClientCancel(None), clock()), "turn.done")
     assert s.history == []
+    # a barge-in after a reply ended, while it still plays: nothing to cut either
+    tid = start(s, clock, "one more")
+    s.llm_delta(tid, "A reply that plays on.", clock())
+    s.llm_done(tid, None, clock())
+    s.audio(tid, 0, pcm(800), "x", clock())
+    s.synthesis_done(tid, 0, clock())
+    s.tick(clock())
+    assert s.turn.ended
+    s.receive(ClientPlayback(tid, 200), clock.advance(200))
+    assert s.receive(ClientCancel(None), clock()) == [] and s.history == []
 
 
 def test_deadline_counts_audio_held_back_by_pacing(clock):
