@@ -303,10 +303,12 @@ def test_playback_marks_decide_what_history_keeps(clock):
     assert s.history[1]["content"] == "One two three four. Five six …"
 
 
-def sent_ahead(clock) -> tuple[Session, int]:
+def sent_ahead(clock, earlier: bool = False) -> tuple[Session, int]:
     """A reply of two 1 s sentences, both synthesized; paced out to 0.9 s in, when 1.8 s of
-    it has been sent (max_lead_ms 1000)."""
+    it has been sent (max_lead_ms 1000). ``earlier``: after a turn with an empty reply."""
     s = Session("s")
+    if earlier:
+        s.llm_done(start(s, clock, "before"), None, clock())
     tid = start(s, clock)
     s.llm_delta(tid, "One two three four five. Six seven eight nine ten. ", clock())
     s.llm_done(tid, None, clock())
@@ -321,21 +323,25 @@ def sent_ahead(clock) -> tuple[Session, int]:
     return s, tid
 
 
+@pytest.mark.parametrize("earlier", [False, True])
 @pytest.mark.parametrize("barge_in", ["transcript", "cancel"])
-def test_a_barge_in_after_the_last_frame_went_out_keeps_what_was_heard(clock, barge_in):
+def test_a_barge_in_after_the_last_frame_went_out_keeps_what_was_heard(clock, barge_in,
+                                                                       earlier):
     """The mark a client sends on barge-in (protocol.md) let the last frames out, so the
     turn ended completed, up to max_lead_ms before it had played; the barge-in then found
-    no turn, and the history kept the whole reply, half of it never heard (core review)."""
-    s, tid = sent_ahead(clock)
+    no turn, and the history kept the whole reply, half of it never heard (core review).
+    Only that reply is cut, not one before it (``earlier``)."""
+    s, tid = sent_ahead(clock, earlier)
     clock.t += 0.1  # 1.0 s in: the first sentence heard, the second not started
     done = events(s.receive(ClientPlayback(tid, 1000.0), clock()), "turn.done")
     assert [d["status"] for d in done] == ["completed"]
-    assert s.history[1]["content"] == "One two three four five. Six seven eight nine ten."
+    assert s.history[-1]["content"] == "One two three four five. Six seven eight nine ten."
     if barge_in == "transcript":
         s.receive(ClientTranscript("stop, something else"), clock())
     else:
         assert s.receive(ClientCancel(tid), clock()) == []  # the turn is over: no event
-    assert s.history[1]["content"] == "One two three four five. …"
+    assert [m["content"] for m in s.history if m["role"] == "assistant"] == \
+        ["…"] * earlier + ["One two three four five. …"]
 
 
 def test_a_failed_turn_keeps_what_it_sent_and_a_later_barge_in_cuts_it(clock):
