@@ -416,10 +416,7 @@ class Session:
             return self.protocol_error(ProtocolError(
                 "invalid_field", f"field 'max_lead_ms' must be between "
                 f"{codec.MAX_LEAD_MS_RANGE[0]} and {most}"), now)
-        try:
-            self.settings = self.settings.updated(changes, self.defaults)
-        except (TypeError, ValueError) as exc:  # a segmenter config it rejects
-            return self.protocol_error(ProtocolError("invalid_field", str(exc)), now)
+        self.settings = self.settings.updated(changes, self.defaults)
         return [SendEvent({"type": "session.updated", "session": self.settings.to_event()})]
 
     @property
