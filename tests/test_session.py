@@ -1086,3 +1086,21 @@ def test_a_say_is_not_added_to_the_history(clock, barge_in):
     (llm,) = [e for e in effects if isinstance(e, StartLlm)]
     assert [m["content"] for m in llm.request.messages[1:]] == ["hello", "Hi there.",
                                                                "and now"]
+
+
+def test_a_sentence_cut_while_its_audio_is_held_back_is_cut_in_proportion_to_all_of_it(clock):
+    """protocol.md (History): the sentence that was playing is cut by words in proportion
+    to its audio, all of it, the part pacing still holds back included: 500 ms heard of a
+    2 s sentence keeps its first quarter."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000))
+    tid = start(s, clock)
+    s.llm_delta(tid, "One two three four five six seven eight.", clock())
+    s.llm_done(tid, None, clock())
+    s.audio(tid, 0, pcm(2000), "x", clock())
+    s.synthesis_done(tid, 0, clock())
+    s.tick(clock())
+    assert s.turn.pacer.sent_ms == 1000  # a second held back by pacing
+    s.receive(ClientPlayback(tid, 500.0), clock.advance(500))
+    assert 0 < s.turn.pacer.sent_ms < 2000  # some of it still held back
+    s.receive(ClientCancel(tid), clock())
+    assert s.history[1]["content"] == "One two …"
