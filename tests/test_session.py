@@ -1104,3 +1104,21 @@ def test_a_sentence_cut_while_its_audio_is_held_back_is_cut_in_proportion_to_all
     assert 0 < s.turn.pacer.sent_ms < 2000  # some of it still held back
     s.receive(ClientCancel(tid), clock())
     assert s.history[1]["content"] == "One two …"
+
+
+def test_a_sentence_cut_while_it_is_still_synthesized_is_cut_by_its_estimated_length(clock):
+    """protocol.md (History): while the sentence that was playing is still being
+    synthesized, its length is estimated from its text, not taken as the audio made so
+    far: 500 ms heard of 1 s made of a 40-character sentence (about 2.6 s) keeps less than
+    its first half."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000))
+    tid = start(s, clock)
+    text = "One two three four five six seven eight."
+    s.llm_delta(tid, text, clock())
+    s.llm_done(tid, None, clock())
+    s.audio(tid, 0, pcm(1000), "x", clock())  # more to come
+    s.tick(clock())
+    s.receive(ClientPlayback(tid, 500.0), clock.advance(500))
+    s.receive(ClientCancel(tid), clock())
+    # 8 words heard to 500 of about 2,600 ms: one whole word (half the audio made: four)
+    assert s.history[1]["content"] == "One …"
