@@ -585,3 +585,18 @@ def test_a_lane_that_never_drains_holds_neither_dead_entries_nor_their_jobs() ->
         assert sum(map(len, (*sched._heaps, *sched._comfortable, *sched._waiting))) <= 66
     finally:
         gc.enable()
+
+
+def test_head_is_an_owners_first_job_running_or_not_and_none_once_it_has_none() -> None:
+    """``head``: what a lane that turned unhealthy looks at to fail an owner's queued jobs
+    one by one (rule 1: the first is the one that runs)."""
+    sched, jobs = make([("a", IA, 0.0), ("a", IA, 0.0), ("b", B, 0.0)])
+    assert sched.head("a") is jobs["a"] and sched.head("b") is jobs["b"]
+    assert sched.head("nobody") is None
+    first = sched.next_job(0.0)
+    assert first is jobs["a"] and sched.head("a") is first  # running: still its head
+    sched.finish(first)
+    second = sched.head("a")
+    assert second is not None and second is not first and second.payload == "a1"
+    sched.finish(second)
+    assert sched.head("a") is None
