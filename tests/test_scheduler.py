@@ -281,6 +281,10 @@ def test_a_held_owner_is_no_candidate_until_its_step_returns() -> None:
     sched.release(other)  # a step that did not finish its job: it is a candidate again
     assert sched.cancel("a") == [second]
     assert sched.next_job(0.0) is other
+    sched.hold(other)
+    assert sched.cancel("b") == [other]  # cancelled while its step runs
+    sched.release(other)  # the step returns for an owner with nothing left
+    assert sched.next_job(0.0) is None and len(sched) == 0
 
 
 def test_finish_then_resubmit_same_owner() -> None:
