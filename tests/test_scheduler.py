@@ -604,3 +604,19 @@ def test_head_is_an_owners_first_job_running_or_not_and_none_once_it_has_none() 
     assert second is not None and second is not first and second.payload == "a1"
     sched.finish(second)
     assert sched.head("a") is None
+
+
+def test_a_released_owner_is_held_no_more() -> None:
+    """Rule 5: ``release`` ends the hold; the owner's later steps, run one at a time, hand
+    its next job on at ``finish`` as any owner's do."""
+    sched, _ = make([("a", IA, 0.0)] * 3)
+    first = sched.next_job(0.0)
+    assert first is not None
+    sched.hold(first)
+    sched.finish(first)
+    sched.release(first)
+    second = sched.next_job(0.0)
+    assert second is not None and second.payload == "a1"
+    sched.finish(second)  # no hold this time: the next job is a candidate at once
+    third = sched.next_job(0.0)
+    assert third is not None and third.payload == "a2"
