@@ -125,8 +125,7 @@ class HttpTtsEngine:
         with self._sockets_lock:
             sockets = list(self._sockets)
         for sock in sockets:
-            with contextlib.suppress(OSError):  # (closed already)
-                sock.shutdown(socket.SHUT_RDWR)
+            _cut(sock)
 
     def _note_socket(self, sock: socket.socket) -> None:
         """A stream opened a new connection on ``sock`` (``interrupt`` cuts it)."""
@@ -245,9 +244,7 @@ class HttpTtsStream:
         job was cancelled. Safe from any thread."""
         self._interrupted = True
         with self._socket_lock:
-            if self._socket is not None:
-                with contextlib.suppress(OSError):  # (closed already)
-                    self._socket.shutdown(socket.SHUT_RDWR)
+            _cut(self._socket)
 
     def _late_error(self) -> EngineError:
         return EngineError("engine_timeout", f"TTS server {self._shown_url}: no audio within "
@@ -260,9 +257,7 @@ class HttpTtsStream:
             if self._audio_came or self._done:
                 return
             self._late = True
-            if self._socket is not None:
-                with contextlib.suppress(OSError):  # (closed already)
-                    self._socket.shutdown(socket.SHUT_RDWR)
+            _cut(self._socket)
 
     def close(self) -> None:
         self._done = True
@@ -286,8 +281,7 @@ class HttpTtsStream:
                     self._socket = sock
                     interrupted = self._interrupted or self._late
                 if interrupted:  # (interrupted, or late, while it connected)
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
+                    _cut(sock)
         elif event == "http11.response_closed.started":
             with self._socket_lock:
                 self._socket = None
@@ -372,3 +366,11 @@ def _pcm_of(pieces: Iterator[bytes]) -> Iterator[bytes]:
     if head:
         yield head
     yield from pieces
+
+
+def _cut(sock: socket.socket | None) -> None:
+    """End both directions of ``sock``'s connection (if any): a call blocked reading it on
+    another thread returns now (``interrupt``). Closed already: nothing to do."""
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
