@@ -615,9 +615,7 @@ class VoiceConnection:
     async def run(self) -> None:
         """Serve the socket until the client leaves or the server shuts down."""
         runner = self.gateway.new_runner()
-        peer = self.ws.remote_address
-        log.info("session %s opened by %s", runner.session.id,
-                 f"{peer[0]}:{peer[1]}" if peer else "?")
+        log.info("session %s opened by %s", runner.session.id, _peer(self.ws))
         self._use(runner, 0)
         runner._apply(runner.session.open(resume_token=runner.resume_token,
                                           resume_window_s=runner.resume_window_s,
