@@ -137,6 +137,9 @@ class Gateway:
                                     config.server.origins, tls=bool(config.server.tls_cert))
         """The ``Host`` names both ports answer besides IP addresses and localhost (None:
         any; ``gateway.io.auth.host_allowed``)."""
+        models = config.llm.models
+        self.llm_models = None if "*" in models else tuple(models)
+        """The LLM models a session may ask for besides ``[llm] model`` (None: any)."""
         t = config.tts
         self.engine = engine or create_voice(t.engine, t.engine_options(), t.fallback,
                                              t.fallback_options, t.fallback_policy,
@@ -665,8 +668,7 @@ class Gateway:
                        limits=SessionLimits(history_turns=d.history_turns,
                                             max_reply_chars=d.max_reply_chars),
                        voices=self.voices or None,
-                       llm_models=None if "*" in self.config.llm.models
-                       else self.config.llm.models,
+                       llm_models=self.llm_models,
                        reads_digits=all(getattr(e, "reads_digits", True) for e in self.engines))
 
     async def _handle(self, websocket: ServerConnection) -> None:
