@@ -184,7 +184,7 @@ async def test_with_an_origin_allowlist_only_those_origins_get_cors():
         await gw.aclose()
     assert allowed.headers["access-control-allow-origin"] == "http://hub.local:3000"
     assert "access-control-allow-origin" not in other.headers
-    assert other.status_code == simple.status_code == two.status_code == 403  # (both ports' rule)
+    assert other.status_code == simple.status_code == two.status_code == 403  # (as the WS upgrade)
     assert simple.json()["error"]["code"] == "forbidden_origin"
     assert no_origin.status_code == 200  # not a browser: let in, as on the voice socket
     # as http-api.md says: the CORS layer's own refusal, which the browser obeys
@@ -204,8 +204,16 @@ async def test_without_tokens_a_page_of_another_site_cannot_call_the_api():
                                               "Content-Type": "text/plain"})
             models = await http.get("/v1/models", headers={"Origin": "http://evil.example"})
             no_origin = await http.post("/v1/audio/speech", json={"input": "Hi."})
+            health = await http.get("/health", headers={"Origin": "http://evil.example"})
+            # the voice port's plain GETs answer any Origin, with no CORS header to read them
+            voice_port = await http.get(f"http://127.0.0.1:{gw.port}/v1/models",
+                                        headers={"Origin": "http://evil.example"})
     finally:
         await gw.aclose()
+    assert health.status_code == 200  # open on purpose, as to a client without a token
+    assert "access-control-allow-origin" not in health.headers
+    assert voice_port.status_code == 200
+    assert "access-control-allow-origin" not in voice_port.headers
     assert simple.status_code == models.status_code == 403
     assert simple.json()["error"]["code"] == "forbidden_origin"
     assert "access-control-allow-origin" not in models.headers
