@@ -329,6 +329,10 @@ def test_the_open_files_limit_is_raised_to_the_hard_one():
 @pytest.mark.parametrize(("llm", "warning"), [
     ({"model": "gemma"}, "llm.model ignored: the replay backend does not use it (it needs "
                          "llm.url, --llm-url)"),
+    # (a temperature set for the scripted replies changed nothing, without a word)
+    ({"temperature": 0.2, "stall_timeout_s": 5.0}, "llm.temperature, llm.stall_timeout_s "
+     "ignored: the replay backend does not use them (it needs llm.url, --llm-url)"),
+    ({"max_tokens": 50}, None),  # (the replay backend cuts its reply there)
     ({"url": "http://127.0.0.1:9/v1", "replies": "r.jsonl", "tokens_per_s": 10.0},
      "llm.replies, llm.tokens_per_s ignored: the openai backend does not use them"),
     ({"url": "http://127.0.0.1:9/v1", "model": "gemma"}, None),

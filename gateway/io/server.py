@@ -121,7 +121,8 @@ LLM_RECOVERED_AFTER = 3
 """Whole replies in a row that end an LLM's failing spell (``Gateway.llm_answered``)."""
 
 
-_LLM_UNUSED = {"replay": ("model", "api_key", "thinking", "chat_template_kwargs"),
+_LLM_UNUSED = {"replay": ("model", "api_key", "temperature", "stall_timeout_s", "thinking",
+                          "chat_template_kwargs"),
                "openai": ("replies", "tokens_per_s")}
 """The [llm] settings each backend has no use for: one set for the other is said."""
 _LLM_DEFAULTS = LlmConfig()
