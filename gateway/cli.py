@@ -60,9 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                    "http://hub.local:3000 (repeatable; '*': any). Default: any with tokens; "
                    "without, only the gateway's own console")
     s.add_argument("--allowed-host", action="append", help="without tokens, a Host name "
-                   "both ports answer besides IP addresses, localhost and --origin's names, "
-                   "e.g. hub.local (repeatable; '*': any). Another name could be a site's "
-                   "pointed at this machine (DNS rebinding)")
+                   "both ports answer besides IP addresses, localhost (and *.localhost) and "
+                   "--origin's names, e.g. hub.local (repeatable; '*': any). Another name "
+                   "could be a site's pointed at this machine (DNS rebinding)")
     s.add_argument("--tls-cert", help="serve wss:// (and https:// on the HTTP port) with this "
                    "certificate (PEM)")
     s.add_argument("--tls-key", help="private key for --tls-cert")

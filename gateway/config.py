@@ -85,8 +85,9 @@ class ServerConfig:
     ``Origin`` pass."""
     allowed_hosts: tuple[str, ...] = ()
     """Without tokens, the ``Host`` names both ports answer besides IP addresses,
-    ``localhost`` and the names of ``origins`` (``"*"``: any): another name could be an
-    attacker's pointed at this machine (DNS rebinding; ``gateway.io.auth.host_allowed``)."""
+    ``localhost`` (and names under it) and the names of ``origins`` (``"*"``: any):
+    another name could be an attacker's pointed at this machine (DNS rebinding;
+    ``gateway.io.auth.host_allowed``)."""
     tls_cert: str | None = None
     tls_key: str | None = None
     turns_per_minute: int = 60

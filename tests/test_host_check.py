@@ -92,6 +92,31 @@ async def test_names_the_operator_allows_are_answered(start):
         assert (await recv_event(ws))["type"] == "session.created"
 
 
+async def test_a_name_under_localhost_is_answered_like_localhost(start):
+    """RFC 6761: a name under localhost means the loopback, and browsers resolve it so
+    without asking DNS (a page at http://hub.localhost is a secure context, as one at
+    localhost): no DNS answer steers it, and it was refused 403 on both ports."""
+    gw = await start()
+    async with httpx.AsyncClient() as http:
+        for port in (gw.port, gw.http_port):
+            answer = await http.get(f"http://127.0.0.1:{port}/v1/models",
+                                    headers={"Host": f"hub.localhost:{port}"})
+            assert answer.status_code == 200, answer.text
+    # its console's socket carries its own Origin, let in as localhost's is; another
+    # name's Origin is not its own, as http://localhost is not 127.0.0.1's
+    own = f"http://hub.localhost:{gw.port}"
+    async with connect(f"ws://hub.localhost:{gw.port}/v1/voice", host="127.0.0.1",
+                       origin=own) as ws:
+        assert (await recv_event(ws))["type"] == "session.created"
+    for host, origin in ((f"hub.localhost:{gw.port}", f"http://other.localhost:{gw.port}"),
+                         (f"localhost:{gw.port}", own)):
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(f"ws://{host}/v1/voice", host="127.0.0.1", origin=origin):
+                pass
+        assert b"forbidden_origin" in refused.value.response.body
+    assert gw.metrics.errors["forbidden_host"] == 0
+
+
 @pytest.mark.parametrize("server", [{"tokens": ("s3cret",)}, {"allowed_hosts": ("*",)},
                                     {"origins": ("*",)}])
 async def test_tokens_or_a_star_let_any_name_in(start, server):
@@ -107,7 +132,8 @@ async def test_tokens_or_a_star_let_any_name_in(start, server):
     ("127.0.0.1", True), ("127.0.0.1:8780", True), ("[::1]:8780", True), ("[::1]", True),
     ("localhost", True), ("localhost:1", True), ("LOCALHOST.", True), ("", True),
     ("192.168.1.20:8780", True), ("hub.local", False), ("localhost.evil.example", False),
-    ("evil.localhost", False), ("127.0.0.1.evil.example", False), ("[::1", False),
+    ("evil.localhost", True), ("Hub.LocalHost.:8780", True), ("evil-localhost", False),
+    ("127.0.0.1.evil.example", False), ("[::1", False),
     ("127.0.0.1:99999", False), ("a b", False), ("hub.local:8780", False)])
 def test_host_allowed(host, ok):
     assert host_allowed(host, ()) is ok

@@ -94,12 +94,13 @@ ANY_HOST = "*"
 
 def host_allowlist(tokens: Sequence[str], hosts: Sequence[str],
                    origins: Sequence[str] | None, *, tls: bool) -> tuple[str, ...] | None:
-    """The ``Host`` names both ports answer besides IP addresses and ``localhost`` (None:
-    any). Any when tokens are required (a page cannot present one), with TLS (a name
-    pointed at the hub does not match its certificate: the browser stops there), or when
-    ``*`` is among the allowed hosts or origins (the operator let every page in); else the
-    names of ``[server] allowed_hosts`` and of ``[server] origins``: an origin the operator
-    trusts names a machine of theirs, whose console and clients use that name."""
+    """The ``Host`` names both ports answer besides IP addresses, ``localhost`` and names
+    under it (None: any). Any when tokens are required (a page cannot present one), with
+    TLS (a name pointed at the hub does not match its certificate: the browser stops
+    there), or when ``*`` is among the allowed hosts or origins (the operator let every
+    page in); else the names of ``[server] allowed_hosts`` and of ``[server] origins``:
+    an origin the operator trusts names a machine of theirs, whose console and clients use
+    that name."""
     if tokens or tls or ANY_HOST in hosts or (origins is not None and ANY_ORIGIN in origins):
         return None
     names = [host_name(h) for h in hosts]
@@ -124,19 +125,28 @@ def host_allowed(host: str, names: Iterable[str] | None) -> bool:
     page of an attacker's site whose name is pointed at this machine once it has loaded
     (DNS rebinding) is same-origin with the gateway: its GETs carry no Origin, and only
     its ``Host`` (its own name) tells. An IP address or ``localhost`` no DNS answer can
-    steer. No ``Host`` at all: not a browser."""
+    steer, nor a name under ``localhost`` (``is_localhost``). No ``Host`` at all: not a
+    browser."""
     if names is None or not host:
         return True
     name = host_name(host)
     if name is None:
         return False
-    if name == "localhost" or name in names:
+    if is_localhost(name) or name in names:
         return True
     try:
         ipaddress.ip_address(name)
     except ValueError:
         return False
     return True
+
+
+def is_localhost(name: str) -> bool:
+    """``localhost`` or a name under it (``hub.localhost``): RFC 6761 has every name under
+    ``localhost`` mean the loopback, and browsers resolve them so without asking DNS (and
+    take their pages for secure contexts, as ``localhost``'s), so no DNS answer steers
+    them, and a page served there is one of this machine's."""
+    return name == "localhost" or name.endswith(".localhost")
 
 
 def refused_host(hosts: Sequence[str], names: Iterable[str] | None) -> str | None:
@@ -147,18 +157,18 @@ def refused_host(hosts: Sequence[str], names: Iterable[str] | None) -> str | Non
     host = hosts[-1][:200]
     name = host_name(host) or host
     return (f"Host {host!r} is not allowed without a token: another site's name pointed at "
-            f"this machine would look the same (DNS rebinding). Use an IP address or "
-            f"localhost, add the name to [server] allowed_hosts (--allowed-host {name}), "
-            "or require tokens")
+            f"this machine would look the same (DNS rebinding). Use an IP address, "
+            f"localhost or a name under it (hub.localhost), add the name to [server] "
+            f"allowed_hosts (--allowed-host {name}), or require tokens")
 
 
 def own_origin(scheme: str, host: str, names: Iterable[str] | None) -> str | None:
     """The origin of the port asked (``scheme://Host``), whose pages (the voice port's
     console) are let in, or None. ``names`` (``host_allowlist``): unless any, only when
-    ``Host`` is an IP address, ``localhost`` or a name the operator allowed. A page of an
-    attacker's site whose name is pointed at this machine once it has loaded (DNS
-    rebinding) sends its own name as both Origin and Host, so an Origin equal to
-    ``scheme://Host`` proves nothing unless no DNS answer can steer the name."""
+    ``Host`` is an IP address, ``localhost`` (or a name under it) or a name the operator
+    allowed. A page of an attacker's site whose name is pointed at this machine once it
+    has loaded (DNS rebinding) sends its own name as both Origin and Host, so an Origin
+    equal to ``scheme://Host`` proves nothing unless no DNS answer can steer the name."""
     if not host or not host_allowed(host, names):
         return None
     return f"{scheme}://{host}"

@@ -165,9 +165,11 @@ function connect() {
   };
 }
 
-// A page the gateway takes for its own without tokens: by IP address or localhost.
+// A page the gateway takes for its own without tokens: by IP address, localhost or a name
+// under it (hub.localhost: browsers resolve it to the loopback themselves).
 function byAddress(host) {
-  return host === "localhost" || host.startsWith("[") || /^\d+\.\d+\.\d+\.\d+$/.test(host);
+  return host === "localhost" || host.endsWith(".localhost") || host.startsWith("[") ||
+    /^\d+\.\d+\.\d+\.\d+$/.test(host);
 }
 
 function reconnectLater() {
