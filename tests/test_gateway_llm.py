@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 
 import httpx
@@ -154,17 +155,23 @@ TOOL_CALL = [  # as vLLM and llama.cpp stream a tool call: content null, then th
 ], ids=["nothing", "white-space", "reasoning-only", "think-only", "tool-call",
         "words-then-tool-call", "content-filter"])
 async def test_a_reply_with_nothing_to_say_or_cut_short_fails_and_says_why(
-        scripted_llm_server, script, code, message, spoken):
+        scripted_llm_server, caplog, script, code, message, spoken):
     """These turns ended `completed` with no audio and no error (or spoke an unfinished
     sentence): the listener heard nothing and never knew why. Like an llm_failed turn,
-    the history keeps what was said, or '…'."""
+    the history keeps what was said, or '…'. The operator is told too, as of any failed
+    LLM turn: these were the only ones without a log line."""
     scripted_llm_server.script(script, reply_script(["Fine."]))
     gw = await start_gateway(scripted_llm_server.url)
     try:
-        first, second = await turns(gw, "hi", "again")
+        with caplog.at_level(logging.WARNING, logger="gateway"):
+            first, second = await turns(gw, "hi", "again")
     finally:
         await gw.aclose()
     assert [e["error"] for e in first.of("error")] == [{"code": code, "message": message}]
+    (warning,) = [r for r in caplog.records if r.name.startswith("gateway")]
+    assert warning.levelno == logging.WARNING
+    assert re.fullmatch(r"session \S+: " + re.escape(
+        f"the LLM's reply fails the turn ({code}): {message}"), warning.getMessage())
     assert first.done["status"] == "failed"
     assert [s["text"] for s in first.of("sentence")] == spoken
     assert bool(first.frames) == bool(spoken)

@@ -377,14 +377,18 @@ class SessionRunner:
         self._timer = None
         self._guarded(self.session.tick, self.now())
 
-    def _guarded(self, core: Callable[..., list[Effect]], *args: Any) -> None:
-        """Apply what ``core(*args)`` returns, where nothing above would take a bug (a timer
-        callback, the LLM task): a bug in either ends the session (``crashed``). It once
-        stopped the session's pacing for good, or read as the LLM failing."""
+    def _guarded(self, core: Callable[..., list[Effect]], *args: Any) -> list[Effect]:
+        """Apply what ``core(*args)`` returns, and return it, where nothing above would take
+        a bug (a timer callback, the LLM task): a bug in either ends the session
+        (``crashed``; nothing is returned). It once stopped the session's pacing for good,
+        or read as the LLM failing."""
         try:
-            self._apply(core(*args))
+            effects = core(*args)
+            self._apply(effects)
         except Exception as exc:
             self.crashed(exc)
+            return []
+        return effects
 
     # ---- LLM ---------------------------------------------------------------------------
 
@@ -405,13 +409,15 @@ class SessionRunner:
                             # end: the unfinished sentence is not spoken, as at
                             # max_reply_chars
                             self.gateway.llm_answered(None)
-                            self._guarded(self.session.llm_failed, turn_id, "llm_failed",
-                                          CUT_SHORT[reason], self.now())
+                            self._log_failed_turn(self._guarded(
+                                self.session.llm_failed, turn_id, "llm_failed",
+                                CUT_SHORT[reason], self.now()))
                             return
                         case LlmDone(tokens_per_s=rate, thought_chars=thought_chars):
                             self.gateway.llm_answered(None)
-                            self._guarded(self.session.llm_done, turn_id, rate, self.now(),
-                                          thought_chars)
+                            self._log_failed_turn(self._guarded(
+                                self.session.llm_done, turn_id, rate, self.now(),
+                                thought_chars))
                             return
             raise EngineError("llm_failed", "the LLM stream ended without finishing")
         except LlmContextFull as exc:
@@ -428,6 +434,18 @@ class SessionRunner:
             message = f"{type(exc).__name__}: {exc}"
             self.gateway.llm_answered(("llm_failed", message))
             self._guarded(self.session.llm_failed, turn_id, "llm_failed", message, self.now())
+
+    def _log_failed_turn(self, effects: list[Effect]) -> None:
+        """A WARNING for the turn error among ``effects``, if any, from a reply the LLM gave
+        as asked that still fails the turn (empty or only a thought: ``llm_empty_reply``;
+        cut at max_tokens, stopped for a tool or a filter: ``llm_failed``). The LLM is not
+        marked failing for it (``llm_answered``), which logs the other failures, so these
+        went unlogged, and an operator can fix them (max_tokens, the model's thinking)."""
+        for effect in effects:
+            if isinstance(effect, SendEvent) and effect.event["type"] == "error":
+                error = effect.event["error"]
+                log.warning("session %s: the LLM's reply fails the turn (%s): %s",
+                            self.session.id, error["code"], error["message"])
 
     # ---- lane sink (called on the event loop by the lane task) -----------------------
 
