@@ -58,6 +58,7 @@ from gateway.core.session import (
     StartSynthesis,
 )
 from gateway.io.lanes import SynthesisJob
+from gateway.io.log_limit import refusal
 
 if TYPE_CHECKING:
     from gateway.io.server import Gateway
@@ -558,7 +559,8 @@ class VoiceSocket(ServerConnection):
                 and self.protocol.state is State.OPEN):
             budget.errors["unfinished_messages"] += 1
             log.warning("%s: an unfinished message would pass the gateway's budget of %d "
-                        "MiB for them; closing (1009)", _peer(self), budget.limit >> 20)
+                        "MiB for them; closing (1009)", _peer(self), budget.limit >> 20,
+                        extra=refusal("unfinished_messages"))
             self.protocol.fail(*CLOSE_UNFINISHED)
             self.send_data()
         if excess != self._charged:  # (most sockets never hold one: no attribute set)
@@ -759,7 +761,8 @@ class VoiceConnection:
         its session ends and the socket closes (1008), as for a slow consumer."""
         self.gateway.metrics.errors["too_many_messages"] += 1
         log.warning("session %s: more than %d messages at once, beyond %g a second; closing",
-                    runner.session.id, MESSAGE_BURST, MESSAGES_PER_S)
+                    runner.session.id, MESSAGE_BURST, MESSAGES_PER_S,
+                    extra=refusal("too_many_messages"))
         runner.close("the client sent too many messages")
         self.close_soon(*CLOSE_TOO_MANY_MESSAGES)
 

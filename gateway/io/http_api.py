@@ -69,6 +69,7 @@ from gateway.core.segmenter import ONE_STEP_MAX_CHARS, Segmenter, SegmenterConfi
 from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
+from gateway.io.log_limit import refusal
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -538,9 +539,11 @@ def _refuse_speech_now(gateway: Gateway, lane: Lane | None) -> None:
 
 
 def _speech_rejected(gateway: Gateway, error: ApiError) -> None:
-    """A speech request refused before any synthesis: counted, and its one log line."""
+    """A speech request refused before any synthesis: counted, and its one log line (a
+    few a minute of each code: ``RefusalLimit``)."""
     gateway.telemetry.http_speech.labels("-", "-", "rejected").inc()
-    log.info("speech rejected: %d %s: %s", error.status, error.code, error.message)
+    log.info("speech rejected: %d %s: %s", error.status, error.code, error.message,
+             extra=refusal(f"speech {error.code}"))
 
 
 class SpeechApi:
@@ -1128,7 +1131,8 @@ class _H11(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         # (uvicorn's own WARNING for it, with neither peer nor reason, is filtered out)
         peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
-        log.info("HTTP request from %s refused (400): %s", peer, msg)
+        log.info("HTTP request from %s refused (400): %s", peer, msg,
+                 extra=refusal("invalid_http"))
         # OpenAI's error shape, as every other refusal (uvicorn's is plain text)
         body = orjson.dumps({"error": {"message": msg, "type": "invalid_request_error",
                                        "param": None, "code": "invalid_http"}})
