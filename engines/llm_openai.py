@@ -10,7 +10,9 @@ What this module adds on top is the knowledge of how these servers actually beha
   empty delta instead, sent first and then every 10 s the stream is quiet;
 * every delta may repeat ``role``; a chunk may carry many tokens (oMLX sends bursts);
 * with ``stream_options.include_usage`` the usage arrives in its own chunk *after* the
-  ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``;
+  ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``; a strict server
+  that refuses ``stream_options`` (HTTP 400 or 422 naming it: Azure AI's serverless
+  models, Mistral's API) is asked again without it, and from then on never with it;
 * uvicorn (under oMLX and vLLM) and llama.cpp close a connection idle for 5 s: a request
   that goes out on a kept-alive connection as it closes, and gets nothing back, is sent
   again at once, once (``_Stale``);
@@ -272,6 +274,8 @@ class OpenAiLlm:
         """Replies that ended inside a thought (with ``opened`` and no ``</think>``: all of
         it), which was not said."""
         self._warned: set[str] = set()
+        self.stream_options = True
+        """False once the server refused ``stream_options`` (``_OptionsRefused``)."""
         if timeout is None:
             timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect, read=stall_s,
                                     write=DEFAULT_TIMEOUT.write, pool=DEFAULT_TIMEOUT.pool)
@@ -294,8 +298,9 @@ class OpenAiLlm:
         body: dict[str, Any] = {
             "messages": request.messages,
             "stream": True,
-            "stream_options": {"include_usage": True},
         }
+        if self.stream_options:
+            body["stream_options"] = {"include_usage": True}
         model = request.model or self.model
         if model is not None:
             body["model"] = model
@@ -348,15 +353,25 @@ class OpenAiLlm:
 
     async def _attempt(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
         """``_stream``, sent again at once, once, when it went out on a kept-alive
-        connection that the server closed as the request arrived (``_Stale``)."""
-        for last in (False, True):
+        connection that the server closed as the request arrived (``_Stale``), and when the
+        server refused its ``stream_options`` (``_OptionsRefused``; only raised while they
+        are sent, and from then on they are not)."""
+        stale_again = False
+        while True:
             try:
                 async for event in self._stream(request):
                     yield event
                 return
+            except _OptionsRefused as refused:
+                if self.stream_options:  # (once, whatever turns were refused at once)
+                    self.stream_options = False
+                    log.warning("the LLM server refuses stream_options (%s): asked without "
+                                "them from now on, so llm_tokens_per_s comes only from what "
+                                "else it sends", refused.message)
             except _Stale as stale:
-                if last:
+                if stale_again:
                     raise stale.error from None
+                stale_again = True
                 log.debug("the LLM server closed a kept-alive connection as a request went "
                           "out (%s: %s): sent again", type(stale.error).__name__, stale.error)
 
@@ -379,8 +394,9 @@ class OpenAiLlm:
 
         async with contextlib.AsyncExitStack() as stack:
             try:
+                body = self._body(request)
                 source = await stack.enter_async_context(aconnect_sse(
-                    self._client, "POST", self._endpoint, json=self._body(request),
+                    self._client, "POST", self._endpoint, json=body,
                     extensions={"trace": trace}))
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
                 if reused:  # (a new connection broken before the answer is no race)
@@ -397,6 +413,9 @@ class OpenAiLlm:
                 wait_s = _retry_after_s(response)
                 if wait_s is not None:
                     raise _Busy(message, wait_s)
+                if response.status_code in (400, 422) and b"stream_options" in head and \
+                        "stream_options" in body:
+                    raise _OptionsRefused(message)
                 raise EngineError("llm_failed", message)
             content_type = response.headers.get("content-type", "")
             if "text/event-stream" not in content_type:
@@ -582,6 +601,15 @@ class _Stale(Exception):
     def __init__(self, error: httpx.HTTPError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class _OptionsRefused(Exception):
+    """The server refused the request for its ``stream_options`` (HTTP 400 or 422 naming
+    them), before any reply: ask again without them."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class _Busy(Exception):

@@ -173,6 +173,10 @@ class ScriptedLlmServer:
         self.requests: list[RecordedRequest] = []
         self.request_arrived = asyncio.Event()
         """Set at the first chat-completion request."""
+        self.refused_fields: tuple[str, ...] = ()
+        """Request fields it refuses (400 naming them), as a strict server does: Azure AI's
+        "Extra parameters ['stream_options'] are not allowed", Mistral's 422
+        "extra_forbidden"."""
         self._closing = asyncio.Event()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -230,6 +234,13 @@ class ScriptedLlmServer:
             await _send_plain(send, 404, b'{"error": "not found"}')
             return
 
+        refused = [f for f in self.refused_fields if f in (body or {})]
+        if refused:
+            await _send_plain(send, 400, json.dumps({"error": {
+                "code": "extra_parameters", "message": f"Extra parameters {refused} are not "
+                "allowed"}}).encode())
+            record.completed.set()
+            return
         steps = self._scripts.popleft() if self._scripts else list(self.default_script)
 
         async def watch_disconnect() -> None:

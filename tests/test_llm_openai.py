@@ -103,6 +103,33 @@ async def test_request_body_and_headers(scripted_llm_server):
     assert second.headers["authorization"] == "Bearer sk-test"
 
 
+async def test_a_server_that_refuses_stream_options_is_asked_without_them(
+        llm, scripted_llm_server, caplog):
+    """Azure AI's serverless models answer 400 "Extra parameters ['stream_options'] are not
+    allowed", Mistral's API 422 "extra_forbidden": every turn failed llm_failed."""
+    scripted_llm_server.refused_fields = ("stream_options",)
+    scripted_llm_server.script(reply_script(["Hi there."]), reply_script(["Again."]))
+    first = await collect(llm)
+    assert [e.text for e in first if isinstance(e, LlmDelta)] == ["Hi there."]
+    assert isinstance(first[-1], LlmDone)
+    refused, asked_again = scripted_llm_server.chats
+    assert "stream_options" in refused.body and "stream_options" not in asked_again.body
+    (warning,) = [r for r in caplog.records if r.name == "engines.llm_openai"]
+    assert "refuses stream_options (LLM server answered HTTP 400: " in warning.getMessage()
+    # remembered: the next turn goes without them at once
+    assert [e.text for e in await collect(llm) if isinstance(e, LlmDelta)] == ["Again."]
+    assert len(scripted_llm_server.chats) == 3
+    assert "stream_options" not in scripted_llm_server.chats[2].body
+
+
+async def test_another_400_naming_no_stream_options_still_fails(llm, scripted_llm_server):
+    scripted_llm_server.script([Status(400, b'{"error": {"message": "bad temperature"}}')])
+    with pytest.raises(EngineError) as failed:
+        await collect(llm)
+    assert failed.value.code == "llm_failed" and "bad temperature" in failed.value.message
+    assert len(scripted_llm_server.chats) == 1 and llm.stream_options
+
+
 async def test_burst_of_chunks_in_one_write_yields_to_the_loop(llm, scripted_llm_server):
     words = [f" w{i}" for i in range(300)]
     pieces = ["".join(words[i : i + 7]) for i in range(0, 300, 7)]  # 43 chunks, ~7 tokens each
