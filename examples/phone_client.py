@@ -18,6 +18,10 @@ One WebSocket holds the session across turns. For each transcript the client:
    and knows what the listener heard;
 4. on ``turn.done`` closes the WAV; with ``cancelled`` it drops the audio not yet played.
 
+A transcript refused as ``rate_limited`` is sent again after a wait (1 s, doubling to 8 s)
+instead of moving on to the next: a file sent on at once, each line refused at once, is
+closed by the gateway with 1008 ``too many messages``, and that ends the session.
+
 Barge-in: a new transcript while a reply is playing sends a final ``playback`` mark, drops
 the buffered audio and then sends the transcript (which cancels the turn server-side); typed
 while the socket is down, or lost with it, the two go (again) after the resume, the mark
@@ -63,6 +67,11 @@ MARK_EVERY_S = 0.25
 CLOSE_RESUMED_ELSEWHERE = 4000  # protocol.md, Close codes
 REFUSALS = frozenset({"text_too_long", "rate_limited", "invalid_field", "message_too_large"})
 """Errors that refuse a transcript outright (protocol.md, Errors): no turn starts for it."""
+RETRY_LIMITED_S = (1.0, 8.0)
+"""A transcript refused as ``rate_limited`` is sent again after 1 s, doubling to 8 s: a
+slot frees when a turn of the last minute ages out. Moving on to the next line instead
+sent the rest of a file at once (each refused at once) and the gateway closed the socket
+with 1008 ``too many messages``, which ends the session."""
 
 
 class ClockPlayer:
@@ -169,6 +178,7 @@ class PhoneClient:
         self._started.set()
         self._in_flight = False  # a transcript was sent and its turn.done has not come
         self._lost = False  # the socket dropped before the last transcript's turn.done
+        self._limited = False  # the last transcript was refused as rate_limited
         self._connected = asyncio.Event()
         self._session_id: str | None = None
         self._resume_token: str | None = None
@@ -311,6 +321,7 @@ class PhoneClient:
         async for text in transcripts:
             mark = self._barge_in_if_speaking()
             self._lost = True
+            retry_in = RETRY_LIMITED_S[0]
             while self._lost:  # resent after a reconnect if the reply was cut off
                 self._lost = False
                 await self._connected.wait()
@@ -330,6 +341,11 @@ class PhoneClient:
                     await self._listen(barge_in_after)
                 else:  # until its turn starts, it is refused, or it is lost with the socket
                     await self._started.wait()
+                if self._limited:  # the gateway asks to wait and retry
+                    self._limited, self._lost = False, True
+                    self.say(f"[sending it again in {retry_in:.0f} s]")
+                    await asyncio.sleep(retry_in)
+                    retry_in = min(retry_in * 2, RETRY_LIMITED_S[1])
         await self._listen(None)  # hear the last reply out
 
     async def _listen(self, barge_in_after: float | None) -> None:
@@ -428,8 +444,11 @@ class PhoneClient:
                         # the oldest transcript not yet started was refused: no turn.done
                         # will come for it
                         self._pending.pop(0)
-                        self.results.append({"type": "refused", "status": "refused",
-                                             "error": event["error"]})
+                        if event["error"]["code"] == "rate_limited":
+                            self._limited = True  # _talk sends it again after a wait
+                        else:
+                            self.results.append({"type": "refused", "status": "refused",
+                                                 "error": event["error"]})
                         if not self._pending:
                             self._in_flight = False
                             self._done.set()

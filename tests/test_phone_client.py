@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import wave
 
 import numpy as np
@@ -493,3 +494,50 @@ async def test_a_full_gateway_is_said_to_be_full_not_unreachable(start_gateway, 
     err = capsys.readouterr().err
     assert "cannot reach" not in err
     assert err.count("the gateway is full (HTTP 503 server_full)") == 3, err  # 2 tries, gave up
+
+
+class _Recording(phone_client.PhoneClient):
+    """The client, with what it would print kept as lines, and an event each time it waits
+    to send a transcript again (it is then asleep: cancelling it there is clean)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, verbose=False, **kwargs)
+        self.lines: list[str] = []
+        self.waits = asyncio.Queue[str]()
+
+    def say(self, *parts) -> None:
+        line = " ".join(map(str, parts)).strip()
+        self.lines.append(line)
+        if line.startswith("[sending it again"):
+            self.waits.put_nowait(line)
+
+
+@pytest.mark.slow
+async def test_a_rate_limited_transcript_is_sent_again_later_not_skipped(start_gateway,
+                                                                         tmp_path):
+    """A transcript refused as rate_limited was given up and the next line sent at once:
+    with a file of lines and turns failing fast (an LLM server down), the client sent the
+    whole rest of the file in a burst, each refused, and the gateway closed it with 1008
+    ``too many messages``, ending the session (chaos run: both phone clients lost theirs a
+    few hundred ms after the LLM server was killed)."""
+    gateway = await start_gateway(REPLIES, server={"turns_per_minute": 1})
+    client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                        phone_client.ClockPlayer())
+    lines = ["Hello", "Time", "Hello"]
+    run = asyncio.create_task(client.run(phone_client._from_list(lines), sequential=True,
+                                         barge_in_after=None))
+    try:
+        for _ in range(2):  # refused, then refused again when sent again
+            got = asyncio.create_task(client.waits.get())
+            await asyncio.wait({run, got}, return_when=asyncio.FIRST_COMPLETED)
+            got.cancel()
+            assert not run.done(), "the client gave its transcripts up:\n" + "\n".join(
+                client.lines[-5:])
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    said = [x for x in client.lines if x.startswith("> ")]
+    assert said == ["> Hello", "> Time", "> Time"]  # the same line again, nothing after it
+    assert client.resumes_failed == 0 and client.results[0]["status"] == "completed"
+    assert "too_many_messages" not in gateway.metrics.errors
