@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import struct
@@ -353,10 +354,11 @@ class PhoneClient:
         it)."""
         started = time.monotonic()
         while not (self._done.is_set() and self.player.buffered_s() == 0):
-            try:
-                await asyncio.wait_for(self._done.wait(), MARK_EVERY_S)
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation
+            # that comes in the step the turn ends, and the client went on talking
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(MARK_EVERY_S):
+                    await self._done.wait()
             if self._done.is_set():  # let the buffered audio play out
                 await asyncio.sleep(min(MARK_EVERY_S, self.player.buffered_s()))
             if barge_in_after is not None and time.monotonic() - started >= barge_in_after:

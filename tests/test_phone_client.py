@@ -541,3 +541,33 @@ async def test_a_rate_limited_transcript_is_sent_again_later_not_skipped(start_g
     assert said == ["> Hello", "> Time", "> Time"]  # the same line again, nothing after it
     assert client.resumes_failed == 0 and client.results[0]["status"] == "completed"
     assert "too_many_messages" not in gateway.metrics.errors
+
+
+class _CancelsOnRefusal(_Recording):
+    """Wakes the test in the same step as the refusal that ends the client's wait."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused = asyncio.Event()
+
+    def say(self, *parts) -> None:
+        super().say(*parts)
+        if self.lines[-1].startswith("[error"):
+            self.refused.set()
+
+
+async def test_cancelling_the_client_as_its_wait_for_a_turn_ends_stops_it(gateway, tmp_path):
+    """``_listen`` waited with ``asyncio.wait_for``, which on Python 3.11 drops a
+    cancellation that comes in the step its awaitable completes: a ``run`` cancelled as the
+    turn it waited for ended (a refusal here; Ctrl-C at a reply's end alike) went on with
+    the next transcript and never stopped (found when a test cancelled it so)."""
+    client = _CancelsOnRefusal(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                               phone_client.ClockPlayer())
+    run = asyncio.create_task(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                         sequential=True, barge_in_after=None))
+    await client.refused.wait()
+    run.cancel()
+    done, _ = await asyncio.wait({run}, timeout=30)
+    assert done, "the cancelled client went on:\n" + "\n".join(client.lines)
+    assert run.cancelled()
+    assert not [x for x in client.lines if x == "> Hello"]
