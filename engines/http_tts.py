@@ -34,6 +34,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -112,7 +113,8 @@ class HttpTtsEngine:
             raise EngineError("engine_failed", "http engine used before load()")
         stream = HttpTtsStream(self._client, self.url, self._body(request), self.format,
                                self._note_socket,
-                               request.options.get("first_audio_timeout_s"))
+                               request.options.get("first_audio_timeout_s"),
+                               self.read_timeout_s)
         with self._sockets_lock:  # (opened on several threads at once)
             self._streams.add(stream)
         return stream
@@ -176,17 +178,29 @@ class HttpTtsStream:
     its headers cannot be cut, and runs to its read timeout.
 
     ``first_audio_timeout_s`` (``SynthesisRequest.options``): no audio by then, and the
-    connection is cut the same way: the step fails with ``engine_timeout``."""
+    connection is cut the same way: the step fails with ``engine_timeout``. So is a step
+    that waits ``wait_timeout_s`` (the engine's ``read_timeout_s``) for its piece: httpx's
+    read timeout is per read, and a server that stalls but keeps its answer alive with SSE
+    comments (sse-starlette pings every 15 s) never let it pass; the step then ran into the
+    lane's step deadline, which makes the lane unhealthy for every session."""
 
     def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str,
                  note_socket: Callable[[socket.socket], None],
-                 first_audio_timeout_s: float | None = None) -> None:
+                 first_audio_timeout_s: float | None = None,
+                 wait_timeout_s: float | None = None) -> None:
         self._client = client
         self._first_audio_timeout_s = first_audio_timeout_s
-        self._first_audio_timer: threading.Timer | None = None
+        self._wait_timeout_s = wait_timeout_s
+        self._started_at: float | None = None
+        """``time.monotonic()`` when the first step began (for ``first_audio_timeout_s``)."""
+        self._waiting_since: float | None = None
+        """When the step in flight began (None between steps)."""
+        self._watching = False
+        """A watchdog timer is armed (``_watch``): one at a time, and only while needed."""
+        self._watchdog: threading.Timer | None = None
         self._audio_came = False
-        self._late = False
-        """No audio came within ``first_audio_timeout_s``: the connection was cut."""
+        self._late: float | None = None
+        """The limit (seconds) after which no audio had come: the connection was cut."""
         self._note_socket = note_socket
         self._url = url
         self._shown_url = shown_url(url)
@@ -207,24 +221,21 @@ class HttpTtsStream:
             self.close()
             return None
         try:
+            self._wait_starts()
             if self._pieces is None:
-                if self._first_audio_timeout_s is not None:
-                    self._first_audio_timer = threading.Timer(self._first_audio_timeout_s,
-                                                              self._first_audio_late)
-                    self._first_audio_timer.daemon = True
-                    self._first_audio_timer.start()
                 self._pieces = self._start()
             piece = next(self._pieces, None)
-            if piece and not self._audio_came:
-                with self._socket_lock:
-                    self._audio_came = not self._late
-                if self._late:  # (it came as the connection was cut)
-                    raise self._late_error()
+            with self._socket_lock:
+                self._waiting_since = None
+                if piece and self._late is None:
+                    self._audio_came = True
+            if self._late is not None:  # (it came as the connection was cut)
+                raise self._late_error()
         except Exception as exc:
             self.close()
             if self._interrupted:  # (the cut connection's error): nobody wants this audio
                 return None
-            if self._late and not isinstance(exc, EngineError):
+            if self._late is not None and not isinstance(exc, EngineError):
                 raise self._late_error() from exc
             if isinstance(exc, EngineError):
                 raise
@@ -248,21 +259,62 @@ class HttpTtsStream:
 
     def _late_error(self) -> EngineError:
         return EngineError("engine_timeout", f"TTS server {self._shown_url}: no audio within "
-                                             f"{self._first_audio_timeout_s:g} s")
+                                             f"{self._late:g} s")
 
-    def _first_audio_late(self) -> None:
-        """(timer thread) ``first_audio_timeout_s`` passed: cut the connection unless audio
-        came."""
+    def _wait_starts(self) -> None:
+        """A step begins waiting for its piece: watch it (``_check_wait``)."""
         with self._socket_lock:
-            if self._audio_came or self._done:
+            now = time.monotonic()
+            self._waiting_since = now
+            if self._started_at is None:
+                self._started_at = now
+            if not self._watching:
+                self._watch(now)
+
+    def _watch(self, now: float) -> None:
+        """Arm the watchdog for the earliest limit that applies (lock held); none: no timer
+        (a stream between steps, e.g. ahead of its listener, is not waiting for anyone)."""
+        due = self._due()
+        self._watching = due is not None
+        if due is not None:
+            self._watchdog = threading.Timer(max(0.0, due[0] - now), self._check_wait)
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _due(self) -> tuple[float, float] | None:
+        """When the wait for audio passes a limit, and that limit: the first audio's
+        (``first_audio_timeout_s``, from the first step), the step's (``wait_timeout_s``)."""
+        limits = []
+        if self._first_audio_timeout_s is not None and not self._audio_came and \
+                self._started_at is not None:
+            limits.append((self._started_at + self._first_audio_timeout_s,
+                           self._first_audio_timeout_s))
+        if self._wait_timeout_s is not None and self._waiting_since is not None:
+            limits.append((self._waiting_since + self._wait_timeout_s, self._wait_timeout_s))
+        return min(limits, default=None)
+
+    def _check_wait(self) -> None:
+        """(timer thread) Cut the connection if a limit passed with no audio; else watch on
+        (a later step began since the timer was armed, or audio came)."""
+        with self._socket_lock:
+            if self._done:
+                self._watching = False
                 return
-            self._late = True
-            _cut(self._socket)
+            now = time.monotonic()
+            due = self._due()
+            if due is not None and now >= due[0]:
+                self._watching = False
+                self._late = due[1]
+                _cut(self._socket)
+                return
+            self._watch(now)
 
     def close(self) -> None:
         self._done = True
-        if self._first_audio_timer is not None:
-            self._first_audio_timer.cancel()
+        with self._socket_lock:
+            watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
         response, self._response = self._response, None
         if response is not None:
             response.close()
@@ -279,7 +331,7 @@ class HttpTtsStream:
                 self._note_socket(sock)
                 with self._socket_lock:
                     self._socket = sock
-                    interrupted = self._interrupted or self._late
+                    interrupted = self._interrupted or self._late is not None
                 if interrupted:  # (interrupted, or late, while it connected)
                     _cut(sock)
         elif event == "http11.response_closed.started":
@@ -299,7 +351,7 @@ class HttpTtsStream:
                 self._socket = sock  # a connection reused from the pool
         if self._interrupted:
             return iter(())  # (the step returns None)
-        if self._late:
+        if self._late is not None:
             raise self._late_error()
         if response.status_code >= 400:
             detail = response.read()[:300].decode("utf-8", "replace")

@@ -310,6 +310,49 @@ async def test_a_stalled_server_fails_its_sentence_and_the_fallback_speaks_it(
     assert gw.lane.unhealthy is None and gw.health()["status"] == "ok"
 
 
+@pytest.mark.parametrize("fallback", [None, "espeak"])
+async def test_an_answer_kept_alive_without_audio_fails_its_sentence_only(sse_server,
+                                                                         start_gateway,
+                                                                         fallback):
+    """A TTS server that stalls but keeps its SSE answer alive with comments (sse-starlette
+    pings every 15 s) is never silent for ``read_timeout_s``: the step waited until the
+    lane's ``step_timeout_s``, which made the remote lane unhealthy for every session
+    (``engine_unavailable``, /health 503), for good while the pings went on. It must fail
+    its own sentence (``engine_timeout``, which a fallback speaks) within
+    ``read_timeout_s``, as a silent server does."""
+    from websockets.asyncio.client import connect
+
+    from tests.wsclient import read_turn, recv_event, send
+
+    server, url = sse_server
+    server.script = lambda body: ["pings"] if "pings" in body["input"] else \
+        [delta(b"\x01\x00" * 2400), DONE]
+    # (a slow machine's first chunks must not trip the breaker)
+    policy = {"fallback_policy": {"first_chunk_timeout_s": 60}} if fallback else {}
+    gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": fallback,
+                                  "step_timeout_s": 3, "options": {"read_timeout_s": 1},
+                                  **policy})
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws, \
+            connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as other:
+        for socket in (ws, other):
+            await recv_event(socket, "session.created")
+        await send(ws, type="say", text="This sentence only pings.")
+        pinged = await read_turn(ws)
+        await send(other, type="say", text="Another session speaks.")
+        fine = await read_turn(other)
+    if fallback:
+        assert pinged.done["status"] == "completed"
+        assert [s["engine"] for s in pinged.of("sentence")] == ["espeak"]
+    else:
+        assert pinged.done["status"] == "failed"
+        (error,) = pinged.of("error")
+        assert error["error"]["code"] == "engine_timeout", error
+        assert "no audio within 1 s" in error["error"]["message"]
+    assert fine.done["status"] == "completed" and fine.done["metrics"]["engines"] == ["http"]
+    assert server.disconnected.wait(timeout=10)  # the pinging answer was let go
+    assert gw.lane.unhealthy is None
+
+
 class SilentServer:
     """TEST DOUBLE: a TTS server that takes a request and then says nothing more: no answer
     at all, or (``headers=True``) an SSE answer's headers and one delta. ``stalled`` is set

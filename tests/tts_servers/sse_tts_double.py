@@ -33,7 +33,9 @@ DONE = {
 
 class ScriptedSseServer:
     """Serves ``script`` (a list of events; ``"hangup"`` ends the body abruptly, ``"stall"``
-    sends nothing more until the client goes away; ``bytes`` are sent as they are, for
+    sends nothing more until the client goes away, ``"pings"`` nothing but an SSE comment
+    every 0.1 s (a keep-alive, as sse-starlette sends) until then; ``bytes`` are sent as
+    they are, for
     events a test writes itself). ``script`` may also be a function of the request's body
     returning such a list.
 
@@ -70,6 +72,11 @@ class ScriptedSseServer:
                     if item == "stall":
                         self.stalled.set()
                         await asyncio.Future()  # Starlette cancels us when the client leaves
+                    if item == "pings":
+                        self.stalled.set()
+                        while True:  # (until Starlette cancels us: the client left)
+                            yield b": ping\n\n"
+                            await asyncio.sleep(0.1)
                     yield item if isinstance(item, bytes) else \
                         f"data: {json.dumps(item)}\n\n".encode()
                     if hold and i == 0:
