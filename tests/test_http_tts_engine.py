@@ -391,6 +391,49 @@ class SilentServer:
         self._listener.close()
 
 
+def test_an_sse_line_that_never_ends_fails_its_sentence(monkeypatch):
+    """httpx-sse holds a line until its end: a TTS server (or proxy) sending one that never
+    ends was read into memory until the read timeout, three times its size (256 MiB sent:
+    +773 MiB). Past ``MAX_EVENT_BYTES`` without an event the sentence fails and the
+    connection is let go. A real server on a socket; the bound lowered to 1 MiB so that
+    what main reads whole stays small."""
+    import contextlib
+    import socket
+    import threading
+
+    import engines.http_tts
+
+    monkeypatch.setattr(engines.http_tts, "MAX_EVENT_BYTES", 1 << 20, raising=False)
+    listener = socket.create_server(("127.0.0.1", 0))
+    sent = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                         b"connection: close\r\n\r\ndata: ")
+            with contextlib.suppress(OSError):  # (the client cut it)
+                for _ in range(64):
+                    conn.sendall(b"a" * (1 << 20))
+                    sent.append(1)
+                conn.sendall(b"\n\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    engine = HttpTtsEngine(f"http://127.0.0.1:{listener.getsockname()[1]}/v1")
+    engine.load()
+    with pytest.raises(EngineError, match="without ending an SSE event") as err:
+        engine.open(SynthesisRequest("x")).step()
+    assert err.value.code == "engine_failed"
+    thread.join(timeout=30)
+    assert not thread.is_alive() and len(sent) < 64  # (socket buffers: a few MiB more)
+    engine.close()
+    listener.close()
+
+
 @pytest.mark.parametrize("headers", [False, True], ids=["before-its-answer", "mid-answer"])
 async def test_closing_the_gateway_does_not_wait_for_a_stalled_tts_server(headers):
     """A SIGTERMed gateway waited for the remote lane's step in flight, which waited for a
