@@ -486,7 +486,10 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                     sent -= 1
                     raise
                 try:
-                    event = await asyncio.wait_for(done.get(), turn_timeout_s)
+                    # (asyncio.timeout: wait_for on Python 3.11 drops a cancellation, Ctrl-C's,
+                    # that comes in the step the turn ends, and the session went on)
+                    async with asyncio.timeout(turn_timeout_s):
+                        event = await done.get()
                 except TimeoutError:
                     account.lost("timeout")
                     break

@@ -695,8 +695,11 @@ class WatchRelay:
             parts = urllib.parse.urlsplit(url)
             url = parts._replace(query=urllib.parse.urlencode(
                 [*urllib.parse.parse_qsl(parts.query), ("resume", resume)])).geturl()
-        return await asyncio.wait_for(
-            connect(url, compression=None, max_size=2**20, additional_headers=headers), 10.0)
+        # (asyncio.timeout: wait_for on Python 3.11 drops a cancellation that comes in the
+        # step the socket opens, and the relay, told to stop, went on with a socket)
+        async with asyncio.timeout(10.0):
+            return await connect(url, compression=None, max_size=2**20,
+                                 additional_headers=headers)
 
     async def _handle(self, watch: ServerConnection) -> None:
         assert watch.request is not None
@@ -704,7 +707,8 @@ class WatchRelay:
         fmt = query.get("format", [None])[0]
         if fmt is None:
             try:
-                hello = orjson.loads(await asyncio.wait_for(watch.recv(), self.hello_timeout_s))
+                async with asyncio.timeout(self.hello_timeout_s):
+                    hello = orjson.loads(await watch.recv())
             except (TimeoutError, ConnectionClosed, orjson.JSONDecodeError, TypeError):
                 await watch.close(1008, "expected ?format= or a relay.hello first message")
                 return
