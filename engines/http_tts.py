@@ -43,13 +43,11 @@ from typing import Any, Literal
 import httpx
 
 from engines.base import EngineError, SynthesisRequest, shown_url
+from engines.sse_bound import EventBound
 
 MAX_EVENT_BYTES = 32 << 20
-"""The most an SSE answer may send without ending an event (``_EventBound``): httpx-sse
-holds a line, and an event's lines, whole and unbounded, and a broken server or proxy's
-endless line grew the gateway by three times what it sent (256 MiB: +773 MiB) until the
-read timeout, at loopback speed gigabytes, for every session's loss. 32 MiB is 5.8 min
-of 24 kHz PCM16 in base64 in one event: more than the longest segment (4,000
+"""The most an SSE answer may send without ending an event (``engines.sse_bound``). 32 MiB
+is 5.8 min of 24 kHz PCM16 in base64 in one event: more than the longest segment (4,000
 characters) takes to say, for a server that answers a sentence in one event."""
 
 
@@ -378,7 +376,8 @@ class HttpTtsStream:
     def _sse_audio(self, response: httpx.Response) -> Iterator[bytes]:
         from httpx_sse import EventSource
 
-        response.stream = bound = _EventBound(response.stream, MAX_EVENT_BYTES)
+        response.stream = bound = EventBound(response.stream, MAX_EVENT_BYTES, "engine_failed",
+                                             "the TTS server")
         for sse in EventSource(response).iter_sse():
             bound.event_read()
             if sse.event == "error":  # (its data may be JSON or plain text)
@@ -396,35 +395,6 @@ class HttpTtsStream:
         raise EngineError(
             "engine_failed", "TTS server ended the SSE stream without speech.audio.done"
         )
-
-
-class _EventBound(httpx.SyncByteStream):
-    """The response body, failing once more than ``limit`` bytes arrive without the SSE
-    parser giving an event (``event_read`` after each): as ``engines.llm_openai``'s, for
-    the synchronous client. The parser pulls a read only when the events of the last one
-    are out, so what it holds unparsed is at most ``limit`` and one read."""
-
-    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream,
-                 limit: int) -> None:
-        assert isinstance(stream, httpx.SyncByteStream)
-        self._stream = stream
-        self._limit = limit
-        self._pending = 0
-
-    def event_read(self) -> None:
-        self._pending = 0
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self._stream:
-            self._pending += len(chunk)
-            if self._pending > self._limit:
-                raise EngineError("engine_failed", f"the TTS server sent {self._pending:,} "
-                                  f"bytes without ending an SSE event (at most "
-                                  f"{self._limit:,})")
-            yield chunk
-
-    def close(self) -> None:
-        self._stream.close()
 
 
 def _error_message(event: Any) -> str:

@@ -1,7 +1,7 @@
 """LLM backend for any OpenAI-compatible streaming chat server (oMLX, mlx_lm.server, vLLM, ...).
 
 One ``httpx.AsyncClient`` per backend keeps connections alive between turns; SSE framing is
-parsed by ``httpx-sse``, with a bound on the bytes one event may take (``_EventBound``).
+parsed by ``httpx-sse``, with a bound on the bytes one event may take (``engines.sse_bound``).
 What this module adds on top is the knowledge of how these servers actually behave
 (checked against mlx_lm.server and oMLX, see platform-facts.md):
 
@@ -57,6 +57,7 @@ from engines.base import (
     LlmRequest,
     shown_url,
 )
+from engines.sse_bound import AsyncEventBound
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +425,8 @@ class OpenAiLlm:
                     f"LLM server answered {content_type or 'no content type'!r}, not an event "
                     f"stream: {_snippet(await _read_head(response))}",
                 )
-            response.stream = bound = _EventBound(response.stream)
+            response.stream = bound = AsyncEventBound(response.stream, MAX_EVENT_BYTES,
+                                                       "llm_failed", "the LLM server")
             events = source.aiter_sse()
             said_at = loop.time()  # the last data event that said something (no keep-alive)
             while True:
@@ -559,34 +561,6 @@ class OpenAiLlm:
 MAX_RETRY_AFTER_S = 3.0
 """The longest ``Retry-After`` a turn waits, once, for a busy or loading LLM server (429,
 503): a listener would rather wait that long than hear nothing; beyond it, the turn fails."""
-
-
-class _EventBound(httpx.AsyncByteStream):
-    """The response body, failing once more than ``limit`` bytes arrive without the SSE
-    parser giving an event (``event_read`` after each). The parser pulls a read only when
-    the events of the last one are out, so what it holds unparsed is at most ``limit``
-    and one read."""
-
-    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream,
-                 limit: int = MAX_EVENT_BYTES) -> None:
-        assert isinstance(stream, httpx.AsyncByteStream)
-        self._stream = stream
-        self._limit = limit
-        self._pending = 0
-
-    def event_read(self) -> None:
-        self._pending = 0
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            self._pending += len(chunk)
-            if self._pending > self._limit:
-                raise EngineError("llm_failed", f"the LLM server sent {self._pending:,} bytes "
-                                  f"without ending an SSE event (at most {self._limit:,})")
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
 
 
 class _Stale(Exception):
