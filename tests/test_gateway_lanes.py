@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -508,5 +509,81 @@ async def test_a_second_engine_failing_after_a_step_without_audio_has_its_senten
                    for d in result.of("sentence.done"))
         assert result.done["metrics"]["engines"] == ["synthetic-gpu"]
         gapless(result)
+    finally:
+        await gw.aclose()
+
+
+class MeetingRemote(SyntheticEngine):
+    """TEST DOUBLE: an engine whose steps may run at once (``parallel_steps``, as the http
+    engine's), and whose first steps of ``meet`` sessions wait for each other: they are
+    all in flight together, for certain."""
+
+    parallel_steps = 4
+    meet = 3
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.blocks = True
+        self.together = threading.Barrier(self.meet, timeout=60)
+
+    def open(self, request: SynthesisRequest):
+        stream = super().open(request)
+        real_step, first = stream.step, [True]
+
+        def step():
+            if first[0]:
+                first[0] = False
+                self.together.wait()
+            return real_step()
+
+        stream.step = step
+        return stream
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
+async def test_a_lane_running_steps_at_once_is_busy_for_the_time_any_runs(monkeypatch):
+    """Busy share (``/health`` ``busy_share_1m``, ``gateway_lane_busy_ratio``) is the share
+    of wall time the lane had a step in flight; compute seconds add up every step. On a
+    lane running several steps at once both were the sum of the steps, so eight steps
+    waiting on a server together read as eight times the time, and a lane at a fraction
+    of its capacity as fully busy (capped at 1)."""
+    monkeypatch.setitem(registry.TTS_ENGINES, "meeting", f"{__name__}:MeetingRemote")
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "meeting", "voice": "mid",
+        "options": {"rtf": 0.0, "ttfa_ms": 0.0, "lane": "remote"}}))
+    await gw.start()
+    lane = gw.lanes["remote"]
+    assert lane.parallel_steps == MeetingRemote.parallel_steps
+    steps: list[tuple[float, float]] = []
+    record = gw.telemetry.job_step
+
+    def job_step(name, job, started, seconds, audio_bytes, occupied):
+        steps.append((started, started + seconds))
+        record(name, job, started, seconds, audio_bytes, occupied)
+
+    monkeypatch.setattr(gw.telemetry, "job_step", job_step)
+    try:
+        clients = [await connect(f"ws://127.0.0.1:{gw.port}/v1/voice")
+                   for _ in range(MeetingRemote.meet)]
+        for ws in clients:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="One short sentence.")
+        for ws in clients:
+            result = await read_turn(ws)
+            assert result.done["status"] == "completed", result.events
+            await ws.close()
+        now = time.perf_counter()
+        busy, compute = gw.telemetry.busy["remote"], gw.telemetry.compute["remote"]
+        step_s = sum(end - start for start, end in steps)
+        assert compute.busy_s(now) == pytest.approx(step_s, abs=1e-6)
+        assert busy.busy_s(now) == pytest.approx(_union_s(steps), abs=1e-6)
+        assert busy.busy_s(now) < step_s  # (the first steps overlapped, for certain)
     finally:
         await gw.aclose()

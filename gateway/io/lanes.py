@@ -89,8 +89,10 @@ class LaneObserver(Protocol):
 
     def job_queued(self, lane: str, job: Job) -> None: ...
     def job_step(self, lane: str, job: Job, started: float, seconds: float,
-                 audio_bytes: int) -> None:
-        """One step ran from ``started`` (perf_counter) for ``seconds`` of lane time."""
+                 audio_bytes: int, occupied: float) -> None:
+        """One step ran from ``started`` (perf_counter) for ``seconds`` of lane time; the
+        lane had a step in flight for ``occupied`` more seconds of wall time (``seconds``
+        on a lane of one step at a time; less while steps run at once)."""
     def job_ended(self, lane: str, job: Job, outcome: str) -> None:
         """``outcome``: ``done``, ``failed``, ``cancelled`` or ``moved`` (to another lane)."""
 
@@ -247,6 +249,11 @@ class Lane:
         """Jobs whose step is in flight (a cancelled one's too, until it returns)."""
         self._step_tasks: set[asyncio.Task[None]] = set()
         """The tasks of steps at once (``parallel_steps``)."""
+        self._in_step = 0
+        """Steps running now (``_step``)."""
+        self._occupied_at = 0.0
+        """While a step runs: the time up to which the lane's occupied wall time is booked
+        (``LaneObserver.job_step``'s ``occupied``): steps at once count once."""
         self.observer: LaneObserver | None = None
         self.failing: str | None = None
         """The code of the engine's last failure, until a job ends whole again (``/health``
@@ -575,6 +582,9 @@ class Lane:
         job.running = True
         self._stepping.add(job)
         started = time.perf_counter()
+        if not self._in_step:
+            self._occupied_at = started
+        self._in_step += 1
         chunk: bytes | None = None
         opened = job.state is None
         llm = self.scheduler.llm_decoding > 0
@@ -611,12 +621,15 @@ class Lane:
         finally:
             job.running = False
             self._stepping.discard(job)
-            seconds = time.perf_counter() - started
+            ended = time.perf_counter()
+            seconds = ended - started
             self.stats.busy_s += seconds
             self.stats.steps += 1
+            self._in_step -= 1
+            occupied, self._occupied_at = ended - self._occupied_at, ended
             if self.observer is not None:
                 self.observer.job_step(self.name, job, started, seconds,
-                                       0 if chunk is None else len(chunk))
+                                       0 if chunk is None else len(chunk), occupied)
         if job.cancelled:
             self._close_later_safe(job.state)
             job.state = None

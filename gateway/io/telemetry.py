@@ -81,7 +81,9 @@ LOOP_LAG_INTERVAL_S = 0.1
 
 
 class BusyWindow:
-    """Seconds of compute per wall-clock second over the last ``window_s`` seconds.
+    """Seconds booked per wall-clock second over the last ``window_s`` seconds: a lane's
+    step seconds (``Telemetry.compute``) or the wall time it had a step in flight
+    (``Telemetry.busy``).
 
     Pure: ``now`` is passed in. One bucket per second; a step is booked in the second it
     ended (a step longer than a second is booked whole there; shares are capped at 1).
@@ -368,6 +370,10 @@ class Telemetry:
         r.register(_StateCollector(self))
         self.llm_tokens_per_s: float | None = None
         self.busy = {name: BusyWindow(started=time.perf_counter()) for name in gateway.lanes}
+        """Wall time each lane had a step in flight (its busy share)."""
+        self.compute = {name: BusyWindow(started=time.perf_counter())
+                        for name in gateway.lanes}
+        """Each lane's step seconds, added up (steps at once each count)."""
         self.llm_probe = LlmProbe(gateway.config.llm.url, gateway.config.llm.api_key)
         self._jobs: dict[Job, _JobTally] = {}
         for lane in gateway.lanes.values():
@@ -395,9 +401,10 @@ class Telemetry:
                                     add_compute=getattr(job.payload.sink, "add_compute", None))
 
     def job_step(self, lane: str, job: Job, started: float, seconds: float,
-                 audio_bytes: int) -> None:
+                 audio_bytes: int, occupied: float) -> None:
         self.step[lane].observe(seconds)
-        self.busy[lane].add(started + seconds, seconds)
+        self.busy[lane].add(started + seconds, occupied)
+        self.compute[lane].add(started + seconds, seconds)
         tally = self._jobs.get(job)
         if tally is None:
             return
@@ -433,7 +440,7 @@ class Telemetry:
                 "queue_depth": lane.queue_depth,
                 "busy": lane.busy,
                 "busy_share_1m": round(window.share(now), 4),
-                "compute_s_1m": round(window.busy_s(now), 3),
+                "compute_s_1m": round(self.compute[lane.name].busy_s(now), 3),
                 "compute_s": round(lane.stats.busy_s, 3),
                 "steps": lane.stats.steps,
                 "jobs": {"done": lane.stats.jobs_done, "failed": lane.stats.jobs_failed,
@@ -558,7 +565,7 @@ class _StateCollector(Collector):
         depth = GaugeMetricFamily("gateway_lane_queue_depth", "Synthesis jobs queued or running",
                                   labels=["lane"])
         busy = GaugeMetricFamily("gateway_lane_busy_ratio", "Share of the last minute the "
-                                 "lane spent in engine steps (0-1)", labels=["lane"])
+                                 "lane had an engine step in flight (0-1)", labels=["lane"])
         placed = GaugeMetricFamily("gateway_lane_turns", "Voice turns placed on the lane and "
                                   "not yet ended", labels=["lane"])
         now = time.perf_counter()
