@@ -306,3 +306,51 @@ def test_a_fresh_lane_trips_only_after_breaker_failures_in_a_row():
     assert not p.tripped("ane", now=0.0)
     p.failed("ane", now=1.0)
     assert p.tripped("ane", now=1.0)
+
+
+# ---- the gateway's defaults and what a misconfigured lane is told ------------------------
+
+def test_a_lane_as_the_gateway_builds_it_measures_from_its_8th_step_the_median_of_its_last_32():
+    """README ("Timing"): once a lane has 8 interactive steps of a kind, the median of its
+    last 32 replaces the configured figure; ``gateway.io.lanes`` builds ``StepTimes()``."""
+    t = StepTimes()
+    for _ in range(7):
+        t.step(0.16, 0.32, opened=False, llm=False)
+    assert t.measured() == {} and t.apply(ANE) is ANE
+    t.step(0.16, 0.32, opened=False, llm=False)
+    assert t.measured() == {"rtf": pytest.approx(0.5)}
+    # 9 more slow steps (17 in all), then 16 fast ones: the last 32 are half and half
+    for _ in range(9):
+        t.step(0.16, 0.32, opened=False, llm=False)
+    for _ in range(16):
+        t.step(0.32, 0.32, opened=False, llm=False)
+    assert t.samples()["rtf"] == 32
+    assert t.measured()["rtf"] == pytest.approx(0.75)
+
+
+def test_a_placer_as_the_gateway_builds_it_trips_a_lane_after_three_failures_for_30_s():
+    """README ("Failures"): three failures in a row trip a lane's breaker, no new turn is
+    placed there for 30 s; ``gateway.io.server`` builds its ``TurnPlacer`` with the
+    defaults."""
+    p = TurnPlacer({"gpu": GPU, "ane": ANE}, {"gpu": ["serena"], "ane": ["serena"]},
+                   primary="gpu")
+    p.failed("ane", now=0.0)
+    p.failed("ane", now=1.0)
+    assert not p.tripped("ane", now=1.0)
+    p.failed("ane", now=2.0)
+    assert p.tripped("ane", now=2.0) and p.tripped("ane", now=31.9)
+    assert not p.tripped("ane", now=32.0)
+
+
+@pytest.mark.parametrize("figures, message", [
+    ({"first_s": 0.1, "rtf": 0.4, "speed": 2, "pitch": 1},
+     "lane ane: unknown timing figure(s) pitch, speed; known: first_s, rtf, first_s_llm, "
+     "rtf_llm"),
+    ({"first_s_llm": 0.2}, "lane ane: timing figure(s) first_s, rtf missing"),
+])
+def test_a_bad_lane_profile_is_refused_naming_the_figures_at_fault(figures, message):
+    """``[tts.profiles.<lane>]`` is written by hand: the refusal at start names the lane,
+    every figure at fault and, for a misspelt one, the names it could have meant."""
+    with pytest.raises(ValueError) as refused:
+        profile_from("ane", figures)
+    assert str(refused.value) == message
