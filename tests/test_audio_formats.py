@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import threading
 import wave
 
 import av
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.core.audio_formats import FORMATS, WAV_STREAM_HEADER, Encoder
@@ -45,6 +46,7 @@ def cut(pcm: bytes, sizes: list[int]) -> list[bytes]:
 @settings(max_examples=25, deadline=None)
 @given(fmt=st.sampled_from(sorted(FORMATS)), streamed=st.booleans(),
        sizes=st.lists(st.integers(0, 5000), max_size=12))
+@example(fmt="mp3", streamed=False, sizes=[RATE // 2])  # the last chunk empty: the end
 def test_chunk_boundaries_do_not_change_the_file(fmt, streamed, sizes):
     chunked = encode(fmt, cut(PCM, sizes), streamed=streamed)
     whole = encode(fmt, [PCM], streamed=streamed)
@@ -88,11 +90,79 @@ def test_pcm_and_wav_are_the_samples_themselves():
     assert encode("wav", [], streamed=True) == WAV_STREAM_HEADER
 
 
+def test_a_wav_header_says_what_strict_readers_check():
+    """Python's ``wave`` reads neither the RIFF size nor the byte rate and block align;
+    players that seek or show a duration do (the byte rate is what one second takes). A
+    stream's header says "length unknown" in both sizes (0xFFFFFFFF), as readers expect."""
+    whole = encode("wav", cut(PCM, [100]), streamed=False)
+    streamed = encode("wav", [PCM], streamed=True)
+    for data, riff, size in ((whole, len(whole) - 8, len(PCM)),
+                             (streamed, 0xFFFFFFFF, 0xFFFFFFFF)):
+        fields = struct.unpack("<4sI4s4sIHHIIHH4sI", data[:44])
+        assert fields == (b"RIFF", riff, b"WAVE", b"fmt ", 16, 1, 1, RATE, RATE * 2, 2, 16,
+                          b"data", size)
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_each_format_decodes_to_the_tone_at_its_loudness(fmt):
+    """The tone comes back at its level (AAC takes floats: PCM16 scaled to [-1, 1)); the
+    lossy codecs lose a little to their priming silence, FLAC nothing."""
+    with av.open(io.BytesIO(encode(fmt, [PCM], streamed=False))) as container:
+        heard = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+    if heard.dtype.kind == "f":
+        heard = heard * 32768.0
+    rms = float(np.sqrt(np.mean(heard.astype(np.float64) ** 2)))
+    sent = float(np.sqrt(np.mean(np.frombuffer(PCM, "<i2").astype(np.float64) ** 2)))
+    assert 0.9 * sent <= rms <= 1.02 * sent
+
+
+def test_a_whole_file_has_the_headers_of_a_saved_file():
+    """A whole answer is a file to save: FLAC's STREAMINFO gives its length (a stream's
+    says 0, unknown), and Ogg Opus keeps its 1 s pages (a stream's come every 40 ms, which
+    costs ~5 kbit/s more)."""
+    for streamed, frames in ((False, len(PCM) // 2), (True, None)):
+        data = encode("flac", [PCM], streamed=streamed)
+        with av.open(io.BytesIO(data)) as container:
+            assert container.streams.audio[0].duration == frames
+    whole, streamed_opus = (encode("opus", [PCM], streamed=s) for s in (False, True))
+    assert whole.count(b"OggS") == 3  # the two header pages, then 0.5 s in one page
+    assert streamed_opus.count(b"OggS") > 10 and len(whole) < len(streamed_opus)
+
+
 def test_a_closed_encoder_frees_what_it_held_without_finishing():
     encoder = Encoder("opus", streamed=True)
     assert encoder.encode(PCM[:3840]).startswith(b"OggS")  # the header pages, then audio
     encoder.close()
     encoder.close()
+    for fmt in ("pcm", "wav"):  # a client gone mid-answer: nothing to free, nothing fails
+        Encoder(fmt, streamed=True).close()
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "whole"])
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_an_answer_with_no_audio_is_a_file_a_decoder_reads(fmt, streamed):
+    """Nothing to say (an emoji-only input) still answers a file of the format asked:
+    MP3, AAC and Ogg Opus then hold one sample of silence (FFmpeg reads none of them
+    without an audio frame), FLAC its header alone."""
+    demuxer = {"mp3": "mp3", "opus": "ogg", "aac": "aac", "flac": "flac"}[fmt]
+    with av.open(io.BytesIO(encode(fmt, [], streamed=streamed)), format=demuxer) as c:
+        heard = [f.to_ndarray() for f in c.decode(audio=0)]
+    assert not any(np.any(f) for f in heard)  # silence only
+    assert bool(heard) == FORMATS[fmt].empty_needs_a_sample
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_without_pyavs_private_send_the_bytes_are_the_same(fmt):
+    """A PyAV without ``_send_frame_and_recv`` encodes through ``encode()`` (the module's
+    docstring): the same frames reach the codec, so the same file comes out."""
+    fallback = Encoder(fmt, streamed=False)
+    fallback._send = None
+    via_encode = fallback.encode(PCM) + fallback.finish()
+    direct = encode(fmt, [PCM], streamed=False)
+    if fmt == "opus":
+        assert packets(via_encode) == packets(direct)
+    else:
+        assert via_encode == direct
 
 
 def native_threads() -> set[int]:
