@@ -276,10 +276,9 @@ class Segmenter:
     def __init__(self, config: SegmenterConfig | None = None, *, reads_digits: bool = True):
         self.config = config or SegmenterConfig()
         self.reads_digits = reads_digits
-        self._buf = ""
+        self._buf = ""  # the pending segment and what follows it: _emit trims the rest
         self._offset = 0  # offset of _buf[0] in the reply
         self._index = 0
-        self._seg = 0  # start of the pending segment in _buf
         self._pos = 0  # scanner position in _buf
         self._quote = 0  # open straight/curly double quotes (0 or 1)
         self._paren = 0  # open brackets
@@ -346,7 +345,7 @@ class Segmenter:
                     self._quote_from = None
                 elif self._quote_unmatched(m.start() if m else len(buf)):
                     continue
-                limit = self._seg + self.config.max_chars
+                limit = self.config.max_chars
                 if (self._index == 0 and self.config.first_phrase_words > 0
                         and self._phrase(min(m.start() if m else len(buf), limit), out)):
                     buf = self._buf
@@ -535,7 +534,7 @@ class Segmenter:
             self._pos = j
             return False
         self._quote, self._paren = quote, paren
-        if self._index > 0 and end - self._seg < self.config.min_chars:
+        if self._index > 0 and end < self.config.min_chars:
             self._pos = end  # merge a short sentence with the next one
             self._clause = None
             return False
@@ -556,7 +555,7 @@ class Segmenter:
             k += 1
         self._pos = j  # only once nothing is left to wait for
         if self._quote or self._paren or closing or (
-                self._index > 0 and j - self._seg < self.config.min_chars):
+                self._index > 0 and j < self.config.min_chars):
             return False
         out.extend(self._emit(j, k))
         return True
@@ -573,7 +572,7 @@ class Segmenter:
         self._pos = end  # only once nothing is left to wait for
         if k == end or k >= len(buf) or self._quote or self._paren or not buf[k].isupper():
             return False
-        if self._index > 0 and end - self._seg < self.config.min_chars:
+        if self._index > 0 and end < self.config.min_chars:
             return False
         out.extend(self._emit(end, k))
         return True
@@ -590,11 +589,11 @@ class Segmenter:
             return not (nxt == "I" and run[0] in ".\u2026"
                         and self._next_word(i + len(run)) in ("I", "I'm", "I've", "I'd"))
         buf = self._buf
-        ws = max(buf.rfind(" ", self._seg, i), buf.rfind("\n", 0, i), self._seg - 1) + 1
+        ws = max(buf.rfind(" ", 0, i), buf.rfind("\n", 0, i)) + 1
         word = buf[ws:i].lstrip("(\"'\u201c\u201e\u00ab\u00bb*_[")
         low = word.lower()
         if len(word) <= 2 and word.isalpha():
-            spaced = _SPACED_ABBR.search(buf, max(self._seg, i - 16), i)
+            spaced = _SPACED_ABBR.search(buf, max(0, i - 16), i)
             if spaced is not None:  # "z. B", "u. a": the whole abbreviation decides
                 low = spaced.group().replace(" ", "").lower()
             if low in _NEVER_END:
@@ -605,7 +604,7 @@ class Segmenter:
         if (len(word) == 1 and word.isupper()) or word in ("St", "c", "ca") or (
                 "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
             return self._name_or_end(i, ws, word)
-        if word == "No" and not buf[self._seg:ws].strip():
+        if word == "No" and not buf[:ws].strip():
             return True  # "No. 91 isn't prime.": the answer, not "No. 5"
         base = word.rsplit("'", 1)[-1].rsplit("\u2019", 1)[-1]  # "l'avv.", "dell'Ing."
         if word in _TITLES or low in _NEVER_END or base in _TITLES or base.lower() in _NEVER_END:
@@ -645,9 +644,9 @@ class Segmenter:
         lower case, without quotes or brackets ("" if none)."""
         buf = self._buf
         p = ws - 1
-        while p >= self._seg and buf[p] in _SPACE:
+        while p >= 0 and buf[p] in _SPACE:
             p -= 1
-        q = max(buf.rfind(" ", self._seg, p), buf.rfind("\n", self._seg, p), self._seg - 1) + 1
+        q = max(buf.rfind(" ", 0, p), buf.rfind("\n", 0, p)) + 1
         return buf[q:p + 1].strip("(\"'\u201c\u201e\u00ab\u00bb*_[,;:").lower()
 
     def _name_or_end(self, i: int, ws: int, word: str) -> bool:
@@ -665,14 +664,7 @@ class Segmenter:
             return False  # another initial: "J. R. R. Tolkien", "7th c. B.C."
         if nxt in _STARTERS or nxt.replace("\u2019", "'") in _STARTERS:
             return True
-        if len(word) != 1:
-            return False
-        p = ws - 1
-        while p >= self._seg and buf[p] in _SPACE:
-            p -= 1
-        q = max(buf.rfind(" ", self._seg, p), self._seg - 1) + 1
-        prev = buf[q:p + 1].strip("(\"'\u201c\u201e\u00ab\u00bb*_[,;:")
-        return prev.lower() in _LABELS
+        return len(word) == 1 and self._prev_word(ws) in _LABELS
 
     def _next_word(self, j: int) -> str:
         """The whole word after position ``j`` (waits until it is complete)."""
@@ -688,9 +680,9 @@ class Segmenter:
         """True when only spaces stand between the start of the line and ``i``."""
         buf = self._buf
         nl = buf.rfind("\n", 0, i)
-        if nl >= self._seg:
+        if nl >= 0:
             return not buf[nl + 1:i].strip()
-        return self._fresh_line and not buf[self._seg:i].strip()
+        return self._fresh_line and not buf[:i].strip()
 
     def _clause_mark(self, i: int, out: list[Segment]) -> bool:
         """Note a clause mark at ``i``; True if it cut the eager first segment."""
@@ -719,7 +711,7 @@ class Segmenter:
         """At a clause boundary ``end``: cut the first segment there once it holds
         ``first_min_words`` words (``_words``); True if it did."""
         fmw = self.config.first_min_words
-        if self._index == 0 and fmw > 0 and _words(self._buf[self._seg:end]) >= fmw:
+        if self._index == 0 and fmw > 0 and _words(self._buf[:end]) >= fmw:
             out.extend(self._emit(end, end))
             return True
         return False
@@ -737,7 +729,7 @@ class Segmenter:
         """Cut the first segment before a phrase opener in ``_buf[:endpos]`` (no stop char
         in between); True if it did. Openers not yet followed by whitespace wait."""
         buf = self._buf
-        start = max(self._phrase_pos, self._seg)
+        start = self._phrase_pos
         if endpos <= start:
             return False
         if self._quote or self._paren:
@@ -745,7 +737,7 @@ class Segmenter:
             return False
         for m in _PHRASE.finditer(buf, start, endpos):
             p = m.start()
-            words = [w for w in buf[self._seg:p].split() if any(c.isalnum() for c in w)]
+            words = [w for w in buf[:p].split() if any(c.isalnum() for c in w)]
             if len(words) < self.config.first_phrase_words:
                 continue
             prev = words[-1]
@@ -763,15 +755,15 @@ class Segmenter:
     def _cut_long(self, out: list[Segment]) -> bool:
         """The pending segment passed max_chars without a sentence end: cut it."""
         buf = self._buf
-        limit = self._seg + self.config.max_chars
-        if self._clause is not None and self._clause[0] > self._seg:
+        limit = self.config.max_chars
+        if self._clause is not None and self._clause[0] > 0:
             end, resume, quote, paren = self._clause
         else:
-            sp = buf.rfind(" ", self._seg + 1, limit + 1)
-            while sp > self._seg + 1 and buf[sp - 1].isdigit() and (
+            sp = buf.rfind(" ", 1, limit + 1)
+            while sp > 1 and buf[sp - 1].isdigit() and (
                     self._need(sp + 1) and buf[sp + 1].isdigit()):
-                sp = buf.rfind(" ", self._seg + 1, sp)  # "1 250 000 €": one number
-            cjk = self._cjk_break(max(sp, self._seg + 1), limit)
+                sp = buf.rfind(" ", 1, sp)  # "1 250 000 €": one number
+            cjk = self._cjk_break(max(sp, 1), limit)
             if cjk > sp:  # Chinese and Japanese have no spaces: cut between two characters
                 end = resume = cjk
             elif sp >= 0:
@@ -793,13 +785,12 @@ class Segmenter:
 
     def _emit(self, end: int, resume: int, *, code: bool = False) -> list[Segment]:
         buf = self._buf
-        raw = buf[self._seg:end]
+        raw = buf[:end]
         stripped = raw.strip()
-        start = self._offset + self._seg + (len(raw) - len(raw.lstrip()))
+        start = self._offset + (len(raw) - len(raw.lstrip()))
         # Trim the buffer so it never grows with the reply.
         self._buf = buf[resume:]
         self._offset += resume
-        self._seg = 0
         self._pos = 0
         self._phrase_pos = 0
         self._clause = None
