@@ -611,6 +611,20 @@ def test_a_stray_quote_stops_protecting_after_quote_max_chars():
     assert [s.text for s in run(stray, None, held)] == [stray]
 
 
+def test_a_quote_holds_for_exactly_quote_max_chars():
+    """``quote_max_chars`` counts from right after the opening mark to the last stop the
+    scanner meets inside it (the "." before the closing one): a quote whose last stop is
+    just that far holds, one char less releases it."""
+    text = 'He said "Stop. Now we go." Then left.'
+    span = text.index('."') - (text.index('"') + 1)
+    whole = ['He said "Stop. Now we go."', "Then left."]
+    cfg = SegmenterConfig(first_min_words=0, quote_max_chars=span)
+    assert [s.text for s in run(text, None, cfg)] == whole
+    cfg = SegmenterConfig(first_min_words=0, quote_max_chars=span - 1)
+    assert [s.text for s in run(text, None, cfg)] == [
+        'He said "Stop.', 'Now we go."', "Then left."]
+
+
 def test_a_stray_quote_rescan_keeps_brackets_and_later_quotes_right():
     text = ('Use "x (see the docs. They help.) and more text to pass the span here. '
             'He said "hi. There." Then left. End.')
@@ -737,3 +751,37 @@ def test_arabic_urdu_and_devanagari_sentence_ends(text, want):
     # ؟ ۔ । were not sentence ends: an Arabic reply was one segment however long
     for sizes in ([len(text)], [1] * len(text)):
         assert [s.text for s in run(text, sizes, SENTENCES)] == want
+
+
+# --- emoji ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("emoji", [
+    "\U0001F000", "\u2600", "\u27BF", "\u2B00", "\u2BFF",  # the first and last of each block
+    "\U0001F468\u200D\U0001F469\u200D\U0001F467",  # a family: joined by U+200D
+])
+def test_emoji_at_the_edges_of_their_blocks_stay_with_their_sentence(emoji):
+    """After a sentence end or before a capital, an emoji run ends its sentence and is
+    not said; a letter or math sign just outside the blocks is text ("Ⰰ", "⟀")."""
+    for text in (f"Well done! {emoji} The next one.", f"Done {emoji} The next one."):
+        first, rest = sentences(text)
+        assert rest == "The next one." and first.endswith(emoji)
+        assert emoji not in run(text)[0].spoken
+    for sign in ("\u27C0", "\u2C00"):
+        assert sentences(f"Done {sign} The next one.") == [f"Done {sign} The next one."]
+
+
+def test_short_sentences_ended_by_an_emoji_merge_after_the_first():
+    cfg = SegmenterConfig(first_min_words=0, min_chars=12)
+    assert [s.text for s in run("Done \u2705 Next \u2705 The reminder is set now.", None,
+                                cfg)] == ["Done \u2705", "Next \u2705 The reminder is set now."]
+    assert [s.text for s in run("Ok. Done \u2705 Next one \u2705 The reminder is set.", None,
+                                cfg)] == ["Ok.", "Done \u2705 Next one \u2705",
+                                          "The reminder is set."]
+
+
+def test_a_long_sentence_is_cut_after_a_number_that_ends_a_group_of_words():
+    """Only a space between two digits is inside a number ("1 250 000"): "5 apples" is
+    two words, and the cut may fall between them."""
+    cfg = SegmenterConfig(first_min_words=0, max_chars=40)
+    text = "We bought a lot of fruit and got 5 apples plus pears today."
+    assert [s.text for s in run(text, None, cfg)][0] == "We bought a lot of fruit and got 5"
