@@ -785,3 +785,55 @@ def test_a_long_sentence_is_cut_after_a_number_that_ends_a_group_of_words():
     cfg = SegmenterConfig(first_min_words=0, max_chars=40)
     text = "We bought a lot of fruit and got 5 apples plus pears today."
     assert [s.text for s in run(text, None, cfg)][0] == "We bought a lot of fruit and got 5"
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Call at 9 a.m. Eastern time. Then wait.", ["Call at 9 a.m. Eastern time.", "Then wait."]),
+    ("Die Firma heißt Müller GmbH & Co. OHG. Sie ist alt.",
+     ["Die Firma heißt Müller GmbH & Co. OHG.", "Sie ist alt."]),
+    ("Es ist die Bayer Co. KGaA. Sie ist alt.", ["Es ist die Bayer Co. KGaA.", "Sie ist alt."]),
+    ("Er wohnt in der Hauptstr. 12 in Berlin. Gut.",
+     ["Er wohnt in der Hauptstr. 12 in Berlin.", "Gut."]),
+    ("Ho parlato con l\u2019avv. Rossi oggi. Bene.",
+     ["Ho parlato con l\u2019avv. Rossi oggi.", "Bene."]),
+    ("Ho visto dell\u2019Ing. Bianchi ieri. Bene.",
+     ["Ho visto dell\u2019Ing. Bianchi ieri.", "Bene."]),
+    ("Well... I'm not sure. Ok.", ["Well... I'm not sure.", "Ok."]),
+    ("Hmm... I've seen it. Ok.", ["Hmm... I've seen it.", "Ok."]),
+    ("So... I'd say yes. Ok.", ["So... I'd say yes.", "Ok."]),
+    ("In 7th c. Rome it fell. Then it rose.", ["In 7th c. Rome it fell.", "Then it rose."]),
+    ("It was written by J. A. Smith in 1950. Read it.",
+     ["It was written by J. A. Smith in 1950.", "Read it."]),
+])
+def test_abbreviations_that_go_on_before_a_capital(text, want):
+    """A time zone after "a.m.", a German company form after "Co.", a street before its
+    number, an Italian title after an elided article (typographic apostrophe), the pronoun
+    I after an ellipsis, "c." (circa) before a name, an initial before another one (even
+    "A.", which opens sentences)."""
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("The build is done now \u2014 then we ship it today.",
+     ["The build is done now \u2014", "then we ship it today."]),
+    ("The build is done - then we ship it today.",
+     ["The build is done -", "then we ship it today."]),
+    ("The well-known fix is done now and we ship it today.",
+     ["The well-known fix is done now and we ship it today."]),
+    ("- The build is done now and we ship it.\n- Next.",
+     ["- The build is done now and we ship it.", "- Next."]),
+])
+def test_the_eager_first_clause_ends_at_a_spaced_dash_only(text, want):
+    """A spaced dash is a clause mark; a hyphen inside a word and a bullet opening a line
+    are not."""
+    assert [s.text for s in run(text)] == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Thanks to Mr. and Mrs. Smith for the help today.",
+     ["Thanks to Mr. and Mrs. Smith", "for the help today."]),
+    ("Pick a number between 3 and 5 for the test today.",
+     ["Pick a number", "between 3 and 5 for the test today."]),
+])
+def test_a_first_phrase_never_ends_at_a_title_or_inside_a_range(text, want):
+    assert phrase(text, 2) == want
