@@ -270,12 +270,16 @@ class Qwen3Engine:
                     f"speakers ({', '.join(speakers)}) and cannot clone ref_audio "
                     f"{self.ref_audio} ([tts] voice_ref, --voice-ref): choose a speaker with "
                     "voice, or use a Base model to clone")
-            if self.default_voice is None:
-                self.default_voice = speakers[0]
-            elif self.default_voice.lower() not in speakers:
+            if self.default_voice is not None and self.default_voice.lower() not in speakers:
                 raise EngineError(
                     "voice_unknown", f"voice {self.default_voice!r} not in {speakers}"
                 )
+            # spelt as voices() lists it: the model card writes "Serena", the checkpoint
+            # "serena", and the gateway matches voice names exactly (session.update, the
+            # HTTP API), so the default it announced was refused as an unknown voice
+            named = (self.default_voice or speakers[0]).lower()
+            self.default_voice = next(
+                s for s in model.get_supported_speakers() if s.lower() == named)
         elif kind == "base":
             if self.ref_audio is None:
                 raise EngineError("engine_failed", f"{path} is a Base model: it clones a voice "

@@ -3,6 +3,7 @@ mlx-audio's real loader) and a primary that fails mid-turn with espeak taking ov
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from websockets.asyncio.client import connect
 
@@ -39,6 +40,29 @@ async def test_a_turn_spoken_by_tiny_qwen3(tiny_qwen3_custom_voice):
     gapless(result)
     # random weights, capped tokens: a few 320 ms steps of quiet noise, but real samples
     assert result.audio_ms >= 320 and result.audio.any()
+
+
+@pytest.mark.slow
+async def test_the_default_voice_spelt_as_the_model_card_does_is_one_it_lists(
+        tiny_qwen3_custom_voice):
+    """The public CustomVoice checkpoints key their speakers "serena", "vivian"; their model
+    card and mlx-audio's README write "Serena", "Vivian", as examples/hub.toml does. The
+    gateway listed "serena" and announced "Serena" as its default, then refused the default
+    it announced (``unknown_voice``) on the HTTP API."""
+    config = load_config(server={"port": 0, "http_port": 0},
+                         tts={"engine": "qwen3", "model": str(tiny_qwen3_custom_voice),
+                              "voice": "Serena", "options": {"max_tokens": 4}})
+    gw = Gateway(config)
+    await gw.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+            voices = (await http.get("/v1/audio/voices")).json()
+            spoken = await http.post("/v1/audio/speech", json={
+                "input": "Hi.", "voice": voices["default"], "response_format": "pcm"})
+    finally:
+        await gw.aclose()
+    assert spoken.status_code == 200 and spoken.content
+    assert voices["default"] == "serena" in [v["id"] for v in voices["data"]]
 
 
 class FailingSynthetic(SyntheticEngine):

@@ -328,3 +328,18 @@ def test_a_language_the_model_does_not_speak_is_refused(cv_engine, tiny_qwen3_cu
         Qwen3Engine(str(tiny_qwen3_custom_voice), voice="aria", language="klingon").load()
     assert err.value.code == "engine_failed"
     assert err.value.message.startswith("qwen3 does not speak language 'klingon'")
+
+
+def test_the_default_voice_is_spelt_as_the_checkpoint_lists_it(tiny_qwen3_custom_voice):
+    """"Serena" (the model card's spelling) is the checkpoint's "serena": the engine took
+    it and kept it as written, so its default voice was not one of its ``voices()``."""
+    from engines.qwen3 import Qwen3Engine
+
+    engine = Qwen3Engine(str(tiny_qwen3_custom_voice), voice="Serena", max_tokens=4)
+    engine.load()
+    try:
+        assert engine.default_voice == "serena" and engine.default_voice in engine.voices()
+        assert run(engine.open(SynthesisRequest("Hi.", voice="SERENA", seed=1))) == run(
+            engine.open(SynthesisRequest("Hi.", seed=1)))
+    finally:
+        engine.close()
