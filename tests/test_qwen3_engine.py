@@ -343,3 +343,79 @@ def test_the_default_voice_is_spelt_as_the_checkpoint_lists_it(tiny_qwen3_custom
             engine.open(SynthesisRequest("Hi.", seed=1)))
     finally:
         engine.close()
+
+
+def in_turn(*streams: SynthesisStream) -> list[list[bytes]]:
+    """Step ``streams`` one after the other, as the gpu lane does, until all have ended."""
+    chunks: list[list[bytes]] = [[] for _ in streams]
+    live = dict(enumerate(streams))
+    while live:
+        for i, stream in list(live.items()):
+            if (chunk := stream.step()) is None:
+                del live[i]
+            else:
+                chunks[i].append(chunk)
+    return chunks
+
+
+@pytest.mark.parametrize(("kind", "bits"), [("custom_voice", 4), ("base", 8)])
+def test_a_quantized_bf16_checkpoint_speaks_as_the_float_one_does(tmp_path, reference_wav,
+                                                                  kind, bits):
+    """mlx-community's Qwen3-TTS checkpoints are bf16 and 4/6/8-bit (quantized linear
+    layers, ``quantization`` in config.json), not the float32 of the other tiny models:
+    the same engine code (clone conditioning, per-stream codec state, PCM16) on one."""
+    import mlx.nn as nn
+
+    from engines.qwen3 import Qwen3Engine
+    from tests.tiny_models.qwen3 import build_tiny_qwen3
+
+    path = build_tiny_qwen3(tmp_path / kind, kind, bits=bits)
+    voice = {"voice": "aria"} if kind == "custom_voice" else {"ref_audio": str(reference_wav)}
+    engine = Qwen3Engine(str(path), max_tokens=8, **voice)
+    engine.load()
+    try:
+        quantized = [m for _, m in engine._model.talker.named_modules()
+                     if isinstance(m, nn.QuantizedLinear)]
+        assert quantized and all(m.bits == bits for m in quantized)
+
+        def request(text: str) -> SynthesisRequest:
+            return SynthesisRequest(text, temperature=0.0, step_ms=80,
+                                    options={"max_tokens": 4})
+
+        a, b = request("Hello there, how are you today?"), request("Another sentence.")
+        alone = [run(engine.open(a)), run(engine.open(b))]
+        assert [len(c) for c in alone[0]] == [1920 * 2] * 4
+        assert any(np.frombuffer(c, "<i2").any() for c in alone[0])
+        assert in_turn(engine.open(a), engine.open(b)) == alone
+        assert engine.conditioning_computations == (kind == "base")
+    finally:
+        engine.close()
+
+
+def test_an_icl_clone_encodes_its_reference_once(tmp_path, offline_hf_cache):
+    """``ref_audio`` with ``ref_text`` and a codec that has an encoder (the public Base
+    checkpoints' has one): mlx-audio's ICL cloning, the reference's codes prefixed to every
+    sentence. The codes are encoded once (mlx-audio keeps them), the speaker embedding too
+    (the engine does), and streams stepped in turn sound as alone."""
+    from engines.qwen3 import Qwen3Engine
+    from tests.tiny_models.qwen3 import build_tiny_qwen3, write_reference_wav
+
+    path = build_tiny_qwen3(tmp_path / "icl", "base", icl=True)
+    ref = write_reference_wav(tmp_path / "ref.wav", seconds=0.4)  # the encoder is not tiny
+    engine = Qwen3Engine(str(path), ref_audio=str(ref), ref_text="Hello there.", max_tokens=8)
+    engine.load()
+    try:
+        assert engine._model.speech_tokenizer.has_encoder and len(engine._model._icl_cache) == 1
+
+        def request(text: str) -> SynthesisRequest:
+            return SynthesisRequest(text, temperature=0.0, step_ms=80,
+                                    options={"max_tokens": 4})
+
+        a, b = request("How are you today?"), request("The weather is fine.")
+        alone = [run(engine.open(a)), run(engine.open(b))]
+        assert [len(c) for c in alone[0]] == [1920 * 2] * 4
+        assert in_turn(engine.open(a), engine.open(b)) == alone
+        assert engine.conditioning_computations == 1
+        assert len(engine._model._icl_cache) == 1
+    finally:
+        engine.close()

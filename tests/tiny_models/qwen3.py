@@ -73,6 +73,28 @@ def _decoder_config() -> dict:
     }
 
 
+def _encoder_config() -> dict:
+    """The codec's encoder (for ICL cloning): Mimi's SEANet at 24 kHz, 960x down to 25 Hz,
+    then 2x to the codec's 12.5 Hz. Its 1x1 convs take ``num_filters`` channels and up,
+    and the quantizer's projections ``hidden_size``: all above 64, the loader's trap."""
+    return {
+        "hidden_size": 72,
+        "num_filters": 65,
+        "compress": 1,
+        "intermediate_size": 64,
+        "head_dim": 36,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "sliding_window": 16,
+        "codebook_dim": 32,
+        "codebook_size": 2048,
+        "num_quantizers": 16,
+        "upsampling_ratios": [8, 6, 5, 4],
+        "vector_quantization_hidden_dimension": 32,
+    }
+
+
 def model_config(kind: Kind, ids: dict[str, int]) -> dict:
     talker = {
         "vocab_size": 3072,
@@ -124,10 +146,20 @@ def model_config(kind: Kind, ids: dict[str, int]) -> dict:
 
 
 def build_tiny_qwen3(directory: str | Path, kind: Kind = "custom_voice", seed: int = 0,
-                     size: str = "0b6") -> Path:
+                     size: str = "0b6", *, bits: int | None = None,
+                     icl: bool = False) -> Path:
     """Write a tiny ``kind`` Qwen3-TTS model to ``directory`` and return its path. ``size``
     is the ``tts_model_size`` it declares: mlx-audio passes style instructions to a
-    CustomVoice model only when it is not "0b6" (the public 1.7B ones say "1b7")."""
+    CustomVoice model only when it is not "0b6" (the public 1.7B ones say "1b7").
+
+    ``bits``: a checkpoint as mlx-community publishes its 4/6/8-bit ones, made the way
+    mlx-audio's converter makes them: bf16 weights, then ``quantize_model`` with the model's
+    own ``model_quant_predicate`` (linear layers quantized; the text and codec embeddings,
+    the speaker encoder and the codec left alone), ``quantization`` in config.json. Groups
+    of 32: the tiny layers are 32 or 64 wide (the real ones use 64).
+
+    ``icl``: the speech tokenizer gets an encoder too, as the public Base checkpoints have,
+    so ``ref_text`` selects mlx-audio's ICL cloning (reference codes prefixed)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_audio.tts.models.qwen3_tts import Model, ModelConfig
@@ -140,17 +172,24 @@ def build_tiny_qwen3(directory: str | Path, kind: Kind = "custom_voice", seed: i
     ids = _write_tokenizer(out)
     cfg = model_config(kind, ids)
     cfg["tts_model_size"] = size
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
     model = Model(ModelConfig.from_dict(cfg))
+    if bits is not None:
+        from mlx_audio.lm.convert import quantize_model
+
+        model.set_dtype(mx.bfloat16)
+        model, cfg = quantize_model(model, cfg, 32, bits,
+                                    quant_predicate=model.model_quant_predicate)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
 
     st = out / "speech_tokenizer"
     st.mkdir(exist_ok=True)
     st_cfg = {"decoder_config": _decoder_config(), "decode_upsample_rate": 1920}
+    if icl:
+        st_cfg["encoder_config"] = _encoder_config()
     (st / "config.json").write_text(json.dumps(st_cfg, indent=1))
-    tokenizer = Qwen3TTSSpeechTokenizer(
-        Qwen3TTSTokenizerConfig(decoder_config=st_cfg["decoder_config"])
-    )
+    tokenizer = Qwen3TTSSpeechTokenizer(Qwen3TTSTokenizerConfig(
+        decoder_config=st_cfg["decoder_config"], encoder_config=st_cfg.get("encoder_config")))
     mx.save_safetensors(str(st / "model.safetensors"), dict(tree_flatten(tokenizer.parameters())))
     (out / "generation_config.json").write_text(
         json.dumps({"temperature": 0.9, "top_k": 50, "top_p": 1.0, "max_new_tokens": 8})
