@@ -203,9 +203,10 @@ class Qwen3Engine:
         language: str = "auto",
         warmup_text: str = "Hello.",
     ) -> None:
-        """``runaway_factor`` is seconds of audio allowed per character of text; a
-        synthesis longer than ``max(runaway_min_s, len(text) * runaway_factor)`` is a
-        runaway (normal speech is ~0.07 s per character)."""
+        """``runaway_factor`` is seconds of audio allowed per character of text (a CJK one
+        counts as three: ``engines.mlx_common.runaway_budget_s``); a synthesis longer than
+        ``max(runaway_min_s, len(text) * runaway_factor)`` is a runaway (normal speech is
+        ~0.07 s per letter)."""
         self.model_ref = model
         self.default_voice = voice
         self.ref_audio = ref_audio

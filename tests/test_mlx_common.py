@@ -187,3 +187,16 @@ def test_runaway_budget_is_per_character_with_a_floor():
 
     assert runaway_budget_s("x" * 40, 0.25, 3.0) == 10.0
     assert runaway_budget_s("Hi.", 0.25, 3.0) == 3.0
+
+
+def test_a_chinese_sentence_read_slowly_is_not_a_runaway():
+    """Mandarin TTS speaks 0.15 to 0.3 s a syllable (0.25 slow), one character each: at
+    0.25 s a character the budget was the slow reading itself, and its pauses took it over
+    (``engine_runaway``, the sentence stopped in the middle). A CJK character now counts
+    three letters: a Chinese sentence has about the margin an English one has."""
+    from engines.mlx_common import runaway_budget_s
+
+    chinese = "我们明天早上八点在公司门口见面，然后一起去机场。"  # 22 syllables, 2 pauses
+    english = "We meet at the office at eight tomorrow, then go to the airport together."
+    assert runaway_budget_s(chinese, 0.25, 3.0) >= 2.5 * (22 * 0.25 + 2 * 0.3)
+    assert runaway_budget_s(english, 0.25, 3.0) >= 2.5 * len(english) * 0.07

@@ -177,6 +177,17 @@ def test_runaway_guard_stops_generation(tiny_qwen3_custom_voice):
         engine.close()
 
 
+def test_a_chinese_sentence_is_given_the_time_its_syllables_take(cv_engine, monkeypatch):
+    """A CJK character is a syllable (~0.2 s), not a letter (~0.07 s): the runaway budget
+    counts it as three letters. At one letter each, the guard stopped a Chinese sentence
+    read at a slow pace in the middle. Scaled down: 0.02 s a letter, 24 characters."""
+    monkeypatch.setattr(cv_engine, "runaway_factor", 0.02)
+    monkeypatch.setattr(cv_engine, "runaway_min_s", 0.1)
+    text = "我们明天早上八点在公司门口见面，然后一起去机场。"
+    stream = cv_engine.open(SynthesisRequest(text, seed=1, options={"max_tokens": 8}))
+    assert [len(c) for c in run(stream)] == [CHUNK_BYTES, CHUNK_BYTES]  # 0.64 s < 1.44 s
+
+
 def test_step_from_another_thread_is_refused(cv_engine):
     stream = cv_engine.open(SynthesisRequest("Hi.", options={"max_tokens": 4}))
     errors = []
