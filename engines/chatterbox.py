@@ -77,7 +77,9 @@ class ChatterboxEngine:
         flow_steps: int | None = None,
     ) -> None:
         self.model_ref = model
-        self.ref_audio = ref_audio
+        # "~/voices/me.wav" in a config file (no shell expands it there), as the model
+        # path may be written
+        self.ref_audio = None if ref_audio is None else str(Path(ref_audio).expanduser())
         self.voice_name = voice or (Path(ref_audio).stem if ref_audio else "default")
         self.exaggeration = exaggeration
         self.cfg_weight = cfg_weight

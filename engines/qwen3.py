@@ -209,7 +209,9 @@ class Qwen3Engine:
         ~0.07 s per letter)."""
         self.model_ref = model
         self.default_voice = voice
-        self.ref_audio = ref_audio
+        # "~/voices/me.wav" in a config file (no shell expands it there), as the model
+        # path may be written
+        self.ref_audio = None if ref_audio is None else str(Path(ref_audio).expanduser())
         self.ref_text = ref_text
         self.temperature = temperature
         self.top_p = top_p

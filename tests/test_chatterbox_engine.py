@@ -74,3 +74,14 @@ def test_flow_steps_must_be_a_positive_int(steps):
 
     with pytest.raises(ValueError):
         ChatterboxEngine("unused", flow_steps=steps)
+
+
+def test_a_reference_wav_may_be_written_from_the_home_directory(tmp_path, monkeypatch):
+    """As qwen3's (tests/test_qwen3_engine.py): ``~`` is the home directory, not a folder
+    named "~" under the working directory."""
+    from engines.chatterbox import ChatterboxEngine
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    engine = ChatterboxEngine("unused", ref_audio="~/assistant.wav")
+    assert (engine.ref_audio, engine.voices()) == (str(tmp_path / "assistant.wav"),
+                                                  ["assistant"])

@@ -430,3 +430,21 @@ def test_an_icl_clone_encodes_its_reference_once(tmp_path, offline_hf_cache):
         assert len(engine._model._icl_cache) == 1
     finally:
         engine.close()
+
+
+def test_a_reference_wav_may_be_written_from_the_home_directory(tiny_qwen3_base, reference_wav,
+                                                                tmp_path, monkeypatch):
+    """``voice_ref = "~/voices/assistant.wav"`` in a config file (no shell expands it there,
+    and the model path may be written so): the gateway stopped at start, file not found."""
+    import shutil
+
+    from engines.qwen3 import Qwen3Engine
+
+    shutil.copy(reference_wav, tmp_path / "assistant.wav")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    engine = Qwen3Engine(str(tiny_qwen3_base), ref_audio="~/assistant.wav", max_tokens=4)
+    engine.load()
+    try:
+        assert engine.voices() == ["assistant"] and engine.conditioning_computations == 1
+    finally:
+        engine.close()
