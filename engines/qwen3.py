@@ -311,6 +311,11 @@ class Qwen3Engine:
                 )
         else:
             raise EngineError("engine_failed", f"unsupported Qwen3-TTS model type {kind!r}")
+        if kind == "custom_voice" or self.ref_text is None:
+            # the codec's encoder serves ICL cloning only (ref_audio with ref_text); the
+            # public checkpoints ship it to every kind: ~0.2 GB of float32 held for nothing
+            # in the memory the LLM shares (the warm-up's clear_cache returns it)
+            model.speech_tokenizer.encoder_model = None
         self.language = self._language_of(model, self.language, "engine_failed")
         self._decoder = DecoderStreams(model.speech_tokenizer.decoder)
         self._model = model

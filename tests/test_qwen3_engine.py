@@ -403,16 +403,25 @@ def test_a_quantized_bf16_checkpoint_speaks_as_the_float_one_does(tmp_path, refe
         engine.close()
 
 
-def test_an_icl_clone_encodes_its_reference_once(tmp_path, offline_hf_cache):
+@pytest.fixture(scope="module")
+def icl_model(tmp_path_factory, offline_hf_cache):
+    """A tiny Base model whose codec has an encoder, and a 0.4 s reference (the encoder is
+    not tiny): (model directory, reference WAV)."""
+    from tests.tiny_models.qwen3 import build_tiny_qwen3, write_reference_wav
+
+    tmp = tmp_path_factory.mktemp("qwen3-icl")
+    return build_tiny_qwen3(tmp / "model", "base", icl=True), write_reference_wav(
+        tmp / "ref.wav", seconds=0.4)
+
+
+def test_an_icl_clone_encodes_its_reference_once(icl_model):
     """``ref_audio`` with ``ref_text`` and a codec that has an encoder (the public Base
     checkpoints' has one): mlx-audio's ICL cloning, the reference's codes prefixed to every
     sentence. The codes are encoded once (mlx-audio keeps them), the speaker embedding too
     (the engine does), and streams stepped in turn sound as alone."""
     from engines.qwen3 import Qwen3Engine
-    from tests.tiny_models.qwen3 import build_tiny_qwen3, write_reference_wav
 
-    path = build_tiny_qwen3(tmp_path / "icl", "base", icl=True)
-    ref = write_reference_wav(tmp_path / "ref.wav", seconds=0.4)  # the encoder is not tiny
+    path, ref = icl_model
     engine = Qwen3Engine(str(path), ref_audio=str(ref), ref_text="Hello there.", max_tokens=8)
     engine.load()
     try:
@@ -448,3 +457,33 @@ def test_a_reference_wav_may_be_written_from_the_home_directory(tiny_qwen3_base,
         assert engine.voices() == ["assistant"] and engine.conditioning_computations == 1
     finally:
         engine.close()
+
+
+def test_the_codec_encoder_is_let_go_when_no_icl_clone_needs_it(icl_model):
+    """mlx-audio uses the codec's encoder only to clone with ``ref_text`` (ICL), and the
+    public checkpoints ship it with every kind (their codec: 651 MB of float32, ~215 of it
+    the encoder). An x-vector clone (the hub's) or a CustomVoice speaker kept it loaded, in
+    the memory the LLM shares."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from engines.qwen3 import Qwen3Engine
+
+    path, ref = icl_model
+
+    def load(**options) -> tuple[int, int]:
+        """(the bytes of the encoder the engine holds, MLX memory the loaded engine holds)"""
+        before = mx.get_active_memory()
+        engine = Qwen3Engine(str(path), ref_audio=str(ref), max_tokens=4, **options)
+        engine.load()
+        try:
+            encoder = engine._model.speech_tokenizer.encoder_model
+            held = 0 if encoder is None else sum(
+                v.nbytes for _, v in tree_flatten(encoder.parameters()))
+            return held, mx.get_active_memory() - before
+        finally:
+            engine.close()
+
+    (encoder, icl), (kept, xvector) = load(ref_text="Hello there."), load()
+    assert encoder > 0 and kept == 0
+    assert icl - xvector >= encoder
