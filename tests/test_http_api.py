@@ -135,6 +135,17 @@ async def test_openai_sdk_sees_openai_style_errors(gateway):
     await client.close()
 
 
+async def test_a_voice_named_in_other_letter_case_is_the_listed_one(gateway):
+    """"EN-US" for the listed "en-us" (a model card's "Serena" for a checkpoint's "serena")
+    was refused as an unknown voice. It is that voice, spoken, with no note of a default
+    standing in."""
+    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+        response = await http.post("/v1/audio/speech", json={
+            "input": "Hi.", "voice": "EN-US", "response_format": "pcm"})
+    assert response.status_code == 200 and is_speech(pcm16(response.content))
+    assert "x-speech-notes" not in response.headers
+
+
 async def test_an_app_written_for_openai_gets_the_default_voice_not_an_error(gateway):
     # OpenAI's voice names (hard-coded in apps written for it) speak with the gateway's
     # default voice, and say so; OpenAI's {"id": ...} form names a voice too

@@ -651,6 +651,27 @@ def test_session_update_and_unknown_voice(clock):
         "v018, v019, … (144 in all; GET /v1/audio/voices lists them)")
 
 
+def test_a_voice_named_in_other_letter_case_is_the_listed_one(clock):
+    """The model card writes "Serena", the checkpoint lists "serena": a session asking for
+    "Serena" was refused (``unknown_voice``) although every engine speaking it takes
+    either spelling. It gets the voice, spelt as listed (an engine may match exactly)."""
+    s = Session("s", voices=["serena", "en-us"])
+    out = s.receive(ClientSessionUpdate({"voice": "Serena"}), clock())
+    assert events(out)[0]["session"]["voice"] == "serena"
+    assert s.settings.voice == "serena"
+    out = s.receive(ClientSessionUpdate({"voice": "EN-US"}), clock())
+    assert s.settings.voice == "en-us"
+    # two lanes' engines spelling one speaker two ways: the same one, whichever is given
+    both = Session("s", voices=["serena", "Serena"])
+    for asked in ("Serena", "serena"):
+        both.receive(ClientSessionUpdate({"voice": asked}), clock())
+        assert both.settings.voice == asked
+    both.receive(ClientSessionUpdate({"voice": "SERENA"}), clock())
+    assert both.settings.voice == "Serena"  # (the first of the spellings in order)
+    (error,) = events(s.receive(ClientSessionUpdate({"voice": "serenade"}), clock()))
+    assert error["error"]["code"] == "unknown_voice"
+
+
 def test_a_null_setting_goes_back_to_the_servers_default(clock):
     server = SessionSettings(voice="en-gb", temperature=0.3, max_lead_ms=2000)
     s = Session("s", settings=server, voices=["en-us", "en-gb"])

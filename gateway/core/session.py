@@ -95,6 +95,18 @@ class CancelLlm:
     turn_id: int
 
 
+def listed_voice(voice: str, voices: Iterable[str]) -> str | None:
+    """``voice`` as ``voices`` spell it, or None when none is it: the same name in other
+    letter case is the same voice ("Serena" is the model card's, "serena" the checkpoint's,
+    and every engine that lists both spellings' speaker takes either). Spelt as listed, so
+    that an engine that matches names exactly gets one it knows."""
+    known = set(voices)
+    if voice in known:
+        return voice
+    key = voice.casefold()
+    return min((v for v in known if v.casefold() == key), default=None)
+
+
 def _voice_list(voices: frozenset[str], shown: int = 20) -> str:
     names = sorted(voices)
     if len(names) <= shown:
@@ -400,10 +412,14 @@ class Session:
     def _update_settings(self, changes: dict[str, Any], now: float) -> list[Effect]:
         """``session.update``: all of ``changes`` or, at the first bad one, none."""
         voice = changes.get("voice")
-        if voice is not None and self.voices is not None and voice not in self.voices \
+        if voice is not None and self.voices is not None \
                 and voice != self.defaults.voice:  # (the server's own is always good)
-            return self.protocol_error(ProtocolError(
-                "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"), now)
+            listed = listed_voice(voice, self.voices)
+            if listed is None:
+                return self.protocol_error(ProtocolError(
+                    "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"),
+                    now)
+            changes = {**changes, "voice": listed}
         llm = changes.get("llm")
         model = llm.get("model") if isinstance(llm, dict) else None
         if model is not None and self.llm_models is not None and \

@@ -66,6 +66,7 @@ from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest, streams_alway
 from gateway.core.audio_formats import FORMATS, Encoder
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import ONE_STEP_MAX_CHARS, Segmenter, SegmenterConfig
+from gateway.core.session import listed_voice
 from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
@@ -228,8 +229,11 @@ def _voice(body: dict[str, Any], gateway: Gateway) -> tuple[str | None, list[str
     if not isinstance(voice, str):
         raise ApiError(400, "'voice' must be a string (or an object with a string 'id')",
                        code="invalid_type", param="voice")
-    if not gateway.voices or voice in gateway.voices:
+    if not gateway.voices:
         return voice, []
+    listed = listed_voice(voice, gateway.voices)
+    if listed is not None:
+        return listed, []
     if voice.lower() not in OPENAI_VOICES:
         raise ApiError(400, f"unknown voice {voice!r}; GET /v1/audio/voices lists the "
                        f"{len(gateway.voices)} available", code="unknown_voice",
