@@ -6,10 +6,20 @@ import socket
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.servers import ScriptedLlmServer, TinyLlamaServer
 
 pytest_plugins = ["tests.fixtures_mlx", "tests.no_skips"]
+
+# Property tests judge what the code does, never how fast: Hypothesis's default 200 ms
+# deadline per example, and its too_slow health check, failed the codec's property tests
+# whenever the shared 2-core machine stalled the process for a moment ("Unreliable test
+# timings! ... took 320.00ms"). Loaded here, before any test module builds its @settings,
+# which inherit it (tests/test_property_settings.py holds every one to it).
+settings.register_profile("no_wall_clock", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("no_wall_clock")
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def cut(pcm: bytes, sizes: list[int]) -> list[bytes]:
     return [*chunks, pcm[at:]]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(fmt=st.sampled_from(sorted(FORMATS)), streamed=st.booleans(),
        sizes=st.lists(st.integers(0, 5000), max_size=12))
 @example(fmt="mp3", streamed=False, sizes=[RATE // 2])  # the last chunk empty: the end

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.core.codec import (
@@ -235,13 +235,12 @@ def test_binary_is_always_refused(data):
             raise AssertionError("binary accepted")
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(json_values, st.booleans())
 def test_any_json_value_decodes_or_raises_a_documented_protocol_error(value, ascii_only):
     check_decode(dumps_any(value, ascii_only))
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(message_like(), st.booleans())
 def test_message_shaped_objects_with_wrong_types_everywhere(obj, ascii_only):
     check_decode(dumps_any(obj, ascii_only))
@@ -377,7 +376,7 @@ def valid_messages(draw):
     raise AssertionError(kind)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(valid_messages(), st.booleans())
 def test_valid_messages_decode_to_their_dataclass(pair, ascii_only):
     obj, expected = pair

@@ -20,7 +20,7 @@ def one_at_a_time(pacer: Pacer, now: float, frame_ms: float, limit: int = 10_000
     return n
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=2000)
 @given(max_lead=st.integers(100, 30_000), frame_ms=st.sampled_from([10, 20, 40, 60, 100]),
        sent=st.lists(st.tuples(st.floats(0, 5), st.integers(0, 200)), max_size=8),
        now=st.floats(0, 20))
@@ -46,7 +46,7 @@ def test_a_starved_listener_gets_the_first_frame_and_the_rest_up_to_the_lead():
     assert Pacer(max_lead_ms=100).frames_allowed(0.0, 250) == 1  # longer than the lead
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500)
 @given(max_lead=st.integers(10, 30_000), frame_ms=st.sampled_from([10, 20, 40, 60, 100]),
        refill=st.integers(0, 2_000), sent=st.lists(st.tuples(st.floats(0, 5),
                                                                 st.integers(1, 200)),

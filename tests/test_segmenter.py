@@ -66,7 +66,7 @@ _pieces = st.sampled_from([
 _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(text=_texts, data=st.data(),
        config=st.builds(SegmenterConfig, first_min_words=st.integers(0, 6),
                         first_phrase_words=st.integers(0, 6),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -336,8 +336,7 @@ class SessionMachine(RuleBasedStateMachine):
 
 
 SessionMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=60, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=150, stateful_step_count=60)
 TestSessionProperties = SessionMachine.TestCase
 
 
@@ -367,7 +366,7 @@ def test_reply_ending_in_silent_text_ends_its_turn_once():
 
 # ---- playback marks and what they prove received ------------------------------------------
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(steps=st.lists(st.tuples(st.integers(1, 400), st.floats(0, 300), st.floats(0, 1.1)),
                       min_size=1, max_size=30),
        max_lead=st.integers(100, 2000), frame_ms=st.sampled_from(FRAME_MS_CHOICES))
