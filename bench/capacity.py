@@ -382,6 +382,11 @@ def client_main(target, port, n, say, jitter_s, idle, window, queue, marks_s=0.0
     uvloop.run(_client(target, port, n, say, jitter_s, idle, window, queue, marks_s))
 
 
+LATE_WINDOW_SHARE = 0.25
+"""How late (a share of the window) this process may read the server's figures and still
+end them with the clients' window (``run_load``)."""
+
+
 def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float, idle: bool,
              warmup_s: float, seconds: float, profile: str | None = None,
              marks_s: float = 0.0) -> dict:
@@ -407,6 +412,12 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     lag0 = gateway_buckets(server)
     cpu0 = cpu_seconds(server.pid)
     ccpu0 = sum(cpu_seconds(p.pid) for p in procs)
+    # This process stalled past the window's start (a loaded machine) read the server's
+    # figures late; ending at t_end, the second read came right after the first, with no
+    # loop wake-up between them and no figures at all. A late start gets a window as long
+    # from its own read, and the row says how late it was.
+    late_s = time.monotonic() - t_start
+    server_end = t_end if late_s < LATE_WINDOW_SHARE * seconds else t_start + late_s + seconds
     spy = None
     if profile:  # py-spy competes for the CPU: a profiled run's figures are not the bench's
         spy_bin = str(Path(sys.executable).parent / "py-spy")
@@ -414,7 +425,7 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
                                 str(int(seconds)), "-r", "100", "-f", "raw", "-o", profile,
                                 "--nonblocking"], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    time.sleep(max(0.0, t_end - time.monotonic()))
+    time.sleep(max(0.0, server_end - time.monotonic()))
     cpu1 = cpu_seconds(server.pid)
     ccpu1 = sum(cpu_seconds(p.pid) for p in procs)
     rss1 = rss_bytes(server.pid)
@@ -450,6 +461,7 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
         "underruns": sum(r["underruns"] for r in results),
         "startup_underruns": sum(r["startup_underruns"] for r in results),
         "errors": sum(r["errors"] for r in results),
+        "server_window_late_s": round(max(0.0, late_s), 2),
         "server_cpu_s": round(server_cpu, 2),
         "server_cpu_pct": round(100 * server_cpu / seconds),
         "client_cpu_pct": round(100 * (ccpu1 - ccpu0) / seconds),

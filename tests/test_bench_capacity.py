@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -65,6 +66,36 @@ def test_a_small_streaming_step_runs_and_passes(tmp_path, marks_ms):
     assert row["connected"] == row["streaming"] == 5 and row["errors"] == 0
     assert row["frames"] > 0 and row["cpu_s_per_1000_frames"] is not None
     assert row["loop_wakeups"] > 0 and "realtime_share" in row
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
+def test_a_bench_stalled_past_its_window_still_reads_the_servers_figures(monkeypatch):
+    """On a loaded machine the bench's own process may stall past its window's start: its
+    first /metrics read then came after the window's end, the second right after it, with
+    no loop wake-up between them, and the row had no loop figures at all (KeyError
+    'loop_wakeups' at a load average of ~10). The stall is made here by holding the first
+    read past the whole window (a stalled process does nothing else): the server's figures
+    then cover a window as long from that read, and the row says how late it was."""
+    seconds = 1.0
+    real, reads = capacity.gateway_buckets, []
+
+    def stalled(server):
+        if not reads:
+            time.sleep(0.5 + seconds + 0.5)  # warm-up, the window, and more: a stall
+        reads.append(time.monotonic())
+        return real(server)
+
+    monkeypatch.setattr(capacity, "gateway_buckets", stalled)
+    server = capacity.Server("gateway", log=False)
+    try:
+        row = capacity.run_load(server, 2, clients=1, say=capacity.long_text(20),
+                                jitter_s=0.2, idle=False, warmup_s=0.5, seconds=seconds)
+    finally:
+        server.close()
+    assert row.get("loop_wakeups", 0) > 0
+    assert reads[1] - reads[0] >= seconds  # (not back to back)
+    assert row["server_window_late_s"] >= seconds
 
 
 def test_a_peer_without_its_venv_says_how_to_make_it(monkeypatch, tmp_path):
