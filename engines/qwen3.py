@@ -264,7 +264,8 @@ class Qwen3Engine:
         kind = getattr(model.config, "tts_model_type", "base")
         self._kind = kind
         if kind == "custom_voice":
-            speakers = [s.lower() for s in model.get_supported_speakers()]
+            listed = list(model.get_supported_speakers())
+            speakers = [s.lower() for s in listed]
             if not speakers:
                 raise EngineError("engine_failed", f"{path}: custom_voice model without speakers")
             if self.ref_audio is not None:  # (it was ignored: the gateway spoke speakers[0])
@@ -273,16 +274,15 @@ class Qwen3Engine:
                     f"speakers ({', '.join(speakers)}) and cannot clone ref_audio "
                     f"{self.ref_audio} ([tts] voice_ref, --voice-ref): choose a speaker with "
                     "voice, or use a Base model to clone")
-            if self.default_voice is not None and self.default_voice.lower() not in speakers:
+            named = (self.default_voice or speakers[0]).lower()
+            if named not in speakers:
                 raise EngineError(
                     "voice_unknown", f"voice {self.default_voice!r} not in {speakers}"
                 )
             # spelt as voices() lists it: the model card writes "Serena", the checkpoint
-            # "serena", and the gateway matches voice names exactly (session.update, the
-            # HTTP API), so the default it announced was refused as an unknown voice
-            named = (self.default_voice or speakers[0]).lower()
-            self.default_voice = next(
-                s for s in model.get_supported_speakers() if s.lower() == named)
+            # "serena", and the default the gateway announces (/v1/audio/voices) must be
+            # one of the voices it lists
+            self.default_voice = listed[speakers.index(named)]
         elif kind == "base":
             if self.ref_audio is None:
                 raise EngineError("engine_failed", f"{path} is a Base model: it clones a voice "
