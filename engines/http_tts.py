@@ -43,7 +43,7 @@ from typing import Any, Literal
 import httpx
 
 from engines.base import EngineError, SynthesisRequest, shown_url
-from engines.sse_bound import EventBound
+from engines.sse_bound import bounded
 
 MAX_EVENT_BYTES = 32 << 20
 """The most an SSE answer may send without ending an event (``engines.sse_bound``). 32 MiB
@@ -376,9 +376,8 @@ class HttpTtsStream:
     def _sse_audio(self, response: httpx.Response) -> Iterator[bytes]:
         from httpx_sse import EventSource
 
-        response.stream = bound = EventBound(response.stream, MAX_EVENT_BYTES, "engine_failed",
-                                             "the TTS server")
-        for sse in EventSource(response).iter_sse():
+        answer, bound = bounded(response, MAX_EVENT_BYTES, "engine_failed", "the TTS server")
+        for sse in EventSource(answer).iter_sse():
             bound.event_read()
             if sse.event == "error":  # (its data may be JSON or plain text)
                 raise EngineError("engine_failed", f"TTS server error: {_error_message(sse.data)}")

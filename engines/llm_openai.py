@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 import orjson
-from httpx_sse import aconnect_sse
+from httpx_sse import EventSource, aconnect_sse
 
 from engines.base import (
     THINKING_MODES,
@@ -57,7 +57,7 @@ from engines.base import (
     LlmRequest,
     shown_url,
 )
-from engines.sse_bound import AsyncEventBound
+from engines.sse_bound import abounded
 
 log = logging.getLogger(__name__)
 
@@ -425,9 +425,8 @@ class OpenAiLlm:
                     f"LLM server answered {content_type or 'no content type'!r}, not an event "
                     f"stream: {_snippet(await _read_head(response))}",
                 )
-            response.stream = bound = AsyncEventBound(response.stream, MAX_EVENT_BYTES,
-                                                       "llm_failed", "the LLM server")
-            events = source.aiter_sse()
+            answer, bound = abounded(response, MAX_EVENT_BYTES, "llm_failed", "the LLM server")
+            events = EventSource(answer).aiter_sse()
             said_at = loop.time()  # the last data event that said something (no keep-alive)
             while True:
                 # once the reply is whole, the rest (usage, [DONE], the body's end) gets a

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,9 @@ class ScriptedLlmServer:
         """Request fields it refuses (400 naming them), as a strict server does: Azure AI's
         "Extra parameters ['stream_options'] are not allowed", Mistral's 422
         "extra_forbidden"."""
+        self.gzip = False
+        """Stream answers gzip-compressed (``content-encoding: gzip``), as a proxy that
+        compresses text/event-stream does."""
         self._closing = asyncio.Event()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -267,6 +271,13 @@ class ScriptedLlmServer:
         if steps and isinstance(steps[0], Hang):
             await self._hang(record)
             return
+        packer = zlib.compressobj(wbits=31) if self.gzip else None  # (31: the gzip format)
+
+        def body(data: bytes) -> bytes:
+            if packer is None:
+                return data
+            return packer.compress(data) + packer.flush(zlib.Z_SYNC_FLUSH)
+
         await send(
             {
                 "type": "http.response.start",
@@ -274,6 +285,7 @@ class ScriptedLlmServer:
                 "headers": [
                     (b"content-type", b"text/event-stream"),
                     (b"cache-control", b"no-cache"),
+                    *([(b"content-encoding", b"gzip")] if self.gzip else []),
                 ],
             }
         )
@@ -286,14 +298,17 @@ class ScriptedLlmServer:
             if isinstance(step, KeepAlive):
                 while not (record.disconnected.is_set() or self._closing.is_set()):
                     await send({"type": "http.response.body", "more_body": True,
-                                "body": OMLX_KEEPALIVE if step.chunk else _encode(Comment())})
+                                "body": body(OMLX_KEEPALIVE if step.chunk else
+                                             _encode(Comment()))})
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(step.every_s):
                             await self._hang(record)
                 return
-            await send({"type": "http.response.body", "body": _encode(step), "more_body": True})
+            await send({"type": "http.response.body", "body": body(_encode(step)),
+                        "more_body": True})
         record.completed.set()  # before the last send: from then on a disconnect is normal
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": packer.flush() if packer else b"",
+                    "more_body": False})
 
     async def _hang(self, record: RecordedRequest) -> None:
         closing = asyncio.create_task(self._closing.wait())

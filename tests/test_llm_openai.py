@@ -578,14 +578,18 @@ async def test_a_prompt_longer_than_the_context_is_told_apart(llm, scripted_llm_
     assert info.value.code == "llm_failed" and f"HTTP {status.code}" in info.value.message
 
 
+@pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip"])
 @pytest.mark.parametrize("endless", [
     Raw(b"data: " + b"x" * (5 << 20)),  # one line that never ends
     Raw(b"data: x\n" * (1 << 20)),  # data lines, and never the blank line that ends them
 ], ids=["line", "event"])
 async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory(
-        scripted_llm_server, endless):
+        scripted_llm_server, endless, gzip):
     """The SSE parser buffered it whole until stall_s: 534 MB of memory for 512 MB sent at
-    full speed, and the turn failed as 'sent no data ... queued behind other requests'."""
+    full speed, and the turn failed as 'sent no data ... queued behind other requests'.
+    gzip'd (a proxy compressing the stream; httpx asks for gzip), the bound counted the
+    bytes on the wire, a thousandth of what the parser held."""
+    scripted_llm_server.gzip = gzip
     llm = OpenAiLlm(scripted_llm_server.url, stall_s=60)
     scripted_llm_server.script([Text("One. "), endless, Hang()])
     try:
@@ -597,6 +601,12 @@ async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory
     assert "without ending an SSE event (at most 4,194,304)" in info.value.message
     async with asyncio.timeout(5):
         await scripted_llm_server.requests[0].disconnected.wait()
+
+
+async def test_a_gzipped_stream_reads_as_any_other(llm, scripted_llm_server):
+    scripted_llm_server.gzip = True
+    scripted_llm_server.script([Comment(), Text("Hi"), Text(" there."), Finish(), Done()])
+    assert await collect(llm) == [LlmDelta("Hi"), LlmDelta(" there."), LlmDone("stop")]
 
 
 async def test_a_whole_reply_in_one_chunk_is_no_endless_event(llm, scripted_llm_server):
