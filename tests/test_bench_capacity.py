@@ -76,14 +76,24 @@ def test_a_bench_stalled_past_its_window_still_reads_the_servers_figures(monkeyp
     no loop wake-up between them, and the row had no loop figures at all (KeyError
     'loop_wakeups' at a load average of ~10). The stall is made here by holding the first
     read past the whole window (a stalled process does nothing else): the server's figures
-    then cover a window as long from that read, and the row says how late it was."""
+    then cover a window as long from that read, under the same load (the clients left at
+    the end of theirs: the server sent no frame in its window, and its CPU read idle), and
+    the row says how late it was."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
     seconds = 1.0
-    real, reads = capacity.gateway_buckets, []
+    real, reads, frames = capacity.gateway_buckets, [], []
 
     def stalled(server):
         if not reads:
             time.sleep(0.5 + seconds + 0.5)  # warm-up, the window, and more: a stall
         reads.append(time.monotonic())
+        with urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        frames.append(next(s.value for f in text_string_to_metric_families(text)
+                           for s in f.samples if s.name == "gateway_frames_total"))
         return real(server)
 
     monkeypatch.setattr(capacity, "gateway_buckets", stalled)
@@ -95,6 +105,7 @@ def test_a_bench_stalled_past_its_window_still_reads_the_servers_figures(monkeyp
         server.close()
     assert row.get("loop_wakeups", 0) > 0
     assert reads[1] - reads[0] >= seconds  # (not back to back)
+    assert frames[1] - frames[0] >= 25  # (2 sessions of 25 frames a second, for 1 s)
     assert row["server_window_late_s"] >= seconds
 
 
