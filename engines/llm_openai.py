@@ -12,7 +12,8 @@ What this module adds on top is the knowledge of how these servers actually beha
 * with ``stream_options.include_usage`` the usage arrives in its own chunk *after* the
   ``finish_reason`` chunk, so the stream is read up to ``data: [DONE]``; a strict server
   that refuses ``stream_options`` (HTTP 400 or 422 naming it: Azure AI's serverless
-  models, Mistral's API) is asked again without it, and from then on never with it;
+  models, Mistral's API) is asked again without it, and once so answered never with it
+  again (a 4xx that only echoes the request, as FastAPI's 422 does, changes nothing);
 * uvicorn (under oMLX and vLLM) and llama.cpp close a connection idle for 5 s: a request
   that goes out on a kept-alive connection as it closes, and gets nothing back, is sent
   again at once, once (``_Stale``);
@@ -295,12 +296,12 @@ class OpenAiLlm:
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=httpx.Limits(
             max_connections=None, max_keepalive_connections=KEEPALIVE_CONNECTIONS))
 
-    def _body(self, request: LlmRequest) -> dict[str, Any]:
+    def _body(self, request: LlmRequest, options: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
             "messages": request.messages,
             "stream": True,
         }
-        if self.stream_options:
+        if options:
             body["stream_options"] = {"include_usage": True}
         model = request.model or self.model
         if model is not None:
@@ -312,6 +313,18 @@ class OpenAiLlm:
         if self.chat_template_kwargs:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         return body
+
+    def _without_options(self, refused: str) -> None:
+        """A request without ``stream_options`` was answered after the server refused them
+        (``refused``, its answer): from now on they are not sent (once, whatever turns were
+        refused at once). Not before: a server that refuses a request for another reason
+        may echo the whole request, ``stream_options`` included (FastAPI's 422), and the
+        request without them fails the same way."""
+        if self.stream_options:
+            self.stream_options = False
+            log.warning("the LLM server refuses stream_options (%s): asked without them from "
+                        "now on, so llm_tokens_per_s comes only from what else it sends",
+                        refused)
 
     async def stream(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
         """Yield ``LlmDelta`` items as the server sends them, then one ``LlmDone``.
@@ -356,19 +369,16 @@ class OpenAiLlm:
         """``_stream``, sent again at once, once, when it went out on a kept-alive
         connection that the server closed as the request arrived (``_Stale``), and when the
         server refused its ``stream_options`` (``_OptionsRefused``; only raised while they
-        are sent, and from then on they are not)."""
+        are sent: the request again goes without them)."""
         stale_again = False
+        refused: str | None = None
         while True:
             try:
-                async for event in self._stream(request):
+                async for event in self._stream(request, refused):
                     yield event
                 return
-            except _OptionsRefused as refused:
-                if self.stream_options:  # (once, whatever turns were refused at once)
-                    self.stream_options = False
-                    log.warning("the LLM server refuses stream_options (%s): asked without "
-                                "them from now on, so llm_tokens_per_s comes only from what "
-                                "else it sends", refused.message)
+            except _OptionsRefused as refusal:
+                refused = refusal.message
             except _Stale as stale:
                 if stale_again:
                     raise stale.error from None
@@ -376,7 +386,10 @@ class OpenAiLlm:
                 log.debug("the LLM server closed a kept-alive connection as a request went "
                           "out (%s: %s): sent again", type(stale.error).__name__, stale.error)
 
-    async def _stream(self, request: LlmRequest) -> AsyncIterator[LlmEvent]:
+    async def _stream(self, request: LlmRequest,
+                      refused: str | None = None) -> AsyncIterator[LlmEvent]:
+        """One request, and its reply's events. ``refused``: the server's answer to this
+        request with ``stream_options``, which this one goes without."""
         finish_reason: str | None = None
         usage: dict[str, Any] | None = None
         timings: dict[str, Any] | None = None
@@ -395,7 +408,7 @@ class OpenAiLlm:
 
         async with contextlib.AsyncExitStack() as stack:
             try:
-                body = self._body(request)
+                body = self._body(request, self.stream_options and refused is None)
                 source = await stack.enter_async_context(aconnect_sse(
                     self._client, "POST", self._endpoint, json=body,
                     extensions={"trace": trace}))
@@ -425,6 +438,8 @@ class OpenAiLlm:
                     f"LLM server answered {content_type or 'no content type'!r}, not an event "
                     f"stream: {_snippet(await _read_head(response))}",
                 )
+            if refused is not None:
+                self._without_options(refused)
             answer, bound = abounded(response, MAX_EVENT_BYTES, "llm_failed", "the LLM server")
             events = EventSource(answer).aiter_sse()
             said_at = loop.time()  # the last data event that said something (no keep-alive)

@@ -122,6 +122,31 @@ async def test_a_server_that_refuses_stream_options_is_asked_without_them(
     assert "stream_options" not in scripted_llm_server.chats[2].body
 
 
+async def test_a_refusal_that_only_echoes_stream_options_leaves_them_on(
+        llm, scripted_llm_server, caplog):
+    """A FastAPI/pydantic server (vLLM, SGLang, llama-cpp-python are built so) answers a
+    request that fails validation for another reason, here a missing ``model``, with a 422
+    whose ``input`` echoes the whole body, ``stream_options`` included: the gateway said
+    the server refuses them (a WARNING naming the wrong cause) and never asked for usage
+    again, though the answer without them failed the same way. They are off only once a
+    request without them is answered."""
+    def missing_model(body: bytes) -> Status:
+        return Status(422, b'{"detail":[{"type":"missing","loc":["body","model"],"msg":'
+                      b'"Field required","input":' + body + b"}]}")
+
+    scripted_llm_server.script(
+        [missing_model(b'{"stream":true,"stream_options":{"include_usage":true}}')],
+        [missing_model(b'{"stream":true}')], reply_script(["Hi."]))
+    with pytest.raises(EngineError) as failed:
+        await collect(llm)
+    assert failed.value.code == "llm_failed"
+    assert '"input":{"stream":true}}]}' in failed.value.message  # (the answer without them)
+    assert llm.stream_options
+    assert not [r for r in caplog.records if "refuses stream_options" in r.getMessage()]
+    await collect(llm)
+    assert "stream_options" in scripted_llm_server.chats[2].body
+
+
 async def test_another_400_naming_no_stream_options_still_fails(llm, scripted_llm_server):
     scripted_llm_server.script([Status(400, b'{"error": {"message": "bad temperature"}}')])
     with pytest.raises(EngineError) as failed:
