@@ -30,7 +30,8 @@ What this module adds on top is the knowledge of how these servers actually beha
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event
 that says something for ``stall_s`` even if keep-alives still arrive), ``llm_failed``
-when it answers wrongly (HTTP status >= 400, an error payload, malformed JSON, an event
+when it answers wrongly (HTTP status >= 400, an error payload, event or field (older
+llama.cpp's ``error:``, ``_ErrorFieldDecoder``), malformed JSON, an event
 longer than ``MAX_EVENT_BYTES``, a stream that breaks off or ends without ``finish_reason``
 or ``[DONE]``, or with a ``finish_reason`` that says it gave up: ``ABORTED``).
 """
@@ -46,7 +47,8 @@ from typing import Any
 
 import httpx
 import orjson
-from httpx_sse import EventSource, aconnect_sse
+from httpx_sse import ServerSentEvent, aconnect_sse
+from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from engines.base import (
     THINKING_MODES,
@@ -441,7 +443,7 @@ class OpenAiLlm:
             if refused is not None:
                 self._without_options(refused)
             answer, bound = abounded(response, MAX_EVENT_BYTES, "llm_failed", "the LLM server")
-            events = EventSource(answer).aiter_sse()
+            events = await stack.enter_async_context(contextlib.aclosing(_events(answer)))
             said_at = loop.time()  # the last data event that said something (no keep-alive)
             while True:
                 # once the reply is whole, the rest (usage, [DONE], the body's end) gets a
@@ -617,6 +619,32 @@ def _retry_after_s(response: httpx.Response) -> float | None:
     except ValueError:  # absent, or an HTTP date: not worth a turn's wait
         return None
     return wait_s if 0 <= wait_s <= MAX_RETRY_AFTER_S else None
+
+
+class _ErrorFieldDecoder(SSEDecoder):
+    """httpx-sse's event decoder, which also takes a field named ``error``: llama.cpp's
+    server reported a failure mid-stream as ``error: {...}`` until September 2025 (its
+    PR #16109), then sent ``[DONE]``. SSE ignores a field it does not know, so the failure
+    read as the end of a whole reply (or an empty one: a prompt past the context failed
+    every turn as ``llm_empty_reply`` instead of forgetting old turns). The field stands
+    for ``event: error`` with its value as data, as newer llama.cpp sends it."""
+
+    def decode(self, line: str) -> ServerSentEvent | None:
+        name, colon, value = line.partition(":")
+        if name == "error":
+            super().decode("event: error")
+            line = "data" + colon + value
+        return super().decode(line)
+
+
+async def _events(response: httpx.Response) -> AsyncGenerator[ServerSentEvent, None]:
+    """``EventSource.aiter_sse`` (httpx-sse's own line splitting, which follows SSE, not
+    ``str.splitlines``), with ``_ErrorFieldDecoder``."""
+    lines, decoder = SSELineDecoder(), _ErrorFieldDecoder()
+    async for text in response.aiter_text():
+        for line in lines.decode(text):
+            if (sse := decoder.decode(line)) is not None:
+                yield sse
 
 
 def _server_error(data: str, deltas: int) -> EngineError:

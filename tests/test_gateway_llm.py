@@ -462,3 +462,24 @@ async def test_a_request_past_the_llm_context_with_no_history_fails_the_turn_onl
     assert first.done["status"] == "failed"
     assert second.done["status"] == "completed"
     assert len(scripted_llm_server.chats) == 2
+
+
+async def test_an_older_llama_cpp_error_field_fails_the_turn_with_its_words(
+        scripted_llm_server):
+    """llama.cpp until September 2025 reported a failure mid-stream as an ``error:`` SSE
+    field, then ``[DONE]``: the turn ended ``completed`` with half a reply, the server's
+    words lost. The turn now fails with them; the sentence said before it is still spoken."""
+    scripted_llm_server.script([
+        Text("One sentence. And then"),
+        Raw(b'error: {"code":500,"message":"Failed to decode the batch","type":'
+            b'"server_error"}\n\n'), Done()])
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        result = await turn(gw, max_lead_ms=30000)
+    finally:
+        await gw.aclose()
+    (error,) = result.of("error")
+    assert error["error"]["code"] == "llm_failed"
+    assert "Failed to decode the batch" in error["error"]["message"]
+    assert result.done["status"] == "failed"
+    assert [s["text"] for s in result.of("sentence")] == ["One sentence."]

@@ -254,6 +254,12 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         # and the server's reason was lost
         ([Text("One. "), Raw(b'event: error\ndata: {"message": "boom"}\n\n')], "boom"),
         ([Text("One. "), Raw(b'event: error\ndata: out of memory\n\n')], "out of memory"),
+        # llama.cpp until September 2025 (its PR #16109) named the field "error", which SSE
+        # parsers skip, and ended with [DONE]: the turn was taken as whole (or empty)
+        ([Text("One. "), Raw(b'error: {"code": 500, "message": "Failed to decode the batch"}'
+                             b'\n\n'), Done()], "Failed to decode the batch"),
+        ([Text("One. "), Raw(b'error: {"message": "slot unavailable"}\n\n')],
+         "slot unavailable"),
         ([Text("half a rep"), Drop()], "broke off"),
         ([Text("no ending")], "without finish_reason or [DONE]"),
         # vLLM ends an aborted request (engine shutdown, a pause, memory) as if it finished
@@ -269,7 +275,8 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
          "malformed LLM chunk (not text)"),
     ],
     ids=["500", "404", "not-sse", "bad-json", "deep-json", "error-payload", "vllm-error-object",
-         "error-event-json", "error-event-text", "dropped", "no-finish",
+         "error-event-json", "error-event-text", "llama-cpp-error-field",
+         "llama-cpp-error-field-no-done", "dropped", "no-finish",
          "finish-abort", "finish-error",
          "choice-not-object", "choices-not-list", "content-number", "content-parts"],
 )
@@ -738,11 +745,14 @@ LLAMA_CPP_CONTEXT = (b'{"code":400,"message":"the request exceeds the available 
 @pytest.mark.parametrize(("script", "said", "full"), [
     ([Raw(b'data: {"error":' + LLAMA_CPP_CONTEXT + b"}\n\n"), Done()], [], True),
     ([Raw(b"event: error\ndata: " + LLAMA_CPP_CONTEXT + b"\n\n")], [], True),
+    # llama.cpp until September 2025, with its [DONE]: every turn of a long session went empty
+    ([Raw(b"error: " + LLAMA_CPP_CONTEXT + b"\n\n"), Done()], [], True),
     ([Text("Once upon a"), Raw(b'data: {"error":' + LLAMA_CPP_CONTEXT + b"}\n\n"), Done()],
      ["Once upon a"], False),
     ([Raw(b'data: {"error":{"code":500,"message":"Failed to decode the batch"}}\n\n'), Done()],
      [], False),
-], ids=["context", "context-event", "context-after-text", "other-error"])
+], ids=["context", "context-event", "context-error-field", "context-after-text",
+        "other-error"])
 async def test_an_error_in_the_stream_that_says_the_context_is_full_is_told_apart(
         llm, scripted_llm_server, script, said, full):
     """llama.cpp says a prompt outgrew its context in the stream, not as an HTTP 400: the
