@@ -411,3 +411,37 @@ def test_the_start_banner_gives_urls_a_client_can_use_on_an_ipv6_host():
         gw.signal(signal.SIGTERM)
         code, output = gw.finish()
     assert code == 0, output
+
+
+def test_a_name_under_localhost_is_bound_on_the_loopback_without_a_token():
+    """RFC 6761: a name under ``localhost`` (``app.localhost``) is the loopback, and
+    browsers resolve it so themselves. ``--host app.localhost`` was refused without a
+    token ("refusing to listen on app.localhost"), and with one it could not bind (the
+    system's resolver, glibc's here, does not know the name). It binds what ``localhost``
+    does, and the banner names it, as the browser the console is for resolves it."""
+    import re
+
+    import httpx
+    from websockets.asyncio.client import connect
+
+    with ServeProcess("--host", "app.localhost", "--port", "0", "--http-port", "0") as gw:
+        urls = re.findall(r"(?:wss?|https?)://\S+?(?=[ ,)]|$)", gw.banner(), re.M)
+        voice = urls[0]
+        assert voice.startswith("ws://app.localhost:") and voice.endswith("/v1/voice")
+        # (this machine's resolver does not know the name: the clients connect to the
+        # loopback address and send the name as their Host, as a browser would)
+        port = int(voice.split(":")[2].split("/")[0])
+        http_port = int(urls[3].split(":")[2].split("/")[0])
+
+        async def use() -> None:
+            async with connect(voice, host="127.0.0.1", port=port) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            async with httpx.AsyncClient() as client:
+                answer = await client.get(f"http://127.0.0.1:{http_port}/health",
+                                          headers={"Host": f"app.localhost:{http_port}"})
+                assert answer.status_code == 200
+
+        asyncio.run(use())
+        gw.signal(signal.SIGTERM)
+        code, output = gw.finish()
+    assert code == 0, output

@@ -188,12 +188,24 @@ def refused_origin(origins: Sequence[str], allowed: Iterable[str] | None,
 
 
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
+    """Whether binding ``host`` listens on the loopback only: a loopback address,
+    ``localhost`` or a name under it (``bind_address``)."""
+    if not host:
+        return False
+    if is_localhost(host.lower()):
+        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def bind_address(host: str) -> str:
+    """What to bind for ``--host``: a name under ``localhost`` (``app.localhost``) binds
+    what ``localhost`` does. RFC 6761 has it mean the loopback, and browsers resolve it
+    so themselves, but the system's resolver need not know it (glibc does not, without
+    systemd-resolved): binding the name failed ("Name or service not known")."""
+    return "localhost" if is_localhost(host.lower()) else host
 
 
 _TOKEN_IN_TEXT = re.compile(r"((?:[?&]|\b)token=)[^&\s\"']+")

@@ -47,6 +47,7 @@ from gateway.core.segmenter import ONE_STEP_MAX_CHARS, SegmenterConfig
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait, unless_stopped
 from gateway.io.auth import (
+    bind_address,
     check_token,
     host_allowlist,
     install_redaction,
@@ -194,7 +195,7 @@ class Gateway:
         """What the voice sockets hold of messages still arriving, beyond 80 KiB each."""
         self.telemetry = Telemetry(self)
         s = config.server
-        self.http = HttpServer(self, s.host, s.http_port if s.http_port is not None
+        self.http = HttpServer(self, bind_address(s.host), s.http_port if s.http_port is not None
                                else (s.port + 1 if s.port else 0),
                                tls=(s.tls_cert, s.tls_key) if s.tls_cert else None)
         self.connections: set[VoiceConnection] = set()
@@ -391,7 +392,7 @@ class Gateway:
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
         try:
             self._server = await serve(
-                self._handle, s.host, s.port,
+                self._handle, bind_address(s.host), s.port,
                 create_connection=VoiceSocket,
                 process_request=self._process_request,
                 max_size=WS_MAX_SIZE,
