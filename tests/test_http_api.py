@@ -1490,6 +1490,25 @@ async def test_a_chunk_not_ended_by_crlf_is_refused_not_read_past(gateway):
     assert b'"invalid_http"' in answer
 
 
+async def test_a_malformed_request_is_counted_with_the_other_refusals(gateway):
+    """Every other refusal, on either port, moves ``gateway_errors_total``; a malformed
+    request (answered by uvicorn's protocol, below the app) moved nothing, so a client
+    flooding the port with them showed only in the log, whose lines are limited."""
+    for request in (b"NOT HTTP AT ALL\r\n\r\n",
+                    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+        writer.write(request)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            answer = await reader.read()
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400") and b'"invalid_http"' in answer
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.http_port}") as client:
+        m = metrics((await client.get("/metrics")).text)
+    assert m["gateway_errors_total{code=invalid_http}"] == 2
+    assert gateway.health()["errors"] == {"invalid_http": 2}
+
+
 async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog):
     # uvicorn said it as a WARNING (kept for what needs the operator) with no peer
     caplog.set_level(logging.INFO)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -1137,6 +1138,8 @@ class _H11(H11Protocol):
         peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         log.info("HTTP request from %s refused (400): %s", peer, msg,
                  extra=refusal("invalid_http"))
+        if isinstance(state := self.server_state, _ServerState):
+            state.errors["invalid_http"] += 1
         # OpenAI's error shape, as every other refusal (uvicorn's is plain text)
         body = orjson.dumps({"error": {"message": msg, "type": "invalid_request_error",
                                        "param": None, "code": "invalid_http"}})
@@ -1165,22 +1168,25 @@ class _H11(H11Protocol):
 
 
 class _ServerState(ServerState):
-    """uvicorn's, telling when its last connection is gone (uvicorn polls for that every
-    0.1 s)."""
+    """uvicorn's, which it gives every connection's protocol: telling when its last
+    connection is gone (uvicorn polls for that every 0.1 s), and holding the gateway's
+    ``errors`` counters (``Metrics.errors``) for the refusals the protocol makes itself,
+    below the app (``_H11.send_400_response``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, errors: collections.Counter[str]) -> None:
         super().__init__()
         self.emptied = asyncio.Event()
+        self.errors = errors
 
 
 class _Uvicorn(uvicorn.Server):
     """uvicorn in someone else's loop: tells when it serves and when its last connection is
     gone (``tracked.emptied``), leaves signals to the gateway."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, errors: collections.Counter[str]) -> None:
         super().__init__(config)
         self.serving = asyncio.Event()
-        self.tracked = _ServerState()
+        self.tracked = _ServerState(errors)
         self.server_state = self.tracked
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -1257,7 +1263,7 @@ class HttpServer:
         error_log = logging.getLogger("uvicorn.error")
         if _not_an_aborted_stream not in error_log.filters:
             error_log.addFilter(_not_an_aborted_stream)
-        self._server = _Uvicorn(config)
+        self._server = _Uvicorn(config, self.gateway.metrics.errors)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
         try:
             # (the server's task is shielded: it goes on serving once it serves)
