@@ -441,6 +441,84 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
         await gw.aclose()
 
 
+class StuckAtOnce(FaultyEngine):
+    """TEST DOUBLE: FaultyEngine whose steps may run at once (``parallel_steps``, as the
+    http engine's). A text ``HANG <name>.`` holds its second step until ``gates[name]``
+    is set (``held[name]``: it is held now)."""
+
+    parallel_steps = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates = {name: threading.Event() for name in "ABC"}
+        self.held = {name: threading.Event() for name in "ABC"}
+
+    def open(self, request: SynthesisRequest):
+        stream = SyntheticEngine.open(self, request)  # (not FaultyEngine's own HANG)
+        name = request.text.removeprefix("HANG ").rstrip(".")
+        if not request.text.startswith("HANG ") or name not in self.gates:
+            return stream
+        step, steps = stream.step, [0]
+
+        def held() -> bytes | None:
+            steps[0] += 1
+            if steps[0] == 2:
+                self.held[name].set()
+                self.gates[name].wait()
+            return step()
+
+        stream.step = held  # type: ignore[method-assign]
+        return stream
+
+
+async def test_a_lane_with_steps_at_once_is_healthy_again_only_when_no_call_is_stuck(
+        monkeypatch):
+    """With steps at once, several calls can be stuck past the step deadline. The first
+    of them to return made the lane healthy while the others still hung: /health said
+    ok and new turns were placed on the lane, each to wait out the whole step deadline
+    (30 s of silence, then engine_timeout) instead of failing at once."""
+    engine = StuckAtOnce()
+    gw = await start(engine)
+    lane = gw.lane
+    lane.step_timeout_s = 0.5
+    assert lane.parallel_steps == StuckAtOnce.parallel_steps
+    returned = asyncio.Event()
+    stuck_call_returned = lane._stuck_call_returned
+
+    def observed() -> None:  # (orders the test after the lane has heard of a return)
+        stuck_call_returned()
+        returned.set()
+
+    monkeypatch.setattr(lane, "_stuck_call_returned", observed)
+    try:
+        async with connect(url(gw)) as a, connect(url(gw)) as b, connect(url(gw)) as c:
+            for ws in (a, b, c):
+                await recv_event(ws, "session.created")
+            await send(a, type="say", text="HANG A.")
+            await send(b, type="say", text="HANG B.")
+            for name in "AB":
+                await asyncio.to_thread(engine.held[name].wait, 10)
+            for ws in (a, b):
+                stuck = await read_turn(ws)
+                assert [e["error"]["code"] for e in stuck.of("error")] == ["engine_timeout"]
+            engine.gates["A"].set()
+            await returned.wait()
+            # B's call still hangs: the lane is not healthy, and a new turn fails at once
+            assert lane.unhealthy is not None and gw.health()["status"] == "unhealthy"
+            fast = await say(c, "HANG C.")
+            assert [e["error"]["code"] for e in fast.of("error")] == ["engine_unavailable"]
+            returned.clear()
+            engine.gates["B"].set()
+            await returned.wait()
+            assert lane.unhealthy is None and gw.health()["status"] == "ok"
+            after = await say(c, WELL)
+            assert after.done["status"] == "completed"
+    finally:
+        for gate in engine.gates.values():
+            gate.set()
+        await gw.aclose()
+
+
 class GetsStuck(FaultyEngine):
     """TEST DOUBLE: ``HANG`` in a text holds its second step until ``gate`` is set; once
     ``stuck`` is set, every later call blocks until ``release``."""

@@ -17,8 +17,9 @@ Faults. An engine that raises fails that job only (``engine_failed``, or the
 ``engine_timeout``; the lane thread is still stuck in that call, so the lane is marked
 unhealthy (``unhealthy`` says why; ``/health`` answers 503 with it) and every queued or
 newly submitted job fails at once with ``engine_unavailable`` instead of waiting forever.
-If the stuck call ever returns, the lane is healthy again. A lane whose executor can no
-longer run anything (shut down, broken) is unhealthy for good, with the same fast failure.
+If the stuck call ever returns (every one of them, with steps at once), the lane is healthy
+again. A lane whose executor can no longer run anything (shut down, broken) is unhealthy for
+good, with the same fast failure.
 """
 
 from __future__ import annotations
@@ -229,6 +230,10 @@ class Lane:
         self._healthy = asyncio.Event()
         self._healthy.set()
         self._broken = False
+        self._stuck = 0
+        """Engine calls past the step deadline that have not returned yet: with steps at
+        once (``parallel_steps``) several may be, and the lane is healthy again only once
+        none is left (``_stuck_call_returned``)."""
         self.engine = engine
         self.inline = getattr(engine, "blocks", True) is False
         self.parallel_steps = 1 if self.inline else \
@@ -309,6 +314,7 @@ class Lane:
         if done:
             return wrapped.result()
         wrapped.cancel()  # stop waiting; the call itself goes on on the lane thread
+        self._stuck += 1
         self.unhealthy = (f"engine_timeout: an engine call ({getattr(fn, '__name__', fn)}) "
                           f"of {self.engine.name} ran more than {self.step_timeout_s:g} s "
                           "and still holds the lane thread")
@@ -323,6 +329,13 @@ class Lane:
         raise StepTimeout(self.unhealthy, future)
 
     def _stuck_call_returned(self) -> None:
+        # one call returning says nothing of the others stuck: their server (or model)
+        # may hang still, and turns placed here would each wait out the step deadline
+        self._stuck -= 1
+        if self._stuck:
+            log.info("lane %s: a stuck engine call returned; %d still stuck", self.name,
+                     self._stuck)
+            return
         if not self._broken and self.unhealthy is not None:
             log.info("lane %s: the stuck engine call returned; the lane is healthy again",
                      self.name)
