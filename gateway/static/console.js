@@ -16,6 +16,9 @@ const MAX_INSTRUCTIONS_CHARS = 16000;
 const PING_EVERY_MS = 5000;
 const SILENT_FOR_MS = 12000; // a ping with nothing at all back for this long: the socket is dead
 const OPEN_WITHIN_MS = 10000; // a socket still connecting after this is given up
+// What a subprotocol entry may hold (an HTTP token, RFC 6455 4.1): with any other
+// character ("/" and "=" of a base64 token, a space) the WebSocket constructor throws.
+const SUBPROTOCOL_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 
 let ws = null;
 let backoff = 500;
@@ -119,11 +122,15 @@ function connect() {
   clearTimeout(retry);
   if (ws && ws.readyState <= WebSocket.OPEN) abandon(ws); // one socket at a time
   const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const query = new URLSearchParams();
   // naming the session to resume lets the socket in even when the gateway is full
-  const resume = session ? `?resume=${encodeURIComponent(session.id)}` : "";
-  const url = `${scheme}://${location.host}/v1/voice${resume}`;
-  // browsers cannot set headers: the token rides as a "bearer.<token>" subprotocol
-  const socket = ws = new WebSocket(url, token ? ["voice.v1", `bearer.${token}`] : ["voice.v1"]);
+  if (session) query.set("resume", session.id);
+  // browsers cannot set headers: the token rides as a "bearer.<token>" subprotocol, or in
+  // the URL when it has a character a subprotocol cannot hold (the gateway masks it in logs)
+  const asProtocol = SUBPROTOCOL_TOKEN.test(token);
+  if (token && !asProtocol) query.set("token", token);
+  const url = `${scheme}://${location.host}/v1/voice${String(query) ? `?${query}` : ""}`;
+  const socket = ws = new WebSocket(url, asProtocol ? ["voice.v1", `bearer.${token}`] : ["voice.v1"]);
   let opened = false;
   socket.binaryType = "arraybuffer";
   const opening = setTimeout(() => { // a SYN lost on a dead network may hang for minutes
