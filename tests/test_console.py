@@ -593,6 +593,21 @@ async def test_console_shows_the_servers_text_as_text(start_gateway):
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_says_a_segment_with_nothing_to_say_was_not_spoken(start_gateway):
+    """A code block (or a run of emoji) is a segment with nothing to say: its `sentence`
+    has `spoken` "" and `engine` null (protocol.md). The list showed "null · spoken: “”"."""
+    reply = "Here it is.\n```\nx = 1\n```\nDone."
+    gw = await start_gateway([{"transcript": "Code", "reply": reply}])
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await talk_when_ready(page, "Code")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        notes = await page.locator("#sentences li .engine").all_inner_texts()
+        assert notes == ["espeak", "not spoken: nothing to say", "espeak"]
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_keeps_a_live_socket_when_its_timers_are_throttled(gateway):
     """A hidden tab's timers may wake once a minute (Chrome's intensive throttling): the
     page took the minute since its last message for silence, gave up a live socket and

@@ -382,7 +382,9 @@ function onEvent(ev) {
       li.textContent = ev.text;
       const engine = document.createElement("span");
       engine.className = "engine";
-      engine.textContent = ev.engine + (ev.spoken !== ev.text ? ` · spoken: “${ev.spoken}”` : "");
+      // a segment with nothing to say (a code block, emoji) has no engine and no audio
+      engine.textContent = ev.engine === null ? "not spoken: nothing to say"
+        : ev.engine + (ev.spoken !== ev.text ? ` · spoken: “${ev.spoken}”` : "");
       li.append(engine);
       $("sentences").append(li);
       break;
