@@ -405,6 +405,24 @@ async def test_console_settings_emptied_go_back_to_the_servers_defaults(gateway)
         assert errors == []
 
 
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_enter_in_a_setting_applies_it(gateway):
+    """Keyboard only: a voice typed and Enter did nothing, while the field went on showing
+    it, so the next reply spoke with the voice it did not show. Enter applies the settings,
+    as Apply does."""
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        (runner,) = gateway.runners.values()
+        await page.focus("#voice")
+        await page.keyboard.type("en-gb")
+        await page.keyboard.press("Enter")
+        await page.wait_for_function("window.consoleState.settings.voice === 'en-gb'")
+        assert runner.session.settings.voice == "en-gb"
+        assert errors == []
+
+
 SHORT = " ".join(f"This is sentence number {i} of a short answer." for i in range(1, 5))
 
 

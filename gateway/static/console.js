@@ -758,7 +758,8 @@ document.addEventListener("keydown", (e) => {
   stop();
 });
 
-$("apply").addEventListener("click", () => {
+$("settings").addEventListener("submit", (e) => {
+  e.preventDefault();
   const instructions = $("instructions").value.trim();
   if (chars(instructions) > MAX_INSTRUCTIONS_CHARS) {
     showError(`the instructions are ${chars(instructions)} characters; the limit is ` +
