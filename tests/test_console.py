@@ -423,6 +423,36 @@ async def test_console_enter_in_a_setting_applies_it(gateway):
         assert errors == []
 
 
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_a_tap_resumes_audio_the_browser_suspended(gateway):
+    """Safari lets only a user's gesture resume an AudioContext, and suspends it when the
+    page is left (a call, the phone locked); the console resumed it only when a transcript
+    was sent, so a reply playing when the user came back, or asked for by the mic (its
+    result is no gesture), stayed silent. Any tap or key on the page resumes it now. The
+    test suspends the page's context itself, standing in for the system."""
+    keep_context = """(() => {
+      const Native = window.AudioContext;
+      window.AudioContext = class extends Native {
+        constructor(...args) { super(...args); window.audioContext = this; }
+      };
+    })()"""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/", init=keep_context) as (page, errors):
+        await talk_when_ready(page, "Tell me everything")
+        await page.wait_for_function(f"{state}.samplesPlayed > 2400")
+        await page.evaluate("window.audioContext.suspend()")
+        await page.click("#reply")  # a tap on the page, no transcript
+        await page.wait_for_function("window.audioContext.state === 'running'")
+        played = (await page.evaluate(state))["samplesPlayed"]
+        await page.wait_for_function(f"{state}.samplesPlayed > {played} + 4800")  # plays on
+        await page.evaluate("window.audioContext.suspend()")
+        await page.press("#voice", "Shift")  # a key, in any field
+        await page.wait_for_function("window.audioContext.state === 'running'")
+        assert errors == []
+
+
 SHORT = " ".join(f"This is sentence number {i} of a short answer." for i in range(1, 5))
 
 

@@ -82,6 +82,16 @@ async function startAudio() {
   return audio;
 }
 
+// Safari lets only a user's gesture resume a context, starts it suspended and suspends it
+// again when the page is left (a call, the phone locked): any tap or key resumes it, not
+// only a transcript sent (a reply asked for by the mic, whose result is no gesture, or
+// playing when the user comes back would stay silent).
+for (const type of ["pointerdown", "keydown"]) {
+  document.addEventListener(type, () => {
+    if (audio && audio.ctx.state !== "running") audio.ctx.resume().catch(() => {});
+  }, true);
+}
+
 function drawWave() {
   const canvas = $("wave");
   const g = canvas.getContext("2d");
