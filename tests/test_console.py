@@ -741,6 +741,9 @@ async def test_console_talks_without_sound_where_the_page_cannot_play(start_gate
         assert state["framesReceived"] > 0 and state["samplesReceived"] == 0
         (error,) = state["errors"]
         assert "no sound" in error and "https://" in error and "localhost" in error
+        # nothing is heard here: the turn's row does not wait for a count ("heard …")
+        assert await page.inner_text("#timeline .heard") == "· heard –"
+        assert state["turns"][0]["heardUnderruns"] is None
         assert errors == []
 
 

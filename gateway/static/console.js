@@ -407,8 +407,9 @@ function onEvent(ev) {
         turn.ended = true;
         turn.heard = $("timeline").querySelector(".heard"); // the row just added
         // a failed turn still plays what it sent (complete sentences); only a cancel flushes
-        // (or a Stop: a turn that ended before its cancel came is not played either)
-        if (ev.status === "cancelled" || turn.stopped) {
+        // (or a Stop: a turn that ended before its cancel came is not played either); a
+        // page with no player has nothing to wait for
+        if (ev.status === "cancelled" || turn.stopped || !audio) {
           flushAudio();
           showHeard(turn);
         } else {
@@ -619,8 +620,8 @@ function addTimeline(ev) {
 // listener (turn.done's metrics); the worklet's own count is known once the turn has played
 // out (or was cut). It goes in the turn's timeline row and in state.turns.
 function showHeard(t) {
-  const heard = state.underruns - t.underrunsBase;
-  t.heard.textContent = ` · heard ${heard}`;
+  const heard = audio ? state.underruns - t.underrunsBase : null; // (null: no sound here)
+  t.heard.textContent = ` · heard ${heard ?? "–"}`;
   const done = state.turns.findLast((d) => d.turnId === t.id);
   if (done) done.heardUnderruns = heard;
   t.heard = null;
