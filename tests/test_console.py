@@ -747,6 +747,31 @@ async def test_console_talks_without_sound_where_the_page_cannot_play(start_gate
         assert errors == []
 
 
+@pytest.mark.slow
+@needs_chromium
+async def test_console_fields_on_a_phone_are_large_enough_not_to_zoom(gateway):
+    """iOS Safari zooms the page into a text field whose font is under 16 px when it takes
+    focus, and stays zoomed: on a phone every tap into the transcript box pushed the reply
+    and the buttons off screen. The fields were 13.3 px (Chromium's default); on a narrow
+    screen they are 16 px."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                          args=BROWSER_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 375, "height": 700})
+            await page.goto(f"http://127.0.0.1:{gateway.port}/")
+            await page.wait_for_function("window.consoleState.connected")
+            sizes = await page.evaluate("""[...document.querySelectorAll(
+                "input, textarea, select")].map((el) => [el.id, getComputedStyle(el).fontSize])""")
+            assert sizes and all(size == "16px" for _, size in sizes), sizes
+            # and the page still fits the phone's width
+            assert await page.evaluate("document.documentElement.scrollWidth") <= 375
+        finally:
+            await browser.close()
+
+
 CONTRAST = """() => {
   // WCAG 2 contrast of each text (and each placeholder) with the background behind it
   const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
