@@ -587,9 +587,15 @@ async def test_console_stop_after_the_turn_ended_cuts_its_tail(gateway):
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await talk_when_ready(page, "Hello")
-        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed' && "
-                                     f"{state}.bufferedSamples > 2400")
-        await page.click("#stop")
+        # Stop is pressed in the check that sees the turn ended with audio left, not a
+        # round trip later: on a loaded machine page.click's own checks outlasted the ~1 s
+        # of audio left, and the tail had played out before Stop came (seen once)
+        await page.wait_for_function(f"""(() => {{
+            if ({state}.lastTurn?.status !== 'completed' || {state}.bufferedSamples <= 2400)
+              return false;
+            document.getElementById('stop').click();
+            return true;
+          }})()""")
         await page.wait_for_function(f"{state}.turns[0].heardUnderruns !== undefined",
                                      timeout=5_000)
         assert await page.inner_text("#timeline .heard") == "· heard 0"
