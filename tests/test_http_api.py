@@ -1530,3 +1530,37 @@ async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog
             or "Invalid HTTP" in r.getMessage()]
     assert said == [("INFO", f"HTTP request from 127.0.0.1:{port} refused (400): Invalid "
                              "HTTP request received.")]
+
+
+async def test_the_http_port_answers_on_every_address_the_voice_port_does(replies):
+    """``--host ""`` (every interface) had the voice port listen on IPv4 and IPv6 and the
+    HTTP API on IPv4 only: a client reaching the hub over IPv6 got "connection refused" on
+    the HTTP port alone (so did one trying ``::1`` first for ``localhost``, where the
+    system maps it to both families: macOS). Wherever the voice port answers, /health and
+    speech now answer on the one HTTP port read back."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    token = "n6-listen-token"
+    gw = Gateway(load_config(server={"host": "", "port": 0, "tokens": [token]},
+                             tts={"engine": "espeak"}, llm={"replies": replies}))
+    await gw.start()
+    try:
+        assert gw._server is not None
+        voice = {sock.family: sock.getsockname()[1] for sock in gw._server.sockets}
+        assert set(voice) == {socket.AF_INET, socket.AF_INET6}
+        async with httpx.AsyncClient(timeout=30,
+                                     headers={"Authorization": f"Bearer {token}"}) as client:
+            for family, loopback in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "[::1]")):
+                async with connect(f"ws://{loopback}:{voice[family]}/v1/voice?token={token}") \
+                        as ws:
+                    assert orjson.loads(await ws.recv())["type"] == "session.created"
+                base = f"http://{loopback}:{gw.http_port}"
+                assert (await client.get(f"{base}/health")).status_code == 200
+                speech = await client.post(f"{base}/v1/audio/speech", json={
+                    "input": "Hello there.", "response_format": "wav", "stream": False})
+                assert speech.status_code == 200 and speech.content[:4] == b"RIFF"
+    finally:
+        await gw.aclose()

@@ -71,6 +71,7 @@ from gateway.core.session import listed_voice
 from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
+from gateway.io.listen import listening_sockets
 from gateway.io.log_limit import refusal
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -1234,27 +1235,17 @@ class HttpServer:
         self.idle.set()
         self.stopping = asyncio.Event()
         """Set as ``aclose`` begins: a speech request still reading its body is refused."""
-        self._socket: socket.socket | None = None
         self._port: int | None = None
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Bind (port 0 picks a free port) and serve; returns once uvicorn accepts."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP
-        # (uvloop on every one). Without it a streamed body's small chunks (a compressed
-        # format's: a few hundred bytes) wait for the client's delayed ACK, 40 ms on Linux
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.requested_port))
-        except OSError as exc:
-            sock.close()
-            raise OSError(exc.errno, f"cannot listen on {self.host}:{self.requested_port} "
-                                     f"(HTTP API, --http-port): {exc.strerror}") from None
-        self._socket = sock
-        self._port = int(sock.getsockname()[1])
+        """Bind where the voice port listens (``listening_sockets``: every address the host
+        resolves to; port 0 picks one free port for all) and serve; returns once uvicorn
+        accepts."""
+        sockets = await listening_sockets(self.host, self.requested_port,
+                                          "HTTP API, --http-port")
+        self._port = int(sockets[0].getsockname()[1])
         cert, key = self.tls or (None, None)
         config = uvicorn.Config(self.api.asgi, lifespan="off", log_config=None,
                                 access_log=False, ws="none", http=_H11,
@@ -1264,7 +1255,7 @@ class HttpServer:
         if _not_an_aborted_stream not in error_log.filters:
             error_log.addFilter(_not_an_aborted_stream)
         self._server = _Uvicorn(config, self.gateway.metrics.errors)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http-api")
+        self._task = asyncio.create_task(self._server.serve(sockets=sockets), name="http-api")
         try:
             # (the server's task is shielded: it goes on serving once it serves)
             serving = await unless_stopped(self._server.serving.wait(),

@@ -1,0 +1,75 @@
+"""Listening sockets for ``--host``, on the addresses the voice port listens on.
+
+The voice port's server (websockets' ``serve``: the loop's ``create_server``) listens on
+every address ``--host`` resolves to: ``::1`` and ``127.0.0.1`` for ``localhost`` where the
+system maps it to both (macOS does), and every interface of each family for ``""``. The
+HTTP API (uvicorn, ``serve(sockets=...)``) is handed sockets bound here the same way, so a
+client that reaches one port at an address reaches the other there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+Address = tuple[socket.AddressFamily, Any]
+"""A family and the address to bind in it (``bind``'s tuple for that family)."""
+
+
+def listen_addresses(host: str, port: int) -> list[Address]:
+    """Where the loop's ``create_server`` listens for ``host`` and ``port``: each address
+    the resolver gives (``""``: every interface of each family), in its order, once each.
+    Raises ``socket.gaierror`` (an ``OSError``) for a name it does not know."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    return list(dict.fromkeys((family, sockaddr) for family, _, _, _, sockaddr in infos))
+
+
+def bind_all(addresses: list[Address], what: str) -> list[socket.socket]:
+    """A socket bound to each address, not yet listening (the server listens). Port 0: the
+    first picks a free port and the others take that one, so the one port shown works on
+    each (the loop's ``create_server`` picks one per socket). Raises ``OSError`` naming the
+    address and ``what`` (which port and flag), with nothing left open."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, sockaddr in addresses:
+            if sockets and sockaddr[1] == 0:
+                sockaddr = (sockaddr[0], sockets[0].getsockname()[1], *sockaddr[2:])
+            sockets.append(_bound(family, sockaddr, what))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+async def listening_sockets(host: str, port: int, what: str) -> list[socket.socket]:
+    """``bind_all`` of ``host``'s addresses, resolved off the loop (a name may be looked up
+    in DNS). Raises ``OSError`` naming ``host`` when it resolves to nothing."""
+    try:
+        addresses = await asyncio.to_thread(listen_addresses, host, port)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {host}:{port} ({what}): "
+                                 f"{exc.strerror}") from None
+    return bind_all(addresses, what)
+
+
+def _bound(family: socket.AddressFamily, sockaddr: Any, what: str) -> socket.socket:
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP
+    # (uvloop on every one). Without it a streamed body's small chunks (a compressed
+    # format's: a few hundred bytes) wait for the client's delayed ACK, 40 ms on Linux
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and hasattr(socket, "IPV6_V6ONLY"):
+            # as the loop's create_server does: IPv4 has a socket of its own when the host
+            # has IPv4 addresses, and "::" is IPv6 only on both ports
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+    except OSError as exc:
+        sock.close()
+        shown = f"[{sockaddr[0]}]" if family == socket.AF_INET6 else sockaddr[0]
+        raise OSError(exc.errno, f"cannot listen on {shown}:{sockaddr[1]} ({what}): "
+                                 f"{exc.strerror}") from None
+    return sock

@@ -1,0 +1,78 @@
+"""Where the HTTP API listens (``gateway.io.listen``): the addresses the voice port's server
+listens on, bound as it binds them. Real sockets on the loopback; the one fake, labelled,
+is a resolver that maps ``localhost`` to both families (as macOS does; a Linux whose
+``/etc/hosts`` names it for 127.0.0.1 alone cannot show that for real)."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import pytest
+
+from gateway.io.listen import bind_all, listen_addresses
+
+V6_LOOPBACK = (socket.AF_INET6, ("::1", 0, 0, 0))
+V4_LOOPBACK = (socket.AF_INET, ("127.0.0.1", 0))
+
+
+@pytest.fixture(autouse=True)
+def ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+
+
+def test_a_name_of_both_families_gives_each_address_once_in_the_resolvers_order(monkeypatch):
+    """``localhost`` on macOS resolves to ``::1`` first, then ``127.0.0.1``: the HTTP API
+    bound an AF_INET socket to the name, so 127.0.0.1 only, and a client trying ``::1``
+    first got "connection refused" there while the voice port answered it."""
+    asked = []
+
+    def fake_getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):  # FAKE resolver
+        asked.append((host, port, type, flags))
+        tcp = (socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+        return [(socket.AF_INET6, *tcp, ("::1", port, 0, 0)),
+                (socket.AF_INET, *tcp, ("127.0.0.1", port)),
+                (socket.AF_INET, *tcp, ("127.0.0.1", port))]  # /etc/hosts naming it twice
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    assert listen_addresses("localhost", 8781) == [
+        (socket.AF_INET6, ("::1", 8781, 0, 0)), (socket.AF_INET, ("127.0.0.1", 8781))]
+    listen_addresses("", 8781)  # every interface: asked as the loop's create_server asks
+    assert asked == [("localhost", 8781, socket.SOCK_STREAM, socket.AI_PASSIVE),
+                     (None, 8781, socket.SOCK_STREAM, socket.AI_PASSIVE)]
+
+
+def test_port_0_is_one_free_port_on_every_address():
+    """The port printed and read back (``Gateway.http_port``) must work on each address;
+    the loop's ``create_server`` would pick one port per socket."""
+    sockets = bind_all([V6_LOOPBACK, V4_LOOPBACK], "HTTP API, --http-port")
+    try:
+        v6, v4 = sockets
+        assert v6.getsockname()[1] == v4.getsockname()[1] != 0
+        for sock in sockets:
+            assert sock.proto == socket.IPPROTO_TCP  # asyncio sets TCP_NODELAY on these only
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)
+        # as the voice port's: "::" takes IPv6 only, IPv4 has a socket of its own
+        assert v6.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 1
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_an_address_taken_names_itself_and_leaves_nothing_bound():
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError) as refused:
+            bind_all([(socket.AF_INET, ("127.0.0.1", port)),
+                      (socket.AF_INET6, ("::1", port, 0, 0))], "HTTP API, --http-port")
+    assert refused.value.errno == errno.EADDRINUSE
+    assert str(refused.value).startswith(
+        f"[Errno {errno.EADDRINUSE}] cannot listen on [::1]:{port} (HTTP API, --http-port): ")
+    with socket.socket() as again:  # the IPv4 socket bound before it was closed
+        again.bind(("127.0.0.1", port))
