@@ -76,3 +76,22 @@ def test_an_address_taken_names_itself_and_leaves_nothing_bound():
         f"[Errno {errno.EADDRINUSE}] cannot listen on [::1]:{port} (HTTP API, --http-port): ")
     with socket.socket() as again:  # the IPv4 socket bound before it was closed
         again.bind(("127.0.0.1", port))
+
+
+def test_a_family_the_system_has_no_sockets_for_is_left_out(monkeypatch):
+    """A container with IPv6 turned off still resolves ``""`` to ``::`` too: the loop's
+    ``create_server`` leaves out a family it cannot make a socket for, so the voice port
+    listened on IPv4 while the HTTP API failed to start."""
+    real = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):  # FAKE: a system without IPv6
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "socket", no_ipv6)
+    (v4,) = bind_all([V6_LOOPBACK, V4_LOOPBACK], "HTTP API, --http-port")
+    with v4:
+        assert v4.family == socket.AF_INET and v4.getsockname()[1] != 0
+    with pytest.raises(OSError, match=r"cannot listen \(HTTP API, --http-port\): no socket"):
+        bind_all([V6_LOOPBACK], "HTTP API, --http-port")

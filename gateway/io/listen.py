@@ -36,11 +36,20 @@ def bind_all(addresses: list[Address], what: str) -> list[socket.socket]:
         for family, sockaddr in addresses:
             if sockets and sockaddr[1] == 0:
                 sockaddr = (sockaddr[0], sockets[0].getsockname()[1], *sockaddr[2:])
-            sockets.append(_bound(family, sockaddr, what))
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            except OSError:
+                # a family this system has no sockets for (IPv6 off in a container, with
+                # "" resolving to "::" too): skipped, as the loop's create_server skips it
+                continue
+            sockets.append(_bound(sock, family, sockaddr, what))
     except BaseException:
         for sock in sockets:
             sock.close()
         raise
+    if not sockets:
+        raise OSError(f"cannot listen ({what}): no socket can be made for any address "
+                      f"of {addresses}")
     return sockets
 
 
@@ -55,11 +64,12 @@ async def listening_sockets(host: str, port: int, what: str) -> list[socket.sock
     return bind_all(addresses, what)
 
 
-def _bound(family: socket.AddressFamily, sockaddr: Any, what: str) -> socket.socket:
-    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP
-    # (uvloop on every one). Without it a streamed body's small chunks (a compressed
-    # format's: a few hundred bytes) wait for the client's delayed ACK, 40 ms on Linux
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+def _bound(sock: socket.socket, family: socket.AddressFamily, sockaddr: Any,
+           what: str) -> socket.socket:
+    """``sock`` (made with IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that
+    say they are TCP, uvloop on every one; without it a streamed body's small chunks, a
+    compressed format's few hundred bytes, wait for the client's delayed ACK, 40 ms on
+    Linux) bound to ``sockaddr``, or closed and an ``OSError`` naming it."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6 and hasattr(socket, "IPV6_V6ONLY"):
