@@ -20,7 +20,11 @@ which never become garbage. This bench measures what that buys, in the same run:
   (``gc.callbacks``): how many full and young ones, the longest, all their time, RSS;
 * ``--young N ...``: one more freeze variant per generation-0 threshold N (Python's: 700);
 * ``--engine synthetic``: the capacity bench's zero-cost engine, so that 1,000-2,000
-  sessions fit on a small machine and only the gateway's own objects are walked.
+  sessions fit on a small machine and only the gateway's own objects are walked;
+* ``--against DIR``: the freeze variant once more, measured by this same bench on the
+  gateway code of another checkout (``git worktree add DIR origin/main``): a change's
+  figures against main's, in the same run. ``per session``: the objects tracked once the
+  sessions speak, less those tracked before they came, per session.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ import asyncio, json, sys
 from websockets.asyncio.client import connect
 
 async def one(url, started):
-    async with connect(url, max_queue=None) as ws:
+    # (no open_timeout: on a busy machine 2,000 handshakes outlast websockets' 10 s)
+    async with connect(url, max_queue=None, open_timeout=None) as ws:
         await ws.recv()
         await ws.send(json.dumps({"type": "say", "text": "This sentence is spoken. " * SENTENCES}))
         await ws.send(json.dumps({"type": "ping"}))
@@ -55,6 +60,9 @@ async def one(url, started):
 async def main(url, n):
     starts = [asyncio.get_running_loop().create_future() for _ in range(n)]
     tasks = [asyncio.create_task(one(url, s)) for s in starts]
+    for task, start in zip(tasks, starts):  # a session that fails stops the bench, not hangs it
+        task.add_done_callback(lambda t, s=start: t.cancelled() or s.done() or s.set_exception(
+            t.exception() or RuntimeError("the session ended before speaking")))
     await asyncio.gather(*starts)
     print("SPEAKING", flush=True)
     await asyncio.gather(*tasks)
@@ -94,6 +102,7 @@ async def _measure(args: argparse.Namespace) -> dict:
         frozen = freeze_startup_heap() if args.freeze else 0
         # explicit, whatever the gateway's default: each variant says its own
         gc.set_threshold(args.young or 700, 10, 10)
+        before = len(gc.get_objects())
         pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
         began = [0.0]
 
@@ -132,6 +141,7 @@ async def _measure(args: argparse.Namespace) -> dict:
     return {"freeze": args.freeze, "young": args.young or 700, "engine": args.engine,
             "sessions": sessions, "sentences": args.sentences,
             "tracked": tracked, "frozen": frozen, "window_s": args.window,
+            "tracked_per_session": round((tracked - before) / max(sessions, 1), 1),
             "full_gcs_in_window": len(pauses[2]),
             "full_gc_ms_max_in_window": round(max(pauses[2], default=0.0), 1),
             "gc_ms_total_in_window": round(sum(map(sum, pauses.values())), 1),
@@ -165,19 +175,30 @@ def main() -> None:
     p.add_argument("--young", type=int, nargs="*", default=[],
                    help="also run the freeze with each of these generation-0 thresholds "
                         "(Python's default: 700)")
+    p.add_argument("--against", metavar="DIR",
+                   help="also run the freeze variant on the gateway code of this checkout")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--one", choices=["freeze", "no-freeze"], help=argparse.SUPPRESS)
+    p.add_argument("--code", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:  # a variant, in its own process
+        if args.code:  # its gateway (and engines) from that checkout, measured by this bench
+            sys.path.insert(0, args.code)
         args.freeze = args.one == "freeze"
         args.young = args.young[0] if args.young else None
         import uvloop
 
-        print(json.dumps(uvloop.run(_measure(args))))
+        import gateway
+
+        row = uvloop.run(_measure(args))
+        row["code"] = str(Path(gateway.__file__).resolve().parents[1])  # the one measured
+        print(json.dumps(row))
         return
     rows = []
     variants = [("no-freeze", []), ("freeze", [])]
     variants += [("freeze", ["--young", str(n)]) for n in args.young]
+    if args.against:
+        variants.insert(1, ("freeze", ["--code", str(Path(args.against).resolve())]))
     for variant, extra in variants:
         out = subprocess.run([sys.executable, "-m", "bench.gc_pause", "--one", variant,
                               "--engine", args.engine, "--sessions", str(args.sessions),
@@ -186,16 +207,23 @@ def main() -> None:
                               "--window", str(args.window), *extra],
                              cwd=ROOT, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{'variant':16} {'engine':9} {'sessions':>8} {'tracked':>8} {'frozen':>8} "
-          f"{'full GC median ms':>17} {'max ms':>7} {'CPU median ms':>13}")
+    print(f"{'variant':16} {'engine':9} {'sessions':>8} {'tracked':>8} {'per session':>11} "
+          f"{'frozen':>8} {'full GC median ms':>17} {'max ms':>7} {'CPU median ms':>13}")
     for r in rows:
         print(f"{_name(r):16} {r['engine']:9} "
-              f"{r['sessions']:>8} {r['tracked']:>8} {r['frozen']:>8} "
-              f"{r['full_gc_ms_median']:>17} {r['full_gc_ms_max']:>7} "
+              f"{r['sessions']:>8} {r['tracked']:>8} {r['tracked_per_session']:>11} "
+              f"{r['frozen']:>8} {r['full_gc_ms_median']:>17} {r['full_gc_ms_max']:>7} "
               f"{r['full_gc_cpu_ms_median']:>13}")
-    base, new = rows[:2]
+    base, new = rows[0], rows[2 if args.against else 1]
     print(f"full collection: {base['full_gc_ms_median']} → {new['full_gc_ms_median']} ms median "
           f"({base['full_gc_ms_median'] / max(new['full_gc_ms_median'], 0.05):.0f}× shorter)")
+    if args.against:
+        main, now = rows[1:3]
+        print(f"against {main['code']}: {main['tracked_per_session']} → "
+              f"{now['tracked_per_session']} objects per session, full collection "
+              f"{main['full_gc_ms_median']} → {now['full_gc_ms_median']} ms median "
+              f"(CPU {main['full_gc_cpu_ms_median']} → {now['full_gc_cpu_ms_median']} ms), "
+              f"max {main['full_gc_ms_max']} → {now['full_gc_ms_max']} ms")
     if args.window:
         print(f"\nover {args.window:g} s of the load (no collection forced):")
         print(f"{'variant':16} {'full GCs':>8} {'longest ms':>10} {'young GCs':>9} "
@@ -212,7 +240,8 @@ def main() -> None:
 def _name(row: dict) -> str:
     if not row["freeze"]:
         return "no freeze"
-    return "freeze" if row["young"] == 700 else f"freeze, young {row['young']}"
+    name = "freeze" if row["young"] == 700 else f"freeze, young {row['young']}"
+    return name if row["code"] == str(ROOT) else f"{name} ({Path(row['code']).name})"
 
 
 if __name__ == "__main__":
