@@ -6,6 +6,7 @@ Steps are ordered by awaiting events, never by sleeping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -396,3 +397,24 @@ async def test_a_burst_within_the_allowance_is_answered(gateway):
             await send(ws, type="ping", id=i)
         for i in range(MESSAGE_BURST - 1):
             assert (await recv_event(ws)) == {"type": "pong", "id": i}
+
+
+async def test_an_idle_socket_keeps_no_writer_task(gateway):
+    """Between outputs the gateway holds no task of its own per socket: only websockets'
+    two (the connection's handler and its keepalive pings). A writer task parked for
+    output held ~14 of an idle session's ~100 objects, which every full garbage collection
+    walks (bench/gc_pause.py). Output still flows: each socket then speaks a turn."""
+    before = gateway.health()["loop"]["tasks"]
+    sockets = 3
+    async with contextlib.AsyncExitStack() as stack:
+        # (the client's own keepalive off: only the gateway's tasks are counted)
+        clients = [await stack.enter_async_context(connect(url(gateway), ping_interval=None))
+                   for _ in range(sockets)]
+        for i, ws in enumerate(clients):
+            assert (await recv_event(ws))["type"] == "session.created"
+            await round_trip(ws, i)
+        assert gateway.health()["loop"]["tasks"] - before == 2 * sockets
+        for ws in clients:
+            await send(ws, type="say", text="Still speaking after an idle spell.")
+        for ws in clients:
+            check_frames(await read_turn(ws))

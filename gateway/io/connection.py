@@ -124,7 +124,6 @@ class SessionRunner:
         self.resume_window_s = resume_window_s
         self.connection: VoiceConnection | None = None
         self.closed = False
-        self._outbox_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._llm_tasks: dict[int, asyncio.Task[None]] = {}
         self._timer: asyncio.Handle | None = None
@@ -150,7 +149,7 @@ class SessionRunner:
             self._expiry = None
         self.connection = connection
         replayed = self.outbox.rewind(position)
-        self._outbox_ready.set()
+        connection.wake_writer()
         session = self.session
         if resumed:
             # (also with nothing to replay: the old socket's unanswered probe must not keep
@@ -212,7 +211,8 @@ class SessionRunner:
             self.gateway.release_turn((self.session.id, turn.id))
         for task in list(self._tasks):
             task.cancel()
-        self._outbox_ready.set()  # wake a writer so it sees the end
+        if self.connection is not None:
+            self.connection.wake_writer()  # so it sees the end
         self.gateway.forget(self)
 
     def crashed(self, exc: BaseException) -> None:
@@ -355,12 +355,8 @@ class SessionRunner:
         usual case: one socket write per pacer refill, no task switch), else wake the
         writer task, which waits for the socket with flow control."""
         connection = self.connection
-        if connection is None or not connection.write_now():
-            self._outbox_ready.set()
-
-    async def wait_outbox(self) -> None:
-        self._outbox_ready.clear()
-        await self._outbox_ready.wait()
+        if connection is not None and not connection.write_now():
+            connection.wake_writer()
 
     def _rearm_timer(self) -> None:
         wake = None if self.closed else self.session.wake_at()
@@ -625,10 +621,13 @@ class VoiceConnection:
         self._close_with: tuple[int, str] | None = None
         self._probe: asyncio.Task[None] | None = None
         self._noticed_early_s = 0.0
+        self._tasks: asyncio.TaskGroup | None = None
+        """The connection's task group, while it runs: the writer task is started in it."""
         self._writer_task: asyncio.Task[None] | None = None
+        """Runs while there is output that ``write_now`` could not write (and ends once
+        it is all written): a task parked for output for the life of every idle socket was
+        a tenth of the objects an idle session made each full collection walk."""
         self._writer_first: str | None = None
-        self._parked = False
-        """The writer task waits for output: ``write_now`` may write for it."""
         self._closing: asyncio.Task[None] | None = None
         """The close started by ``close_soon``; ``run`` waits for it."""
 
@@ -645,7 +644,8 @@ class VoiceConnection:
         clean = crashed = False
         try:
             async with asyncio.TaskGroup() as tasks:
-                self._writer_task = tasks.create_task(self._writer())
+                self._tasks = tasks
+                self.wake_writer()
                 closing: list[asyncio.Task[None]] = []
                 self.ws.on_close_frame = lambda: closing.append(
                     tasks.create_task(self._client_closed()))
@@ -654,7 +654,9 @@ class VoiceConnection:
                     clean = True
                 finally:
                     self.ws.on_close_frame = None
-                    self._writer_task.cancel()
+                    self._tasks = None
+                    if self._writer_task is not None:
+                        self._writer_task.cancel()
                     for task in closing:
                         task.cancel()
         except* ConnectionClosed as group:
@@ -867,8 +869,24 @@ class VoiceConnection:
         self._close_with = CLOSE_SERVER_FULL
         runner.close("let in past max_sessions to resume, and did not")
 
+    def wake_writer(self) -> None:
+        """The runner has output (or has closed): start the writer task unless it runs,
+        the connection is not running yet or any more, or it is closing (``close_soon``)."""
+        if self._writer_task is None and self._tasks is not None and self._closing is None:
+            self._writer_task = self._tasks.create_task(self._writer())
+
     async def _writer(self) -> None:
-        """The only caller of ``send``. Cancelling it is how the connection stops writing."""
+        """The only caller of ``send``: writes until the outbox is empty, then ends (the
+        next output starts it again, ``wake_writer``). Cancelling it is how the connection
+        stops writing."""
+        try:
+            await self._write_outbox()
+        finally:
+            # (also when cancelled: its CancelledError's traceback holds this frame, and so
+            # the connection, which would hold the task: a cycle only a full GC frees)
+            self._writer_task = None
+
+    async def _write_outbox(self) -> None:
         while True:
             runner = self.runner
             assert runner is not None
@@ -882,12 +900,7 @@ class VoiceConnection:
                                       else self._close_with or (1011, "session ended")))
                 return
             if outbox.cursor >= outbox.end:
-                self._parked = True
-                try:
-                    await runner.wait_outbox()
-                finally:
-                    self._parked = False
-                continue
+                return
             batch = outbox.take(WRITE_BATCH)
             if len(batch) == 1:
                 await self.ws.send(batch[0])
@@ -897,16 +910,18 @@ class VoiceConnection:
 
     def write_now(self) -> bool:
         """Write the runner's new output from the caller, without a task switch, when
-        nothing stands in the way: the writer task is parked with nothing else to send, the
-        socket is open and its buffer below the high-water mark. False: the writer task must
-        do it (it waits for the socket to drain, and closes or replays as needed).
+        nothing stands in the way: the connection runs with no writer task (nothing else to
+        send), the socket is open and its buffer below the high-water mark. False: the
+        writer task must do it (it waits for the socket to drain, and closes or replays as
+        needed).
 
         At 400 streaming sessions this path cut the gateway's CPU per frame by ~8 %
         (bench/capacity.py, 3 alternating runs: 0.0223 → 0.0205 ms): the task wake-up and
         websockets' ``send_context`` per refill."""
         runner = self.runner
         ws = self.ws
-        if (not self._parked or self._writer_first is not None or runner is None
+        if (self._writer_task is not None or self._tasks is None
+                or self._writer_first is not None or runner is None
                 or runner.closed or ws.protocol.state is not State.OPEN or ws.paused
                 or ws.transport.is_closing()):
             return False
