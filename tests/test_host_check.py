@@ -15,7 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
-from gateway.io.auth import host_allowed
+from gateway.io.auth import host_allowed, own_origin, refused_host
 from gateway.io.server import Gateway
 from tests.wsclient import recv_event
 
@@ -43,6 +43,8 @@ def assert_forbidden_host(response: httpx.Response, name: str) -> None:
     error = response.json()["error"]
     assert error["code"] == "forbidden_host"
     assert f"'{name}'" in error["message"] and "allowed_hosts" in error["message"]
+    # the flag to type: the bare name, without the port
+    assert f"(--allowed-host {name.split(':')[0].lower()})" in error["message"]
     assert "access-control-allow-origin" not in response.headers
 
 
@@ -164,3 +166,23 @@ def test_the_allowlist_holds_the_allowed_names_and_origins_names():
 def test_allowed_hosts_are_names(name):
     with pytest.raises(ValueError, match="allowed_hosts"):
         load_config(server={"allowed_hosts": (name,)})
+
+
+def test_more_than_one_host_is_refused_and_none_is_not_a_browser():
+    """Two ``Host`` values: which would be meant? (a proxy may route by the other one).
+    None at all (HTTP/1.0): not a browser, answered as before."""
+    for hosts in (["127.0.0.1", "rebind.example"], ["127.0.0.1", "127.0.0.1"]):
+        assert refused_host(hosts, ()) is not None
+    assert refused_host([], ()) is None
+    assert refused_host(["127.0.0.1", "rebind.example"], None) is None  # any
+
+
+def test_the_own_origin_is_only_that_of_a_name_no_dns_answer_steers():
+    """A rebound page sends its own name as both Host and Origin: ``own_origin`` must not
+    make it the gateway's own (the voice port relies on it, not only on the Host check)."""
+    assert own_origin("http", "rebind.example:8780", ()) is None
+    assert own_origin("http", "rebind.example:8780", ("hub.local",)) is None
+    assert own_origin("http", "hub.local:8780", ("hub.local",)) == "http://hub.local:8780"
+    assert own_origin("https", "127.0.0.1:8780", ()) == "https://127.0.0.1:8780"
+    assert own_origin("http", "rebind.example", None) == "http://rebind.example"  # any
+    assert own_origin("http", "", None) is None
