@@ -219,13 +219,25 @@ async def test_a_browser_origin_outside_the_allowlist_is_refused(start_gateway):
 
 
 # (a name that only begins with localhost is anyone's: app.localhost is bound, see test_cli)
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "localhost.example"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.1", "localhost.example", "",
+                                  "hub.example"])
 async def test_no_bind_beyond_loopback_without_a_token(host):
+    # ("": every interface, as 0.0.0.0; a name may resolve to any address)
     gw = Gateway(load_config(server={"host": host, "port": 0}, tts={"engine": "espeak"}))
     try:
         with pytest.raises(ValueError, match="without a token"):
             await gw.start()
         assert gw._server is None and not gw.ready  # nothing was bound
+    finally:
+        await gw.aclose()
+
+
+async def test_localhost_is_bound_without_a_token():
+    gw = Gateway(load_config(server={"host": "localhost", "port": 0},
+                             tts={"engine": "espeak"}))
+    try:
+        await gw.start()
+        assert gw.ready and gw.port > 0
     finally:
         await gw.aclose()
 
