@@ -11,7 +11,7 @@ from websockets.exceptions import InvalidStatus
 
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
-from gateway.io.auth import redact
+from gateway.io.auth import RedactTokens, install_redaction, redact
 from gateway.io.server import Gateway
 from tests.servers import ServeProcess
 from tests.wsclient import read_turn, recv_event, send
@@ -108,6 +108,50 @@ def test_redact_masks_query_and_bearer_tokens():
     assert redact("Sec-WebSocket-Protocol: bearer.a!b#c, voice.v1") == \
         "Sec-WebSocket-Protocol: bearer.***, voice.v1"
     assert redact("nothing secret here") == "nothing secret here"
+
+
+def test_redaction_masks_the_values_of_a_mapping_of_args():
+    record = logging.LogRecord("lib", logging.INFO, __file__, 1, "%(path)s after %(n)d",
+                               ({"path": "/v1/voice?token=abc", "n": 3},), None)
+    assert RedactTokens().filter(record)
+    assert record.getMessage() == "/v1/voice?token=*** after 3"
+
+
+REQUEST_LINE_LOGGERS = ("websockets.server", "uvicorn.error", "uvicorn.access")
+
+
+def test_install_redaction_masks_request_lines_before_any_handler_sees_them():
+    """A handler of the request-line loggers' own (an application's logging config) sees
+    their records before the root handlers do, so these loggers carry the filter; records
+    of every other logger are masked by the root handlers'. Installed twice, once."""
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(f"{record.name}: {record.getMessage()}")
+
+    loggers = [logging.getLogger(name) for name in REQUEST_LINE_LOGGERS]
+    root, own = Keep(), Keep()
+    for logger in loggers:  # (an earlier test's gateway installed it)
+        for f in [f for f in logger.filters if isinstance(f, RedactTokens)]:
+            logger.removeFilter(f)
+    logging.getLogger().addHandler(root)
+    try:
+        install_redaction()
+        install_redaction()
+        for logger in loggers:
+            assert sum(isinstance(f, RedactTokens) for f in logger.filters) == 1
+            logger.addHandler(own)
+            logger.error("GET /v1/voice?token=s3cret HTTP/1.1")
+            logger.removeHandler(own)
+        logging.getLogger("some.library").error("GET /v1/voice?token=s3cret HTTP/1.1")
+    finally:
+        logging.getLogger().removeHandler(root)
+    assert [line.split(":")[0] for line in own.lines] == list(REQUEST_LINE_LOGGERS)
+    assert "some.library: GET /v1/voice?token=*** HTTP/1.1" in root.lines
+    assert not [line for line in own.lines + root.lines if "s3cret" in line]
 
 
 @pytest.mark.slow
