@@ -239,13 +239,11 @@ _FILTER = RedactTokens()
 
 def install_redaction() -> None:
     """Redact on the loggers that see request lines and on the root logger's handlers
-    (idempotent). A logger's filter only sees records created on that very logger, so the
-    request-line loggers are named; a handler's filter sees everything that reaches it, so
-    the root handlers (``logging.basicConfig`` in the CLI) cover every other logger."""
+    (idempotent: ``addFilter`` adds a filter once). A logger's filter only sees records
+    created on that very logger, so the request-line loggers are named; a handler's filter
+    sees everything that reaches it, so the root handlers (``logging.basicConfig`` in the
+    CLI) cover every other logger."""
     for name in ("websockets.server", "uvicorn.error", "uvicorn.access"):
-        logger = logging.getLogger(name)
-        if _FILTER not in logger.filters:
-            logger.addFilter(_FILTER)
+        logging.getLogger(name).addFilter(_FILTER)
     for handler in logging.getLogger().handlers:
-        if _FILTER not in handler.filters:
-            handler.addFilter(_FILTER)
+        handler.addFilter(_FILTER)
