@@ -11,6 +11,7 @@ import signal
 import pytest
 
 from gateway.cli import _parser, build_config, main
+from gateway.config import load_config
 from tests.servers import ServeProcess
 
 
@@ -301,6 +302,29 @@ def test_option_tables_of_an_engine_not_configured_are_said_to_be_ignored(tts, w
     Gateway(load_config(tts=tts))
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert said == ([warning] if warning else [])
+
+
+@pytest.mark.parametrize(("section", "key", "ok", "bad", "message"), [
+    # (0 is the deterministic temperature, 0 turns the replay's pacing and the history off)
+    ("llm", "temperature", (0, 2), 2.5, "llm.temperature must be 0-2, not 2.5"),
+    ("llm", "tokens_per_s", (0,), -1.0, "llm.tokens_per_s must be 0 or more, not -1.0"),
+    ("session", "history_turns", (0,), -1,
+     "session.history_turns must be an integer at least 0, not -1"),
+    ("session", "max_reply_chars", (100,), 99,
+     "session.max_reply_chars must be an integer at least 100, not 99"),
+    # a bool is no number, though Python's True == 1 (the bounds checks take the type as
+    # checked)
+    ("server", "max_sessions", (1,), True, "server.max_sessions must be an integer, not True"),
+    ("server", "resume_window_s", (0, 86_400), False,
+     "server.resume_window_s must be a number, not False"),
+])
+def test_a_setting_takes_its_bounds_and_a_value_past_them_is_refused_naming_it(
+        section, key, ok, bad, message):
+    for value in ok:
+        assert getattr(getattr(load_config(**{section: {key: value}}), section), key) == value
+    with pytest.raises(ValueError) as refused:
+        load_config(**{section: {key: bad}})
+    assert str(refused.value) == message
 
 
 def test_no_insecure_bind_overrides_a_config_files_true(tmp_path):
