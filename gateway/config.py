@@ -49,20 +49,19 @@ def _check_types(obj: Any, section: str) -> None:
             raise ValueError(f"{where} must be {describe(hint)}, not {value!r}")
 
 
-def _check_int(where: str, value: Any, lo: int, hi: int | None = None) -> None:
-    """Refuse a configured number outside [lo, hi] with a message naming the key."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (
-            hi is not None and value > hi):
+def _check_int(where: str, value: int, lo: int, hi: int | None = None) -> None:
+    """Refuse a configured number outside [lo, hi] with a message naming the key (its type
+    was checked by ``_check_types``)."""
+    if value < lo or (hi is not None and value > hi):
         bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         raise ValueError(f"{where} must be an integer {bound}, not {value!r}")
 
 
-def _check_seconds(where: str, value: Any, lo: float, hi: float, *,
+def _check_seconds(where: str, value: float, lo: float, hi: float, *,
                    above: bool = False) -> None:
-    """Refuse a configured duration outside [lo, hi] (``above``: (lo, hi]), naming the key."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and (
-        lo < value <= hi if above else lo <= value <= hi)
-    if not ok:
+    """Refuse a configured duration outside [lo, hi] (``above``: (lo, hi]), naming the key
+    (its type was checked by ``_check_types``; NaN is outside any range)."""
+    if not (lo < value <= hi if above else lo <= value <= hi):
         bound = f"more than {lo:g} and at most {hi:g}" if above else f"{lo:g}-{hi:g}"
         raise ValueError(f"{where} must be {bound} seconds, not {value!r}")
 
