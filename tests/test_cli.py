@@ -327,6 +327,17 @@ def test_a_setting_takes_its_bounds_and_a_value_past_them_is_refused_naming_it(
     assert str(refused.value) == message
 
 
+def test_the_tts_flags_reach_the_engine_by_its_own_argument_names():
+    # (the clone's transcript, --voice-ref-text, is the ICL clone's ref_text; no test had
+    # an engine given one through the configuration)
+    tts = config_of("--tts", "qwen3", "--tts-model", "m", "--voice", "serena", "--voice-ref",
+                    "me.wav", "--voice-ref-text", "Hello there.", "--tts-url",
+                    "http://127.0.0.1:9/v1").tts
+    assert tts.engine_options() == {"model": "m", "voice": "serena", "ref_audio": "me.wav",
+                                    "ref_text": "Hello there.",
+                                    "url": "http://127.0.0.1:9/v1"}
+
+
 def test_no_insecure_bind_overrides_a_config_files_true(tmp_path):
     toml = tmp_path / "gw.toml"
     toml.write_text("[server]\ninsecure_bind = true\n")
