@@ -77,6 +77,12 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ("[tts]\nstep_timeout_s = -1\n",
      "tts.step_timeout_s must be more than 0 and at most 3600 seconds, not -1"),
     ("server = 5\n", "[server] must be a table, not 5"),
+    # a misspelt section or key is refused, not ignored: '[sever] tokens' or 'token' would
+    # otherwise start a gateway that asks no client for a token
+    ('[sever]\ntokens = ["s3cret"]\n[sesion]\n', "gw.toml: unknown section(s) sesion, sever"),
+    ('[server]\ntoken = ["s3cret"]\n', "gw.toml[server]: unknown key(s) token; known: "
+     "allowed_hosts, host, http_port, insecure_bind, lane_policy, max_sessions, origins, "
+     "outbox_bytes, port, resume_window_s, tls_cert, tls_key, tokens, turns_per_minute"),
     # a table's own keys are named: this read "tts.profiles must be a table, not {...}"
     ('[tts.profiles.cpu]\nfirst_s = "fast"\n',
      "tts.profiles.cpu.first_s must be a number, not 'fast'"),
@@ -317,6 +323,14 @@ def test_option_tables_of_an_engine_not_configured_are_said_to_be_ignored(tts, w
     ("server", "max_sessions", (1,), True, "server.max_sessions must be an integer, not True"),
     ("server", "resume_window_s", (0, 86_400), False,
      "server.resume_window_s must be a number, not False"),
+    ("server", "http_port", (0, 65535), 65536,
+     "server.http_port must be an integer between 0 and 65535, not 65536"),
+    ("server", "turns_per_minute", (0,), -1,  # (0: no limit)
+     "server.turns_per_minute must be an integer at least 0, not -1"),
+    ("server", "outbox_bytes", (65536,), 65535,
+     "server.outbox_bytes must be an integer at least 65536, not 65535"),
+    ("llm", "stall_timeout_s", (3600,), 3601,
+     "llm.stall_timeout_s must be more than 0 and at most 3600 seconds, not 3601"),
 ])
 def test_a_setting_takes_its_bounds_and_a_value_past_them_is_refused_naming_it(
         section, key, ok, bad, message):
@@ -325,6 +339,12 @@ def test_a_setting_takes_its_bounds_and_a_value_past_them_is_refused_naming_it(
     with pytest.raises(ValueError) as refused:
         load_config(**{section: {key: bad}})
     assert str(refused.value) == message
+
+
+def test_lists_given_to_load_config_are_taken_as_toml_arrays_are():
+    config = load_config(server={"tokens": ["s3cret"], "origins": ["https://a.example"]})
+    assert config.server.tokens == ("s3cret",)
+    assert config.server.origins == ("https://a.example",)
 
 
 def test_the_tts_flags_reach_the_engine_by_its_own_argument_names():
