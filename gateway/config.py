@@ -129,7 +129,7 @@ class ServerConfig:
         _check_int("server.outbox_bytes", self.outbox_bytes, 64 * 1024)
         _check_seconds("server.resume_window_s", self.resume_window_s, 0, 24 * 3600)
         if self.lane_policy not in ("scheduler", "fifo"):
-            raise ValueError(f"lane_policy must be 'scheduler' or 'fifo', not "
+            raise ValueError(f"server.lane_policy must be 'scheduler' or 'fifo', not "
                              f"{self.lane_policy!r}")
 
 

@@ -331,6 +331,8 @@ def test_option_tables_of_an_engine_not_configured_are_said_to_be_ignored(tts, w
      "server.outbox_bytes must be an integer at least 65536, not 65535"),
     ("llm", "stall_timeout_s", (3600,), 3601,
      "llm.stall_timeout_s must be more than 0 and at most 3600 seconds, not 3601"),
+    ("server", "lane_policy", ("scheduler", "fifo"), "rr",
+     "server.lane_policy must be 'scheduler' or 'fifo', not 'rr'"),
 ])
 def test_a_setting_takes_its_bounds_and_a_value_past_them_is_refused_naming_it(
         section, key, ok, bad, message):
