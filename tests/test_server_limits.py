@@ -232,25 +232,19 @@ async def test_no_bind_beyond_loopback_without_a_token(host):
         await gw.aclose()
 
 
-async def test_localhost_is_bound_without_a_token():
-    gw = Gateway(load_config(server={"host": "localhost", "port": 0},
+@pytest.mark.parametrize(("host", "server"), [
+    ("localhost", {}),
+    ("0.0.0.0", {"tokens": ("s3cret",)}),
+    ("0.0.0.0", {"insecure_bind": True}),
+], ids=["localhost", "token", "insecure-bind"])
+async def test_the_loopback_a_token_or_insecure_bind_allows_it(host, server):
+    gw = Gateway(load_config(server={"host": host, "port": 0, **server},
                              tts={"engine": "espeak"}))
     try:
         await gw.start()
         assert gw.ready and gw.port > 0
     finally:
         await gw.aclose()
-
-
-async def test_a_token_or_insecure_bind_allows_it():
-    for server in ({"tokens": ("s3cret",)}, {"insecure_bind": True}):
-        gw = Gateway(load_config(server={"host": "0.0.0.0", "port": 0, **server},
-                                 tts={"engine": "espeak"}))
-        try:
-            await gw.start()
-            assert gw.ready and gw.port > 0
-        finally:
-            await gw.aclose()
 
 
 async def test_a_voice_port_in_use_leaves_nothing_running():
