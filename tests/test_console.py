@@ -1132,3 +1132,51 @@ async def test_console_stop_marks_what_was_heard_to_the_sample(gateway):
         assert marks and received.index(marks[-1]) < cancel
         assert marks[-1].played_ms == pytest.approx(heard / 24, abs=0.5)
         assert errors == []
+
+
+# Test instrument in the page: each playback mark as it is sent, with the worklet's count
+# and the latency the browser reports at that moment (the context it plays through).
+RECORD_MARKS = """(() => {
+  const Context = window.AudioContext;
+  window.AudioContext = class extends Context {
+    constructor(options) { super(options); window.playing = this; }
+  };
+  window.marks = [];
+  const send = WebSocket.prototype.send;
+  WebSocket.prototype.send = function (data) {
+    if (typeof data === "string" && data.includes('"playback"')) {
+      const s = window.consoleState, ctx = window.playing;
+      window.marks.push({mark: JSON.parse(data), played: s.samplesPlayed,
+                         running: s.playing || s.bufferedSamples > 0,
+                         latencyMs: (ctx.baseLatency + (ctx.outputLatency || 0)) * 1000});
+    }
+    return send.call(this, data);
+  };
+})()"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_marks_what_left_the_speaker_not_what_the_player_rendered(gateway):
+    """Playback marks said what the worklet had rendered, but the browser hands it on to
+    the system and the speaker (baseLatency + outputLatency: 100-200 ms on Bluetooth), so
+    after a barge-in the history kept words not yet heard. A mark now counts rendered less
+    what the browser reports as still on its way, never below the turn's previous mark, and
+    all of it once the player has run out (its tail has played)."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/", init=RECORD_MARKS) as (page, errors):
+        await talk_when_ready(page, "Hello")  # the first turn: the player's count starts at 0
+        await first_turn_heard(page)
+        await heard_out(page)
+        await talk(page, "Tell me everything")  # its barge-in mark: all of the turn, heard
+        await page.wait_for_function(f"{state}.turnId === 2")
+        marks = await page.evaluate("window.marks.filter(m => m.mark.turn_id === 1)")
+        playing = [m for m in marks if m["running"]]
+        assert playing and min(m["latencyMs"] for m in playing) > 0  # Chromium reports some
+        last = 0.0
+        for m in marks:
+            rendered = m["played"] / 24
+            expected = max(last, rendered - m["latencyMs"]) if m["running"] else rendered
+            assert m["mark"]["played_ms"] == round(expected), (m, last)
+            last = m["mark"]["played_ms"]
+        assert errors == []

@@ -364,7 +364,7 @@ function onEvent(ev) {
         const flush = flushAudio();
         turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source, flush,
                 playedBase: flush === null ? state.samplesPlayed : null,
-                underrunsBase: state.underruns, samplesPosted: 0,
+                underrunsBase: state.underruns, samplesPosted: 0, marked: 0,
                 heard: null, ended: false, stopped, stopSent: stopped !== null};
       }
       state.turnId = ev.turn_id;
@@ -554,21 +554,38 @@ function flushAudio() {
   return flushes;
 }
 
-// playback marks: what the listener heard of the current turn, every 250 ms while playing;
-// none until the worklet has said where the turn's count starts (nothing known heard: 0)
+// playback marks: what the listener heard of the current turn, every 250 ms while playing
+// (and once more when its tail has played); none until the worklet has said where the
+// turn's count starts (nothing known heard: 0). Heard is what the worklet rendered less what
+// the browser says is still on its way to the speaker (100-200 ms on Bluetooth), so a
+// barge-in's history keeps no word the listener did not hear; never below a mark sent
+// (what was played stays played). Once the player has run dry, all it rendered is heard
+// (by the next mark, 250 ms on): that mark says all of it.
 function playedMs() {
-  return turn ? Math.max(0, heardMs(turn, state.samplesPlayed)) : 0;
+  if (!turn) return 0;
+  const idle = !state.playing && state.bufferedSamples === 0;
+  const heard = heardMs(turn, state.samplesPlayed) - (idle ? 0 : outputLagMs());
+  return Math.max(0, turn.marked, heard);
 }
-let lastMark = null;
+
+// The browser's own estimate: baseLatency (graph to system), outputLatency (system to
+// speaker; Safari before 18.4 has none: 0)
+function outputLagMs() {
+  return audio ? ((audio.ctx.baseLatency || 0) + (audio.ctx.outputLatency || 0)) * 1000 : 0;
+}
+
+function sendMark(t, ms) {
+  t.marked = Math.max(t.marked, ms);
+  send({type: "playback", turn_id: t.id, played_ms: ms});
+}
+
 setInterval(() => {
-  if (!turn || turn.stopped || turn.playedBase === null || !state.connected ||
-      !(state.playing || state.bufferedSamples)) {
-    return;
-  }
+  if (!turn || turn.stopped || turn.playedBase === null || !state.connected) return;
   const ms = Math.round(playedMs());
-  if (ms === lastMark) return;
-  lastMark = ms;
-  send({type: "playback", turn_id: turn.id, played_ms: ms});
+  if (ms === turn.marked) return;
+  // a player run dry: its last mark said less than it rendered (the tail still on its way)
+  if (!(state.playing || state.bufferedSamples) && !turn.marked) return;
+  sendMark(turn, ms);
 }, 250);
 
 // ---- per-turn timeline from turn.done metrics ------------------------------------------
@@ -657,7 +674,7 @@ const chars = (text) => [...text].length; // code points
 // stopped turn or one of a session gone.
 function markBargeIn() {
   if (!turn || turn.stopped || turn.sessionId !== session?.id) return;
-  send({type: "playback", turn_id: turn.id, played_ms: Math.round(playedMs())});
+  sendMark(turn, Math.round(playedMs()));
 }
 
 // Sends the transcript; false (with the reason shown) when it cannot go. The reply playing
