@@ -1180,3 +1180,32 @@ async def test_console_marks_what_left_the_speaker_not_what_the_player_rendered(
             assert m["mark"]["played_ms"] == round(expected), (m, last)
             last = m["mark"]["played_ms"]
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_a_keyboard_user_types_the_transcript_at_once(start_gateway):
+    """Nothing had the focus on load: a keyboard user pressed Tab five times to reach the
+    transcript box. It has the focus on load; when the gateway asks for a token, the token
+    field has it, and once the token lets the page in, the transcript box again."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}])
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        assert await page.evaluate("document.activeElement.id") == "transcript"
+        await page.keyboard.type("Hello")
+        await page.keyboard.press("Enter")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        assert errors == []
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
+                             server={"tokens": ["s3cret"]})
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function("window.consoleState.needsToken")
+        assert await page.evaluate("document.activeElement.id") == "token"
+        await page.keyboard.type("s3cret")
+        await page.keyboard.press("Enter")
+        await page.wait_for_function("window.consoleState.connected")
+        assert await page.evaluate("document.activeElement.id") == "transcript"
+        await page.keyboard.type("Hello")
+        await page.keyboard.press("Enter")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        assert errors == []

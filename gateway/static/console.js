@@ -504,6 +504,7 @@ function giveBackAsked() {
 function startSession(ev) {
   state.connected = true;
   pendingUpdate = null;
+  if (document.activeElement === $("token")) $("transcript").focus(); // (hidden: nowhere)
   $("token-row").hidden = true; // in: a token typed again would only open another socket
   if (state.sessionId && state.sessionId !== ev.session_id) addSessionMark(ev.session_id);
   state.sessionId = ev.session_id;
