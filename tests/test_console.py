@@ -24,6 +24,9 @@ CHROMIUM = "/usr/bin/chromium"
 PING_EVERY_MS = int(re.search(r"^const PING_EVERY_MS = (\d+);$",
                               (STATIC_DIR / "console.js").read_text(), re.M)[1])
 """How often the page pings (console.js)."""
+PROBE_MS = int(re.search(r"^const PROBE_MS = (\d+);", (STATIC_DIR / "console.js").read_text(),
+                         re.M)[1])
+"""How long the page waits for an answer to the ping it sends when the network is back."""
 
 LONG = " ".join(f"This is sentence number {i} of a long answer." for i in range(1, 30))
 
@@ -1208,4 +1211,49 @@ async def test_console_a_keyboard_user_types_the_transcript_at_once(start_gatewa
         await page.keyboard.type("Hello")
         await page.keyboard.press("Enter")
         await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        assert errors == []
+
+
+# Test instrument in the page: how many times the browser said it was online again, and
+# the pongs the page had then (its own listener runs after this one, in the same dispatch).
+ONLINE_SEEN = """window.online = 0;
+addEventListener("online", () => {
+  window.online += 1;
+  window.pongs = window.consoleState.pongs;
+});"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_probes_its_socket_as_soon_as_the_network_is_back(start_gateway):
+    """The network came back after a drop the socket never heard of (the path it used is
+    dead): the page went on waiting for its pings' silence, 12-17 s, before it resumed on a
+    new socket. The browser's ``online`` event makes it ping at once, and without an answer
+    within PROBE_MS it gives the socket up and resumes; a socket that answers is kept."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
+    state = "window.consoleState"
+    given_up = f"{state}.errors.some(e => e.startsWith('no answer'))"
+    async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
+                       init=ONLINE_SEEN) as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        session_id = await page.evaluate(f"{state}.sessionId")
+        # back online, its socket still good (Chromium's offline spares it): it answers
+        await page.context.set_offline(True)
+        await page.context.set_offline(False)
+        await page.wait_for_function(f"window.online === 1 && {state}.pongs > window.pongs")
+        await page.clock.fast_forward(PROBE_MS)
+        assert not await page.evaluate(given_up)
+        (runner,) = gw.runners.values()
+        # the socket's path is dead: the gateway reads nothing more from it (its pings
+        # included), while the socket stays open, as across a network that changed
+        runner.connection.ws.transport.pause_reading()
+        await page.context.set_offline(True)
+        await page.context.set_offline(False)
+        await page.wait_for_function("window.online === 2")  # (the page's listener ran after)
+        await page.clock.fast_forward(PROBE_MS)
+        assert await page.evaluate(given_up)
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        assert await page.evaluate(f"{state}.sessionId") == session_id
+        await talk(page, "Hello")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
         assert errors == []

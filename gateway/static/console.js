@@ -15,6 +15,7 @@ const MAX_TEXT_CHARS = 4000; // protocol.md, Limits: code points, as the server 
 const MAX_INSTRUCTIONS_CHARS = 16000;
 const PING_EVERY_MS = 5000;
 const SILENT_FOR_MS = 12000; // a ping with nothing at all back for this long: the socket is dead
+const PROBE_MS = 3000; // the network back: a ping with nothing back for this long, likewise
 const OPEN_WITHIN_MS = 10000; // a socket still connecting after this is given up
 // What a subprotocol entry may hold (an HTTP token, RFC 6455 4.1): with any other
 // character ("/" and "=" of a base64 token, a space) the WebSocket constructor throws.
@@ -24,6 +25,7 @@ let ws = null;
 let backoff = 500;
 let retry = null; // the timer of the next reconnect
 let heardAt = 0; // when the socket last gave us anything
+let heardCount = 0; // how many messages it gave us (a probe's answer: one more)
 let pingedAt = null; // when the first ping with nothing heard since went out
 let pendingUpdate = null; // {session, n}: a session.update sent and not answered yet
 let sentNo = 0; // numbers what is sent again after a resume, to keep its order
@@ -158,6 +160,7 @@ function connect() {
   };
   socket.onmessage = (e) => {
     heardAt = performance.now();
+    heardCount += 1;
     typeof e.data === "string" ? onText(JSON.parse(e.data)) : onFrame(e.data);
   };
   socket.onclose = async (e) => {
@@ -219,15 +222,29 @@ setInterval(() => {
   const now = performance.now();
   if (pingedAt !== null && heardAt >= pingedAt) pingedAt = null; // answered
   if (pingedAt !== null && now - pingedAt > SILENT_FOR_MS) {
-    const socket = ws;
-    showError(`no answer from the gateway for ${SILENT_FOR_MS / 1000} s; reconnecting`);
-    socket.onclose?.({code: 1006, reason: "", told: true});
-    abandon(socket);
+    giveUp(ws, SILENT_FOR_MS);
     return;
   }
   pingedAt ??= now;
   send({type: "ping", id: Date.now()});
 }, PING_EVERY_MS);
+
+// The browser says the network is back: a socket whose path died while it was gone (another
+// Wi-Fi, a laptop woken) still looks open, and the pings would take 12-17 s to tell. Ask now.
+window.addEventListener("online", () => {
+  if (!connected()) return;
+  const socket = ws, before = heardCount;
+  send({type: "ping", id: Date.now()});
+  setTimeout(() => {
+    if (ws === socket && connected() && heardCount === before) giveUp(socket, PROBE_MS);
+  }, PROBE_MS);
+});
+
+function giveUp(socket, silentMs) {
+  showError(`no answer from the gateway for ${silentMs / 1000} s; reconnecting`);
+  socket.onclose?.({code: 1006, reason: "", told: true});
+  abandon(socket);
+}
 
 // A socket refused before it opened (HTTP 401, 403 or 503: a browser is not told which).
 // /health (always open) says whether tokens are in use and how full the gateway is;
