@@ -1257,3 +1257,74 @@ async def test_console_probes_its_socket_as_soon_as_the_network_is_back(start_ga
         await talk(page, "Hello")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
         assert errors == []
+
+
+@asynccontextmanager
+async def sub_path_proxy(upstream: int, prefix: str) -> AsyncIterator[tuple[int, list[str]]]:
+    """Test infrastructure: a reverse proxy on 127.0.0.1:0 that serves the gateway on port
+    ``upstream`` under ``prefix`` (as nginx's ``location /voice/ { proxy_pass
+    http://gateway/; }`` or Home Assistant's ingress), built from websockets (its server,
+    and its client for the socket it relays) and httpx (the GETs it forwards). Yields its
+    port and every path asked of it; a path outside ``prefix`` is its 404. It sends no
+    Origin on (the gateway then takes the socket for a non-browser client's)."""
+    from websockets.asyncio.client import connect
+    from websockets.asyncio.server import serve
+    from websockets.datastructures import Headers
+    from websockets.http11 import Response
+
+    asked: list[str] = []
+    upstreams: dict[Any, Any] = {}  # the browser's socket: the gateway's socket it relays
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{upstream}") as client:
+
+        async def forward(connection: Any, request: Any) -> Any:
+            asked.append(request.path)
+            if not request.path.startswith(prefix):
+                return connection.respond(404, "not under the proxy's path\n")
+            path = request.path.removeprefix(prefix.rstrip("/"))
+            if request.headers.get("Upgrade", "").lower() == "websocket":
+                offered = [p.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol")
+                           for p in value.split(",")]
+                upstreams[connection] = await connect(f"ws://127.0.0.1:{upstream}{path}",
+                                                      subprotocols=offered or None)
+                return None  # the browser's handshake goes on: relay()
+            answer = await client.get(path, headers={
+                k: v for k, v in request.headers.raw_items() if k.lower() == "authorization"})
+            return Response(answer.status_code, answer.reason_phrase, Headers(
+                (k, v) for k, v in answer.headers.items()
+                if k.lower() in ("content-type", "content-length", "cache-control")),
+                answer.content)
+
+        async def relay(downstream: Any) -> None:
+            async with upstreams.pop(downstream) as up:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(pipe(downstream, up))
+                    tasks.create_task(pipe(up, downstream))
+
+        async def pipe(source: Any, sink: Any) -> None:
+            async for message in source:
+                await sink.send(message)
+            await sink.close()
+
+        async with serve(relay, "127.0.0.1", 0, process_request=forward,
+                         select_subprotocol=lambda c, offered: upstreams[c].subprotocol) as server:
+            yield server.sockets[0].getsockname()[1], asked
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_works_behind_a_reverse_proxy_under_a_sub_path(gateway):
+    """Behind a proxy at /voice/ the page asked for /static/console.js and the socket at
+    /v1/voice, outside the proxy's path: nothing loaded. Every URL it asks is relative to
+    the page now: its assets, the worklet, /health and the socket."""
+    async with sub_path_proxy(gateway.port, "/voice/") as (port, asked):
+        async with console(f"http://127.0.0.1:{port}/voice/") as (page, errors):
+            assert all(path.startswith("/voice/") for path in asked), asked
+            await talk_when_ready(page, "Hello")
+            await page.wait_for_function(
+                "window.consoleState.lastTurn?.status === 'completed'")
+            await heard_out(page)
+            assert await page.evaluate("window.consoleState.samplesPlayed") > 0
+            assert errors == []
+        assert {"/voice/", "/voice/static/console.js", "/voice/static/console.css",
+                "/voice/static/worklet.js", "/voice/v1/voice"} <= set(asked), asked
+        assert all(path.startswith("/voice/") for path in asked), asked

@@ -53,7 +53,7 @@ async function startAudio() {
                     "--tls-cert) or at http://localhost; replies show as text");
   }
   const ctx = new AudioContext({sampleRate: RATE});
-  await ctx.audioWorklet.addModule("/static/worklet.js");
+  await ctx.audioWorklet.addModule(new URL("worklet.js", import.meta.url));
   const node = new AudioWorkletNode(ctx, "pcm-player", {outputChannelCount: [1]});
   const analyser = ctx.createAnalyser();
   analyser.fftSize = 2048;
@@ -130,10 +130,15 @@ function takeToken() {
   return sessionStorage.getItem("voiceToken") || "";
 }
 
+// The gateway's ``path``, beside the page: a reverse proxy may serve it under a sub-path
+// (nginx's location /voice/, Home Assistant's ingress), so no URL starts with "/".
+function here(path) {
+  return new URL(path, location.href);
+}
+
 function connect() {
   clearTimeout(retry);
   if (ws && ws.readyState <= WebSocket.OPEN) abandon(ws); // one socket at a time
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
   const query = new URLSearchParams();
   // naming the session to resume lets the socket in even when the gateway is full
   if (session) query.set("resume", session.id);
@@ -141,7 +146,9 @@ function connect() {
   // the URL when it has a character a subprotocol cannot hold (the gateway masks it in logs)
   const asProtocol = SUBPROTOCOL_TOKEN.test(token);
   if (token && !asProtocol) query.set("token", token);
-  const url = `${scheme}://${location.host}/v1/voice${String(query) ? `?${query}` : ""}`;
+  const url = here("v1/voice");
+  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  url.search = String(query);
   const socket = ws = new WebSocket(url, asProtocol ? ["voice.v1", `bearer.${token}`] : ["voice.v1"]);
   let opened = false;
   socket.binaryType = "arraybuffer";
@@ -250,7 +257,7 @@ function giveUp(socket, silentMs) {
 // /health (always open) says whether tokens are in use and how full the gateway is;
 // /v1/models, whether the token is good. True: wait for a token to be typed in.
 async function refusedForToken() {
-  const health = await fetch("/health", {cache: "no-store"}).then((r) => r.json()).catch(() => null);
+  const health = await fetch(here("health"), {cache: "no-store"}).then((r) => r.json()).catch(() => null);
   if (health && health.sessions >= health.limits?.max_sessions) {
     setStatus(false, `the gateway is full (${health.sessions} sessions); retrying`);
   }
@@ -268,7 +275,7 @@ async function refusedForToken() {
     return false;
   }
   if (token) {
-    const models = await fetch("/v1/models", {cache: "no-store",
+    const models = await fetch(here("v1/models"), {cache: "no-store",
       headers: {Authorization: `Bearer ${token}`}}).catch(() => null);
     if (models?.status !== 401) return false; // a good token: refused for another reason
   }
