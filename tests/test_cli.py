@@ -502,3 +502,46 @@ def test_a_name_under_localhost_is_bound_on_the_loopback_without_a_token():
         gw.signal(signal.SIGTERM)
         code, output = gw.finish()
     assert code == 0, output
+
+
+@pytest.mark.parametrize("host", ["", "0.0.0.0", "::"])
+def test_the_start_banner_of_a_wildcard_bind_gives_urls_a_client_on_the_hub_can_open(host):
+    """``--host ""`` (every interface) printed ``ws://:8780/v1/voice`` and
+    ``http://:8781/...``, which no client can parse (``0.0.0.0``, which browsers refuse,
+    and ``::`` likewise were printed as they were). The URLs name the loopback the wildcard
+    includes, used here as printed, and the banner says in words where it listens."""
+    import re
+    import socket
+
+    import httpx
+    from websockets.asyncio.client import connect
+
+    if host == "::":
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+        except OSError:
+            pytest.skip("this machine has no IPv6 loopback")
+    loopback = "[::1]" if host == "::" else "127.0.0.1"
+    with ServeProcess("--host", host, "--port", "0", "--http-port", "0",
+                      "--token", "s3cret") as gw:
+        banner = gw.banner()
+        urls = re.findall(r"(?:wss?|https?)://\S+?(?=[ ,)]|$)", banner, re.M)
+        voice, health, console, speech = urls[:4]
+        assert voice.startswith(f"ws://{loopback}:") and voice.endswith("/v1/voice")
+        assert speech.startswith(f"http://{loopback}:")
+        assert re.search(r"^  bound: every (IPv4 |IPv6 )?interface", banner, re.M), banner
+
+        async def use() -> None:
+            async with connect(voice, additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            async with httpx.AsyncClient(headers={"Authorization": "Bearer s3cret"}) as client:
+                assert (await client.get(health)).status_code == 200
+                assert (await client.get(console)).status_code == 200
+                models = speech.removesuffix("/audio/speech") + "/models"
+                assert (await client.get(models)).status_code == 200
+
+        asyncio.run(use())
+        gw.signal(signal.SIGTERM)
+        code, output = gw.finish()
+    assert code == 0, output

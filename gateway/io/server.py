@@ -793,6 +793,22 @@ async def started_unless_stopped(gateway: Gateway, stop: asyncio.Event) -> bool:
     return True
 
 
+WILDCARDS = {"": "every interface", "0.0.0.0": "every IPv4 interface",
+             "::": "every IPv6 interface"}
+"""The hosts that bind no one address, and where each listens."""
+
+
+def banner_host(host: str) -> tuple[str, str | None]:
+    """The host the banner's URLs name for ``host``, and, for a wildcard, where it listens
+    in words. A wildcard is no address to open: ``ws://:8780`` does not parse and browsers
+    refuse ``0.0.0.0``, so its URLs name the loopback it includes. An IPv6 address goes in
+    brackets."""
+    if host in WILDCARDS:
+        loopback = "[::1]" if host == "::" else "127.0.0.1"
+        return loopback, f"{WILDCARDS[host]} ({host or 'an empty --host'})"
+    return (f"[{host}]" if ":" in host else host), None
+
+
 async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | None = None,
                                 gateway: Gateway | None = None) -> None:
     """``voice-gateway serve``: start, say where it serves, serve until SIGINT or SIGTERM
@@ -806,10 +822,13 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     log.info("%d objects alive after start-up frozen out of garbage collection", frozen)
     c = config
     ws, http = ("wss", "https") if c.server.tls_cert else ("ws", "http")
-    host = f"[{c.server.host}]" if ":" in c.server.host else c.server.host  # IPv6
+    host, scope = banner_host(c.server.host)
     base = f"{host}:{gateway.port}"
     print(f"voice-gateway {version()} serving {ws}://{base}{VOICE_PATH} "
           f"(health: {http}://{base}/health)", flush=True)
+    if scope:
+        print(f"  bound: {scope}; the URLs name this machine's loopback (from another "
+              "machine, use this one's address)", flush=True)
     print(f"  console: {http}://{base}/ (type a transcript, hear the reply)", flush=True)
     llm = f"openai at {shown_url(c.llm.url)}" + (f" model {c.llm.model}" if c.llm.model else "") \
         if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
