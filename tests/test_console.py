@@ -1187,6 +1187,43 @@ async def test_console_marks_what_left_the_speaker_not_what_the_player_rendered(
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_keeps_marking_a_reply_its_paused_player_still_holds(gateway):
+    """protocol.md asks a paused player to keep sending marks with the same ``played_ms``
+    (between marks the server takes playback to go on), but the console sent none equal to
+    the turn's last, so with its AudioContext suspended (Safari when the page is left) the
+    server sent on as though the reply was heard. The same mark goes every 250 ms while the
+    context is not running and the turn has audio left to play; none once it played out.
+    The page's timers run on the test's clock; the test suspends the context itself."""
+    state = "window.consoleState"
+    marks_of = "n => window.marks.filter(m => m.mark.turn_id === n).map(m => m.mark.played_ms)"
+    async with console(f"http://127.0.0.1:{gateway.port}/", clock=True,
+                       init=RECORD_MARKS) as (page, errors):
+        await talk_when_ready(page, "Hello")
+        await first_turn_heard(page)
+        await heard_out(page)
+        await page.clock.fast_forward(250)  # its last mark: all of it heard
+        played_out = await page.evaluate(marks_of, 1)
+        await page.evaluate("window.playing.suspend()")
+        for _ in range(4):
+            await page.clock.fast_forward(250)
+        assert await page.evaluate(marks_of, 1) == played_out  # nothing left to play
+        before = await page.evaluate(f"{state}.samplesPlayed")
+        await talk(page, "Tell me everything")  # (resumes the context)
+        await page.wait_for_function(f"{state}.turnId === 2 && {state}.samplesPlayed > "
+                                     f"{before} + 4800")
+        await page.clock.fast_forward(250)
+        playing = await page.evaluate(marks_of, 2)
+        assert playing
+        await page.evaluate("window.playing.suspend()")
+        for _ in range(4):
+            await page.clock.fast_forward(250)
+        paused = (await page.evaluate(marks_of, 2))[len(playing):]
+        assert len(paused) == 4 and len(set(paused[1:])) == 1, (playing, paused)
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_a_keyboard_user_types_the_transcript_at_once(start_gateway):
     """Nothing had the focus on load: a keyboard user pressed Tab five times to reach the
     transcript box. It has the focus on load; when the gateway asks for a token, the token

@@ -580,7 +580,7 @@ function flushAudio() {
 }
 
 // playback marks: what the listener heard of the current turn, every 250 ms while playing
-// (and once more when its tail has played); none until the worklet has said where the
+// or paused (and once more when its tail has played); none until the worklet has said where the
 // turn's count starts (nothing known heard: 0). Heard is what the worklet rendered less what
 // the browser says is still on its way to the speaker (100-200 ms on Bluetooth), so a
 // barge-in's history keeps no word the listener did not hear; never below a mark sent
@@ -599,6 +599,16 @@ function outputLagMs() {
   return audio ? ((audio.ctx.baseLatency || 0) + (audio.ctx.outputLatency || 0)) * 1000 : 0;
 }
 
+// A player paused with audio of ``t`` still to play: the browser suspended its context
+// (Safari when the page is left, until a tap). It says so with the same mark again, or the
+// server takes playback as going on and sends ahead as though it was heard (protocol.md,
+// playback). Counted from what was posted, not the worklet's buffer: it reports nothing
+// while suspended.
+function paused(t) {
+  return audio !== null && audio.ctx.state !== "running" &&
+    t.samplesPosted > state.samplesPlayed - t.playedBase;
+}
+
 function sendMark(t, ms) {
   t.marked = Math.max(t.marked, ms);
   send({type: "playback", turn_id: t.id, played_ms: ms});
@@ -607,7 +617,7 @@ function sendMark(t, ms) {
 setInterval(() => {
   if (!turn || turn.stopped || turn.playedBase === null || !state.connected) return;
   const ms = Math.round(playedMs());
-  if (ms === turn.marked) return;
+  if (ms === turn.marked && !paused(turn)) return;
   // a player run dry: its last mark said less than it rendered (the tail still on its way)
   if (!(state.playing || state.bufferedSamples) && !turn.marked) return;
   sendMark(turn, ms);
