@@ -1296,6 +1296,45 @@ async def test_console_probes_its_socket_as_soon_as_the_network_is_back(start_ga
         assert errors == []
 
 
+# Test instrument in the page: ONLINE_SEEN, and how many sockets the page has made.
+SOCKETS_MADE = ONLINE_SEEN + """
+window.socketsMade = 0;
+window.WebSocket = class extends WebSocket {
+  constructor(...args) { super(...args); window.socketsMade += 1; }
+};"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_reconnects_at_once_when_the_network_is_back(start_gateway):
+    """A socket dropped while the network was gone: each reconnect failed and the next
+    waited twice as long (up to 8 s). When the browser said the network was back, the
+    page went on waiting the backoff. It reconnects at once now, and resumes. The page's
+    timers run on the test's clock, which moves only for the failed reconnects."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
+                       init=SOCKETS_MADE) as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        session_id = await page.evaluate(f"{state}.sessionId")
+        (runner,) = gw.runners.values()
+        runner.connection.ws.transport.abort()  # dropped: no close frame
+        await page.wait_for_function(f"{state}.reconnects === 1")
+        await page.context.set_offline(True)
+        for n, wait_ms in ((2, 500), (3, 1000), (4, 2000)):  # each failed: the next waits longer
+            await page.clock.fast_forward(wait_ms)
+            await page.wait_for_function(f"{state}.reconnects === {n}")
+        made = await page.evaluate("window.socketsMade")  # the next waits 4 s
+        await page.context.set_offline(False)
+        await page.wait_for_function("window.online === 1")  # (the page's listener ran after)
+        assert await page.evaluate("window.socketsMade") == made + 1
+        await page.wait_for_function(f"{state}.resumes === 1")
+        assert await page.evaluate(f"{state}.sessionId") == session_id
+        await talk(page, "Hello")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        assert errors == []
+
+
 @asynccontextmanager
 async def sub_path_proxy(upstream: int, prefix: str) -> AsyncIterator[tuple[int, list[str]]]:
     """Test infrastructure: a reverse proxy on 127.0.0.1:0 that serves the gateway on port

@@ -138,6 +138,7 @@ function here(path) {
 
 function connect() {
   clearTimeout(retry);
+  retry = null;
   if (ws && ws.readyState <= WebSocket.OPEN) abandon(ws); // one socket at a time
   const query = new URLSearchParams();
   // naming the session to resume lets the socket in even when the gateway is full
@@ -238,7 +239,14 @@ setInterval(() => {
 
 // The browser says the network is back: a socket whose path died while it was gone (another
 // Wi-Fi, a laptop woken) still looks open, and the pings would take 12-17 s to tell. Ask now.
+// A reconnect waiting its backoff (up to 8 s) goes now, with the backoff started again
+// (not while a token is asked for: the gateway wants one typed in first).
 window.addEventListener("online", () => {
+  if (retry !== null && !state.needsToken) {
+    backoff = 500;
+    connect();
+    return;
+  }
   if (!connected()) return;
   const socket = ws, before = heardCount;
   send({type: "ping", id: Date.now()});
