@@ -441,8 +441,6 @@ def test_the_start_banner_gives_urls_a_client_can_use_on_an_ipv6_host():
     import re
     import socket
 
-    import httpx
-    from websockets.asyncio.client import connect
 
     try:
         with socket.socket(socket.AF_INET6) as probe:
@@ -455,19 +453,26 @@ def test_the_start_banner_gives_urls_a_client_can_use_on_an_ipv6_host():
         assert voice.startswith("ws://[::1]:") and voice.endswith("/v1/voice")
         assert speech.startswith("http://[::1]:") and speech.endswith("/v1/audio/speech")
 
-        async def use() -> None:
-            async with connect(voice) as ws:
-                assert json.loads(await ws.recv())["type"] == "session.created"
-            async with httpx.AsyncClient() as client:
-                assert (await client.get(health)).status_code == 200
-                assert (await client.get(console)).status_code == 200
-                models = speech.removesuffix("/audio/speech") + "/models"
-                assert (await client.get(models)).status_code == 200
-
-        asyncio.run(use())
+        asyncio.run(use_as_printed(voice, health, console, speech))
         gw.signal(signal.SIGTERM)
         code, output = gw.finish()
     assert code == 0, output
+
+
+async def use_as_printed(voice: str, health: str, console: str, speech: str,
+                         headers: dict[str, str] | None = None) -> None:
+    """Open a session and GET /health, the console and /v1/models at the banner's URLs, as
+    printed."""
+    import httpx
+    from websockets.asyncio.client import connect
+
+    async with connect(voice, additional_headers=headers) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+    async with httpx.AsyncClient(headers=headers) as client:
+        assert (await client.get(health)).status_code == 200
+        assert (await client.get(console)).status_code == 200
+        models = speech.removesuffix("/audio/speech") + "/models"
+        assert (await client.get(models)).status_code == 200
 
 
 def test_a_name_under_localhost_is_bound_on_the_loopback_without_a_token():
@@ -513,8 +518,6 @@ def test_the_start_banner_of_a_wildcard_bind_gives_urls_a_client_on_the_hub_can_
     import re
     import socket
 
-    import httpx
-    from websockets.asyncio.client import connect
 
     if host == "::":
         try:
@@ -532,16 +535,8 @@ def test_the_start_banner_of_a_wildcard_bind_gives_urls_a_client_on_the_hub_can_
         assert speech.startswith(f"http://{loopback}:")
         assert re.search(r"^  bound: every (IPv4 |IPv6 )?interface", banner, re.M), banner
 
-        async def use() -> None:
-            async with connect(voice, additional_headers={"Authorization": "Bearer s3cret"}) as ws:
-                assert json.loads(await ws.recv())["type"] == "session.created"
-            async with httpx.AsyncClient(headers={"Authorization": "Bearer s3cret"}) as client:
-                assert (await client.get(health)).status_code == 200
-                assert (await client.get(console)).status_code == 200
-                models = speech.removesuffix("/audio/speech") + "/models"
-                assert (await client.get(models)).status_code == 200
-
-        asyncio.run(use())
+        asyncio.run(use_as_printed(voice, health, console, speech,
+                                   {"Authorization": "Bearer s3cret"}))
         gw.signal(signal.SIGTERM)
         code, output = gw.finish()
     assert code == 0, output

@@ -1222,6 +1222,15 @@ async def test_console_keeps_marking_a_reply_its_paused_player_still_holds(gatew
         assert errors == []
 
 
+async def types_a_transcript_where_the_focus_is(page: Any) -> None:
+    """The transcript box has the focus: typed into with the keyboard alone, it is sent and
+    answered."""
+    assert await page.evaluate("document.activeElement.id") == "transcript"
+    await page.keyboard.type("Hello")
+    await page.keyboard.press("Enter")
+    await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_a_keyboard_user_types_the_transcript_at_once(start_gateway):
@@ -1231,10 +1240,7 @@ async def test_console_a_keyboard_user_types_the_transcript_at_once(start_gatewa
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}])
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function("window.consoleState.connected")
-        assert await page.evaluate("document.activeElement.id") == "transcript"
-        await page.keyboard.type("Hello")
-        await page.keyboard.press("Enter")
-        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        await types_a_transcript_where_the_focus_is(page)
         assert errors == []
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
                              server={"tokens": ["s3cret"]})
@@ -1244,10 +1250,7 @@ async def test_console_a_keyboard_user_types_the_transcript_at_once(start_gatewa
         await page.keyboard.type("s3cret")
         await page.keyboard.press("Enter")
         await page.wait_for_function("window.consoleState.connected")
-        assert await page.evaluate("document.activeElement.id") == "transcript"
-        await page.keyboard.type("Hello")
-        await page.keyboard.press("Enter")
-        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        await types_a_transcript_where_the_focus_is(page)
         assert errors == []
 
 
