@@ -473,6 +473,25 @@ async def test_headers_that_never_arrive_whole_close_the_connection(gateway, mon
     assert rest.count(b"HTTP/1.1") <= 1
 
 
+async def test_headers_that_never_arrive_whole_are_counted(gateway, monkeypatch):
+    """The header deadline closed a request begun but never finished without counting it
+    anywhere, unlike every other refusal (``invalid_http`` included): a port flooded with
+    slow requests showed in no figure. A connection that says nothing (a browser's
+    preconnect, a client's idle keep-alive) is no refusal and is not counted."""
+    monkeypatch.setattr(http_api, "HEADER_TIMEOUT_S", 0.3)
+    for sent in (b"", b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+        writer.write(sent)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""  # closed by the server, without an answer
+        writer.close()
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.http_port}") as client:
+        m = metrics((await client.get("/metrics")).text)
+    assert m["gateway_errors_total{code=request_timeout}"] == 1
+    assert gateway.health()["errors"] == {"request_timeout": 1}
+
+
 async def test_a_pipelined_request_is_not_cut_by_the_header_deadline(replies):
     """The header deadline, armed again after each response, was armed after uvicorn had
     taken up the next request already in (pipelined): 10 s into that request's answer it

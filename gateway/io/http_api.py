@@ -1164,15 +1164,24 @@ class _H11(H11Protocol):
 
     def _expired(self) -> None:
         self._deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        if self.transport.is_closing():
+            return
+        # part of a request in, not all its headers: a refusal, counted as the others are
+        # (a connection that sent nothing, a preconnect or an idle keep-alive, is not one)
+        if self.conn.trailing_data[0]:
+            peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+            log.info("HTTP request from %s closed: its headers did not arrive within %g s",
+                     peer, HEADER_TIMEOUT_S, extra=refusal("request_timeout"))
+            if isinstance(state := self.server_state, _ServerState):
+                state.errors["request_timeout"] += 1
+        self.transport.close()
 
 
 class _ServerState(ServerState):
     """uvicorn's, which it gives every connection's protocol: telling when its last
     connection is gone (uvicorn polls for that every 0.1 s), and holding the gateway's
     ``errors`` counters (``Metrics.errors``) for the refusals the protocol makes itself,
-    below the app (``_H11.send_400_response``)."""
+    below the app (``_H11.send_400_response``, ``_H11._expired``)."""
 
     def __init__(self, errors: collections.Counter[str]) -> None:
         super().__init__()
