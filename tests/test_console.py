@@ -5,6 +5,7 @@ the AudioWorklet, Stop cancels the turn and silences it. Also the static routes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -1336,6 +1337,72 @@ async def test_console_reconnects_at_once_when_the_network_is_back(start_gateway
         await talk(page, "Hello")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_gives_up_a_socket_still_connecting_when_the_network_is_back(
+        start_gateway):
+    """A socket made while the network was dying hangs in CONNECTING (its SYN or handshake
+    lost): when the browser said the network was back, the page went on waiting for it,
+    up to OPEN_WITHIN_MS (10 s), before it made another. It gives it up at once now and
+    resumes on a new socket. The page's timers run on the test's clock, moved only for the
+    first reconnect's backoff."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
+    state = "window.consoleState"
+    async with holding_relay(gw.port) as (port, holds), \
+            console(f"http://127.0.0.1:{port}/", clock=True, init=SOCKETS_MADE) as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        session_id = await page.evaluate(f"{state}.sessionId")
+        holds.put_nowait(None)  # the next connection made is held
+        (runner,) = gw.runners.values()
+        runner.connection.ws.transport.abort()  # dropped: no close frame
+        await page.wait_for_function(f"{state}.reconnects === 1")
+        await page.clock.fast_forward(500)  # the reconnect's backoff
+        async with asyncio.timeout(30):
+            await holds.join()  # its socket is made, and held: CONNECTING
+        made = await page.evaluate("window.socketsMade")
+        await page.context.set_offline(True)
+        await page.context.set_offline(False)
+        await page.wait_for_function("window.online === 1")  # (the page's listener ran after)
+        assert await page.evaluate("window.socketsMade") == made + 1
+        assert await page.evaluate(f"{state}.reconnects") == 2  # (given up: one more)
+        await page.wait_for_function(f"{state}.resumes === 1")
+        assert await page.evaluate(f"{state}.sessionId") == session_id
+        await talk(page, "Hello")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        assert errors == []
+
+
+@asynccontextmanager
+async def holding_relay(upstream: int) -> AsyncIterator[tuple[int, asyncio.Queue[None]]]:
+    """Test infrastructure: a TCP relay on 127.0.0.1:0 to the gateway's port ``upstream``,
+    byte for byte, but while its queue is not empty each connection it accepts takes one
+    of its items and is held: nothing it sends is forwarded and nothing comes back, as a
+    connection made across a network that died (a socket stays CONNECTING). Yields its port
+    and that queue (``join()``: every hold has taken a connection)."""
+    holds: asyncio.Queue[None] = asyncio.Queue()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not holds.empty():
+            holds.get_nowait()
+            holds.task_done()
+            await reader.read()  # until the browser gives the connection up
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    async with server:
+        yield server.sockets[0].getsockname()[1], holds
 
 
 @asynccontextmanager

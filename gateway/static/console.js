@@ -239,12 +239,15 @@ setInterval(() => {
 
 // The browser says the network is back: a socket whose path died while it was gone (another
 // Wi-Fi, a laptop woken) still looks open, and the pings would take 12-17 s to tell. Ask now.
-// A reconnect waiting its backoff (up to 8 s) goes now, with the backoff started again
-// (not while a token is asked for: the gateway wants one typed in first).
+// A reconnect waiting its backoff (up to 8 s) goes now, with the backoff started again, and
+// so does one still connecting (made on the dying network, it would hang until
+// OPEN_WITHIN_MS): not while a token is asked for, the gateway wants one typed in first.
 window.addEventListener("online", () => {
-  if (retry !== null && !state.needsToken) {
+  const connecting = ws?.readyState === WebSocket.CONNECTING;
+  if ((retry !== null || connecting) && !state.needsToken) {
+    if (connecting) state.reconnects += 1; // given up, as at OPEN_WITHIN_MS
     backoff = 500;
-    connect();
+    connect(); // (gives up a socket still connecting)
     return;
   }
   if (!connected()) return;
