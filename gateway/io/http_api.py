@@ -1130,17 +1130,23 @@ class _H11(H11Protocol):
         """Abort the connection now, whatever waits to be sent on it (logged at INFO with
         ``why``): a response still being sent ends as a disconnect."""
         self._resumed()
-        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
-        log.info("HTTP client %s %s: connection aborted", peer, why)
+        log.info("HTTP client %s %s: connection aborted", self._peer, why)
         self.transport.abort()
+
+    @property
+    def _peer(self) -> str:
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+
+    def _refused(self, code: str, message: str, *args: Any) -> None:
+        """A refusal the protocol makes itself, below the app: logged at INFO (rate-limited
+        by kind, ``refusal``) and counted in ``gateway_errors_total{code}``."""
+        log.info(message, self._peer, *args, extra=refusal(code))
+        if isinstance(state := self.server_state, _ServerState):
+            state.errors[code] += 1
 
     def send_400_response(self, msg: str) -> None:
         # (uvicorn's own WARNING for it, with neither peer nor reason, is filtered out)
-        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
-        log.info("HTTP request from %s refused (400): %s", peer, msg,
-                 extra=refusal("invalid_http"))
-        if isinstance(state := self.server_state, _ServerState):
-            state.errors["invalid_http"] += 1
+        self._refused("invalid_http", "HTTP request from %s refused (400): %s", msg)
         # OpenAI's error shape, as every other refusal (uvicorn's is plain text)
         body = orjson.dumps({"error": {"message": msg, "type": "invalid_request_error",
                                        "param": None, "code": "invalid_http"}})
@@ -1169,11 +1175,8 @@ class _H11(H11Protocol):
         # part of a request in, not all its headers: a refusal, counted as the others are
         # (a connection that sent nothing, a preconnect or an idle keep-alive, is not one)
         if self.conn.trailing_data[0]:
-            peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
-            log.info("HTTP request from %s closed: its headers did not arrive within %g s",
-                     peer, HEADER_TIMEOUT_S, extra=refusal("request_timeout"))
-            if isinstance(state := self.server_state, _ServerState):
-                state.errors["request_timeout"] += 1
+            self._refused("request_timeout", "HTTP request from %s closed: its headers did "
+                          "not arrive within %g s", HEADER_TIMEOUT_S)
         self.transport.close()
 
 
@@ -1181,7 +1184,7 @@ class _ServerState(ServerState):
     """uvicorn's, which it gives every connection's protocol: telling when its last
     connection is gone (uvicorn polls for that every 0.1 s), and holding the gateway's
     ``errors`` counters (``Metrics.errors``) for the refusals the protocol makes itself,
-    below the app (``_H11.send_400_response``, ``_H11._expired``)."""
+    below the app (``_H11._refused``)."""
 
     def __init__(self, errors: collections.Counter[str]) -> None:
         super().__init__()
