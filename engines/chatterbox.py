@@ -41,6 +41,7 @@ from engines.mlx_common import (
     load_tts_model,
     mlx_failure,
     process_memory,
+    reference_audio,
     resolve_model_path,
     runaway_budget_s,
     seed_sampling,
@@ -77,9 +78,7 @@ class ChatterboxEngine:
         flow_steps: int | None = None,
     ) -> None:
         self.model_ref = model
-        # "~/voices/me.wav" in a config file (no shell expands it there), as the model
-        # path may be written
-        self.ref_audio = None if ref_audio is None else str(Path(ref_audio).expanduser())
+        self.ref_audio = reference_audio(ref_audio)
         self.voice_name = voice or (Path(ref_audio).stem if ref_audio else "default")
         self.exaggeration = exaggeration
         self.cfg_weight = cfg_weight

@@ -53,6 +53,12 @@ def float_to_pcm16(audio: Any) -> bytes:
     return np.rint(x * INT16_SCALE).astype("<i2").tobytes()
 
 
+def reference_audio(path: str | None) -> str | None:
+    """A voice's reference WAV as configured, ``~`` expanded: ``"~/voices/me.wav"`` in a
+    config file (no shell expands it there), as the model path may be written."""
+    return None if path is None else str(Path(path).expanduser())
+
+
 def resolve_model_path(model: str | os.PathLike[str]) -> Path:
     """A local model directory, or an HF repo id resolved from the local cache only.
 

@@ -68,6 +68,7 @@ from engines.mlx_common import (
     mlx_failure,
     process_memory,
     quiet_tqdm,
+    reference_audio,
     resolve_model_path,
     runaway_budget_s,
     seed_sampling,
@@ -209,9 +210,7 @@ class Qwen3Engine:
         ~0.07 s per letter)."""
         self.model_ref = model
         self.default_voice = voice
-        # "~/voices/me.wav" in a config file (no shell expands it there), as the model
-        # path may be written
-        self.ref_audio = None if ref_audio is None else str(Path(ref_audio).expanduser())
+        self.ref_audio = reference_audio(ref_audio)
         self.ref_text = ref_text
         self.temperature = temperature
         self.top_p = top_p
