@@ -369,6 +369,20 @@ def in_turn(*streams: SynthesisStream) -> list[list[bytes]]:
     return chunks
 
 
+def sound_as_alone_in_turn(engine: TtsEngine, first: str, second: str) -> list[list[bytes]]:
+    """Two sentences of four 80 ms steps (temperature 0) run alone, then stepped in turn:
+    the same audio either way. What they said alone."""
+
+    def request(text: str) -> SynthesisRequest:
+        return SynthesisRequest(text, temperature=0.0, step_ms=80, options={"max_tokens": 4})
+
+    a, b = request(first), request(second)
+    alone = [run(engine.open(a)), run(engine.open(b))]
+    assert [len(c) for c in alone[0]] == [1920 * 2] * 4
+    assert in_turn(engine.open(a), engine.open(b)) == alone
+    return alone
+
+
 @pytest.mark.parametrize(("kind", "bits"), [("custom_voice", 4), ("base", 8)])
 def test_a_quantized_bf16_checkpoint_speaks_as_the_float_one_does(tmp_path, reference_wav,
                                                                   kind, bits):
@@ -388,16 +402,9 @@ def test_a_quantized_bf16_checkpoint_speaks_as_the_float_one_does(tmp_path, refe
         quantized = [m for _, m in engine._model.talker.named_modules()
                      if isinstance(m, nn.QuantizedLinear)]
         assert quantized and all(m.bits == bits for m in quantized)
-
-        def request(text: str) -> SynthesisRequest:
-            return SynthesisRequest(text, temperature=0.0, step_ms=80,
-                                    options={"max_tokens": 4})
-
-        a, b = request("Hello there, how are you today?"), request("Another sentence.")
-        alone = [run(engine.open(a)), run(engine.open(b))]
-        assert [len(c) for c in alone[0]] == [1920 * 2] * 4
+        alone = sound_as_alone_in_turn(engine, "Hello there, how are you today?",
+                                       "Another sentence.")
         assert any(np.frombuffer(c, "<i2").any() for c in alone[0])
-        assert in_turn(engine.open(a), engine.open(b)) == alone
         assert engine.conditioning_computations == (kind == "base")
     finally:
         engine.close()
@@ -426,15 +433,7 @@ def test_an_icl_clone_encodes_its_reference_once(icl_model):
     engine.load()
     try:
         assert engine._model.speech_tokenizer.has_encoder and len(engine._model._icl_cache) == 1
-
-        def request(text: str) -> SynthesisRequest:
-            return SynthesisRequest(text, temperature=0.0, step_ms=80,
-                                    options={"max_tokens": 4})
-
-        a, b = request("How are you today?"), request("The weather is fine.")
-        alone = [run(engine.open(a)), run(engine.open(b))]
-        assert [len(c) for c in alone[0]] == [1920 * 2] * 4
-        assert in_turn(engine.open(a), engine.open(b)) == alone
+        sound_as_alone_in_turn(engine, "How are you today?", "The weather is fine.")
         assert engine.conditioning_computations == 1
         assert len(engine._model._icl_cache) == 1
     finally:
