@@ -187,6 +187,25 @@ async def test_a_reply_with_nothing_to_say_or_cut_short_fails_and_says_why(
                        {"role": "user", "content": "again"}]
 
 
+async def test_an_llm_that_fails_every_turn_its_reply_logs_a_few_lines_and_counts_all(
+        scripted_llm_server, caplog):
+    """An LLM that answered every turn empty (a thinking model at a small max_tokens) wrote
+    a WARNING per turn of every session, without end; now as many as refusals are."""
+    flood = 5
+    scripted_llm_server.script(*[[Finish(), Done()]] * flood)
+    gw = await start_gateway(scripted_llm_server.url)
+    gw.log_limit.logged, gw.log_limit.window_s = 2, 3600  # (the test's turns: one window)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway"):
+            results = await turns(gw, *["hi"] * flood)
+    finally:
+        await gw.aclose()
+    assert [r.done["status"] for r in results] == ["failed"] * flood
+    failed = [r for r in caplog.records if "the LLM's reply fails the turn" in r.getMessage()]
+    assert len(failed) == gw.log_limit.logged
+    assert gw.metrics.errors["llm_empty_reply"] == flood
+
+
 async def test_malformed_sse_is_llm_failed(scripted_llm_server):
     from tests.servers import Raw
 

@@ -10,19 +10,19 @@ import httpx
 
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
-from gateway.io.log_limit import LOGGERS, RefusalLimit, refusal
+from gateway.io.log_limit import LOGGERS, LogLimit, limited
 from gateway.io.server import Gateway
 
 
 def record(kind: str | None, created: float) -> logging.LogRecord:
     return logging.makeLogRecord({"name": "tests.refusals", "levelno": logging.INFO,
                                   "levelname": "INFO", "msg": "refused", "created": created,
-                                  **(refusal(kind) if kind else {})})
+                                  **(limited(kind) if kind else {})})
 
 
 def test_the_first_of_each_kind_pass_then_the_next_window_says_how_many_were_left_out(
         caplog):
-    limit = RefusalLimit(logged=2, window_s=60)
+    limit = LogLimit(logged=2, window_s=60)
     caplog.set_level(logging.INFO, logger="tests.refusals")
     passed = [limit.filter(record("bad_token", t)) for t in (0, 1, 2, 3, 59.9)]
     assert passed == [True, True, False, False, False]
@@ -32,7 +32,7 @@ def test_the_first_of_each_kind_pass_then_the_next_window_says_how_many_were_lef
     assert limit.filter(record("bad_token", 60))  # a new window
     (summary,) = caplog.records
     assert summary.levelno == logging.INFO
-    assert summary.getMessage().startswith("3 more refusal(s) of this kind (bad_token) since ")
+    assert summary.getMessage().startswith("3 more line(s) of this kind (bad_token) since ")
     assert summary.getMessage().endswith(" were not logged (at most 2 per 60 s; /metrics "
                                          "counts them all)")
     assert limit.filter(record("bad_token", 61)) and not limit.filter(record("bad_token", 62))
@@ -49,8 +49,8 @@ async def test_a_flood_of_refused_requests_logs_a_few_lines_and_counts_them_all(
                              llm={"tokens_per_s": 0}),
                  engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
     await gw.start()
-    gw.refusals.window_s = 3600  # (the test's requests all fall in one window)
-    flood = 3 * gw.refusals.logged
+    gw.log_limit.window_s = 3600  # (the test's requests all fall in one window)
+    flood = 3 * gw.log_limit.logged
     try:
         async with httpx.AsyncClient() as http:
             for _ in range(flood):
@@ -68,9 +68,9 @@ async def test_a_flood_of_refused_requests_logs_a_few_lines_and_counts_them_all(
     finally:
         await gw.aclose()
     said = [r.getMessage() for r in caplog.records]
-    assert len([m for m in said if m.startswith("speech rejected: 401")]) == gw.refusals.logged
-    assert len([m for m in said if "refused (400)" in m]) == gw.refusals.logged
+    assert len([m for m in said if m.startswith("speech rejected: 401")]) == gw.log_limit.logged
+    assert len([m for m in said if "refused (400)" in m]) == gw.log_limit.logged
     assert gw.metrics.errors["unauthorized"] == flood and metrics == flood
     # closed, the gateway leaves no filter on the loggers
-    assert not any(isinstance(f, RefusalLimit) for name in LOGGERS
+    assert not any(isinstance(f, LogLimit) for name in LOGGERS
                    for f in logging.getLogger(name).filters)

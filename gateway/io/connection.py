@@ -58,7 +58,7 @@ from gateway.core.session import (
     StartSynthesis,
 )
 from gateway.io.lanes import SynthesisJob
-from gateway.io.log_limit import refusal
+from gateway.io.log_limit import limited
 
 if TYPE_CHECKING:
     from gateway.io.server import Gateway
@@ -437,12 +437,15 @@ class SessionRunner:
         as asked that still fails the turn (empty or only a thought: ``llm_empty_reply``;
         cut at max_tokens, stopped for a tool or a filter: ``llm_failed``). The LLM is not
         marked failing for it (``llm_answered``), which logs the other failures, so these
-        went unlogged, and an operator can fix them (max_tokens, the model's thinking)."""
+        went unlogged, and an operator can fix them (max_tokens, the model's thinking).
+        Limited as refusals are (``LogLimit``): an LLM that replies empty to every turn
+        wrote a line per turn of every session; ``/metrics`` counts each."""
         for effect in effects:
             if isinstance(effect, SendEvent) and effect.event["type"] == "error":
                 error = effect.event["error"]
                 log.warning("session %s: the LLM's reply fails the turn (%s): %s",
-                            self.session.id, error["code"], error["message"])
+                            self.session.id, error["code"], error["message"],
+                            extra=limited(f"failed turn {error['code']}"))
 
     # ---- lane sink (called on the event loop by the lane task) -----------------------
 
@@ -556,7 +559,7 @@ class VoiceSocket(ServerConnection):
             budget.errors["unfinished_messages"] += 1
             log.warning("%s: an unfinished message would pass the gateway's budget of %d "
                         "MiB for them; closing (1009)", _peer(self), budget.limit >> 20,
-                        extra=refusal("unfinished_messages"))
+                        extra=limited("unfinished_messages"))
             self.protocol.fail(*CLOSE_UNFINISHED)
             self.send_data()
         if excess != self._charged:  # (most sockets never hold one: no attribute set)
@@ -764,7 +767,7 @@ class VoiceConnection:
         self.gateway.metrics.errors["too_many_messages"] += 1
         log.warning("session %s: more than %d messages at once, beyond %g a second; closing",
                     runner.session.id, MESSAGE_BURST, MESSAGES_PER_S,
-                    extra=refusal("too_many_messages"))
+                    extra=limited("too_many_messages"))
         runner.close("the client sent too many messages")
         self.close_soon(*CLOSE_TOO_MANY_MESSAGES)
 

@@ -72,7 +72,7 @@ from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.listen import listening_sockets
-from gateway.io.log_limit import refusal
+from gateway.io.log_limit import limited
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -546,10 +546,10 @@ def _refuse_speech_now(gateway: Gateway, lane: Lane | None) -> None:
 
 def _speech_rejected(gateway: Gateway, error: ApiError) -> None:
     """A speech request refused before any synthesis: counted, and its one log line (a
-    few a minute of each code: ``RefusalLimit``)."""
+    few a minute of each code: ``LogLimit``)."""
     gateway.telemetry.http_speech.labels("-", "-", "rejected").inc()
     log.info("speech rejected: %d %s: %s", error.status, error.code, error.message,
-             extra=refusal(f"speech {error.code}"))
+             extra=limited(f"speech {error.code}"))
 
 
 class SpeechApi:
@@ -1140,7 +1140,7 @@ class _H11(H11Protocol):
     def _refused(self, code: str, message: str, *args: Any) -> None:
         """A refusal the protocol makes itself, below the app: logged at INFO (rate-limited
         by kind, ``refusal``) and counted in ``gateway_errors_total{code}``."""
-        log.info(message, self._peer, *args, extra=refusal(code))
+        log.info(message, self._peer, *args, extra=limited(code))
         if isinstance(state := self.server_state, _ServerState):
             state.errors[code] += 1
 

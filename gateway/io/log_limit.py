@@ -1,12 +1,13 @@
-"""At most a few log lines a minute per kind of refusal: a client flooding the gateway
-with refused requests (a bad token, a malformed request, too many messages...) wrote one
-line per refusal, 1,357 a second from one client sending malformed HTTP requests. The
-counters in ``/metrics`` (``gateway_errors_total``) count every refusal; the log shows the
-first ``REFUSALS_LOGGED`` of each kind in a window of ``REFUSALS_WINDOW_S`` seconds, then
+"""At most a few log lines a minute of each kind that can come in floods: a client
+flooding the gateway with refused requests (a bad token, a malformed request, too many
+messages...) wrote one line per refusal, 1,357 a second from one client sending malformed
+HTTP requests; an LLM answering every turn with an empty reply wrote one WARNING per turn of
+every session. The counters in ``/metrics`` (``gateway_errors_total``) count every one;
+the log shows the first ``LOGGED`` of each kind in a window of ``WINDOW_S`` seconds, then
 says how many it left out.
 
-A refusal is logged as any line is, with ``extra=refusal("kind")``; ``RefusalLimit``, a
-``logging.Filter`` each gateway puts on the loggers that log refusals while it runs, drops
+Such a line is logged as any line is, with ``extra=limited("kind")``; ``LogLimit``, a
+``logging.Filter`` each gateway puts on the loggers that log them while it runs, drops
 the ones over the limit. It goes by the records' own times (``LogRecord.created``), so it
 is a function of the records it is given.
 """
@@ -17,17 +18,18 @@ import logging
 import time
 from dataclasses import dataclass
 
-REFUSALS_LOGGED = 10
-"""Refusals of one kind logged per window."""
-REFUSALS_WINDOW_S = 60.0
+LOGGED = 10
+"""Lines of one kind logged per window."""
+WINDOW_S = 60.0
 
 LOGGERS = ("gateway.io.connection", "gateway.io.http_api")
-"""The loggers that log refusals."""
+"""The loggers that log limited lines."""
 
 
-def refusal(kind: str) -> dict[str, str]:
-    """The ``extra`` of a refusal's log call: records of one ``kind`` are limited together."""
-    return {"refusal": kind}
+def limited(kind: str) -> dict[str, str]:
+    """The ``extra`` of a limited line's log call (a refusal, a turn the LLM's reply
+    failed): records of one ``kind`` are limited together."""
+    return {"log_limit": kind}
 
 
 @dataclass(slots=True)
@@ -37,29 +39,28 @@ class _Window:
     left_out: int = 0
 
 
-class RefusalLimit(logging.Filter):
-    """Lets through the first ``logged`` records of each kind of refusal in a window of
+class LogLimit(logging.Filter):
+    """Lets through the first ``logged`` records of each kind in a window of
     ``window_s`` seconds, which starts at the first of them, and drops the others. The
     first of the next window comes after a line of its own, at its level, saying how
     many were left out and since when: a flood that ends leaves that line out until the
-    next refusal of the kind (no timer runs for it; ``/metrics`` counts them all). Records
+    next line of the kind (no timer runs for it; ``/metrics`` counts them all). Records
     without a kind pass."""
 
-    def __init__(self, logged: int = REFUSALS_LOGGED,
-                 window_s: float = REFUSALS_WINDOW_S) -> None:
+    def __init__(self, logged: int = LOGGED, window_s: float = WINDOW_S) -> None:
         super().__init__()
         self.logged, self.window_s = logged, window_s
         self._windows: dict[str, _Window] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        kind = getattr(record, "refusal", None)
+        kind = getattr(record, "log_limit", None)
         if not isinstance(kind, str):
             return True
         window = self._windows.get(kind)
         if window is None or record.created - window.start >= self.window_s:
             if window is not None and window.left_out:
                 logging.getLogger(record.name).log(
-                    record.levelno, "%d more refusal(s) of this kind (%s) since %s were not "
+                    record.levelno, "%d more line(s) of this kind (%s) since %s were not "
                     "logged (at most %d per %.0f s; /metrics counts them all)",
                     window.left_out, kind, _clock(window.start), self.logged, self.window_s)
             window = self._windows[kind] = _Window(record.created)
@@ -70,7 +71,7 @@ class RefusalLimit(logging.Filter):
         return False
 
     def install(self) -> None:
-        """Put the limit on the loggers that log refusals: a logger's filter sees the
+        """Put the limit on the loggers that log limited lines: a logger's filter sees the
         records created on that very logger."""
         for name in LOGGERS:
             logging.getLogger(name).addFilter(self)

@@ -68,7 +68,7 @@ from gateway.io.connection import (
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
-from gateway.io.log_limit import RefusalLimit
+from gateway.io.log_limit import LogLimit
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.io.telemetry import Telemetry
@@ -201,7 +201,7 @@ class Gateway:
         self.connections: set[VoiceConnection] = set()
         self.runners: dict[str, SessionRunner] = {}
         """Live sessions by id, attached to a connection or waiting for a resume."""
-        self.refusals = RefusalLimit()
+        self.log_limit = LogLimit()
         """Limits the log lines of refused requests while the gateway runs."""
         self.llm_failing: dict[str, Any] | None = None
         """While the LLM fails turns (``llm_answered``; /health): since when, turns failed,
@@ -371,7 +371,7 @@ class Gateway:
                              "(--token) or pass --insecure-bind")
         ssl_context = _tls_context(s.tls_cert, s.tls_key)  # before either port serves
         await self.http.start()  # first, so /health answers 503 while the engine warms up
-        self.refusals.install()  # a flood of refused requests is not a flood of lines
+        self.log_limit.install()  # a flood of refused requests is not a flood of lines
         self.telemetry.start()
         self._lane_tasks = [asyncio.create_task(lane.run(), name=f"lane-{lane.name}")
                             for lane in self.lanes.values()]
@@ -416,7 +416,7 @@ class Gateway:
             await cancel_and_wait(task)
         await self.telemetry.aclose()
         await self.http.aclose()
-        self.refusals.remove()
+        self.log_limit.remove()
 
     @property
     def port(self) -> int:
@@ -442,7 +442,7 @@ class Gateway:
             self._server.server.close()  # no new voice connections
         results = await asyncio.gather(self.http.aclose(), self._close_sessions(),
                                        return_exceptions=True)
-        self.refusals.remove()  # (no port answers now)
+        self.log_limit.remove()  # (no port answers now)
         for task in self._lane_tasks:
             await cancel_and_wait(task)
         for runner in list(self.runners.values()):
