@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from engines.base import EngineError, SynthesisRequest
+from engines.base import EngineError, SynthesisRequest, Uninterruptible
 
 VOICE = "Serena"
 
 
-class AneEngine:
+class AneEngine(Uninterruptible):
     name = "ane"
     lane = "ane"
     streams = True
@@ -83,7 +83,7 @@ class AneEngine:
             tts.close()
 
 
-class AneStream:
+class AneStream(Uninterruptible):
     def __init__(self, engine: AneEngine, text: str) -> None:
         self._engine = engine
         self._text = text

@@ -88,10 +88,13 @@ class SynthesisStream(Protocol):
         """Stop early and free what the stream holds. Idempotent; safe after the end."""
         ...
 
-    # Optional: ``interrupt()``, called from the event loop's thread when the stream's job is
-    # cancelled while its step runs, for a stream whose step may wait on I/O (``http``):
-    # make that step (and every later one) return ``None`` now, so a barge-in does not wait
-    # for a stalled server. A failure it causes is not an engine failure (no error raised).
+    def interrupt(self) -> None:
+        """Called from the event loop's thread when the stream's job is cancelled while its
+        step runs. A stream whose step may wait on I/O (``http``) makes that step (and every
+        later one) return ``None`` now, so a barge-in does not wait for a stalled server; a
+        failure it causes is not an engine failure (no error raised). One whose steps do
+        not wait has nothing to cut (``Uninterruptible``): its step ends at its chunk."""
+        ...
 
 
 @runtime_checkable
@@ -121,9 +124,6 @@ class TtsEngine(Protocol):
     # Optional: ``speed_range = (lo, hi)``, the speeds the engine honours (it clamps to
     # them); absent: it honours any speed the API takes; ``None``: it ignores speed. The HTTP
     # API says so in ``X-Speech-Notes`` instead of silently speaking at another pace.
-    # Optional: ``interrupt()``, called from the event loop's thread when the gateway closes,
-    # for an engine whose call may wait on I/O (``http``): make the call in flight on the
-    # lane thread return now (it may fail), so that ``close`` does not wait behind it.
     # Optional: ``parallel_steps``, for an engine whose steps mostly wait for a server
     # (``http``): its lane runs that many jobs' steps at once, on as many threads
     # (``gateway.io.lanes``); absent: 1. Such an engine must be ``thread_safe``.
@@ -149,6 +149,23 @@ class TtsEngine(Protocol):
     def close(self) -> None:
         """Release models and threads. Idempotent."""
         ...
+
+    def interrupt(self) -> None:
+        """Called from the event loop's thread when the gateway closes. An engine whose call
+        may wait on I/O (``http``) makes the call in flight on the lane thread return now
+        (it may fail), so that ``close`` does not wait behind it; one whose calls do not
+        wait has nothing to cut (``Uninterruptible``)."""
+        ...
+
+
+class Uninterruptible:
+    """The ``interrupt`` of an engine or stream whose calls do not wait on I/O (a model step,
+    espeak): nothing to cut, the step in flight ends at its chunk. A mixin, so that the
+    engines that must cut something cannot leave ``interrupt`` out (or misspell it) and be
+    skipped without a word: the protocols above require it."""
+
+    def interrupt(self) -> None:
+        """Nothing to do."""
 
 
 def streams_always(engine: TtsEngine) -> bool:

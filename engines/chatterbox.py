@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineError, Lane, SynthesisRequest
+from engines.base import EngineError, Lane, SynthesisRequest, Uninterruptible
 from engines.mlx_common import (
     MlxLifecycle,
     float_to_pcm16,
@@ -54,7 +54,7 @@ SAMPLE_RATE = 24_000
 SPEECH_TOKENS_HZ = 25
 
 
-class ChatterboxEngine:
+class ChatterboxEngine(Uninterruptible):
     name = "chatterbox"
     lane: Lane = "gpu"
     streams = False
@@ -165,7 +165,7 @@ class ChatterboxEngine:
         return loaded
 
 
-class ChatterboxStream:
+class ChatterboxStream(Uninterruptible):
     """One Chatterbox synthesis: the first ``step`` returns the whole segment."""
 
     def __init__(self, engine: ChatterboxEngine, request: SynthesisRequest) -> None:

@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest
+from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest, Uninterruptible
 from engines.espeak_languages import for_language
 from engines.spell import amounts_in_words, english_readings
 
@@ -354,7 +354,7 @@ def _pcm16(samples: np.ndarray) -> np.ndarray:
     return samples.astype(np.int16)
 
 
-class EspeakEngine:
+class EspeakEngine(Uninterruptible):
     """libespeak-ng on the cpu lane; reads digits itself; ~700x faster than real time."""
 
     name = "espeak"
@@ -443,7 +443,7 @@ class EspeakEngine:
             self._streams.discard(stream)
 
 
-class EspeakStream:
+class EspeakStream(Uninterruptible):
     """One espeak synthesis: synthesised on the first step, handed out ``step_ms`` at a time."""
 
     def __init__(self, engine: EspeakEngine, text: str, voice: bytes, rate: int) -> None:

@@ -202,11 +202,9 @@ class FallbackEngine:
             self.fallback.close()
 
     def interrupt(self) -> None:
-        """Either engine's ``interrupt`` (``engines.base``), for the one that has it."""
-        for engine in (self.primary, self.fallback):
-            interrupt = getattr(engine, "interrupt", None)
-            if interrupt is not None:
-                interrupt()
+        """Both engines' ``interrupt`` (``engines.base``)."""
+        self.primary.interrupt()
+        self.fallback.interrupt()
 
     @property
     def degraded(self) -> str | None:
@@ -327,12 +325,11 @@ class FallbackStream:
         self._interrupted = False
 
     def interrupt(self) -> None:
-        """The engine's stream's ``interrupt`` (``engines.base``), when it has one. What the
-        cut step does then proves nothing of the primary: no failure, no success."""
+        """The engine's stream's ``interrupt`` (``engines.base``). What the cut step does
+        then proves nothing of the primary: no failure, no success."""
         self._interrupted = True
-        interrupt = getattr(self._inner, "interrupt", None)
-        if interrupt is not None:
-            interrupt()
+        if (inner := self._inner) is not None:  # (the lane thread may close it meanwhile)
+            inner.interrupt()
 
     def step(self) -> bytes | None:
         if self._done or self._interrupted:

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineError, Lane, SynthesisRequest
+from engines.base import EngineError, Lane, SynthesisRequest, Uninterruptible
 from engines.mlx_common import (
     MlxLifecycle,
     float_to_pcm16,
@@ -176,7 +176,7 @@ class DecoderStreams:
                 setattr(m, a, v)
 
 
-class Qwen3Engine:
+class Qwen3Engine(Uninterruptible):
     """Qwen3-TTS (mlx-audio) on the gpu lane. See the module docstring."""
 
     name = "qwen3"
@@ -396,7 +396,7 @@ class Qwen3Engine:
         return None
 
 
-class Qwen3Stream:
+class Qwen3Stream(Uninterruptible):
     """One Qwen3-TTS synthesis; ``step`` = ``next()`` of mlx-audio's streaming generator."""
 
     def __init__(self, engine: Qwen3Engine, request: SynthesisRequest, speaker: str | None,

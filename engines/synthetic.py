@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest
+from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest, Uninterruptible
 
 DEFAULT_RTF = 0.44
 DEFAULT_TTFA_MS = 107.0
@@ -70,7 +70,7 @@ def _pitch_step(f0: float, k: int) -> float:
     return f0 * (1.0 + (k - PITCHES // 2) / 100.0)
 
 
-class SyntheticEngine:
+class SyntheticEngine(Uninterruptible):
     """Calibrated timing, tone output, no model. Not a voice; see the module docstring."""
 
     name = "synthetic"
@@ -184,7 +184,7 @@ class SyntheticEngine:
             self._streams.discard(stream)
 
 
-class SyntheticStream:
+class SyntheticStream(Uninterruptible):
     """One synthetic synthesis; the tone is a function of the absolute sample index."""
 
     def __init__(self, engine: SyntheticEngine, text: str, f0: float, speed: float,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.base import EngineError, SynthesisRequest, TtsEngine
+from engines.base import EngineError, SynthesisRequest, TtsEngine, Uninterruptible
 from engines.fallback import BreakerState, FallbackEngine
 
 
@@ -18,7 +18,7 @@ class FakeClock:
         return self.now
 
 
-class ScriptedEngine:
+class ScriptedEngine(Uninterruptible):
     """Test double: each ``open`` plays the next script; a script item is bytes, an
     exception to raise (an ``EngineError``, or another: a bug), ``("slow", seconds,
     bytes)`` which advances the clock, or a function whose result the step returns."""
@@ -55,7 +55,7 @@ class ScriptedEngine:
         script = self.scripts.pop(0) if self.scripts else list(self.default)
         engine = self
 
-        class Stream:
+        class Stream(Uninterruptible):
             def __init__(self) -> None:
                 self.items = list(script)
 

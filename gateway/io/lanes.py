@@ -447,8 +447,9 @@ class Lane:
                 self._close_later_safe(job.state)
                 job.state = None
             else:
-                if (interrupt := getattr(job.state, "interrupt", None)) is not None:
-                    interrupt()
+                stream: SynthesisStream | None = job.state  # (None while it opens)
+                if stream is not None:
+                    stream.interrupt()
                 if self.parallel_steps > 1:
                     self._wake.set()  # (its place is free: another job may start)
         return jobs
@@ -713,12 +714,10 @@ class Lane:
         self._closed = True
         for owner in self.scheduler.owners():
             self.cancel(owner)
-        interrupt = getattr(self.engine, "interrupt", None)
-        if interrupt is not None:
-            # a remote engine's step waiting for a silent server (still running on the
-            # thread after the lane's task was cancelled) held the close, and a SIGTERMed
-            # gateway, until its read timeout: its result is not wanted anyway
-            interrupt()
+        # a remote engine's step waiting for a silent server (still running on the thread
+        # after the lane's task was cancelled) held the close, and a SIGTERMed gateway,
+        # until its read timeout: its result is not wanted anyway
+        self.engine.interrupt()
         try:
             if self.unhealthy is None:
                 await self.call(self.engine.close)
