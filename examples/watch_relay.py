@@ -779,10 +779,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 24_000 <= args.opus_bitrate <= 32_000:
         p.error(f"--opus-bitrate must be 24000–32000, not {args.opus_bitrate}")
 
-    async def run() -> None:
+    async def run() -> int:
         relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=args.token,
                            opus_bitrate=args.opus_bitrate)
-        await relay.start()
+        try:
+            await relay.start()
+        except OSError as exc:  # the port taken (a relay already running), a wrong --host
+            print(f"watch relay: cannot listen on {args.host}:{args.port} (--host, --port): "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 1
         formats = "opus|pcm16-16k" if HAS_PYAV else "pcm16-16k"
         print(f"watch relay on ws://{args.host}:{relay.port}/?format={formats} "
               f"→ {args.upstream}", file=sys.stderr)
@@ -792,12 +797,12 @@ def main(argv: list[str] | None = None) -> int:
             await asyncio.Future()
         finally:
             await relay.aclose()
+        return 0
 
     try:
-        asyncio.run(run())
+        return asyncio.run(run())
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 0
 
 
 if __name__ == "__main__":

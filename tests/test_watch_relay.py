@@ -1003,3 +1003,19 @@ async def test_a_full_gateway_sends_the_watch_away_with_1013(start_gateway):
         assert ws.close_code == 1013 and "full" in ws.close_reason
     finally:
         await relay.aclose()
+
+
+def test_a_relay_whose_port_is_taken_says_so_without_a_traceback(capsys):
+    """Started a second time on the phone (the port still held by the first), the relay
+    died with asyncio's traceback; it says which address it could not listen on and which
+    flags set it, and exits 1."""
+    import socket
+
+    from examples.watch_relay import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port} (--host, --port)" in err
+    assert "Traceback" not in err
