@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
+import socket
 
 import pytest
 
@@ -152,6 +154,18 @@ def test_a_bad_command_line_exits_2_with_the_reason(argv, message, capsys):
     with contextlib.suppress(SystemExit):  # (argparse's own refusals exit 2 themselves)
         assert main(["serve", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_voice_port_taken_is_named_with_its_flag(capsys):
+    """A second gateway on the same --port (its --http-port free) said asyncio's "error
+    while attempting to bind on address ('127.0.0.1', 8780)", naming no flag, where a
+    taken HTTP port says "(HTTP API, --http-port)"."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--http-port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert f"voice-gateway: cannot serve: [Errno {errno.EADDRINUSE}] cannot listen on " \
+           f"127.0.0.1:{port} (voice port, --port): " in err
 
 
 def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatch):

@@ -403,10 +403,15 @@ class Gateway:
                 select_subprotocol=select_subprotocol,
                 ssl=ssl_context,
             )
-        except BaseException:
+        except BaseException as exc:
             # the voice port taken (or the start cancelled here): the engines have loaded,
             # so everything closes as at the end, the engines too (shielded, as above)
             await asyncio.shield(self.aclose())
+            if isinstance(exc, OSError) and exc.errno is not None:
+                # named as the HTTP port's refusal is (gateway.io.listen), not as asyncio's
+                # "error while attempting to bind on address (...)", which names no flag
+                raise OSError(exc.errno, f"cannot listen on {s.host}:{s.port} (voice port, "
+                                         f"--port): {os.strerror(exc.errno)}") from None
             raise
         self.ready = True
 
