@@ -293,18 +293,25 @@ _ENGINE_SETTINGS = {
 }
 """For each engine key of ``[tts]``, the settings that belong to the engine it names."""
 
+_ARRANGEMENT_SETTINGS = {"fallback": ("fallback_policy",), "also": ("profiles",)}
+"""The settings of a fallback or second engine that are not the engine's own (another
+engine named keeps them) but have no use without one: ``none`` drops them too, else the
+gateway warns that the file's tables are ignored, as though the operator had not asked."""
+
 
 def _without_other_engines_settings(tts: TtsConfig, flags: dict[str, Any]) -> TtsConfig:
     """A flag naming another engine than the file's (``--tts espeak`` over a qwen3 file)
     leaves the file's settings of that engine behind: they are its model, voice and
-    constructor options, which the other engine would refuse or misread. The file's other
-    settings stand, and so do settings given by flags."""
+    constructor options, which the other engine would refuse or misread; ``none`` leaves
+    its breaker policy or lane profiles behind too. The file's other settings stand, and so
+    do settings given by flags."""
     defaults = TtsConfig()
     reset: dict[str, Any] = {}
     for key, settings in _ENGINE_SETTINGS.items():
         named = flags.get(key)
         if named is not None and named != getattr(tts, key):
-            reset.update((s, getattr(defaults, s)) for s in settings)
+            dropped = settings + (_ARRANGEMENT_SETTINGS.get(key, ()) if named == "" else ())
+            reset.update((s, getattr(defaults, s)) for s in dropped)
     return replace(tts, **reset) if reset else tts
 
 

@@ -240,7 +240,9 @@ def test_a_flag_naming_another_engine_leaves_the_files_settings_of_its_engine_be
     c = config_of("--config", hub, "--tts", "espeak", "--fallback", "none", "--voice", "en-us")
     assert (c.tts.engine, c.tts.model, c.tts.voice_ref, c.tts.options) == ("espeak", None, None, {})
     assert (c.tts.voice, c.tts.fallback, c.tts.fallback_options) == ("en-us", "", {})
-    assert c.tts.fallback_policy["breaker_failures"] == 3  # not an engine's: the file's stands
+    # no fallback: its breaker policy goes too (it was kept, and the gateway warned at
+    # start that the file's [tts.fallback_policy] was ignored: no fallback configured)
+    assert c.tts.fallback_policy == {}
     assert c.llm.url == "http://127.0.0.1:8081/v1"  # and so does the rest of the file
     assert isinstance(Gateway(c).engine, EspeakEngine)
     # the same engine keeps its settings, another fallback drops only the fallback's
@@ -248,7 +250,27 @@ def test_a_flag_naming_another_engine_leaves_the_files_settings_of_its_engine_be
     assert c.tts.model == "mlx-community/Qwen3-TTS-12Hz-0.6B-Base-bf16"
     assert c.tts.options["streaming_interval"] == 0.32
     assert (c.tts.fallback, c.tts.fallback_options) == ("espeak", {})
+    assert c.tts.fallback_policy["breaker_failures"] == 3  # not an engine's: the file's stands
     assert config_of("--config", hub).tts.fallback_options["ref_audio"].endswith("assistant.wav")
+
+
+def test_an_engine_turned_off_by_its_flag_leaves_no_table_said_to_be_ignored(tmp_path,
+                                                                            caplog):
+    """The README's ``--config examples/hub.toml --tts espeak --fallback none`` warned at
+    start "[tts.fallback_policy] is ignored: no fallback engine is configured", though the
+    flag had asked for just that; ``--tts-also none`` did so for ``[tts.profiles]``."""
+    from pathlib import Path
+
+    from gateway.io.server import Gateway
+
+    hub = str(Path(__file__).resolve().parent.parent / "examples" / "hub.toml")
+    Gateway(config_of("--config", hub, "--tts", "espeak", "--fallback", "none"))
+    two = tmp_path / "two-lanes.toml"
+    two.write_text('[tts]\nalso = "synthetic"\n[tts.profiles.synthetic]\nrtf = 0.5\n')
+    c = config_of("--config", str(two), "--tts-also", "none")
+    assert (c.tts.also, c.tts.profiles) == ("", {})
+    Gateway(c)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
 
 
 def test_the_readme_names_every_configuration_key():
