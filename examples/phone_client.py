@@ -432,8 +432,9 @@ class PhoneClient:
                     self._close_wav()
                     self.results.append(event)
                     m = event["metrics"]
-                    self.say(f"\n[turn {event['turn_id']} {event['status']}: first audio "
-                             f"{m.get('ttfa_ms')} ms, {m.get('audio_ms')} ms of audio]")
+                    heard = ("no audio" if m.get("ttfa_ms") is None else  # (null: none sent)
+                             f"first audio {m['ttfa_ms']} ms, {m.get('audio_ms')} ms of audio")
+                    self.say(f"\n[turn {event['turn_id']} {event['status']}: {heard}]")
                     if event["status"] != "completed":
                         self.player.flush()  # nothing more of this turn will be heard
                     if not self._pending:

@@ -167,6 +167,18 @@ async def test_a_refused_handshake_is_not_retried_and_a_token_gets_in(tmp_path, 
     assert "s3cret" not in capsys.readouterr().err
 
 
+async def test_a_turn_without_audio_is_said_to_have_none(tmp_path, start_gateway, capsys):
+    """A reply with nothing to say (an LLM's emoji; a tiny model's reply cut at max_tokens
+    before its first sentence ended) has ttfa_ms null: the client printed "first audio
+    None ms, 0 ms of audio"."""
+    gw = await start_gateway([{"transcript": "Smile", "reply": "\N{SLIGHTLY SMILING FACE}"}])
+    rc = await asyncio.to_thread(phone_client.main, [
+        "--url", f"ws://127.0.0.1:{gw.port}/v1/voice", "--out", str(tmp_path), "Smile"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "[turn 1 completed: no audio]" in err and "None" not in err
+
+
 async def test_an_unreachable_gateway_is_given_up_after_the_attempts(tmp_path, capsys,
                                                                    refused_port):
     rc = await asyncio.to_thread(phone_client.main, [
