@@ -24,7 +24,8 @@ The watch speaks protocol v1 (protocol.md) to the relay, with three differences:
     frame per gateway frame.
 
   ``session.created`` carries the gateway's ``session_id`` and settings but no
-  ``resume_token``: the relay, not the watch, resumes the gateway session.
+  ``resume_token`` nor ``resume_window_s``: the relay, not the watch, resumes the gateway
+  session. ``relay.upstream_audio`` is the gateway's own ``audio``.
 
 * **Binary frames** (relay → watch) keep the gateway's 12-byte little-endian header:
 

@@ -527,8 +527,11 @@ async def test_opus_watch_hears_what_a_direct_client_hears(gateway, relay):
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
         created = await recv_event(ws)
         assert created["type"] == "session.created" and "resume_token" not in created
+        assert "resume_window_s" not in created  # (docs/watch-relay.md: the relay resumes)
         audio = created["audio"]
         assert audio["format"] == "opus" and audio["frame_ms"] == 20
+        assert created["relay"] == {"upstream_audio": {"format": "pcm16", "sample_rate": 24000,
+                                                       "frame_ms": 40}}
         upstream = tap(relay)
         await send(ws, type="say", text=TEXT)
         watch = await read_turn(ws)
