@@ -313,7 +313,13 @@ class PhoneClient:
     async def _send(self, **message: Any) -> None:
         await self._connected.wait()
         assert self._ws is not None
-        await self._ws.send(json.dumps(message))
+        try:
+            await self._ws.send(json.dumps(message))
+        except ConnectionClosed:
+            # closed before the reader noticed (a stopping gateway's 1001 right after its
+            # turn.done): lost with the socket, sent again after the reconnect (_resume,
+            # _cut_off), as when the socket drops after the send
+            pass
 
     # ---- what the user says ------------------------------------------------------------
 

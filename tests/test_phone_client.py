@@ -555,6 +555,50 @@ async def test_a_rate_limited_transcript_is_sent_again_later_not_skipped(start_g
     assert "too_many_messages" not in gateway.metrics.errors
 
 
+class _Said(_Recording):
+    """Puts each line it would print in ``said`` as well (the test waits on them)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.said = asyncio.Queue[str]()
+
+    def say(self, *parts) -> None:
+        super().say(*parts)
+        self.said.put_nowait(self.lines[-1])
+
+
+async def test_a_transcript_sent_as_a_stopping_gateway_closes_waits_for_the_reconnect(
+        gateway, tmp_path):
+    """A gateway stopped mid-reply (^C, a restart) ends the turn ``failed`` and closes with
+    1001; the client, with a next transcript, sent it at once on the socket just closed, and
+    died of ConnectionClosedOK in a TaskGroup traceback instead of reconnecting as it does
+    after any drop (the transcript then goes again after the resume)."""
+    client = _Said(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                   phone_client.ClockPlayer())
+    run = asyncio.create_task(client.run(phone_client._from_list(["Time", "Hello"]),
+                                         sequential=True, barge_in_after=None))
+    try:
+        while await client.said.get() != "> Time":
+            pass
+        await frames_written(gateway, 3).wait()
+        await gateway.aclose()
+        while True:  # the client goes on, trying to reach the gateway again
+            got = asyncio.create_task(client.said.get())
+            await asyncio.wait({run, got}, return_when=asyncio.FIRST_COMPLETED)
+            if run.done():
+                got.cancel()
+                run.result()  # (raises what stopped it)
+                pytest.fail("the client stopped:\n" + "\n".join(client.lines))
+            if got.result().startswith("[connection failed"):
+                break
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    assert [r["status"] for r in client.results] == ["failed"]
+    assert "> Hello" in client.lines
+
+
 class _CancelsOnRefusal(_Recording):
     """Wakes the test in the same step as the refusal that ends the client's wait."""
 
