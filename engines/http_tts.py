@@ -13,11 +13,10 @@ URL to which ``/audio/speech`` is appended):
 
 One ``step`` returns the next piece of audio as it arrives (one SSE delta, or one network
 chunk of the raw body), so the lane is not held longer than the server's own pacing. The
-synchronous ``httpx.Client`` is shared by all streams of the engine (connection reuse,
-for raw PCM: an SSE answer is closed at ``speech.audio.done`` rather than read on to the
-end of its body, which a server may keep open, so its connection is not reused);
-steps run on the ``remote`` lane's threads, ``parallel_steps`` (8) of them at once (one
-stalled answer holds its own job only). ``close()`` closes the response, which closes the
+synchronous ``httpx.Client`` is shared by all streams of the engine, each request on a
+connection of its own (so a cancelled one can be cut: ``HttpTtsStream``); steps run on
+the ``remote`` lane's threads, ``parallel_steps`` (8) of them at once (one stalled answer
+holds its own job only). ``close()`` closes the response, which closes the
 connection mid-body so the server sees the client leave. Both formats are assumed to
 carry 24 kHz mono PCM16 (OpenAI's ``pcm`` and mlx-audio's Qwen3-TTS are); a raw body that
 is a WAV file after all fails (``engine_failed``) rather than be played as samples.
@@ -110,10 +109,15 @@ class HttpTtsEngine:
             # No cap on connections: each open stream holds one until it ends, and the lane
             # interleaves many on this one thread, so a stream waiting for a free one (past
             # httpx's default 100) waited for what only this thread could free, until its
-            # pool timeout. Kept alive for reuse: as many as there were at once, up to 100.
+            # pool timeout. None kept alive: a request on a connection taken from the pool
+            # could not be cut while it waited for its answer's headers (the stream knew its
+            # socket only from them), so a barge-in waited for a stalled server's read
+            # timeout. A connection of its own costs a raw-PCM request 2.3 ms more to its
+            # first audio on 127.0.0.1 (3.5 -> 5.8 ms, median; an SSE answer, closed at
+            # ``speech.audio.done``, never left its connection for reuse anyway).
             self._client = httpx.Client(
                 timeout=self._timeout, headers=self._headers,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100))
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))
 
     def open(self, request: SynthesisRequest) -> HttpTtsStream:
         if self._client is None:
@@ -179,10 +183,9 @@ class HttpTtsStream:
     ``interrupt`` (any thread) makes a step waiting for the server return ``None`` now by
     cutting the stream's connection: the lane calls it when the job is cancelled while its
     step waits (a barge-in during a stalled answer waited out the read timeout, 20 s, and
-    the lane with it). The stream knows its connection once it opened it (httpcore's
-    ``trace`` hook: every SSE request does, its connection is never reused) or once the
-    answer's headers came; a raw-PCM request that reused a connection and still waits for
-    its headers cannot be cut, and runs to its read timeout.
+    the lane with it). The stream knows its connection as it opens it (httpcore's ``trace``
+    hook; every request opens one: ``HttpTtsEngine.load``), so it can cut it before the
+    answer's headers came too.
 
     ``first_audio_timeout_s`` (``SynthesisRequest.options``): no audio by then, and the
     connection is cut the same way: the step fails with ``engine_timeout``. So is a step
@@ -330,8 +333,8 @@ class HttpTtsStream:
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         """httpcore's ``trace`` extension, on the thread of the request: note the socket of
-        the connection this stream opens, and forget it before the connection goes back to
-        the pool (another stream's then: ``interrupt`` must not cut it)."""
+        the connection this stream opens, and forget it as the answer closes (``interrupt``
+        after that has nothing to cut)."""
         if event == "connection.connect_tcp.complete":
             sock = info["return_value"].get_extra_info("socket")
             if sock is not None:
@@ -351,11 +354,6 @@ class HttpTtsStream:
             extensions={"trace": self._trace})  # (the stream and the engine note sockets)
         response = self._client.send(request, stream=True)
         self._response = response
-        stream = response.extensions.get("network_stream")
-        sock = None if stream is None else stream.get_extra_info("socket")
-        with self._socket_lock:
-            if self._socket is None and sock is not None and not self._done:
-                self._socket = sock  # a connection reused from the pool
         if self._interrupted:
             return iter(())  # (the step returns None)
         if self._late is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from engines.base import EngineError, SynthesisRequest, TtsEngine
@@ -129,7 +131,7 @@ def test_unreachable_server_is_an_engine_failure():
     engine.close()
 
 
-def test_close_mid_stream_disconnects_and_the_connection_is_reused(sse_server, engine_for):
+def test_close_mid_stream_disconnects_and_the_engine_goes_on(sse_server, engine_for):
     server, _ = sse_server
     server.script = [delta(b"\x00\x00"), DONE]
     server.hold = True
@@ -356,26 +358,53 @@ async def test_an_answer_kept_alive_without_audio_fails_its_sentence_only(sse_se
 class SilentServer:
     """TEST DOUBLE: a TTS server that takes a request and then says nothing more: no answer
     at all, or (``headers=True``) an SSE answer's headers and one delta. ``stalled`` is set
-    once it went quiet; ``left`` once the client closed its connection."""
+    once it went quiet; ``left`` once the client closed its connection. The first
+    ``answered`` requests get a whole raw-PCM answer (``ANSWER``), on a connection kept
+    alive, before it goes quiet."""
 
-    def __init__(self, headers: bool) -> None:
+    ANSWER = b"\x01\x00\x02\x00"
+
+    def __init__(self, headers: bool, answered: int = 0) -> None:
         import socket
         import threading
 
-        self.headers = headers
+        self.headers, self.answered = headers, answered
         self.stalled, self.left = threading.Event(), threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
-        threading.Thread(target=self._serve, daemon=True).start()
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _serve(self) -> None:
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # (closed)
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn) -> None:
         import base64
+        import re
 
-        conn, _ = self._listener.accept()
         with conn:
             data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
+            while True:  # (one request after another on this connection)
+                while b"\r\n\r\n" not in data:
+                    if not (more := conn.recv(65536)):
+                        return
+                    data += more
+                if not self.answered:
+                    break
+                self.answered -= 1
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = int(re.search(rb"content-length: *(\d+)", head, re.I)[1])
+                while len(data) < length:
+                    data += conn.recv(65536)
+                data = data[length:]
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: audio/pcm\r\n"
+                             b"content-length: %d\r\n\r\n" % len(self.ANSWER) + self.ANSWER)
             if self.headers:
                 event = b'data: {"type": "speech.audio.delta", "audio": "' + \
                     base64.b64encode(b"\x01\x00" * 480) + b'"}\n\n'
@@ -388,7 +417,38 @@ class SilentServer:
             self.left.set()
 
     def close(self) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # (wakes the accept)
         self._listener.close()
+
+
+def test_a_raw_pcm_request_after_another_is_cut_at_once_while_it_waits_for_its_answer():
+    """A raw-PCM request on a connection a whole answer had left in the pool could not be
+    cut while it waited for the server's headers (the stream learnt its socket from them):
+    a barge-in during a stalled answer held the step, and its lane place, until the read
+    timeout (20 s), and the server worked on for nobody."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = SilentServer(headers=False, answered=1)
+    engine = HttpTtsEngine(server.url, format="pcm", read_timeout_s=3000)
+    engine.load()
+    try:
+        assert run(engine.open(SynthesisRequest("whole"))) == [SilentServer.ANSWER]
+        stream = engine.open(SynthesisRequest("stalls"))
+        with ThreadPoolExecutor(1) as pool:
+            step = pool.submit(stream.step)
+            assert server.stalled.wait(30)  # (the step waits for the headers)
+            stream.interrupt()
+            try:
+                assert step.result(timeout=10) is None  # (a guard against hanging, not a time)
+            finally:
+                engine.interrupt()  # (main: the step waited for the read timeout)
+        assert server.left.wait(30)
+    finally:
+        engine.close()
+        server.close()
 
 
 @pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip"])
