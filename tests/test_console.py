@@ -1474,3 +1474,25 @@ async def test_console_works_behind_a_reverse_proxy_under_a_sub_path(gateway):
         assert {"/voice/", "/voice/static/console.js", "/voice/static/console.css",
                 "/voice/static/worklet.js", "/voice/v1/voice"} <= set(asked), asked
         assert all(path.startswith("/voice/") for path in asked), asked
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_opened_without_the_sub_paths_slash_reloads_with_it(gateway):
+    """A proxy that strips "/voice" (Traefik's StripPrefix, Caddy's handle_path) answers
+    "/voice" with the page too; the browser then resolved the page's relative URLs against
+    "/": its script, style and socket were asked outside the proxy's path, and nothing
+    but the bare page loaded. The page now reloads itself at "/voice/"."""
+    async with sub_path_proxy(gateway.port, "/voice") as (port, asked):
+        async with console(f"http://127.0.0.1:{port}/voice") as (page, errors):
+            await talk_when_ready(page, "Hello")
+            await page.wait_for_function(
+                "window.consoleState.lastTurn?.status === 'completed'")
+            assert page.url == f"http://127.0.0.1:{port}/voice/"
+            assert errors == []
+        assert {"/voice", "/voice/", "/voice/static/console.js", "/voice/static/console.css",
+                "/voice/static/worklet.js", "/voice/v1/voice"} <= set(asked), asked
+        # outside the path only the page before its reload, and what the browser's preload
+        # scanner fetched ahead from it (the proxy's 404s, not used)
+        outside = {path for path in asked if not path.startswith("/voice/")}
+        assert outside <= {"/voice", "/static/console.css", "/static/console.js"}, asked
