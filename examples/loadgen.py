@@ -54,6 +54,7 @@ import signal
 import struct
 import sys
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -597,11 +598,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the summary and every turn as JSON here")
     p.add_argument("--plot", help="write a PNG: TTFA histogram and lateness over time")
     args = p.parse_args(argv)
+    if urllib.parse.urlsplit(args.url).scheme not in ("ws", "wss"):  # (http: a traceback)
+        p.error(f"--url must be the gateway's ws:// or wss:// URL, not {args.url!r}")
     if args.sessions < 1 or args.turns < 1:
         p.error("--sessions and --turns must be at least 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         p.error("--plot needs matplotlib: pip install matplotlib")  # before the load, not after
-    transcripts = load_transcripts(args.transcripts)
+    try:
+        transcripts = load_transcripts(args.transcripts)
+    except (OSError, ValueError, KeyError) as exc:  # (KeyError: a line without "transcript")
+        p.error(f"--transcripts: {exc!r}" if isinstance(exc, KeyError) else
+                f"--transcripts: {exc}")
     started = time.strftime("%Y-%m-%d %H:%M:%S")
 
     async def run() -> Report:

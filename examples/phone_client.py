@@ -531,13 +531,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--barge-in-after", type=float, metavar="SECONDS",
                    help="send the next transcript this long into each reply")
     args = p.parse_args(argv)
+    if urllib.parse.urlsplit(args.url).scheme not in ("ws", "wss"):  # (http: a traceback)
+        p.error(f"--url must be the gateway's ws:// or wss:// URL, not {args.url!r}")
     settings = {k: v for k, v in {"voice": args.voice, "instructions": args.instructions,
                                   "frame_ms": args.frame_ms}.items() if v is not None}
     out = Path(args.out)
     if args.transcripts:
         source, sequential = _from_list(args.transcripts), True
     elif args.file and args.file != "-":
-        lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+        try:
+            lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            p.error(f"--file: {exc}")
         source, sequential = _from_list([x.strip() for x in lines if x.strip()]), True
     else:
         source, sequential = _from_stdin(), False

@@ -777,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", help="gateway bearer token")
     p.add_argument("--opus-bitrate", type=int, default=24_000, help="bits/s (24000–32000)")
     args = p.parse_args(argv)
+    if urllib.parse.urlsplit(args.upstream).scheme not in ("ws", "wss"):  # (http: a traceback)
+        p.error(f"--upstream must be the gateway's ws:// or wss:// URL, not {args.upstream!r}")
     if not 24_000 <= args.opus_bitrate <= 32_000:
         p.error(f"--opus-bitrate must be 24000–32000, not {args.opus_bitrate}")
 

@@ -258,3 +258,21 @@ async def test_a_turn_the_closed_socket_never_took_is_unsent_not_lost(start_gate
     assert s["turns"] == {"requested": 3, "completed": 1, "unsent": 2}, s["turns"]
     assert [t.status for t in report.accounts[0].turns] == ["completed"]
     assert s["errors"] == ["closed 1001"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--url", "http://127.0.0.1:8780/v1/voice"], "--url must be the gateway's "
+     "ws:// or wss:// URL, not 'http://127.0.0.1:8780/v1/voice'"),
+    (["--transcripts", "/nonexistent/said.txt"],
+     "--transcripts: [Errno 2] No such file or directory: '/nonexistent/said.txt'"),
+])
+def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, capsys):
+    """An http:// URL ended in a TaskGroup traceback of InvalidURI, a missing
+    --transcripts file in one of FileNotFoundError."""
+    from examples.loadgen import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -179,6 +179,22 @@ async def test_a_turn_without_audio_is_said_to_have_none(tmp_path, start_gateway
     assert "[turn 1 completed: no audio]" in err and "None" not in err
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--url", "http://127.0.0.1:8780/v1/voice", "Hi"], "--url must be the gateway's "
+     "ws:// or wss:// URL, not 'http://127.0.0.1:8780/v1/voice'"),
+    (["--file", "/nonexistent/said.txt"],
+     "--file: [Errno 2] No such file or directory: '/nonexistent/said.txt'"),
+])
+def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, capsys):
+    """An http:// URL (the console's address, copied) ended in a TaskGroup traceback of
+    InvalidURI, a missing --file in one of FileNotFoundError."""
+    with pytest.raises(SystemExit) as exited:
+        phone_client.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 async def test_an_unreachable_gateway_is_given_up_after_the_attempts(tmp_path, capsys,
                                                                    refused_port):
     rc = await asyncio.to_thread(phone_client.main, [

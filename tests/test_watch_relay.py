@@ -1022,3 +1022,16 @@ def test_a_relay_whose_port_is_taken_says_so_without_a_traceback(capsys):
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port} (--host, --port)" in err
     assert "Traceback" not in err
+
+
+def test_an_http_upstream_is_a_usage_error(capsys):
+    """``--upstream http://...`` started the relay, and each watch was then closed with 1011
+    ("isn't a valid URI"). (--opus-bitrate is out of range too: without the check of the
+    URL, argparse would refuse that instead of the relay serving for ever.)"""
+    from examples.watch_relay import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--upstream", "http://127.0.0.1:8780/v1/voice", "--opus-bitrate", "1"])
+    assert exited.value.code == 2
+    assert ("--upstream must be the gateway's ws:// or wss:// URL, not "
+            "'http://127.0.0.1:8780/v1/voice'") in capsys.readouterr().err
