@@ -168,6 +168,20 @@ def test_a_voice_port_taken_is_named_with_its_flag(capsys):
            f"127.0.0.1:{port} (voice port, --port): " in err
 
 
+def test_a_voice_port_taken_is_said_before_the_engines_load(capsys):
+    """The voice port was bound only once the engines had loaded: a taken --port was said
+    after a model's load (24 s for the tiny qwen3 on this machine, a minute for the hub's),
+    and an engine that could not load hid it. Here espeak's load fails (no such voice)
+    and the port is what the start names."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--http-port", "0",
+                     "--voice", "klingon"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port} (voice port, --port)" in err
+    assert "did not load" not in err
+
+
 def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatch):
     monkeypatch.delenv("VOICE_GATEWAY_TOKENS", raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--port", "0"]) == 2

@@ -68,6 +68,7 @@ from gateway.io.connection import (
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
+from gateway.io.listen import listening_sockets
 from gateway.io.log_limit import LogLimit
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -370,6 +371,13 @@ class Gateway:
             raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
                              "(--token) or pass --insecure-bind")
         ssl_context = _tls_context(s.tls_cert, s.tls_key)  # before either port serves
+        if s.port:
+            # the voice port taken fails the start now, not once the engines have loaded
+            # (qwen3's tiny test model takes 24 s on this CPU): bound, let go at once, and
+            # bound again by serve() below (taken in between, that one says so as late)
+            for sock in await listening_sockets(bind_address(s.host), s.port,
+                                                "voice port, --port"):
+                sock.close()
         await self.http.start()  # first, so /health answers 503 while the engine warms up
         self.log_limit.install()  # a flood of refused requests is not a flood of lines
         self.telemetry.start()
