@@ -604,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--sessions and --turns must be at least 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         p.error("--plot needs matplotlib: pip install matplotlib")  # before the load, not after
+    for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        if out and not Path(out).absolute().parent.is_dir():  # (after the load: a traceback)
+            p.error(f"{flag}: there is no directory {str(Path(out).parent)!r} to write it in")
     try:
         transcripts = load_transcripts(args.transcripts)
     except (OSError, ValueError, KeyError) as exc:  # (KeyError: a line without "transcript")

@@ -276,3 +276,19 @@ def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, 
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_load(tmp_path, capsys,
+                                                                         refused_port):
+    """``--json results/run.json`` with no results/ ran the whole load, printed its table,
+    then died of FileNotFoundError: the figures the file was for were lost."""
+    from examples.loadgen import main
+
+    out = tmp_path / "results" / "run.json"
+    with pytest.raises(SystemExit) as exited:
+        main(["--url", f"ws://127.0.0.1:{refused_port}/v1/voice", "--sessions", "1",
+              "--turns", "1", "--json", str(out)])
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert f"--json: there is no directory '{out.parent}' to write it in" in captured.err
+    assert "loadgen" not in captured.out  # refused before the load, not after
