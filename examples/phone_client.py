@@ -294,8 +294,9 @@ class PhoneClient:
                 self._started.set()
             return True
         self.resumes_failed += 1
-        self.say(f"[resume failed ({answer.get('error', {}).get('message')}); "
-                 f"continuing in {created['session_id']}]")
+        why = answer.get("error", {}).get("message")  # (it says what the session goes on in)
+        self.say(f"[resume failed: {why}]" if why else
+                 f"[resume failed ({answer['type']}); continuing in {created['session_id']}]")
         return False
 
     def _cut_off(self) -> None:

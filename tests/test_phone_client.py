@@ -137,14 +137,19 @@ async def test_when_the_resume_fails_the_transcript_is_sent_again(tmp_path, star
     proxy = CuttingProxy(gw.port, cut_after=60_000)
     port = await proxy.start()
     try:
-        client = phone_client.PhoneClient(f"ws://127.0.0.1:{port}/v1/voice", tmp_path,
-                                          phone_client.ClockPlayer(), verbose=False)
+        client = _Recording(f"ws://127.0.0.1:{port}/v1/voice", tmp_path,
+                            phone_client.ClockPlayer())
         await client.run(phone_client._from_list(["Time"]), sequential=True,
                          barge_in_after=None)
     finally:
         await proxy.aclose()
     assert proxy.cut.is_set()
     assert client.resumes == 0 and client.resumes_failed == 1  # the window had passed
+    # the gateway's reason, said once: it was followed by "; continuing in sess_..." when
+    # the gateway's message already ends "continuing with the new session sess_..."
+    (failed,) = [x for x in client.lines if x.startswith("[resume failed")]
+    assert failed.startswith("[resume failed: cannot resume: unknown or expired session")
+    assert failed.count("continuing") == 1
     assert [r["status"] for r in client.results] == ["completed"]
     assert len(client.saved) == 2  # the cut reply, then the whole one in the new session
     _, samples = read_wav(client.saved[1])
