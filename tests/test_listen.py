@@ -1,13 +1,15 @@
 """Where the HTTP API listens (``gateway.io.listen``): the addresses the voice port's server
-listens on, bound as it binds them. Real sockets on the loopback; the one fake, labelled,
-is a resolver that maps ``localhost`` to both families (as macOS does; a Linux whose
-``/etc/hosts`` names it for 127.0.0.1 alone cannot show that for real)."""
+listens on, bound as it binds them; port 0, one port on all of them, for either port. Real
+sockets on the loopback; the one fake, labelled, is a resolver that maps ``localhost`` to
+both families (as macOS does; a Linux whose ``/etc/hosts`` names it for 127.0.0.1 alone
+cannot show that for real)."""
 
 from __future__ import annotations
 
 import errno
 import socket
 
+import httpx
 import pytest
 
 from gateway.io.listen import bind_all, listen_addresses
@@ -95,3 +97,14 @@ def test_a_family_the_system_has_no_sockets_for_is_left_out(monkeypatch):
         assert v4.family == socket.AF_INET and v4.getsockname()[1] != 0
     with pytest.raises(OSError, match=r"cannot listen \(HTTP API, --http-port\): no socket"):
         bind_all([V6_LOOPBACK], "HTTP API, --http-port")
+
+
+async def test_the_voice_port_0_is_one_port_on_every_address(start_gateway):
+    """``--host "" --port 0``: the loop's ``create_server`` picked one free port for the
+    IPv4 socket and another for the IPv6 one; the port shown (``Gateway.port``, the
+    banner's) was refused on ``[::1]`` while the HTTP API answered there on its own."""
+    gateway = await start_gateway(server={"host": "", "tokens": ["s3cret"]})
+    async with httpx.AsyncClient() as client:
+        for host in ("127.0.0.1", "[::1]"):
+            answer = await client.get(f"http://{host}:{gateway.port}/health")
+            assert answer.status_code == 200, host

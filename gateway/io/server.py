@@ -68,7 +68,7 @@ from gateway.io.connection import (
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
-from gateway.io.listen import listening_sockets
+from gateway.io.listen import listening_sockets, one_free_port
 from gateway.io.log_limit import LogLimit
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -399,8 +399,9 @@ class Gateway:
         for lane, s_ in zip(self.lanes.values(), seconds, strict=True):
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
         try:
+            host = bind_address(s.host)
             self._server = await serve(
-                self._handle, bind_address(s.host), s.port,
+                self._handle, host, s.port or await one_free_port(host, "voice port, --port"),
                 create_connection=VoiceSocket,
                 process_request=self._process_request,
                 max_size=WS_MAX_SIZE,
