@@ -250,19 +250,24 @@ async def test_the_loopback_a_token_or_insecure_bind_allows_it(host, server):
 async def test_a_voice_port_in_use_leaves_nothing_running():
     """The voice port is bound last, once the engines have loaded. Taken, it failed the
     start but left the HTTP API serving (its /health said "starting" for ever), the lane's
-    task running and the engine loaded on its thread: only the process's exit freed them."""
+    task running and the engine loaded on its thread: only the process's exit freed them.
+    (Taken before the start, the start fails before the engines load: here it is taken
+    while they load.)"""
     from tests.test_faults import SlowLoadingEngine
 
     engine = SlowLoadingEngine()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    gw = Gateway(load_config(server={"port": port, "http_port": 0}, llm={"tokens_per_s": 0}),
+                 engine=engine)
+    starting = asyncio.create_task(gw.start())
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        gw = Gateway(load_config(server={"port": taken.getsockname()[1], "http_port": 0},
-                                 llm={"tokens_per_s": 0}), engine=engine)
-        starting = asyncio.create_task(gw.start())
         try:
             await asyncio.to_thread(engine.loading.wait, 30)
             http_port = gw.http_port  # (serving while the engine loads)
+            taken.bind(("127.0.0.1", port))
+            taken.listen()
         finally:
             engine.release.set()
         with pytest.raises(OSError) as refused:
