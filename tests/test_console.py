@@ -1264,33 +1264,69 @@ addEventListener("online", () => {
 });"""
 
 
+# Test instrument in the page: the tab hidden and shown again (``setVisibility``), with the
+# browser's own event; headless Chromium keeps every tab visible, whichever is in front. And
+# how many times it was shown, with the pongs the page had then (as ONLINE_SEEN).
+VISIBILITY = """window.shown = 0;
+let visibility = "visible";
+Object.defineProperty(document, "visibilityState", {get: () => visibility});
+Object.defineProperty(document, "hidden", {get: () => visibility === "hidden"});
+window.setVisibility = (value) => {
+  visibility = value;
+  document.dispatchEvent(new Event("visibilitychange"));
+};
+document.addEventListener("visibilitychange", () => {
+  if (visibility !== "visible") return;
+  window.shown += 1;
+  window.pongs = window.consoleState.pongs;
+});"""
+
+
+async def network_back(page: Any, n: int) -> None:
+    """The browser's network gone and back, the ``n``-th time (ONLINE_SEEN)."""
+    await page.context.set_offline(True)
+    await page.context.set_offline(False)
+    await page.wait_for_function(f"window.online === {n}")  # (the page's listener ran after)
+
+
+async def tab_shown(page: Any, n: int) -> None:
+    """The page's tab hidden and shown again, the ``n``-th time (VISIBILITY)."""
+    await page.evaluate("setVisibility('hidden')")
+    await page.evaluate("setVisibility('visible')")  # (every listener has run)
+    assert await page.evaluate("window.shown") == n
+
+
 @pytest.mark.slow
 @needs_chromium
-async def test_console_probes_its_socket_as_soon_as_the_network_is_back(start_gateway):
+@pytest.mark.parametrize("instrument, back", [(ONLINE_SEEN, network_back),
+                                              (VISIBILITY, tab_shown)],
+                         ids=["network-back", "tab-shown"])
+async def test_console_probes_its_socket_as_soon_as_the_network_or_its_tab_is_back(
+        start_gateway, instrument, back):
     """The network came back after a drop the socket never heard of (the path it used is
     dead): the page went on waiting for its pings' silence, 12-17 s, before it resumed on a
     new socket. The browser's ``online`` event makes it ping at once, and without an answer
-    within PROBE_MS it gives the socket up and resumes; a socket that answers is kept."""
+    within PROBE_MS it gives the socket up and resumes; a socket that answers is kept.
+    Likewise when its tab is shown again: a phone's browser tab left in the background for
+    minutes came back with a socket that had died meanwhile (its timers throttled, nothing
+    noticed), and the page found out only when the user next sent something."""
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
     state = "window.consoleState"
     given_up = f"{state}.errors.some(e => e.startsWith('no answer'))"
     async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
-                       init=ONLINE_SEEN) as (page, errors):
+                       init=instrument) as (page, errors):
         await page.wait_for_function(f"{state}.connected")
         session_id = await page.evaluate(f"{state}.sessionId")
-        # back online, its socket still good (Chromium's offline spares it): it answers
-        await page.context.set_offline(True)
-        await page.context.set_offline(False)
-        await page.wait_for_function(f"window.online === 1 && {state}.pongs > window.pongs")
+        # back, its socket still good (Chromium's offline spares it): it answers
+        await back(page, 1)
+        await page.wait_for_function(f"{state}.pongs > window.pongs")
         await page.clock.fast_forward(PROBE_MS)
         assert not await page.evaluate(given_up)
         (runner,) = gw.runners.values()
         # the socket's path is dead: the gateway reads nothing more from it (its pings
         # included), while the socket stays open, as across a network that changed
         runner.connection.ws.transport.pause_reading()
-        await page.context.set_offline(True)
-        await page.context.set_offline(False)
-        await page.wait_for_function("window.online === 2")  # (the page's listener ran after)
+        await back(page, 2)
         await page.clock.fast_forward(PROBE_MS)
         assert await page.evaluate(given_up)
         await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)

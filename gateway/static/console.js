@@ -242,7 +242,15 @@ setInterval(() => {
 // A reconnect waiting its backoff (up to 8 s) goes now, with the backoff started again, and
 // so does one still connecting (made on the dying network, it would hang until
 // OPEN_WITHIN_MS): not while a token is asked for, the gateway wants one typed in first.
-window.addEventListener("online", () => {
+window.addEventListener("online", probeNow);
+// The tab is shown again (a phone's browser brought back after minutes in the background):
+// its socket may have died meanwhile, unnoticed while its timers were throttled or frozen,
+// and the page found out only at the next thing it sent. Ask now, likewise.
+document.addEventListener("visibilitychange", () => {
+  if (document.visibilityState === "visible") probeNow();
+});
+
+function probeNow() {
   const connecting = ws?.readyState === WebSocket.CONNECTING;
   if ((retry !== null || connecting) && !state.needsToken) {
     if (connecting) state.reconnects += 1; // given up, as at OPEN_WITHIN_MS
@@ -256,7 +264,7 @@ window.addEventListener("online", () => {
   setTimeout(() => {
     if (ws === socket && connected() && heardCount === before) giveUp(socket, PROBE_MS);
   }, PROBE_MS);
-});
+}
 
 function giveUp(socket, silentMs) {
   showError(`no answer from the gateway for ${silentMs / 1000} s; reconnecting`);
