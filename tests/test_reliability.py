@@ -647,6 +647,14 @@ async def test_a_client_that_pauses_reading_gets_every_frame_once_in_order():
         async with connect(url(gw), sock=sock, max_queue=1) as ws:
             created = await recv_event(ws, "session.created")
             server_side = gw.runners[created["session_id"]].connection.ws
+            # The gateway's end holds little too. Autotuned, its send buffer held 2.8 MB the
+            # client had not read, ahead of anything sent after: the gateway probes a client
+            # that sends nothing for 10 s (ProbeListener), and this one read the 2.8 MB
+            # before its pong; under coverage (its reads traced, espeak's C not) and CPU
+            # load that took over the probe's 5 s, and the gateway dropped it as gone
+            # (ConnectionResetError). Behind 64 KiB its pong takes milliseconds.
+            server_side.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
             paused = asyncio.Event()
             pause_writing = server_side.pause_writing
 
