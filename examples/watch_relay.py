@@ -4,6 +4,9 @@ audio format over its own WebSocket.
     python examples/watch_relay.py --upstream ws://127.0.0.1:8780/v1/voice --port 8790
     # the watch connects to ws://127.0.0.1:8790/?format=opus   (or format=pcm16-16k)
 
+Beyond the loopback (``--host 0.0.0.0``) it needs watch tokens (``--watch-token``,
+``WATCH_RELAY_TOKENS``), presented as to the gateway, or ``--insecure-bind``.
+
 The watch speaks protocol v1 (protocol.md) to the relay, with three differences:
 
 * **Audio format.** Chosen by the watch with the query parameter ``?format=opus`` or
@@ -58,7 +61,9 @@ Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` 
 ``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
 that translates playback marks; ``WatchRelay`` is the asyncio shell. ``WatchDecoder`` is
 what the watch does with the frames (used by the tests and bench/watch_bytes.py).
-Needs ``av`` (PyAV, bundles libopus), ``soxr``, ``numpy``, ``websockets``.
+Needs ``av`` (PyAV, bundles libopus), ``soxr``, ``numpy``, ``websockets``, and the gateway
+package itself (``pip install -e .``): it shares the rules of who may connect
+(``gateway.io.auth``).
 """
 
 from __future__ import annotations
@@ -66,10 +71,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import http
 import importlib.util
 import struct
 import sys
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -80,6 +87,18 @@ import soxr
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
+
+from gateway.io.auth import (
+    UNAUTHORIZED,
+    bind_address,
+    check_token,
+    configured_tokens,
+    install_redaction,
+    is_loopback,
+    refused_bind,
+    select_subprotocol,
+)
 
 HEADER = struct.Struct("<BBHII")  # version, flags, sentence, turn_id, seq
 VERSION = 1
@@ -89,6 +108,8 @@ UP_RATE = 24_000
 UP_SAMPLES_PER_MS = UP_RATE // 1000
 OPUS_FRAME = 480  # 20 ms at 24 kHz
 FORMATS = ("opus", "pcm16-16k")
+TOKENS_ENV = "WATCH_RELAY_TOKENS"
+HOW_TO_SET_TOKENS = f"set a watch token (--watch-token, {TOKENS_ENV})"
 HAS_PYAV = importlib.util.find_spec("av") is not None
 NO_PYAV = "PyAV is not installed (pip install -e '.[watch]')"
 
@@ -666,9 +687,11 @@ class WatchRelay:
 
     def __init__(self, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, opus_bitrate: int = 24_000,
-                 resume_window_s: float = 30.0, hello_timeout_s: float = 10.0) -> None:
+                 resume_window_s: float = 30.0, hello_timeout_s: float = 10.0,
+                 watch_tokens: Sequence[str] = (), insecure_bind: bool = False) -> None:
         self.upstream_url, self.host, self.requested_port = upstream_url, host, port
         self.token, self.opus_bitrate = token, opus_bitrate
+        self.watch_tokens, self.insecure_bind = tuple(watch_tokens), insecure_bind
         self.resume_window_s, self.hello_timeout_s = resume_window_s, hello_timeout_s
         self.sessions: set[RelaySession] = set()
         self._server: Server | None = None
@@ -679,8 +702,29 @@ class WatchRelay:
         return self._server.sockets[0].getsockname()[1]
 
     async def start(self) -> None:
-        self._server = await serve(self._handle, self.host, self.requested_port,
-                                   compression=None, max_size=2**20)
+        """Listen. Raises ``ValueError`` for a bind beyond the loopback without a watch
+        token or ``insecure_bind`` (the gateway's own rule: anyone who reached the port
+        would use the gateway session, with the relay's gateway token), ``OSError`` when
+        the address cannot be bound."""
+        if (why := refused_bind(self.host, self.watch_tokens, self.insecure_bind,
+                                HOW_TO_SET_TOKENS)) is not None:
+            raise ValueError(why)
+        install_redaction()  # (a watch's ?token= in a logged request line)
+        self._server = await serve(self._handle, bind_address(self.host), self.requested_port,
+                                   compression=None, max_size=2**20,
+                                   process_request=self._authorize,
+                                   select_subprotocol=select_subprotocol)
+
+    def _authorize(self, watch: ServerConnection, request: Request) -> Response | None:
+        """With watch tokens, a watch presents one as a gateway client does (auth.py:
+        ``Authorization: Bearer``, ``?token=``, a ``bearer.<token>`` subprotocol next to
+        ``voice.v1``), or gets the gateway's HTTP 401 ``unauthorized``."""
+        if not self.watch_tokens or check_token(request, self.watch_tokens):
+            return None
+        response = watch.respond(http.HTTPStatus.UNAUTHORIZED, orjson.dumps(
+            {"error": {"code": "unauthorized", "message": UNAUTHORIZED}}).decode())
+        response.headers["Content-Type"] = "application/json"
+        return response
 
     async def aclose(self) -> None:
         if self._server is not None:
@@ -775,18 +819,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8790)
     p.add_argument("--token", help="gateway bearer token")
+    p.add_argument("--watch-token", action="append", help="a token the watch must present "
+                   f"(repeatable; also {TOKENS_ENV}=a,b). Without any, only loopback may be "
+                   "bound")
+    p.add_argument("--insecure-bind", action="store_true", help="allow a non-loopback --host "
+                   "without a watch token (anyone who reaches the port uses the gateway)")
     p.add_argument("--opus-bitrate", type=int, default=24_000, help="bits/s (24000–32000)")
     args = p.parse_args(argv)
     if urllib.parse.urlsplit(args.upstream).scheme not in ("ws", "wss"):  # (http: a traceback)
         p.error(f"--upstream must be the gateway's ws:// or wss:// URL, not {args.upstream!r}")
     if not 24_000 <= args.opus_bitrate <= 32_000:
         p.error(f"--opus-bitrate must be 24000–32000, not {args.opus_bitrate}")
+    if any(not t.strip() for t in args.watch_token or ()):  # (`--watch-token "$UNSET"`)
+        p.error("--watch-token cannot be empty")
+    watch_tokens = configured_tokens(args.watch_token, TOKENS_ENV)
 
     async def run() -> int:
         relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=args.token,
-                           opus_bitrate=args.opus_bitrate)
+                           opus_bitrate=args.opus_bitrate, watch_tokens=watch_tokens,
+                           insecure_bind=args.insecure_bind)
         try:
             await relay.start()
+        except ValueError as exc:  # a public bind without a watch token
+            print(f"watch relay: {exc}", file=sys.stderr)
+            return 2
         except OSError as exc:  # the port taken (a relay already running), a wrong --host
             print(f"watch relay: cannot listen on {args.host}:{args.port} (--host, --port): "
                   f"{exc.strerror or exc}", file=sys.stderr)
@@ -796,6 +852,11 @@ def main(argv: list[str] | None = None) -> int:
               f"→ {args.upstream}", file=sys.stderr)
         if not HAS_PYAV:
             print(f"no Opus: {NO_PYAV}", file=sys.stderr)
+        print("watch auth: " + (f"{len(watch_tokens)} token(s) required" if watch_tokens else
+                                "NONE, and bound beyond loopback (--insecure-bind): anyone who "
+                                "reaches this port uses the gateway" if args.insecure_bind
+                                and not is_loopback(args.host) else
+                                "none (no --watch-token: loopback only)"), file=sys.stderr)
         try:
             await asyncio.Future()
         finally:

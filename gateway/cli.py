@@ -8,6 +8,7 @@ import os
 import sys
 
 from gateway.config import GatewayConfig, load_config
+from gateway.io.auth import configured_tokens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,10 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _tokens(args: argparse.Namespace) -> tuple[str, ...] | None:
-    tokens = list(args.token or [])
-    tokens += [t.strip() for t in os.environ.get("VOICE_GATEWAY_TOKENS", "").split(",")
-               if t.strip()]
-    return tuple(tokens) or None
+    return configured_tokens(args.token, "VOICE_GATEWAY_TOKENS") or None
 
 
 def _synthetic_options(args: argparse.Namespace) -> dict[str, float] | None:

@@ -1035,3 +1035,64 @@ def test_an_http_upstream_is_a_usage_error(capsys):
     assert exited.value.code == 2
     assert ("--upstream must be the gateway's ws:// or wss:// URL, not "
             "'http://127.0.0.1:8780/v1/voice'") in capsys.readouterr().err
+
+
+# ---- who may use the relay ------------------------------------------------------------------
+
+
+async def test_a_bind_beyond_loopback_needs_a_watch_token_or_insecure_bind():
+    """``--host 0.0.0.0`` served any watch on the network, with no word said: anyone on the
+    phone's Wi-Fi used the gateway session, with the gateway token the relay holds. The
+    gateway's own rule (auth.py ``refused_bind``) now holds for the relay too."""
+    url = "ws://127.0.0.1:9/v1/voice"  # (not connected to: no watch comes)
+    with pytest.raises(ValueError, match=r"refusing to listen on 0\.0\.0\.0 without a token: "
+                       r"set a watch token \(--watch-token, WATCH_RELAY_TOKENS\) or pass "
+                       r"--insecure-bind"):
+        await WatchRelay(url, host="0.0.0.0").start()
+    for relay in (WatchRelay(url, host="0.0.0.0", watch_tokens=["w"]),
+                  WatchRelay(url, host="0.0.0.0", insecure_bind=True),
+                  WatchRelay(url, host="localhost")):
+        await relay.start()
+        await relay.aclose()
+
+
+def test_the_relay_refuses_a_public_bind_without_a_watch_token_before_binding(capsys):
+    """The command line says why and exits 2, like ``voice-gateway serve``. (The port is
+    taken: a relay that bound first would exit 1 for that, not serve for ever.)"""
+    import socket
+
+    from examples.watch_relay import main
+
+    with socket.create_server(("0.0.0.0", 0)) as taken:
+        assert main(["--host", "0.0.0.0", "--port", str(taken.getsockname()[1])]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to listen on 0.0.0.0 without a token" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("how", ["header", "query", "subprotocol"])
+async def test_a_watch_presents_its_token_as_a_gateway_client_does(start_gateway, how):
+    """With watch tokens, a watch without a valid one gets the gateway's 401
+    ``unauthorized``; with one, presented any way the gateway takes, its session. The same
+    connect call works against the gateway, so a watch app has one way for both."""
+    from websockets.exceptions import InvalidStatus
+
+    gateway = await start_gateway([{"transcript": "Hi", "reply": "Hello."}],
+                                  server={"tokens": ["sekrit"]})
+    relay = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", token="sekrit",
+                       watch_tokens=["sekrit"])
+    await relay.start()
+    try:
+        for url in (f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k",
+                    f"ws://127.0.0.1:{gateway.port}/v1/voice?format=pcm16-16k"):
+            with pytest.raises(InvalidStatus) as refused:
+                await connect(url + "&token=wrong", subprotocols=["voice.v1", "bearer.wrong"])
+            assert refused.value.response.status_code == 401
+            assert orjson.loads(refused.value.response.body)["error"]["code"] == "unauthorized"
+            presented = {"header": {"additional_headers": {"Authorization": "Bearer sekrit"}},
+                         "query": {"uri": url + "&token=sekrit"},
+                         "subprotocol": {"subprotocols": ["voice.v1", "bearer.sekrit"]}}[how]
+            async with connect(**{"uri": url, **presented}) as ws:
+                assert (await recv_event(ws))["type"] == "session.created"
+                assert ws.subprotocol == ("voice.v1" if how == "subprotocol" else None)
+    finally:
+        await relay.aclose()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import os
 import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import parse_qs, urlsplit
@@ -23,6 +24,29 @@ from websockets.typing import Subprotocol
 
 SUBPROTOCOL = Subprotocol("voice.v1")
 _TOKEN_PREFIX = "bearer."
+UNAUTHORIZED = ("a valid token is required (Authorization: Bearer, ?token=, or a "
+                "'bearer.<token>' WebSocket subprotocol)")
+"""The message of the HTTP 401 ``unauthorized`` a request without a valid token gets."""
+
+
+def configured_tokens(given: Iterable[str] | None, env_var: str) -> tuple[str, ...]:
+    """The tokens of a repeatable ``--token``-like flag, then those of ``env_var``
+    (comma-separated; blank entries skipped). An environment variable, unlike a flag, is
+    not shown to every user of the machine by ``ps``."""
+    env = [t.strip() for t in os.environ.get(env_var, "").split(",") if t.strip()]
+    return (*(given or ()), *env)
+
+
+def refused_bind(host: str, tokens: Sequence[str], insecure_bind: bool,
+                 how: str = "set tokens (--token)") -> str | None:
+    """Why listening on ``host`` is refused, or None. Beyond the loopback without a token,
+    anyone who reaches the port (the café's Wi-Fi, the LAN's other machines) uses the
+    service as its owner: allowed only when asked for by name (``--insecure-bind``).
+    ``how``: the way to give tokens, for the message."""
+    if tokens or insecure_bind or is_loopback(host):
+        return None
+    return f"refusing to listen on {host or 'every interface'} without a token: {how} or " \
+           "pass --insecure-bind"
 
 
 def presented_tokens(request: Request) -> list[str]:

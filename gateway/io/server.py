@@ -47,13 +47,14 @@ from gateway.core.segmenter import ONE_STEP_MAX_CHARS, SegmenterConfig
 from gateway.core.session import Session, SessionLimits, SessionSettings
 from gateway.io.aio import cancel_and_wait, unless_stopped
 from gateway.io.auth import (
+    UNAUTHORIZED,
     bind_address,
     check_token,
     host_allowlist,
     install_redaction,
-    is_loopback,
     origin_allowlist,
     own_origin,
+    refused_bind,
     refused_host,
     refused_origin,
     select_subprotocol,
@@ -367,9 +368,8 @@ class Gateway:
     async def start(self) -> None:
         s = self.config.server
         install_redaction()  # no token reaches a log line (websockets logs request paths)
-        if not s.tokens and not is_loopback(s.host) and not s.insecure_bind:
-            raise ValueError(f"refusing to listen on {s.host} without a token: set tokens "
-                             "(--token) or pass --insecure-bind")
+        if (why := refused_bind(s.host, s.tokens, s.insecure_bind)) is not None:
+            raise ValueError(why)
         ssl_context = _tls_context(s.tls_cert, s.tls_key)  # before either port serves
         if s.port:
             # the voice port taken fails the start now, not once the engines have loaded
@@ -528,8 +528,7 @@ class Gateway:
             self.metrics.errors["unauthorized"] += 1
             return _json_response(http.HTTPStatus.UNAUTHORIZED, {"error": {
                 "code": "unauthorized",
-                "message": "a valid token is required (Authorization: Bearer, ?token=, "
-                           "or a 'bearer.<token>' WebSocket subprotocol)"}})
+                "message": UNAUTHORIZED}})
         if path == VOICE_PATH:
             scheme = "https" if self.config.server.tls_cert else "http"
             own = own_origin(scheme, hosts[0] if len(hosts) == 1 else "", self.hosts)
