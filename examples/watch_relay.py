@@ -71,8 +71,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import http
 import importlib.util
+import signal
 import struct
 import sys
 import urllib.parse
@@ -727,8 +729,11 @@ class WatchRelay:
         return response
 
     async def aclose(self) -> None:
+        """Stop: each watch gets close 1001 ``server shutting down`` (as from the gateway),
+        and its gateway session close 1000, which ends it at once (protocol.md: a client's
+        normal close), not a drop the gateway would keep it for a resume after."""
         if self._server is not None:
-            self._server.close()
+            self._server.close(code=1001, reason="server shutting down")
             await self._server.wait_closed()
 
     async def connect_upstream(self, resume: str | None = None) -> ClientConnection:
@@ -835,6 +840,15 @@ def main(argv: list[str] | None = None) -> int:
     watch_tokens = configured_tokens(args.watch_token, TOKENS_ENV)
 
     async def run() -> int:
+        # SIGTERM killed the relay with its sockets open, and the gateway kept each session
+        # for its resume window (30 s); a relay started with `&` from a script ignored
+        # SIGINT (the shell's SIG_IGN, which Python keeps: no KeyboardInterrupt). Both now
+        # stop it cleanly, as `voice-gateway serve` (gateway/io/server.py, stop_signal);
+        # taken before the banner, so a signal sent once it shows is not missed.
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):  # (Windows: KeyboardInterrupt)
+                asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=args.token,
                            opus_bitrate=args.opus_bitrate, watch_tokens=watch_tokens,
                            insecure_bind=args.insecure_bind)
@@ -858,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
                                 and not is_loopback(args.host) else
                                 "none (no --watch-token: loopback only)"), file=sys.stderr)
         try:
-            await asyncio.Future()
+            await stop.wait()
         finally:
             await relay.aclose()
         return 0

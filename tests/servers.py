@@ -522,7 +522,8 @@ class TinyLlamaServer:
 
 
 class ServeProcess:
-    """``python -m gateway.cli serve ARGS`` as its own process (stdout and stderr merged).
+    """``python -m gateway.cli serve ARGS`` as its own process (stdout and stderr merged);
+    ``command``: another server's whole command line instead (the watch relay's).
 
     A thread reads the output line by line into ``output`` from the start, so nothing is
     lost between waiting for a line and reading the rest (``communicate`` with a timeout
@@ -530,11 +531,12 @@ class ServeProcess:
     manager: a process still running at the end is killed.
     """
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, command: Sequence[str] = ()) -> None:
         self.output: list[str] = []
         self._seen = threading.Condition()
         self._ended = False
-        self._proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", *args],
+        self._proc = subprocess.Popen(command or [sys.executable, "-m", "gateway.cli", "serve",
+                                                  *args],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._reader = threading.Thread(target=self._read, daemon=True, name="serve output")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import signal
+import sys
 
 import numpy as np
 import orjson
@@ -29,6 +31,7 @@ from examples.watch_relay import (
 )
 from gateway.config import load_config
 from gateway.io.server import Gateway
+from tests.servers import ServeProcess
 from tests.wsclient import read_turn, recv_event, send
 
 END = FLAG_SENTENCE_END | FLAG_TURN_END
@@ -1096,3 +1099,37 @@ async def test_a_watch_presents_its_token_as_a_gateway_client_does(start_gateway
                 assert ws.subprotocol == ("voice.v1" if how == "subprotocol" else None)
     finally:
         await relay.aclose()
+
+
+# ---- stopping -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signalled_relay_ends_its_gateway_sessions_at_once(gateway, sig):
+    """Started in the background from a script (``python examples/watch_relay.py ... &``,
+    whose shell sets SIGINT to ignored, as here), the relay ignored SIGINT, and SIGTERM
+    killed it with its sockets open: the gateway saw a drop (1006) and kept the session
+    for its resume window (30 s). Either signal now stops it cleanly: the watch gets
+    1001 ``server shutting down``, the gateway 1000, which ends the session at once."""
+    from websockets.exceptions import ConnectionClosed
+
+    command = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh",  # (exec: the signal reaches it)
+               sys.executable, "-m", "examples.watch_relay", "--port", "0",
+               "--upstream", f"ws://127.0.0.1:{gateway.port}/v1/voice"]
+    with ServeProcess(command=command) as relay:
+        listening = await asyncio.to_thread(relay.wait_for,
+                                            lambda x: x.startswith("watch relay on"))
+        url = listening.split()[3].replace("opus|pcm16-16k", "pcm16-16k")
+        async with connect(url) as ws:
+            await recv_event(ws, "session.created")
+            (upstream,) = gateway.connections
+            relay.signal(sig)
+            async with asyncio.timeout(10):  # (the old relay, SIGINT ignored, stays open)
+                with pytest.raises(ConnectionClosed):
+                    await recv_event(ws)
+        assert (ws.close_code, ws.close_reason) == (1001, "server shutting down")
+        await upstream.ws.wait_closed()
+        assert upstream.ws.close_code == 1000  # a client's normal close: the session ends
+        await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+        code, output = await asyncio.to_thread(relay.finish)
+    assert code == 0 and "Traceback" not in output
