@@ -720,13 +720,20 @@ class WatchRelay:
     def _authorize(self, watch: ServerConnection, request: Request) -> Response | None:
         """With watch tokens, a watch presents one as a gateway client does (auth.py:
         ``Authorization: Bearer``, ``?token=``, a ``bearer.<token>`` subprotocol next to
-        ``voice.v1``), or gets the gateway's HTTP 401 ``unauthorized``."""
-        if not self.watch_tokens or check_token(request, self.watch_tokens):
+        ``voice.v1``), or gets the gateway's HTTP 401 ``unauthorized``. Without them, no
+        browser page is let in (403 ``forbidden_origin``, the gateway's rule without tokens:
+        ``origin_allowlist``): any site the phone's browser opens could otherwise use the
+        gateway session through ws://127.0.0.1 (a WebSocket is not bound by CORS), and a
+        watch app sends no ``Origin``."""
+        if not self.watch_tokens:
+            if not request.headers.get_all("Origin"):
+                return None
+            return _refused(watch, http.HTTPStatus.FORBIDDEN, "forbidden_origin",
+                            "a browser page may use the relay only with a watch token "
+                            "(--watch-token)")
+        if check_token(request, self.watch_tokens):
             return None
-        response = watch.respond(http.HTTPStatus.UNAUTHORIZED, orjson.dumps(
-            {"error": {"code": "unauthorized", "message": UNAUTHORIZED}}).decode())
-        response.headers["Content-Type"] = "application/json"
-        return response
+        return _refused(watch, http.HTTPStatus.UNAUTHORIZED, "unauthorized", UNAUTHORIZED)
 
     async def aclose(self) -> None:
         """Stop: each watch gets close 1001 ``server shutting down`` (as from the gateway),
@@ -780,6 +787,15 @@ class WatchRelay:
             await session.run()
         finally:
             self.sessions.discard(session)
+
+
+def _refused(watch: ServerConnection, status: http.HTTPStatus, code: str,
+             message: str) -> Response:
+    """The gateway's JSON refusal of a handshake."""
+    response = watch.respond(status, orjson.dumps(
+        {"error": {"code": code, "message": message}}).decode())
+    response.headers["Content-Type"] = "application/json"
+    return response
 
 
 # ---- what the watch does ---------------------------------------------------------------------

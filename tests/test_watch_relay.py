@@ -1133,3 +1133,34 @@ async def test_a_signalled_relay_ends_its_gateway_sessions_at_once(gateway, sig)
         await asyncio.wait_for(gateway.wait_no_sessions(), 10)
         code, output = await asyncio.to_thread(relay.finish)
     assert code == 0 and "Traceback" not in output
+
+
+async def test_without_watch_tokens_no_browser_page_uses_the_relay(start_gateway):
+    """On the phone's loopback without watch tokens, any web page the phone's browser
+    opened could connect to ws://127.0.0.1:8790 (a WebSocket is not bound by CORS) and use
+    the gateway session, with the relay's gateway token. As the gateway without tokens,
+    the relay now refuses a browser Origin (403 ``forbidden_origin``); a watch app sends
+    none, and with a watch token a page is let in, as by the gateway with tokens."""
+    from websockets.exceptions import InvalidStatus
+
+    gateway = await start_gateway([{"transcript": "Hi", "reply": "Hello."}],
+                                  server={"tokens": ["gw"]})
+    upstream = f"ws://127.0.0.1:{gateway.port}/v1/voice"
+    for watch_tokens, origin_allowed in (((), False), (("w",), True)):
+        relay = WatchRelay(upstream, token="gw", watch_tokens=watch_tokens)
+        await relay.start()
+        try:
+            url = f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k&token=w"
+            if origin_allowed:
+                async with connect(url, origin="https://any.example") as ws:
+                    assert (await recv_event(ws))["type"] == "session.created"
+            else:
+                with pytest.raises(InvalidStatus) as refused:
+                    await connect(url, origin="https://any.example")
+                assert refused.value.response.status_code == 403
+                body = orjson.loads(refused.value.response.body)
+                assert body["error"]["code"] == "forbidden_origin"
+            async with connect(url) as ws:  # (no Origin: a watch app)
+                assert (await recv_event(ws))["type"] == "session.created"
+        finally:
+            await relay.aclose()
