@@ -118,6 +118,9 @@ class TtsEngine(Protocol):
     # lanes (``gateway.core.placement.profile_from``): ``first_s`` (time to first audio on a
     # free lane), ``rtf`` (lane seconds per audio second) and, for an engine that shares the
     # GPU with the LLM, ``first_s_llm``/``rtf_llm`` while the LLM decodes.
+    # Optional: ``max_open_streams``, for an engine whose open streams hold much memory (an
+    # in-process model's caches): its lane opens no more at once, and a sentence not started
+    # waits for one to end (``gateway.core.scheduler`` rule 6; ``[tts] max_open_streams``).
     # Optional: ``one_stream_at_a_time = True`` for an engine that refuses a second open
     # stream (``engine_busy``); its lane then runs whole jobs in arrival order instead of
     # interleaving their steps (``gateway.io.server``).

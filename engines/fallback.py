@@ -87,6 +87,9 @@ class FallbackEngine:
         timing = getattr(primary, "timing", None)
         if timing is not None:
             self.timing = timing  # placement plans with the primary; the fallback is rare
+        streams = getattr(primary, "max_open_streams", None)
+        if streams is not None:  # (each segment opens the one engine's stream or the other's)
+            self.max_open_streams = streams
         if getattr(fallback, "thread_safe", False):
             # both engines' steps may then run at once on the primary's lane (engines.base)
             self.parallel_steps = getattr(primary, "parallel_steps", 1)

@@ -194,6 +194,13 @@ class Qwen3Engine(Uninterruptible):
     streams = True
     reads_digits = True
     speed_range = None  # mlx-audio's Qwen3-TTS has no speed: it speaks at its own pace
+    max_open_streams = 16
+    """Streams its lane keeps open at once (``[tts] max_open_streams``; the scheduler's rule
+    6): each holds its KV caches and decoder state in the memory the LLM shares, 52 MB for
+    a sentence of up to 17 s with the public 0.6B and 1.7B checkpoints, 266 MB at the
+    runaway budget of a 400-character one (bench/qwen3_memory.py). 16: at most 0.83 GB
+    (4.3 GB), while the lane feeds about two listeners in real time (RTF 0.44; one while the
+    LLM decodes), so a 17th session speaking at once was starved anyway."""
     timing = {"first_s": 0.107, "rtf": 0.44, "first_s_llm": 0.216, "rtf_llm": 0.97}
     """For placing turns between lanes (``engines.base``): the 0.6B bf16 model on the hub
     (M5 Max), idle and with Gemma 4 26B-A4B decoding (calibration.json, medians). Override

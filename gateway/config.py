@@ -11,7 +11,7 @@ and default, and a test keeps that table complete; see examples/hub.toml)::
                replies (replay file), tokens_per_s
     [llm.chat_template_kwargs]   sent with each request (e.g. enable_thinking = false)
     [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, also,
-               step_timeout_s
+               step_timeout_s, max_open_streams
     [tts.options]            more options of the primary engine
     [tts.fallback_options]   options of the fallback engine
     [tts.fallback_policy]    first_chunk_timeout_s, breaker_failures, breaker_reset_s
@@ -205,6 +205,9 @@ class TtsConfig:
     """``first_chunk_timeout_s``, ``breaker_failures``, ``breaker_reset_s``."""
     step_timeout_s: float | None = 30.0
     """An engine call running longer marks the lane unhealthy (``engine_timeout``)."""
+    max_open_streams: int | None = None
+    """Streams open at once on each lane (``gateway.core.scheduler`` rule 6); None: the
+    engine's own ``max_open_streams`` (qwen3's 16; none for the others), 0: no limit."""
     also: str | None = None
     """A second engine on its own lane (it must declare another lane than the primary, e.g.
     ``ane`` next to ``qwen3`` on ``gpu``). Each turn then speaks on the lane that serves it
@@ -219,6 +222,8 @@ class TtsConfig:
         _check_types(self, "tts")
         if self.step_timeout_s is not None:
             _check_seconds("tts.step_timeout_s", self.step_timeout_s, 0, 3600, above=True)
+        if self.max_open_streams is not None:
+            _check_int("tts.max_open_streams", self.max_open_streams, 0)
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for the primary engine's constructor."""

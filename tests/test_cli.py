@@ -78,6 +78,8 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ("[session]\ninstructions = 42\n", "session.instructions must be a string, not 42"),
     ("[tts]\nstep_timeout_s = -1\n",
      "tts.step_timeout_s must be more than 0 and at most 3600 seconds, not -1"),
+    ("[tts]\nmax_open_streams = -1\n",
+     "tts.max_open_streams must be an integer at least 0, not -1"),
     ("server = 5\n", "[server] must be a table, not 5"),
     # a misspelt section or key is refused, not ignored: '[sever] tokens' or 'token' would
     # otherwise start a gateway that asks no client for a token

@@ -587,3 +587,19 @@ async def test_a_lane_running_steps_at_once_is_busy_for_the_time_any_runs(monkey
         assert busy.busy_s(now) < step_s  # (the first steps overlapped, for certain)
     finally:
         await gw.aclose()
+
+
+@pytest.mark.parametrize(("tts", "expected"), [
+    ({"engine": "synthetic"}, None),  # an engine that declares none: no limit
+    ({"engine": "synthetic", "max_open_streams": 3}, 3),
+    ({"engine": "synthetic", "fallback": "espeak", "max_open_streams": 0}, None),
+])
+def test_max_open_streams_is_the_configured_or_the_engines_own(tts, expected):
+    gw = Gateway(load_config(tts=tts))
+    assert gw.lane.scheduler.max_open == expected
+
+
+def test_a_fallback_keeps_its_primarys_max_open_streams(monkeypatch):
+    monkeypatch.setattr(SyntheticEngine, "max_open_streams", 5, raising=False)
+    gw = Gateway(load_config(tts={"engine": "synthetic", "fallback": "espeak"}))
+    assert gw.lane.scheduler.max_open == 5

@@ -524,3 +524,69 @@ def test_the_codec_encoder_is_let_go_when_no_icl_clone_needs_it(icl_model):
     (encoder, icl), (kept, xvector) = load(ref_text="Hello there."), load()
     assert encoder > 0 and kept == 0
     assert icl - xvector >= encoder
+
+
+async def test_its_lane_keeps_no_more_streams_open_than_max_open_streams(
+        tiny_qwen3_custom_voice, caplog):
+    # Each open stream holds its caches: the lane opened one for every owner at once (every
+    # session speaking, every HTTP request), however few it could feed.
+    import asyncio
+
+    import mlx.core as mx
+
+    from engines.qwen3 import Qwen3Engine, Qwen3Stream
+    from gateway.io.lanes import Lane, SynthesisJob
+
+    class Counted(Qwen3Engine):
+        """The real engine; ``open`` notes how many of its streams were open already."""
+
+        most = 0
+
+        def open(self, request: SynthesisRequest) -> Qwen3Stream:
+            open_now = sum(not s._done for s in list(self._lifecycle._streams))
+            self.most = max(self.most, open_now + 1)
+            return super().open(request)
+
+    class Sink:
+        def __init__(self) -> None:
+            self.chunks: dict[str, int] = {}
+            self.ended: dict[str, asyncio.Future[str]] = {}
+
+        def on_audio(self, job, pcm, engine, ready_at) -> None:
+            self.chunks[job.owner] = self.chunks.get(job.owner, 0) + 1
+            if job.owner == "a":  # a barge-in after its first audio: its stream is closed
+                asyncio.get_running_loop().call_soon(cancel, "a")
+
+        def on_done(self, job, truncated=False) -> None:
+            self.ended[job.owner].set_result("done")
+
+        def on_failed(self, job, code, message) -> None:
+            self.ended[job.owner].set_result(code)
+
+    def cancel(owner: str) -> None:
+        if lane.cancel(owner):
+            sink.ended[owner].set_result("cancelled")
+
+    engine = Counted(str(tiny_qwen3_custom_voice), voice="aria", max_tokens=8)
+    lane = Lane("gpu", engine, max_open_streams=2)
+    await lane.load()
+    await lane.call(mx.clear_cache)
+    before = await lane.call(mx.get_active_memory)
+    sink = Sink()
+    runner = asyncio.create_task(lane.run())
+    try:
+        owners = ["a", "b", "c", "d", "e"]
+        for owner in owners:
+            sink.ended[owner] = asyncio.get_running_loop().create_future()
+            lane.submit(owner, SynthesisJob(SynthesisRequest("Hello there.", seed=1), sink),
+                        deadline=0.0)
+        ends = await asyncio.gather(*(sink.ended[o] for o in owners))
+    finally:
+        runner.cancel()
+    assert ends == ["cancelled", "done", "done", "done", "done"]
+    assert sink.chunks == {"a": 1, "b": 2, "c": 2, "d": 2, "e": 2}
+    assert engine.most == 2 and lane.scheduler.open_streams == 0
+    assert "lane gpu: 2 streams open (max_open_streams)" in caplog.text
+    await lane.call(mx.clear_cache)
+    assert await lane.call(mx.get_active_memory) <= before  # nothing left of any of them
+    await lane.aclose()

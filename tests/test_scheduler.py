@@ -620,3 +620,61 @@ def test_a_released_owner_is_held_no_more() -> None:
     sched.finish(second)  # no hold this time: the next job is a candidate at once
     third = sched.next_job(0.0)
     assert third is not None and third.payload == "a2"
+
+
+
+def stepped(sched: LaneScheduler, job: Job | None, deadline: float) -> Job:
+    """What a lane and a session do after ``job``'s step: count it, and its listener now
+    holds audio until ``deadline``."""
+    assert job is not None
+    job.steps += 1
+    sched.deadline_of[job.owner] = deadline  # type: ignore[index]
+    return job
+
+
+def test_no_more_streams_open_than_max_open_and_the_others_wait_in_order() -> None:
+    """Rule 6: an owner whose stream is open keeps its steps; one not started yet waits
+    while ``max_open`` are open (an in-process model's stream holds its caches: every
+    speaking session held one at once), then opens in rule 2's order."""
+    sched, jobs = make([("a", IA, 0.0), ("b", IA, 1.0), ("c", IA, 2.0), ("d", IA, 3.0)],
+                       max_open=2)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["a"]
+    assert stepped(sched, sched.next_job(0.0), 11.0) is jobs["b"]
+    # c and d are due before a and b need audio, but only a and b step
+    assert sched.next_job(0.0) is jobs["a"]
+    assert (sched.open_streams, sched.streams_waiting) == (2, 2) and not jobs["c"].opened
+    sched.finish(jobs["b"])  # b's sentence ended: c, due first, opens its stream
+    assert stepped(sched, sched.next_job(0.0), 12.0) is jobs["c"]
+    assert sched.next_job(0.0) is jobs["a"]
+    assert (sched.open_streams, sched.streams_waiting) == (2, 1)
+    assert sched.cancel("a") == [jobs["a"]]  # a barge-in frees its place too: d opens
+    assert sched.next_job(0.0) is jobs["d"]
+    assert (sched.open_streams, sched.streams_waiting) == (2, 0)
+    sched.finish(jobs["c"])
+    sched.finish(jobs["d"])
+    assert sched.open_streams == 0 and sched.next_job(0.0) is None and len(sched) == 0
+
+
+def test_an_owner_waiting_for_a_stream_may_be_cancelled_or_touched() -> None:
+    """Rule 6 with rules 1 and 4: a waiting owner touched stays waiting, one cancelled is
+    gone, and an owner's next sentence, after its stream ended, waits its turn too."""
+    sched, jobs = make([("a", IA, 0.0), ("a", IA, 0.0), ("b", IA, 1.0), ("c", IA, 2.0)],
+                       max_open=1)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["a"]
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 2
+    sched.touch("b")
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 2
+    assert sched.cancel("b") == [jobs["b"]] and sched.streams_waiting == 1
+    sched.finish(jobs["a"])  # c is due before a's listener runs out of audio: c opens
+    assert sched.next_job(0.0) is jobs["c"] and sched.open_streams == 1
+    sched.finish(jobs["c"])
+    second = sched.next_job(0.0)
+    assert second is not None and second.payload == "a1" and sched.open_streams == 1
+
+
+def test_without_max_open_every_owner_opens_at_once() -> None:
+    sched, _ = make([(f"s{i}", IA, float(i)) for i in range(50)])
+    owners = set()
+    for _ in range(50):
+        owners.add(stepped(sched, sched.next_job(0.0), 100.0).owner)
+    assert len(owners) == 50 and sched.open_streams == 50 and sched.streams_waiting == 0

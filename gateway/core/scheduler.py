@@ -38,6 +38,14 @@ in order:
    ``parallel_steps``) holds the job it starts (``hold``): its owner is no candidate until
    ``release`` (its step returned), so no other step of that owner runs meanwhile (rule 1).
    A lane that runs one step at a time needs neither.
+6. **Open streams.** A job's engine stream is open from its first step until it finishes
+   or is cancelled, and an in-process model's holds memory all that while (Qwen3-TTS: its
+   KV caches and codec-decoder state, tens of MB each at the real model's size,
+   bench/qwen3_memory.py). With ``max_open`` set, a job not started yet is no
+   candidate while that many are open: it waits, in the order rules 2-3 give, until one
+   of them ends (``streams_waiting`` counts the owners waiting so). Without it, every
+   speaking session and HTTP request held a stream at once, however few the lane could
+   feed. ``fifo`` needs no bound: it runs one owner at a time.
 
 **Step sizes.** A step in flight cannot be interrupted, so the step size of the work already
 on a lane bounds how long newly arrived interactive work waits for it. ``step_ms(priority)``
@@ -138,6 +146,8 @@ class Job:
     max_lead: float | None = None
     """Seconds: this interactive job's own ``max_lead`` for rule 3 (its session's setting;
     None: the lane's). Ignored for other classes."""
+    opened: bool = False
+    """``next_job`` handed it out: its stream is open (rule 6) until it leaves the queue."""
 
 
 DeadlineOf = Callable[[Job, float], float]
@@ -236,6 +246,11 @@ class LaneScheduler:
         default_factory=lambda: tuple([] for _ in Priority))
     _waiting: tuple[list[_Entry], ...] = field(
         default_factory=lambda: tuple([] for _ in Priority))
+    max_open: int | None = None
+    """Rule 6: at most this many jobs' streams open at once (None: no limit)."""
+    _open: int = 0
+    _blocked: dict[Hashable, Job] = field(default_factory=dict)
+    """Owners whose head waits for a stream to end (rule 6): off the heaps meanwhile."""
     _size: int = 0
     _dead: int = 0
     """Dropped entries still in a heap (each is popped when it reaches the top; a heap
@@ -262,6 +277,16 @@ class LaneScheduler:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def open_streams(self) -> int:
+        """Jobs handed out and not finished or cancelled yet: their streams are open."""
+        return self._open
+
+    @property
+    def streams_waiting(self) -> int:
+        """Owners whose next job waits for an open stream to end (rule 6)."""
+        return len(self._blocked)
+
     def owners(self) -> list[Hashable]:
         return list(self._queues)
 
@@ -280,6 +305,7 @@ class LaneScheduler:
         self._size -= 1
         self._interactive -= job.priority is _INTERACTIVE
         self._drop_entry(job.owner)
+        self._closed(job)
         if not queue:
             del self._queues[job.owner]
         elif job.owner not in self._held:  # (a held owner's next job waits for release)
@@ -291,16 +317,18 @@ class LaneScheduler:
         if not queue:
             return []
         self._drop_entry(owner)
+        self._blocked.pop(owner, None)
         self._size -= len(queue)
         self._interactive -= sum(job.priority is Priority.INTERACTIVE for job in queue)
         for job in queue:
             job.cancelled = True
+            self._closed(job)
         return list(queue)
 
     def touch(self, owner: Hashable) -> None:
         """``owner``'s deadline may have moved earlier: ask ``deadline_of`` again."""
         queue = self._queues.get(owner)
-        if queue and owner not in self._held:
+        if queue and owner not in self._held and owner not in self._blocked:
             self._drop_entry(owner)
             self._push_head(queue[0])
 
@@ -378,6 +406,12 @@ class LaneScheduler:
                         continue
                     if key < entry.key:
                         entry.key = key  # earlier, and at the top: the heap stays valid
+                    if not job.opened:
+                        if self.max_open is not None and self._open >= self.max_open:
+                            self._block(heap)  # rule 6: until a stream ends
+                            continue
+                        job.opened = True
+                        self._open += 1
                     self.next_eligible_at = None
                     return job
             while waiting and lead is not None:  # when the first waiting one becomes eligible
@@ -477,6 +511,27 @@ class LaneScheduler:
             self._push(*self._place(job, now, entry.key[-1], lead), job)
         else:
             self._dead -= 1
+
+    def _block(self, heap: list[_Entry]) -> None:
+        """Rule 6: take the top of ``heap`` off the heaps until a stream ends (``_closed``)."""
+        job = heapq.heappop(heap).job
+        del self._entries[job.owner]
+        self._blocked[job.owner] = job
+
+    def _closed(self, job: Job) -> None:
+        """``job`` left the queue: if its stream was open, the heads waiting for one to end
+        (rule 6) are candidates again, ranked afresh."""
+        if not job.opened:
+            return
+        job.opened = False
+        self._open -= 1
+        if self._blocked:
+            blocked, self._blocked = self._blocked, {}
+            for owner, head in blocked.items():
+                queue = self._queues.get(owner)
+                if queue and queue[0] is head and owner not in self._entries \
+                        and owner not in self._held:
+                    self._push_head(head)
 
     def _push_head(self, job: Job) -> None:
         if self.policy is _FIFO:

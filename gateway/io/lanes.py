@@ -222,7 +222,10 @@ long before the loop gets a turn."""
 
 class Lane:
     def __init__(self, name: str, engine: TtsEngine, deadline_of: DeadlineOf | None = None,
-                 max_lead: float | None = None, step_timeout_s: float | None = STEP_TIMEOUT_S):
+                 max_lead: float | None = None, step_timeout_s: float | None = STEP_TIMEOUT_S,
+                 max_open_streams: int | None = None):
+        """``max_open_streams``: jobs whose engine stream is open at once (scheduler rule
+        6; None: no limit)."""
         self.name = name
         self.step_timeout_s = step_timeout_s
         """None: no limit (a hung engine then holds the lane forever)."""
@@ -241,7 +244,9 @@ class Lane:
         """Steps the engine may run at once (module docstring, "Steps at once")."""
         self._inline_since = 0.0
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead,
-                                       tolerance=JIT_GRANULARITY_S)
+                                       tolerance=JIT_GRANULARITY_S, max_open=max_open_streams)
+        self._streams_full = False
+        """Jobs wait for an open stream to end (rule 6): said once in the log, not per job."""
         self.stats = LaneStats()
         self.timing = StepTimes()
         """What this lane's interactive steps measured, for placing turns between lanes."""
@@ -450,8 +455,8 @@ class Lane:
                 stream: SynthesisStream | None = job.state  # (None while it opens)
                 if stream is not None:
                     stream.interrupt()
-                if self.parallel_steps > 1:
-                    self._wake.set()  # (its place is free: another job may start)
+        if jobs:
+            self._wake.set()  # a step's place or an open stream's is free: another may start
         return jobs
 
     @property
@@ -497,6 +502,7 @@ class Lane:
                 await self._wake.wait()
                 continue
             job = self.scheduler.next_job(loop.time())
+            self._say_streams_full()
             if job is None:
                 # Nothing eligible: sleep until a submission, or until a job that is too far
                 # ahead of its listener (just in time) becomes eligible.
@@ -517,6 +523,19 @@ class Lane:
                 task = asyncio.create_task(self._step_held(job))
                 self._step_tasks.add(task)
                 task.add_done_callback(self._step_tasks.discard)
+
+    def _say_streams_full(self) -> None:
+        """Once when sentences start waiting for an open stream to end (rule 6), once when
+        the lane has a stream to spare again: not at every stream that ends meanwhile."""
+        scheduler = self.scheduler
+        if not self._streams_full:
+            if scheduler.streams_waiting:
+                self._streams_full = True
+                log.warning("lane %s: %d streams open (max_open_streams): new sentences wait "
+                            "for one to end", self.name, scheduler.open_streams)
+        elif scheduler.max_open is None or scheduler.open_streams < scheduler.max_open:
+            self._streams_full = False
+            log.info("lane %s: no sentence waits for an open stream any more", self.name)
 
     async def _step_guarded(self, job: Job) -> None:
         try:

@@ -177,9 +177,12 @@ class Gateway:
         """One lane (worker thread + scheduler) per engine, by lane name; primary first."""
         for eng in self.engines:
             # just in time: a turn more than max_lead ahead of its listener yields the lane
+            streams = t.max_open_streams
+            if streams is None:
+                streams = getattr(eng, "max_open_streams", None)
             lane = Lane(eng.lane, eng, deadline_of=job_deadline,
                         max_lead=config.session.max_lead_ms / 1000.0,
-                        step_timeout_s=config.tts.step_timeout_s)
+                        step_timeout_s=t.step_timeout_s, max_open_streams=streams or None)
             lane.scheduler.policy = LanePolicy(config.server.lane_policy)
             if getattr(eng, "one_stream_at_a_time", False):
                 # interleaving two jobs' steps would open a second stream, which this engine
