@@ -42,7 +42,7 @@ from typing import Any, Literal
 import httpx
 
 from engines.base import EngineError, SynthesisRequest, shown_url
-from engines.sse_bound import bounded
+from engines.sse_bound import UNCOMPRESSED, bounded, pieces
 
 MAX_EVENT_BYTES = 32 << 20
 """The most an SSE answer may send without ending an event (``engines.sse_bound``). 32 MiB
@@ -88,7 +88,8 @@ class HttpTtsEngine:
         self.streaming_interval = streaming_interval
         self.reads_digits = reads_digits
         self.extra_body = dict(extra_body or {})
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {**UNCOMPRESSED,
+                         **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self.read_timeout_s = read_timeout_s
         """How long a step waits for the server (``engine_timeout`` after it). Below the
         lane's step deadline (``[tts] step_timeout_s``, 30 s; the gateway checks it), so a
@@ -359,7 +360,7 @@ class HttpTtsStream:
         if self._late is not None:
             raise self._late_error()
         if response.status_code >= 400:
-            detail = response.read()[:300].decode("utf-8", "replace")
+            detail = _head(response).decode("utf-8", "replace")
             raise EngineError(
                 "engine_failed",
                 f"TTS server {self._shown_url} answered {response.status_code}: {detail}")
@@ -367,9 +368,10 @@ class HttpTtsStream:
             return self._sse_audio(response)
         ctype = response.headers.get("content-type", "")
         if ctype.startswith(("application/json", "text/")):
-            detail = response.read()[:300].decode("utf-8", "replace")
+            detail = _head(response).decode("utf-8", "replace")
             raise EngineError("engine_failed", f"TTS server sent {ctype}, not PCM: {detail}")
-        return _pcm_of(response.iter_bytes())  # as it arrives, decoded (a gzip body is not PCM)
+        # as it arrives, decoded (a gzip body is not PCM), a bounded piece at a time
+        return _pcm_of(pieces(response, "engine_failed", "the TTS server"))
 
     def _sse_audio(self, response: httpx.Response) -> Iterator[bytes]:
         from httpx_sse import EventSource
@@ -392,6 +394,17 @@ class HttpTtsStream:
         raise EngineError(
             "engine_failed", "TTS server ended the SSE stream without speech.audio.done"
         )
+
+
+def _head(response: httpx.Response, limit: int = 300) -> bytes:
+    """The first ``limit`` bytes of an answer's body (``read`` held it whole, endless or a
+    bomb's), decoded."""
+    head = b""
+    for piece in pieces(response, "engine_failed", "the TTS server"):
+        head += piece
+        if len(head) >= limit:
+            break
+    return head[:limit]
 
 
 def _error_message(event: Any) -> str:

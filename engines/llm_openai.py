@@ -60,7 +60,7 @@ from engines.base import (
     LlmRequest,
     shown_url,
 )
-from engines.sse_bound import abounded
+from engines.sse_bound import UNCOMPRESSED, abounded, apieces
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class OpenAiLlm:
         """``url`` for messages (no password)."""
         self.model = model
         self._endpoint = f"{self.url}/chat/completions"
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = {**UNCOMPRESSED, **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         # No cap on connections: each turn holds one for its whole reply, and httpx's
         # default of 100 failed the 101st concurrent turn after its 10 s pool timeout
         # without reaching the server; the server queues what it cannot run at once.
@@ -692,7 +692,7 @@ def _says_something(chunk: dict[str, Any]) -> bool:
 async def _read_head(response: httpx.Response, limit: int = 2048) -> bytes:
     """The first ``limit`` bytes of a (possibly endless) response body."""
     head = b""
-    async for part in response.aiter_bytes():
+    async for part in apieces(response, "llm_failed", "the LLM server"):  # (not a bomb's whole)
         head += part
         if len(head) >= limit:
             break

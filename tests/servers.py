@@ -4,6 +4,8 @@
   uvicorn in the test's own event loop; each request plays a script of steps.
 * ``TinyLlamaServer``: a real ``mlx_lm.server`` process serving a tiny random-weight llama
   built locally (``tests.tiny_models.llama``).
+* ``EncodedSseServer``: a TEST DOUBLE that answers one request with an event stream encoded
+  as the test gives it (gzip'd twice, brotli...), whatever the request asked for.
 * ``ServeProcess``: ``voice-gateway serve`` itself as a process, for what only a process
   shows: its banner, its log, signals and its exit code.
 """
@@ -348,6 +350,44 @@ class ScriptedLlmServer:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await self._task
+
+
+class EncodedSseServer:
+    """TEST DOUBLE: a server on 127.0.0.1:0 (a thread of its own, for a synchronous client
+    as for an async one) that answers the first request with an event stream whose
+    ``Content-Encoding`` is ``encoding`` and whose body is ``body`` as given (encoded by the
+    test beforehand, so that its decoding is no memory of the test's), whatever the request
+    asked for, as a compressing proxy does; then it ends the answer, and waits for the
+    client to leave.
+    ``request`` is the request's head, once ``asked`` is set."""
+
+    def __init__(self, encoding: bytes, body: bytes) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
+        self.request = b""
+        self.asked = threading.Event()
+        self.left = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(encoding, body), daemon=True)
+        self._thread.start()
+
+    def _serve(self, encoding: bytes, body: bytes) -> None:
+        with contextlib.suppress(OSError):  # (closed by ``close``, or cut by the client)
+            conn, _ = self._listener.accept()
+            with conn:
+                while b"\r\n\r\n" not in self.request:
+                    self.request += conn.recv(65536)
+                self.asked.set()
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"content-encoding: " + encoding + b"\r\n"
+                             b"connection: close\r\n\r\n" + body)
+                conn.shutdown(socket.SHUT_WR)  # (the body's end)
+                while conn.recv(65536):  # (the request's body, then the client's close)
+                    pass
+        self.left.set()
+
+    def close(self) -> None:
+        self._listener.close()
+        self._thread.join(timeout=10)
 
 
 class _StartedServer(uvicorn.Server):

@@ -8,6 +8,7 @@ import pytest
 
 from engines.base import EngineError, SynthesisRequest, TtsEngine
 from engines.http_tts import HttpTtsEngine
+from tests.servers import EncodedSseServer
 from tests.tts_servers.sse_tts_double import DONE, ScriptedSseServer, delta
 
 
@@ -457,7 +458,7 @@ def test_an_sse_line_that_never_ends_fails_its_sentence(monkeypatch, gzip):
     ends was read into memory until the read timeout, three times its size (256 MiB sent:
     +773 MiB). Past ``MAX_EVENT_BYTES`` without an event the sentence fails and the
     connection is let go. The bound counts the body as the parser gets it: a gzip answer
-    (a proxy compressing text/event-stream; httpx asks for gzip) was counted as it came on
+    (a proxy compressing text/event-stream; httpx asked for gzip) was counted as it came on
     the wire, so 1 GiB of one line took ~1 MiB there, under the bound, and grew the gateway
     by 1,060 MiB. A real server on a socket; the bound lowered to 1 MiB so that what main
     reads whole stays small."""
@@ -503,6 +504,37 @@ def test_an_sse_line_that_never_ends_fails_its_sentence(monkeypatch, gzip):
     assert not thread.is_alive() and (gzip or len(sent) < 64)
     engine.close()
     listener.close()
+
+
+def test_a_compressed_answer_that_decodes_huge_holds_no_more_than_its_bound(monkeypatch):
+    """httpx decoded each read whole before the bound counted it: 600 bytes on the wire,
+    gzip'd twice (``Content-Encoding: gzip, gzip``, both layers decoded), became one 64 MiB
+    piece (256 MiB: +567 MiB) per sentence. The engine asks for no compression, and an
+    answer compressed anyway is decoded a bounded piece at a time: the sentence fails at
+    the bound as an uncompressed one does, holding about the bound. The bound lowered to
+    1 MiB, as above."""
+    import gzip
+    import tracemalloc
+
+    import engines.http_tts
+
+    monkeypatch.setattr(engines.http_tts, "MAX_EVENT_BYTES", 1 << 20, raising=False)
+    server = EncodedSseServer(b"gzip, gzip", gzip.compress(gzip.compress(
+        b"data: " + b"x" * (64 << 20))))
+    engine = HttpTtsEngine(server.url)
+    engine.load()
+    tracemalloc.start()
+    try:
+        with pytest.raises(EngineError, match="without ending an SSE event") as err:
+            engine.open(SynthesisRequest("x")).step()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        engine.close()
+        server.close()
+    assert err.value.code == "engine_failed"
+    assert peak < 4 << 20, f"{peak:,} bytes"  # (1.8 MB; main: 149 MB)
+    assert b"\r\naccept-encoding: identity\r\n" in server.request.lower()
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["before-its-answer", "mid-answer"])
@@ -573,7 +605,7 @@ def test_more_streams_at_once_than_an_http_pool_holds(sse_server, engine_for):
 
 
 def test_a_compressed_pcm_answer_is_decoded_not_played_as_samples():
-    """httpx asks for gzip; a server (or a proxy) that sends it must not have the gzip
+    """httpx asked for gzip; a server (or a proxy) that sends it must not have the gzip
     bytes played as PCM, as loud noise (engines review)."""
     import gzip
     import threading

@@ -24,6 +24,7 @@ from tests.servers import (
     Comment,
     Done,
     Drop,
+    EncodedSseServer,
     Finish,
     Hang,
     KeepAlive,
@@ -619,7 +620,7 @@ async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory
         scripted_llm_server, endless, gzip):
     """The SSE parser buffered it whole until stall_s: 534 MB of memory for 512 MB sent at
     full speed, and the turn failed as 'sent no data ... queued behind other requests'.
-    gzip'd (a proxy compressing the stream; httpx asks for gzip), the bound counted the
+    gzip'd (a proxy compressing the stream; httpx asked for gzip), the bound counted the
     bytes on the wire, a thousandth of what the parser held."""
     scripted_llm_server.gzip = gzip
     llm = OpenAiLlm(scripted_llm_server.url, stall_s=60)
@@ -639,6 +640,53 @@ async def test_a_gzipped_stream_reads_as_any_other(llm, scripted_llm_server):
     scripted_llm_server.gzip = True
     scripted_llm_server.script([Comment(), Text("Hi"), Text(" there."), Finish(), Done()])
     assert await collect(llm) == [LlmDelta("Hi"), LlmDelta(" there."), LlmDone("stop")]
+
+
+async def test_a_compressed_answer_that_decodes_huge_holds_no_more_than_its_bound():
+    """httpx decoded each read whole before the bound counted it: 600 bytes on the wire,
+    gzip'd twice (``Content-Encoding: gzip, gzip``, both layers decoded), became one 64 MiB
+    piece (256 MiB: +569 MiB), per turn. The client asks for no compression, and an answer
+    compressed anyway is decoded a bounded piece at a time: the turn fails at the bound as
+    an uncompressed one does, holding about the bound (traced: 4.8 MB; main: 148 MB)."""
+    import gzip
+    import tracemalloc
+
+    from engines.llm_openai import MAX_EVENT_BYTES
+
+    server = EncodedSseServer(b"gzip, gzip", gzip.compress(gzip.compress(
+        b"data: " + b"x" * (64 << 20))))
+    llm = OpenAiLlm(server.url, stall_s=60)
+    tracemalloc.start()
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        await llm.aclose()
+        server.close()
+    assert info.value.code == "llm_failed"
+    assert "without ending an SSE event (at most 4,194,304)" in info.value.message
+    assert peak < 2 * MAX_EVENT_BYTES, f"{peak:,} bytes"  # (4.8 MB; main: 148 MB)
+    assert b"\r\naccept-encoding: identity\r\n" in server.request.lower()
+
+
+@pytest.mark.parametrize("encoding", [b"br", b"gzip, zstd"])
+async def test_an_answer_in_an_encoding_it_cannot_decode_fails_naming_it(encoding):
+    """httpx passed an encoding it had no decoder for (brotli, zstd: optional packages) on
+    as it came, and the parser read its bytes as events; it decoded them, without a bound,
+    when the package was there. Now the turn fails, naming it."""
+    server = EncodedSseServer(encoding, b"\x8b\x02\x80data: [DONE]\n\n\x03")  # (any bytes)
+    llm = OpenAiLlm(server.url)
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+        server.close()
+    assert info.value.code == "llm_failed"
+    assert f"the LLM server sent its answer {encoding.decode().split()[-1]}-encoded" in \
+        info.value.message
 
 
 async def test_a_whole_reply_in_one_chunk_is_no_endless_event(llm, scripted_llm_server):
