@@ -207,7 +207,8 @@ class Gateway:
         self.runners: dict[str, SessionRunner] = {}
         """Live sessions by id, attached to a connection or waiting for a resume."""
         self.log_limit = LogLimit()
-        """Limits the log lines of refused requests while the gateway runs."""
+        """Limits the log lines that come in floods (refusals, turns the LLM fails) while the
+        gateway runs."""
         self.llm_failing: dict[str, Any] | None = None
         """While the LLM fails turns (``llm_answered``; /health): since when, turns failed,
         replies that came whole meanwhile and in a row, the last code and message."""
