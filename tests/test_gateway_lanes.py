@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 import time
@@ -603,3 +604,97 @@ def test_a_fallback_keeps_its_primarys_max_open_streams(monkeypatch):
     monkeypatch.setattr(SyntheticEngine, "max_open_streams", 5, raising=False)
     gw = Gateway(load_config(tts={"engine": "synthetic", "fallback": "espeak"}))
     assert gw.lane.scheduler.max_open == 5
+
+
+class GatedRemote(SyntheticEngine):
+    """TEST DOUBLE: an engine whose steps may run at once (``parallel_steps``, as the http
+    engine's), and whose steps wait on the lane's threads until ``gate`` is set
+    (``entered`` once the first one does): a stream stays open for as long as a test
+    needs."""
+
+    parallel_steps = 2
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.blocks = True
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def open(self, request: SynthesisRequest):
+        stream = super().open(request)
+        real_step = stream.step
+
+        def step():
+            self.entered.set()
+            self.gate.wait()
+            return real_step()
+
+        stream.step = step
+        return stream
+
+
+async def test_health_and_metrics_show_the_streams_open_and_the_sentences_waiting_for_one(
+        monkeypatch):
+    """Scheduler rule 6 (``max_open_streams``) was seen only in one log line: ``/health``
+    and ``/metrics`` had the lane's queue depth but not that its sentences waited for an
+    open stream to end, nor how many were open of how many allowed."""
+    from tests.test_http_api import metrics
+    from tests.wsclient import LineSeen
+
+    monkeypatch.setitem(registry.TTS_ENGINES, "gated", f"{__name__}:GatedRemote")
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "gated", "voice": "mid", "max_open_streams": 1,
+        "options": {"rtf": 0.0, "ttfa_ms": 0.0, "lane": "remote"}}))
+    await gw.start()
+    engine = gw.lanes["remote"].engine
+    base = f"http://127.0.0.1:{gw.http_port}"
+    line = LineSeen("streams open (max_open_streams)")
+    logger = logging.getLogger("gateway.io.lanes")
+    logger.addHandler(line)
+
+    async def read() -> tuple[dict, dict[str, float]]:
+        async with httpx.AsyncClient() as client:
+            health = (await client.get(f"{base}/health")).json()["lanes"]["remote"]
+            figures = metrics((await client.get(f"{base}/metrics")).text)
+        shown = {key: health[key] for key in ("open_streams", "max_open_streams",
+                                               "streams_waiting")}
+        return shown, {name: figures.get(f"gateway_lane_{name}{{lane=remote}}")
+                       for name in ("open_streams", "max_open_streams", "streams_waiting")}
+
+    try:
+        assert await read() == ({"open_streams": 0, "max_open_streams": 1,
+                                 "streams_waiting": 0},
+                                {"open_streams": 0, "max_open_streams": 1,
+                                 "streams_waiting": 0})
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as a, \
+                connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as b:
+            await recv_event(a, "session.created")
+            await recv_event(b, "session.created")
+            await send(a, type="say", text="First sentence here.")
+            await asyncio.to_thread(engine.entered.wait)  # a's stream is open, its step held
+            await send(b, type="say", text="Bee speaks here.")
+            await line.seen.wait()  # the lane had a place for b's step, but no stream
+            waiting = {"open_streams": 1, "max_open_streams": 1, "streams_waiting": 1}
+            assert await read() == (waiting, waiting)
+            engine.gate.set()
+            for ws in (a, b):
+                assert (await read_turn(ws)).done["status"] == "completed"
+        idle = {"open_streams": 0, "max_open_streams": 1, "streams_waiting": 0}
+        assert await read() == (idle, idle)
+    finally:
+        engine.gate.set()
+        logger.removeHandler(line)
+        await gw.aclose()
+
+
+async def test_a_lane_without_a_bound_on_its_streams_shows_none():
+    gw = await two_lane_gateway()
+    try:
+        async with httpx.AsyncClient() as client:
+            health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
+            text = (await client.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
+        for lane in ("gpu", "ane"):
+            assert health["lanes"][lane]["max_open_streams"] is None
+            assert f'gateway_lane_open_streams{{lane="{lane}"}} 0.0' in text
+            assert f'gateway_lane_max_open_streams{{lane="{lane}"}}' not in text
+    finally:
+        await gw.aclose()

@@ -438,6 +438,10 @@ class Telemetry:
             out[lane.name] = {
                 "engine": lane.engine.name,
                 "queue_depth": lane.queue_depth,
+                # scheduler rule 6: streams open, the bound (null: none), owners waiting
+                "open_streams": lane.scheduler.open_streams,
+                "max_open_streams": lane.scheduler.max_open,
+                "streams_waiting": lane.scheduler.streams_waiting,
                 "busy": lane.busy,
                 "busy_share_1m": round(window.share(now), 4),
                 "compute_s_1m": round(self.compute[lane.name].busy_s(now), 3),
@@ -568,14 +572,29 @@ class _StateCollector(Collector):
                                  "lane had an engine step in flight (0-1)", labels=["lane"])
         placed = GaugeMetricFamily("gateway_lane_turns", "Voice turns placed on the lane and "
                                   "not yet ended", labels=["lane"])
+        streams = GaugeMetricFamily("gateway_lane_open_streams", "Synthesis jobs whose engine "
+                                    "stream is open (started, not ended)", labels=["lane"])
+        bound = GaugeMetricFamily("gateway_lane_max_open_streams", "Engine streams the lane "
+                                  "keeps open at once at most (only a lane with a bound)",
+                                  labels=["lane"])
+        waiting = GaugeMetricFamily("gateway_lane_streams_waiting", "Owners whose next "
+                                    "sentence waits for an open stream to end", labels=["lane"])
         now = time.perf_counter()
         for lane in gw.lanes.values():
             depth.add_metric([lane.name], lane.queue_depth)
             busy.add_metric([lane.name], self.t.busy[lane.name].share(now))
+            scheduler = lane.scheduler
+            streams.add_metric([lane.name], scheduler.open_streams)
+            if scheduler.max_open is not None:
+                bound.add_metric([lane.name], scheduler.max_open)
+            waiting.add_metric([lane.name], scheduler.streams_waiting)
             if gw.placer is not None:
                 placed.add_metric([lane.name], gw.placer.active(lane.name))
         yield depth
         yield busy
+        yield streams
+        yield bound
+        yield waiting
         if gw.placer is not None:
             yield placed
         rate = self.t.llm_tokens_per_s
