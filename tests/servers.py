@@ -5,7 +5,8 @@
 * ``TinyLlamaServer``: a real ``mlx_lm.server`` process serving a tiny random-weight llama
   built locally (``tests.tiny_models.llama``).
 * ``EncodedSseServer``: a TEST DOUBLE that answers one request with an event stream encoded
-  as the test gives it (gzip'd twice, brotli...), whatever the request asked for.
+  as the test gives it (gzip'd twice, brotli...), whatever the request asked for (the LLM
+  probe's ``/models`` too: it reads no content type).
 * ``ServeProcess``: ``voice-gateway serve`` itself as a process, for what only a process
   shows: its banner, its log, signals and its exit code.
 """
@@ -379,7 +380,8 @@ class EncodedSseServer:
                 self.asked.set()
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                              b"content-encoding: " + encoding + b"\r\n"
-                             b"connection: close\r\n\r\n" + body)
+                             b"connection: close\r\n\r\n")
+                conn.sendall(body)  # (not joined to the head: a copy the test would trace)
                 conn.shutdown(socket.SHUT_WR)  # (the body's end)
                 while conn.recv(65536):  # (the request's body, then the client's close)
                     pass

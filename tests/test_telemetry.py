@@ -1,15 +1,24 @@
 """Telemetry pieces that do not need a gateway: the windowed maximum, the lane histograms,
-the loop-lag probe and the garbage collector's pauses."""
+the loop-lag probe, the garbage collector's pauses and the LLM probe's reading."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
+import tracemalloc
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from gateway.io.telemetry import GcPauses, LaneHistogram, LoopLagMonitor, WindowMax
+from gateway.io.telemetry import (
+    GcPauses,
+    LaneHistogram,
+    LlmProbe,
+    LoopLagMonitor,
+    WindowMax,
+)
+from tests.servers import EncodedSseServer
 
 
 @pytest.mark.parametrize(("events", "now", "expected"), [
@@ -225,3 +234,28 @@ async def test_the_loop_tasks_figure_comes_back_to_idle_once_sessions_have_ended
     assert during > idle
     assert gw.health()["loop"]["tasks"] == idle
     assert f"gateway_loop_tasks {float(idle)}" in gw.telemetry.exposition().decode()
+
+
+@pytest.mark.parametrize("encoding", [b"gzip, gzip", b"identity"])
+async def test_the_llm_probe_reads_a_bounded_piece_of_any_answer(encoding):
+    """The probe read the whole ``/models`` answer, and decoded it whole: 64 MiB gzip'd
+    twice (httpx decodes both layers), or as it is, grew the gateway by more than their
+    decoded size at every probe (traced: 149 MB, 134 MB). It asks for no compression and
+    reads at most its bound, undecoded (1.3 MB: its client's own), and still tells the
+    server answers."""
+    body = b"x" * (64 << 20)
+    if encoding == b"gzip, gzip":
+        body = gzip.compress(gzip.compress(body))
+    server = EncodedSseServer(encoding, body)
+    probe = LlmProbe(server.url)
+    tracemalloc.start()
+    try:
+        await probe.probe()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        await probe.aclose()
+        server.close()
+    assert probe.reachable is True and probe.detail == "HTTP 200"
+    assert peak < 4 << 20, f"{peak:,} bytes"  # (1.3 MB; main: 149 MB, 134 MB)
+    assert b"\r\naccept-encoding: identity\r\n" in server.request.lower()

@@ -55,6 +55,7 @@ from prometheus_client.registry import Collector
 
 from engines.base import OUTPUT_RATE, shown_url
 from engines.llm_openai import OpenAiLlm
+from engines.sse_bound import UNCOMPRESSED
 from gateway.core.scheduler import Job
 from gateway.io.aio import cancel_and_wait
 
@@ -71,6 +72,9 @@ disable_created_metrics()
 BUSY_WINDOW_S = 60
 LLM_PROBE_INTERVAL_S = 5.0
 LLM_PROBE_TIMEOUT_S = 2.0
+LLM_PROBE_BODY_BYTES = 64 << 10
+"""The most of its ``/models`` answer the probe reads, undecoded, to reuse the connection
+(a model list is a few KB); the answer's status is all it uses."""
 _BYTES_PER_S = OUTPUT_RATE * 2
 
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -186,14 +190,25 @@ class LlmProbe:
         self._task = asyncio.get_running_loop().create_task(self.probe())
 
     async def probe(self) -> None:
-        """GET ``{url}/models``; any HTTP answer below 500 counts as reachable."""
+        """GET ``{url}/models``; any HTTP answer below 500 counts as reachable.
+
+        Its body is read raw, and at most ``LLM_PROBE_BODY_BYTES`` of it: ``client.get``
+        read it whole and decoded it whole, so a long (or endless) body, or a few hundred
+        bytes of ``Content-Encoding: gzip, gzip`` that decode to 64 MiB, grew the gateway
+        at every probe (traced: +134 MB, +149 MB)."""
         assert self.url is not None
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S)
+            self._client = httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S, headers=UNCOMPRESSED)
         was = self.reachable
         try:
-            response = await self._client.get(self.url.rstrip("/") + "/models", headers=headers)
+            async with self._client.stream("GET", self.url.rstrip("/") + "/models",
+                                           headers=headers) as response:
+                read = 0
+                async for data in response.aiter_raw():  # (a whole one frees the connection)
+                    read += len(data)
+                    if read >= LLM_PROBE_BODY_BYTES:
+                        break  # (and the connection is closed, not reused)
             self.reachable = response.status_code < 500
             self.detail = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
