@@ -5,7 +5,8 @@ audio format over its own WebSocket.
     # the watch connects to ws://127.0.0.1:8790/?format=opus   (or format=pcm16-16k)
 
 Beyond the loopback (``--host 0.0.0.0``) it needs watch tokens (``--watch-token``,
-``WATCH_RELAY_TOKENS``), presented as to the gateway, or ``--insecure-bind``.
+``WATCH_RELAY_TOKENS``), presented as to the gateway, or ``--insecure-bind``. The gateway's
+token is ``--token`` or ``VOICE_GATEWAY_TOKEN`` (which ``ps`` does not show).
 
 The watch speaks protocol v1 (protocol.md) to the relay, with three differences:
 
@@ -74,6 +75,7 @@ import bisect
 import contextlib
 import http
 import importlib.util
+import os
 import signal
 import struct
 import sys
@@ -111,6 +113,11 @@ UP_SAMPLES_PER_MS = UP_RATE // 1000
 OPUS_FRAME = 480  # 20 ms at 24 kHz
 FORMATS = ("opus", "pcm16-16k")
 TOKENS_ENV = "WATCH_RELAY_TOKENS"
+GATEWAY_TOKEN_ENV = "VOICE_GATEWAY_TOKEN"
+"""The gateway token, where ``ps`` does not show it to every user of the machine as it shows
+``--token``. Not the first of the gateway's ``VOICE_GATEWAY_TOKENS``: that is the list a
+gateway accepts (a relay started where the gateway's environment is would send one of them
+unasked), and its first changes when tokens are rotated."""
 HOW_TO_SET_TOKENS = f"set a watch token (--watch-token, {TOKENS_ENV})"
 HAS_PYAV = importlib.util.find_spec("av") is not None
 NO_PYAV = "PyAV is not installed (pip install -e '.[watch]')"
@@ -839,7 +846,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream", default="ws://127.0.0.1:8780/v1/voice")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8790)
-    p.add_argument("--token", help="gateway bearer token")
+    p.add_argument("--token", help="gateway bearer token (or, not shown by ps, "
+                   f"{GATEWAY_TOKEN_ENV}=T; the flag wins)")
     p.add_argument("--watch-token", action="append", help="a token the watch must present "
                    f"(repeatable; also {TOKENS_ENV}=a,b). Without any, only loopback may be "
                    "bound")
@@ -854,6 +862,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(not t.strip() for t in args.watch_token or ()):  # (`--watch-token "$UNSET"`)
         p.error("--watch-token cannot be empty")
     watch_tokens = configured_tokens(args.watch_token, TOKENS_ENV)
+    token = args.token if args.token is not None else (
+        os.environ.get(GATEWAY_TOKEN_ENV, "").strip() or None)
 
     async def run() -> int:
         # SIGTERM killed the relay with its sockets open, and the gateway kept each session
@@ -865,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):  # (Windows: KeyboardInterrupt)
                 asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=args.token,
+        relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=token,
                            opus_bitrate=args.opus_bitrate, watch_tokens=watch_tokens,
                            insecure_bind=args.insecure_bind)
         try:

@@ -1101,6 +1101,26 @@ async def test_a_watch_presents_its_token_as_a_gateway_client_does(start_gateway
         await relay.aclose()
 
 
+async def test_the_relay_takes_its_gateway_token_from_the_environment(start_gateway,
+                                                                       monkeypatch):
+    """``--token T`` showed the gateway token to every user of the machine (``ps``); the
+    relay reads it from ``VOICE_GATEWAY_TOKEN`` too, and the gateway lets its session in
+    (without it: 401 upstream, and the watch closed with 1011)."""
+    gateway = await start_gateway([{"transcript": "Hi", "reply": "Hello."}],
+                                  server={"tokens": ["sekrit"]})
+    monkeypatch.setenv("VOICE_GATEWAY_TOKEN", "sekrit")  # (the process inherits it)
+    command = [sys.executable, "-m", "examples.watch_relay", "--port", "0",
+               "--upstream", f"ws://127.0.0.1:{gateway.port}/v1/voice"]
+    with ServeProcess(command=command) as relay:
+        listening = await asyncio.to_thread(relay.wait_for,
+                                            lambda x: x.startswith("watch relay on"))
+        async with connect(listening.split()[3].replace("opus|pcm16-16k", "pcm16-16k")) as ws:
+            assert (await recv_event(ws))["type"] == "session.created"
+        relay.signal(signal.SIGTERM)
+        code, output = await asyncio.to_thread(relay.finish)
+    assert code == 0 and "sekrit" not in output
+
+
 # ---- stopping -----------------------------------------------------------------------------
 
 
