@@ -167,3 +167,13 @@ def test_a_client_that_proved_it_has_everything_resumes_with_nothing_to_replay()
     assert box.position_after_frame(1) == box.end == 3
     assert box.rewind(3) == [] and box.take() == []
     assert box.position_after_frame(0) is None  # older than what it proved it has
+
+
+def test_a_fresh_outbox_starts_at_zero_and_knows_no_frame():
+    box = Outbox()
+    assert (box.start, box.end, box.cursor, box.pending, box.nbytes) == (0, 0, 0, 0, 0)
+    assert box.position_after_frame(None) == 0  # nothing sent yet: resume from the start
+    assert box.position_after_frame(0) is None  # no frame sent, none released
+    assert box.append('{"type":"turn.started"}') and box.append(frame(0))
+    assert box.take() == ['{"type":"turn.started"}', frame(0)] and box.cursor == 2
+    assert box.position_after_frame(1) is None  # a frame never sent
