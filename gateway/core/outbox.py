@@ -148,7 +148,9 @@ def _size(item: str | bytes) -> int:
 
 
 def _frame_seq(item: str | bytes) -> int | None:
-    """The seq of an audio frame (None for an event)."""
-    if isinstance(item, bytes) and len(item) >= _SEQ_OFFSET + 4:
+    """The seq of an audio frame (None for an event). Every binary message is a frame
+    with its whole header (``codec.frame_header``; a turn's closing frame is the header
+    alone)."""
+    if isinstance(item, bytes):
         return _SEQ.unpack_from(item, _SEQ_OFFSET)[0]
     return None
