@@ -678,3 +678,69 @@ def test_without_max_open_every_owner_opens_at_once() -> None:
     for _ in range(50):
         owners.add(stepped(sched, sched.next_job(0.0), 100.0).owner)
     assert len(owners) == 50 and sched.open_streams == 50 and sched.streams_waiting == 0
+
+
+def test_finish_of_a_job_not_at_its_owners_head_and_touch_of_an_unknown_owner_change_nothing(
+) -> None:
+    """A stale ``finish`` (a job queued behind the one running) and a ``touch`` for an owner
+    with no jobs are no-ops: the running job stays its owner's head."""
+    sched, _ = make([("a", IA, 0.0), ("a", IA, 0.5)])
+    first = sched.next_job(0.0)
+    assert first is not None
+    later = sched._queues["a"][1]
+    sched.finish(later)
+    assert len(sched) == 2 and sched.head("a") is first and sched.next_job(0.0) is first
+    sched.touch("nobody")
+    assert sched.owners() == ["a"] and sched.next_job(0.0) is first
+
+
+def test_an_owner_cancelled_and_resubmitted_while_its_step_ran_is_handed_out_once() -> None:
+    """Rule 5: the step of a held job returns after its owner was cancelled and sent a new
+    job (a barge-in during a step): ``release`` must not file the new job a second time,
+    or it is handed out again after it finished."""
+    sched, jobs = make([("a", IA, 0.0)])
+    sched.hold(jobs["a"])
+    assert sched.cancel("a") == [jobs["a"]]
+    again = Job(owner="a", priority=IA, deadline=0.0)
+    sched.submit(again)
+    sched.release(jobs["a"])
+    assert sched.next_job(0.0) is again
+    sched.finish(again)
+    assert sched.next_job(0.0) is None and len(sched) == 0
+
+
+def test_a_decision_that_hands_out_a_job_clears_next_eligible_at() -> None:
+    sched, _ = make([("a", IA, 2.0)], max_lead=0.5)
+    assert sched.next_job(0.0) is None and sched.next_eligible_at == 1.5
+    assert sched.next_job(1.5) is not None and sched.next_eligible_at is None
+
+
+def test_the_wake_up_skips_a_cancelled_head_under_one_whose_listener_gained_audio() -> None:
+    """Three heads wait (rule 3). The first one's listener gains audio, so it is filed
+    again, later; the one now on top was cancelled: the lane wakes for the third."""
+    sched, _ = make([("a", IA, 5.0), ("b", IA, 6.0), ("c", IA, 7.0)], max_lead=1.0)
+    assert sched.next_job(0.0) is None and sched.next_eligible_at == 4.0
+    sched.cancel("b")
+    sched.deadline_of["a"] = 10.0  # type: ignore[index]
+    assert sched.next_job(0.5) is None and sched.next_eligible_at == 6.0
+    assert sched.next_job(6.0).owner == "c"  # type: ignore[union-attr]
+
+
+def test_heaps_compacted_under_a_busy_lane_keep_their_order() -> None:
+    """Dead entries compacted away (see the test above) leave the heaps valid heaps: the
+    jobs left run earliest deadline first."""
+    rng = random.Random(7)
+    sched = LaneScheduler(deadline_of=Deadlines())
+    sched.submit(Job(owner="hub", priority=IA, deadline=-1.0))
+    deadlines = [rng.uniform(0.0, 100.0) for _ in range(200)]
+    for i, deadline in enumerate(deadlines):
+        sched.submit(Job(owner=f"s{i}", priority=IA, deadline=deadline))
+    assert sched.next_job(0.0).owner == "hub"  # type: ignore[union-attr]
+    for i in range(0, 200, 2):  # 100 dead entries: more than the 64 tolerated, compacted
+        sched.cancel(f"s{i}")
+    sched.finish(sched.next_job(0.0))  # type: ignore[arg-type]
+    order = []
+    while (job := sched.next_job(0.0)) is not None:
+        order.append(job.deadline)
+        sched.finish(job)
+    assert order == sorted(deadlines[1::2])
