@@ -680,10 +680,10 @@ def test_without_max_open_every_owner_opens_at_once() -> None:
     assert len(owners) == 50 and sched.open_streams == 50 and sched.streams_waiting == 0
 
 
-def test_finish_of_a_job_not_at_its_owners_head_and_touch_of_an_unknown_owner_change_nothing(
-) -> None:
+def test_a_stale_finish_and_a_touch_keep_an_owners_head_first() -> None:
     """A stale ``finish`` (a job queued behind the one running) and a ``touch`` for an owner
-    with no jobs are no-ops: the running job stays its owner's head."""
+    with no jobs are no-ops; a ``touch`` of the owner files its head again, not a later
+    job: the running job stays its owner's head."""
     sched, _ = make([("a", IA, 0.0), ("a", IA, 0.5)])
     first = sched.next_job(0.0)
     assert first is not None
@@ -692,6 +692,8 @@ def test_finish_of_a_job_not_at_its_owners_head_and_touch_of_an_unknown_owner_ch
     assert len(sched) == 2 and sched.head("a") is first and sched.next_job(0.0) is first
     sched.touch("nobody")
     assert sched.owners() == ["a"] and sched.next_job(0.0) is first
+    sched.touch("a")  # (a playback mark): the head is asked again, still the head
+    assert sched.next_job(0.0) is first and not first.cancelled and not later.cancelled
 
 
 def test_an_owner_cancelled_and_resubmitted_while_its_step_ran_is_handed_out_once() -> None:
