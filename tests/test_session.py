@@ -1143,3 +1143,46 @@ def test_a_sentence_cut_while_it_is_still_synthesized_is_cut_by_its_estimated_le
     s.receive(ClientCancel(tid), clock())
     # 8 words heard to 500 of about 2,600 ms: one whole word (half the audio made: four)
     assert s.history[1]["content"] == "One …"
+
+
+def test_a_request_past_the_llm_context_forgets_the_older_half_of_history_and_asks_again(
+        clock):
+    """``llm_context_full``: the older half of the history (rounded up) goes and the same
+    turn asks again, until no history is left to forget; then the turn fails."""
+    s = Session("s")
+    for i in range(3):
+        tid = start(s, clock, f"question {i}")
+        s.llm_done(tid, None, clock())
+    tid = start(s, clock, "question 3")
+
+    def asked(effects) -> list[str]:
+        (again,) = effects
+        assert isinstance(again, StartLlm) and again.turn_id == tid
+        assert again.request.messages[0]["role"] == "system"
+        return [m["content"] for m in again.request.messages[1:]]
+
+    # three turns before: two go (half of three, rounded up)
+    assert asked(s.llm_context_full(tid, "too long", clock())) == ["question 2", "…",
+                                                                   "question 3"]
+    assert asked(s.llm_context_full(tid, "too long", clock())) == ["question 3"]
+    out = s.llm_context_full(tid, "too long", clock())  # nothing left to forget
+    assert events(out) == [
+        {"type": "error", "turn_id": tid, "error": {"code": "llm_failed", "message": "too long"}},
+        *events(out, "turn.done")]
+    assert events(out, "turn.done")[0]["status"] == "failed"
+    assert s.llm_context_full(tid, "too long", clock()) == []  # the turn is over
+    assert s.history == [{"role": "user", "content": "question 3"},
+                         {"role": "assistant", "content": "…"}]
+
+
+def test_a_context_refusal_after_the_reply_began_fails_the_turn_and_keeps_the_history(clock):
+    """Text already came (and was shown): asking again would say it twice."""
+    s = Session("s")
+    first = start(s, clock, "question 0")
+    s.llm_done(first, None, clock())
+    tid = start(s, clock, "question 1")
+    s.llm_delta(tid, "Well", clock())
+    (error,) = events(s.llm_context_full(tid, "too long", clock()), "error")
+    assert error["error"] == {"code": "llm_failed", "message": "too long"}
+    assert s.history[0] == {"role": "user", "content": "question 0"}
+    assert s.llm_context_full(first, "too long", clock()) == []  # an earlier turn's
