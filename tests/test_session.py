@@ -1186,3 +1186,46 @@ def test_a_context_refusal_after_the_reply_began_fails_the_turn_and_keeps_the_hi
     assert error["error"] == {"code": "llm_failed", "message": "too long"}
     assert s.history[0] == {"role": "user", "content": "question 0"}
     assert s.llm_context_full(first, "too long", clock()) == []  # an earlier turn's
+
+
+def test_deadline_counts_what_is_held_after_a_single_frame_went_out(clock):
+    """A frame sent on its own (not a run of them) is no longer held: 60 ms came, one
+    40 ms frame went out, 20 ms waits for the segment's end."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000, frame_ms=40))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    out = s.audio(tid, 0, pcm(60), "x", clock())
+    assert [len(f.pcm) for f in frames(out)] == [40 * BYTES_PER_MS]
+    assert s.deadline(tid, clock()) == pytest.approx(clock() + 0.040 + 0.020)
+
+
+def test_deadline_drops_the_audio_of_sentences_an_engine_failure_cut_off(clock):
+    """The engine fails on the second sentence before it was announced: its audio made so
+    far is never sent, so it no longer covers the listener; the first one's still does."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=40, frame_ms=40))
+    s.receive(ClientSay("First one here. Second one here."), clock())
+    tid = s.turn.id
+    s.audio(tid, 0, pcm(200), "x", clock())  # 40 ms sent (the lead), 160 ms held
+    s.synthesis_done(tid, 0, clock())
+    s.audio(tid, 1, pcm(100), "x", clock())  # held behind the first sentence
+    assert s.deadline(tid, clock()) == pytest.approx(clock() + 0.300)
+    (error,) = events(s.synthesis_failed(tid, 1, "engine_failed", "boom", clock()), "error")
+    assert error["error"]["code"] == "engine_failed"
+    assert s.deadline(tid, clock()) == pytest.approx(clock() + 0.200)
+
+
+@pytest.mark.parametrize(("fail", "expected"), [
+    (lambda s, tid, now: s.llm_failed(tid, "bad_request", "HTTP 400", now),
+     {"code": "llm_failed", "message": "bad_request: HTTP 400"}),
+    (lambda s, tid, now: s.synthesis_failed(tid, 0, "engine_runaway", "too long", now),
+     {"code": "engine_failed", "message": "engine_runaway: too long"}),
+])
+def test_a_backends_own_error_code_reaches_the_client_as_a_documented_one(clock, fail,
+                                                                          expected):
+    """protocol.md's table is all a client meets: a code of the LLM server's or an
+    engine's own leads the message of ``llm_failed`` (``engine_failed``)."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "Hello there. How", clock())
+    (error,) = events(fail(s, tid, clock()), "error")
+    assert error["error"] == expected
