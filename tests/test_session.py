@@ -1229,3 +1229,63 @@ def test_a_backends_own_error_code_reaches_the_client_as_a_documented_one(clock,
     s.llm_delta(tid, "Hello there. How", clock())
     (error,) = events(fail(s, tid, clock()), "error")
     assert error["error"] == expected
+
+
+@pytest.mark.parametrize(("rule", "failing"), [
+    ("the sentence failing went out already", 0),
+    ("an earlier sentence is still being made", 1),
+])
+def test_an_engine_failure_that_cannot_leave_whole_sentences_ends_the_turn_at_once(
+        clock, rule, failing):
+    """``synthesis_failed``: only when every sentence before the failing one is made and
+    the failing one was not announced are the complete ones still spoken; otherwise the
+    turn ends ``failed`` there and then, its unsent audio dropped."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=40))
+    tid = start(s, clock)
+    s.llm_delta(tid, "The first sentence is complete. The second one too. More", clock())
+    s.audio(tid, 0, pcm(400), "x", clock())  # announced; 40 ms sent, the rest held
+    out = s.synthesis_failed(tid, failing, "engine_failed", "boom", clock())
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed", rule
+    assert s.wake_at() is None and s.tick(clock.advance(1000)) == [], rule
+    assert s.deadline(tid, clock()) is None, rule
+
+
+def test_input_for_a_turn_that_ended_or_never_was_is_ignored(clock):
+    """The shell's tasks may report after a barge-in ended their turn (a late chunk, a late
+    error): every input names its turn, and one for another turn changes nothing."""
+    s = Session("s")
+    old = start(s, clock)
+    s.llm_delta(old, "An old reply. Still", clock())
+    tid = start(s, clock, "and now?")  # barge-in: the old turn ended
+    s.llm_delta(tid, "A new reply here. And", clock())
+    out = s.audio(tid, 0, pcm(100), "x", clock())
+    assert events(out, "sentence")[0]["text"] == "A new reply here." and frames(out)
+    history = [dict(m) for m in s.history]
+    for turn_id in (old, tid + 1):
+        assert s.llm_delta(turn_id, "late.", clock()) == []
+        assert s.llm_done(turn_id, 10.0, clock()) == []
+        assert s.llm_failed(turn_id, "llm_failed", "late", clock()) == []
+        assert s.llm_context_full(turn_id, "late", clock()) == []
+        assert s.audio(turn_id, 0, pcm(100), "x", clock()) == []
+        assert s.synthesis_done(turn_id, 0, clock()) == []
+        assert s.synthesis_failed(turn_id, 0, "engine_failed", "late", clock()) == []
+        assert s.receive(ClientPlayback(turn_id, 100), clock()) == []  # no Received
+    # a segment index the turn does not have (yet)
+    assert s.audio(tid, 5, pcm(100), "x", clock()) == []
+    assert s.synthesis_done(tid, 5, clock()) == []
+    assert s.synthesis_failed(tid, 5, "engine_failed", "late", clock()) == []
+    assert s.history == history and not s.turn.ended and s.turn.id == tid
+    # a stream that already finished says nothing more
+    s.llm_done(tid, 10.0, clock())
+    assert s.llm_done(tid, 10.0, clock()) == []
+    assert s.llm_failed(tid, "llm_failed", "late", clock()) == []
+    assert s.llm_context_full(tid, "late", clock()) == []
+    # a segment already made takes no more audio (the turn goes on with the next one)
+    assert frames(s.synthesis_done(tid, 0, clock()))[-1].sentence_end
+    assert not s.turn.ended
+    due = s.deadline(tid, clock())
+    assert s.audio(tid, 0, pcm(100), "x", clock()) == []
+    assert s.deadline(tid, clock()) == due  # not held for the listener either
+    (last,) = frames(s.audio(tid, 1, pcm(40), "x", clock()) + s.synthesis_done(tid, 1, clock()))
+    assert last.turn_end and len(last.pcm) == 40 * BYTES_PER_MS
