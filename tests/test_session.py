@@ -1289,3 +1289,16 @@ def test_input_for_a_turn_that_ended_or_never_was_is_ignored(clock):
     assert s.deadline(tid, clock()) == due  # not held for the listener either
     (last,) = frames(s.audio(tid, 1, pcm(40), "x", clock()) + s.synthesis_done(tid, 1, clock()))
     assert last.turn_end and len(last.pcm) == 40 * BYTES_PER_MS
+
+
+def test_turn_ids_start_at_1_and_go_up_by_one_and_an_empty_delta_says_nothing(clock):
+    """protocol.md: ``turn_id`` starts at 1, +1 per turn (a transcript's or a ``say``'s)."""
+    s = Session("s")
+    assert start(s, clock) == 1
+    # a stream's empty chunk: no text.delta, and it is not the first token either
+    assert s.llm_delta(1, "", clock.advance(50)) == []
+    s.llm_delta(1, "Hello", clock.advance(100))
+    (done,) = events(s.receive(ClientSay("Hi."), clock()), "turn.done")
+    assert done["turn_id"] == 1 and done["metrics"]["ttft_ms"] == 150.0
+    assert s.turn is not None and s.turn.id == 2
+    assert start(s, clock) == 3
