@@ -1302,3 +1302,22 @@ def test_turn_ids_start_at_1_and_go_up_by_one_and_an_empty_delta_says_nothing(cl
     assert done["turn_id"] == 1 and done["metrics"]["ttft_ms"] == 150.0
     assert s.turn is not None and s.turn.id == 2
     assert start(s, clock) == 3
+
+
+def test_a_later_sentence_is_asked_for_by_when_the_listener_runs_dry_with_the_sessions_lead(
+        clock):
+    """``StartSynthesis`` for the lane: the first sentence is due at once (a new stream);
+    a later one when the audio sent so far has played (the stream's start kept for rule
+    2b), and each carries the session's ``max_lead_ms`` in seconds (rule 3)."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=600))
+    tid = start(s, clock)
+    ready = clock.advance(100)
+    (first,) = [e for e in s.llm_delta(tid, "First sentence here. Second", ready)
+                if isinstance(e, StartSynthesis)]
+    assert (first.index, first.deadline, first.since, first.max_lead) == (0, ready, None, 0.6)
+    sent_at = clock.advance(100)
+    s.audio(tid, 0, pcm(200), "x", sent_at)  # four whole frames go out: 160 ms
+    (later,) = [e for e in s.llm_delta(tid, " one here. Third", clock.advance(50))
+                if isinstance(e, StartSynthesis)]
+    assert (later.index, later.since, later.max_lead) == (1, ready, 0.6)
+    assert later.deadline == pytest.approx(sent_at + 0.160)
