@@ -1321,3 +1321,23 @@ def test_a_later_sentence_is_asked_for_by_when_the_listener_runs_dry_with_the_se
                 if isinstance(e, StartSynthesis)]
     assert (later.index, later.since, later.max_lead) == (1, ready, 0.6)
     assert later.deadline == pytest.approx(sent_at + 0.160)
+
+
+def test_only_a_sentences_last_frame_is_flagged_and_a_turn_names_its_first_engine(clock):
+    """Frames sent one at a time or in a run, before a sentence's end, carry no flag (a
+    client takes ``sentence_end`` as the sentence's last sample). A turn whose sentences
+    two engines spoke (a fallback) reports both, the first as ``engine``."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000, frame_ms=40))
+    s.receive(ClientSay("First one here. Second one here."), clock())
+    tid = s.turn.id
+    single = frames(s.audio(tid, 0, pcm(60), "kokoro", clock()))  # one frame, 20 ms held
+    run = frames(s.audio(tid, 0, pcm(200), "kokoro", clock()))  # a run of whole frames
+    assert len(single) == 1 and len(run) > 1
+    assert all(not f.sentence_end and not f.turn_end for f in single + run)
+    (last,) = frames(s.synthesis_done(tid, 0, clock()))
+    assert last.sentence_end and not last.turn_end
+    out = s.audio(tid, 1, pcm(40), "espeak", clock()) + s.synthesis_done(tid, 1, clock())
+    assert frames(out)[-1].turn_end
+    (done,) = events(out, "turn.done")
+    assert done["metrics"]["engine"] == "kokoro"
+    assert done["metrics"]["engines"] == ["kokoro", "espeak"]
