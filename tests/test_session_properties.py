@@ -22,8 +22,10 @@ from gateway.core.codec import (
     decode_frame,
 )
 from gateway.core.session import (
+    LISTENER_SILENT_S,
     CancelLlm,
     CancelSynthesis,
+    ProbeListener,
     Received,
     SendAudio,
     SendEvent,
@@ -103,6 +105,10 @@ class SessionMachine(RuleBasedStateMachine):
                     assert turn_id == self.mark[0] and end_ms <= self.mark[1] + 1e-6
                     assert seq > self.received
                     self.received = seq
+                case ProbeListener(silent_s=silent):
+                    # a listener quiet while its audio should play is asked if it is there
+                    # (protocol.md, playback), never sooner than after LISTENER_SILENT_S
+                    assert silent >= LISTENER_SILENT_S, silent
                 case _:
                     raise AssertionError(effect)
 
@@ -407,3 +413,16 @@ def test_a_mark_proves_received_only_frames_it_covers_and_all_of_them(steps, max
             last = seq
         if known and share >= 1.0:  # everything sent was played: the last frame is proven
             assert last == max(known)
+
+
+def test_a_marking_listener_gone_quiet_while_audio_plays_is_probed():
+    """The machine's own steps, as Hypothesis found them: one mark, then 2 s of nothing
+    while audio should play. The core probes the listener (``ProbeListener``), which
+    the checker once took for an effect the core never makes."""
+    state = SessionMachine()
+    state.say(advance=0.0, text="Hello there.")
+    state.playback_of_the_latest_turn(advance=0.0, share=0.0)
+    state.tick(advance=401.0)
+    state.tick(advance=1500.0)
+    state.audio_in_order(advance=100.0, done=False, samples=961)
+    state.teardown()
