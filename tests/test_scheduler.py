@@ -746,3 +746,20 @@ def test_heaps_compacted_under_a_busy_lane_keep_their_order() -> None:
         order.append(job.deadline)
         sched.finish(job)
     assert order == sorted(deadlines[1::2])
+
+
+def test_a_waiting_owners_head_failed_before_its_turn_waits_no_more() -> None:
+    """Rule 6 with a lane that fails its queued jobs (``Lane._fail_queued`` finishes each
+    head not running): the owner's failed head no longer waits for a stream, so
+    ``streams_waiting`` (/health, /metrics) counts only the heads that do."""
+    sched, jobs = make([("a", IA, 0.0), ("b", IA, 1.0)], max_open=1)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["a"]
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 1
+    sched.finish(jobs["b"])
+    assert sched.streams_waiting == 0 and len(sched) == 1
+    sched.submit(Job(owner="b", priority=IA, deadline=2.0, payload="b2"))
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 1
+    sched.finish(jobs["a"])
+    job = sched.next_job(0.0)
+    assert job is not None and job.payload == "b2" and sched.open_streams == 1
+    assert sched.streams_waiting == 0

@@ -305,6 +305,7 @@ class LaneScheduler:
         self._size -= 1
         self._interactive -= job.priority is _INTERACTIVE
         self._drop_entry(job.owner)
+        self._blocked.pop(job.owner, None)  # (a waiting head failed: ``Lane._fail_queued``)
         self._closed(job)
         if not queue:
             del self._queues[job.owner]
