@@ -763,3 +763,29 @@ def test_a_waiting_owners_head_failed_before_its_turn_waits_no_more() -> None:
     job = sched.next_job(0.0)
     assert job is not None and job.payload == "b2" and sched.open_streams == 1
     assert sched.streams_waiting == 0
+
+
+@pytest.mark.parametrize("released_first", [False, True])
+def test_an_owner_waiting_for_a_stream_while_its_old_step_runs_is_handed_out_once(
+        released_first: bool) -> None:
+    """Rules 5 and 6: a barge-in during a held step (cancel, then the new turn's job) and
+    the new job waits for a stream. When a stream ends it stays no candidate until its
+    owner's old step returned, and is filed once, whichever comes first: filed twice, it
+    was handed out again after it finished."""
+    sched, jobs = make([("a", IA, 0.0), ("b", IA, 1.0)], max_open=1)
+    assert sched.next_job(0.0) is jobs["a"]
+    sched.hold(jobs["a"])
+    assert sched.cancel("a") == [jobs["a"]]
+    again = Job(owner="a", priority=IA, deadline=5.0)
+    sched.submit(again)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["b"]
+    assert sched.next_job(0.0) is jobs["b"] and sched.streams_waiting == 1
+    if released_first:
+        sched.release(jobs["a"])
+    sched.finish(jobs["b"])
+    if not released_first:
+        assert sched.next_job(0.0) is None  # a's old step still runs (rule 5)
+        sched.release(jobs["a"])
+    assert sched.next_job(0.0) is again and sched.open_streams == 1
+    sched.finish(again)
+    assert sched.next_job(0.0) is None and len(sched) == 0 and sched.open_streams == 0

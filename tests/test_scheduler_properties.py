@@ -1,0 +1,130 @@
+"""LaneScheduler rule 6 (open streams) as a state machine: Hypothesis submits, hands out,
+holds, releases, finishes, cancels and touches jobs of a few owners on a fake clock (``now``
+is a number) and checks the bound after every step against a model of the lane (the jobs
+it was handed and has not finished or cancelled)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from gateway.core.scheduler import Job, LaneScheduler, Priority
+
+OWNERS = ("a", "b", "c", "d", "e")
+
+
+class Deadlines(dict):
+    """The listener model (a fake): owner -> deadline; missing: the job's own deadline."""
+
+    def __call__(self, job: Job, now: float) -> float:
+        return self.get(job.owner, job.deadline)
+
+
+class OpenStreams(RuleBasedStateMachine):
+    @initialize(max_open=st.integers(1, 3), max_lead=st.sampled_from([None, 2.0]))
+    def start(self, max_open: int, max_lead: float | None) -> None:
+        self.deadlines = Deadlines()
+        self.sched = LaneScheduler(deadline_of=self.deadlines, max_open=max_open,
+                                   max_lead=max_lead)
+        self.now = 0.0
+        self.handed: set[int] = set()
+        """ids of the jobs handed out and neither finished nor cancelled: open streams."""
+        self.jobs: dict[int, Job] = {}
+        self.held: dict[Hashable, Job] = {}
+
+    @rule(owner=st.sampled_from(OWNERS), priority=st.sampled_from(list(Priority)),
+          due=st.floats(0.0, 6.0))
+    def submit(self, owner: str, priority: Priority, due: float) -> None:
+        self.sched.submit(Job(owner=owner, priority=priority, deadline=self.now + due))
+
+    @rule(hold=st.booleans())
+    def next_job(self, hold: bool) -> None:
+        sched = self.sched
+        job = sched.next_job(self.now)
+        if sched.max_lead is None:  # every head eligible: only rule 6 or a hold stop one
+            free = sched.open_streams < sched.max_open  # type: ignore[operator]
+            runnable = [owner for owner in sched.owners() if owner not in self.held
+                        and (free or sched.head(owner).opened)]  # type: ignore[union-attr]
+            assert (job is None) == (not runnable), (runnable, job)
+        if sched.open_streams < sched.max_open:  # type: ignore[operator]
+            assert sched.streams_waiting == 0  # a free stream: no owner waits for one
+        if job is None:
+            return
+        assert job.owner not in self.held and sched.head(job.owner) is job  # rules 1, 5
+        self.handed.add(id(job))
+        self.jobs[id(job)] = job
+        job.steps += 1
+        # its listener now holds some audio (deadlines only move later untouched)
+        self.deadlines[job.owner] = max(self.deadlines.get(job.owner, job.deadline),
+                                        self.now) + 0.3
+        if hold:
+            sched.hold(job)
+            self.held[job.owner] = job
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        owner = data.draw(st.sampled_from(sorted(self.held)))
+        self.sched.release(self.held.pop(owner))
+
+    @precondition(lambda self: self.handed)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        job = self.jobs[data.draw(st.sampled_from(sorted(self.handed)))]
+        self.sched.finish(job)
+        self.handed.discard(id(job))
+        if self.held.get(job.owner) is job:  # its step ended: the lane releases it
+            self.sched.release(self.held.pop(job.owner))
+        self.deadlines.pop(job.owner, None)  # its next sentence starts a new stream
+
+    @rule(owner=st.sampled_from(OWNERS))
+    def fail_queued(self, owner: str) -> None:
+        """An unhealthy lane fails a head not handed out (``Lane._fail_queued``)."""
+        head = self.sched.head(owner)
+        if head is not None and id(head) not in self.handed:
+            self.sched.finish(head)
+
+    @rule(owner=st.sampled_from(OWNERS))
+    def cancel(self, owner: str) -> None:
+        for job in self.sched.cancel(owner):
+            self.handed.discard(id(job))
+        if owner in self.held:  # (its step ends at the boundary: released then)
+            self.sched.release(self.held.pop(owner))
+        self.deadlines.pop(owner, None)
+
+    @rule(owner=st.sampled_from(OWNERS), earlier=st.floats(0.0, 1.0))
+    def touch(self, owner: str, earlier: float) -> None:
+        """A playback report: the listener holds less audio than estimated."""
+        if owner in self.deadlines:
+            self.deadlines[owner] -= earlier
+        self.sched.touch(owner)
+
+    @rule(seconds=st.floats(0.0, 1.0))
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    @invariant()
+    def open_streams_are_the_jobs_handed_out_and_not_ended(self) -> None:
+        assert self.sched.open_streams == len(self.handed)
+        assert self.sched.open_streams <= self.sched.max_open  # type: ignore[operator]
+        assert all(self.jobs[i].opened for i in self.handed)
+
+    @invariant()
+    def no_owner_is_lost(self) -> None:
+        """Every owner with jobs is a candidate (its head filed in a heap), held, or waits
+        for a stream (rule 6) with its head."""
+        sched = self.sched
+        for owner in sched.owners():
+            head = sched.head(owner)
+            entry = sched._entries.get(owner)
+            filed = entry is not None and entry.live and entry.job is head
+            assert filed or owner in self.held or sched._blocked.get(owner) is head, owner
+        # and only those wait: ``streams_waiting`` (/health) counts owners with a head
+        assert all(sched.head(owner) is head for owner, head in sched._blocked.items())
+
+
+TestOpenStreams = OpenStreams.TestCase
+TestOpenStreams.settings = settings(max_examples=150, stateful_step_count=40)
