@@ -789,3 +789,24 @@ def test_an_owner_waiting_for_a_stream_while_its_old_step_runs_is_handed_out_onc
     assert sched.next_job(0.0) is again and sched.open_streams == 1
     sched.finish(again)
     assert sched.next_job(0.0) is None and len(sched) == 0 and sched.open_streams == 0
+
+
+@pytest.mark.parametrize(("rule", "open_priority"), [
+    ("a speaking session", IA),
+    ("an HTTP request, paced while an interactive job is queued", B),
+])
+def test_while_a_job_waits_for_a_stream_the_open_ones_are_not_held_back(
+        rule: str, open_priority: Priority) -> None:
+    """Rules 3 and 6: the only open stream's listener holds audio (just in time: not
+    eligible) while a new turn's first audio, due now, waits for a stream to end. The open
+    one runs ahead to its end instead of the lane idling until its listener needs audio
+    (the new turn waited a whole sentence in real time: 9 s here)."""
+    sched, jobs = make([("a", open_priority, 0.0)], max_open=1, max_lead=1.0)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["a"]
+    new = Job(owner="b", priority=IA, deadline=0.0)
+    sched.submit(new)
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 1, rule
+    sched.finish(jobs["a"])
+    assert sched.next_job(0.0) is new and sched.streams_waiting == 0
+    stepped(sched, new, 10.0)  # alone again: just in time holds it (rule 3)
+    assert sched.next_job(0.0) is None and sched.next_eligible_at == 9.0

@@ -44,7 +44,9 @@ class OpenStreams(RuleBasedStateMachine):
     def next_job(self, hold: bool) -> None:
         sched = self.sched
         job = sched.next_job(self.now)
-        if sched.max_lead is None:  # every head eligible: only rule 6 or a hold stop one
+        if sched.max_lead is None or sched.streams_waiting:
+            # every head eligible (rule 3 lifted while one waits for a stream): only rule 6
+            # or a hold stop one
             free = sched.open_streams < sched.max_open  # type: ignore[operator]
             runnable = [owner for owner in sched.owners() if owner not in self.held
                         and (free or sched.head(owner).opened)]  # type: ignore[union-attr]

@@ -43,9 +43,11 @@ in order:
    KV caches and codec-decoder state, tens of MB each at the real model's size,
    bench/qwen3_memory.py). With ``max_open`` set, a job not started yet is no
    candidate while that many are open: it waits, in the order rules 2-3 give, until one
-   of them ends (``streams_waiting`` counts the owners waiting so). Without it, every
-   speaking session and HTTP request held a stream at once, however few the lane could
-   feed. ``fifo`` needs no bound: it runs one owner at a time.
+   of them ends (``streams_waiting`` counts the owners waiting so). Meanwhile rule 3 holds
+   nothing back: the open streams run ahead to their end, or a new turn's first audio,
+   due now, waited for a sentence to end in real time while the lane idled. Without the
+   bound, every speaking session and HTTP request held a stream at once, however few the
+   lane could feed. ``fifo`` needs no bound: it runs one owner at a time.
 
 **Step sizes.** A step in flight cannot be interrupted, so the step size of the work already
 on a lane bounds how long newly arrived interactive work waits for it. ``step_ms(priority)``
@@ -364,12 +366,19 @@ class LaneScheduler:
                     return None
                 self._holder, queue = next(iter(self._queues.items()))
             return queue[0]
+        waited = bool(self._blocked)
+        job = self._decide(now)
+        if job is None and self._blocked and not waited:
+            job = self._decide(now)  # a head waits for a stream now: rule 6 lifts rule 3
+        return job
+
+    def _decide(self, now: float) -> Job | None:
         wake = math.inf
         shared = self._interactive > 0 or self.llm_decoding > 0
         for priority in _PRIORITIES:
             ready, comfortable, waiting = (self._heaps[priority], self._comfortable[priority],
                                            self._waiting[priority])
-            lead = self.max_lead
+            lead = None if self._blocked else self.max_lead  # (rule 6: open ones to their end)
             if priority is not _INTERACTIVE and not (shared or self.pace_background_always):
                 lead = None  # alone on the lane: flat out (rule 3)
             # Heads that may have become eligible (waiting) or short of audio (comfortable)
