@@ -5,7 +5,7 @@ every address ``--host`` resolves to: ``::1`` and ``127.0.0.1`` for ``localhost`
 system maps it to both (macOS does), and every interface of each family for ``""``. The
 HTTP API (uvicorn, ``serve(sockets=...)``) is handed sockets bound here the same way, so a
 client that reaches one port at an address reaches the other there too. Port 0 is one free
-port on every address, on either port (``bind_all``, ``one_free_port``).
+port on every address, on either port (``bind_all``, ``free_port``).
 """
 
 from __future__ import annotations
@@ -65,21 +65,20 @@ async def listening_sockets(host: str, port: int, what: str) -> list[socket.sock
     return bind_all(addresses, what)
 
 
-async def one_free_port(host: str, what: str) -> int:
-    """A port free on every address ``host`` resolves to, for a server that binds them
-    itself (the voice port: websockets' ``serve``, the loop's ``create_server``, which for
-    port 0 picks one port per socket: ``--host ""`` listened on one port for IPv4 and
-    another for IPv6, and the port shown worked on IPv4 only). 0 when ``host`` resolves to
-    one address, where the server's own pick is that one port. The sockets that found it
-    are closed (bound, never listening: nothing holds the port after them)."""
-    addresses = await asyncio.to_thread(listen_addresses, host, 0)
-    if len(addresses) <= 1:
-        return 0
-    sockets = bind_all(addresses, what)
-    port = int(sockets[0].getsockname()[1])
+async def free_port(host: str, port: int, what: str) -> int:
+    """The port a server that binds ``host``'s addresses itself (the voice port: websockets'
+    ``serve``, the loop's ``create_server``) is to listen on, found before it does: ``port``,
+    checked free on every address (taken: ``OSError`` naming ``what`` now, not once the
+    engines have loaded); for 0, one port free on all of them, as ``create_server`` picks
+    one per socket (``--host ""`` listened on one port for IPv4 and another for IPv6, and
+    the port shown worked on IPv4 only), or 0 where there is one address (the server's own
+    pick is then that one port). The sockets that found it are closed (bound, never
+    listening: nothing holds the port after them)."""
+    sockets = await listening_sockets(host, port, what)
+    found = port or (int(sockets[0].getsockname()[1]) if len(sockets) > 1 else 0)
     for sock in sockets:
         sock.close()
-    return port
+    return found
 
 
 def _bound(sock: socket.socket, family: socket.AddressFamily, sockaddr: Any,

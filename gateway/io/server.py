@@ -69,7 +69,7 @@ from gateway.io.connection import (
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
-from gateway.io.listen import listening_sockets, one_free_port
+from gateway.io.listen import free_port
 from gateway.io.log_limit import LogLimit
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -375,13 +375,11 @@ class Gateway:
         if (why := refused_bind(s.host, s.tokens, s.insecure_bind)) is not None:
             raise ValueError(why)
         ssl_context = _tls_context(s.tls_cert, s.tls_key)  # before either port serves
-        if s.port:
-            # the voice port taken fails the start now, not once the engines have loaded
-            # (qwen3's tiny test model takes 24 s on this CPU): bound, let go at once, and
-            # bound again by serve() below (taken in between, that one says so as late)
-            for sock in await listening_sockets(bind_address(s.host), s.port,
-                                                "voice port, --port"):
-                sock.close()
+        host = bind_address(s.host)
+        # the voice port taken fails the start now, not once the engines have loaded
+        # (qwen3's tiny test model takes 24 s on this CPU): bound, let go at once, and bound
+        # again by serve() below (taken in between, that one says so as late)
+        port = await free_port(host, s.port, "voice port, --port")
         await self.http.start()  # first, so /health answers 503 while the engine warms up
         self.log_limit.install()  # a flood of refused requests is not a flood of lines
         self.telemetry.start()
@@ -403,9 +401,8 @@ class Gateway:
         for lane, s_ in zip(self.lanes.values(), seconds, strict=True):
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
         try:
-            host = bind_address(s.host)
             self._server = await serve(
-                self._handle, host, s.port or await one_free_port(host, "voice port, --port"),
+                self._handle, host, port,
                 create_connection=VoiceSocket,
                 process_request=self._process_request,
                 max_size=WS_MAX_SIZE,
