@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.capacity import raise_nofile  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 from gateway.config import load_config  # noqa: E402
-from gateway.io.server import Gateway, freeze_startup_heap, stop_signal  # noqa: E402
+from gateway.io.aio import stop_signal  # noqa: E402
+from gateway.io.server import Gateway, freeze_startup_heap  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> None:

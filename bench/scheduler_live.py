@@ -69,7 +69,8 @@ async def serve(policy: str) -> None:
     from engines.synthetic import SyntheticEngine
     from gateway.config import load_config
     from gateway.core import scheduler
-    from gateway.io.server import Gateway, stop_signal
+    from gateway.io.aio import stop_signal
+    from gateway.io.server import Gateway
 
     if policy == "sched-320ms":  # the step-size rule off: background in the engine's steps
         scheduler.STEP_MS[scheduler.Priority.BACKGROUND] = None

@@ -72,7 +72,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
-import contextlib
 import http
 import importlib.util
 import os
@@ -93,6 +92,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 
+from gateway.io.aio import stop_signal
 from gateway.io.auth import (
     UNAUTHORIZED,
     bind_address,
@@ -869,12 +869,9 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM killed the relay with its sockets open, and the gateway kept each session
         # for its resume window (30 s); a relay started with `&` from a script ignored
         # SIGINT (the shell's SIG_IGN, which Python keeps: no KeyboardInterrupt). Both now
-        # stop it cleanly, as `voice-gateway serve` (gateway/io/server.py, stop_signal);
-        # taken before the banner, so a signal sent once it shows is not missed.
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):  # (Windows: KeyboardInterrupt)
-                asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        # stop it cleanly, as `voice-gateway serve`; taken before the banner, so a signal
+        # sent once it shows is not missed. Not SIGHUP: that would override `nohup`.
+        stop = stop_signal((signal.SIGINT, signal.SIGTERM))
         relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=token,
                            opus_bitrate=args.opus_bitrate, watch_tokens=watch_tokens,
                            insecure_bind=args.insecure_bind)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import contextlib
+import signal
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -42,3 +44,21 @@ async def unless_stopped(work: Awaitable[T], stop: Awaitable[object]) -> asyncio
     if not stopping.cancelled():
         stopping.exception()  # what ``stop`` raised is not the caller's (nor logged unread)
     return None if working in pending else working
+
+
+def stop_signal(signals: Sequence[signal.Signals] | None = None) -> asyncio.Event:
+    """An event set at the first of ``signals``: SIGINT, SIGTERM or SIGHUP by default (the
+    process's way of asking to stop; SIGHUP, a closed terminal or a service manager's reload,
+    too: the gateway reads its configuration once, so it stops cleanly rather than being
+    killed mid-turn). Take it before starting anything and before saying "serving": a signal
+    sent as soon as that line shows must reach the clean shutdown, not the default handler
+    that kills. Where the loop takes no signal handlers (Windows), ^C stays a
+    KeyboardInterrupt."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if signals is None:
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for sig in signals:
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop

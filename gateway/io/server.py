@@ -23,7 +23,6 @@ import http
 import logging
 import os
 import secrets
-import signal
 import time
 import urllib.parse
 import weakref
@@ -45,7 +44,7 @@ from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
 from gateway.core.segmenter import ONE_STEP_MAX_CHARS, SegmenterConfig
 from gateway.core.session import Session, SessionLimits, SessionSettings
-from gateway.io.aio import cancel_and_wait, unless_stopped
+from gateway.io.aio import cancel_and_wait, stop_signal, unless_stopped
 from gateway.io.auth import (
     UNAUTHORIZED,
     bind_address,
@@ -768,19 +767,6 @@ def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
     headers = Headers([("Content-Type", "application/json"),
                        ("Content-Length", str(len(data))), ("Cache-Control", "no-store")])
     return Response(status.value, status.phrase, headers, data)
-
-
-def stop_signal() -> asyncio.Event:
-    """An event set at the first SIGINT, SIGTERM or SIGHUP (the process's way of asking to
-    stop). Take it before starting anything and before saying "serving": a signal sent as soon as
-    that line shows must reach the clean shutdown, not the default handler that kills."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # SIGHUP too (a closed terminal, a service manager's reload): the gateway reads its
-    # configuration once, so it stops cleanly rather than being killed mid-turn
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 def freeze_startup_heap() -> int:
