@@ -1139,7 +1139,7 @@ class _H11(H11Protocol):
 
     def _refused(self, code: str, message: str, *args: Any) -> None:
         """A refusal the protocol makes itself, below the app: logged at INFO (rate-limited
-        by kind, ``refusal``) and counted in ``gateway_errors_total{code}``."""
+        by kind, ``limited``) and counted in ``gateway_errors_total{code}``."""
         log.info(message, self._peer, *args, extra=limited(code))
         if isinstance(state := self.server_state, _ServerState):
             state.errors[code] += 1
