@@ -769,10 +769,11 @@ def test_a_waiting_owners_head_failed_before_its_turn_waits_no_more() -> None:
 def test_an_owner_waiting_for_a_stream_while_its_old_step_runs_is_handed_out_once(
         released_first: bool) -> None:
     """Rules 5 and 6: a barge-in during a held step (cancel, then the new turn's job) and
-    the new job waits for a stream. When a stream ends it stays no candidate until its
-    owner's old step returned, and is filed once, whichever comes first: filed twice, it
-    was handed out again after it finished."""
-    sched, jobs = make([("a", IA, 0.0), ("b", IA, 1.0)], max_open=1)
+    the new job waits for a stream (the old step's stays open until it returns, b's
+    is the other). When a stream ends it stays no candidate until its owner's old step
+    returned, and is filed once, whichever comes first: filed twice, it was handed out
+    again after it finished."""
+    sched, jobs = make([("a", IA, 0.0), ("b", IA, 1.0)], max_open=2)
     assert sched.next_job(0.0) is jobs["a"]
     sched.hold(jobs["a"])
     assert sched.cancel("a") == [jobs["a"]]
@@ -810,3 +811,30 @@ def test_while_a_job_waits_for_a_stream_the_open_ones_are_not_held_back(
     assert sched.next_job(0.0) is new and sched.streams_waiting == 0
     stepped(sched, new, 10.0)  # alone again: just in time holds it (rule 3)
     assert sched.next_job(0.0) is None and sched.next_eligible_at == 9.0
+
+
+def test_a_stream_cancelled_during_its_step_stays_open_until_the_step_returns() -> None:
+    """Rules 4, 5 and 6 on a lane running several steps at once: a barge-in cancels an owner
+    whose step is in flight. Its engine stream stays open until that step returns (the lane
+    closes it then), so the bound still counts it: a waiting owner that opened a stream at
+    the cancel put ``max_open + 1`` streams (and their caches) on the device at once."""
+    sched, jobs = make([("a", IA, 0.0), ("b", IA, 1.0)], max_open=1)
+    assert sched.next_job(0.0) is jobs["a"]
+    sched.hold(jobs["a"])  # a's step runs
+    assert sched.next_job(0.0) is None and sched.streams_waiting == 1
+    assert sched.cancel("a") == [jobs["a"]]
+    assert sched.open_streams == 1 and sched.next_job(0.0) is None
+    sched.release(jobs["a"])  # the step returned: the lane closes a's stream
+    assert sched.open_streams == 0 and not jobs["a"].opened
+    assert sched.next_job(0.0) is jobs["b"] and sched.open_streams == 1
+
+
+def test_a_stream_cancelled_between_its_steps_closes_at_once() -> None:
+    """Rule 4 with rule 6: a stream cancelled while no step of it runs is closed at the
+    cancel, held or not before: the waiting owner opens one at once."""
+    sched, jobs = make([("a", IA, 0.0), ("b", IA, 1.0)], max_open=1)
+    assert sched.next_job(0.0) is jobs["a"]
+    sched.hold(jobs["a"])
+    sched.release(jobs["a"])  # its step returned, the stream stays open for the next
+    assert sched.cancel("a") == [jobs["a"]] and sched.open_streams == 0
+    assert sched.next_job(0.0) is jobs["b"]

@@ -38,6 +38,8 @@ class OpenStreams(RuleBasedStateMachine):
     @rule(owner=st.sampled_from(OWNERS), priority=st.sampled_from(list(Priority)),
           due=st.floats(0.0, 6.0))
     def submit(self, owner: str, priority: Priority, due: float) -> None:
+        if owner in self.held and self.held[owner].cancelled:
+            return  # (a new turn is a new owner: none submits beside a cancelled step)
         self.sched.submit(Job(owner=owner, priority=priority, deadline=self.now + due))
 
     @rule(hold=st.booleans())
@@ -70,12 +72,16 @@ class OpenStreams(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         owner = data.draw(st.sampled_from(sorted(self.held)))
-        self.sched.release(self.held.pop(owner))
+        job = self.held.pop(owner)
+        self.sched.release(job)
+        if job.cancelled:  # its step returned: the lane closes its stream now
+            self.handed.discard(id(job))
 
-    @precondition(lambda self: self.handed)
+    @precondition(lambda self: any(not self.jobs[i].cancelled for i in self.handed))
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
-        job = self.jobs[data.draw(st.sampled_from(sorted(self.handed)))]
+        job = self.jobs[data.draw(st.sampled_from(
+            sorted(i for i in self.handed if not self.jobs[i].cancelled)))]
         self.sched.finish(job)
         self.handed.discard(id(job))
         if self.held.get(job.owner) is job:  # its step ended: the lane releases it
@@ -92,9 +98,8 @@ class OpenStreams(RuleBasedStateMachine):
     @rule(owner=st.sampled_from(OWNERS))
     def cancel(self, owner: str) -> None:
         for job in self.sched.cancel(owner):
-            self.handed.discard(id(job))
-        if owner in self.held:  # (its step ends at the boundary: released then)
-            self.sched.release(self.held.pop(owner))
+            if self.held.get(owner) is not job:  # (a step in flight: open until ``release``)
+                self.handed.discard(id(job))
         self.deadlines.pop(owner, None)
 
     @rule(owner=st.sampled_from(OWNERS), earlier=st.floats(0.0, 1.0))

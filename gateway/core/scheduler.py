@@ -33,7 +33,8 @@ in order:
    interactive job whose deadline is infinite (nobody listens: a voice session waiting for
    a resume) does not share the lane.
 4. **Cancellation** removes an owner's queued jobs at once; a job whose step is in flight
-   is marked cancelled and the lane drops it at the step boundary.
+   is marked cancelled and the lane drops it at the step boundary (its stream counts as
+   open until then, rule 6).
 5. **Steps at once.** A lane that runs several steps at once (a remote engine's,
    ``parallel_steps``) holds the job it starts (``hold``): its owner is no candidate until
    ``release`` (its step returned), so no other step of that owner runs meanwhile (rule 1).
@@ -315,7 +316,9 @@ class LaneScheduler:
             self._push_head(queue[0])
 
     def cancel(self, owner: Hashable) -> list[Job]:
-        """Drop every job of ``owner``; returns them (the lane closes their streams)."""
+        """Drop every job of ``owner``; returns them (the lane closes their streams). A
+        held job's stream stays open until its step returns (``release``): the lane closes
+        it only then, and a stream opened meanwhile exceeded ``max_open`` (rule 6)."""
         queue = self._queues.pop(owner, None)
         if not queue:
             return []
@@ -323,9 +326,11 @@ class LaneScheduler:
         self._blocked.pop(owner, None)
         self._size -= len(queue)
         self._interactive -= sum(job.priority is Priority.INTERACTIVE for job in queue)
+        running = queue[0] if owner in self._held else None
         for job in queue:
             job.cancelled = True
-            self._closed(job)
+            if job is not running:  # (a step in flight keeps its stream: ``release``)
+                self._closed(job)
         return list(queue)
 
     def touch(self, owner: Hashable) -> None:
@@ -343,8 +348,10 @@ class LaneScheduler:
 
     def release(self, job: Job) -> None:
         """``job``'s step returned: its owner's head (``job``, unless it was finished or
-        cancelled meanwhile) is a candidate again."""
+        cancelled meanwhile) is a candidate again. A cancelled ``job``'s stream closes now."""
         self._held.discard(job.owner)
+        if job.cancelled:
+            self._closed(job)
         queue = self._queues.get(job.owner)
         if queue and job.owner not in self._entries:
             self._push_head(queue[0])
