@@ -402,6 +402,19 @@ def test_fifo_after_idle_and_cancel_goes_by_arrival() -> None:
     assert sched.next_job(0.0) is a and len(sched) == 1
 
 
+def test_fifo_counts_the_stream_it_keeps_open() -> None:
+    """A FIFO lane opens one stream at a time and says so: ``open_streams`` (/health,
+    /metrics) read 0 while its generation ran, as if nothing held the device's memory."""
+    sched, jobs = make([("a", IA, 0.0), ("b", B, 0.0)], policy=LanePolicy.FIFO)
+    assert sched.open_streams == 0
+    assert sched.next_job(0.0) is jobs["a"] and sched.open_streams == 1
+    assert sched.next_job(0.0) is jobs["a"] and sched.open_streams == 1  # its next step
+    sched.finish(jobs["a"])
+    assert sched.open_streams == 0
+    assert sched.next_job(0.0) is jobs["b"] and sched.open_streams == 1
+    assert sched.cancel("b") == [jobs["b"]] and sched.open_streams == 0
+
+
 def test_overdue_heads_cost_a_few_questions_per_decision() -> None:
     """1,000 starved listeners (deadlines in the past, fixed: they ran dry then). Each
     decision serves the most overdue, whose deadline then moves past the others'. The

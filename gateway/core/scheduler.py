@@ -48,7 +48,8 @@ in order:
    nothing back: the open streams run ahead to their end, or a new turn's first audio,
    due now, waited for a sentence to end in real time while the lane idled. Without the
    bound, every speaking session and HTTP request held a stream at once, however few the
-   lane could feed. ``fifo`` needs no bound: it runs one owner at a time.
+   lane could feed. ``fifo`` needs no bound: it runs one owner at a time (its one open
+   stream is counted all the same, ``open_streams``).
 
 **Step sizes.** A step in flight cannot be interrupted, so the step size of the work already
 on a lane bounds how long newly arrived interactive work waits for it. ``step_ms(priority)``
@@ -372,7 +373,11 @@ class LaneScheduler:
                     self._holder = None
                     return None
                 self._holder, queue = next(iter(self._queues.items()))
-            return queue[0]
+            head = queue[0]
+            if not head.opened:  # (counted, not bounded: rule 6)
+                head.opened = True
+                self._open += 1
+            return head
         waited = bool(self._blocked)
         job = self._decide(now)
         if job is None and self._blocked and not waited:
