@@ -75,7 +75,6 @@ import bisect
 import http
 import importlib.util
 import os
-import signal
 import struct
 import sys
 import urllib.parse
@@ -868,10 +867,11 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> int:
         # SIGTERM killed the relay with its sockets open, and the gateway kept each session
         # for its resume window (30 s); a relay started with `&` from a script ignored
-        # SIGINT (the shell's SIG_IGN, which Python keeps: no KeyboardInterrupt). Both now
-        # stop it cleanly, as `voice-gateway serve`; taken before the banner, so a signal
-        # sent once it shows is not missed. Not SIGHUP: that would override `nohup`.
-        stop = stop_signal((signal.SIGINT, signal.SIGTERM))
+        # SIGINT (the shell's SIG_IGN, which Python keeps: no KeyboardInterrupt), and
+        # closing its terminal (SIGHUP) killed it as SIGTERM had. All three now stop it
+        # cleanly, as `voice-gateway serve` (a SIGHUP ignored by `nohup` stays ignored);
+        # taken before the banner, so a signal sent once it shows is not missed.
+        stop = stop_signal()
         relay = WatchRelay(args.upstream, host=args.host, port=args.port, token=token,
                            opus_bitrate=args.opus_bitrate, watch_tokens=watch_tokens,
                            insecure_bind=args.insecure_bind)

@@ -868,6 +868,31 @@ def test_sigterm_as_soon_as_it_says_serving_still_shuts_down_cleanly(sig):
 
 
 @pytest.mark.slow
+def test_a_gateway_started_with_nohup_keeps_serving_when_its_terminal_closes():
+    """``nohup voice-gateway serve &`` stopped at logout: nohup leaves SIGHUP ignored, and
+    the gateway's SIGHUP handler (a clean stop, for a terminal closed without nohup)
+    replaced that. An ignored SIGHUP now stays ignored: the gateway goes on serving, and
+    SIGTERM still stops it cleanly."""
+    command = ["nohup", sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
+               "--http-port", "0", "--tts", "synthetic", "--synthetic-rtf", "0",
+               "--synthetic-ttfa-ms", "0"]
+    with ServeProcess(command=command) as gw:
+        gw.serving()
+        gw.signal(signal.SIGHUP)
+
+        async def talk() -> str:
+            async with connect(gw.voice_url) as ws:
+                await recv_event(ws, "session.created")
+                await send(ws, type="say", text="Still here.")
+                return (await read_turn(ws)).done["status"]
+
+        assert asyncio.run(talk()) == "completed"  # (stopped: failed, or refused)
+        gw.signal(signal.SIGTERM)
+        code, output = gw.finish()
+    assert code == 0, output
+    assert output.count("shutting down: closing") == 1, output
+
+
 def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
     with ServeProcess("--port", "0", "--tts", "synthetic", "--max-lead-ms", "1000") as gw:
         port = gw.port

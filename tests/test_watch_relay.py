@@ -1124,13 +1124,14 @@ async def test_the_relay_takes_its_gateway_token_from_the_environment(start_gate
 # ---- stopping -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 async def test_a_signalled_relay_ends_its_gateway_sessions_at_once(gateway, sig):
     """Started in the background from a script (``python examples/watch_relay.py ... &``,
     whose shell sets SIGINT to ignored, as here), the relay ignored SIGINT, and SIGTERM
     killed it with its sockets open: the gateway saw a drop (1006) and kept the session
-    for its resume window (30 s). Either signal now stops it cleanly: the watch gets
-    1001 ``server shutting down``, the gateway 1000, which ends the session at once."""
+    for its resume window (30 s); so did SIGHUP, its terminal closed. Each signal now
+    stops it cleanly: the watch gets 1001 ``server shutting down``, the gateway 1000,
+    which ends the session at once."""
     from websockets.exceptions import ConnectionClosed
 
     command = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh",  # (exec: the signal reaches it)

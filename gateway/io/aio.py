@@ -50,15 +50,20 @@ def stop_signal(signals: Sequence[signal.Signals] | None = None) -> asyncio.Even
     """An event set at the first of ``signals``: SIGINT, SIGTERM or SIGHUP by default (the
     process's way of asking to stop; SIGHUP, a closed terminal or a service manager's reload,
     too: the gateway reads its configuration once, so it stops cleanly rather than being
-    killed mid-turn). Take it before starting anything and before saying "serving": a signal
-    sent as soon as that line shows must reach the clean shutdown, not the default handler
-    that kills. Where the loop takes no signal handlers (Windows), ^C stays a
-    KeyboardInterrupt."""
+    killed mid-turn). A SIGHUP the process was started ignoring is left ignored: that is
+    ``nohup``'s way of saying "keep running when the terminal closes", which a handler here
+    overrode (``nohup voice-gateway serve &`` stopped at logout). SIGINT is taken even when
+    ignored: a shell ignores it for a job started with ``&``, not to keep it running. Take
+    it before starting anything and before saying "serving": a signal sent as soon as that
+    line shows must reach the clean shutdown, not the default handler that kills. Where the
+    loop takes no signal handlers (Windows), ^C stays a KeyboardInterrupt."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if signals is None:
         signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     for sig in signals:
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue  # (nohup)
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     return stop
