@@ -15,6 +15,7 @@ import math
 import socket
 import threading
 import wave
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import av
@@ -133,6 +134,26 @@ async def test_openai_sdk_sees_openai_style_errors(gateway):
                                          response_format="wav")
     assert info.value.code == "unknown_voice" and info.value.param == "voice"
     await client.close()
+
+
+async def test_the_sdk_given_the_voice_port_is_told_the_http_api_port(gateway):
+    """The voice port and the HTTP API's are next to each other (``--port``, ``--http-port``):
+    an OpenAI client given the voice port got only "Connection error." (websockets reads
+    no request with a body, and closed the connection unanswered; a POST without one got
+    405). It gets a 405 naming the HTTP API's port, whatever way the body comes."""
+    voice = f"http://127.0.0.1:{gateway.port}"
+    client = openai.AsyncOpenAI(base_url=voice + "/v1", api_key="not-needed", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
+    assert info.value.status_code == 405
+    assert f"port {gateway.http_port} (--http-port)" in info.value.message
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"input": "Hello."}'
+
+    async with httpx.AsyncClient() as http:  # (a body of unknown length: chunked)
+        async with http.stream("POST", voice + "/v1/audio/speech", content=body()) as response:
+            assert response.status_code == 405
+            assert f"port {gateway.http_port}" in (await response.aread()).decode()
 
 
 async def test_a_voice_named_in_other_letter_case_is_the_listed_one(gateway):

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, assert_never, cast
 
 import orjson
 from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidMessage
 from websockets.frames import OK_CLOSE_CODES, Frame, Opcode
+from websockets.http11 import Response
 from websockets.protocol import State
 
 from engines.base import (
@@ -540,6 +541,14 @@ class VoiceSocket(ServerConnection):
     """The frames so far of a fragmented message still arriving (bytes and their cost)."""
     _charged = 0
     """What this socket draws on ``budget`` now."""
+    _method: bytes | None = None
+    """The first word of the request line, until the handshake's request is read."""
+
+    def refused_method(self, method: str) -> Response | None:
+        """The answer to a ``method`` other than GET and HEAD whose request websockets could
+        not read (it has a body). None: websockets' own, the connection closed unanswered.
+        The gateway's sockets (``gateway_socket``) answer as to one without a body."""
+        return None
 
     def data_received(self, data: bytes) -> None:
         """websockets' own, then: what this socket holds of a message still arriving, beyond
@@ -548,6 +557,8 @@ class VoiceSocket(ServerConnection):
         with the connection (at most ``CLOSED_TCP_GRACE_S`` later). Large messages are
         refused thus only while others hold the budget; a message the gateway acts on
         (64 KiB at most) never is."""
+        if self.request is None and self._method is None:
+            self._method = data.split(b" ", 1)[0][:20]  # (for send_data)
         super().data_received(data)
         budget = self.budget
         if budget is None:
@@ -567,6 +578,8 @@ class VoiceSocket(ServerConnection):
             self._charged = excess
 
     def process_event(self, event: Any) -> None:
+        if self.request is None:
+            del self._method  # (the request came: its class's None again, nothing held)
         if isinstance(event, Frame) and event.opcode in _DATA_OPCODES:
             if not event.fin:
                 self._unfinished += len(event.data) + FRAGMENT_COST
@@ -584,9 +597,23 @@ class VoiceSocket(ServerConnection):
         fragments: 1009, invalid UTF-8: 1007) so, then waits for the client's end: a client
         that never closed kept the socket, and its session attached to a dead socket, until
         websockets' close timeout (10 s) or the next keepalive ping came to enforce it.
-        (Not after a plain HTTP answer: websockets gives its reader the close timeout.)"""
-        super().send_data()
+        (Not after a plain HTTP answer: websockets gives its reader the close timeout.)
+
+        Before that, a request websockets could not read (it takes none with a body, and
+        then sends nothing but the end of the connection) gets ``refused_method``'s answer
+        when its method is not GET or HEAD: a POST of the HTTP API's (an OpenAI client
+        given the voice port instead of ``--http-port``) got an empty reply ("Connection
+        error."), not the 405 naming the HTTP port that the same POST without a body got."""
         protocol = self.protocol
+        method = self._method
+        if (method is not None and self.request is None
+                and isinstance(protocol.handshake_exc, InvalidMessage)):
+            self._method = b""  # (answered once)
+            if method.isalpha() and method.isascii() and method not in (b"GET", b"HEAD") and \
+                    (response := self.refused_method(method.decode())) is not None:
+                response.headers["Connection"] = "close"
+                self.transport.write(response.serialize())
+        super().send_data()
         if protocol.eof_sent and protocol.close_sent is not None and \
                 self._abort_later is None:
             self._abort_later = self.loop.call_later(CLOSED_TCP_GRACE_S,
@@ -603,6 +630,17 @@ class VoiceSocket(ServerConnection):
 
 
 _DATA_OPCODES = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+
+
+def gateway_socket(refused_method: Callable[[str], Response]) -> type[VoiceSocket]:
+    """``VoiceSocket`` answering a request it cannot read with ``refused_method``'s answer
+    (websockets makes the connection: the gateway's part is its class)."""
+
+    class GatewaySocket(VoiceSocket):
+        def refused_method(self, method: str) -> Response:
+            return refused_method(method)
+
+    return GatewaySocket
 
 
 def _peer(ws: ServerConnection) -> str:

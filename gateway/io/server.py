@@ -64,6 +64,7 @@ from gateway.io.connection import (
     UnfinishedBudget,
     VoiceConnection,
     VoiceSocket,
+    gateway_socket,
     job_deadline,
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
@@ -402,7 +403,7 @@ class Gateway:
         try:
             self._server = await serve(
                 self._handle, host, port,
-                create_connection=VoiceSocket,
+                create_connection=gateway_socket(self._refused_method),
                 process_request=self._process_request,
                 max_size=WS_MAX_SIZE,
                 # PCM does not compress, and audio headers are cached without extensions
@@ -504,14 +505,22 @@ class Gateway:
             assert response is not None  # (only the voice path goes on to a handshake)
             response = dataclasses.replace(response, body=b"")  # its Content-Length stays
         else:
-            response = _json_response(http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": {
-                "code": "method_not_allowed",
-                "message": f"{request.method[:20]} is not allowed here (GET, HEAD)"}})
-            response.headers["Allow"] = "GET, HEAD"
+            response = self._refused_method(request.method)
         if response is not None:
             # websockets closes the connection after any answer but a 101: say so, or a
             # client reusing it (httpx's pool) sends its next request into a closed socket
             response.headers["Connection"] = "close"
+        return response
+
+    def _refused_method(self, method: str) -> Response:
+        """405 for ``method`` on the voice port, naming the HTTP API's port: a POST here is
+        most likely an OpenAI client given this port for ``--http-port``'s."""
+        response = _json_response(http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": {
+            "code": "method_not_allowed",
+            "message": f"{method[:20]} is not allowed on the voice port (GET, HEAD); the "
+                       f"HTTP API (POST /v1/audio/speech) is on port {self.http_port} "
+                       f"(--http-port)"}})
+        response.headers["Allow"] = "GET, HEAD"
         return response
 
     def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
