@@ -2,11 +2,13 @@
 listens on, bound as it binds them; port 0, one port on all of them, for either port. Real
 sockets on the loopback; the one fake, labelled, is a resolver that maps ``localhost`` to
 both families (as macOS does; a Linux whose ``/etc/hosts`` names it for 127.0.0.1 alone
-cannot show that for real)."""
+cannot show that for real), or to an address this host does not have beside 127.0.0.1."""
 
 from __future__ import annotations
 
 import errno
+import logging
+import os
 import socket
 
 import httpx
@@ -108,3 +110,54 @@ async def test_the_voice_port_0_is_one_port_on_every_address(start_gateway):
         for host in ("127.0.0.1", "[::1]"):
             answer = await client.get(f"http://{host}:{gateway.port}/health")
             assert answer.status_code == 200, host
+
+
+NOT_HERE = (socket.AF_INET6, ("2001:db8::1", 0, 0, 0))
+"""An address no host has (RFC 3849): ``::1`` where IPv6 is turned off is as absent."""
+
+
+def test_an_address_this_host_does_not_have_is_left_out_with_a_warning(caplog):
+    """With IPv6 turned off (``net.ipv6.conf.all.disable_ipv6``) and ``localhost`` still
+    mapped to ``::1`` in ``/etc/hosts``, binding ``::1`` fails with ``EADDRNOTAVAIL``, and so
+    did a gateway on ``localhost``. What binds is kept, and a WARNING names what was left
+    out; with nothing bound, the error names the address."""
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        (v4,) = bind_all([NOT_HERE, V4_LOOPBACK], "HTTP API, --http-port")
+    with v4:
+        port = v4.getsockname()[1]
+        assert v4.family == socket.AF_INET and port != 0
+    (warning,) = caplog.records
+    assert warning.getMessage() == (
+        "cannot listen on [2001:db8::1]:0 (HTTP API, --http-port): "
+        f"{os.strerror(errno.EADDRNOTAVAIL)}; left out: this host does not have that "
+        f"address (listening on 127.0.0.1:{port})")
+    with pytest.raises(OSError) as refused:
+        bind_all([NOT_HERE], "HTTP API, --http-port")
+    assert refused.value.errno == errno.EADDRNOTAVAIL
+    assert "cannot listen on [2001:db8::1]:0 (HTTP API, --http-port)" in str(refused.value)
+
+
+async def test_a_gateway_on_localhost_starts_where_it_can_bind(start_gateway, monkeypatch,
+                                                               caplog):
+    """``--host localhost`` on a host with IPv6 turned off (``localhost`` mapped to ``::1``
+    too) stopped at start with ``[Errno 99] ... Cannot assign requested address``. Both
+    ports now listen on the loopback that exists, each saying what it left out."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):  # FAKE resolver: localhost is ::1 too
+        if host != "localhost":
+            return real(host, port, *args, **kwargs)
+        tcp = (socket.SOCK_STREAM, socket.IPPROTO_TCP, "")
+        return [(NOT_HERE[0], *tcp, (NOT_HERE[1][0], port, 0, 0)),
+                (socket.AF_INET, *tcp, ("127.0.0.1", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        gateway = await start_gateway(server={"host": "localhost", "http_port": 0})
+    async with httpx.AsyncClient() as client:
+        for port in (gateway.port, gateway.http_port):
+            answer = await client.get(f"http://127.0.0.1:{port}/health")
+            assert answer.status_code == 200, port
+    left_out = [r.getMessage() for r in caplog.records if "2001:db8::1" in r.getMessage()]
+    assert len(left_out) == 2 and "(voice port, --port)" in left_out[0]
+    assert "(HTTP API, --http-port)" in left_out[1]

@@ -11,8 +11,12 @@ port on every address, on either port (``bind_all``, ``free_port``).
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import socket
 from typing import Any
+
+log = logging.getLogger("gateway")
 
 Address = tuple[socket.AddressFamily, Any]
 """A family and the address to bind in it (``bind``'s tuple for that family)."""
@@ -30,9 +34,14 @@ def listen_addresses(host: str, port: int) -> list[Address]:
 def bind_all(addresses: list[Address], what: str) -> list[socket.socket]:
     """A socket bound to each address, not yet listening (the server listens). Port 0: the
     first picks a free port and the others take that one, so the one port shown works on
-    each (the loop's ``create_server`` picks one per socket). Raises ``OSError`` naming the
-    address and ``what`` (which port and flag), with nothing left open."""
+    each (the loop's ``create_server`` picks one per socket). An address this host does
+    not have (``EADDRNOTAVAIL``: ``localhost``'s ``::1`` where IPv6 is turned off, the
+    name still mapped to it in ``/etc/hosts``) is left out with a WARNING naming it when
+    another address binds: a gateway on ``localhost`` failed to start there. Raises
+    ``OSError`` naming the address and ``what`` (which port and flag), with nothing left
+    open: a port taken, or no address bound."""
     sockets: list[socket.socket] = []
+    missing: list[OSError] = []
     try:
         for family, sockaddr in addresses:
             if sockets and sockaddr[1] == 0:
@@ -43,7 +52,14 @@ def bind_all(addresses: list[Address], what: str) -> list[socket.socket]:
                 # a family this system has no sockets for (IPv6 off in a container, with
                 # "" resolving to "::" too): skipped, as the loop's create_server skips it
                 continue
-            sockets.append(_bound(sock, family, sockaddr, what))
+            try:
+                sockets.append(_bound(sock, family, sockaddr, what))
+            except OSError as exc:
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                missing.append(exc)
+        if missing and not sockets:
+            raise missing[0]
     except BaseException:
         for sock in sockets:
             sock.close()
@@ -51,34 +67,45 @@ def bind_all(addresses: list[Address], what: str) -> list[socket.socket]:
     if not sockets:
         raise OSError(f"cannot listen ({what}): no socket can be made for any address "
                       f"of {addresses}")
+    for absent in missing:
+        log.warning("%s; left out: this host does not have that address (listening on %s)",
+                    absent.strerror, ", ".join(_shown(*s.getsockname()[:2]) for s in sockets))
     return sockets
 
 
 async def listening_sockets(host: str, port: int, what: str) -> list[socket.socket]:
-    """``bind_all`` of ``host``'s addresses, resolved off the loop (a name may be looked up
-    in DNS). Raises ``OSError`` naming ``host`` when it resolves to nothing."""
+    """``bind_all`` of ``host``'s addresses (``resolved``)."""
+    return bind_all(await resolved(host, port, what), what)
+
+
+async def resolved(host: str, port: int, what: str) -> list[Address]:
+    """``listen_addresses``, off the loop (a name may be looked up in DNS). Raises
+    ``OSError`` naming ``host`` when it resolves to nothing."""
     try:
-        addresses = await asyncio.to_thread(listen_addresses, host, port)
+        return await asyncio.to_thread(listen_addresses, host, port)
     except OSError as exc:
         raise OSError(exc.errno, f"cannot listen on {host}:{port} ({what}): "
                                  f"{exc.strerror}") from None
-    return bind_all(addresses, what)
 
 
-async def free_port(host: str, port: int, what: str) -> int:
-    """The port a server that binds ``host``'s addresses itself (the voice port: websockets'
-    ``serve``, the loop's ``create_server``) is to listen on, found before it does: ``port``,
+async def free_port(host: str, port: int, what: str) -> tuple[str | list[str], int]:
+    """Where a server that binds its addresses itself (the voice port: websockets'
+    ``serve``, the loop's ``create_server``) is to listen, found before it does: ``host``,
+    or the list of its addresses that bound when ``bind_all`` left one out (the loop's
+    ``create_server`` takes a list, and would fail on the one left out); and ``port``,
     checked free on every address (taken: ``OSError`` naming ``what`` now, not once the
     engines have loaded); for 0, one port free on all of them, as ``create_server`` picks
     one per socket (``--host ""`` listened on one port for IPv4 and another for IPv6, and
     the port shown worked on IPv4 only), or 0 where there is one address (the server's own
     pick is then that one port). The sockets that found it are closed (bound, never
     listening: nothing holds the port after them)."""
-    sockets = await listening_sockets(host, port, what)
+    addresses = await resolved(host, port, what)
+    sockets = bind_all(addresses, what)
     found = port or (int(sockets[0].getsockname()[1]) if len(sockets) > 1 else 0)
+    bound = [str(sock.getsockname()[0]) for sock in sockets]
     for sock in sockets:
         sock.close()
-    return found
+    return (host if len(bound) == len(addresses) else bound), found
 
 
 def _bound(sock: socket.socket, family: socket.AddressFamily, sockaddr: Any,
@@ -96,7 +123,11 @@ def _bound(sock: socket.socket, family: socket.AddressFamily, sockaddr: Any,
         sock.bind(sockaddr)
     except OSError as exc:
         sock.close()
-        shown = f"[{sockaddr[0]}]" if family == socket.AF_INET6 else sockaddr[0]
-        raise OSError(exc.errno, f"cannot listen on {shown}:{sockaddr[1]} ({what}): "
+        raise OSError(exc.errno, f"cannot listen on {_shown(*sockaddr[:2])} ({what}): "
                                  f"{exc.strerror}") from None
     return sock
+
+
+def _shown(address: str, port: int) -> str:
+    """``address:port``, an IPv6 address in brackets."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"

@@ -379,7 +379,7 @@ class Gateway:
         # the voice port taken fails the start now, not once the engines have loaded
         # (qwen3's tiny test model takes 24 s on this CPU): bound, let go at once, and bound
         # again by serve() below (taken in between, that one says so as late)
-        port = await free_port(host, s.port, "voice port, --port")
+        hosts, port = await free_port(host, s.port, "voice port, --port")
         await self.http.start()  # first, so /health answers 503 while the engine warms up
         self.log_limit.install()  # a flood of refused requests is not a flood of lines
         self.telemetry.start()
@@ -402,7 +402,8 @@ class Gateway:
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
         try:
             self._server = await serve(
-                self._handle, host, port,
+                # (the loop's create_server takes a list of hosts too; websockets passes it on)
+                self._handle, cast(str, hosts), port,
                 create_connection=gateway_socket(self._refused_method),
                 process_request=self._process_request,
                 max_size=WS_MAX_SIZE,
