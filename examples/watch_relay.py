@@ -22,7 +22,8 @@ The watch speaks protocol v1 (protocol.md) to the relay, with three differences:
     in Ogg Opus: the encoder's 6.5 ms look-ahead). The last packet of each sentence is padded
     with silence to a whole 20 ms frame, and by at least the look-ahead, so all of a
     sentence's audio is decodable from that sentence's packets: the watch hears up to
-    26.5 ms of extra silence per sentence.
+    26.5 ms of extra silence per sentence, which ``sentence.done``'s ``audio_ms`` counts
+    (below).
   - ``{"format":"pcm16","sample_rate":16000,"channels":1,"frame_ms":...}``: PCM16 LE mono
     at 16 kHz (resampled with soxr, one stream per sentence, flushed at its end), one binary
     frame per gateway frame.
@@ -46,6 +47,8 @@ The watch speaks protocol v1 (protocol.md) to the relay, with three differences:
 
 * **Playback marks** are in the watch's time (what it played, padding included); the relay
   translates ``played_ms`` to the gateway's audio time of the same turn before forwarding.
+  With Opus, ``sentence.done``'s ``audio_ms`` is in the watch's time too (its padding
+  included), so a ``played_ms`` built by adding them up, as protocol.md allows, is right.
 
 Every other JSON message goes through unchanged both ways (``transcript``, ``say``,
 ``cancel``, ``session.update``, ``ping`` up; all events down). ``session.resume`` from the
@@ -141,6 +144,11 @@ class Timeline:
         self._down = [0.0]
         self._up = [0.0]
 
+    @property
+    def down_ms(self) -> float:
+        """The watch's time at the end of what was added."""
+        return self._down[-1]
+
     def add(self, down_ms: float, up_ms: float) -> None:
         if down_ms <= 0:
             return
@@ -172,6 +180,24 @@ class OpusAudio:
         self._pending = np.zeros(0, dtype="<i2")
         self._open = False  # audio fed since the last sentence end
         self._pts = 0
+        self._ends: dict[int, float] = {}  # sentence → the watch's ms at its end
+        self._told_ms = 0  # the watch's ms of the sentences ``sentence_ms`` has told
+
+    def sentence_ms(self, sentence: int, audio_ms: Any) -> Any:
+        """``sentence.done``'s ``audio_ms`` in the watch's time: the sentence's audio and
+        the silence padding its last packet (up to 26.5 ms, the module docstring), so that
+        a ``played_ms`` built by adding them up (protocol.md) is the watch's time, as a
+        mark must be. With the gateway's figure it fell short by every earlier sentence's
+        padding, and the relay, taking it for the watch's time, sent the gateway a mark
+        short of a sentence heard whole by up to 26.5 ms per sentence before it: past the
+        20 ms a sentence's end may be short by, the history cut it. Rounded so that the
+        figures add up to the watch's time to the ms. ``audio_ms`` as it is for a sentence
+        whose end was not fed."""
+        end = self._ends.pop(sentence, None)
+        if end is None:
+            return audio_ms
+        told, self._told_ms = self._told_ms, round(end)
+        return self._told_ms - told
 
     def feed(self, turn_id: int, sentence: int, flags: int, pcm: bytes) -> list[Packet]:
         if turn_id != self.turn_id:
@@ -193,6 +219,7 @@ class OpusAudio:
                 packets += [Packet(p, 0, sentence) for p in self._encode(tail)]
                 self._pending = np.zeros(0, dtype="<i2")
                 self._open = False
+                self._ends[sentence] = self.timeline.down_ms
             if packets:
                 packets[-1] = Packet(packets[-1].payload, flags, sentence)
             else:  # an empty end-of-turn marker after the sentence had ended
@@ -207,6 +234,8 @@ class OpusAudio:
         self._pending = np.zeros(0, dtype="<i2")
         self._open = False
         self._pts = 0
+        self._ends.clear()
+        self._told_ms = 0
 
     def _encode(self, samples: np.ndarray) -> list[bytes]:
         import av
@@ -386,6 +415,10 @@ class RelayCore:
             self.audio.reset(None)  # a cancelled turn's buffered tail is never sent
         if kind in ("session.created", "session.resumed"):
             return []  # the relay's business, not the watch's
+        if kind == "sentence.done" and isinstance(self.audio, OpusAudio) \
+                and event.get("turn_id") == self.audio.turn_id:
+            event["audio_ms"] = self.audio.sentence_ms(event.get("index"), event.get("audio_ms"))
+            return [orjson.dumps(event).decode()]
         return [message]
 
     def _frame(self, packet: Packet, turn_id: int) -> bytes:

@@ -286,6 +286,38 @@ def test_core_sends_a_mark_at_a_sentences_end_as_that_end_exactly():
         assert orjson.loads(up)["played_ms"] == pytest.approx(len(x0) / 24, abs=1e-9)
 
 
+def test_opus_sentence_done_says_the_watchs_time_so_marks_added_up_from_it_are_whole():
+    """protocol.md lets a client build ``played_ms`` by adding up ``sentence.done``'s
+    ``audio_ms``. Through the relay's Opus, each sentence's last packet carries up to
+    26.5 ms of padding the watch plays, and marks are in the watch's time; the figure was
+    the gateway's, so a watch that had played two sentences whole said so short by the
+    first one's padding, and the mark the gateway got put the end of the second sentence
+    past the 20 ms it may be short by (its history: cut by words). ``audio_ms`` now
+    counts the padding."""
+    core = RelayCore(OpusAudio())
+    ps = core.audio.pre_skip_24k
+    sentences = [speechlike(9_001), speechlike(7_013, 1)]
+    played = 0  # the watch's sum of audio_ms
+    end = 0  # the watch's samples to the end of the sentence, its padding included
+    for index, x in enumerate(sentences):
+        flags = END if index == len(sentences) - 1 else FLAG_SENTENCE_END
+        for start in range(0, len(x), 960):
+            last = start + 960 >= len(x)
+            core.from_gateway(HEADER.pack(1, flags if last else 0, index, 1, start // 960)
+                              + x[start:start + 960].tobytes())
+        done = {"type": "sentence.done", "turn_id": 1, "index": index,
+                "audio_ms": round(len(x) / 24)}
+        (down,) = core.from_gateway(orjson.dumps(done).decode())
+        audio_ms = orjson.loads(down)["audio_ms"]
+        before, end = end, end + len(x) + ps + (-(len(x) + ps)) % 480
+        assert audio_ms == round(end / 24) - round(before / 24)  # (adds up to the ms)
+        played += audio_ms
+        mark = {"type": "playback", "turn_id": 1, "played_ms": played}
+        up, _ = core.from_watch(orjson.dumps(mark).decode())
+        heard = sum(len(y) for y in sentences[:index + 1]) / 24
+        assert orjson.loads(up)["played_ms"] == pytest.approx(heard, abs=1e-9), index
+
+
 def test_core_translates_the_marks_of_a_turn_that_ended_while_it_plays():
     """A turn ends up to max_lead_ms before the watch has played it, and its marks still
     count (protocol.md, History). They went up in the watch's time, Opus padding and all:
@@ -551,9 +583,9 @@ async def test_opus_watch_hears_what_a_direct_client_hears(gateway, relay):
     gateway_samples = 0
     for index, done in enumerate(watch.of("sentence.done")):
         n = len(upstream[index])
-        assert n == pytest.approx(done["audio_ms"] * 24, abs=24)
         gateway_samples += n
         pad = ps + (-(n + ps)) % 480
+        assert n + pad == pytest.approx(done["audio_ms"] * 24, abs=24)  # the watch's time
         if gateway.engine.deterministic:
             # espeak gives the same bytes for the same text on every call (engines/espeak.py),
             # so the gateway sent this session exactly what it sent the direct client
