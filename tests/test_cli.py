@@ -527,6 +527,47 @@ async def use_as_printed(voice: str, health: str, console: str, speech: str,
         assert (await client.get(models)).status_code == 200
 
 
+def test_the_start_banner_with_tls_names_what_the_certificate_is_for(tmp_path):
+    """With TLS and a wildcard bind the banner named ``wss://127.0.0.1:PORT``, which a
+    client's certificate check refuses when the certificate is for the hub's name. The
+    URLs name the certificate's name (here resolved to the loopback by hand: the client
+    dials 127.0.0.1 and checks ``hub.example``), and a line says why."""
+    import re
+    import ssl
+
+    import trustme
+    from websockets.asyncio.client import connect
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("hub.example")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    trust = ssl.create_default_context()
+    ca.configure_trust(trust)
+    with ServeProcess("--host", "0.0.0.0", "--port", "0", "--http-port", "0",
+                      "--token", "s3cret", "--tls-cert", str(cert), "--tls-key", str(key)) as gw:
+        banner = gw.banner()
+        voice, _health, _console, speech = re.findall(
+            r"(?:wss?|https?)://\S+?(?=[ ,)]|$)", banner, re.M)[:4]
+        assert voice == f"wss://hub.example:{gw.port}/v1/voice", banner
+        assert speech.startswith("https://hub.example:"), banner
+        assert re.search(r"^  TLS: .*hub\.example", banner, re.M), banner
+
+        async def dial(name: str) -> str:
+            async with connect(f"wss://127.0.0.1:{gw.port}/v1/voice", ssl=trust,
+                               server_hostname=name,
+                               additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+                return json.loads(await ws.recv())["type"]
+
+        assert asyncio.run(dial("hub.example")) == "session.created"
+        with pytest.raises(ssl.SSLCertVerificationError):  # the name the banner named
+            asyncio.run(dial("127.0.0.1"))
+        gw.signal(signal.SIGTERM)
+        code, output = gw.finish()
+    assert code == 0, output
+
+
 def test_a_name_under_localhost_is_bound_on_the_loopback_without_a_token():
     """RFC 6761: a name under ``localhost`` (``app.localhost``) is the loopback, and
     browsers resolve it so themselves. ``--host app.localhost`` was refused without a

@@ -20,13 +20,14 @@ import collections
 import dataclasses
 import gc
 import http
+import ipaddress
 import logging
 import os
 import secrets
 import time
 import urllib.parse
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, cast
@@ -221,6 +222,9 @@ class Gateway:
         """Set when a session is forgotten or a socket's handler ends (wait_no_sessions)."""
         self.started_at = time.time()
         self.ready = False
+        self.certificate_names: list[str] = []
+        """With TLS, the names and addresses its certificate is for (``certificate_names``),
+        once started."""
         self._server: Server | None = None
         self._lane_tasks: list[asyncio.Task[None]] = []
         self.voices: list[str] = []
@@ -375,6 +379,8 @@ class Gateway:
         if (why := refused_bind(s.host, s.tokens, s.insecure_bind)) is not None:
             raise ValueError(why)
         ssl_context = _tls_context(s.tls_cert, s.tls_key)  # before either port serves
+        if ssl_context is not None and s.tls_cert:
+            self.certificate_names = certificate_names(ssl_context, s.tls_cert)
         host = bind_address(s.host)
         # the voice port taken fails the start now, not once the engines have loaded
         # (qwen3's tiny test model takes 24 s on this CPU): bound, let go at once, and bound
@@ -772,6 +778,41 @@ def _tls_context(cert: str | None, key: str | None) -> Any:
     return context
 
 
+def certificate_names(context: Any, cert: str) -> list[str]:
+    """The names and IP addresses the certificate of ``context`` (loaded from ``cert``) is
+    for (its subjectAltName), read by a TLS handshake in memory with a client that trusts
+    that certificate itself (the ssl module decodes a certificate only for a peer it has
+    verified). [] when it cannot be read so (expired, or no subjectAltName)."""
+    import ssl
+
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # (the leaf itself, trusted)
+    try:
+        client.load_verify_locations(cert)
+    except (OSError, ValueError):
+        return []
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    ends = [client.wrap_bio(to_client, to_server),
+            context.wrap_bio(to_server, to_client, server_side=True)]
+    for _ in range(8):  # (TLS 1.3 and 1.2 take two or three round trips)
+        waiting = 0
+        for end in ends:
+            try:
+                end.do_handshake()
+            except ssl.SSLWantReadError:
+                waiting += 1
+            except ssl.SSLError:
+                return []
+        if not waiting:
+            break
+    else:
+        return []
+    peer = ends[0].getpeercert() or {}
+    return [str(value) for kind, value in peer.get("subjectAltName", ())
+            if kind in ("DNS", "IP Address")]
+
+
 def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
     data = orjson.dumps(body)
     headers = Headers([("Content-Type", "application/json"),
@@ -808,15 +849,38 @@ WILDCARDS = {"": "every interface", "0.0.0.0": "every IPv4 interface",
 """The hosts that bind no one address, and where each listens."""
 
 
-def banner_host(host: str) -> tuple[str, str | None]:
-    """The host the banner's URLs name for ``host``, and, for a wildcard, where it listens
-    in words. A wildcard is no address to open: ``ws://:8780`` does not parse and browsers
-    refuse ``0.0.0.0``, so its URLs name the loopback it includes. An IPv6 address goes in
-    brackets."""
+def banner_host(host: str, names: Sequence[str] = ()) -> tuple[str, str | None, str | None]:
+    """The host the banner's URLs name for ``host``; for a wildcard, where it listens in
+    words; with TLS, a line on the name. A wildcard is no address to open: ``ws://:8780``
+    does not parse and browsers refuse ``0.0.0.0``, so its URLs name the loopback it
+    includes. With TLS (``names``: what the certificate is for, ``certificate_names``) a
+    client checks the name it dials against the certificate, so ``wss://127.0.0.1`` failed
+    with a certificate for ``hub.example``: the URLs name the certificate's first name
+    instead, or, when it has only wildcard names, the line says to dial one. An IPv6
+    address goes in brackets."""
+    shown, scope = host, None
     if host in WILDCARDS:
-        loopback = "[::1]" if host == "::" else "127.0.0.1"
-        return loopback, f"{WILDCARDS[host]} ({host or 'an empty --host'})"
-    return (f"[{host}]" if ":" in host else host), None
+        shown = "::1" if host == "::" else "127.0.0.1"
+        scope = f"{WILDCARDS[host]} ({host or 'an empty --host'})"
+    tls = None
+    if names and _host_key(shown) not in map(_host_key, names):
+        if usable := [name for name in names if "*" not in name]:
+            tls = (f"the URLs name {usable[0]}, the certificate's, not {shown}: a client "
+                   "checks the name it dials against the certificate")
+            shown = usable[0]
+        else:
+            tls = (f"the certificate is for {', '.join(names)}, not {shown}: a client must "
+                   "dial a name it holds")
+    return (f"[{shown}]" if ":" in shown else shown), scope, tls
+
+
+def _host_key(name: str) -> str:
+    """``name`` to compare: an IP address in its one form (a certificate's IPv6 address
+    comes written out, ``0:0:0:0:0:0:0:1``), a name in lower case."""
+    try:
+        return str(ipaddress.ip_address(name.strip()))
+    except ValueError:
+        return name.lower()
 
 
 async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | None = None,
@@ -832,13 +896,16 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     log.info("%d objects alive after start-up frozen out of garbage collection", frozen)
     c = config
     ws, http = ("wss", "https") if c.server.tls_cert else ("ws", "http")
-    host, scope = banner_host(c.server.host)
+    host, scope, tls = banner_host(c.server.host, gateway.certificate_names)
     base = f"{host}:{gateway.port}"
     print(f"voice-gateway {version()} serving {ws}://{base}{VOICE_PATH} "
           f"(health: {http}://{base}/health)", flush=True)
     if scope:
-        print(f"  bound: {scope}; the URLs name this machine's loopback (from another "
-              "machine, use this one's address)", flush=True)
+        print(f"  bound: {scope}" + ("" if tls else "; the URLs name this machine's loopback "
+                                     "(from another machine, use this one's address)"),
+              flush=True)
+    if tls:
+        print(f"  TLS:   {tls}", flush=True)
     print(f"  console: {http}://{base}/ (type a transcript, hear the reply)", flush=True)
     llm = f"openai at {shown_url(c.llm.url)}" + (f" model {c.llm.model}" if c.llm.model else "") \
         if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
