@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import httpx
+import pytest
 
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
@@ -74,3 +76,51 @@ async def test_a_flood_of_refused_requests_logs_a_few_lines_and_counts_them_all(
     # closed, the gateway leaves no filter on the loggers
     assert not any(isinstance(f, LogLimit) for name in LOGGERS
                    for f in logging.getLogger(name).filters)
+
+
+async def test_a_request_either_port_refuses_is_a_line_naming_the_client_and_why(caplog):
+    """A phone refused for a wrong token (401), a page of an origin not allowed (403) and a
+    socket past max_sessions (503) left no line on the voice port, nor /metrics without a
+    token on the HTTP port: the operator of a phone that could not connect read a silent
+    log. Each is now one line (limited as the others; the token in the query is not in it)."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    from tests.wsclient import recv_event
+
+    caplog.set_level(logging.INFO)
+    gw = Gateway(load_config(server={"port": 0, "tokens": ("s3cret",), "max_sessions": 1,
+                                     "origins": ("https://hub.example",)},
+                             llm={"tokens_per_s": 0}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    voice = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    statuses = []
+    try:
+        async with connect(f"{voice}?token=s3cret") as ws:  # the one session it takes
+            await recv_event(ws, "session.created")
+            for refused in ({"uri": f"{voice}?token=wrong-one"},
+                            {"uri": f"{voice}?token=s3cret", "origin": "https://evil.example"},
+                            {"uri": f"{voice}?token=s3cret"}):
+                with pytest.raises(InvalidStatus) as info:
+                    async with connect(**refused):
+                        pass
+                statuses.append(info.value.response.status_code)
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(f"http://127.0.0.1:{gw.http_port}/metrics")
+            statuses.append(answer.status_code)
+    finally:
+        await gw.aclose()
+    assert statuses == [401, 403, 503, 401]
+    said = [r.getMessage() for r in caplog.records if " refused (" in r.getMessage()]
+    assert len(said) == 4, said
+    peer = r"from 127\.0\.0\.1:\d+ refused"
+    assert re.fullmatch(rf"/v1/voice {peer} \(401 unauthorized\): a valid token is required .*",
+                        said[0])
+    assert re.fullmatch(rf"/v1/voice {peer} \(403 forbidden_origin\): .*evil\.example.*",
+                        said[1])
+    assert re.fullmatch(rf"/v1/voice {peer} \(503 server_full\): too many sessions; .*",
+                        said[2])
+    assert re.fullmatch(rf"/metrics {peer} \(401 invalid_api_key\): a valid API key .*",
+                        said[3])
+    assert not any("wrong-one" in m for m in said)

@@ -59,7 +59,7 @@ from gateway.core.session import (
     StartSynthesis,
 )
 from gateway.io.lanes import SynthesisJob
-from gateway.io.log_limit import limited
+from gateway.io.log_limit import limited, peer_text
 
 if TYPE_CHECKING:
     from gateway.io.server import Gateway
@@ -644,8 +644,7 @@ def gateway_socket(refused_method: Callable[[str], Response]) -> type[VoiceSocke
 
 
 def _peer(ws: ServerConnection) -> str:
-    peer = ws.remote_address
-    return f"{peer[0]}:{peer[1]}" if peer else "?"
+    return peer_text(ws.remote_address)
 
 
 class VoiceConnection:

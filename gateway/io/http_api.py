@@ -72,7 +72,7 @@ from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.listen import listening_sockets
-from gateway.io.log_limit import limited
+from gateway.io.log_limit import limited, log_refused, peer_text
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -527,6 +527,9 @@ class AuthMiddleware:
         self.gateway.metrics.errors["unauthorized" if error.status == 401 else error.code] += 1
         if scope["path"] == "/v1/audio/speech":
             _speech_rejected(self.gateway, error)
+        else:  # (/metrics without a token, /health under a Host not allowed)
+            log_refused(log, scope["path"], peer_text(scope.get("client")), error.status,
+                        error.code, error.message)
         await error.response(headers)(scope, receive, send)
 
 
@@ -1135,7 +1138,7 @@ class _H11(H11Protocol):
 
     @property
     def _peer(self) -> str:
-        return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+        return peer_text(self.client)
 
     def _refused(self, code: str, message: str, *args: Any) -> None:
         """A refusal the protocol makes itself, below the app: logged at INFO (rate-limited

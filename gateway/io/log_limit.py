@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 LOGGED = 10
 """Lines of one kind logged per window."""
 WINDOW_S = 60.0
 
-LOGGERS = ("gateway.io.connection", "gateway.io.http_api")
+LOGGERS = ("gateway", "gateway.io.connection", "gateway.io.http_api")
 """The loggers that log limited lines."""
 
 
@@ -30,6 +31,20 @@ def limited(kind: str) -> dict[str, str]:
     """The ``extra`` of a limited line's log call (a refusal, a turn the LLM's reply
     failed): records of one ``kind`` are limited together."""
     return {"log_limit": kind}
+
+
+def peer_text(peer: Any) -> str:
+    """A client's ``(host, port)`` as the log writes it (``?`` when unknown)."""
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
+def log_refused(logger: logging.Logger, path: str, peer: str, status: int, code: str,
+                message: str) -> None:
+    """The line of a request either port refuses before serving it (a wrong token, a
+    ``Host`` or ``Origin`` not allowed, a full gateway): its path without the query (which
+    may hold a token), the client and why, limited per ``code``."""
+    logger.info("%s from %s refused (%d %s): %s", path.split("?", 1)[0][:200], peer, status,
+                code, message, extra=limited(f"refused {code}"))
 
 
 @dataclass(slots=True)

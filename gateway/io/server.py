@@ -71,7 +71,7 @@ from gateway.io.connection import (
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
 from gateway.io.listen import free_port
-from gateway.io.log_limit import LogLimit
+from gateway.io.log_limit import LogLimit, log_refused, peer_text
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.io.telemetry import Telemetry
@@ -534,33 +534,28 @@ class Gateway:
         path = request.path.split("?", 1)[0]
         hosts = request.headers.get_all("Host")
         if (why := refused_host(hosts, self.hosts)) is not None:  # (DNS rebinding)
-            self.metrics.errors["forbidden_host"] += 1
-            return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
-                "code": "forbidden_host", "message": why}})
+            return self._refuse(connection, request, http.HTTPStatus.FORBIDDEN,
+                                "forbidden_host", why)
         tokens = self.config.server.tokens
         # like the HTTP API port: everything but /health and the console page needs a token
         if path in (VOICE_PATH, "/metrics", "/v1/models") and tokens and \
                 not check_token(request, tokens):
-            self.metrics.errors["unauthorized"] += 1
-            return _json_response(http.HTTPStatus.UNAUTHORIZED, {"error": {
-                "code": "unauthorized",
-                "message": UNAUTHORIZED}})
+            return self._refuse(connection, request, http.HTTPStatus.UNAUTHORIZED,
+                                "unauthorized", UNAUTHORIZED)
         if path == VOICE_PATH:
             scheme = "https" if self.config.server.tls_cert else "http"
             own = own_origin(scheme, hosts[0] if len(hosts) == 1 else "", self.hosts)
             why = refused_origin(request.headers.get_all("Origin"), self.origins, own=own)
             if why is not None:
-                self.metrics.errors["forbidden_origin"] += 1
-                return _json_response(http.HTTPStatus.FORBIDDEN, {"error": {
-                    "code": "forbidden_origin", "message": why}})
+                return self._refuse(connection, request, http.HTTPStatus.FORBIDDEN,
+                                    "forbidden_origin", why)
             if len(self.runners) >= self.config.server.max_sessions:
                 resuming, why = self._resumable_past_limit(request.path)
                 if resuming is not None:
                     self.past_limit[connection] = resuming
                     return None
-                self.metrics.errors["server_full"] += 1
-                return _json_response(http.HTTPStatus.SERVICE_UNAVAILABLE, {"error": {
-                    "code": "server_full", "message": f"too many sessions; {why}"}})
+                return self._refuse(connection, request, http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                    "server_full", f"too many sessions; {why}")
             return None  # go on with the WebSocket handshake
         if path == "/health":
             health = self.health()
@@ -577,6 +572,17 @@ class Gateway:
             return page
         return _json_response(http.HTTPStatus.NOT_FOUND,
                               {"error": {"code": "not_found", "message": f"no route {path}"}})
+
+    def _refuse(self, connection: ServerConnection, request: Request,
+                status: http.HTTPStatus, code: str, message: str) -> Response:
+        """The answer to a request refused before anything is served: counted, and its log
+        line (a few a minute of each code: ``LogLimit``). A phone refused for a wrong token,
+        or for a name not in ``allowed_hosts``, left no line: the operator read a silent
+        log while its client said 401 or 403."""
+        self.metrics.errors[code] += 1
+        log_refused(log, request.path, peer_text(connection.remote_address), status, code,
+                    message)
+        return _json_response(status, {"error": {"code": code, "message": message}})
 
     def _resumable_past_limit(self, path: str) -> tuple[str | None, str]:
         """The session a socket names with ``?resume=<session_id>`` when a full gateway may
