@@ -107,7 +107,7 @@ class ChatterboxEngine(Uninterruptible):
         self._lifecycle.claim_thread()
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
-        model = load_tts_model(path)
+        model = load_tts_model(path, ("chatterbox", "chatterbox_turbo"), "Chatterbox")
         if (
             getattr(model, "tokenizer", None) is None
             and getattr(model, "mtl_tokenizer", None) is None

@@ -16,6 +16,7 @@ not a class tower, and each engine module keeps only what is specific to its mod
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import resource
@@ -187,8 +188,23 @@ class MlxLifecycle:
             mx.clear_cache()
 
 
-def load_tts_model(path: Path) -> Any:
-    """mlx-audio's own loader on a local model directory, its errors mapped to ``engine_failed``."""
+def load_tts_model(path: Path, kinds: tuple[str, ...], name: str) -> Any:
+    """mlx-audio's own loader on a local model directory, its errors mapped to ``engine_failed``.
+
+    A directory whose ``config.json`` names another ``model_type`` than ``kinds`` is refused
+    first, naming what it holds (``name``: the engine's model, for the message): mlx-audio
+    loads whatever it finds there, and an LLM's directory given as the voice (both are
+    mlx-community checkpoints) was loaded as Orpheus, whose codec it then reached for on the
+    model hub: the gateway stopped with "Cannot find an appropriate cached snapshot ... set
+    HF_HUB_OFFLINE=0", which would have downloaded a codec for a model that is no voice."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none or unreadable: mlx-audio's loader says what it lacks
+        config = None
+    found = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(found, str) and found not in kinds:
+        raise EngineError("engine_failed", f"{path} holds a {found!r} model (model_type in its "
+                          f"config.json), not a {name} one")
     try:
         from mlx_audio.tts.utils import load_model
 

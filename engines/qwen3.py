@@ -270,7 +270,7 @@ class Qwen3Engine(Uninterruptible):
         quiet_tqdm()
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
-        model = load_tts_model(path)
+        model = load_tts_model(path, ("qwen3_tts",), "Qwen3-TTS")
         # mlx-audio's post_load_hook prints a warning and carries on when the tokenizers
         # fail to load; a half-loaded model must not pass for a loaded one.
         if getattr(model, "model_type", None) != "qwen3_tts":

@@ -210,6 +210,20 @@ def test_an_engine_that_cannot_start_is_one_line_not_a_traceback(argv, code, mes
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("engine", "name"), [("qwen3", "Qwen3-TTS"),
+                                              ("chatterbox", "Chatterbox")])
+def test_a_model_of_another_kind_is_named_as_such(engine, name, tiny_llama_dir, capsys):
+    """The LLM's directory given as the voice (both are mlx-community checkpoints): mlx-audio
+    took the llama for Orpheus and reached for its codec on the model hub, and the line
+    said "Cannot find an appropriate cached snapshot ... set 'HF_HUB_OFFLINE=0'" (which
+    would have downloaded it) instead of what was wrong."""
+    assert main(["serve", "--port", "0", "--http-port", "0", "--tts", engine,
+                 "--tts-model", str(tiny_llama_dir)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"voice-gateway: the {engine} engine did not load (lane gpu): {tiny_llama_dir} holds "
+        f"a 'llama' model (model_type in its config.json), not a {name} one")
+
+
 def test_the_model_hub_is_off_unless_the_operator_turns_it_on():
     import subprocess
     import sys
