@@ -320,6 +320,17 @@ def _without_other_engines_settings(tts: TtsConfig, flags: dict[str, Any]) -> Tt
     return replace(tts, **reset) if reset else tts
 
 
+def _home_of(key: str) -> str:
+    """Where a key found outside any table goes: ``port = 8780`` above ``[server]`` was
+    refused as "unknown section(s) port"."""
+    homes = [f"[{name}]" for name, cls in _SECTIONS.items()
+             if key in {f.name for f in fields(cls)}]
+    if homes:
+        return f"write it under {' or '.join(homes)}"
+    *first, last = (f"[{name}]" for name in _SECTIONS)
+    return f"keys go under {', '.join(first)} or {last}"
+
+
 def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> GatewayConfig:
     """Read ``path`` (TOML) if given, then apply ``overrides`` ({section: {key: value}},
     ``None`` values ignored). An override naming another engine than the file's drops the
@@ -331,9 +342,13 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
                 data = tomllib.load(f)
             except tomllib.TOMLDecodeError as exc:
                 raise ValueError(f"{path}: {exc}") from None
+    for key, value in data.items():  # (a key written above the first table lands here)
+        if key not in _SECTIONS and not isinstance(value, dict):
+            raise ValueError(f"{path}: {key} is outside any table; {_home_of(key)}")
     unknown = set(data) - set(_SECTIONS)
     if unknown:
-        raise ValueError(f"{path}: unknown section(s) {', '.join(sorted(unknown))}")
+        raise ValueError(f"{path}: unknown section(s) {', '.join(sorted(unknown))}; known: "
+                         f"{', '.join(sorted(_SECTIONS))}")
     parts = {}
     for name, cls in _SECTIONS.items():
         section = _section(cls, data.get(name, {}), f"{path}[{name}]")

@@ -83,7 +83,14 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ("server = 5\n", "[server] must be a table, not 5"),
     # a misspelt section or key is refused, not ignored: '[sever] tokens' or 'token' would
     # otherwise start a gateway that asks no client for a token
-    ('[sever]\ntokens = ["s3cret"]\n[sesion]\n', "gw.toml: unknown section(s) sesion, sever"),
+    ('[sever]\ntokens = ["s3cret"]\n[sesion]\n', "gw.toml: unknown section(s) sesion, sever; "
+     "known: llm, server, session, tts"),
+    # a key above the first table was "unknown section(s) port"
+    ("port = 8780\n[server]\nhost = '127.0.0.1'\n",
+     "gw.toml: port is outside any table; write it under [server]"),
+    ('model = "m"\n', "gw.toml: model is outside any table; write it under [llm] or [tts]"),
+    ("prot = 1\n", "gw.toml: prot is outside any table; keys go under [server], [llm], [tts] "
+     "or [session]"),
     ('[server]\ntoken = ["s3cret"]\n', "gw.toml[server]: unknown key(s) token; known: "
      "allowed_hosts, host, http_port, insecure_bind, lane_policy, max_sessions, origins, "
      "outbox_bytes, port, resume_window_s, tls_cert, tls_key, tokens, turns_per_minute"),
