@@ -1207,6 +1207,40 @@ async def test_an_llm_down_at_start_is_logged_once_and_so_is_its_return(
         await gw.aclose()
 
 
+async def test_a_scrape_alone_tells_the_llm_server_down_and_the_status_health_would_give(
+        scripted_llm_server, refused_port):
+    """A hub watched by Prometheus alone saw nothing of an LLM server that stopped
+    answering: /metrics had no reachability nor the /health status, and only /health ran
+    the probe; gateway_llm_failing waited for a turn to fail. A scrape now probes as
+    /health does, and says gateway_llm_reachable and gateway_status."""
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": scripted_llm_server.url}))
+    await gw.start()
+    probe = gw.telemetry.llm_probe
+    watched = ("gateway_llm_reachable", "gateway_status{", "gateway_llm_failing")
+
+    async def scrape(http: httpx.AsyncClient) -> dict[str, str]:
+        text = (await http.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
+        return dict(line.split() for line in text.splitlines() if line.startswith(watched))
+
+    try:
+        await probe._task  # the probe at start
+        async with httpx.AsyncClient() as http:
+            up = await scrape(http)
+            probe.url = f"http://127.0.0.1:{refused_port}/v1"  # the server went away
+            probe.checked_at -= probe.interval_s  # and the last check is stale
+            await scrape(http)  # a scrape, no /health: it probes
+            await probe._task
+            down = await scrape(http)
+    finally:
+        await gw.aclose()
+    assert up == {"gateway_llm_failing": "0.0", "gateway_llm_reachable": "1.0",
+                  **{f'gateway_status{{gateway_status="{s}"}}': "1.0" if s == "ok" else "0.0"
+                     for s in ("starting", "ok", "degraded", "unhealthy", "stopping")}}
+    assert down["gateway_llm_reachable"] == "0.0" and down["gateway_llm_failing"] == "0.0"
+    assert down['gateway_status{gateway_status="degraded"}'] == "1.0"
+    assert down['gateway_status{gateway_status="ok"}'] == "0.0"
+
+
 async def test_turns_tell_the_llm_reachability_without_waiting_for_a_probe(replies,
                                                                            refused_port):
     """/health answered with the previous probe's result: the LLM down for seconds read

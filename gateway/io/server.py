@@ -614,18 +614,24 @@ class Gateway:
         return sum(1 for r in self.runners.values()
                    if r.session.turn is not None and not r.session.turn.ended)
 
+    def status(self) -> str:
+        """``/health``'s ``status`` (one of ``telemetry.STATUSES``), also in ``/metrics``
+        (``gateway_status``)."""
+        lane = self.lane
+        # the primary decides: a stuck second lane only loses its turns to the primary
+        # (placement skips it); it shows in lanes[...]["unhealthy"]
+        return "stopping" if self.closing else \
+            "unhealthy" if lane.unhealthy is not None else \
+            "starting" if not (self.ready and all(ln.loaded for ln in self.lanes.values())) \
+            else "degraded" if getattr(self.engine, "degraded", None) or lane.failing or \
+            self.llm_failing or self.telemetry.llm_probe.reachable is False else "ok"
+
     def health(self) -> dict[str, Any]:
         lane = self.lane
         lanes = list(self.lanes.values())
-        # the primary decides: a stuck second lane only loses its turns to the primary
-        # (placement skips it); it shows in lanes[...]["unhealthy"]
         degraded = getattr(self.engine, "degraded", None)  # (a fallback speaks)
         llm = self.telemetry.llm_health()
-        status = "stopping" if self.closing else \
-            "unhealthy" if lane.unhealthy is not None else \
-            "starting" if not (self.ready and all(ln.loaded for ln in lanes)) else \
-            "degraded" if degraded or lane.failing or self.llm_failing or \
-            llm["reachable"] is False else "ok"
+        status = self.status()
         names = [ln.engine.name for ln in lanes]
         engines = {(ln.engine.name if names.count(ln.engine.name) == 1 else
                     f"{ln.engine.name}@{ln.name}"): {

@@ -50,6 +50,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    StateSetMetricFamily,
 )
 from prometheus_client.registry import Collector
 
@@ -69,6 +70,8 @@ log = logging.getLogger(__name__)
 # process_start_time_seconds.
 disable_created_metrics()
 
+STATUSES = ("starting", "ok", "degraded", "unhealthy", "stopping")
+"""What ``/health`` may say (``Gateway.status``)."""
 BUSY_WINDOW_S = 60
 LLM_PROBE_INTERVAL_S = 5.0
 LLM_PROBE_TIMEOUT_S = 2.0
@@ -490,6 +493,10 @@ class Telemetry:
                 **self.llm_probe.status(), "tokens_per_s": self.llm_tokens_per_s, **thoughts}
 
     def exposition(self) -> bytes:
+        """The scrape's text. It probes the LLM server as ``/health`` does (when the last
+        check is stale): a hub watched by its scrapes alone showed the LLM server's state
+        as of the last ``/health`` asked, or of the last turn."""
+        self.llm_probe.refresh_if_stale()
         return generate_latest(self.registry)
 
     def start(self) -> None:
@@ -578,6 +585,14 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("gateway_llm_failing", "1 while the LLM fails turns (from a failed "
                                 "turn until three replies in a row came whole), else 0",
                                 value=float(gw.llm_failing is not None))
+        reachable = self.t.llm_probe.reachable
+        yield GaugeMetricFamily("gateway_llm_reachable", "1 while the LLM server answers (its "
+                                "last probe or turn), 0 while it does not, NaN before the "
+                                "first check (/health llm.reachable)",
+                                value=math.nan if reachable is None else float(reachable))
+        status = gw.status()
+        yield StateSetMetricFamily("gateway_status", "The /health status now",
+                                   value={name: name == status for name in STATUSES})
         speech = getattr(gw, "http", None)
         yield GaugeMetricFamily("gateway_http_speech_streams", "Open HTTP speech responses",
                                 value=len(speech.streams) if speech is not None else 0)
