@@ -1207,6 +1207,29 @@ async def test_an_llm_down_at_start_is_logged_once_and_so_is_its_return(
         await gw.aclose()
 
 
+@pytest.mark.parametrize("model", ["gemma", "scripted", None])
+async def test_a_model_the_llm_server_does_not_list_is_said_at_start_once(
+        model, caplog, scripted_llm_server):
+    """A misspelt [llm] model started a gateway without a word, and every turn then failed
+    (mlx_lm.server answered 404 about the model hub). The probe's /models answer (here it
+    lists "scripted") now tells it at start: a WARNING, once, naming what it lists."""
+    gw = Gateway(load_config(server={"port": 0},
+                             llm={"url": scripted_llm_server.url, "model": model}))
+    caplog.set_level(logging.INFO, logger="gateway.io.telemetry")
+    await gw.start()
+    try:
+        await gw.telemetry.llm_probe._task  # the probe at start
+        await gw.telemetry.llm_probe.probe()  # and a later one: nothing more
+    finally:
+        await gw.aclose()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "gateway.io.telemetry"]
+    assert said == ([("WARNING", f"the LLM server at {scripted_llm_server.url} lists no model "
+                                 "'gemma' (it lists scripted): turns that ask for it may fail; "
+                                 "set [llm] model (--llm-model) to one it lists")]
+                    if model == "gemma" else [])
+
+
 async def test_a_scrape_alone_tells_the_llm_server_down_and_the_status_health_would_give(
         scripted_llm_server, refused_port):
     """A hub watched by Prometheus alone saw nothing of an LLM server that stopped

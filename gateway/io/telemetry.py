@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import orjson
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -166,9 +167,12 @@ class LlmProbe:
     """Is the LLM server answering? Cached; refreshed at most every ``interval_s``."""
 
     def __init__(self, url: str | None, api_key: str | None = None,
-                 interval_s: float = LLM_PROBE_INTERVAL_S) -> None:
+                 interval_s: float = LLM_PROBE_INTERVAL_S, model: str | None = None) -> None:
         self.url = url
         self.api_key = api_key
+        self.model = model
+        """``[llm] model``: the probe's answer says whether the server lists it."""
+        self._said_unlisted = False
         self.interval_s = interval_s
         self.reachable: bool | None = None if url else True
         self.detail: str | None = None if url else "in-process replay backend"
@@ -207,12 +211,14 @@ class LlmProbe:
         try:
             async with self._client.stream("GET", self.url.rstrip("/") + "/models",
                                            headers=headers) as response:
-                read = 0
+                body = bytearray()
                 async for data in response.aiter_raw():  # (a whole one frees the connection)
-                    read += len(data)
-                    if read >= LLM_PROBE_BODY_BYTES:
+                    body += data
+                    if len(body) >= LLM_PROBE_BODY_BYTES:
                         break  # (and the connection is closed, not reused)
             self.reachable = response.status_code < 500
+            if response.status_code == 200 and len(body) < LLM_PROBE_BODY_BYTES:
+                self._check_model_listed(bytes(body))
             self.detail = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
             self.reachable = False
@@ -227,6 +233,27 @@ class LlmProbe:
             self._said_down = True
         elif self.reachable:
             self._said_back()
+
+    def _check_model_listed(self, body: bytes) -> None:
+        """Warn, once, when the server's model list (OpenAI's ``{"data": [{"id"}]}``)
+        lacks ``[llm] model``: a misspelt name (``gemma`` for ``gemma-4-26b-a4b``) started
+        a gateway whose every turn then failed, mlx_lm.server's with a 404 about the
+        model hub. A body of another shape, or an empty list, says nothing (servers that
+        take any name: proxies, aliases)."""
+        if self.model is None or self._said_unlisted:
+            return
+        try:
+            listed = [m["id"] for m in orjson.loads(body)["data"]
+                      if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        if listed and self.model not in listed:
+            self._said_unlisted = True
+            shown = ", ".join(listed[:10]) + (f" and {len(listed) - 10} more"
+                                              if len(listed) > 10 else "")
+            log.warning("the LLM server at %s lists no model %r (it lists %s): turns that "
+                        "ask for it may fail; set [llm] model (--llm-model) to one it lists",
+                        self.shown_url, self.model, shown)
 
     def _said_back(self) -> None:
         if self._said_down:
@@ -392,7 +419,8 @@ class Telemetry:
         self.compute = {name: BusyWindow(started=time.perf_counter())
                         for name in gateway.lanes}
         """Each lane's step seconds, added up (steps at once each count)."""
-        self.llm_probe = LlmProbe(gateway.config.llm.url, gateway.config.llm.api_key)
+        self.llm_probe = LlmProbe(gateway.config.llm.url, gateway.config.llm.api_key,
+                                  model=gateway.config.llm.model)
         self._jobs: dict[Job, _JobTally] = {}
         for lane in gateway.lanes.values():
             lane.observer = self
