@@ -126,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         # httpx logs every request at INFO: each /health LLM probe, and a "200 OK" for an
         # LLM answer that then fails (the gateway logs what matters of those itself);
         # websockets says "connection open/closed" per socket with no session or peer: the
-        # gateway's own lines (session opened/dropped/resumed/ended) say it with both
-        for noisy in ("httpx", "websockets.server"):
+        # gateway's own lines (session opened/dropped/resumed/ended) say it with both;
+        # uvicorn says "Started server process", "Shutting down" and "Finished server
+        # process" at INFO on a logger named "error", three lines before the one that
+        # says why an engine did not load (the banner and "stopped" say the rest)
+        for noisy in ("httpx", "websockets.server", "uvicorn.error"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         config = build_config(args)

@@ -217,6 +217,17 @@ def test_an_engine_that_cannot_start_is_one_line_not_a_traceback(argv, code, mes
     assert "Traceback" not in err
 
 
+def test_an_engine_that_cannot_start_is_all_the_process_says():
+    """The process printed three INFO lines of uvicorn's ("Started server process",
+    "Shutting down", "Finished server process", on a logger named uvicorn.error) before
+    the line saying why it stopped."""
+    with ServeProcess("--port", "0", "--http-port", "0", "--voice", "klingon") as gw:
+        code, output = gw.finish()
+    assert code == 1
+    assert output == ("voice-gateway: the espeak engine did not load (lane cpu): espeak has "
+                      "no voice 'klingon'\n")
+
+
 @pytest.mark.parametrize(("engine", "name"), [("qwen3", "Qwen3-TTS"),
                                               ("chatterbox", "Chatterbox")])
 def test_a_model_of_another_kind_is_named_as_such(engine, name, tiny_llama_dir, capsys):
