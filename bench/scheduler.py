@@ -1,6 +1,6 @@
 """GPU turn-taking policies in virtual time, against a GPU model calibrated from the hub.
 
-    python -m bench.scheduler [--json PATH] [--seed N] [--quick]
+    python -m bench.scheduler [--json PATH] [--seed N] [--quick] [--baseline REV]
 
 Model (calibration.json): the GPU time-slices whatever runs on it, work-conserving, by
 weight. Alone, Gemma decodes 51.5 tok/s; beside one TTS generation 28 tok/s, so the LLM gets
@@ -21,7 +21,9 @@ playback, just in time, background jobs in 80 ms steps: ``step_ms``), ``sched-32
 (``gateway.core.placement.place`` puts interactive jobs on an ANE lane).
 
 Scenarios: 1 validation, 2 shared voice, 3 ramp, 4 ANE lane; plus the decision-time
-micro-benchmark at 1,000 queued jobs against the old linear scan (same run).
+micro-benchmark at 1,000 queued jobs against the old linear scan (same run), and at rule
+6's bound (16 streams open, the other owners waiting for one); ``--baseline REV`` times
+both with ``LaneScheduler`` as it was at git revision REV too.
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ import json
 import math
 import random
 import statistics
+import subprocess
+import sys
 import time
+import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.core import scheduler as scheduler_module
 from gateway.core.placement import LaneLoad, LaneProfile, TurnPlacer, place
 from gateway.core.scheduler import JIT_GRANULARITY_S, Job, LaneScheduler, Priority, Rank, step_ms
 
@@ -635,19 +641,21 @@ def linear_next_job(queues: dict, deadline_of: Callable[[Job, float], float], no
     return best
 
 
-def bench_decision(n: int = 1000, decisions: int = 20000, seed: int = 1) -> dict[str, Any]:
+def bench_decision(core: types.ModuleType = scheduler_module, n: int = 1000,
+                   decisions: int = 20000, seed: int = 1) -> dict[str, Any]:
     """``n`` queued jobs (one per owner, the worst case); each decision is followed by the
-    chosen job's step, which moves its listener's deadline later (as a real step does)."""
+    chosen job's step, which moves its listener's deadline later (as a real step does).
+    ``core``: the scheduler module to measure (``--baseline`` passes an older revision's)."""
     rng = random.Random(seed)
     play_end: dict[int, float] = {}
 
     def deadline_of(job: Job, now: float) -> float:
         return play_end[job.owner]
 
-    sched = LaneScheduler(deadline_of=deadline_of, max_lead=1.0)
+    sched = core.LaneScheduler(deadline_of=deadline_of, max_lead=1.0)
     for owner in range(n):
         play_end[owner] = rng.uniform(0.0, 1.0)
-        sched.submit(Job(owner=owner, priority=Priority.INTERACTIVE, deadline=0.0))
+        sched.submit(core.Job(owner=owner, priority=core.Priority.INTERACTIVE, deadline=0.0))
     now, times = 0.0, []
     for _ in range(decisions):
         now += 0.0001
@@ -673,6 +681,78 @@ def bench_decision(n: int = 1000, decisions: int = 20000, seed: int = 1) -> dict
             "linear_us_p50": pct(base, 0.5) / 1e3, "goal_us": 20.0}
 
 
+def bench_decision_bound(core: types.ModuleType = scheduler_module, n: int = 1000,
+                         max_open: int = 16, decisions: int = 20000, seed: int = 1
+                         ) -> dict[str, Any]:
+    """Rule 6 at its bound: ``n`` owners each with a sentence queued, at most ``max_open``
+    (qwen3's 16) streams open, the others waiting for one to end. Each decision is followed
+    by the chosen job's step (its listener gains 320 ms of audio); a sentence ends after
+    5-40 steps and its owner queues its next one (a later sentence of the same stream),
+    which waits for a stream in turn. ``core``: the scheduler module to measure
+    (``--baseline`` passes an older revision's)."""
+    rng = random.Random(seed)
+    play_end: dict[int, float] = {}
+    calls = 0
+
+    def deadline_of(job: Any, now: float) -> float:
+        nonlocal calls
+        calls += 1
+        return play_end[job.owner]
+
+    sched = core.LaneScheduler(deadline_of=deadline_of, max_lead=1.0, max_open=max_open,
+                               tolerance=JIT_GRANULARITY_S)
+
+    def sentence(owner: int, deadline: float, since: float | None) -> Any:
+        """An interactive sentence (``since``: its stream's start, for a later one)."""
+        return core.Job(owner=owner, priority=core.Priority.INTERACTIVE, deadline=deadline,
+                        since=since)
+
+    left: dict[int, int] = {}
+    started: dict[int, float] = {}
+    for owner in range(n):
+        play_end[owner] = rng.uniform(0.0, 1.0)
+        started[owner] = play_end[owner]
+        left[owner] = rng.randint(5, 40)
+        sched.submit(sentence(owner, play_end[owner], None))
+    now, times, waiting, per_decision = 0.0, [], [], []
+    for _ in range(decisions):
+        now += 0.02  # the lane feeds its open streams: 16 x 320 ms of audio per 5.1 s
+        calls = 0
+        t0 = time.perf_counter_ns()
+        job = sched.next_job(now)
+        times.append(time.perf_counter_ns() - t0)
+        per_decision.append(calls)
+        waiting.append(sched.streams_waiting)
+        if job is None:
+            now = max(now, sched.next_eligible_at or now)
+            continue
+        owner = job.owner
+        job.steps += 1
+        play_end[owner] = max(now, play_end[owner]) + 0.32
+        left[owner] -= 1
+        if not left[owner]:
+            sched.finish(job)
+            left[owner] = rng.randint(5, 40)
+            sched.submit(sentence(owner, play_end[owner], started[owner]))
+    return {"queued": len(sched), "max_open": max_open, "decisions": len(times),
+            "waiting_mean": statistics.fmean(waiting),
+            "us_p50": pct(times, 0.5) / 1e3, "us_p99": pct(times, 0.99) / 1e3,
+            "us_mean": statistics.fmean(times) / 1e3,
+            "deadline_of_per_decision": statistics.fmean(per_decision), "goal_us": 20.0}
+
+
+def scheduler_at(rev: str) -> types.ModuleType:
+    """``gateway.core.scheduler`` as it was at git revision ``rev`` (the decision benchmarks'
+    baseline, measured in the same run): its source from ``git show``, run as a module."""
+    source = subprocess.run(["git", "show", f"{rev}:gateway/core/scheduler.py"],
+                            capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parent.parent).stdout
+    module = types.ModuleType(f"scheduler_at_{rev}")
+    sys.modules[module.__name__] = module  # (dataclasses look their module up)
+    exec(compile(source, f"{rev}:gateway/core/scheduler.py", "exec"), module.__dict__)
+    return module
+
+
 # ---- main ----------------------------------------------------------------------------
 
 
@@ -682,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--quick", action="store_true", help="shorter runs (a smoke test)")
     ap.add_argument("--max-sessions", type=int, default=6)
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also time rule 6's decisions with LaneScheduler at git revision REV")
     ap.add_argument("--step-overhead-ms", type=float, default=5.0,
                     help="assumed fixed GPU cost per streaming step (see Model)")
     args = ap.parse_args(argv)
@@ -753,11 +835,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['llm_tok_s'] or 0:9.1f} {ane}")
         res["ramp"][name] = rows
 
-    d = bench_decision()
-    res["decision"] = d
-    print(f"\ndecision time, {d['queued']} queued jobs: heap p50 {d['heap_us_p50']:.1f} µs, "
-          f"p99 {d['heap_us_p99']:.1f} µs (goal {d['goal_us']:.0f}); old linear scan p50 "
-          f"{d['linear_us_p50']:.1f} µs")
+    cores = {"this tree": scheduler_module}
+    if args.baseline:
+        cores[args.baseline] = scheduler_at(args.baseline)
+    print()
+    for label, core in cores.items():
+        d = bench_decision(core)
+        b = bench_decision_bound(core)
+        if label == "this tree":
+            res["decision"], res["decision_bound"] = d, b
+        else:
+            res[f"decision@{label}"], res[f"decision_bound@{label}"] = d, b
+        print(f"decision time ({label}), {d['queued']} queued jobs: heap p50 "
+              f"{d['heap_us_p50']:.1f} µs, p99 {d['heap_us_p99']:.1f} µs (goal "
+              f"{d['goal_us']:.0f}); old linear scan p50 {d['linear_us_p50']:.1f} µs")
+        print(f"   at rule 6's bound, {b['queued']} queued, {b['max_open']} open, "
+              f"{b['waiting_mean']:.0f} waiting: p50 {b['us_p50']:.1f} µs, p99 "
+              f"{b['us_p99']:.1f} µs, mean {b['us_mean']:.1f} µs; "
+              f"{b['deadline_of_per_decision']:.1f} deadline_of calls per decision")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2, default=str))
     return 0

@@ -851,3 +851,37 @@ def test_a_stream_cancelled_between_its_steps_closes_at_once() -> None:
     sched.release(jobs["a"])  # its step returned, the stream stays open for the next
     assert sched.cancel("a") == [jobs["a"]] and sched.open_streams == 0
     assert sched.next_job(0.0) is jobs["b"]
+
+
+def test_a_stream_that_ends_asks_a_few_waiting_owners_not_all() -> None:
+    """Rule 6 at its bound with many owners waiting (a lane of 16 streams and 1,000
+    sentences queued): a stream that ends files the best waiting owner again, not every
+    one. Re-filing them all asked ``deadline_of`` once per waiting owner per stream that
+    ended (~90 calls per decision at 1,000: bench/SCHEDULER.md). The streams still go in
+    rule 2's order."""
+    asked = 0
+    deadlines = {i: float(i) for i in range(200)}
+
+    def deadline_of(job: Job, now: float) -> float:
+        nonlocal asked
+        asked += 1
+        return deadlines[job.owner]
+
+    sched = LaneScheduler(deadline_of=deadline_of, max_open=2)
+    for i in range(200):
+        sched.submit(Job(owner=i, priority=IA, deadline=0.0))
+    opened = []
+    for _ in range(400):
+        job = sched.next_job(0.0)
+        assert job is not None
+        if not job.steps:
+            opened.append(job.owner)
+        job.steps += 1
+        deadlines[job.owner] += 0.3
+        if job.steps == 2:
+            sched.finish(job)  # its sentence ended: a waiting owner opens a stream
+        if len(opened) == 2:
+            asked = 0  # (the first decision asked every new head once)
+    assert opened == list(range(200))  # earliest deadline first
+    assert sched.streams_waiting == 0 and len(sched) == 0
+    assert asked < 5 * 400

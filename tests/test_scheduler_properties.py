@@ -31,7 +31,8 @@ class OpenStreams(RuleBasedStateMachine):
                                    max_lead=max_lead)
         self.now = 0.0
         self.handed: set[int] = set()
-        """ids of the jobs handed out and neither finished nor cancelled: open streams."""
+        """``seq`` of the jobs handed out and neither finished nor cancelled: open streams
+        (not ``id``: Hypothesis replays a run and must draw the same job from it)."""
         self.jobs: dict[int, Job] = {}
         self.held: dict[Hashable, Job] = {}
 
@@ -53,13 +54,17 @@ class OpenStreams(RuleBasedStateMachine):
             runnable = [owner for owner in sched.owners() if owner not in self.held
                         and (free or sched.head(owner).opened)]  # type: ignore[union-attr]
             assert (job is None) == (not runnable), (runnable, job)
-        if sched.open_streams < sched.max_open:  # type: ignore[operator]
-            assert sched.streams_waiting == 0  # a free stream: no owner waits for one
+        if sched.streams_waiting:
+            # a stream ended files one owner waiting for it again, not all (``_unpark``):
+            # every free stream has a head not started filed (a candidate) to take it
+            filed = sum(entry.live and not entry.job.opened
+                        for entry in sched._entries.values())
+            assert sched.open_streams + filed >= sched.max_open  # type: ignore[operator]
         if job is None:
             return
         assert job.owner not in self.held and sched.head(job.owner) is job  # rules 1, 5
-        self.handed.add(id(job))
-        self.jobs[id(job)] = job
+        self.handed.add(job.seq)
+        self.jobs[job.seq] = job
         job.steps += 1
         # its listener now holds some audio (deadlines only move later untouched)
         self.deadlines[job.owner] = max(self.deadlines.get(job.owner, job.deadline),
@@ -75,7 +80,7 @@ class OpenStreams(RuleBasedStateMachine):
         job = self.held.pop(owner)
         self.sched.release(job)
         if job.cancelled:  # its step returned: the lane closes its stream now
-            self.handed.discard(id(job))
+            self.handed.discard(job.seq)
 
     @precondition(lambda self: any(not self.jobs[i].cancelled for i in self.handed))
     @rule(data=st.data())
@@ -83,7 +88,7 @@ class OpenStreams(RuleBasedStateMachine):
         job = self.jobs[data.draw(st.sampled_from(
             sorted(i for i in self.handed if not self.jobs[i].cancelled)))]
         self.sched.finish(job)
-        self.handed.discard(id(job))
+        self.handed.discard(job.seq)
         if self.held.get(job.owner) is job:  # its step ended: the lane releases it
             self.sched.release(self.held.pop(job.owner))
         self.deadlines.pop(job.owner, None)  # its next sentence starts a new stream
@@ -92,14 +97,14 @@ class OpenStreams(RuleBasedStateMachine):
     def fail_queued(self, owner: str) -> None:
         """An unhealthy lane fails a head not handed out (``Lane._fail_queued``)."""
         head = self.sched.head(owner)
-        if head is not None and id(head) not in self.handed:
+        if head is not None and head.seq not in self.handed:
             self.sched.finish(head)
 
     @rule(owner=st.sampled_from(OWNERS))
     def cancel(self, owner: str) -> None:
         for job in self.sched.cancel(owner):
             if self.held.get(owner) is not job:  # (a step in flight: open until ``release``)
-                self.handed.discard(id(job))
+                self.handed.discard(job.seq)
         self.deadlines.pop(owner, None)
 
     @rule(owner=st.sampled_from(OWNERS), earlier=st.floats(0.0, 1.0))
@@ -128,9 +133,16 @@ class OpenStreams(RuleBasedStateMachine):
             head = sched.head(owner)
             entry = sched._entries.get(owner)
             filed = entry is not None and entry.live and entry.job is head
-            assert filed or owner in self.held or sched._blocked.get(owner) is head, owner
+            parked = sched._blocked.get(owner)
+            waits = parked is not None and parked.live and parked.job is head
+            assert filed or owner in self.held or waits, owner
+            assert not (filed and parked), owner  # filed once (rule 1)
         # and only those wait: ``streams_waiting`` (/health) counts owners with a head
-        assert all(sched.head(owner) is head for owner, head in sched._blocked.items())
+        assert all(sched.head(owner) is entry.job for owner, entry in sched._blocked.items())
+        # each in the parked heap of its class, live once
+        parked = [entry for heaps in (sched._parked, sched._parked_comfortable)
+                  for heap in heaps for entry in heap if entry.live]
+        assert sorted(map(id, parked)) == sorted(map(id, sched._blocked.values()))
 
 
 TestOpenStreams = OpenStreams.TestCase

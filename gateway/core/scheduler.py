@@ -80,6 +80,10 @@ until it is fresh; overdue heads go most overdue first. A head moves between the
 bounded number of times per step it gets, so a decision costs a few ``deadline_of`` calls
 and O(log n), not one call per queued owner. A deadline that moves *earlier* (a playback
 report saying the client holds less than estimated) must be announced with ``touch(owner)``.
+Owners waiting for a stream (rule 6) leave those heaps for two *parked* heaps per class
+(ready and comfortable, under the key they had); a stream that ends files the best of them
+again (one per free stream, the top refreshed as above), not all of them: at 16 streams
+and 1,000 waiting owners that was ~90 ``deadline_of`` calls per decision (bench/SCHEDULER.md).
 """
 
 from __future__ import annotations
@@ -155,6 +159,9 @@ class Job:
 
 
 DeadlineOf = Callable[[Job, float], float]
+
+_Heaps = tuple[tuple[list["_Entry"], ...], tuple[list["_Entry"], ...], tuple[list["_Entry"], ...]]
+"""Ready, comfortable and waiting heaps, one of each per priority class."""
 
 _EPSILON = 1e-9
 """Seconds: ``deadline - now <= lead`` and ``deadline - lead <= now`` round differently; a
@@ -253,8 +260,17 @@ class LaneScheduler:
     max_open: int | None = None
     """Rule 6: at most this many jobs' streams open at once (None: no limit)."""
     _open: int = 0
-    _blocked: dict[Hashable, Job] = field(default_factory=dict)
-    """Owners whose head waits for a stream to end (rule 6): off the heaps meanwhile."""
+    _blocked: dict[Hashable, _Entry] = field(default_factory=dict)
+    """Owners whose head waits for a stream to end (rule 6): their entries, off the heaps
+    meanwhile and in the parked heaps below instead, under the key they had there."""
+    _parked: tuple[list[_Entry], ...] = field(
+        default_factory=lambda: tuple([] for _ in Priority))
+    _parked_comfortable: tuple[list[_Entry], ...] = field(
+        default_factory=lambda: tuple([] for _ in Priority))
+    _promised: set[Hashable] = field(default_factory=set)
+    """Owners taken off the parked heaps for a free stream and not started yet: each of
+    them holds one free stream in reserve, so a stream that ends files one waiting owner
+    again, not all (``_unpark``)."""
     _size: int = 0
     _dead: int = 0
     """Dropped entries still in a heap (each is popped when it reaches the top; a heap
@@ -308,8 +324,8 @@ class LaneScheduler:
         queue.popleft()
         self._size -= 1
         self._interactive -= job.priority is _INTERACTIVE
-        self._drop_entry(job.owner)
-        self._blocked.pop(job.owner, None)  # (a waiting head failed: ``Lane._fail_queued``)
+        self._drop_entry(job.owner)  # (a waiting head may fail: ``Lane._fail_queued``)
+        self._promised.discard(job.owner)
         self._closed(job)
         if not queue:
             del self._queues[job.owner]
@@ -324,7 +340,7 @@ class LaneScheduler:
         if not queue:
             return []
         self._drop_entry(owner)
-        self._blocked.pop(owner, None)
+        self._promised.discard(owner)
         self._size -= len(queue)
         self._interactive -= sum(job.priority is Priority.INTERACTIVE for job in queue)
         running = queue[0] if owner in self._held else None
@@ -337,8 +353,15 @@ class LaneScheduler:
     def touch(self, owner: Hashable) -> None:
         """``owner``'s deadline may have moved earlier: ask ``deadline_of`` again."""
         queue = self._queues.get(owner)
-        if queue and owner not in self._held and owner not in self._blocked:
-            self._drop_entry(owner)
+        if not queue or owner in self._held:
+            return
+        parked = owner in self._blocked
+        self._drop_entry(owner)
+        if parked:  # ranked afresh among those waiting for a stream (rule 6)
+            entry = _entry(_UNKNOWN, queue[0])
+            self._blocked[owner] = entry
+            heapq.heappush(self._parked[queue[0].priority], entry)
+        else:
             self._push_head(queue[0])
 
     def hold(self, job: Job) -> None:
@@ -354,7 +377,7 @@ class LaneScheduler:
         if job.cancelled:
             self._closed(job)
         queue = self._queues.get(job.owner)
-        if queue and job.owner not in self._entries:
+        if queue and job.owner not in self._entries and job.owner not in self._blocked:
             self._push_head(queue[0])
 
     # ---- decision ----------------------------------------------------------------------
@@ -378,6 +401,8 @@ class LaneScheduler:
                 head.opened = True
                 self._open += 1
             return head
+        if self._blocked and self._open + len(self._promised) < (self.max_open or 0):
+            self._unpark(now)  # (a stream ended)
         waited = bool(self._blocked)
         job = self._decide(now)
         if job is None and self._blocked and not waited:
@@ -387,6 +412,7 @@ class LaneScheduler:
     def _decide(self, now: float) -> Job | None:
         wake = math.inf
         shared = self._interactive > 0 or self.llm_decoding > 0
+        heaps = (self._heaps, self._comfortable, self._waiting)
         for priority in _PRIORITIES:
             ready, comfortable, waiting = (self._heaps[priority], self._comfortable[priority],
                                            self._waiting[priority])
@@ -403,37 +429,21 @@ class LaneScheduler:
             # back by the other was re-filed for ever: the event loop froze.)
             while waiting and (lead is None or not waiting[0].live or not self._too_far(
                     waiting[0].key[-1], now, self._lead(waiting[0].job, lead))):
-                self._refile(heapq.heappop(waiting), now, lead)
+                self._refile(heapq.heappop(waiting), now, lead, heaps, self._entries)
             while comfortable and (not comfortable[0].live
                                    or not self._comfortable_at(comfortable[0].key[0], now)):
-                self._refile(heapq.heappop(comfortable), now, lead)
+                self._refile(heapq.heappop(comfortable), now, lead, heaps, self._entries)
             for heap in (ready, comfortable):
-                while heap:
-                    entry = heap[0]
-                    if not entry.live:
-                        heapq.heappop(heap)
-                        self._dead -= 1
-                        continue
+                while (entry := self._fresh_top(heap, now, lead, heaps, self._entries)) is not None:
                     job = entry.job
-                    target, key = self._place(job, now, self._deadline(job, now), lead)
-                    if target is not heap:
-                        # Too far ahead now (rule 3), or its lead crossed ``protect_lead``.
-                        entry.live = False
-                        heapq.heappop(heap)
-                        self._push(target, key, job)
-                        continue
-                    if key > entry.key:
-                        # Stale: it waited under an earlier rank. Re-file it and look again.
-                        self._replace_top(heap, key)
-                        continue
-                    if key < entry.key:
-                        entry.key = key  # earlier, and at the top: the heap stays valid
                     if not job.opened:
                         if self.max_open is not None and self._open >= self.max_open:
-                            self._block(heap)  # rule 6: until a stream ends
+                            self._park(heap, priority)  # rule 6: until a stream ends
                             continue
                         job.opened = True
                         self._open += 1
+                        if self._promised:
+                            self._reserve_taken(job.owner)
                     self.next_eligible_at = None
                     return job
             while waiting and lead is not None:  # when the first waiting one becomes eligible
@@ -445,7 +455,8 @@ class LaneScheduler:
                 job = entry.job
                 deadline = self._deadline(job, now)
                 if deadline > entry.key[-1]:
-                    self._replace_top(waiting, self._waiting_key(job, deadline, lead))
+                    self._replace_top(waiting, self._waiting_key(job, deadline, lead),
+                                      self._entries)
                     continue
                 wake = min(wake, deadline - self._lead(job, lead))
                 break
@@ -476,18 +487,19 @@ class LaneScheduler:
     def _deadline(self, job: Job, now: float) -> float:
         return self.deadline_of(job, now) if self.deadline_of else job.deadline
 
-    def _place(self, job: Job, now: float, deadline: float, lead: float | None
-               ) -> tuple[list[_Entry], tuple[float, ...]]:
-        """Rules 2, 2b and 3: the heap a head belongs in now, and its key there."""
+    def _place(self, job: Job, now: float, deadline: float, lead: float | None,
+               heaps: _Heaps) -> tuple[list[_Entry], tuple[float, ...]]:
+        """Rules 2, 2b and 3: the heap of ``heaps`` (ready, comfortable, waiting; the parked
+        ones for an owner waiting for a stream) a head belongs in now, and its key there."""
         if lead is not None and self._too_far(deadline, now, self._lead(job, lead)):
-            return self._waiting[job.priority], self._waiting_key(job, deadline, lead)
+            return heaps[2][job.priority], self._waiting_key(job, deadline, lead)
         if (self.rank is _STREAM_AGE and job.priority is _INTERACTIVE
                 and (job.steps or job.since is not None)):
             if self._comfortable_at(deadline, now):
-                return self._comfortable[job.priority], (deadline,)
-            return self._heaps[job.priority], (1, job.deadline if job.since is None
-                                               else job.since)
-        return self._heaps[job.priority], (0, deadline)
+                return heaps[1][job.priority], (deadline,)
+            return heaps[0][job.priority], (1, job.deadline if job.since is None
+                                            else job.since)
+        return heaps[0][job.priority], (0, deadline)
 
     @staticmethod
     def _lead(job: Job, lead: float) -> float:
@@ -509,20 +521,53 @@ class LaneScheduler:
         """Rule 2b: a playing listener holding at least ``protect_lead`` of audio."""
         return deadline - now >= self.protect_lead - _EPSILON
 
-    def _push(self, heap: list[_Entry], key: tuple[float, ...], job: Job) -> None:
+    @staticmethod
+    def _push(heap: list[_Entry], key: tuple[float, ...], job: Job,
+              entries: dict[Hashable, _Entry]) -> None:
         entry = _entry(key, job)
         heapq.heappush(heap, entry)
-        self._entries[job.owner] = entry
+        entries[job.owner] = entry
 
-    def _replace_top(self, heap: list[_Entry], key: tuple[float, ...]) -> None:
+    @staticmethod
+    def _replace_top(heap: list[_Entry], key: tuple[float, ...],
+                     entries: dict[Hashable, _Entry]) -> None:
         """The top entry's key moved later: replace it by a fresh entry under ``key``."""
         entry = heap[0]
         entry.live = False
         fresh = _entry(key, entry.job)
-        self._entries[entry.job.owner] = fresh
+        entries[entry.job.owner] = fresh
         heapq.heapreplace(heap, fresh)
 
-    def _refile(self, entry: _Entry, now: float, lead: float | None) -> None:
+    def _fresh_top(self, heap: list[_Entry], now: float, lead: float | None, heaps: _Heaps,
+                   entries: dict[Hashable, _Entry]) -> _Entry | None:
+        """The top of ``heap`` (one of ``heaps``, whose owners' entries are ``entries``)
+        once it is live, its deadline asked and it still belongs there: dead entries are
+        dropped, and a head whose key moved is filed again until the top is fresh."""
+        while heap:
+            entry = heap[0]
+            if not entry.live:
+                heapq.heappop(heap)
+                self._dead -= 1
+                continue
+            job = entry.job
+            target, key = self._place(job, now, self._deadline(job, now), lead, heaps)
+            if target is not heap:
+                # Too far ahead now (rule 3), or its lead crossed ``protect_lead``.
+                entry.live = False
+                heapq.heappop(heap)
+                self._push(target, key, job, entries)
+                continue
+            if key > entry.key:
+                # Stale: it waited under an earlier rank. Re-file it and look again.
+                self._replace_top(heap, key, entries)
+                continue
+            if key < entry.key:
+                entry.key = key  # earlier, and at the top: the heap stays valid
+            return entry
+        return None
+
+    def _refile(self, entry: _Entry, now: float, lead: float | None, heaps: _Heaps,
+                entries: dict[Hashable, _Entry]) -> None:
         """File a waiting or comfortable head again under the deadline it was filed with,
         without asking ``deadline_of``: that key is never later than the true one, and the
         head is asked anyway before it runs (at the top of its heap). Asking here too cost
@@ -530,30 +575,67 @@ class LaneScheduler:
         if entry.live:
             entry.live = False
             job = entry.job
-            self._push(*self._place(job, now, entry.key[-1], lead), job)
+            self._push(*self._place(job, now, entry.key[-1], lead, heaps), job, entries)
         else:
             self._dead -= 1
 
-    def _block(self, heap: list[_Entry]) -> None:
-        """Rule 6: take the top of ``heap`` off the heaps until a stream ends (``_closed``)."""
-        job = heapq.heappop(heap).job
-        del self._entries[job.owner]
-        self._blocked[job.owner] = job
+    def _park(self, heap: list[_Entry], priority: Priority) -> None:
+        """Rule 6: move the top of ``heap`` (fresh; the ready or comfortable heap of
+        ``priority``) to its parked counterpart under the same key, until a stream ends
+        (``_unpark``)."""
+        parked = (self._parked if heap is self._heaps[priority]
+                  else self._parked_comfortable)[priority]
+        entry = heapq.heappop(heap)
+        owner = entry.job.owner
+        del self._entries[owner]
+        self._promised.discard(owner)  # (a new head took the stream kept for it)
+        heapq.heappush(parked, entry)
+        self._blocked[owner] = entry
+
+    def _unpark(self, now: float) -> None:
+        """Rule 6: streams are free that no head filed already waits to take: file the
+        best owners waiting for one again, one per free stream, in the order rules 2 and
+        2b give (rule 3 is lifted while any waits, as in ``_decide``). Only the top of the
+        parked heaps is asked its deadline: re-filing every waiting owner at every stream
+        that ended cost ~90 ``deadline_of`` calls per decision at 1,000 waiting owners
+        (bench/SCHEDULER.md)."""
+        parked = (self._parked, self._parked_comfortable, self._parked)  # (no lead: no waiting)
+        for priority in _PRIORITIES:
+            ready, comfortable = self._parked[priority], self._parked_comfortable[priority]
+            while comfortable and (not comfortable[0].live
+                                   or not self._comfortable_at(comfortable[0].key[0], now)):
+                self._refile(heapq.heappop(comfortable), now, None, parked, self._blocked)
+            for heap, filed in ((ready, self._heaps[priority]),
+                                (comfortable, self._comfortable[priority])):
+                while (entry := self._fresh_top(heap, now, None, parked,
+                                                 self._blocked)) is not None:
+                    heapq.heappop(heap)
+                    owner = entry.job.owner
+                    del self._blocked[owner]
+                    if owner in self._held:
+                        continue  # its old step still runs: filed at ``release`` (rule 5)
+                    heapq.heappush(filed, entry)
+                    self._entries[owner] = entry
+                    self._promised.add(owner)
+                    if not self._blocked or \
+                            self._open + len(self._promised) >= (self.max_open or 0):
+                        return
+
+    def _reserve_taken(self, owner: Hashable) -> None:
+        """``owner``'s job opened a stream while others were kept free for re-filed owners
+        (``_promised``): its own, or one of theirs; one of them then takes its chance as
+        any filed head (it waits again if it finds none free)."""
+        if owner in self._promised:
+            self._promised.discard(owner)
+        elif self._open + len(self._promised) > (self.max_open or 0):
+            self._promised.pop()
 
     def _closed(self, job: Job) -> None:
-        """``job`` left the queue: if its stream was open, the heads waiting for one to end
-        (rule 6) are candidates again, ranked afresh."""
-        if not job.opened:
-            return
-        job.opened = False
-        self._open -= 1
-        if self._blocked:
-            blocked, self._blocked = self._blocked, {}
-            for owner, head in blocked.items():
-                queue = self._queues.get(owner)
-                if queue and queue[0] is head and owner not in self._entries \
-                        and owner not in self._held:
-                    self._push_head(head)
+        """``job`` left the queue: if its stream was open, it is free (the next decision
+        files a head waiting for one again, ``_unpark``)."""
+        if job.opened:
+            job.opened = False
+            self._open -= 1
 
     def _push_head(self, job: Job) -> None:
         if self.policy is _FIFO:
@@ -569,14 +651,15 @@ class LaneScheduler:
         session and its 1 MiB buffer, for as long as the lane stayed busy (probe B's soak:
         14 MB a minute). Once dead entries outnumber the jobs queued, the heaps are rebuilt
         without them: amortized O(1) per drop, and memory bounded by the queue."""
-        entry = self._entries.pop(owner, None)
+        entry = self._entries.pop(owner, None) or self._blocked.pop(owner, None)
         if entry is None:
             return
         entry.live = False
         del entry.job
         self._dead += 1
         if self._dead > _COMPACT_AFTER and self._dead > self._size:
-            for heap in (*self._heaps, *self._comfortable, *self._waiting):
+            for heap in (*self._heaps, *self._comfortable, *self._waiting, *self._parked,
+                         *self._parked_comfortable):
                 heap[:] = [e for e in heap if e.live]
                 heapq.heapify(heap)
             self._dead = 0
