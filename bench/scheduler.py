@@ -18,7 +18,9 @@ playback, just in time, background jobs in 80 ms steps: ``step_ms``), ``sched-32
 ``sched-bg-rt`` (background held to real time + ``max_lead`` even when alone on the lane,
 ``pace_background_always``), ``sched-edf`` (playing listeners by earliest deadline,
 ``Rank.DEADLINE``, instead of oldest stream first), ``sched+ane``
-(``gateway.core.placement.place`` puts interactive jobs on an ANE lane).
+(``gateway.core.placement.place`` puts interactive jobs on an ANE lane), ``sched-open1``
+(``scheduler`` at rule 6's bound: ``max_open`` 1, the lane's other streams taken, so the
+background request and the hub's sentences take turns at the one left).
 
 Scenarios: 1 validation, 2 shared voice, 3 ramp, 4 ANE lane; plus the decision-time
 micro-benchmark at 1,000 queued jobs against the old linear scan (same run), and at rule
@@ -328,11 +330,11 @@ class SimLane:
     ``next_eligible_at`` or the next submission."""
 
     def __init__(self, sim: Sim, name: str, max_lead: float, rank: Rank = Rank.STREAM_AGE,
-                 pace_background_always: bool = False):
+                 pace_background_always: bool = False, max_open: int | None = None):
         self.sim, self.name = sim, name
         self.sched = LaneScheduler(deadline_of=self._deadline, max_lead=max_lead, rank=rank,
                                    pace_background_always=pace_background_always,
-                                   tolerance=JIT_GRANULARITY_S)
+                                   tolerance=JIT_GRANULARITY_S, max_open=max_open)
         self.busy = False
         self.busy_s = 0.0
         self.active: set[int] = set()  # interactive turns with queued work (for placement)
@@ -394,14 +396,14 @@ class Scheduler:
 
     def __init__(self, sim: Sim, max_lead: float = 1.0, ane: bool = False,
                  rank: Rank = Rank.STREAM_AGE, pace_background_always: bool = False,
-                 active: str = "queued", **_: Any):
+                 active: str = "queued", max_open: int | None = None, **_: Any):
         """``active``, with ``ane``: which turns count on a lane when placing a new one.
         ``queued``: turns with work queued on it now; ``sent``: turns placed on it until
         their last audio is made and delivered (the live gateway: ``TurnPlacer`` until
         ``turn.done``, which goes out with the last frame); ``played``: until the listener
         has played it all. ``sent`` and ``played`` run the live ``TurnPlacer``."""
         self.sim = sim
-        self.gpu = SimLane(sim, "gpu", max_lead, rank, pace_background_always)
+        self.gpu = SimLane(sim, "gpu", max_lead, rank, pace_background_always, max_open)
         self.ane = SimLane(sim, "ane", max_lead, rank) if ane else None
         self.active = active
         m = sim.m
@@ -454,6 +456,7 @@ POLICIES: dict[str, Callable[..., Any]] = {
     "sched-bg-rt": lambda sim, **kw: Scheduler(sim, pace_background_always=True, **kw),
     "sched-edf": lambda sim, **kw: Scheduler(sim, rank=Rank.DEADLINE, **kw),
     "sched+ane": lambda sim, **kw: Scheduler(sim, ane=True, **kw),
+    "sched-open1": lambda sim, **kw: Scheduler(sim, max_open=1, **kw),
 }
 
 
@@ -579,7 +582,7 @@ def scenario_shared(model: Model, seed: int, duration: float, policy_name: str
     # The lane's step-size rule (gateway.core.scheduler.step_ms) for the scheduler; the
     # engine's own 320 ms steps for the baselines and for the old default (sched-320ms).
     bg_step = model.step_audio_s
-    if policy_name in ("scheduler", "sched+ane", "sched-bg-rt"):
+    if policy_name in ("scheduler", "sched+ane", "sched-bg-rt", "sched-open1"):
         bg_step = (step_ms(Priority.BACKGROUND) or model.step_audio_s * 1e3) / 1e3
     hub: list[Turn] = []
     bg_audio = [0.0]
@@ -800,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   goal: hub TTFA p90 <= 1.3 x idle p90 = {1.3 * idle_p90:.0f} ms")
     print(f"   {'policy':11} {'ttfa p50':>9} {'ttfa p90':>9} {'underruns':>9} {'bg audio/s':>10}")
     res["shared"] = {}
-    for name in ("fifo", "naive", "sched-320ms", "sched-bg-rt", "scheduler"):
+    for name in ("fifo", "naive", "sched-320ms", "sched-bg-rt", "scheduler", "sched-open1"):
         r = scenario_shared(model, args.seed, duration, name)
         r["meets_goal"] = r["ttfa_p90_ms"] <= 1.3 * idle_p90
         res["shared"][name] = r
