@@ -526,14 +526,15 @@ class Lane:
 
     def _say_streams_full(self) -> None:
         """Once when sentences start waiting for an open stream to end (rule 6), once when
-        the lane has a stream to spare again: not at every stream that ends meanwhile."""
+        none waits any more: not at every stream that ends meanwhile (the scheduler keeps
+        it for a waiting sentence, which may take it a few steps later)."""
         scheduler = self.scheduler
         if not self._streams_full:
             if scheduler.streams_waiting:
                 self._streams_full = True
                 log.warning("lane %s: %d streams open (max_open_streams): new sentences wait "
                             "for one to end", self.name, scheduler.open_streams)
-        elif scheduler.max_open is None or scheduler.open_streams < scheduler.max_open:
+        elif not scheduler.streams_waiting:
             self._streams_full = False
             log.info("lane %s: no sentence waits for an open stream any more", self.name)
 
