@@ -76,8 +76,11 @@ class _Decoder:
     know in the error (``EngineError``), as in ``_Count``."""
 
     def __init__(self, response: httpx.Response, code: str, who: str) -> None:
-        names = [name.strip().lower() for name in
-                 response.headers.get_list("content-encoding", split_commas=True)]
+        # (an empty name, ``Content-Encoding:`` with no value or "gzip,", names none: httpx
+        # skipped it, and so does this)
+        names = [name for value in response.headers.get_list("content-encoding",
+                                                              split_commas=True)
+                 if (name := value.strip().lower())]
         unknown = [name for name in names if name not in _WBITS and name != "identity"]
         if unknown:
             raise EngineError(code, f"{who} sent its answer {', '.join(unknown)}-encoded, "

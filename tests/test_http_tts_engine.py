@@ -123,6 +123,26 @@ def test_http_error_status_is_an_engine_failure(sse_server, engine_for):
     assert err.value.code == "engine_failed"
 
 
+@pytest.mark.parametrize("encoding", [b"", b"gzip,"], ids=["empty", "trailing-comma"])
+def test_an_empty_content_encoding_names_no_encoding(encoding):
+    """``Content-Encoding:`` with no value, or a list ending in a comma, names no encoding
+    (httpx skipped the empty name); read as one, every sentence failed ("the TTS server
+    sent its answer -encoded") and the fallback spoke it."""
+    import gzip
+    import json
+
+    answer = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n"
+                      for event in (delta(b"\x01\x00\x02\x00"), DONE))
+    server = EncodedSseServer(encoding, gzip.compress(answer) if encoding else answer)
+    engine = HttpTtsEngine(server.url)
+    engine.load()
+    try:
+        assert run(engine.open(SynthesisRequest("x"))) == [b"\x01\x00\x02\x00"]
+    finally:
+        engine.close()
+        server.close()
+
+
 def test_unreachable_server_is_an_engine_failure():
     engine = HttpTtsEngine("http://127.0.0.1:9/v1", connect_timeout_s=2)
     engine.load()

@@ -689,6 +689,25 @@ async def test_an_answer_in_an_encoding_it_cannot_decode_fails_naming_it(encodin
         info.value.message
 
 
+@pytest.mark.parametrize("encoding", [b"", b"gzip,"], ids=["empty", "trailing-comma"])
+async def test_an_empty_content_encoding_names_no_encoding(encoding):
+    """``Content-Encoding:`` with no value, or a list that ends in a comma, names no
+    encoding (httpx skipped the empty name). Read as the name of one, every turn failed
+    with "the LLM server sent its answer -encoded"."""
+    import gzip
+
+    reply = (b'data: {"choices": [{"index": 0, "delta": {"content": "Hi."}}]}\n\n'
+             b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+             b"data: [DONE]\n\n")
+    server = EncodedSseServer(encoding, gzip.compress(reply) if encoding else reply)
+    llm = OpenAiLlm(server.url)
+    try:
+        assert await collect(llm) == [LlmDelta("Hi."), LlmDone("stop")]
+    finally:
+        await llm.aclose()
+        server.close()
+
+
 async def test_a_whole_reply_in_one_chunk_is_no_endless_event(llm, scripted_llm_server):
     reply = "\N{GRINNING FACE}" * 32_000  # max_reply_chars, 12 bytes each as JSON escapes
     chunk = json.dumps({"choices": [{"index": 0, "delta": {"content": reply}}]})
