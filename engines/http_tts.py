@@ -42,7 +42,7 @@ from typing import Any, Literal
 import httpx
 
 from engines.base import EngineError, SynthesisRequest, shown_url
-from engines.sse_bound import UNCOMPRESSED, bounded, pieces
+from engines.sse_bound import UNCOMPRESSED, bounded, head, pieces
 
 MAX_EVENT_BYTES = 32 << 20
 """The most an SSE answer may send without ending an event (``engines.sse_bound``). 32 MiB
@@ -360,7 +360,7 @@ class HttpTtsStream:
         if self._late is not None:
             raise self._late_error()
         if response.status_code >= 400:
-            detail = _head(response).decode("utf-8", "replace")
+            detail = _head(response)
             raise EngineError(
                 "engine_failed",
                 f"TTS server {self._shown_url} answered {response.status_code}: {detail}")
@@ -368,7 +368,7 @@ class HttpTtsStream:
             return self._sse_audio(response)
         ctype = response.headers.get("content-type", "")
         if ctype.startswith(("application/json", "text/")):
-            detail = _head(response).decode("utf-8", "replace")
+            detail = _head(response)
             raise EngineError("engine_failed", f"TTS server sent {ctype}, not PCM: {detail}")
         # as it arrives, decoded (a gzip body is not PCM), a bounded piece at a time
         return _pcm_of(pieces(response, "engine_failed", "the TTS server"))
@@ -396,15 +396,9 @@ class HttpTtsStream:
         )
 
 
-def _head(response: httpx.Response, limit: int = 300) -> bytes:
-    """The first ``limit`` bytes of an answer's body (``read`` held it whole, endless or a
-    bomb's), decoded."""
-    head = b""
-    for piece in pieces(response, "engine_failed", "the TTS server"):
-        head += piece
-        if len(head) >= limit:
-            break
-    return head[:limit]
+def _head(response: httpx.Response) -> str:
+    """The start of an error answer's body, for its message (``head``)."""
+    return head(response, 300, "engine_failed", "the TTS server").decode("utf-8", "replace")
 
 
 def _error_message(event: Any) -> str:

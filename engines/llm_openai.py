@@ -60,7 +60,7 @@ from engines.base import (
     LlmRequest,
     shown_url,
 )
-from engines.sse_bound import UNCOMPRESSED, abounded, apieces
+from engines.sse_bound import UNCOMPRESSED, abounded, ahead
 
 log = logging.getLogger(__name__)
 
@@ -690,10 +690,5 @@ def _says_something(chunk: dict[str, Any]) -> bool:
 
 
 async def _read_head(response: httpx.Response, limit: int = 2048) -> bytes:
-    """The first ``limit`` bytes of a (possibly endless) response body."""
-    head = b""
-    async for part in apieces(response, "llm_failed", "the LLM server"):  # (not a bomb's whole)
-        head += part
-        if len(head) >= limit:
-            break
-    return head[:limit]
+    """The first ``limit`` bytes of a (possibly endless) response body (``ahead``)."""
+    return await ahead(response, limit, "llm_failed", "the LLM server")

@@ -18,11 +18,14 @@ so one 64 KiB read of gzip became 64 MiB at once, and ``Content-Encoding: gzip, 
 an uncompressed answer (``UNCOMPRESSED``); one compressed anyway (a proxy) is decoded here,
 ``PIECE`` bytes at a time. An encoding other than gzip and deflate (``br``, ``zstd``: httpx
 decoded them, without a bound, only with the optional brotli / zstandard packages, and
-passed them on undecoded otherwise) fails the answer, naming it.
+passed them on undecoded otherwise) fails the answer, naming it; except the body of one
+refused for its status, which only gives the message its start (``head``, ``ahead``): the
+status stands, with as much of the body as decodes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import AsyncIterator, Iterator
 
@@ -119,6 +122,49 @@ async def apieces(response: httpx.Response, code: str, who: str) -> AsyncIterato
             yield piece
     for piece in decoder.end():
         yield piece
+
+
+def head(response: httpx.Response, limit: int, code: str, who: str) -> bytes:
+    """The first ``limit`` bytes of ``response``'s body (a synchronous client's, streamed),
+    for the message of an answer refused by its status or type: as much of it as decodes
+    (``pieces``: ``read`` held it whole, endless or a bomb's), then why the rest does not.
+    Never an error of its own: an error page in an encoding the gateway does not decode
+    (a proxy's ``br``, a ``gzip`` that is not) failed with that, and hid the answer's
+    status, and what the status asks for (a 429's ``Retry-After``, a 413's context full)."""
+    start = _Head(limit)
+    with start.reading():
+        for piece in pieces(response, code, who):
+            if start.full(piece):
+                break
+    return start.data[:limit] + start.note
+
+
+async def ahead(response: httpx.Response, limit: int, code: str, who: str) -> bytes:
+    """``head`` for an async client's answer."""
+    start = _Head(limit)
+    with start.reading():
+        async for piece in apieces(response, code, who):
+            if start.full(piece):
+                break
+    return start.data[:limit] + start.note
+
+
+class _Head:
+    """The start of a body as ``head`` reads it, and why the rest did not decode."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.data, self.note = limit, b"", b""
+
+    def full(self, piece: bytes) -> bool:
+        self.data += piece
+        return len(self.data) >= self.limit
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        try:
+            yield
+        except (EngineError, httpx.DecodingError) as exc:
+            self.note = f"[body not decoded: {exc}]".encode()
 
 
 class _Count:

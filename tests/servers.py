@@ -359,28 +359,29 @@ class EncodedSseServer:
     ``Content-Encoding`` is ``encoding`` and whose body is ``body`` as given (encoded by the
     test beforehand, so that its decoding is no memory of the test's), whatever the request
     asked for, as a compressing proxy does; then it ends the answer, and waits for the
-    client to leave.
+    client to leave. ``status`` and ``content_type``: an error page's, for one.
     ``request`` is the request's head, once ``asked`` is set."""
 
-    def __init__(self, encoding: bytes, body: bytes) -> None:
+    def __init__(self, encoding: bytes, body: bytes, status: bytes = b"200 OK",
+                 content_type: bytes = b"text/event-stream") -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
         self.request = b""
         self.asked = threading.Event()
         self.left = threading.Event()
-        self._thread = threading.Thread(target=self._serve, args=(encoding, body), daemon=True)
+        self._head = (b"HTTP/1.1 " + status + b"\r\ncontent-type: " + content_type +
+                      b"\r\ncontent-encoding: " + encoding + b"\r\nconnection: close\r\n\r\n")
+        self._thread = threading.Thread(target=self._serve, args=(body,), daemon=True)
         self._thread.start()
 
-    def _serve(self, encoding: bytes, body: bytes) -> None:
+    def _serve(self, body: bytes) -> None:
         with contextlib.suppress(OSError):  # (closed by ``close``, or cut by the client)
             conn, _ = self._listener.accept()
             with conn:
                 while b"\r\n\r\n" not in self.request:
                     self.request += conn.recv(65536)
                 self.asked.set()
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"content-encoding: " + encoding + b"\r\n"
-                             b"connection: close\r\n\r\n")
+                conn.sendall(self._head)
                 conn.sendall(body)  # (not joined to the head: a copy the test would trace)
                 conn.shutdown(socket.SHUT_WR)  # (the body's end)
                 while conn.recv(65536):  # (the request's body, then the client's close)

@@ -143,6 +143,24 @@ def test_an_empty_content_encoding_names_no_encoding(encoding):
         server.close()
 
 
+def test_an_error_page_it_cannot_decode_still_tells_the_status():
+    """An error answer's body in an encoding the engine does not decode (a proxy's ``br``)
+    failed the sentence naming the encoding, not the status the server answered."""
+    server = EncodedSseServer(b"br", b"\x8b\x02\x80overloaded\x03",
+                              status=b"503 Service Unavailable", content_type=b"text/plain")
+    engine = HttpTtsEngine(server.url)
+    engine.load()
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.open(SynthesisRequest("x")).step()
+    finally:
+        engine.close()
+        server.close()
+    assert err.value.code == "engine_failed"
+    assert err.value.message.startswith(f"TTS server {server.url}/audio/speech answered 503: ")
+    assert "body not decoded" in err.value.message
+
+
 def test_unreachable_server_is_an_engine_failure():
     engine = HttpTtsEngine("http://127.0.0.1:9/v1", connect_timeout_s=2)
     engine.load()

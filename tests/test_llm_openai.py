@@ -708,6 +708,28 @@ async def test_an_empty_content_encoding_names_no_encoding(encoding):
         server.close()
 
 
+@pytest.mark.parametrize(("encoding", "body"), [(b"br", b"\x8b\x02\x80too long\x03"),
+                                                (b"gzip", b"too long, not gzip")],
+                         ids=["br", "not-gzip"])
+async def test_an_error_page_it_cannot_decode_still_tells_the_status(encoding, body):
+    """An error answer's body in an encoding the client does not decode (a proxy's ``br``;
+    a ``gzip`` that is not) failed the turn with that, and hid the status, and what it
+    asks for: a 413 (the prompt past the context) made the session forget its oldest
+    turns; it failed every turn instead. The status stands now, the body as far as it
+    decodes."""
+    server = EncodedSseServer(encoding, body, status=b"413 Payload Too Large",
+                              content_type=b"text/plain")
+    llm = OpenAiLlm(server.url)
+    try:
+        with pytest.raises(LlmContextFull) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+        server.close()
+    assert info.value.message.startswith("LLM server answered HTTP 413: ")
+    assert "body not decoded" in info.value.message
+
+
 async def test_a_whole_reply_in_one_chunk_is_no_endless_event(llm, scripted_llm_server):
     reply = "\N{GRINNING FACE}" * 32_000  # max_reply_chars, 12 bytes each as JSON escapes
     chunk = json.dumps({"choices": [{"index": 0, "delta": {"content": reply}}]})
