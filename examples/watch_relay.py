@@ -571,9 +571,19 @@ class RelaySession:
 
     async def run(self) -> None:
         try:
-            self.gateway = await self.relay.connect_upstream()
-            created = orjson.loads(await self.gateway.recv())
+            # its session.created as long as its connect: a gateway (or a proxy) that took
+            # the socket and said nothing held the watch, and after it left the socket and
+            # the relay's stop, for ever
+            async with asyncio.timeout(self.relay.upstream_timeout_s):
+                self.gateway = await self.relay.connect_upstream()
+                created = orjson.loads(await self.gateway.recv())
         except (OSError, InvalidStatus, ConnectionClosed, TimeoutError) as exc:
+            if self.gateway is not None:  # (silent: it answers no close either)
+                self.gateway.close_timeout = 1.0
+                await self.gateway.close(1000)
+            if isinstance(exc, TimeoutError):
+                exc = TimeoutError(f"no answer within "
+                                   f"{self.relay.upstream_timeout_s:g} s")
             if _server_full(exc):  # as the gateway closes a socket it has no room for
                 await self.watch.close(1013, "server full: try again later")
             else:
@@ -729,8 +739,12 @@ class WatchRelay:
     def __init__(self, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, opus_bitrate: int = 24_000,
                  resume_window_s: float = 30.0, hello_timeout_s: float = 10.0,
-                 watch_tokens: Sequence[str] = (), insecure_bind: bool = False) -> None:
+                 watch_tokens: Sequence[str] = (), insecure_bind: bool = False,
+                 upstream_timeout_s: float = 10.0) -> None:
         self.upstream_url, self.host, self.requested_port = upstream_url, host, port
+        self.upstream_timeout_s = upstream_timeout_s
+        """How long a new gateway socket may take to connect, and a new session to be
+        announced (``session.created``)."""
         self.token, self.opus_bitrate = token, opus_bitrate
         self.watch_tokens, self.insecure_bind = tuple(watch_tokens), insecure_bind
         self.resume_window_s, self.hello_timeout_s = resume_window_s, hello_timeout_s
@@ -793,7 +807,7 @@ class WatchRelay:
                 [*urllib.parse.parse_qsl(parts.query), ("resume", resume)])).geturl()
         # (asyncio.timeout: wait_for on Python 3.11 drops a cancellation that comes in the
         # step the socket opens, and the relay, told to stop, went on with a socket)
-        async with asyncio.timeout(10.0):
+        async with asyncio.timeout(self.upstream_timeout_s):
             return await connect(url, compression=None, max_size=2**20,
                                  additional_headers=headers)
 

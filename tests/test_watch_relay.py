@@ -1217,3 +1217,36 @@ async def test_without_watch_tokens_no_browser_page_uses_the_relay(start_gateway
                 assert (await recv_event(ws))["type"] == "session.created"
         finally:
             await relay.aclose()
+
+
+@pytest.mark.parametrize("watch_stays", [True, False], ids=["watch-waits", "watch-leaves"])
+async def test_a_gateway_that_never_says_session_created_is_given_up(watch_stays):
+    """The relay waited for a new gateway socket's session.created without a bound: a
+    gateway (or a proxy in front of it) that took the socket and said nothing held the
+    watch, silent, for ever, and its socket with it after the watch left; and the relay's
+    own stop (SIGTERM) waited on that session for ever. It waits as long as for the
+    connect now (``upstream_timeout_s``), then sends the watch away with 1011 and lets the
+    socket go."""
+    sockets: list = []
+    taken = asyncio.Event()
+
+    async def gateway(ws) -> None:  # TEST DOUBLE: takes the socket, never says a word
+        sockets.append(ws)
+        taken.set()
+        await ws.wait_closed()
+
+    async with serve(gateway, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", upstream_timeout_s=0.5)
+        await relay.start()
+        try:
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+                await asyncio.wait_for(taken.wait(), 10)
+                if watch_stays:
+                    await asyncio.wait_for(watch.wait_closed(), 10)  # (was: never)
+                    assert watch.close_code == 1011
+                    assert "gateway unavailable" in watch.close_reason
+            await asyncio.wait_for(sockets[0].wait_closed(), 10)  # (was: never)
+            assert not relay.sessions
+        finally:
+            await asyncio.wait_for(relay.aclose(), 10)  # (was: never)
