@@ -605,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         p.error("--plot needs matplotlib: pip install matplotlib")  # before the load, not after
     for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        if out and Path(out).is_dir():  # (``--json results``: after the load, a traceback)
+            p.error(f"{flag}: {out!r} is a directory: name the file to write in it")
         if out and not Path(out).absolute().parent.is_dir():  # (after the load: a traceback)
             p.error(f"{flag}: there is no directory {str(Path(out).parent)!r} to write it in")
     try:

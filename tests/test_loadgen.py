@@ -265,6 +265,8 @@ async def test_a_turn_the_closed_socket_never_took_is_unsent_not_lost(start_gate
      "ws:// or wss:// URL, not 'http://127.0.0.1:8780/v1/voice'"),
     (["--transcripts", "/nonexistent/said.txt"],
      "--transcripts: [Errno 2] No such file or directory: '/nonexistent/said.txt'"),
+    # a directory ran the whole load, then died of IsADirectoryError: its figures lost
+    (["--json", "/"], "--json: '/' is a directory: name the file to write in it"),
 ])
 def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, capsys):
     """An http:// URL ended in a TaskGroup traceback of InvalidURI, a missing
