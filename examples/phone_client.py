@@ -547,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
         source, sequential = _from_list([x.strip() for x in lines if x.strip()]), True
     else:
         source, sequential = _from_stdin(), False
+    try:  # (PhoneClient makes it too: a traceback)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file of that name, a directory it may not write in
+        p.error(f"--out: cannot make the directory for turn-NNN.wav: {exc}")
     player = make_player(args.play)
     client = PhoneClient(args.url, out, player, settings=settings, token=args.token,
                          connect_attempts=args.connect_attempts)

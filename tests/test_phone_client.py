@@ -189,10 +189,13 @@ async def test_a_turn_without_audio_is_said_to_have_none(tmp_path, start_gateway
      "ws:// or wss:// URL, not 'http://127.0.0.1:8780/v1/voice'"),
     (["--file", "/nonexistent/said.txt"],
      "--file: [Errno 2] No such file or directory: '/nonexistent/said.txt'"),
+    (["--out", "/dev/null", "Hi"], "--out: cannot make the directory for turn-NNN.wav: "
+     "[Errno 17] File exists: '/dev/null'"),
 ])
 def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, capsys):
     """An http:// URL (the console's address, copied) ended in a TaskGroup traceback of
-    InvalidURI, a missing --file in one of FileNotFoundError."""
+    InvalidURI, a missing --file in one of FileNotFoundError, an --out that is a file in
+    one of FileExistsError."""
     with pytest.raises(SystemExit) as exited:
         phone_client.main(argv)
     assert exited.value.code == 2
