@@ -905,6 +905,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--upstream must be the gateway's ws:// or wss:// URL, not {args.upstream!r}")
     if not 24_000 <= args.opus_bitrate <= 32_000:
         p.error(f"--opus-bitrate must be 24000–32000, not {args.opus_bitrate}")
+    if not 0 <= args.port <= 65535:  # (bind()'s OverflowError: a traceback)
+        p.error(f"--port must be 0–65535, not {args.port}")
     if any(not t.strip() for t in args.watch_token or ()):  # (`--watch-token "$UNSET"`)
         p.error("--watch-token cannot be empty")
     watch_tokens = configured_tokens(args.watch_token, TOKENS_ENV)

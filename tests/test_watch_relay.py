@@ -1072,6 +1072,19 @@ def test_an_http_upstream_is_a_usage_error(capsys):
             "'http://127.0.0.1:8780/v1/voice'") in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_a_usage_error(port, capsys):
+    """``--port 70000`` (a digit too many) died of bind()'s OverflowError, in a traceback
+    (the gateway's own --port is checked)."""
+    from examples.watch_relay import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--port", port])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--port must be 0–65535, not {port}" in err and "Traceback" not in err
+
+
 # ---- who may use the relay ------------------------------------------------------------------
 
 
