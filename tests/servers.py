@@ -359,10 +359,12 @@ class EncodedSseServer:
     ``Content-Encoding`` is ``encoding`` and whose body is ``body`` as given (encoded by the
     test beforehand, so that its decoding is no memory of the test's), whatever the request
     asked for, as a compressing proxy does; then it ends the answer, and waits for the
-    client to leave. ``status`` and ``content_type``: an error page's, for one.
-    ``request`` is the request's head, once ``asked`` is set."""
+    client to leave. ``body`` may be an iterable of pieces, sent one by one (an endless
+    one: an answer that never ends). ``status`` and ``content_type``: an error page's, for
+    one. ``request`` is the request's head, once ``asked`` is set; ``left`` is set once the
+    client has left."""
 
-    def __init__(self, encoding: bytes, body: bytes, status: bytes = b"200 OK",
+    def __init__(self, encoding: bytes, body: bytes | Iterable[bytes], status: bytes = b"200 OK",
                  content_type: bytes = b"text/event-stream") -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
@@ -374,7 +376,7 @@ class EncodedSseServer:
         self._thread = threading.Thread(target=self._serve, args=(body,), daemon=True)
         self._thread.start()
 
-    def _serve(self, body: bytes) -> None:
+    def _serve(self, body: bytes | Iterable[bytes]) -> None:
         with contextlib.suppress(OSError):  # (closed by ``close``, or cut by the client)
             conn, _ = self._listener.accept()
             with conn:
@@ -382,7 +384,8 @@ class EncodedSseServer:
                     self.request += conn.recv(65536)
                 self.asked.set()
                 conn.sendall(self._head)
-                conn.sendall(body)  # (not joined to the head: a copy the test would trace)
+                for piece in (body,) if isinstance(body, bytes) else body:
+                    conn.sendall(piece)  # (not joined to the head: a copy the test would trace)
                 conn.shutdown(socket.SHUT_WR)  # (the body's end)
                 while conn.recv(65536):  # (the request's body, then the client's close)
                     pass

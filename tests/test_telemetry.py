@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
 import time
 import tracemalloc
 
@@ -259,3 +260,21 @@ async def test_the_llm_probe_reads_a_bounded_piece_of_any_answer(encoding):
     assert probe.reachable is True and probe.detail == "HTTP 200"
     assert peak < 4 << 20, f"{peak:,} bytes"  # (1.3 MB; main: 149 MB, 134 MB)
     assert b"\r\naccept-encoding: identity\r\n" in server.request.lower()
+
+
+async def test_the_llm_probe_reads_no_more_of_an_endless_answer_than_its_bound():
+    """A ``/models`` answer that never ends (a broken proxy, a server that streams it) held
+    the probe for ever had it read the answer whole, as ``client.get`` did: /health then
+    answered with the result from before it, and no probe ran again. It reads at most its
+    bound, and lets the connection go. (With the answers above, finite, a probe without the
+    bound read them through and passed.)"""
+    server = EncodedSseServer(b"identity", itertools.repeat(b"x" * 65536))
+    probe = LlmProbe(server.url)
+    try:
+        await asyncio.wait_for(probe.probe(), 30)  # (a safety net: without the bound, never)
+        left = await asyncio.to_thread(server.left.wait, 30)
+    finally:
+        await probe.aclose()
+        server.close()
+    assert probe.reachable is True and probe.detail == "HTTP 200"
+    assert left  # the connection let go
