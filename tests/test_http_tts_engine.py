@@ -576,11 +576,14 @@ def test_a_compressed_answer_that_decodes_huge_holds_no_more_than_its_bound(monk
 
 
 @pytest.mark.parametrize("headers", [False, True], ids=["before-its-answer", "mid-answer"])
-async def test_closing_the_gateway_does_not_wait_for_a_stalled_tts_server(headers):
+@pytest.mark.parametrize("role", ["primary", "fallback"])
+async def test_closing_the_gateway_does_not_wait_for_a_stalled_tts_server(headers, role,
+                                                                         refused_port):
     """A SIGTERMed gateway waited for the remote lane's step in flight, which waited for a
     silent server until its read timeout (30 s; past launchd's 20 s before it kills): the
     engine's close queued behind it on the lane thread. Closing now cuts the connections
-    the step waits on."""
+    the step waits on, a fallback's too (speaking for a primary that cannot be reached:
+    nothing tested that ``FallbackEngine`` and ``FallbackStream`` pass ``interrupt`` on)."""
     import asyncio
 
     from websockets.asyncio.client import connect
@@ -590,9 +593,12 @@ async def test_closing_the_gateway_does_not_wait_for_a_stalled_tts_server(header
     from tests.wsclient import recv_event, send
 
     server = SilentServer(headers)
+    stalled = {"url": server.url, "options": {"read_timeout_s": 3000}}
+    if role == "fallback":
+        stalled = {"url": f"http://127.0.0.1:{refused_port}/v1", "fallback": "http",
+                   "fallback_options": {"url": server.url, "read_timeout_s": 3000}}
     gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
-        "engine": "http", "url": server.url, "step_timeout_s": 3600,
-        "options": {"read_timeout_s": 3000}}))  # no deadline ends the wait by itself
+        "engine": "http", "step_timeout_s": 3600, **stalled}))  # no deadline ends the wait
     await gw.start()
     try:
         async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
