@@ -294,6 +294,33 @@ def test_audio_sent_while_the_client_still_plays_continues_its_timeline():
     assert pacer.marks_end == pytest.approx(1.0)
 
 
+def test_a_client_fed_ahead_for_a_long_turn_plays_one_run():
+    """40 s of 40 ms frames, each sent 20 ms before the audio before it runs out: one
+    continuous run, however long. A mark on time at its end then measures just the round
+    trip, and moves nothing (a timeline that lost time per frame took the late sends for
+    restarts, and the round trip for 20 ms longer)."""
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.sent(40, 0.0)
+    for k in range(1, 1000):
+        pacer.sent(40, k * 0.040 - 0.020)
+    pacer.mark(40_000, 40.0 + 0.1)  # all played by 40 s, said 100 ms later
+    assert pacer.link_lag == pytest.approx(0.1, abs=1e-6)
+    assert pacer.play_end == pytest.approx(40.0, abs=1e-6)
+
+
+def test_a_mark_of_nothing_played_yet_is_on_the_timeline():
+    """A player whose first audio is still on its way to the speaker says 0 ms (the
+    console's count, less the output latency, is clamped there): that measures the round
+    trip like any mark, and holds nothing back (taken as fresh, it pushed the estimate a
+    round trip late: 300 ms less lead)."""
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.sent(1000, 0.0)
+    pacer.mark(0, 0.3)
+    assert pacer.link_lag == pytest.approx(0.3)
+    assert pacer.play_end == pytest.approx(1.0)
+    assert pacer.lead_ms(0.3) == pytest.approx(700)
+
+
 def test_a_mark_beyond_the_audio_sent_counts_as_all_of_it():
     """protocol.md (playback): a ``played_ms`` beyond the audio sent counts as all of it;
     it must not hold back the marks that follow, as a mark above them would."""
