@@ -795,6 +795,19 @@ def test_deadline_counts_audio_held_back_by_pacing(clock):
     assert s.deadline(tid + 1, clock()) is None
 
 
+def test_a_playback_mark_before_any_audio_leaves_the_first_audio_due_when_ready(clock):
+    """A mark that comes before the turn's first frame (0 ms: nothing to play yet) says
+    nothing of a timeline: the first audio stays due when its segment was ready, as for a
+    listener that sent no mark, not when the mark came (that ranked it behind listeners
+    who waited less)."""
+    s = Session("s")
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    due = clock()
+    s.receive(ClientPlayback(tid, 0), clock.advance(300))
+    assert s.deadline(tid, clock()) == due
+
+
 def test_first_audio_is_due_when_the_first_segment_was_ready_not_when_the_turn_began(clock):
     s = Session("s")
     tid = start(s, clock)

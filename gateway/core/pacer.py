@@ -122,10 +122,9 @@ class Pacer:
         if self.played_ms is not None and played_ms < self.played_ms:
             return  # older than a mark already taken: what was played stays played
         self.played_ms = played_ms
+        if self.sent_ms <= 0:
+            return  # no audio yet: nothing to time (the first is due when it is ready)
         reported = now + (self.sent_ms - played_ms) / 1000.0  # as if the mark were fresh
-        if not self._runs or self.sent_ms <= 0:
-            self.play_end = reported
-            return
         while len(self._runs) > 1 and self._runs[1][1] < played_ms:
             del self._runs[0]  # played by the client: no later mark goes back there
         start, at = self._runs[0]
