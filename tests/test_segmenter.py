@@ -395,6 +395,44 @@ def test_a_line_opening_with_inline_triple_backticks_is_said(sizes):
         ("````python\nx = 1\n````", ""), ("Done.", "Done.")]
 
 
+@pytest.mark.parametrize("one_delta", [True, False], ids=["one delta", "per character"])
+def test_the_sentences_after_a_code_block_come_as_their_text_does(one_delta):
+    """A code block holds back nothing after its closing fence: each sentence after it
+    comes out of the delta that completes it, on its own (not at the end of the reply, in
+    one piece, nor taken into the block's silent segment)."""
+    text = "Run this:\n```c\nmake(test);\n```\nThen wait.\nIt takes a minute. And"
+    seg = Segmenter(SENTENCES)
+    got = []
+    for piece in [text] if one_delta else list(text):
+        got += seg.feed(piece)
+    assert [(s.text, s.spoken) for s in got] == [
+        ("Run this:", "Run this:"), ("```c\nmake(test);\n```", ""),
+        ("Then wait.", "Then wait."), ("It takes a minute.", "It takes a minute.")]
+
+
+@pytest.mark.parametrize("sizes", [[1] * 60, [7] * 9, [60]])
+def test_a_sentence_between_two_code_blocks_is_said(sizes):
+    text = "```\na = 1\n```\nSay this.\n```\nb = 2\n```\nDone."
+    got = run(text, sizes, SENTENCES)
+    assert [(s.text, s.spoken) for s in got] == [
+        ("```\na = 1\n```", ""), ("Say this.", "Say this."), ("```\nb = 2\n```", ""),
+        ("Done.", "Done.")]
+
+
+@pytest.mark.parametrize("sizes", [[1] * 20, [20]])
+def test_a_reply_that_ends_with_a_code_block_ends_with_it_unsaid(sizes):
+    """The reply's last characters are the closing fence, with no newline after it."""
+    got = run("Here:\n```\nls\n```", sizes, SENTENCES)
+    assert [(s.text, s.spoken) for s in got] == [("Here:", "Here:"), ("```\nls\n```", "")]
+
+
+@pytest.mark.parametrize("text", ["`ls` lists the files.\nDone.", "``ls`` lists the files.\nDone."])
+def test_a_line_opening_with_inline_code_is_said(text):
+    """One or two backticks open inline code, not a code block: the line is said."""
+    got = run(text, [1] * len(text), SENTENCES)
+    assert [s.spoken for s in got] == ["ls lists the files.", "Done."]
+
+
 def test_feed_after_finish_is_an_error():
     seg = Segmenter()
     seg.finish()
@@ -768,6 +806,14 @@ def test_emoji_at_the_edges_of_their_blocks_stay_with_their_sentence(emoji):
         assert emoji not in run(text)[0].spoken
     for sign in ("\u27C0", "\u2C00"):
         assert sentences(f"Done {sign} The next one.") == [f"Done {sign} The next one."]
+
+
+@pytest.mark.parametrize("end", [" ", "\n", " \n "])
+def test_a_reply_that_ends_with_an_emoji_and_a_space_ends_with_its_sentence(end):
+    text = f"All done \u2705{end}"
+    for sizes in ([len(text)], [1] * len(text)):
+        got = run(text, sizes, SENTENCES)
+        assert [(s.text, s.spoken) for s in got] == [("All done \u2705", "All done")]
 
 
 def test_short_sentences_ended_by_an_emoji_merge_after_the_first():
