@@ -410,6 +410,18 @@ def test_the_sentences_after_a_code_block_come_as_their_text_does(one_delta):
         ("Then wait.", "Then wait."), ("It takes a minute.", "It takes a minute.")]
 
 
+@pytest.mark.parametrize("sizes", [[1] * 90, [4] * 23, [90]])
+def test_a_code_block_indented_in_a_list_item_ends_at_its_indented_fence(sizes):
+    """Markdown indents a list item's code block, closing fence too: the rest of the
+    reply was taken into the block (its fence looked for at the start of a line only) and
+    never said."""
+    text = "1. Install it:\n   ```bash\n   pip install foo\n   ```\n2. Run it. Then rest.\n"
+    got = run(text, sizes, SENTENCES)
+    assert [(s.text, s.spoken) for s in got] == [
+        ("1. Install it:", "Install it:"), ("```bash\n   pip install foo\n   ```", ""),
+        ("2. Run it.", "Run it."), ("Then rest.", "Then rest.")]
+
+
 @pytest.mark.parametrize("sizes", [[1] * 60, [7] * 9, [60]])
 def test_a_sentence_between_two_code_blocks_is_said(sizes):
     text = "```\na = 1\n```\nSay this.\n```\nb = 2\n```\nDone."

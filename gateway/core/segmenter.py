@@ -450,18 +450,18 @@ class Segmenter:
     def _scan_fence(self, out: list[Segment]) -> bool:
         """Inside a code block: find the closing fence line. False when waiting."""
         buf = self._buf
-        close = buf.find("\n```", self._pos)
-        if close < 0:
+        close = _CLOSING_FENCE.search(buf, self._pos)
+        if close is None:
             if self._final:
                 self._pos = len(buf)
                 self._fence = False
                 return False
-            self._pos = max(self._pos, len(buf) - 3)
+            self._pos = max(self._pos, buf.rfind("\n"))  # the last line may still close it
             return False
-        eol = buf.find("\n", close + 4)
+        eol = buf.find("\n", close.end())
         if eol < 0:
             if not self._final:
-                self._pos = close
+                self._pos = close.start()
                 return False
             eol = len(buf)
         self._fence = False
@@ -839,6 +839,8 @@ _TABLE_RULE = re.compile(r"^\s*\|?[\s:|-]*-{3}[\s:|-]*$|^\s*(?:[-*_]\s*){3,}$")
 _SPACES = re.compile(r"\s+")
 _FENCE = re.compile(r"```+[^`\n]*(?:\n|$)")
 """A code block's opening line ("```python"); "```x``` and more" is inline code."""
+_CLOSING_FENCE = re.compile(r"\n[ \t]*```")
+"""A code block's closing fence line, indented as in a list item ("   ```") or not."""
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """Control characters: not speech, and a NUL ends a C engine's string (espeak stopped
 speaking at it)."""
