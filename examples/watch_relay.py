@@ -847,6 +847,7 @@ def _refused(watch: ServerConnection, status: http.HTTPStatus, code: str,
     """The gateway's JSON refusal of a handshake."""
     response = watch.respond(status, orjson.dumps(
         {"error": {"code": code, "message": message}}).decode())
+    del response.headers["Content-Type"]  # (respond's text/plain: setting one adds one)
     response.headers["Content-Type"] = "application/json"
     return response
 

@@ -1136,6 +1136,9 @@ async def test_a_watch_presents_its_token_as_a_gateway_client_does(start_gateway
                 await connect(url + "&token=wrong", subprotocols=["voice.v1", "bearer.wrong"])
             assert refused.value.response.status_code == 401
             assert orjson.loads(refused.value.response.body)["error"]["code"] == "unauthorized"
+            # (the relay's said text/plain and application/json both: two Content-Types)
+            assert refused.value.response.headers.get_all("Content-Type") == [
+                "application/json"]
             presented = {"header": {"additional_headers": {"Authorization": "Bearer sekrit"}},
                          "query": {"uri": url + "&token=sekrit"},
                          "subprotocol": {"subprotocols": ["voice.v1", "bearer.sekrit"]}}[how]
@@ -1226,6 +1229,8 @@ async def test_without_watch_tokens_no_browser_page_uses_the_relay(start_gateway
                 assert refused.value.response.status_code == 403
                 body = orjson.loads(refused.value.response.body)
                 assert body["error"]["code"] == "forbidden_origin"
+                assert refused.value.response.headers.get_all("Content-Type") == [
+                    "application/json"]
             async with connect(url) as ws:  # (no Origin: a watch app)
                 assert (await recv_event(ws))["type"] == "session.created"
         finally:
