@@ -224,6 +224,15 @@ def test_any_text_decodes_or_raises_a_documented_protocol_error(data):
     check_decode(data)
 
 
+def test_null_puts_a_setting_or_a_group_back_to_the_default():
+    """protocol.md (session.update): ``null`` resets a setting, or a whole ``llm`` /
+    ``segmenter`` group; the examples above only required it to decode or be refused."""
+    got = decode_client('{"type":"session.update","session":{"max_lead_ms":null,'
+                        '"voice":null,"segmenter":{"min_chars":null},"llm":null}}')
+    assert got == ClientSessionUpdate({"max_lead_ms": None, "voice": None,
+                                       "segmenter": {"min_chars": None}, "llm": None})
+
+
 @given(st.binary(max_size=100))
 def test_binary_is_always_refused(data):
     for value in (data, bytearray(data), memoryview(data)):
