@@ -273,6 +273,16 @@ def boundaries(reply: str, segments: list[str]) -> set[int]:
 _CLAUSE_MARKS = ",;:-\u2013\u2014\uff0c\u3001\uff1b\uff1a"
 """What an eager first segment may end with: ours-eager's intended first cut."""
 
+_CLOSERS = "\"')]\u2019\u201d\u00bb\u300d\u300f"
+"""Closing quotes and brackets an eager first segment may end with after its clause mark
+(`"Done, the end," | she said.`)."""
+
+
+def _ends_clause(first: str) -> bool:
+    """``first`` (an eager first segment) ends with a clause mark, closers aside."""
+    mark = first.rstrip(_CLOSERS)[-1:]
+    return bool(mark) and mark in _CLAUSE_MARKS
+
 
 def _opens_phrase(reply: str, b: int) -> bool:
     """True when the word at non-space offset ``b`` of the reply is a phrase opener that
@@ -512,7 +522,7 @@ def main() -> None:
             first = min(got, default=None)
             if name in ("ours-eager", "ours-phrase") and first is not None and (
                     first not in want) and (
-                    _nonspace(row["reply"])[first - 1] in _CLAUSE_MARKS
+                    _ends_clause(_nonspace(row["reply"])[:first])
                     or name == "ours-phrase" and _opens_phrase(row["reply"], first)):
                 got = got - {first}  # the reply's first cut, an intended early one: not bad
             bad += len(got - want)

@@ -548,12 +548,25 @@ def test_a_leading_zero_is_read_digit_by_digit(text, spoken):
 @pytest.mark.parametrize(("text", "spoken"), [
     ("So $x^2$ grows, and $$E = mc^2$$.", "So x^2 grows, and E = mc^2."),
     ("Let $x$ be \\(a + b\\) or \\[x_1\\].", "Let x be a + b or x_1."),
+    ("The area is \\(x^2\\), not \\[2x\\].", "The area is x^2, not 2x."),  # no dollar sign
     # amounts keep their dollar signs
     ("It costs $5 and $10, $5-$10 or $5/$10.", "It costs $5 and $10, $5-$10 or $5/$10."),
     ("I paid $5 for a US$ note; $100k and $200k.", "I paid $5 for a US$ note; $100k and $200k."),
 ])
 def test_latex_math_delimiters_are_not_said(text, spoken):
     # espeak read "$x^2$" as "dollar x two dollar"
+    assert speakable(text) == spoken
+
+
+@pytest.mark.parametrize(("text", "spoken"), [
+    ("Is it www.example.com? Yes.", "Is it example.com? Yes."),
+    ("See www.example.com, then call.", "See example.com, then call."),
+    ("Visit https://example.com.", "Visit example.com."),
+    ("Go to https://www.example.com/docs now.", "Go to example.com now."),
+])
+def test_a_url_says_its_host_and_keeps_the_punctuation_after_it(text, spoken):
+    """The question mark, comma or full stop right after a bare host was taken into the
+    URL and dropped with it: "Is it example.com Yes." lost its question's intonation."""
     assert speakable(text) == spoken
 
 
@@ -843,6 +856,12 @@ def test_a_long_sentence_is_cut_after_a_number_that_ends_a_group_of_words():
     cfg = SegmenterConfig(first_min_words=0, max_chars=40)
     text = "We bought a lot of fruit and got 5 apples plus pears today."
     assert [s.text for s in run(text, None, cfg)][0] == "We bought a lot of fruit and got 5"
+    # the space after the number is the 41st character: fed one at a time, the cut waits
+    # for the next one to tell "1234567 8" (one number) from "1234567 apples"
+    text = "We bought a lot of fruit and got 1234567 apples plus pears today."
+    for sizes in ([len(text)], [1] * len(text)):
+        assert [s.text for s in run(text, sizes, cfg)] == [
+            "We bought a lot of fruit and got 1234567", "apples plus pears today."]
 
 
 @pytest.mark.parametrize(("text", "want"), [

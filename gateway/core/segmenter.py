@@ -806,8 +806,10 @@ class Segmenter:
 
 # --- speakable text ----------------------------------------------------------------------
 
-_URL = re.compile(r"\b(?:https?://|www\.)([^\s/<>()\"']+)(?:[^\s<>()\"']*[^\s<>()\"'.,;:!?])?",
-                  re.I)
+_URL = re.compile(r"\b(?:https?://|www\.)([^\s/<>()\"']*[^\s/<>()\"'.,;:!?])"
+                  r"(?:[^\s<>()\"']*[^\s<>()\"'.,;:!?])?", re.I)
+"""A URL, without the punctuation after it ("Is it www.example.com? Yes."): group 1 is
+its host."""
 _LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]*)\)")
 _EMPHASIS = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 _STRUCK = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
@@ -880,7 +882,7 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     if "<" in s:
         s = _BREAK.sub(", ", s)
     if "://" in s or "www." in s.lower():
-        s = _URL.sub(lambda m: m.group(1).removeprefix("www.").rstrip(".,;:!?"), s)
+        s = _URL.sub(lambda m: m.group(1).removeprefix("www."), s)
     if "$" in s or "\\" in s:
         s = _MATH.sub(_math, s)
     if "~" in s:
