@@ -16,16 +16,19 @@ not a class tower, and each engine module keeps only what is specific to its mod
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
+import re
 import resource
 import sys
 import threading
 import time
 import unicodedata
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +37,8 @@ import numpy as np
 from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
 
 S = TypeVar("S", bound=SynthesisStream)
+
+log = logging.getLogger(__name__)
 
 INT16_SCALE = 32767.0
 """Full scale for float -> PCM16: +1.0 -> 32767, -1.0 -> -32767 (symmetric, no overflow)."""
@@ -208,9 +213,117 @@ def load_tts_model(path: Path, kinds: tuple[str, ...], name: str) -> Any:
     try:
         from mlx_audio.tts.utils import load_model
 
-        return load_model(path)
+        with library_output_logged(log):
+            return load_model(path)
     except Exception as exc:
         raise mlx_failure(exc, f"loading {path}") from exc
+
+
+@contextlib.contextmanager
+def library_output_logged(log: logging.Logger) -> Iterator[None]:
+    """Around a model load on this thread: what mlx-audio prints there goes to ``log``, a
+    line starting "Warning" at WARNING (the reason a tokenizer did not load), the others
+    at DEBUG; and transformers' warning that a config of a model type it does not know was
+    read as its base class (how mlx-audio's ``AutoTokenizer`` call reads a Qwen3-TTS
+    directory) goes there at DEBUG. Every qwen3 start printed "Loaded speech tokenizer
+    from ..." on stdout and "[transformers] You are using a model of type `qwen3_tts` to
+    instantiate a model of type ``. ... can yield errors", which operators took for faults.
+
+    Only this thread's prints are taken (``_ThreadOutput``): the gateway's own lines ("stopped
+    while starting", printed while a cancelled load runs on), another lane's load and the
+    HTTP API go on writing to stdout as before."""
+    _quiet_base_config_warning()
+    with _ThreadOutput.diverted(log):
+        yield
+
+
+_BASE_CONFIG_MISMATCH = re.compile(r"You are using a model of type `[^`]+` to instantiate a "
+                                   r"model of type ``\.")
+"""transformers' warning when ``PreTrainedConfig`` itself (model type "") reads a config:
+what ``AutoTokenizer`` falls back to for a model type it does not know. It reads the
+tokenizer's files as ever; any other mismatch (a real model class) is still warned of."""
+
+
+def _to_debug(record: logging.LogRecord) -> bool:
+    if _BASE_CONFIG_MISMATCH.match(str(record.msg)):
+        log.debug("transformers: %s", record.getMessage())
+        return False
+    return True
+
+
+def _quiet_base_config_warning() -> None:
+    """Put ``_to_debug`` on transformers' config logger, once (a filter that passes every
+    other record: left on, no thread can race its removal)."""
+    config_log = logging.getLogger("transformers.configuration_utils")
+    if _to_debug not in config_log.filters:
+        config_log.addFilter(_to_debug)
+
+
+class _ThreadOutput(io.TextIOBase):
+    """``sys.stdout`` while a thread's output is diverted: that thread's lines go to its
+    logger, every other thread's text to the stream it replaced. Put in place by the first
+    ``diverted`` and taken out by the last (loads on two lanes overlap; swapping
+    ``sys.stdout`` per load, the second one restored the first one's buffer for good)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, original: Any) -> None:
+        super().__init__()
+        self.original = original
+        self.threads: dict[int, tuple[logging.Logger, list[str]]] = {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def diverted(cls, log: logging.Logger) -> Iterator[None]:
+        me = threading.get_ident()
+        with cls._lock:
+            current: Any = sys.stdout
+            output: _ThreadOutput = current if isinstance(current, _ThreadOutput) \
+                else cls(current)
+            sys.stdout = output
+            output.threads[me] = (log, [])
+        try:
+            yield
+        finally:
+            with cls._lock:
+                log, pending = output.threads.pop(me)
+                if not output.threads and sys.stdout is output:
+                    sys.stdout = output.original  # (replaced since by another: left alone)
+            output.log_line(log, "".join(pending))
+
+    def write(self, text: str) -> int:
+        diverted = self.threads.get(threading.get_ident())
+        if diverted is None:
+            return int(self.original.write(text))
+        log, pending = diverted
+        *lines, rest = "".join((*pending, text)).split("\n")
+        pending[:] = [rest]
+        for line in lines:
+            self.log_line(log, line)
+        return len(text)
+
+    @staticmethod
+    def log_line(log: logging.Logger, line: str) -> None:
+        if line.strip():
+            log.log(logging.WARNING if line.lstrip().lower().startswith("warning")
+                    else logging.DEBUG, "%s", line.strip())
+
+    def flush(self) -> None:
+        if threading.get_ident() not in self.threads:
+            self.original.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return int(self.original.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self.original.isatty())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.original, "encoding", "utf-8"))
 
 
 WIDE_CHARACTER = 3

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
+import threading
 
 import numpy as np
 import pytest
 
 from engines.base import EngineError
-from engines.mlx_common import float_to_pcm16, resolve_model_path
+from engines.mlx_common import float_to_pcm16, library_output_logged, resolve_model_path
 
 
 def pcm(values):
@@ -200,3 +203,38 @@ def test_a_chinese_sentence_read_slowly_is_not_a_runaway():
     english = "We meet at the office at eight tomorrow, then go to the airport together."
     assert runaway_budget_s(chinese, 0.25, 3.0) >= 2.5 * (22 * 0.25 + 2 * 0.3)
     assert runaway_budget_s(english, 0.25, 3.0) >= 2.5 * len(english) * 0.07
+
+
+def test_a_loads_prints_go_to_the_log_and_every_other_threads_to_stdout(capsys, caplog):
+    """Two loads overlap (two lanes) and end in the other order; the main thread prints
+    meanwhile (the gateway's "stopped while starting") and after."""
+    steps = [threading.Event() for _ in range(4)]
+
+    def load(name: str, start: int, end: int) -> None:
+        with library_output_logged(logging.getLogger(f"test.{name}")):
+            print(f"Loaded speech tokenizer from /models/{name}")
+            steps[start].set()
+            assert steps[end].wait(5)
+            print("Warning: Could not load tokenizer:", name, end="")  # no newline: flushed
+
+    with caplog.at_level(logging.DEBUG, logger="test"):
+        first = threading.Thread(target=load, args=("a", 0, 2))
+        second = threading.Thread(target=load, args=("b", 1, 3))
+        first.start()
+        assert steps[0].wait(5)
+        second.start()
+        assert steps[1].wait(5)
+        print("stopped while starting")
+        steps[2].set()
+        first.join()
+        print("first load over")
+        steps[3].set()
+        second.join()
+    print("both over")
+    assert capsys.readouterr().out == "stopped while starting\nfirst load over\nboth over\n"
+    assert sorted((r.name, r.levelname, r.getMessage()) for r in caplog.records) == [
+        ("test.a", "DEBUG", "Loaded speech tokenizer from /models/a"),
+        ("test.a", "WARNING", "Warning: Could not load tokenizer: a"),
+        ("test.b", "DEBUG", "Loaded speech tokenizer from /models/b"),
+        ("test.b", "WARNING", "Warning: Could not load tokenizer: b")]
+    assert type(sys.stdout).__module__ != "engines.mlx_common"  # put back

@@ -41,6 +41,34 @@ def run(stream: SynthesisStream) -> list[bytes]:
     return chunks
 
 
+def test_loading_prints_nothing_and_logs_what_the_libraries_said(tiny_qwen3_custom_voice,
+                                                                 capsys, caplog):
+    """mlx-audio prints "Loaded speech tokenizer from ..." and transformers warns that a
+    ``qwen3_tts`` config "can yield errors" on every start: to the log at DEBUG instead."""
+    import logging
+
+    from engines.qwen3 import Qwen3Engine
+
+    warned: list[logging.LogRecord] = []
+    transformers_log = logging.getLogger("transformers")  # (its own handler, no propagation)
+    handler = logging.Handler()
+    handler.emit = warned.append  # type: ignore[method-assign]
+    transformers_log.addHandler(handler)
+    engine = Qwen3Engine(str(tiny_qwen3_custom_voice), voice="aria", max_tokens=4)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="engines"):
+            engine.load()
+    finally:
+        transformers_log.removeHandler(handler)
+        engine.close()
+    assert capsys.readouterr().out == ""
+    assert not [r.getMessage() for r in warned if r.levelno >= logging.WARNING]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert f"Loaded speech tokenizer from {tiny_qwen3_custom_voice / 'speech_tokenizer'}" \
+        in debug
+    assert any("model of type `qwen3_tts`" in line for line in debug)
+
+
 def test_is_a_tts_engine_on_the_gpu_lane(cv_engine):
     assert isinstance(cv_engine, TtsEngine)
     assert (cv_engine.lane, cv_engine.streams) == ("gpu", True)
@@ -586,7 +614,8 @@ async def test_its_lane_keeps_no_more_streams_open_than_max_open_streams(
     assert ends == ["cancelled", "done", "done", "done", "done"]
     assert sink.chunks == {"a": 1, "b": 2, "c": 2, "d": 2, "e": 2}
     assert engine.most == 2 and lane.scheduler.open_streams == 0
-    assert "lane gpu: 2 streams open (max_open_streams)" in caplog.text
+    assert "lane gpu: 2 streams open (max_open_streams 2, 1 kept for voice sessions)" in \
+        caplog.text
     await lane.call(mx.clear_cache)
     assert await lane.call(mx.get_active_memory) <= before  # nothing left of any of them
     await lane.aclose()
