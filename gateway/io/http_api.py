@@ -71,7 +71,7 @@ from gateway.core.session import listed_voice
 from gateway.io.aio import unless_stopped
 from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
-from gateway.io.listen import listening_sockets
+from gateway.io.listen import listening_sockets, note_plain_http
 from gateway.io.log_limit import limited, log_refused, peer_text
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -1266,6 +1266,10 @@ class HttpServer:
                                 access_log=False, ws="none", http=_H11,
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                                 ssl_certfile=cert, ssl_keyfile=key)
+        config.load()  # (serve() would: here, to reach the TLS context it makes)
+        if config.ssl is not None:
+            note_plain_http(config.ssl, functools.partial(self.gateway.plain_http_refused,
+                                                          "HTTP API port", "https://"))
         error_log = logging.getLogger("uvicorn.error")
         if _not_an_aborted_stream not in error_log.filters:
             error_log.addFilter(_not_an_aborted_stream)

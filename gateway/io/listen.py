@@ -5,7 +5,8 @@ every address ``--host`` resolves to: ``::1`` and ``127.0.0.1`` for ``localhost`
 system maps it to both (macOS does), and every interface of each family for ``""``. The
 HTTP API (uvicorn, ``serve(sockets=...)``) is handed sockets bound here the same way, so a
 client that reaches one port at an address reaches the other there too. Port 0 is one free
-port on every address, on either port (``bind_all``, ``free_port``).
+port on every address, on either port (``bind_all``, ``free_port``). With TLS, a client that
+speaks plain HTTP to either port is noted (``note_plain_http``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import asyncio
 import errno
 import logging
 import socket
+import ssl
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("gateway")
@@ -106,6 +109,28 @@ async def free_port(host: str, port: int, what: str) -> tuple[str | list[str], i
     for sock in sockets:
         sock.close()
     return (host if len(bound) == len(addresses) else bound), found
+
+
+def note_plain_http(context: ssl.SSLContext, noted: Callable[[], None]) -> None:
+    """Call ``noted`` for each connection to a port serving ``context`` whose client sends
+    a plain HTTP request instead of a TLS handshake (``ws://`` or ``http://`` dialled to a
+    TLS port: the ``ssl.SSLError`` with reason ``HTTP_REQUEST``); the connection then closes
+    as before, with no answer. The loop's TLS (asyncio's and uvloop's alike) makes each
+    connection's ``SSLObject`` with ``context.wrap_bio``, which makes ``sslobject_class``;
+    it handles the error below anything the gateway sees, so that client was told only "did
+    not receive a valid HTTP response" (curl: "Empty reply from server") and the gateway
+    logged nothing. ``noted`` learns no peer: the ``SSLObject`` knows none."""
+
+    class PlainHttpNoted(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except ssl.SSLError as exc:
+                if exc.reason == "HTTP_REQUEST":
+                    noted()
+                raise
+
+    context.sslobject_class = PlainHttpNoted
 
 
 def _bound(sock: socket.socket, family: socket.AddressFamily, sockaddr: Any,

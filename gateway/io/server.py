@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import gc
 import http
 import ipaddress
@@ -70,8 +71,8 @@ from gateway.io.connection import (
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
 from gateway.io.lanes import Lane
-from gateway.io.listen import free_port
-from gateway.io.log_limit import LogLimit, log_refused, peer_text
+from gateway.io.listen import free_port, note_plain_http
+from gateway.io.log_limit import LogLimit, limited, log_refused, peer_text
 from gateway.io.static import static_response
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.io.telemetry import Telemetry
@@ -381,6 +382,8 @@ class Gateway:
         ssl_context = _tls_context(s.tls_cert, s.tls_key)  # before either port serves
         if ssl_context is not None and s.tls_cert:
             self.certificate_names = certificate_names(ssl_context, s.tls_cert)
+            note_plain_http(ssl_context, functools.partial(self.plain_http_refused,
+                                                           "voice port", "wss://"))
         host = bind_address(s.host)
         # the voice port taken fails the start now, not once the engines have loaded
         # (qwen3's tiny test model takes 24 s on this CPU): bound, let go at once, and bound
@@ -583,6 +586,15 @@ class Gateway:
         log_refused(log, request.path, peer_text(connection.remote_address), status, code,
                     message)
         return _json_response(status, {"error": {"code": code, "message": message}})
+
+    def plain_http_refused(self, port: str, scheme: str) -> None:
+        """A client spoke plain HTTP to ``port``, which serves TLS (``note_plain_http``):
+        counted, and logged as the refusals are (its client only sees the connection
+        close)."""
+        self.metrics.errors["plain_http"] += 1
+        log.info("a plain HTTP request (ws:// or http://) reached the %s, which serves TLS: "
+                 "closed unanswered; its client must dial %s", port, scheme,
+                 extra=limited("refused plain_http"))
 
     def _resumable_past_limit(self, path: str) -> tuple[str | None, str]:
         """The session a socket names with ``?resume=<session_id>`` when a full gateway may
