@@ -20,7 +20,9 @@ playback, just in time, background jobs in 80 ms steps: ``step_ms``), ``sched-32
 ``Rank.DEADLINE``, instead of oldest stream first), ``sched+ane``
 (``gateway.core.placement.place`` puts interactive jobs on an ANE lane), ``sched-open1``
 (``scheduler`` at rule 6's bound: ``max_open`` 1, the lane's other streams taken, so the
-background request and the hub's sentences take turns at the one left).
+background request and the hub's sentences take turns at the one left), and
+``scheduler`` with ``max_open`` n and n background apps, without and with streams kept
+for interactive jobs (rule 6b, ``default_reserve``).
 
 Scenarios: 1 validation, 2 shared voice, 3 ramp, 4 ANE lane; plus the decision-time
 micro-benchmark at 1,000 queued jobs against the old linear scan (same run), and at rule
@@ -49,7 +51,15 @@ from typing import Any
 
 from gateway.core import scheduler as scheduler_module
 from gateway.core.placement import LaneLoad, LaneProfile, TurnPlacer, place
-from gateway.core.scheduler import JIT_GRANULARITY_S, Job, LaneScheduler, Priority, Rank, step_ms
+from gateway.core.scheduler import (
+    JIT_GRANULARITY_S,
+    Job,
+    LaneScheduler,
+    Priority,
+    Rank,
+    default_reserve,
+    step_ms,
+)
 
 CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.json"
 """The production hub's measured figures (a copy of the team's shared calibration.json, kept
@@ -330,11 +340,13 @@ class SimLane:
     ``next_eligible_at`` or the next submission."""
 
     def __init__(self, sim: Sim, name: str, max_lead: float, rank: Rank = Rank.STREAM_AGE,
-                 pace_background_always: bool = False, max_open: int | None = None):
+                 pace_background_always: bool = False, max_open: int | None = None,
+                 reserve: int = 0):
         self.sim, self.name = sim, name
         self.sched = LaneScheduler(deadline_of=self._deadline, max_lead=max_lead, rank=rank,
                                    pace_background_always=pace_background_always,
-                                   tolerance=JIT_GRANULARITY_S, max_open=max_open)
+                                   tolerance=JIT_GRANULARITY_S, max_open=max_open,
+                                   reserve=reserve)
         self.busy = False
         self.busy_s = 0.0
         self.active: set[int] = set()  # interactive turns with queued work (for placement)
@@ -396,14 +408,16 @@ class Scheduler:
 
     def __init__(self, sim: Sim, max_lead: float = 1.0, ane: bool = False,
                  rank: Rank = Rank.STREAM_AGE, pace_background_always: bool = False,
-                 active: str = "queued", max_open: int | None = None, **_: Any):
+                 active: str = "queued", max_open: int | None = None, reserve: int = 0,
+                 **_: Any):
         """``active``, with ``ane``: which turns count on a lane when placing a new one.
         ``queued``: turns with work queued on it now; ``sent``: turns placed on it until
         their last audio is made and delivered (the live gateway: ``TurnPlacer`` until
         ``turn.done``, which goes out with the last frame); ``played``: until the listener
         has played it all. ``sent`` and ``played`` run the live ``TurnPlacer``."""
         self.sim = sim
-        self.gpu = SimLane(sim, "gpu", max_lead, rank, pace_background_always, max_open)
+        self.gpu = SimLane(sim, "gpu", max_lead, rank, pace_background_always, max_open,
+                           reserve)
         self.ane = SimLane(sim, "ane", max_lead, rank) if ane else None
         self.active = active
         m = sim.m
@@ -573,12 +587,13 @@ def summarize(turns: list[Turn], client_buffer_s: float = 0.0) -> dict[str, Any]
             "sentence_gaps": sum(m[3] for m in ms), "gap_s": sum(m[4] for m in ms)}
 
 
-def scenario_shared(model: Model, seed: int, duration: float, policy_name: str
-                    ) -> dict[str, Any]:
-    """A hub session (say-style turns) while a background app sends 20-40 s utterances back
-    to back."""
+def scenario_shared(model: Model, seed: int, duration: float, policy_name: str,
+                    apps: int = 1, **policy_kw: Any) -> dict[str, Any]:
+    """A hub session (say-style turns) while ``apps`` background apps each send 20-40 s
+    utterances back to back. ``policy_kw``: the policy's options (``max_open``,
+    ``reserve``)."""
     sim = Sim(model, seed)
-    policy = POLICIES[policy_name](sim)
+    policy = POLICIES[policy_name](sim, **policy_kw)
     # The lane's step-size rule (gateway.core.scheduler.step_ms) for the scheduler; the
     # engine's own 320 ms steps for the baselines and for the old default (sched-320ms).
     bg_step = model.step_audio_s
@@ -600,7 +615,8 @@ def scenario_shared(model: Model, seed: int, duration: float, policy_name: str
                 sim.at(sim.now + 0.05, wait)
         wait()
 
-    sim.at(0.0, background)
+    for _ in range(apps):
+        sim.at(0.0, background)
     hub_session(sim, policy, hub, duration, model.step_audio_s, llm=False)
     sim.run(duration)
     out = summarize(hub)
@@ -809,6 +825,17 @@ def main(argv: list[str] | None = None) -> int:
         res["shared"][name] = r
         print(f"   {name:11} {r['ttfa_p50_ms']:9.0f} {r['ttfa_p90_ms']:9.0f} "
               f"{r['underruns']:9d} {r['background_audio_s_per_s']:10.2f}")
+    print("   rule 6b: `scheduler` with max_open n and n background apps, no stream kept "
+          "(reserve 0) and default_reserve(n):")
+    res["reserve"] = {}
+    for n in (2, 3, 4):
+        for reserve in (0, default_reserve(n)):
+            r = scenario_shared(model, args.seed, duration, "scheduler", apps=n, max_open=n,
+                                reserve=reserve)
+            res["reserve"][f"open{n}-r{reserve}"] = r
+            print(f"   open {n} r {reserve} {r['ttfa_p50_ms']:9.0f} {r['ttfa_p90_ms']:9.0f} "
+                  f"{r['underruns']:9d} {r['background_audio_s_per_s']:10.2f}  gaps "
+                  f"{r['sentence_gaps']} ({r['gap_s']:.0f} s), turns {r['turns']}")
     print("   sensitivity of `scheduler` to the assumed per-step overhead:")
     res["shared_overhead"] = {}
     for overhead_ms in (0.0, 5.0, 10.0, 20.0):

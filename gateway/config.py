@@ -11,7 +11,7 @@ and default, and a test keeps that table complete; see examples/hub.toml)::
                replies (replay file), tokens_per_s
     [llm.chat_template_kwargs]   sent with each request (e.g. enable_thinking = false)
     [tts]      engine, model, voice, voice_ref, voice_ref_text, url, fallback, also,
-               step_timeout_s, max_open_streams
+               step_timeout_s, max_open_streams, interactive_reserved_streams
     [tts.options]            more options of the primary engine
     [tts.fallback_options]   options of the fallback engine
     [tts.fallback_policy]    first_chunk_timeout_s, breaker_failures, breaker_reset_s
@@ -208,6 +208,10 @@ class TtsConfig:
     max_open_streams: int | None = None
     """Streams open at once on each lane (``gateway.core.scheduler`` rule 6); None: the
     engine's own ``max_open_streams`` (qwen3's 16; none for the others), 0: no limit."""
+    interactive_reserved_streams: int | None = None
+    """Of ``max_open_streams``, streams only voice sessions may open (rule 6b: background
+    requests never hold them); None: ``gateway.core.scheduler.default_reserve`` (an eighth,
+    at least 1: 2 of 16; none with 1)."""
     also: str | None = None
     """A second engine on its own lane (it must declare another lane than the primary, e.g.
     ``ane`` next to ``qwen3`` on ``gpu``). Each turn then speaks on the lane that serves it
@@ -224,6 +228,8 @@ class TtsConfig:
             _check_seconds("tts.step_timeout_s", self.step_timeout_s, 0, 3600, above=True)
         if self.max_open_streams is not None:
             _check_int("tts.max_open_streams", self.max_open_streams, 0)
+        if self.interactive_reserved_streams is not None:
+            _check_int("tts.interactive_reserved_streams", self.interactive_reserved_streams, 0)
 
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for the primary engine's constructor."""

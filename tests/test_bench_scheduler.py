@@ -64,6 +64,19 @@ def test_small_background_steps_shorten_the_hubs_wait(model: sim.Model) -> None:
     assert small["underruns"] == big["underruns"] == 0
 
 
+def test_a_stream_kept_for_the_hub_spares_it_background_utterances(model: sim.Model) -> None:
+    """Rule 6b: two apps sending long utterances back to back held both of a lane's streams,
+    and the hub's turns waited for an utterance to end (seconds); with one kept, a step."""
+    def shared(reserve: int) -> dict:
+        return sim.scenario_shared(model, seed=42, duration=300.0, policy_name="scheduler",
+                                   apps=2, max_open=2, reserve=reserve)
+
+    held, kept = shared(0), shared(sim.default_reserve(2))
+    assert held["ttfa_p50_ms"] > 1000 and kept["ttfa_p90_ms"] < 300
+    assert kept["turns"] > held["turns"] and kept["sentence_gaps"] == 0
+    assert kept["background_audio_s_per_s"] > 1.0  # the apps still get the lane
+
+
 def test_protecting_old_streams_cuts_underruns_at_three_sessions(model: sim.Model) -> None:
     edf = sim.scenario_ramp(model, seed=42, duration=600.0, policy_name="sched-edf", sessions=3)
     age = sim.scenario_ramp(model, seed=42, duration=600.0, policy_name="scheduler", sessions=3)

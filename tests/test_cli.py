@@ -80,6 +80,8 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
      "tts.step_timeout_s must be more than 0 and at most 3600 seconds, not -1"),
     ("[tts]\nmax_open_streams = -1\n",
      "tts.max_open_streams must be an integer at least 0, not -1"),
+    ("[tts]\ninteractive_reserved_streams = -1\n",
+     "tts.interactive_reserved_streams must be an integer at least 0, not -1"),
     ("server = 5\n", "[server] must be a table, not 5"),
     # a misspelt section or key is refused, not ignored: '[sever] tokens' or 'token' would
     # otherwise start a gateway that asks no client for a token

@@ -600,6 +600,21 @@ def test_max_open_streams_is_the_configured_or_the_engines_own(tts, expected):
     assert gw.lane.scheduler.max_open == expected
 
 
+@pytest.mark.parametrize(("tts", "expected"), [
+    ({"engine": "synthetic", "max_open_streams": 16}, 2),  # qwen3's bound: 2 kept
+    ({"engine": "synthetic", "max_open_streams": 3}, 1),
+    ({"engine": "synthetic", "max_open_streams": 1}, 0),  # one stream: none kept
+    ({"engine": "synthetic"}, 0),
+    ({"engine": "synthetic", "max_open_streams": 16, "interactive_reserved_streams": 0}, 0),
+    ({"engine": "synthetic", "max_open_streams": 16, "interactive_reserved_streams": 5}, 5),
+])
+def test_streams_kept_for_voice_sessions_are_the_configured_or_an_eighth(tts, expected):
+    """Scheduler rule 6b: of the lane's open streams, those background requests never
+    hold (``[tts] interactive_reserved_streams``; default ``max_open // 8``, at least 1)."""
+    gw = Gateway(load_config(tts=tts))
+    assert gw.lane.scheduler.reserved == expected
+
+
 def test_a_fallback_keeps_its_primarys_max_open_streams(monkeypatch):
     monkeypatch.setattr(SyntheticEngine, "max_open_streams", 5, raising=False)
     gw = Gateway(load_config(tts={"engine": "synthetic", "fallback": "espeak"}))
@@ -632,39 +647,45 @@ class GatedRemote(SyntheticEngine):
         return stream
 
 
+async def gated_gateway(monkeypatch, max_open_streams: int
+                        ) -> tuple[Gateway, GatedRemote, LineSeen]:
+    """A started gateway whose one lane (``remote``) runs a ``GatedRemote`` with at most
+    ``max_open_streams`` open, and a handler that sees the lane say sentences wait for one
+    (the caller removes it from the ``gateway.io.lanes`` logger)."""
+    monkeypatch.setitem(registry.TTS_ENGINES, "gated", f"{__name__}:GatedRemote")
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "gated", "voice": "mid", "max_open_streams": max_open_streams,
+        "options": {"rtf": 0.0, "ttfa_ms": 0.0, "lane": "remote"}}))
+    await gw.start()
+    line = LineSeen("streams open (max_open_streams")
+    logging.getLogger("gateway.io.lanes").addHandler(line)
+    return gw, gw.lanes["remote"].engine, line  # type: ignore[return-value]
+
+
 async def test_health_and_metrics_show_the_streams_open_and_the_sentences_waiting_for_one(
         monkeypatch):
     """Scheduler rule 6 (``max_open_streams``) was seen only in one log line: ``/health``
     and ``/metrics`` had the lane's queue depth but not that its sentences waited for an
     open stream to end, nor how many were open of how many allowed."""
     from tests.test_http_api import metrics
-    from tests.wsclient import LineSeen
 
-    monkeypatch.setitem(registry.TTS_ENGINES, "gated", f"{__name__}:GatedRemote")
-    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
-        "engine": "gated", "voice": "mid", "max_open_streams": 1,
-        "options": {"rtf": 0.0, "ttfa_ms": 0.0, "lane": "remote"}}))
-    await gw.start()
-    engine = gw.lanes["remote"].engine
+    gw, engine, line = await gated_gateway(monkeypatch, 1)
     base = f"http://127.0.0.1:{gw.http_port}"
-    line = LineSeen("streams open (max_open_streams)")
-    logger = logging.getLogger("gateway.io.lanes")
-    logger.addHandler(line)
 
     async def read() -> tuple[dict, dict[str, float]]:
         async with httpx.AsyncClient() as client:
             health = (await client.get(f"{base}/health")).json()["lanes"]["remote"]
             figures = metrics((await client.get(f"{base}/metrics")).text)
-        shown = {key: health[key] for key in ("open_streams", "max_open_streams",
-                                               "streams_waiting")}
-        return shown, {name: figures.get(f"gateway_lane_{name}{{lane=remote}}")
-                       for name in ("open_streams", "max_open_streams", "streams_waiting")}
+        names = ("open_streams", "max_open_streams", "interactive_reserved_streams",
+                 "streams_waiting")
+        return ({key: health[key] for key in names},
+                {name: figures.get(f"gateway_lane_{name}{{lane=remote}}") for name in names})
 
     try:
         assert await read() == ({"open_streams": 0, "max_open_streams": 1,
-                                 "streams_waiting": 0},
+                                 "interactive_reserved_streams": 0, "streams_waiting": 0},
                                 {"open_streams": 0, "max_open_streams": 1,
-                                 "streams_waiting": 0})
+                                 "interactive_reserved_streams": 0, "streams_waiting": 0})
         async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as a, \
                 connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as b:
             await recv_event(a, "session.created")
@@ -673,16 +694,57 @@ async def test_health_and_metrics_show_the_streams_open_and_the_sentences_waitin
             await asyncio.to_thread(engine.entered.wait)  # a's stream is open, its step held
             await send(b, type="say", text="Bee speaks here.")
             await line.seen.wait()  # the lane had a place for b's step, but no stream
-            waiting = {"open_streams": 1, "max_open_streams": 1, "streams_waiting": 1}
+            waiting = {"open_streams": 1, "max_open_streams": 1,
+                       "interactive_reserved_streams": 0, "streams_waiting": 1}
             assert await read() == (waiting, waiting)
             engine.gate.set()
             for ws in (a, b):
                 assert (await read_turn(ws)).done["status"] == "completed"
-        idle = {"open_streams": 0, "max_open_streams": 1, "streams_waiting": 0}
+        idle = {"open_streams": 0, "max_open_streams": 1, "interactive_reserved_streams": 0,
+                "streams_waiting": 0}
         assert await read() == (idle, idle)
     finally:
         engine.gate.set()
-        logger.removeHandler(line)
+        logging.getLogger("gateway.io.lanes").removeHandler(line)
+        await gw.aclose()
+
+
+async def test_an_http_speech_request_leaves_the_reserved_stream_to_a_voice_session(
+        monkeypatch):
+    """Scheduler rule 6b through the gateway: other apps' HTTP speech requests held every
+    open stream, and a voice turn waited for a whole request to end. With 2 streams (1 kept
+    for voice sessions by default) a second request waits while the first holds one, and a
+    voice turn that comes after it opens the kept one at once."""
+    gw, engine, line = await gated_gateway(monkeypatch, 2)
+    url = f"http://127.0.0.1:{gw.http_port}/v1/audio/speech"
+    try:
+        async with httpx.AsyncClient() as client:
+            def speak(text: str) -> asyncio.Task:
+                return asyncio.create_task(client.post(url, json={
+                    "input": text, "response_format": "pcm"}))
+
+            first = speak("An app reads a long article.")
+            assert await asyncio.to_thread(engine.texts.get) == "An app reads a long article."
+            second = speak("Another app reads another.")
+            # a step slot and a stream are free, but kept: the lane says it waits, or (the
+            # bug) its step starts
+            started = asyncio.ensure_future(asyncio.to_thread(engine.texts.get))
+            await asyncio.wait({started, asyncio.ensure_future(line.seen.wait())},
+                               return_when=asyncio.FIRST_COMPLETED)
+            engine.texts.put("(waits)")  # (ends the read if the line came first)
+            assert await started == "(waits)"
+            assert gw.health()["lanes"]["remote"]["streams_waiting"] == 1
+            async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+                await recv_event(ws, "session.created")
+                await send(ws, type="say", text="The hub answers now.")
+                assert await asyncio.to_thread(engine.texts.get) == "The hub answers now."
+                engine.gate.set()
+                assert (await read_turn(ws)).done["status"] == "completed"
+            for request in (first, second):
+                assert (await request).status_code == 200
+    finally:
+        engine.gate.set()
+        logging.getLogger("gateway.io.lanes").removeHandler(line)
         await gw.aclose()
 
 
@@ -694,8 +756,10 @@ async def test_a_lane_without_a_bound_on_its_streams_shows_none():
             text = (await client.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
         for lane in ("gpu", "ane"):
             assert health["lanes"][lane]["max_open_streams"] is None
+            assert health["lanes"][lane]["interactive_reserved_streams"] == 0
             assert f'gateway_lane_open_streams{{lane="{lane}"}} 0.0' in text
             assert f'gateway_lane_max_open_streams{{lane="{lane}"}}' not in text
+            assert f'gateway_lane_interactive_reserved_streams{{lane="{lane}"}}' not in text
     finally:
         await gw.aclose()
 

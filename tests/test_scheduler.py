@@ -7,7 +7,15 @@ import random
 
 import pytest
 
-from gateway.core.scheduler import Job, LanePolicy, LaneScheduler, Priority, Rank, step_ms
+from gateway.core.scheduler import (
+    Job,
+    LanePolicy,
+    LaneScheduler,
+    Priority,
+    Rank,
+    default_reserve,
+    step_ms,
+)
 
 IA, B, W = Priority.INTERACTIVE, Priority.BACKGROUND, Priority.WARMUP
 
@@ -885,3 +893,65 @@ def test_a_stream_that_ends_asks_a_few_waiting_owners_not_all() -> None:
     assert opened == list(range(200))  # earliest deadline first
     assert sched.streams_waiting == 0 and len(sched) == 0
     assert asked < 5 * 400
+
+
+def test_background_jobs_leave_the_reserved_streams_to_interactive_ones() -> None:
+    """Rule 6b: background requests (other apps' 20-40 s utterances) held every open
+    stream, and a voice turn waited for a whole utterance to end (bench/SCHEDULER.md,
+    ``sched-open1``: TTFA p50 8.6 s). With one of 3 streams kept, they open at most 2; a
+    turn opens the third at once, and a stream that ends inside the reserve goes to an
+    interactive owner, never to a background one, however long it waited."""
+    sched, jobs = make([("x", B, 0.0), ("y", B, 1.0), ("z", B, 2.0)], max_open=3, reserve=1)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["x"]
+    assert stepped(sched, sched.next_job(0.0), 11.0) is jobs["y"]
+    assert sched.next_job(0.0) is jobs["x"]  # z waits although a stream is free
+    assert (sched.open_streams, sched.streams_waiting) == (2, 1) and not jobs["z"].opened
+    hub = Job(owner="hub", priority=IA, deadline=0.5)
+    sched.submit(hub)
+    assert stepped(sched, sched.next_job(0.5), 1.0) is hub  # the reserved stream, at once
+    second = Job(owner="hub2", priority=IA, deadline=0.5)
+    sched.submit(second)
+    assert sched.next_job(0.5) is hub and sched.streams_waiting == 2  # all 3 taken
+    sched.finish(jobs["x"])  # a background stream ends: the waiting turn takes it, not z
+    assert stepped(sched, sched.next_job(0.5), 1.5) is second and not jobs["z"].opened
+    sched.finish(second)  # 2 open (y, hub): the one free is the reserve's, z waits on
+    assert sched.next_job(0.5) is hub and not jobs["z"].opened
+    assert sched.streams_waiting == 1
+    sched.finish(hub)  # now 1 open: z opens
+    assert sched.next_job(0.5) is jobs["z"] and sched.open_streams == 2
+
+
+def test_a_stream_that_ends_inside_the_reserve_files_no_background_owner() -> None:
+    """Rule 6b in ``_unpark``: a free stream that only interactive jobs may take files no
+    background owner waiting for one (it would find none and wait again at every decision),
+    and one that ends outside it files one, as rule 6 does."""
+    sched, jobs = make([("x", B, 0.0), ("y", B, 1.0)], max_open=2, reserve=1)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["x"]
+    assert sched.next_job(0.0) is jobs["x"] and sched.streams_waiting == 1
+    hub = Job(owner="hub", priority=IA, deadline=0.0)
+    sched.submit(hub)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is hub
+    sched.finish(jobs["x"])  # the free stream is the reserve's: y is not filed
+    assert sched.next_job(0.0) is hub and sched.streams_waiting == 1
+    assert not sched._promised and "y" in sched._blocked
+    sched.finish(hub)  # none open: y is filed and opens
+    assert sched.next_job(0.0) is jobs["y"] and sched.streams_waiting == 0
+
+
+@pytest.mark.parametrize(("max_open", "reserved"), [
+    (None, 0), (1, 0), (2, 1), (8, 1), (15, 1), (16, 2), (17, 2), (32, 4)])
+def test_the_default_reserve_is_an_eighth_and_none_with_one_stream(
+        max_open: int | None, reserved: int) -> None:
+    """qwen3's 16 streams keep 2; a lane of one stream keeps none (background requests
+    would get none at all)."""
+    assert default_reserve(max_open) == reserved
+
+
+def test_a_reserve_of_every_stream_leaves_background_jobs_one() -> None:
+    """A ``reserve`` of ``max_open`` or more counts as ``max_open - 1``: background
+    requests would otherwise never open a stream and wait for ever."""
+    sched, jobs = make([("x", W, 0.0), ("y", W, 1.0)], max_open=2, reserve=5)
+    assert sched.reserved == 1
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["x"]
+    assert sched.next_job(0.0) is jobs["x"] and sched.streams_waiting == 1
+    assert LaneScheduler(reserve=3).reserved == 0  # no bound: nothing to keep

@@ -1,7 +1,7 @@
-"""LaneScheduler rule 6 (open streams) as a state machine: Hypothesis submits, hands out,
-holds, releases, finishes, cancels and touches jobs of a few owners on a fake clock (``now``
-is a number) and checks the bound after every step against a model of the lane (the jobs
-it was handed and has not finished or cancelled)."""
+"""LaneScheduler rule 6 (open streams) and 6b (streams kept for interactive jobs) as a state
+machine: Hypothesis submits, hands out, holds, releases, finishes, cancels and touches jobs
+of a few owners on a fake clock (``now`` is a number) and checks the bound after every step
+against a model of the lane (the jobs it was handed and has not finished or cancelled)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ class Deadlines(dict):
 
 
 class OpenStreams(RuleBasedStateMachine):
-    @initialize(max_open=st.integers(1, 3), max_lead=st.sampled_from([None, 2.0]))
-    def start(self, max_open: int, max_lead: float | None) -> None:
+    @initialize(max_open=st.integers(1, 4), reserve=st.integers(0, 2),
+                max_lead=st.sampled_from([None, 2.0]))
+    def start(self, max_open: int, reserve: int, max_lead: float | None) -> None:
         self.deadlines = Deadlines()
         self.sched = LaneScheduler(deadline_of=self.deadlines, max_open=max_open,
-                                   max_lead=max_lead)
+                                   reserve=reserve, max_lead=max_lead)
+        self.max_open = max_open
+        self.background_max = max_open - min(reserve, max_open - 1)
+        """Rule 6b: the most streams background and warm-up jobs may hold at once."""
         self.now = 0.0
         self.handed: set[int] = set()
         """``seq`` of the jobs handed out and neither finished nor cancelled: open streams
@@ -50,16 +54,21 @@ class OpenStreams(RuleBasedStateMachine):
         if sched.max_lead is None or sched.streams_waiting:
             # every head eligible (rule 3 lifted while one waits for a stream): only rule 6
             # or a hold stop one
-            free = sched.open_streams < sched.max_open  # type: ignore[operator]
             runnable = [owner for owner in sched.owners() if owner not in self.held
-                        and (free or sched.head(owner).opened)]  # type: ignore[union-attr]
+                        and (self.free(sched.head(owner).priority)  # type: ignore[union-attr]
+                             or sched.head(owner).opened)]  # type: ignore[union-attr]
             assert (job is None) == (not runnable), (runnable, job)
         if sched.streams_waiting:
             # a stream ended files one owner waiting for it again, not all (``_unpark``):
-            # every free stream has a head not started filed (a candidate) to take it
-            filed = sum(entry.live and not entry.job.opened
-                        for entry in sched._entries.values())
-            assert sched.open_streams + filed >= sched.max_open  # type: ignore[operator]
+            # every free stream has a head not started filed (a candidate) to take it; a
+            # reserved one (rule 6b), an interactive head: no interactive owner waits while
+            # a stream is free
+            blocked = [entry.job.priority for entry in sched._blocked.values()]
+            filed = [entry.job.priority for entry in sched._entries.values()
+                     if entry.live and not entry.job.opened]
+            if Priority.INTERACTIVE in blocked:
+                assert sched.open_streams + filed.count(Priority.INTERACTIVE) >= self.max_open
+            assert sched.open_streams + len(filed) >= self.background_max
         if job is None:
             return
         assert job.owner not in self.held and sched.head(job.owner) is job  # rules 1, 5
@@ -72,6 +81,11 @@ class OpenStreams(RuleBasedStateMachine):
         if hold:
             sched.hold(job)
             self.held[job.owner] = job
+
+    def free(self, priority: Priority) -> bool:
+        """A job of ``priority`` not started yet may open a stream now (rules 6, 6b)."""
+        bound = self.max_open if priority is Priority.INTERACTIVE else self.background_max
+        return self.sched.open_streams < bound
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
@@ -123,6 +137,12 @@ class OpenStreams(RuleBasedStateMachine):
         assert self.sched.open_streams == len(self.handed)
         assert self.sched.open_streams <= self.sched.max_open  # type: ignore[operator]
         assert all(self.jobs[i].opened for i in self.handed)
+
+    @invariant()
+    def background_never_holds_the_reserved_streams(self) -> None:
+        """Rule 6b: background and warm-up jobs hold at most ``max_open - reserve``."""
+        lower = sum(self.jobs[i].priority is not Priority.INTERACTIVE for i in self.handed)
+        assert lower <= self.background_max
 
     @invariant()
     def no_owner_is_lost(self) -> None:

@@ -50,6 +50,18 @@ in order:
    bound, every speaking session and HTTP request held a stream at once, however few the
    lane could feed. ``fifo`` needs no bound: it runs one owner at a time (its one open
    stream is counted all the same, ``open_streams``).
+6b. **Streams kept for interactive work.** ``reserve`` of the ``max_open`` streams are
+   interactive jobs' only: a background or warm-up job not started yet is no candidate
+   while ``max_open - reserve`` or more streams are open (of any class), so those classes
+   never hold more than ``max_open - reserve``, and a stream that ends inside the reserve
+   is offered to interactive owners only. Without it, background requests (20-40 s
+   utterances from other apps) could hold every stream, and a voice turn then waited for
+   a whole utterance to end, each sentence again (bench/SCHEDULER.md, ``sched-open1``:
+   TTFA p50 8.6 s). An interactive turn still waits when interactive jobs hold the
+   reserve and the rest is taken, but then for a sentence, not an utterance.
+   ``default_reserve`` gives ``max_open // 8``, at least 1 (qwen3's 16: 2), and none with
+   ``max_open`` 1: the only stream kept for interactive work would leave background
+   requests none at all. A ``reserve`` of ``max_open`` or more counts as ``max_open - 1``.
 
 **Step sizes.** A step in flight cannot be interrupted, so the step size of the work already
 on a lane bounds how long newly arrived interactive work waits for it. ``step_ms(priority)``
@@ -84,6 +96,8 @@ Owners waiting for a stream (rule 6) leave those heaps for two *parked* heaps pe
 (ready and comfortable, under the key they had); a stream that ends files the best of them
 again (one per free stream, the top refreshed as above), not all of them: at 16 streams
 and 1,000 waiting owners that was ~90 ``deadline_of`` calls per decision (bench/SCHEDULER.md).
+Rule 6b adds one comparison there: a free stream inside the reserve files only interactive
+owners, and a background head finding ``max_open - reserve`` open parks as at the bound.
 """
 
 from __future__ import annotations
@@ -125,6 +139,15 @@ STEP_MS: dict[Priority, float | None] = {
 }
 """Audio per engine step for each class, in ms (None: the engine's default); see the module
 docstring, "Step sizes"."""
+
+
+def default_reserve(max_open: int | None) -> int:
+    """Rule 6b's default ``reserve`` for a lane keeping at most ``max_open`` streams open:
+    an eighth, at least 1 (qwen3's 16: 2); none with one stream or no bound (with one, a
+    stream kept for interactive work would leave background requests none)."""
+    if max_open is None or max_open < 2:
+        return 0
+    return max(1, max_open // 8)
 
 
 def step_ms(priority: Priority) -> float | None:
@@ -259,6 +282,9 @@ class LaneScheduler:
         default_factory=lambda: tuple([] for _ in Priority))
     max_open: int | None = None
     """Rule 6: at most this many jobs' streams open at once (None: no limit)."""
+    reserve: int = 0
+    """Rule 6b: of ``max_open``, streams only interactive jobs may open (at most
+    ``max_open - 1`` count; ``default_reserve`` is the lanes' default)."""
     _open: int = 0
     _blocked: dict[Hashable, _Entry] = field(default_factory=dict)
     """Owners whose head waits for a stream to end (rule 6): their entries, off the heaps
@@ -304,8 +330,23 @@ class LaneScheduler:
 
     @property
     def streams_waiting(self) -> int:
-        """Owners whose next job waits for an open stream to end (rule 6)."""
+        """Owners whose next job waits for an open stream to end (rule 6; a background
+        one also while only reserved streams are free, rule 6b)."""
         return len(self._blocked)
+
+    @property
+    def reserved(self) -> int:
+        """Streams kept for interactive jobs (rule 6b): ``reserve``, at most
+        ``max_open - 1``; 0 without a bound."""
+        if self.max_open is None:
+            return 0
+        return max(0, min(self.reserve, self.max_open - 1))
+
+    def _streams_for(self, priority: Priority) -> int:
+        """Rule 6b: how many streams may be open when a job of ``priority`` opens one
+        (``max_open`` set)."""
+        bound: int = self.max_open  # type: ignore[assignment]
+        return bound if priority is _INTERACTIVE else bound - self.reserved
 
     def owners(self) -> list[Hashable]:
         return list(self._queues)
@@ -437,7 +478,8 @@ class LaneScheduler:
                 while (entry := self._fresh_top(heap, now, lead, heaps, self._entries)) is not None:
                     job = entry.job
                     if not job.opened:
-                        if self.max_open is not None and self._open >= self.max_open:
+                        if self.max_open is not None and \
+                                self._open >= self._streams_for(priority):
                             self._park(heap, priority)  # rule 6: until a stream ends
                             continue
                         job.opened = True
@@ -595,12 +637,16 @@ class LaneScheduler:
     def _unpark(self, now: float) -> None:
         """Rule 6: streams are free that no head filed already waits to take: file the
         best owners waiting for one again, one per free stream, in the order rules 2 and
-        2b give (rule 3 is lifted while any waits, as in ``_decide``). Only the top of the
+        2b give (rule 3 is lifted while any waits, as in ``_decide``); a class only while
+        fewer than its limit are open or kept (rule 6b). Only the top of the
         parked heaps is asked its deadline: re-filing every waiting owner at every stream
         that ended cost ~90 ``deadline_of`` calls per decision at 1,000 waiting owners
         (bench/SCHEDULER.md)."""
         parked = (self._parked, self._parked_comfortable, self._parked)  # (no lead: no waiting)
         for priority in _PRIORITIES:
+            limit = self._streams_for(priority)  # (rule 6b: lower for the lower classes)
+            if self._open + len(self._promised) >= limit:
+                return
             ready, comfortable = self._parked[priority], self._parked_comfortable[priority]
             while comfortable and (not comfortable[0].live
                                    or not self._comfortable_at(comfortable[0].key[0], now)):
@@ -617,9 +663,8 @@ class LaneScheduler:
                     heapq.heappush(filed, entry)
                     self._entries[owner] = entry
                     self._promised.add(owner)
-                    if not self._blocked or \
-                            self._open + len(self._promised) >= (self.max_open or 0):
-                        return
+                    if not self._blocked or self._open + len(self._promised) >= limit:
+                        return  # (the lower classes' limits are no higher: rule 6b)
 
     def _reserve_taken(self, owner: Hashable) -> None:
         """``owner``'s job opened a stream while others were kept free for re-filed owners

@@ -45,6 +45,7 @@ from gateway.core.scheduler import (
     LanePolicy,
     LaneScheduler,
     Priority,
+    default_reserve,
 )
 
 log = logging.getLogger(__name__)
@@ -223,9 +224,10 @@ long before the loop gets a turn."""
 class Lane:
     def __init__(self, name: str, engine: TtsEngine, deadline_of: DeadlineOf | None = None,
                  max_lead: float | None = None, step_timeout_s: float | None = STEP_TIMEOUT_S,
-                 max_open_streams: int | None = None):
+                 max_open_streams: int | None = None, reserved_streams: int | None = None):
         """``max_open_streams``: jobs whose engine stream is open at once (scheduler rule
-        6; None: no limit)."""
+        6; None: no limit); ``reserved_streams``: of those, the ones only interactive jobs
+        may open (rule 6b; None: ``default_reserve``)."""
         self.name = name
         self.step_timeout_s = step_timeout_s
         """None: no limit (a hung engine then holds the lane forever)."""
@@ -244,7 +246,9 @@ class Lane:
         """Steps the engine may run at once (module docstring, "Steps at once")."""
         self._inline_since = 0.0
         self.scheduler = LaneScheduler(deadline_of=deadline_of, max_lead=max_lead,
-                                       tolerance=JIT_GRANULARITY_S, max_open=max_open_streams)
+                                       tolerance=JIT_GRANULARITY_S, max_open=max_open_streams,
+                                       reserve=default_reserve(max_open_streams)
+                                       if reserved_streams is None else reserved_streams)
         self._streams_full = False
         """Jobs wait for an open stream to end (rule 6): said once in the log, not per job."""
         self.stats = LaneStats()
@@ -532,8 +536,9 @@ class Lane:
         if not self._streams_full:
             if scheduler.streams_waiting:
                 self._streams_full = True
-                log.warning("lane %s: %d streams open (max_open_streams): new sentences wait "
-                            "for one to end", self.name, scheduler.open_streams)
+                log.warning("lane %s: %d streams open (max_open_streams %s, %d kept for voice "
+                            "sessions): new sentences wait for one to end", self.name,
+                            scheduler.open_streams, scheduler.max_open, scheduler.reserved)
         elif not scheduler.streams_waiting:
             self._streams_full = False
             log.info("lane %s: no sentence waits for an open stream any more", self.name)

@@ -184,7 +184,8 @@ class Gateway:
                 streams = getattr(eng, "max_open_streams", None)
             lane = Lane(eng.lane, eng, deadline_of=job_deadline,
                         max_lead=config.session.max_lead_ms / 1000.0,
-                        step_timeout_s=t.step_timeout_s, max_open_streams=streams or None)
+                        step_timeout_s=t.step_timeout_s, max_open_streams=streams or None,
+                        reserved_streams=t.interactive_reserved_streams)
             lane.scheduler.policy = LanePolicy(config.server.lane_policy)
             if getattr(eng, "one_stream_at_a_time", False):
                 # interleaving two jobs' steps would open a second stream, which this engine

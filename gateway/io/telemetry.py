@@ -487,6 +487,7 @@ class Telemetry:
                 # scheduler rule 6: streams open, the bound (null: none), owners waiting
                 "open_streams": lane.scheduler.open_streams,
                 "max_open_streams": lane.scheduler.max_open,
+                "interactive_reserved_streams": lane.scheduler.reserved,  # (rule 6b)
                 "streams_waiting": lane.scheduler.streams_waiting,
                 "busy": lane.busy,
                 "busy_share_1m": round(window.share(now), 4),
@@ -635,6 +636,9 @@ class _StateCollector(Collector):
         bound = GaugeMetricFamily("gateway_lane_max_open_streams", "Engine streams the lane "
                                   "keeps open at once at most (only a lane with a bound)",
                                   labels=["lane"])
+        reserved = GaugeMetricFamily("gateway_lane_interactive_reserved_streams", "Of the "
+                                     "lane's open streams, those only voice sessions may "
+                                     "open (only a lane with a bound)", labels=["lane"])
         waiting = GaugeMetricFamily("gateway_lane_streams_waiting", "Owners whose next "
                                     "sentence waits for an open stream to end", labels=["lane"])
         now = time.perf_counter()
@@ -645,6 +649,7 @@ class _StateCollector(Collector):
             streams.add_metric([lane.name], scheduler.open_streams)
             if scheduler.max_open is not None:
                 bound.add_metric([lane.name], scheduler.max_open)
+                reserved.add_metric([lane.name], scheduler.reserved)
             waiting.add_metric([lane.name], scheduler.streams_waiting)
             if gw.placer is not None:
                 placed.add_metric([lane.name], gw.placer.active(lane.name))
@@ -652,6 +657,7 @@ class _StateCollector(Collector):
         yield busy
         yield streams
         yield bound
+        yield reserved
         yield waiting
         if gw.placer is not None:
             yield placed
