@@ -42,6 +42,12 @@ class EngineError(Exception):
         self.message = message
 
 
+class ServerUnreachable(EngineError):
+    """An engine's server could not be reached (connection refused, no route, connect
+    timeout), as opposed to one that answered wrongly: a probe that reaches the server
+    again says it is back (``gateway.io.lanes.Lane.server_answers``)."""
+
+
 class LlmContextFull(EngineError):
     """The LLM server refused a request as longer than its context window: the prompt must
     shrink before it can answer (the session forgets its oldest turns). An ``llm_failed``

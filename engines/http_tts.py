@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import httpx
 
-from engines.base import EngineError, SynthesisRequest, shown_url
+from engines.base import EngineError, ServerUnreachable, SynthesisRequest, shown_url
 from engines.sse_bound import UNCOMPRESSED, bounded, head, pieces
 
 MAX_EVENT_BYTES = 32 << 20
@@ -88,8 +88,14 @@ class HttpTtsEngine:
         self.streaming_interval = streaming_interval
         self.reads_digits = reads_digits
         self.extra_body = dict(extra_body or {})
-        self._headers = {**UNCOMPRESSED,
-                         **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        self.probe_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {**UNCOMPRESSED, **self.probe_headers}
+        self.probe_url = self.url.removesuffix("/audio/speech") + "/models"
+        """What the gateway asks (GET) to tell whether the server answers, at start and
+        while /health or /metrics is asked (``gateway.io.telemetry.TtsProbe``): OpenAI's
+        model list beside the speech endpoint, which mlx-audio's server and Kokoro-FastAPI
+        serve. Any answer below 500 counts (a server without the list answers 404, and is
+        there); a synthesis would cost the server a model's work at every probe."""
         self.read_timeout_s = read_timeout_s
         """How long a step waits for the server (``engine_timeout`` after it). Below the
         lane's step deadline (``[tts] step_timeout_s``, 30 s; the gateway checks it), so a
@@ -252,7 +258,9 @@ class HttpTtsStream:
                 raise
             code = "engine_timeout" if isinstance(exc, httpx.TimeoutException) else \
                 "engine_failed"
-            raise EngineError(code, f"TTS server {self._shown_url}: {exc!r}") from exc
+            error = ServerUnreachable if isinstance(
+                exc, httpx.ConnectError | httpx.ConnectTimeout) else EngineError
+            raise error(code, f"TTS server {self._shown_url}: {exc!r}") from exc
         if piece is None:
             self.close()
             return None

@@ -660,3 +660,13 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def health_after_a_probe(gateway: Any, probe: Any) -> dict[str, Any]:
+    """``gateway``'s /health once ``probe`` (one of its ``ServerProbe``s) asked its server
+    again: its last check made stale, a /health starts the probe, which is waited for."""
+    probe.checked_at -= probe.interval_s
+    gateway.health()
+    await probe._task
+    result: dict[str, Any] = gateway.health()
+    return result

@@ -123,13 +123,17 @@ async def test_an_engine_that_starts_failing_is_logged_once_and_so_is_its_return
     """README (Running it, Logs): a WARNING for an engine that fails, not a line per turn.
     The http engine's server is down (a second gateway, not started yet, on the port it
     names): two turns fail and the log says so once; the server comes up and the next turn
-    is whole, which the log says too. Failed turns used to leave no line at all."""
+    is whole, which the log says too. Failed turns used to leave no line at all. (The
+    probe of the server at start says it is down before any turn: a line of its own; the
+    whole job says the server is back too.)"""
     from tests.servers import _free_port
 
     port = _free_port()
+    speech = f"http://127.0.0.1:{port}/v1/audio/speech"
     gw = await start_gateway(tts={"engine": "http", "url": f"http://127.0.0.1:{port}/v1"},
                              session=NO_PACING)
-    caplog.set_level(logging.INFO, logger="gateway.io.lanes")
+    caplog.set_level(logging.INFO, logger="gateway")
+    await gw.telemetry.tts_probes["remote"]._task  # the probe at start
     async with connect(url(gw)) as ws:
         await recv_event(ws, "session.created")
         for _ in range(2):
@@ -138,18 +142,21 @@ async def test_an_engine_that_starts_failing_is_logged_once_and_so_is_its_return
         health = gw.health()
         assert health["status"] == "degraded"
         assert health["engine"]["failing"] == "engine_failed"
-        (warning,) = caplog.records
-        assert warning.levelname == "WARNING" and warning.getMessage().startswith(
-            f"lane remote: http fails (engine_failed): TTS server "
-            f"http://127.0.0.1:{port}/v1/audio/speech: ConnectError(")
+        probed, warning = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert probed.getMessage().startswith(
+            f"the TTS server of lane remote at {speech} does not answer (ConnectError: ")
+        assert warning.getMessage().startswith(
+            f"lane remote: http fails (engine_failed): TTS server {speech}: ConnectError(")
         caplog.clear()
         await start_gateway(server={"http_port": port})
         up = await say(ws, "Now it is said.")
         assert up.done["status"] == "completed"
         health = gw.health()
         assert health["status"] == "ok" and health["engine"]["failing"] is None
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("INFO", "lane remote: http spoke a whole job again")]
+    assert sorted((r.levelname, r.getMessage()) for r in caplog.records
+                  if r.name in ("gateway.io.lanes", "gateway.io.telemetry")) == [
+        ("INFO", "lane remote: http spoke a whole job again"),
+        ("INFO", f"the TTS server of lane remote at {speech} answers again (spoke a job)")]
 
 
 async def test_a_session_closed_by_its_own_error_event_leaves_nothing_on_the_lane():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from gateway.core.placement import LaneLoad, place
 from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.servers import Hang, Text
-from tests.wsclient import TurnResult, gapless, read_turn, recv_event, send
+from tests.wsclient import LineSeen, TurnResult, gapless, read_turn, recv_event, send
 
 LONG = ("This first sentence is long on purpose, so that its synthesis is still queued on "
         "its lane, paced just in time, when the listener interrupts the reply halfway "
@@ -624,8 +625,8 @@ def test_a_fallback_keeps_its_primarys_max_open_streams(monkeypatch):
 class GatedRemote(SyntheticEngine):
     """TEST DOUBLE: an engine whose steps may run at once (``parallel_steps``, as the http
     engine's), and whose steps wait on the lane's threads until ``gate`` is set
-    (``entered`` once the first one does): a stream stays open for as long as a test
-    needs."""
+    (``entered`` once the first one does; ``texts``: each step's text as it does): a stream
+    stays open for as long as a test needs."""
 
     parallel_steps = 2
 
@@ -633,12 +634,14 @@ class GatedRemote(SyntheticEngine):
         super().__init__(**options)
         self.blocks = True
         self.entered, self.gate = threading.Event(), threading.Event()
+        self.texts: queue.SimpleQueue[str] = queue.SimpleQueue()
 
     def open(self, request: SynthesisRequest):
         stream = super().open(request)
         real_step = stream.step
 
         def step():
+            self.texts.put(request.text)
             self.entered.set()
             self.gate.wait()
             return real_step()
@@ -811,5 +814,6 @@ async def test_a_lane_says_once_that_sentences_wait_for_a_stream_while_they_do(c
         await lane.aclose()
     said = [record.getMessage() for record in caplog.records
             if "open stream" in record.getMessage() or "streams open" in record.getMessage()]
-    assert said == ["lane gpu: 2 streams open (max_open_streams): new sentences wait for one "
-                    "to end", "lane gpu: no sentence waits for an open stream any more"]
+    assert said == ["lane gpu: 2 streams open (max_open_streams 2, 1 kept for voice sessions): "
+                    "new sentences wait for one to end",
+                    "lane gpu: no sentence waits for an open stream any more"]

@@ -35,7 +35,7 @@ from gateway.core.audio_formats import WAV_STREAM_HEADER
 from gateway.io import http_api
 from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
-from tests.wsclient import LineSeen, read_turn, recv_event, send
+from tests.wsclient import LineSeen, one_turn, read_turn, recv_event, send
 
 TEXT = "The build finished at nine. Two tests failed, both in the parser."
 REPLY = "About two hundred dollars. A bit more."
@@ -1324,6 +1324,49 @@ async def test_an_llm_found_down_by_the_probe_and_back_by_a_turn_is_said_back(
         ("WARNING", f"the LLM server at {url} does not answer (HTTP 503): turns fail with "
                     "llm_unavailable until it does"),
         ("INFO", f"the LLM server at {url} answers again (answered a turn)")]
+
+
+@pytest.mark.parametrize("down", ["out of reach", "answering 500"])
+async def test_an_idle_hub_is_ok_again_once_its_probe_reaches_an_llm_that_was_out_of_reach(
+        down, caplog, scripted_llm_server, refused_port):
+    """Kill the LLM, run one turn (failed, llm_unavailable), start the LLM again: the probe
+    said "answers again" and llm.reachable was true, but llm.failing and the status stayed
+    degraded until three whole replies in a row, i.e. for good on a hub nobody talks to.
+    A failing spell of an LLM out of reach now ends when a probe reaches it again; one of
+    an LLM that answered wrongly (500: llm_failed) still waits for whole replies."""
+    from tests.servers import Status, health_after_a_probe
+
+    if down == "out of reach":
+        url = f"http://127.0.0.1:{refused_port}/v1"
+    else:
+        url = scripted_llm_server.url
+        scripted_llm_server.script([Status(500)])
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": url}))
+    caplog.set_level(logging.INFO, logger="gateway")
+    await gw.start()
+    try:
+        probe = gw.telemetry.llm_probe
+        await probe._task  # the probe at start
+        turn = await one_turn(gw.port, type="transcript", text="Anyone there?")
+        assert turn.done["status"] == "failed"
+        failed = gw.health()
+        probe.url = scripted_llm_server.url  # it is back (here: on another port)
+        after = await health_after_a_probe(gw, probe)
+    finally:
+        await gw.aclose()
+    code = "llm_unavailable" if down == "out of reach" else "llm_failed"
+    assert failed["status"] == "degraded" and failed["llm"]["failing"]["code"] == code
+    assert after["llm"]["reachable"] is True
+    said = [r.getMessage() for r in caplog.records
+            if r.getMessage().startswith("the LLM answers again")]
+    if down == "out of reach":
+        assert after["status"] == "ok" and after["llm"]["failing"] is None
+        assert len(said) == 1 and said[0].startswith(
+            "the LLM answers again (its server answers the probe): 1 turn(s) failed, 0 came "
+            "whole, since "), said
+    else:
+        assert after["status"] == "degraded" and after["llm"]["failing"]["turns"] == 1
+        assert said == []
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from engines.base import EngineError, SynthesisRequest, TtsEngine
 from engines.http_tts import HttpTtsEngine
-from tests.servers import EncodedSseServer
+from tests.servers import EncodedSseServer, health_after_a_probe
 from tests.tts_servers.sse_tts_double import DONE, ScriptedSseServer, delta
 
 
@@ -610,6 +610,115 @@ async def test_closing_the_gateway_does_not_wait_for_a_stalled_tts_server(header
     finally:
         await asyncio.wait_for(gw.aclose(), 60)
         server.close()
+
+
+@pytest.mark.parametrize("fallback", [None, "espeak"])
+async def test_a_tts_server_down_at_start_is_told_by_health_metrics_and_the_log(
+        fallback, caplog, sse_server, refused_port):
+    """``serve --tts http --tts-url`` with nothing listening said nothing at start and
+    /health said ok; the first turn failed (engine_failed, Connection refused), and only
+    then came a WARNING and "degraded". The server is probed now, as the LLM's is: at start
+    (a WARNING, once), /health ``lanes.remote.server`` and ``gateway_tts_reachable`` say
+    it, the status is degraded; its return is an INFO, and ok again. The probe asks the
+    model list beside the speech endpoint (this double has none: a 404 is an answer too),
+    never a synthesis."""
+    import logging
+
+    import httpx
+
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+
+    server, up = sse_server
+    down = f"http://127.0.0.1:{refused_port}/v1"
+    tts = {"engine": "http", "url": down, **({"fallback": fallback} if fallback else {})}
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts=tts))
+    caplog.set_level(logging.INFO, logger="gateway.io.telemetry")
+    await gw.start()
+    probe = gw.telemetry.tts_probes["remote"]
+    asked = probe.probe_url
+    try:
+        await probe._task  # the probe at start
+        await probe.probe()  # still down: no second line
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+            health_down = (await http.get("/health")).json()
+            metrics_down = (await http.get("/metrics")).text.splitlines()
+            probe.probe_url = up + "/models"  # the server is up (here: on another port)
+            probe.checked_at -= probe.interval_s  # and the last check is stale
+            await http.get("/metrics")  # a scrape alone probes too
+            await probe._task
+            health_up = (await http.get("/health")).json()
+            metrics_up = (await http.get("/metrics")).text.splitlines()
+    finally:
+        await gw.aclose()
+    assert asked == down + "/models"
+    assert health_down["status"] == "degraded"
+    shown = health_down["lanes"]["remote"]["server"]
+    assert shown["url"] == down + "/audio/speech" and shown["reachable"] is False
+    assert shown["detail"].startswith("ConnectError")
+    assert 'gateway_tts_reachable{lane="remote"} 0.0' in metrics_down
+    assert health_up["status"] == "ok"
+    assert health_up["lanes"]["remote"]["server"]["reachable"] is True
+    assert health_up["lanes"]["remote"]["server"]["detail"] == "HTTP 404"
+    assert 'gateway_tts_reachable{lane="remote"} 1.0' in metrics_up
+    assert server.requests == []  # no synthesis
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "gateway.io.telemetry"]
+    meanwhile = "the fallback espeak speaks its sentences" if fallback else \
+        "its sentences fail with engine_failed"
+    assert len(said) == 2, said
+    assert said[0][0] == "WARNING" and said[0][1].startswith(
+        f"the TTS server of lane remote at {down}/audio/speech does not answer (ConnectError")
+    assert said[0][1].endswith(f"): {meanwhile} until it does")
+    # (the log names the engine's URL: the test moved only the probe)
+    assert said[1] == ("INFO", f"the TTS server of lane remote at {down}/audio/speech answers "
+                               "again (HTTP 404)")
+
+
+@pytest.mark.parametrize("down", ["out of reach", "answering 500"])
+async def test_an_idle_hub_is_ok_again_once_its_probe_reaches_a_tts_server_out_of_reach(
+        down, caplog, sse_server, refused_port):
+    """The TTS server down, one sentence fails (engine_failed, Connection refused), the
+    server comes back: its probe said it answers, yet engine.failing and the status stayed
+    degraded until a whole job, i.e. for good on a hub nobody talks to. A failing spell of
+    a server out of reach now ends when a probe reaches it again; one of a server that
+    answered the synthesis wrongly (500) still waits for a whole job."""
+    import logging
+
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+    from tests.wsclient import one_turn
+
+    server, up = sse_server
+    if down == "answering 500":
+        server.status = 500
+    url = f"http://127.0.0.1:{refused_port}/v1" if down == "out of reach" else up
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0},
+                             tts={"engine": "http", "url": url}))
+    caplog.set_level(logging.INFO, logger="gateway.io.lanes")
+    await gw.start()
+    probe = gw.telemetry.tts_probes["remote"]
+    try:
+        await probe._task  # the probe at start
+        turn = await one_turn(gw.port, type="say", text="Is anybody there?")
+        assert turn.done["status"] == "failed"
+        failed = gw.health()
+        probe.probe_url = up + "/models"  # the server is up (here: on another port)
+        after = await health_after_a_probe(gw, probe)
+    finally:
+        await gw.aclose()
+    assert failed["status"] == "degraded" and failed["engine"]["failing"] == "engine_failed"
+    assert after["lanes"]["remote"]["server"]["reachable"] is True
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "gateway.io.lanes"]
+    assert said[0][0] == "WARNING" and said[0][1].startswith(
+        f"lane remote: http fails (engine_failed): TTS server {url}/audio/speech")
+    if down == "out of reach":
+        assert after["status"] == "ok" and after["engine"]["failing"] is None
+        assert said[1:] == [("INFO", "lane remote: http's server answers again")]
+    else:
+        assert after["status"] == "degraded"
+        assert after["engine"]["failing"] == "engine_failed" and said[1:] == []
 
 
 # --- mlx-audio's real server -------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.core.codec import BYTES_PER_MS, AudioFrame, decode_frame
@@ -107,6 +107,15 @@ async def read_turn(ws: ClientConnection, turn_id: int | None = None,
             result.turn_id = event["turn_id"]
         if event["type"] == until and event.get("turn_id") == result.turn_id:
             return result
+
+
+async def one_turn(port: int, **message: Any) -> TurnResult:
+    """A voice session of one turn on ``port``: ``message`` (a ``transcript`` or a ``say``)
+    sent once the session is created, its turn read to its ``turn.done``."""
+    async with connect(f"ws://127.0.0.1:{port}/v1/voice") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, **message)
+        return await read_turn(ws)
 
 
 class LineSeen(logging.Handler):

@@ -35,7 +35,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engines.base import EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+from engines.base import (
+    EngineError,
+    ServerUnreachable,
+    SynthesisRequest,
+    SynthesisStream,
+    TtsEngine,
+)
 from gateway.core.codec import BYTES_PER_MS
 from gateway.core.placement import StepTimes
 from gateway.core.scheduler import (
@@ -270,8 +276,12 @@ class Lane:
         (``LaneObserver.job_step``'s ``occupied``): steps at once count once."""
         self.observer: LaneObserver | None = None
         self.failing: str | None = None
-        """The code of the engine's last failure, until a job ends whole again (``/health``
-        is "degraded" meanwhile, ``engine.failing``)."""
+        """The code of the engine's last failure, until a job ends whole again, or, when it
+        could not reach its server, until a probe reaches it (``server_answers``;
+        ``/health`` is "degraded" meanwhile, ``engine.failing``)."""
+        self._unreachable_at: float | None = None
+        """``time.monotonic()`` of the engine's last failure when it could not reach its
+        server (``ServerUnreachable``); None when the last failure was another."""
 
     @property
     def usable(self) -> bool:
@@ -647,6 +657,8 @@ class Lane:
             return
         except EngineError as exc:
             self._engine_failed(exc.code, exc.message)
+            self._unreachable_at = time.monotonic() if isinstance(exc, ServerUnreachable) \
+                else None
             self._step_failed(job, exc.code, exc.message)
             return
         except Exception as exc:  # an engine bug must not take the lane down
@@ -699,6 +711,19 @@ class Lane:
     def _ended(self, job: Job, outcome: str) -> None:
         if self.observer is not None:
             self.observer.job_ended(self.name, job, outcome)
+
+    def server_answers(self, started: float) -> None:
+        """A probe of the engine's server that began at ``started`` (``time.monotonic()``)
+        found it answering (``gateway.io.telemetry.TtsProbe``). A failing spell whose last
+        failure was the server out of reach, before the probe began, ends here: it waited
+        for a whole job, so an idle hub said degraded for good after the server came back.
+        One of failed answers (an error status, a broken stream) still waits for a whole
+        job: a server that answers the probe may still answer syntheses wrongly."""
+        if self.failing is None or self._unreachable_at is None or \
+                started < self._unreachable_at:
+            return
+        log.info("lane %s: %s's server answers again", self.name, self.engine.name)
+        self.failing = self._unreachable_at = None
 
     def _engine_failed(self, code: str, message: str) -> None:
         """One WARNING when the engine starts failing jobs, not one per turn (README, Logs;

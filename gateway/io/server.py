@@ -202,6 +202,9 @@ class Gateway:
         self.unfinished = UnfinishedBudget(self.metrics.errors)
         """What the voice sockets hold of messages still arriving, beyond 80 KiB each."""
         self.telemetry = Telemetry(self)
+        self.telemetry.llm_probe.on_answer = self.llm_probed
+        self._llm_unreachable_at = 0.0
+        """``time.monotonic()`` of the last turn that could not reach the LLM server."""
         s = config.server
         self.http = HttpServer(self, bind_address(s.host), s.http_port if s.http_port is not None
                                else (s.port + 1 if s.port else 0),
@@ -295,18 +298,38 @@ class Gateway:
                 failing["answered"] += 1
                 failing["in_a_row"] += 1
                 if failing["in_a_row"] >= LLM_RECOVERED_AFTER:
-                    log.info("the LLM answers again: %d turn(s) failed, %d came whole, "
-                             "since %s", failing["turns"], failing["answered"],
-                             time.strftime("%H:%M:%S", time.localtime(failing["since"])))
-                    self.llm_failing = None
+                    self._llm_back("")
             return
         code, message = failure
         if code == "llm_unavailable":  # (llm_failed: it answered, wrongly)
             self.telemetry.llm_probe.observed(False, message)
+            self._llm_unreachable_at = time.monotonic()
         if failing is None:
             log.warning("the LLM fails turns (%s): %s", code, message)
             failing = self.llm_failing = {"since": time.time(), "turns": 0, "answered": 0}
         failing.update(turns=failing["turns"] + 1, in_a_row=0, code=code, message=message)
+
+    def llm_probed(self, started: float) -> None:
+        """A probe that ``started`` at that ``time.monotonic()`` found the LLM server
+        answering. A failing spell the server's being out of reach caused (the last failure
+        ``llm_unavailable``: refused, timed out) ends here, if the probe began after that
+        failure: it waited for whole replies, so on an idle hub /health said degraded for
+        good after the server came back. One that bad replies caused (``llm_failed``: an
+        error status, a broken stream) still ends only with whole replies: a server that
+        answers ``/models`` may still answer chats wrongly."""
+        failing = self.llm_failing
+        if failing is None or failing["code"] != "llm_unavailable" or \
+                started < self._llm_unreachable_at:
+            return
+        self._llm_back(" (its server answers the probe)")
+
+    def _llm_back(self, how: str) -> None:
+        """The LLM's failing spell ends, said once (``how``: how it was found)."""
+        failing, self.llm_failing = self.llm_failing, None
+        assert failing is not None
+        log.info("the LLM answers again%s: %d turn(s) failed, %d came whole, since %s", how,
+                 failing["turns"], failing["answered"],
+                 time.strftime("%H:%M:%S", time.localtime(failing["since"])))
 
     def place_turn(self, owner: Hashable, voice: str | None) -> Lane:
         """The lane of a voice turn (``owner``: its jobs' owner): chosen at its first
@@ -637,7 +660,13 @@ class Gateway:
             "unhealthy" if lane.unhealthy is not None else \
             "starting" if not (self.ready and all(ln.loaded for ln in self.lanes.values())) \
             else "degraded" if getattr(self.engine, "degraded", None) or lane.failing or \
-            self.llm_failing or self.telemetry.llm_probe.reachable is False else "ok"
+            self.llm_failing or self.telemetry.llm_probe.reachable is False or \
+            self.tts_unreachable() else "ok"
+
+    def tts_unreachable(self) -> bool:
+        """The primary lane's TTS server (an ``http`` engine's) does not answer its probe."""
+        probe = self.telemetry.tts_probes.get(self.lane.name)
+        return probe is not None and probe.reachable is False
 
     def health(self) -> dict[str, Any]:
         lane = self.lane

@@ -19,7 +19,9 @@ Where the figures come from, each observed once, where the data already exists:
   lane cancels) are read at scrape time by a custom collector, so nothing is counted twice.
 
 The LLM probe asks ``GET {llm.url}/models`` at most every ``LLM_PROBE_INTERVAL_S`` seconds,
-in a background task started by ``health()``; ``health()`` itself never waits on it.
+in a background task started by ``health()``; ``health()`` itself never waits on it. A lane
+whose engine speaks through a TTS server (``http``, behind a fallback too) has a probe of
+its own, the same way (``ServerProbe``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -163,30 +165,45 @@ class _JobTally:
     audio_bytes: int = 0
 
 
-class LlmProbe:
-    """Is the LLM server answering? Cached; refreshed at most every ``interval_s``."""
+class ServerProbe:
+    """Does a server answer? ``GET target()``: any HTTP answer below 500 counts as
+    reachable. Cached; refreshed in a background task at most every ``interval_s``, when
+    the gateway starts and while ``/health`` or ``/metrics`` is asked (``refresh_if_stale``).
+    The log says when the server stops answering (a WARNING, the probe at start included:
+    a gateway started before its server said nothing until a turn failed) and when it
+    answers again (an INFO), not at every probe. ``LlmProbe`` asks the LLM server,
+    ``TtsProbe`` an ``http`` TTS engine's."""
 
-    def __init__(self, url: str | None, api_key: str | None = None,
-                 interval_s: float = LLM_PROBE_INTERVAL_S, model: str | None = None) -> None:
+    def __init__(self, url: str | None, headers: dict[str, str], what: str, failing: str,
+                 interval_s: float = LLM_PROBE_INTERVAL_S) -> None:
+        """``what``: the server, for the log ("the LLM server"); ``failing``: what fails
+        while it does not answer ("turns fail with llm_unavailable")."""
         self.url = url
-        self.api_key = api_key
-        self.model = model
-        """``[llm] model``: the probe's answer says whether the server lists it."""
-        self._said_unlisted = False
+        self.headers = headers
+        self.what = what
+        self.failing = failing
         self.interval_s = interval_s
-        self.reachable: bool | None = None if url else True
-        self.detail: str | None = None if url else "in-process replay backend"
+        self.reachable: bool | None = None
+        self.detail: str | None = None
         self.checked_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
         """One for every probe: building one loads the CA bundle on the loop (~18 ms)."""
         self._said_down = False
         """The log says the server does not answer, and not yet that it answers again."""
+        self.on_answer: Callable[[float], None] | None = None
+        """Called when a probe finds the server answering, with the ``time.monotonic()``
+        the probe started at (``Gateway.llm_probed``; ``Lane.server_answers``, for a lane
+        without a fallback)."""
 
     @property
     def shown_url(self) -> str | None:
         """``url`` for the log and /health (no password)."""
         return self.url and shown_url(self.url)
+
+    def target(self) -> str:
+        """The URL a probe asks (GET)."""
+        raise NotImplementedError
 
     def refresh_if_stale(self) -> None:
         """Start a probe in the background when the cached answer is too old."""
@@ -197,20 +214,20 @@ class LlmProbe:
         self._task = asyncio.get_running_loop().create_task(self.probe())
 
     async def probe(self) -> None:
-        """GET ``{url}/models``; any HTTP answer below 500 counts as reachable.
+        """GET ``target()``; any HTTP answer below 500 counts as reachable.
 
         Its body is read raw, and at most ``LLM_PROBE_BODY_BYTES`` of it: ``client.get``
         read it whole and decoded it whole, so a long (or endless) body, or a few hundred
         bytes of ``Content-Encoding: gzip, gzip`` that decode to 64 MiB, grew the gateway
         at every probe (traced: +134 MB, +149 MB)."""
         assert self.url is not None
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S, headers=UNCOMPRESSED)
+            self._client = httpx.AsyncClient(timeout=LLM_PROBE_TIMEOUT_S,
+                                             headers={**UNCOMPRESSED, **self.headers})
         was = self.reachable
+        started = time.monotonic()
         try:
-            async with self._client.stream("GET", self.url.rstrip("/") + "/models",
-                                           headers=headers) as response:
+            async with self._client.stream("GET", self.target()) as response:
                 body = bytearray()
                 async for data in response.aiter_raw():  # (a whole one frees the connection)
                     body += data
@@ -218,23 +235,73 @@ class LlmProbe:
                         break  # (and the connection is closed, not reused)
             self.reachable = response.status_code < 500
             if response.status_code == 200 and len(body) < LLM_PROBE_BODY_BYTES:
-                self._check_model_listed(bytes(body))
+                self._read_answer(bytes(body))
             self.detail = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
             self.reachable = False
             self.detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finally:
             self.checked_at = time.monotonic()
-        # said when it changes (the probe at start included: a gateway started before its
-        # LLM logged nothing until a turn failed), not at every probe
+        # said when it changes, not at every probe
         if not self.reachable and was is not False:
-            log.warning("the LLM server at %s does not answer (%s): turns fail with "
-                        "llm_unavailable until it does", self.shown_url, self.detail)
+            log.warning("%s at %s does not answer (%s): %s until it does", self.what,
+                        self.shown_url, self.detail, self.failing)
             self._said_down = True
         elif self.reachable:
             self._said_back()
+            if self.on_answer is not None:
+                self.on_answer(started)
 
-    def _check_model_listed(self, body: bytes) -> None:
+    def _read_answer(self, body: bytes) -> None:
+        """A whole 200 answer's body (at most ``LLM_PROBE_BODY_BYTES``): nothing to do."""
+
+
+    def _said_back(self) -> None:
+        if self._said_down:
+            self._said_down = False
+            log.info("%s at %s answers again (%s)", self.what, self.shown_url, self.detail)
+
+    def observed(self, reachable: bool, detail: str) -> None:
+        """What a job for the server showed: it answered, or could not reach the server. As
+        good as a probe, and newer: a probe only runs when /health is asked, and answers
+        with the previous one's result (a restarted server read unreachable for turns
+        after)."""
+        if self.url is None:
+            return
+        self.reachable, self.detail = reachable, detail
+        self.checked_at = time.monotonic()
+        if reachable:  # back: said here when a turn finds it first, or never
+            self._said_back()
+
+    async def aclose(self) -> None:
+        await cancel_and_wait(self._task)
+        if self._client is not None:
+            await self._client.aclose()
+
+    def status(self) -> dict[str, Any]:
+        age = None if self.checked_at is None else round(time.monotonic() - self.checked_at, 1)
+        return {"reachable": self.reachable, "detail": self.detail, "checked_s_ago": age}
+
+
+class LlmProbe(ServerProbe):
+    """Is the LLM server answering? ``GET {url}/models``."""
+
+    def __init__(self, url: str | None, api_key: str | None = None,
+                 interval_s: float = LLM_PROBE_INTERVAL_S, model: str | None = None) -> None:
+        super().__init__(url, {"Authorization": f"Bearer {api_key}"} if api_key else {},
+                         "the LLM server", "turns fail with llm_unavailable", interval_s)
+        self.model = model
+        """``[llm] model``: the probe's answer says whether the server lists it."""
+        self._said_unlisted = False
+        if not url:
+            self.reachable, self.detail = True, "in-process replay backend"
+
+    def target(self) -> str:
+        assert self.url is not None
+        return self.url.rstrip("/") + "/models"
+
+
+    def _read_answer(self, body: bytes) -> None:
         """Warn, once, when the server's model list (OpenAI's ``{"data": [{"id"}]}``)
         lacks ``[llm] model``: a misspelt name (``gemma`` for ``gemma-4-26b-a4b``) started
         a gateway whose every turn then failed, mlx_lm.server's with a 404 about the
@@ -255,30 +322,19 @@ class LlmProbe:
                         "ask for it may fail; set [llm] model (--llm-model) to one it lists",
                         self.shown_url, self.model, shown)
 
-    def _said_back(self) -> None:
-        if self._said_down:
-            self._said_down = False
-            log.info("the LLM server at %s answers again (%s)", self.shown_url, self.detail)
 
-    def observed(self, reachable: bool, detail: str) -> None:
-        """What a turn's LLM stream showed: it answered, or could not reach the server. As
-        good as a probe, and newer: a probe only runs when /health is asked, and answers
-        with the previous one's result (a restarted LLM read unreachable for turns after)."""
-        if self.url is None:
-            return
-        self.reachable, self.detail = reachable, detail
-        self.checked_at = time.monotonic()
-        if reachable:  # back: said here when a turn finds it first, or never
-            self._said_back()
+class TtsProbe(ServerProbe):
+    """Is an ``http`` TTS engine's server answering? ``GET`` its ``probe_url``
+    (``engines.http_tts.HttpTtsEngine.probe_url``: never a synthesis)."""
 
-    async def aclose(self) -> None:
-        await cancel_and_wait(self._task)
-        if self._client is not None:
-            await self._client.aclose()
+    def __init__(self, lane: str, engine: Any, failing: str) -> None:
+        super().__init__(engine.url, engine.probe_headers, f"the TTS server of lane {lane}",
+                         failing)
+        self.probe_url: str = engine.probe_url
 
-    def status(self) -> dict[str, Any]:
-        age = None if self.checked_at is None else round(time.monotonic() - self.checked_at, 1)
-        return {"reachable": self.reachable, "detail": self.detail, "checked_s_ago": age}
+    def target(self) -> str:
+        return self.probe_url
+
 
 
 class WindowMax:
@@ -421,6 +477,19 @@ class Telemetry:
         """Each lane's step seconds, added up (steps at once each count)."""
         self.llm_probe = LlmProbe(gateway.config.llm.url, gateway.config.llm.api_key,
                                   model=gateway.config.llm.model)
+        self.tts_probes: dict[str, TtsProbe] = {}
+        """By lane: the probe of its engine's TTS server (an ``http`` engine; a fallback's
+        primary too), for lanes that have one."""
+        for lane in gateway.lanes.values():
+            server = getattr(lane.engine, "primary", lane.engine)
+            if getattr(server, "probe_url", None) is None:
+                continue
+            fallback = getattr(lane.engine, "fallback", None)
+            probe = self.tts_probes[lane.name] = TtsProbe(
+                lane.name, server, f"the fallback {fallback.name} speaks its sentences"
+                if fallback is not None else "its sentences fail with engine_failed")
+            if fallback is None:  # (behind one, the lane's failures are the fallback's)
+                probe.on_answer = lane.server_answers
         self._jobs: dict[Job, _JobTally] = {}
         for lane in gateway.lanes.values():
             lane.observer = self
@@ -463,6 +532,12 @@ class Telemetry:
             tally.add_compute(seconds)
 
     def job_ended(self, lane: str, job: Job, outcome: str) -> None:
+        probe = self.tts_probes.get(lane)
+        if outcome == "done" and probe is not None and \
+                not hasattr(self.gateway.lanes[lane].engine, "fallback"):
+            # its server spoke a job: as good as a probe (behind a fallback, the fallback
+            # may have spoken it)
+            probe.observed(True, "spoke a job")
         tally = self._jobs.pop(job, None)
         if tally is not None and outcome == "done" and tally.audio_bytes:
             self.rtf[lane].observe(tally.compute_s / (tally.audio_bytes / _BYTES_PER_S))
@@ -498,6 +573,9 @@ class Telemetry:
                          "cancelled": lane.stats.jobs_cancelled},
                 "unhealthy": lane.unhealthy,
             }
+            if (probe := self.tts_probes.get(lane.name)) is not None:
+                probe.refresh_if_stale()
+                out[lane.name]["server"] = {"url": probe.shown_url, **probe.status()}
             if gw.placer is not None:
                 out[lane.name]["turns"] = gw.placer.active(lane.name)
                 out[lane.name]["rerouted"] = gw.placer.rerouted[lane.name]
@@ -522,21 +600,29 @@ class Telemetry:
                 **self.llm_probe.status(), "tokens_per_s": self.llm_tokens_per_s, **thoughts}
 
     def exposition(self) -> bytes:
-        """The scrape's text. It probes the LLM server as ``/health`` does (when the last
-        check is stale): a hub watched by its scrapes alone showed the LLM server's state
-        as of the last ``/health`` asked, or of the last turn."""
-        self.llm_probe.refresh_if_stale()
+        """The scrape's text. It probes the LLM server (and the TTS servers) as ``/health``
+        does (when the last check is stale): a hub watched by its scrapes alone showed the
+        LLM server's state as of the last ``/health`` asked, or of the last turn."""
+        self.refresh_probes()
         return generate_latest(self.registry)
+
+    def refresh_probes(self) -> None:
+        for probe in self.probes():
+            probe.refresh_if_stale()
+
+    def probes(self) -> list[ServerProbe]:
+        return [self.llm_probe, *self.tts_probes.values()]
 
     def start(self) -> None:
         self.loop_lag.start()
         self.gc_pauses.start()
-        self.llm_probe.refresh_if_stale()  # so the first /health knows (it said null, ok)
+        self.refresh_probes()  # so the first /health knows (it said null, ok)
 
     async def aclose(self) -> None:
         self.gc_pauses.stop()
         await self.loop_lag.aclose()
-        await self.llm_probe.aclose()
+        for probe in self.probes():
+            await probe.aclose()
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -612,13 +698,25 @@ class _StateCollector(Collector):
                                 "left behind by each would show)",
                                 value=len(asyncio.all_tasks(asyncio.get_running_loop())))
         yield GaugeMetricFamily("gateway_llm_failing", "1 while the LLM fails turns (from a failed "
-                                "turn until three replies in a row came whole), else 0",
+                                "turn until three replies in a row came whole, or, when the "
+                                "server could not be reached, until its probe reaches it), "
+                                "else 0",
                                 value=float(gw.llm_failing is not None))
         reachable = self.t.llm_probe.reachable
         yield GaugeMetricFamily("gateway_llm_reachable", "1 while the LLM server answers (its "
                                 "last probe or turn), 0 while it does not, NaN before the "
                                 "first check (/health llm.reachable)",
                                 value=math.nan if reachable is None else float(reachable))
+        if self.t.tts_probes:
+            tts = GaugeMetricFamily("gateway_tts_reachable", "1 while the lane's TTS server "
+                                    "answers (its last probe, or a job it spoke), 0 while it "
+                                    "does not, NaN before the first check (/health "
+                                    "lanes.<lane>.server.reachable; only lanes with one)",
+                                    labels=["lane"])
+            for name, probe in self.t.tts_probes.items():
+                tts.add_metric([name], math.nan if probe.reachable is None
+                               else float(probe.reachable))
+            yield tts
         status = gw.status()
         yield StateSetMetricFamily("gateway_status", "The /health status now",
                                    value={name: name == status for name in STATUSES})
