@@ -45,7 +45,8 @@ class EngineError(Exception):
 class ServerUnreachable(EngineError):
     """An engine's server could not be reached (connection refused, no route, connect
     timeout), as opposed to one that answered wrongly: a probe that reaches the server
-    again says it is back (``gateway.io.lanes.Lane.server_answers``)."""
+    again says it is back (``gateway.io.lanes.Lane.server_answers``; an LLM's
+    ``llm_unavailable``, ``gateway.io.server.Gateway.llm_probed``)."""
 
 
 class LlmContextFull(EngineError):

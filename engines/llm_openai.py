@@ -29,7 +29,8 @@ What this module adds on top is the knowledge of how these servers actually beha
 
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event
-that says something for ``stall_s`` even if keep-alives still arrive), ``llm_failed``
+that says something for ``stall_s`` even if keep-alives still arrive; ``ServerUnreachable``
+when no connection was made: refused, DNS, connect timeout), ``llm_failed``
 when it answers wrongly (HTTP status >= 400, an error payload, event or field (older
 llama.cpp's ``error:``, ``_ErrorFieldDecoder``), malformed JSON, an event
 longer than ``MAX_EVENT_BYTES``, a stream that breaks off or ends without ``finish_reason``
@@ -58,6 +59,7 @@ from engines.base import (
     LlmDone,
     LlmEvent,
     LlmRequest,
+    ServerUnreachable,
     shown_url,
 )
 from engines.sse_bound import UNCOMPRESSED, abounded, ahead
@@ -353,11 +355,14 @@ class OpenAiLlm:
                 "llm_unavailable", f"LLM server {self.shown_url} sent nothing for "
                 f"{self._client.timeout.read:g} s (ReadTimeout)") from exc
         except httpx.TimeoutException as exc:
-            raise EngineError(
+            # (out of reach only when the connection was never made: a server that took the
+            # request and then stalled answers the probe's /models all the same)
+            error = ServerUnreachable if isinstance(exc, httpx.ConnectTimeout) else EngineError
+            raise error(
                 "llm_unavailable", f"LLM server {self.shown_url} timed out ({type(exc).__name__})"
             ) from exc
         except httpx.ConnectError as exc:
-            raise EngineError(
+            raise ServerUnreachable(
                 "llm_unavailable", f"cannot reach LLM server {self.shown_url}: {exc}"
             ) from exc
         except httpx.HTTPError as exc:

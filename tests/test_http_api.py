@@ -1326,22 +1326,26 @@ async def test_an_llm_found_down_by_the_probe_and_back_by_a_turn_is_said_back(
         ("INFO", f"the LLM server at {url} answers again (answered a turn)")]
 
 
-@pytest.mark.parametrize("down", ["out of reach", "answering 500"])
+@pytest.mark.parametrize("down", ["out of reach", "answering 500", "stalled"])
 async def test_an_idle_hub_is_ok_again_once_its_probe_reaches_an_llm_that_was_out_of_reach(
         down, caplog, scripted_llm_server, refused_port):
     """Kill the LLM, run one turn (failed, llm_unavailable), start the LLM again: the probe
     said "answers again" and llm.reachable was true, but llm.failing and the status stayed
     degraded until three whole replies in a row, i.e. for good on a hub nobody talks to.
     A failing spell of an LLM out of reach now ends when a probe reaches it again; one of
-    an LLM that answered wrongly (500: llm_failed) still waits for whole replies."""
-    from tests.servers import Status, health_after_a_probe
+    an LLM that answered wrongly (500: llm_failed) still waits for whole replies, and so
+    does one of an LLM that took the request and then stalled (llm_unavailable too, but a
+    stuck model answers ``/models`` all the same: the probe said ok at once)."""
+    from tests.servers import Hang, Status, health_after_a_probe
 
+    llm: dict[str, float] = {}
     if down == "out of reach":
         url = f"http://127.0.0.1:{refused_port}/v1"
     else:
         url = scripted_llm_server.url
-        scripted_llm_server.script([Status(500)])
-    gw = Gateway(load_config(server={"port": 0}, llm={"url": url}))
+        scripted_llm_server.script([Status(500)] if down == "answering 500" else [Hang()])
+        llm["stall_timeout_s"] = 0.2
+    gw = Gateway(load_config(server={"port": 0}, llm={"url": url, **llm}))
     caplog.set_level(logging.INFO, logger="gateway")
     await gw.start()
     try:
@@ -1354,7 +1358,7 @@ async def test_an_idle_hub_is_ok_again_once_its_probe_reaches_an_llm_that_was_ou
         after = await health_after_a_probe(gw, probe)
     finally:
         await gw.aclose()
-    code = "llm_unavailable" if down == "out of reach" else "llm_failed"
+    code = "llm_failed" if down == "answering 500" else "llm_unavailable"
     assert failed["status"] == "degraded" and failed["llm"]["failing"]["code"] == code
     assert after["llm"]["reachable"] is True
     said = [r.getMessage() for r in caplog.records

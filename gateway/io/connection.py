@@ -39,6 +39,7 @@ from engines.base import (
     LlmDelta,
     LlmDone,
     LlmRequest,
+    ServerUnreachable,
     SynthesisRequest,
 )
 from gateway.core import codec
@@ -424,7 +425,8 @@ class SessionRunner:
                      "older turns are forgotten (%s)", self.session.id, exc.message)
             self._guarded(self.session.llm_context_full, turn_id, exc.message, self.now())
         except EngineError as exc:
-            self.gateway.llm_answered((exc.code, exc.message))
+            self.gateway.llm_answered((exc.code, exc.message),
+                                      unreachable=isinstance(exc, ServerUnreachable))
             self._guarded(self.session.llm_failed, turn_id, exc.code, exc.message, self.now())
         except Exception as exc:
             if self.gateway.llm_failing is None:  # once, as the LLM starts failing turns

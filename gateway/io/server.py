@@ -203,8 +203,9 @@ class Gateway:
         """What the voice sockets hold of messages still arriving, beyond 80 KiB each."""
         self.telemetry = Telemetry(self)
         self.telemetry.llm_probe.on_answer = self.llm_probed
-        self._llm_unreachable_at = 0.0
-        """``time.monotonic()`` of the last turn that could not reach the LLM server."""
+        self._llm_unreachable_at: float | None = None
+        """``time.monotonic()`` of the last turn's failure when it could not reach the LLM
+        server (``ServerUnreachable``); None when the last failure was another."""
         s = config.server
         self.http = HttpServer(self, bind_address(s.host), s.http_port if s.http_port is not None
                                else (s.port + 1 if s.port else 0),
@@ -284,13 +285,16 @@ class Gateway:
         for lane in self.lanes.values():
             lane.llm_ended()
 
-    def llm_answered(self, failure: tuple[str, str] | None) -> None:
+    def llm_answered(self, failure: tuple[str, str] | None, *,
+                     unreachable: bool = False) -> None:
         """A turn's LLM stream ended: ``failure`` is its ``(code, message)``, None if the
-        reply came whole. The operator hears of a change, once (a WARNING when replies
-        start failing, an INFO when they come back), not of every turn: a dead LLM used to
-        fail every turn without a log line while /health said ok. They are back after
-        ``LLM_RECOVERED_AFTER`` whole replies in a row: an LLM failing every other turn
-        (busy, answering 429) flipped the health and the log on each turn."""
+        reply came whole; ``unreachable``: it could not reach the server at all. The
+        operator hears of a change, once (a WARNING when replies start failing, an INFO when
+        they come back), not of every turn: a dead LLM used to fail every turn without a
+        log line while /health said ok. They are back after ``LLM_RECOVERED_AFTER`` whole
+        replies in a row (``llm_probed``: or, out of reach, once it answers its probe): an
+        LLM failing every other turn (busy, answering 429) flipped the health and the log
+        on each turn."""
         failing = self.llm_failing
         if failure is None:
             self.telemetry.llm_probe.observed(True, "answered a turn")
@@ -303,7 +307,7 @@ class Gateway:
         code, message = failure
         if code == "llm_unavailable":  # (llm_failed: it answered, wrongly)
             self.telemetry.llm_probe.observed(False, message)
-            self._llm_unreachable_at = time.monotonic()
+        self._llm_unreachable_at = time.monotonic() if unreachable else None
         if failing is None:
             log.warning("the LLM fails turns (%s): %s", code, message)
             failing = self.llm_failing = {"since": time.time(), "turns": 0, "answered": 0}
@@ -312,13 +316,13 @@ class Gateway:
     def llm_probed(self, started: float) -> None:
         """A probe that ``started`` at that ``time.monotonic()`` found the LLM server
         answering. A failing spell the server's being out of reach caused (the last failure
-        ``llm_unavailable``: refused, timed out) ends here, if the probe began after that
-        failure: it waited for whole replies, so on an idle hub /health said degraded for
-        good after the server came back. One that bad replies caused (``llm_failed``: an
-        error status, a broken stream) still ends only with whole replies: a server that
-        answers ``/models`` may still answer chats wrongly."""
-        failing = self.llm_failing
-        if failing is None or failing["code"] != "llm_unavailable" or \
+        ``llm_unavailable`` with no connection made: refused, connect timeout) ends here,
+        if the probe began after that failure: it waited for whole replies, so on an idle
+        hub /health said degraded for good after the server came back. One that its replies
+        caused (``llm_failed``: an error status, a broken stream; ``llm_unavailable`` from a
+        server that took the request and then stalled) still ends only with whole replies:
+        a server that answers ``/models`` may still answer chats wrongly, or not at all."""
+        if self.llm_failing is None or self._llm_unreachable_at is None or \
                 started < self._llm_unreachable_at:
             return
         self._llm_back(" (its server answers the probe)")
