@@ -817,3 +817,55 @@ async def test_a_lane_says_once_that_sentences_wait_for_a_stream_while_they_do(c
     assert said == ["lane gpu: 2 streams open (max_open_streams 2, 1 kept for voice sessions): "
                     "new sentences wait for one to end",
                     "lane gpu: no sentence waits for an open stream any more"]
+
+
+async def test_a_probe_does_not_end_a_failing_spell_whose_last_failure_was_an_engine_bug():
+    """``Lane.server_answers`` ends a spell whose last failure was the server out of reach.
+    An engine's bug after such a failure (an exception that is no engine error: failing,
+    logged with its traceback) left that failure's time standing, and the next probe
+    that reached the server said the lane was well: /health ok on an idle hub whose
+    engine failed every job."""
+    from engines.base import ServerUnreachable
+    from gateway.io.lanes import SynthesisJob
+
+    class Failing(SyntheticEngine):
+        """TEST DOUBLE: each ``open`` raises the next of ``errors``."""
+
+        def __init__(self) -> None:
+            super().__init__(rtf=0.0, ttfa_ms=0.0)
+            self.errors: list[Exception] = [
+                ServerUnreachable("engine_failed", "TTS server: ConnectError()"),
+                RuntimeError("a bug")]
+
+        def open(self, request: SynthesisRequest):
+            raise self.errors.pop(0)
+
+    lane = Lane("remote", Failing())
+    loop = asyncio.get_running_loop()
+
+    class Sink:
+        def __init__(self) -> None:
+            self.failed = loop.create_future()
+
+        def on_audio(self, job, pcm, engine, ready_at) -> None:
+            pass
+
+        def on_done(self, job, truncated=False) -> None:
+            self.failed.set_exception(AssertionError("done"))
+
+        def on_failed(self, job, code, message) -> None:
+            self.failed.set_result(code)
+
+    lane.loaded = True
+    runner = asyncio.create_task(lane.run())
+    try:
+        for owner in ("unreachable", "bug"):
+            sink = Sink()
+            lane.submit(owner, SynthesisJob(SynthesisRequest("Hello there."), sink),
+                        deadline=0.0)
+            assert await sink.failed == "engine_failed"
+        lane.server_answers(time.monotonic())  # a probe begun after both reached the server
+        assert lane.failing == "engine_failed"
+    finally:
+        runner.cancel()
+        await lane.aclose()

@@ -666,7 +666,7 @@ class Lane:
             # traceback: one per sentence flooded the log while /health said ok
             if self.failing is None:
                 log.exception("engine %s failed", self.engine.name)
-            self.failing = "engine_failed"
+            self.failing, self._unreachable_at = "engine_failed", None  # (no probe ends it)
             self._step_failed(job, "engine_failed", f"{type(exc).__name__}: {exc}")
             return
         finally:
