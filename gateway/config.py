@@ -30,6 +30,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
+from urllib.parse import urlsplit
 
 from engines.base import THINKING_MODES
 from engines.options import describe, mismatch
@@ -67,6 +68,23 @@ def _check_seconds(where: str, value: float, lo: float, hi: float, *,
 
 
 _HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_of(value: str) -> str | None:
+    """The Origin a browser sends for a page at ``value`` (``scheme://host[:port]``, lower
+    case, no default port, no path), or None when ``value`` names no host."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:  # a port out of range or not a number, a broken [IPv6]
+        return None
+    if not parts.scheme or not parts.hostname:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    scheme = parts.scheme.lower()
+    return f"{scheme}://{host}" + ("" if port in (None, _DEFAULT_PORTS.get(scheme))
+                                  else f":{port}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +129,15 @@ class ServerConfig:
         if any(not token.strip() for token in self.tokens):
             # (`--token "$UNSET"`: every client refused, yet a public bind allowed)
             raise ValueError("server.tokens: a token cannot be empty")
+        for origin in self.origins or ():
+            # compared as the browser sends it: 'https://hub.example/' (a page's address)
+            # started a gateway that refused that page with forbidden_origin
+            if origin not in ("*", "null") and _origin_of(origin) != origin:
+                form = _origin_of(origin)
+                raise ValueError(f"server.origins: {origin!r} is not an origin as a browser "
+                                 "sends it (scheme://host[:port], lower case, without path "
+                                 "or default port): " + (f"write {form!r}" if form else
+                                 "such as https://hub.example or http://hub.local:3000"))
         for name in self.allowed_hosts:
             if name != "*" and not _HOST_NAME.fullmatch(name):
                 raise ValueError(f"server.allowed_hosts: {name!r} is not a host name (a name "

@@ -45,6 +45,24 @@ def test_tokens_come_from_flags_and_the_environment(monkeypatch):
         config_of("--token", "")
 
 
+@pytest.mark.parametrize(("origin", "message"), [
+    # a browser sends scheme://host[:port] and nothing more, compared as it is: each of
+    # these started a gateway that refused the page it was meant for (forbidden_origin)
+    ("https://hub.example/", "write 'https://hub.example'"),
+    ("https://hub.example/voice/", "write 'https://hub.example'"),
+    ("HTTPS://Hub.Example", "write 'https://hub.example'"),
+    ("https://hub.example:443", "write 'https://hub.example'"),
+    ("hub.example", "such as https://hub.example"),
+    ("http://hub.local:99999", "such as https://hub.example"),
+])
+def test_an_origin_no_browser_sends_is_refused_naming_the_one_it_sends(origin, message):
+    with pytest.raises(ValueError, match="^server.origins: ") as refused:
+        config_of("--origin", origin)
+    assert message in str(refused.value)
+    for fine in ("https://hub.example", "http://hub.local:3000", "http://[::1]:8780", "*"):
+        assert config_of("--origin", fine).server.origins == (fine,)
+
+
 def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monkeypatch):
     monkeypatch.delenv("VOICE_GATEWAY_TOKENS", raising=False)
     toml = tmp_path / "gw.toml"
