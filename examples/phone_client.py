@@ -180,6 +180,7 @@ class PhoneClient:
         self._in_flight = False  # a transcript was sent and its turn.done has not come
         self._lost = False  # the socket dropped before the last transcript's turn.done
         self._limited = False  # the last transcript was refused as rate_limited
+        self._updating = False  # a session.update was sent and its answer has not come
         self._connected = asyncio.Event()
         self._session_id: str | None = None
         self._resume_token: str | None = None
@@ -228,6 +229,7 @@ class PhoneClient:
                         self._session_id = created["session_id"]
                         self._resume_token = created.get("resume_token")
                         self._last_seq = None
+                        self._updating = bool(self.settings)
                         if self.settings:
                             await ws.send(json.dumps({"type": "session.update",
                                                       "session": self.settings}))
@@ -447,6 +449,15 @@ class PhoneClient:
                     if not self._pending:
                         self._in_flight = False
                         self._done.set()
+                case "session.updated":
+                    self._updating = False
+                case "error" if self._updating and "turn_id" not in event:
+                    # the answer to the settings, sent before any transcript: their refusal
+                    # (invalid_field, text_too_long) is no transcript's; the session goes on
+                    # with the gateway's defaults
+                    self._updating = False
+                    self.say(f"\n[settings refused: error {event['error']['code']}: "
+                             f"{event['error']['message']}]")
                 case "error":
                     self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
                     if "turn_id" not in event and event["error"]["code"] in REFUSALS and \
@@ -464,7 +475,7 @@ class PhoneClient:
                             self._done.set()
                             self._started.set()
                 case _:
-                    pass  # session.updated, sentence, sentence.done, pong
+                    pass  # sentence, sentence.done, pong
 
     def _count_seq(self, seq: int) -> None:
         expected = 0 if self._last_seq is None else (self._last_seq + 1) % 2**32

@@ -264,6 +264,23 @@ async def test_a_refused_transcript_ends_as_refused_and_the_next_is_named_right(
     assert [p.name for p in client.saved] == ["turn-002.wav"]
 
 
+@pytest.mark.slow
+async def test_a_refused_setting_is_not_taken_for_the_refusal_of_a_transcript(gateway,
+                                                                               tmp_path):
+    """`--frame-ms 33` (or `--instructions` over 16,000 characters) has its session.update
+    answered by an `error` with no turn, as a refused transcript is: the client took it for
+    the refusal of its first transcript and left while that turn was speaking (exit 1)."""
+    client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                        phone_client.ClockPlayer(), settings={"frame_ms": 33})
+    await asyncio.wait_for(client.run(phone_client._from_list(["Hello", "Time"]),
+                                      sequential=True, barge_in_after=None), 30)
+    assert [r["status"] for r in client.results] == ["completed", "completed"]
+    assert [p.name for p in client.saved] == ["turn-001.wav", "turn-002.wav"]
+    (refused,) = [x for x in client.lines if "invalid_field" in x]
+    assert "settings refused" in refused and "frame_ms" in refused
+    assert gateway.metrics.turns["completed"] == 2
+
+
 async def test_a_session_taken_over_by_another_device_is_left_to_it(gateway, tmp_path):
     """Close 4000 ("session resumed elsewhere") was taken for a network drop: the client
     resumed, and the two devices took the session from each other for ever (engines
