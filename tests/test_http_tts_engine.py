@@ -170,6 +170,24 @@ def test_unreachable_server_is_an_engine_failure():
     engine.close()
 
 
+@pytest.mark.parametrize("url", ["127.0.0.1:9/v1", "localhost:9/v1/audio/speech",
+                                 "ftp://127.0.0.1:9/v1", "http:///v1", "http://[::1/v1"])
+def test_a_url_without_scheme_or_host_is_refused_at_start_not_at_each_sentence(url):
+    """The LLM's url is checked at start; the TTS server's was not: `--tts-url
+    127.0.0.1:9/v1` started a gateway whose every sentence failed (engine_failed,
+    "Request URL is missing an 'http://' or 'https://' protocol")."""
+    from gateway.config import load_config
+    from gateway.io.server import Gateway
+
+    with pytest.raises(ValueError, match=r"^the http engine's url must be http\(s\)://"):
+        Gateway(load_config(server={"port": 0}, tts={"engine": "http", "url": url}))
+    with pytest.raises(ValueError, match=r"^the fallback \(\[tts\] fallback, "
+                                         r"\[tts.fallback_options\]\): the http engine's url"):
+        Gateway(load_config(server={"port": 0}, tts={"fallback": "http",
+                                                     "fallback_options": {"url": url}}))
+    HttpTtsEngine("https://tts.example/v1").close()  # (with its scheme and host: taken)
+
+
 def test_close_mid_stream_disconnects_and_the_engine_goes_on(sse_server, engine_for):
     server, _ = sse_server
     server.script = [delta(b"\x00\x00"), DONE]
