@@ -465,7 +465,8 @@ SHORT = " ".join(f"This is sentence number {i} of a short answer." for i in rang
 async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start_gateway):
     """A transcript the server refuses (rate_limited) or the page does (over 4,000
     characters) is no barge-in: the reply plays on, whole. The console used to flush its
-    player when it sent, losing ~1 s and running dry for the rest of the turn."""
+    player when it sent, losing ~1 s and running dry for the rest of the turn. The one the
+    server refused goes back in the box (it was emptied when it went, and the text lost)."""
     gw = await start_gateway([{"transcript": "Tell me", "reply": SHORT}],
                              server={"turns_per_minute": 1})
     state = "window.consoleState"
@@ -476,6 +477,8 @@ async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start
         assert await page.input_value("#transcript") == "x" * 4001  # kept, to be shortened
         await talk(page, "Hello again")
         await page.wait_for_function(f"{state}.errors.some(e => e.startsWith('rate_limited'))")
+        # refused, it is back in the box to send again (it was emptied when it went: gone)
+        assert await page.input_value("#transcript") == "Hello again"
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'",
                                      timeout=30_000)
         await heard_out(page)
@@ -484,6 +487,7 @@ async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start
         assert abs(st["samplesPlayed"] / 24 - st["lastTurn"]["metrics"]["audio_ms"]) < 2
         assert st["underruns"] == 0
         assert st["errors"][0] == "the transcript is 4001 characters; the limit is 4000"
+        assert st["errors"][1].endswith("; the transcript is back in the box")
         assert gw.metrics.errors["text_too_long"] == 0  # never sent
         assert errors == []
 

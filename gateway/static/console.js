@@ -460,9 +460,14 @@ function onEvent(ev) {
         }
       }
       break;
-    case "error":
+    case "error": {
+      // a transcript refused for the rate (the box was emptied when it went) goes back in
+      // the box, to send again once the minute allows
+      const refused = ev.error.code === "rate_limited" && session?.asked && !session.asked.stopped
+        && backInBox(session.asked.text);
       showError(`${ev.error.code}: ${ev.error.message}` +
-                (ev.turn_id ? ` (turn ${ev.turn_id})` : ""));
+                (ev.turn_id ? ` (turn ${ev.turn_id})` : "") +
+                (refused ? "; the transcript is back in the box" : ""));
       if (ev.error.code === "resume_failed" && fresh) { // carry on with the new session
         giveBackAsked();
         session = null;
@@ -477,6 +482,7 @@ function onEvent(ev) {
         showSettings(settings); // the fields show the settings in use, not the ones refused
       }
       break;
+    }
   }
 }
 
@@ -537,11 +543,18 @@ function loseTurn() {
 function giveBackAsked() {
   const asked = session?.asked;
   if (!asked || asked.stopped) return;
-  const box = $("transcript");
-  if (!box.value.trim()) box.value = asked.text;
+  const back = backInBox(asked.text);
   const text = chars(asked.text) > 60 ? `${[...asked.text].slice(0, 60).join("")}…` : asked.text;
   showError(`“${text}” was not answered: its session was lost` +
-            (box.value === asked.text ? "; it is back in the box, to send again" : ""));
+            (back ? "; it is back in the box, to send again" : ""));
+}
+
+// A transcript that went unanswered goes back in the box unless something else is being
+// typed there; true when the box holds it.
+function backInBox(text) {
+  const box = $("transcript");
+  if (!box.value.trim()) box.value = text;
+  return box.value === text;
 }
 
 function startSession(ev) {
