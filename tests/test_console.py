@@ -786,6 +786,35 @@ async def test_console_fields_on_a_phone_are_large_enough_not_to_zoom(gateway):
             await browser.close()
 
 
+@pytest.mark.slow
+@needs_chromium
+async def test_console_on_a_phone_wraps_a_word_longer_than_the_screen(start_gateway):
+    """A reply with a long URL (and an error naming a long word) made the page 865 px wide
+    on a 390 px phone: the header stayed at the screen's width, every panel ran off it, and
+    reading a line meant scrolling sideways. The text wraps within the screen."""
+    from playwright.async_api import async_playwright
+
+    url = "https://example.com/" + "/".join(["a-very-long-path"] * 12) + "/index.html"
+    gw = await start_gateway([{"transcript": "Link", "reply": f"See {url} for details."}])
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                          args=BROWSER_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 390, "height": 700})
+            await page.goto(f"http://127.0.0.1:{gw.port}/")
+            await talk_when_ready(page, "Link")
+            await page.fill("#voice", "x" * 200)
+            await page.click("#apply")
+            await page.wait_for_function("window.consoleState.lastTurn?.status")
+            await page.wait_for_function(
+                "window.consoleState.errors.some(e => e.startsWith('unknown_voice'))")
+            assert url in await page.inner_text("#reply")
+            assert url in await page.inner_text("#sentences")
+            assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+        finally:
+            await browser.close()
+
+
 CONTRAST = """() => {
   // WCAG 2 contrast of each text (and each placeholder) with the background behind it
   const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
