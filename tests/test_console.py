@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -408,6 +409,37 @@ async def test_console_settings_emptied_go_back_to_the_servers_defaults(gateway)
         assert runner.session.settings == default  # null: the server's defaults again
         assert errors == []
 
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_a_new_session_keeps_the_settings_the_user_set(gateway):
+    """A session the gateway ended (restarted: a developer's usual loop) gave way to a new
+    one with the defaults, and the fields showed them: the voice picked and the instructions
+    typed were gone, and the next reply spoke as the user had not asked, with nothing said.
+    The new session gets the settings the user changed."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        (runner,) = gateway.runners.values()
+        default = runner.session.settings
+        await page.fill("#voice", "en-gb")
+        await page.fill("#instructions", "Answer like a pirate.")
+        await page.select_option("#frame-ms", "80")
+        await page.click("#apply")
+        await page.wait_for_function(f"{state}.settings.voice === 'en-gb'")
+        old = await page.evaluate(f"{state}.sessionId")
+        (conn,) = gateway.connections
+        await conn.ws.close()  # the session ends: the page opens a new one
+        await page.wait_for_function(
+            f"{state}.connected && {state}.sessionId !== {old!r} && "
+            f"{state}.settings.voice === 'en-gb'")
+        (runner,) = gateway.runners.values()
+        assert runner.session.settings == dataclasses.replace(
+            default, voice="en-gb", instructions="Answer like a pirate.", frame_ms=80)
+        assert [await page.input_value(f) for f in ("#voice", "#instructions", "#frame-ms")] \
+            == ["en-gb", "Answer like a pirate.", "80"]
+        assert errors == []
 
 
 @pytest.mark.slow

@@ -511,6 +511,7 @@ function sendAgain(ev) {
 }
 
 let settings = null; // the session's settings as the server last reported them
+let initial = null; // the session's settings at its session.created
 let shown = null; // what showSettings last put in each field
 // keepEdits: a field whose value is no longer the one shown (the user is typing in it, or
 // applied it and the answer is still to come) is left as it is
@@ -558,6 +559,7 @@ function backInBox(text) {
 }
 
 function startSession(ev) {
+  const carried = changedSettings(); // (of the session lost, if any)
   state.connected = true;
   pendingUpdate = null;
   if (document.activeElement === $("token")) $("transcript").focus(); // (hidden: nowhere)
@@ -571,6 +573,23 @@ function startSession(ev) {
   // an empty Voice field speaks with this one
   $("voice").placeholder = ev.default_voice ? `${ev.default_voice} (default)` : "engine default";
   showSettings(ev.session);
+  initial = ev.session;
+  // a new session in place of one lost (the gateway restarted) speaks as the user set the
+  // last one up, not with the defaults: the voice picked and the instructions typed were
+  // silently gone from the fields and from the replies
+  if (Object.keys(carried).length) {
+    pendingUpdate = {n: ++sentNo, session: carried};
+    send({type: "session.update", session: carried});
+  }
+}
+
+// The settings of the page's fields the user changed in this session: those the server
+// last reported (or those applied, not answered yet) that differ from the session's first.
+function changedSettings() {
+  if (!initial) return {};
+  const now = {...settings, ...pendingUpdate?.session};
+  return Object.fromEntries(["voice", "frame_ms", "instructions"]
+    .filter((key) => now[key] !== initial[key]).map((key) => [key, now[key]]));
 }
 
 // the streamed reply, with a boundary after each sentence the segmenter cut
