@@ -29,6 +29,9 @@ PING_EVERY_MS = int(re.search(r"^const PING_EVERY_MS = (\d+);$",
 PROBE_MS = int(re.search(r"^const PROBE_MS = (\d+);", (STATIC_DIR / "console.js").read_text(),
                          re.M)[1])
 """How long the page waits for an answer to the ping it sends when the network is back."""
+TOKEN_CHECK_MS = int(re.search(r"^const TOKEN_CHECK_MS = (\d+);",
+                               (STATIC_DIR / "console.js").read_text(), re.M)[1])
+"""How often a page asking for a token sees whether the gateway still wants one."""
 
 LONG = " ".join(f"This is sentence number {i} of a long answer." for i in range(1, 30))
 
@@ -248,6 +251,28 @@ async def test_console_on_a_gateway_with_tokens_takes_or_asks_for_one(start_gate
         await page.fill("#token", "s3cret")
         await page.press("#token", "Enter")
         await page.wait_for_function("window.consoleState.connected")
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_asking_for_a_token_goes_in_once_the_gateway_wants_none(start_gateway):
+    """A gateway started by mistake with a token, then again without: the page that had
+    asked for the token went on saying the gateway needed one, for good (until one was
+    typed in, whatever it was, or the page reloaded). It sees that none is wanted now."""
+    gw = await start_gateway(server={"tokens": ["s3cret"]})
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/", clock=True) as (page, errors):
+        await page.wait_for_function(f"{state}.needsToken")
+        await page.clock.fast_forward(TOKEN_CHECK_MS)  # still wanted: it goes on asking
+        assert await page.evaluate(f"{state}.needsToken && {state}.reconnects === 1")
+        port = gw.port
+        await gw.aclose()
+        await start_gateway(server={"port": port, "http_port": 0})  # no tokens
+        await page.clock.fast_forward(TOKEN_CHECK_MS)
+        await page.wait_for_function(f"{state}.connected")
+        assert not await page.is_visible("#token")
+        assert await page.evaluate("document.activeElement.id") == "transcript"
         assert errors == []
 
 

@@ -17,6 +17,7 @@ const PING_EVERY_MS = 5000;
 const SILENT_FOR_MS = 12000; // a ping with nothing at all back for this long: the socket is dead
 const PROBE_MS = 3000; // the network back: a ping with nothing back for this long, likewise
 const OPEN_WITHIN_MS = 10000; // a socket still connecting after this is given up
+const TOKEN_CHECK_MS = 8000; // how often a page asking for a token sees if one is still wanted
 // What a subprotocol entry may hold (an HTTP token, RFC 6455 4.1): with any other
 // character ("/" and "=" of a base64 token, a space) the WebSocket constructor throws.
 const SUBPROTOCOL_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
@@ -276,7 +277,7 @@ function giveUp(socket, silentMs) {
 // /health (always open) says whether tokens are in use and how full the gateway is;
 // /v1/models, whether the token is good. True: wait for a token to be typed in.
 async function refusedForToken() {
-  const health = await fetch(here("health"), {cache: "no-store"}).then((r) => r.json()).catch(() => null);
+  const health = await askHealth();
   if (health && health.sessions >= health.limits?.max_sessions) {
     setStatus(false, `the gateway is full (${health.sessions} sessions); retrying`);
   }
@@ -294,8 +295,7 @@ async function refusedForToken() {
     return false;
   }
   if (token) {
-    const models = await fetch(here("v1/models"), {cache: "no-store",
-      headers: {Authorization: `Bearer ${token}`}}).catch(() => null);
+    const models = await askModels();
     if (models?.status !== 401) return false; // a good token: refused for another reason
   }
   const why = token ? "the gateway refused this token" : "this gateway needs a token";
@@ -304,7 +304,41 @@ async function refusedForToken() {
   showError(`${why}: enter it in the Session panel`);
   $("token-row").hidden = false;
   $("token").focus();
+  checkTokenLater();
   return true;
+}
+
+// While a token is asked for, the gateway may be started again without tokens, or taking
+// the one the page holds (its operator undid the mistake): the page asks every
+// TOKEN_CHECK_MS and goes in once none is wanted or its own is good. It waited for good,
+// saying a token was needed, until one was typed in or the page reloaded.
+let tokenCheck = null;
+function checkTokenLater() {
+  clearTimeout(tokenCheck);
+  tokenCheck = setTimeout(async () => {
+    if (!state.needsToken) return; // typed in since
+    const health = await askHealth();
+    const wanted = !health || // (no answer: nothing known, ask again)
+      health.auth === "bearer" && !(token && (await askModels())?.status === 200);
+    if (!state.needsToken) return;
+    if (wanted) {
+      checkTokenLater();
+      return;
+    }
+    state.needsToken = false;
+    backoff = 500;
+    connect();
+  }, TOKEN_CHECK_MS);
+}
+
+// /health (null: no answer), and /v1/models's answer to the page's token (401: refused)
+function askHealth() {
+  return fetch(here("health"), {cache: "no-store"}).then((r) => r.json()).catch(() => null);
+}
+
+function askModels() {
+  return fetch(here("v1/models"), {cache: "no-store",
+    headers: {Authorization: `Bearer ${token}`}}).catch(() => null);
 }
 
 $("token-row").addEventListener("submit", (e) => e.preventDefault()); // Enter: "change" below
