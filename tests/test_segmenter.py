@@ -914,3 +914,37 @@ def test_the_eager_first_clause_ends_at_a_spaced_dash_only(text, want):
 ])
 def test_a_first_phrase_never_ends_at_a_title_or_inside_a_range(text, want):
     assert phrase(text, 2) == want
+
+
+# --- cases a second held-out set exposed (addresses, citations, time zones, camelCase) ---
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("The number is 020 7946 0958. Ask for ext. 12. They pick up.",
+     ["The number is 020 7946 0958.", "Ask for ext. 12.", "They pick up."]),
+    ("The address is 221B Baker St., Apt. 4B, London. It's near the station.",
+     ["The address is 221B Baker St., Apt. 4B, London.", "It's near the station."]),
+    ("It's explained in ch. 4, sec. 2. Eq. 3 is the key formula. See also Sect. 5.",
+     ["It's explained in ch. 4, sec. 2.", "Eq. 3 is the key formula.", "See also Sect. 5."]),
+    ("It's in Bldg. 5, Rm. 204. Take the lift.", ["It's in Bldg. 5, Rm. 204.", "Take the lift."]),
+    ("Smith et al. (2020) found the same effect. Jones et al. disagree.",
+     ["Smith et al. (2020) found the same effect.", "Jones et al. disagree."]),
+    ("It was shown by Smith et al. The effect is small.",
+     ["It was shown by Smith et al.", "The effect is small."]),
+])
+def test_address_and_citation_abbreviations_before_a_number_go_on(text, want):
+    """"ext. 12", "Apt. 4B", "Eq. 3", "Sect. 5", "et al. (2020)" were cut after the dot:
+    the number was spoken as a sentence of its own ("12.")."""
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Send it to 1600 Pennsylvania Ave. NW, Washington, DC 20500. That's the White House.",
+     ["Send it to 1600 Pennsylvania Ave. NW, Washington, DC 20500.", "That's the White House."]),
+    ("It's on Sunset Blvd. West Hollywood has parking. Go early.",
+     ["It's on Sunset Blvd. West Hollywood has parking.", "Go early."]),
+    ("The shop is on Park Ave. The one on Mill Rd. It closes at 6.",
+     ["The shop is on Park Ave.", "The one on Mill Rd.", "It closes at 6."]),
+])
+def test_a_street_abbreviation_goes_on_before_a_name_and_ends_before_a_sentence(text, want):
+    """"Ave.", "Blvd.", "Rd." as "St.": a sentence end only before a word that opens one."""
+    assert sentences(text) == want

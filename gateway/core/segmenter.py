@@ -17,13 +17,15 @@ on how the stream was chunked:
   means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``); so does an
   ellipsis before a digit or symbol (``is... $42``). Titles (``Dr.``, ``Mr.``) never end a
   sentence; ``a.m.`` and ``etc.`` end one only before a capital; a single capital
-  (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` end one only
-  before a word that opens sentences (``Then``, ``It's``...), or after a label word
-  (``option A.``), so ``the U.S. Army`` and ``John F. Kennedy`` go on; ``No. 5``,
-  ``Jan. 3``, ``fig. 2``, ``1 hr. 35`` never before a digit, except ``No.`` opening a
-  sentence (the answer). German, French, Spanish, Italian and Portuguese replies: ``z. B.``,
-  ``u. a.``, ``bzw.``, ``p. ex.`` and titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never
-  end one; ``Nr. 5``, ``pág. 12``, ``Hauptstr. 12`` never before a digit; a day or an
+  (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` (``Ave.``,
+  ``Blvd.``, ``Rd.``) end one only before a word that opens sentences (``Then``, ``It's``...),
+  or after a label word (``option A.``), so ``the U.S. Army``, ``John F. Kennedy`` and
+  ``Pennsylvania Ave. NW`` go on; ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``,
+  ``Apt. 4B``, ``1 hr. 35`` never before a digit, except ``No.`` opening a sentence (the
+  answer); ``et al.`` only before a capital (``Smith et al. (2020) found``). German, French,
+  Spanish, Italian and Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.`` and
+  titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
+  ``Hauptstr. 12`` never before a digit; a day or an
   ordinal before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``,
   ``der 1. FC``, ``im XIX. Jahrhundert``) is not a sentence end, while ``Platz 1. Der``
   is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``, ``sec.
@@ -163,13 +165,19 @@ _ZONES = frozenset(
 )
 # "in the U.S. The": end a sentence only before a capital.
 _CAPITAL_END = frozenset(
-    "a.m p.m etc inc ltd co corp jr u.s u.k u.n ph.d b.c a.d st".split()
+    "a.m p.m etc inc ltd co corp jr u.s u.k u.n ph.d b.c a.d st al".split()
 )
-# "No. 5", "Jan. 3", "Nr. 5", "pág. 12" (and "Hauptstr. 12"): never before a digit.
+"""("al": "Smith et al. (2020) found", "by Smith et al. The effect".)"""
+# "No. 5", "Jan. 3", "ext. 12", "Apt. 4B", "Eq. 3", "Nr. 5", "pág. 12" (and "Hauptstr. 12"):
+# never before a digit.
 _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
-    "sept oct nov dec approx tel nr bd abs kap str abb tab pág págs pag núm num cap n".split()
+    "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs nr bd abs "
+    "kap str abb tab pág págs pag núm num cap n".split()
 )
+# "St. Louis", "Pennsylvania Ave. NW", "7th c. B.C.": these go on before a capital that does
+# not open a sentence (``_STARTERS``), as an initial does.
+_NAME_OR_END = frozenset("St Ave Blvd Rd c ca".split())
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
 # capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
@@ -601,7 +609,7 @@ class Segmenter:
             if len(word) == 1 and word.islower() and len(self._next_word(i + 1)) == 1 and (
                     self._need(i + 3) and buf[i + 3] == "."):
                 return False  # "z. B.", "e. V.": the abbreviation goes on
-        if (len(word) == 1 and word.isupper()) or word in ("St", "c", "ca") or (
+        if (len(word) == 1 and word.isupper()) or word in _NAME_OR_END or (
                 "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
             return self._name_or_end(i, ws, word)
         if word == "No" and not buf[:ws].strip():
@@ -652,8 +660,8 @@ class Segmenter:
     def _name_or_end(self, i: int, ws: int, word: str) -> bool:
         """After "B.", "U.S." or "St." before a capital: a name going on or a new sentence.
 
-        "John F. Kennedy", "the U.S. Army", "St. Louis" go on; "Plan B. Then", "vitamin C.
-        It's", "the U.S. Most", "Downing St. That's" end."""
+        "John F. Kennedy", "the U.S. Army", "St. Louis", "Pennsylvania Ave. NW" go on;
+        "Plan B. Then", "vitamin C. It's", "the U.S. Most", "Downing St. That's" end."""
         buf = self._buf
         j = self._skip_closers(i + 1)[0]  # 'him "Mister T." Then', '(the U.S.) Then'
         while self._need(j) and buf[j] in _SPACE:
