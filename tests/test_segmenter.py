@@ -948,3 +948,18 @@ def test_address_and_citation_abbreviations_before_a_number_go_on(text, want):
 def test_a_street_abbreviation_goes_on_before_a_name_and_ends_before_a_sentence(text, want):
     """"Ave.", "Blvd.", "Rd." as "St.": a sentence end only before a word that opens one."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("The call is at 9:30 a.m. EST. That's 14:30 GMT.",
+     ["The call is at 9:30 a.m. EST.", "That's 14:30 GMT."]),
+    ("The launch is at 10 a.m. PT on Tuesday. It'll stream live.",
+     ["The launch is at 10 a.m. PT on Tuesday.", "It'll stream live."]),
+    ("It starts at 8 p.m. ET. Doors open at 7 p.m. CT. Be early.",
+     ["It starts at 8 p.m. ET.", "Doors open at 7 p.m. CT.", "Be early."]),
+    ("The est. cost is $40. It may change.", ["The est. cost is $40.", "It may change."]),
+])
+def test_a_time_zone_goes_on_after_a_m_and_ends_a_sentence(text, want):
+    """"EST." never ended a sentence (taken for "est.", estimated), and "a.m. PT" was cut
+    before the zone ("PT on Tuesday." spoken alone)."""
+    assert sentences(text) == want

@@ -158,10 +158,12 @@ _DAY_AFTER = frozenset("am vom bis zum ab seit und".split())
 _ORDINAL_AFTER = frozenset("im vom zum zur beim der den dem des die das".split())
 """German words before a day or an ordinal number ("der 1. FC", "im 19. Jahrhundert"):
 "3." after them (or before a month: "am 3. Oktober") is an ordinal, not a sentence end."""
-# "3 p.m. Eastern": a time zone goes on the sentence.
+# "3 p.m. Eastern", "10 a.m. PT": a time zone goes on the sentence; "at 9 a.m. EST. That's"
+# ends it (not "est.", estimated).
 _ZONES = frozenset(
-    "Eastern Central Mountain Pacific UTC GMT EST EDT CST CDT MST MDT PST PDT CET CEST BST "
-    "IST JST AEST".split()
+    "Eastern Central Mountain Pacific UTC GMT EST EDT CST CDT MST MDT PST PDT ET CT MT PT "
+    "HST AKST AKDT AST ADT CET CEST BST WET WEST EET EEST MSK IST SGT HKT JST KST AEST AEDT "
+    "NZST NZDT".split()
 )
 # "in the U.S. The": end a sentence only before a capital.
 _CAPITAL_END = frozenset(
@@ -614,6 +616,8 @@ class Segmenter:
             return self._name_or_end(i, ws, word)
         if word == "No" and not buf[:ws].strip():
             return True  # "No. 91 isn't prime.": the answer, not "No. 5"
+        if word in _ZONES:
+            return True  # "at 9 a.m. EST. That's": not "est." (estimated)
         base = word.rsplit("'", 1)[-1].rsplit("\u2019", 1)[-1]  # "l'avv.", "dell'Ing."
         if word in _TITLES or low in _NEVER_END or base in _TITLES or base.lower() in _NEVER_END:
             return False
