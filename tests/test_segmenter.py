@@ -963,3 +963,20 @@ def test_a_time_zone_goes_on_after_a_m_and_ends_a_sentence(text, want):
     """"EST." never ended a sentence (taken for "est.", estimated), and "a.m. PT" was cut
     before the zone ("PT on Tuesday." spoken alone)."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Windows 11 23H2 is out. macOS Sonoma 14.1 is the latest.",
+     ["Windows 11 23H2 is out.", "macOS Sonoma 14.1 is the latest."]),
+    ("Update your phone. iOS 17.2 fixes it. (iPadOS too.) Done.",
+     ["Update your phone.", "iOS 17.2 fixes it.", "(iPadOS too.)", "Done."]),
+    ("Try a reseller... eBay has it for $40.", ["Try a reseller...", "eBay has it for $40."]),
+    # an abbreviation before it still goes on; a lowercase word still goes on
+    ("It runs on phones, e.g. iPhone 15 and Pixel 8.",
+     ["It runs on phones, e.g. iPhone 15 and Pixel 8."]),
+    ("It opens at 9 a.m. on weekdays.", ["It opens at 9 a.m. on weekdays."]),
+])
+def test_a_camel_case_name_opens_a_sentence(text, want):
+    """A product name written in camelCase ("macOS", "iOS", "eBay") opens sentences in tech
+    replies; its lowercase first letter kept the sentence before it going on."""
+    assert sentences(text) == want

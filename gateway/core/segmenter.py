@@ -14,7 +14,8 @@ on how the stream was chunked:
   markdown emphasis and trailing emoji) followed by whitespace; the first character of the
   next word decides the ambiguous cases. ``8.`` + ``4`` never splits (no whitespace),
   neither do ``192.168.1.1``, ``example.org``, ``a@b.io``, ``11:15``. A lowercase next word
-  means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``); so does an
+  means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``), unless it is
+  written in camelCase (``is out. macOS``, decided as a capital); so does an
   ellipsis before a digit or symbol (``is... $42``). Titles (``Dr.``, ``Mr.``) never end a
   sentence; ``a.m.`` and ``etc.`` end one only before a capital; a single capital
   (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` (``Ave.``,
@@ -227,6 +228,9 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "of to than as so that not very is are was were be been being am do does did has have "
     "had will would can could should shall may might must".split()
 )
+_CAMEL = re.compile(r"[a-z]{1,5}[A-Z][A-Za-z0-9]*")
+"""A name written in camelCase ("macOS", "iOS", "iPhone", "eBay"): it opens sentences though
+its first letter is lowercase."""
 _OPENERS = frozenset("([\"\u201c\u201e\u00ab\u00bb'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
 
@@ -537,6 +541,8 @@ class Segmenter:
         while nxt in _OPENERS and self._need(k + 1) and buf[k + 1] not in _SPACE:
             k += 1  # "9 a.m. (It closes": the bracket's first letter decides
             nxt = buf[k]
+        if nxt.islower() and _CAMEL.fullmatch(self._next_word(k)):
+            nxt = nxt.upper()  # "is out. macOS Sonoma": decided as before a capital
         k = end
         while buf[k] in _SPACE:
             k += 1
