@@ -980,3 +980,18 @@ def test_a_camel_case_name_opens_a_sentence(text, want):
     """A product name written in camelCase ("macOS", "iOS", "eBay") opens sentences in tech
     replies; its lowercase first letter kept the sentence before it going on."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Die Adresse ist Goethestr. 5, 3. OG. Klingel bei Meier.",
+     ["Die Adresse ist Goethestr. 5, 3. OG.", "Klingel bei Meier."]),
+    ("Das Büro liegt im Erdgeschoss, Praxis im 2. OG, Archiv im 1. UG. Gut.",
+     ["Das Büro liegt im Erdgeschoss, Praxis im 2. OG, Archiv im 1. UG.", "Gut."]),
+    ("Sie wohnt Hauptstr. 12, 4. Etage links. Gut.",
+     ["Sie wohnt Hauptstr. 12, 4. Etage links.", "Gut."]),
+    ("Go to step 2. Stock up on water first.", ["Go to step 2.", "Stock up on water first."]),
+])
+def test_a_german_floor_after_its_ordinal_goes_on(text, want):
+    """A German address gives the floor as "3. OG" (3rd floor) after the house number: the
+    ordinal was cut off from its floor ("OG." spoken alone)."""
+    assert sentences(text) == want

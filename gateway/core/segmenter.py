@@ -26,11 +26,11 @@ on how the stream was chunked:
   answer); ``et al.`` only before a capital (``Smith et al. (2020) found``). German, French,
   Spanish, Italian and Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.`` and
   titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
-  ``Hauptstr. 12`` never before a digit; a day or an
-  ordinal before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``,
-  ``der 1. FC``, ``im XIX. Jahrhundert``) is not a sentence end, while ``Platz 1. Der``
-  is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``, ``sec.
-  XIX``).
+  ``Hauptstr. 12`` never before a digit; a day or an ordinal before a month or after an
+  article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``, ``im XIX.
+  Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
+  Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``,
+  ``sec. XIX``).
   A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
   ¿Quieres``, ``p. m. ¡Hasta``). An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
@@ -159,6 +159,9 @@ _DAY_AFTER = frozenset("am vom bis zum ab seit und".split())
 _ORDINAL_AFTER = frozenset("im vom zum zur beim der den dem des die das".split())
 """German words before a day or an ordinal number ("der 1. FC", "im 19. Jahrhundert"):
 "3." after them (or before a month: "am 3. Oktober") is an ordinal, not a sentence end."""
+_FLOORS = frozenset("OG UG EG DG Obergeschoss Untergeschoss Etage".split())
+"""German floors: "3. OG" (3rd floor) closes an address ("Goethestr. 5, 3. OG"). Not "Stock",
+which opens English sentences ("step 2. Stock up")."""
 # "3 p.m. Eastern", "10 a.m. PT": a time zone goes on the sentence; "at 9 a.m. EST. That's"
 # ends it (not "est.", estimated).
 _ZONES = frozenset(
@@ -646,8 +649,9 @@ class Segmenter:
             return False  # "1. " list marker at the start of a line
         if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
                 self._prev_word(ws) in _ORDINAL_AFTER or (
-                nxt in "JFMASOND" and self._german_month(i + 1, ws))):
-            return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert"
+                nxt in "JFMASOND" and self._german_month(i + 1, ws)) or (
+                nxt in "OUEDS" and self._next_word(i + 1) in _FLOORS)):
+            return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert", "5, 3. OG"
         return True
 
     def _german_month(self, j: int, ws: int) -> bool:
