@@ -995,3 +995,20 @@ def test_a_german_floor_after_its_ordinal_goes_on(text, want):
     """A German address gives the floor as "3. OG" (3rd floor) after the house number: the
     ordinal was cut off from its floor ("OG." spoken alone)."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("\u2600\ufe0f Good morning, here is your forecast for today: sunny and 24 degrees.",
+     ["\u2600\ufe0f Good morning, here is your forecast for today:", "sunny and 24 degrees."]),
+    ("Done.\n\U0001F389 Tests pass. Ship it.", ["Done.", "\U0001F389 Tests pass.", "Ship it."]),
+    ("Plan:\n1. \U0001F680 Launch it today. Then rest.",
+     ["Plan:", "1. \U0001F680 Launch it today.", "Then rest."]),
+])
+def test_an_emoji_opening_a_reply_or_line_stays_with_the_sentence_after_it(text, want):
+    """An emoji before a capital ends a sentence ("Done ✅ The reminder"), but with no
+    text before it there is nothing to end: a reply opening with one made a silent first
+    segment, and the eager first clause (index 0) went with it."""
+    for sizes in ([len(text)], [1] * len(text)):
+        got = run(text, sizes)
+        assert [s.text for s in got] == want
+        assert all(s.spoken for s in got)

@@ -580,7 +580,9 @@ class Segmenter:
         return True
 
     def _emoji(self, i: int, out: list[Segment]) -> bool:
-        """An emoji run then a capitalized word ends a sentence ("Done ✅ The reminder...")."""
+        """An emoji run then a capitalized word ends a sentence ("Done ✅ The reminder..."),
+        unless nothing is said before it ("🎉 Congrats!" opening a reply or a line: a silent
+        segment would have taken the eager first clause's place)."""
         buf = self._buf
         end = i
         while self._need(end) and _is_emoji(buf[end]):
@@ -591,6 +593,8 @@ class Segmenter:
         self._pos = end  # only once nothing is left to wait for
         if k == end or k >= len(buf) or self._quote or self._paren or not buf[k].isupper():
             return False
+        if not any(c.isalnum() for c in _LINE_MARK.sub("", buf[:i])):
+            return False  # "1. 🎉 Launch day" too
         if self._index > 0 and end < self.config.min_chars:
             return False
         out.extend(self._emit(end, k))
