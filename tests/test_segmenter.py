@@ -1012,3 +1012,19 @@ def test_an_emoji_opening_a_reply_or_line_stays_with_the_sentence_after_it(text,
         got = run(text, sizes)
         assert [s.text for s in got] == want
         assert all(s.spoken for s in got)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("It opens at 9 a.m. Mon.–Sat. and at 11 a.m. on Sun. Holidays vary.",
+     ["It opens at 9 a.m. Mon.–Sat. and at 11 a.m. on Sun.", "Holidays vary."]),
+    ("Doors open at 8 p.m. Friday and Saturday. Bring ID.",
+     ["Doors open at 8 p.m. Friday and Saturday.", "Bring ID."]),
+    ("Das Angebot gilt bis einschl. 31.12. Danach kostet es mehr.",
+     ["Das Angebot gilt bis einschl. 31.12.", "Danach kostet es mehr."]),
+    ("It's from Hamlet, Act 3, Sc. 1. It's famous.",
+     ["It's from Hamlet, Act 3, Sc. 1.", "It's famous."]),
+])
+def test_opening_hours_and_references_go_on(text, want):
+    """A weekday after "a.m." (opening hours), German "einschl." (including) and "Sc. 1"
+    (a scene) were cut after the dot."""
+    assert sentences(text) == want

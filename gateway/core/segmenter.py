@@ -17,7 +17,8 @@ on how the stream was chunked:
   means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``), unless it is
   written in camelCase (``is out. macOS``, decided as a capital); so does an
   ellipsis before a digit or symbol (``is... $42``). Titles (``Dr.``, ``Mr.``) never end a
-  sentence; ``a.m.`` and ``etc.`` end one only before a capital; a single capital
+  sentence; ``a.m.`` and ``etc.`` end one only before a capital (``a.m.`` not before a time
+  zone or a weekday: ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a single capital
   (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` (``Ave.``,
   ``Blvd.``, ``Rd.``) end one only before a word that opens sentences (``Then``, ``It's``...),
   or after a label word (``option A.``), so ``the U.S. Army``, ``John F. Kennedy`` and
@@ -139,7 +140,8 @@ _TITLES = frozenset(
 )
 _NEVER_END = frozenset(
     "vs e.g i.e cf approx dept est "
-    "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl zzgl sog "  # German
+    "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl einschl ausschl zzgl "
+    "bzgl sog "  # German
     "p.ex p.ej sig dott avv prof av avda".split()  # French, Spanish, Italian
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
@@ -162,6 +164,11 @@ _ORDINAL_AFTER = frozenset("im vom zum zur beim der den dem des die das".split()
 _FLOORS = frozenset("OG UG EG DG Obergeschoss Untergeschoss Etage".split())
 """German floors: "3. OG" (3rd floor) closes an address ("Goethestr. 5, 3. OG"). Not "Stock",
 which opens English sentences ("step 2. Stock up")."""
+_WEEKDAYS = frozenset(
+    "Monday Tuesday Wednesday Thursday Friday Saturday Sunday Mon Tue Tues Wed Thu Thur Thurs "
+    "Fri Sat Sun".split()
+)
+"""After "a.m." or "p.m.", opening hours go on: "9 a.m. Mon.–Sat.", "8 p.m. Friday"."""
 # "3 p.m. Eastern", "10 a.m. PT": a time zone goes on the sentence; "at 9 a.m. EST. That's"
 # ends it (not "est.", estimated).
 _ZONES = frozenset(
@@ -178,7 +185,7 @@ _CAPITAL_END = frozenset(
 # never before a digit.
 _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
-    "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs nr bd abs "
+    "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs sc nr bd abs "
     "kap str abb tab pág págs pag núm num cap n".split()
 )
 # "St. Louis", "Pennsylvania Ave. NW", "7th c. B.C.": these go on before a capital that does
@@ -634,8 +641,8 @@ class Segmenter:
         base = word.rsplit("'", 1)[-1].rsplit("\u2019", 1)[-1]  # "l'avv.", "dell'Ing."
         if word in _TITLES or low in _NEVER_END or base in _TITLES or base.lower() in _NEVER_END:
             return False
-        if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES:
-            return False
+        if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
+            return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
         if (low in _BEFORE_NUMBER or low.endswith("str")) and nxt.isdigit():
             return False
         if nxt.isupper() and (low in _BEFORE_ROMAN or _DOUBLED.fullmatch(word) or low == "co"):
