@@ -428,17 +428,24 @@ _SCALES = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B
 (it was "eighty-five dollars and eighty cents B"), "$85k" eighty-five thousand. Without a
 dollar sign the letter stays as it was: "4K", "5K run", "a 7B model"."""
 _AMOUNT = re.compile(
-    r"(?<![\w.])([$\u20ac\u00a3])(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d*)(?:\.(\d+))?"
-    r"(\s(?:thousand|million|billion|trillion)\b|(?:[kKMBT]|bn|mn)\b)?(?![\d.,]\d)")
+    r"(?<![\w.])([$\u20ac\u00a3])(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d*)"
+    r"(?:\.(\d+)|,(\d{2})(?!\d|,\d))?"
+    r"(\s(?:thousand|million|billion|trillion)\b|(?:[kKMBT]|bn|mn)\b)?(?!\d|[.,]\d)")
+"""An amount: its whole part, its decimals after a point or a decimal comma ("\u20ac12,50":
+two digits, where a thousands group has three), its scale. Nothing may follow but a
+number's end: "\u20ac1.234,56" was "1 euro 23 cents4,56", the digits given back one by one
+until the rest no longer looked like a number."""
 
 
 def amounts_in_words(text: str) -> str:
     """``text`` with each amount after a currency sign ($ \u20ac \u00a3) as its number then its
     unit, digits kept: "$184.50" -> "184 dollars 50 cents" (no "and": espeak pauses before
-    it), "$1.5 million" -> "1.5 million dollars". For an engine that reads digits but puts
-    the sign first (espeak: "dollar one hundred eighty-four point five zero")."""
+    it; "\u20ac12,50" too), "$1.5 million" -> "1.5 million dollars". For an engine that
+    reads digits but puts the sign first (espeak: "dollar one hundred eighty-four point five
+    zero")."""
     def amount(m: re.Match[str]) -> str:
-        cur, whole, frac, scale = m.groups()
+        cur, whole, frac, comma, scale = m.groups()
+        frac = frac or comma
         if not (whole or frac):
             return m.group()  # "$1.2.3": no amount
         (unit, units), (sub, subs) = _CURRENCIES[cur]

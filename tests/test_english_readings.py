@@ -271,6 +271,9 @@ def test_espeak_reads_units_itself(text) -> None:
      "1.5 million dollars, 85.8 billion dollars, 85 thousand dollars, 3 billion pounds, "
      "2 billion euros"),
     ("\u20ac5.50, \u00a320, \u00a31.01", "5 euros 50 cents, 20 pounds, 1 pound 1 penny"),
+    # a decimal comma (two digits: a thousands group has three): "€12,50" was "1 euro2,50"
+    ("Lunch was \u20ac12,50, coffee \u20ac3,99 and rent \u20ac1,250.",
+     "Lunch was 12 euros 50 cents, coffee 3 euros 99 cents and rent 1,250 euros."),
     ("From $5\u2013$8, less than $5, -$5.", "From 5 dollars to 8 dollars, less than 5 dollars, "
      "\u22125 dollars."),
 ])
@@ -281,7 +284,8 @@ def test_espeak_says_an_amounts_unit_after_its_number(text, english) -> None:
     assert espeak.espeak_text(text) == text
 
 
-@pytest.mark.parametrize("text", ["US$5", "$x$", "$ 5", "5$", "$1.2.3"])
+@pytest.mark.parametrize("text", ["US$5", "$x$", "$ 5", "5$", "$1.2.3", "\u20ac1.234,56",
+                                  "\u20ac1,5 Mio."])
 def test_no_amount_but_a_sign_before_a_number(text) -> None:
     assert espeak.espeak_text(text, english=True) == text
 
@@ -307,8 +311,10 @@ def test_no_amount_but_a_sign_before_a_number(text) -> None:
     ("So x^2 or 10^6.", "So x squared or 10 to the power of 6."),
     # was "dollar one hundred eighty-four point five zero"
     ("It costs $184.50.", "It costs 184 dollars 50 cents."),
+    # was "one euro two fifty"
+    ("Lunch was \u20ac12,50.", "Lunch was 12 euros 50 cents."),
 ], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman",
-        "power", "amount"])
+        "power", "amount", "decimal comma"])
 def test_espeak_says_what_it_misread(espeak_engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(espeak_engine, text) == pytest.approx(samples(espeak_engine, reading),
