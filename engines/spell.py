@@ -223,6 +223,70 @@ def _unit_per(m: re.Match[str]) -> str:
     return (f"{number} " if number else "") + f"{one if number == '1' else many} per {per}"
 
 
+_RATIO = re.compile(r"(?<![\w.,:])(\d{1,3}):(\d|\d{3,}|\d{1,3}(?:,\d{3})+)(?![\w:]|[.,]\d)")
+"""A ratio or a score with a colon: espeak read "16:9" and "won 2:1" as "sixteen colon nine",
+"two colon one". One digit after the colon, or three or more ("1:100"): never a time."""
+_SCORE = re.compile(
+    r"\b((?:won|lost|beat|beaten|drew|tied|led|leading|trailed|trailing|ended|finished)"
+    r"(?:\s+(?!(?:at|by|until|till|before|after|around|about|from|since|to)\b)[A-Za-z']+){0,3}"
+    r"\s+)(\d{1,2})[-:](\d{1,2})(?![\w:-]|[.,]\d)"
+    r"|(?<![\w.,:-])(\d{1,2})-(\d{1,2})(?=\s+(?:win|victory|defeat|loss|lead|draw|scoreline|"
+    r"thrashing|comeback)\b)")
+"""A score with a hyphen, or with a colon before two digits: after a verb of a match ("won
+3-1", "beat them 21:19") or before what it was ("a 3-1 win"). espeak read "three dash one";
+"9-5" elsewhere and a time ("ended at 10:30") stay."""
+
+
+def _score(m: re.Match[str]) -> str:
+    if m.group(1) is None:
+        return f"{m.group(4)} to {m.group(5)}"
+    return f"{m.group(1)}{m.group(2)} to {m.group(3)}"
+
+
+_FEET_INCHES = re.compile(r"(?<![\w.,'\u2019])(\d{1,2})['\u2019\u2032]\s?(\d{1,2}(?:\.\d)?)"
+                          r"(?:\"|''|\u201d|\u2033)?(?![\w'\"\u2019\u201d])")
+"""A height in feet and inches: espeak read "5'11\"" as "five eleven", chatterbox
+"five'eleven\""."""
+_INCHES = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)\s?(\"|\u2033)(?![\w\"])")
+"""A length in inches ("a 9\" pan", "15.6\u2033"): espeak said only "nine", chatterbox
+"nine\""; not a number closing a quotation ("He said \"take 9\"")."""
+_FEET = re.compile(r"(?<![\w.,'\u2019])(\d+(?:\.\d+)?)(['\u2032])(?![\w'\u2019])")
+
+
+_QUOTE_MARK = re.compile(r'(?<![\d\s])"|(?<!\d)\s"|^"')
+"""A quotation mark: no inch mark (after a number)."""
+
+
+def _feet_inches(m: re.Match[str]) -> str:
+    feet, inches = m.group(1), m.group(2)
+    return (f"{feet} {'foot' if feet == '1' else 'feet'} "
+            f"{inches} {'inch' if inches == '1' else 'inches'}")
+
+
+def _inches(m: re.Match[str]) -> str:
+    if m.group(2) == '"' and len(_QUOTE_MARK.findall(m.string, 0, m.start())) % 2:
+        return m.group()  # a quotation's closing mark
+    return f"{m.group(1)} {'inch' if m.group(1) == '1' else 'inches'}"
+
+
+def _feet(m: re.Match[str]) -> str:
+    if m.group(2) == "'" and re.search(r"(?:^|[\s(\[])'(?!\d0s\b)", m.string[:m.start()]):
+        return m.group()  # a quotation's closing mark
+    return f"{m.group(1)} {'foot' if m.group(1) == '1' else 'feet'}"
+
+
+_NUMBER_SIGN = re.compile(r"(?<![\w#&/])#(?=\d+(?:st|nd|rd|th)?\b)")
+"""A number sign: espeak read "#1" as "hash one", chatterbox "#one"."""
+_HASHTAG = re.compile(r"(?<![\w#&/])#([A-Za-z_]\w+)")
+_HEX_COLOUR = re.compile(r"(?=\D*\d)[\da-fA-F]{3}(?:[\da-fA-F]{3})?")
+
+
+def _hashtag(m: re.Match[str]) -> str:
+    """A hashtag without its mark: espeak read "#python" as "hash python". A hex colour
+    ("#FF5733") and one letter ("#C") keep it."""
+    return m.group() if _HEX_COLOUR.fullmatch(m.group(1)) else m.group(1)
+
+
 _SHARP_FLAT = re.compile(r"(?<![\w#])([A-G])(?:([#\u266f])|\u266d)(?![\w#+])")
 """A note or a language: espeak read "C#" and "F#" as "C hash", chatterbox got the sign."""
 
@@ -291,13 +355,22 @@ def english_readings(text: str) -> str:
     dots ("1.000.000": "1,000,000"), fractions and units per unit ("1/2": "one half",
     "km/h": "kilometers per hour", "24/7": "24 7"), sharps and flats ("C#": "C sharp"),
     Roman numerals after a ruler's name or a part ("Henry VIII": "Henry the eighth",
-    "Chapter IV": "Chapter 4"), powers ("x^2": "x squared"). Digits stay digits."""
+    "Chapter IV": "Chapter 4"), powers ("x^2": "x squared"), heights and lengths ("5'11\"":
+    "5 feet 11 inches"), ratios and scores ("16:9", "won 3-1": "16 to 9", "3 to 1"), number
+    signs ("#1": "number 1") and hashtags without their mark. Digits stay digits."""
     text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
     text = _DOTTED_THOUSANDS.sub(_dotted_thousands, text)
     text = _FRACTION.sub(_fraction, text)
     text = _UNIT_PER.sub(_unit_per, text)
     text = _ROUND_THE_CLOCK.sub("24 7", text)
+    text = _FEET_INCHES.sub(_feet_inches, text)
+    text = _INCHES.sub(_inches, text)
+    text = _FEET.sub(_feet, text)
+    text = _SCORE.sub(_score, text)
+    text = _RATIO.sub(r"\1 to \2", text)
+    text = _NUMBER_SIGN.sub("number ", text)
+    text = _HASHTAG.sub(_hashtag, text)
     text = _SHARP_FLAT.sub(lambda m: m.group(1) + (" sharp" if m.group(2) else " flat"), text)
     text = _REGNAL.sub(lambda m: _numeral(m, ordinal=True), text)
     text = _NUMBERED.sub(lambda m: _numeral(m, ordinal=False), text)
@@ -414,21 +487,23 @@ def _number_words(m: re.Match[str], glued: str) -> str:
 
 
 _NUMBER = re.compile(
-    r"(?P<sign>(?<![\w.,\d])-)?(?P<cur>[$\u20ac\u00a3])?"
-    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*|(?<=[$\u20ac\u00a3])\.\d+)"
+    r"(?P<sign>(?<![\w.,\d])-)?(?P<cur>[$\u20ac\u00a3\u00a5])?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)*|(?<=[$\u20ac\u00a3\u00a5])\.\d+)"
     r"(?:(?P<decade>(?<=0)s\b)|(?P<pct>\s?%)|(?P<scale>\s(?:thousand|million|billion|trillion)\b)"
     r"|(?P<abbr>(?:[kKMBT]|bn|mn)\b))?")
 _CURRENCIES = {"$": (("dollar", "dollars"), ("cent", "cents")),
                "\u20ac": (("euro", "euros"), ("cent", "cents")),
-               "\u00a3": (("pound", "pounds"), ("penny", "pence"))}
-"""Currency signs before an amount: chatterbox got "\u20acfive" for "\u20ac5"."""
+               "\u00a3": (("pound", "pounds"), ("penny", "pence")),
+               "\u00a5": (("yen", "yen"), ("sen", "sen"))}
+"""Currency signs before an amount: chatterbox got "\u20acfive" for "\u20ac5", "\u00a5five
+hundred" for "\u00a5500"."""
 _SCALES = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B": "billion",
            "bn": "billion", "T": "trillion"}
 """A dollar amount's abbreviated scale: "$85.8B" is eighty-five point eight billion dollars
 (it was "eighty-five dollars and eighty cents B"), "$85k" eighty-five thousand. Without a
 dollar sign the letter stays as it was: "4K", "5K run", "a 7B model"."""
 _AMOUNT = re.compile(
-    r"(?<![\w.])([$\u20ac\u00a3])(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d*)"
+    r"(?<![\w.])([$\u20ac\u00a3\u00a5])(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d*)"
     r"(?:\.(\d+)|,(\d{2})(?!\d|,\d))?"
     r"(\s(?:thousand|million|billion|trillion)\b|(?:[kKMBT]|bn|mn)\b)?(?!\d|[.,]\d)")
 """An amount: its whole part, its decimals after a point or a decimal comma ("\u20ac12,50":
@@ -438,8 +513,8 @@ until the rest no longer looked like a number."""
 
 
 def amounts_in_words(text: str) -> str:
-    """``text`` with each amount after a currency sign ($ \u20ac \u00a3) as its number then its
-    unit, digits kept: "$184.50" -> "184 dollars 50 cents" (no "and": espeak pauses before
+    """``text`` with each amount after a currency sign ($ \u20ac \u00a3 \u00a5) as its number
+    then its unit, digits kept: "$184.50" -> "184 dollars 50 cents" (no "and": espeak pauses before
     it; "\u20ac12,50" too), "$1.5 million" -> "1.5 million dollars". For an engine that
     reads digits but puts the sign first (espeak: "dollar one hundred eighty-four point five
     zero")."""
@@ -481,7 +556,13 @@ _MONTH_DAY = re.compile(rf"\b((?:{_MONTHS})\s)(\d{{1,2}})\b(?![:.]\d)")
 """A month's name, then its day: "July 4" -> "July fourth" (not "Mario 64", "Mark 12")."""
 
 
+_DECIMAL_COMMA = re.compile(
+    r"(?<![\w.])([$\u20ac\u00a3\u00a5])(\d{1,3}(?:,\d{3})+|\d+),(\d{2})(?!\d|[.,]\d)")
+"""An amount with a decimal comma (``_AMOUNT``): "\u20ac12,50" was "twelve euros,fifty"."""
+
+
 def _numbers_to_words(s: str) -> str:
+    s = _DECIMAL_COMMA.sub(r"\1\2.\3", s)
     s = _MONTH_DAY.sub(lambda m: m.group(1) + _ordinal_words(int(m.group(2))), s)
     s = _TIME.sub(_time, s)
     s = _ORD.sub(lambda m: _ordinal_words(int(m.group(1).replace(",", ""))), s)

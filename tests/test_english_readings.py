@@ -164,8 +164,60 @@ def test_sharps_and_flats_are_said() -> None:
           "Learn C sharp and F sharp; play C sharp minor, B flat and F sharp.")
 
 
-@pytest.mark.parametrize("text", ["#C", "F#m", "A#1", "Q#", "AB#", "C++"])
-def test_hashtags_and_codes_keep_their_hash(text) -> None:
+@pytest.mark.parametrize("text", ["#C", "F#m", "A#1", "Q#", "AB#", "C++", "#FF5733", "#1e90ff",
+                                  "page#top", "&#39;"])
+def test_codes_and_colours_keep_their_hash(text) -> None:
+    assert english_readings(text) == text
+
+
+def test_a_number_sign_is_said_and_a_hashtags_mark_is_not() -> None:
+    # espeak: "hash one", "hash python"; chatterbox: "#one"
+    check("The #1 pick, #2nd place: #python and #AI_news.",
+          "The number 1 pick, number 2nd place: python and AI_news.",
+          "The number one pick, number second place: python and AI_news.")
+
+
+# --- ratios, scores, feet and inches ---------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("They won 2:1, a 16:9 screen at 1:100 or 1:50,000.",
+     "They won 2 to 1, a 16 to 9 screen at 1 to 100 or 1 to 50,000.",
+     "They won two to one, a sixteen to nine screen at one to one hundred or one to fifty "
+     "thousand."),
+    ("We won 3-1, Arsenal beat them 21:19 in a 2-0 win.",
+     "We won 3 to 1, Arsenal beat them 21 to 19 in a 2 to 0 win.",
+     "We won three to one, Arsenal beat them twenty-one to nineteen in a two to zero win."),
+])
+def test_ratios_and_scores_are_said(text, english, spelled) -> None:
+    # espeak: "two colon one", "three dash one"; chatterbox: "two:one", "three-one"
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", [
+    "At 11:15 or 9:05.", "It ended at 10:30.", "They led by 9:45.", "A 9-5 job.", "Ages 3-5.",
+    "In 2019-2020.", "John 3:16",
+])
+def test_times_ranges_and_verses_are_no_score(text) -> None:
+    assert english_readings(text) == text
+
+
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("He is 5'11\" and she 5\u2032 4\u2033, the door 7'.",
+     "He is 5 feet 11 inches and she 5 feet 4 inches, the door 7 feet.",
+     "He is five feet eleven inches and she five feet four inches, the door seven feet."),
+    ("Use a 9\" pan or a 1\" strip; a 15.6\u2033 screen.",
+     "Use a 9 inches pan or a 1 inch strip; a 15.6 inches screen.",
+     "Use a nine inches pan or a one inch strip; a fifteen point six inches screen."),
+])
+def test_feet_and_inches_are_said(text, english, spelled) -> None:
+    # espeak: "five eleven", "nine" and a pause; chatterbox: "five'eleven\"", "nine\""
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", [
+    'He said "take 9" and left.', "She said 'buy 6' then.", "In the '90s.", "It's 5'o",
+])
+def test_a_quotations_closing_mark_is_no_inch_or_foot(text) -> None:
     assert english_readings(text) == text
 
 
@@ -248,6 +300,10 @@ def test_latex_power_reads_in_english() -> None:
      "plus or minus two percent and five plus or minus zero point one"),
     ("5G, 4K video, a 7B model, 3D, 1400\u4e07", "five G, four K video, a seven B model, "
      "three D, fourteen hundred\u4e07"),
+    # a decimal comma, yen: they were "twelve euros,fifty", "\u00a5five hundred"
+    ("\u20ac12,50, $3,99, \u00a31,250 and \u00a5500.",
+     "twelve euros and fifty cents, three dollars and ninety-nine cents, one thousand two "
+     "hundred fifty pounds and five hundred yen."),
 ])
 def test_chatterbox_is_given_units_and_signs_as_words(text, spelled) -> None:
     # they were "threepm", "fivekm", "twenty\u00b0C", "\u20acfive", "\u00b1two", "fourK"
@@ -270,7 +326,8 @@ def test_espeak_reads_units_itself(text) -> None:
     ("$1.5 million, $85.8B, $85k, \u00a33bn, \u20ac2 billion",
      "1.5 million dollars, 85.8 billion dollars, 85 thousand dollars, 3 billion pounds, "
      "2 billion euros"),
-    ("\u20ac5.50, \u00a320, \u00a31.01", "5 euros 50 cents, 20 pounds, 1 pound 1 penny"),
+    ("\u20ac5.50, \u00a320, \u00a31.01, \u00a5500",
+     "5 euros 50 cents, 20 pounds, 1 pound 1 penny, 500 yen"),
     # a decimal comma (two digits: a thousands group has three): "€12,50" was "1 euro2,50"
     ("Lunch was \u20ac12,50, coffee \u20ac3,99 and rent \u20ac1,250.",
      "Lunch was 12 euros 50 cents, coffee 3 euros 99 cents and rent 1,250 euros."),
@@ -313,8 +370,18 @@ def test_no_amount_but_a_sign_before_a_number(text) -> None:
     ("It costs $184.50.", "It costs 184 dollars 50 cents."),
     # was "one euro two fifty"
     ("Lunch was \u20ac12,50.", "Lunch was 12 euros 50 cents."),
+    # was "yen five hundred"
+    ("It was \u00a5500.", "It was 500 yen."),
+    # was "two colon one", "sixteen colon nine", "three dash one"
+    ("Won 2:1 on a 16:9 screen; we lost 3-1.",
+     "Won 2 to 1 on a 16 to 9 screen; we lost 3 to 1."),
+    # was "hash one", "hash python"
+    ("The #1 pick is #python.", "The number 1 pick is python."),
+    # was "five eleven", "nine" and a pause
+    ("He is 5'11\", with a 9\" pan.", "He is 5 feet 11 inches, with a 9 inches pan."),
 ], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman",
-        "power", "amount", "decimal comma"])
+        "power", "amount", "decimal comma", "yen", "ratio and score", "number sign",
+        "feet and inches"])
 def test_espeak_says_what_it_misread(espeak_engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(espeak_engine, text) == pytest.approx(samples(espeak_engine, reading),
