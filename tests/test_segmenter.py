@@ -975,10 +975,32 @@ def test_a_time_zone_goes_on_after_a_m_and_ends_a_sentence(text, want):
     ("It runs on phones, e.g. iPhone 15 and Pixel 8.",
      ["It runs on phones, e.g. iPhone 15 and Pixel 8."]),
     ("It opens at 9 a.m. on weekdays.", ["It opens at 9 a.m. on weekdays."]),
+    # a version too: "v0.3.1 of the SDK" was merged into the sentence before
+    ("We shipped it last week. v0.3.1 of the SDK adds streaming.",
+     ["We shipped it last week.", "v0.3.1 of the SDK adds streaming."]),
+    ("Pin it, e.g. v2 or later. Use a v2 key.", ["Pin it, e.g. v2 or later.", "Use a v2 key."]),
 ])
 def test_a_camel_case_name_opens_a_sentence(text, want):
-    """A product name written in camelCase ("macOS", "iOS", "eBay") opens sentences in tech
-    replies; its lowercase first letter kept the sentence before it going on."""
+    """A product name written in camelCase ("macOS", "iOS", "eBay") or a version ("v0.3.1")
+    opens sentences in tech replies; its lowercase first letter kept the sentence before it
+    going on."""
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("L'entr\u00e9e est au b\u00e2t. B. N'oublie pas ton badge.",
+     ["L'entr\u00e9e est au b\u00e2t. B.", "N'oublie pas ton badge."]),
+    ("Va au bloc C. C\u2019est \u00e0 droite.", ["Va au bloc C.", "C\u2019est \u00e0 droite."]),
+    ("Vive en el 2.\u00ba B. Ll\u00e1mala ma\u00f1ana.",
+     ["Vive en el 2.\u00ba B.", "Ll\u00e1mala ma\u00f1ana."]),
+    ("Mora no 3\u00aa A. Sim.", ["Mora no 3\u00aa A.", "Sim."]),
+    # a name after an initial still goes on, an Irish or Italian one too
+    ("Ask John D. D'Angelo or B. O'Brien now.", ["Ask John D. D'Angelo or B. O'Brien now."]),
+    ("In 1990 B. Obama was a student.", ["In 1990 B. Obama was a student."]),
+])
+def test_a_single_capital_before_a_french_or_spanish_sentence_ends_it(text, want):
+    """A flat or a building ("b\u00e2t. B", "2.\u00ba B") then a French or Spanish sentence
+    was taken for an initial before a name; "b\u00e2t." itself ended a sentence."""
     assert sentences(text) == want
 
 

@@ -15,17 +15,19 @@ on how the stream was chunked:
   next word decides the ambiguous cases. ``8.`` + ``4`` never splits (no whitespace),
   neither do ``192.168.1.1``, ``example.org``, ``a@b.io``, ``11:15``. A lowercase next word
   means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``), unless it is
-  written in camelCase (``is out. macOS``, decided as a capital); so does an
-  ellipsis before a digit or symbol (``is... $42``). Titles (``Dr.``, ``Mr.``) never end a
-  sentence; ``a.m.`` and ``etc.`` end one only before a capital (``a.m.`` not before a time
-  zone or a weekday: ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a single capital
+  written in camelCase or a version (``is out. macOS``, ``week. v0.3.1``, decided as a
+  capital); so does an ellipsis before a digit or symbol (``is... $42``). Titles (``Dr.``,
+  ``Mr.``) never end a sentence; ``a.m.`` and ``etc.`` end one only before a capital
+  (``a.m.`` not before a time zone or a weekday: ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a
+  single capital
   (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` (``Ave.``,
-  ``Blvd.``, ``Rd.``) end one only before a word that opens sentences (``Then``, ``It's``...),
-  or after a label word (``option A.``), so ``the U.S. Army``, ``John F. Kennedy`` and
+  ``Blvd.``, ``Rd.``) end one only before a word that opens sentences (``Then``, ``It's``...,
+  a French elided word: ``B. N'oublie``), or after a label word or an ordinal (``option
+  A.``, ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy`` and
   ``Pennsylvania Ave. NW`` go on; ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``,
   ``Apt. 4B``, ``1 hr. 35`` never before a digit, except ``No.`` opening a sentence (the
   answer); ``et al.`` only before a capital (``Smith et al. (2020) found``). German, French,
-  Spanish, Italian and Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.`` and
+  Spanish, Italian and Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and
   titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
   ``Hauptstr. 12`` never before a digit; a day or an ordinal before a month or after an
   article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``, ``im XIX.
@@ -142,7 +144,7 @@ _NEVER_END = frozenset(
     "vs e.g i.e cf approx dept est "
     "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl einschl ausschl zzgl "
     "bzgl sog "  # German
-    "p.ex p.ej sig dott avv prof av avda".split()  # French, Spanish, Italian
+    "p.ex p.ej sig dott avv prof av avda b\u00e2t".split()  # French, Spanish, Italian
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
 "p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna")."""
@@ -238,9 +240,15 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "of to than as so that not very is are was were be been being am do does did has have "
     "had will would can could should shall may might must".split()
 )
-_CAMEL = re.compile(r"[a-z]{1,5}[A-Z][A-Za-z0-9]*")
-"""A name written in camelCase ("macOS", "iOS", "iPhone", "eBay"): it opens sentences though
-its first letter is lowercase."""
+_CAMEL = re.compile(r"[a-z]{1,5}[A-Z][A-Za-z0-9]*|v\d+")
+"""A name written in camelCase ("macOS", "iOS", "iPhone", "eBay") or a version ("v0.3.1"):
+it opens sentences though its first letter is lowercase."""
+_ELIDED = re.compile(r"(?:[CDJLMNST]|Qu)['\u2019][a-z\u00e0-\u00ff\u0153]")
+"""A French word elided before a vowel ("N'oublie", "C'est", "J'ai"): it opens sentences,
+while a name after an initial keeps its capital ("D. D'Angelo", "B. O'Brien")."""
+_ORDINAL_SIGN = re.compile(r"\d+\.?[\u00ba\u00aa]")
+"""A Spanish, Portuguese or Italian ordinal ("2.\u00ba", "3\u00aa"): a single capital after it
+is a door or a flat ("2.\u00ba B"), not an initial."""
 _OPENERS = frozenset("([\"\u201c\u201e\u00ab\u00bb'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
 
@@ -552,7 +560,7 @@ class Segmenter:
             k += 1  # "9 a.m. (It closes": the bracket's first letter decides
             nxt = buf[k]
         if nxt.islower() and _CAMEL.fullmatch(self._next_word(k)):
-            nxt = nxt.upper()  # "is out. macOS Sonoma": decided as before a capital
+            nxt = nxt.upper()  # "is out. macOS Sonoma", "week. v0.3.1 adds": as a capital
         k = end
         while buf[k] in _SPACE:
             k += 1
@@ -695,9 +703,10 @@ class Segmenter:
         k = j + len(nxt)
         if len(nxt) == 1 and self._need(k) and buf[k] == ".":
             return False  # another initial: "J. R. R. Tolkien", "7th c. B.C."
-        if nxt in _STARTERS or nxt.replace("\u2019", "'") in _STARTERS:
+        if nxt in _STARTERS or nxt.replace("\u2019", "'") in _STARTERS or _ELIDED.match(nxt):
             return True
-        return len(word) == 1 and self._prev_word(ws) in _LABELS
+        return len(word) == 1 and (self._prev_word(ws) in _LABELS
+                                   or _ORDINAL_SIGN.fullmatch(self._prev_word(ws)) is not None)
 
     def _next_word(self, j: int) -> str:
         """The whole word after position ``j`` (waits until it is complete)."""
