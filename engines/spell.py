@@ -226,6 +226,18 @@ def _unit_per(m: re.Match[str]) -> str:
 _RATIO = re.compile(r"(?<![\w.,:])(\d{1,3}):(\d|\d{3,}|\d{1,3}(?:,\d{3})+)(?![\w:]|[.,]\d)")
 """A ratio or a score with a colon: espeak read "16:9" and "won 2:1" as "sixteen colon nine",
 "two colon one". One digit after the colon, or three or more ("1:100"): never a time."""
+_REFERENCE_BEFORE = re.compile(r"[\w,;]\s+[A-Z][a-z]+\.?\s+$")
+"""A name inside a sentence right before a ratio's digits: a chapter and verse ("in Genesis
+1:1", "read Psalm 23:4"), read as written, not "one to one". A capitalised word opening the
+sentence ("Use 16:9") is not taken for one."""
+
+
+def _ratio(m: re.Match[str]) -> str:
+    if _REFERENCE_BEFORE.search(m.string[max(0, m.start() - 40):m.start()]):
+        return m.group(0)
+    return f"{m.group(1)} to {m.group(2)}"
+
+
 _SCORE = re.compile(
     r"\b((?:won|lost|beat|beaten|drew|tied|led|leading|trailed|trailing|ended|finished)"
     r"(?:\s+(?!(?:at|by|until|till|before|after|around|about|from|since|to)\b)[A-Za-z']+){0,3}"
@@ -368,7 +380,7 @@ def english_readings(text: str) -> str:
     text = _INCHES.sub(_inches, text)
     text = _FEET.sub(_feet, text)
     text = _SCORE.sub(_score, text)
-    text = _RATIO.sub(r"\1 to \2", text)
+    text = _RATIO.sub(_ratio, text)
     text = _NUMBER_SIGN.sub("number ", text)
     text = _HASHTAG.sub(_hashtag, text)
     text = _SHARP_FLAT.sub(lambda m: m.group(1) + (" sharp" if m.group(2) else " flat"), text)

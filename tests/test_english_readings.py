@@ -179,6 +179,17 @@ def test_a_number_sign_is_said_and_a_hashtags_mark_is_not() -> None:
 
 # --- ratios, scores, feet and inches ---------------------------------------------------------
 
+@pytest.mark.parametrize("text", ["As it says in Genesis 1:1, light came first.",
+                                  "Then read Psalm 23:4 and Ps. 1:3 again."])
+def test_a_chapter_and_verse_is_not_a_ratio(text) -> None:
+    """(A verse of one digit looked like a ratio: "Genesis 1 to 1".)"""
+    assert english_readings(text) == text
+
+
+def test_a_ratio_opening_a_sentence_after_a_capitalised_word_is_still_one() -> None:
+    assert english_readings("Use 16:9 here.") == "Use 16 to 9 here."
+
+
 @pytest.mark.parametrize(("text", "english", "spelled"), [
     ("They won 2:1, a 16:9 screen at 1:100 or 1:50,000.",
      "They won 2 to 1, a 16 to 9 screen at 1 to 100 or 1 to 50,000.",
