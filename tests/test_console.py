@@ -1622,3 +1622,76 @@ async def test_console_opened_without_the_sub_paths_slash_reloads_with_it(gatewa
         # scanner fetched ahead from it (the proxy's 404s, not used)
         outside = {path for path in asked if not path.startswith("/voice/")}
         assert outside <= {"/voice", "/static/console.css", "/static/console.js"}, asked
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_stop_stops_every_transcript_sent_before_it(gateway):
+    """Two transcripts sent and Stop pressed before either turn started (a slow network's
+    round trip): Stop cancelled only the first's turn, which the second cut anyway, and
+    the second's reply then played although the user pressed Stop after sending it."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # the transcripts are on their way ...
+        for text in ("Hello", "Tell me everything"):
+            await talk(page, text)
+            await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        await page.click("#stop")  # ... when Stop is pressed
+        conn.ws.transport.resume_reading()
+        await page.wait_for_function(  # (played: it goes on for a minute)
+            f"{state}.turns.some((t) => t.turnId === 2) || {state}.samplesReceived > 0")
+        st = await page.evaluate(state)
+        assert [t["status"] for t in st["turns"]] == ["cancelled", "cancelled"]
+        assert st["samplesReceived"] == 0 and st["samplesPlayed"] == 0
+        assert gateway.metrics.turns["cancelled"] == 2
+        assert st["errors"] == [] and errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_sends_every_transcript_lost_with_its_socket_again(start_gateway):
+    """Two transcripts sent and lost with the socket before either turn started: the page
+    kept only the last one sent, and sent only it again after the resume. Both go again,
+    in their order."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi. Nice to hear you."},
+                              {"transcript": "Thanks", "reply": "You are welcome."}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        (conn,) = gw.connections
+        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        for text in ("Hello", "Thanks"):
+            await talk(page, text)
+            await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn.ws.transport.abort()  # ... and is lost with the socket
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'",
+                                     timeout=10_000)
+        assert [t["turnId"] for t in await page.evaluate(f"{state}.turns")] == [1, 2]
+        assert await page.inner_text("#reply") == "You are welcome."
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_gives_back_every_transcript_its_lost_session_never_answered(
+        start_gateway):
+    """Two transcripts unanswered when their session is gone for good: only the last one
+    came back to the box. Both do, in their order."""
+    gw = await start_gateway([], server={"resume_window_s": 0})
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        first = await page.evaluate(f"{state}.sessionId")
+        (conn,) = gw.connections
+        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        for text in ("Hello", "Thanks"):
+            await talk(page, text)
+            await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn.ws.transport.abort()  # ... and is lost with the socket and its session
+        await page.wait_for_function(
+            f"{state}.connected && {state}.sessionId !== {first!r}", timeout=30_000)
+        assert await page.input_value("#transcript") == "Hello Thanks"
+        assert errors == []

@@ -31,8 +31,9 @@ let pingedAt = null; // when the first ping with nothing heard since went out
 let pendingUpdate = null; // {session, n}: a session.update sent and not answered yet
 let sentNo = 0; // numbers what is sent again after a resume, to keep its order
 let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn, asked}: what
-// a resume needs; asked: {text, after, n, stopped} a transcript sent after turn `after`, its
-// turn not started (stopped: Stop was pressed since)
+// a resume needs; asked: [{text, n, stopped}] the transcripts sent whose turns have not
+// started, oldest first (the server takes them in order: each starts the next turn, or is
+// refused; stopped: Stop was pressed since)
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
 let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing;
@@ -406,11 +407,9 @@ function onEvent(ev) {
       if (turn?.stopped && turn.stopped.playedMs !== null && (!turn.stopSent || !turn.ended)) {
         sendStop(turn);
       }
-      // a transcript stopped before its turn started: its cancel again if the turn did
-      // start (sendAgain does not send a stopped transcript again)
-      if (session.asked?.stopped && (ev.turn_id ?? null) !== session.asked.after) {
-        sendStopAsked(session.asked);
-      }
+      // transcripts stopped before their turns started: their cancels again for the turns
+      // that did start (sendAgain does not send a stopped transcript again)
+      if (session.asked.slice(0, startedSince(ev)).some((a) => a.stopped)) sendStopAsked();
       sendAgain(ev);
       break;
     case "pong":
@@ -430,11 +429,9 @@ function onEvent(ev) {
       }
       break;
     case "turn.started": {
-      const stopped = session?.asked?.stopped ? {playedMs: 0} : null; // (Stop came first)
-      if (session) {
-        session.latestTurn = ev.turn_id;
-        session.asked = null;
-      }
+      const asked = session?.asked.shift(); // (this turn's transcript)
+      const stopped = asked?.stopped ? {playedMs: 0} : null; // (Stop came first)
+      if (session) session.latestTurn = ev.turn_id;
       if (turn?.heard) showHeard(turn); // cut by the new turn
       { // the turn's count starts where the flush found the player (its answer), not at the
         // last status, up to 50 ms old: what the cut reply played since is not this turn's
@@ -496,9 +493,9 @@ function onEvent(ev) {
       break;
     case "error": {
       // a transcript refused for the rate (the box was emptied when it went) goes back in
-      // the box, to send again once the minute allows
-      const refused = ev.error.code === "rate_limited" && session?.asked && !session.asked.stopped
-        && backInBox(session.asked.text);
+      // the box, to send again once the minute allows; it starts no turn
+      const asked = ev.error.code === "rate_limited" ? session?.asked.shift() : undefined;
+      const refused = asked && !asked.stopped && backInBox(asked.text);
       showError(`${ev.error.code}: ${ev.error.message}` +
                 (ev.turn_id ? ` (turn ${ev.turn_id})` : "") +
                 (refused ? "; the transcript is back in the box" : ""));
@@ -510,7 +507,6 @@ function onEvent(ev) {
         fresh = null;
         return;
       }
-      if (ev.turn_id === undefined && session) session.asked = null; // (refused: rate_limited)
       if (pendingUpdate && ev.turn_id === undefined && settings) {
         pendingUpdate = null;
         showSettings(settings); // the fields show the settings in use, not the ones refused
@@ -520,20 +516,23 @@ function onEvent(ev) {
   }
 }
 
+// How many of the transcripts asked had their turns started by the server before the drop
+// (their turn.started is in the replay): those after are lost (protocol.md, Resume).
+function startedSince(ev) {
+  return Math.max(0, (ev.turn_id ?? 0) - (session.latestTurn ?? 0));
+}
+
 // What the drop may have lost, sent again in the order first sent (protocol.md, Resume:
-// nothing is replayed to the server): a transcript when no turn started after it, and a
+// nothing is replayed to the server): the transcripts no turn started for, and a
 // session.update whose settings session.resumed does not show in use (sent twice it does
 // what it did once: null instructions, shown as the server's default text, go again).
 function sendAgain(ev) {
   const again = [];
-  if (session.asked && (ev.turn_id ?? null) === session.asked.after) {
-    if (session.asked.stopped) {
-      session.asked = null; // lost, and Stop was pressed since: not asked again
-    } else {
-      const text = session.asked.text;
-      again.push([session.asked.n, {type: "transcript", text}, true]);
-    }
-  }
+  const started = startedSince(ev);
+  // lost, and Stop was pressed since: not asked again
+  const lost = session.asked.slice(started).filter((a) => !a.stopped);
+  session.asked = [...session.asked.slice(0, started), ...lost];
+  for (const asked of lost) again.push([asked.n, {type: "transcript", text: asked.text}, true]);
   if (pendingUpdate && !Object.entries(pendingUpdate.session).every(
     ([key, value]) => ev.session?.[key] === value)) {
     again.push([pendingUpdate.n, {type: "session.update", session: pendingUpdate.session}]);
@@ -576,10 +575,11 @@ function loseTurn() {
 // from the box when it went, goes back there (unless something else is being typed), to be
 // sent again in the new session or not. A stopped one is not wanted any more.
 function giveBackAsked() {
-  const asked = session?.asked;
-  if (!asked || asked.stopped) return;
-  const back = backInBox(asked.text);
-  const text = chars(asked.text) > 60 ? `${[...asked.text].slice(0, 60).join("")}…` : asked.text;
+  const asked = (session?.asked ?? []).filter((a) => !a.stopped);
+  if (!asked.length) return;
+  const all = asked.map((a) => a.text).join(" "); // (in the order sent: one line)
+  const back = backInBox(all);
+  const text = chars(all) > 60 ? `${[...all].slice(0, 60).join("")}…` : all;
   showError(`“${text}” was not answered: its session was lost` +
             (back ? "; it is back in the box, to send again" : ""));
 }
@@ -602,7 +602,7 @@ function startSession(ev) {
   state.sessionId = ev.session_id;
   state.eventsSinceFrame = 0;
   session = {id: ev.session_id, resumeToken: ev.resume_token, windowS: ev.resume_window_s,
-             lastSeq: -1, droppedAt: null, latestTurn: null, asked: null};
+             lastSeq: -1, droppedAt: null, latestTurn: null, asked: []};
   setStatus(true, `connected · ${ev.session_id}`);
   // an empty Voice field speaks with this one
   $("voice").placeholder = ev.default_voice ? `${ev.default_voice} (default)` : "engine default";
@@ -819,7 +819,7 @@ async function sendTranscript(text) {
   }
   markBargeIn();
   send({type: "transcript", text});
-  session.asked = {text, after: session.latestTurn, n: ++sentNo};
+  session.asked.push({text, n: ++sentNo});
   return true;
 }
 
@@ -835,11 +835,11 @@ $("talk").addEventListener("submit", (e) => {
 });
 
 // Stop: silence now, and nothing more of the turn is played, whatever still arrives (frames
-// in flight, or replayed by a resume) before the server ends it. A transcript sent and its
-// turn not started yet (a round trip on a slow network) is the reply being waited for: it
-// is stopped too.
+// in flight, or replayed by a resume) before the server ends it. Transcripts sent and their
+// turns not started yet (a round trip on a slow network) are the replies being waited for:
+// every one is stopped too, not only the last (the first's turn is cut by the next anyway).
 function stop() {
-  if (session?.asked && !session.asked.stopped) stopAsked(session.asked);
+  if (session?.asked.some((a) => !a.stopped)) stopAsked();
   if (!turn) return;
   const flush = flushAudio();
   // what was heard: the flush's answer says, exactly (null until it comes, in a few ms;
@@ -874,19 +874,24 @@ function stopHeard(t, ms) {
   if (!t.stopSent && t.sessionId === session?.id && connected()) sendStop(t);
 }
 
-// The turn of a transcript not started yet is the next (turn ids go up by 1): nothing of it
-// heard, then its cancel (a transcript refused has no turn: both are ignored). Its
-// turn.started makes it a stopped turn; offline, it goes once the session is back.
-function stopAsked(asked) {
-  asked.stopped = true;
-  if (connected()) sendStopAsked(asked);
+// The turns of the transcripts not started yet are the next ones (turn ids go up by 1):
+// for each, nothing of it heard, then its cancel. A transcript refused has no turn, so
+// the later ones get lower ids than counted: whichever of these ids is in progress when
+// they come is cancelled, the others are ignored. Their turn.started makes them stopped
+// turns; offline, it goes once the session is back.
+function stopAsked() {
+  for (const asked of session.asked) asked.stopped = true;
+  if (connected()) sendStopAsked();
   else if (!turn) showError("not connected: Stop is sent when the session resumes");
 }
 
-function sendStopAsked(asked) {
-  const id = (asked.after ?? 0) + 1;
-  send({type: "playback", turn_id: id, played_ms: 0});
-  send({type: "cancel", turn_id: id});
+function sendStopAsked() {
+  session.asked.forEach((asked, i) => {
+    if (!asked.stopped) return; // (sent after Stop: a resume's cancels spare it)
+    const id = (session.latestTurn ?? 0) + i + 1;
+    send({type: "playback", turn_id: id, played_ms: 0});
+    send({type: "cancel", turn_id: id});
+  });
 }
 
 // What was heard (so the history keeps only that), then the cancel.
