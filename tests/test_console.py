@@ -1532,17 +1532,22 @@ async def holding_relay(upstream: int) -> AsyncIterator[tuple[int, asyncio.Queue
 
 
 @asynccontextmanager
-async def sub_path_proxy(upstream: int, prefix: str) -> AsyncIterator[tuple[int, list[str]]]:
+async def sub_path_proxy(upstream: int, prefix: str, *, origin: bool = False
+                         ) -> AsyncIterator[tuple[int, list[str]]]:
     """Test infrastructure: a reverse proxy on 127.0.0.1:0 that serves the gateway on port
     ``upstream`` under ``prefix`` (as nginx's ``location /voice/ { proxy_pass
     http://gateway/; }`` or Home Assistant's ingress), built from websockets (its server,
     and its client for the socket it relays) and httpx (the GETs it forwards). Yields its
     port and every path asked of it; a path outside ``prefix`` is its 404. It sends no
-    Origin on (the gateway then takes the socket for a non-browser client's)."""
+    Origin on (the gateway then takes the socket for a non-browser client's) unless
+    ``origin``: then the browser's goes on, and the gateway's refusal of the upgrade comes
+    back as it was."""
     from websockets.asyncio.client import connect
     from websockets.asyncio.server import serve
     from websockets.datastructures import Headers
+    from websockets.exceptions import InvalidStatus
     from websockets.http11 import Response
+    from websockets.typing import Origin
 
     asked: list[str] = []
     upstreams: dict[Any, Any] = {}  # the browser's socket: the gateway's socket it relays
@@ -1556,8 +1561,12 @@ async def sub_path_proxy(upstream: int, prefix: str) -> AsyncIterator[tuple[int,
             if request.headers.get("Upgrade", "").lower() == "websocket":
                 offered = [p.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol")
                            for p in value.split(",")]
-                upstreams[connection] = await connect(f"ws://127.0.0.1:{upstream}{path}",
-                                                      subprotocols=offered or None)
+                try:
+                    upstreams[connection] = await connect(
+                        f"ws://127.0.0.1:{upstream}{path}", subprotocols=offered or None,
+                        origin=Origin(request.headers["Origin"]) if origin else None)
+                except InvalidStatus as refused:
+                    return refused.response
                 return None  # the browser's handshake goes on: relay()
             answer = await client.get(path, headers={
                 k: v for k, v in request.headers.raw_items() if k.lower() == "authorization"})
@@ -1622,6 +1631,28 @@ async def test_console_opened_without_the_sub_paths_slash_reloads_with_it(gatewa
         # scanner fetched ahead from it (the proxy's 404s, not used)
         outside = {path for path in asked if not path.startswith("/voice/")}
         assert outside <= {"/voice", "/static/console.css", "/static/console.js"}, asked
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_says_its_origin_is_refused_on_a_gateway_with_tokens(start_gateway):
+    """A gateway with tokens and an --origin list that leaves the page out (here: served by
+    a proxy that passes the browser's Origin on) refuses the socket with 403
+    forbidden_origin: the page, its token good and the gateway not full, retried for ever
+    saying only "disconnected (1006)". It now says what most likely refuses it, once."""
+    gw = await start_gateway([], server={"tokens": ["s3cret"],
+                                         "origins": ["http://elsewhere.test"]})
+    state = "window.consoleState"
+    async with sub_path_proxy(gw.port, "/voice/", origin=True) as (port, _):
+        async with console(f"http://127.0.0.1:{port}/voice/?token=s3cret") as (page, errors):
+            await page.wait_for_function(f"{state}.originRefused", timeout=30_000)
+            await page.wait_for_function(f"{state}.reconnects >= 3", timeout=30_000)
+            st = await page.evaluate(state)
+            assert not st["connected"] and not st["needsToken"]
+            (why,) = [e for e in st["errors"] if "origin" in e]  # said once
+            assert f"--origin http://127.0.0.1:{port}" in why
+            assert errors == []
+    assert gw.metrics.errors["forbidden_origin"] >= 3
 
 
 @pytest.mark.slow

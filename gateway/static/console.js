@@ -297,6 +297,18 @@ async function refusedForToken() {
   }
   if (token) {
     const models = await askModels();
+    const full = health.sessions >= health.limits?.max_sessions;
+    if (models?.status === 200 && !full && !state.originRefused) {
+      // A good token, room to spare: what is left is a 403 forbidden_origin (a page the
+      // gateway does not serve itself, behind a proxy, outside its --origin list). Neither
+      // the socket nor any GET can read it: a same-origin GET carries no Origin, and the
+      // gateway answers GETs from any. Said once; the retries go on.
+      state.originRefused = true;
+      showError(`the gateway refused this page's socket though its token is good and it is ` +
+        `not full: most likely its --origin list leaves this page out (start it with ` +
+        `--origin ${location.origin}, or add it to [server] origins), or a proxy in between ` +
+        `does not pass the WebSocket upgrade on`);
+    }
     if (models?.status !== 401) return false; // a good token: refused for another reason
   }
   const why = token ? "the gateway refused this token" : "this gateway needs a token";
