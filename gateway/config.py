@@ -375,6 +375,8 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
                 data = tomllib.load(f)
             except tomllib.TOMLDecodeError as exc:
                 raise ValueError(f"{path}: {exc}") from None
+            except UnicodeDecodeError as exc:  # (TOML is UTF-8; this named no file)
+                raise ValueError(f"{path} is not UTF-8 text: {exc}") from None
     for key, value in data.items():  # (a key written above the first table lands here)
         if key not in _SECTIONS and not isinstance(value, dict):
             raise ValueError(f"{path}: {key} is outside any table; {_home_of(key)}")

@@ -162,6 +162,17 @@ def test_a_bad_value_in_the_config_file_is_refused_naming_its_key(toml, message,
     assert message in err and "Traceback" not in err
 
 
+def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
+    """A Latin-1 comment said only "'utf-8' codec can't decode byte 0xe9 ...", naming no
+    file, where every other refusal of the file names it."""
+    path = tmp_path / "gw.toml"
+    path.write_bytes(b"[server]\n# caf\xe9\nport = 0\n")
+    assert main(["serve", "--port", "0", "--http-port", "0", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"voice-gateway: {path} is not UTF-8 text: 'utf-8' codec can't decode byte 0xe9" \
+        in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--synthetic-rtf", "0.5"], "--synthetic-* options need --tts synthetic"),
     (["--config", "/nonexistent/gw.toml"], "No such file"),
