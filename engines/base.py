@@ -245,3 +245,20 @@ def shown_url(url: str) -> str:
         return url
     user, _, host = parts.netloc.rpartition("@")
     return parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}").geturl()
+
+
+def http_url_fault(url: str) -> str | None:
+    """What keeps ``url`` from naming an HTTP server, as a refusal at start shows it (no
+    password), or None. Checked at start: a url without its scheme started a gateway that
+    failed every turn, and a port out of range (``:99999``, which httpx takes) one that
+    could never connect; httpx's own ``InvalidURL`` (``:abc``) was a traceback."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:  # a broken [IPv6] (and no password to hide from it)
+        return f"{url!r} ({exc})"
+    try:
+        if parts.scheme in ("http", "https") and parts.hostname and parts.port != 0:
+            return None
+    except ValueError as exc:  # a port out of range or not a number
+        return f"{shown_url(url)!r} ({exc})"
+    return repr(shown_url(url))

@@ -35,14 +35,19 @@ import json
 import socket
 import threading
 import time
-import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import httpx
 
-from engines.base import EngineError, ServerUnreachable, SynthesisRequest, shown_url
+from engines.base import (
+    EngineError,
+    ServerUnreachable,
+    SynthesisRequest,
+    http_url_fault,
+    shown_url,
+)
 from engines.sse_bound import UNCOMPRESSED, bounded, head, pieces
 
 MAX_EVENT_BYTES = 32 << 20
@@ -77,13 +82,7 @@ class HttpTtsEngine:
         if not (isinstance(parallel_steps, int) and parallel_steps >= 1):
             raise ValueError(f"parallel_steps must be an integer at least 1, not "
                              f"{parallel_steps!r}")
-        try:
-            parts = urllib.parse.urlsplit(url)
-            wrong = None if parts.scheme in ("http", "https") and parts.hostname else \
-                repr(shown_url(url))
-        except ValueError as exc:  # a broken [IPv6] (and no password to hide from it)
-            wrong = f"{url!r} ({exc})"
-        if wrong is not None:
+        if (wrong := http_url_fault(url)) is not None:
             # (refused here, as the LLM's url is: without its scheme the gateway started,
             # "loaded", and failed every sentence with engine_failed)
             raise ValueError(f"the http engine's url must be http(s)://host[:port]/path (the "

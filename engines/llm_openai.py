@@ -60,6 +60,7 @@ from engines.base import (
     LlmEvent,
     LlmRequest,
     ServerUnreachable,
+    http_url_fault,
     shown_url,
 )
 from engines.sse_bound import UNCOMPRESSED, abounded, ahead
@@ -285,9 +286,8 @@ class OpenAiLlm:
         if timeout is None:
             timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect, read=stall_s,
                                     write=DEFAULT_TIMEOUT.write, pool=DEFAULT_TIMEOUT.pool)
-        parsed = httpx.URL(url)
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"LLM url must be http(s)://host[:port]/base, got {url!r}")
+        if (wrong := http_url_fault(url)) is not None:
+            raise ValueError(f"LLM url must be http(s)://host[:port]/base, not {wrong}")
         self.url = url.rstrip("/")
         self.shown_url = shown_url(self.url)
         """``url`` for messages (no password)."""

@@ -189,6 +189,11 @@ def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
     (["--port", "9400", "--http-port", "9400"], "server.http_port and server.port are both "
      "9400: the HTTP API needs a port of its own (--http-port)"),
     (["--log-level", "bogus"], "invalid choice: 'BOGUS'"),
+    # (started, then failed every turn; ":abc" was a traceback)
+    (["--llm-url", "http://127.0.0.1:99999/v1"], "voice-gateway: LLM url must be "
+     "http(s)://host[:port]/base, not 'http://127.0.0.1:99999/v1' (Port out of range"),
+    (["--llm-url", "http://127.0.0.1:abc/v1"], "not 'http://127.0.0.1:abc/v1' (Port could "
+     "not be cast to integer value as 'abc')"),
 ])
 def test_a_bad_command_line_exits_2_with_the_reason(argv, message, capsys):
     with contextlib.suppress(SystemExit):  # (argparse's own refusals exit 2 themselves)

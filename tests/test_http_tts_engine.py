@@ -171,7 +171,8 @@ def test_unreachable_server_is_an_engine_failure():
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:9/v1", "localhost:9/v1/audio/speech",
-                                 "ftp://127.0.0.1:9/v1", "http:///v1", "http://[::1/v1"])
+                                 "ftp://127.0.0.1:9/v1", "http:///v1", "http://[::1/v1",
+                                 "http://127.0.0.1:99999/v1", "http://127.0.0.1:abc/v1"])
 def test_a_url_without_scheme_or_host_is_refused_at_start_not_at_each_sentence(url):
     """The LLM's url is checked at start; the TTS server's was not: `--tts-url
     127.0.0.1:9/v1` started a gateway whose every sentence failed (engine_failed,

@@ -359,10 +359,22 @@ async def test_connection_refused_is_unavailable(refused_port):
     assert f"127.0.0.1:{refused_port}" in info.value.message
 
 
-@pytest.mark.parametrize("url", ["127.0.0.1:8081/v1", "ftp://host/v1", "http:///v1"])
+@pytest.mark.parametrize("url", ["127.0.0.1:8081/v1", "ftp://host/v1", "http:///v1",
+                                 # a port out of range started a gateway that could never
+                                 # connect; one not a number was httpx's InvalidURL, a
+                                 # traceback
+                                 "http://host:99999/v1", "http://host:0/v1",
+                                 "http://host:abc/v1", "http://[::1/v1"])
 def test_a_bad_url_is_refused_at_construction(url):
-    with pytest.raises(ValueError, match="LLM url"):
+    with pytest.raises(ValueError, match="^LLM url must be http"):
         OpenAiLlm(url)
+
+
+def test_a_bad_ports_refusal_hides_the_password():
+    with pytest.raises(ValueError) as info:
+        OpenAiLlm("http://me:s3cret@host:99999/v1")
+    assert str(info.value) == ("LLM url must be http(s)://host[:port]/base, not "
+                               "'http://me:***@host:99999/v1' (Port out of range 0-65535)")
 
 
 async def test_unresolvable_host_is_unavailable():
