@@ -76,17 +76,20 @@ async def test_public_bind_without_token_is_refused():
     await gw.aclose()
 
 
-async def test_turns_per_minute_limit():
-    gw = await started(turns_per_minute=2)
+@pytest.mark.parametrize(("limit", "said"), [(2, "more than 2 turns in a minute"),
+                                             (1, "more than 1 turn in a minute")])
+async def test_turns_per_minute_limit(limit, said):
+    gw = await started(turns_per_minute=limit)
     try:
         async with connect(url(gw)) as ws:
             await recv_event(ws, "session.created")
-            for _ in range(2):
+            for _ in range(limit):
                 await send(ws, type="say", text="Quick.")
                 await read_turn(ws)
             await send(ws, type="say", text="One too many.")
             error = await recv_event(ws)
-            assert error["error"]["code"] == "rate_limited"
+            assert error["error"] == {"code": "rate_limited",
+                                      "message": f"{said}; wait and retry"}
     finally:
         await gw.aclose()
 

@@ -243,8 +243,10 @@ class SessionRunner:
             limit = self.gateway.config.server.turns_per_minute
             self._turn_times = [t for t in self._turn_times if now - t < 60.0]
             if limit and len(self._turn_times) >= limit:
+                turns = "turn" if limit == 1 else "turns"
                 self.protocol_error(ProtocolError(
-                    "rate_limited", f"more than {limit} turns in a minute; wait and retry"), now)
+                    "rate_limited", f"more than {limit} {turns} in a minute; wait and retry"),
+                    now)
                 return
             self._turn_times.append(now)
         mark = message if isinstance(message, codec.ClientPlayback) else None
