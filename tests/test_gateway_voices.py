@@ -65,6 +65,23 @@ async def test_the_default_voice_spelt_as_the_model_card_does_is_one_it_lists(
     assert voices["default"] == "serena" in [v["id"] for v in voices["data"]]
 
 
+async def test_a_configured_voice_in_other_letter_case_is_shown_as_listed():
+    """espeak takes ``--voice En-GB`` (its names are matched in any case), but the gateway
+    announced "En-GB" as the default of ``/v1/audio/voices`` and in ``session.created``:
+    a default not in its own list, which a client that checks against the list refuses."""
+    gw = Gateway(load_config(server={"port": 0, "http_port": 0}, tts={"voice": "En-GB"}))
+    await gw.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+            voices = (await http.get("/v1/audio/voices")).json()
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            created = await recv_event(ws, "session.created")
+    finally:
+        await gw.aclose()
+    assert voices["default"] == "en-gb" in [v["id"] for v in voices["data"]]
+    assert created["session"]["voice"] == "en-gb"
+
+
 class FailingSynthetic(SyntheticEngine):
     """TEST DOUBLE: the synthetic engine, made to fail on the segments it is told to."""
 

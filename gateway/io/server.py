@@ -45,7 +45,7 @@ from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
 from gateway.core.segmenter import ONE_STEP_MAX_CHARS, SegmenterConfig
-from gateway.core.session import Session, SessionLimits, SessionSettings
+from gateway.core.session import Session, SessionLimits, SessionSettings, listed_voice
 from gateway.io.aio import cancel_and_wait, stop_signal, unless_stopped
 from gateway.io.auth import (
     UNAUTHORIZED,
@@ -734,11 +734,19 @@ class Gateway:
             await self._live_changed.wait()
 
     @property
+    def configured_voice(self) -> str | None:
+        """``tts.voice`` spelt as the engines list it, else as written: ``--voice En-GB``
+        was announced as the default of ``/v1/audio/voices`` and in ``session.created``
+        though the list says ``en-gb``."""
+        configured = self.config.tts.voice
+        return configured and (listed_voice(configured, self.voices) or configured)
+
+    @property
     def default_voice(self) -> str | None:
         """The voice a session or request without one gets: the configured one where the
         engine has it, else the engine's own (behind a fallback whose primary did not load,
         the fallback's)."""
-        configured = self.config.tts.voice
+        configured = self.configured_voice
         if configured and (not self.voices or configured in self.voices):
             return configured
         return getattr(self.engine, "default_voice", None)
@@ -753,7 +761,7 @@ class Gateway:
 
     def new_session(self) -> Session:
         d = self.config.session
-        settings = SessionSettings(voice=self.config.tts.voice, instructions=d.instructions,
+        settings = SessionSettings(voice=self.configured_voice, instructions=d.instructions,
                                    llm_model=self.config.llm.model,
                                    temperature=self.config.llm.temperature,
                                    max_tokens=self.config.llm.max_tokens,
