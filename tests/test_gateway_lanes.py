@@ -202,6 +202,22 @@ async def test_one_lane_gateway_keeps_its_single_lane(start_gateway):
     assert list(health["lanes"]) == [gw.lane.name] and "turns" not in health["lanes"]["cpu"]
 
 
+async def test_health_counts_the_primary_engines_voices_under_engine():
+    """``/health`` ``engine`` is the primary's (docs/http-api.md), but its ``voices`` was
+    every lane's: 144 for espeak (141) beside a synthetic second engine (3)."""
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "also": "synthetic", "also_options": {"lane": "ane", "rtf": 0.0, "ttfa_ms": 0.0}}))
+    await gw.start()
+    try:
+        health = gw.health()
+    finally:
+        await gw.aclose()
+    espeak = len(gw.lane_voices["cpu"])
+    assert health["engine"]["name"] == "espeak" and health["engine"]["voices"] == espeak
+    assert health["engines"]["espeak"]["voices"] == espeak
+    assert health["engines"]["synthetic"]["voices"] == 3 and len(gw.voices) == espeak + 3
+
+
 @pytest.mark.slow
 async def test_the_hubs_two_lanes_qwen3_custom_voice_and_the_ane_port_share_serena(
         scripted_llm_server, tiny_qwen3_custom_voice, monkeypatch):

@@ -694,7 +694,8 @@ class Gateway:
             "active_turns": self.active_turns(),
             "engines": engines,
             "engine": {"name": self.engine.name, "lane": self.lane.name, "loaded": lane.loaded,
-                       "voices": len(self.voices), "unhealthy": lane.unhealthy,
+                       "voices": len(self.lane_voices.get(lane.name, ())),
+                       "unhealthy": lane.unhealthy,
                        "degraded": degraded, "failing": lane.failing,
                        **({"fallback": self.engine.counters()}
                           if hasattr(self.engine, "counters") else {})},
