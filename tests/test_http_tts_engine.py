@@ -694,6 +694,35 @@ async def test_a_tts_server_down_at_start_is_told_by_health_metrics_and_the_log(
                                "again (HTTP 404)")
 
 
+async def test_a_tts_server_that_times_out_at_start_is_said_to_fail_with_engine_timeout(
+        caplog, monkeypatch):
+    """A sentence that meets a timeout fails with engine_timeout, but the start-up WARNING
+    of a probe that had timed out said the lane's sentences "fail with engine_failed".
+    Here the server takes the connection (the kernel's backlog) and never answers."""
+    import logging
+    import socket
+
+    from gateway.config import load_config
+    from gateway.io import telemetry
+    from gateway.io.server import Gateway
+
+    monkeypatch.setattr(telemetry, "LLM_PROBE_TIMEOUT_S", 0.2)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0},
+                                 tts={"engine": "http", "url": url}))
+        caplog.set_level(logging.INFO, logger="gateway.io.telemetry")
+        await gw.start()
+        try:
+            await gw.telemetry.tts_probes["remote"]._task  # the probe at start
+        finally:
+            await gw.aclose()
+    said = [r.getMessage() for r in caplog.records if r.name == "gateway.io.telemetry"]
+    assert len(said) == 1 and said[0].startswith(
+        f"the TTS server of lane remote at {url}/audio/speech does not answer (ReadTimeout")
+    assert said[0].endswith("): its sentences fail with engine_timeout until it does")
+
+
 @pytest.mark.parametrize("down", ["out of reach", "answering 500"])
 async def test_an_idle_hub_is_ok_again_once_its_probe_reaches_a_tts_server_out_of_reach(
         down, caplog, sse_server, refused_port):

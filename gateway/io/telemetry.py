@@ -226,6 +226,7 @@ class ServerProbe:
                                              headers={**UNCOMPRESSED, **self.headers})
         was = self.reachable
         started = time.monotonic()
+        error: httpx.HTTPError | None = None
         try:
             async with self._client.stream("GET", self.target()) as response:
                 body = bytearray()
@@ -238,6 +239,7 @@ class ServerProbe:
                 self._read_answer(bytes(body))
             self.detail = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
+            error = exc
             self.reachable = False
             self.detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         finally:
@@ -245,12 +247,16 @@ class ServerProbe:
         # said when it changes, not at every probe
         if not self.reachable and was is not False:
             log.warning("%s at %s does not answer (%s): %s until it does", self.what,
-                        self.shown_url, self.detail, self.failing)
+                        self.shown_url, self.detail, self.meanwhile(error))
             self._said_down = True
         elif self.reachable:
             self._said_back()
             if self.on_answer is not None:
                 self.on_answer(started)
+
+    def meanwhile(self, error: httpx.HTTPError | None) -> str:
+        """What fails while the probe meets ``error`` (None: a 5xx answer)."""
+        return self.failing
 
     def _read_answer(self, body: bytes) -> None:
         """A whole 200 answer's body (at most ``LLM_PROBE_BODY_BYTES``): nothing to do."""
@@ -327,10 +333,22 @@ class TtsProbe(ServerProbe):
     """Is an ``http`` TTS engine's server answering? ``GET`` its ``probe_url``
     (``engines.http_tts.HttpTtsEngine.probe_url``: never a synthesis)."""
 
-    def __init__(self, lane: str, engine: Any, failing: str) -> None:
+    def __init__(self, lane: str, engine: Any, fallback: str | None) -> None:
+        """``fallback``: the name of the engine that speaks the lane's sentences while the
+        server does not answer, if any."""
         super().__init__(engine.url, engine.probe_headers, f"the TTS server of lane {lane}",
-                         failing)
+                         f"the fallback {fallback} speaks its sentences" if fallback
+                         else "its sentences fail with engine_failed")
+        self.fallback = fallback
         self.probe_url: str = engine.probe_url
+
+    def meanwhile(self, error: httpx.HTTPError | None) -> str:
+        """A sentence that meets a timeout fails with engine_timeout
+        (``engines.http_tts.HttpTtsStream.step``): the WARNING said engine_failed after
+        a probe that had timed out."""
+        if self.fallback is None and isinstance(error, httpx.TimeoutException):
+            return "its sentences fail with engine_timeout"
+        return self.failing
 
     def target(self) -> str:
         return self.probe_url
@@ -486,8 +504,7 @@ class Telemetry:
                 continue
             fallback = getattr(lane.engine, "fallback", None)
             probe = self.tts_probes[lane.name] = TtsProbe(
-                lane.name, server, f"the fallback {fallback.name} speaks its sentences"
-                if fallback is not None else "its sentences fail with engine_failed")
+                lane.name, server, fallback and fallback.name)
             if fallback is None:  # (behind one, the lane's failures are the fallback's)
                 probe.on_answer = lane.server_answers
         self._jobs: dict[Job, _JobTally] = {}
