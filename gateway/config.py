@@ -25,6 +25,7 @@ its key, and ``voice-gateway serve`` exits 2 with it before serving.
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -36,6 +37,8 @@ from engines.base import THINKING_MODES
 from engines.options import describe, mismatch
 from gateway.core.codec import FRAME_MS_CHOICES, MAX_LEAD_MS_RANGE
 from gateway.core.session import DEFAULT_INSTRUCTIONS
+
+log = logging.getLogger("gateway")
 
 
 def _check_types(obj: Any, section: str) -> None:
@@ -331,18 +334,24 @@ _ENGINE_SETTINGS = {
 }
 """For each engine key of ``[tts]``, the settings that belong to the engine it names."""
 
+_ENGINE_FLAGS = {"engine": "--tts", "fallback": "--fallback", "also": "--tts-also"}
+
 _ARRANGEMENT_SETTINGS = {"fallback": ("fallback_policy",), "also": ("profiles",)}
 """The settings of a fallback or second engine that are not the engine's own (another
 engine named keeps them) but have no use without one: ``none`` drops them too, else the
 gateway warns that the file's tables are ignored, as though the operator had not asked."""
 
 
-def _without_other_engines_settings(tts: TtsConfig, flags: dict[str, Any]) -> TtsConfig:
+def _without_other_engines_settings(tts: TtsConfig, flags: dict[str, Any],
+                                    written: dict[str, Any], path: str | Path | None
+                                    ) -> TtsConfig:
     """A flag naming another engine than the file's (``--tts espeak`` over a qwen3 file)
     leaves the file's settings of that engine behind: they are its model, voice and
     constructor options, which the other engine would refuse or misread; ``none`` leaves
     its breaker policy or lane profiles behind too. The file's other settings stand, and so
-    do settings given by flags."""
+    do settings given by flags. A file that names no engine (``written``: its ``[tts]``)
+    has its settings taken as the default's, so ``--tts http`` left its ``[tts.options]``
+    behind, unsaid: a WARNING names them."""
     defaults = TtsConfig()
     reset: dict[str, Any] = {}
     for key, settings in _ENGINE_SETTINGS.items():
@@ -350,6 +359,12 @@ def _without_other_engines_settings(tts: TtsConfig, flags: dict[str, Any]) -> Tt
         if named is not None and named != getattr(tts, key):
             dropped = settings + (_ARRANGEMENT_SETTINGS.get(key, ()) if named == "" else ())
             reset.update((s, getattr(defaults, s)) for s in dropped)
+            if named and key not in written and (lost := [s for s in dropped if s in written]):
+                log.warning("%s: %s not used: %s %s names an engine the file does not (write "
+                            "[tts] %s = \"%s\" in it to give %s to %s)", path, ", ".join(
+                                f"[tts.{s}]" if isinstance(getattr(tts, s), dict)
+                                else f"[tts] {s}" for s in lost), _ENGINE_FLAGS[key], named,
+                            key, named, "it" if len(lost) == 1 else "them", named)
     return replace(tts, **reset) if reset else tts
 
 
@@ -388,7 +403,8 @@ def load_config(path: str | Path | None = None, **overrides: dict[str, Any]) -> 
     for name, cls in _SECTIONS.items():
         section = _section(cls, data.get(name, {}), f"{path}[{name}]")
         if name == "tts":
-            section = _without_other_engines_settings(section, overrides.get("tts", {}))
+            section = _without_other_engines_settings(section, overrides.get("tts", {}),
+                                                      data.get("tts", {}), path)
         changes = {k: tuple(v) if isinstance(v, list) else v  # (as from TOML)
                    for k, v in overrides.get(name, {}).items() if v is not None}
         for key, value in changes.items():  # option tables merge, flags win

@@ -357,6 +357,28 @@ def test_an_engine_turned_off_by_its_flag_leaves_no_table_said_to_be_ignored(tmp
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
 
 
+def test_settings_of_a_file_naming_no_engine_left_behind_by_a_flag_are_named(tmp_path,
+                                                                            caplog):
+    """A file that names no engine has its settings taken for the default's (espeak's), so
+    ``--tts http`` left its url and ``[tts.options]`` behind without a word."""
+    path = tmp_path / "gw.toml"
+    path.write_text('[tts]\nurl = "http://127.0.0.1:9/v1"\n[tts.options]\nformat = "pcm"\n'
+                    '[tts.fallback_options]\nvoice = "en-gb"\n')
+    c = config_of("--config", str(path), "--tts", "http", "--fallback", "espeak")
+    assert (c.tts.engine, c.tts.url, c.tts.options, c.tts.fallback_options) == \
+        ("http", None, {}, {})
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f'{path}: [tts] url, [tts.options] not used: --tts http names an engine the file '
+        'does not (write [tts] engine = "http" in it to give them to http)',
+        f'{path}: [tts.fallback_options] not used: --fallback espeak names an engine the '
+        'file does not (write [tts] fallback = "espeak" in it to give it to espeak)']
+    caplog.clear()  # named in the file, or given by the flags too: nothing left behind
+    path.write_text('[tts]\nengine = "http"\nurl = "http://127.0.0.1:9/v1"\n')
+    assert config_of("--config", str(path), "--tts", "http").tts.url == "http://127.0.0.1:9/v1"
+    assert config_of("--tts", "http", "--tts-url", "http://127.0.0.1:9/v1").tts.url
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []
+
+
 def test_the_readme_names_every_configuration_key():
     """The README's Configuration table is the operator's reference: a key added to a
     config section without a row there fails here."""
