@@ -223,6 +223,12 @@ def _unit_per(m: re.Match[str]) -> str:
     return (f"{number} " if number else "") + f"{one if number == '1' else many} per {per}"
 
 
+_RANGE = re.compile(r"(?<![\w.,:/\-–])(\d{1,3}(?:\.\d+)?|\d{4})[-–](\d{1,3}(?:\.\d+)?|\d{4})"
+                    r"(?![\w\-–/]|[.,:]\d)")
+"""A range of numbers: espeak's English voices read "3-5 business days" as "three dash
+five" and "25–30 minutes" as "twenty five thirty". Up to three digits a side, or years
+("1990-1995", "2023-24"); a phone number ("555-1234", read digit by digit before this) and
+a name with a number ("COVID-19") are none."""
 _RATIO = re.compile(r"(?<![\w.,:])(\d{1,3}):(\d|\d{3,}|\d{1,3}(?:,\d{3})+)(?![\w:]|[.,]\d)")
 """A ratio or a score with a colon: espeak read "16:9" and "won 2:1" as "sixteen colon nine",
 "two colon one". One digit after the colon, or three or more ("1:100"): never a time."""
@@ -368,8 +374,9 @@ def english_readings(text: str) -> str:
     "km/h": "kilometers per hour", "24/7": "24 7"), sharps and flats ("C#": "C sharp"),
     Roman numerals after a ruler's name or a part ("Henry VIII": "Henry the eighth",
     "Chapter IV": "Chapter 4"), powers ("x^2": "x squared"), heights and lengths ("5'11\"":
-    "5 feet 11 inches"), ratios and scores ("16:9", "won 3-1": "16 to 9", "3 to 1"), number
-    signs ("#1": "number 1") and hashtags without their mark. Digits stay digits."""
+    "5 feet 11 inches"), ratios, scores and ranges ("16:9", "won 3-1", "3-5 days": "16 to 9",
+    "3 to 1", "3 to 5 days"), number signs ("#1": "number 1") and hashtags without their
+    mark. Digits stay digits."""
     text = _ISO_DATE.sub(_iso_date, text)
     text = _PHONE.sub(_phone, text)
     text = _DOTTED_THOUSANDS.sub(_dotted_thousands, text)
@@ -380,6 +387,7 @@ def english_readings(text: str) -> str:
     text = _INCHES.sub(_inches, text)
     text = _FEET.sub(_feet, text)
     text = _SCORE.sub(_score, text)
+    text = _RANGE.sub(r"\1 to \2", text)
     text = _RATIO.sub(_ratio, text)
     text = _NUMBER_SIGN.sub("number ", text)
     text = _HASHTAG.sub(_hashtag, text)

@@ -76,11 +76,20 @@ def test_phone_numbers_are_read_digit_by_digit(text, english, spelled) -> None:
 
 
 @pytest.mark.parametrize("text", [
-    "Aim for 100-1000 words, or 500-1500.", "Take I-95.", "SSN 123-45-6789",
-    "ZIP 02139-4307", "In 2019-2020.", "v1.555-0142", "Add +5 10 20.", "+1.5 2.3",
+    "Take I-95.", "SSN 123-45-6789", "ZIP 02139-4307", "v1.555-0142", "Add +5 10 20.",
+    "+1.5 2.3",
 ])
-def test_ranges_dates_and_codes_are_no_phone_number(text) -> None:
+def test_dates_and_codes_are_no_phone_number(text) -> None:
     assert english_readings(text) == text
+
+
+@pytest.mark.parametrize(("text", "english"), [
+    ("Aim for 100-1000 words, or 500-1500.", "Aim for 100 to 1000 words, or 500 to 1500."),
+    ("In 2019-2020.", "In 2019 to 2020."),
+    ("A 9-5 job. Ages 3-5.", "A 9 to 5 job. Ages 3 to 5."),  # (no score either)
+])
+def test_ranges_are_no_phone_number(text, english) -> None:
+    assert english_readings(text) == english
 
 
 # --- ISO dates ----------------------------------------------------------------------------
@@ -179,6 +188,25 @@ def test_a_number_sign_is_said_and_a_hashtags_mark_is_not() -> None:
 
 # --- ratios, scores, feet and inches ---------------------------------------------------------
 
+@pytest.mark.parametrize(("text", "english", "spelled"), [
+    ("It takes 3-5 business days, or 25\u201330 minutes.",
+     "It takes 3 to 5 business days, or 25 to 30 minutes.",
+     "It takes three to five business days, or twenty-five to thirty minutes."),
+    ("From 1990-1995, the 2023-24 season, 1.5-2.5 volts.",
+     "From 1990 to 1995, the 2023 to 24 season, 1.5 to 2.5 volts.",
+     "From nineteen ninety to nineteen ninety-five, the twenty twenty-three to twenty-four "
+     "season, one point five to two point five volts."),
+])
+def test_a_range_of_numbers_is_said_with_to(text, english, spelled) -> None:
+    check(text, english, spelled)
+
+
+@pytest.mark.parametrize("text", ["COVID-19 and MP3-2 stay.", "A 3-4-5 triangle.",
+                                  "It fell -5-3 today."])
+def test_what_is_not_a_range_keeps_its_dash(text) -> None:
+    assert english_readings(text) == text
+
+
 @pytest.mark.parametrize("text", ["As it says in Genesis 1:1, light came first.",
                                   "Then read Psalm 23:4 and Ps. 1:3 again."])
 def test_a_chapter_and_verse_is_not_a_ratio(text) -> None:
@@ -205,10 +233,9 @@ def test_ratios_and_scores_are_said(text, english, spelled) -> None:
 
 
 @pytest.mark.parametrize("text", [
-    "At 11:15 or 9:05.", "It ended at 10:30.", "They led by 9:45.", "A 9-5 job.", "Ages 3-5.",
-    "In 2019-2020.", "John 3:16",
+    "At 11:15 or 9:05.", "It ended at 10:30.", "They led by 9:45.", "John 3:16",
 ])
-def test_times_ranges_and_verses_are_no_score(text) -> None:
+def test_times_and_verses_are_no_score(text) -> None:
     assert english_readings(text) == text
 
 
@@ -390,9 +417,11 @@ def test_no_amount_but_a_sign_before_a_number(text) -> None:
     ("The #1 pick is #python.", "The number 1 pick is python."),
     # was "five eleven", "nine" and a pause
     ("He is 5'11\", with a 9\" pan.", "He is 5 feet 11 inches, with a 9 inches pan."),
+    # was "three dash five", "twenty five thirty"
+    ("It takes 3-5 days, or 25\u201330 minutes.", "It takes 3 to 5 days, or 25 to 30 minutes."),
 ], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman",
         "power", "amount", "decimal comma", "yen", "ratio and score", "number sign",
-        "feet and inches"])
+        "feet and inches", "range"])
 def test_espeak_says_what_it_misread(espeak_engine, text, reading) -> None:
     # the same length as the reading written out (the German voice: ``check``)
     assert samples(espeak_engine, text) == pytest.approx(samples(espeak_engine, reading),
