@@ -1056,25 +1056,31 @@ async def test_console_marks_of_a_turn_that_cut_another_count_only_its_own_audio
 
 @pytest.mark.slow
 @needs_chromium
-async def test_console_stop_right_after_a_transcript_stops_its_reply(gateway):
+@pytest.mark.parametrize("texts", [["Tell me everything"], ["Hello", "Tell me everything"]],
+                         ids=["one", "two"])
+async def test_console_stop_right_after_transcripts_stops_their_replies(gateway, texts):
     """Stop pressed after a transcript went and before its turn.started came (a slow
     network's round trip) did nothing to the reply asked for: it played in full. Stop now
-    cancels it too, and none of it is played."""
+    cancels it too, and none of it is played. With two on their way, Stop cancelled only
+    the first's turn (which the second cut anyway) and the second's reply then played
+    although the user pressed Stop after sending it: every one is cancelled."""
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
         (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # the transcript is on its way ...
-        await talk(page, "Tell me everything")
-        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn.ws.transport.pause_reading()  # the transcripts are on their way ...
+        for text in texts:
+            await talk(page, text)
+            await page.wait_for_function("document.querySelector('#transcript').value === ''")
         await page.click("#stop")  # ... when Stop is pressed
         conn.ws.transport.resume_reading()
         await page.wait_for_function(  # (played: it goes on for a minute)
-            f"{state}.lastTurn?.turnId === 1 || {state}.samplesReceived > 0")
+            f"{state}.turns.some((t) => t.turnId === {len(texts)}) || "
+            f"{state}.samplesReceived > 0")
         st = await page.evaluate(state)
-        assert st["lastTurn"] and st["lastTurn"]["status"] == "cancelled"
+        assert [t["status"] for t in st["turns"]] == ["cancelled"] * len(texts)
         assert st["samplesReceived"] == 0 and st["samplesPlayed"] == 0
-        assert gateway.metrics.turns["cancelled"] == 1
+        assert gateway.metrics.turns["cancelled"] == len(texts)
         assert st["errors"] == [] and errors == []
 
 
@@ -1655,31 +1661,6 @@ async def test_console_says_its_origin_is_refused_on_a_gateway_with_tokens(start
             assert f"--origin http://127.0.0.1:{port}" in why
             assert errors == []
     assert gw.metrics.errors["forbidden_origin"] >= 3
-
-
-@pytest.mark.slow
-@needs_chromium
-async def test_console_stop_stops_every_transcript_sent_before_it(gateway):
-    """Two transcripts sent and Stop pressed before either turn started (a slow network's
-    round trip): Stop cancelled only the first's turn, which the second cut anyway, and
-    the second's reply then played although the user pressed Stop after sending it."""
-    state = "window.consoleState"
-    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # the transcripts are on their way ...
-        for text in ("Hello", "Tell me everything"):
-            await talk(page, text)
-            await page.wait_for_function("document.querySelector('#transcript').value === ''")
-        await page.click("#stop")  # ... when Stop is pressed
-        conn.ws.transport.resume_reading()
-        await page.wait_for_function(  # (played: it goes on for a minute)
-            f"{state}.turns.some((t) => t.turnId === 2) || {state}.samplesReceived > 0")
-        st = await page.evaluate(state)
-        assert [t["status"] for t in st["turns"]] == ["cancelled", "cancelled"]
-        assert st["samplesReceived"] == 0 and st["samplesPlayed"] == 0
-        assert gateway.metrics.turns["cancelled"] == 2
-        assert st["errors"] == [] and errors == []
 
 
 @pytest.mark.slow
