@@ -827,20 +827,27 @@ async def test_console_fields_on_a_phone_are_large_enough_not_to_zoom(gateway):
     focus, and stays zoomed: on a phone every tap into the transcript box pushed the reply
     and the buttons off screen. The fields were 13.3 px (Chromium's default); on a narrow
     screen they are 16 px."""
+    async with on_a_phone(gateway.port, 375) as page:
+        await page.wait_for_function("window.consoleState.connected")
+        sizes = await page.evaluate("""[...document.querySelectorAll(
+            "input, textarea, select")].map((el) => [el.id, getComputedStyle(el).fontSize])""")
+        assert sizes and all(size == "16px" for _, size in sizes), sizes
+        # and the page still fits the phone's width
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 375
+
+
+@asynccontextmanager
+async def on_a_phone(port: int, width: int) -> AsyncIterator[Any]:
+    """The console of the gateway on ``port`` in a page ``width`` px wide (a phone's)."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                           args=BROWSER_ARGS)
         try:
-            page = await browser.new_page(viewport={"width": 375, "height": 700})
-            await page.goto(f"http://127.0.0.1:{gateway.port}/")
-            await page.wait_for_function("window.consoleState.connected")
-            sizes = await page.evaluate("""[...document.querySelectorAll(
-                "input, textarea, select")].map((el) => [el.id, getComputedStyle(el).fontSize])""")
-            assert sizes and all(size == "16px" for _, size in sizes), sizes
-            # and the page still fits the phone's width
-            assert await page.evaluate("document.documentElement.scrollWidth") <= 375
+            page = await browser.new_page(viewport={"width": width, "height": 700})
+            await page.goto(f"http://127.0.0.1:{port}/")
+            yield page
         finally:
             await browser.close()
 
@@ -851,27 +858,18 @@ async def test_console_on_a_phone_wraps_a_word_longer_than_the_screen(start_gate
     """A reply with a long URL (and an error naming a long word) made the page 865 px wide
     on a 390 px phone: the header stayed at the screen's width, every panel ran off it, and
     reading a line meant scrolling sideways. The text wraps within the screen."""
-    from playwright.async_api import async_playwright
-
     url = "https://example.com/" + "/".join(["a-very-long-path"] * 12) + "/index.html"
     gw = await start_gateway([{"transcript": "Link", "reply": f"See {url} for details."}])
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                          args=BROWSER_ARGS)
-        try:
-            page = await browser.new_page(viewport={"width": 390, "height": 700})
-            await page.goto(f"http://127.0.0.1:{gw.port}/")
-            await talk_when_ready(page, "Link")
-            await page.fill("#voice", "x" * 200)
-            await page.click("#apply")
-            await page.wait_for_function("window.consoleState.lastTurn?.status")
-            await page.wait_for_function(
-                "window.consoleState.errors.some(e => e.startsWith('unknown_voice'))")
-            assert url in await page.inner_text("#reply")
-            assert url in await page.inner_text("#sentences")
-            assert await page.evaluate("document.documentElement.scrollWidth") <= 390
-        finally:
-            await browser.close()
+    async with on_a_phone(gw.port, 390) as page:
+        await talk_when_ready(page, "Link")
+        await page.fill("#voice", "x" * 200)
+        await page.click("#apply")
+        await page.wait_for_function("window.consoleState.lastTurn?.status")
+        await page.wait_for_function(
+            "window.consoleState.errors.some(e => e.startsWith('unknown_voice'))")
+        assert url in await page.inner_text("#reply")
+        assert url in await page.inner_text("#sentences")
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390
 
 
 CONTRAST = """() => {
