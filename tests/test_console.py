@@ -1148,12 +1148,14 @@ async def test_console_sends_a_barge_in_lost_with_its_socket_again_with_its_mark
 
 @pytest.mark.slow
 @needs_chromium
-async def test_console_gives_back_a_transcript_its_lost_session_never_answered(start_gateway):
+@pytest.mark.parametrize("texts", [["Hello"], ["Hello", "Thanks"]], ids=["one", "two"])
+async def test_console_gives_back_every_transcript_its_lost_session_never_answered(
+        start_gateway, texts):
     """A transcript sent as the socket dropped, its session then gone (not resumable: here
     the gateway keeps none): the page opened a new session, and the transcript, cleared
     from its box when it went, was never answered nor shown again. It is back in the box,
-    and the page says why."""
-    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}],
+    and the page says why. Of two, only the last one came back: both do, in their order."""
+    gw = await start_gateway([{"transcript": " ".join(texts), "reply": "Hi."}],
                              server={"resume_window_s": 0})
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
@@ -1161,12 +1163,13 @@ async def test_console_gives_back_a_transcript_its_lost_session_never_answered(s
         first = await page.evaluate(f"{state}.sessionId")
         (conn,) = gw.connections
         conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
-        await talk(page, "Hello")
-        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        for text in texts:
+            await talk(page, text)
+            await page.wait_for_function("document.querySelector('#transcript').value === ''")
         conn.ws.transport.abort()  # ... and is lost with the socket and its session
         await page.wait_for_function(
             f"{state}.connected && {state}.sessionId !== {first!r}", timeout=30_000)
-        assert await page.input_value("#transcript") == "Hello"
+        assert await page.input_value("#transcript") == " ".join(texts)
         assert any("not answered" in e for e in await page.evaluate(f"{state}.errors"))
         await page.click("#send")  # and it goes in the new session
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
@@ -1683,27 +1686,4 @@ async def test_console_sends_every_transcript_lost_with_its_socket_again(start_g
                                      timeout=10_000)
         assert [t["turnId"] for t in await page.evaluate(f"{state}.turns")] == [1, 2]
         assert await page.inner_text("#reply") == "You are welcome."
-        assert errors == []
-
-
-@pytest.mark.slow
-@needs_chromium
-async def test_console_gives_back_every_transcript_its_lost_session_never_answered(
-        start_gateway):
-    """Two transcripts unanswered when their session is gone for good: only the last one
-    came back to the box. Both do, in their order."""
-    gw = await start_gateway([], server={"resume_window_s": 0})
-    state = "window.consoleState"
-    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        first = await page.evaluate(f"{state}.sessionId")
-        (conn,) = gw.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
-        for text in ("Hello", "Thanks"):
-            await talk(page, text)
-            await page.wait_for_function("document.querySelector('#transcript').value === ''")
-        conn.ws.transport.abort()  # ... and is lost with the socket and its session
-        await page.wait_for_function(
-            f"{state}.connected && {state}.sessionId !== {first!r}", timeout=30_000)
-        assert await page.input_value("#transcript") == "Hello Thanks"
         assert errors == []
