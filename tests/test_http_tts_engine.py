@@ -953,3 +953,50 @@ async def test_sentences_an_open_breaker_gives_the_fallback_are_counted(sse_serv
     assert values["gateway_fallback_segments_total"] == 3
     assert gw.health()["engine"]["fallback"]["fallback_segments"] == 3
     assert len(server.requests) == 1  # (the breaker kept the others from the server)
+
+
+@pytest.mark.parametrize("down", ["refused", "connect timeout"])
+async def test_a_sentence_that_cannot_reach_the_tts_server_tells_health_at_once(
+        down, monkeypatch, refused_port):
+    """A turn's LLM stream that could not reach its server set ``llm.reachable`` false at
+    once; a sentence that could not reach the TTS server left ``lanes.<lane>.server``
+    reading reachable (a probe's result from before it went down) beside
+    ``engine.failing`` until the next probe. It counts as a check now, and /health's
+    ``engine.failing`` is the code the session's error event had (a connect timeout:
+    engine_timeout). The connect timeout: a server whose backlog is full."""
+    import socket
+
+    from gateway.config import load_config
+    from gateway.io import telemetry
+    from gateway.io.server import Gateway
+    from tests.wsclient import one_turn
+
+    monkeypatch.setattr(telemetry, "LLM_PROBE_TIMEOUT_S", 0.2)
+    with contextlib.ExitStack() as held:
+        port = refused_port
+        if down == "connect timeout":
+            full = held.enter_context(socket.create_server(("127.0.0.1", 0), backlog=0))
+            port = full.getsockname()[1]
+            for _ in range(3):  # (the kernel takes backlog + 1; the SYNs after are dropped)
+                waiting = held.enter_context(socket.socket())
+                waiting.setblocking(False)
+                waiting.connect_ex(("127.0.0.1", port))
+        url = f"http://127.0.0.1:{port}/v1"
+        gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0},
+                                 tts={"engine": "http", "url": url,
+                                      "options": {"connect_timeout_s": 0.3}}))
+        await gw.start()
+        try:
+            probe = gw.telemetry.tts_probes["remote"]
+            await probe._task  # the probe at start
+            probe.reachable = True  # as a probe taken before the server went down said
+            turn = await one_turn(gw.port, type="say", text="Is anybody there?")
+            health = gw.health()
+        finally:
+            await gw.aclose()
+    (event,) = turn.of("error")
+    error = event["error"]
+    assert error["code"] == ("engine_timeout" if down == "connect timeout" else "engine_failed")
+    assert health["engine"]["failing"] == error["code"]
+    server = health["lanes"]["remote"]["server"]
+    assert server["reachable"] is False and server["detail"] == error["message"], server

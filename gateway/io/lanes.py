@@ -103,6 +103,8 @@ class LaneObserver(Protocol):
         on a lane of one step at a time; less while steps run at once)."""
     def job_ended(self, lane: str, job: Job, outcome: str) -> None:
         """``outcome``: ``done``, ``failed``, ``cancelled`` or ``moved`` (to another lane)."""
+    def server_unreachable(self, lane: str, message: str) -> None:
+        """A job failed as the engine could not reach its server (``ServerUnreachable``)."""
 
 
 class LaneThread:
@@ -659,6 +661,8 @@ class Lane:
             self._engine_failed(exc.code, exc.message)
             self._unreachable_at = time.monotonic() if isinstance(exc, ServerUnreachable) \
                 else None
+            if self._unreachable_at is not None and self.observer is not None:
+                self.observer.server_unreachable(self.name, exc.message)
             self._step_failed(job, exc.code, exc.message)
             return
         except Exception as exc:  # an engine bug must not take the lane down

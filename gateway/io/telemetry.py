@@ -559,6 +559,14 @@ class Telemetry:
         if tally is not None and outcome == "done" and tally.audio_bytes:
             self.rtf[lane].observe(tally.compute_s / (tally.audio_bytes / _BYTES_PER_S))
 
+    def server_unreachable(self, lane: str, message: str) -> None:
+        # as good as a probe, as a turn that could not reach the LLM is: /health said the
+        # server reachable beside engine.failing until the next probe (behind a fallback,
+        # the server that failed may be the fallback's)
+        probe = self.tts_probes.get(lane)
+        if probe is not None and not hasattr(self.gateway.lanes[lane].engine, "fallback"):
+            probe.observed(False, message)
+
     # ---- reading -----------------------------------------------------------------------
 
     def lane_health(self) -> dict[str, Any]:
