@@ -1237,6 +1237,48 @@ async def test_console_stop_marks_what_was_heard_to_the_sample(gateway):
         assert errors == []
 
 
+@pytest.mark.slow
+@needs_chromium
+async def test_console_stop_then_send_at_once_marks_the_stopped_reply_before_the_transcript(
+        start_gateway):
+    """Stop's exact mark goes once the flush answers, a few ms on; a transcript sent in the
+    same tick went before it, and its turn cut the stopped reply's history at the last
+    periodic mark (up to 250 ms old): the Stop's mark and cancel came after, too late. The
+    transcript now waits for them. (The new reply has no audio: what the page played in
+    the end is what was heard of the stopped one.)"""
+    from gateway.core.codec import ClientCancel, ClientPlayback, ClientTranscript
+
+    code = "```\n" + "".join(f"x = {i}\n" for i in range(40)) + "```"
+    gw = await start_gateway([{"transcript": "Tell me", "reply": LONG},
+                              {"transcript": "Show me", "reply": code}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await talk_when_ready(page, "Tell me")
+        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        (runner,) = gw.runners.values()
+        received: list[Any] = []
+        receive = runner.receive
+
+        def receiving(message, now):
+            received.append(message)
+            return receive(message, now)
+
+        runner.receive = receiving
+        await page.evaluate("""() => {
+            document.querySelector("#stop").click();
+            document.querySelector("#transcript").value = "Show me";
+            document.querySelector("#send").click();
+        }""")
+        await page.wait_for_function(f"{state}.lastTurn?.turnId === 2")
+        await page.wait_for_function(f"!{state}.playing && {state}.bufferedSamples === 0")
+        heard = await page.evaluate(f"{state}.samplesPlayed")
+        said = next(i for i, m in enumerate(received) if isinstance(m, ClientTranscript))
+        before = [m for m in received[:said] if getattr(m, "turn_id", None) == 1]
+        assert [type(m) for m in before[-2:]] == [ClientPlayback, ClientCancel], received
+        assert before[-2].played_ms == pytest.approx(heard / 24, abs=0.5)
+        assert errors == []
+
+
 # Test instrument in the page: each playback mark as it is sent, with the worklet's count
 # and the latency the browser reports at that moment (the context it plays through).
 RECORD_MARKS = """(() => {

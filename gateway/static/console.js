@@ -825,6 +825,9 @@ async function sendTranscript(text) {
   }
   const player = await initAudio().catch(() => null); // (its failure was shown at load)
   await player?.ctx.resume();
+  // a Stop just pressed: its exact mark and cancel first (the flush answers in a few ms),
+  // or this transcript's turn cuts the stopped reply's history at the last periodic mark
+  await turn?.stopped?.known;
   if (!connected()) { // (gone while the audio started)
     showError("not connected: the transcript was not sent");
     return false;
@@ -861,6 +864,7 @@ function stop() {
     // a player that does not answer (its context suspended) gets the last periodic count,
     // up to 53 ms low, rather than no Stop at all
     const t = turn;
+    t.stopped.known = new Promise((resolve) => { t.stopped.resolve = resolve; });
     setTimeout(() => {
       if (t.stopped.playedMs === null) stopHeard(t, heardMs(t, state.samplesPlayed));
     }, 250);
@@ -884,6 +888,7 @@ function heardMs(t, played) {
 function stopHeard(t, ms) {
   t.stopped.playedMs = Math.round(Math.max(0, ms));
   if (!t.stopSent && t.sessionId === session?.id && connected()) sendStop(t);
+  t.stopped.resolve();
 }
 
 // The turns of the transcripts not started yet are the next ones (turn ids go up by 1):
