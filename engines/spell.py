@@ -269,6 +269,11 @@ _INCHES = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)\s?(\"|\u2033)(?![\w\"])")
 """A length in inches ("a 9\" pan", "15.6\u2033"): espeak said only "nine", chatterbox
 "nine\""; not a number closing a quotation ("He said \"take 9\"")."""
 _FEET = re.compile(r"(?<![\w.,'\u2019])(\d+(?:\.\d+)?)(['\u2032])(?![\w'\u2019])")
+_ARTICLE_BEFORE = re.compile(r"\b(?:a|an|the)\s+$", re.I)
+_NOUN_AFTER = re.compile(r"\s+(?!(?:and|or|by|to|x)\b)[^\W\d]")
+"""A length between an article and its noun ("a 9\" pan", "the 6' fence"): it reads as
+one word, "a 9-inch pan" ("a 9 inches pan" before); not one of a pair ("a 9\" or 10\"
+pan")."""
 
 
 _QUOTE_MARK = re.compile(r'(?<![\d\s])"|(?<!\d)\s"|^"')
@@ -281,16 +286,22 @@ def _feet_inches(m: re.Match[str]) -> str:
             f"{inches} {'inch' if inches == '1' else 'inches'}")
 
 
+def _length(m: re.Match[str], one: str, many: str) -> str:
+    if _ARTICLE_BEFORE.search(m.string, 0, m.start()) and _NOUN_AFTER.match(m.string, m.end()):
+        return f"{m.group(1)}-{one}"
+    return f"{m.group(1)} {one if m.group(1) == '1' else many}"
+
+
 def _inches(m: re.Match[str]) -> str:
     if m.group(2) == '"' and len(_QUOTE_MARK.findall(m.string, 0, m.start())) % 2:
         return m.group()  # a quotation's closing mark
-    return f"{m.group(1)} {'inch' if m.group(1) == '1' else 'inches'}"
+    return _length(m, "inch", "inches")
 
 
 def _feet(m: re.Match[str]) -> str:
     if m.group(2) == "'" and re.search(r"(?:^|[\s(\[])'(?!\d0s\b)", m.string[:m.start()]):
         return m.group()  # a quotation's closing mark
-    return f"{m.group(1)} {'foot' if m.group(1) == '1' else 'feet'}"
+    return _length(m, "foot", "feet")
 
 
 _NUMBER_SIGN = re.compile(r"(?<![\w#&/])#(?=\d+(?:st|nd|rd|th)?\b)")

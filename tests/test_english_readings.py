@@ -244,11 +244,18 @@ def test_times_and_verses_are_no_score(text) -> None:
      "He is 5 feet 11 inches and she 5 feet 4 inches, the door 7 feet.",
      "He is five feet eleven inches and she five feet four inches, the door seven feet."),
     ("Use a 9\" pan or a 1\" strip; a 15.6\u2033 screen.",
-     "Use a 9 inches pan or a 1 inch strip; a 15.6 inches screen.",
-     "Use a nine inches pan or a one inch strip; a fifteen point six inches screen."),
+     "Use a 9-inch pan or a 1-inch strip; a 15.6-inch screen.",
+     "Use a nine-inch pan or a one-inch strip; a fifteen point six-inch screen."),
+    ("An 8' ladder by a 6\u2032 fence, the 65\" TV; it is 9\" wide, a 9\" or 10\" pan.",
+     "An 8-foot ladder by a 6-foot fence, the 65-inch TV; it is 9 inches wide, a 9 inches "
+     "or 10 inches pan.",
+     "An eight-foot ladder by a six-foot fence, the sixty-five-inch TV; it is nine inches "
+     "wide, a nine inches or ten inches pan."),
 ])
 def test_feet_and_inches_are_said(text, english, spelled) -> None:
-    # espeak: "five eleven", "nine" and a pause; chatterbox: "five'eleven\"", "nine\""
+    # espeak: "five eleven", "nine" and a pause; chatterbox: "five'eleven\"", "nine\"";
+    # before its noun, after "a", "an" or "the", a length says "a 9-inch pan" (was "a 9
+    # inches pan")
     check(text, english, spelled)
 
 
@@ -416,7 +423,7 @@ def test_no_amount_but_a_sign_before_a_number(text) -> None:
     # was "hash one", "hash python"
     ("The #1 pick is #python.", "The number 1 pick is python."),
     # was "five eleven", "nine" and a pause
-    ("He is 5'11\", with a 9\" pan.", "He is 5 feet 11 inches, with a 9 inches pan."),
+    ("He is 5'11\", with a 9\" pan.", "He is 5 feet 11 inches, with a 9-inch pan."),
     # was "three dash five", "twenty five thirty"
     ("It takes 3-5 days, or 25\u201330 minutes.", "It takes 3 to 5 days, or 25 to 30 minutes."),
 ], ids=["comparison", "phone", "iso date", "dotted thousands", "fraction", "sharp", "roman",
