@@ -674,6 +674,15 @@ def test_a_stray_quote_stops_protecting_after_quote_max_chars():
     assert [s.text for s in run(stray, None, held)] == [stray]
 
 
+def test_a_stray_quote_is_stray_whatever_the_chunking_for_the_first_phrase():
+    """A reply fed whole stepped from its stray quote to the newline past quote_max_chars
+    without asking whether the quote was stray, while one fed in pieces asked (and cut
+    before "and"): the first segment depended on the chunking."""
+    text = 'The big dog " and then with the cat\n'
+    assert phrase(text, 2, quote_max_chars=3, first_min_words=0) == [
+        'The big dog "', "and then with the cat"]
+
+
 def test_a_quote_holds_for_exactly_quote_max_chars():
     """``quote_max_chars`` counts from right after the opening mark to the last stop the
     scanner meets inside it (the "." before the closing one): a quote whose last stop is

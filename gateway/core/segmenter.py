@@ -445,9 +445,9 @@ class Segmenter:
         scan rewound to right after the quote, as if it were not there) when that is more
         than ``quote_max_chars`` past the quote. Decided on the text alone: the same for any
         chunking."""
-        if self._quote_from is None:
+        if self._quote_from is None:  # the scan is right after the quote: decide already,
+            # or a reply fed whole would step to a far stop the chunked one stops short of
             self._quote_from = (self._pos, self._paren, self._clause, self._phrase_pos)
-            return False
         span = self.config.quote_max_chars
         if not span or reach - self._quote_from[0] <= span:
             return False
