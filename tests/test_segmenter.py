@@ -725,6 +725,19 @@ def test_no_opening_a_sentence_is_the_answer_not_a_number_sign():
         "It's No. 5 on the list.", "Last week No. 1."]
 
 
+def test_a_cut_inside_a_sentence_keeps_the_word_before_for_the_rules_that_look_back():
+    """The eager clause and the long-sentence break start the next piece mid-sentence: "No."
+    there is a number sign, not the answer, and "im" still makes "19." an ordinal ("No."
+    and "19." were each said alone)."""
+    assert [s.text for s in run("I checked the whole list, No. 5 is the one we need.")] == [
+        "I checked the whole list,", "No. 5 is the one we need."]
+    text = "Das alte Schloss am Fluss wurde im 19. Jahrhundert gebaut."
+    config = SegmenterConfig(first_min_words=0, max_chars=text.index(" 19.") + 2)
+    for sizes in (None, [1] * len(text)):
+        assert [s.text for s in run(text, sizes, config)] == [
+            "Das alte Schloss am Fluss wurde im", "19. Jahrhundert gebaut."]
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

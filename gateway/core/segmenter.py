@@ -261,6 +261,12 @@ _CJK_PAIR = re.compile(f"[{_CJK_CHAR}](?=[{_CJK_CHAR}])")
 """A Chinese or Japanese character followed by another: a place to cut a run-on sentence."""
 
 
+def _bare(word: str) -> str:
+    """``word`` as the look-back rules compare it: lower case, without quotes, brackets or
+    a clause mark."""
+    return word.strip("(\"'\u201c\u201e\u00ab\u00bb*_[,;:").lower()
+
+
 def _words(text: str) -> int:
     """Words in ``text`` for the eager first clause: spaced words, plus one per two Chinese
     or Japanese characters (written without spaces; a word is one to three of them)."""
@@ -321,6 +327,10 @@ class Segmenter:
         # clause, phrase_pos), to scan again from there if it turns out unmatched
         self._quote_from: tuple[int, int, tuple[int, int, int, int] | None, int] | None = None
         self._phrase_pos = 0  # phrase openers before this are decided (first segment only)
+        # the word before the pending segment when a cut inside a sentence (eager clause,
+        # phrase, long sentence) made it, for the rules that look back ("im | XIX.");
+        # None when the pending segment opens a sentence
+        self._carry: str | None = None
         self._final = False
 
     # --- public --------------------------------------------------------------------------
@@ -642,7 +652,7 @@ class Segmenter:
         if (len(word) == 1 and word.isupper()) or word in _NAME_OR_END or (
                 "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
             return self._name_or_end(i, ws, word)
-        if word == "No" and not buf[:ws].strip():
+        if word == "No" and not buf[:ws].strip() and self._carry is None:
             return True  # "No. 91 isn't prime.": the answer, not "No. 5"
         if word in _ZONES:
             return True  # "at 9 a.m. EST. That's": not "est." (estimated)
@@ -681,14 +691,17 @@ class Segmenter:
             month not in _MONTHS_ALSO_ENGLISH or self._prev_word(ws) in _DAY_AFTER)
 
     def _prev_word(self, ws: int) -> str:
-        """The word of the pending segment before position ``ws`` (the start of a word),
-        lower case, without quotes or brackets ("" if none)."""
+        """The word before position ``ws`` (the start of a word), lower case, without
+        quotes or brackets: in the pending segment, else the one a cut inside the sentence
+        left before it ("" if none)."""
         buf = self._buf
         p = ws - 1
         while p >= 0 and buf[p] in _SPACE:
             p -= 1
+        if p < 0:
+            return self._carry or ""
         q = max(buf.rfind(" ", 0, p), buf.rfind("\n", 0, p)) + 1
-        return buf[q:p + 1].strip("(\"'\u201c\u201e\u00ab\u00bb*_[,;:").lower()
+        return _bare(buf[q:p + 1])
 
     def _name_or_end(self, i: int, ws: int, word: str) -> bool:
         """After "B.", "U.S." or "St." before a capital: a name going on or a new sentence.
@@ -754,7 +767,7 @@ class Segmenter:
         ``first_min_words`` words (``_words``); True if it did."""
         fmw = self.config.first_min_words
         if self._index == 0 and fmw > 0 and _words(self._buf[:end]) >= fmw:
-            out.extend(self._emit(end, end))
+            out.extend(self._emit(end, end, mid=True))
             return True
         return False
 
@@ -788,7 +801,7 @@ class Segmenter:
                 continue
             if m.group() in ("and", "or") and any(c.isdigit() for c in prev):
                 continue  # "between 3 | and 5", "2 | or 3"
-            out.extend(self._emit(p, p))
+            out.extend(self._emit(p, p, mid=True))
             return True
         # An opener that ends the region is not yet whole: look at it again next time.
         self._phrase_pos = max(start, endpos - _PHRASE_LONGEST)
@@ -814,7 +827,7 @@ class Segmenter:
                 return False  # one huge word: never cut inside it
             quote, paren = 0, 0
         self._quote, self._paren = quote, paren
-        out.extend(self._emit(end, resume))
+        out.extend(self._emit(end, resume, mid=True))
         return True
 
     def _cjk_break(self, lo: int, hi: int) -> int:
@@ -825,10 +838,14 @@ class Segmenter:
             last = m.end()
         return last
 
-    def _emit(self, end: int, resume: int, *, code: bool = False) -> list[Segment]:
+    def _emit(self, end: int, resume: int, *, code: bool = False,
+              mid: bool = False) -> list[Segment]:
+        """Cut the pending segment at ``end``, the next one starting at ``resume``; ``mid``
+        when the cut is inside a sentence (the next piece goes on with it)."""
         buf = self._buf
         raw = buf[:end]
         stripped = raw.strip()
+        self._carry = _bare(stripped.rsplit(None, 1)[-1]) if mid and stripped else None
         start = self._offset + (len(raw) - len(raw.lstrip()))
         # Trim the buffer so it never grows with the reply.
         self._buf = buf[resume:]
