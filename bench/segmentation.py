@@ -2,7 +2,8 @@
 
     python bench/segmentation.py --setup-peers      # once: peer venvs under /work/peer-venvs
     python bench/segmentation.py [--replies FILE ...] [--draws 10]
-    python bench/segmentation.py --sweep            # first_min_words, first_phrase_words
+    python bench/segmentation.py --sweep            # first_min_words, first_phrase_words,
+                                                    # first_max_words
 
 Every splitter gets the same input: the corpus (tests/data/segmentation.jsonl) fed in random
 chunk sizes (seeded), and the replay replies streamed like oMLX (51.5 tok/s, 4-9 tokens per
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENVS = Path(os.environ.get("PEER_VENVS", "/work/peer-venvs"))
 TOK_PER_S = 51.5
 PHRASE_WORDS = 3  # first_phrase_words of the "ours-phrase" row (chosen by --sweep)
+MAX_WORDS = 4  # first_max_words of the "ours-words" row (chosen by --sweep)
 
 # name -> (venv or None for the project venv, pip packages, note)
 SPLITTERS: dict[str, tuple[str | None, list[str], str]] = {
@@ -50,6 +52,8 @@ SPLITTERS: dict[str, tuple[str | None, list[str], str]] = {
     "ours-eager": (None, [], "gateway.core.segmenter, default config (eager first clause)"),
     "ours-phrase": (None, [], f"gateway.core.segmenter, default config + "
                               f"first_phrase_words={PHRASE_WORDS} (opt-in first phrase)"),
+    "ours-words": (None, [], f"gateway.core.segmenter, default config + "
+                             f"first_max_words={MAX_WORDS} (opt-in, prosody-blind)"),
     "regex": (None, [], r"naive (?<=[.!?])\s+, emits all but the last piece"),
     "pysbd": ("pysbd", ["pysbd==0.3.4"], "pysbd re-run on the buffer, emits all but the last"),
     "pipecat": ("pipecat", ["pipecat-ai==1.14.0"], "SimpleTextAggregator (sentencex + lookahead)"),
@@ -88,7 +92,8 @@ def _ours(chunks, name):
 
     cfg = {"ours": SegmenterConfig(first_min_words=0, max_chars=10_000),
            "ours-eager": SegmenterConfig(),
-           "ours-phrase": SegmenterConfig(first_phrase_words=PHRASE_WORDS)}[name]
+           "ours-phrase": SegmenterConfig(first_phrase_words=PHRASE_WORDS),
+           "ours-words": SegmenterConfig(first_max_words=MAX_WORDS)}[name]
     seg = Segmenter(cfg)
     return _timed_feed(lambda c: [s.text for s in seg.feed(c)],
                        lambda: [s.text for s in seg.finish()], chunks)
@@ -209,7 +214,7 @@ def _stream2sentence(chunks, fast):
 
 def _run_one(name, chunks, latency):
     match name:
-        case "ours" | "ours-eager" | "ours-phrase":
+        case "ours" | "ours-eager" | "ours-phrase" | "ours-words":
             return _ours(chunks, name)
         case "regex":
             return _regex(chunks)
@@ -297,6 +302,32 @@ def _opens_phrase(reply: str, b: int) -> bool:
                 reply[i:].split(maxsplit=1)[0] in _PHRASE_OPENERS
         seen += not c.isspace()
     return False
+
+
+def _after_words(reply: str, b: int, n: int) -> bool:
+    """True when non-space offset ``b`` of the reply starts a word with at least ``n``
+    words before it: where first_max_words=n may cut (its intended cut)."""
+    seen = 0
+    for i, c in enumerate(reply):
+        if seen == b and not c.isspace():
+            head = reply[:i]
+            return head[-1:].isspace() and sum(
+                any(ch.isalnum() for ch in w) for w in head.split()) >= n
+        seen += not c.isspace()
+    return False
+
+
+_EMOJI_END = re.compile("[\\s\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+$")
+_ENDS = _CLAUSE_MARKS + ".!?\u2026\u3002\uff01\uff1f"
+
+
+def _mid_phrase(reply: str, first: str) -> bool:
+    """``first`` (the reply's first segment) ends in the middle of a line, at no sentence
+    end, clause mark or emoji (one ends a sentence before a capital): a cut only a word
+    count makes."""
+    rest = reply.lstrip()[len(first):]
+    return bool(rest.strip()) and not rest.lstrip(" \t").startswith("\n") and (
+        _EMOJI_END.search(first) is None and first.rstrip(_CLOSERS)[-1:] not in _ENDS)
 
 
 def chunk_corpus(text: str, rng: random.Random) -> list[str]:
@@ -397,6 +428,44 @@ def sweep(sets: dict[str, list[str]], seed: int, knob: str, values: tuple[int, .
     print()
 
 
+def sweep_words(sets: dict[str, list[str]], seed: int, values: tuple[int, ...], draws: int,
+                show: int, n: int = 10) -> None:
+    """first_max_words against sentence-only splitting: median first segment (ms, × earlier)
+    and how many first segments it cuts mid-phrase (``_mid_phrase``) on each set; then
+    ``n`` of the mid-phrase first segments at ``show`` beside the default's."""
+    sys.path.insert(0, str(ROOT))
+    from gateway.core.segmenter import SegmenterConfig
+
+    sentences = SegmenterConfig(first_min_words=0, max_chars=10_000)
+    base = {k: statistics.median(ms for ms, _ in first_segments(t, sentences, seed, draws))
+            for k, t in sets.items()}
+    print("| first_max_words | " + " | ".join(
+        f"{k}: first segment ms (median) | × earlier than sentences ({base[k]:.0f} ms) | "
+        f"replies cut mid-phrase" for k in sets) + " |")
+    print("|---:|" + "---:|---:|---:|" * len(sets))
+    for value in values:
+        cells = []
+        for k, texts in sets.items():
+            firsts = first_segments(texts, SegmenterConfig(first_max_words=value), seed, draws)
+            median = statistics.median(ms for ms, _ in firsts)
+            mid = sum(_mid_phrase(r, t) for r, (_, t) in zip(texts * draws, firsts, strict=True))
+            cells.append(f"{median:.0f} | {base[k] / median:.2f}× | "
+                         f"{mid / draws:g} of {len(texts)}")  # the same in every chunking
+        print(f"| {value} | " + " | ".join(cells) + " |")
+    print(f"\nfirst_max_words={show}: first segments cut mid-phrase (one chunking per reply)\n")
+    print(f"| default | ms | first_max_words={show} | ms |")
+    print("|---|---:|---|---:|")
+    shown = 0
+    for texts in sets.values():
+        off = first_segments(texts, SegmenterConfig(), seed)
+        on = first_segments(texts, SegmenterConfig(first_max_words=show), seed)
+        for reply, (ms0, t0), (ms1, t1) in zip(texts, off, on, strict=True):
+            if shown < n and _mid_phrase(reply, t1):
+                print(f"| {t0} | {ms0:.0f} | {t1} | {ms1:.0f} |")
+                shown += 1
+    print()
+
+
 def show_first_phrases(replies: list[str], seed: int, words: int, n: int = 10) -> None:
     """The first segment of ``n`` replies with first_phrase_words=words beside the default's,
     to judge the prosody: the replies it changes first, then unchanged ones."""
@@ -436,11 +505,14 @@ def main() -> None:
                          "of the first-segment ratio, always runs first")
     ap.add_argument("--setup-peers", action="store_true")
     ap.add_argument("--sweep", action="store_true",
-                    help="tune first_min_words and first_phrase_words (ours only)")
+                    help="tune first_min_words, first_phrase_words and first_max_words "
+                         "(ours only)")
     ap.add_argument("--heldout", default=str(ROOT / "tests/data/segmentation-heldout.jsonl"),
                     help="second corpus for --sweep")
     ap.add_argument("--phrase-words", type=int, default=PHRASE_WORDS,
                     help="first_phrase_words whose first segments --sweep shows")
+    ap.add_argument("--max-words", type=int, default=MAX_WORDS,
+                    help="first_max_words whose mid-phrase first segments --sweep shows")
     ap.add_argument("--run-peer", help=argparse.SUPPRESS)
     ap.add_argument("--job", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -466,6 +538,8 @@ def main() -> None:
         sweep(sets, args.seed, "first_min_words", (0, 2, 3, 4, 5, 6, 8), args.draws)
         sweep(sets, args.seed, "first_phrase_words", (0, 1, 2, 3, 4, 5, 6), args.draws)
         show_first_phrases(replies, args.seed, args.phrase_words)
+        sweep_words({f"replay set {_set_name(p)}": t for p, t in replay_sets.items()},
+                    args.seed, (0, 3, 4, 5, 6, 7, 8), args.draws, args.max_words)
         return
     runs = [(row, chunk_corpus(row["reply"], rng)) for row in corpus
             for _ in range(args.chunkings)]
@@ -520,10 +594,11 @@ def main() -> None:
             want = boundaries(row["reply"], row["segments"])
             got = boundaries(row["reply"], r["segments"])
             first = min(got, default=None)
-            if name in ("ours-eager", "ours-phrase") and first is not None and (
+            if name in ("ours-eager", "ours-phrase", "ours-words") and first is not None and (
                     first not in want) and (
                     _ends_clause(_nonspace(row["reply"])[:first])
-                    or name == "ours-phrase" and _opens_phrase(row["reply"], first)):
+                    or name == "ours-phrase" and _opens_phrase(row["reply"], first)
+                    or name == "ours-words" and _after_words(row["reply"], first, MAX_WORDS)):
                 got = got - {first}  # the reply's first cut, an intended early one: not bad
             bad += len(got - want)
             missed += len(want - got)

@@ -44,3 +44,19 @@ def test_the_comparison_prints_a_first_segment_column_per_replay_set(tmp_path: P
     assert project.strip().endswith("×)") and examples.strip().endswith("×)")
     assert rows["ours"][-1].strip().endswith("(1.00×)")
     assert rows["ours"][0].strip() == "0"  # no bad split on the corpus
+
+
+def test_ours_words_intended_first_cut_and_mid_phrase_count() -> None:
+    """ours-words' first cut after MAX_WORDS words at a space is its intended one, and the
+    sweep counts a first segment ending mid-line at no mark as cut mid-phrase."""
+    reply = "The home team won 3 to 2 in overtime. Great game."
+    nonspace = len(bench._nonspace("The home team won"))
+    assert bench._after_words(reply, nonspace, 4)
+    assert not bench._after_words(reply, nonspace, 5)
+    assert not bench._after_words(reply, nonspace - 1, 3)  # inside "won"
+    assert bench._mid_phrase(reply, "The home team won")
+    assert not bench._mid_phrase(reply, "The home team won 3 to 2 in overtime.")
+    assert not bench._mid_phrase("Done 🎉 Great. More.", "Done 🎉")
+    assert not bench._mid_phrase("Well done! 🎉 More.", "Well done! 🎉")
+    assert not bench._mid_phrase("Sure, go ahead.", "Sure,")
+    assert not bench._mid_phrase("A list item\nnext", "A list item")

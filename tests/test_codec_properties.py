@@ -82,7 +82,8 @@ DECODE_CODES = CODES - {"unknown_voice", "llm_unavailable", "llm_failed", "engin
 TYPES = ["session.update", "transcript", "say", "cancel", "playback", "ping"]
 FIELDS = ["type", "text", "turn_id", "played_ms", "session", "id", "voice", "instructions",
           "llm", "frame_ms", "max_lead_ms", "segmenter", "model", "temperature", "max_tokens",
-          "first_min_words", "first_phrase_words", "min_chars", "max_chars", "quote_max_chars"]
+          "first_min_words", "first_phrase_words", "first_max_words", "min_chars", "max_chars",
+          "quote_max_chars"]
 
 
 def test_documented_codes_were_found():
@@ -197,7 +198,7 @@ def check_settings(changes: dict) -> None:
                 assert set(value) <= {"model", "temperature", "max_tokens"}
             case "segmenter":
                 bounds = {"first_min_words": (0, 50), "first_phrase_words": (0, 50),
-                          "min_chars": (0, 1000),
+                          "first_max_words": (0, 50), "min_chars": (0, 1000),
                           "max_chars": (40, 4000), "quote_max_chars": (0, 4000)}
                 for k, v in value.items():
                     lo, hi = bounds[k]
@@ -307,7 +308,7 @@ def valid_settings(draw):
     if draw(st.booleans()):
         out["segmenter"] = draw(st.fixed_dictionaries({}, optional={
             "first_min_words": st.integers(0, 50), "first_phrase_words": st.integers(0, 50),
-            "min_chars": st.integers(0, 1000),
+            "first_max_words": st.integers(0, 50), "min_chars": st.integers(0, 1000),
             "max_chars": st.integers(40, 4000), "quote_max_chars": st.integers(0, 4000)}))
     return out
 
@@ -583,7 +584,8 @@ def documented_ranges() -> dict[str, tuple[int, int]]:
 
 RANGES = documented_ranges()
 GROUPS = {"temperature": "llm", "max_tokens": "llm", "first_min_words": "segmenter",
-          "first_phrase_words": "segmenter", "min_chars": "segmenter",
+          "first_phrase_words": "segmenter", "first_max_words": "segmenter",
+          "min_chars": "segmenter",
           "max_chars": "segmenter", "quote_max_chars": "segmenter"}
 
 

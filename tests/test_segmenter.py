@@ -61,7 +61,7 @@ _pieces = st.sampled_from([
     " and ", " in ", "in", "side", " with ", " because ", " is ", " a ", "Mr.", " 3 ", " or ",
     "今天", "很好", "。", "！", "？", "「", "」", "（", "）", "と聞いた", "，", "、", "：",
     "„", "“", "«", "»", " » ", "\u202f", "z. B.", "am 3. ", "Oktober", "Sr.", "¿", "3,5",
-    "1 250 000", "EE. UU.", "Co. KG", "séc. XIX",
+    "1 250 000", "EE. UU.", "Co. KG", "séc. XIX", "'", "~~", "$", "_", "Mr", " et al. ",
 ])
 _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 
@@ -70,6 +70,7 @@ _texts = st.lists(_pieces, max_size=40).map("".join) | st.text(max_size=200)
 @given(text=_texts, data=st.data(),
        config=st.builds(SegmenterConfig, first_min_words=st.integers(0, 6),
                         first_phrase_words=st.integers(0, 6),
+                        first_max_words=st.integers(0, 6),
                         min_chars=st.integers(0, 60), max_chars=st.integers(40, 200),
                         quote_max_chars=st.integers(0, 60)))
 def test_invariants(text, data, config):
@@ -311,6 +312,97 @@ def test_first_phrase_and_eager_clause_whichever_comes_first():
         "Sure, the build passed", "on the main branch, and the tests are green."]
     assert phrase(text, 8, first_min_words=4) == [
         "Sure, the build passed on the main branch,", "and the tests are green."]
+
+
+def words(text: str, n: int, **kw) -> list[str]:
+    """Segments with first_max_words; the same whatever the chunking."""
+    config = SegmenterConfig(first_max_words=n, **kw)
+    got = [s.text for s in run(text, config=config)]
+    rng = random.Random(text)
+    for hi in (1, 3, 7):
+        assert [s.text for s in run(text, chunks(text, rng, hi), config)] == got
+    return got
+
+
+def test_first_max_words_is_off_by_default():
+    assert SegmenterConfig().first_max_words == 0
+
+
+@pytest.mark.parametrize(("n", "want"), [
+    (3, ["The home team", "won the final game in overtime.", "Great game."]),
+    (5, ["The home team won the", "final game in overtime.", "Great game."]),
+    (7, ["The home team won the final game", "in overtime.", "Great game."]),
+    (8, ["The home team won the final game in", "overtime.", "Great game."]),
+    (9, ["The home team won the final game in overtime.", "Great game."]),  # ends first
+])
+def test_first_max_words_cuts_after_that_many_words_whatever_the_phrase(n, want):
+    assert words("The home team won the final game in overtime. Great game.", n) == want
+
+
+def test_first_max_words_waits_for_the_next_word_to_start():
+    seg = Segmenter(SegmenterConfig(first_max_words=2))
+    assert seg.feed("Your order") == []  # "order" or "orders"?
+    assert seg.feed(" ") == []  # "Your order 1 250 000" or "Your order," ...: wait
+    assert [s.text for s in seg.feed("has")] == ["Your order"]
+    assert [s.text for s in seg.finish()] == ["has"]
+    seg = Segmenter(SegmenterConfig(first_max_words=2))
+    assert [s.text for s in seg.feed("Your order ") + seg.finish()] == ["Your order"]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # never inside a number, an abbreviation, a URL or a title and its name
+    ("It is 1 250 000 euros in all.", ["It is 1 250 000 euros", "in all."]),
+    ("We met at 3 p.m. in the big room.", ["We met at", "3 p.m. in the big room."]),
+    ("Ask Dr. Smith about the dose.", ["Ask Dr. Smith", "about the dose."]),
+    ("Ask Mr Smith about the dose.", ["Ask Mr Smith", "about the dose."]),
+    ("Smith et al. found the same effect.", ["Smith et al. found", "the same effect."]),
+    ("Born in June, 2024 we moved.", ["Born in June, 2024 we", "moved."]),
+    # a dotted word after the cut is read with the word before it: "No. 12", "im XIX."
+    ("It went to No. 12 instead of No. 21.", ["It went to", "No. 12 instead of No. 21."]),
+    ("Es wurde im XIX. Jahrhundert gebaut.", ["Es wurde im", "XIX. Jahrhundert gebaut."]),
+    ("See https://x.io/a?b=1 for the docs.", ["See https://x.io/a?b=1 for", "the docs."]),
+    ("It costs $5 per month now.", ["It costs $5 per", "month now."]),
+    # never inside quotes, brackets or a markdown span
+    ('He said "go home right now" and left it.',
+     ['He said "go home right now" and', "left it."]),
+    ("He said 'go home right now' and left.", ["He said 'go home right now'", "and left."]),
+    ("The call (with the landlord) moved to noon.",
+     ["The call (with the landlord) moved", "to noon."]),
+    ("It is **really very good** news.", ["It is **really very good** news."]),
+    ("Run `git commit -m fix` now and wait.", ["Run `git commit -m fix` now", "and wait."]),
+    ("Use ~~the old way~~ the new one.", ["Use ~~the old way~~ the", "new one."]),
+    ("Take $a plus b$ as the sum.", ["Take $a plus b$ as", "the sum."]),
+    # a clause mark may end the word before; a bullet is no word
+    ("First of all, we check the logs.", ["First of all,", "we check the logs."]),
+    ("- Install the package first and wait.", ["- Install the package", "first and wait."]),
+    # a sentence, an eager clause or a phrase that ends first wins
+    ("Yes. I can do that for you.", ["Yes.", "I can do that for you."]),
+])
+def test_first_max_words_never_cuts_a_protected_token(text, want):
+    assert words(text, 3, first_min_words=0) == want
+
+
+def test_first_max_words_with_the_eager_clause_and_first_phrase_whichever_comes_first():
+    text = "Sure, the build passed on the main branch today."
+    assert words(text, 6) == ["Sure, the build passed on the", "main branch today."]
+    assert words(text, 6, first_min_words=1) == [
+        "Sure,", "the build passed on the main branch today."]
+    assert words(text, 6, first_phrase_words=3) == [
+        "Sure, the build passed", "on the main branch today."]
+    assert words(text, 3, first_phrase_words=3) == [
+        "Sure, the build", "passed on the main branch today."]
+
+
+def test_first_max_words_cuts_only_the_first_segment():
+    assert words("Okay. The home team won the final game.", 2) == [
+        "Okay.", "The home team won the final game."]
+
+
+def test_abandon_never_returns_a_first_max_words_cut():
+    """abandon feeds a made-up sentence: a cut before it would speak an unfinished text."""
+    seg = Segmenter(SegmenterConfig(first_max_words=2))
+    assert seg.feed("and then ") == []
+    assert seg.abandon() == []
 
 
 def test_short_sentences_merge_after_the_first():

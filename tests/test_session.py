@@ -741,6 +741,19 @@ def test_session_update_first_phrase_words_cuts_the_first_segment(clock):
     assert [e.text for e in out if isinstance(e, StartSynthesis)] == ["The home team won 3 to 2"]
 
 
+def test_session_update_first_max_words_cuts_the_first_segment(clock):
+    s = Session("s")
+    assert s.settings.to_event()["segmenter"]["first_max_words"] == 0
+    out = s.receive(ClientSessionUpdate({"segmenter": {"first_max_words": 3}}), clock())
+    assert events(out)[0]["session"]["segmenter"]["first_max_words"] == 3
+    assert s.settings.segmenter.first_phrase_words == 0  # the other knobs keep their values
+    tid = start(s, clock)
+    out = s.llm_delta(tid, "The home team won 3 to 2 in overtime", clock.advance(100))
+    assert [e.text for e in out if isinstance(e, StartSynthesis)] == ["The home team"]
+    out = s.receive(ClientSessionUpdate({"segmenter": {"first_max_words": None}}), clock())
+    assert events(out)[0]["session"]["segmenter"]["first_max_words"] == 0
+
+
 def test_ping_pong(clock):
     assert events(Session("s").receive(ClientPing(7), clock())) == [{"type": "pong", "id": 7}]
 

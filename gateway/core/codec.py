@@ -221,6 +221,7 @@ _LLM_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
 }
 _SEGMENTER_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
     "first_min_words": _int_in(0, 50), "first_phrase_words": _int_in(0, 50),
+    "first_max_words": _int_in(0, 50),
     "min_chars": _int_in(0, 1000), "max_chars": _int_in(40, 4000),
     "quote_max_chars": _int_in(0, 4000),
 }

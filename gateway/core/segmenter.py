@@ -54,6 +54,16 @@ on how the stream was chunked:
   article, a determiner or another function word (``the``, ``my``, ``of``...). It is
   decided at the whitespace after the function word, so a sentence that ends before that
   goes whole, and the result does not depend on the chunking.
+* Opt-in (``first_max_words`` > 0), prosody-blind: the first segment may also end at the
+  first space after that many words (those holding a letter or digit; a list marker is
+  none), wherever the phrase is, when nothing above cut it sooner. Only between two plain
+  words: the word before is letters (an inner apostrophe or hyphen, a trailing ``,`` ``;``
+  ``:`` allowed, but not before a digit: "June, 2024"), not a title or "et"; the word after
+  starts with a letter or digit; inside no quote, bracket, emphasis, strike-through, inline
+  code or math. So never inside a number, an abbreviation, a URL or a markdown span.
+  Decided once the next word's first character arrives (a word is whole only when the
+  space after it is there), so the result does not depend on the chunking. Chinese and
+  Japanese, written without spaces, give it no place.
 * Later sentences shorter than ``min_chars`` are merged with the next (never across a
   newline); a sentence longer than ``max_chars`` is cut at its last clause mark (else its
   last space that is not inside a number written in groups, "1 250 000", or between two
@@ -89,6 +99,12 @@ class SegmenterConfig:
     phrase-opening function word (``and``, ``because``, ``in``, ``with``... see
     ``_PHRASE_OPENERS``) once it holds this many words. Trades some prosody for latency;
     measured in bench/SEGMENTATION.md."""
+    first_max_words: int = 0
+    """Opt-in (0 = off): the first segment of a turn may also end at the first word
+    boundary after this many words, wherever the phrase is, when no sentence end, eager
+    clause or phrase cut came first (stream2sentence's "fast first fragment"). Prosody-blind:
+    never inside a protected token (number, abbreviation, URL, quote, bracket, markdown
+    span), but mid-phrase; measured in bench/SEGMENTATION.md."""
     min_chars: int = 0
     """Sentences after the first shorter than this are merged with the next one."""
     max_chars: int = 400
@@ -240,6 +256,31 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "of to than as so that not very is are was were be been being am do does did has have "
     "had will would can could should shall may might must".split()
 )
+_GAP = re.compile("[ \t\u00a0\u202f]+")
+_PLAIN_WORD = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*['\u2019]?[,;:]?")
+"""A word the first_max_words cut may follow: letters, an inner apostrophe or hyphen
+("it's", "well-known"), a plural possessive ("students'"), a clause mark ("Paris,")."""
+_MATH_DOLLAR = re.compile(r"\$(?!\d)")
+"""A ``$`` that may delimit math (not "$5")."""
+_OPEN_SINGLE = re.compile("(?<![^\\s])['\u2018]")
+_CLOSE_SINGLE = re.compile("['\u2019](?![^\\s,;:.!?])")
+
+
+def _open_span(text: str) -> bool:
+    """``text`` ends inside a markdown span (``**…**``, ``*…*``, ``__…__``, ``_…_``,
+    ``~~…~~``, inline code, ``$…$`` math) or a single-quoted phrase: a first_max_words cut
+    there would split what ``speakable`` reads as one (counted, so conservative: an odd
+    ``_`` in "my_var" keeps the cut off)."""
+    for pair, single in (("**", "*"), ("__", "_"), ("$$", None), ("~~", None)):
+        if text.count(pair) % 2:
+            return True
+        if single and text.replace(pair, "").count(single) % 2:
+            return True
+    return (text.count("`") % 2 == 1
+            or len(_MATH_DOLLAR.findall(text.replace("$$", ""))) % 2 == 1
+            or len(_OPEN_SINGLE.findall(text)) > len(_CLOSE_SINGLE.findall(text)))
+
+
 _CAMEL = re.compile(r"[a-z]{1,5}[A-Z][A-Za-z0-9]*|v\d+")
 """A name written in camelCase ("macOS", "iOS", "iPhone", "eBay") or a version ("v0.3.1"):
 it opens sentences though its first letter is lowercase."""
@@ -324,11 +365,13 @@ class Segmenter:
         self._fresh_line = True  # the pending segment starts a line
         self._clause: tuple[int, int, int, int] | None = None  # (end, resume, quote, paren)
         # while a quote is open: the scanner's state right after it opened (pos, paren,
-        # clause, phrase_pos), to scan again from there if it turns out unmatched
-        self._quote_from: tuple[int, int, tuple[int, int, int, int] | None, int] | None = None
+        # clause, phrase_pos, word_pos), to scan again from there if it turns out unmatched
+        self._quote_from: tuple[
+            int, int, tuple[int, int, int, int] | None, int, int] | None = None
         self._phrase_pos = 0  # phrase openers before this are decided (first segment only)
+        self._word_pos = 0  # first_max_words cuts before this are decided (first segment)
         # the word before the pending segment when a cut inside a sentence (eager clause,
-        # phrase, long sentence) made it, for the rules that look back ("im | XIX.");
+        # phrase, word count, long sentence) made it, for the rules that look back ("im | XIX.");
         # None when the pending segment opens a sentence
         self._carry: str | None = None
         self._final = False
@@ -362,7 +405,10 @@ class Segmenter:
             return []
         # No length cut either: the text kept was within max_chars (feed cuts at it), and
         # only the made-up next sentence could push it past, to be cut inside it ("... The").
-        self.config = replace(self.config, min_chars=0, max_chars=len(self._buf) + 1024)
+        # Nor a first_max_words cut: it could end the first segment inside the made-up
+        # sentence, or at the unfinished text's last word ("and then we").
+        self.config = replace(self.config, min_chars=0, max_chars=len(self._buf) + 1024,
+                              first_max_words=0)
         # never part of a segment: nothing cuts after it. A number's dot at the very end
         # ("is 8.") may have been "8.4": no sentence end there.
         out = [] if self._buf[-2:-1].isdigit() and self._buf.endswith(".") else (
@@ -388,8 +434,9 @@ class Segmenter:
                 elif self._quote_unmatched(m.start() if m else len(buf)):
                     continue
                 limit = self.config.max_chars
-                if (self._index == 0 and self.config.first_phrase_words > 0
-                        and self._phrase(min(m.start() if m else len(buf), limit), out)):
+                if (self._index == 0 and (self.config.first_phrase_words > 0
+                                          or self.config.first_max_words > 0)
+                        and self._first_cut(min(m.start() if m else len(buf), limit), out)):
                     buf = self._buf
                     continue
                 if m is None or m.start() > limit:
@@ -457,11 +504,13 @@ class Segmenter:
         chunking."""
         if self._quote_from is None:  # the scan is right after the quote: decide already,
             # or a reply fed whole would step to a far stop the chunked one stops short of
-            self._quote_from = (self._pos, self._paren, self._clause, self._phrase_pos)
+            self._quote_from = (self._pos, self._paren, self._clause, self._phrase_pos,
+                                self._word_pos)
         span = self.config.quote_max_chars
         if not span or reach - self._quote_from[0] <= span:
             return False
-        self._pos, self._paren, self._clause, self._phrase_pos = self._quote_from
+        (self._pos, self._paren, self._clause, self._phrase_pos,
+         self._word_pos) = self._quote_from
         self._quote, self._quote_from = 0, None
         return True
 
@@ -780,6 +829,56 @@ class Segmenter:
         self._clause = (i + 1, i + 1, 0, 0)
         return self._eager_cut(i + 1, out)
 
+    def _first_cut(self, endpos: int, out: list[Segment]) -> bool:
+        """The opt-in cuts of the first segment in ``_buf[:endpos]`` (no stop char in
+        between): the earlier of a phrase cut and a word-count cut; True if one cut. Each
+        decides a place only once the text after it is there, so the earlier one decided
+        is the earlier one in the text whatever the chunking."""
+        w = self._word_cut(endpos) if self.config.first_max_words > 0 else -1
+        if self.config.first_phrase_words > 0 and self._phrase(
+                endpos if w < 0 else w + 1, out):  # + 1: an opener right before w is whole
+            return True
+        if w < 0:
+            return False
+        out.extend(self._emit(w, w, mid=True))
+        return True
+
+    def _word_cut(self, endpos: int) -> int:
+        """Where first_max_words cuts the first segment in ``_buf[:endpos]``: the first
+        space after that many words between two plain words (the module docstring), or -1.
+        A space with nothing after it yet waits."""
+        buf = self._buf
+        start = self._word_pos
+        if endpos <= start:
+            return -1
+        if self._quote or self._paren:
+            self._word_pos = endpos
+            return -1
+        for m in _GAP.finditer(buf, start, endpos):
+            w = m.start()
+            k = m.end()
+            while k < len(buf) and buf[k] in _SPACE:
+                k += 1
+            if k >= len(buf):
+                if self._final:
+                    break  # nothing follows: the rest goes whole anyway
+                self._word_pos = w  # the next word decides: look again next time
+                return -1
+            if w == 0 or not buf[k].isalnum():
+                continue
+            head = _LINE_MARK.sub("", buf[:w], count=1)
+            tokens = head.split()
+            if sum(any(c.isalnum() for c in x) for x in tokens) < self.config.first_max_words:
+                continue
+            prev = tokens[-1]  # the whole word before w: buf[w - 1] is not a space
+            if (not _PLAIN_WORD.fullmatch(prev) or prev.rstrip(",;:") in _TITLES
+                    or prev.lower() == "et" or _open_span(head)
+                    or prev[-1] in ",;:" and buf[k].isdigit()):
+                continue  # "Mr | Smith", "et | al.", "June, | 2024": one token
+            return w
+        self._word_pos = endpos
+        return -1
+
     def _phrase(self, endpos: int, out: list[Segment]) -> bool:
         """Cut the first segment before a phrase opener in ``_buf[:endpos]`` (no stop char
         in between); True if it did. Openers not yet followed by whitespace wait."""
@@ -851,7 +950,7 @@ class Segmenter:
         self._buf = buf[resume:]
         self._offset += resume
         self._pos = 0
-        self._phrase_pos = 0
+        self._phrase_pos = self._word_pos = 0
         self._clause = None
         self._quote_from = None  # a quote still open restarts its count here
         self._fresh_line = "\n" in buf[end:resume]

@@ -217,6 +217,7 @@ class SessionSettings:
             "max_lead_ms": self.max_lead_ms,
             "segmenter": {"first_min_words": seg.first_min_words,
                           "first_phrase_words": seg.first_phrase_words,
+                          "first_max_words": seg.first_max_words,
                           "min_chars": seg.min_chars, "max_chars": seg.max_chars,
                           "quote_max_chars": seg.quote_max_chars},
         }
