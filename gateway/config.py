@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from engines.base import THINKING_MODES
 from engines.options import describe, mismatch
-from gateway.core.codec import FRAME_MS_CHOICES, MAX_LEAD_MS_RANGE
+from gateway.core.codec import FRAME_MS_CHOICES, LEAD_BELOW_FRAME, MAX_LEAD_MS_RANGE
 from gateway.core.session import DEFAULT_INSTRUCTIONS
 
 log = logging.getLogger("gateway")
@@ -297,6 +297,10 @@ class SessionDefaults:
             raise ValueError(f"session.frame_ms must be one of {FRAME_MS_CHOICES}, not "
                              f"{self.frame_ms!r}")
         _check_int("session.max_lead_ms", self.max_lead_ms, MAX_LEAD_MS_RANGE[0])
+        if self.max_lead_ms <= self.frame_ms:
+            raise ValueError(f"session.max_lead_ms ({self.max_lead_ms}) must be more than "
+                             f"session.frame_ms ({self.frame_ms}) (--max-lead-ms, "
+                             f"--frame-ms): {LEAD_BELOW_FRAME}")
         _check_int("session.history_turns", self.history_turns, 0)
         _check_int("session.max_reply_chars", self.max_reply_chars, 100)
 

@@ -180,6 +180,9 @@ def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
     # session.created never announces a frame size protocol.md does not allow.
     (["--frame-ms", "33"], "session.frame_ms must be one of (20, 40, 60, 80, 100, 120)"),
     (["--max-lead-ms", "5"], "session.max_lead_ms must be an integer at least 100, not 5"),
+    (["--max-lead-ms", "100", "--frame-ms", "120"], "session.max_lead_ms (100) must be "
+     "more than session.frame_ms (120) (--max-lead-ms, --frame-ms): a lead of one frame or "
+     "less lets the next frame out only once the client has run dry"),
     (["--max-sessions", "0"], "server.max_sessions must be an integer at least 1, not 0"),
     (["--port", "70000"], "server.port must be an integer between 0 and 65535, not 70000"),
     # the HTTP API's port, port + 1 by default: a traceback (bind() of 65536) and "address

@@ -100,6 +100,23 @@ def test_each_frame_arriving_after_the_listener_ran_out_counts_one_underrun():
     assert pacer.underruns == 3
 
 
+@pytest.mark.parametrize(("max_lead", "frame_ms", "underruns"), [
+    (100, 120, 49), (120, 120, 49), (100, 100, 49),  # refused: session.update, the config
+    (140, 120, 0), (120, 100, 0), (100, 80, 0), (1000, 40, 0)])
+def test_a_lead_of_one_frame_or_less_runs_dry_before_every_frame(max_lead, frame_ms,
+                                                                 underruns):
+    # Frames released at each wake-up, which a timer serves a millisecond late: with no
+    # more than one frame of lead, the next frame may go only once the client has none.
+    pacer, now = Pacer(max_lead_ms=max_lead, frame_ms=frame_ms), 0.0
+    for _ in range(50):
+        for _ in range(pacer.frames_allowed(now, frame_ms)):
+            pacer.sent(frame_ms, now)
+        wake = pacer.wake_at()
+        assert wake is not None
+        now = max(now, wake) + 0.001
+    assert pacer.underruns == underruns
+
+
 def test_a_playback_mark_before_any_audio_does_not_make_the_first_frame_an_underrun():
     pacer = Pacer(max_lead_ms=1000)
     pacer.mark(0, 0.0)

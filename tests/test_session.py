@@ -9,6 +9,7 @@ import pytest
 
 from gateway.core.codec import (
     BYTES_PER_MS,
+    LEAD_BELOW_FRAME,
     ClientCancel,
     ClientPing,
     ClientPlayback,
@@ -717,6 +718,22 @@ def test_max_lead_ms_beyond_the_sessions_limit_is_refused(clock):
         assert s.settings.max_lead_ms == limit
 
 
+def test_a_lead_of_one_frame_or_less_is_refused_as_merged(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=100))
+    for update, lead, frame in (({"frame_ms": 100}, 100, 100),  # the lead left as it was
+                                ({"frame_ms": 120, "max_lead_ms": 120}, 120, 120)):
+        (error,) = events(s.receive(ClientSessionUpdate(update), clock()))
+        assert error["error"] == {"code": "invalid_field", "message":
+                                  f"max_lead_ms ({lead}) must be more than frame_ms ({frame}): "
+                                  f"{LEAD_BELOW_FRAME}"}
+        assert (s.settings.frame_ms, s.settings.max_lead_ms) == (40, 100)  # none of it
+    s.receive(ClientSessionUpdate({"frame_ms": 120, "max_lead_ms": 140}), clock())
+    assert (s.settings.frame_ms, s.settings.max_lead_ms) == (120, 140)
+    (error,) = events(s.receive(ClientSessionUpdate({"max_lead_ms": None}), clock()))
+    assert error["error"]["message"].startswith("max_lead_ms (100) must be more than "
+                                                "frame_ms (120)")  # the server's 100
+
+
 def test_every_segmenter_knob_is_reported_and_can_be_updated(clock):
     from dataclasses import fields
 
@@ -899,7 +916,8 @@ def test_a_short_blip_keeps_what_the_listener_still_holds(clock):
 
 
 def test_frames_longer_than_the_lead_still_flow(clock):
-    # frame_ms 120 with max_lead_ms 100: each frame goes out when the listener runs dry
+    # frame_ms 120 with max_lead_ms 100 (which session.update and the config refuse): each
+    # frame goes out when the listener runs dry
     s = Session("s", settings=SessionSettings(frame_ms=120, max_lead_ms=100))
     s.receive(ClientSay("Something to say here."), clock())
     tid = s.turn.id

@@ -234,7 +234,8 @@ class SessionMachine(RuleBasedStateMachine):
         effects = self.session.receive(ClientSessionUpdate(
             {"frame_ms": frame_ms, "max_lead_ms": lead, "voice": voice}), self.now())
         (event,) = [e.event for e in effects]
-        assert event["type"] == ("error" if voice == "nope" else "session.updated")
+        refused = voice == "nope" or lead <= frame_ms  # (a lead of one frame or less)
+        assert event["type"] == ("error" if refused else "session.updated")
         self.check([e for e in effects if e.event["type"] != "error"])
 
     @rule(ping_id=st.one_of(st.none(), st.integers(), st.text(max_size=5)))

@@ -29,6 +29,10 @@ FRAME_MS_CHOICES = (20, 40, 60, 80, 100, 120)
 MAX_LEAD_MS_RANGE = (100, 30_000)
 """Smallest and largest ``max_lead_ms`` a ``session.update`` may ask for. A server's own
 default is held to the smallest only (``gateway.config.SessionDefaults``)."""
+LEAD_BELOW_FRAME = "a lead of one frame or less lets the next frame out only once the " \
+    "client has run dry, an underrun on every frame"
+"""Why ``max_lead_ms`` must be more than ``frame_ms`` (``Pacer.may_send``): a refusal's
+reason, for a ``session.update`` and for the server's own defaults alike."""
 
 FRAME_HEADER = struct.Struct("<BBHII")
 """u8 version, u8 flags, u16 sentence index, u32 turn_id, u32 seq (little-endian)."""

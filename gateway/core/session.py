@@ -32,6 +32,7 @@ from gateway.core.codec import (
     BYTES_PER_MS,
     FLAG_SENTENCE_END,
     FLAG_TURN_END,
+    LEAD_BELOW_FRAME,
     ClientCancel,
     ClientMessage,
     ClientPing,
@@ -433,7 +434,13 @@ class Session:
             return self.protocol_error(ProtocolError(
                 "invalid_field", f"field 'max_lead_ms' must be between "
                 f"{codec.MAX_LEAD_MS_RANGE[0]} and {most}"), now)
-        self.settings = self.settings.updated(changes, self.defaults)
+        settings = self.settings.updated(changes, self.defaults)
+        if settings.max_lead_ms <= settings.frame_ms:
+            # (as merged: either may be the one this update leaves as it was)
+            return self.protocol_error(ProtocolError("invalid_field", f"max_lead_ms "
+                f"({settings.max_lead_ms}) must be more than frame_ms ({settings.frame_ms}): "
+                f"{LEAD_BELOW_FRAME}"), now)
+        self.settings = settings
         return [SendEvent({"type": "session.updated", "session": self.settings.to_event()})]
 
     @property
