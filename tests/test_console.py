@@ -451,6 +451,7 @@ async def test_console_a_new_session_keeps_the_settings_the_user_set(gateway):
         await page.fill("#voice", "en-gb")
         await page.fill("#instructions", "Answer like a pirate.")
         await page.select_option("#frame-ms", "80")
+        await page.fill("#first-max-words", "6")
         await page.click("#apply")
         await page.wait_for_function(f"{state}.settings.voice === 'en-gb'")
         old = await page.evaluate(f"{state}.sessionId")
@@ -461,9 +462,47 @@ async def test_console_a_new_session_keeps_the_settings_the_user_set(gateway):
             f"{state}.settings.voice === 'en-gb'")
         (runner,) = gateway.runners.values()
         assert runner.session.settings == dataclasses.replace(
-            default, voice="en-gb", instructions="Answer like a pirate.", frame_ms=80)
-        assert [await page.input_value(f) for f in ("#voice", "#instructions", "#frame-ms")] \
-            == ["en-gb", "Answer like a pirate.", "80"]
+            default, voice="en-gb", instructions="Answer like a pirate.", frame_ms=80,
+            segmenter=dataclasses.replace(default.segmenter, first_max_words=6))
+        assert [await page.input_value(f) for f in ("#voice", "#instructions", "#frame-ms",
+                                                    "#first-max-words")] \
+            == ["en-gb", "Answer like a pirate.", "80", "6"]
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_sets_the_first_segments_word_limits(gateway):
+    """The segmenter's first-segment settings (first_max_words is opt-in, to be heard before
+    it is chosen) are set in the page as the others are: shown as session.created says, a
+    refused value said why and put back, an accepted one used by the next turn."""
+    state = "window.consoleState"
+    fields = ("#first-min-words", "#first-phrase-words", "#first-max-words")
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        (runner,) = gateway.runners.values()
+        default = runner.session.settings.segmenter
+        assert [await page.input_value(f) for f in fields] == [
+            str(default.first_min_words), str(default.first_phrase_words),
+            str(default.first_max_words)]
+        await page.fill("#first-max-words", "51")
+        await page.click("#apply")
+        await page.wait_for_function(f"{state}.errors.length")
+        assert (await page.evaluate(f"{state}.errors")) == [
+            "invalid_field: field 'first_max_words' must be between 0 and 50"]
+        assert await page.input_value("#first-max-words") == str(default.first_max_words)
+        assert runner.session.settings.segmenter == default
+        await page.fill("#first-max-words", "3")
+        await page.press("#first-max-words", "Enter")
+        await page.wait_for_function(f"{state}.settings.segmenter.first_max_words === 3")
+        assert runner.session.settings.segmenter == dataclasses.replace(default,
+                                                                        first_max_words=3)
+        await talk_when_ready(page, "Tell me everything")
+        await page.wait_for_function("document.querySelector('#sentences li')")
+        # "This is sentence number 1 of a long answer." cut after its third word
+        assert await page.evaluate(
+            "document.querySelector('#sentences li').firstChild.textContent") \
+            == "This is sentence"
         assert errors == []
 
 

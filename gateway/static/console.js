@@ -546,7 +546,9 @@ function sendAgain(ev) {
   session.asked = [...session.asked.slice(0, started), ...lost];
   for (const asked of lost) again.push([asked.n, {type: "transcript", text: asked.text}, true]);
   if (pendingUpdate && !Object.entries(pendingUpdate.session).every(
-    ([key, value]) => ev.session?.[key] === value)) {
+    ([key, value]) => key === "segmenter"  // (an update names only the keys it changes)
+      ? Object.entries(value).every(([k, v]) => ev.session?.segmenter?.[k] === v)
+      : ev.session?.[key] === value)) {
     again.push([pendingUpdate.n, {type: "session.update", session: pendingUpdate.session}]);
   }
   for (const [, message, bargeIn] of again.sort((a, b) => a[0] - b[0])) {
@@ -555,6 +557,10 @@ function sendAgain(ev) {
   }
 }
 
+// the segmenter's first-segment settings, by field (protocol.md, session.update)
+const FIRST_SEGMENT = {"first-min-words": "first_min_words",
+                       "first-phrase-words": "first_phrase_words",
+                       "first-max-words": "first_max_words"};
 let settings = null; // the session's settings as the server last reported them
 let initial = null; // the session's settings at its session.created
 let shown = null; // what showSettings last put in each field
@@ -564,6 +570,7 @@ function showSettings(s, {keepEdits = false} = {}) {
   settings = state.settings = s;
   const values = {"voice": s.voice || "", "frame-ms": String(s.frame_ms),
                   "instructions": s.instructions || ""};
+  for (const [id, key] of Object.entries(FIRST_SEGMENT)) values[id] = String(s.segmenter[key]);
   for (const [id, value] of Object.entries(values)) {
     if (keepEdits && shown && $(id).value !== shown[id]) continue;
     $(id).value = value;
@@ -634,8 +641,13 @@ function startSession(ev) {
 function changedSettings() {
   if (!initial) return {};
   const now = {...settings, ...pendingUpdate?.session};
-  return Object.fromEntries(["voice", "frame_ms", "instructions"]
+  const changed = Object.fromEntries(["voice", "frame_ms", "instructions"]
     .filter((key) => now[key] !== initial[key]).map((key) => [key, now[key]]));
+  const segmenter = {...settings.segmenter, ...pendingUpdate?.session.segmenter};
+  const words = Object.values(FIRST_SEGMENT).filter((key) =>
+    segmenter[key] !== initial.segmenter[key]);
+  if (words.length) changed.segmenter = Object.fromEntries(words.map((k) => [k, segmenter[k]]));
+  return changed;
 }
 
 // the streamed reply, with a boundary after each sentence the segmenter cut
@@ -936,6 +948,11 @@ $("settings").addEventListener("submit", (e) => {
               `${MAX_INSTRUCTIONS_CHARS}`);
     return;
   }
+  const words = Object.keys(FIRST_SEGMENT).find((id) => $(id).validity.badInput);
+  if (words) { // (its value reads as empty, which would ask for the server's default)
+    showError(`${FIRST_SEGMENT[words]} must be a number`);
+    return;
+  }
   if (!connected()) {
     showError("not connected: the settings were not sent");
     return;
@@ -945,6 +962,8 @@ $("settings").addEventListener("submit", (e) => {
     frame_ms: Number($("frame-ms").value),
     voice: $("voice").value.trim() || null,
     instructions: instructions || null,
+    segmenter: Object.fromEntries(Object.entries(FIRST_SEGMENT).map(([id, key]) =>
+      [key, $(id).value.trim() === "" ? null : Number($(id).value)])),
   }};
   send({type: "session.update", session: pendingUpdate.session});
 });
