@@ -375,6 +375,9 @@ def test_first_max_words_waits_for_the_next_word_to_start():
     # a clause mark may end the word before; a bullet is no word
     ("First of all, we check the logs.", ["First of all,", "we check the logs."]),
     ("- Install the package first and wait.", ["- Install the package", "first and wait."]),
+    ("- [x] Buy the milk and the eggs.", ["- [x] Buy the milk", "and the eggs."]),
+    ("1. Open the app and wait.", ["1. Open the app", "and wait."]),
+    ("3. Oktober ist ein Feiertag hier.", ["3. Oktober ist", "ein Feiertag hier."]),  # a day
     # a sentence, an eager clause or a phrase that ends first wins
     ("Yes. I can do that for you.", ["Yes.", "I can do that for you."]),
 ])

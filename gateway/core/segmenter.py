@@ -257,11 +257,16 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "had will would can could should shall may might must".split()
 )
 _GAP = re.compile("[ \t\u00a0\u202f]+")
+_WORD = re.compile(r"[^\W_]\S*")
+"""From a word's first letter or digit to its end: one match per word holding one (as
+``str.isalnum`` and ``str.split`` have them)."""
 _PLAIN_WORD = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*['\u2019]?[,;:]?")
 """A word the first_max_words cut may follow: letters, an inner apostrophe or hyphen
 ("it's", "well-known"), a plural possessive ("students'"), a clause mark ("Paris,")."""
 _MATH_DOLLAR = re.compile(r"\$(?!\d)")
 """A ``$`` that may delimit math (not "$5")."""
+_SPAN_MARK = re.compile("[*_$~`'\u2018]")
+"""What can open a span ``_open_span`` sees (a closing ’ alone opens none)."""
 _OPEN_SINGLE = re.compile("(?<![^\\s])['\u2018]")
 _CLOSE_SINGLE = re.compile("['\u2019](?![^\\s,;:.!?])")
 
@@ -271,6 +276,8 @@ def _open_span(text: str) -> bool:
     ``~~…~~``, inline code, ``$…$`` math) or a single-quoted phrase: a first_max_words cut
     there would split what ``speakable`` reads as one (counted, so conservative: an odd
     ``_`` in "my_var" keeps the cut off)."""
+    if _SPAN_MARK.search(text) is None:
+        return False  # (most heads: plain prose; the counts below cost several passes)
     for pair, single in (("**", "*"), ("__", "_"), ("$$", None), ("~~", None)):
         if text.count(pair) % 2:
             return True
@@ -370,6 +377,9 @@ class Segmenter:
             int, int, tuple[int, int, int, int] | None, int, int] | None = None
         self._phrase_pos = 0  # phrase openers before this are decided (first segment only)
         self._word_pos = 0  # first_max_words cuts before this are decided (first segment)
+        # the words counted so far for first_max_words (``_head_words``): (head start, gap,
+        # words before the gap, last word); None until _emit starts a new buffer
+        self._words_at: tuple[int, int, int, str] | None = None
         # the word before the pending segment when a cut inside a sentence (eager clause,
         # phrase, word count, long sentence) made it, for the rules that look back ("im | XIX.");
         # None when the pending segment opens a sentence
@@ -866,18 +876,34 @@ class Segmenter:
                 return -1
             if w == 0 or not buf[k].isalnum():
                 continue
-            head = _LINE_MARK.sub("", buf[:w], count=1)
-            tokens = head.split()
-            if sum(any(c.isalnum() for c in x) for x in tokens) < self.config.first_max_words:
+            head, words, prev = self._head_words(w)
+            if words < self.config.first_max_words:
                 continue
-            prev = tokens[-1]  # the whole word before w: buf[w - 1] is not a space
             if (not _PLAIN_WORD.fullmatch(prev) or prev.rstrip(",;:") in _TITLES
-                    or prev.lower() == "et" or _open_span(head)
+                    or prev.lower() == "et" or _open_span(buf[head:w])
                     or prev[-1] in ",;:" and buf[k].isdigit()):
                 continue  # "Mr | Smith", "et | al.", "June, | 2024": one token
             return w
         self._word_pos = endpos
         return -1
+
+    def _head_words(self, w: int) -> tuple[int, int, str]:
+        """The head before the gap at ``w`` as first_max_words sees it: where it starts
+        (past a list marker, ``_LINE_MARK``: it may move as the head grows, "- [x]" then
+        "- [x] Buy"), how many of its words hold a letter or digit, and its last word.
+        Counted on from the gap asked about before, not again from the start (that cost
+        grew with each word before the cut: bench/segmentation.py's p99)."""
+        buf = self._buf
+        mark = _LINE_MARK.match(buf, 0, w)
+        head = mark.end() if mark else 0
+        at = self._words_at  # a gap is whitespace: the words before it are whole
+        gap, words, prev = at[1:] if at and at[0] == head and at[1] <= w else (head, 0, "")
+        tokens = buf[gap:w].split()
+        if tokens:
+            words += len(_WORD.findall(buf, gap, w))
+            prev = tokens[-1]
+        self._words_at = (head, w, words, prev)
+        return head, words, prev
 
     def _phrase(self, endpos: int, out: list[Segment]) -> bool:
         """Cut the first segment before a phrase opener in ``_buf[:endpos]`` (no stop char
@@ -951,6 +977,7 @@ class Segmenter:
         self._offset += resume
         self._pos = 0
         self._phrase_pos = self._word_pos = 0
+        self._words_at = None
         self._clause = None
         self._quote_from = None  # a quote still open restarts its count here
         self._fresh_line = "\n" in buf[end:resume]
