@@ -1237,6 +1237,20 @@ async def test_console_shows_a_turn_lost_with_its_session(start_gateway):
         assert errors == []
 
 
+def messages_received(gateway: Any) -> list[Any]:
+    """What the gateway's only session receives from here on, as decoded messages."""
+    (runner,) = gateway.runners.values()
+    received: list[Any] = []
+    receive = runner.receive
+
+    def receiving(message, now):
+        received.append(message)
+        return receive(message, now)
+
+    runner.receive = receiving
+    return received
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_stop_marks_what_was_heard_to_the_sample(gateway):
@@ -1250,15 +1264,7 @@ async def test_console_stop_marks_what_was_heard_to_the_sample(gateway):
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await talk_when_ready(page, "Tell me everything")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
-        (runner,) = gateway.runners.values()
-        received: list[Any] = []
-        receive = runner.receive
-
-        def receiving(message, now):
-            received.append(message)
-            return receive(message, now)
-
-        runner.receive = receiving
+        received = messages_received(gateway)
         # Stop 25 ms after a periodic count came (half the time to the next one)
         await page.evaluate("""async () => {
             const s = window.consoleState, n = s.workletReports;
@@ -1294,15 +1300,7 @@ async def test_console_stop_then_send_at_once_marks_the_stopped_reply_before_the
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await talk_when_ready(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
-        (runner,) = gw.runners.values()
-        received: list[Any] = []
-        receive = runner.receive
-
-        def receiving(message, now):
-            received.append(message)
-            return receive(message, now)
-
-        runner.receive = receiving
+        received = messages_received(gw)
         await page.evaluate("""() => {
             document.querySelector("#stop").click();
             document.querySelector("#transcript").value = "Show me";

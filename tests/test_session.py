@@ -747,28 +747,20 @@ def test_every_segmenter_knob_is_reported_and_can_be_updated(clock):
     assert s.settings.segmenter.quote_max_chars == 0
 
 
-def test_session_update_first_phrase_words_cuts_the_first_segment(clock):
+@pytest.mark.parametrize(("knob", "value", "first"), [
+    ("first_phrase_words", 4, "The home team won 3 to 2"),
+    ("first_max_words", 3, "The home team")])
+def test_session_update_first_segment_knobs_cut_the_first_segment(clock, knob, value, first):
     s = Session("s")
-    assert s.settings.to_event()["segmenter"]["first_phrase_words"] == 0
-    out = s.receive(ClientSessionUpdate({"segmenter": {"first_phrase_words": 4}}), clock())
-    assert events(out)[0]["session"]["segmenter"]["first_phrase_words"] == 4
+    assert s.settings.to_event()["segmenter"][knob] == 0
+    out = s.receive(ClientSessionUpdate({"segmenter": {knob: value}}), clock())
+    assert events(out)[0]["session"]["segmenter"][knob] == value
     assert s.settings.segmenter.first_min_words == 4  # the other knobs keep their values
     tid = start(s, clock)
     out = s.llm_delta(tid, "The home team won 3 to 2 in overtime", clock.advance(100))
-    assert [e.text for e in out if isinstance(e, StartSynthesis)] == ["The home team won 3 to 2"]
-
-
-def test_session_update_first_max_words_cuts_the_first_segment(clock):
-    s = Session("s")
-    assert s.settings.to_event()["segmenter"]["first_max_words"] == 0
-    out = s.receive(ClientSessionUpdate({"segmenter": {"first_max_words": 3}}), clock())
-    assert events(out)[0]["session"]["segmenter"]["first_max_words"] == 3
-    assert s.settings.segmenter.first_phrase_words == 0  # the other knobs keep their values
-    tid = start(s, clock)
-    out = s.llm_delta(tid, "The home team won 3 to 2 in overtime", clock.advance(100))
-    assert [e.text for e in out if isinstance(e, StartSynthesis)] == ["The home team"]
-    out = s.receive(ClientSessionUpdate({"segmenter": {"first_max_words": None}}), clock())
-    assert events(out)[0]["session"]["segmenter"]["first_max_words"] == 0
+    assert [e.text for e in out if isinstance(e, StartSynthesis)] == [first]
+    out = s.receive(ClientSessionUpdate({"segmenter": {knob: None}}), clock())
+    assert events(out)[0]["session"]["segmenter"][knob] == 0
 
 
 def test_ping_pong(clock):
