@@ -261,7 +261,6 @@ class ServerProbe:
     def _read_answer(self, body: bytes) -> None:
         """A whole 200 answer's body (at most ``LLM_PROBE_BODY_BYTES``): nothing to do."""
 
-
     def _said_back(self) -> None:
         if self._said_down:
             self._said_down = False
@@ -305,7 +304,6 @@ class LlmProbe(ServerProbe):
     def target(self) -> str:
         assert self.url is not None
         return self.url.rstrip("/") + "/models"
-
 
     def _read_answer(self, body: bytes) -> None:
         """Warn, once, when the server's model list (OpenAI's ``{"data": [{"id"}]}``)
@@ -352,7 +350,6 @@ class TtsProbe(ServerProbe):
 
     def target(self) -> str:
         return self.probe_url
-
 
 
 class WindowMax:
@@ -550,8 +547,7 @@ class Telemetry:
 
     def job_ended(self, lane: str, job: Job, outcome: str) -> None:
         probe = self.tts_probes.get(lane)
-        if outcome == "done" and probe is not None and \
-                not hasattr(self.gateway.lanes[lane].engine, "fallback"):
+        if outcome == "done" and probe is not None and probe.fallback is None:
             # its server spoke a job: as good as a probe (behind a fallback, the fallback
             # may have spoken it)
             probe.observed(True, "spoke a job")
@@ -564,7 +560,7 @@ class Telemetry:
         # server reachable beside engine.failing until the next probe (behind a fallback,
         # the server that failed may be the fallback's)
         probe = self.tts_probes.get(lane)
-        if probe is not None and not hasattr(self.gateway.lanes[lane].engine, "fallback"):
+        if probe is not None and probe.fallback is None:
             probe.observed(False, message)
 
     # ---- reading -----------------------------------------------------------------------
