@@ -280,6 +280,10 @@ _QUOTE_MARK = re.compile(r'(?<![\d\s])"|(?<!\d)\s"|^"')
 """A quotation mark: no inch mark (after a number)."""
 
 
+_SINGLE_QUOTE_OPENED = re.compile(r"(?:^|[\s(\[])'(?!\d0s\b)")
+"""A single quote opening a quotation (not "'90s"): a foot mark after it may close it."""
+
+
 def _feet_inches(m: re.Match[str]) -> str:
     feet, inches = m.group(1), m.group(2)
     return (f"{feet} {'foot' if feet == '1' else 'feet'} "
@@ -299,7 +303,7 @@ def _inches(m: re.Match[str]) -> str:
 
 
 def _feet(m: re.Match[str]) -> str:
-    if m.group(2) == "'" and re.search(r"(?:^|[\s(\[])'(?!\d0s\b)", m.string[:m.start()]):
+    if m.group(2) == "'" and _SINGLE_QUOTE_OPENED.search(m.string, 0, m.start()):
         return m.group()  # a quotation's closing mark
     return _length(m, "foot", "feet")
 

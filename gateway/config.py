@@ -135,8 +135,7 @@ class ServerConfig:
         for origin in self.origins or ():
             # compared as the browser sends it: 'https://hub.example/' (a page's address)
             # started a gateway that refused that page with forbidden_origin
-            if origin not in ("*", "null") and _origin_of(origin) != origin:
-                form = _origin_of(origin)
+            if origin not in ("*", "null") and (form := _origin_of(origin)) != origin:
                 raise ValueError(f"server.origins: {origin!r} is not an origin as a browser "
                                  "sends it (scheme://host[:port], lower case, without path "
                                  "or default port): " + (f"write {form!r}" if form else
