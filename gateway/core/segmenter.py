@@ -58,7 +58,8 @@ on how the stream was chunked:
   first space after that many words (those holding a letter or digit; a list marker is
   none), wherever the phrase is, when nothing above cut it sooner. Only between two plain
   words: the word before is letters (an inner apostrophe or hyphen, a trailing ``,`` ``;``
-  ``:`` allowed, but not before a digit: "June, 2024"), not a title or "et"; the word after
+  ``:`` allowed, but not before a digit: "June, 2024"), not a title or "et", nor a word
+  that promises more (``_NO_PHRASE_END``: "the", "at", "and", "is"...); the word after
   starts with a letter or digit; inside no quote, bracket, emphasis, strike-through, inline
   code or math. So never inside a number, an abbreviation, a URL or a markdown span.
   Decided once the next word's first character arrives (a word is whole only when the
@@ -104,7 +105,8 @@ class SegmenterConfig:
     boundary after this many words, wherever the phrase is, when no sentence end, eager
     clause or phrase cut came first (stream2sentence's "fast first fragment"). Prosody-blind:
     never inside a protected token (number, abbreviation, URL, quote, bracket, markdown
-    span), but mid-phrase; measured in bench/SEGMENTATION.md."""
+    span) nor right after "the", "at", "and"..., but mid-phrase; measured in
+    bench/SEGMENTATION.md."""
     min_chars: int = 0
     """Sentences after the first shorter than this are merged with the next one."""
     max_chars: int = 400
@@ -883,6 +885,8 @@ class Segmenter:
                     or prev.lower() == "et" or _open_span(buf[head:w])
                     or prev[-1] in ",;:" and buf[k].isdigit()):
                 continue  # "Mr | Smith", "et | al.", "June, | 2024": one token
+            if prev.lower() in _NO_PHRASE_END:
+                continue  # "won the | final", "is at | noon": a word that promises more
             return w
         self._word_pos = endpos
         return -1
