@@ -570,6 +570,9 @@ def test_feed_after_finish_is_an_error():
     ("> Be kind.", "Be kind."),
     ("Great job! 🎉", "Great job!"),
     ("🎉", ""),
+    # an emoji before a mark goes with the space before it: "Great job !" cut the mark off
+    ("Great job 🎉! Yes 👍🏽, done ✅.", "Great job! Yes, done."),
+    ("Merci 🎉 !", "Merci !"),
     ("|------|------|", ""),
     ("| Paris | 18 °C |", "Paris, 18 °C"),
     ("Use `git rebase -i` now.", "Use git rebase -i now."),

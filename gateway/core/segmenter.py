@@ -1045,6 +1045,9 @@ emoji by default (⌚ ⌛ ⏰ ⏲ ⏳ ⏩ ⏸), and any other symbol asking to b
 (U+FE0F: ▶️ ↩️ ℹ️ ©️). espeak read those out by their names ("⏳ Almost done." was
 "hourglass not done, almost done"; "⏲️" "timer clock"). A symbol without U+FE0F (→ ©
 ▶) is text and stays; ‼️ and ⁉️ keep their mark (punctuation)."""
+_EMOJI_BEFORE_MARK = re.compile(f"[ \t]*(?:{_EMOJI.pattern})(?=[.,!?;:\u2026])")
+"""An emoji (and the space before it) right before a punctuation mark: dropped whole, so
+"Great job 🎉!" says "Great job!", not "Great job !" with its mark cut off by a space."""
 
 
 def speakable(text: str, *, reads_digits: bool = True) -> str:
@@ -1083,7 +1086,7 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     if "|" in s:
         s = ", ".join(p.strip() for p in s.strip().strip("|").split("|") if p.strip())
     if not s.isascii():  # every emoji is outside ASCII
-        s = _EMOJI.sub(" ", s)
+        s = _EMOJI.sub(" ", _EMOJI_BEFORE_MARK.sub("", s))
     if not reads_digits:
         s = spell_out(s)
     s = _SPACES.sub(" ", s).strip()
