@@ -1360,6 +1360,9 @@ async def test_an_idle_hub_is_ok_again_once_its_probe_reaches_an_llm_that_was_ou
         await gw.aclose()
     code = "llm_failed" if down == "answering 500" else "llm_unavailable"
     assert failed["status"] == "degraded" and failed["llm"]["failing"]["code"] == code
+    # only a server out of reach reads unreachable: one that answered, if wrongly or too
+    # slowly, answers its probe (a stall read false beside it, docs/http-api.md)
+    assert failed["llm"]["reachable"] is (down != "out of reach"), failed["llm"]
     assert after["llm"]["reachable"] is True
     said = [r.getMessage() for r in caplog.records
             if r.getMessage().startswith("the LLM answers again")]

@@ -305,7 +305,7 @@ class Gateway:
                     self._llm_back("")
             return
         code, message = failure
-        if code == "llm_unavailable":  # (llm_failed: it answered, wrongly)
+        if unreachable:  # (it answered, wrongly or too slowly: its probe reaches it)
             self.telemetry.llm_probe.observed(False, message)
         self._llm_unreachable_at = time.monotonic() if unreachable else None
         if failing is None:
