@@ -79,7 +79,6 @@ _ABBREVIATIONS: list[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]
 ]
 
 
-
 # --- notations every English voice needs (espeak's too) ----------------------------------
 
 _Rule = tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]]
@@ -537,14 +536,19 @@ _SCALES = {"k": "thousand", "K": "thousand", "M": "million", "mn": "million", "B
 """A dollar amount's abbreviated scale: "$85.8B" is eighty-five point eight billion dollars
 (it was "eighty-five dollars and eighty cents B"), "$85k" eighty-five thousand. Without a
 dollar sign the letter stays as it was: "4K", "5K run", "a 7B model"."""
+_DECIMAL_COMMA = re.compile(
+    r"(?<![\w.])([$\u20ac\u00a3\u00a5])(\d{1,3}(?:,\d{3})+|\d+),(\d{2})(?!\d|[.,]\d)")
+"""An amount with a decimal comma, two digits where a thousands group has three: given a
+point, both readings of amounts take it (``amounts_in_words``: "\u20ac12,50" was "1 euro2,50";
+``spell_out``: "twelve euros,fifty")."""
 _AMOUNT = re.compile(
     r"(?<![\w.])([$\u20ac\u00a3\u00a5])(?=\.?\d)(\d{1,3}(?:,\d{3})+|\d*)"
-    r"(?:\.(\d+)|,(\d{2})(?!\d|,\d))?"
+    r"(?:\.(\d+))?"
     r"(\s(?:thousand|million|billion|trillion)\b|(?:[kKMBT]|bn|mn)\b)?(?!\d|[.,]\d)")
-"""An amount: its whole part, its decimals after a point or a decimal comma ("\u20ac12,50":
-two digits, where a thousands group has three), its scale. Nothing may follow but a
-number's end: "\u20ac1.234,56" was "1 euro 23 cents4,56", the digits given back one by one
-until the rest no longer looked like a number."""
+"""An amount: its whole part, its decimals after a point (a decimal comma is one by then:
+``_DECIMAL_COMMA``), its scale. Nothing may follow but a number's end: "\u20ac1.234,56" was
+"1 euro 23 cents4,56", the digits given back one by one until the rest no longer looked
+like a number."""
 
 
 def amounts_in_words(text: str) -> str:
@@ -554,8 +558,7 @@ def amounts_in_words(text: str) -> str:
     reads digits but puts the sign first (espeak: "dollar one hundred eighty-four point five
     zero")."""
     def amount(m: re.Match[str]) -> str:
-        cur, whole, frac, comma, scale = m.groups()
-        frac = frac or comma
+        cur, whole, frac, scale = m.groups()
         if not (whole or frac):
             return m.group()  # "$1.2.3": no amount
         (unit, units), (sub, subs) = _CURRENCIES[cur]
@@ -568,7 +571,7 @@ def amounts_in_words(text: str) -> str:
         if cents:
             words += (" " if words else "") + f"{cents} " + (sub if cents == 1 else subs)
         return words
-    return _AMOUNT.sub(amount, text)
+    return _AMOUNT.sub(amount, _DECIMAL_COMMA.sub(r"\1\2.\3", text))
 
 
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})(?:\s?([ap])\.?m\b)?(?![\w:])", re.I)
@@ -589,11 +592,6 @@ _MONTHS = "|".join(_MONTH_NAMES) + (
     "|Jan\\.?|Feb\\.?|Mar\\.?|Apr\\.?|Jun\\.?|Jul\\.?|Aug\\.?|Sept?\\.?|Oct\\.?|Nov\\.?|Dec\\.?")
 _MONTH_DAY = re.compile(rf"\b((?:{_MONTHS})\s)(\d{{1,2}})\b(?![:.]\d)")
 """A month's name, then its day: "July 4" -> "July fourth" (not "Mario 64", "Mark 12")."""
-
-
-_DECIMAL_COMMA = re.compile(
-    r"(?<![\w.])([$\u20ac\u00a3\u00a5])(\d{1,3}(?:,\d{3})+|\d+),(\d{2})(?!\d|[.,]\d)")
-"""An amount with a decimal comma (``_AMOUNT``): "\u20ac12,50" was "twelve euros,fifty"."""
 
 
 def _numbers_to_words(s: str) -> str:
