@@ -80,6 +80,32 @@ class LaneUnavailable(Exception):
     """The lane cannot run engine calls (its thread is stuck, or its executor is gone)."""
 
 
+class OutOfReach:
+    """Whether a server's failing spell ends when a probe reaches it: it does when its last
+    failure was the server out of reach (``ServerUnreachable``: refused, connect timeout)
+    and the probe began after it. A spell its answers caused (an error status, a broken or
+    stalled stream) waits for whole jobs: a server that answers a probe may still answer
+    them wrongly. Without it an idle hub said degraded for good after the server came back.
+    A lane's engine (``Lane.server_answers``) and the LLM (``Gateway.llm_probed``) keep one
+    each."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        """``time.monotonic()`` of the last failure when it was the server out of reach;
+        None when the last failure was another."""
+
+    def failed(self, unreachable: bool) -> None:
+        """A job failed; ``unreachable``: it could not reach the server."""
+        self.since = time.monotonic() if unreachable else None
+
+    def ended_by(self, started: float) -> bool:
+        """A probe that began at ``started`` (``time.monotonic()``) reached the server: does
+        that end the spell?"""
+        return self.since is not None and started >= self.since
+
+
 class JobSink(Protocol):
     """Where a job's results go (a voice connection, an HTTP speech response)."""
 
@@ -281,9 +307,8 @@ class Lane:
         """The code of the engine's last failure, until a job ends whole again, or, when it
         could not reach its server, until a probe reaches it (``server_answers``;
         ``/health`` is "degraded" meanwhile, ``engine.failing``)."""
-        self._unreachable_at: float | None = None
-        """``time.monotonic()`` of the engine's last failure when it could not reach its
-        server (``ServerUnreachable``); None when the last failure was another."""
+        self._out_of_reach = OutOfReach()
+        """Whether a probe of the engine's server ends ``failing``."""
 
     @property
     def usable(self) -> bool:
@@ -659,9 +684,9 @@ class Lane:
             return
         except EngineError as exc:
             self._engine_failed(exc.code, exc.message)
-            self._unreachable_at = time.monotonic() if isinstance(exc, ServerUnreachable) \
-                else None
-            if self._unreachable_at is not None and self.observer is not None:
+            unreachable = isinstance(exc, ServerUnreachable)
+            self._out_of_reach.failed(unreachable)
+            if unreachable and self.observer is not None:
                 self.observer.server_unreachable(self.name, exc.message)
             self._step_failed(job, exc.code, exc.message)
             return
@@ -670,7 +695,8 @@ class Lane:
             # traceback: one per sentence flooded the log while /health said ok
             if self.failing is None:
                 log.exception("engine %s failed", self.engine.name)
-            self.failing, self._unreachable_at = "engine_failed", None  # (no probe ends it)
+            self.failing = "engine_failed"
+            self._out_of_reach.failed(False)  # (no probe ends it)
             self._step_failed(job, "engine_failed", f"{type(exc).__name__}: {exc}")
             return
         finally:
@@ -718,16 +744,13 @@ class Lane:
 
     def server_answers(self, started: float) -> None:
         """A probe of the engine's server that began at ``started`` (``time.monotonic()``)
-        found it answering (``gateway.io.telemetry.TtsProbe``). A failing spell whose last
-        failure was the server out of reach, before the probe began, ends here: it waited
-        for a whole job, so an idle hub said degraded for good after the server came back.
-        One of failed answers (an error status, a broken stream) still waits for a whole
-        job: a server that answers the probe may still answer syntheses wrongly."""
-        if self.failing is None or self._unreachable_at is None or \
-                started < self._unreachable_at:
+        found it answering (``gateway.io.telemetry.TtsProbe``): a failing spell ends here
+        if the server's being out of reach caused it (``OutOfReach``); one of failed answers
+        still waits for a whole job."""
+        if self.failing is None or not self._out_of_reach.ended_by(started):
             return
         log.info("lane %s: %s's server answers again", self.name, self.engine.name)
-        self.failing = self._unreachable_at = None
+        self.failing = None
 
     def _engine_failed(self, code: str, message: str) -> None:
         """One WARNING when the engine starts failing jobs, not one per turn (README, Logs;

@@ -70,7 +70,7 @@ from gateway.io.connection import (
     job_deadline,
 )
 from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
-from gateway.io.lanes import Lane
+from gateway.io.lanes import Lane, OutOfReach
 from gateway.io.listen import free_port, note_plain_http
 from gateway.io.log_limit import LogLimit, limited, log_refused, peer_text
 from gateway.io.static import static_response
@@ -203,9 +203,8 @@ class Gateway:
         """What the voice sockets hold of messages still arriving, beyond 80 KiB each."""
         self.telemetry = Telemetry(self)
         self.telemetry.llm_probe.on_answer = self.llm_probed
-        self._llm_unreachable_at: float | None = None
-        """``time.monotonic()`` of the last turn's failure when it could not reach the LLM
-        server (``ServerUnreachable``); None when the last failure was another."""
+        self._llm_out_of_reach = OutOfReach()
+        """Whether a probe of the LLM server ends ``llm_failing``."""
         s = config.server
         self.http = HttpServer(self, bind_address(s.host), s.http_port if s.http_port is not None
                                else (s.port + 1 if s.port else 0),
@@ -307,7 +306,7 @@ class Gateway:
         code, message = failure
         if unreachable:  # (it answered, wrongly or too slowly: its probe reaches it)
             self.telemetry.llm_probe.observed(False, message)
-        self._llm_unreachable_at = time.monotonic() if unreachable else None
+        self._llm_out_of_reach.failed(unreachable)
         if failing is None:
             log.warning("the LLM fails turns (%s): %s", code, message)
             failing = self.llm_failing = {"since": time.time(), "turns": 0, "answered": 0}
@@ -315,15 +314,12 @@ class Gateway:
 
     def llm_probed(self, started: float) -> None:
         """A probe that ``started`` at that ``time.monotonic()`` found the LLM server
-        answering. A failing spell the server's being out of reach caused (the last failure
-        ``llm_unavailable`` with no connection made: refused, connect timeout) ends here,
-        if the probe began after that failure: it waited for whole replies, so on an idle
-        hub /health said degraded for good after the server came back. One that its replies
-        caused (``llm_failed``: an error status, a broken stream; ``llm_unavailable`` from a
-        server that took the request and then stalled) still ends only with whole replies:
-        a server that answers ``/models`` may still answer chats wrongly, or not at all."""
-        if self.llm_failing is None or self._llm_unreachable_at is None or \
-                started < self._llm_unreachable_at:
+        answering: a failing spell ends here if the server's being out of reach caused it
+        (``OutOfReach``: the last failure ``llm_unavailable`` with no connection made). One
+        that its replies caused (``llm_failed``; ``llm_unavailable`` from a server that took
+        the request and then stalled) still ends only with whole replies: a server that
+        answers ``/models`` may still answer chats wrongly, or not at all."""
+        if self.llm_failing is None or not self._llm_out_of_reach.ended_by(started):
             return
         self._llm_back(" (its server answers the probe)")
 
