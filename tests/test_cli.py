@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import threading
 
 import pytest
 
@@ -254,6 +255,17 @@ def test_an_engine_that_cannot_start_is_one_line_not_a_traceback(argv, code, mes
     err = capsys.readouterr().err
     assert err.strip() == message
     assert "Traceback" not in err
+
+
+def test_an_engine_that_cannot_start_leaves_no_lane_thread():
+    """A start whose engine did not load closed its ports but left the lane's thread (and
+    the engine) open: one thread more per failed start in a process that goes on."""
+    before = {t for t in threading.enumerate() if t.name.startswith("lane-")}
+    assert main(["serve", "--port", "0", "--http-port", "0", "--voice", "klingon"]) == 1
+    left = {t for t in threading.enumerate() if t.name.startswith("lane-")} - before
+    for thread in left:  # it ends once it has closed the engine, not at once
+        thread.join(timeout=30)
+    assert not [t for t in left if t.is_alive()], left
 
 
 def test_an_engine_that_cannot_start_is_all_the_process_says():

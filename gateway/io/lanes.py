@@ -783,6 +783,19 @@ class Lane:
         self._close_later_safe(job.state)
         job.state = None
 
+    def close_soon(self) -> None:
+        """Release the engine, then the thread, once the call running there returns (a load
+        the start no longer waits for), without waiting for it: a start that failed or was
+        cancelled while engines loaded, which has no job to cancel. It left both open, a
+        thread more per failed start in a process that goes on."""
+        if self._closed:
+            return
+        self._closed = True
+        self.engine.interrupt()
+        with contextlib.suppress(RuntimeError):  # (a broken executor: nothing runs there)
+            self._executor.submit(self.engine.close)
+        self._executor.shutdown(wait=False)
+
     async def aclose(self) -> None:
         """Cancel every job and release the engine on its thread (once: closing again is a
         no-op, as for the gateway that calls it)."""

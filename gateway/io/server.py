@@ -463,6 +463,8 @@ class Gateway:
         """Close what ``start`` opened before its engines loaded."""
         for task in self._lane_tasks:
             await cancel_and_wait(task)
+        for lane in self.lanes.values():
+            lane.close_soon()
         await self.telemetry.aclose()
         await self.http.aclose()
         self.log_limit.remove()
