@@ -37,7 +37,8 @@ socket drops, the client reconnects with exponential backoff (0.5 s doubling to 
 with jitter, for as long as it takes) and resumes its session (protocol.md, Resume): the
 first message on the new socket is ``session.resume`` with the ``seq`` of the last frame it
 received, and the server re-sends what followed, so the reply goes on where it was cut, into
-the same WAV, with ``seq`` gapless. Events the server re-sends are handled once. If the
+the same WAV, with ``seq`` gapless. Events the server re-sends that the client had (those
+after that frame, counted) are skipped. If the
 resume fails (the window passed, the gateway restarted), the client falls back: it
 re-applies its settings and sends again the transcript whose reply was cut off, in the
 fresh session.
@@ -186,6 +187,8 @@ class PhoneClient:
         self._resume_token: str | None = None
         self._last_seq: int | None = None  # seq of the last frame received
         self._ended: set[int] = set()  # turn ids whose turn.done was handled
+        self._since_frame = 0  # events received after the last frame
+        self._skip = 0  # replayed events still to skip after a resume: we had them
         self.resumes = 0
         self.resumes_failed = 0
         self.frames_lost = 0  # seq gaps seen (should stay 0, resumes included)
@@ -229,6 +232,7 @@ class PhoneClient:
                         self._session_id = created["session_id"]
                         self._resume_token = created.get("resume_token")
                         self._last_seq = None
+                        self._since_frame = self._skip = 0
                         self._updating = bool(self.settings)
                         if self.settings:
                             await ws.send(json.dumps({"type": "session.update",
@@ -286,6 +290,10 @@ class PhoneClient:
         answer = json.loads(await ws.recv())
         if answer["type"] == "session.resumed":
             self.resumes += 1
+            # the replay starts after frame last_seq: the events that followed it came
+            # already. Handled again, a refusal (an error with no turn) was taken for the
+            # refusal of the transcript sent since, whose reply then went unheard.
+            self._skip = min(self._since_frame, answer["replayed"])
             self.say(f"[resumed {self._session_id}: {answer['replayed']} messages replayed]")
             if self._pending and answer.get("turn_id") == self._turn_id:
                 # the gateway's latest turn is the last one we saw start: the transcript
@@ -405,7 +413,11 @@ class PhoneClient:
 
     async def _read(self, ws: ClientConnection) -> None:
         async for message in ws:
+            if self._skip:
+                self._skip -= 1  # (an event received before the drop)
+                continue
             if isinstance(message, bytes):
+                self._since_frame = 0
                 _version, _flags, _sentence, turn_id, seq = HEADER.unpack_from(message)
                 self._count_seq(seq)
                 if turn_id == self._turn_id and self._wav is not None:
@@ -414,6 +426,7 @@ class PhoneClient:
                     if turn_id != self._barged:
                         self.player.feed(pcm)
                 continue
+            self._since_frame += 1
             event = json.loads(message)
             match event["type"]:
                 case "turn.started" | "turn.done" if event["turn_id"] in self._ended:

@@ -668,3 +668,38 @@ async def test_cancelling_the_client_as_its_wait_for_a_turn_ends_stops_it(gatewa
     assert done, "the cancelled client went on:\n" + "\n".join(client.lines)
     assert run.cancelled()
     assert not [x for x in client.lines if x == "> Hello"]
+
+
+@pytest.mark.slow
+async def test_a_refusal_replayed_by_a_resume_is_not_taken_for_the_next_transcript(
+        gateway, tmp_path):
+    """protocol.md, Resume: every event after the last frame received may come again. A
+    refusal (an ``error`` with no turn) replayed after a resume was handled a second time:
+    it was taken for the refusal of the transcript sent since, whose reply then went
+    unheard (the client moved on, or ended, as if it had been refused)."""
+    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                      phone_client.ClockPlayer(), verbose=False)
+
+    async def cut_at_turn_started() -> None:
+        await client._connected.wait()
+        (runner,) = gateway.runners.values()
+        (conn,) = gateway.connections
+        send = runner.send
+
+        def sending(item) -> None:
+            send(item)
+            if isinstance(item, str) and '"turn.started"' in item:
+                runner.send = send
+                conn.ws.transport.abort()  # the drop comes before the reply's first frame
+
+        runner.send = sending
+
+    cutting = asyncio.create_task(cut_at_turn_started())
+    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None), 30)
+    await cutting
+    assert client.resumes == 1 and client.resumes_failed == 0
+    assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
+        ("refused", "text_too_long"), ("completed", None)]
+    assert [p.name for p in client.saved] == ["turn-002.wav"]
+    assert gateway.metrics.turns["completed"] == 1
