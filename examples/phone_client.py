@@ -38,10 +38,9 @@ with jitter, for as long as it takes) and resumes its session (protocol.md, Resu
 first message on the new socket is ``session.resume`` with the ``seq`` of the last frame it
 received, and the server re-sends what followed, so the reply goes on where it was cut, into
 the same WAV, with ``seq`` gapless. Events the server re-sends that the client had (those
-after that frame, counted) are skipped. If the
-resume fails (the window passed, the gateway restarted), the client falls back: it
-re-applies its settings and sends again the transcript whose reply was cut off, in the
-fresh session.
+after that frame, counted) are skipped. If the resume fails (the window passed, the gateway
+restarted), the client falls back: it re-applies its settings and sends again the
+transcript whose reply was cut off, in the fresh session (typed ones too).
 """
 
 from __future__ import annotations
@@ -179,7 +178,9 @@ class PhoneClient:
         self._started = asyncio.Event()  # set while no transcript sent waits for its turn
         self._started.set()
         self._in_flight = False  # a transcript was sent and its turn.done has not come
-        self._lost = False  # the socket dropped before the last transcript's turn.done
+        self._asked: tuple[str, dict[str, Any] | None] | None = None
+        """The last transcript sent, and the barge-in mark sent before it."""
+        self._again = False  # the reconnect sends ``_asked`` again (``_ask_again``)
         self._limited = False  # the last transcript was refused as rate_limited
         self._updating = False  # a session.update was sent and its answer has not come
         self._connected = asyncio.Event()
@@ -238,6 +239,7 @@ class PhoneClient:
                             await ws.send(json.dumps({"type": "session.update",
                                                       "session": self.settings}))
                         self.say(f"[connected: {created['session_id']}]")
+                    await self._ask_again(ws)
                     self._ws, backoff = ws, 0.5
                     self._connected.set()
                     await self._read(ws)
@@ -298,10 +300,7 @@ class PhoneClient:
             if self._pending and answer.get("turn_id") == self._turn_id:
                 # the gateway's latest turn is the last one we saw start: the transcript
                 # sent since was lost with the socket, and no replay will start it
-                self._in_flight, self._lost = False, True
-                self._pending.clear()
-                self._done.set()
-                self._started.set()
+                self._again = True
             return True
         self.resumes_failed += 1
         why = answer.get("error", {}).get("message")  # (it says what the session goes on in)
@@ -310,16 +309,30 @@ class PhoneClient:
         return False
 
     def _cut_off(self) -> None:
-        """The reply in progress will never finish: drop it, and have _talk send its
-        transcript again."""
+        """The reply in progress will never finish: drop it, and have the reconnect send
+        its transcript again."""
         self._turn_id = self._barged = None  # (turn ids start again in a new session)
         self._close_wav()
         self.player.flush()
-        if self._in_flight:
-            self._in_flight, self._lost = False, True
-            self._pending.clear()
-            self._done.set()
-            self._started.set()
+        self._again = self._in_flight
+
+    async def _ask_again(self, ws: ClientConnection) -> None:
+        """Send again on ``ws`` the transcript whose reply will not come (lost with the old
+        socket, or cut off by a failed resume: ``_again``), the mark of its barge-in first
+        while its turn is the gateway's latest. Here, not in _talk: typed, the client was
+        already waiting for the next line, and the reply was lost until one came."""
+        if not self._again or self._asked is None:
+            return
+        self._again = False  # (if this socket drops too, the next resume says whether)
+        text, mark = self._asked
+        if not self._pending:  # its turn had started: its reply again, in a new WAV
+            self.turns += 1
+            self._pending.append(self.turns)
+        del self._pending[:-1]  # (a barge-in's transcript went after those before it)
+        self.say(f"> {text}")
+        if mark is not None and mark["turn_id"] == self._turn_id:
+            await ws.send(json.dumps(mark))
+        await ws.send(json.dumps({"type": "transcript", "text": text}))
 
     async def _send(self, **message: Any) -> None:
         await self._connected.wait()
@@ -328,8 +341,8 @@ class PhoneClient:
             await self._ws.send(json.dumps(message))
         except ConnectionClosed:
             # closed before the reader noticed (a stopping gateway's 1001 right after its
-            # turn.done): lost with the socket, sent again after the reconnect (_resume,
-            # _cut_off), as when the socket drops after the send
+            # turn.done): lost with the socket, a transcript is sent again after the
+            # reconnect (_ask_again), as when the socket drops after the send
             pass
 
     # ---- what the user says ------------------------------------------------------------
@@ -338,32 +351,33 @@ class PhoneClient:
                     ) -> None:
         async for text in transcripts:
             mark = self._barge_in_if_speaking()
-            self._lost = True
             retry_in = RETRY_LIMITED_S[0]
-            while self._lost:  # resent after a reconnect if the reply was cut off
-                self._lost = False
+            while True:
                 await self._connected.wait()
                 self.turns += 1
                 self._pending.append(self.turns)
                 self._done.clear()
                 self._started.clear()
                 self._in_flight = True
+                self._asked, ws = (text, mark), self._ws
                 self.say(f"> {text}")
                 if mark is not None and mark["turn_id"] == self._turn_id:
                     # what was heard of the reply it cuts, first (again after a resume: the
                     # gateway cuts that reply's history from the mark it has; not after a
                     # failed one: the new session never had that turn)
                     await self._send(**mark)
-                await self._send(type="transcript", text=text)
+                if self._ws is ws:  # (else the reconnect sent both again: _ask_again)
+                    await self._send(type="transcript", text=text)
                 if sequential:
                     await self._listen(barge_in_after)
-                else:  # until its turn starts, it is refused, or it is lost with the socket
+                else:  # until its turn starts or it is refused
                     await self._started.wait()
-                if self._limited:  # the gateway asks to wait and retry
-                    self._limited, self._lost = False, True
-                    self.say(f"[sending it again in {retry_in:.0f} s]")
-                    await asyncio.sleep(retry_in)
-                    retry_in = min(retry_in * 2, RETRY_LIMITED_S[1])
+                if not self._limited:
+                    break
+                self._limited = False  # the gateway asks to wait and retry
+                self.say(f"[sending it again in {retry_in:.0f} s]")
+                await asyncio.sleep(retry_in)
+                retry_in = min(retry_in * 2, RETRY_LIMITED_S[1])
         await self._listen(None)  # hear the last reply out
 
     async def _listen(self, barge_in_after: float | None) -> None:

@@ -703,3 +703,38 @@ async def test_a_refusal_replayed_by_a_resume_is_not_taken_for_the_next_transcri
         ("refused", "text_too_long"), ("completed", None)]
     assert [p.name for p in client.saved] == ["turn-002.wav"]
     assert gateway.metrics.turns["completed"] == 1
+
+
+@pytest.mark.slow
+async def test_a_typed_transcript_whose_reply_a_failed_resume_cut_is_sent_again(
+        start_gateway, tmp_path):
+    """The module docstring: when the resume fails, the client sends again the transcript
+    whose reply was cut off, in the fresh session. Typed (stdin, ``--play``), it did not:
+    the client was already waiting for the next line, and the reply was lost until the user
+    typed something else."""
+    gateway = await start_gateway(REPLIES, server={"resume_window_s": 0.01})
+    proxy = CuttingProxy(gateway.port, cut_after=60_000)
+    port = await proxy.start()
+    client = _Said(f"ws://127.0.0.1:{port}/v1/voice", tmp_path, phone_client.ClockPlayer())
+    done = asyncio.Event()
+
+    class Results(list):
+        def append(self, result) -> None:
+            super().append(result)
+            done.set()
+
+    client.results = Results()
+
+    async def typed():
+        yield "Time"
+        await done.wait()  # the user types nothing more until a reply has been heard
+
+    try:
+        await asyncio.wait_for(client.run(typed(), sequential=False, barge_in_after=None), 30)
+    finally:
+        await proxy.aclose()
+    assert proxy.cut.is_set() and client.resumes_failed == 1
+    assert [r["status"] for r in client.results] == ["completed"]
+    assert [x for x in client.lines if x.startswith("> ")] == ["> Time", "> Time"]
+    _, samples = read_wav(client.saved[-1])
+    assert len(samples) / 24 == pytest.approx(client.results[0]["metrics"]["audio_ms"], abs=1)
