@@ -55,9 +55,10 @@ Every other JSON message goes through unchanged both ways (``transcript``, ``say
 watch is answered with ``error`` ``invalid_message``: when the watch goes away the relay
 ends the gateway session. When the *gateway* socket drops (no close frame), the relay
 reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
-replayed messages it had already relayed, sends again a ``transcript``, ``say`` or
-``cancel`` the drop may have lost (after the last ``playback`` mark it sent for the turn,
-which the gateway cuts the turn's history from), and the watch sees one unbroken session.
+replayed messages it had already relayed, sends again a ``transcript``, ``say``,
+``cancel`` or ``session.update`` the drop may have lost (after the last ``playback`` mark it
+sent for the turn, which the gateway cuts the turn's history from), and the watch sees one
+unbroken session.
 It tries for the gateway's announced ``resume_window_s``, every wait bounded by it; if the
 resume fails, or the window runs out, the watch is closed with 1011.
 
@@ -351,9 +352,9 @@ class RelayCore:
         says; None when it does not)."""
         self._ended: tuple[int, Timeline] | None = None  # the last turn ended, still playing
         self._unanswered: list[tuple[str, str]] = []
-        """(type, message): a ``transcript``, ``say`` or ``cancel`` sent up whose effect has
-        not been seen: lost if the gateway socket drops with it, so sent again after the
-        resume (protocol.md, Resume)."""
+        """(type, message): a ``transcript``, ``say``, ``cancel`` or ``session.update`` sent up
+        whose effect has not been seen: lost if the gateway socket drops with it, so sent
+        again after the resume (protocol.md, Resume)."""
         self._answered_turn = 0
         """The newest turn whose ``transcript`` or ``say`` has left ``_unanswered``. The
         gateway handles messages in order and each valid one starts the next turn (or is
@@ -408,6 +409,14 @@ class RelayCore:
         elif kind == "error" and "turn_id" not in event \
                 and event.get("error", {}).get("code") == "rate_limited":
             self._answered(1)  # the oldest transcript or say, refused
+        elif kind == "session.updated" or kind == "error" and "turn_id" not in event:
+            # the oldest session.update came: applied, or refused (the transcripts and says
+            # the relay sends again are refused only as rate_limited, above; an invalid
+            # message from the watch may be taken for it, which leaves that update unsent
+            # again, as all were before)
+            updates = [i for i, (k, _m) in enumerate(self._unanswered) if k == "session.update"]
+            if updates:
+                del self._unanswered[:updates[0] + 1]
         if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
             # its tail plays on up to max_lead_ms, and marks for it still count (protocol.md,
             # History): keep its timeline
@@ -436,8 +445,11 @@ class RelayCore:
             kind = event.get("type")
         except (orjson.JSONDecodeError, AttributeError):
             return
-        if kind == "cancel" or kind in ("transcript", "say") and _valid_text(event.get("text")):
-            self._unanswered.append((kind, message))  # (an invalid one starts no turn)
+        if kind == "cancel" or kind in ("transcript", "say") and _valid_text(event.get("text")) \
+                or kind == "session.update" and isinstance(event.get("session"), dict):
+            # (an invalid transcript starts no turn; a session.update is answered, whether
+            # applied or refused: session.updated, or an error)
+            self._unanswered.append((kind, message))
         elif kind == "playback":
             turn_id, played = event.get("turn_id"), event.get("played_ms")
             if _is_number(turn_id) and isinstance(turn_id, int) and _is_number(played) \
@@ -514,10 +526,10 @@ class RelayCore:
             self._answered_turn = turn_id
 
     def _answered(self, count: int) -> None:
-        """The ``count`` oldest transcripts or says came, and every cancel sent before them."""
+        """The ``count`` oldest transcripts or says came, and all sent before them."""
         for _ in range(count):
             asked = next((i for i, (kind, _m) in enumerate(self._unanswered)
-                          if kind != "cancel"), None)
+                          if kind in ("transcript", "say")), None)
             if asked is None:
                 return
             del self._unanswered[:asked + 1]

@@ -370,6 +370,14 @@ def _dumps(**message) -> str:
     (["transcript", "second"], ["other error"], None, ["transcript", "second"]),
     (["blank", "second"], [], 1, []),  # refused (invalid_field): it starts no turn
     (["blank"], [], None, []),
+    # a session.update is answered, applied or refused: until then it goes again
+    (["update"], [], None, ["update"]),
+    (["update"], ["session.updated"], None, []),
+    (["update"], ["other error"], None, []),  # refused (unknown_voice, invalid_field)
+    (["update"], ["error"], None, ["update"]),  # (a transcript's refusal)
+    (["update", "transcript"], [], 1, []),  # the transcript after it came: so did it
+    (["transcript", "update"], [], 1, ["update"]),
+    (["cancel", "update", "say"], ["session.updated"], None, ["say"]),
 ])
 def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, heard,
                                                                       resumed_turn, again):
@@ -379,11 +387,13 @@ def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, hear
                 "ping": _dumps(type="ping"),
                 "playback": _dumps(type="playback", turn_id=1, played_ms=5),
                 "second": _dumps(type="transcript", text="And tomorrow?"),
-                "blank": _dumps(type="transcript", text=" \n")}
+                "blank": _dumps(type="transcript", text=" \n"),
+                "update": _dumps(type="session.update", session={"voice": "en"})}
     events = {"turn.started": _dumps(type="turn.started", turn_id=1, source="transcript"),
               "turn.done": _dumps(type="turn.done", turn_id=1, status="completed"),
               "turn.cancelled": _dumps(type="turn.done", turn_id=1, status="cancelled"),
               "turn.started 2": _dumps(type="turn.started", turn_id=2, source="transcript"),
+              "session.updated": _dumps(type="session.updated", session={"voice": "en"}),
               "error": _dumps(type="error", error={"code": "rate_limited", "message": ""}),
               "other error": _dumps(type="error", error={"code": "invalid_field",
                                                           "message": "a playback mark"})}
@@ -1268,3 +1278,21 @@ async def test_a_gateway_that_never_says_session_created_is_given_up(watch_stays
             assert not relay.sessions
         finally:
             await asyncio.wait_for(relay.aclose(), 10)  # (was: never)
+
+
+async def test_a_settings_change_lost_with_the_gateway_socket_is_sent_again(gateway, relay):
+    """protocol.md, Resume: a ``session.update`` lost with the socket is sent again (it is
+    idempotent). The relay sent again only a transcript, say or cancel: the watch's change
+    never applied, and its ``session.updated`` never came."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        (session,) = relay.sessions
+        upstream = session.gateway
+        async with lost_with_the_uplink(gateway, session, "session.update"):
+            await send(ws, type="session.update", session={"max_lead_ms": 2000})
+        updated = await asyncio.wait_for(recv_event(ws), 10)
+        assert session.gateway is not upstream  # resumed on a new socket
+    assert updated["type"] == "session.updated"
+    assert updated["session"]["max_lead_ms"] == 2000
+    (runner,) = gateway.runners.values()
+    assert runner.session.settings.max_lead_ms == 2000
