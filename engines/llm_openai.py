@@ -88,7 +88,7 @@ AFTER_FINISH_S = 2.0
 """How long the usage chunk and ``[DONE]`` may take after the ``finish_reason`` chunk (or
 each other), and the end of the body after ``[DONE]``. The reply is whole by then: a server
 (or a proxy) slow to send the rest, or to end its body, must not fail the turn after
-``stall_s``."""
+``stall_s``, nor one that breaks the connection off instead."""
 
 CONTEXT_FULL = ("context window", "context length", "context_length", "maximum context",
                 "context size", "exceed_context_size", "too many tokens", "prompt is too long",
@@ -471,6 +471,13 @@ class OpenAiLlm:
                         f"{self.stall_s:g} s " + (f"(deltas so far: {deltas})" if deltas else
                                                   "before its first token (queued behind "
                                                   "other requests, or stuck)")) from None
+                except httpx.TransportError:
+                    # the rest broke off (a server or proxy that drops the connection after
+                    # its last chunk): failing the whole reply left its last sentence unsaid
+                    # and the history saying it was cut
+                    if finished:
+                        break
+                    raise
                 data = sse.data
                 if not data:  # comments never get here; an id-only or empty event does
                     continue

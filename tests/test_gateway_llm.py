@@ -100,6 +100,32 @@ async def test_llm_failures_end_the_turn_failed_and_speak_what_was_complete(
         assert result.frames and result.frames[-1].turn_end
 
 
+@pytest.mark.parametrize("rest", [[Finish(), Drop()],
+                                  [Finish(), Usage(OMLX_USAGE), Done(), Drop()]],
+                         ids=["after-finish", "after-done"])
+async def test_a_reply_whose_connection_breaks_once_it_is_whole_is_spoken_and_kept_whole(
+        scripted_llm_server, rest):
+    """A server (or a proxy) that broke the connection after the finish_reason chunk (or
+    [DONE]) failed a reply that was whole: its last sentence went unsaid, the turn ended
+    with llm_failed, and the next turn told the LLM its reply had been cut (" …"). A late
+    end is no failure (AFTER_FINISH_S), nor is a broken one."""
+    scripted_llm_server.script([Text("Hosting came to $184.50. "), Text("That is all"), *rest],
+                               reply_script(["Fine."]))
+    gw = await start_gateway(scripted_llm_server.url)
+    try:
+        first, second = await turns(gw, "hosting?", "thanks")
+    finally:
+        await gw.aclose()
+    assert first.done["status"] == "completed" and not first.of("error")
+    assert [s["text"] for s in first.of("sentence")] == ["Hosting came to $184.50.",
+                                                         "That is all"]
+    assert gw.llm_failing is None
+    assert scripted_llm_server.chats[1].body["messages"][1:] == [
+        {"role": "user", "content": "hosting?"},
+        {"role": "assistant", "content": "Hosting came to $184.50. That is all"},
+        {"role": "user", "content": "thanks"}]
+
+
 async def test_a_reply_cut_at_the_token_limit_speaks_its_whole_sentences_only(
         scripted_llm_server):
     """finish_reason "length": the unfinished sentence was spoken ("Most") and the turn
