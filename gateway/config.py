@@ -35,7 +35,12 @@ from urllib.parse import urlsplit
 
 from engines.base import THINKING_MODES
 from engines.options import describe, mismatch
-from gateway.core.codec import FRAME_MS_CHOICES, LEAD_BELOW_FRAME, MAX_LEAD_MS_RANGE
+from gateway.core.codec import (
+    FRAME_MS_CHOICES,
+    LEAD_BELOW_FRAME,
+    MAX_INSTRUCTIONS_CHARS,
+    MAX_LEAD_MS_RANGE,
+)
 from gateway.core.session import DEFAULT_INSTRUCTIONS
 
 log = logging.getLogger("gateway")
@@ -300,6 +305,11 @@ class SessionDefaults:
             raise ValueError(f"session.max_lead_ms ({self.max_lead_ms}) must be more than "
                              f"session.frame_ms ({self.frame_ms}) (--max-lead-ms, "
                              f"--frame-ms): {LEAD_BELOW_FRAME}")
+        if len(self.instructions) > MAX_INSTRUCTIONS_CHARS:
+            # (session.created shows them, and a client may send that back as it is)
+            raise ValueError(f"session.instructions are {len(self.instructions):,} characters; "
+                             f"at most {MAX_INSTRUCTIONS_CHARS:,}, as a session.update may "
+                             "send (a client sends the server's own back)")
         _check_int("session.history_turns", self.history_turns, 0)
         _check_int("session.max_reply_chars", self.max_reply_chars, 100)
 

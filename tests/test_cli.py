@@ -500,6 +500,20 @@ def test_a_setting_takes_its_bounds_and_a_value_past_them_is_refused_naming_it(
     assert str(refused.value) == message
 
 
+def test_server_instructions_a_client_could_not_send_back_are_refused():
+    """The server's own instructions, past what a session.update may send (16,000
+    characters), started the gateway: then the session object of session.created, sent back
+    as protocol.md allows, was refused text_too_long, and so was every settings change of
+    the console, whose box holds them (a voice changed alone, too)."""
+    assert load_config(session={"instructions": "x" * 16_000}).session.instructions == \
+        "x" * 16_000
+    with pytest.raises(ValueError) as refused:
+        load_config(session={"instructions": "x" * 16_001})
+    assert str(refused.value) == (
+        "session.instructions are 16,001 characters; at most 16,000, as a session.update "
+        "may send (a client sends the server's own back)")
+
+
 def test_lists_given_to_load_config_are_taken_as_toml_arrays_are():
     config = load_config(server={"tokens": ["s3cret"], "origins": ["https://a.example"]})
     assert config.server.tokens == ("s3cret",)
