@@ -4,9 +4,9 @@ place that turns a TOML file and command-line flags into them (flags win over th
 TOML layout (every key optional; the README's Configuration table has each key, its flag
 and default, and a test keeps that table complete; see examples/hub.toml)::
 
-    [server]   host, port, http_port, max_sessions, tokens, insecure_bind, origins,
-               allowed_hosts, tls_cert, tls_key, turns_per_minute, resume_window_s,
-               outbox_bytes, lane_policy
+    [server]   host, port, http_port, max_sessions, max_speech_requests, tokens,
+               insecure_bind, origins, allowed_hosts, tls_cert, tls_key, turns_per_minute,
+               resume_window_s, outbox_bytes, lane_policy
     [llm]      url, model, models, api_key, temperature, max_tokens, stall_timeout_s, thinking,
                replies (replay file), tokens_per_s
     [llm.chat_template_kwargs]   sent with each request (e.g. enable_thinking = false)
@@ -100,6 +100,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8780
     max_sessions: int = 10_000
+    max_speech_requests: int = 64
+    """HTTP speech requests open at once (being spoken or sent); past it a request gets 503
+    ``server_full`` with ``Retry-After``, as a voice socket past ``max_sessions`` does,
+    rather than queueing on the lane without bound (each holds a socket, and a whole file
+    all of its audio, up to minutes of it)."""
     tokens: tuple[str, ...] = ()
     """Accepted bearer tokens. Empty: no auth, and only a loopback address may be bound."""
     insecure_bind: bool = False
@@ -159,6 +164,7 @@ class ServerConfig:
             raise ValueError("server.port 65535 leaves no port + 1 for the HTTP API: set "
                              "server.http_port (--http-port)")
         _check_int("server.max_sessions", self.max_sessions, 1)
+        _check_int("server.max_speech_requests", self.max_speech_requests, 1)
         _check_int("server.turns_per_minute", self.turns_per_minute, 0)
         _check_int("server.outbox_bytes", self.outbox_bytes, 64 * 1024)
         _check_seconds("server.resume_window_s", self.resume_window_s, 0, 24 * 3600)

@@ -113,8 +113,9 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ("prot = 1\n", "gw.toml: prot is outside any table; keys go under [server], [llm], [tts] "
      "or [session]"),
     ('[server]\ntoken = ["s3cret"]\n', "gw.toml[server]: unknown key(s) token; known: "
-     "allowed_hosts, host, http_port, insecure_bind, lane_policy, max_sessions, origins, "
-     "outbox_bytes, port, resume_window_s, tls_cert, tls_key, tokens, turns_per_minute"),
+     "allowed_hosts, host, http_port, insecure_bind, lane_policy, max_sessions, "
+     "max_speech_requests, origins, outbox_bytes, port, resume_window_s, tls_cert, tls_key, "
+     "tokens, turns_per_minute"),
     # a table's own keys are named: this read "tts.profiles must be a table, not {...}"
     ('[tts.profiles.cpu]\nfirst_s = "fast"\n',
      "tts.profiles.cpu.first_s must be a number, not 'fast'"),
@@ -482,6 +483,8 @@ def test_option_tables_of_an_engine_not_configured_are_said_to_be_ignored(tts, w
     # a bool is no number, though Python's True == 1 (the bounds checks take the type as
     # checked)
     ("server", "max_sessions", (1,), True, "server.max_sessions must be an integer, not True"),
+    ("server", "max_speech_requests", (1,), 0,
+     "server.max_speech_requests must be an integer at least 1, not 0"),
     ("server", "resume_window_s", (0, 86_400), False,
      "server.resume_window_s must be a number, not False"),
     ("server", "http_port", (0, 65535), 65536,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import io
 import logging
@@ -662,6 +663,44 @@ async def test_openai_sdk_iter_bytes_gets_audio_before_the_synthesis_ends(replie
         first, rest = await first_bytes_while_held(gw, engine, "pcm")
         assert first and rest
     finally:
+        await gw.aclose()
+
+
+async def test_speech_requests_beyond_the_bound_get_503_server_full(replies):
+    """Open speech requests are bounded (``[server] max_speech_requests``), as voice sessions
+    are: past it a request gets 503 ``server_full`` in OpenAI's shape with ``Retry-After``
+    (the SDK waits and retries) instead of joining an unbounded queue on the lane, each
+    holding a socket and, for a whole file, all of its audio."""
+    engine = HeldEngine()
+    config = load_config(server={"port": 0, "max_speech_requests": 2}, tts={"engine": "espeak"},
+                         llm={"replies": replies})
+    gw = Gateway(config, engine=engine)
+    await gw.start()
+    body = {"input": "One held sentence, long enough for steps.", "stream_format": "sse"}
+    try:
+        async with httpx.AsyncClient(base_url=base(gw)) as client, contextlib.AsyncExitStack() \
+                as held:
+            for _ in range(2):  # both hold their stream open: their engine step waits
+                response = await held.enter_async_context(
+                    client.stream("POST", "/v1/audio/speech", json=body))
+                assert response.status_code == 200
+            full = await client.post("/v1/audio/speech", json=body)
+            health = (await client.get("/health")).json()
+            engine.release.set()
+        assert full.status_code == 503 and full.headers["retry-after"] == "1"
+        assert full.json()["error"]["code"] == "server_full"
+        assert full.json()["error"]["type"] == "server_error"
+        assert "x-engine" not in full.headers  # a refusal, before any synthesis
+        assert health["limits"]["max_speech_requests"] == 2
+        await asyncio.wait_for(gw.http.idle.wait(), 10)
+        async with httpx.AsyncClient(base_url=base(gw)) as client:  # room again
+            again = await client.post("/v1/audio/speech", json={"input": "Hi.",
+                                                                "response_format": "pcm"})
+            m = metrics((await client.get("/metrics")).text)
+        assert again.status_code == 200 and again.content
+        assert m["gateway_http_speech_requests_total{format=-,status=rejected,stream=-}"] == 1
+    finally:
+        engine.release.set()
         await gw.aclose()
 
 

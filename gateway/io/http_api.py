@@ -685,6 +685,12 @@ class SpeechApi:
         # streams already failed, this one would not be), and the voice may be another
         # lane's
         _refuse_speech_now(gw, lane)
+        # counted here, with nothing awaited before speech() opens its stream: a burst of
+        # requests cannot all pass the check at once
+        if len(gw.http.streams) >= (most := gw.config.server.max_speech_requests):
+            raise ApiError(503, f"{most} speech requests are open, the most this gateway "
+                           "takes at once ([server] max_speech_requests); retry shortly",
+                           code="server_full", type="server_error")
         return params, voice, lane
 
     def _notes(self, params: SpeechParams, engine: Any) -> list[str]:

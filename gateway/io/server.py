@@ -707,7 +707,8 @@ class Gateway:
             "frames": self.metrics.frames,
             "listeners_lost": self.metrics.listeners_lost,
             "limits": {"message_bytes": MAX_MESSAGE_BYTES, "max_sessions":
-                       self.config.server.max_sessions},
+                       self.config.server.max_sessions, "max_speech_requests":
+                       self.config.server.max_speech_requests},
             "auth": "bearer" if self.config.server.tokens else "none",
         }
 
