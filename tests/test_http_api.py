@@ -1511,6 +1511,23 @@ async def test_bad_requests_get_openai_style_errors(gateway, body, status, code,
     assert gateway.lane.stats.steps == 0  # nothing reached the engine
 
 
+@pytest.mark.parametrize("field", ["voice", "response_format", "stream_format"])
+async def test_a_refused_value_is_quoted_cut_short_in_the_error_and_the_log(gateway, caplog,
+                                                                           field):
+    """A refusal names the value refused, cut as the unknown model and route are: a client
+    sending a 60,000-character voice got all of it back, and wrote a 60 kB INFO line."""
+    caplog.set_level(logging.INFO, logger="gateway.io.http_api")
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        response = await client.post("/v1/audio/speech",
+                                     json={"input": "Hi.", field: "x" * 60_000})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == field
+    assert "'xxxxxxxx" in error["message"] and "60000 characters" in error["message"]
+    assert len(error["message"]) < 300
+    (line,) = [r.getMessage() for r in caplog.records if "speech rejected" in r.getMessage()]
+    assert len(line) < 400
+
+
 @pytest.mark.parametrize(("speed", "note"), [
     (1.5, None),
     (0.25, "speed 0.25 is beyond engine espeak's 0.46-2.57: spoken at 0.46"),

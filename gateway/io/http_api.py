@@ -96,6 +96,8 @@ HAS_PYAV = importlib.util.find_spec("av") is not None
 """PyAV encodes the compressed formats. A core dependency; a gateway whose environment
 lacks it (code updated without ``pip install``) refuses them with a 400 naming the fix."""
 SPEED_RANGE = (0.25, 4.0)
+SHOWN_CHARS = 100
+"""Most of a refused value an error message quotes (``_shown``)."""
 BYTES_PER_S = OUTPUT_RATE * 2
 MAX_BUFFERED_S = 60.0
 """Unread audio one response may hold, while its client holds it up, before it fails with
@@ -145,6 +147,16 @@ def _notes_header(notes: list[str]) -> str:
     note may quote a voice named after its reference file (``Łucja``): a header carries
     latin-1 at most, and that one failed the whole response (a plain-text 500)."""
     return "; ".join(notes).encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _shown(value: Any) -> str:
+    """``value`` quoted for an error message, cut after ``SHOWN_CHARS`` (as an unknown
+    model or route is): a refusal names what it refused, but a 60,000-character voice
+    came back whole, and went whole into the request's log line."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 
 
 # ---- the request ----------------------------------------------------------------------------
@@ -237,7 +249,7 @@ def _voice(body: dict[str, Any], gateway: Gateway) -> tuple[str | None, list[str
     if listed is not None:
         return listed, []
     if voice.lower() not in OPENAI_VOICES:
-        raise ApiError(400, f"unknown voice {voice!r}; GET /v1/audio/voices lists the "
+        raise ApiError(400, f"unknown voice {_shown(voice)}; GET /v1/audio/voices lists the "
                        f"{len(gateway.voices)} available", code="unknown_voice",
                        param="voice")
     return None, [f"voice {voice!r} is OpenAI's; the gateway's default voice "
@@ -251,13 +263,14 @@ def _formats(body: dict[str, Any]) -> tuple[str, str, bool]:
     if stream_format is None:  # absent or null: the default
         stream_format = "audio"
     if stream_format not in ("sse", "audio"):
-        raise ApiError(400, f"'stream_format' must be 'sse' or 'audio', not {stream_format!r}",
-                       code="unsupported_stream_format", param="stream_format")
+        raise ApiError(400, "'stream_format' must be 'sse' or 'audio', not "
+                       f"{_shown(stream_format)}", code="unsupported_stream_format",
+                       param="stream_format")
     response_format = body.get("response_format")
     if response_format is None:  # absent or null: the default ("" or false are refused)
         response_format = default_format(stream_format)
     if not isinstance(response_format, str) or response_format not in FORMATS:
-        raise ApiError(400, f"response_format {response_format!r} is not supported; use "
+        raise ApiError(400, f"response_format {_shown(response_format)} is not supported; use "
                        f"{', '.join(FORMATS)}", code="unsupported_format",
                        param="response_format")
     if FORMATS[response_format].container is not None and not HAS_PYAV:
