@@ -13,10 +13,12 @@ import dataclasses
 import io
 import logging
 import math
+import re
 import socket
 import threading
 import wave
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import av
@@ -1193,6 +1195,54 @@ async def test_health_follows_sessions_and_compute(gateway):
     assert 0 <= after["loop"]["lag_max_ms_1m"] < 60_000
     assert after["loop"]["gc_pause_max_ms_1m"] >= 0 and after["loop"]["gc_frozen_objects"] >= 0
     assert voice_port.keys() == after.keys() and voice_port["sessions"] == 0
+
+
+HTTP_API_MD = Path(__file__).resolve().parents[1] / "docs" / "http-api.md"
+DATA_KEYS = frozenset({"engines", "lanes", "turns", "errors"})
+"""/health objects keyed by data (engine and lane names, turn statuses, error codes)."""
+
+
+def health_fields(body: dict, data: bool = False) -> Iterator[str]:
+    """Every field name of a /health body, nested ones too; not the keys of ``DATA_KEYS``."""
+    for key, value in body.items():
+        if not data:
+            yield key
+        if isinstance(value, dict):
+            yield from health_fields(value, data=not data and key in DATA_KEYS)
+
+
+async def test_every_health_field_and_metric_the_gateway_emits_is_documented(refused_port):
+    """docs/http-api.md names every field /health gives and every family /metrics does, on
+    a gateway showing them all: an ``http`` voice whose server is down behind a fallback, a
+    second lane, a bound on open streams, an OpenAI-compatible LLM that cannot be reached
+    (and a turn it failed). ``engine.fallback``'s breaker figures, ``limits`` and
+    ``listeners_lost`` were given to operators without a word of what they are."""
+    down = f"http://127.0.0.1:{refused_port}/v1"
+    gw = Gateway(load_config(
+        server={"port": 0}, llm={"url": down},
+        tts={"engine": "http", "url": down, "fallback": "espeak", "max_open_streams": 4,
+             "also": "synthetic", "also_options": {"rtf": 0.0, "ttfa_ms": 0.0},
+             "profiles": {"remote": {"first_s": 0.1, "rtf": 0.1}}}))
+    await gw.start()
+    try:
+        failed = await one_turn(gw.port, type="transcript", text="Hello?")
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            health = (await client.get("/health")).json()
+            metrics = (await client.get("/metrics")).text
+    finally:
+        await gw.aclose()
+    assert failed.done["status"] == "failed" and health["llm"]["failing"] is not None
+    assert {"fallback", "server", "timing", "thinking"} <= set(health_fields(health))
+    doc = re.sub(r"```.*?```", "", HTTP_API_MD.read_text(), flags=re.S)  # (examples)
+    named = {word for span in re.findall(r"`([^`]+)`", doc)
+             for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", span)}
+    undocumented = sorted(set(health_fields(health)) - named)
+    assert undocumented == [], " ".join(undocumented)
+    families = {f.name for f in text_string_to_metric_families(metrics)}
+    assert len(families) > 30
+    assert sorted(f for f in families
+                  if not f.startswith("process_") and f not in named
+                  and f"{f}_total" not in named) == []
 
 
 async def test_llm_reachability_is_probed_and_cached(replies, scripted_llm_server):

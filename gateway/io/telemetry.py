@@ -782,5 +782,5 @@ class _StateCollector(Collector):
             yield placed
         rate = self.t.llm_tokens_per_s
         yield GaugeMetricFamily("gateway_llm_tokens_per_second",
-                                "LLM decode rate reported with the last finished turn",
+                                "LLM decode rate of the last finished turn that measured one",
                                 value=float("nan") if rate is None else rate)
