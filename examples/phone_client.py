@@ -38,9 +38,11 @@ with jitter, for as long as it takes) and resumes its session (protocol.md, Resu
 first message on the new socket is ``session.resume`` with the ``seq`` of the last frame it
 received, and the server re-sends what followed, so the reply goes on where it was cut, into
 the same WAV, with ``seq`` gapless. Events the server re-sends that the client had (those
-after that frame, counted) are skipped. If the resume fails (the window passed, the gateway
-restarted), the client falls back: it re-applies its settings and sends again the
-transcript whose reply was cut off, in the fresh session (typed ones too).
+after that frame, counted) are skipped; settings whose answer had not come go again (lost
+with the socket, or answered in the replay: a ``session.update`` is idempotent). If the
+resume fails (the window passed, the gateway restarted), the client falls back: it
+re-applies its settings and sends again the transcript whose reply was cut off, in the
+fresh session (typed ones too).
 """
 
 from __future__ import annotations
@@ -183,6 +185,9 @@ class PhoneClient:
         self._again = False  # the reconnect sends ``_asked`` again (``_ask_again``)
         self._limited = False  # the last transcript was refused as rate_limited
         self._updating = False  # a session.update was sent and its answer has not come
+        self._update_replayed = False
+        """The settings went again on a resume whose replay may hold the first sending's
+        answer: a settings answer in the replay is that one, the second's follows it."""
         self._connected = asyncio.Event()
         self._session_id: str | None = None
         self._resume_token: str | None = None
@@ -190,6 +195,7 @@ class PhoneClient:
         self._ended: set[int] = set()  # turn ids whose turn.done was handled
         self._since_frame = 0  # events received after the last frame
         self._skip = 0  # replayed events still to skip after a resume: we had them
+        self._replay = 0  # replayed messages still to come after those: we did not have them
         self.resumes = 0
         self.resumes_failed = 0
         self.frames_lost = 0  # seq gaps seen (should stay 0, resumes included)
@@ -233,7 +239,7 @@ class PhoneClient:
                         self._session_id = created["session_id"]
                         self._resume_token = created.get("resume_token")
                         self._last_seq = None
-                        self._since_frame = self._skip = 0
+                        self._since_frame = self._skip = self._replay = 0
                         self._updating = bool(self.settings)
                         if self.settings:
                             await ws.send(json.dumps({"type": "session.update",
@@ -296,7 +302,15 @@ class PhoneClient:
             # already. Handled again, a refusal (an error with no turn) was taken for the
             # refusal of the transcript sent since, whose reply then went unheard.
             self._skip = min(self._since_frame, answer["replayed"])
+            self._replay = answer["replayed"] - self._skip
             self.say(f"[resumed {self._session_id}: {answer['replayed']} messages replayed]")
+            if self._updating:
+                # no answer to the settings came: they were lost with the socket (nothing
+                # is replayed to the server), or the answer is in the replay. Sent again
+                # (protocol.md, Resume: idempotent), before a transcript sent again, whose
+                # turn they are for
+                self._update_replayed = self._replay > 0
+                await ws.send(json.dumps({"type": "session.update", "session": self.settings}))
             if self._pending and answer.get("turn_id") == self._turn_id:
                 # the gateway's latest turn is the last one we saw start: the transcript
                 # sent since was lost with the socket, and no replay will start it
@@ -430,6 +444,8 @@ class PhoneClient:
             if self._skip:
                 self._skip -= 1  # (an event received before the drop)
                 continue
+            replayed = self._replay > 0
+            self._replay -= replayed
             if isinstance(message, bytes):
                 self._since_frame = 0
                 _version, _flags, _sentence, turn_id, seq = HEADER.unpack_from(message)
@@ -476,15 +492,18 @@ class PhoneClient:
                     if not self._pending:
                         self._in_flight = False
                         self._done.set()
-                case "session.updated":
-                    self._updating = False
-                case "error" if self._updating and "turn_id" not in event:
+                case "session.updated" | "error" if self._updating and \
+                        "turn_id" not in event and (not replayed or self._update_replayed):
                     # the answer to the settings, sent before any transcript: their refusal
                     # (invalid_field, text_too_long) is no transcript's; the session goes on
                     # with the gateway's defaults
-                    self._updating = False
-                    self.say(f"\n[settings refused: error {event['error']['code']}: "
-                             f"{event['error']['message']}]")
+                    if replayed:  # (the first sending's: the one sent on the resume follows)
+                        self._update_replayed = False
+                    else:
+                        self._updating = False
+                        if event["type"] == "error":
+                            self.say(f"\n[settings refused: error {event['error']['code']}: "
+                                     f"{event['error']['message']}]")
                 case "error":
                     self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
                     if "turn_id" not in event and event["error"]["code"] in REFUSALS and \

@@ -68,10 +68,13 @@ async def test_barge_in_cancels_the_playing_turn_after_reporting_playback(gatewa
 class CuttingProxy:
     """A TCP proxy between the client and the gateway that aborts its first connection
     (both sides, no close handshake) once ``cut_after`` bytes went to the client: the
-    phone going into a tunnel mid-reply. Later connections pass through untouched."""
+    phone going into a tunnel mid-reply. ``uplink``: as soon as the client sends anything
+    after its handshake instead, which never reaches the gateway. Later connections pass
+    through untouched."""
 
-    def __init__(self, upstream_port: int, cut_after: int) -> None:
-        self.upstream_port, self.cut_after = upstream_port, cut_after
+    def __init__(self, upstream_port: int, cut_after: int = 0, *, uplink: bool = False
+                 ) -> None:
+        self.upstream_port, self.cut_after, self.uplink = upstream_port, cut_after, uplink
         self.connections = 0
         self.cut = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -85,19 +88,30 @@ class CuttingProxy:
         cutting = self.connections == 1
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
 
+        def abort() -> None:
+            writer.transport.abort()
+            up_writer.transport.abort()
+            self.cut.set()
+
         async def pipe(src, dst, count: bool) -> None:
             sent = 0
             while data := await src.read(65536):
                 dst.write(data)
                 sent += len(data)
                 if count and cutting and sent >= self.cut_after:
-                    writer.transport.abort()
-                    up_writer.transport.abort()
-                    self.cut.set()
-                    return
+                    return abort()
             dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True),
+        async def pipe_up() -> None:
+            handshake = b""
+            while data := await reader.read(65536):
+                if cutting and self.uplink and b"\r\n\r\n" in handshake:
+                    return abort()  # (its first message, never forwarded)
+                handshake += data
+                up_writer.write(data)
+            up_writer.close()
+
+        await asyncio.gather(pipe_up(), pipe(up_reader, writer, not self.uplink),
                              return_exceptions=True)
 
     async def aclose(self) -> None:
@@ -738,3 +752,37 @@ async def test_a_typed_transcript_whose_reply_a_failed_resume_cut_is_sent_again(
     assert [x for x in client.lines if x.startswith("> ")] == ["> Time", "> Time"]
     _, samples = read_wav(client.saved[-1])
     assert len(samples) / 24 == pytest.approx(client.results[0]["metrics"]["audio_ms"], abs=1)
+
+
+@pytest.mark.slow
+async def test_settings_lost_with_the_socket_are_sent_again_after_the_resume(gateway,
+                                                                             tmp_path):
+    """protocol.md, Resume: a session.update lost with the socket is to be sent again (it is
+    idempotent). The client sent its settings only on connect: lost before the gateway read
+    them, the resume went on without them, and the client, still waiting for their answer,
+    took the next refusal of a transcript (an ``error`` with no turn) for theirs, and waited
+    for that transcript's turn for ever."""
+    proxy = CuttingProxy(gateway.port, uplink=True)  # the settings never reach the gateway
+    port = await proxy.start()
+    frame_ms: list[int] = []
+
+    class Results(list):
+        def append(self, result) -> None:  # what the gateway's session had for that turn
+            super().append(result)
+            frame_ms.extend(r.session.settings.frame_ms for r in gateway.runners.values())
+
+    client = _Recording(f"ws://127.0.0.1:{port}/v1/voice", tmp_path,
+                        phone_client.ClockPlayer(), settings={"frame_ms": 20})
+    client.results = Results()
+    try:
+        await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                          sequential=True, barge_in_after=None), 30)
+    finally:
+        await proxy.aclose()
+    assert proxy.cut.is_set() and client.resumes == 1 and client.resumes_failed == 0
+    assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
+        ("refused", "text_too_long"), ("completed", None)]
+    assert frame_ms == [20, 20]
+    assert not [x for x in client.lines if "settings refused" in x]
+
+
