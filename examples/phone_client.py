@@ -42,7 +42,7 @@ after that frame, counted) are skipped; settings whose answer had not come go ag
 with the socket, or answered in the replay: a ``session.update`` is idempotent). If the
 resume fails (the window passed, the gateway restarted), the client falls back: it
 re-applies its settings and sends again the transcript whose reply was cut off, in the
-fresh session (typed ones too).
+fresh session (typed ones too); a reply that had come whole plays its tail out.
 """
 
 from __future__ import annotations
@@ -324,10 +324,12 @@ class PhoneClient:
 
     def _cut_off(self) -> None:
         """The reply in progress will never finish: drop it, and have the reconnect send
-        its transcript again."""
+        its transcript again. One whose turn.done came plays on: it came whole, and its
+        last max_lead_ms (the gateway ends a turn when it has sent it) are the client's."""
         self._turn_id = self._barged = None  # (turn ids start again in a new session)
         self._close_wav()
-        self.player.flush()
+        if self._in_flight:
+            self.player.flush()
         self._again = self._in_flight
 
     async def _ask_again(self, ws: ClientConnection) -> None:
@@ -427,11 +429,13 @@ class PhoneClient:
 
     def _barge_in_if_speaking(self) -> dict[str, Any] | None:
         """Stop the sound of the reply playing; returns the mark of what was heard of it, to
-        send before the transcript (None: no reply playing)."""
-        if self._turn_id is None or (self._done.is_set() and not self.player.buffered_s()):
+        send before the transcript (None: no reply playing, or the tail of one whose session
+        a failed resume ended: nobody to tell)."""
+        if not self.player.buffered_s() and (self._turn_id is None or self._done.is_set()):
             return None
-        mark = {"type": "playback", "turn_id": self._turn_id,
-                "played_ms": round(self.player.played_ms())}
+        mark = None if self._turn_id is None else {
+            "type": "playback", "turn_id": self._turn_id,
+            "played_ms": round(self.player.played_ms())}
         self.player.flush()
         self._barged = self._turn_id  # (its frames still on their way are not played)
         self.say("[barge-in]")

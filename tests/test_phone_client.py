@@ -785,4 +785,74 @@ async def test_settings_lost_with_the_socket_are_sent_again_after_the_resume(gat
     assert frame_ms == [20, 20]
     assert not [x for x in client.lines if "settings refused" in x]
 
+class HeldPlayer(phone_client.ClockPlayer):
+    """A speaker that plays nothing until ``release()`` (then all it holds, at once): the
+    reply's tail is still to be heard when the socket drops. Counts what a flush dropped."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_s = self.dropped_s = 0.0
+        self.released = False
+
+    def start_turn(self) -> None:
+        self.dropped_s += self.held_s
+        self.held_s = 0.0
+
+    def feed(self, pcm: bytes) -> None:
+        self.held_s += len(pcm) / 2 / phone_client.RATE
+
+    def buffered_s(self) -> float:
+        return 0.0 if self.released else self.held_s
+
+    def played_ms(self) -> float:
+        return self.held_s * 1000 if self.released else 0.0
+
+    def flush(self) -> None:
+        self.start_turn()
+
+    def release(self) -> None:
+        self.released = True
+
+
+@pytest.mark.slow
+async def test_a_failed_resume_after_the_reply_ended_leaves_its_tail_playing(start_gateway,
+                                                                             tmp_path):
+    """A turn ends up to max_lead_ms before its audio has played: a socket dropped then, and
+    a resume that failed (the window passed, the gateway restarted), dropped the audio the
+    client held of a reply that had come whole (the failed resume flushed the player as
+    for a reply cut off)."""
+    gateway = await start_gateway(REPLIES, server={"resume_window_s": 0.01},
+                                  session={"max_lead_ms": 30_000})  # (nothing is played)
+    player = HeldPlayer()
+    client = _Said(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path, player)
+
+    class Results(list):
+        def append(self, result) -> None:  # its turn.done came: the socket drops now
+            super().append(result)
+            assert client._ws is not None
+            client._ws.transport.abort()
+
+    client.results = Results()
+    run = asyncio.create_task(client.run(phone_client._from_list(["Hello"]), sequential=True,
+                                         barge_in_after=None))
+    try:
+        while True:  # until the resume failed, or the client is done
+            said = asyncio.create_task(client.said.get())
+            done, _ = await asyncio.wait({run, said}, timeout=30,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if said not in done:
+                said.cancel()
+                break
+            if said.result().startswith("[resume failed"):
+                break
+        assert client.resumes_failed == 1
+        assert player.dropped_s == 0  # the tail is still to be heard
+        player.release()
+        await asyncio.wait_for(run, 10)
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    assert [r["status"] for r in client.results] == ["completed"]
+    assert player.held_s * 1000 == pytest.approx(client.results[0]["metrics"]["audio_ms"], abs=1)
+    assert gateway.metrics.turns["completed"] == 1  # (not asked again: it had come whole)
