@@ -1766,3 +1766,102 @@ async def test_console_sends_every_transcript_lost_with_its_socket_again(start_g
         assert [t["turnId"] for t in await page.evaluate(f"{state}.turns")] == [1, 2]
         assert await page.inner_text("#reply") == "You are welcome."
         assert errors == []
+
+
+class HoldingProxy:
+    """Test infrastructure: a TCP proxy on 127.0.0.1:0 in front of the gateway. ``hold()``:
+    what the gateway sends no longer reaches the browser (the downlink stalls; what the
+    browser sends still goes up); ``cut()`` then aborts every connection open (both sides,
+    no close handshake). Connections made after that pass through untouched."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.holding = False
+        self.open: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def cut(self) -> None:
+        for down, up in self.open:
+            down.transport.abort()
+            up.transport.abort()
+        self.open.clear()
+        self.holding = False
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        pair = (writer, up_writer)
+        self.open.append(pair)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                       held: bool) -> None:
+            while data := await source.read(65536):
+                if not (held and self.holding and pair in self.open):
+                    sink.write(data)
+            sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True),
+                             return_exceptions=True)
+
+    async def aclose(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_a_refusal_in_the_replay_does_not_shift_its_turns(start_gateway):
+    """Two transcripts on their way, the first answered by a turn and the second refused
+    (rate_limited), Stop pressed, then a third sent: the socket drops before any answer
+    came. The page counted the turns session.resumed said had started against its
+    transcripts in order, the refused one included: it sent Stop's cancels again for the
+    turn ids it expected, and the one it took for the refused transcript's was the third
+    transcript's, typed after Stop, whose reply was cut; and it sent that transcript again,
+    taking it for lost. Each transcript is matched to its own turn or refusal now."""
+    gw = await start_gateway([{"transcript": "Tell me", "reply": LONG},
+                              {"transcript": "Hello", "reply": "Hi. Nice to hear you."}],
+                             server={"turns_per_minute": 2})
+    proxy = HoldingProxy(gw.port)
+    port = await proxy.start()
+    state = "window.consoleState"
+    try:
+        async with console(f"http://127.0.0.1:{port}/") as (page, errors):
+            await talk_when_ready(page, "Tell me")
+            await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+            (runner,) = gw.runners.values()
+            receive, hellos = runner.receive, asyncio.Queue[None]()
+
+            def receiving(message, now):
+                if getattr(message, "text", None) == "Hello":
+                    runner._turn_times.clear()  # a minute has passed since the refusal
+                    hellos.put_nowait(None)
+                return receive(message, now)
+
+            runner.receive = receiving
+            proxy.hold()  # nothing more reaches the page
+            for text in ("Tell me more", "And more"):  # a turn, then refused (2 a minute)
+                await talk(page, text)
+                await page.wait_for_function("document.querySelector('#transcript').value === ''")
+            await page.click("#stop")
+            await talk(page, "Hello")  # after Stop: its reply is wanted
+            await asyncio.wait_for(hellos.get(), 10)  # (and started a turn)
+            proxy.cut()
+            await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+            await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'",
+                                         timeout=30_000)
+            st = await page.evaluate(state)
+            assert [(t["turnId"], t["status"]) for t in st["turns"]] == [
+                (1, "cancelled"), (2, "cancelled"), (3, "completed")]
+            assert hellos.empty()  # sent once
+            assert gw.metrics.turns["completed"] == 1 and gw.metrics.turns["cancelled"] == 2
+            assert await page.inner_text("#reply") == "Hi. Nice to hear you."
+            assert errors == []
+    finally:
+        await proxy.aclose()

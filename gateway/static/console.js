@@ -30,10 +30,11 @@ let heardCount = 0; // how many messages it gave us (a probe's answer: one more)
 let pingedAt = null; // when the first ping with nothing heard since went out
 let pendingUpdate = null; // {session, n}: a session.update sent and not answered yet
 let sentNo = 0; // numbers what is sent again after a resume, to keep its order
-let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn, asked}: what
-// a resume needs; asked: [{text, n, stopped}] the transcripts sent whose turns have not
-// started, oldest first (the server takes them in order: each starts the next turn, or is
-// refused; stopped: Stop was pressed since)
+let session = null; // {id, resumeToken, windowS, lastSeq, droppedAt, latestTurn, asked,
+// replay}: what a resume needs; asked: [{text, n, stopped}] the transcripts sent whose turns
+// have not started, oldest first (the server takes them in order: each starts the next turn,
+// or is refused; stopped: Stop was pressed since); replay: {left} while the messages a resume
+// re-sends are still coming (how many)
 let fresh = null; // a new socket's own session.created, kept while a resume is asked
 let token = takeToken();
 let turn = null; // {id, playedBase, ended, stopped, ...} the turn whose audio is playing;
@@ -171,7 +172,12 @@ function connect() {
   socket.onmessage = (e) => {
     heardAt = performance.now();
     heardCount += 1;
-    typeof e.data === "string" ? onText(JSON.parse(e.data)) : onFrame(e.data);
+    if (typeof e.data === "string") {
+      onText(JSON.parse(e.data));
+    } else {
+      onFrame(e.data);
+      replayedOne();
+    }
   };
   socket.onclose = async (e) => {
     const was = state.connected;
@@ -365,7 +371,7 @@ $("token").addEventListener("change", () => {
 });
 
 function connected() {
-  return ws !== null && ws.readyState === WebSocket.OPEN && state.connected;
+  return ws !== null && ws.readyState === WebSocket.OPEN && state.connected && !session?.replay;
 }
 
 function send(message) {
@@ -394,6 +400,14 @@ function onText(ev) {
   if (session && ev.type !== "session.created" && ev.type !== "session.resumed") {
     state.eventsSinceFrame += 1;
   }
+  if (ev.type !== "session.resumed") replayedOne();
+}
+
+// One more message of a resume's replay is in; with the last, the session is back.
+function replayedOne() {
+  if (!session?.replay) return;
+  session.replay.left -= 1;
+  if (session.replay.left <= 0) resumed();
 }
 
 function onEvent(ev) {
@@ -401,6 +415,7 @@ function onEvent(ev) {
     case "session.created":
       if (session && session.id !== ev.session_id) { // a new socket: resume the old session
         fresh = ev;
+        session.replay = null; // (one a drop cut short: the resume's answer says it again)
         send({type: "session.resume", session_id: session.id, resume_token: session.resumeToken,
               last_seq: session.lastSeq});
         break;
@@ -411,18 +426,12 @@ function onEvent(ev) {
       fresh = null;
       session.droppedAt = null;
       state.connected = true;
-      state.resumes += 1;
       setStatus(true, `connected · ${ev.session_id} · resumed (${ev.replayed} re-sent)`);
       showSettings(ev.session, {keepEdits: true}); // (a field being typed in is left alone)
-      // a Stop pressed while the socket was down, or sent and lost with it (the turn did
-      // not end): again (protocol.md, Resume: a cancel is idempotent)
-      if (turn?.stopped && turn.stopped.playedMs !== null && (!turn.stopSent || !turn.ended)) {
-        sendStop(turn);
-      }
-      // transcripts stopped before their turns started: their cancels again for the turns
-      // that did start (sendAgain does not send a stopped transcript again)
-      if (session.asked.slice(0, startedSince(ev)).some((a) => a.stopped)) sendStopAsked();
-      sendAgain(ev);
+      // what the drop lost is known once the replay is in (resumed): until then nothing is
+      // sent (connected() is false), or it would be matched to the replay's answers
+      session.replay = {left: ev.replayed - skip};
+      if (session.replay.left <= 0) resumed();
       break;
     case "pong":
       state.pongs += 1;
@@ -519,7 +528,9 @@ function onEvent(ev) {
         fresh = null;
         return;
       }
-      if (pendingUpdate && ev.turn_id === undefined && settings) {
+      // (a session.update is never refused for the rate: that is a transcript's answer)
+      if (pendingUpdate && ev.turn_id === undefined && settings &&
+          ev.error.code !== "rate_limited") {
         pendingUpdate = null;
         showSettings(settings); // the fields show the settings in use, not the ones refused
       }
@@ -528,27 +539,34 @@ function onEvent(ev) {
   }
 }
 
-// How many of the transcripts asked had their turns started by the server before the drop
-// (their turn.started is in the replay): those after are lost (protocol.md, Resume).
-function startedSince(ev) {
-  return Math.max(0, (ev.turn_id ?? 0) - (session.latestTurn ?? 0));
+// The replay is in: every transcript the server read before the drop has had its answer
+// (its turn.started, or its refusal: the server answers each as it reads it), so each was
+// matched to its own, and the page's count of turns is the server's. Counted against
+// session.resumed's turn_id instead, a refusal in the replay shifted the count by one: a
+// transcript was taken for lost and sent twice, and Stop's cancels went to the turn of one
+// sent after Stop.
+function resumed() {
+  session.replay = null;
+  state.resumes += 1;
+  // a Stop pressed while the socket was down, or sent and lost with it (the turn did not
+  // end): again (protocol.md, Resume: a cancel is idempotent). Transcripts stopped before
+  // their turns started: the last one's turn, started in the replay, is this one; the others
+  // were cut by the next, or were refused, or lost (not sent again)
+  if (turn?.stopped && turn.stopped.playedMs !== null && (!turn.stopSent || !turn.ended)) {
+    sendStop(turn);
+  }
+  sendAgain();
 }
 
-// What the drop may have lost, sent again in the order first sent (protocol.md, Resume:
-// nothing is replayed to the server): the transcripts no turn started for, and a
-// session.update whose settings session.resumed does not show in use (sent twice it does
-// what it did once: null instructions, shown as the server's default text, go again).
-function sendAgain(ev) {
+// What the drop lost, sent again in the order first sent (protocol.md, Resume: nothing is
+// replayed to the server): the transcripts the replay answered neither way, unless Stop was
+// pressed since, and a session.update it did not answer.
+function sendAgain() {
   const again = [];
-  const started = startedSince(ev);
-  // lost, and Stop was pressed since: not asked again
-  const lost = session.asked.slice(started).filter((a) => !a.stopped);
-  session.asked = [...session.asked.slice(0, started), ...lost];
+  const lost = session.asked.filter((a) => !a.stopped);
+  session.asked = lost;
   for (const asked of lost) again.push([asked.n, {type: "transcript", text: asked.text}, true]);
-  if (pendingUpdate && !Object.entries(pendingUpdate.session).every(
-    ([key, value]) => key === "segmenter"  // (an update names only the keys it changes)
-      ? Object.entries(value).every(([k, v]) => ev.session?.segmenter?.[k] === v)
-      : ev.session?.[key] === value)) {
+  if (pendingUpdate) {
     again.push([pendingUpdate.n, {type: "session.update", session: pendingUpdate.session}]);
   }
   for (const [, message, bargeIn] of again.sort((a, b) => a[0] - b[0])) {
@@ -906,8 +924,9 @@ function stopHeard(t, ms) {
 // The turns of the transcripts not started yet are the next ones (turn ids go up by 1):
 // for each, nothing of it heard, then its cancel. A transcript refused has no turn, so
 // the later ones get lower ids than counted: whichever of these ids is in progress when
-// they come is cancelled, the others are ignored. Their turn.started makes them stopped
-// turns; offline, it goes once the session is back.
+// they come is cancelled, the others are ignored (a transcript sent after Stop goes after
+// them: its turn is not yet). Their turn.started makes them stopped turns; offline, the
+// cancel of the one whose turn is in progress goes once the session is back (resumed).
 function stopAsked() {
   for (const asked of session.asked) asked.stopped = true;
   if (connected()) sendStopAsked();
@@ -916,7 +935,6 @@ function stopAsked() {
 
 function sendStopAsked() {
   session.asked.forEach((asked, i) => {
-    if (!asked.stopped) return; // (sent after Stop: a resume's cancels spare it)
     const id = (session.latestTurn ?? 0) + i + 1;
     send({type: "playback", turn_id: id, played_ms: 0});
     send({type: "cancel", turn_id: id});
