@@ -245,9 +245,10 @@ class PhoneClient:
                             await ws.send(json.dumps({"type": "session.update",
                                                       "session": self.settings}))
                         self.say(f"[connected: {created['session_id']}]")
-                    await self._ask_again(ws)
                     self._ws, backoff = ws, 0.5
-                    self._connected.set()
+                    if not self._replay:  # (else once the replay is in: _messages)
+                        await self._ask_again(ws)
+                        self._connected.set()
                     await self._read(ws)
             except (InvalidHandshake, OSError, ConnectionClosed) as exc:
                 if isinstance(exc, InvalidStatus) and 400 <= exc.response.status_code < 500:
@@ -311,10 +312,12 @@ class PhoneClient:
                 # turn they are for
                 self._update_replayed = self._replay > 0
                 await ws.send(json.dumps({"type": "session.update", "session": self.settings}))
-            if self._pending and answer.get("turn_id") == self._turn_id:
-                # the gateway's latest turn is the last one we saw start: the transcript
-                # sent since was lost with the socket, and no replay will start it
-                self._again = True
+            # a transcript not answered yet was lost with the socket unless the replay
+            # answers it: with its turn.started, or with its refusal (the gateway answers
+            # each as it reads it). session.resumed's turn_id still the last turn seen start
+            # does not say it was lost: a refusal in the replay was taken for a transcript
+            # lost, which was sent again, and its second refusal taken for the next one's
+            self._again = bool(self._pending) and not self._replay
             return True
         self.resumes_failed += 1
         why = answer.get("error", {}).get("message")  # (it says what the session goes on in)
@@ -443,13 +446,25 @@ class PhoneClient:
 
     # ---- what the server says --------------------------------------------------------
 
-    async def _read(self, ws: ClientConnection) -> None:
+    async def _messages(self, ws: ClientConnection) -> Any:
+        """What ``ws`` receives, less the events a resume replays that came already, each
+        with whether it is replayed. Once the replay is in, every transcript sent before the
+        drop has its answer: the one left unanswered is sent again, and only then are
+        more sent (a transcript sent during the replay would be taken for one lost)."""
         async for message in ws:
             if self._skip:
                 self._skip -= 1  # (an event received before the drop)
                 continue
             replayed = self._replay > 0
             self._replay -= replayed
+            yield message, replayed
+            if replayed and not self._replay:
+                self._again = bool(self._pending)
+                await self._ask_again(ws)
+                self._connected.set()
+
+    async def _read(self, ws: ClientConnection) -> None:
+        async for message, replayed in self._messages(ws):
             if isinstance(message, bytes):
                 self._since_frame = 0
                 _version, _flags, _sentence, turn_id, seq = HEADER.unpack_from(message)

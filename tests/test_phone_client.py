@@ -856,3 +856,56 @@ async def test_a_failed_resume_after_the_reply_ended_leaves_its_tail_playing(sta
     assert [r["status"] for r in client.results] == ["completed"]
     assert player.held_s * 1000 == pytest.approx(client.results[0]["metrics"]["audio_ms"], abs=1)
     assert gateway.metrics.turns["completed"] == 1  # (not asked again: it had come whole)
+
+
+def cut_after_sending(monkeypatch, what: str) -> list[str]:
+    """The gateway's socket drops right after its session puts ``what`` (part of a message)
+    in its outbox, before it is written: the message comes in the replay of the resume."""
+    from gateway.io.connection import SessionRunner
+
+    send, cut = SessionRunner.send, []
+
+    def sending(runner, item) -> None:
+        send(runner, item)
+        if not cut and isinstance(item, str) and what in item:
+            cut.append(item)
+            runner.connection.ws.transport.abort()
+
+    monkeypatch.setattr(SessionRunner, "send", sending)
+    return cut
+
+
+@pytest.mark.slow
+async def test_a_refusal_in_the_replay_is_not_taken_for_a_transcript_lost(gateway, tmp_path,
+                                                                          monkeypatch):
+    """protocol.md, Resume: a transcript is lost when session.resumed's turn_id is still the
+    last turn seen start, unless its refusal is in the replay. The client sent a refused
+    transcript again, and took its second refusal for the next transcript's, whose reply
+    then went unheard."""
+    cut = cut_after_sending(monkeypatch, '"text_too_long"')
+    client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                        phone_client.ClockPlayer())
+    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None), 30)
+    assert cut and client.resumes == 1 and client.resumes_failed == 0
+    assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
+        ("refused", "text_too_long"), ("completed", None)]
+    assert gateway.metrics.errors["text_too_long"] == 1  # (not sent again)
+
+
+@pytest.mark.slow
+async def test_settings_answered_in_the_replay_are_refused_once(gateway, tmp_path,
+                                                                monkeypatch):
+    """The settings' answer lost with the socket comes in the replay, and the settings sent
+    again are answered again: a refusal (``frame_ms`` 33) comes twice, and the second is
+    the settings' too, not the refusal of the transcript sent next."""
+    cut = cut_after_sending(monkeypatch, '"invalid_field"')
+    client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                        phone_client.ClockPlayer(), settings={"frame_ms": 33})
+    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None), 30)
+    assert cut and client.resumes == 1 and client.resumes_failed == 0
+    assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
+        ("refused", "text_too_long"), ("completed", None)]
+    (refused,) = [x for x in client.lines if "settings refused" in x]
+    assert "frame_ms" in refused
