@@ -55,12 +55,14 @@ Every other JSON message goes through unchanged both ways (``transcript``, ``say
 watch is answered with ``error`` ``invalid_message``: when the watch goes away the relay
 ends the gateway session. When the *gateway* socket drops (no close frame), the relay
 reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
-replayed messages it had already relayed, sends again a ``transcript``, ``say``,
-``cancel`` or ``session.update`` the drop may have lost (after the last ``playback`` mark it
-sent for the turn, which the gateway cuts the turn's history from), and the watch sees one
+replayed messages it had already relayed, relays the rest, then sends again a
+``transcript``, ``say``, ``cancel`` or ``session.update`` the replay left unanswered (after
+the last ``playback`` mark it sent for the turn, which the gateway cuts the turn's history
+from; what the watch sends meanwhile waits until then), and the watch sees one
 unbroken session.
-It tries for the gateway's announced ``resume_window_s``, every wait bounded by it; if the
-resume fails, or the window runs out, the watch is closed with 1011.
+It tries for the gateway's announced ``resume_window_s``, every wait for the gateway's
+answers to the resume bounded by it; if the resume fails, or the window runs out, the watch
+is closed with 1011.
 
 Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` /
 ``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
@@ -359,13 +361,15 @@ class RelayCore:
         """The newest turn whose ``transcript`` or ``say`` has left ``_unanswered``. The
         gateway handles messages in order and each valid one starts the next turn (or is
         refused, ``rate_limited``), so turn N answers the N-th one sent."""
+        self._resumed_turn: int | None = None  # session.resumed's turn_id
         self._mark: tuple[int, str] | None = None
         """(turn_id, message): the last ``playback`` mark sent up, in the gateway's time; sent
-        again before a lost barge-in (``resumed``). Forgotten when a turn starts: the
+        again before a lost barge-in (``lost``). Forgotten when a turn starts: the
         transcript that started it came, and the marks before it (a mark sent after it is
         for a turn the gateway has left)."""
         self._since_frame = 0  # gateway messages handled after that frame
         self._skip = 0  # replayed messages still to drop after a resume
+        self._replay = 0  # and those still to come after them (the relay has not had them)
         self._seq = 0  # the watch's own frame seq
 
     # -- gateway → watch --
@@ -389,6 +393,8 @@ class RelayCore:
         if self._skip:
             self._skip -= 1  # relayed before the gateway socket dropped
             return []
+        if self._replay:
+            self._replay -= 1
         if isinstance(message, bytes):
             _v, flags, sentence, turn_id, seq = HEADER.unpack_from(message)
             self.last_seq, self._since_frame = seq, 0
@@ -499,25 +505,41 @@ class RelayCore:
             request["last_seq"] = self.last_seq
         return orjson.dumps(request).decode()
 
-    def resumed(self, replayed: int, turn_id: int | None = None) -> list[str]:
+    def resumed(self, replayed: int, turn_id: int | None = None) -> None:
         """The gateway re-sends ``replayed`` messages; the first ones were already relayed.
-        ``turn_id``: ``session.resumed``'s, the session's latest turn. Returns what to send
-        again, in order: what went up before the drop and may have been lost with it (a
-        turn started that the relay has not seen: its transcript, and all before, came). They
-        stay unanswered until their effect is seen, and go again after another drop.
-
-        Before them goes the last ``playback`` mark sent up, when it is for that turn: the
-        gateway cuts the turn's history from the mark it has when the barge-in comes
-        (protocol.md, Resume), and an older one is up to a mark interval early. It is the
-        newest mark the relay sent, so any mark that reached the gateway is it or an older
-        one: sending it again never moves the gateway's count back (twice is harmless)."""
+        ``turn_id``: ``session.resumed``'s, the session's latest turn. What the drop lost is
+        known once the rest of them is in (``replaying``, then ``lost``)."""
         self._skip = min(self._since_frame, replayed)
-        self._turns_started(turn_id)  # (their turn.started, replayed, then changes nothing)
+        self._replay = replayed - self._skip
+        self._resumed_turn = turn_id
+
+    @property
+    def replaying(self) -> bool:
+        """Messages of the resume's replay are still to come (``from_gateway``)."""
+        return self._replay > 0
+
+    def lost(self) -> list[str]:
+        """After the replay: what to send again, in order. The gateway answers each
+        ``transcript`` or ``say`` as it reads it (its ``turn.started``, or a refusal) and
+        each ``session.update`` (``session.updated``, or a refusal), so what went up before
+        the drop and has no answer once the replay is in was lost with it (protocol.md,
+        Resume); so may a ``cancel`` be. Decided from ``session.resumed``'s ``turn_id``
+        before the replay, a refusal in it was not counted: the refused transcript went
+        again, or one after it answered by a turn (a second turn cut the first), and each
+        second answer was taken for a later message's; a ``session.update`` whose answer
+        was in it went again too. They stay unanswered until their effect is seen, and go
+        again after another drop.
+
+        Before them goes the last ``playback`` mark sent up, when it is for the session's
+        latest turn: the gateway cuts the turn's history from the mark it has when the
+        barge-in comes (protocol.md, Resume), and an older one is up to a mark interval
+        early. It is the newest mark the relay sent, so any mark that reached the gateway is
+        it or an older one: sending it again never moves the gateway's count back (twice is
+        harmless)."""
         again = [m for _kind, m in self._unanswered]
-        if again and self._mark is not None and self._mark[0] == turn_id:
+        if again and self._mark is not None and self._mark[0] == self._resumed_turn:
             again.insert(0, self._mark[1])
         return again
-
 
     def _turns_started(self, turn_id: Any) -> None:
         """The gateway has started every turn up to ``turn_id``."""
@@ -700,9 +722,11 @@ class RelaySession:
     async def _resume(self) -> None:
         """Resume the gateway session on a new socket within the gateway's resume window
         (from now: the gateway counts it from when it noticed the drop, about the same
-        time), every wait bounded by what is left of it: a gateway that takes the socket
-        and says nothing is given up at the deadline, not when the keepalive notices.
-        Raises ``UpstreamLost`` when the window runs out or the gateway refuses."""
+        time), every wait for its answer bounded by what is left of it: a gateway that
+        takes the socket and says nothing is given up at the deadline, not when the
+        keepalive notices. Then relays the replay, and sends again what it left unanswered
+        (``RelayCore.lost``). Raises ``UpstreamLost`` when the window runs out or the
+        gateway refuses."""
         loop = asyncio.get_running_loop()
         window = self.core.resume_window_s
         deadline = loop.time() + (self.relay.resume_window_s if window is None else window)
@@ -715,11 +739,18 @@ class RelaySession:
                     await gateway.recv()  # the fresh session's session.created: ignored
                     await gateway.send(self.core.resume_request())
                     answer = orjson.loads(await gateway.recv())
-                    if answer.get("type") == "session.resumed":
-                        # what the drop may have lost goes again, before anything newer
-                        for message in self.core.resumed(int(answer.get("replayed", 0)),
-                                                         answer.get("turn_id")):
-                            await gateway.send(message)
+                if answer.get("type") == "session.resumed":
+                    # the replay, then what the drop lost goes again (known once the replay
+                    # is in), before anything newer: until then the watch's messages wait
+                    # (one sent meanwhile would be matched to the replay's answers). Not
+                    # bounded by the window: the session is back (a gateway gone silent
+                    # now is the keepalive's)
+                    self.core.resumed(int(answer.get("replayed", 0)), answer.get("turn_id"))
+                    while self.core.replaying:
+                        for out in self.core.from_gateway(await gateway.recv()):
+                            await self._to_watch(out)
+                    for message in self.core.lost():
+                        await gateway.send(message)
             except (OSError, InvalidStatus, ConnectionClosed, TimeoutError):
                 if gateway is not None:  # (at the deadline: not kept, resumed or not)
                     gateway.close_timeout = 1.0  # a gateway this silent answers no close

@@ -30,6 +30,7 @@ from examples.watch_relay import (
     WatchRelay,
 )
 from gateway.config import load_config
+from gateway.core.codec import ClientPing, ClientTranscript
 from gateway.io.server import Gateway
 from tests.servers import ServeProcess
 from tests.wsclient import read_turn, recv_event, send
@@ -347,40 +348,47 @@ def _dumps(**message) -> str:
     return orjson.dumps(message).decode()
 
 
-@pytest.mark.parametrize(("sent", "heard", "resumed_turn", "again"), [
-    # (what went up, what came down after it, session.resumed's turn_id, sent again)
-    (["transcript"], [], None, ["transcript"]),  # no turn started after it: lost
-    (["transcript"], [], 1, []),  # a turn the relay has not seen started: it came
-    (["transcript", "cancel"], [], 1, ["cancel"]),  # (and the cancel after it may not have)
-    (["cancel", "say"], [], None, ["cancel", "say"]),  # in the order sent
-    (["transcript"], ["turn.started"], 1, []),
-    (["transcript"], ["error"], None, []),  # refused (rate_limited): not again
-    (["cancel"], ["turn.cancelled"], 1, []),  # it came: nothing left to cancel
+@pytest.mark.parametrize(("sent", "heard", "replayed", "again"), [
+    # (what went up, what came down after it before the drop, what came in the replay
+    # after that, sent again)
+    (["transcript"], [], [], ["transcript"]),  # no answer: lost
+    (["transcript"], [], ["turn.started"], []),  # its turn started: it came
+    (["transcript", "cancel"], [], ["turn.started"], ["cancel"]),  # (the cancel may not have)
+    (["cancel", "say"], [], [], ["cancel", "say"]),  # in the order sent
+    (["transcript"], ["turn.started"], [], []),
+    (["transcript"], ["error"], [], []),  # refused (rate_limited): not again
+    (["transcript"], [], ["error"], []),  # (refused in the replay, as well)
+    (["cancel"], ["turn.cancelled"], [], []),  # it came: nothing left to cancel
     # it may have crossed the turn's turn.done, and still cuts the tail (protocol.md, History)
-    (["cancel"], ["turn.done"], 1, ["cancel"]),
-    (["cancel", "transcript"], ["turn.done", "turn.started 2"], 2, []),
-    (["ping", "playback"], [], None, []),
+    (["cancel"], ["turn.done"], [], ["cancel"]),
+    (["cancel", "transcript"], ["turn.done"], ["turn.started 2"], []),
+    (["ping", "playback"], [], [], []),
     # turn N answers the N-th transcript or say: a second one sent before the first one's
     # turn.started came is still unanswered
-    (["transcript", "second"], ["turn.started"], 1, ["second"]),
-    (["transcript", "second"], [], 1, ["second"]),
-    (["transcript", "cancel", "second"], [], 1, ["cancel", "second"]),
-    (["transcript", "second"], [], 2, []),
-    (["transcript", "second"], ["error"], None, ["second"]),  # the first one refused
-    (["transcript", "second"], ["other error"], None, ["transcript", "second"]),
-    (["blank", "second"], [], 1, []),  # refused (invalid_field): it starts no turn
-    (["blank"], [], None, []),
+    (["transcript", "second"], ["turn.started"], [], ["second"]),
+    (["transcript", "second"], [], ["turn.started"], ["second"]),
+    (["transcript", "cancel", "second"], [], ["turn.started"], ["cancel", "second"]),
+    (["transcript", "second"], [], ["turn.started", "turn.started 2"], []),
+    (["transcript", "second"], ["error"], [], ["second"]),  # the first one refused
+    (["transcript", "second"], [], ["error", "turn.started"], []),  # (each its own answer)
+    (["transcript", "second"], [], ["turn.started", "error"], []),
+    (["transcript", "second"], ["other error"], [], ["transcript", "second"]),
+    (["blank", "second"], [], ["turn.started"], []),  # refused (invalid_field): no turn
+    (["blank"], [], [], []),
     # a session.update is answered, applied or refused: until then it goes again
-    (["update"], [], None, ["update"]),
-    (["update"], ["session.updated"], None, []),
-    (["update"], ["other error"], None, []),  # refused (unknown_voice, invalid_field)
-    (["update"], ["error"], None, ["update"]),  # (a transcript's refusal)
-    (["update", "transcript"], [], 1, []),  # the transcript after it came: so did it
-    (["transcript", "update"], [], 1, ["update"]),
-    (["cancel", "update", "say"], ["session.updated"], None, ["say"]),
+    (["update"], [], [], ["update"]),
+    (["update"], ["session.updated"], [], []),
+    (["update"], [], ["session.updated"], []),
+    (["update"], ["other error"], [], []),  # refused (unknown_voice, invalid_field)
+    (["update"], [], ["other error"], []),
+    (["update"], ["error"], [], ["update"]),  # (a transcript's refusal)
+    (["update", "transcript"], [], ["turn.started"], []),  # the transcript after it came
+    (["transcript", "update"], [], ["turn.started"], ["update"]),
+    (["cancel", "update", "say"], ["session.updated"], [], ["say"]),
 ])
-def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, heard,
-                                                                      resumed_turn, again):
+def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, heard, replayed,
+                                                                      again):
+    """protocol.md, Resume: what has no answer once the replay is in was lost."""
     core = RelayCore(Pcm16kAudio())
     messages = {"transcript": _dumps(type="transcript", text="Hi"),
                 "say": _dumps(type="say", text="Hello"), "cancel": _dumps(type="cancel"),
@@ -389,34 +397,63 @@ def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, hear
                 "second": _dumps(type="transcript", text="And tomorrow?"),
                 "blank": _dumps(type="transcript", text=" \n"),
                 "update": _dumps(type="session.update", session={"voice": "en"})}
-    events = {"turn.started": _dumps(type="turn.started", turn_id=1, source="transcript"),
-              "turn.done": _dumps(type="turn.done", turn_id=1, status="completed"),
-              "turn.cancelled": _dumps(type="turn.done", turn_id=1, status="cancelled"),
-              "turn.started 2": _dumps(type="turn.started", turn_id=2, source="transcript"),
-              "session.updated": _dumps(type="session.updated", session={"voice": "en"}),
-              "error": _dumps(type="error", error={"code": "rate_limited", "message": ""}),
-              "other error": _dumps(type="error", error={"code": "invalid_field",
-                                                          "message": "a playback mark"})}
     for kind in sent:
         up, _reply = core.from_watch(messages[kind])
         core.sent(up)
     for kind in heard:
-        core.from_gateway(events[kind])
-    assert core.resumed(0, resumed_turn) == [messages[kind] for kind in again]
+        core.from_gateway(EVENTS[kind])
+    # no frame came: the replay is all that followed session.created, what was heard first
+    core.resumed(len(heard) + len(replayed), None)
+    assert core.replaying == bool(replayed)  # (what was lost is not known yet)
+    for kind in heard:
+        assert core.from_gateway(EVENTS[kind]) == []  # relayed already
+    for kind in replayed:
+        assert core.from_gateway(EVENTS[kind]) == [EVENTS[kind]]
+    assert not core.replaying
+    assert core.lost() == [messages[kind] for kind in again]
+
+
+EVENTS = {"turn.started": _dumps(type="turn.started", turn_id=1, source="transcript"),
+          "turn.done": _dumps(type="turn.done", turn_id=1, status="completed"),
+          "turn.cancelled": _dumps(type="turn.done", turn_id=1, status="cancelled"),
+          "turn.started 2": _dumps(type="turn.started", turn_id=2, source="transcript"),
+          "session.updated": _dumps(type="session.updated", session={"voice": "en"}),
+          "error": _dumps(type="error", error={"code": "rate_limited", "message": ""}),
+          "other error": _dumps(type="error", error={"code": "invalid_field",
+                                                      "message": "a playback mark"})}
 
 
 def test_core_counts_a_turn_started_during_a_resume_once():
-    """``session.resumed`` says turn 1 started; its ``turn.started``, replayed next, is the
-    same turn: the second transcript stays unanswered."""
+    """Turn 1 started in the replay: the second transcript stays unanswered, also after
+    another drop, until its own turn starts."""
     core = RelayCore(Pcm16kAudio())
     first, second = _dumps(type="transcript", text="Hi"), _dumps(type="transcript", text="Bye")
     for message in (first, second):
         core.sent(core.from_watch(message)[0])
-    assert core.resumed(0, 1) == [second]
-    core.from_gateway(_dumps(type="turn.started", turn_id=1, source="transcript"))
-    assert core.resumed(0, 1) == [second]  # after another drop
-    core.from_gateway(_dumps(type="turn.started", turn_id=2, source="transcript"))
-    assert core.resumed(0, 2) == []
+    core.resumed(1, 1)
+    core.from_gateway(EVENTS["turn.started"])
+    assert core.lost() == [second]
+    core.resumed(0, 1)  # after another drop
+    assert core.lost() == [second]
+    core.from_gateway(EVENTS["turn.started 2"])
+    core.resumed(0, 2)
+    assert core.lost() == []
+
+
+def test_core_decides_after_a_replay_cut_short_by_another_drop():
+    """The socket drops again in the replay: the next resume replays it all again, what was
+    relayed of it skipped, and only then is what was lost known."""
+    core = RelayCore(Pcm16kAudio())
+    first, second = _dumps(type="transcript", text="Hi"), _dumps(type="transcript", text="Bye")
+    for message in (first, second):
+        core.sent(core.from_watch(message)[0])
+    core.resumed(2, 1)  # turn 1, then the second one refused
+    assert core.from_gateway(EVENTS["turn.started"]) == [EVENTS["turn.started"]]
+    core.resumed(2, 1)  # dropped again
+    assert core.from_gateway(EVENTS["turn.started"]) == []  # (relayed already)
+    assert core.replaying
+    assert core.from_gateway(EVENTS["error"]) == [EVENTS["error"]]
+    assert not core.replaying and core.lost() == []
 
 
 @pytest.mark.parametrize(("sent", "heard", "resumed_turn", "again"), [
@@ -435,8 +472,7 @@ def test_core_counts_a_turn_started_during_a_resume_once():
     (["mark", "cancel"], ["turn.done"], 1, []),  # the cancel is not sent again: nor its mark
     (["mark", "transcript"], ["error"], 1, []),
     (["mark", "transcript"], ["turn.started"], 2, []),  # it came, the mark before it too
-    (["mark", "transcript"], [], 2, []),  # (its turn.started is in the replay)
-    (["mark", "transcript", "cancel"], [], 2, ["cancel"]),  # the mark is for turn 1: done
+    (["mark", "transcript", "cancel"], ["turn.started"], 2, ["cancel"]),  # (for turn 1: done)
     (["mark", "cancel"], [], None, ["cancel"]),  # the gateway has no turn 1 (any more)
     (["other", "cancel"], [], 1, ["cancel"]),  # a mark for another turn
     (["refused", "cancel"], [], 1, ["cancel"]),  # the gateway refuses it: it counts nothing
@@ -472,12 +508,14 @@ def test_core_sends_the_barge_ins_mark_again_before_it(sent, heard, resumed_turn
     for kind in sent:
         if kind == "drop":
             core.resumed(0, resumed_turn)
+            core.lost()
             continue
         up[kind], _reply = core.from_watch(messages[kind])
         core.sent(up[kind])
     for kind in heard:
         core.from_gateway(events[kind])
-    assert core.resumed(0, resumed_turn) == [up[kind] for kind in again]
+    core.resumed(0, resumed_turn)
+    assert core.lost() == [up[kind] for kind in again]
     if "mark" in up:  # in the gateway's time, translated once (not twice when sent again)
         assert orjson.loads(up["mark"])["played_ms"] == pytest.approx(watch_ms - pad_ms)
 
@@ -1296,3 +1334,86 @@ async def test_a_settings_change_lost_with_the_gateway_socket_is_sent_again(gate
     assert updated["session"]["max_lead_ms"] == 2000
     (runner,) = gateway.runners.values()
     assert runner.session.settings.max_lead_ms == 2000
+
+
+
+ANSWERS = ("turn.started", "error", "session.updated", "pong")
+HI, AGENDA = {"type": "transcript", "text": "Hi"}, {"type": "transcript",
+                                                     "text": "What is on today?"}
+BAD_UPDATE = {"type": "session.update", "session": {"frame_ms": 33}}
+
+
+@pytest.mark.parametrize(("sent", "answered", "drops"), [
+    ([HI], ["rate_limited"], 1),  # refused: the minute's one turn was had
+    ([AGENDA], ["turn.started"], 1),  # (a minute later)
+    ([HI, AGENDA], ["rate_limited", "turn.started"], 1),
+    ([HI, AGENDA], ["rate_limited", "turn.started"], 2),  # dropped again in the replay
+    ([{"type": "session.update", "session": {"max_lead_ms": 2000}}], ["session.updated"], 1),
+    ([BAD_UPDATE], ["invalid_field"], 1),
+    ([BAD_UPDATE, AGENDA], ["invalid_field", "turn.started"], 1),
+], ids=["refused", "started", "refused-then-started", "dropped-in-the-replay", "updated",
+        "update-refused", "update-refused-then-started"])
+async def test_what_the_replay_answers_is_not_sent_again(start_gateway, sent, answered,
+                                                         drops):
+    """The gateway read what the watch sent, and its answers were lost with the socket: they
+    come in the replay (protocol.md, Resume: a message with no answer once the replay is in
+    was lost). The relay decided what was lost before it read the replay, from
+    session.resumed's turn_id: a refused transcript (rate_limited) went again and was
+    refused twice; one answered by a turn after a refusal went again and its second turn
+    cut the first; a session.update went again and was answered twice."""
+    gateway = await start_gateway([{"transcript": "What is on today?",
+                                    "reply": "Two meetings. The first is at ten."}],
+                                  server={"turns_per_minute": 1})
+    relay = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", resume_window_s=5.0)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, **AGENDA)
+            await read_turn(ws)  # the minute's one turn
+            (runner,) = gateway.runners.values()
+            (conn,) = gateway.connections
+            receive, read_all = runner.receive, asyncio.Event()
+
+            def receiving(message, now):
+                if message == ClientTranscript(AGENDA["text"]):
+                    runner._turn_times.clear()  # a minute has passed since the refusal
+                if message == ClientPing(0):
+                    read_all.set()
+                return receive(message, now)
+
+            runner.receive = receiving
+            runner._flush = lambda: None  # what the gateway sends stays in its outbox ...
+            for message in sent:
+                await send(ws, **message)
+            await send(ws, type="ping", id=0)
+            await asyncio.wait_for(read_all.wait(), 10)  # (it read all that came before)
+            del runner._flush
+            if drops == 2:  # the new socket drops too, after the replay's first message
+                (session,) = relay.sessions
+                from_gateway = session.core.from_gateway
+
+                def relaying(message):
+                    out = from_gateway(message)
+                    if session.core.replaying and runner.connection is not None \
+                            and gateway.metrics.sessions_resumed == 1:
+                        runner.connection.ws.transport.abort()
+                    return out
+
+                session.core.from_gateway = relaying
+            conn.ws.transport.abort()  # ... and comes in the replay
+            answers: list[dict] = []
+            for last in (0, 1):
+                if last:  # after what the relay sent again, if anything
+                    await send(ws, type="ping", id=1)
+                while (event := await asyncio.wait_for(recv_event(ws), 10)) != \
+                        {"type": "pong", "id": last}:
+                    answers += [event] if event["type"] in ANSWERS else []
+            if "turn.started" in answered:
+                done = await asyncio.wait_for(recv_event(ws, "turn.done"), 10)
+                assert done["status"] == "completed"  # (not cut by a second one)
+        assert gateway.metrics.sessions_resumed == drops
+    finally:
+        await relay.aclose()
+    assert [a["error"]["code"] if a["type"] == "error" else a["type"] for a in answers] \
+        == answered
