@@ -407,11 +407,16 @@ class RelayCore:
             self._turns_started(event.get("turn_id"))
             self._mark = None  # it went up before the transcript that started this turn
         elif kind == "turn.done" and event.get("status") == "cancelled":
-            # the cancels sent came (or a barge-in did their work): nothing left to cancel.
-            # After a turn that ended otherwise a cancel sent may have crossed its turn.done:
-            # it still cuts the turn's history while its tail plays (protocol.md, History),
-            # so it stays to be sent again, until a transcript or say after it is answered
-            self._unanswered = [u for u in self._unanswered if u[0] != "cancel"]
+            # the cancels sent for it came (or a barge-in did their work): nothing left to
+            # cancel. Not those after the next transcript or say: they are for its turn (the
+            # gateway may not have read them). After a turn that ended otherwise a cancel
+            # sent may have crossed its turn.done: it still cuts the turn's history while its
+            # tail plays (protocol.md, History), so it stays to be sent again, until a
+            # transcript or say after it is answered
+            asked = next((i for i, (k, _m) in enumerate(self._unanswered)
+                          if k in ("transcript", "say")), len(self._unanswered))
+            self._unanswered = [u for i, u in enumerate(self._unanswered)
+                                if u[0] != "cancel" or i > asked]
         elif kind == "error" and "turn_id" not in event \
                 and event.get("error", {}).get("code") == "rate_limited":
             self._answered(1)  # the oldest transcript or say, refused

@@ -359,6 +359,11 @@ def _dumps(**message) -> str:
     (["transcript"], ["error"], [], []),  # refused (rate_limited): not again
     (["transcript"], [], ["error"], []),  # (refused in the replay, as well)
     (["cancel"], ["turn.cancelled"], [], []),  # it came: nothing left to cancel
+    # a cancel after the next transcript is for that one's turn, not the one cancelled
+    (["transcript", "cancel", "second", "cancel"], ["turn.started", "turn.cancelled"], [],
+     ["second", "cancel"]),
+    (["transcript", "cancel", "second", "cancel"], [],
+     ["turn.started", "turn.cancelled", "turn.started 2"], ["cancel"]),
     # it may have crossed the turn's turn.done, and still cuts the tail (protocol.md, History)
     (["cancel"], ["turn.done"], [], ["cancel"]),
     (["cancel", "transcript"], ["turn.done"], ["turn.started 2"], []),
@@ -1417,3 +1422,58 @@ async def test_what_the_replay_answers_is_not_sent_again(start_gateway, sent, an
         await relay.aclose()
     assert [a["error"]["code"] if a["type"] == "error" else a["type"] for a in answers] \
         == answered
+
+
+async def test_a_cancel_sent_after_a_barge_in_is_for_the_new_turn(start_gateway):
+    """The watch stops a reply, asks again and stops that one too at once: the gateway read
+    the first cancel and the transcript, and the phone's uplink dropped with the second
+    cancel unread. The relay took the first turn's turn.done (cancelled) for the answer to
+    both cancels and did not send the second again: the new reply played on."""
+    more = " ".join(["The first one is at ten, in the big room."] * 4)
+    gateway = await start_gateway([
+        {"transcript": "What is on today?", "reply": "Two meetings. " + more},
+        {"transcript": "And tomorrow?", "reply": "One meeting. " + more}])
+    relay = WatchRelay(f"ws://127.0.0.1:{gateway.port}/v1/voice", resume_window_s=5.0)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="What is on today?")
+            started = await recv_event(ws, "turn.started")
+            await first_sentence_ms(ws)
+            (session,) = relay.sessions
+            (runner,) = gateway.runners.values()
+            (conn,) = gateway.connections
+            receive, asked = runner.receive, asyncio.Event()
+
+            def receiving(message, now):
+                receive(message, now)
+                if message == ClientTranscript("And tomorrow?"):
+                    conn.ws.transport.pause_reading()  # what goes up now stays unread ...
+                    asked.set()
+
+            runner.receive = receiving
+            runner._flush = lambda: None  # (and the gateway's answers come in the replay)
+            await send(ws, type="cancel")
+            await send(ws, type="transcript", text="And tomorrow?")
+            await asyncio.wait_for(asked.wait(), 10)
+            upstream, sent_up = session.gateway, asyncio.Event()
+            send_up = upstream.send
+
+            async def sending(message, *args, **kwargs):
+                await send_up(message, *args, **kwargs)
+                sent_up.set()
+
+            upstream.send = sending
+            await send(ws, type="cancel")
+            await asyncio.wait_for(sent_up.wait(), 10)
+            del runner._flush
+            conn.ws.transport.abort()  # ... and is lost with the uplink
+            done: dict[int, str] = {}
+            while len(done) < 2:
+                event = await asyncio.wait_for(recv_event(ws, "turn.done"), 30)
+                done[event["turn_id"]] = event["status"]
+            assert session.gateway is not upstream
+    finally:
+        await relay.aclose()
+    assert done == {started["turn_id"]: "cancelled", started["turn_id"] + 1: "cancelled"}
