@@ -21,8 +21,10 @@ Reported: RSS, descriptors and the gateway's asyncio tasks (``/health`` → ``lo
 over time (start, after warm-up, peak, end, and after every session closed), frames lost
 (seq gaps) and duplicated (seq repeats) across resumes (goal 0), turns completed /
 cancelled / failed (goal 0) / lost (no ``turn.done``), resumes and resume failures,
-protocol violations, and how long the gateway took to exit on SIGTERM. Exit status 1 if
-anything that should be 0 is not.
+protocol violations, and how long the gateway took to exit on SIGTERM. A socket the gateway
+closes (or a reconnect it refuses) loses that session and its turn at once, the others go
+on; a gateway that dies under the load is reported as such. Exit status 1 if anything that
+should be 0 is not (connect failures included).
 """
 
 from __future__ import annotations
@@ -135,15 +137,23 @@ class SoakSession:
             return
         try:
             turns = 0
-            while self.loop.time() < deadline:
+            while self.loop.time() < deadline and self.ws is not None:
                 await self._turn()
                 turns += 1
                 await asyncio.sleep(self.rng.expovariate(1 / 1.0))
-                if self.renew_every and turns % self.renew_every == 0:
+                if self.renew_every and turns % self.renew_every == 0 and self.ws is not None:
                     await self._renew()
+        except (OSError, InvalidStatus, TimeoutError, ConnectionClosed) as exc:
+            # a reconnect (resume, renewal) refused, or a send on a socket just closed: the
+            # session is lost, the others go on (raised, it ended the soak in a traceback)
+            self.stats.connect_failures += not isinstance(exc, ConnectionClosed)
+            self.account.lost(f"closed {exc.rcvd.code if exc.rcvd else 1006}"
+                              if isinstance(exc, ConnectionClosed) else
+                              f"connect failed: {exc}")
         finally:
             if self.ws is not None:
-                await self.ws.close()
+                ws, self.ws = self.ws, None  # (our own close: not a loss, see _read)
+                await ws.close()
 
     async def _renew(self) -> None:
         """Close cleanly (the session ends) and open a new session."""
@@ -203,6 +213,10 @@ class SoakSession:
                     self.turn_done.set()
         except ConnectionClosed:
             pass
+        if ws is self.ws:  # closed by the gateway (not an abort or close of ours): the
+            self.ws = None  # session is lost, and its turn with it, at once rather than
+            self.account.lost(f"closed {ws.close_code or 1006}")  # after the turn timeout
+            self.turn_done.set()
 
     async def _frames(self, n: int) -> None:
         while self.frames_in_turn < n and not self.turn_done.is_set():
@@ -219,8 +233,13 @@ class SoakSession:
         self.turn_done.clear()
         self.frames_in_turn = 0
         turn = self.account.sent(self.loop.time())
-        await self.ws.send(json.dumps({"type": "transcript",
-                                       "text": self.rng.choice(self.transcripts)}))
+        try:
+            await self.ws.send(json.dumps({"type": "transcript",
+                                           "text": self.rng.choice(self.transcripts)}))
+        except BaseException:  # (closed since the last turn: never went out, not lost)
+            self.account.withdraw()
+            self.stats.actions[action] -= 1
+            raise
         marks = self.loop.create_task(self._marks())
         try:
             async with asyncio.timeout(self.turn_timeout_s):
@@ -244,7 +263,7 @@ class SoakSession:
             self.account.lost("timeout")
         finally:
             marks.cancel()
-        self.stats.statuses[turn.status or "lost"] += 1
+            self.stats.statuses[turn.status or "lost"] += 1  # (a reconnect failed: lost)
 
     async def _marks(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -295,9 +314,18 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         return s
 
     async def sampler() -> None:
+        import httpx
+
         while True:
             await asyncio.sleep(args.sample_s)
-            s = await tasks(sample())
+            try:
+                s = await tasks(sample())
+            except (OSError, httpx.HTTPError):  # (/proc/<pid> gone, /health refused)
+                if gateway.proc.poll() is None:
+                    raise
+                print(f"gateway exited with {gateway.proc.returncode} under the load",
+                      file=sys.stderr, flush=True)
+                return
             turns = sum(stats.statuses.values())
             print(f"[{s['t_s']:7.1f}s] rss {s['rss_mb']:.1f} MB fds {s['fds']} "
                   f"tasks {s['tasks']} turns {turns} "
@@ -313,20 +341,24 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         tick = loop.create_task(sampler())
         await asyncio.gather(*(s.run(deadline) for s in sessions))
         tick.cancel()
-        sample("clients closed")
-        # the gateway forgets every session once its socket closed cleanly
-        for _ in range(100):
+        died = gateway.proc.poll() is not None  # (under the load: nothing left to probe)
+        health: dict[str, Any] = dict.fromkeys(("sessions", "lanes", "errors", "turns"))
+        after: dict[str, Any] = dict.fromkeys(("rss_mb", "fds", "tasks"))
+        if not died:
+            sample("clients closed")
+            # the gateway forgets every session once its socket closed cleanly
+            for _ in range(100):
+                health = gateway.health()
+                if health["sessions"] == 0:
+                    break
+                await asyncio.sleep(0.1)
             health = gateway.health()
-            if health["sessions"] == 0:
-                break
-            await asyncio.sleep(0.1)
-        health = gateway.health()
-        # sockets close asynchronously (the last health probe's too): give them 5 s
-        for _ in range(50):
-            if fd_count(gateway.pid) <= samples[0]["fds"]:
-                break
-            await asyncio.sleep(0.1)
-        after = await tasks(sample("sessions gone"))
+            # sockets close asynchronously (the last health probe's too): give them 5 s
+            for _ in range(50):
+                if fd_count(gateway.pid) <= samples[0]["fds"]:
+                    break
+                await asyncio.sleep(0.1)
+            after = await tasks(sample("sessions gone"))
     finally:
         stopping = time.monotonic()
         code = gateway.stop()
@@ -358,12 +390,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                   "idle_after": after["tasks"]},
         "gateway": {"sessions_after": health["sessions"], "queue_after":
                     health["lanes"], "errors": health["errors"], "turns": health["turns"],
-                    "exit_code": code, "stop_s": round(stop_s, 2)},
+                    "exit_code": code, "stop_s": round(stop_s, 2), "died": died},
         "samples": samples,
     }
-    result["ok"] = (result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
+    result["ok"] = (not died and result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
                     result["violations"] == 0 and stats.statuses.get("failed", 0) == 0 and
-                    stats.statuses.get("lost", 0) == 0 and health["sessions"] == 0 and
+                    stats.statuses.get("lost", 0) == 0 and stats.connect_failures == 0 and
+                    health["sessions"] == 0 and
                     after["tasks"] <= samples[0]["tasks"])
     return result
 
@@ -386,8 +419,9 @@ def table(r: dict[str, Any]) -> str:
             **r["tasks"])),
         ("gateway sessions after", str(r["gateway"]["sessions_after"])),
         ("gateway errors", json.dumps(r["gateway"]["errors"])),
-        ("gateway exit code (SIGTERM)", f"{r['gateway']['exit_code']} after "
-                                        f"{r['gateway']['stop_s']} s"),
+        ("gateway exit code (SIGTERM)", f"{r['gateway']['exit_code']}: died under the load"
+         if r["gateway"]["died"] else f"{r['gateway']['exit_code']} after "
+                                      f"{r['gateway']['stop_s']} s"),
         ("ok", str(r["ok"])),
     ]
     width = max(len(k) for k, _ in rows)

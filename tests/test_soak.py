@@ -3,6 +3,7 @@ stalled readers and session churn; nothing lost, nothing failed, nothing left op
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -24,3 +25,80 @@ def test_a_short_soak_loses_nothing(tmp_path, capsys):
     assert result["tasks"]["idle_after"] == result["tasks"]["start"]  # and every task ended
     assert result["gateway"]["sessions_after"] == 0 and result["gateway"]["exit_code"] == 0
     assert "frames lost / duplicated" in capsys.readouterr().out
+
+
+async def test_a_gateway_killed_mid_turn_is_a_lost_turn_not_a_hang():
+    """The gateway process dies while a soak session hears a reply (a crash, the OOM
+    killer: what a soak is run to find). The session waited out the turn timeout (120 s)
+    for a turn.done that could not come, then its next send raised out of asyncio.gather:
+    a traceback, and the whole soak's figures gone. Now the turn is lost at once."""
+    gateway = soak.GatewayProcess(max_lead_ms=1000)
+    try:
+        stats = soak.SoakStats()
+        # seed 80: session 0 starts after 0.18 s and its first turn is a "normal" one
+        session = soak.SoakSession(gateway.url, 0, 80, soak.load_transcripts(None), stats,
+                                   turn_timeout_s=60)
+        running = asyncio.ensure_future(session.run(asyncio.get_running_loop().time() + 60))
+        await asyncio.wait_for(session.frame_arrived.wait(), 20)
+        gateway.proc.kill()
+        await asyncio.wait_for(running, 20)
+    finally:
+        gateway.stop()
+    assert [t.status for t in session.account.turns] == ["lost"]
+    assert session.account.errors == ["closed 1006"]
+    assert stats.statuses == {"lost": 1} and stats.actions == {"normal": 1}
+
+
+async def test_a_gateway_gone_between_turns_ends_the_session_with_a_report(start_gateway):
+    """The gateway goes away while a soak session thinks between turns: its next send met
+    a closed socket and the ConnectionClosed ended the whole soak in a traceback."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
+    stats = soak.SoakStats()
+    stopping: list[asyncio.Task] = []
+    gw.metrics.listeners.append(  # the first turn is done: the gateway stops
+        lambda _: stopping.append(asyncio.ensure_future(gw.aclose())) if not stopping else None)
+    session = soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, 80, ["Hello"], stats,
+                               turn_timeout_s=60)
+    await asyncio.wait_for(session.run(asyncio.get_running_loop().time() + 60), 20)
+    await stopping[0]
+    assert session.account.turns[0].status in ("completed", "lost")
+    assert sum(stats.statuses.values()) == len(session.account.turns)
+    assert any(e.startswith("closed ") for e in session.account.errors)
+
+
+@pytest.mark.slow
+async def test_a_gateway_that_dies_under_the_soak_gets_a_report_not_a_traceback(tmp_path):
+    """The soak's own gateway process dies (SIGKILL: a crash, the OOM killer). The soak
+    ended in a traceback from its probes of the dead process, its figures gone; now every
+    session is lost at once and the table says the gateway died (exit status 1)."""
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / ".." / "bench" / "soak.py"
+    out = tmp_path / "soak.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), "--sessions", "4", "--minutes", "1", "--sample-s", "1",
+        "--json", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    try:
+        while True:  # a progress line with a turn done: the load is on
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line
+            if " turns " in line and " turns 0 " not in line:
+                break
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:  # noqa: ASYNC230
+            (gateway,) = f.read().split()  # bench/capacity_server.py
+        os.kill(int(gateway), signal.SIGKILL)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 1, stderr.decode()
+    assert "Traceback" not in stderr.decode(), stderr.decode()
+    assert "-9: died under the load" in stdout.decode()
+    result = json.loads(out.read_text())
+    assert result["gateway"]["died"] and not result["ok"]
+    assert "closed 1006" in result["errors"]
