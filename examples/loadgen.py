@@ -28,7 +28,9 @@ Measured per turn (client side, from the moment the transcript was sent):
 * lateness of every audio frame: arrival minus when the player needed it (negative = it
   came early, which is normal: the server keeps up to ``max_lead_ms`` ahead);
 * underruns: the player ran dry in the middle of a sentence (a gap the listener hears as a
-  stutter); sentence gaps: it ran dry between two sentences (a longer pause);
+  stutter); sentence gaps: it ran dry between two sentences (a longer pause). The gateway's
+  ``underruns`` (``turn.done``, protocol.md) count both, on its model of this player: the
+  table sets their sum beside it;
 * ``seq`` gaps or repeats, frames after their ``turn.done``, ``error`` events, failed turns.
 
 A progress line goes to stderr while it runs, a p50/p90/p99 table to stdout at the end.
@@ -314,6 +316,7 @@ class Report:
             "audio_s": round(sum(t.audio_s for t in turns), 2),
             "underruns": sum(t.underruns for t in turns),
             "sentence_gaps": sum(t.sentence_gaps for t in turns),
+            "server_underruns": sum(t.server_metrics.get("underruns") or 0 for t in turns),
             "starved_ms": round(sum(t.starved_s for t in turns) * 1000, 1),
             "seq_gaps": sum(a.seq_gaps for a in self.accounts),
             "seq_repeats": sum(a.seq_repeats for a in self.accounts),
@@ -341,8 +344,9 @@ class Report:
             cells = "".join(f"{'-' if d[k] is None else d[k]:>9}"
                             for k in ("p50", "p90", "p99", "max"))
             lines.append(f"{label:22}{d['n']:>6}{cells}")
-        lines.append(f"late frames {s['late_frames']}, underruns {s['underruns']}, sentence gaps "
-                     f"{s['sentence_gaps']}, starved {s['starved_ms']} ms, seq gaps "
+        lines.append(f"late frames {s['late_frames']}, underruns {s['underruns']} mid-sentence "
+                     f"+ {s['sentence_gaps']} between sentences (the gateway's model: "
+                     f"{s['server_underruns']}), starved {s['starved_ms']} ms, seq gaps "
                      f"{s['seq_gaps']}, seq repeats {s['seq_repeats']}, errors "
                      f"{len(s['errors'])}, violations {len(s['violations'])}")
         for e in sorted(set(s["errors"])):
@@ -543,11 +547,11 @@ async def run_load(url: str, *, sessions: int, turns: int, transcripts: list[str
         while True:
             await asyncio.sleep(1.0)
             errors = sum(len(a.errors) for a in accounts)
-            under = sum(t.underruns for a in accounts for t in a.turns)
+            under = sum(t.underruns + t.sentence_gaps for a in accounts for t in a.turns)
             gaps = sum(a.seq_gaps for a in accounts)
             line = (f"[{loop.time() - t0:6.1f}s] connected {progress.connected}/{sessions} "
                     f"turns {progress.turns_done}/{sessions * turns} frames {progress.frames} "
-                    f"underruns {under} seq-gaps {gaps} errors {errors}")
+                    f"underruns (with sentence gaps) {under} seq-gaps {gaps} errors {errors}")
             print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr,
                   flush=True)
 

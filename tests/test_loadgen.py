@@ -58,6 +58,26 @@ def test_starved_mid_sentence_is_an_underrun_between_sentences_a_gap():
     assert a.played_ms(1.34) == pytest.approx(120)  # resumed at 1.30 with 80 ms in hand
 
 
+def test_the_report_sets_the_gateways_underruns_beside_the_listeners():
+    """protocol.md's ``underruns`` (turn.done) counts every time the listener ran dry, a
+    sentence gap as much as a stutter; the report printed the listener's stutters alone
+    under that name and left the gateway's count out, so the two could not be compared."""
+    from examples.loadgen import Report
+
+    a = SessionAccount()
+    started(a)
+    a.frame(frame(0, sentence=0), 1.0)
+    a.frame(frame(1, sentence=0), 1.10)  # ran dry mid-sentence
+    a.frame(frame(2, sentence=1, flags=3), 1.30)  # and between sentences
+    a.event({"type": "turn.done", "turn_id": 1, "status": "completed",
+             "metrics": {"ttfa_ms": 10.0, "underruns": 2}}, 1.31)
+    report = Report(1, 1, 2.0, [a], 0.0)
+    s = report.summary()
+    assert (s["underruns"], s["sentence_gaps"], s["server_underruns"]) == (1, 1, 2)
+    assert "underruns 1 mid-sentence + 1 between sentences (the gateway's model: 2)" in \
+        report.table()
+
+
 def test_prebuffer_delays_playback_start():
     a = SessionAccount(prebuffer_s=0.15)
     started(a)
