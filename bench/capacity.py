@@ -19,9 +19,11 @@ is reported too.
 report accept time and the server's RSS per session.
 
 ``stream``: N sessions each in one continuous turn (a long ``say``; pipecat: a
-``TTSSpeakFrame`` on connect), 40 ms frames. Each client plays its audio on a model
-playback clock: lateness of a frame = arrival − (first frame arrival + audio before it +
-every stall before it; a stall — an underrun — pushes the listener's schedule back by its length);
+``TTSSpeakFrame`` on connect), 40 ms frames. One ``say`` holds at most 4,000 characters
+(~286 s of speech) for connecting, ``--warmup`` and the window: a longer step is refused.
+Each client plays its audio on a model playback clock: lateness of a frame = arrival −
+(first frame arrival + audio before it + every stall before it; a stall — an underrun —
+pushes the listener's schedule back by its length);
 underrun = a frame arrives after the listener, who started playing ``--jitter-ms`` after the
 first frame, has played everything before it (playback then restarts at arrival). Lateness
 and underruns are judged over the measuring window (after every session has connected and
@@ -82,14 +84,25 @@ SCRIPTS = {
 }
 
 
+MAX_SAY_CHARS = 4000
+"""The gateway's limit on a ``say`` (protocol.md: ``text_too_long`` past it)."""
+CHARS_PER_S = 14  # the synthetic engine's speech rate
+
+
 def long_text(seconds: float) -> str:
     """Plain sentences lasting about ``seconds`` of synthetic speech (14 chars/s)."""
     out, k = [], 0
-    while sum(len(s) + 1 for s in out) < seconds * 14:
+    while sum(len(s) + 1 for s in out) < seconds * CHARS_PER_S:
         k += 1
         out.append(f"This is sentence number {k} of a long reply, spoken to keep the audio "
                    f"flowing for the listener.")
-    return " ".join(out)[:4000]
+    return " ".join(out)[:MAX_SAY_CHARS]
+
+
+def say_needed_s(n: int, seconds: float, warmup: float) -> float:
+    """Audio one session's ``say`` must hold: connecting ``n`` sessions, the warm-up and the
+    window, with margin."""
+    return seconds + warmup + 20 + n / 200
 
 
 # ---- /proc -------------------------------------------------------------------------------
@@ -601,7 +614,7 @@ def bench_stream(args) -> dict:
         out[target] = []
         for n in args.ramp:
             # audio for connecting, warm-up and the window, with margin
-            say = long_text(args.seconds + args.warmup + 20 + n / 200)
+            say = long_text(say_needed_s(n, args.seconds, args.warmup))
             extra = ["--say", say] if target == "pipecat" else \
                 ["--no-freeze"] if target == "gateway" and args.no_freeze else []
             server = Server(target, *extra)
@@ -663,7 +676,7 @@ def hotspots(raw: str, top: int = 15) -> str:
 
 def bench_profile(args) -> dict:
     target, n = args.targets[0], args.ramp[0]
-    say = long_text(args.seconds + args.warmup + 20 + n / 200)
+    say = long_text(say_needed_s(n, args.seconds, args.warmup))
     server = Server(target, *(["--say", say] if target == "pipecat" else []))
     raw = f"/tmp/capacity-profile-{target}-{n}.txt"
     try:
@@ -715,6 +728,14 @@ def main() -> None:
         if not args.setup_peers:
             p.error("a mode (idle, stream, profile) or --setup-peers")
         return
+    most = max(args.ramp) if args.mode == "stream" else args.ramp[0]
+    if args.mode != "idle" and say_needed_s(most, args.seconds, args.warmup) * CHARS_PER_S \
+            > MAX_SAY_CHARS:  # (cut short, every session would end before its window)
+        longest = MAX_SAY_CHARS / CHARS_PER_S
+        p.error(f"--seconds {args.seconds} + --warmup {args.warmup} need more audio than one "
+                f"say holds ({MAX_SAY_CHARS:,} characters, {longest:.0f} s): at {most} "
+                f"sessions, --seconds {int(longest - say_needed_s(most, 0, args.warmup))} "
+                f"at most")
     raise_nofile()
     meta = {"mode": args.mode, "argv": sys.argv[1:], "cpus": os.cpu_count(),
             "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],

@@ -144,3 +144,15 @@ async def test_a_frame_that_stalls_the_player_is_as_late_as_it_came(monkeypatch)
     assert stats.underruns == 2
     assert [round(x) for x in stats.lateness][:2] == [0, 500]
     assert stats.lateness[2] > 1000  # 1.9 s behind its schedule: not capped at 200
+
+
+def test_a_window_longer_than_one_say_is_refused_before_the_run():
+    """Each session streams one ``say``, cut at the gateway's 4,000 characters (~285 s of
+    synthetic speech): ``--seconds 290`` ran every step to its end and failed it, every
+    session having ended before the window did, the row saying nothing of why."""
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
+                          "--ramp", "50", "--seconds", "290"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert run.returncode == 2, run.stdout
+    assert "--seconds 290.0 + --warmup 3.0 need more audio than one say holds " \
+           "(4,000 characters, 286 s): at 50 sessions, --seconds 262 at most" in run.stderr
