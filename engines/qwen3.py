@@ -124,6 +124,35 @@ DECODER_STATE = ("_buffer", "_overflow")
 ``reset_state``); the decoder itself keeps its transformer's in ``_transformer_cache``."""
 
 
+def window_codec_attention(decoder: Any) -> None:
+    """Make the codec decoder's transformer attend to its checkpoint's ``sliding_window`` of
+    frames only, as Qwen3-TTS's own tokenizer does (every layer of its decoder transformer is
+    a sliding-window one: 72 frames, 5.76 s, in the public checkpoints). mlx-audio reads the
+    window into its config and never applies it: past 72 frames a sentence was decoded by
+    attention over spans the codec never saw in training (and frames a minute back still
+    shaped the audio). A mask is built when the caller passes none (every streaming step and
+    the whole-sequence decode alike); the KV cache's offset is the position of the first new
+    frame, as for mlx-audio's own causal mask."""
+    import mlx.core as mx
+
+    pre = dict(decoder.named_modules())[""].pre_transformer
+    window = getattr(getattr(pre, "config", None), "sliding_window", None)
+    if not window:
+        return
+    base = type(pre)
+
+    def __call__(self: Any, inputs_embeds: Any, mask: Any = None, cache: Any = None) -> Any:
+        if mask is None:
+            n = inputs_embeds.shape[1]
+            start = cache[0].offset if cache is not None else 0
+            query = mx.arange(start, start + n)[:, None]
+            key = mx.arange(start + n)[None, :]
+            mask = (key <= query) & (key > query - window)  # True: attended
+        return base.__call__(self, inputs_embeds, mask, cache)
+
+    pre.__class__ = type(base.__name__, (base,), {"__call__": __call__})
+
+
 class DecoderStreams:
     """The codec decoder's streaming state, one per stream (see the module docstring).
 
@@ -333,6 +362,7 @@ class Qwen3Engine(Uninterruptible):
             # in the memory the LLM shares (the warm-up's clear_cache returns it)
             model.speech_tokenizer.encoder_model = None
         self.language = self._language_of(model, self.language, "engine_failed")
+        window_codec_attention(model.speech_tokenizer.decoder)
         self._decoder = DecoderStreams(model.speech_tokenizer.decoder)
         self._model = model
         load_s = time.perf_counter() - t0

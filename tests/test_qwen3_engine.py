@@ -184,6 +184,32 @@ def test_a_stream_closed_mid_sentence_leaves_nothing_on_the_decoder(cv_engine):
     assert getattr(sa, "_decoder_state", None) is None
 
 
+def test_the_codec_decoder_attends_to_its_window_of_frames_only(cv_engine):
+    # Qwen3-TTS's codec decodes with sliding-window attention (72 frames, 5.76 s, in the
+    # public checkpoints); mlx-audio ignored the window: every frame of a long sentence
+    # attended to all the frames before it. Two code sequences that differ in their first
+    # frame only: past the window (and the convolutions' few frames) the audio is the same.
+    import mlx.core as mx
+
+    decoder = dict(cv_engine._model.speech_tokenizer.decoder.named_modules())[""]
+    window = decoder.pre_transformer.config.sliding_window
+    frames = 2 * window + 8
+    mx.random.seed(3)
+    codes = mx.random.randint(1, 2048, (1, 4, frames))
+    other = mx.concatenate([mx.random.randint(1, 2048, (1, 4, 1)), codes[..., 1:]], axis=-1)
+
+    def audio(c):
+        decoder.reset_streaming_state()
+        wav = [np.array(decoder.streaming_step(c[..., i:i + 4]))[0, 0]
+               for i in range(0, frames, 4)]
+        decoder.reset_streaming_state()
+        return np.concatenate(wav).reshape(frames, 1920)
+
+    a, b = audio(codes), audio(other)
+    assert not np.array_equal(a[0], b[0])
+    assert np.array_equal(a[2 * window:], b[2 * window:])
+
+
 def held_by_streams(engine, count: int) -> tuple[int, int]:
     """MLX memory held by ``count`` open streams, each stepped twice in turn (all but the
     last then parked while another stepped), and what is still held once they are closed
