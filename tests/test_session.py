@@ -304,6 +304,25 @@ def test_playback_marks_decide_what_history_keeps(clock):
     assert s.history[1]["content"] == "One two three four. Five six …"
 
 
+def test_a_cut_reply_keeps_its_paragraphs_in_history(clock):
+    """The sentences heard keep the reply's own white space between them, as a whole reply
+    does: joined by spaces, a list or a paragraph break reached the LLM as one line."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "Two things:\n\n- Milk and eggs.\n- Bread.\n\nNine ten eleven twelve.",
+                clock())
+    s.llm_done(tid, None, clock())
+    assert [seg.segment.text for seg in s.turn.segments] == [
+        "Two things:", "- Milk and eggs.", "- Bread.", "Nine ten eleven twelve."]
+    for index in range(4):
+        s.audio(tid, index, pcm(400), "x", clock())
+        s.synthesis_done(tid, index, clock())
+    s.tick(clock.advance(1400))  # (1 s of lead: sent to 2.4 s)
+    s.receive(ClientPlayback(tid, 1400.0), clock())
+    s.receive(ClientCancel(tid), clock())
+    assert s.history[1]["content"] == "Two things:\n\n- Milk and eggs.\n- Bread.\n\nNine ten …"
+
+
 def sent_ahead(clock, earlier: bool = False) -> tuple[Session, int]:
     """A reply of two 1 s sentences, both synthesized; paced out to 0.9 s in, when 1.8 s of
     it has been sent (max_lead_ms 1000). ``earlier``: after a turn with an empty reply."""

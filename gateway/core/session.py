@@ -952,34 +952,39 @@ class Session:
         reply cut between two sentences ends in ``…`` too, so the LLM knows it did not
         finish, whatever side of the boundary a mark landed on. A sentence its engine cut
         short (``cut_short``: the next engine went on with the next sentence) is kept only
-        as far as its audio went, by its estimated length, then ``…``."""
+        as far as its audio went, by its estimated length, then ``…``. Sentences keep the
+        reply's own white space between them (a paragraph break, a list's newlines), as a
+        completed reply does: joined by spaces, the LLM was shown its reply as one line."""
         if status == "completed" and not any(seg.cut_short for seg in turn.segments):
             return turn.reply.strip()
         played = turn.pacer.played_ms
         heard_ms = turn.pacer.sent_ms if played is None or status != "cancelled" else played
-        parts: list[str] = []
-        heard_to = 0  # the end in the reply of the sentences heard whole
+        said = ""
+        heard_to = None  # the end in the reply of the sentences heard whole
         cut = False  # the last of them was cut short by its engine (it ends in "…")
         for seg in turn.segments:
             if heard_ms <= 0:
                 break
             text = seg.segment.text
+            between = "" if heard_to is None else turn.reply[heard_to:seg.segment.start]
+            gap = between if between and not between.strip() else " "
             estimated_ms = len(text) * _MS_PER_CHAR
             if seg.finished and heard_ms >= seg.sent_ms - _WHOLE_SLACK_MS:
                 cut = seg.cut_short
-                parts.append(_cut(text, seg.sent_ms / max(seg.sent_ms, estimated_ms))
-                             if cut else text)
+                said += gap + (_cut(text, seg.sent_ms / max(seg.sent_ms, estimated_ms))
+                               if cut else text)
                 heard_ms -= seg.sent_ms
                 heard_to = seg.segment.start + len(text)
                 continue
             known_ms = seg.sent_ms + len(seg.pending) / BYTES_PER_MS
             total_ms = known_ms if seg.synthesized and not seg.cut_short else max(
                 known_ms, estimated_ms)
-            parts.append(_cut(text, heard_ms / total_ms if total_ms else 0.0))
-            return " ".join(parts)
-        if turn.reply[heard_to:].strip() and not cut:  # cut at a sentence's end, went on
-            parts.append("…")
-        return " ".join(parts)
+            return (said + gap + _cut(text, heard_ms / total_ms if total_ms else 0.0)).strip()
+        if heard_to is not None and turn.reply[heard_to:].strip() and not cut:
+            said += " …"  # cut at a sentence's end, went on
+        elif heard_to is None and turn.reply.strip():
+            said = "…"
+        return said.strip()
 
     def _remember(self, turn: Turn, status: str) -> None:
         # Roles must alternate (Gemma's chat template refuses two user messages in a row):
