@@ -393,7 +393,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     "exit_code": code, "stop_s": round(stop_s, 2), "died": died},
         "samples": samples,
     }
-    result["ok"] = (not died and result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
+    # (a soak with no completed turn measured nothing: "--minutes 0" passed)
+    result["ok"] = (stats.statuses.get("completed", 0) > 0 and
+                    not died and result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
                     result["violations"] == 0 and stats.statuses.get("failed", 0) == 0 and
                     stats.statuses.get("lost", 0) == 0 and stats.connect_failures == 0 and
                     health["sessions"] == 0 and

@@ -27,6 +27,16 @@ def test_a_short_soak_loses_nothing(tmp_path, capsys):
     assert "frames lost / duplicated" in capsys.readouterr().out
 
 
+def test_a_soak_that_completed_no_turn_does_not_pass(tmp_path, capsys):
+    """``--minutes 0``: no turn was made, nothing was lost, and the soak said ok."""
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--sessions", "2", "--minutes", "0", "--sample-s", "1",
+                    "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert result["turns"].get("completed", 0) == 0
+    assert rc == 1 and result["ok"] is False, capsys.readouterr().out
+
+
 async def test_a_gateway_killed_mid_turn_is_a_lost_turn_not_a_hang():
     """The gateway process dies while a soak session hears a reply (a crash, the OOM
     killer: what a soak is run to find). The session waited out the turn timeout (120 s)
