@@ -400,8 +400,10 @@ def plot(report: Report, path: str) -> None:
 
 
 def load_transcripts(path: str | Path | None) -> list[str]:
-    """JSONL with a ``transcript`` field per line, or plain text (one per line)."""
-    lines = Path(path or DEFAULT_TRANSCRIPTS).read_text(encoding="utf-8").splitlines()
+    """JSONL with a ``transcript`` field per line, or plain text (one per line). A byte
+    order mark (a file saved by Windows Notepad) is not part of the first line: with it,
+    the first JSON line was sent as a transcript, braces and all."""
+    lines = Path(path or DEFAULT_TRANSCRIPTS).read_text(encoding="utf-8-sig").splitlines()
     out = []
     for line in (x.strip() for x in lines):
         if not line:

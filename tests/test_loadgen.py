@@ -159,6 +159,9 @@ def test_transcripts_from_jsonl_or_text(tmp_path):
     assert load_transcripts(jsonl) == ["Hi there"]
     assert load_transcripts(text) == ["first one", "second one"]
     assert len(load_transcripts(None)) > 5  # the project's replay set
+    bom = tmp_path / "bom.jsonl"
+    bom.write_text('\ufeff{"transcript": "Hi there"}\n', encoding="utf-8")
+    assert load_transcripts(bom) == ["Hi there"]
 
 
 @pytest.fixture
