@@ -1192,3 +1192,16 @@ def test_opening_hours_and_references_go_on(text, want):
     """A weekday after "a.m." (opening hours), German "einschl." (including) and "Sc. 1"
     (a scene) were cut after the dot."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("6 ft. 2 in. is about 1.88 m.", ["6 ft. 2 in. is about 1.88 m."]),
+    ("The baby weighed 7 lb. 8 oz. at birth. Congrats!",
+     ["The baby weighed 7 lb. 8 oz. at birth.", "Congrats!"]),
+    ("It's 3 lbs. 4 oz. in all. Enough?", ["It's 3 lbs. 4 oz. in all.", "Enough?"]),
+    ("The shelf is 2 ft. Measure twice.", ["The shelf is 2 ft.", "Measure twice."]),
+])
+def test_an_imperial_unit_before_the_smaller_one_goes_on(text, want):
+    """A height or a weight in two units ("6 ft. 2 in.", "7 lb. 8 oz.") was cut after the
+    first ("6 ft." spoken alone): like "1 hr. 15 min.", never before a digit."""
+    assert sentences(text) == want

@@ -25,10 +25,11 @@ on how the stream was chunked:
   a French elided word: ``B. N'oublie``), or after a label word or an ordinal (``option
   A.``, ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy`` and
   ``Pennsylvania Ave. NW`` go on; ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``,
-  ``Apt. 4B``, ``1 hr. 35`` never before a digit, except ``No.`` opening a sentence (the
-  answer); ``et al.`` only before a capital (``Smith et al. (2020) found``). German, French,
-  Spanish, Italian and Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and
-  titles (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
+  ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2`` never before a digit, except ``No.`` opening a
+  sentence (the answer); ``et al.`` only before a capital (``Smith et al. (2020)
+  found``). German, French, Spanish, Italian and Portuguese replies: ``z. B.``,
+  ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles (``Sra.``, ``Dra.``, ``Sig.``,
+  ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
   ``Hauptstr. 12`` never before a digit; a day or an ordinal before a month or after an
   article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``, ``im XIX.
   Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
@@ -201,12 +202,12 @@ _CAPITAL_END = frozenset(
     "a.m p.m etc inc ltd co corp jr u.s u.k u.n ph.d b.c a.d st al".split()
 )
 """("al": "Smith et al. (2020) found", "by Smith et al. The effect".)"""
-# "No. 5", "Jan. 3", "ext. 12", "Apt. 4B", "Eq. 3", "Nr. 5", "pág. 12" (and "Hauptstr. 12"):
-# never before a digit.
+# "No. 5", "Jan. 3", "ext. 12", "Apt. 4B", "Eq. 3", "Nr. 5", "pág. 12" (and "Hauptstr. 12"),
+# "6 ft. 2 in.", "7 lb. 8 oz.": never before a digit.
 _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
     "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs sc nr bd abs "
-    "kap str abb tab pág págs pag núm num cap n".split()
+    "kap str abb tab pág págs pag núm num cap n ft lb lbs".split()
 )
 # "St. Louis", "Pennsylvania Ave. NW", "7th c. B.C.": these go on before a capital that does
 # not open a sentence (``_STARTERS``), as an initial does.
