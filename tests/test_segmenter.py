@@ -1205,3 +1205,21 @@ def test_an_imperial_unit_before_the_smaller_one_goes_on(text, want):
     """A height or a weight in two units ("6 ft. 2 in.", "7 lb. 8 oz.") was cut after the
     first ("6 ft." spoken alone): like "1 hr. 15 min.", never before a digit."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Er hat ca. 10 Min. Verspätung. Sorry.", ["Er hat ca. 10 Min. Verspätung.", "Sorry."]),
+    ("Berlin hat 3,7 Mio. Einwohner. Es ist die größte Stadt.",
+     ["Berlin hat 3,7 Mio. Einwohner.", "Es ist die größte Stadt."]),
+    ("Es sind 2 Std. 30 Min. Fahrt. Gute Reise!", ["Es sind 2 Std. 30 Min. Fahrt.", "Gute Reise!"]),
+    # before a word that opens a sentence, it still ends one
+    ("Der Bus kommt in 10 Min. Bitte warte hier.",
+     ["Der Bus kommt in 10 Min.", "Bitte warte hier."]),
+    ("Koche es 20 Min. Dann abgießen.", ["Koche es 20 Min.", "Dann abgießen."]),
+    ("Wait 10 Min. Then go.", ["Wait 10 Min.", "Then go."]),
+])
+def test_a_german_count_before_its_noun_goes_on(text, want):
+    """German capitalizes the noun after "Mio.", "Min.", "Std.": "ca. 10 Min. Verspätung"
+    was cut before it ("Verspätung." spoken alone), "2 Mrd. Euro" too."""
+    for sizes in ([len(text)], [1] * len(text)):
+        assert [s.text for s in run(text, sizes, SENTENCES)] == want

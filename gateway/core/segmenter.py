@@ -29,10 +29,11 @@ on how the stream was chunked:
   sentence (the answer); ``et al.`` only before a capital (``Smith et al. (2020)
   found``). German, French, Spanish, Italian and Portuguese replies: ``z. B.``,
   ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles (``Sra.``, ``Dra.``, ``Sig.``,
-  ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
-  ``Hauptstr. 12`` never before a digit; a day or an ordinal before a month or after an
-  article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``, ``im XIX.
-  Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
+  ``dott.``) never end one; ``Nr. 5``, ``pág. 12``, ``Hauptstr. 12`` never before a
+  digit; ``Mio.``, ``Min.``, ``Std.`` after a number end one only before a word that
+  opens sentences (``3,7 Mio. Einwohner``, ``10 Min. Bitte``); a day or an ordinal before
+  a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``,
+  ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
   Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``,
   ``sec. XIX``).
   A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
@@ -208,6 +209,19 @@ _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
     "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs sc nr bd abs "
     "kap str abb tab pág págs pag núm num cap n ft lb lbs".split()
+)
+_GERMAN_COUNTS = frozenset("Mio Mrd Tsd Min Std Sek".split())
+"""German abbreviations after a number, before a noun, which German capitalizes: "3,7 Mio.
+Einwohner", "10 Min. Verspätung", "2 Std. 30 Min.". They end a sentence only before a
+word that opens one (``_STARTERS``, ``_GERMAN_STARTERS``): "in 10 Min. Bitte warten"."""
+_GERMAN_STARTERS = frozenset(
+    "Der Die Das Den Dem Des Ein Eine Einen Einem Einer Er Sie Es Ich Du Wir Ihr Man Mein "
+    "Meine Dein Deine Sein Seine Ihre Unser Unsere Dies Diese Dieser Dieses Dann Danach Dabei "
+    "Dazu Damit Deshalb Daher Dort Da Hier Jetzt Nun Heute Bitte Danke Vielen Gute Guten "
+    "Also Aber Und Oder Doch Denn Wenn Falls Ob Als Wie Was Wer Wo Wann Warum Welche Welcher "
+    "Soll Sollen Möchtest Möchten Willst Kann Kannst Können Ist Sind War Hat Haben Gibt Ja "
+    "Nein Auch Noch Nur Zum Zur Im Am Um Auf Mit Nach Vor Bei Ab Bis Seit Insgesamt Leider "
+    "Außerdem Zudem Allerdings Alles Viel Viele".split()
 )
 # "St. Louis", "Pennsylvania Ave. NW", "7th c. B.C.": these go on before a capital that does
 # not open a sentence (``_STARTERS``), as an initial does.
@@ -725,6 +739,9 @@ class Segmenter:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
         if (low in _BEFORE_NUMBER or low.endswith("str")) and nxt.isdigit():
             return False
+        if word in _GERMAN_COUNTS and self._prev_word(ws)[-1:].isdigit():
+            after = self._next_word(i + 1)  # "10 Min. Verspätung" goes on
+            return nxt.isupper() and (after in _STARTERS or after in _GERMAN_STARTERS)
         if nxt.isupper() and (low in _BEFORE_ROMAN or _DOUBLED.fullmatch(word) or low == "co"):
             after = self._next_word(i + 1)
             if low in _BEFORE_ROMAN and _ROMAN.fullmatch(after) and after != "I":
