@@ -874,8 +874,15 @@ HELDOUT_2 = [json.loads(line) for line in (Path(__file__).parent / "data" /
 before the fixes it led to, none after."""
 
 
+HELDOUT_3 = [json.loads(line) for line in (Path(__file__).parent / "data" /
+                                            "segmentation-heldout-3.jsonl").read_text().splitlines()]
+"""The third held-out set (a home hub's replies): 8 bad splits in 400 chunked runs before
+the fixes it led to ("6 ft. 2 in.", "10 Min. Verspätung"), none after."""
+
+
 @pytest.mark.parametrize(("rows", "most_bad", "most_missed"), [
-    (HELDOUT, HELDOUT_BAD, HELDOUT_MISSED), (HELDOUT_2, 0, 0)], ids=["first", "second"])
+    (HELDOUT, HELDOUT_BAD, HELDOUT_MISSED), (HELDOUT_2, 0, 0), (HELDOUT_3, 0, 0)],
+    ids=["first", "second", "third"])
 def test_heldout_corpus_does_not_get_worse(rows, most_bad, most_missed):
     assert len(rows) >= 100
     rng = random.Random(7)
