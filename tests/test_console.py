@@ -1865,3 +1865,28 @@ async def test_console_a_refusal_in_the_replay_does_not_shift_its_turns(start_ga
             assert errors == []
     finally:
         await proxy.aclose()
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_keeps_a_bounded_timeline_through_a_long_session(start_gateway):
+    """A voice tried for an hour is hundreds of turns: every one added a timeline row and an
+    entry in the page's state, kept for good, so the page grew for as long as it was open.
+    It keeps the latest TIMELINE_TURNS, the newest first."""
+    keep = int(re.search(r"^const TIMELINE_TURNS = (\d+);",
+                         (STATIC_DIR / "console.js").read_text(), re.M)[1])
+    gw = await start_gateway([{"transcript": "Hi", "reply": "Yes."}],
+                             server={"turns_per_minute": 0})
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, page_errors):
+        await page.wait_for_function(
+            "window.consoleState.connected && window.consoleState.audioReady")
+        for n in range(1, keep + 6):
+            await talk(page, "Hi")
+            await page.wait_for_function(f"window.consoleState.lastTurn?.turnId === {n}")
+        state = await page.evaluate("window.consoleState")
+        assert [t["turnId"] for t in state["turns"]] == list(range(6, keep + 6))
+        rows = page.locator("#timeline .turn b")
+        assert await rows.count() == keep
+        assert await rows.first.inner_text() == f"turn {keep + 5}"
+        assert await rows.last.inner_text() == "turn 6"
+        assert state["errors"] == [] and page_errors == []

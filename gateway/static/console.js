@@ -11,6 +11,7 @@ const state = window.consoleState = {
   audioReady: false, needsToken: false, originRefused: false, eventsSinceFrame: 0, pongs: 0,
 };
 
+const TIMELINE_TURNS = 100; // the turns the timeline keeps (a page open for hours)
 const MAX_TEXT_CHARS = 4000; // protocol.md, Limits: code points, as the server counts them
 const MAX_INSTRUCTIONS_CHARS = 16000;
 const PING_EVERY_MS = 5000;
@@ -497,6 +498,7 @@ function onEvent(ev) {
     case "turn.done":
       state.lastTurn = {turnId: ev.turn_id, status: ev.status, metrics: ev.metrics};
       state.turns.push(state.lastTurn);
+      if (state.turns.length > TIMELINE_TURNS) state.turns.shift(); // (as its row)
       addTimeline(ev);
       if (turn && ev.turn_id === turn.id) {
         turn.ended = true;
@@ -793,6 +795,12 @@ function addTimeline(ev) {
   }
   div.append(bar);
   $("timeline").prepend(div);
+  // a page open for hours keeps the latest rows only (and the session marks among them)
+  const rows = $("timeline").querySelectorAll(".turn");
+  if (rows.length > TIMELINE_TURNS) {
+    const last = rows[TIMELINE_TURNS - 1];
+    while (last.nextSibling) last.nextSibling.remove();
+  }
 }
 
 // The underruns this browser heard in a turn: the server counts those of its model of the
