@@ -1234,6 +1234,10 @@ async def test_console_shows_a_turn_lost_with_its_session(start_gateway):
             f"{state}.connected && {state}.sessionId !== {first!r}", timeout=30_000)
         assert await page.locator("#timeline [data-status=lost]").count() == 1
         assert re.fullmatch(r"· heard \d+", await page.inner_text("#timeline .heard"))
+        # no turn.done, no metrics: what the server counted is unknown, not 0 (the row said
+        # "0 sentences · underruns: server 0" for a turn that had spoken sentences)
+        row = await page.inner_text("#timeline [data-status=lost] >> xpath=..")
+        assert "– sentences" in row and "underruns: server – " in row, row
         assert errors == []
 
 

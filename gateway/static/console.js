@@ -767,8 +767,8 @@ function addTimeline(ev) {
   label.append(element("b", "", `turn ${ev.turn_id}`), " ", status,
     ` · first token ${fmt(m.ttft_ms)} · first sentence ${fmt(m.first_sentence_ms)}` +
     ` · first audio ${fmt(m.ttfa_ms)} · done ${fmt(m.duration_ms)} · ${fmt(m.audio_ms)} audio` +
-    ` · ${m.sentences ?? 0} sentences ${m.engine ? `· ${m.engine} ` : ""}` +
-    `· underruns: server ${m.underruns ?? 0} `,
+    ` · ${m.sentences ?? "–"} sentences ${m.engine ? `· ${m.engine} ` : ""}` +
+    `· underruns: server ${m.underruns ?? "–"} `, // (a lost turn has no metrics: not 0)
     element("span", "heard", "· heard …"));
   label.lastChild.title = "times this browser ran out of audio while the turn played, " +
     "then more came (gaps heard)";
