@@ -1894,3 +1894,27 @@ async def test_console_keeps_a_bounded_timeline_through_a_long_session(start_gat
         assert await rows.first.inner_text() == f"turn {keep + 5}"
         assert await rows.last.inner_text() == "turn 6"
         assert state["errors"] == [] and page_errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_keeps_a_bounded_error_list_through_a_long_session(start_gateway):
+    """Each error (a transcript refused for the rate, a turn whose LLM failed) stayed in the
+    list and in the page's state for as long as the page was open; it keeps the latest
+    TIMELINE_TURNS, the newest first."""
+    keep = int(re.search(r"^const TIMELINE_TURNS = (\d+);",
+                         (STATIC_DIR / "console.js").read_text(), re.M)[1])
+    gw = await start_gateway([{"transcript": "Hi", "reply": "Yes."}],
+                             server={"turns_per_minute": 1})
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, page_errors):
+        await page.evaluate("""new MutationObserver((changes) => {  // errors shown, all told
+            for (const c of changes) window.shown = (window.shown ?? 0) + c.addedNodes.length;
+        }).observe(document.querySelector("#errors"), {childList: true})""")
+        await talk_when_ready(page, "Hi")
+        for n in range(1, keep + 6):
+            await talk(page, f"Hi {n}")
+            await page.wait_for_function(f"window.shown === {n}")
+        errors = await page.evaluate("window.consoleState.errors")
+        assert len(errors) == keep and all(e.startswith("rate_limited") for e in errors)
+        assert await page.locator("#errors li").count() == keep
+        assert page_errors == []

@@ -11,7 +11,7 @@ const state = window.consoleState = {
   audioReady: false, needsToken: false, originRefused: false, eventsSinceFrame: 0, pongs: 0,
 };
 
-const TIMELINE_TURNS = 100; // the turns the timeline keeps (a page open for hours)
+const TIMELINE_TURNS = 100; // the turns the timeline keeps, and the errors their list
 const MAX_TEXT_CHARS = 4000; // protocol.md, Limits: code points, as the server counts them
 const MAX_INSTRUCTIONS_CHARS = 16000;
 const PING_EVERY_MS = 5000;
@@ -828,11 +828,13 @@ function addSessionMark(id) { // turn ids start again at 1 in a new session
   $("timeline").prepend(div);
 }
 
-function showError(text) {
+function showError(text) { // (the latest only, as the timeline: a page open for hours)
   state.errors.push(text);
+  if (state.errors.length > TIMELINE_TURNS) state.errors.shift();
   const li = document.createElement("li");
   li.textContent = `${new Date().toLocaleTimeString()} ${text}`;
   $("errors").prepend(li);
+  while ($("errors").children.length > TIMELINE_TURNS) $("errors").lastChild.remove();
 }
 
 // ---- controls ----------------------------------------------------------------------
