@@ -959,15 +959,15 @@ class Session:
             return turn.reply.strip()
         played = turn.pacer.played_ms
         heard_ms = turn.pacer.sent_ms if played is None or status != "cancelled" else played
-        said = ""
-        heard_to = None  # the end in the reply of the sentences heard whole
+        said = ""  # the sentences heard whole, each after its gap in the reply
+        heard_to = 0  # the end in the reply of the sentences heard whole
         cut = False  # the last of them was cut short by its engine (it ends in "…")
         for seg in turn.segments:
             if heard_ms <= 0:
                 break
             text = seg.segment.text
-            between = "" if heard_to is None else turn.reply[heard_to:seg.segment.start]
-            gap = between if between and not between.strip() else " "
+            between = turn.reply[heard_to:seg.segment.start]
+            gap = between if said and between and not between.strip() else " "
             estimated_ms = len(text) * _MS_PER_CHAR
             if seg.finished and heard_ms >= seg.sent_ms - _WHOLE_SLACK_MS:
                 cut = seg.cut_short
@@ -980,10 +980,8 @@ class Session:
             total_ms = known_ms if seg.synthesized and not seg.cut_short else max(
                 known_ms, estimated_ms)
             return (said + gap + _cut(text, heard_ms / total_ms if total_ms else 0.0)).strip()
-        if heard_to is not None and turn.reply[heard_to:].strip() and not cut:
-            said += " …"  # cut at a sentence's end, went on
-        elif heard_to is None and turn.reply.strip():
-            said = "…"
+        if turn.reply[heard_to:].strip() and not cut:  # cut at a sentence's end, went on
+            said += " …"
         return said.strip()
 
     def _remember(self, turn: Turn, status: str) -> None:
