@@ -413,10 +413,9 @@ class RelayCore:
             # sent may have crossed its turn.done: it still cuts the turn's history while its
             # tail plays (protocol.md, History), so it stays to be sent again, until a
             # transcript or say after it is answered
-            asked = next((i for i, (k, _m) in enumerate(self._unanswered)
-                          if k in ("transcript", "say")), len(self._unanswered))
+            asked = self._oldest("transcript", "say")
             self._unanswered = [u for i, u in enumerate(self._unanswered)
-                                if u[0] != "cancel" or i > asked]
+                                if u[0] != "cancel" or asked is not None and i > asked]
         elif kind == "error" and "turn_id" not in event \
                 and event.get("error", {}).get("code") == "rate_limited":
             self._answered(1)  # the oldest transcript or say, refused
@@ -425,9 +424,8 @@ class RelayCore:
             # the relay sends again are refused only as rate_limited, above; an invalid
             # message from the watch may be taken for it, which leaves that update unsent
             # again, as all were before)
-            updates = [i for i, (k, _m) in enumerate(self._unanswered) if k == "session.update"]
-            if updates:
-                del self._unanswered[:updates[0] + 1]
+            if (update := self._oldest("session.update")) is not None:
+                del self._unanswered[:update + 1]
         if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
             # its tail plays on up to max_lead_ms, and marks for it still count (protocol.md,
             # History): keep its timeline
@@ -552,11 +550,15 @@ class RelayCore:
             self._answered(turn_id - self._answered_turn)
             self._answered_turn = turn_id
 
+    def _oldest(self, *kinds: str) -> int | None:
+        """Where the oldest message of one of ``kinds`` is in ``_unanswered`` (None: none)."""
+        return next((i for i, (kind, _m) in enumerate(self._unanswered) if kind in kinds),
+                    None)
+
     def _answered(self, count: int) -> None:
         """The ``count`` oldest transcripts or says came, and all sent before them."""
         for _ in range(count):
-            asked = next((i for i, (kind, _m) in enumerate(self._unanswered)
-                          if kind in ("transcript", "say")), None)
+            asked = self._oldest("transcript", "say")
             if asked is None:
                 return
             del self._unanswered[:asked + 1]
