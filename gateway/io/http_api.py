@@ -151,8 +151,8 @@ def _notes_header(notes: list[str]) -> str:
 
 def _shown(value: Any) -> str:
     """``value`` quoted for an error message, cut after ``SHOWN_CHARS`` (as an unknown
-    model or route is): a refusal names what it refused, but a 60,000-character voice
-    came back whole, and went whole into the request's log line."""
+    route is): a refusal names what it refused, but a 60,000-character voice came back
+    whole, and went whole into the request's log line."""
     if isinstance(value, str) and len(value) > SHOWN_CHARS:
         return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
     text = repr(value)
@@ -619,7 +619,7 @@ class SpeechApi:
         for model in models_body(self.gateway)["data"]:
             if model["id"] == model_id:
                 return _json(200, model)
-        return ApiError(404, f"no model {model_id[:100]!r}; GET /v1/models lists them",
+        return ApiError(404, f"no model {_shown(model_id)}; GET /v1/models lists them",
                         code="model_not_found", param="model").response()
 
     async def voices(self, request: Request) -> Response:
