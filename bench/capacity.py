@@ -58,6 +58,9 @@ from array import array
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from gateway.core.codec import MAX_TEXT_CHARS  # noqa: E402
+
 HZ = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 FRAME_MS = 40
@@ -84,7 +87,7 @@ SCRIPTS = {
 }
 
 
-MAX_SAY_CHARS = 4000
+MAX_SAY_CHARS = MAX_TEXT_CHARS
 """The gateway's limit on a ``say`` (protocol.md: ``text_too_long`` past it)."""
 CHARS_PER_S = 14  # the synthetic engine's speech rate
 
