@@ -34,7 +34,8 @@ when no connection was made: refused, DNS, connect timeout), ``llm_failed``
 when it answers wrongly (HTTP status >= 400, an error payload, event or field (older
 llama.cpp's ``error:``, ``_ErrorFieldDecoder``), malformed JSON, an event
 longer than ``MAX_EVENT_BYTES``, a stream that breaks off or ends without ``finish_reason``
-or ``[DONE]``, or with a ``finish_reason`` that says it gave up: ``ABORTED``).
+or ``[DONE]``, or with a ``finish_reason`` that says it gave up: ``ABORTED``). After a
+``finish_reason`` that does not, the reply is whole: a break, or an error, is no failure.
 """
 
 from __future__ import annotations
@@ -487,19 +488,25 @@ class OpenAiLlm:
                     seen_done = True
                     said_at = loop.time()
                     continue
-                if sse.event == "error":  # (its data in any shape: JSON or plain text)
-                    raise _server_error(data, deltas)
-                try:
-                    chunk = orjson.loads(data)
-                except orjson.JSONDecodeError as exc:
-                    raise EngineError(
-                        "llm_failed", f"malformed JSON in LLM stream: {_snippet(data)}"
-                    ) from exc
-                if not isinstance(chunk, dict):
-                    raise EngineError("llm_failed", f"unexpected LLM chunk: {_snippet(data)}")
-                if chunk.get("error") or chunk.get("object") == "error":
+                chunk = None
+                if sse.event != "error":  # (an error event's data is in any shape: JSON or text)
+                    try:
+                        chunk = orjson.loads(data)
+                    except orjson.JSONDecodeError as exc:
+                        raise EngineError(
+                            "llm_failed", f"malformed JSON in LLM stream: {_snippet(data)}"
+                        ) from exc
+                    if not isinstance(chunk, dict):
+                        raise EngineError("llm_failed",
+                                          f"unexpected LLM chunk: {_snippet(data)}")
+                if chunk is None or chunk.get("error") or chunk.get("object") == "error":
                     # ({"error": {...}}; vLLM's ErrorResponse unwrapped, {"object": "error",
                     # "message": ...}, in some versions: then [DONE], as after a whole reply)
+                    if finish_reason is not None and finish_reason not in ABORTED:
+                        # the reply is whole, as when the connection breaks after it: only
+                        # what was to follow (usage, [DONE]) is lost
+                        self._error_after_finish(data)
+                        break
                     raise _server_error(data, deltas)
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
@@ -547,6 +554,15 @@ class OpenAiLlm:
             usage=usage,
             thought_chars=max(0, all_chars - thoughts.said),
         )
+
+    def _error_after_finish(self, data: str) -> None:
+        if "after finish" in self._warned:
+            log.debug("LLM server error after a whole reply, ignored: %s", _snippet(data))
+            return
+        self._warned.add("after finish")
+        log.warning("The LLM server sent an error after its reply's finish_reason (%s): the "
+                    "reply is whole and was kept, only its usage may be lost (warned once)",
+                    _snippet(data))
 
     def _unopened_thought(self, said: int) -> None:
         self.thoughts_unopened += 1

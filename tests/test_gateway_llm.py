@@ -101,14 +101,16 @@ async def test_llm_failures_end_the_turn_failed_and_speak_what_was_complete(
 
 
 @pytest.mark.parametrize("rest", [[Finish(), Drop()],
-                                  [Finish(), Usage(OMLX_USAGE), Done(), Drop()]],
-                         ids=["after-finish", "after-done"])
+                                  [Finish(), Usage(OMLX_USAGE), Done(), Drop()],
+                                  [Finish(), Raw(b'event: error\ndata: {"message": "boom"}\n\n'),
+                                   Done()]],
+                         ids=["after-finish", "after-done", "error-after-finish"])
 async def test_a_reply_whose_connection_breaks_once_it_is_whole_is_spoken_and_kept_whole(
         scripted_llm_server, rest):
     """A server (or a proxy) that broke the connection after the finish_reason chunk (or
     [DONE]) failed a reply that was whole: its last sentence went unsaid, the turn ended
     with llm_failed, and the next turn told the LLM its reply had been cut (" …"). A late
-    end is no failure (AFTER_FINISH_S), nor is a broken one."""
+    end is no failure (AFTER_FINISH_S), nor is a broken one, nor an error sent there."""
     scripted_llm_server.script([Text("Hosting came to $184.50. "), Text("That is all"), *rest],
                                reply_script(["Fine."]))
     gw = await start_gateway(scripted_llm_server.url)

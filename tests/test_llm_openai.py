@@ -521,6 +521,33 @@ async def test_a_whole_reply_ends_even_if_the_server_is_slow_with_the_rest(
     await ends_whole(scripted_llm_server, 30, rest)
 
 
+@pytest.mark.parametrize("error", [
+    Raw(b'event: error\ndata: {"message": "usage unavailable"}\n\n'),
+    Raw(b'data: {"error": {"message": "usage unavailable"}}\n\n'),
+    Raw(b'error: {"message": "usage unavailable"}\n\n'),  # llama.cpp before #16109
+], ids=["event", "payload", "error-field"])
+async def test_an_error_after_the_finish_reason_leaves_the_reply_whole(
+        llm, scripted_llm_server, caplog, error):
+    """The reply was whole (its finish_reason came), and a break in the connection after it
+    was already no failure; an error the server sent in its place failed the turn
+    llm_failed all the same, its last sentence unsaid and the history saying it was cut."""
+    scripted_llm_server.script([Text("All "), Text("of it."), Finish(), error, Done()])
+    events = await collect(llm)
+    assert [e.text for e in events if isinstance(e, LlmDelta)] == ["All ", "of it."]
+    assert events[-1] == LlmDone("stop")
+    assert "usage unavailable" in caplog.text  # (the operator is told)
+
+
+async def test_an_error_after_an_aborted_finish_fails_with_the_servers_words(
+        llm, scripted_llm_server):
+    scripted_llm_server.script([Text("half a rep"), Finish("error"),
+                                Raw(b'data: {"error": {"message": "out of KV cache"}}\n\n'),
+                                Done()])
+    with pytest.raises(EngineError) as info:
+        await collect(llm)
+    assert info.value.code == "llm_failed" and "out of KV cache" in info.value.message
+
+
 async def test_a_whole_reply_ends_well_with_a_stall_timeout_shorter_than_the_wait_after_it(
         scripted_llm_server):
     """stall_timeout_s also bounds httpx's read timeout: set below AFTER_FINISH_S, it failed
