@@ -509,6 +509,10 @@ async def test_a_request_past_the_llm_context_with_no_history_fails_the_turn_onl
     assert first.done["status"] == "failed"
     assert second.done["status"] == "completed"
     assert len(scripted_llm_server.chats) == 2
+    # the question that did not fit is not sent again: an LLM refused it with "short" too,
+    # a request more, before the session forgot it
+    assert scripted_llm_server.chats[1].body["messages"][1:] == [
+        {"role": "user", "content": "short"}]
 
 
 async def test_an_older_llama_cpp_error_field_fails_the_turn_with_its_words(

@@ -1226,8 +1226,12 @@ def test_a_request_past_the_llm_context_forgets_the_older_half_of_history_and_as
         *events(out, "turn.done")]
     assert events(out, "turn.done")[0]["status"] == "failed"
     assert s.llm_context_full(tid, "too long", clock()) == []  # the turn is over
-    assert s.history == [{"role": "user", "content": "question 3"},
-                         {"role": "assistant", "content": "…"}]
+    # the transcript that did not fit alone is not kept: the next turn's request held it,
+    # and the LLM refused that one too before it was forgotten
+    assert s.history == []
+    (request,) = [e.request for e in s.receive(ClientTranscript("question 4"), clock())
+                  if isinstance(e, StartLlm)]
+    assert [m["content"] for m in request.messages[1:]] == ["question 4"]
 
 
 def test_a_context_refusal_after_the_reply_began_fails_the_turn_and_keeps_the_history(clock):

@@ -306,6 +306,10 @@ class Turn:
     """Ended completed or failed, its history entry all it sent, while its last audio may
     still be playing: a barge-in before that playback ends keeps only what the client's
     mark says it heard (``_barge_in_after_the_end``)."""
+    too_long: bool = False
+    """The LLM refused the request as longer than its context with no history left to
+    forget: the turn is not remembered, as any later request holding it would be too long
+    as well (it cost the next turn a refused request before it was forgotten)."""
 
 
 class Session:
@@ -514,12 +518,14 @@ class Session:
         """The LLM refused the turn's request as longer than its context (before any text):
         the older half of the history (rounded up) is forgotten and the request made again,
         so a conversation grown past the context goes on instead of failing every turn
-        from then on. With no history left to forget, the turn fails (``llm_failed``)."""
+        from then on. With no history left to forget, the turn fails (``llm_failed``) and
+        is not remembered (``Turn.too_long``)."""
         turn = self._active(turn_id)
         if turn is None or turn.llm_done:
             return []
         users = [i for i, m in enumerate(self.history) if m["role"] == "user"]
         if turn.reply or not users:
+            turn.too_long = not turn.reply
             return self.llm_failed(turn_id, "llm_failed", message, now)
         forget = (len(users) + 1) // 2
         del self.history[: users[forget] if forget < len(users) else len(self.history)]
@@ -987,6 +993,8 @@ class Session:
     def _remember(self, turn: Turn, status: str) -> None:
         # Roles must alternate (Gemma's chat template refuses two user messages in a row):
         # a reply interrupted before anything was heard is recorded as an ellipsis.
+        if turn.too_long:
+            return
         spoken = self._spoken_reply(turn, status) or "…"
         self.history.append({"role": "user", "content": turn.user_text})
         self.history.append({"role": "assistant", "content": spoken})
