@@ -394,6 +394,14 @@ def test_a_failed_turn_keeps_what_it_sent_and_a_later_barge_in_cuts_it(clock):
      "One two three four five. …"),
     # Chinese has no spaces: cut by characters, not kept or dropped whole
     ("今天的会议讨论了预算。大家都同意推迟。", 1600, "今天的会议讨论了预算。 大家都同 …"),
+    # a word is weighed by the words it is read as: the amount is nine of the thirteen
+    # ("one thousand ... cents"), not one of five, and was still being said at 80 %
+    ("Fine. It cost $1,234.56 in total.", 1800, "Fine. It cost …"),
+    # "example dot org slash a slash b": seven of eleven, still being said half-way
+    ("Fine. See example.org/a/b for the rest.", 1500, "Fine. See …"),
+    ("Fine. See example.org/a/b for the rest.", 1750, "Fine. See example.org/a/b …"),
+    # a mark read as nothing is not kept as if heard
+    ("Fine. — Then we go on.", 1200, "Fine. …"),
 ])
 def test_the_sentence_playing_at_a_barge_in_is_marked_cut(clock, text, heard_ms, kept):
     s = Session("s", settings=SessionSettings(max_lead_ms=30_000))  # all sent at once

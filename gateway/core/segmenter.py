@@ -342,12 +342,42 @@ _UNIT = re.compile(f"[{_CJK_CHAR}]|[^\\s{_CJK_CHAR}]+")
 """What a listener hears one at a time: a spaced word, or one Chinese or Japanese character."""
 
 
+_INNER_MARK = re.compile(r"(?<=[^\W_])[./@](?=[^\W_])")
+"""A dot, slash or at sign inside a word, which is read as a word of its own ("example dot
+org slash a")."""
+_READ_AS_ONE = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*[,;:.!?]?")
+"""A word read as one: letters (an inner apostrophe or hyphen), maybe a mark after them."""
+
+
 def heard_prefix(text: str, share: float) -> str:
-    """The start of ``text`` a listener heard after ``share`` (0-1) of its audio: that share
-    of its words, a Chinese or Japanese character counting as one ("" if none)."""
+    """The start of ``text`` a listener heard after ``share`` (0-1) of its audio: its words
+    said whole within that share of all it says ("" if none), a Chinese or Japanese
+    character counting as one word. Each word weighs the words it is read as
+    (``_read_as``): counted as one, "$1,234.56" in "It cost $1,234.56 in total." was kept
+    at 80 % of the audio, while the listener was still hearing its nine words."""
     units = list(_UNIT.finditer(text))
-    keep = int(len(units) * min(1.0, max(0.0, share)))
+    weights = [_read_as(unit.group()) for unit in units]
+    budget = sum(weights) * min(1.0, max(0.0, share))
+    keep = said = 0
+    for weight in weights:
+        if said + weight > budget:
+            break
+        said += weight
+        keep += 1
+    while keep and not weights[keep - 1]:  # (a mark read as nothing is not heard either)
+        keep -= 1
     return text[:units[keep - 1].end()] if keep else ""
+
+
+def _read_as(word: str) -> int:
+    """How many words a listener hears for ``word``: those of its spelled-out form
+    (``speakable`` with ``reads_digits=False``: "$1,234.56" is nine, and an engine that reads
+    digits itself says as many), and two more for each dot, slash or at sign inside it
+    ("example dot org"); none for a mark, an emoji or markdown, which are not read."""
+    if _READ_AS_ONE.fullmatch(word):  # (most are: speakable() takes 40 times as long)
+        return 1
+    said = speakable(word, reads_digits=False)
+    return len(_UNIT.findall(said)) + 2 * len(_INNER_MARK.findall(said))
 
 
 def _is_cjk(c: str) -> bool:

@@ -953,14 +953,15 @@ class Session:
         """The assistant text the listener heard: all of it for a completed turn; what was
         sent for a failed one (the client plays it out: an earlier mark says nothing of its
         end); for a cut one, what the client reported played (else what was sent). The
-        sentence that was playing is cut by words (Chinese and Japanese: by characters) in
-        proportion to its audio (estimated from its length while unknown), then ``…``; a
-        reply cut between two sentences ends in ``…`` too, so the LLM knows it did not
-        finish, whatever side of the boundary a mark landed on. A sentence its engine cut
-        short (``cut_short``: the next engine went on with the next sentence) is kept only
-        as far as its audio went, by its estimated length, then ``…``. Sentences keep the
-        reply's own white space between them (a paragraph break, a list's newlines), as a
-        completed reply does: joined by spaces, the LLM was shown its reply as one line."""
+        sentence that was playing is cut by words (Chinese and Japanese: by characters),
+        each weighed as it is read (``heard_prefix``), in proportion to its audio
+        (estimated from its length while unknown), then ``…``; a reply cut between two
+        sentences ends in ``…`` too, so the LLM knows it did not finish, whatever side of
+        the boundary a mark landed on. A sentence its engine cut short (``cut_short``: the
+        next engine went on with the next sentence) is kept only as far as its audio went,
+        by its estimated length, then ``…``. Sentences keep the reply's own white space
+        between them (a paragraph break, a list's newlines), as a completed reply does:
+        joined by spaces, the LLM was shown its reply as one line."""
         if status == "completed" and not any(seg.cut_short for seg in turn.segments):
             return turn.reply.strip()
         played = turn.pacer.played_ms
