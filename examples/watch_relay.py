@@ -97,6 +97,15 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 
+from gateway.core.codec import (
+    ClientCancel,
+    ClientPlayback,
+    ClientSay,
+    ClientSessionUpdate,
+    ClientTranscript,
+    ProtocolError,
+    decode_client,
+)
 from gateway.io.aio import stop_signal
 from gateway.io.auth import (
     UNAUTHORIZED,
@@ -356,7 +365,9 @@ class RelayCore:
         self._unanswered: list[tuple[str, str]] = []
         """(type, message): a ``transcript``, ``say``, ``cancel`` or ``session.update`` sent up
         whose effect has not been seen: lost if the gateway socket drops with it, so sent
-        again after the resume (protocol.md, Resume)."""
+        again after the resume (protocol.md, Resume). Also, as type ``invalid``, a message
+        the gateway refuses (an error with no turn), until that refusal comes: not sent
+        again (it changes nothing), but its refusal is no session.update's answer."""
         self._answered_turn = 0
         """The newest turn whose ``transcript`` or ``say`` has left ``_unanswered``. The
         gateway handles messages in order and each valid one starts the next turn (or is
@@ -419,11 +430,14 @@ class RelayCore:
         elif kind == "error" and "turn_id" not in event \
                 and event.get("error", {}).get("code") == "rate_limited":
             self._answered(1)  # the oldest transcript or say, refused
-        elif kind == "session.updated" or kind == "error" and "turn_id" not in event:
-            # the oldest session.update came: applied, or refused (the transcripts and says
-            # the relay sends again are refused only as rate_limited, above; an invalid
-            # message from the watch may be taken for it, which leaves that update unsent
-            # again, as all were before)
+        elif kind == "error" and "turn_id" not in event:
+            # the oldest message refused as invalid, or the oldest session.update (refused),
+            # whichever went first: the gateway answers in the order it reads. Taken for the
+            # update's always, a malformed frame's refusal left an update lost after it
+            # unsent again
+            if (answered := self._oldest("invalid", "session.update")) is not None:
+                del self._unanswered[:answered + 1]
+        elif kind == "session.updated":
             if (update := self._oldest("session.update")) is not None:
                 del self._unanswered[:update + 1]
         if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
@@ -449,20 +463,19 @@ class RelayCore:
     def sent(self, message: str) -> None:
         """``message`` (from ``from_watch``: a mark already in the gateway's time) went up on
         the gateway socket."""
-        try:
-            event = orjson.loads(message)
-            kind = event.get("type")
-        except (orjson.JSONDecodeError, AttributeError):
+        try:  # as the gateway reads it (its own codec)
+            decoded = decode_client(message)
+        except ProtocolError:
+            # refused (an error with no turn): it does nothing, but its refusal is an answer
+            # in the order the gateway reads, not the answer of a session.update
+            self._unanswered.append(("invalid", message))
             return
-        if kind == "cancel" or kind in ("transcript", "say") and _valid_text(event.get("text")) \
-                or kind == "session.update" and isinstance(event.get("session"), dict):
-            # (an invalid transcript starts no turn; a session.update is answered, whether
-            # applied or refused: session.updated, or an error)
-            self._unanswered.append((kind, message))
-        elif kind == "playback":
-            turn_id, played = event.get("turn_id"), event.get("played_ms")
-            if _is_number(turn_id) and isinstance(turn_id, int) and _is_number(played) \
-                    and played >= 0:  # (one the gateway refuses changes nothing there)
+        match decoded:
+            case ClientTranscript() | ClientSay() | ClientCancel() | ClientSessionUpdate():
+                # (a session.update is answered, whether applied or refused: session.updated,
+                # or an error)
+                self._unanswered.append((orjson.loads(message)["type"], message))
+            case ClientPlayback(turn_id=turn_id):
                 self._mark = (turn_id, message)
 
     def from_watch(self, message: str | bytes) -> tuple[str | None, str | None]:
@@ -539,7 +552,7 @@ class RelayCore:
         early. It is the newest mark the relay sent, so any mark that reached the gateway is
         it or an older one: sending it again never moves the gateway's count back (twice is
         harmless)."""
-        again = [m for _kind, m in self._unanswered]
+        again = [m for kind, m in self._unanswered if kind != "invalid"]
         if again and self._mark is not None and self._mark[0] == self._resumed_turn:
             again.insert(0, self._mark[1])
         return again
@@ -562,12 +575,6 @@ class RelayCore:
             if asked is None:
                 return
             del self._unanswered[:asked + 1]
-
-
-def _valid_text(text: Any) -> bool:
-    """A ``transcript``'s or ``say``'s text the gateway takes (protocol.md: 1–4,000
-    characters, not only whitespace)."""
-    return isinstance(text, str) and len(text) <= 4_000 and bool(text.strip())
 
 
 def _server_full(exc: Exception) -> bool:

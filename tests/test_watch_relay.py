@@ -390,6 +390,12 @@ def _dumps(**message) -> str:
     (["update", "transcript"], [], ["turn.started"], []),  # the transcript after it came
     (["transcript", "update"], [], ["turn.started"], ["update"]),
     (["cancel", "update", "say"], ["session.updated"], [], ["say"]),
+    # a message the gateway refuses (a malformed frame) is answered by its own error, which
+    # comes first: not the answer of an update sent after it (nor sent again itself)
+    (["invalid", "update"], ["other error"], [], ["update"]),
+    (["invalid", "update"], [], ["other error"], ["update"]),
+    (["invalid", "update"], ["other error", "other error"], [], []),
+    (["invalid"], [], [], []),
 ])
 def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, heard, replayed,
                                                                       again):
@@ -401,7 +407,8 @@ def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, hear
                 "playback": _dumps(type="playback", turn_id=1, played_ms=5),
                 "second": _dumps(type="transcript", text="And tomorrow?"),
                 "blank": _dumps(type="transcript", text=" \n"),
-                "update": _dumps(type="session.update", session={"voice": "en"})}
+                "update": _dumps(type="session.update", session={"voice": "en"}),
+                "invalid": "{"}
     for kind in sent:
         up, _reply = core.from_watch(messages[kind])
         core.sent(up)
@@ -1340,6 +1347,40 @@ async def test_a_settings_change_lost_with_the_gateway_socket_is_sent_again(gate
     (runner,) = gateway.runners.values()
     assert runner.session.settings.max_lead_ms == 2000
 
+
+async def test_an_invalid_messages_refusal_is_not_taken_for_a_lost_updates_answer(gateway,
+                                                                                 relay):
+    """The gateway read a malformed frame from the watch (its refusal, ``invalid_json``,
+    lost with the socket, comes in the replay), then the phone's uplink dropped with the
+    ``session.update`` sent after it. The relay took any error without a turn for the
+    update's answer: the refusal of the frame was taken for it, the update was not sent
+    again, and the watch's change never applied."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        (session,) = relay.sessions
+        upstream = session.gateway
+        (runner,) = gateway.runners.values()
+        refuse, refused = runner.protocol_error, asyncio.Event()
+
+        def refusing(error, now):
+            refuse(error, now)
+            refused.set()
+
+        runner.protocol_error = refusing
+        runner._flush = lambda: None  # the refusal stays in the gateway's outbox ...
+        await ws.send("{")
+        await asyncio.wait_for(refused.wait(), 10)
+        del runner._flush
+        async with lost_with_the_uplink(gateway, session, "session.update"):
+            await send(ws, type="session.update", session={"max_lead_ms": 2000})
+        # ... and comes in the replay
+        events = [await asyncio.wait_for(recv_event(ws), 10)]
+        while events[-1]["type"] != "session.updated":  # (was: never)
+            events.append(await asyncio.wait_for(recv_event(ws), 10))
+        assert session.gateway is not upstream  # resumed on a new socket
+    assert [e["error"]["code"] for e in events[:-1]] == ["invalid_json"]
+    assert events[-1]["session"]["max_lead_ms"] == 2000
+    assert runner.session.settings.max_lead_ms == 2000
 
 
 ANSWERS = ("turn.started", "error", "session.updated", "pong")
