@@ -56,10 +56,10 @@ watch is answered with ``error`` ``invalid_message``: when the watch goes away t
 ends the gateway session. When the *gateway* socket drops (no close frame), the relay
 reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
 replayed messages it had already relayed, relays the rest, then sends again a
-``transcript``, ``say``, ``cancel`` or ``session.update`` the replay left unanswered (after
-the last ``playback`` mark it sent for the turn, which the gateway cuts the turn's history
-from; what the watch sends meanwhile waits until then), and the watch sees one
-unbroken session.
+``transcript``, ``say``, ``cancel``, ``session.update`` or ``ping`` the replay left
+unanswered (a barge-in after the last ``playback`` mark it sent for the turn, which the
+gateway cuts the turn's history from; what the watch sends meanwhile waits until then), and
+the watch sees one unbroken session.
 It tries for the gateway's announced ``resume_window_s``, every wait for the gateway's
 answers to the resume bounded by it; if the resume fails, or the window runs out, the watch
 is closed with 1011.
@@ -99,6 +99,7 @@ from websockets.http11 import Request, Response
 
 from gateway.core.codec import (
     ClientCancel,
+    ClientPing,
     ClientPlayback,
     ClientSay,
     ClientSessionUpdate,
@@ -363,11 +364,12 @@ class RelayCore:
         says; None when it does not)."""
         self._ended: tuple[int, Timeline] | None = None  # the last turn ended, still playing
         self._unanswered: list[tuple[str, str]] = []
-        """(type, message): a ``transcript``, ``say``, ``cancel`` or ``session.update`` sent up
-        whose effect has not been seen: lost if the gateway socket drops with it, so sent
-        again after the resume (protocol.md, Resume). Also, as type ``invalid``, a message
-        the gateway refuses (an error with no turn), until that refusal comes: not sent
-        again (it changes nothing), but its refusal is no session.update's answer."""
+        """(type, message): a ``transcript``, ``say``, ``cancel``, ``session.update`` or
+        ``ping`` sent up whose effect has not been seen: lost if the gateway socket drops
+        with it, so sent again after the resume (protocol.md, Resume). Also, as type
+        ``invalid``, a message the gateway refuses (an error with no turn), until that
+        refusal comes: not sent again (it changes nothing), but its refusal is no
+        session.update's answer."""
         self._answered_turn = 0
         """The newest turn whose ``transcript`` or ``say`` has left ``_unanswered``. The
         gateway handles messages in order and each valid one starts the next turn (or is
@@ -437,9 +439,12 @@ class RelayCore:
             # unsent again
             if (answered := self._oldest("invalid", "session.update")) is not None:
                 del self._unanswered[:answered + 1]
-        elif kind == "session.updated":
-            if (update := self._oldest("session.update")) is not None:
-                del self._unanswered[:update + 1]
+        elif kind in ("session.updated", "pong"):
+            # the oldest session.update came (applied), or the oldest ping: the gateway read
+            # it, and all sent before it
+            if (answered := self._oldest("session.update" if kind != "pong" else "ping")) \
+                    is not None:
+                del self._unanswered[:answered + 1]
         if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
             # its tail plays on up to max_lead_ms, and marks for it still count (protocol.md,
             # History): keep its timeline
@@ -471,9 +476,10 @@ class RelayCore:
             self._unanswered.append(("invalid", message))
             return
         match decoded:
-            case ClientTranscript() | ClientSay() | ClientCancel() | ClientSessionUpdate():
+            case ClientTranscript() | ClientSay() | ClientCancel() | ClientSessionUpdate() \
+                    | ClientPing():
                 # (a session.update is answered, whether applied or refused: session.updated,
-                # or an error)
+                # or an error; a ping by its pong, which the watch may be waiting for)
                 self._unanswered.append((orjson.loads(message)["type"], message))
             case ClientPlayback(turn_id=turn_id):
                 self._mark = (turn_id, message)
@@ -536,8 +542,9 @@ class RelayCore:
 
     def lost(self) -> list[str]:
         """After the replay: what to send again, in order. The gateway answers each
-        ``transcript`` or ``say`` as it reads it (its ``turn.started``, or a refusal) and
-        each ``session.update`` (``session.updated``, or a refusal), so what went up before
+        ``transcript`` or ``say`` as it reads it (its ``turn.started``, or a refusal), each
+        ``session.update`` (``session.updated``, or a refusal) and each ``ping`` (its
+        ``pong``, which the watch may be waiting for), so what went up before
         the drop and has no answer once the replay is in was lost with it (protocol.md,
         Resume); so may a ``cancel`` be. Decided from ``session.resumed``'s ``turn_id``
         before the replay, a refusal in it was not counted: the refused transcript went
@@ -546,14 +553,16 @@ class RelayCore:
         was in it went again too. They stay unanswered until their effect is seen, and go
         again after another drop.
 
-        Before them goes the last ``playback`` mark sent up, when it is for the session's
-        latest turn: the gateway cuts the turn's history from the mark it has when the
+        Before them goes the last ``playback`` mark sent up, when a barge-in (a ``cancel``,
+        ``transcript`` or ``say``) goes again and the mark is for the session's latest
+        turn: the gateway cuts the turn's history from the mark it has when the
         barge-in comes (protocol.md, Resume), and an older one is up to a mark interval
         early. It is the newest mark the relay sent, so any mark that reached the gateway is
         it or an older one: sending it again never moves the gateway's count back (twice is
         harmless)."""
         again = [m for kind, m in self._unanswered if kind != "invalid"]
-        if again and self._mark is not None and self._mark[0] == self._resumed_turn:
+        if self._mark is not None and self._mark[0] == self._resumed_turn and \
+                self._oldest("cancel", "transcript", "say") is not None:
             again.insert(0, self._mark[1])
         return again
 

@@ -367,7 +367,10 @@ def _dumps(**message) -> str:
     # it may have crossed the turn's turn.done, and still cuts the tail (protocol.md, History)
     (["cancel"], ["turn.done"], [], ["cancel"]),
     (["cancel", "transcript"], ["turn.done"], ["turn.started 2"], []),
-    (["ping", "playback"], [], [], []),
+    (["ping", "playback"], [], [], ["ping"]),  # a ping gets its pong: lost without it
+    (["ping"], ["pong"], [], []),
+    (["ping"], [], ["pong"], []),
+    (["cancel", "ping", "ping"], [], ["pong"], ["ping"]),  # the gateway read the cancel
     # turn N answers the N-th transcript or say: a second one sent before the first one's
     # turn.started came is still unanswered
     (["transcript", "second"], ["turn.started"], [], ["second"]),
@@ -430,6 +433,7 @@ EVENTS = {"turn.started": _dumps(type="turn.started", turn_id=1, source="transcr
           "turn.cancelled": _dumps(type="turn.done", turn_id=1, status="cancelled"),
           "turn.started 2": _dumps(type="turn.started", turn_id=2, source="transcript"),
           "session.updated": _dumps(type="session.updated", session={"voice": "en"}),
+          "pong": _dumps(type="pong"),
           "error": _dumps(type="error", error={"code": "rate_limited", "message": ""}),
           "other error": _dumps(type="error", error={"code": "invalid_field",
                                                       "message": "a playback mark"})}
@@ -480,7 +484,7 @@ def test_core_decides_after_a_replay_cut_short_by_another_drop():
     # the later mark may have arrived (so the cancel did): never the older one after it
     (["mark", "cancel", "later"], [], 1, ["later", "cancel"]),
     (["mark"], [], 1, []),  # no barge-in lost: a lost mark is replaced by the next
-    (["mark", "ping"], [], 1, []),
+    (["mark", "ping"], [], 1, ["ping"]),  # (it goes again, but is no barge-in)
     (["mark", "cancel"], ["turn.done"], 1, []),  # the cancel is not sent again: nor its mark
     (["mark", "transcript"], ["error"], 1, []),
     (["mark", "transcript"], ["turn.started"], 2, []),  # it came, the mark before it too
@@ -1346,6 +1350,24 @@ async def test_a_settings_change_lost_with_the_gateway_socket_is_sent_again(gate
     assert updated["session"]["max_lead_ms"] == 2000
     (runner,) = gateway.runners.values()
     assert runner.session.settings.max_lead_ms == 2000
+
+
+async def test_a_ping_lost_with_the_gateway_socket_gets_its_pong(gateway, relay):
+    """protocol.md, Resume: a message with no answer once the replay is in was lost; send it
+    again. The relay sent again all but a ``ping``: the watch waited for its pong for ever
+    (a watch that pings to learn the gateway has read what it sent before, as these tests
+    do, waited on a gateway that had)."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        (session,) = relay.sessions
+        upstream = session.gateway
+        async with lost_with_the_uplink(gateway, session, "ping"):
+            await send(ws, type="ping", id=7)
+        pong = await asyncio.wait_for(recv_event(ws), 10)  # (was: never)
+        assert session.gateway is not upstream  # resumed on a new socket
+        await send(ws, type="ping", id=8)
+        assert await asyncio.wait_for(recv_event(ws), 10) == {"type": "pong", "id": 8}
+    assert pong == {"type": "pong", "id": 7}
 
 
 async def test_an_invalid_messages_refusal_is_not_taken_for_a_lost_updates_answer(gateway,
