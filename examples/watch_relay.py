@@ -62,7 +62,8 @@ gateway cuts the turn's history from; what the watch sends meanwhile waits until
 the watch sees one unbroken session.
 It tries for the gateway's announced ``resume_window_s``, every wait for the gateway's
 answers to the resume bounded by it; if the resume fails, or the window runs out, the watch
-is closed with 1011.
+is closed with 1011 (with the gateway's own 1000, 1001 or 1013 at once when it ends the
+session by a close, during a resume too).
 
 Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` /
 ``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
@@ -613,7 +614,22 @@ a dropped socket, bad UTF-8, a keepalive timeout."""
 
 
 class UpstreamLost(Exception):
-    """The gateway session could not be resumed."""
+    """The gateway session could not be resumed, or the gateway ended it: the watch is
+    closed with ``code``."""
+
+    def __init__(self, message: str, code: int = 1011) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _ended(exc: ConnectionClosed) -> UpstreamLost | None:
+    """The gateway closed its socket on purpose (a close frame that leaves no session
+    waiting for a resume, protocol.md, Close codes): what to tell the watch; None for a
+    drop."""
+    if exc.rcvd is None or exc.rcvd.code in RESUMABLE_CLOSES:
+        return None
+    code = exc.rcvd.code if exc.rcvd.code in (1000, 1001, 1013) else 1011
+    return UpstreamLost(exc.rcvd.reason or "gateway closed", code)
 
 
 class RelaySession:
@@ -717,21 +733,18 @@ class RelaySession:
             except ConnectionClosed as exc:
                 if self._closing:
                     return
-                if exc.rcvd is not None and exc.rcvd.code not in RESUMABLE_CLOSES:
-                    # the gateway ended the session on purpose: tell the watch
-                    self._gone = True
-                    self._ready.set()
-                    code = exc.rcvd.code if exc.rcvd.code in (1000, 1001, 1013) else 1011
-                    await self.watch.close(code, exc.rcvd.reason or "gateway closed")
-                    return
+                lost = _ended(exc)  # None: a drop
             if self.gateway is gateway:
                 self._ready.clear()
             try:
-                await self._resume()
+                if lost is None:
+                    await self._resume()
             except UpstreamLost as exc:
+                lost = exc
+            if lost is not None:  # tell the watch
                 self._gone = True
                 self._ready.set()
-                await self.watch.close(1011, str(exc)[:120])
+                await self.watch.close(lost.code, str(lost)[:120])
                 return
 
     async def _to_watch(self, message: str | bytes) -> bool:
@@ -748,8 +761,8 @@ class RelaySession:
         time), every wait for its answer bounded by what is left of it: a gateway that
         takes the socket and says nothing is given up at the deadline, not when the
         keepalive notices. Then relays the replay, and sends again what it left unanswered
-        (``RelayCore.lost``). Raises ``UpstreamLost`` when the window runs out or the
-        gateway refuses."""
+        (``RelayCore.lost``). Raises ``UpstreamLost`` when the window runs out, the
+        gateway refuses, or it ends the session meanwhile (going away: 1001)."""
         loop = asyncio.get_running_loop()
         window = self.core.resume_window_s
         deadline = loop.time() + (self.relay.resume_window_s if window is None else window)
@@ -774,7 +787,10 @@ class RelaySession:
                             await self._to_watch(out)
                     for message in self.core.lost():
                         await gateway.send(message)
-            except (OSError, InvalidStatus, ConnectionClosed, TimeoutError):
+            except (OSError, InvalidStatus, ConnectionClosed, TimeoutError) as exc:
+                if isinstance(exc, ConnectionClosed) and (ended := _ended(exc)) is not None:
+                    # (a gateway going away, 1001: not a drop to retry until the window ends)
+                    raise ended from None
                 if gateway is not None:  # (at the deadline: not kept, resumed or not)
                     gateway.close_timeout = 1.0  # a gateway this silent answers no close
                     await gateway.close(1000)

@@ -848,6 +848,32 @@ async def test_a_gateway_keepalive_close_is_resumed_like_a_drop(gateway, relay):
     assert rest.done["status"] == "completed"
 
 
+async def test_a_gateway_going_away_during_the_resume_sends_the_watch_away_at_once(gateway,
+                                                                                   relay):
+    """The gateway stops (close 1001, protocol.md: its sessions end) while the relay resumes
+    after a drop: the relay took the close for another drop and tried again until the
+    resume window ran out (30 s), then closed the watch with 1011, where a close the gateway
+    means is passed on at once (1001, as when it comes outside a resume)."""
+    connect_upstream, stopping = relay.connect_upstream, []
+
+    async def connecting(resume=None):
+        gw = await connect_upstream(resume)
+        if resume is not None and not stopping:  # the gateway stops as the relay resumes
+            stopping.append(asyncio.create_task(gateway.aclose()))
+            await asyncio.wait_for(gw.wait_closed(), 10)
+            assert gw.close_code == 1001
+        return gw
+
+    relay.connect_upstream = connecting
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        (session,) = relay.sessions
+        session.gateway.transport.abort()  # the phone's uplink drops
+        await asyncio.wait_for(ws.wait_closed(), 10)  # (was: 30 s)
+    await stopping[0]
+    assert (ws.close_code, ws.close_reason) == (1001, "server shutting down")
+
+
 async def test_a_watch_gone_while_the_relay_resumes_leaves_no_gateway_socket():
     """The watch leaving while the relay waited for the gateway's answer to its resume
     left that gateway socket open (its pings answered) until the relay exited (engines
