@@ -38,8 +38,8 @@ with jitter, for as long as it takes) and resumes its session (protocol.md, Resu
 first message on the new socket is ``session.resume`` with the ``seq`` of the last frame it
 received, and the server re-sends what followed, so the reply goes on where it was cut, into
 the same WAV, with ``seq`` gapless. Events the server re-sends that the client had (those
-after that frame, counted) are skipped; settings whose answer had not come go again (lost
-with the socket, or answered in the replay: a ``session.update`` is idempotent). If the
+after that frame, counted) are skipped; settings the replay does not answer go again once
+it is in (lost with the socket: a ``session.update`` is idempotent). If the
 resume fails (the window passed, the gateway restarted), the client falls back: it
 re-applies its settings and sends again the transcript whose reply was cut off, in the
 fresh session (typed ones too); a reply that had come whole plays its tail out.
@@ -185,9 +185,7 @@ class PhoneClient:
         self._again = False  # the reconnect sends ``_asked`` again (``_ask_again``)
         self._limited = False  # the last transcript was refused as rate_limited
         self._updating = False  # a session.update was sent and its answer has not come
-        self._update_replayed = False
-        """The settings went again on a resume whose replay may hold the first sending's
-        answer: a settings answer in the replay is that one, the second's follows it."""
+        self._update_again = False  # the resume sends the settings again (``_ask_again``)
         self._connected = asyncio.Event()
         self._session_id: str | None = None
         self._resume_token: str | None = None
@@ -240,7 +238,7 @@ class PhoneClient:
                         self._resume_token = created.get("resume_token")
                         self._last_seq = None
                         self._since_frame = self._skip = self._replay = 0
-                        self._updating = bool(self.settings)
+                        self._updating, self._update_again = bool(self.settings), False
                         if self.settings:
                             await ws.send(json.dumps({"type": "session.update",
                                                       "session": self.settings}))
@@ -305,13 +303,12 @@ class PhoneClient:
             self._skip = min(self._since_frame, answer["replayed"])
             self._replay = answer["replayed"] - self._skip
             self.say(f"[resumed {self._session_id}: {answer['replayed']} messages replayed]")
-            if self._updating:
-                # no answer to the settings came: they were lost with the socket (nothing
-                # is replayed to the server), or the answer is in the replay. Sent again
-                # (protocol.md, Resume: idempotent), before a transcript sent again, whose
-                # turn they are for
-                self._update_replayed = self._replay > 0
-                await ws.send(json.dumps({"type": "session.update", "session": self.settings}))
+            # no answer to the settings came: they were lost with the socket (nothing is
+            # replayed to the server) unless the replay answers them. Sent again once it is
+            # in (protocol.md, Resume: idempotent), so that only one sending is ever
+            # unanswered: sent at once, a replay cut short by another drop came again with
+            # the answers of both, and the second was taken for a transcript's refusal
+            self._update_again = self._updating
             # a transcript not answered yet was lost with the socket unless the replay
             # answers it: with its turn.started, or with its refusal (the gateway answers
             # each as it reads it). session.resumed's turn_id still the last turn seen start
@@ -336,10 +333,14 @@ class PhoneClient:
         self._again = self._in_flight
 
     async def _ask_again(self, ws: ClientConnection) -> None:
-        """Send again on ``ws`` the transcript whose reply will not come (lost with the old
-        socket, or cut off by a failed resume: ``_again``), the mark of its barge-in first
-        while its turn is the gateway's latest. Here, not in _talk: typed, the client was
-        already waiting for the next line, and the reply was lost until one came."""
+        """Send again on ``ws`` the settings a resume found unanswered (``_update_again``),
+        then the transcript whose reply will not come (lost with the old socket, or cut off
+        by a failed resume: ``_again``), the mark of its barge-in first while its turn is
+        the gateway's latest. Here, not in _talk: typed, the client was already waiting
+        for the next line, and the reply was lost until one came."""
+        if self._update_again and self._updating:  # (first: the turn is for them)
+            await ws.send(json.dumps({"type": "session.update", "session": self.settings}))
+        self._update_again = False
         if not self._again or self._asked is None:
             return
         self._again = False  # (if this socket drops too, the next resume says whether)
@@ -447,24 +448,24 @@ class PhoneClient:
     # ---- what the server says --------------------------------------------------------
 
     async def _messages(self, ws: ClientConnection) -> Any:
-        """What ``ws`` receives, less the events a resume replays that came already, each
-        with whether it is replayed. Once the replay is in, every transcript sent before the
-        drop has its answer: the one left unanswered is sent again, and only then are
-        more sent (a transcript sent during the replay would be taken for one lost)."""
+        """What ``ws`` receives, less the events a resume replays that came already. Once
+        the replay is in, every transcript (and the settings) sent before the drop has its
+        answer: the one left unanswered is sent again, and only then are more sent (a
+        transcript sent during the replay would be taken for one lost)."""
         async for message in ws:
             if self._skip:
                 self._skip -= 1  # (an event received before the drop)
                 continue
             replayed = self._replay > 0
             self._replay -= replayed
-            yield message, replayed
+            yield message
             if replayed and not self._replay:
                 self._again = bool(self._pending)
                 await self._ask_again(ws)
                 self._connected.set()
 
     async def _read(self, ws: ClientConnection) -> None:
-        async for message, replayed in self._messages(ws):
+        async for message in self._messages(ws):
             if isinstance(message, bytes):
                 self._since_frame = 0
                 _version, _flags, _sentence, turn_id, seq = HEADER.unpack_from(message)
@@ -511,18 +512,15 @@ class PhoneClient:
                     if not self._pending:
                         self._in_flight = False
                         self._done.set()
-                case "session.updated" | "error" if self._updating and \
-                        "turn_id" not in event and (not replayed or self._update_replayed):
-                    # the answer to the settings, sent before any transcript: their refusal
+                case "session.updated" | "error" if self._updating and "turn_id" not in event:
+                    # the answer to the settings, sent before any transcript unanswered (and
+                    # only once all sent before them are answered or lost): their refusal
                     # (invalid_field, text_too_long) is no transcript's; the session goes on
                     # with the gateway's defaults
-                    if replayed:  # (the first sending's: the one sent on the resume follows)
-                        self._update_replayed = False
-                    else:
-                        self._updating = False
-                        if event["type"] == "error":
-                            self.say(f"\n[settings refused: error {event['error']['code']}: "
-                                     f"{event['error']['message']}]")
+                    self._updating = False
+                    if event["type"] == "error":
+                        self.say(f"\n[settings refused: error {event['error']['code']}: "
+                                 f"{event['error']['message']}]")
                 case "error":
                     self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
                     if "turn_id" not in event and event["error"]["code"] in REFUSALS and \

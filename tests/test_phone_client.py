@@ -896,9 +896,9 @@ async def test_a_refusal_in_the_replay_is_not_taken_for_a_transcript_lost(gatewa
 @pytest.mark.slow
 async def test_settings_answered_in_the_replay_are_refused_once(gateway, tmp_path,
                                                                 monkeypatch):
-    """The settings' answer lost with the socket comes in the replay, and the settings sent
-    again are answered again: a refusal (``frame_ms`` 33) comes twice, and the second is
-    the settings' too, not the refusal of the transcript sent next."""
+    """The settings' answer lost with the socket comes in the replay: their refusal
+    (``frame_ms`` 33), not the refusal of the transcript sent next; answered, they are not
+    sent again (sent again at once, their second refusal was taken for the transcript's)."""
     cut = cut_after_sending(monkeypatch, '"invalid_field"')
     client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
                         phone_client.ClockPlayer(), settings={"frame_ms": 33})
@@ -909,3 +909,56 @@ async def test_settings_answered_in_the_replay_are_refused_once(gateway, tmp_pat
         ("refused", "text_too_long"), ("completed", None)]
     (refused,) = [x for x in client.lines if "settings refused" in x]
     assert "frame_ms" in refused
+    assert gateway.metrics.errors["invalid_field"] == 1
+
+
+class _PingsAfterTheFirstResume(_Recording):
+    """Sends a ``ping`` (id ``"fence"``) on the first resumed socket, right after what it
+    sends on its ``session.resumed``: the gateway reading it has read all before it."""
+
+    async def _resume(self, ws, created) -> bool:
+        resumed = await super()._resume(ws, created)
+        if resumed and self.resumes == 1:
+            await ws.send('{"type": "ping", "id": "fence"}')
+        return resumed
+
+
+@pytest.mark.slow
+async def test_settings_answered_twice_in_one_replay_are_refused_once(gateway, tmp_path,
+                                                                     monkeypatch):
+    """Two drops in a row, the settings unanswered: the first socket drops with their
+    refusal unsent, the second once the gateway has read what the client sent on it, its
+    replay held up on the way. The client sent the settings again on the second socket as
+    soon as it was resumed, so the third socket's replay held two refusals of them, and the
+    client, expecting one, took the second for the refusal of the transcript it had sent,
+    whose reply it then gave up (or printed an error of nothing it had sent)."""
+    from gateway.core.codec import ClientPing
+    from gateway.io.connection import SessionRunner, VoiceConnection
+
+    cut = cut_after_sending(monkeypatch, '"invalid_field"')
+    write, receive, held = VoiceConnection._write_outbox, SessionRunner.receive, []
+
+    async def writing(connection) -> None:  # the first resume's replay is held up
+        if connection._writer_first is not None and not held:
+            held.append(connection)
+            first, connection._writer_first = connection._writer_first, None
+            await connection.ws.send(first)  # (session.resumed)
+            await asyncio.Event().wait()  # until the socket goes
+        await write(connection)
+
+    def receiving(runner, message, now) -> None:
+        receive(runner, message, now)
+        if message == ClientPing("fence"):
+            runner.connection.ws.transport.abort()
+
+    monkeypatch.setattr(VoiceConnection, "_write_outbox", writing)
+    monkeypatch.setattr(SessionRunner, "receive", receiving)
+    client = _PingsAfterTheFirstResume(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                                       phone_client.ClockPlayer(), settings={"frame_ms": 33})
+    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None), 30)
+    assert cut and held and client.resumes == 2 and client.resumes_failed == 0
+    assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
+        ("refused", "text_too_long"), ("completed", None)]
+    (refused,) = [x for x in client.lines if "invalid_field" in x]
+    assert refused.startswith("[settings refused") and "frame_ms" in refused
