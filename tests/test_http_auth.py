@@ -117,6 +117,31 @@ def test_redaction_masks_the_values_of_a_mapping_of_args():
     assert record.getMessage() == "/v1/voice?token=*** after 3"
 
 
+async def test_a_refusal_is_logged_in_the_words_its_client_reads(caplog):
+    """The mask took the placeholders of the 401 messages for tokens: the log read "send
+    'Authorization: Bearer *** with one of the gateway's tokens" and "?token=*** or a
+    'bearer.*** WebSocket subprotocol)" while the client read what to send."""
+    caplog.set_level(logging.INFO)
+    gw = Gateway(load_config(server={"port": 0, "tokens": (SECRET,)}, llm={"tokens_per_s": 0}),
+                 engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
+    await gw.start()
+    try:
+        async with httpx.AsyncClient() as http:
+            answers = [
+                await http.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
+                                json={"input": "Hi."}, headers={"Authorization": "Bearer x"}),
+                await http.get(f"http://127.0.0.1:{gw.http_port}/metrics"),
+                await http.get(f"http://127.0.0.1:{gw.port}/metrics?token=x")]
+    finally:
+        await gw.aclose()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("gateway")]
+    for answer in answers:
+        assert answer.status_code == 401
+        message = answer.json()["error"]["message"]
+        assert "<token>" in message
+        assert [line for line in said if line.endswith(f": {message}")], (message, said)
+
+
 REQUEST_LINE_LOGGERS = ("websockets.server", "uvicorn.error", "uvicorn.access")
 
 

@@ -27,6 +27,9 @@ _TOKEN_PREFIX = "bearer."
 UNAUTHORIZED = ("a valid token is required (Authorization: Bearer, ?token=, or a "
                 "'bearer.<token>' WebSocket subprotocol)")
 """The message of the HTTP 401 ``unauthorized`` a request without a valid token gets."""
+API_UNAUTHORIZED = ("a valid API key is required: send 'Authorization: Bearer <token>' with "
+                    "one of the gateway's tokens")
+"""The HTTP API port's (``invalid_api_key``), in OpenAI's words."""
 
 
 def configured_tokens(given: Iterable[str] | None, env_var: str) -> tuple[str, ...]:
@@ -238,7 +241,15 @@ _BEARER_IN_TEXT = re.compile(r"(bearer[ .])[^\s,]+", re.IGNORECASE)
 subprotocol entry), after ``Bearer`` in any case: the scheme is accepted so."""
 
 
+_OWN_WORDS = frozenset({UNAUTHORIZED, API_UNAUTHORIZED})
+"""The refusals that say where a token goes: their placeholders are no tokens. Masked,
+the log read "send 'Authorization: Bearer *** with one of the gateway's tokens" (the
+quote gone with ``<token>``) and "?token=*** or a 'bearer.*** WebSocket subprotocol)"."""
+
+
 def redact(text: str) -> str:
+    if text in _OWN_WORDS:
+        return text
     return _BEARER_IN_TEXT.sub(r"\1***", _TOKEN_IN_TEXT.sub(r"\1***", text))
 
 

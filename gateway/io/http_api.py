@@ -69,7 +69,13 @@ from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import ONE_STEP_MAX_CHARS, Segmenter, SegmenterConfig
 from gateway.core.session import listed_voice
 from gateway.io.aio import unless_stopped
-from gateway.io.auth import refused_host, refused_origin, token_ok, tokens_from
+from gateway.io.auth import (
+    API_UNAUTHORIZED,
+    refused_host,
+    refused_origin,
+    token_ok,
+    tokens_from,
+)
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.listen import listening_sockets, note_plain_http
 from gateway.io.log_limit import limited, log_refused, peer_text
@@ -530,10 +536,8 @@ class AuthMiddleware:
                                          server.tokens):
             await self.app(scope, receive, send)
             return
-        await self._refuse(ApiError(401, "a valid API key is required: send 'Authorization: "
-                                    "Bearer <token>' with one of the gateway's tokens",
-                                    code="invalid_api_key"), scope, receive, send,
-                           {"WWW-Authenticate": "Bearer"})
+        await self._refuse(ApiError(401, API_UNAUTHORIZED, code="invalid_api_key"), scope,
+                           receive, send, {"WWW-Authenticate": "Bearer"})
 
     async def _refuse(self, error: ApiError, scope: MutableMapping[str, Any], receive: Any,
                       send: Any, headers: dict[str, str] | None = None) -> None:
