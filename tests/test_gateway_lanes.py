@@ -155,6 +155,25 @@ async def test_metrics_and_models_list_both_lanes():
         await gw.aclose()
 
 
+async def test_two_engines_of_one_name_are_two_models():
+    """/health keyed them ``<name>@<lane>``; /v1/models listed ``synthetic`` twice, and
+    ``/v1/models/synthetic`` was the first of them only."""
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        "engine": "synthetic", "options": {"rtf": 0.0, "ttfa_ms": 0.0},
+        "also": "synthetic", "also_options": {"lane": "ane", "rtf": 0.0, "ttfa_ms": 0.0}}))
+    await gw.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as client:
+            models = (await client.get("/v1/models")).json()["data"]
+            ane = await client.get("/v1/models/synthetic@ane")
+    finally:
+        await gw.aclose()
+    assert [(m["id"], m["lane"]) for m in models] == [("synthetic@gpu", "gpu"),
+                                                      ("synthetic@ane", "ane")]
+    assert list(gw.health()["engines"]) == [m["id"] for m in models]
+    assert ane.status_code == 200 and ane.json()["lane"] == "ane"
+
+
 def test_two_engines_on_one_lane_is_a_config_error():
     config = load_config(server={"port": 0},
                          tts={**TWO_LANES, "also_options": {"lane": "gpu"}})

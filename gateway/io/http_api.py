@@ -769,13 +769,13 @@ def synthesis_requests(params: SpeechParams, voice: str | None,
 
 
 def models_body(gateway: Gateway) -> dict[str, Any]:
-    """One model per engine lane, the primary first."""
+    """One model per engine lane, the primary first (ids: ``Gateway.engine_lanes``)."""
     return {"object": "list", "data": [{
-        "id": lane.engine.name, "object": "model", "created": int(gateway.started_at),
+        "id": model_id, "object": "model", "created": int(gateway.started_at),
         "owned_by": "voice-gateway", "lane": lane.name, "loaded": lane.loaded,
         "streams": getattr(lane.engine, "streams", True),
         "voices": len(gateway.lane_voices.get(lane.name, ())),
-        "sample_rate": OUTPUT_RATE} for lane in gateway.lanes.values()]}
+        "sample_rate": OUTPUT_RATE} for model_id, lane in gateway.engine_lanes().items()]}
 
 
 async def _read_json(request: Request) -> Any:

@@ -665,6 +665,15 @@ class Gateway:
             self.llm_failing or self.telemetry.llm_probe.reachable is False or \
             self.tts_unreachable() else "ok"
 
+    def engine_lanes(self) -> dict[str, Lane]:
+        """Each lane, the primary first, by the id of its engine in ``/health`` (``engines``)
+        and ``/v1/models``: the engine's name, or ``<name>@<lane>`` when two engines have
+        the same name (two ``synthetic`` without a ``name``), which ``/v1/models`` listed
+        twice under one id."""
+        names = [ln.engine.name for ln in self.lanes.values()]
+        return {(ln.engine.name if names.count(ln.engine.name) == 1 else
+                 f"{ln.engine.name}@{ln.name}"): ln for ln in self.lanes.values()}
+
     def tts_unreachable(self) -> bool:
         """The primary lane's TTS server (an ``http`` engine's) does not answer its probe."""
         probe = self.telemetry.tts_probes.get(self.lane.name)
@@ -672,16 +681,14 @@ class Gateway:
 
     def health(self) -> dict[str, Any]:
         lane = self.lane
-        lanes = list(self.lanes.values())
         degraded = getattr(self.engine, "degraded", None)  # (a fallback speaks)
         llm = self.telemetry.llm_health()
         status = self.status()
-        names = [ln.engine.name for ln in lanes]
-        engines = {(ln.engine.name if names.count(ln.engine.name) == 1 else
-                    f"{ln.engine.name}@{ln.name}"): {
+        engines = {name: {
             "loaded": ln.loaded, "lane": ln.name,
             "warm": ln.loaded and ln.stats.jobs_done > 0,
-            "voices": len(self.lane_voices.get(ln.name, ()))} for ln in lanes}
+            "voices": len(self.lane_voices.get(ln.name, ()))}
+            for name, ln in self.engine_lanes().items()}
         return {
             "status": status,
             "version": version(),
