@@ -367,9 +367,11 @@ class UnloadableEngine(SyntheticEngine):
         raise EngineError("engine_failed", "no model at /models/qwen3")
 
 
-async def test_a_primary_that_did_not_load_is_reported_degraded_not_ok():
+async def test_a_primary_that_did_not_load_is_reported_degraded_not_ok(caplog):
     # behind a fallback the gateway serves anyway, but says so: it said "ok", loaded,
-    # and a session could pick a voice nobody could speak
+    # and a session could pick a voice nobody could speak. Nor is the primary's voice,
+    # configured, what a session or request without one is said to speak: the fallback
+    # speaks its own ("voice": "serena" in session.created, "voice serena" in the log)
     from engines.fallback import FallbackEngine
 
     engine = FallbackEngine(UnloadableEngine(rtf=0, ttfa_ms=0, lane="cpu"),
@@ -382,14 +384,22 @@ async def test_a_primary_that_did_not_load_is_reported_degraded_not_ok():
             health = await client.get(f"http://127.0.0.1:{gw.port}/health")
             voices = (await client.get(f"http://127.0.0.1:{gw.http_port}/v1/audio/voices")
                       ).json()
+            caplog.set_level(logging.INFO, logger="gateway.io.http_api")
+            speech = await client.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
+                                       json={"input": "Hi.", "response_format": "pcm"})
         assert health.status_code == 200  # it serves
         body = health.json()
         assert body["status"] == "degraded"
         assert body["engine"]["degraded"] == "qwen3 failed to load: no model at /models/qwen3"
         assert body["engine"]["fallback"]["breaker_state"] == "open"
         assert voices["default"] == engine.fallback.default_voice  # what does speak
+        assert speech.status_code == 200 and any(
+            r.getMessage().startswith(f"speech completed (pcm, chunked, voice "
+                                      f"{voices['default']})") for r in caplog.records)
         async with connect(url(gw)) as ws:
             created = await recv_event(ws, "session.created")
+            assert created["session"]["voice"] is None
+            assert created["default_voice"] == voices["default"]
             await send(ws, type="session.update", session={"voice": "ryan"})
             assert (await recv_event(ws))["error"]["code"] == "unknown_voice"
             # the server's own settings can still be sent back as they are

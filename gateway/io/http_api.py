@@ -696,7 +696,7 @@ class SpeechApi:
             raise ApiError(503, "the gateway is shutting down", code="shutting_down",
                            type="server_error")
         params = parse_speech(body.result(), gw)
-        voice = params.voice or gw.config.tts.voice
+        voice = params.voice or gw.configured_voice
         lane = gw.lane_for_voice(voice)
         # again after it: the gateway may have begun to stop meanwhile (its open speech
         # streams already failed, this one would not be), and the voice may be another

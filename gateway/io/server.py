@@ -742,21 +742,22 @@ class Gateway:
 
     @property
     def configured_voice(self) -> str | None:
-        """``tts.voice`` spelt as the engines list it, else as written: ``--voice En-GB``
-        was announced as the default of ``/v1/audio/voices`` and in ``session.created``
-        though the list says ``en-gb``."""
+        """``tts.voice`` spelt as the engines list it (``--voice En-GB`` was announced as
+        the default of ``/v1/audio/voices`` and in ``session.created`` though the list says
+        ``en-gb``), as written when they list none, and None when they list others: its
+        engine did not load, and the fallback speaks with its own default. A session then
+        said ``voice: "vivian"`` while espeak spoke ``en-us``."""
         configured = self.config.tts.voice
-        return configured and (listed_voice(configured, self.voices) or configured)
+        if not configured or not self.voices:
+            return configured
+        return listed_voice(configured, self.voices)
 
     @property
     def default_voice(self) -> str | None:
         """The voice a session or request without one gets: the configured one where the
         engine has it, else the engine's own (behind a fallback whose primary did not load,
         the fallback's)."""
-        configured = self.configured_voice
-        if configured and (not self.voices or configured in self.voices):
-            return configured
-        return getattr(self.engine, "default_voice", None)
+        return self.configured_voice or getattr(self.engine, "default_voice", None)
 
     @property
     def segmenter_defaults(self) -> SegmenterConfig:
