@@ -446,12 +446,16 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
             # a new turn while stuck fails at once too
             fast = await say(other, "Still stuck?")
             assert fast.of("error")[0]["error"]["code"] == "engine_unavailable"
-            # the stuck call returns: the lane is healthy again and serves
+            # the stuck call returns: the lane is healthy again and serves, degraded (as
+            # after any failure: docs/http-api.md, /health) until a job comes whole; it
+            # said ok at once, a lane whose engine had hung for its whole step deadline
             engine.release.set()
             await asyncio.wait_for(gw.lane.wait_healthy(), 10)
-            assert gw.health()["status"] == "ok"
+            health = gw.health()
+            assert health["status"] == "degraded"
+            assert health["engine"]["failing"] == "engine_timeout"
             after = await say(other, WELL)
-            assert after.done["status"] == "completed"
+            assert after.done["status"] == "completed" and gw.health()["status"] == "ok"
             assert gapless(queued, fast, after) and gapless(bad)
     finally:
         engine.release.set()
@@ -527,9 +531,9 @@ async def test_a_lane_with_steps_at_once_is_healthy_again_only_when_no_call_is_s
             returned.clear()
             engine.gates["B"].set()
             await returned.wait()
-            assert lane.unhealthy is None and gw.health()["status"] == "ok"
+            assert lane.unhealthy is None and gw.health()["status"] == "degraded"
             after = await say(c, WELL)
-            assert after.done["status"] == "completed"
+            assert after.done["status"] == "completed" and gw.health()["status"] == "ok"
     finally:
         for gate in engine.gates.values():
             gate.set()
@@ -1114,6 +1118,8 @@ async def test_a_stalled_engine_is_an_error_once_and_its_return_an_info(caplog):
             assert gw.health()["status"] == "unhealthy"
             engine.release.set()
             await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            assert gw.health()["status"] == "degraded"
+            assert (await say(ws, WELL)).done["status"] == "completed"
             assert gw.health()["status"] == "ok"
     finally:
         engine.release.set()
@@ -1121,4 +1127,5 @@ async def test_a_stalled_engine_is_an_error_once_and_its_return_an_info(caplog):
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("ERROR", "lane cpu: engine_timeout: an engine call (_timed_step) of synthetic ran "
                   "more than 0.3 s and still holds the lane thread"),
-        ("INFO", "lane cpu: the stuck engine call returned; the lane is healthy again")]
+        ("INFO", "lane cpu: the stuck engine call returned; the lane is healthy again"),
+        ("INFO", "lane cpu: synthetic spoke a whole job again")]

@@ -18,8 +18,9 @@ Faults. An engine that raises fails that job only (``engine_failed``, or the
 unhealthy (``unhealthy`` says why; ``/health`` answers 503 with it) and every queued or
 newly submitted job fails at once with ``engine_unavailable`` instead of waiting forever.
 If the stuck call ever returns (every one of them, with steps at once), the lane is healthy
-again. A lane whose executor can no longer run anything (shut down, broken) is unhealthy for
-good, with the same fast failure.
+again, and failing (``failing``: ``/health`` degraded) until a job comes whole. A lane
+whose executor can no longer run anything (shut down, broken) is unhealthy for good, with
+the same fast failure.
 """
 
 from __future__ import annotations
@@ -676,6 +677,10 @@ class Lane:
             # its open streams, and a model's holds its caches)
             self._close_after(job.state, exc.call)
             job.state = None
+            # a failure like any other once the call returns: /health is degraded until a
+            # job comes whole again, not ok at once (``_call_limited`` said it at ERROR)
+            self.failing = "engine_timeout"
+            self._out_of_reach.failed(False)
             self._step_failed(job, "engine_timeout", f"{self.engine.name} did not answer "
                               f"within {self.step_timeout_s:g} s", free_stream=False)
             return
