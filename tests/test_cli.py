@@ -649,6 +649,40 @@ def test_the_start_banner_gives_urls_a_client_can_use_on_an_ipv6_host():
     assert code == 0, output
 
 
+def test_a_banner_nobody_reads_does_not_stop_the_gateway():
+    """``voice-gateway serve | true``: the banner's reader is gone before it is printed.
+    The broken pipe stopped the gateway (exit 1, "cannot serve: [Errno 32] Broken pipe")
+    over lines nobody reads; it serves on, its log on stderr. (The port: from websockets'
+    "server listening" line, which the CLI logs at DEBUG.)"""
+    import re
+    import subprocess
+    import sys
+
+    import httpx
+
+    read, write = os.pipe()
+    os.close(read)
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
+                             "--http-port", "0", "--tts", "synthetic", "--log-level", "DEBUG"],
+                            stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    assert proc.stderr is not None
+    try:
+        port = next(m[1] for line in proc.stderr
+                    if (m := re.search(r"server listening on 127\.0\.0\.1:(\d+)", line)))
+        health = httpx.get(f"http://127.0.0.1:{port}/health")
+        proc.send_signal(signal.SIGTERM)
+        log = proc.stderr.read()
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert health.status_code == 200
+    assert code == 0 and "Broken pipe" not in log and " INFO gateway: stopped" in log, log
+
+
 async def use_as_printed(voice: str, health: str, console: str, speech: str,
                          headers: dict[str, str] | None = None) -> None:
     """Open a session and GET /health, the console and /v1/models at the banner's URLs, as

@@ -25,6 +25,7 @@ import ipaddress
 import logging
 import os
 import secrets
+import sys
 import time
 import urllib.parse
 import weakref
@@ -964,7 +965,7 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     stop = stop or stop_signal()
     gateway = gateway or Gateway(config)
     if not await started_unless_stopped(gateway, stop):
-        print("stopped while starting", flush=True)
+        _say("stopped while starting")
         return
     frozen = freeze_startup_heap()
     log.info("%d objects alive after start-up frozen out of garbage collection", frozen)
@@ -972,37 +973,49 @@ async def serve_until_signalled(config: GatewayConfig, *, stop: asyncio.Event | 
     ws, http = ("wss", "https") if c.server.tls_cert else ("ws", "http")
     host, scope, tls = banner_host(c.server.host, gateway.certificate_names)
     base = f"{host}:{gateway.port}"
-    print(f"voice-gateway {version()} serving {ws}://{base}{VOICE_PATH} "
-          f"(health: {http}://{base}/health)", flush=True)
+    _say(f"voice-gateway {version()} serving {ws}://{base}{VOICE_PATH} "
+         f"(health: {http}://{base}/health)")
     if scope:
-        print(f"  bound: {scope}" + ("" if tls else "; the URLs name this machine's loopback "
-                                     "(from another machine, use this one's address)"),
-              flush=True)
+        _say(f"  bound: {scope}" + ("" if tls else "; the URLs name this machine's loopback "
+                                    "(from another machine, use this one's address)"))
     if tls:
-        print(f"  TLS:   {tls}", flush=True)
-    print(f"  console: {http}://{base}/ (type a transcript, hear the reply)", flush=True)
+        _say(f"  TLS:   {tls}")
+    _say(f"  console: {http}://{base}/ (type a transcript, hear the reply)")
     llm = f"openai at {shown_url(c.llm.url)}" + (f" model {c.llm.model}" if c.llm.model else "") \
         if c.llm.url else "replay (scripted replies; pass --llm-url for a real LLM)"
-    print(f"  HTTP:  {http}://{host}:{gateway.http_port}/v1/audio/speech "
-          "(OpenAI-compatible), /v1/models, /health, /metrics", flush=True)
-    print(f"  LLM:   {llm}", flush=True)
-    print(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
-          f" (voice {gateway.default_voice or 'the engine default'}, "
-          f"{len(gateway.voices)} available)", flush=True)
+    _say(f"  HTTP:  {http}://{host}:{gateway.http_port}/v1/audio/speech "
+         "(OpenAI-compatible), /v1/models, /health, /metrics")
+    _say(f"  LLM:   {llm}")
+    _say(f"  voice: {gateway.engine.name} on lane {gateway.lane.name}"
+         f" (voice {gateway.default_voice or 'the engine default'}, "
+         f"{len(gateway.voices)} available)")
     if degraded := getattr(gateway.engine, "primary_load_error", None):
-        print(f"  DEGRADED: {degraded}; the fallback speaks every sentence", flush=True)
+        _say(f"  DEGRADED: {degraded}; the fallback speaks every sentence")
     for lane in list(gateway.lanes.values())[1:]:
-        print(f"  also:  {lane.engine.name} on lane {lane.name} (turns whose voice it has "
-              "may be placed there)", flush=True)
+        _say(f"  also:  {lane.engine.name} on lane {lane.name} (turns whose voice it has "
+             "may be placed there)")
     auth = f"{len(c.server.tokens)} token(s) required" if c.server.tokens else \
         "none (no token configured: loopback only)" if not c.server.insecure_bind else \
         "NONE, and bound beyond loopback (--insecure-bind)"
-    print(f"  auth:  {auth}", flush=True)
+    _say(f"  auth:  {auth}")
     try:
         await stop.wait()
     finally:
         await gateway.aclose()
         log.info("stopped")
+
+
+def _say(line: str) -> None:
+    """A line of the start banner, on stdout. A reader that is gone (``serve | head -3``,
+    a log shipper restarted) is no reason to stop serving: the broken pipe stopped the
+    gateway (exit 1, "cannot serve: [Errno 32] Broken pipe") over lines nobody reads.
+    Stdout then goes to /dev/null, its buffered line too; the log (stderr) goes on."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def run(config: GatewayConfig) -> None:
