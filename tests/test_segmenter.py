@@ -850,6 +850,21 @@ def test_a_cut_inside_a_sentence_keeps_the_word_before_for_the_rules_that_look_b
             "Das alte Schloss am Fluss wurde im", "19. Jahrhundert gebaut."]
 
 
+# --- cases the fourth held-out set exposed (tests/data/segmentation-heldout-4.jsonl) ----
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("### 2. Configure the server\n\nOpen nginx.conf.",
+     ["### 2. Configure the server", "Open nginx.conf."]),
+    ("Done.\n## 10. Test it. Then ship.", ["Done.", "## 10. Test it.", "Then ship."]),
+    ("> 3. Stir well. Then rest.", ["> 3. Stir well.", "Then rest."]),
+    ("## Step 2. Then go.", ["## Step 2.", "Then go."]),  # a number after a word still ends
+])
+def test_a_numbered_heading_is_one_segment(text, want):
+    """"### 2. Configure the server" was cut after "2.": the number after a heading's mark
+    numbers it as a list marker does."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -316,6 +316,9 @@ _ORDINAL_SIGN = re.compile(r"\d+\.?[\u00ba\u00aa]")
 is a door or a flat ("2.\u00ba B"), not an initial."""
 _OPENERS = frozenset("([\"\u201c\u201e\u00ab\u00bb'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
+_HEADING_MARK = re.compile(r"#{1,6}|>")
+"""What may stand before a number that starts a line ("### 2. Install", "> 3. Stir"): a
+heading's or a block quote's mark; the number still numbers, it ends no sentence."""
 
 
 _CJK_CHAR = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
@@ -783,8 +786,8 @@ class Segmenter:
                 return False  # "EE. UU.", "FF. AA.": a Spanish plural abbreviation goes on
         if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
             return nxt.isupper() or _is_cjk(nxt)  # "at 3 p.m. The", "at 3 p.m. 会议"
-        if word.isdigit() and len(word) <= 3 and self._starts_line(ws):
-            return False  # "1. " list marker at the start of a line
+        if word.isdigit() and len(word) <= 3 and self._starts_line(ws, _HEADING_MARK):
+            return False  # "1. " list marker at the start of a line, "### 2. Install"
         if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
                 self._prev_word(ws) in _ORDINAL_AFTER or (
                 nxt in "JFMASOND" and self._german_month(i + 1, ws)) or (
@@ -840,13 +843,15 @@ class Segmenter:
             k += 1
         return buf[j:k]
 
-    def _starts_line(self, i: int) -> bool:
-        """True when only spaces stand between the start of the line and ``i``."""
+    def _starts_line(self, i: int, lead: re.Pattern[str] | None = None) -> bool:
+        """True when only spaces (or what ``lead`` matches, then spaces) stand between the
+        start of the line and ``i``."""
         buf = self._buf
         nl = buf.rfind("\n", 0, i)
-        if nl >= 0:
-            return not buf[nl + 1:i].strip()
-        return self._fresh_line and not buf[:i].strip()
+        if nl < 0 and not self._fresh_line:
+            return False
+        head = buf[nl + 1:i].strip()
+        return not head or lead is not None and lead.fullmatch(head) is not None
 
     def _clause_mark(self, i: int, out: list[Segment]) -> bool:
         """Note a clause mark at ``i``; True if it cut the eager first segment."""
