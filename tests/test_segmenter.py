@@ -865,6 +865,18 @@ def test_a_numbered_heading_is_one_segment(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("| Plan | Price |\n|---|---|\n| A | $10/mo. |\n| B | $5/mo. |\nA is faster.",
+     ["| Plan | Price |", "|---|---|", "| A | $10/mo. |", "| B | $5/mo. |", "A is faster."]),
+    ("| 1 | Unplug the router and wait 30 s. |", ["| 1 | Unplug the router and wait 30 s. |"]),
+    ("| 1 | 好的。 |\n| 2 | 明天见！ |", ["| 1 | 好的。 |", "| 2 | 明天见！ |"]),
+])
+def test_a_table_row_ending_in_a_sentence_keeps_its_last_pipe(text, want):
+    """A cell ending in a full stop cut its row before the closing "|", which was left as
+    a segment of its own."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -706,6 +706,7 @@ class Segmenter:
         k = j
         while self._need(k) and buf[k] in _SPACE:
             k += 1
+        closing = closing or k < len(buf) and buf[k] == "|"  # "| 好的。 |": a table's cell
         self._pos = j  # only once nothing is left to wait for
         if self._quote or self._paren or closing or (
                 self._index > 0 and j < self.config.min_chars):
@@ -735,6 +736,8 @@ class Segmenter:
         return True
 
     def _ends_sentence(self, i: int, run: str, nxt: str) -> bool:
+        if nxt == "|":
+            return False  # "| $5/mo. |": a table's cell closes, its row goes on
         if nxt in "\u00bf\u00a1":
             return True  # Spanish "¿" and "¡" open a sentence: "etc. ¿Quieres", "p. m. ¡Hasta"
         if nxt.islower():
