@@ -877,6 +877,30 @@ def test_a_table_row_ending_in_a_sentence_keeps_its_last_pipe(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("It prints `Hello. World.` and sets x. Run it.",
+     ["It prints `Hello. World.` and sets x.", "Run it."]),
+    ('Run `git commit -m "Fix. Done"` now. Then "push." Done.',
+     ['Run `git commit -m "Fix. Done"` now.', 'Then "push."', "Done."]),
+    ("Use ``a ` b. C`` here. Then go.", ["Use ``a ` b. C`` here.", "Then go."]),
+    # a backtick closed on no line: a stray mark, the sentences after it still end
+    ("A stray ` mark. Then more.\nNext. Line.",
+     ["A stray ` mark.", "Then more.", "Next.", "Line."]),
+    ("x `" + "Go. " * 40 + "End` now.", ["x `Go."] + ["Go."] * 39 + ["End` now."]),
+])
+def test_nothing_splits_inside_inline_code(text, want):
+    """"It prints `Hello. World.`" was cut inside the code span, and a quote inside one
+    ('`"editor.tabSize": 2`') opened a quote for the prose after it."""
+    assert sentences(text) == want
+
+
+def test_inline_code_waits_for_its_closing_backtick():
+    seg = Segmenter(SENTENCES)
+    assert seg.feed("It prints `Hello. World. ") == []
+    assert [s.text for s in seg.feed("Bye.` and stops. Then")] == [
+        "It prints `Hello. World. Bye.` and stops."]
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

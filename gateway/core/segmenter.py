@@ -44,7 +44,8 @@ on how the stream was chunked:
   with its sentence). A double quote still open ``quote_max_chars`` after it opened is
   taken as unmatched (a stray ``"`` in the reply): the text after it is scanned again as
   if it were not there, so one stray mark cannot turn the rest of a paragraph into one
-  segment.
+  segment. Nor inside inline code (```Hello. World.```), closed on its line within
+  ``quote_max_chars`` (else a stray backtick).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty.
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
@@ -316,6 +317,7 @@ _ORDINAL_SIGN = re.compile(r"\d+\.?[\u00ba\u00aa]")
 is a door or a flat ("2.\u00ba B"), not an initial."""
 _OPENERS = frozenset("([\"\u201c\u201e\u00ab\u00bb'\u2018*_")
 _DOTTED_ABBR = re.compile(r"(?:[A-Za-z]{1,2}\.)+[A-Za-z]{1,2}")
+_CODE_STOP = re.compile("[`\n]")
 _HEADING_MARK = re.compile(r"#{1,6}|>")
 """What may stand before a number that starts a line ("### 2. Install", "> 3. Stir"): a
 heading's or a block quote's mark; the number still numbers, it ends no sentence."""
@@ -552,6 +554,8 @@ class Segmenter:
                         self._fence = True
                         self._pos = i + 3
                         continue
+                    self._pos = self._code_span(i)
+                    continue
                 self._pos = i + 1
         except _Wait:
             pass
@@ -597,6 +601,33 @@ class Segmenter:
         while self._need(j) and buf[j] != "\n":
             j += 1
         return _FENCE.match(buf, i) is not None  # (speakable's rule too)
+
+    def _code_span(self, i: int) -> int:
+        """Inline code opens at ``i``: where the scan goes on, right after the backticks
+        that close it (nothing inside ends a sentence or opens a quote: "prints `Hi. Bye.`
+        and") or, when none close it on its line within ``quote_max_chars``, right after
+        the opening ones (a stray mark). Waits until it can tell."""
+        buf = self._buf
+        j = i
+        while self._need(j) and buf[j] == "`":
+            j += 1
+        span = self.config.quote_max_chars or len(buf) + 1
+        k = j
+        while True:
+            m = _CODE_STOP.search(buf, k, j + span + 1)
+            if m is None:
+                if len(buf) <= j + span:
+                    self._need(len(buf))  # waits, unless the stream has ended
+                return j
+            k = m.start()
+            if buf[k] == "\n":
+                return j
+            e = k
+            while self._need(e) and buf[e] == "`":
+                e += 1
+            if e - k == j - i:
+                return e
+            k = e
 
     def _scan_fence(self, out: list[Segment]) -> bool:
         """Inside a code block: find the closing fence line. False when waiting."""
