@@ -1191,6 +1191,11 @@ def test_a_camel_case_name_opens_a_sentence(text, want):
     ("L'entr\u00e9e est au b\u00e2t. B. N'oublie pas ton badge.",
      ["L'entr\u00e9e est au b\u00e2t. B.", "N'oublie pas ton badge."]),
     ("Va au bloc C. C\u2019est \u00e0 droite.", ["Va au bloc C.", "C\u2019est \u00e0 droite."]),
+    # a French label before it: any capital opens a sentence ("Merci" stayed with "bât. B.")
+    ("Le colis est au b\u00e2t. B. Merci.", ["Le colis est au b\u00e2t. B.", "Merci."]),
+    ("C'est la porte C. Bonne journ\u00e9e !", ["C'est la porte C.", "Bonne journ\u00e9e !"]),
+    ("Le cours a lieu en salle D. Apportez vos notes.",
+     ["Le cours a lieu en salle D.", "Apportez vos notes."]),
     ("Vive en el 2.\u00ba B. Ll\u00e1mala ma\u00f1ana.",
      ["Vive en el 2.\u00ba B.", "Ll\u00e1mala ma\u00f1ana."]),
     ("Mora no 3\u00aa A. Sim.", ["Mora no 3\u00aa A.", "Sim."]),

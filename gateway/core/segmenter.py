@@ -23,7 +23,7 @@ on how the stream was chunked:
   (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` (``Ave.``,
   ``Blvd.``, ``Rd.``) end one only before a word that opens sentences (``Then``, ``It's``...,
   a French elided word: ``B. N'oublie``), or after a label word or an ordinal (``option
-  A.``, ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy`` and
+  A.``, ``bât. B.``, ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy`` and
   ``Pennsylvania Ave. NW`` go on; ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``,
   ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2`` never before a digit, except ``No.`` opening a
   sentence (the answer); ``et al.`` only before a capital (``Smith et al. (2020)
@@ -240,12 +240,12 @@ _STARTERS = frozenset(
     "Instead Overall Thanks Sure Okay OK Great Good Last Today Tomorrow Yesterday Later "
     "Since Because Although Even Other Another One Two Three Either Neither".split()
 )
-# "Plan B.", "vitamin C.", "Row F.", "an A.": a single capital after these is a label, not
-# an initial, so it ends a sentence before any capital.
+# "Plan B.", "vitamin C.", "Row F.", "an A.", "au b\u00e2t. B.": a single capital after these
+# is a label, not an initial, so it ends a sentence before any capital.
 _LABELS = frozenset(
     "a an plan option vitamin type grade row seat gate terminal zone group class section "
     "part step level size block building platform exit route channel category model "
-    "appendix exhibit figure letter".split()
+    "appendix exhibit figure letter b\u00e2t. b\u00e2timent porte salle".split()  # French
 )
 # A phrase may open at these (first_phrase_words): conjunctions and prepositions that
 # begin a constituent of their own, so a pause before them is one a speaker makes. Left
