@@ -271,8 +271,13 @@ _FEET = re.compile(r"(?<![\w.,'\u2019])(\d+(?:\.\d+)?)(['\u2032])(?![\w'\u2019])
 _ARTICLE_BEFORE = re.compile(r"\b(?:a|an|the)\s+$", re.I)
 _NOUN_AFTER = re.compile(r"\s+(?!(?:and|or|by|to|x)\b)[^\W\d]")
 """A length between an article and its noun ("a 9\" pan", "the 6' fence"): it reads as
-one word, "a 9-inch pan" ("a 9 inches pan" before); not one of a pair ("a 9\" or 10\"
-pan")."""
+one word, "a 9-inch pan" ("a 9 inches pan" before)."""
+_LENGTH = r"\d+(?:\.\d+)?\s?[\"\u2033'\u2032]"
+_PAIR_AFTER = re.compile(
+    rf"\s+(?:or|and|to|by)\s+(?:(?:a|an|the)\s+)?{_LENGTH}(?={_NOUN_AFTER.pattern})", re.I)
+_PAIR_BEFORE = re.compile(rf"\b(?:a|an|the)\s+{_LENGTH}\s+(?:or|and|to|by)\s+$", re.I)
+"""One of a pair between the article and the noun: "a 9\" or 10\" pan" is "a 9-inch or
+10-inch pan" (was "a 9 inches or 10 inches pan"), "a 9\" and a 10\" pan" too."""
 
 
 _QUOTE_MARK = re.compile(r'(?<![\d\s])"|(?<!\d)\s"|^"')
@@ -290,7 +295,10 @@ def _feet_inches(m: re.Match[str]) -> str:
 
 
 def _length(m: re.Match[str], one: str, many: str) -> str:
-    if _ARTICLE_BEFORE.search(m.string, 0, m.start()) and _NOUN_AFTER.match(m.string, m.end()):
+    text, start, end = m.string, m.start(), m.end()
+    if (_ARTICLE_BEFORE.search(text, 0, start)
+            and (_NOUN_AFTER.match(text, end) or _PAIR_AFTER.match(text, end))
+            or _PAIR_BEFORE.search(text, 0, start) and _NOUN_AFTER.match(text, end)):
         return f"{m.group(1)}-{one}"
     return f"{m.group(1)} {one if m.group(1) == '1' else many}"
 

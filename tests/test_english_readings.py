@@ -247,10 +247,16 @@ def test_times_and_verses_are_no_score(text) -> None:
      "Use a 9-inch pan or a 1-inch strip; a 15.6-inch screen.",
      "Use a nine-inch pan or a one-inch strip; a fifteen point six-inch screen."),
     ("An 8' ladder by a 6\u2032 fence, the 65\" TV; it is 9\" wide, a 9\" or 10\" pan.",
-     "An 8-foot ladder by a 6-foot fence, the 65-inch TV; it is 9 inches wide, a 9 inches "
-     "or 10 inches pan.",
+     "An 8-foot ladder by a 6-foot fence, the 65-inch TV; it is 9 inches wide, a 9-inch "
+     "or 10-inch pan.",
      "An eight-foot ladder by a six-foot fence, the sixty-five-inch TV; it is nine inches "
-     "wide, a nine inches or ten inches pan."),
+     "wide, a nine-inch or ten-inch pan."),
+    # a pair before its noun: each is one word ("a 9 inches or 10 inches pan" before)
+    ("A 6' or 8' fence, the 9\" by 13\" pan and a 9\" and a 10\" pan; 9\" or 10\" wide.",
+     "A 6-foot or 8-foot fence, the 9-inch by 13-inch pan and a 9-inch and a 10-inch pan; "
+     "9 inches or 10 inches wide.",
+     "A six-foot or eight-foot fence, the nine-inch by thirteen-inch pan and a nine-inch and "
+     "a ten-inch pan; nine inches or ten inches wide."),
 ])
 def test_feet_and_inches_are_said(text, english, spelled) -> None:
     # espeak: "five eleven", "nine" and a pause; chatterbox: "five'eleven\"", "nine\"";
