@@ -931,9 +931,17 @@ HELDOUT_3 = [json.loads(line) for line in (Path(__file__).parent / "data" /
 the fixes it led to ("6 ft. 2 in.", "10 Min. Verspätung"), none after."""
 
 
+HELDOUT_4 = [json.loads(line) for line in (Path(__file__).parent / "data" /
+                                            "segmentation-heldout-4.jsonl").read_text().splitlines()]
+"""The fourth held-out set (rambling replies: nested quotes of several languages, units,
+Roman numerals, markdown): 21 bad splits in the bench's 312 chunked runs before the fixes
+it led to (a numbered heading, a table row's closing "|", inline code), none after."""
+
+
 @pytest.mark.parametrize(("rows", "most_bad", "most_missed"), [
-    (HELDOUT, HELDOUT_BAD, HELDOUT_MISSED), (HELDOUT_2, 0, 0), (HELDOUT_3, 0, 0)],
-    ids=["first", "second", "third"])
+    (HELDOUT, HELDOUT_BAD, HELDOUT_MISSED), (HELDOUT_2, 0, 0), (HELDOUT_3, 0, 0),
+    (HELDOUT_4, 0, 0)],
+    ids=["first", "second", "third", "fourth"])
 def test_heldout_corpus_does_not_get_worse(rows, most_bad, most_missed):
     assert len(rows) >= 100
     rng = random.Random(7)

@@ -16,7 +16,8 @@ on how the stream was chunked:
   neither do ``192.168.1.1``, ``example.org``, ``a@b.io``, ``11:15``. A lowercase next word
   means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``), unless it is
   written in camelCase or a version (``is out. macOS``, ``week. v0.3.1``, decided as a
-  capital); so does an ellipsis before a digit or symbol (``is... $42``). Titles (``Dr.``,
+  capital); so does an ellipsis before a digit or symbol (``is... $42``) or the pronoun
+  ``I`` (``Well... I think``). Titles (``Dr.``,
   ``Mr.``) never end a sentence; ``a.m.`` and ``etc.`` end one only before a capital
   (``a.m.`` not before a time zone or a weekday: ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a
   single capital
