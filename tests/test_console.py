@@ -1093,6 +1093,37 @@ async def test_console_marks_of_a_turn_that_cut_another_count_only_its_own_audio
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_counts_the_underruns_of_a_cut_turn_at_the_cut(start_gateway):
+    """A turn cut (Stop, here) had its 'heard' count taken from the worklet's last status,
+    up to 50 ms old: a gap the player had counted since (audio come after it ran dry) was
+    left out. The flush that cuts it answers with the exact count: that is the count now."""
+    from engines.synthetic import SyntheticEngine
+
+    slow = SyntheticEngine(rtf=1.6, ttfa_ms=50, step_ms=320, lane="cpu")  # starves the player
+    gw = await start_gateway([{"transcript": "Go", "reply": LONG}], engine=slow)
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/", init=STAND_BETWEEN) as (page, errors):
+        await talk_when_ready(page, "Go")
+        await page.wait_for_function(f"{state}.samplesPlayed > 0", timeout=30_000)
+        await page.evaluate("window.hold()")
+        # the player counts a gap the page has not been told of
+        await page.wait_for_function(
+            f"window.held.some(e => e.data.underruns > {state}.underruns)", timeout=30_000)
+        await page.click("#stop")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'cancelled'")
+        await page.wait_for_function("window.held.some(e => e.data.flushed !== undefined)")
+        await page.evaluate("window.release()")
+        await page.wait_for_function(f"{state}.lastTurn.heardUnderruns !== undefined")
+        at_cut = await page.evaluate(
+            "window.held.find(e => e.data.flushed !== undefined).data.underruns")
+        assert at_cut >= 1
+        assert await page.evaluate(f"{state}.lastTurn.heardUnderruns") == at_cut
+        assert await page.inner_text("#timeline .heard") == f"· heard {at_cut}"
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 @pytest.mark.parametrize("texts", [["Tell me everything"], ["Hello", "Tell me everything"]],
                          ids=["one", "two"])
 async def test_console_stop_right_after_transcripts_stops_their_replies(gateway, texts):

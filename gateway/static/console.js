@@ -73,6 +73,11 @@ async function startAudio() {
       turn.playedBase = m.played;
       turn.underrunsBase = m.underruns;
     }
+    const cut = cutTurns.get(m.flushed);
+    if (cut) { // a turn cut by this flush: its count of gaps heard is final, to the flush
+      cutTurns.delete(m.flushed);
+      if (cut.heard) showHeard(cut);
+    }
     if (turn?.stopped?.playedMs === null && m.flushed === turn.stopped.flush) {
       // where Stop silenced it, to the sample (the last periodic count is up to 53 ms old)
       stopHeard(turn, heardMs(turn, m.played));
@@ -454,10 +459,10 @@ function onEvent(ev) {
       const asked = session?.asked.shift(); // (this turn's transcript)
       const stopped = asked?.stopped ? {playedMs: 0} : null; // (Stop came first)
       if (session) session.latestTurn = ev.turn_id;
-      if (turn?.heard) showHeard(turn); // cut by the new turn
       { // the turn's count starts where the flush found the player (its answer), not at the
         // last status, up to 50 ms old: what the cut reply played since is not this turn's
         const flush = flushAudio();
+        cutHeard(turn, flush); // (one that ended, its tail cut by the new turn)
         turn = {id: ev.turn_id, sessionId: session?.id, source: ev.source, flush,
                 playedBase: flush === null ? state.samplesPlayed : null,
                 underrunsBase: state.underruns, samplesPosted: 0, marked: 0,
@@ -503,12 +508,12 @@ function onEvent(ev) {
       if (turn && ev.turn_id === turn.id) {
         turn.ended = true;
         turn.heard = $("timeline").querySelector(".heard"); // the row just added
+        turn.done = state.lastTurn;
         // a failed turn still plays what it sent (complete sentences); only a cancel flushes
         // (or a Stop: a turn that ended before its cancel came is not played either); a
         // page with no player has nothing to wait for
         if (ev.status === "cancelled" || turn.stopped || !audio) {
-          flushAudio();
-          showHeard(turn);
+          cutHeard(turn, flushAudio());
         } else {
           audio?.node.port.postMessage({type: "end"});
         }
@@ -605,8 +610,7 @@ function loseTurn() {
     addTimeline({turn_id: turn.id, status: "lost", metrics: {}});
     turn.heard = $("timeline").querySelector(".heard");
   }
-  flushAudio();
-  if (turn?.heard) showHeard(turn);
+  cutHeard(turn, flushAudio());
   turn = null;
 }
 
@@ -809,9 +813,19 @@ function addTimeline(ev) {
 function showHeard(t) {
   const heard = audio ? state.underruns - t.underrunsBase : null; // (null: no sound here)
   t.heard.textContent = ` · heard ${heard ?? "–"}`;
-  const done = state.turns.findLast((d) => d.turnId === t.id);
-  if (done) done.heardUnderruns = heard;
+  if (t.done) t.done.heardUnderruns = heard;
   t.heard = null;
+}
+
+// A turn whose row waits for its count (``t.heard``), cut by the flush ``flush``: the count
+// goes in when the flush answers, with the player's counts at the cut. The last status is
+// up to 50 ms old: a gap counted since (audio come after the player ran dry) was left out.
+// No player (null): at once.
+const cutTurns = new Map(); // flush number -> the turn it cut
+function cutHeard(t, flush) {
+  if (!t?.heard) return;
+  if (flush === null) showHeard(t);
+  else cutTurns.set(flush, t);
 }
 
 function element(tag, className, text = "") {
@@ -909,7 +923,7 @@ function stop() {
       if (t.stopped.playedMs === null) stopHeard(t, heardMs(t, state.samplesPlayed));
     }, 250);
   }
-  if (turn.heard) showHeard(turn); // it had ended, its tail playing: cut now, count final
+  cutHeard(turn, flush); // it had ended, its tail playing: cut now, count final
   if (turn.sessionId !== session?.id) return; // its session is gone: nobody to tell
   if (!connected()) { // said once the session is back
     showError("not connected: Stop is sent when the session resumes");
