@@ -278,6 +278,32 @@ async def test_console_asking_for_a_token_goes_in_once_the_gateway_wants_none(st
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_sends_a_token_on_enter_not_when_its_field_loses_the_focus(
+        start_gateway):
+    """The token went on the field's change, which fires when it loses the focus too: a
+    person clicking away with half of it typed sent that half (refused: 'the gateway
+    refused this token', and the half was kept in place of what was typed). Enter sends it."""
+    gw = await start_gateway(server={"tokens": ["s3cret"]})
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.needsToken")
+        await page.keyboard.type("s3c")
+        await page.click("#voice")  # away, to look something up
+        await page.keyboard.press("Tab")  # and on with the keyboard
+        assert await page.input_value("#token") == "s3c"
+        assert await page.evaluate("sessionStorage.getItem('voiceToken')") is None
+        state_now = await page.evaluate(state)
+        assert state_now["needsToken"] and state_now["reconnects"] == 1
+        await page.focus("#token")
+        await page.keyboard.type("ret")
+        await page.keyboard.press("Enter")
+        await page.wait_for_function(f"{state}.connected")
+        assert await page.evaluate(f"{state}.errors.length") == 1  # (needs a token)
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_takes_a_token_a_subprotocol_cannot_carry(start_gateway):
     """A token made by ``openssl rand -base64`` has "/", "+" and "=": a subprotocol entry
     may hold none of "/" and "=" (the WebSocket constructor throws a SyntaxError), so the

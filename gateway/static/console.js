@@ -366,8 +366,12 @@ function askModels() {
     headers: {Authorization: `Bearer ${token}`}}).catch(() => null);
 }
 
-$("token-row").addEventListener("submit", (e) => e.preventDefault()); // Enter: "change" below
-$("token").addEventListener("change", () => {
+// Enter sends the token (a form of one field submits on Enter, a phone's Go too); not the
+// field's "change", which fires when it loses the focus: a person clicking away with half
+// of it typed sent that half
+$("token-row").addEventListener("submit", (e) => {
+  e.preventDefault();
+  if (!$("token").value.trim()) return;
   token = $("token").value.trim();
   sessionStorage.setItem("voiceToken", token);
   $("token").value = "";
