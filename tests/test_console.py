@@ -230,6 +230,44 @@ async def test_console_counts_no_underrun_after_the_last_words(start_gateway):
         assert page_errors == []
 
 
+# Test instrument in the page: the waveform's strokes drawn, and the colour of the last.
+COUNT_STROKES = """window.strokes = 0;
+const stroke = CanvasRenderingContext2D.prototype.stroke;
+CanvasRenderingContext2D.prototype.stroke = function (...args) {
+  window.strokes += 1;
+  window.lastStroke = this.strokeStyle;
+  return stroke.apply(this, args);
+};"""
+
+# The page draws nothing for 60 animation frames in a row (wait_for_function polls on
+# each animation frame).
+STILL_FOR_60_FRAMES = """() => {
+  if (window.strokes !== window.seen) [window.seen, window.still] = [window.strokes, 0];
+  return ++window.still > 60;
+}"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_draws_the_waveform_only_while_there_is_sound(gateway):
+    """The waveform was drawn on every animation frame, sound or none: an idle page took
+    ~10% of a core (Chromium's TaskDuration, 535 ms in 5 s), a phone's battery with it. It
+    is drawn while the player plays, and until the analyser's window is quiet: the last
+    frame drawn is the flat line, in the idle colour."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/", init=COUNT_STROKES) as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await page.wait_for_function(STILL_FOR_60_FRAMES, timeout=10_000)
+        assert await page.evaluate("window.strokes") <= 1  # (the flat line, once)
+        idle = await page.evaluate("window.strokes")
+        await talk(page, "Hello")
+        await page.wait_for_function(f"window.strokes > {idle} + 10", timeout=30_000)
+        await heard_out(page)
+        await page.wait_for_function(STILL_FOR_60_FRAMES, timeout=10_000)
+        assert await page.evaluate("window.lastStroke") == "#37474f"
+        assert errors == []
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_on_a_gateway_with_tokens_takes_or_asks_for_one(start_gateway):

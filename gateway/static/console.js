@@ -69,6 +69,7 @@ async function startAudio() {
     state.playing = m.playing;
     state.underruns = m.underruns;
     state.workletReports += 1;
+    if (m.playing) drawWave();
     if (turn && m.flushed !== undefined && m.flushed === turn.flush) { // where it starts
       turn.playedBase = m.played;
       turn.underrunsBase = m.underruns;
@@ -103,7 +104,15 @@ for (const type of ["pointerdown", "keydown"]) {
   }, true);
 }
 
+// The waveform, drawn on each animation frame while there is sound to show: while the
+// player plays, and on until the analyser's window (2048 samples, 85 ms) is quiet, so the
+// last frame is the flat line. Drawn on every frame, sound or none, an idle page took ~10%
+// of a core. A context the browser suspended moves nothing: the worklet's next report
+// (playing, once it is resumed) draws again.
+let drawing = false;
 function drawWave() {
+  if (drawing) return;
+  drawing = true;
   const canvas = $("wave");
   const g = canvas.getContext("2d");
   const data = new Float32Array(audio.analyser.fftSize);
@@ -113,13 +122,16 @@ function drawWave() {
     g.fillRect(0, 0, canvas.width, canvas.height);
     g.strokeStyle = state.playing ? "#64b5f6" : "#37474f";
     g.beginPath();
+    let quiet = true;
     for (let i = 0; i < data.length; i++) {
       const x = (i / data.length) * canvas.width;
       const y = (0.5 - data[i] * 0.5) * canvas.height;
       i ? g.lineTo(x, y) : g.moveTo(x, y);
+      if (Math.abs(data[i]) > 1e-4) quiet = false;
     }
     g.stroke();
-    requestAnimationFrame(frame);
+    if (audio.ctx.state === "running" && (state.playing || !quiet)) requestAnimationFrame(frame);
+    else drawing = false;
   };
   requestAnimationFrame(frame);
 }
