@@ -590,6 +590,37 @@ async def test_console_enter_in_a_setting_applies_it(gateway):
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_a_refused_voice_leaves_the_other_settings_typed(gateway):
+    """A session.update is taken whole or not at all: a voice misspelt beside instructions
+    just written was refused, and every field was put back to the settings in use, the
+    instructions typed with them (up to 16,000 characters, gone). The refused voice is put
+    back; what was typed in the others stays, to go with the voice corrected."""
+    state = "window.consoleState"
+    pirate = "Answer as a pirate would."
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        (runner,) = gateway.runners.values()
+        before = runner.session.settings
+        await page.fill("#instructions", pirate)
+        await page.fill("#first-min-words", "2")
+        await page.fill("#voice", "en-gbb")
+        await page.press("#voice", "Enter")
+        await page.wait_for_function(f"{state}.errors.length")
+        assert (await page.evaluate(f"{state}.errors"))[0].startswith("unknown_voice:")
+        assert runner.session.settings == before
+        assert await page.input_value("#voice") == ""  # (the voice in use: the default)
+        assert await page.input_value("#instructions") == pirate
+        assert await page.input_value("#first-min-words") == "2"
+        await page.fill("#voice", "en-gb")
+        await page.press("#voice", "Enter")
+        await page.wait_for_function(f"{state}.settings.voice === 'en-gb'")
+        settings = runner.session.settings
+        assert settings.instructions == pirate and settings.segmenter.first_min_words == 2
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_a_tap_resumes_audio_the_browser_suspended(gateway):
     """Safari lets only a user's gesture resume an AudioContext, and suspends it when the
     page is left (a call, the phone locked); the console resumed it only when a transcript

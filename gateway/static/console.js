@@ -555,7 +555,10 @@ function onEvent(ev) {
       if (pendingUpdate && ev.turn_id === undefined && settings &&
           ev.error.code !== "rate_limited") {
         pendingUpdate = null;
-        showSettings(settings); // the fields show the settings in use, not the ones refused
+        // none of it was taken (protocol.md, session.update): the field refused shows the
+        // setting in use again; the others keep what was typed in them, to go with it once
+        // it is corrected (instructions just written went with a voice's typo)
+        showSettings(settings, {keepEdits: true, putBack: refusedFields(ev.error)});
       }
       break;
     }
@@ -606,17 +609,27 @@ let settings = null; // the session's settings as the server last reported them
 let initial = null; // the session's settings at its session.created
 let shown = null; // what showSettings last put in each field
 // keepEdits: a field whose value is no longer the one shown (the user is typing in it, or
-// applied it and the answer is still to come) is left as it is
-function showSettings(s, {keepEdits = false} = {}) {
+// applied it and the answer is still to come) is left as it is, unless it is in putBack
+function showSettings(s, {keepEdits = false, putBack = []} = {}) {
   settings = state.settings = s;
   const values = {"voice": s.voice || "", "frame-ms": String(s.frame_ms),
                   "instructions": s.instructions || ""};
   for (const [id, key] of Object.entries(FIRST_SEGMENT)) values[id] = String(s.segmenter[key]);
   for (const [id, value] of Object.entries(values)) {
-    if (keepEdits && shown && $(id).value !== shown[id]) continue;
+    if (keepEdits && shown && $(id).value !== shown[id] && !putBack.includes(id)) continue;
     $(id).value = value;
   }
   shown = values;
+}
+
+// The fields a session.update's refusal names: the voice for unknown_voice, a setting
+// quoted in the message ("field 'first_max_words' must be…"); every one if none is named.
+function refusedFields(error) {
+  if (error.code === "unknown_voice") return ["voice"];
+  const keys = {"voice": "voice", "frame-ms": "frame_ms", "instructions": "instructions",
+                ...FIRST_SEGMENT};
+  const named = Object.keys(keys).filter((id) => error.message.includes(`'${keys[id]}'`));
+  return named.length ? named : Object.keys(keys);
 }
 
 // A session gone with the turn playing: its audio stops; a turn it did not end gets its
