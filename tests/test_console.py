@@ -970,6 +970,24 @@ async def test_console_fields_on_a_phone_are_large_enough_not_to_zoom(gateway):
         assert await page.evaluate("document.documentElement.scrollWidth") <= 375
 
 
+@pytest.mark.slow
+@needs_chromium
+async def test_console_controls_on_a_phone_are_large_enough_to_tap(gateway):
+    """On a phone, Stop (the button to cut a reply, in a hurry), Speak and Apply were 21 px
+    tall, and the frame's list too: under even WCAG's minimum target (24 px), a finger
+    meant for Stop hit Speak. Every button and list is 44 px at least (WCAG 2.5.5, Apple's
+    guidelines) on a narrow screen."""
+    async with on_a_phone(gateway.port, 375) as page:
+        await page.wait_for_function("window.consoleState.connected")
+        sizes = await page.evaluate("""[...document.querySelectorAll("button, select")]
+            .filter((el) => el.offsetParent !== null)
+            .map((el) => [el.id, el.getBoundingClientRect().width,
+                          el.getBoundingClientRect().height])""")
+        assert {"stop", "send", "apply", "frame-ms"} <= {name for name, _, _ in sizes}
+        assert all(w >= 44 and h >= 44 for _, w, h in sizes), sizes
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 375
+
+
 @asynccontextmanager
 async def on_a_phone(port: int, width: int) -> AsyncIterator[Any]:
     """The console of the gateway on ``port`` in a page ``width`` px wide (a phone's)."""
