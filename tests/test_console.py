@@ -584,6 +584,14 @@ async def test_console_enter_in_a_setting_applies_it(gateway):
         await page.keyboard.press("Enter")
         await page.wait_for_function("window.consoleState.settings.voice === 'en-gb'")
         assert runner.session.settings.voice == "en-gb"
+        # the frame's list too: a form submits on Enter from its text fields only, and a
+        # frame picked with the arrows and Enter did nothing (the field showed 60, the
+        # session spoke in 40 ms frames)
+        await page.focus("#frame-ms")
+        await page.keyboard.press("ArrowDown")
+        await page.keyboard.press("Enter")
+        await page.wait_for_function("window.consoleState.settings.frame_ms === 60")
+        assert runner.session.settings.frame_ms == 60
         assert errors == []
 
 

@@ -1039,6 +1039,14 @@ $("settings").addEventListener("submit", (e) => {
   send({type: "session.update", session: pendingUpdate.session});
 });
 
+// Enter in the frame's list applies, as in the other fields: a form submits on Enter from
+// its text fields only, and a frame picked with the arrows then Enter was shown, not used
+$("frame-ms").addEventListener("keydown", (e) => {
+  if (e.key !== "Enter") return;
+  e.preventDefault();
+  $("settings").requestSubmit();
+});
+
 const Recognition = window.SpeechRecognition || window.webkitSpeechRecognition;
 if (Recognition) {
   const mic = $("mic");
