@@ -17,10 +17,9 @@ on how the stream was chunked:
   means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``), unless it is
   written in camelCase or a version (``is out. macOS``, ``week. v0.3.1``, decided as a
   capital); so does an ellipsis before a digit or symbol (``is... $42``) or the pronoun
-  ``I`` (``Well... I think``). Titles (``Dr.``,
-  ``Mr.``) never end a sentence; ``a.m.`` and ``etc.`` end one only before a capital
-  (``a.m.`` not before a time zone or a weekday: ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a
-  single capital
+  ``I`` (``Well... I think``). Titles (``Dr.``, ``Mr.``) never end a sentence; ``a.m.``
+  and ``etc.`` end one only before a capital (``a.m.`` not before a time zone or a weekday:
+  ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a single capital
   (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` (``Ave.``,
   ``Blvd.``, ``Rd.``) end one only before a word that opens sentences (``Then``, ``It's``...,
   a French elided word: ``B. N'oublie``), or after a label word or an ordinal (``option
