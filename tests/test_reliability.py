@@ -11,6 +11,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.config import load_config
+from gateway.core import session as session_module
 from gateway.io.server import Gateway
 from tests.servers import Hang, Text
 from tests.wsclient import read_turn, read_until_closed, recv_event, round_trip, send
@@ -703,6 +704,63 @@ async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
         # and close its socket: reading again, the client finds the end of it
         async with asyncio.timeout(30):
             await read_until_closed(stalled)
+    finally:
+        await gw.aclose()
+
+
+async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch):
+    """Paced in real time (the default lead), a client that stops reading but goes on
+    sending fills the kernel's buffers before the outbox. Autotuned, the gateway's send
+    buffer may take 4 MB, ~80 s of audio: nothing but the keepalive (40 s) ended
+    such a client, as a network drop (1.8 MB in the kernel, its session kept for a resume),
+    never as ``slow_consumer``. Sized to the lead, the buffer fills within seconds and
+    the outbox's bound ends the session."""
+    # the probe of a quiet listener stays out (it drops a client that sends nothing, as
+    # gone): this one is taken to send on, as one with a heartbeat of its own would
+    monkeypatch.setattr(session_module, "UNMARKED_SILENT_S", 3600.0)
+    gw = await started(outbox_bytes=64 * 1024, resume_window_s=60.0)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gw.port))
+        stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
+        created = await recv_event(stalled, "session.created")
+        server_side = gw.runners[created["session_id"]].connection.ws
+        await send(stalled, type="say", text=("A long reply nobody reads. " * 150)[:3999])
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="I am still served.")
+            ok = await read_turn(ws)
+        assert ok.done["status"] == "completed"
+        await server_side.wait_closed()  # the gateway gave up on it
+        assert gw.metrics.errors["slow_consumer"] == 1
+        assert created["session_id"] not in gw.runners  # ended, not kept for a resume
+    finally:
+        await gw.aclose()
+
+
+async def test_a_client_may_read_a_whole_lead_late():
+    """What the pacer lets out at once, a session's whole ``max_lead_ms`` as set by a
+    ``session.update``, waits in the kernel for a client that reads it late, as it did in
+    the autotuned buffer: the send buffer follows the lead, and only output beyond it
+    counts against the outbox (here 64 KiB, a second of audio)."""
+    gw = await started(outbox_bytes=64 * 1024)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gw.port))
+        async with connect(url(gw), sock=sock, max_queue=1) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"max_lead_ms": 20_000})
+            await recv_event(ws, "session.updated")
+            released = asyncio.Event()  # the turn's last frame is sent: all of it is out
+            gw.metrics.listeners.append(lambda done: released.set())
+            await send(ws, type="say", text="A reply read only once it is all out. " * 6)
+            await released.wait()
+            turn = await read_turn(ws)
+        assert turn.done["status"] == "completed"
+        assert turn.audio_ms > 10_000  # more than the outbox holds, ten times over
+        assert gw.metrics.errors["slow_consumer"] == 0
     finally:
         await gw.aclose()
 

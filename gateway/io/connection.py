@@ -20,6 +20,7 @@ import functools
 import hmac
 import logging
 import secrets
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -109,6 +110,9 @@ FRAGMENT_COST = 160
 """Memory a fragment's frame object costs beyond its bytes (measured: 4,095 empty
 fragments held 651 KiB)."""
 CLOSE_UNFINISHED = (1009, "message too big: the gateway holds too many unfinished messages")
+SEND_BUFFER_BYTES = (64 * 1024, 4 * 1024 * 1024)
+"""Least and most of a voice socket's kernel send buffer, which holds one lead of its
+session's audio (``VoiceConnection.fit_send_buffer``); Linux doubles it."""
 CLOSED_TCP_GRACE_S = 1.0
 """Once the server has ended its side of the TCP connection (its close frame sent, its
 side shut down), how long the client has to close its own before the connection is
@@ -150,6 +154,7 @@ class SessionRunner:
             self._expiry.cancel()
             self._expiry = None
         self.connection = connection
+        connection.fit_send_buffer(self.session.settings.max_lead_ms)
         replayed = self.outbox.rewind(position)
         connection.wake_writer()
         session = self.session
@@ -252,6 +257,8 @@ class SessionRunner:
         mark = message if isinstance(message, codec.ClientPlayback) else None
         before = None if mark is None else self.session.deadline(mark.turn_id, now)
         self._apply(self.session.receive(message, now))
+        if isinstance(message, codec.ClientSessionUpdate) and self.connection is not None:
+            self.connection.fit_send_buffer(self.session.settings.max_lead_ms)
         if mark is None or before is None:
             return
         after = self.session.deadline(mark.turn_id, now)
@@ -674,6 +681,8 @@ class VoiceConnection:
         self._writer_first: str | None = None
         self._closing: asyncio.Task[None] | None = None
         """The close started by ``close_soon``; ``run`` waits for it."""
+        self._send_buffer = 0
+        """What ``fit_send_buffer`` last set the socket's send buffer to (0: the kernel's)."""
 
     async def run(self) -> None:
         """Serve the socket until the client leaves or the server shuts down."""
@@ -734,6 +743,23 @@ class VoiceConnection:
     def _use(self, runner: SessionRunner, position: int, *, resumed: bool = False) -> None:
         self.runner = runner
         runner.attach(self, position, resumed=resumed)
+
+    def fit_send_buffer(self, max_lead_ms: int) -> None:
+        """Size the socket's kernel send buffer to one lead of audio (``max_lead_ms``,
+        within ``SEND_BUFFER_BYTES``): all the pacer lets out at once fits, and a client
+        that stops reading fills it within seconds, so what follows waits in the outbox,
+        whose bound applies (``slow_consumer``). Autotuned, it may grow to 4 MB (Linux's
+        ``tcp_wmem``), ~80 s of audio paced in real time: a client that stopped reading
+        but went on sending was ended by nothing but the keepalive (40 s), as a network
+        drop, with 1.8 MB in the kernel and its session kept for a resume."""
+        size = min(max(max_lead_ms * codec.BYTES_PER_MS, SEND_BUFFER_BYTES[0]),
+                   SEND_BUFFER_BYTES[1])
+        sock = self.ws.transport.get_extra_info("socket")
+        if size == self._send_buffer or sock is None:
+            return
+        self._send_buffer = size
+        with contextlib.suppress(OSError):  # (a socket already gone)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
     def close_soon(self, code: int, reason: str, *, grace_s: float = 1.0) -> None:
         """Stop writing and close. A client that does not read will not read the close
