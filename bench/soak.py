@@ -20,7 +20,8 @@ what a leak per session would show up in).
 Reported: RSS, descriptors and the gateway's asyncio tasks (``/health`` → ``loop.tasks``)
 over time (start, after warm-up, peak, end, and after every session closed), frames lost
 (seq gaps) and duplicated (seq repeats) across resumes (goal 0), turns completed /
-cancelled / failed (goal 0) / lost (no ``turn.done``), resumes and resume failures,
+cancelled / failed (goal 0) / lost (no ``turn.done``, or a resume refused: goal 0) /
+refused (``rejected: <code>``, e.g. ``rate_limited``: goal 0), resumes and resume failures,
 protocol violations, and how long the gateway took to exit on SIGTERM. A socket the gateway
 closes (or a reconnect it refuses) loses that session and its turn at once, the others go
 on; a gateway that dies under the load is reported as such. Exit status 1 if anything that
@@ -180,8 +181,18 @@ class SoakSession:
             if answer["type"] == "session.resumed":
                 self.stats.resumes += 1
             else:
+                # the reply being heard went with the old session: its turn is lost now
+                # (waiting for its turn.done took the whole turn timeout), and the fresh
+                # session numbers its frames from seq 0 again, as after a renewal
                 self.stats.resume_failed += 1
-                self.account.violations.append(f"resume failed: {answer}")
+                code = answer.get("error", {}).get("code") if answer["type"] == "error" \
+                    else None
+                if code is None:
+                    self.account.violations.append(f"resume answered {answer}")
+                self.account.lost(code or "resume failed")
+                self.account = _carry(self.account)
+                self.last_seq = -1
+                self.turn_done.set()
                 self.session_id, self.resume_token = created["session_id"], \
                     created["resume_token"]
         else:
@@ -211,6 +222,8 @@ class SoakSession:
                 if event["type"] == "turn.done" and event["turn_id"] == \
                         self.account.current_turn_id:
                     self.turn_done.set()
+                elif event["type"] == "error" and self.account.rejected:
+                    self.turn_done.set()  # refused (rate_limited): no turn.done will come
         except ConnectionClosed:
             pass
         if ws is self.ws:  # closed by the gateway (not an abort or close of ours): the
@@ -396,8 +409,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     # (a soak with no completed turn measured nothing: "--minutes 0" passed)
     result["ok"] = (stats.statuses.get("completed", 0) > 0 and
                     not died and result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
-                    result["violations"] == 0 and stats.statuses.get("failed", 0) == 0 and
-                    stats.statuses.get("lost", 0) == 0 and stats.connect_failures == 0 and
+                    result["violations"] == 0 and stats.connect_failures == 0 and
+                    # (failed, lost, or refused by the gateway: "rejected: rate_limited")
+                    set(stats.statuses) <= {"completed", "cancelled"} and
                     health["sessions"] == 0 and
                     after["tasks"] <= samples[0]["tasks"])
     return result

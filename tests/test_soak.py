@@ -112,3 +112,57 @@ async def test_a_gateway_that_dies_under_the_soak_gets_a_report_not_a_traceback(
     result = json.loads(out.read_text())
     assert result["gateway"]["died"] and not result["ok"]
     assert "closed 1006" in result["errors"]
+
+
+LONG_REPLY = ("The first sentence of a reply long enough to be heard for a while. A second "
+              "one follows it, and then a third sentence, so that the audio lasts seconds.")
+
+
+async def test_a_refused_turn_goes_on_at_once(start_gateway):
+    """A transcript the gateway refuses (``rate_limited``: no turn starts, no turn.done
+    comes) held the session for the whole turn timeout (120 s) and was then counted as a
+    ``timeout`` besides. Now the refusal ends the turn at once, counted as what it was (and
+    a soak with one does not pass)."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}],
+                             server={"turns_per_minute": 1})
+    stats = soak.SoakStats()
+    # seed 13: a "normal" turn, then an "abort" one (refused: no frames to abort after)
+    session = soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, 13, ["Hello"], stats,
+                               turn_timeout_s=60)
+    await session._connect(resume=False)
+    try:
+        await asyncio.wait_for(session._turn(), 20)
+        await asyncio.wait_for(session._turn(), 20)
+    finally:
+        ws, session.ws = session.ws, None  # (our own close, as run() does: not a loss)
+        await ws.close()
+    assert [t.status for t in session.account.turns] == ["completed",
+                                                         "rejected: rate_limited"]
+    assert session.account.errors == ["rate_limited"]  # (not a "timeout" too)
+    assert stats.statuses == {"completed": 1, "rejected: rate_limited": 1}
+    assert stats.resumes == 0  # the refused turn was not aborted
+
+
+async def test_a_failed_resume_loses_its_turn_at_once_and_the_session_goes_on(start_gateway):
+    """The gateway refuses a resume (``resume_failed``: here a token it does not know): the
+    aborted turn's reply is gone with its session, yet the soak waited out the turn timeout
+    for its turn.done; and the fresh session's frames, whose seq starts again at 0, counted
+    as duplicates of the old session's."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": LONG_REPLY}])
+    stats = soak.SoakStats()
+    # seed 7: an "abort" turn after 2 frames, then a "normal" one
+    session = soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, 7, ["Hello"], stats,
+                               turn_timeout_s=60)
+    await session._connect(resume=False)
+    session.resume_token = "not-the-token"
+    try:
+        await asyncio.wait_for(session._turn(), 20)
+        await asyncio.wait_for(session._turn(), 20)
+    finally:
+        ws, session.ws = session.ws, None  # (our own close, as run() does: not a loss)
+        await ws.close()
+    assert stats.resumes == 0 and stats.resume_failed == 1
+    assert [t.status for t in session.account.turns] == ["lost", "completed"]
+    assert session.account.errors == ["resume_failed"]
+    assert session.account.seq_gaps == session.account.seq_repeats == 0
+    assert session.account.violations == []
