@@ -156,3 +156,29 @@ def test_a_window_longer_than_one_say_is_refused_before_the_run():
     assert run.returncode == 2, run.stdout
     assert "--seconds 290.0 + --warmup 3.0 need more audio than one say holds " \
            "(4,000 characters, 286 s): at 50 sessions, --seconds 262 at most" in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
+@pytest.mark.parametrize(("say", "shown"), [
+    ("Hello there.", "ended"),  # over before the window: every turn ended early
+    ("x" * (capacity.MAX_SAY_CHARS + 1), "errors"),  # refused: an error event each
+])
+def test_a_step_whose_turns_fail_says_so_in_its_row(monkeypatch, capsys, say, shown):
+    """The printed row had no column for ``error`` events nor for turns that ended before
+    the window did: a profile run whose every turn failed printed ``yes``, and a failing
+    stream step a bare ``NO``."""
+    monkeypatch.setattr(capacity, "long_text", lambda seconds: say)
+    args = types.SimpleNamespace(targets=["gateway"], ramp=[3], seconds=1.0, warmup=0.5,
+                                 jitter_ms=200.0, marks_ms=0.0, clients=1, no_freeze=False)
+    monkeypatch.setattr(capacity, "hotspots", lambda raw: "")  # (py-spy's share: not ours)
+    for bench in (capacity.bench_stream, capacity.bench_profile):
+        result = bench(args)
+        r = result["gateway"][0] if bench is capacity.bench_stream else result["run"]
+        assert r["ended_early" if shown == "ended" else "errors"] == 3 and not r["pass"]
+        lines = capsys.readouterr().out.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("target"))
+        names = lines[header].replace("cpu s/1k fr", "cpu").replace("RSS MiB", "RSS").split()
+        cells = dict(zip(names, lines[header + 1].split(), strict=True))
+        assert cells[{"ended": "ended", "errors": "err"}[shown]] == "3"
+        assert cells["ok"] == "NO"
