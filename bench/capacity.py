@@ -131,7 +131,9 @@ def raise_nofile() -> int:
 
 class Server:
     """One server process; ``PORT <n>`` on its stdout says it is serving. Its stderr goes
-    to /tmp/capacity-<target>.log, or to ours with ``log=False``."""
+    to /tmp/capacity-<target>.log, or to ours with ``log=False``. It runs in a session of
+    its own: a Ctrl-C in the terminal is the bench's to handle (the soak's: stop the load,
+    then probe the server), not a signal that stops the server under the load."""
 
     def __init__(self, target: str, *extra: str, log: bool = True) -> None:
         self.target = target
@@ -142,7 +144,7 @@ class Server:
         self.proc = subprocess.Popen(
             [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
             stdout=subprocess.PIPE, stderr=open(logfile, "w") if log else None,
-            text=True, cwd=ROOT)
+            text=True, cwd=ROOT, start_new_session=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):

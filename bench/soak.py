@@ -25,16 +25,22 @@ refused (``rejected: <code>``, e.g. ``rate_limited``: goal 0), resumes and resum
 protocol violations, and how long the gateway took to exit on SIGTERM. A socket the gateway
 closes (or a reconnect it refuses) loses that session and its turn at once, the others go
 on; a gateway that dies under the load is reported as such. Exit status 1 if anything that
-should be 0 is not (connect failures included).
+should be 0 is not (connect failures included). Ctrl-C stops the load: the sessions close
+their sockets, the turns being heard count as ``interrupted``, the gateway is probed as
+after a full run, and the table (and ``--json``) has what was measured until then; the
+exit status is 130 (a second Ctrl-C stops at once). The gateway runs in a session of its
+own, so that the terminal's Ctrl-C reaches the soak only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -152,6 +158,7 @@ class SoakSession:
                               if isinstance(exc, ConnectionClosed) else
                               f"connect failed: {exc}")
         finally:
+            self.reading.set()  # (a "slow" turn stopped by Ctrl-C: its close must be read)
             if self.ws is not None:
                 ws, self.ws = self.ws, None  # (our own close: not a loss, see _read)
                 await ws.close()
@@ -274,6 +281,9 @@ class SoakSession:
                     await asyncio.sleep(max(0.0, end - self.loop.time()))
         except TimeoutError:
             self.account.lost("timeout")
+        except asyncio.CancelledError:  # the soak was stopped (Ctrl-C): not a lost turn
+            self.account.interrupted()
+            raise
         finally:
             marks.cancel()
             self.stats.statuses[turn.status or "lost"] += 1  # (a reconnect failed: lost)
@@ -313,6 +323,14 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     stats = SoakStats()
     transcripts = load_transcripts(None)
     t0 = loop.time()
+    stop = asyncio.Event()
+
+    def interrupt() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C stops at once
+
+    with contextlib.suppress(NotImplementedError):  # (Windows: Ctrl-C ends it at once)
+        loop.add_signal_handler(signal.SIGINT, interrupt)
 
     def sample(label: str = "") -> dict[str, float]:
         s = {"t_s": round(loop.time() - t0, 1), "rss_mb": round(rss_mb(gateway.pid), 1),
@@ -352,7 +370,18 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                                 args.turn_timeout, args.renew_every)
                     for i in range(args.sessions)]
         tick = loop.create_task(sampler())
-        await asyncio.gather(*(s.run(deadline) for s in sessions))
+        running = asyncio.gather(*(s.run(deadline) for s in sessions))
+        stopping = loop.create_task(stop.wait())
+        await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        interrupted = not running.done()
+        if interrupted:  # each session closes its socket on the way out
+            running.cancel()
+            await asyncio.wait((running,))
+            if not running.cancelled():
+                running.exception()  # (the sessions' cancellation: retrieved, not an error)
+        else:
+            await running  # (a bug in a session: its traceback)
         tick.cancel()
         died = gateway.proc.poll() is not None  # (under the load: nothing left to probe)
         health: dict[str, Any] = dict.fromkeys(("sessions", "lanes", "errors", "turns"))
@@ -381,6 +410,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     running = [s for s in samples if not s["label"]]
     result = {
         "sessions": args.sessions, "minutes": args.minutes, "seed": args.seed,
+        "interrupted": interrupted,
         "outbox_bytes": args.outbox_bytes,
         "actions": dict(stats.actions), "turns": dict(stats.statuses),
         "resumes": stats.resumes, "resume_failed": stats.resume_failed,
@@ -419,7 +449,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(r: dict[str, Any]) -> str:
     rows = [
-        ("sessions x minutes", f"{r['sessions']} x {r['minutes']}"),
+        ("sessions x minutes", f"{r['sessions']} x {r['minutes']}" +
+         (" (interrupted: Ctrl-C)" if r["interrupted"] else "")),
         ("turns", ", ".join(f"{k} {v}" for k, v in sorted(r["turns"].items()))),
         ("actions", ", ".join(f"{k} {v}" for k, v in sorted(r["actions"].items()))),
         ("resumes (failed)", f"{r['resumes']} ({r['resume_failed']})"),
@@ -467,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-    return 0 if result["ok"] else 1
+    return 130 if result["interrupted"] else 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -166,3 +166,43 @@ async def test_a_failed_resume_loses_its_turn_at_once_and_the_session_goes_on(st
     assert session.account.errors == ["resume_failed"]
     assert session.account.seq_gaps == session.account.seq_repeats == 0
     assert session.account.violations == []
+
+
+@pytest.mark.slow
+async def test_ctrl_c_stops_the_soak_with_its_table(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group, the gateway's process included)
+    ended the soak in a traceback, its table and --json gone, minutes of figures with them.
+    Now the sessions close, the gateway (which the Ctrl-C does not reach) is probed as after
+    a full run, and the table says the run was interrupted (exit status 130)."""
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / ".." / "bench" / "soak.py"
+    out = tmp_path / "soak.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), "--sessions", "4", "--minutes", "5", "--sample-s", "1",
+        "--json", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True)  # (its own process group, as a terminal's job)
+    assert proc.stderr is not None
+    try:
+        while True:  # a progress line with a turn done: the load is on
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line
+            if " turns " in line and " turns 0 " not in line:
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 130, stderr.decode()
+    assert "Traceback" not in stderr.decode(), stderr.decode()
+    assert "(interrupted: Ctrl-C)" in stdout.decode()
+    result = json.loads(out.read_text())
+    assert result["interrupted"] and result["turns"].get("completed", 0) > 0
+    assert "lost" not in result["turns"] and result["errors"] == {}  # (closed by us)
+    assert result["gateway"]["sessions_after"] == 0 and result["gateway"]["exit_code"] == 0
+    assert result["tasks"]["idle_after"] == result["tasks"]["start"]
