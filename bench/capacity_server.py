@@ -1,6 +1,6 @@
 """The gateway under capacity load: the real server, the synthetic engine at zero cost.
 
-    python bench/capacity_server.py [--port 0] [--max-lead-ms 1000]
+    python bench/capacity_server.py [--port 0] [--max-lead-ms 1000] [--replies FILE]
 
 Prints ``PORT <n>`` once it is serving, then serves until SIGTERM/SIGINT. Built for
 bench/capacity.py, which runs it as its own process and reads its CPU time and RSS from
@@ -29,8 +29,8 @@ async def main(args: argparse.Namespace) -> None:
     server = {"port": args.port, "max_sessions": args.max_sessions}
     if args.outbox_bytes:
         server["outbox_bytes"] = args.outbox_bytes
-    config = load_config(server=server,
-                         session={"max_lead_ms": args.max_lead_ms})
+    config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms},
+                         llm={"replies": args.replies} if args.replies else {})
     engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu")
     engine.prerender()  # the stand-in's own rendering is not the gateway's cost
     stop = stop_signal()
@@ -52,6 +52,8 @@ if __name__ == "__main__":
                    help="leave the start-up heap to the garbage collector (a baseline)")
     p.add_argument("--outbox-bytes", type=int,
                    help="per-session output buffer (default: server.outbox_bytes, 1 MiB)")
+    p.add_argument("--replies", help="the replay LLM's JSONL of {transcript, reply} "
+                                     "(default: engines/data/replies.jsonl)")
     a = p.parse_args()
     raise_nofile()
     import uvloop

@@ -1,12 +1,14 @@
 """Soak: N sessions talk for M minutes while sockets drop and resume, turns are cancelled and
 some listeners stop reading for a while; the gateway's RSS and file descriptors are sampled.
 
-    python bench/soak.py --sessions 200 --minutes 10 [--seed 1] [--json OUT]
+    python bench/soak.py --sessions 200 --minutes 10 [--seed 1] [--replies FILE] [--json OUT]
 
 The gateway runs as its own process (bench/capacity_server.py: the real server, the
 synthetic engine at zero cost, the replay LLM), so its memory and descriptors are read from
 /proc/<pid>. Each session (built on examples/loadgen.py: ``SessionAccount`` does the seq and
-frame accounting) loops over turns until the time is up; each turn, by a seeded draw:
+frame accounting) loops over turns until the time is up, saying a transcript of the replay
+set (``--replies``: JSONL of ``{"transcript", "reply"}``, which the gateway's replay LLM
+answers from; default engines/data/replies.jsonl); each turn, by a seeded draw:
 
 * ``normal`` (60 %): listen to the reply to its end, sending playback marks;
 * ``abort`` (15 %): after a few frames, abort the TCP connection (no close handshake),
@@ -78,8 +80,10 @@ def fd_count(pid: int) -> int:
 class GatewayProcess(Server):
     """bench/capacity_server.py (the zero-cost synthetic engine), its logs on our stderr."""
 
-    def __init__(self, max_lead_ms: int, outbox_bytes: int | None = None) -> None:
+    def __init__(self, max_lead_ms: int, outbox_bytes: int | None = None,
+                 replies: str | None = None) -> None:
         extra = ["--outbox-bytes", str(outbox_bytes)] if outbox_bytes else []
+        extra += ["--replies", replies] if replies else []
         super().__init__("gateway", "--max-lead-ms", str(max_lead_ms), *extra, log=False)
 
     @property
@@ -317,11 +321,11 @@ def _carry(account: SessionAccount) -> SessionAccount:
 
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
-    gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes)
+    transcripts = load_transcripts(args.replies)
+    gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes, args.replies)
     loop = asyncio.get_running_loop()
     samples: list[dict[str, float]] = []
     stats = SoakStats()
-    transcripts = load_transcripts(None)
     t0 = loop.time()
     stop = asyncio.Event()
 
@@ -488,8 +492,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outbox-bytes", type=int,
                    help="the gateway's per-session output buffer (default: the "
                         "gateway's server.outbox_bytes, 1 MiB)")
+    p.add_argument("--replies", help="the replay set: JSONL of {transcript, reply}; the "
+                                     "sessions say its transcripts, the gateway's replay LLM "
+                                     "answers with its replies (default: the shipped set)")
     p.add_argument("--json", help="write the result (with every sample) here")
     args = p.parse_args(argv)
+    if args.replies:  # (a bad file: the gateway died before serving, in a traceback)
+        from engines.llm_replay import load_replies
+
+        try:
+            load_replies(args.replies)
+        except ValueError as exc:
+            p.error(f"--replies: {exc}")
     import uvloop
 
     started = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -206,3 +206,43 @@ async def test_ctrl_c_stops_the_soak_with_its_table(tmp_path):
     assert "lost" not in result["turns"] and result["errors"] == {}  # (closed by us)
     assert result["gateway"]["sessions_after"] == 0 and result["gateway"]["exit_code"] == 0
     assert result["tasks"]["idle_after"] == result["tasks"]["start"]
+
+
+async def test_the_soak_says_and_hears_the_replay_set_it_is_given(tmp_path):
+    """The soak could only use the shipped replay set: another one (the hub's, a shared
+    one) could not be soaked. ``--replies``: the sessions say its transcripts and the
+    gateway's replay LLM answers with its replies."""
+    replies = tmp_path / "replay.jsonl"
+    replies.write_text(json.dumps({"transcript": "Knock knock.", "reply": "Who is there?"})
+                       + "\n")
+    gateway = soak.GatewayProcess(max_lead_ms=1000, replies=str(replies))
+    try:
+        stats = soak.SoakStats()
+        # seed 2: a "normal" turn
+        session = soak.SoakSession(gateway.url, 0, 2, soak.load_transcripts(replies), stats,
+                                   turn_timeout_s=60)
+        said: list[str] = []
+        heard = session.account.event
+        session.account.event = lambda event, now: (  # type: ignore[method-assign]
+            said.append(event["text"]) if event["type"] == "sentence" else None,
+            heard(event, now))
+        await session._connect(resume=False)
+        try:
+            await asyncio.wait_for(session._turn(), 20)
+        finally:
+            ws, session.ws = session.ws, None
+            await ws.close()
+    finally:
+        gateway.stop()
+    assert session.transcripts == ["Knock knock."]
+    assert said == ["Who is there?"] and stats.statuses == {"completed": 1}
+
+
+def test_a_replay_set_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
+    bad = tmp_path / "replay.jsonl"
+    bad.write_text('{"transcript": "Hello"}\n')
+    for path, message in ((bad, "replay.jsonl:1: not a {transcript, reply} object"),
+                          (tmp_path / "none.jsonl", "cannot be read")):
+        with pytest.raises(SystemExit) as stopped:
+            soak.main(["--replies", str(path)])
+        assert stopped.value.code == 2 and message in capsys.readouterr().err
