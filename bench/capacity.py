@@ -41,6 +41,9 @@ window / frames the clients received in it. The gateway's own probes, read from 
 /metrics over the window: ``lag99``/``lagmax``, how late its event loop woke a 100 ms timer
 (bucket bounds), and ``gc2``/``gc2max``, how many full garbage collections ran and the bound
 of the longest (``--no-freeze``: without ``gc.freeze()`` after start-up, the baseline).
+
+Ctrl-C stops the run: the steps measured until then keep their rows, the summary and
+``--json`` (its ``meta`` says ``interrupted``); the exit status is 130.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -146,7 +150,11 @@ class Server:
             stdout=subprocess.PIPE, stderr=open(logfile, "w") if log else None,
             text=True, cwd=ROOT, start_new_session=True)
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        try:
+            line = self.proc.stdout.readline()
+        except KeyboardInterrupt:  # (in a session of its own, nothing else would stop it)
+            self.proc.kill()
+            raise
         if not line.startswith("PORT "):
             self.proc.kill()
             raise RuntimeError(f"{target} server did not start: {line!r}"
@@ -399,6 +407,7 @@ async def _client(target: str, port: int, n: int, say: str, jitter_s: float, idl
 
 
 def client_main(target, port, n, say, jitter_s, idle, window, queue, marks_s=0.0) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bench's: it ends us
     raise_nofile()
     import uvloop
 
@@ -419,12 +428,20 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     queue = ctx.Queue()
     rss0 = rss_bytes(server.pid)
     shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
+    # (daemons: a bench stopped by Ctrl-C ends them as it exits)
     procs = [ctx.Process(target=client_main, args=(server.target, server.port, k, say,
-                                                   jitter_s, idle, window, queue, marks_s))
+                                                   jitter_s, idle, window, queue, marks_s),
+                         daemon=True)
              for k in shares if k]
     t_connect = time.monotonic()
-    for p in procs:
-        p.start()
+    # (SIGINT blocked while they start, a mask they keep: a Ctrl-C to the terminal's group
+    # met a client still importing, before client_main could ignore it, in a traceback)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     ready = [queue.get(timeout=600) for _ in procs]
     accept_s = time.monotonic() - t_connect
     connected = sum(r[1] for r in ready)
@@ -563,11 +580,23 @@ def loop_lag_summary(before: Buckets | None, after: Buckets | None) -> dict:
 
 # ---- benchmarks ------------------------------------------------------------------------------
 
+class Interrupted(Exception):
+    """Ctrl-C: ``result`` holds what was measured until then (the step in progress is
+    not)."""
+
+    def __init__(self, result: dict) -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
 def bench_idle(args) -> dict:
     out = {}
     for target in args.targets:
         extra = ["--idle"] if target == "pipecat" else []
-        server = Server(target, *extra)
+        try:
+            server = Server(target, *extra)
+        except KeyboardInterrupt:
+            raise Interrupted(out) from None
         try:
             time.sleep(1.0)
             base = rss_bytes(server.pid)
@@ -579,6 +608,8 @@ def bench_idle(args) -> dict:
             # memory they had freed)
             r["accepts_per_s"] = round(r["connected"] / r["accept_s"])
             out[target] = r
+        except KeyboardInterrupt:
+            raise Interrupted(out) from None
         finally:
             server.close()
         print(f"{target:8} {r['connected']:>6}/{args.sessions} sessions  accept "
@@ -618,6 +649,7 @@ def _le(ms: float | None) -> str:
 def bench_stream(args) -> dict:
     out: dict[str, list[dict]] = {}
     print(HEADER, flush=True)
+    interrupted = False
     for target in args.targets:
         out[target] = []
         for n in args.ramp:
@@ -625,14 +657,19 @@ def bench_stream(args) -> dict:
             say = long_text(say_needed_s(n, args.seconds, args.warmup))
             extra = ["--say", say] if target == "pipecat" else \
                 ["--no-freeze"] if target == "gateway" and args.no_freeze else []
-            server = Server(target, *extra)
             try:
-                r = run_load(server, n, clients=args.clients, say=say,
-                             jitter_s=args.jitter_ms / 1000, idle=False,
-                             warmup_s=args.warmup, seconds=args.seconds,
-                             marks_s=args.marks_ms / 1000)
-            finally:
-                server.close()
+                server = Server(target, *extra)
+                try:
+                    r = run_load(server, n, clients=args.clients, say=say,
+                                 jitter_s=args.jitter_ms / 1000, idle=False,
+                                 warmup_s=args.warmup, seconds=args.seconds,
+                                 marks_s=args.marks_ms / 1000)
+                finally:
+                    server.close()
+            except KeyboardInterrupt:  # the steps measured are still worth their summary
+                print(f"{target:8} {n:>5}  interrupted (Ctrl-C): not measured", flush=True)
+                interrupted = True
+                break
             # Keeping up: a server with a lead (the gateway's 1 s) can fall behind real time
             # for a whole window without an underrun, so the delivered rate must be real time.
             r["realtime_share"] = round(r["frames_per_s"] / (n * 1000 / FRAME_MS), 3)
@@ -645,6 +682,8 @@ def bench_stream(args) -> dict:
             print(row(target, r), flush=True)
             if not r["pass"]:
                 break
+        if interrupted:
+            break
     print()
     for target, rows in out.items():
         passing = [r for r in rows if r["pass"]]
@@ -652,6 +691,8 @@ def bench_stream(args) -> dict:
         print(f"{target:8} max passing N = {best['sessions'] if best else 0}; "
               f"cpu s / 1,000 frames at that N = "
               f"{best['cpu_s_per_1000_frames'] if best else '-'}")
+    if interrupted:
+        raise Interrupted(out)
     return out
 
 
@@ -711,7 +752,7 @@ def setup_peers() -> None:
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages], check=True)
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("mode", nargs="?", choices=["idle", "stream", "profile"])
     p.add_argument("--setup-peers", action="store_true",
@@ -737,7 +778,7 @@ def main() -> None:
     if args.mode is None:
         if not args.setup_peers:
             p.error("a mode (idle, stream, profile) or --setup-peers")
-        return
+        return 0
     most = max(args.ramp) if args.mode == "stream" else args.ramp[0]
     if args.mode != "idle" and say_needed_s(most, args.seconds, args.warmup) * CHARS_PER_S \
             > MAX_SAY_CHARS:  # (cut short, every session would end before its window)
@@ -750,10 +791,20 @@ def main() -> None:
     meta = {"mode": args.mode, "argv": sys.argv[1:], "cpus": os.cpu_count(),
             "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    result = {"idle": bench_idle, "stream": bench_stream, "profile": bench_profile}[args.mode](args)
+    bench = {"idle": bench_idle, "stream": bench_stream, "profile": bench_profile}[args.mode]
+    try:
+        result, code = bench(args), 0
+    except Interrupted as stopped:  # (a traceback, and no --json, for a run of many steps)
+        result, code = stopped.result, 130
+    except KeyboardInterrupt:  # (profile: one step, nothing measured yet)
+        result, code = {}, 130
+    if code:
+        meta["interrupted"] = True
+        print("interrupted (Ctrl-C)", file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": result}, indent=1))
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

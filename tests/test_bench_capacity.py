@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -182,3 +183,56 @@ def test_a_step_whose_turns_fail_says_so_in_its_row(monkeypatch, capsys, say, sh
         cells = dict(zip(names, lines[header + 1].split(), strict=True))
         assert cells[{"ended": "ended", "errors": "err"}[shown]] == "3"
         assert cells["ok"] == "NO"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
+def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group: the bench, its server, its client
+    processes) ended a ramp in tracebacks from every process, with no summary and no
+    --json: the steps already measured were lost but for their rows on the screen. Now the
+    step in progress ends with its server and clients, the summary and the JSON keep what
+    was measured (here: nothing yet), and the exit status is 130."""
+    import os
+    import signal
+
+    out = tmp_path / "cap.json"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
+                             "--ramp", "3", "--seconds", "60", "--warmup", "0.5",
+                             "--json", str(out)], cwd=ROOT, text=True, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+
+    def children() -> dict[str, str]:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            pids = f.read().split()
+        found = {}
+        for pid in pids:
+            with contextlib.suppress(FileNotFoundError):
+                found[pid] = Path(f"/proc/{pid}/cmdline").read_text()
+        return found
+
+    try:
+        assert proc.stdout.readline().startswith("target")
+        deadline = time.monotonic() + 60
+        while not any("spawn_main" in c for c in children().values()):  # a client streams
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        running = children()
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert "interrupted (Ctrl-C)" in stderr and "3  interrupted (Ctrl-C): not measured" in stdout
+    assert "gateway  max passing N = 0" in stdout
+    result = json.loads(out.read_text())
+    assert result["meta"]["interrupted"] and result["results"] == {"gateway": []}
+    assert any("capacity_server" in c for c in running.values())
+    for pid in running:  # the server and the client: gone with the bench
+        with contextlib.suppress(FileNotFoundError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+            assert "capacity_server" not in cmdline and "spawn_main" not in cmdline
