@@ -69,7 +69,7 @@ def load_replies(path: str | Path | None = None) -> dict[str, str]:
         where = "engines/data/replies.jsonl"
     else:
         try:
-            text = Path(path).read_text("utf-8")
+            text = Path(path).read_text("utf-8-sig")  # (a Windows editor's BOM too)
         except OSError as exc:
             raise ValueError(f"llm.replies {str(path)!r} cannot be read: "
                              f"{exc.strerror or exc}") from None

@@ -215,6 +215,13 @@ def test_bad_files_are_refused_with_the_line(tmp_path):
         load_replies(dup)
 
 
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """As loadgen reads its transcripts: its first line was refused, not an object."""
+    bom = tmp_path / "bom.jsonl"
+    bom.write_text('\ufeff{"transcript": "Ping?", "reply": "Pong."}\n', encoding="utf-8")
+    assert load_replies(bom) == {"ping": "Pong."}
+
+
 async def test_custom_file_and_registry(tmp_path):
     own = tmp_path / "own.jsonl"
     own.write_text('{"transcript": "Ping?", "reply": "Pong."}\n')
