@@ -437,6 +437,14 @@ class FallbackStream:
         return chunk
 
     def _close_inner(self) -> None:
+        """Close the engine's stream; one whose ``close`` raises is logged, as the lane
+        logs its own streams': the close runs inside ``step`` here, and its error took the
+        place of the segment's outcome (no fallback after a primary failed, a whole
+        segment failed at its end, a probe that never ended kept the breaker from probing
+        again)."""
         inner, self._inner = self._inner, None
         if inner is not None:
-            inner.close()
+            try:
+                inner.close()
+            except Exception:
+                log.exception("closing a synthesis stream failed")

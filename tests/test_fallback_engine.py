@@ -40,6 +40,8 @@ class ScriptedEngine(Uninterruptible):
         self.default = default if default is not None else [b"\x01\x00" * 4]
         self.opened: list[SynthesisRequest] = []
         self.closed_streams = 0
+        self.close_raises: Exception | None = None
+        """What each stream's ``close`` raises, once it has closed (None: nothing)."""
 
     def voices(self) -> list[str]:
         return [f"{self.name}-voice"]
@@ -75,6 +77,8 @@ class ScriptedEngine(Uninterruptible):
             def close(self) -> None:
                 engine.closed_streams += 1
                 self.items = []
+                if engine.close_raises is not None:
+                    raise engine.close_raises
 
         return Stream()
 
@@ -449,6 +453,33 @@ def test_an_interrupted_probe_proves_nothing():
     assert len(fallback.opened) == opened
     assert drain(engine.open(SynthesisRequest("c"))) == [b"\x01\x00"]  # the next probe ran
     assert engine.state is BreakerState.CLOSED
+
+
+def test_a_primary_stream_that_fails_to_close_changes_no_outcome(caplog):
+    """The wrapper closes the primary's stream inside its own ``step``: a ``close`` that
+    raised (an MLX engine clearing its cache on a GPU that just failed the step) left
+    the segment as it stood, so the fallback never spoke for a primary that failed
+    before audio (the turn failed with the close's error), a segment whose audio was
+    all sent failed its turn at its end, and a probe that spoke whole never closed the
+    breaker (``_probing`` stayed set: the primary was never tried again). As the lane
+    does for its own streams, such a close is logged and the segment goes on."""
+    engine, primary, fallback, clock = setup([[fail()], [fail()], [b"\x01\x00"] * 2,
+                                              [b"\x02\x00"]])
+    primary.close_raises = RuntimeError("clearing the cache failed")
+    first = engine.open(SynthesisRequest("a"))
+    assert drain(first) == [b"\x09\x00" * 8] and first.engine_name == "chatterbox"
+    drain(engine.open(SynthesisRequest("b")))
+    assert engine.state is BreakerState.OPEN
+    clock.now += 31
+    cut = engine.open(SynthesisRequest("probe"))
+    assert cut.step() == b"\x01\x00"
+    cut.close()  # a barge-in: another probe may run
+    probe = engine.open(SynthesisRequest("probe again"))
+    assert drain(probe) == [b"\x02\x00"] and not probe.truncated
+    assert probe.engine_name == "qwen3" and engine.state is BreakerState.CLOSED
+    assert primary.closed_streams == 4
+    closes = [r for r in caplog.records if r.exc_info and r.exc_info[0] is RuntimeError]
+    assert len(closes) == 4
 
 
 @pytest.mark.parametrize(("fallback_safe", "expected"), [(True, 8), (False, 1)])
