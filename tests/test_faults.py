@@ -104,11 +104,16 @@ async def test_engine_raising_mid_sentence_fails_that_turn_only(fault):
         async with connect(url(gw)) as ws:
             await recv_event(ws, "session.created")
             other = asyncio.create_task(well_behaved(gw))
-            bad = await say(ws, "This part is fine. But RAISE breaks this sentence midway.")
+            bad = await say(ws, "This part is fine. But RAISE breaks this sentence midway. "
+                                "This one is never said.")
             (error,) = bad.of("error")
             assert error["error"]["code"] == "engine_failed"
             assert error["turn_id"] == bad.turn_id
             assert bad.done["status"] == "failed"
+            # the failing sentence went out in part; the one after it was never reached
+            assert [s["index"] for s in bad.of("sentence")] == [0, 1]
+            assert [s["index"] for s in bad.of("sentence.done")] == [0]
+            assert bad.done["metrics"]["sentences"] == 2
             await other
             again = await say(ws, "The lane still works.")  # the lane went on
             assert again.done["status"] == "completed"

@@ -1314,6 +1314,8 @@ def test_an_engine_failure_that_cannot_leave_whole_sentences_ends_the_turn_at_on
     out = s.synthesis_failed(tid, failing, "engine_failed", "boom", clock())
     (done,) = events(out, "turn.done")
     assert done["status"] == "failed", rule
+    assert done["metrics"]["sentences"] == 1, rule  # the one announced: the client's count
+    assert {type(e) for e in out} >= {CancelLlm, CancelSynthesis}, rule
     assert s.wake_at() is None and s.tick(clock.advance(1000)) == [], rule
     assert s.deadline(tid, clock()) is None, rule
 

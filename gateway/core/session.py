@@ -574,7 +574,13 @@ class Session:
         code, message = _documented(code, message, SYNTHESIS_ERROR_CODES, "engine_failed")
         if turn.segments[index].announced or index < turn.current or \
                 not all(seg.synthesized for seg in turn.segments[:index]):
-            return self._fail(turn, code, message, now)
+            # the turn ends with the sentences the client was told of (announced in order):
+            # metrics counted the unreached ones too, unlike a failure that leaves whole ones
+            kept = sum(seg.announced for seg in turn.segments)
+            stop = self._stop_work(turn, turn.segments[kept:])
+            del turn.segments[kept:]
+            error, *rest = self._fail(turn, code, message, now)
+            return [error, *stop, *(e for e in rest if e not in stop)]
         effects = [self._turn_error(turn, code, message),
                    *self._stop_work(turn, turn.segments[index:])]
         turn.held_bytes -= sum(len(seg.pending) for seg in turn.segments[index:])
