@@ -97,7 +97,10 @@ async def well_behaved(gw: Gateway, started: asyncio.Event | None = None) -> Tur
 
 
 @pytest.mark.parametrize("fault", [EngineError("engine_failed", "the model fell over"),
-                                   RuntimeError("a bug in the engine")])
+                                   RuntimeError("a bug in the engine"),
+                                   # a library ending its thread (sys.exit) on the lane's: it
+                                   # reached the loop and stopped the whole gateway
+                                   SystemExit("the engine's thread exits")])
 async def test_engine_raising_mid_sentence_fails_that_turn_only(fault):
     gw = await start(FaultyEngine(fault))
     try:

@@ -229,8 +229,15 @@ def _run_call(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]
         return
     try:
         result = fn(*args)
-    except BaseException as exc:
+    except Exception as exc:
         future.set_exception(exc)
+    except BaseException as exc:
+        # an engine's library ending its thread (``sys.exit``): on this thread nothing
+        # else can mean it, and passed on as it was it stopped the event loop, every
+        # session with it; a failure of this call like any other
+        error = RuntimeError(f"the call ended its thread: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        future.set_exception(error)
     else:
         future.set_result(result)
 
