@@ -60,3 +60,25 @@ def test_ours_words_intended_first_cut_and_mid_phrase_count() -> None:
     assert not bench._mid_phrase("Well done! 🎉 More.", "Well done! 🎉")
     assert not bench._mid_phrase("Sure, go ahead.", "Sure,")
     assert not bench._mid_phrase("A list item\nnext", "A list item")
+
+
+def test_the_readme_counts_the_corpus_the_bench_feeds() -> None:
+    """The README's Segmentation paragraph said 286 replies (33 in the five European
+    languages) after two more had joined the corpus, while the bench it names printed
+    "corpus: 288 replies": its figures are of the corpus as it is."""
+    import json
+    import re
+    from collections import Counter
+
+    corpus = [json.loads(line) for line in
+              (ROOT / "tests" / "data" / "segmentation.jsonl").read_text().splitlines()]
+    tags = Counter(row["tag"] for row in corpus)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    said = re.search(r"segmentation\.py` \(`--setup-peers` once\); (\d+) replies fed in random "
+                     r"chunks \((\d+) of them Chinese and Japanese, (\d+) German, French, "
+                     r"Spanish, Italian and Portuguese\)", readme)
+    assert said, "the README's Segmentation paragraph no longer counts the corpus"
+    european = tags["German, French, Spanish, Italian, Portuguese"]
+    assert [int(n) for n in said.groups()] == [len(corpus), tags["Chinese and Japanese"],
+                                                european]
+    assert f"The {european} German, French, Spanish, Italian and Portuguese replies" in readme
