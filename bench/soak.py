@@ -83,7 +83,8 @@ class GatewayProcess(Server):
     def __init__(self, max_lead_ms: int, outbox_bytes: int | None = None,
                  replies: str | None = None) -> None:
         extra = ["--outbox-bytes", str(outbox_bytes)] if outbox_bytes else []
-        extra += ["--replies", replies] if replies else []
+        # (absolute: the gateway runs in the repository, not in our working directory)
+        extra += ["--replies", os.path.abspath(replies)] if replies else []
         super().__init__("gateway", "--max-lead-ms", str(max_lead_ms), *extra, log=False)
 
     @property

@@ -208,14 +208,17 @@ async def test_ctrl_c_stops_the_soak_with_its_table(tmp_path):
     assert result["tasks"]["idle_after"] == result["tasks"]["start"]
 
 
-async def test_the_soak_says_and_hears_the_replay_set_it_is_given(tmp_path):
+async def test_the_soak_says_and_hears_the_replay_set_it_is_given(tmp_path, monkeypatch):
     """The soak could only use the shipped replay set: another one (the hub's, a shared
     one) could not be soaked. ``--replies``: the sessions say its transcripts and the
-    gateway's replay LLM answers with its replies."""
-    replies = tmp_path / "replay.jsonl"
-    replies.write_text(json.dumps({"transcript": "Knock knock.", "reply": "Who is there?"})
-                       + "\n")
-    gateway = soak.GatewayProcess(max_lead_ms=1000, replies=str(replies))
+    gateway's replay LLM answers with its replies. A path relative to where the soak runs
+    is the gateway's too (it runs in the repository: it looked for the file there, and
+    died before serving)."""
+    monkeypatch.chdir(tmp_path)
+    replies = "replay.jsonl"
+    (tmp_path / replies).write_text(
+        json.dumps({"transcript": "Knock knock.", "reply": "Who is there?"}) + "\n")
+    gateway = soak.GatewayProcess(max_lead_ms=1000, replies=replies)
     try:
         stats = soak.SoakStats()
         # seed 2: a "normal" turn
