@@ -127,6 +127,8 @@ class SessionRunner:
         self.loop = asyncio.get_running_loop()
         self.resume_token = secrets.token_urlsafe(24)
         self.outbox = Outbox(outbox_bytes)
+        self.outbox_bytes = outbox_bytes
+        """The outbox's bound beyond what the kernel cannot take of a lead (``_fit_lead``)."""
         self.resume_window_s = resume_window_s
         self.connection: VoiceConnection | None = None
         self.closed = False
@@ -154,7 +156,7 @@ class SessionRunner:
             self._expiry.cancel()
             self._expiry = None
         self.connection = connection
-        connection.fit_send_buffer(self.session.settings.max_lead_ms)
+        self._fit_lead()
         replayed = self.outbox.rewind(position)
         connection.wake_writer()
         session = self.session
@@ -257,8 +259,8 @@ class SessionRunner:
         mark = message if isinstance(message, codec.ClientPlayback) else None
         before = None if mark is None else self.session.deadline(mark.turn_id, now)
         self._apply(self.session.receive(message, now))
-        if isinstance(message, codec.ClientSessionUpdate) and self.connection is not None:
-            self.connection.fit_send_buffer(self.session.settings.max_lead_ms)
+        if isinstance(message, codec.ClientSessionUpdate):
+            self._fit_lead()
         if mark is None or before is None:
             return
         after = self.session.deadline(mark.turn_id, now)
@@ -335,6 +337,16 @@ class SessionRunner:
                     self.connection.probe(silent_s)
             case _:
                 assert_never(effect)
+
+    def _fit_lead(self) -> None:
+        """One lead of audio (``max_lead_ms``), all the pacer lets out at once, waits for
+        the client in the socket's send buffer; what the kernel cannot take of it (a stock
+        Linux caps the buffer at ``net.core.wmem_max``, 208 KiB: 4.4 s of audio) is
+        added to the outbox's bound, or a client reading a long lead late was ended as a
+        slow consumer."""
+        if self.connection is not None:
+            short = self.connection.fit_send_buffer(self.session.settings.max_lead_ms)
+            self.outbox.max_bytes = self.outbox_bytes + short
 
     def _llm_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -744,22 +756,28 @@ class VoiceConnection:
         self.runner = runner
         runner.attach(self, position, resumed=resumed)
 
-    def fit_send_buffer(self, max_lead_ms: int) -> None:
+    def fit_send_buffer(self, max_lead_ms: int) -> int:
         """Size the socket's kernel send buffer to one lead of audio (``max_lead_ms``,
         within ``SEND_BUFFER_BYTES``): all the pacer lets out at once fits, and a client
         that stops reading fills it within seconds, so what follows waits in the outbox,
         whose bound applies (``slow_consumer``). Autotuned, it may grow to 4 MB (Linux's
         ``tcp_wmem``), ~80 s of audio paced in real time: a client that stopped reading
         but went on sending was ended by nothing but the keepalive (40 s), as a network
-        drop, with 1.8 MB in the kernel and its session kept for a resume."""
-        size = min(max(max_lead_ms * codec.BYTES_PER_MS, SEND_BUFFER_BYTES[0]),
-                   SEND_BUFFER_BYTES[1])
+        drop, with 1.8 MB in the kernel and its session kept for a resume. Returns the
+        bytes of what was asked that the kernel did not give (0 when unknown): a lead
+        beyond ``SEND_BUFFER_BYTES`` (no pacing) is the outbox's to bound, as before."""
+        lead = max_lead_ms * codec.BYTES_PER_MS
+        size = min(max(lead, SEND_BUFFER_BYTES[0]), SEND_BUFFER_BYTES[1])
         sock = self.ws.transport.get_extra_info("socket")
-        if size == self._send_buffer or sock is None:
-            return
-        self._send_buffer = size
-        with contextlib.suppress(OSError):  # (a socket already gone)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        if sock is None:
+            return 0
+        try:  # (OSError: a socket already gone)
+            if size != self._send_buffer:
+                self._send_buffer = size
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+            return max(0, min(lead, size) - sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+        except OSError:
+            return 0
 
     def close_soon(self, code: int, reason: str, *, grace_s: float = 1.0) -> None:
         """Stop writing and close. A client that does not read will not read the close
