@@ -46,6 +46,20 @@ def test_a_starved_listener_gets_the_first_frame_and_the_rest_up_to_the_lead():
     assert Pacer(max_lead_ms=100).frames_allowed(0.0, 250) == 1  # longer than the lead
 
 
+@pytest.mark.parametrize(("now", "frame_ms", "goes"), [
+    (0.02, 20, True),  # 980 ms ahead: the frame takes the lead to the limit exactly
+    (0.0195, 20, False),  # 980.5 ms ahead: it would pass the limit by half a millisecond
+    (2.0, 1500, True),  # starved: the next frame goes, even one longer than the limit
+])
+def test_a_frame_goes_only_if_the_lead_stays_within_the_limit(now, frame_ms, goes):
+    """The limit is exact: ``_EPSILON_MS`` absorbs float rounding, not part of a
+    millisecond; ``may_send`` (one frame) and ``frames_allowed`` (a run) agree."""
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.sent(1000, 0.0)
+    assert pacer.may_send(now, frame_ms) is goes
+    assert pacer.frames_allowed(now, frame_ms) == int(goes)
+
+
 @settings(max_examples=500)
 @given(max_lead=st.integers(10, 30_000), frame_ms=st.sampled_from([10, 20, 40, 60, 100]),
        refill=st.integers(0, 2_000), sent=st.lists(st.tuples(st.floats(0, 5),
@@ -64,6 +78,9 @@ def test_the_wake_up_always_lets_at_least_one_frame_go(max_lead, frame_ms, refil
 
 def test_the_wake_up_comes_once_the_lead_has_dropped_by_the_refill():
     assert Pacer(max_lead_ms=1000).wake_at() is None  # nothing sent: frames go as they come
+    default = Pacer(max_lead_ms=2000)  # the session's: the refill is 400 ms (its docstring)
+    default.sent(2000, 0.0)
+    assert default.wake_at() == pytest.approx(0.4)
     pacer = Pacer(max_lead_ms=1000, frame_ms=40, refill_ms=400)
     pacer.sent(1000, 0.0)  # full: one second ahead
     assert pacer.wake_at() == pytest.approx(0.4)
@@ -85,6 +102,8 @@ def test_frames_sent_back_to_back_are_no_underrun():
     pacer.sent(40, 0.12)  # exactly as the third one ends
     assert pacer.underruns == 0
     assert pacer.lead_ms(0.12) == pytest.approx(40)
+    assert len(pacer._runs) == 1  # a send as the audio ends continues the run
+    assert pacer.clock_end == pytest.approx(pacer.play_end) == pytest.approx(0.16)
 
 
 def test_each_frame_arriving_after_the_listener_ran_out_counts_one_underrun():
@@ -127,9 +146,11 @@ def test_a_playback_mark_before_any_audio_does_not_make_the_first_frame_an_under
 def test_the_deadline_is_when_the_listener_runs_out_of_audio():
     pacer = Pacer(max_lead_ms=1000)
     assert pacer.deadline(0.3) == 0.3  # nothing sent: due now
+    assert pacer.lead_ms(0.3) == 0.0
     pacer.sent(1000, 0.0)
     assert pacer.deadline(0.2) == pytest.approx(1.0)
     assert pacer.deadline(1.5) == 1.5  # already starved: due now
+    assert pacer.lead_ms(1.5) == 0.0  # and it holds nothing, not a negative lead
 
 
 def test_a_playback_mark_below_an_earlier_one_changes_nothing():
@@ -267,6 +288,18 @@ def test_the_first_mark_on_audio_measures_the_round_trip_and_later_ones_the_stal
     assert pacer.link_lag is None
 
 
+def test_the_link_lag_is_the_smallest_gap_of_the_turn():
+    """A mark held up on its way (uplink jitter) says the link is slower than it is: the
+    next mark on time takes the lag back down, and the client is not taken for ahead."""
+    pacer = Pacer(max_lead_ms=1000)
+    pacer.sent(1000, 0.0)  # 250 ms each way: played 0.25 to 1.25
+    pacer.mark(100, 0.75)  # said at 0.35, 150 ms late up: a gap of 0.65
+    assert pacer.link_lag == pytest.approx(0.65)
+    pacer.mark(300, 0.8)  # said at 0.55, on time: the round trip
+    assert pacer.link_lag == pytest.approx(0.5)
+    assert pacer.play_end == pytest.approx(1.0)
+
+
 def test_a_client_ahead_of_the_estimate_is_believed():
     pacer = Pacer(max_lead_ms=1000)
     pacer.sent(1000, 0.0)
@@ -288,13 +321,16 @@ def test_a_resumed_socket_measures_its_own_link():
 
 
 def test_the_timeline_keeps_a_bounded_history():
-    pacer = Pacer(max_lead_ms=1000)
-    for i in range(1000):  # an engine slower than real time, and no marks: dry each frame
-        pacer.sent(40, i * 0.1)
-    assert len(pacer._runs) <= 64
-    pacer.mark(400, 100.0)  # from before the runs kept: taken as it says
-    assert pacer.link_lag is None
-    assert pacer.play_end == pytest.approx(100.0 + (40_000 - 400) / 1000)
+    old, kept = Pacer(max_lead_ms=1000), Pacer(max_lead_ms=1000)
+    for pacer in (old, kept):
+        for i in range(1000):  # an engine slower than real time, and no marks: dry each frame
+            pacer.sent(40, i * 0.1)
+        assert len(pacer._runs) == 64  # the last 64 restarts: frames 936 to 999
+    old.mark(400, 100.0)  # from before the runs kept: taken as it says
+    assert old.link_lag is None
+    assert old.play_end == pytest.approx(100.0 + (40_000 - 400) / 1000)
+    kept.mark(936 * 40 + 20, 100.0)  # within the oldest run kept: played by 93.62 at best
+    assert kept.link_lag == pytest.approx(100.0 - 93.62)
 
 
 def test_audio_sent_while_the_client_still_plays_continues_its_timeline():
@@ -400,6 +436,19 @@ def test_a_replay_after_the_client_ran_dry_plays_from_its_send():
     again.mark(400, 1.3)
     assert again.link_lag == pytest.approx(0.0)
     assert again.play_end == pytest.approx(1.9)
+
+
+@pytest.mark.parametrize("resume_at", [0.5, 0.0])  # 0.0: at the very moment of the send
+def test_a_replay_of_all_the_audio_plays_from_the_resume(resume_at):
+    """A socket dropped before any frame of the turn arrived: all of it comes again, and
+    the timeline starts over at the resume (a mark on a link with no delay measures none)."""
+    pacer = Pacer(max_lead_ms=2000)
+    pacer.sent(1000, 0.0)
+    pacer.resumed(1000, resume_at)
+    assert pacer.play_end == pytest.approx(resume_at + 1.0)
+    pacer.mark(200, resume_at + 0.2)
+    assert pacer.link_lag == pytest.approx(0.0, abs=1e-9)
+    assert pacer.play_end == pytest.approx(resume_at + 1.0)
 
 
 def test_a_resume_before_any_audio_has_no_timeline():
