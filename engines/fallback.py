@@ -298,7 +298,7 @@ class FallbackEngine:
             self._probing = False
 
 
-def _bug(name: str, exc: Exception) -> EngineError:
+def _bug(name: str, exc: Exception | SystemExit) -> EngineError:
     """A primary's exception that is not an engine error (a bug, a library's own error),
     logged with its traceback and then handled as a failure: the fallback speaks for it, as
     for any failure, rather than the turn failing. The breaker bounds the lines logged."""
@@ -352,7 +352,7 @@ class FallbackStream:
                     self.close()
                     return None
             chunk = self._inner.step()
-        except Exception as raised:
+        except (Exception, SystemExit) as raised:  # (a library's sys.exit: a failure too)
             if self._interrupted:
                 self.close()
                 return None

@@ -482,6 +482,20 @@ def test_a_primary_stream_that_fails_to_close_changes_no_outcome(caplog):
     assert len(closes) == 4
 
 
+def test_a_primary_ending_its_thread_is_a_failure_the_fallback_speaks_for(caplog):
+    """A library calling ``sys.exit`` inside the primary's step (``SystemExit``, which the
+    lane turns into a failed job) is a failure like any other here: before audio the
+    fallback speaks the segment, instead of the turn failing with the engine's exit."""
+
+    def exits() -> bytes:
+        raise SystemExit(3)
+
+    engine, _primary, _fallback, _clock = setup([[exits]])
+    stream = engine.open(SynthesisRequest("a"))
+    assert drain(stream) == [b"\x09\x00" * 8] and stream.engine_name == "chatterbox"
+    assert any("SystemExit" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize(("fallback_safe", "expected"), [(True, 8), (False, 1)])
 def test_a_primary_runs_steps_at_once_only_behind_a_thread_safe_fallback(fallback_safe,
                                                                          expected):
