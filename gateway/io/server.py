@@ -1012,7 +1012,7 @@ def _say(line: str) -> None:
     Stdout then goes to /dev/null, its buffered line too; the log (stderr) goes on."""
     try:
         print(line, flush=True)
-    except BrokenPipeError:
+    except OSError:  # (a broken pipe; EIO from a terminal that closed)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
