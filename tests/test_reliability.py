@@ -39,6 +39,15 @@ async def no_sessions(gw: Gateway) -> None:
     await asyncio.wait_for(gw.wait_no_sessions(), 10)
 
 
+def small_window_socket(gw: Gateway) -> socket.socket:
+    """A socket to the gateway whose receive buffer holds 4 KiB: a client that stops
+    reading shows at once, not after the kernel's megabytes."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", gw.port))
+    return sock
+
+
 def url(gw: Gateway, suffix: str = "") -> str:
     return f"ws://127.0.0.1:{gw.port}/v1/voice{suffix}"
 
@@ -645,9 +654,7 @@ async def test_a_client_that_pauses_reading_gets_every_frame_once_in_order():
     # Across those switches no message may be skipped, repeated or reordered.
     gw = await started(outbox_bytes=32 * 1024 * 1024, session={"max_lead_ms": 600_000})
     try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", gw.port))
+        sock = small_window_socket(gw)
         async with connect(url(gw), sock=sock, max_queue=1) as ws:
             created = await recv_event(ws, "session.created")
             server_side = gw.runners[created["session_id"]].connection.ws
@@ -685,9 +692,7 @@ async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
     # no pacing (a lead of 10 minutes): the whole reply is released at once
     gw = await started(outbox_bytes=64 * 1024, session={"max_lead_ms": 600_000})
     try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", gw.port))
+        sock = small_window_socket(gw)
         # no keepalive of its own: only the gateway can end this connection (the client's
         # 20 s ping timing out ended it after 40 s, and the test waited for that)
         stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
@@ -720,9 +725,7 @@ async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch)
     monkeypatch.setattr(session_module, "UNMARKED_SILENT_S", 3600.0)
     gw = await started(outbox_bytes=64 * 1024, resume_window_s=60.0)
     try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", gw.port))
+        sock = small_window_socket(gw)
         stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
         created = await recv_event(stalled, "session.created")
         server_side = gw.runners[created["session_id"]].connection.ws
@@ -748,9 +751,7 @@ async def test_a_client_may_read_a_whole_lead_late():
     lead) the outbox holds the rest beyond its bound."""
     gw = await started(outbox_bytes=64 * 1024)
     try:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", gw.port))
+        sock = small_window_socket(gw)
         async with connect(url(gw), sock=sock, max_queue=1) as ws:
             await recv_event(ws, "session.created")
             await send(ws, type="session.update", session={"max_lead_ms": 20_000})

@@ -93,11 +93,7 @@ async def test_a_gateway_that_dies_under_the_soak_gets_a_report_not_a_traceback(
         "--json", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stderr is not None
     try:
-        while True:  # a progress line with a turn done: the load is on
-            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
-            assert line
-            if " turns " in line and " turns 0 " not in line:
-                break
+        await load_is_on(proc)
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:  # noqa: ASYNC230
             (gateway,) = f.read().split()  # bench/capacity_server.py
         os.kill(int(gateway), signal.SIGKILL)
@@ -187,11 +183,7 @@ async def test_ctrl_c_stops_the_soak_with_its_table(tmp_path):
         start_new_session=True)  # (its own process group, as a terminal's job)
     assert proc.stderr is not None
     try:
-        while True:  # a progress line with a turn done: the load is on
-            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
-            assert line
-            if " turns " in line and " turns 0 " not in line:
-                break
+        await load_is_on(proc)
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
     finally:
@@ -249,3 +241,13 @@ def test_a_replay_set_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
         with pytest.raises(SystemExit) as stopped:
             soak.main(["--replies", str(path)])
         assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+async def load_is_on(proc: asyncio.subprocess.Process) -> None:
+    """Read the soak's progress lines until one has a turn done: the load is on."""
+    assert proc.stderr is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+        assert line
+        if " turns " in line and " turns 0 " not in line:
+            return
