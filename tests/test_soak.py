@@ -4,7 +4,14 @@ stalled readers and session churn; nothing lost, nothing failed, nothing left op
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,27 +88,12 @@ async def test_a_gateway_that_dies_under_the_soak_gets_a_report_not_a_traceback(
     """The soak's own gateway process dies (SIGKILL: a crash, the OOM killer). The soak
     ended in a traceback from its probes of the dead process, its figures gone; now every
     session is lost at once and the table says the gateway died (exit status 1)."""
-    import os
-    import signal
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).parent / ".." / "bench" / "soak.py"
     out = tmp_path / "soak.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), "--sessions", "4", "--minutes", "1", "--sample-s", "1",
-        "--json", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    assert proc.stderr is not None
-    try:
-        await load_is_on(proc)
+    async with soak_under_load("--minutes", "1", "--json", str(out)) as proc:
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:  # noqa: ASYNC230
             (gateway,) = f.read().split()  # bench/capacity_server.py
         os.kill(int(gateway), signal.SIGKILL)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert proc.returncode == 1, stderr.decode()
     assert "Traceback" not in stderr.decode(), stderr.decode()
     assert "-9: died under the load" in stdout.decode()
@@ -170,26 +162,11 @@ async def test_ctrl_c_stops_the_soak_with_its_table(tmp_path):
     ended the soak in a traceback, its table and --json gone, minutes of figures with them.
     Now the sessions close, the gateway (which the Ctrl-C does not reach) is probed as after
     a full run, and the table says the run was interrupted (exit status 130)."""
-    import os
-    import signal
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).parent / ".." / "bench" / "soak.py"
     out = tmp_path / "soak.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), "--sessions", "4", "--minutes", "5", "--sample-s", "1",
-        "--json", str(out), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True)  # (its own process group, as a terminal's job)
-    assert proc.stderr is not None
-    try:
-        await load_is_on(proc)
+    async with soak_under_load("--minutes", "5", "--json", str(out),
+                               start_new_session=True) as proc:  # (as a terminal's job)
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert proc.returncode == 130, stderr.decode()
     assert "Traceback" not in stderr.decode(), stderr.decode()
     assert "(interrupted: Ctrl-C)" in stdout.decode()
@@ -243,11 +220,23 @@ def test_a_replay_set_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
         assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
-async def load_is_on(proc: asyncio.subprocess.Process) -> None:
-    """Read the soak's progress lines until one has a turn done: the load is on."""
+@contextlib.asynccontextmanager
+async def soak_under_load(*args: str, **popen: Any) -> AsyncIterator[asyncio.subprocess.Process]:
+    """bench/soak.py with 4 sessions and ``args``, once a progress line has a turn done
+    (the load is on); killed on the way out if it is still running."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).parent / ".." / "bench" / "soak.py"),
+        "--sessions", "4", "--sample-s", "1", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, **popen)
     assert proc.stderr is not None
-    while True:
-        line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
-        assert line
-        if " turns " in line and " turns 0 " not in line:
-            return
+    try:
+        while True:
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line
+            if " turns " in line and " turns 0 " not in line:
+                break
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
