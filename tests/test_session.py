@@ -1208,6 +1208,21 @@ def test_a_sentence_cut_while_it_is_still_synthesized_is_cut_by_its_estimated_le
     assert s.history[1]["content"] == "One …"
 
 
+def test_a_sentence_still_synthesized_is_estimated_by_what_its_engine_is_given(clock):
+    """The estimate counts the text the engine says, not the text written: for an engine
+    that does not read digits "$1,234.56" is said in 64 characters, and the sentence,
+    estimated from its 27 written ones (1.8 s), kept "It cost" after 500 ms of some 5 s."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=1000), reads_digits=False)
+    tid = start(s, clock)
+    s.llm_delta(tid, "It cost $1,234.56 in total.", clock())
+    s.llm_done(tid, None, clock())
+    s.audio(tid, 0, pcm(1000), "x", clock())  # more to come
+    s.tick(clock())
+    s.receive(ClientPlayback(tid, 500.0), clock.advance(500))
+    s.receive(ClientCancel(tid), clock())
+    assert s.history[1]["content"] == "It …"
+
+
 def test_a_request_past_the_llm_context_forgets_the_older_half_of_history_and_asks_again(
         clock):
     """``llm_context_full``: the older half of the history (rounded up) goes and the same

@@ -961,7 +961,7 @@ class Session:
         end); for a cut one, what the client reported played (else what was sent). The
         sentence that was playing is cut by words (Chinese and Japanese: by characters),
         each weighed as it is read (``heard_prefix``), in proportion to its audio
-        (estimated from its length while unknown), then ``…``; a reply cut between two
+        (estimated from its spoken length while unknown), then ``…``; a reply cut between two
         sentences ends in ``…`` too, so the LLM knows it did not finish, whatever side of
         the boundary a mark landed on. A sentence its engine cut short (``cut_short``: the
         next engine went on with the next sentence) is kept only as far as its audio went,
@@ -981,7 +981,7 @@ class Session:
             text = seg.segment.text
             between = turn.reply[heard_to:seg.segment.start]
             gap = between if said and between and not between.strip() else " "
-            estimated_ms = len(text) * _MS_PER_CHAR
+            estimated_ms = len(seg.segment.spoken) * _MS_PER_CHAR  # (what the engine says)
             if seg.finished and heard_ms >= seg.sent_ms - _WHOLE_SLACK_MS:
                 cut = seg.cut_short
                 said += gap + (_cut(text, seg.sent_ms / max(seg.sent_ms, estimated_ms))
