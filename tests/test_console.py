@@ -997,7 +997,7 @@ async def test_console_controls_on_a_phone_are_large_enough_to_tap(gateway):
 
 
 @asynccontextmanager
-async def on_a_phone(port: int, width: int) -> AsyncIterator[Any]:
+async def on_a_phone(port: int, width: int, height: int = 700) -> AsyncIterator[Any]:
     """The console of the gateway on ``port`` in a page ``width`` px wide (a phone's)."""
     from playwright.async_api import async_playwright
 
@@ -1005,7 +1005,7 @@ async def on_a_phone(port: int, width: int) -> AsyncIterator[Any]:
         browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                           args=BROWSER_ARGS)
         try:
-            page = await browser.new_page(viewport={"width": width, "height": 700})
+            page = await browser.new_page(viewport={"width": width, "height": height})
             await page.goto(f"http://127.0.0.1:{port}/")
             yield page
         finally:
@@ -1030,6 +1030,57 @@ async def test_console_on_a_phone_wraps_a_word_longer_than_the_screen(start_gate
         assert url in await page.inner_text("#reply")
         assert url in await page.inner_text("#sentences")
         assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+IN_VIEW = """(text) => [...document.body.querySelectorAll("*")].some((el) => {
+  // an element showing ``text`` as its own, wholly inside the viewport as the page is scrolled
+  const own = [...el.childNodes].filter((n) => n.nodeType === 3).map((n) => n.textContent);
+  if (!own.join("").includes(text) || !el.checkVisibility()) return false;
+  const r = el.getBoundingClientRect();
+  return r.top >= 0 && r.bottom <= innerHeight && r.left >= 0 && r.right <= innerWidth;
+})"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_on_a_phone_shows_an_error_where_the_person_is_looking(start_gateway):
+    """On a 360x740 phone the Errors panel starts ~830 px down: a refused voice, a
+    transcript refused for the rate, a transcript not sent for want of a socket were never
+    seen without scrolling (a screen reader alone announced them). The newest error shows
+    by the controls just used; the Errors panel keeps them all."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}],
+                             server={"turns_per_minute": 1})
+    state = "window.consoleState"
+    async with on_a_phone(gw.port, 360, 740) as page:
+        await page.wait_for_function(f"{state}.connected")
+        assert await page.evaluate("document.querySelector('#errors').getBoundingClientRect()"
+                                   ".top") > 740  # (what the test is about)
+        await page.fill("#voice", "en-gbb")
+        await page.click("#apply")
+        await page.wait_for_function(f"{state}.errors.length === 1")
+        refused = (await page.evaluate(f"{state}.errors"))[0]
+        assert refused.startswith("unknown_voice:")
+        assert await page.evaluate(IN_VIEW, refused)
+
+        await talk_when_ready(page, "Hello")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        await talk(page, "Hello")
+        await page.wait_for_function(f"{state}.errors.length === 2")
+        limited = (await page.evaluate(f"{state}.errors"))[1]
+        assert limited.startswith("rate_limited:")
+        assert await page.evaluate(IN_VIEW, limited)
+        assert not await page.evaluate(IN_VIEW, refused)  # the newest, not a stale one
+
+        await gw.aclose()
+        await page.wait_for_function(f"!{state}.connected")
+        await talk(page, "Hello")
+        await page.wait_for_function(
+            f"{state}.errors.at(-1) === 'not connected: the transcript was not sent'")
+        assert await page.evaluate(IN_VIEW, "not connected: the transcript was not sent")
+        # the Errors panel still lists every one, the newest first
+        assert (await page.inner_text("#errors li")).endswith(
+            "not connected: the transcript was not sent")
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 360
 
 
 CONTRAST = """() => {

@@ -338,6 +338,7 @@ async function refusedForToken() {
   const why = token ? "the gateway refused this token" : "this gateway needs a token";
   state.needsToken = true;
   setStatus(false, why);
+  noticeBy($("token-row"));
   showError(`${why}: enter it in the Session panel`);
   $("token-row").hidden = false;
   $("token").focus();
@@ -383,6 +384,7 @@ function askModels() {
 // of it typed sent that half
 $("token-row").addEventListener("submit", (e) => {
   e.preventDefault();
+  noticeBy($("token-row"));
   if (!$("token").value.trim()) return;
   token = $("token").value.trim();
   sessionStorage.setItem("voiceToken", token);
@@ -878,6 +880,17 @@ function showError(text) { // (the latest only, as the timeline: a page open for
   li.textContent = `${new Date().toLocaleTimeString()} ${text}`;
   $("errors").prepend(li);
   while ($("errors").children.length > TIMELINE_TURNS) $("errors").lastChild.remove();
+  $("notice").textContent = text;
+  $("notice").hidden = false;
+}
+
+// On a phone the Errors panel starts a screen or two down: a refused voice, a transcript
+// refused for the rate or not sent were seen by a screen reader only. The newest error
+// shows under the form the person last used too (console.css: on a narrow screen only);
+// each use of one starts it empty, so what it shows is that use's answer, or later news.
+function noticeBy(form) {
+  form.after($("notice"));
+  $("notice").hidden = true;
 }
 
 // ---- controls ----------------------------------------------------------------------
@@ -929,6 +942,7 @@ function submitTranscript(text) {
 
 $("talk").addEventListener("submit", (e) => {
   e.preventDefault();
+  noticeBy($("talk"));
   submitTranscript($("transcript").value);
 });
 
@@ -1000,7 +1014,10 @@ function sendStop(t) {
   send({type: "cancel", turn_id: t.id});
   t.stopSent = true;
 }
-$("stop").addEventListener("click", stop);
+$("stop").addEventListener("click", () => {
+  noticeBy($("talk"));
+  stop();
+});
 // Esc stops the reply, from anywhere but a field of its own: in the token or a setting it
 // is the field's (a select closes its list), and while an input method composes, the
 // composition's. In the transcript box, beside Stop, it stops.
@@ -1008,11 +1025,13 @@ document.addEventListener("keydown", (e) => {
   if (e.key !== "Escape" || e.isComposing || e.defaultPrevented) return;
   const field = e.target.closest?.("input, textarea, select, [contenteditable]");
   if (field && field.id !== "transcript") return;
+  noticeBy($("talk"));
   stop();
 });
 
 $("settings").addEventListener("submit", (e) => {
   e.preventDefault();
+  noticeBy($("settings"));
   const instructions = $("instructions").value.trim();
   if (chars(instructions) > MAX_INSTRUCTIONS_CHARS) {
     showError(`the instructions are ${chars(instructions)} characters; the limit is ` +
@@ -1053,6 +1072,7 @@ if (Recognition) {
   mic.hidden = false;
   let listening = null;
   mic.addEventListener("click", () => {
+    noticeBy($("talk"));
     if (listening) return listening.stop();
     const rec = listening = new Recognition();
     rec.lang = navigator.language || "en-US";
