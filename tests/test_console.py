@@ -536,6 +536,46 @@ async def test_console_a_new_session_keeps_the_settings_the_user_set(gateway):
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_a_new_gateway_without_the_voice_keeps_the_other_settings(
+        start_gateway):
+    """The gateway restarted onto another engine: the page gave the new session the last
+    one's settings in one session.update, taken whole or not at all, so the voice the new
+    engine lacks had the instructions refused with it, and nothing said they were gone:
+    the replies spoke as the user had not asked. The refused voice is said and left out;
+    the rest goes again without it."""
+    gw = await start_gateway()
+    state = "window.consoleState"
+    pirate = "Answer like a pirate."
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        await page.fill("#voice", "en-gb")
+        await page.fill("#instructions", pirate)
+        await page.fill("#first-max-words", "6")
+        await page.click("#apply")
+        await page.wait_for_function(f"{state}.settings.voice === 'en-gb'")
+        old, port = await page.evaluate(f"{state}.sessionId"), gw.port
+        await gw.aclose()
+        gw = await start_gateway(server={"port": port, "http_port": 0},
+                                 tts={"engine": "synthetic"})
+        await page.wait_for_function(
+            f"{state}.connected && {state}.sessionId !== {old!r} && "
+            f"{state}.errors.some(e => e.startsWith('unknown_voice'))")
+        await page.wait_for_function(f"{state}.settings.instructions === {pirate!r}")
+        (runner,) = gw.runners.values()
+        assert runner.session.settings.instructions == pirate
+        assert runner.session.settings.segmenter.first_max_words == 6
+        assert runner.session.settings.voice != "en-gb"
+        (refused,) = [e for e in await page.evaluate(f"{state}.errors")
+                      if e.startswith("unknown_voice")]
+        assert refused.endswith("; the last session's other settings were sent again "
+                                "without it")
+        assert [await page.input_value(f) for f in ("#voice", "#instructions",
+                                                    "#first-max-words")] == ["", pirate, "6"]
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_sets_the_first_segments_word_limits(gateway):
     """The segmenter's first-segment settings (first_max_words is opt-in, to be heard before
     it is chosen) are set in the page as the others are: shown as session.created says, a

@@ -542,9 +542,21 @@ function onEvent(ev) {
       // the box, to send again once the minute allows; it starts no turn
       const asked = ev.error.code === "rate_limited" ? session?.asked.shift() : undefined;
       const refused = asked && !asked.stopped && backInBox(asked.text);
+      // (a session.update is never refused for the rate: that is a transcript's answer)
+      const update = ev.turn_id === undefined && settings && ev.error.code !== "rate_limited" &&
+        !(ev.error.code === "resume_failed" && fresh) ? pendingUpdate : null;
+      const fields = update ? refusedFields(ev.error) : [];
+      // the last session's settings given to a new one (the gateway restarted, maybe onto
+      // another engine): one refused (a voice this engine lacks) had the others refused with
+      // it, the instructions too, unsaid. The rest goes again without it.
+      const rest = update?.carried ? withoutFields(update.session, fields) : null;
       showError(`${ev.error.code}: ${ev.error.message}` +
                 (ev.turn_id ? ` (turn ${ev.turn_id})` : "") +
-                (refused ? "; the transcript is back in the box" : ""));
+                (refused ? "; the transcript is back in the box" : "") +
+                (rest && Object.keys(rest).length
+                  ? "; the last session's other settings were sent again without it" : "") +
+                (rest && !Object.keys(rest).length
+                  ? "; the last session's settings were not carried over" : ""));
       if (ev.error.code === "resume_failed" && fresh) { // carry on with the new session
         giveBackAsked();
         session = null;
@@ -553,14 +565,16 @@ function onEvent(ev) {
         fresh = null;
         return;
       }
-      // (a session.update is never refused for the rate: that is a transcript's answer)
-      if (pendingUpdate && ev.turn_id === undefined && settings &&
-          ev.error.code !== "rate_limited") {
+      if (update) {
         pendingUpdate = null;
         // none of it was taken (protocol.md, session.update): the field refused shows the
         // setting in use again; the others keep what was typed in them, to go with it once
         // it is corrected (instructions just written went with a voice's typo)
-        showSettings(settings, {keepEdits: true, putBack: refusedFields(ev.error)});
+        showSettings(settings, {keepEdits: true, putBack: fields});
+        if (rest && Object.keys(rest).length) {
+          pendingUpdate = {n: ++sentNo, session: rest, carried: true};
+          send({type: "session.update", session: rest});
+        }
       }
       break;
     }
@@ -634,6 +648,20 @@ function refusedFields(error) {
   return named.length ? named : Object.keys(keys);
 }
 
+// The session.update ``update`` less the settings of the fields ``ids``.
+function withoutFields(update, ids) {
+  const keys = {"voice": "voice", "frame-ms": "frame_ms", "instructions": "instructions"};
+  const rest = {...update};
+  for (const id of ids) delete rest[keys[id]];
+  if (rest.segmenter) {
+    const words = {...rest.segmenter};
+    for (const id of ids) delete words[FIRST_SEGMENT[id]];
+    if (Object.keys(words).length) rest.segmenter = words;
+    else delete rest.segmenter;
+  }
+  return rest;
+}
+
 // A session gone with the turn playing: its audio stops; a turn it did not end gets its
 // row, "lost" (its turn.done will never come).
 function loseTurn() {
@@ -686,7 +714,7 @@ function startSession(ev) {
   // last one up, not with the defaults: the voice picked and the instructions typed were
   // silently gone from the fields and from the replies
   if (Object.keys(carried).length) {
-    pendingUpdate = {n: ++sentNo, session: carried};
+    pendingUpdate = {n: ++sentNo, session: carried, carried: true};
     send({type: "session.update", session: carried});
   }
 }
