@@ -951,10 +951,19 @@ async def test_the_voice_port_answers_get_head_and_nothing_else(gateway):
             head, body = await raw_answer(gateway.port, method + b" " + path + b" HTTP/1.1"
                                           b"\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 405 "), (method, path, head)
-            assert b"Allow: GET, HEAD" in head
-            assert json.loads(body)["error"]["code"] == "method_not_allowed"
+            allowed = b"GET" if path == b"/v1/voice" else b"GET, HEAD"
+            assert b"\r\nAllow: " + allowed + b"\r\n" in head
+            error = json.loads(body)["error"]
+            assert error["code"] == "method_not_allowed"
+            assert f"voice port ({allowed.decode()});" in error["message"]
+    # a WebSocket opens with a GET: the 405 said HEAD was allowed here too (its Allow),
+    # and so did the one to a request with a body (which websockets cannot read)
     head, _ = await raw_answer(gateway.port, b"HEAD /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 405 ")  # (a WebSocket opens with a GET)
+    assert head.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: GET\r\n" in head
+    for path, allowed in ((b"/v1/voice?token=x", b"GET"), (b"/health", b"GET, HEAD")):
+        head, _ = await raw_answer(gateway.port, b"POST " + path + b" HTTP/1.1\r\nHost: "
+                                   b"127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
+        assert head.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: " + allowed + b"\r\n" in head
 
 
 @pytest.mark.slow

@@ -566,8 +566,10 @@ class VoiceSocket(ServerConnection):
     """What this socket draws on ``budget`` now."""
     _method: bytes | None = None
     """The first word of the request line, until the handshake's request is read."""
+    _target: bytes = b""
+    """The request line's target (path and query), as far as its first bytes hold it."""
 
-    def refused_method(self, method: str) -> Response | None:
+    def refused_method(self, method: str, target: str) -> Response | None:
         """The answer to a ``method`` other than GET and HEAD whose request websockets could
         not read (it has a body). None: websockets' own, the connection closed unanswered.
         The gateway's sockets (``gateway_socket``) answer as to one without a body."""
@@ -581,7 +583,8 @@ class VoiceSocket(ServerConnection):
         refused thus only while others hold the budget; a message the gateway acts on
         (64 KiB at most) never is."""
         if self.request is None and self._method is None:
-            self._method = data.split(b" ", 1)[0][:20]  # (for send_data)
+            method, _, rest = data.partition(b" ")  # (for send_data)
+            self._method, self._target = method[:20], rest.split(b" ", 1)[0][:1000]
         super().data_received(data)
         budget = self.budget
         if budget is None:
@@ -602,7 +605,7 @@ class VoiceSocket(ServerConnection):
 
     def process_event(self, event: Any) -> None:
         if self.request is None:
-            del self._method  # (the request came: its class's None again, nothing held)
+            del self._method, self._target  # (the request came: nothing held)
         if isinstance(event, Frame) and event.opcode in _DATA_OPCODES:
             if not event.fin:
                 self._unfinished += len(event.data) + FRAGMENT_COST
@@ -633,7 +636,8 @@ class VoiceSocket(ServerConnection):
                 and isinstance(protocol.handshake_exc, InvalidMessage)):
             self._method = b""  # (answered once)
             if method.isalpha() and method.isascii() and method not in (b"GET", b"HEAD") and \
-                    (response := self.refused_method(method.decode())) is not None:
+                    (response := self.refused_method(
+                        method.decode(), self._target.decode("latin-1"))) is not None:
                 response.headers["Connection"] = "close"
                 self.transport.write(response.serialize())
         super().send_data()
@@ -655,13 +659,13 @@ class VoiceSocket(ServerConnection):
 _DATA_OPCODES = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
 
 
-def gateway_socket(refused_method: Callable[[str], Response]) -> type[VoiceSocket]:
+def gateway_socket(refused_method: Callable[[str, str], Response]) -> type[VoiceSocket]:
     """``VoiceSocket`` answering a request it cannot read with ``refused_method``'s answer
     (websockets makes the connection: the gateway's part is its class)."""
 
     class GatewaySocket(VoiceSocket):
-        def refused_method(self, method: str) -> Response:
-            return refused_method(method)
+        def refused_method(self, method: str, target: str) -> Response:
+            return refused_method(method, target)
 
     return GatewaySocket
 

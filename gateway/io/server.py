@@ -542,22 +542,24 @@ class Gateway:
             assert response is not None  # (only the voice path goes on to a handshake)
             response = dataclasses.replace(response, body=b"")  # its Content-Length stays
         else:
-            response = self._refused_method(request.method)
+            response = self._refused_method(request.method, request.path)
         if response is not None:
             # websockets closes the connection after any answer but a 101: say so, or a
             # client reusing it (httpx's pool) sends its next request into a closed socket
             response.headers["Connection"] = "close"
         return response
 
-    def _refused_method(self, method: str) -> Response:
+    def _refused_method(self, method: str, path: str) -> Response:
         """405 for ``method`` on the voice port, naming the HTTP API's port: a POST here is
-        most likely an OpenAI client given this port for ``--http-port``'s."""
+        most likely an OpenAI client given this port for ``--http-port``'s. The voice path
+        takes only the GET that opens a WebSocket: its 405 to a HEAD said HEAD was allowed."""
+        allowed = "GET" if path.split("?", 1)[0] == VOICE_PATH else "GET, HEAD"
         response = _json_response(http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": {
             "code": "method_not_allowed",
-            "message": f"{method[:20]} is not allowed on the voice port (GET, HEAD); the "
-                       f"HTTP API (POST /v1/audio/speech) is on port {self.http_port} "
+            "message": f"{method[:20]} is not allowed here on the voice port ({allowed}); "
+                       f"the HTTP API (POST /v1/audio/speech) is on port {self.http_port} "
                        f"(--http-port)"}})
-        response.headers["Allow"] = "GET, HEAD"
+        response.headers["Allow"] = allowed
         return response
 
     def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
