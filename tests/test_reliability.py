@@ -505,6 +505,29 @@ async def test_a_resume_from_a_frame_never_sent_says_so(gateway):
                      f"the new session {fresh['session_id']}"}
 
 
+async def test_a_resume_without_last_seq_past_a_freed_start_says_to_name_a_frame(gateway):
+    """A client with no frame to name (another device taking the session over) resuming
+    after a mark freed the start of the buffer was told "the frames after last_seq are no
+    longer buffered", of a last_seq it never sent."""
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    await send(ws, type="say", text="One sentence.")
+    turn = await read_turn(ws)
+    await send(ws, type="playback", turn_id=turn.done["turn_id"], played_ms=10**6)
+    await send(ws, type="ping", id=1)
+    await recv_event(ws, "pong")  # (the mark is in: it freed the turn's messages)
+    await _drop(ws)
+    async with connect(url(gateway)) as ws2:
+        fresh = await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        error = (await recv_event(ws2, "error"))["error"]
+    assert error == {"code": "resume_failed", "message": "cannot resume: the session's "
+                     "first messages are no longer buffered: name the last frame received "
+                     "as last_seq; continuing with the new "
+                     f"session {fresh['session_id']}"}
+
+
 async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")

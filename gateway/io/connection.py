@@ -912,6 +912,9 @@ class VoiceConnection:
                 return (f"frame {request.last_seq} was never sent (the last one was "
                         f"{(sent - 1) % 2**32})" if sent else
                         f"frame {request.last_seq} was never sent (no frame was)")
+            if request.last_seq is None:  # (another device's, say: it holds no frame)
+                return ("the session's first messages are no longer buffered: name the "
+                        "last frame received as last_seq")
             return "the frames after last_seq are no longer buffered"
         if request.last_seq is None:
             # no frame received: replay from the start, but after the old session's own
