@@ -56,10 +56,11 @@ watch is answered with ``error`` ``invalid_message``: when the watch goes away t
 ends the gateway session. When the *gateway* socket drops (no close frame), the relay
 reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
 replayed messages it had already relayed, relays the rest, then sends again a
-``transcript``, ``say``, ``cancel``, ``session.update`` or ``ping`` the replay left
-unanswered (a barge-in after the last ``playback`` mark it sent for the turn, which the
-gateway cuts the turn's history from; what the watch sends meanwhile waits until then), and
-the watch sees one unbroken session.
+``transcript``, ``say``, ``cancel``, ``session.update``, ``ping`` or invalid message
+(refused again: the watch gets its error) the replay left unanswered (a barge-in after
+the last ``playback`` mark it sent for the turn, which the gateway cuts the turn's
+history from; what the watch sends meanwhile waits until then), and the watch sees one
+unbroken session.
 It tries for the gateway's announced ``resume_window_s``, every wait for the gateway's
 answers to the resume bounded by it; if the resume fails, or the window runs out, the watch
 is closed with 1011 (with the gateway's own 1000, 1001 or 1013 at once when it ends the
@@ -369,8 +370,10 @@ class RelayCore:
         ``ping`` sent up whose effect has not been seen: lost if the gateway socket drops
         with it, so sent again after the resume (protocol.md, Resume). Also, as type
         ``invalid``, a message the gateway refuses (an error with no turn), until that
-        refusal comes: not sent again (it changes nothing), but its refusal is no
-        session.update's answer."""
+        refusal comes: its refusal is no session.update's answer, and it goes again too
+        (refused again, it changes nothing): left out, the watch never had its error, and
+        the next refusal (a session.update's) was taken for it, so that update went up a
+        second time after the next drop."""
         self._answered_turn = 0
         """The newest turn whose ``transcript`` or ``say`` has left ``_unanswered``. The
         gateway handles messages in order and each valid one starts the next turn (or is
@@ -545,7 +548,9 @@ class RelayCore:
         """After the replay: what to send again, in order. The gateway answers each
         ``transcript`` or ``say`` as it reads it (its ``turn.started``, or a refusal), each
         ``session.update`` (``session.updated``, or a refusal) and each ``ping`` (its
-        ``pong``, which the watch may be waiting for), so what went up before
+        ``pong``, which the watch may be waiting for), and refuses an invalid message (an
+        ``error``: it goes again, refused again, so the watch gets its error), so what went
+        up before
         the drop and has no answer once the replay is in was lost with it (protocol.md,
         Resume); so may a ``cancel`` be. Decided from ``session.resumed``'s ``turn_id``
         before the replay, a refusal in it was not counted: the refused transcript went
@@ -561,7 +566,7 @@ class RelayCore:
         early. It is the newest mark the relay sent, so any mark that reached the gateway is
         it or an older one: sending it again never moves the gateway's count back (twice is
         harmless)."""
-        again = [m for kind, m in self._unanswered if kind != "invalid"]
+        again = [m for _kind, m in self._unanswered]
         if self._mark is not None and self._mark[0] == self._resumed_turn and \
                 self._oldest("cancel", "transcript", "say") is not None:
             again.insert(0, self._mark[1])

@@ -382,7 +382,7 @@ def _dumps(**message) -> str:
     (["transcript", "second"], [], ["turn.started", "error"], []),
     (["transcript", "second"], ["other error"], [], ["transcript", "second"]),
     (["blank", "second"], [], ["turn.started"], []),  # refused (invalid_field): no turn
-    (["blank"], [], [], []),
+    (["blank"], [], [], ["blank"]),  # refused when it comes: the watch gets its error
     # a session.update is answered, applied or refused: until then it goes again
     (["update"], [], [], ["update"]),
     (["update"], ["session.updated"], [], []),
@@ -394,11 +394,13 @@ def _dumps(**message) -> str:
     (["transcript", "update"], [], ["turn.started"], ["update"]),
     (["cancel", "update", "say"], ["session.updated"], [], ["say"]),
     # a message the gateway refuses (a malformed frame) is answered by its own error, which
-    # comes first: not the answer of an update sent after it (nor sent again itself)
+    # comes first: not the answer of an update sent after it (sent again itself, without it
+    # the watch never got its error, and the update's refusal was taken for it)
     (["invalid", "update"], ["other error"], [], ["update"]),
     (["invalid", "update"], [], ["other error"], ["update"]),
     (["invalid", "update"], ["other error", "other error"], [], []),
-    (["invalid"], [], [], []),
+    (["invalid"], [], [], ["invalid"]),
+    (["invalid"], ["other error"], [], []),
 ])
 def test_core_sends_again_what_a_dropped_gateway_socket_may_have_lost(sent, heard, replayed,
                                                                       again):
@@ -491,7 +493,8 @@ def test_core_decides_after_a_replay_cut_short_by_another_drop():
     (["mark", "transcript", "cancel"], ["turn.started"], 2, ["cancel"]),  # (for turn 1: done)
     (["mark", "cancel"], [], None, ["cancel"]),  # the gateway has no turn 1 (any more)
     (["other", "cancel"], [], 1, ["cancel"]),  # a mark for another turn
-    (["refused", "cancel"], [], 1, ["cancel"]),  # the gateway refuses it: it counts nothing
+    # the gateway refuses it: it counts nothing (it goes again only for its error)
+    (["refused", "cancel"], [], 1, ["refused", "cancel"]),
     (["mark", "cancel", "drop"], [], 1, ["mark", "cancel"]),  # again after another drop
     (["mark", "cancel", "drop", "later"], [], 1, ["later", "cancel"]),  # (sent since)
 ])
@@ -1429,6 +1432,42 @@ async def test_an_invalid_messages_refusal_is_not_taken_for_a_lost_updates_answe
     assert [e["error"]["code"] for e in events[:-1]] == ["invalid_json"]
     assert events[-1]["session"]["max_lead_ms"] == 2000
     assert runner.session.settings.max_lead_ms == 2000
+
+
+def test_core_sends_a_lost_invalid_message_again():
+    """A message the gateway refuses, lost with the socket, was not sent again: the watch
+    never had its error, and the refusal of a session.update sent after the resume was
+    taken for it, so the update, answered, went up again after the next drop
+    (tests/test_relay_properties.py found it)."""
+    core = RelayCore(Pcm16kAudio())
+    blank = _dumps(type="transcript", text="")
+    core.sent(core.from_watch(blank)[0])
+    core.resumed(0, None)  # the gateway never read it
+    assert core.lost() == [blank]
+    update = _dumps(type="session.update", session={"voice": "nope"})
+    core.sent(core.from_watch(update)[0])
+    refusals = [_dumps(type="error", error={"code": "invalid_field", "message": ""}),
+                _dumps(type="error", error={"code": "unknown_voice", "message": ""})]
+    for refusal in refusals:
+        assert core.from_gateway(refusal) == [refusal]
+    core.resumed(0, None)  # another drop
+    assert core.lost() == []
+
+
+async def test_a_lost_invalid_message_is_refused_after_the_resume(gateway, relay):
+    """An invalid message lost with the phone's uplink goes again: the watch gets its
+    error, before the pong of the ping sent after it."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        (session,) = relay.sessions
+        upstream = session.gateway
+        async with lost_with_the_uplink(gateway, session, "ping"):
+            await send(ws, type="transcript", text="")
+            await send(ws, type="ping", id=1)
+        error = await asyncio.wait_for(recv_event(ws), 10)  # (was: only the pong)
+        assert await asyncio.wait_for(recv_event(ws), 10) == {"type": "pong", "id": 1}
+        assert session.gateway is not upstream  # resumed on a new socket
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_field"
 
 
 ANSWERS = ("turn.started", "error", "session.updated", "pong")
