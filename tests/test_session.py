@@ -550,6 +550,55 @@ def test_an_engine_failing_on_a_later_sentence_still_speaks_the_complete_ones(cl
                              "content": "The first sentence is complete. …"}
 
 
+def _engine_fails_on_the_sentence_playing(s, tid, clock):
+    return s.synthesis_failed(tid, 0, "engine_failed", "boom", clock())
+
+
+def _engine_fails_on_a_later_sentence(s, tid, clock):
+    out = s.synthesis_done(tid, 0, clock())
+    return out + s.synthesis_failed(tid, 1, "engine_failed", "boom", clock())
+
+
+def _the_gateway_shuts_down(s, tid, clock):
+    return s.shutdown(clock())
+
+
+@pytest.mark.parametrize("then", [_engine_fails_on_the_sentence_playing,
+                                  _engine_fails_on_a_later_sentence, _the_gateway_shuts_down])
+def test_a_turn_that_fails_twice_tells_the_client_its_first_failure_only(clock, then):
+    """protocol.md (Errors): a turn has at most one ``error``, its first failure's. The LLM
+    broke after two whole sentences, which are still spoken; an engine failing on one of
+    them, or a shutdown, ends the turn (``failed`` already) without a second error: an
+    app that shows a turn's error showed the engine's, or replaced the cause by it."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=40))
+    tid = start(s, clock)
+    out = s.llm_delta(tid, "The first sentence here. The second one here. And", clock())
+    out += s.llm_failed(tid, "llm_failed", "HTTP 500", clock())
+    out += s.audio(tid, 0, pcm(400), "x", clock())  # announced, held back by pacing
+    out += then(s, tid, clock)
+    while not s.turn.ended and (wake := s.wake_at()) is not None:
+        clock.t = max(clock.t, wake)
+        out += s.tick(clock.t)
+    assert events(out, "error") == [{"type": "error", "turn_id": tid, "error": {
+        "code": "llm_failed", "message": "HTTP 500"}}]
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed"
+
+
+def test_an_engine_failure_after_the_turn_failed_still_stops_its_synthesis(clock):
+    """The second failure sends no error, yet does all the first would have: the sentence
+    its engine failed on and those after it are not said, their synthesis stops."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "The first sentence here. The second one here. And", clock())
+    s.llm_failed(tid, "llm_failed", "HTTP 500", clock())
+    s.audio(tid, 0, pcm(400), "x", clock())
+    out = s.synthesis_failed(tid, 0, "engine_failed", "boom", clock())
+    assert [type(e) for e in out] == [CancelSynthesis, SendEvent]
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed" and done["metrics"]["sentences"] == 1
+
+
 def test_turn_end_known_late_is_closed_with_an_empty_frame(clock):
     s = Session("s")
     tid = start(s, clock)

@@ -510,7 +510,7 @@ class Session:
             return []
         turn.llm_done = True
         code, message = _documented(code, message, LLM_ERROR_CODES, "llm_failed")
-        effects: list[Effect] = [self._turn_error(turn, code, message)]
+        effects = self._turn_error(turn, code, message)
         effects += self._add_segments(turn, turn.segmenter.abandon(), now)
         return effects + self._pump(turn, now)
 
@@ -577,11 +577,13 @@ class Session:
             # the turn ends with the sentences the client was told of (announced in order):
             # metrics counted the unreached ones too, unlike a failure that leaves whole ones
             kept = sum(seg.announced for seg in turn.segments)
-            stop = self._stop_work(turn, turn.segments[kept:])
+            effects = self._turn_error(turn, code, message)
+            # stopped before the cut, for all of it: the end's own cancel would be a second
+            effects += self._stop_work(turn, turn.segments)
             del turn.segments[kept:]
-            error, *rest = self._fail(turn, code, message, now)
-            return [error, *stop, *(e for e in rest if e not in stop)]
-        effects = [self._turn_error(turn, code, message),
+            return effects + [e for e in self._end_turn(turn, "failed", now)
+                              if not isinstance(e, CancelSynthesis)]
+        effects = [*self._turn_error(turn, code, message),
                    *self._stop_work(turn, turn.segments[index:])]
         turn.held_bytes -= sum(len(seg.pending) for seg in turn.segments[index:])
         del turn.segments[index:]
@@ -903,14 +905,18 @@ class Session:
         return effects
 
     def _fail(self, turn: Turn, code: str, message: str, now: float) -> list[Effect]:
-        return [self._turn_error(turn, code, message), *self._end_turn(turn, "failed", now)]
+        return [*self._turn_error(turn, code, message), *self._end_turn(turn, "failed", now)]
 
     @staticmethod
-    def _turn_error(turn: Turn, code: str, message: str) -> SendEvent:
-        """The turn's ``error`` event; the turn will end ``failed`` with the first one."""
-        turn.failed = turn.failed or (code, message)
-        return SendEvent({"type": "error", "turn_id": turn.id,
-                          "error": {"code": code, "message": message}})
+    def _turn_error(turn: Turn, code: str, message: str) -> list[Effect]:
+        """The turn's ``error`` event, or none once it has one (protocol.md: a turn's first
+        failure is its error; what fails after it, an engine on a sentence the LLM's failure
+        left to say, a shutdown, ends the turn without another): the turn ends ``failed``."""
+        if turn.failed:
+            return []
+        turn.failed = (code, message)
+        return [SendEvent({"type": "error", "turn_id": turn.id,
+                           "error": {"code": code, "message": message}})]
 
     @staticmethod
     def _stop_work(turn: Turn, segments: list[_SegmentAudio]) -> list[Effect]:
