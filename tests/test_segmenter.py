@@ -901,6 +901,22 @@ def test_inline_code_waits_for_its_closing_backtick():
         "It prints `Hello. World. Bye.` and stops."]
 
 
+# --- cases the fifth held-out set exposed (tests/data/segmentation-heldout-5.jsonl) -----
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("It helps you absorb calcium.[1] Most people get enough.[2] In winter, less.",
+     ["It helps you absorb calcium.[1]", "Most people get enough.[2]", "In winter, less."]),
+    ("It rose.[1][2] Then it fell.[^3] Done.", ["It rose.[1][2]", "Then it fell.[^3]", "Done."]),
+    ('"Go."[3] Then he left.', ['"Go."[3]', "Then he left."]),
+    ("It rose.[12] and then fell.", ["It rose.[12] and then fell."]),  # lowercase: goes on
+    ("Read a.[b] Then x.[1234] Then.", ["Read a.[b] Then x.[1234] Then."]),  # no citation
+])
+def test_a_citation_mark_after_a_sentence_end_stays_with_it(text, want):
+    """"calcium.[1] Most people..." never ended: the mark right after the full stop read
+    as "8.4" does, so a grounded reply citing each sentence was one segment."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

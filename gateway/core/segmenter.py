@@ -11,11 +11,12 @@ that needs text not yet received *waits* instead of guessing, so the result neve
 on how the stream was chunked:
 
 * A sentence ends at ``.``, ``!``, ``?``, ``...`` or ``…`` (plus closing quotes, brackets,
-  markdown emphasis and trailing emoji) followed by whitespace; the first character of the
-  next word decides the ambiguous cases. ``8.`` + ``4`` never splits (no whitespace),
-  neither do ``192.168.1.1``, ``example.org``, ``a@b.io``, ``11:15``. A lowercase next word
-  means the sentence goes on (``3 p.m. in``, ``e.g. this``, ``well... maybe``), unless it is
-  written in camelCase or a version (``is out. macOS``, ``week. v0.3.1``, decided as a
+  markdown emphasis, citation marks, ``.[1]``, and trailing emoji) followed by whitespace;
+  the first character of the next word decides the ambiguous cases. ``8.`` + ``4`` never
+  splits (no whitespace), neither do ``192.168.1.1``, ``example.org``, ``a@b.io``,
+  ``11:15``. A lowercase next word means the sentence goes on (``3 p.m. in``,
+  ``e.g. this``, ``well... maybe``), unless it is written in camelCase or a version
+  (``is out. macOS``, ``week. v0.3.1``, decided as a
   capital); so does an ellipsis before a digit or symbol (``is... $42``) or the pronoun
   ``I`` (``Well... I think``). Titles (``Dr.``, ``Mr.``) never end a sentence; ``a.m.``
   and ``etc.`` end one only before a capital (``a.m.`` not before a time zone or a weekday:
@@ -651,7 +652,8 @@ class Segmenter:
         return True
 
     def _skip_closers(self, j: int) -> tuple[int, int, int]:
-        """Step over closing quotes/brackets/emphasis after a mark; returns (j, quote, paren)."""
+        """Step over closing quotes/brackets/emphasis and citation marks (``_FOOTNOTE``'s,
+        which ``speakable`` drops) after a mark; returns (j, quote, paren)."""
         buf = self._buf
         quote, paren = self._quote, self._paren
         while self._need(j):
@@ -664,6 +666,15 @@ class Segmenter:
                         self._need(k + 1) and buf[k + 1].isalnum()):
                     break  # '. «Bonjour': the next quote opens
                 j = k
+                continue
+            if c == "[":  # a citation or footnote mark: "calcium.[1] Most", "end.[^2]"
+                k = j + 1 + (self._need(j + 1) and buf[j + 1] == "^")
+                d = k
+                while self._need(k) and buf[k].isdigit() and k - d < 3:
+                    k += 1
+                if k == d or not (self._need(k) and buf[k] == "]"):
+                    break
+                j = k + 1
                 continue
             if c not in _CLOSERS and not (quote and c in _QUOTE_CLOSERS):
                 break
