@@ -917,6 +917,24 @@ def test_a_citation_mark_after_a_sentence_end_stays_with_it(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("ตอนนี้เป็นปี พ.ศ. 2569 ครับ ตรงกับปี ค.ศ. 2026", ["ตอนนี้เป็นปี พ.ศ. 2569 ครับ ตรงกับปี ค.ศ. 2026"]),
+    ("ประชุมเวลา 14.00 น. ที่ห้อง 3 ครับ", ["ประชุมเวลา 14.00 น. ที่ห้อง 3 ครับ"]),
+    ("ตั้งนาฬิกาปลุกไหมครับ? ผมตั้งได้", ["ตั้งนาฬิกาปลุกไหมครับ?", "ผมตั้งได้"]),
+    ("موعدك مع د. أحمد غداً. هل تريد تذكيراً؟ حسناً.",
+     ["موعدك مع د. أحمد غداً.", "هل تريد تذكيراً؟", "حسناً."]),
+    ("عددهم ٣. ثم جاء آخرون.", ["عددهم ٣.", "ثم جاء آخرون."]),  # a digit, not a letter
+    ("Your meeting is at 3 p.m. 김 박사님은 3층에 있어요. 네. 알겠습니다.",
+     ["Your meeting is at 3 p.m.", "김 박사님은 3층에 있어요.", "네.", "알겠습니다."]),
+    ("It's at 3 p.m. in Hall 2.", ["It's at 3 p.m. in Hall 2."]),
+])
+def test_scripts_without_case_decide_their_abbreviations(text, want):
+    """Without case, the next word's first letter read as a capital: "พ.ศ. 2569" (Thai,
+    which writes no full stop) and "د. أحمد" (Dr. Ahmad) were cut after the dot, while
+    "3 p.m. 김 박사님..." (a Korean sentence after an English one) never ended."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -37,6 +37,9 @@ on how the stream was chunked:
   ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
   Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``,
   ``sec. XIX``).
+  A letter of a script without case is a capital after ``a.m.`` or ``etc.``
+  (``3 p.m. 김``), but a dot after a Thai letter (Thai writes no full stop) or a lone
+  Arabic letter abbreviates: ``พ.ศ. 2569``, ``د. أحمد`` (Dr.) never end one.
   A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
   ¿Quieres``, ``p. m. ¡Hasta``). An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote.
@@ -330,6 +333,14 @@ spaces, where a sentence can start right after an English one ("at 3 p.m. 会议
 _CJK = re.compile(f"[{_CJK_CHAR}]")
 _CJK_PAIR = re.compile(f"[{_CJK_CHAR}](?=[{_CJK_CHAR}])")
 """A Chinese or Japanese character followed by another: a place to cut a run-on sentence."""
+
+
+_THAI = re.compile("[\u0e00-\u0e7f]")
+"""Thai, which writes no full stop (a space parts its sentences): a dot after a Thai letter
+abbreviates ("พ.ศ. 2569", the Buddhist year; "14.00 น.", o'clock)."""
+_ARABIC = re.compile("[\u0600-\u06ff]")
+"""Arabic script, whose one-letter words ("و", and; "ب", by) are written joined to the next
+word: a letter alone before a dot abbreviates ("د. أحمد", Dr. Ahmad; "م." engineer)."""
 
 
 def _bare(word: str) -> str:
@@ -794,6 +805,8 @@ class Segmenter:
         ws = max(buf.rfind(" ", 0, i), buf.rfind("\n", 0, i)) + 1
         word = buf[ws:i].lstrip("(\"'\u201c\u201e\u00ab\u00bb*_[")
         low = word.lower()
+        if _THAI.match(word[-1:]) or len(word) == 1 and word.isalpha() and _ARABIC.match(word):
+            return False  # "พ.ศ. 2569", "14.00 น. ที่", "د. أحمد" (Dr. Ahmad): abbreviations
         if len(word) <= 2 and word.isalpha():
             spaced = _SPACED_ABBR.search(buf, max(0, i - 16), i)
             if spaced is not None:  # "z. B", "u. a": the whole abbreviation decides
@@ -830,7 +843,9 @@ class Segmenter:
                     self._need(i + 2 + len(after)) and buf[i + 2 + len(after)] == "."):
                 return False  # "EE. UU.", "FF. AA.": a Spanish plural abbreviation goes on
         if low in _CAPITAL_END or _DOTTED_ABBR.fullmatch(word):
-            return nxt.isupper() or _is_cjk(nxt)  # "at 3 p.m. The", "at 3 p.m. 会议"
+            # a capital, or a letter of a script without case: "at 3 p.m. The", "at 3 p.m.
+            # 会议", "at 3 p.m. 김 박사님" (lowercase returned above)
+            return nxt.isalpha()
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws, _HEADING_MARK):
             return False  # "1. " list marker at the start of a line, "### 2. Install"
         if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
