@@ -36,7 +36,9 @@ on how the stream was chunked:
   a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``,
   ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
   Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``,
-  ``sec. XIX``).
+  ``sec. XIX``). Russian and Hindi: ``ул.``, ``им.``, ``проф.`` and ``डॉ.`` never end one;
+  ``д. 12``, ``ауд. 305``, ``रु. 450`` never before a digit; ``г.`` only after a number (a
+  year: ``2026 г. Потом``, while ``в г. Москве`` goes on).
   A letter of a script without case is a capital after ``a.m.`` or ``etc.``
   (``3 p.m. 김``), but a dot after a Thai letter (Thai writes no full stop) or a lone
   Arabic letter abbreviates: ``พ.ศ. 2569``, ``د. أحمد`` (Dr.) never end one.
@@ -169,10 +171,14 @@ _NEVER_END = frozenset(
     "vs e.g i.e cf approx dept est "
     "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl einschl ausschl zzgl "
     "bzgl sog "  # German
-    "p.ex p.ej sig dott avv prof av avda b\u00e2t".split()  # French, Spanish, Italian
+    "p.ex p.ej sig dott avv prof av avda b\u00e2t "  # French, Spanish, Italian
+    "ул просп пер пл наб им св проф акад доц "  # Russian
+    "डॉ प्रो".split()  # Hindi
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
-"p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna")."""
+"p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna"). Russian
+streets and titles before a name: "ул. Тверская", "им. Пушкина", "проф. Иванов"; Hindi
+"डॉ. शर्मा" (Dr.)."""
 _SPACED_ABBR = re.compile(
     r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
 """A spaced abbreviation ending right before a dot: "z. B", "u. a", "i. d. R", "p. ex"."""
@@ -213,7 +219,9 @@ _CAPITAL_END = frozenset(
 _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
     "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs sc nr bd abs "
-    "kap str abb tab pág págs pag núm num cap n ft lb lbs".split()
+    "kap str abb tab pág págs pag núm num cap n ft lb lbs "
+    "д кв корп стр ауд рис табл гл т с тел "  # Russian: "д. 12", "ауд. 305", "с. 45"
+    "रु".split()  # Hindi: "रु. 450" (rupees)
 )
 _GERMAN_COUNTS = frozenset("Mio Mrd Tsd Min Std Sek".split())
 """German abbreviations after a number, before a noun, which German capitalizes: "3,7 Mio.
@@ -828,8 +836,11 @@ class Segmenter:
             return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
-        if (low in _BEFORE_NUMBER or low.endswith("str")) and nxt.isdigit():
+        if (word.lower() in _BEFORE_NUMBER or low.endswith("str")) and nxt.isdigit():
+            # (the word itself, not a spaced abbreviation ending in it: "см. с. 45", see p.)
             return False
+        if low in ("г", "гг") and not any(c.isdigit() for c in self._prev_word(ws)):
+            return False  # "в г. Москве" (the city of), while "в 2026 г. Потом" (year) ends
         if word in _GERMAN_COUNTS and self._prev_word(ws)[-1:].isdigit():
             after = self._next_word(i + 1)  # "10 Min. Verspätung" goes on
             return nxt.isupper() and (after in _STARTERS or after in _GERMAN_STARTERS)
