@@ -955,6 +955,18 @@ def test_russian_and_hindi_abbreviations_do_not_end_a_sentence(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Her talk is at 10 a.m. in Hall B. Seats are limited.",
+     ["Her talk is at 10 a.m. in Hall B.", "Seats are limited."]),
+    ("Your meeting is in room C. Bring your laptop.",
+     ["Your meeting is in room C.", "Bring your laptop."]),
+    ("It was Arsenio Hall. Bring snacks.", ["It was Arsenio Hall.", "Bring snacks."]),
+])
+def test_a_hall_or_a_room_is_a_label(text, want):
+    """"in Hall B. Seats are limited." never ended: "B." read as an initial before a name."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

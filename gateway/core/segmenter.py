@@ -256,7 +256,7 @@ _STARTERS = frozenset(
 # is a label, not an initial, so it ends a sentence before any capital.
 _LABELS = frozenset(
     "a an plan option vitamin type grade row seat gate terminal zone group class section "
-    "part step level size block building platform exit route channel category model "
+    "part step level size block building platform exit route channel category model hall room "
     "appendix exhibit figure letter b\u00e2t. b\u00e2timent porte salle".split()  # French
 )
 # A phrase may open at these (first_phrase_words): conjunctions and prepositions that
