@@ -967,6 +967,17 @@ def test_a_hall_or_a_room_is_a_label(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("It comes from Oxford Univ. Press, 1998. Check it.",
+     ["It comes from Oxford Univ. Press, 1998.", "Check it."]),
+    ("She studied at Stanford Univ. Then she moved.",
+     ["She studied at Stanford Univ.", "Then she moved."]),
+])
+def test_univ_goes_on_before_a_name(text, want):
+    """"Oxford Univ. Press" was cut after "Univ.", which goes on before a name as "St." does."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

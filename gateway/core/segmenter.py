@@ -238,7 +238,7 @@ _GERMAN_STARTERS = frozenset(
 )
 # "St. Louis", "Pennsylvania Ave. NW", "7th c. B.C.": these go on before a capital that does
 # not open a sentence (``_STARTERS``), as an initial does.
-_NAME_OR_END = frozenset("St Ave Blvd Rd c ca".split())
+_NAME_OR_END = frozenset("St Ave Blvd Rd Univ c ca".split())  # "Oxford Univ. Press"
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
 # capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
