@@ -978,6 +978,18 @@ def test_univ_goes_on_before_a_name(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ('For example, 東京に行きます。means "I\'m going to Tokyo." It mixes scripts.',
+     ['For example, 東京に行きます。means "I\'m going to Tokyo."', "It mixes scripts."]),
+    ("Say ありがとう。It means thanks.", ["Say ありがとう。", "It means thanks."]),
+    ("会议在三点开始。我们走吧！", ["会议在三点开始。", "我们走吧！"]),
+])
+def test_a_lowercase_word_right_after_a_full_width_stop_goes_on(text, want):
+    """"東京に行きます。means ..." was cut after "。": a lowercase word after it goes on, as
+    it does after ".", so a Japanese phrase quoted in English is one sentence."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

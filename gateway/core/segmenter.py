@@ -147,7 +147,8 @@ _TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965")
 stop ۔ and the Devanagari dandas । ॥."""
 _CJK_TERMINATORS = frozenset("\u3002\uff01\uff1f")
 """。！？: Chinese and Japanese sentence ends (Qwen3-TTS speaks both). No space follows
-them and nothing abbreviates with them, so each ends its sentence."""
+them and nothing abbreviates with them, so each ends its sentence, unless a lowercase word
+follows (an English sentence quoting one goes on: "行きます。means 'I go'")."""
 _CJK_CLAUSE = frozenset("\uff0c\u3001\uff1b\uff1a")
 """，、；：: clause marks with no space after them. They give the eager first segment its cut
 and an over-long sentence its best break (a Chinese sentence has no space to break at)."""
@@ -769,6 +770,8 @@ class Segmenter:
             k += 1
         closing = closing or k < len(buf) and buf[k] == "|"  # "| 好的。 |": a table's cell
         self._pos = j  # only once nothing is left to wait for
+        if k < len(buf) and buf[k].islower():
+            return False  # "行きます。means ...": the English sentence quoting it goes on
         if self._quote or self._paren or closing or (
                 self._index > 0 and j < self.config.min_chars):
             return False
