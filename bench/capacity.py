@@ -42,6 +42,8 @@ window / frames the clients received in it. The gateway's own probes, read from 
 (bucket bounds), and ``gc2``/``gc2max``, how many full garbage collections ran and the bound
 of the longest (``--no-freeze``: without ``gc.freeze()`` after start-up, the baseline).
 
+The exit status is 1 when a step (or the profile run) failed, though a ramp that finds
+its limit fails its last step by design: the summary says the largest N that passed.
 Ctrl-C stops the run: the steps measured until then keep their rows, the summary and
 ``--json`` (its ``meta`` says ``interrupted``); the exit status is 130.
 """
@@ -135,7 +137,9 @@ def raise_nofile() -> int:
 
 class Server:
     """One server process; ``PORT <n>`` on its stdout says it is serving. Its stderr goes
-    to /tmp/capacity-<target>.log, or to ours with ``log=False``. It runs in a session of
+    to /tmp/capacity-<target>-<our pid>.log (one run's own: runs side by side each wrote
+    over the other's log, a failing step's included; a run's next step writes over its
+    last one's, which passed), or to ours with ``log=False``. It runs in a session of
     its own: a Ctrl-C in the terminal is the bench's to handle (the soak's: stop the load,
     then probe the server), not a signal that stops the server under the load."""
 
@@ -144,10 +148,10 @@ class Server:
         if not Path(PYTHONS[target]).exists():
             raise SystemExit(f"{target}: no venv at {Path(PYTHONS[target]).parents[1]}; "
                              "run `python bench/capacity.py --setup-peers` once")
-        self.logfile = logfile = f"/tmp/capacity-{target}.log"
+        self.logfile = logfile = f"/tmp/capacity-{target}-{os.getpid()}.log" if log else None
         self.proc = subprocess.Popen(
             [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
-            stdout=subprocess.PIPE, stderr=open(logfile, "w") if log else None,
+            stdout=subprocess.PIPE, stderr=open(logfile, "w") if logfile else None,
             text=True, cwd=ROOT, start_new_session=True)
         assert self.proc.stdout is not None
         try:
@@ -158,7 +162,7 @@ class Server:
         if not line.startswith("PORT "):
             self.proc.kill()
             raise RuntimeError(f"{target} server did not start: {line!r}"
-                               + (f"; see {logfile}" if log else ""))
+                               + (f"; see {logfile}" if logfile else ""))
         self.port = int(line.split()[1])
         self.pid = self.proc.pid
 
@@ -167,8 +171,8 @@ class Server:
         otherwise show as a row of zero sessions."""
         code = self.proc.poll()
         if code is not None:
-            raise SystemExit(f"{self.target} server exited with {code} during the run; "
-                             f"see {self.logfile}")
+            raise SystemExit(f"{self.target} server exited with {code} during the run"
+                             + (f"; see {self.logfile}" if self.logfile else ""))
 
     def close(self, timeout: float = 10.0) -> int:
         """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code."""
@@ -752,6 +756,13 @@ def setup_peers() -> None:
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages], check=True)
 
 
+def judged(mode: str, result: dict) -> list[dict]:
+    """The rows of ``result`` that pass or fail (``idle`` has none)."""
+    if mode == "stream":
+        return [r for rows in result.values() for r in rows]
+    return [result["run"]] if mode == "profile" else []
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("mode", nargs="?", choices=["idle", "stream", "profile"])
@@ -793,7 +804,9 @@ def main() -> int:
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     bench = {"idle": bench_idle, "stream": bench_stream, "profile": bench_profile}[args.mode]
     try:
-        result, code = bench(args), 0
+        result = bench(args)
+        # (CI and scripts read the status: a failing step exited 0, as a run that passed)
+        code = 1 if any(not r["pass"] for r in judged(args.mode, result)) else 0
     except Interrupted as stopped:  # (a traceback, and no --json, for a run of many steps)
         result, code = stopped.result, 130
     except KeyboardInterrupt:  # (profile: one step, nothing measured yet)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -59,11 +60,12 @@ def test_a_small_streaming_step_runs_and_passes(tmp_path, marks_ms):
     streamed and every figure the tables print is there; with playback marks, that the
     gateway took every mark (a malformed one would be an ``error`` event)."""
     out = tmp_path / "cap.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
-                    "--targets", "gateway", "--ramp", "5", "--seconds", "1.5", "--warmup", "0.5",
-                    "--marks-ms", str(marks_ms), "--json", str(out)],
-                   check=True, timeout=240, cwd=ROOT)
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
+                          "--targets", "gateway", "--ramp", "5", "--seconds", "1.5",
+                          "--warmup", "0.5", "--marks-ms", str(marks_ms), "--json", str(out)],
+                         timeout=240, cwd=ROOT)
     (row,) = json.loads(out.read_text())["results"]["gateway"]
+    assert run.returncode == (0 if row["pass"] else 1)
     assert row["connected"] == row["streaming"] == 5 and row["errors"] == 0
     assert row["frames"] > 0 and row["cpu_s_per_1000_frames"] is not None
     assert row["loop_wakeups"] > 0 and "realtime_share" in row
@@ -145,6 +147,24 @@ async def test_a_frame_that_stalls_the_player_is_as_late_as_it_came(monkeypatch)
     assert stats.underruns == 2
     assert [round(x) for x in stats.lateness][:2] == [0, 500]
     assert stats.lateness[2] > 1000  # 1.9 s behind its schedule: not capped at 200
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
+def test_a_failing_step_fails_the_run_and_its_log_is_this_runs(monkeypatch, tmp_path):
+    """A failing step exited 0, as a run that passed (CI or a script reading the status
+    saw a pass); and every run wrote its server's log to /tmp/capacity-gateway.log, so one
+    run side by side with another wrote over its log."""
+    monkeypatch.setattr(capacity, "long_text", lambda seconds: "Hello there.")  # ends early
+    out = tmp_path / "cap.json"
+    monkeypatch.setattr(sys, "argv", ["capacity.py", "stream", "--ramp", "3", "--seconds",
+                                      "1", "--warmup", "0.5", "--json", str(out)])
+    assert capacity.main() == 1
+    (row,) = json.loads(out.read_text())["results"]["gateway"]
+    assert row["ended_early"] == 3 and not row["pass"]
+    log = Path(f"/tmp/capacity-gateway-{os.getpid()}.log")
+    assert log.exists()
+    log.unlink()
 
 
 def test_a_window_longer_than_one_say_is_refused_before_the_run():
