@@ -149,6 +149,32 @@ async def test_a_frame_that_stalls_the_player_is_as_late_as_it_came(monkeypatch)
     assert stats.lateness[2] > 1000  # 1.9 s behind its schedule: not capped at 200
 
 
+@pytest.mark.parametrize(("rate", "passes"), [(1.0, True), (0.96, False)])
+async def test_real_time_is_judged_between_peaks_not_by_frames_cut_at_the_edges(
+        monkeypatch, rate, passes):
+    """The gateway sends 400 ms at a time. A window whose edges cut through those refills
+    counted 9 of 10 in its frames, and failed a gateway keeping up (98.4 % of real time at
+    4 s and 5 sessions, measured); between the peaks of audio the listener holds, real
+    time reads real time, and a server 4 % slow still fails though it never underruns."""
+    now = [8.0]
+    monkeypatch.setattr(capacity, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    stats = capacity.Stats()
+    stats.t_start, stats.t_end, stats.edge_s = 10.01, 13.99, 1.0
+    listener = capacity.Listener("fastapi", "", stats, jitter_s=0.2)
+    for _ in range(25):  # the first second at once, then a refill when 600 ms are left
+        listener.audio(1920)
+    while now[0] < 15.0:
+        now[0] += 0.4 / rate
+        for _ in range(10):
+            listener.audio(1920)
+    assert stats.underruns == 0
+    if rate == 1.0:
+        assert stats.frames == 90  # (by frames: 90 % of real time)
+    delivered, span = listener.delivered()
+    assert delivered / span == pytest.approx(rate, abs=0.005)
+    assert (delivered / span >= capacity.MIN_REALTIME_SHARE) is passes
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
 def test_a_failing_step_fails_the_run_and_its_log_is_this_runs(monkeypatch, tmp_path):
