@@ -519,6 +519,16 @@ async def test_turns_queued_on_a_second_lane_that_gets_stuck_are_spoken_by_the_p
             engine.gate.set()
             first, second = await read_turn(a), await read_turn(b, started["turn_id"])
             assert ane.unhealthy is not None and "engine_timeout" in ane.unhealthy
+        # the primary speaks, so the gateway is ok; the stuck lane says so on its own, in
+        # /health and in /metrics (whose gateway_status follows the primary only)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}") as http:
+            health = (await http.get("/health")).json()
+            metrics = (await http.get("/metrics")).text
+        assert health["status"] == "ok" and health["engine"]["unhealthy"] is None
+        assert health["lanes"]["ane"]["unhealthy"] == ane.unhealthy
+        assert health["lanes"]["gpu"]["unhealthy"] is None
+        assert 'gateway_lane_unhealthy{lane="ane"} 1.0' in metrics
+        assert 'gateway_lane_unhealthy{lane="gpu"} 0.0' in metrics
         for result in (first, second):
             assert result.done["status"] == "completed", result.events
             assert result.of("error") == []

@@ -760,6 +760,11 @@ class _StateCollector(Collector):
                                      "open (only a lane with a bound)", labels=["lane"])
         waiting = GaugeMetricFamily("gateway_lane_streams_waiting", "Owners whose next "
                                     "sentence waits for an open stream to end", labels=["lane"])
+        # (gateway_status follows the primary lane only: a stuck second lane, which just
+        # loses its turns to the primary, showed nowhere in a scrape)
+        unhealthy = GaugeMetricFamily("gateway_lane_unhealthy", "1 while the lane is stuck "
+                                      "or broken (/health lanes.<lane>.unhealthy)",
+                                      labels=["lane"])
         now = time.perf_counter()
         for lane in gw.lanes.values():
             depth.add_metric([lane.name], lane.queue_depth)
@@ -770,6 +775,7 @@ class _StateCollector(Collector):
                 bound.add_metric([lane.name], scheduler.max_open)
                 reserved.add_metric([lane.name], scheduler.reserved)
             waiting.add_metric([lane.name], scheduler.streams_waiting)
+            unhealthy.add_metric([lane.name], float(lane.unhealthy is not None))
             if gw.placer is not None:
                 placed.add_metric([lane.name], gw.placer.active(lane.name))
         yield depth
@@ -778,6 +784,7 @@ class _StateCollector(Collector):
         yield bound
         yield reserved
         yield waiting
+        yield unhealthy
         if gw.placer is not None:
             yield placed
         rate = self.t.llm_tokens_per_s
