@@ -93,11 +93,14 @@ each other), and the end of the body after ``[DONE]``. The reply is whole by the
 
 CONTEXT_FULL = ("context window", "context length", "context_length", "maximum context",
                 "context size", "exceed_context_size", "too many tokens", "prompt is too long",
-                "input is too long", "maximum prompt length")
-"""Words of an HTTP 400 that refuses a prompt longer than the model's context: oMLX
-("exceeds max context window of 32768 tokens"), vLLM and OpenAI ("maximum context length",
-``context_length_exceeded``), llama.cpp ("exceeds the available context size",
-``exceed_context_size_error``), SGLang, and others. A 413 is taken as one too."""
+                "input is too long", "maximum prompt length",
+                "`inputs` tokens + `max_new_tokens`", "`inputs` must have less than")
+"""Words of an HTTP 400 (or 422) that refuses a prompt longer than the model's context:
+oMLX ("exceeds max context window of 32768 tokens"), vLLM and OpenAI ("maximum context
+length", ``context_length_exceeded``), llama.cpp ("exceeds the available context size",
+``exceed_context_size_error``), SGLang, TGI (a 422: "Input validation error: `inputs`
+tokens + `max_new_tokens` must be <= 4096", "`inputs` must have less than 4096 tokens"),
+and others. A 413 is taken as one too."""
 
 ABORTED = ("abort", "error")
 """The ``finish_reason`` of a reply the server gave up on (vLLM: an aborted request, an
@@ -428,7 +431,7 @@ class OpenAiLlm:
             if response.status_code >= 400:
                 head = await _read_head(response)
                 message = f"LLM server answered HTTP {response.status_code}: {_snippet(head)}"
-                if response.status_code == 413 or response.status_code == 400 and any(
+                if response.status_code == 413 or response.status_code in (400, 422) and any(
                         words in head.decode("utf-8", "replace").lower()
                         for words in CONTEXT_FULL):
                     raise LlmContextFull(message)

@@ -637,10 +637,18 @@ async def test_more_turns_at_once_than_an_http_pool_holds_all_reach_the_server(
     (Status(400, b'{"error": {"code": 400, "message": "the request exceeds the available context '
                  b'size, try increasing it", "type": "exceed_context_size_error"}}'),
      True),  # llama.cpp
+    (Status(422, b'{"error": "Input validation error: `inputs` tokens + `max_new_tokens` must '
+                 b'be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`", '
+                 b'"error_type": "validation"}'), True),  # TGI
+    (Status(422, b'{"error": "Input validation error: `inputs` must have less than 4096 tokens. '
+                 b'Given: 5000", "error_type": "validation"}'), True),  # TGI
     (Status(413, b""), True),
     (Status(400, b'{"error": {"message": "temperature must be at most 2"}}'), False),
+    (Status(422, b'{"error": "Input validation error: `max_new_tokens` must be <= 2048. Given: '
+                 b'4096", "error_type": "validation"}'), False),  # the reply's cap: not history
     (Status(500, b'{"error": {"message": "maximum context length"}}'), False),
-], ids=["omlx", "vllm", "llama.cpp", "413", "other-400", "500"])
+], ids=["omlx", "vllm", "llama.cpp", "tgi-total", "tgi-input", "413", "other-400",
+        "tgi-max-new-tokens", "500"])
 async def test_a_prompt_longer_than_the_context_is_told_apart(llm, scripted_llm_server, status,
                                                               full):
     scripted_llm_server.script([status])
