@@ -82,6 +82,33 @@ async def test_a_configured_voice_in_other_letter_case_is_shown_as_listed():
     assert created["session"]["voice"] == "en-gb"
 
 
+@pytest.mark.parametrize(("voice", "set_aside"), [("vivian", True), ("en-gb", False)])
+async def test_a_voice_the_fallback_lacks_is_set_aside_with_a_line_that_says_why(
+        caplog, voice, set_aside):
+    """qwen3 did not load and espeak speaks: ``--voice vivian`` went unused with no line of
+    its own (the banner's "voice en-us" was the only trace); a voice espeak has is kept."""
+    config = load_config(server={"port": 0, "http_port": 0},
+                         tts={"engine": "qwen3", "model": "/nonexistent/qwen3-model",
+                              "voice": voice, "fallback": "espeak"})
+    gw = Gateway(config)
+    with caplog.at_level("WARNING", logger="gateway"):
+        await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            created = await recv_event(ws, "session.created")
+    finally:
+        await gw.aclose()
+    lines = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    if not set_aside:
+        assert lines == [] and created["session"]["voice"] == "en-gb"
+        return
+    assert created["session"]["voice"] is None  # (the engine's default)
+    assert lines == ["tts.voice 'vivian' is set aside: espeak has no such voice (it speaks "
+                     "because qwen3 failed to load: model directory "
+                     "'/nonexistent/qwen3-model' does not exist); sessions and requests "
+                     "without a voice get en-us"]
+
+
 class FailingSynthetic(SyntheticEngine):
     """TEST DOUBLE: the synthetic engine, made to fail on the segments it is told to."""
 

@@ -434,6 +434,7 @@ class Gateway:
                                      timing={n: lane.timing for n, lane in self.lanes.items()})
         for lane, s_ in zip(self.lanes.values(), seconds, strict=True):
             log.info("engine %s loaded on lane %s in %.2f s", lane.engine.name, lane.name, s_)
+        self._log_voice_set_aside()
         try:
             self._server = await serve(
                 # (the loop's create_server takes a list of hosts too; websockets passes it on)
@@ -754,6 +755,22 @@ class Gateway:
         if not configured or not self.voices:
             return configured
         return listed_voice(configured, self.voices)
+
+    def _log_voice_set_aside(self) -> None:
+        """A configured voice no engine lists (``configured_voice``: a primary that did not
+        load, and a fallback without it) is set aside for the speaker's own default: the
+        operator is told which and why, once. Only the primary's load error said anything,
+        and the banner's "voice en-us" was the one trace of ``--voice vivian`` going
+        unused."""
+        configured = self.config.tts.voice
+        if not configured or self.configured_voice is not None:
+            return
+        speaker = getattr(self.engine, "speaker", self.engine)
+        why = getattr(self.engine, "primary_load_error", None)
+        log.warning("tts.voice %r is set aside: %s has no such voice%s; sessions and requests "
+                    "without a voice get %s", configured, speaker.name,
+                    f" (it speaks because {why})" if why else "",
+                    self.default_voice or "the engine's default")
 
     @property
     def default_voice(self) -> str | None:
