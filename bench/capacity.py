@@ -46,8 +46,10 @@ how late its event loop woke a 100 ms timer (bucket bounds), and ``gc2``/``gc2ma
 many full garbage collections ran and the bound of the longest (``--no-freeze``: without
 ``gc.freeze()`` after start-up, the baseline).
 
-The exit status is 1 when a step (or the profile run) failed, though a ramp that finds
-its limit fails its last step by design: the summary says the largest N that passed.
+The exit status is 1 when a ramp's target passed no step, or a step failed with errors or
+turns ended early (broken rather than loaded), or the profile run failed; a ramp whose last
+step fails on underruns or pace has found the limit it was run for (the summary says the
+largest N that passed) and exits 0.
 Ctrl-C stops the run: the steps measured until then keep their rows, the summary and
 ``--json`` (its ``meta`` says ``interrupted``); the exit status is 130.
 """
@@ -808,11 +810,15 @@ def setup_peers() -> None:
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages], check=True)
 
 
-def judged(mode: str, result: dict) -> list[dict]:
-    """The rows of ``result`` that pass or fail (``idle`` has none)."""
+def failed(mode: str, result: dict) -> bool:
+    """The run failed: in a ramp, a target none of whose steps passed, or a step that
+    failed with errors or turns ended early (broken, not loaded: a ramp's last step failing
+    on underruns or pace is the limit it was run to find); the profile's one run failing."""
     if mode == "stream":
-        return [r for rows in result.values() for r in rows]
-    return [result["run"]] if mode == "profile" else []
+        return any(not any(r["pass"] for r in rows) or any(
+            not r["pass"] and (r["errors"] or r["ended_early"]) for r in rows)
+            for rows in result.values())
+    return mode == "profile" and not result["run"]["pass"]
 
 
 def main() -> int:
@@ -857,8 +863,8 @@ def main() -> int:
     bench = {"idle": bench_idle, "stream": bench_stream, "profile": bench_profile}[args.mode]
     try:
         result = bench(args)
-        # (CI and scripts read the status: a failing step exited 0, as a run that passed)
-        code = 1 if any(not r["pass"] for r in judged(args.mode, result)) else 0
+        # (CI and scripts read the status: a broken step exited 0, as a run that passed)
+        code = 1 if failed(args.mode, result) else 0
     except Interrupted as stopped:  # (a traceback, and no --json, for a run of many steps)
         result, code = stopped.result, 130
     except KeyboardInterrupt:  # (profile: one step, nothing measured yet)

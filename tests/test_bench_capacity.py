@@ -193,6 +193,22 @@ def test_a_failing_step_fails_the_run_and_its_log_is_this_runs(monkeypatch, tmp_
     log.unlink()
 
 
+@pytest.mark.parametrize(("rows", "broken"), [
+    ([(True, 0, 0), (False, 0, 0)], False),  # the limit found: the last step underran
+    ([(True, 0, 0), (False, 2, 0)], True),  # errors: broken, whatever the load
+    ([(True, 0, 0), (False, 0, 1)], True),  # a turn ended early
+    ([(False, 0, 0)], True),  # not even the first step passed
+    ([(True, 0, 0), (True, 0, 0)], False),
+])
+def test_a_ramp_fails_when_broken_not_when_it_finds_its_limit(rows, broken):
+    """A ramp runs until a step fails: that step failing on pace is its answer (exit 0);
+    errors or turns ended early, or no step passing, are a run that failed (exit 1)."""
+    result = {"gateway": [{"pass": p, "errors": e, "ended_early": x} for p, e, x in rows]}
+    assert capacity.failed("stream", result) is broken
+    assert capacity.failed("stream", {"gateway": result["gateway"], "pipecat": [
+        {"pass": True, "errors": 0, "ended_early": 0}]}) is broken
+
+
 def test_a_window_longer_than_one_say_is_refused_before_the_run():
     """Each session streams one ``say``, cut at the gateway's 4,000 characters (~285 s of
     synthetic speech): ``--seconds 290`` ran every step to its end and failed it, every
