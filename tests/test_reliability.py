@@ -765,6 +765,48 @@ async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch)
         await gw.aclose()
 
 
+async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypatch):
+    """protocol.md: a peer that answers no ping within 20 s is closed (1011 ``keepalive
+    ping timeout``) as a network drop, and its session waits for a resume. websockets'
+    keepalive starts the pong's timeout only once its ping is written out, and to a client
+    that stopped reading with output queued for it (an app frozen in the background, a
+    network gone quiet as a turn's last audio went out) it never is: such a socket, and
+    its session, stayed open for as long as TCP held on (for ever, to a peer that still
+    acknowledges at a zero window)."""
+    # the probe of a quiet listener stays out: it takes a reply still playing, not the
+    # time after it (a turn whose last audio the listener would have played by now)
+    monkeypatch.setattr(session_module, "UNMARKED_SILENT_S", 3600.0)
+    # no pacing (a lead of 10 minutes): the socket stops draining at once
+    gw = await started(outbox_bytes=16 * 1024 * 1024, session={"max_lead_ms": 600_000})
+    try:
+        sock = small_window_socket(gw)
+        stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
+        created = await recv_event(stalled, "session.created")
+        server_side = gw.runners[created["session_id"]].connection.ws
+        paused = asyncio.Event()
+        pause_writing = server_side.pause_writing
+
+        def note_pause() -> None:  # the transport calls it at its high-water mark
+            pause_writing()
+            paused.set()
+
+        server_side.pause_writing = note_pause
+        await send(stalled, type="say", text=("A reply nobody reads. " * 200)[:3999])
+        await asyncio.wait_for(paused.wait(), 30)
+        # the keepalive's next ping now, behind the unread output (20 s apart in service)
+        server_side.keepalive_task.cancel()
+        server_side.ping_interval = server_side.ping_timeout = 0.5
+        server_side.start_keepalive()
+        await asyncio.wait_for(server_side.wait_closed(), 30)
+        assert (server_side.protocol.close_sent.code,
+                server_side.protocol.close_sent.reason) == (1011, "keepalive ping timeout")
+        runner = gw.runners[created["session_id"]]  # kept for a resume
+        assert runner.connection is None and not runner.closed
+        assert gw.metrics.errors["slow_consumer"] == 0
+    finally:
+        await gw.aclose()
+
+
 async def test_a_client_may_read_a_whole_lead_late():
     """What the pacer lets out at once, a session's whole ``max_lead_ms`` as set by a
     ``session.update``, waits in the kernel for a client that reads it late, as it did in

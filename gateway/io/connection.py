@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, assert_never, cast
 import orjson
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed, InvalidMessage
-from websockets.frames import OK_CLOSE_CODES, Frame, Opcode
+from websockets.frames import OK_CLOSE_CODES, CloseCode, Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import State
 
@@ -645,6 +645,32 @@ class VoiceSocket(ServerConnection):
                 self._abort_later is None:
             self._abort_later = self.loop.call_later(CLOSED_TCP_GRACE_S,
                                                      self.transport.abort)
+
+    async def keepalive(self) -> None:
+        """websockets' own, but the pong's deadline (``ping_timeout``) runs from when the
+        ping is queued, not from when it is written out: websockets waits for the socket to
+        drain first, and a client that stopped reading with output queued for it (an app
+        frozen in the background, a network gone quiet as a turn's last audio went out)
+        never drains it. Such a socket, and its session, stayed open for as long as TCP
+        held on (for ever, to a peer that acknowledges at a zero window), not closed
+        (1011) after ``2 * KEEPALIVE_PING_S`` as a drop, its session kept for a resume."""
+        assert self.ping_interval is not None and self.ping_timeout is not None
+        latency = 0.0
+        try:
+            while True:
+                await asyncio.sleep(self.ping_interval - latency)
+                try:
+                    async with asyncio.timeout(self.ping_timeout):
+                        latency = await (await self.ping())
+                except TimeoutError:
+                    # as websockets does; the close frame waits behind the unread output,
+                    # so the connection is aborted ``CLOSED_TCP_GRACE_S`` later (send_data)
+                    async with self.send_context():
+                        self.protocol.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
+                    raise AssertionError("send_context() waits for connection_lost(), "
+                                         "which cancels keepalive()") from None
+        except Exception:
+            self.logger.error("keepalive ping failed", exc_info=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._abort_later is not None:
