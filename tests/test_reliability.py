@@ -104,6 +104,29 @@ async def test_turns_per_minute_limit(limit, said):
         await gw.aclose()
 
 
+async def test_a_refused_barge_in_leaves_the_turn_in_progress_playing():
+    """protocol.md: a ``transcript`` or ``say`` cancels the turn in progress, but one the
+    server refuses (an ``error`` without ``turn_id``: ``rate_limited``, ``text_too_long``)
+    cancels nothing: a client that stopped its player on the user's barge-in must send a
+    ``cancel`` of its own, or play the reply on."""
+    gw = await started(turns_per_minute=1)
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text=LONG)
+            first = await read_turn(ws, until="sentence")
+            await send(ws, type="transcript", text="Stop.")
+            await send(ws, type="say", text="x" * 4001)
+            turn = await read_turn(ws, first.turn_id)
+        refusals = turn.of("error")  # both answered while the turn went on
+        assert [e["error"]["code"] for e in refusals] == ["rate_limited", "text_too_long"]
+        assert all("turn_id" not in e for e in refusals)
+        assert turn.events.index(refusals[-1]) < turn.events.index(turn.done)
+        assert turn.done["status"] == "completed" and not turn.of("turn.started")
+    finally:
+        await gw.aclose()
+
+
 async def test_resume_after_a_dropped_socket_replays_gaplessly(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")
