@@ -567,6 +567,13 @@ async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
         assert (await read_turn(ws2)).done["status"] == "completed"
         await send(ws2, type="session.resume", session_id="x", resume_token="y")
         assert (await recv_event(ws2))["error"]["code"] == "invalid_message"
+        ws2.transport.abort()  # and it is resumed as any session: keep its session.created
+        await ws2.wait_closed()
+    async with connect(url(gateway)) as ws3:
+        await recv_event(ws3, "session.created")
+        await send(ws3, type="session.resume", session_id=fresh["session_id"],
+                   resume_token=fresh["resume_token"])
+        assert (await recv_event(ws3))["type"] == "session.resumed"
 
 
 async def test_a_failed_resume_can_be_retried_on_the_same_socket(gateway):
