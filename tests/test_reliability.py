@@ -60,6 +60,8 @@ async def test_tokens_are_checked_before_the_upgrade():
                 async with connect(url(gw), **bad):
                     pass
             assert info.value.response.status_code == 401
+            # protocol.md names the code: a client tells a token to ask for from the rest
+            assert json.loads(info.value.response.body)["error"]["code"] == "unauthorized"
         async with connect(url(gw), additional_headers={"Authorization": "Bearer s3cret"}) as ws:
             assert (await recv_event(ws))["type"] == "session.created"
         async with connect(url(gw, "?token=other")) as ws:
