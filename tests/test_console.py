@@ -147,7 +147,8 @@ async def heard_out(page: Any) -> None:
 @pytest.mark.slow
 @needs_chromium
 async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
-    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, page_errors):
+    async with console(f"http://127.0.0.1:{gateway.port}/", init=KEEP_CONTEXT) as (
+            page, page_errors):
         await page.wait_for_function(
             "window.consoleState.connected && window.consoleState.audioReady")
 
@@ -175,9 +176,8 @@ async def test_console_speaks_a_transcript_and_stop_cancels(gateway, tmp_path):
         await page.wait_for_function(
             "!window.consoleState.playing && window.consoleState.bufferedSamples === 0")
         stopped = await page.evaluate("window.consoleState")
-        # audio stays stopped: wait for five more worklet reports, nothing more played
-        await page.wait_for_function(
-            f"window.consoleState.workletReports >= {stopped['workletReports']} + 5")
+        # audio stays stopped: nothing more played (nor said) in a second of the player's
+        assert await reports_in_an_audio_second(page) == 0
         after = await page.evaluate("window.consoleState")
         assert after["samplesPlayed"] == stopped["samplesPlayed"]
         assert stopped["samplesPlayed"] < played_before + len(LONG) * 24_000 // 15
@@ -265,6 +265,44 @@ async def test_console_draws_the_waveform_only_while_there_is_sound(gateway):
         await heard_out(page)
         await page.wait_for_function(STILL_FOR_60_FRAMES, timeout=10_000)
         assert await page.evaluate("window.lastStroke") == "#37474f"
+        assert errors == []
+
+
+# Test instrument in the page: its AudioContext, as ``window.audioCtx``.
+KEEP_CONTEXT = """(() => {
+  const Context = window.AudioContext;
+  window.AudioContext = class extends Context {
+    constructor(options) { super(options); window.audioCtx = this; }
+  };
+})()"""
+
+
+async def reports_in_an_audio_second(page: Any) -> int:
+    """The worklet's reports to the page while its context plays one second (by the audio
+    clock: KEEP_CONTEXT)."""
+    n, t0 = await page.evaluate("[window.consoleState.workletReports, audioCtx.currentTime]")
+    await page.wait_for_function(f"audioCtx.currentTime >= {t0} + 1")
+    return await page.evaluate("window.consoleState.workletReports") - n
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_player_reports_only_while_something_plays_or_changes(gateway):
+    """The worklet posted its counts every 53 ms (10 render quanta) for as long as the page
+    was open: an idle page took 19 messages a second across threads, each a callback on
+    the page's main thread, to say nothing had changed. It reports while its counts change
+    (playing, buffering), and once more when they stop: none on an idle page."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/", init=KEEP_CONTEXT) as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        await page.wait_for_function("audioCtx.state === 'running'")
+        assert await reports_in_an_audio_second(page) == 0
+        await talk(page, "Hello")
+        await first_turn_heard(page)  # (the reports said when its last sample played)
+        await heard_out(page)
+        st = await page.evaluate(state)
+        assert st["workletReports"] > 10 and st["samplesPlayed"] == st["samplesReceived"]
+        assert await reports_in_an_audio_second(page) == 0
         assert errors == []
 
 
@@ -1258,7 +1296,8 @@ async def test_console_escape_in_a_settings_field_does_not_stop_the_reply(gatewa
 
 # The test stands between the worklet and the page: the page's player node is kept as
 # window.player, and hold() queues what the worklet says until release() hands it on, in
-# order, as a page busy for a while (or a status on its way) would get it.
+# order, as a page busy for a while (or a status on its way) would get it (window.flushed: the
+# last flush whose answer it handed on).
 STAND_BETWEEN = """(() => {
   const Native = window.AudioWorkletNode;
   window.AudioWorkletNode = class extends Native {
@@ -1269,7 +1308,11 @@ STAND_BETWEEN = """(() => {
     const port = window.player.port, page = port.onmessage;
     window.held = [];
     port.onmessage = (e) => window.held.push(e);
-    window.release = () => { port.onmessage = page; window.held.forEach(page); };
+    window.release = () => {
+      const pass = (e) => { window.flushed = e.data.flushed ?? window.flushed; page(e); };
+      port.onmessage = pass;
+      window.held.forEach(pass);
+    };
   };
 })()"""
 
@@ -1302,8 +1345,9 @@ async def test_console_marks_of_a_turn_that_cut_another_count_only_its_own_audio
             f"window.held.some(e => e.data.played > {state}.samplesPlayed)")
         await talk(page, "Show me")  # barge-in
         await page.wait_for_function(f"{state}.turnId === 2")
-        reports = await page.evaluate(f"window.release(), {state}.workletReports")
-        await page.wait_for_function(f"{state}.workletReports > {reports}")  # one more came
+        await page.evaluate("window.release()")
+        # the answer to the flush of turn 2's start (the third: turn 1's, its cancel's)
+        await page.wait_for_function("window.flushed === 3")
         await page.click("#stop")
         await page.wait_for_function(f"{state}.lastTurn?.turnId === 2")
         assert (await page.evaluate(f"{state}.lastTurn.metrics.audio_ms")) == 0

@@ -83,10 +83,7 @@ async function startAudio() {
       // where Stop silenced it, to the sample (the last periodic count is up to 53 ms old)
       stopHeard(turn, heardMs(turn, m.played));
     }
-    if (turn?.heard && turn.playedBase !== null &&
-        state.samplesPlayed - turn.playedBase >= turn.samplesPosted) {
-      showHeard(turn); // its last sample played: the browser's own count is final
-    }
+    heardIfPlayedOut();
   };
   audio = {ctx, node, analyser};
   state.audioReady = true;
@@ -534,6 +531,7 @@ function onEvent(ev) {
           cutHeard(turn, flushAudio());
         } else {
           audio?.node.port.postMessage({type: "end"});
+          heardIfPlayedOut();
         }
       }
       break;
@@ -863,6 +861,16 @@ function addTimeline(ev) {
   if (rows.length > TIMELINE_TURNS) {
     const last = rows[TIMELINE_TURNS - 1];
     while (last.nextSibling) last.nextSibling.remove();
+  }
+}
+
+// The turn's row waits for its count: its last sample played, the browser's own count is
+// final. (Checked at each status, and at the turn's end: one whose audio played out before
+// it ended, a code block still streaming, gets no status after, the player idle.)
+function heardIfPlayedOut() {
+  if (turn?.heard && turn.playedBase !== null &&
+      state.samplesPlayed - turn.playedBase >= turn.samplesPosted) {
+    showHeard(turn);
   }
 }
 

@@ -1,7 +1,9 @@
 // AudioWorklet: plays PCM pushed from the page, with a small jitter buffer.
 // Messages in:  {type: "pcm", samples: Float32Array}, {type: "end"} (turn over: play out
 // what is left), {type: "flush", n} (barge-in: drop everything).
-// Messages out: {type: "status", played, buffered, playing, underruns} about every 50 ms, and
+// Messages out: {type: "status", played, buffered, playing, underruns} about every 50 ms while
+// those counts change (playing, buffering), the last once they stop: none while idle (an idle
+// page took 19 a second, each a callback on its main thread, to say nothing had changed); and
 // one at once for each flush, with its `flushed: n`: the counts at the flush, exactly (what
 // plays after it is what was sent after it; a status every 50 ms is up to 50 ms stale).
 // An underrun is a gap heard: the player ran dry before the turn's end and more audio came
@@ -21,6 +23,7 @@ class PcmPlayer extends AudioWorkletProcessor {
     this.underruns = 0;
     this.starved = false; // ran dry before the turn's end: an underrun if more audio comes
     this.quanta = 0;
+    this.told = [0, 0, false, 0]; // the counts last reported
     this.port.onmessage = (e) => {
       const m = e.data;
       if (m.type === "pcm") {
@@ -45,8 +48,15 @@ class PcmPlayer extends AudioWorkletProcessor {
   }
 
   report(extra) {
+    this.told = [this.played, this.buffered, this.playing, this.underruns];
     this.port.postMessage({type: "status", played: this.played, buffered: this.buffered,
                            playing: this.playing, underruns: this.underruns, ...extra});
+  }
+
+  changed() {
+    const [played, buffered, playing, underruns] = this.told;
+    return this.played !== played || this.buffered !== buffered || this.playing !== playing ||
+      this.underruns !== underruns;
   }
 
   process(_inputs, outputs) {
@@ -75,7 +85,7 @@ class PcmPlayer extends AudioWorkletProcessor {
       }
     }
     out.fill(0, i);
-    if (++this.quanta % 10 === 0) this.report();
+    if (++this.quanta % 10 === 0 && this.changed()) this.report();
     return true;
   }
 }
