@@ -1049,6 +1049,56 @@ async def test_console_talks_without_sound_where_the_page_cannot_play(start_gate
         assert errors == []
 
 
+# Test instrument in the page: what its live regions announce (window.announced, with the
+# region's id), as a screen reader does: the text each change to a region adds.
+LISTEN_TO_LIVE_REGIONS = """window.announced = [];
+addEventListener("DOMContentLoaded", () => {
+  new MutationObserver((changes) => {
+    for (const c of changes) {
+      const region = (c.target.nodeType === 1 ? c.target : c.target.parentElement)
+        .closest('[aria-live]:not([aria-live="off"]), [role=status], [role=alert], [role=log]');
+      if (!region) continue;
+      const added = c.type === "characterData" ? [c.target] : [...c.addedNodes];
+      for (const node of added) {
+        if (node.textContent.trim()) window.announced.push([region.id, node.textContent]);
+      }
+    }
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
+});"""
+
+SENTENCES = ["Hi there.", "The kitchen light is on now.", "Anything else?"]
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_announces_each_sentence_of_a_reply_it_cannot_play(start_gateway):
+    """The reply's text went into a plain element, which a screen reader does not read out
+    unasked: a person using one on a page with no sound (plain http on a LAN, no
+    AudioWorklet) never heard the reply. Each sentence is announced once, politely, as the
+    segmenter cuts it (not each token); where the page plays the reply, its voice says it,
+    and a screen reader saying it over that voice would only mask it."""
+    gateway = await start_gateway([{"transcript": "Hello", "reply": " ".join(SENTENCES)}],
+                                  server={"tokens": ["s3cret"]}, tokens_per_s=40.0)
+    url = f"http://gateway.test:{gateway.port}/?token=s3cret"
+    args = ["--host-resolver-rules=MAP gateway.test 127.0.0.1"]
+    async with console(url, args=args, init=LISTEN_TO_LIVE_REGIONS) as (page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        await talk(page, "Hello")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        said = [text for region, text in await page.evaluate("window.announced")
+                if region not in ("status", "errors")]
+        assert [text.strip() for text in said] == SENTENCES
+        assert errors == []
+    async with console(f"http://127.0.0.1:{gateway.port}/?token=s3cret",
+                       init=LISTEN_TO_LIVE_REGIONS) as (page, errors):
+        await talk_when_ready(page, "Hello")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        assert await page.inner_text("#reply") == " ".join(SENTENCES)
+        assert [region for region, _ in await page.evaluate("window.announced")
+                if region not in ("status", "errors")] == []
+        assert errors == []
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_fields_on_a_phone_are_large_enough_not_to_zoom(gateway):

@@ -487,6 +487,7 @@ function onEvent(ev) {
       reply = {text: "", cuts: [0]};
       renderReply();
       $("sentences").innerHTML = "";
+      $("said").replaceChildren();
       break;
     }
     case "text.delta":
@@ -513,6 +514,10 @@ function onEvent(ev) {
         : ev.engine + (ev.spoken !== ev.text ? ` · spoken: “${ev.spoken}”` : "");
       li.append(engine);
       $("sentences").append(li);
+      // a page with no sound: a screen reader reads the reply out, a sentence at a time (the
+      // reply's own text, token by token, would be read in pieces, or not at all); with
+      // sound, the voice says it, and a screen reader saying it too would only mask it
+      if (!audio && !turn.stopped) $("said").append(element("p", "", ev.text));
       break;
     }
     case "turn.done":
