@@ -1149,6 +1149,40 @@ async def on_a_phone(port: int, width: int, height: int = 700) -> AsyncIterator[
             await browser.close()
 
 
+CUT_PLACEHOLDERS = """() => {
+  // each field shown whose placeholder is wider than the room for text in it
+  const g = document.createElement("canvas").getContext("2d");
+  const cut = [];
+  for (const el of document.querySelectorAll("input[placeholder], textarea[placeholder]")) {
+    if (!el.checkVisibility()) continue;
+    const style = getComputedStyle(el, "::placeholder");
+    g.font = style.font;
+    const room = el.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const width = g.measureText(el.placeholder).width;
+    if (width > room) cut.push(`${el.id}: ${Math.round(width)} > ${room}`);
+  }
+  return cut;
+}"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_on_a_phone_shows_each_fields_placeholder_whole(start_gateway):
+    """On a 360x740 phone the token field, as wide as a desktop's (20 characters), showed
+    "the gateway's token, then E": what to do once it is typed was cut off. Every field's
+    placeholder fits its field, on a phone and on a desktop."""
+    gw = await start_gateway(server={"tokens": ["s3cret"]})
+    async with on_a_phone(gw.port, 360, 740) as page:
+        await page.wait_for_function("window.consoleState.needsToken")
+        assert await page.is_visible("#token")
+        assert await page.evaluate(CUT_PLACEHOLDERS) == []
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 360
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function("window.consoleState.needsToken")
+        assert await page.evaluate(CUT_PLACEHOLDERS) == []
+        assert errors == []
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_on_a_phone_wraps_a_word_longer_than_the_screen(start_gateway):
