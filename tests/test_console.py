@@ -1473,6 +1473,38 @@ async def test_console_counts_the_underruns_of_a_cut_turn_at_the_cut(start_gatew
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_a_cut_turn_whose_player_is_gone_gets_its_count(gateway):
+    """A turn cut (Stop on its tail) waits for the flush's answer to count what was heard;
+    with the player gone before it answered (its AudioContext closed), the turn stayed in
+    the page for good, its row saying 'heard …', and every transcript after failed ("Cannot
+    resume a closed AudioContext") and was not sent. The row takes the last counts the
+    player gave, and the next reply plays on a new player."""
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/",
+                       init=KEEP_CONTEXT + ";" + STAND_BETWEEN) as (page, errors):
+        await talk_when_ready(page, "Hello")
+        # its tail playing: the page stops hearing the player, and Stop cuts the turn
+        await page.wait_for_function(f"""(() => {{
+            if ({state}.lastTurn?.status !== 'completed' || {state}.bufferedSamples <= 2400)
+              return false;
+            window.hold();
+            document.getElementById('stop').click();
+            return true;
+          }})()""")
+        assert await page.inner_text("#timeline .heard") == "· heard …"
+        await page.evaluate("audioCtx.close()")  # the flush's answer will never come
+        await page.wait_for_function(f"{state}.turns[0].heardUnderruns !== undefined")
+        assert await page.inner_text("#timeline .heard") == "· heard 0"
+        await talk(page, "Hello")
+        # played out on a new player (its count of gaps heard: once its last sample played)
+        await page.wait_for_function(f"{state}.turns[1]?.heardUnderruns !== undefined")
+        assert await page.evaluate(f"{state}.turns[1].status") == "completed"
+        assert await page.evaluate(f"{state}.samplesPlayed") > 24_000 // 2
+        assert await page.evaluate(f"{state}.errors") == [] and errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 @pytest.mark.parametrize("texts", [["Tell me everything"], ["Hello", "Tell me everything"]],
                          ids=["one", "two"])
 async def test_console_stop_right_after_transcripts_stops_their_replies(gateway, texts):

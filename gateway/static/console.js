@@ -62,6 +62,9 @@ async function startAudio() {
   const analyser = ctx.createAnalyser();
   analyser.fftSize = 2048;
   node.connect(analyser).connect(ctx.destination);
+  ctx.onstatechange = () => {
+    if (ctx.state === "closed" && audio?.ctx === ctx) playerGone();
+  };
   node.port.onmessage = (e) => {
     const m = e.data;
     state.samplesPlayed = m.played;
@@ -91,6 +94,17 @@ async function startAudio() {
   return audio;
 }
 
+// The player gone (its context closed): what waits for its answer or its last sample takes
+// the last counts it gave, and the next transcript starts a new one. A cut turn waited for
+// the answer for good ("heard …"), and every transcript failed on the closed context.
+function playerGone() {
+  for (const t of cutTurns.values()) if (t.heard) showHeard(t);
+  cutTurns.clear();
+  if (turn?.heard) showHeard(turn); // (its tail will not play out)
+  audio = audioStarting = null;
+  Object.assign(state, {audioReady: false, playing: false, bufferedSamples: 0});
+}
+
 // Safari lets only a user's gesture resume a context, starts it suspended and suspends it
 // again when the page is left (a call, the phone locked): any tap or key resumes it, not
 // only a transcript sent (a reply asked for by the mic, whose result is no gesture, or
@@ -112,9 +126,10 @@ function drawWave() {
   drawing = true;
   const canvas = $("wave");
   const g = canvas.getContext("2d");
-  const data = new Float32Array(audio.analyser.fftSize);
+  const {analyser, ctx} = audio; // (the player may be gone by the next frame)
+  const data = new Float32Array(analyser.fftSize);
   const frame = () => {
-    audio.analyser.getFloatTimeDomainData(data);
+    analyser.getFloatTimeDomainData(data);
     g.fillStyle = "#0f1420";
     g.fillRect(0, 0, canvas.width, canvas.height);
     g.strokeStyle = state.playing ? "#64b5f6" : "#37474f";
@@ -127,7 +142,7 @@ function drawWave() {
       if (Math.abs(data[i]) > 1e-4) quiet = false;
     }
     g.stroke();
-    if (audio.ctx.state === "running" && (state.playing || !quiet)) requestAnimationFrame(frame);
+    if (ctx.state === "running" && (state.playing || !quiet)) requestAnimationFrame(frame);
     else drawing = false;
   };
   requestAnimationFrame(frame);
