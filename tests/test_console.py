@@ -1971,6 +1971,51 @@ async def test_console_reconnects_at_once_when_the_network_is_back(start_gateway
 
 @pytest.mark.slow
 @needs_chromium
+async def test_console_says_each_status_and_error_once_while_it_retries(start_gateway):
+    """The gateway gone, the page retries for as long as it stays open (up to every 8 s):
+    each failed try wrote its status again, unchanged, into the status live region, and a
+    screen reader read "disconnected (1006)" out at every one; on a full gateway, that and
+    "the gateway is full" in turn. Each status is announced once, as is the error. The
+    page's timers run on the test's clock."""
+    gw = await start_gateway()
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
+                       init=LISTEN_TO_LIVE_REGIONS) as (page, errors):
+        await page.wait_for_function(f"{state}.connected")
+        await gw.aclose()
+        await page.wait_for_function(f"{state}.reconnects === 1")
+        for n, wait_ms in ((2, 500), (3, 1000), (4, 2000), (5, 4000), (6, 8000)):
+            await page.clock.fast_forward(wait_ms)
+            await page.wait_for_function(f"{state}.reconnects === {n}")
+        said = await page.evaluate("window.announced")
+        assert [text for region, text in said if region == "status"] == [
+            f"connected · {await page.evaluate(f'{state}.sessionId')}",
+            "disconnected (1001)", "disconnected (1006)"]
+        (error,) = [text for region, text in said if region == "errors"]
+        assert "the gateway stopped; reconnecting" in error
+        assert errors == []
+    # a full gateway: the status said "disconnected (1006)", then that it was full, at
+    # every retry
+    from websockets.asyncio.client import connect
+
+    gw = await start_gateway(server={"max_sessions": 1})
+    async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as other:
+        await other.recv()  # session.created: the gateway is full
+        async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
+                           init=LISTEN_TO_LIVE_REGIONS) as (page, errors):
+            full = "the gateway is full (1 sessions); retrying"
+            for n, wait_ms in ((1, 0), (2, 500), (3, 1000), (4, 2000)):
+                await page.clock.fast_forward(wait_ms)
+                await page.wait_for_function(f"{state}.reconnects === {n}")
+                await page.wait_for_function(
+                    f"document.querySelector('#status').textContent === '{full}'")
+            said = await page.evaluate("window.announced")
+            assert [text for region, text in said if region == "status"] == [full]
+            assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
 async def test_console_gives_up_a_socket_still_connecting_when_the_network_is_back(
         start_gateway):
     """A socket made while the network was dying hangs in CONNECTING (its SYN or handshake

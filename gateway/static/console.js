@@ -212,7 +212,9 @@ function connect() {
   socket.onclose = async (e) => {
     const was = state.connected;
     state.connected = false;
-    setStatus(false, `disconnected (${e.code})`);
+    // (refused before it opened: once /health has said whether the gateway is full, or the
+    // status would go from one to the other at every retry, read out each time)
+    if (opened) setStatus(false, `disconnected (${e.code})`);
     if (session && session.droppedAt === null) session.droppedAt = performance.now();
     if (!canResume(e.code)) { // the session is gone: so is the audio of a turn it did not end
       giveBackAsked();
@@ -226,7 +228,7 @@ function connect() {
           (session ? " to resume" : ""));
     }
     state.reconnects += 1;
-    if (!opened && (await refusedForToken())) return; // wait for a token to be typed in
+    if (!opened && (await refusedForToken(e.code))) return; // wait for a token to be typed in
     reconnectLater();
   };
 }
@@ -313,10 +315,12 @@ function giveUp(socket, silentMs) {
 // A socket refused before it opened (HTTP 401, 403 or 503: a browser is not told which).
 // /health (always open) says whether tokens are in use and how full the gateway is;
 // /v1/models, whether the token is good. True: wait for a token to be typed in.
-async function refusedForToken() {
+async function refusedForToken(code) {
   const health = await askHealth();
   if (health && health.sessions >= health.limits?.max_sessions) {
     setStatus(false, `the gateway is full (${health.sessions} sessions); retrying`);
+  } else {
+    setStatus(false, `disconnected (${code})`);
   }
   if (health?.auth !== "bearer") {
     if (health && !state.originRefused && !byAddress(location.hostname)) {
@@ -415,9 +419,10 @@ function send(message) {
   else showError("not connected");
 }
 
+// (a live region: a text written again, unchanged, is read out again, at every retry)
 function setStatus(on, text) {
   const el = $("status");
-  el.textContent = text;
+  if (el.textContent !== text) el.textContent = text;
   el.className = `status ${on ? "on" : "off"}`;
 }
 
