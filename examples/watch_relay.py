@@ -96,7 +96,7 @@ import orjson
 import soxr
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.http11 import Request, Response
 
 from gateway.core.codec import (
@@ -652,10 +652,12 @@ class RelaySession:
             # its session.created as long as its connect: a gateway (or a proxy) that took
             # the socket and said nothing held the watch, and after it left the socket and
             # the relay's stop, for ever
+            # (InvalidHandshake: a refusal, or a socket closed before any answer, as a
+            # gateway starting up or a TLS one dialled with ws:// closes it)
             async with asyncio.timeout(self.relay.upstream_timeout_s):
                 self.gateway = await self.relay.connect_upstream()
                 created = orjson.loads(await self.gateway.recv())
-        except (OSError, InvalidStatus, ConnectionClosed, TimeoutError) as exc:
+        except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError) as exc:
             if self.gateway is not None:  # (silent: it answers no close either)
                 self.gateway.close_timeout = 1.0
                 await self.gateway.close(1000)
@@ -792,7 +794,7 @@ class RelaySession:
                             await self._to_watch(out)
                     for message in self.core.lost():
                         await gateway.send(message)
-            except (OSError, InvalidStatus, ConnectionClosed, TimeoutError) as exc:
+            except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError) as exc:
                 if isinstance(exc, ConnectionClosed) and (ended := _ended(exc)) is not None:
                     # (a gateway going away, 1001: not a drop to retry until the window ends)
                     raise ended from None

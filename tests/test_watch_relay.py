@@ -968,6 +968,80 @@ async def test_the_relay_gives_up_within_the_gateways_shorter_resume_window(star
         await relay.aclose()
 
 
+@contextlib.asynccontextmanager
+async def hanging_up_in_front_of(port: int | None):
+    """A TCP proxy to the gateway on ``port`` (None: no gateway) that, while its ``hang_up``
+    event is set, closes each new connection before any answer, as a gateway that is
+    starting up, or a TLS one dialled with ``ws://``, does (a TEST DOUBLE of the network in
+    between); yields ``(proxy_port, hang_up, hung_up)``, ``hung_up`` set at the first it
+    closed so."""
+    hang_up, hung_up, pumps = asyncio.Event(), asyncio.Event(), set()
+
+    async def pump(reader, writer):
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
+
+    async def proxy(reader, writer):
+        if hang_up.is_set() or port is None:
+            hung_up.set()
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        pumps.update(asyncio.ensure_future(p) for p in
+                     (pump(reader, up_writer), pump(up_reader, writer)))
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], hang_up, hung_up
+    finally:
+        server.close()
+        for p in pumps:
+            p.cancel()
+        await server.wait_closed()
+
+
+async def test_a_gateway_that_hangs_up_unanswered_is_unavailable():
+    """A gateway socket closed before its HTTP answer (a TLS gateway dialled with ``ws://``,
+    protocol.md, Auth; a proxy with no gateway behind it) raised past the relay: the watch
+    got 1011 with no reason, and the relay logged a traceback, where the doc promises
+    ``gateway unavailable: …``."""
+    async with hanging_up_in_front_of(None) as (port, _hang_up, _hung_up):
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=5.0)
+        await relay.start()
+        try:
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+                await asyncio.wait_for(ws.wait_closed(), 10)
+            assert ws.close_code == 1011
+            assert ws.close_reason.startswith("gateway unavailable: ")
+        finally:
+            await relay.aclose()
+
+
+@pytest.mark.slow
+async def test_a_resume_goes_on_past_a_gateway_that_hangs_up_unanswered(gateway):
+    """The gateway restarting (or a proxy in front of it) closes the relay's resume socket
+    before any answer: the relay gave up with an internal error (1011, no reason, a
+    traceback in its log) at the first such socket, where it retries as after a refused
+    connect, for as long as the resume window lasts."""
+    async with hanging_up_in_front_of(gateway.port) as (port, hang_up, hung_up):
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=5.0)
+        await relay.start()
+        try:
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+                await recv_event(ws, "session.created")
+                (session,) = relay.sessions
+                hang_up.set()
+                session.gateway.transport.abort()  # the phone's uplink drops
+                await asyncio.wait_for(hung_up.wait(), 10)
+                hang_up.clear()  # the gateway answers again
+                await send(ws, type="ping", id=1)
+                assert (await asyncio.wait_for(recv_event(ws), 10)) == {"type": "pong", "id": 1}
+        finally:
+            await relay.aclose()
+
 @pytest.mark.slow
 async def test_the_relay_resumes_within_the_gateways_longer_resume_window(gateway):
     """A gateway announcing a longer window than the relay's own (here its fallback, 0.5 s,
