@@ -630,10 +630,11 @@ class UpstreamLost(Exception):
 def _ended(exc: ConnectionClosed) -> UpstreamLost | None:
     """The gateway closed its socket on purpose (a close frame that leaves no session
     waiting for a resume, protocol.md, Close codes): what to tell the watch; None for a
-    drop."""
+    drop. Its code goes on as it came where it says the same to the watch (1008 ``too many
+    messages``: the watch's own flood, not a gateway bug); 1011 for any other."""
     if exc.rcvd is None or exc.rcvd.code in RESUMABLE_CLOSES:
         return None
-    code = exc.rcvd.code if exc.rcvd.code in (1000, 1001, 1013) else 1011
+    code = exc.rcvd.code if exc.rcvd.code in (1000, 1001, 1008, 1013) else 1011
     return UpstreamLost(exc.rcvd.reason or "gateway closed", code)
 
 

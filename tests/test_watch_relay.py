@@ -773,6 +773,26 @@ async def test_dropped_gateway_socket_is_resumed_without_the_watch_noticing(gate
         assert abs(len(sentences[index]) - len(pcm) * 2 / 3) <= length_tolerance(gateway, 1, 2 / 3)
 
 
+async def test_a_watch_flooding_messages_gets_the_gateways_1008(gateway, relay, monkeypatch):
+    """The gateway closes a client past its message rate with 1008 ``too many messages``,
+    which ends the session (protocol.md, Close codes); the relay passed it on as 1011, the
+    code of a gateway bug, so a watch app reading protocol.md took its own flood for the
+    gateway's fault. (Small figures here, as in test_gateway_ws.py, so no clock matters.)"""
+    from websockets.exceptions import ConnectionClosed
+
+    from gateway.io import connection
+
+    monkeypatch.setattr(connection, "MESSAGE_BURST", 50, raising=False)
+    monkeypatch.setattr(connection, "MESSAGES_PER_S", 0.0, raising=False)  # (no refill)
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        with pytest.raises(ConnectionClosed):  # (a send may already meet the close)
+            for i in range(2000):
+                await send(ws, type="ping", id=i)
+            while True:
+                await recv_event(ws)
+    assert (ws.close_code, ws.close_reason) == (1008, "too many messages")
+
 async def test_unknown_format_is_refused(relay):
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=mp3") as ws:
         error = await recv_event(ws)
