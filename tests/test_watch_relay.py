@@ -793,6 +793,26 @@ async def test_a_watch_flooding_messages_gets_the_gateways_1008(gateway, relay, 
                 await recv_event(ws)
     assert (ws.close_code, ws.close_reason) == (1008, "too many messages")
 
+@pytest.mark.parametrize("bad", ["over 1 MiB", "not UTF-8"])
+async def test_a_watch_message_the_link_cannot_carry_ends_the_session(gateway, relay, bad):
+    """protocol.md has the gateway close 1009 (a message over 1 MiB) or 1007 (a text frame
+    not UTF-8) and keep the session for a resume; the watch cannot resume through the
+    relay, so from the relay the same close ends the gateway session (docs/watch-relay.md
+    said nothing of either)."""
+    from websockets.exceptions import ConnectionClosed
+
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k",
+                       max_size=None) as ws:
+        await recv_event(ws, "session.created")
+        if bad == "over 1 MiB":
+            await send(ws, type="say", text="x" * 2**20)
+        else:
+            await ws.send(b'{"type":"say","text":"\xff"}', text=True)
+        with pytest.raises(ConnectionClosed):
+            await recv_event(ws)
+    assert ws.close_code == (1009 if bad == "over 1 MiB" else 1007)
+    await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+
 async def test_unknown_format_is_refused(relay):
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=mp3") as ws:
         error = await recv_event(ws)
