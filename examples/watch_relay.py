@@ -100,6 +100,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.http11 import Request, Response
 
 from gateway.core.codec import (
+    MAX_MESSAGE_BYTES,
     ClientCancel,
     ClientPing,
     ClientPlayback,
@@ -492,6 +493,12 @@ class RelayCore:
         """(message for the gateway, reply for the watch); either may be None."""
         if isinstance(message, bytes):
             return None, _error("binary_not_supported", "the relay accepts text frames only")
+        if len(message) > MAX_MESSAGE_BYTES // 4 and len(message.encode()) > MAX_MESSAGE_BYTES:
+            # refused here, as the gateway would: sent up, one over its 80 KiB could meet
+            # a gateway holding its budget of unfinished messages, whose 1009 lost the
+            # session (and the phone's uplink carried up to 1 MiB for a refusal)
+            return None, _error("message_too_large",
+                                f"text frames are limited to {MAX_MESSAGE_BYTES} bytes")
         try:
             event = orjson.loads(message)
         except orjson.JSONDecodeError:

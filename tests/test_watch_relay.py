@@ -813,6 +813,22 @@ async def test_a_watch_message_the_link_cannot_carry_ends_the_session(gateway, r
     assert ws.close_code == (1009 if bad == "over 1 MiB" else 1007)
     await asyncio.wait_for(gateway.wait_no_sessions(), 10)
 
+async def test_a_watch_message_over_64_kib_is_refused_by_the_relay(gateway, relay):
+    """The relay sent a watch message of up to 1 MiB up for the gateway to refuse
+    (``message_too_large``, protocol.md, Limits); but a gateway that holds its 16 MiB of
+    unfinished messages (other clients') closes a socket sending one over 80 KiB with 1009,
+    which the relay passed on as 1011: the watch lost its session for a message it would
+    have been told was too large. The relay refuses it itself, as the gateway would."""
+    gateway.unfinished.limit = 0  # others hold it all
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text="x" * 900_000)
+        error = await asyncio.wait_for(recv_event(ws), 10)
+        assert error["error"]["code"] == "message_too_large"
+        await send(ws, type="ping", id=1)
+        assert (await asyncio.wait_for(recv_event(ws), 10)) == {"type": "pong", "id": 1}
+    assert gateway.metrics.errors["unfinished_messages"] == 0
+
 async def test_unknown_format_is_refused(relay):
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=mp3") as ws:
         error = await recv_event(ws)
