@@ -819,7 +819,11 @@ class RelaySession:
                 raise
             if answer.get("type") != "session.resumed":
                 await gateway.close(1000)
-                raise UpstreamLost(f"gateway session lost: {answer.get('error', answer)}")
+                error = answer.get("error")
+                why = (f"{error.get('code')}: {error.get('message')}" if isinstance(error, dict)
+                       else f"answered {answer.get('type')!r}")
+                # (a reason a person reads, not a Python dict cut at the close's 123 bytes)
+                raise UpstreamLost(f"gateway session lost: {why}")
             self.gateway = gateway
             self._ready.set()
             return

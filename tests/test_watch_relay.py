@@ -907,6 +907,22 @@ async def test_a_gateway_keepalive_close_is_resumed_like_a_drop(gateway, relay):
     assert rest.done["status"] == "completed"
 
 
+async def test_a_session_the_gateway_lost_ends_the_watch_with_a_readable_reason(gateway,
+                                                                                relay):
+    """A gateway restarted (or its session expired) refuses the resume: the watch's 1011
+    said so in a Python dict cut at the close's 123 bytes ("gateway session lost:
+    {'code': 'resume_failed', 'message': 'cannot resume: that ..."), not in words."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        (session,) = relay.sessions
+        session.core.resume_token = "the session a restarted gateway never had"
+        session.gateway.transport.abort()
+        await asyncio.wait_for(ws.wait_closed(), 10)
+    assert ws.close_code == 1011
+    assert ws.close_reason.startswith("gateway session lost: resume_failed: cannot resume")
+    assert "{" not in ws.close_reason
+
+
 async def test_a_gateway_going_away_during_the_resume_sends_the_watch_away_at_once(gateway,
                                                                                    relay):
     """The gateway stops (close 1001, protocol.md: its sessions end) while the relay resumes
