@@ -66,7 +66,10 @@ async def test_voice_port_routes_need_the_token_too(gateway):
     base = f"http://127.0.0.1:{gateway.port}"
     async with httpx.AsyncClient(base_url=base) as http:
         for path in ("/metrics", "/v1/models"):
-            assert (await http.get(path)).status_code == 401
+            refused = await http.get(path)
+            assert refused.status_code == 401
+            # RFC 9110's "MUST" for a 401, and what docs/http-api.md says both ports send
+            assert refused.headers["www-authenticate"] == "Bearer"
             assert (await http.get(path, headers={"Authorization": f"Bearer {SECRET}"})
                     ).status_code == 200
         assert (await http.get("/health")).status_code == 200

@@ -573,8 +573,11 @@ class Gateway:
         # like the HTTP API port: everything but /health and the console page needs a token
         if path in (VOICE_PATH, "/metrics", "/v1/models") and tokens and \
                 not check_token(request, tokens):
-            return self._refuse(connection, request, http.HTTPStatus.UNAUTHORIZED,
-                                "unauthorized", UNAUTHORIZED)
+            refused = self._refuse(connection, request, http.HTTPStatus.UNAUTHORIZED,
+                                   "unauthorized", UNAUTHORIZED)
+            # the challenge RFC 9110 requires of every 401, as the HTTP API port's has it
+            refused.headers["WWW-Authenticate"] = "Bearer"
+            return refused
         if path == VOICE_PATH:
             scheme = "https" if self.config.server.tls_cert else "http"
             own = own_origin(scheme, hosts[0] if len(hosts) == 1 else "", self.hosts)
