@@ -595,8 +595,10 @@ class SpeechApi:
             allow_origins=["*"] if origins is None else list(origins),
             # any header: OpenAI's JS SDK adds its own (x-stainless-*); no cookies are used
             allow_methods=["GET", "POST"], allow_headers=["*"],
+            # Retry-After too, which CORS hides from a page otherwise: a 503's wait, read
+            # by OpenAI's JS SDK (and a page's own retry)
             expose_headers=["X-Audio-Ms", "X-Compute-Ms", "X-Engine", "X-Sample-Rate",
-                            "X-Speech-Notes"], max_age=600)
+                            "X-Speech-Notes", "Retry-After"], max_age=600)
 
     async def _internal_error(self, request: Request, exc: Exception) -> Response:
         """A bug's 500 (``_internal_error``), counted: as ``internal_error`` in the errors, as
