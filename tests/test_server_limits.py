@@ -158,6 +158,35 @@ async def test_a_socket_let_in_past_the_limit_may_only_resume(start_gateway, fir
     assert gw.metrics.errors["server_full"] == 1
 
 
+async def test_a_socket_let_in_past_the_limit_that_drops_leaves_no_session(start_gateway):
+    """A reconnect let in past a full gateway only to resume (``?resume=``) whose socket
+    dropped before it resumed kept its own fresh session for the resume window (30 s),
+    over ``max_sessions``: one more held session per such drop (a phone retrying on a
+    flaky network), sessions nobody would ever resume."""
+    from tests.test_ws_limits import no_connections
+
+    gw = await start_gateway(server={"max_sessions": 1, "resume_window_s": 30.0})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    created = await dropped(url)
+    sid, token = created["session_id"], created["resume_token"]
+    for _ in range(3):
+        ws = await connect(f"{url}?resume={sid}")
+        await recv_event(ws, "session.created")
+        ws.transport.abort()
+        await ws.wait_closed()
+        await no_connections(gw)
+        assert list(gw.runners) == [sid] and not gw.past_limit
+    # the phone's next attempt resumes, and the session it gets back waits for it again
+    async with connect(f"{url}?resume={sid}") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="session.resume", session_id=sid, resume_token=token)
+        assert (await recv_event(ws))["type"] == "session.resumed"
+        ws.transport.abort()
+        await ws.wait_closed()
+        await no_connections(gw)
+    assert list(gw.runners) == [sid] and gw.runners[sid].session.held
+
+
 async def test_a_socket_refused_past_the_limit_cannot_resume_on_its_way_out(start_gateway):
     """A phone's first reconnect went quiet and its retry took its place (the first is
     refused: server_full, close 1013); the first one's session.resume, held up in the

@@ -777,7 +777,10 @@ class VoiceConnection:
             if self._probe is not None:
                 self._probe.cancel()
             if self.runner is not None:
-                self.runner.detach(self, resumable=not (clean or crashed or self.gateway.closing),
+                # a socket let in past max_sessions that did not resume: its own session
+                # was only a way in, and held for a resume it was over the limit for 30 s
+                self.runner.detach(self, resumable=not (clean or crashed or self.gateway.closing
+                                                        or self.resume_only is not None),
                                    noticed_early_s=self._noticed_early_s)
             if self._closing is not None:
                 await self._closing
