@@ -388,6 +388,22 @@ def test_a_failed_turn_keeps_what_it_sent_and_a_later_barge_in_cuts_it(clock):
     assert s.history[1]["content"] == "One two three four five. Six seven …"
 
 
+
+def test_a_barge_in_after_a_failed_turn_weighs_its_cut_sentence_by_all_its_audio(clock):
+    """An engine fails mid-sentence while most of the sentence's audio is held back by
+    pacing: the end drops what was held, and a barge-in after it then weighed what was
+    heard against the part sent alone, so a mark showing less played kept more words
+    than the turn's end had ("One …", then "One two …" at 0.9 of the 1 s sent)."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "One two three four five six. Seven", clock())
+    s.audio(tid, 0, pcm(4000), "x", clock())  # 1 s (the lead) goes out, 3 s are held back
+    s.synthesis_failed(tid, 0, "engine_failed", "boom", clock())
+    assert s.history[1]["content"] == "One …"  # 1 s of the sentence's 4 s
+    s.receive(ClientPlayback(tid, 900.0), clock.advance(900))
+    s.receive(ClientTranscript("stop"), clock())
+    assert s.history[1]["content"] == "One …"
+
 @pytest.mark.parametrize(("text", "heard_ms", "kept"), [
     # into the second sentence by less than a word: still said to be cut there
     ("One two three four five. Six seven eight nine ten.", 1100,

@@ -266,6 +266,9 @@ class _SegmentAudio:
     synthesized: bool = False  # the engine finished this segment
     announced: bool = False  # `sentence` event sent
     sent_ms: float = 0.0
+    made_ms: float = 0.0
+    """Audio received from the engine: ``sent_ms`` plus what ``pending`` holds, and what it
+    held when the turn ended (``_end_turn`` drops it, the sentence's length still counts)."""
     engine: str | None = None
     finished: bool = False  # last frame and `sentence.done` sent
     cut_short: bool = False  # an engine failed mid-sentence: the rest of it is not said
@@ -545,6 +548,7 @@ class Session:
         if engine not in turn.engines:
             turn.engines.append(engine)
         seg.pending += pcm
+        seg.made_ms += len(pcm) / BYTES_PER_MS
         turn.held_bytes += len(pcm)
         return self._pump(turn, now) if index == turn.current else []
 
@@ -995,7 +999,7 @@ class Session:
                 heard_ms -= seg.sent_ms
                 heard_to = seg.segment.start + len(text)
                 continue
-            known_ms = seg.sent_ms + len(seg.pending) / BYTES_PER_MS
+            known_ms = seg.made_ms
             total_ms = known_ms if seg.synthesized and not seg.cut_short else max(
                 known_ms, estimated_ms)
             return (said + gap + _cut(text, heard_ms / total_ms if total_ms else 0.0)).strip()
