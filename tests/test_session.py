@@ -1490,3 +1490,111 @@ def test_only_a_sentences_last_frame_is_flagged_and_a_turn_names_its_first_engin
     (done,) = events(out, "turn.done")
     assert done["metrics"]["engine"] == "kokoro"
     assert done["metrics"]["engines"] == ["kokoro", "espeak"]
+
+
+def test_there_is_nothing_to_wake_for_before_a_turn_or_its_first_sentence(clock):
+    """``wake_at`` and ``tick`` with nothing to send: the shell asks after every input."""
+    s = Session("s")
+    assert s.wake_at() is None and s.tick(clock()) == []  # no turn yet
+    tid = start(s, clock)
+    assert s.wake_at() is None and s.tick(clock()) == []  # no text yet
+    s.llm_delta(tid, "Hello there, how", clock())
+    assert s.wake_at() is None  # no sentence yet
+    s.llm_delta(tid, " are you doing today? Fine", clock())
+    assert frames(s.audio(tid, 0, pcm(60), "x", clock()))  # one frame; 20 ms wait for more
+    assert s.wake_at() is None  # only more audio (or its end) can release them
+
+
+def test_a_silent_sentence_that_is_next_to_play_is_done_at_once(clock):
+    """A sentence with nothing to say (an emoji line) has no audio to wait for: it is
+    announced and done with the text that made it, not at the next input."""
+    s = Session("s")
+    tid = start(s, clock)
+    out = s.llm_delta(tid, "🙂\n", clock())
+    assert [(e["type"], e["index"]) for e in events(out)[1:]] == [("sentence", 0),
+                                                                  ("sentence.done", 0)]
+    assert events(out, "sentence.done")[0]["audio_ms"] == 0
+
+
+def test_a_turn_ended_by_adding_its_last_silent_sentence_ends_once(clock):
+    """The LLM's end brings a last sentence with nothing to say after all the audio went
+    out: adding it ends the turn, and the end's own pump must not end it again."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "Hello there, this is the answer.\n\n🙂", clock())
+    s.audio(tid, 0, pcm(200), "x", clock())
+    s.synthesis_done(tid, 0, clock())
+    out = s.llm_done(tid, None, clock())
+    assert [e["type"] for e in events(out)] == ["sentence", "sentence.done", "turn.done"]
+    assert [f.turn_end for f in frames(out)] == [True]
+    assert [m["role"] for m in s.history] == ["user", "assistant"]
+
+
+def test_an_empty_reply_without_a_thought_count_is_called_empty(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    out = s.llm_done(tid, None, clock.advance(12.34))
+    assert events(out, "error")[0]["error"]["message"] == (
+        "the LLM's reply was empty: nothing to say")
+    assert events(out, "turn.done")[0]["metrics"]["duration_ms"] == 12.3  # to 0.1 ms
+
+
+def test_frames_paced_one_at_a_time_after_a_sentences_end_carry_no_flag_until_its_last(clock):
+    """A sentence made whole while pacing holds its audio goes out a frame per refill:
+    only the very last frame says ``sentence_end`` (and ``turn_end``)."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=200, frame_ms=40))
+    s.receive(ClientSay("First one here."), clock())
+    tid = s.turn.id
+    out = s.audio(tid, 0, pcm(600), "x", clock()) + s.synthesis_done(tid, 0, clock())
+    out += run_until(s, clock, clock() + 2)
+    sent = frames(out)
+    assert sum(len(f.pcm) for f in sent) == 600 * BYTES_PER_MS
+    assert [(f.sentence_end, f.turn_end) for f in sent] == [(False, False)] * (
+        len(sent) - 1) + [(True, True)]
+
+
+def test_input_for_the_segment_after_the_turns_last_is_ignored(clock):
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "A first reply here. And", clock())
+    beyond = len(s.turn.segments)
+    assert s.audio(tid, beyond, pcm(100), "x", clock()) == []
+    assert s.synthesis_done(tid, beyond, clock()) == []
+    assert s.synthesis_failed(tid, beyond, "engine_failed", "late", clock()) == []
+    assert not s.turn.ended and s.turn.failed is None
+
+
+def test_an_engine_failing_on_the_next_sentence_after_all_was_sent_closes_the_turn(clock):
+    """Every sentence before it has gone out whole: the turn ends with the empty frame
+    that says ``turn_end`` (the last frame sent said only ``sentence_end``)."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "A first reply here. A second one. And", clock())
+    s.audio(tid, 0, pcm(80), "x", clock())
+    assert frames(s.synthesis_done(tid, 0, clock()))[-1].sentence_end
+    out = s.synthesis_failed(tid, 1, "engine_failed", "boom", clock())
+    (closing,) = frames(out)
+    assert closing.turn_end and closing.pcm == b"" and closing.sentence == 0
+    assert events(out, "turn.done")[0]["status"] == "failed"
+
+
+def test_a_detached_session_sends_no_frames_until_it_resumes(clock):
+    s = Session("s", settings=SessionSettings(max_lead_ms=200))
+    s.receive(ClientSay("Something long to say here."), clock())
+    tid = s.turn.id
+    s.held = True
+    assert frames(s.audio(tid, 0, pcm(400), "x", clock())) == []
+    assert frames(s.tick(clock.advance(1000))) == []
+    assert frames(s.resume(0, clock()))
+
+
+def test_turn_ids_wrap_inside_u32_and_never_to_0(clock):
+    """protocol.md: ``turn_id`` is a u32 in every frame header, starting at 1."""
+    s = Session("s")
+    s._next_turn_id = 0xFFFFFFFF  # four billion turns later
+    out = s.receive(ClientSay("Last one."), clock())
+    assert events(out, "turn.started")[0]["turn_id"] == 0xFFFFFFFF
+    out = s.audio(0xFFFFFFFF, 0, pcm(40), "x", clock()) + s.synthesis_done(
+        0xFFFFFFFF, 0, clock())
+    assert frames(out)[-1].turn_id == 0xFFFFFFFF
+    assert events(s.receive(ClientSay("Next."), clock()), "turn.started")[0]["turn_id"] == 1
