@@ -983,10 +983,14 @@ def test_univ_goes_on_before_a_name(text, want):
      ['For example, 東京に行きます。means "I\'m going to Tokyo."', "It mixes scripts."]),
     ("Say ありがとう。It means thanks.", ["Say ありがとう。", "It means thanks."]),
     ("会议在三点开始。我们走吧！", ["会议在三点开始。", "我们走吧！"]),
+    ("新版本已经发布。iOS 18 支持这个功能。", ["新版本已经发布。", "iOS 18 支持这个功能。"]),
+    ("安装完成。macOS 用户请重启。", ["安装完成。", "macOS 用户请重启。"]),
+    ("电池很好！iPhone也不贵。", ["电池很好！", "iPhone也不贵。"]),
 ])
 def test_a_lowercase_word_right_after_a_full_width_stop_goes_on(text, want):
     """"東京に行きます。means ..." was cut after "。": a lowercase word after it goes on, as
-    it does after ".", so a Japanese phrase quoted in English is one sentence."""
+    it does after ".", so a Japanese phrase quoted in English is one sentence; a name in
+    camelCase ("iOS", "macOS") opens one, as it does after "."."""
     assert sentences(text) == want
 
 

@@ -322,6 +322,8 @@ def _open_span(text: str) -> bool:
 _CAMEL = re.compile(r"[a-z]{1,5}[A-Z][A-Za-z0-9]*|v\d+")
 """A name written in camelCase ("macOS", "iOS", "iPhone", "eBay") or a version ("v0.3.1"):
 it opens sentences though its first letter is lowercase."""
+_LATIN_WORD = re.compile("[A-Za-z0-9]*")
+"""The Latin start of a word, which Chinese writes joined to the next ("iPhone也")."""
 _ELIDED = re.compile(r"(?:[CDJLMNST]|Qu)['\u2019][a-z\u00e0-\u00ff\u0153]")
 """A French word elided before a vowel ("N'oublie", "C'est", "J'ai"): it opens sentences,
 while a name after an initial keeps its capital ("D. D'Angelo", "B. O'Brien")."""
@@ -769,9 +771,13 @@ class Segmenter:
         while self._need(k) and buf[k] in _SPACE:
             k += 1
         closing = closing or k < len(buf) and buf[k] == "|"  # "| 好的。 |": a table's cell
+        # "行きます。means ...": the English sentence quoting it goes on; not before a name in
+        # camelCase, which opens one as after "." ("发布。iOS 18", "很好！iPhone也")
+        goes_on = k < len(buf) and buf[k].islower() and not _CAMEL.fullmatch(
+            _LATIN_WORD.match(self._next_word(k)).group())  # type: ignore[union-attr]
         self._pos = j  # only once nothing is left to wait for
-        if k < len(buf) and buf[k].islower():
-            return False  # "行きます。means ...": the English sentence quoting it goes on
+        if goes_on:
+            return False
         if self._quote or self._paren or closing or (
                 self._index > 0 and j < self.config.min_chars):
             return False
