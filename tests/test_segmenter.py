@@ -956,6 +956,22 @@ def test_russian_and_hindi_abbreviations_do_not_end_a_sentence(text, want):
 
 
 @pytest.mark.parametrize(("text", "want"), [
+    ("Я позвонил им. Они не ответили.", ["Я позвонил им.", "Они не ответили."]),
+    ("Скажи им. Потом уходи.", ["Скажи им.", "Потом уходи."]),
+    ("Музей им. Пушкина открыт. Театр им. А. П. Чехова тоже.",
+     ["Музей им. Пушкина открыт.", "Театр им. А. П. Чехова тоже."]),
+    ("Это улица им. 26 Бакинских комиссаров. Она длинная.",
+     ["Это улица им. 26 Бакинских комиссаров.", "Она длинная."]),
+])
+def test_the_pronoun_im_ends_a_sentence_the_abbreviation_does_not(text, want):
+    """"им." is "named after" ("музей им. Пушкина") and the pronoun "them" ("Я позвонил
+    им."), a common last word: taken for the abbreviation alone, "Я позвонил им. Они не
+    ответили." was one sentence. It goes on before a name, as "St." does, not before a word
+    that opens a sentence."""
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
     ("Her talk is at 10 a.m. in Hall B. Seats are limited.",
      ["Her talk is at 10 a.m. in Hall B.", "Seats are limited."]),
     ("Your meeting is in room C. Bring your laptop.",

@@ -36,7 +36,8 @@ on how the stream was chunked:
   a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``,
   ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
   Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``,
-  ``sec. XIX``). Russian and Hindi: ``ул.``, ``им.``, ``проф.`` and ``डॉ.`` never end one;
+  ``sec. XIX``). Russian and Hindi: ``ул.``, ``проф.`` and ``डॉ.`` never end one, nor ``им.``
+  before a name (``музей им. Пушкина``; the pronoun ends one: ``позвонил им. Они``);
   ``д. 12``, ``ауд. 305``, ``रु. 450`` never before a digit; ``г.`` only after a number (a
   year: ``2026 г. Потом``, while ``в г. Москве`` goes on).
   A letter of a script without case is a capital after ``a.m.`` or ``etc.``
@@ -173,13 +174,13 @@ _NEVER_END = frozenset(
     "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl einschl ausschl zzgl "
     "bzgl sog "  # German
     "p.ex p.ej sig dott avv prof av avda b\u00e2t "  # French, Spanish, Italian
-    "ул просп пер пл наб им св проф акад доц "  # Russian
+    "ул просп пер пл наб св проф акад доц "  # Russian
     "डॉ प्रो".split()  # Hindi
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
 "p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna"). Russian
-streets and titles before a name: "ул. Тверская", "им. Пушкина", "проф. Иванов"; Hindi
-"डॉ. शर्मा" (Dr.)."""
+streets and titles before a name: "ул. Тверская", "проф. Иванов"; Hindi "डॉ. शर्मा" (Dr.).
+(Not "им.", "named after", which is the pronoun "them" too: ``_RUSSIAN_STARTERS``.)"""
 _SPACED_ABBR = re.compile(
     r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
 """A spaced abbreviation ending right before a dot: "z. B", "u. a", "i. d. R", "p. ex"."""
@@ -237,6 +238,16 @@ _GERMAN_STARTERS = frozenset(
     "Nein Auch Noch Nur Zum Zur Im Am Um Auf Mit Nach Vor Bei Ab Bis Seit Insgesamt Leider "
     "Außerdem Zudem Allerdings Alles Viel Viele".split()
 )
+_RUSSIAN_STARTERS = frozenset(
+    "Я Ты Он Она Оно Мы Вы Они Это Эта Этот Эти Там Тут Здесь Тогда Потом Затем Теперь "
+    "Сейчас Сегодня Завтра Вчера Но А И Да Нет Так Если Когда Пока Все Всё Вот Спасибо "
+    "Ещё Еще Может Можно Нужно Надо Как Что Кто Где Почему Зачем Не После Перед В На С По "
+    "Из За Для Однако Поэтому Также Кроме Только Хорошо Конечно Их Его Её Ее Мой Моя Наш "
+    "Ваш Ваша Итак Сначала Наконец Хотя Ведь Например Давайте Пожалуйста".split()
+)
+"""Words that open Russian sentences far more often than they are a name: after "им."
+("named after", and the pronoun "them") one of these means the pronoun ended a sentence
+("Я позвонил им. Они не ответили"), any other capital a name ("музей им. Пушкина")."""
 # "St. Louis", "Pennsylvania Ave. NW", "7th c. B.C.": these go on before a capital that does
 # not open a sentence (``_STARTERS``), as an initial does.
 _NAME_OR_END = frozenset("St Ave Blvd Rd Univ c ca".split())  # "Oxford Univ. Press"
@@ -830,6 +841,13 @@ class Segmenter:
                 low = spaced.group().replace(" ", "").lower()
             if low in _NEVER_END:
                 return False
+            if word == "им":  # "музей им. Пушкина", "им. А. П. Чехова", "им. 26 ...", while
+                j = i + 1  # the pronoun ends one: "Я позвонил им. Они не ответили."
+                while self._need(j) and buf[j] in _SPACE:
+                    j += 1
+                after = self._next_word(j)
+                return after in _RUSSIAN_STARTERS and not (
+                    len(after) == 1 and self._need(j + 1) and buf[j + 1] == ".")
             if len(word) == 1 and word.islower() and len(self._next_word(i + 1)) == 1 and (
                     self._need(i + 3) and buf[i + 3] == "."):
                 return False  # "z. B.", "e. V.": the abbreviation goes on
