@@ -105,8 +105,9 @@ class HttpTtsEngine:
         """What the gateway asks (GET) to tell whether the server answers, at start and
         while /health or /metrics is asked (``gateway.io.telemetry.TtsProbe``): OpenAI's
         model list beside the speech endpoint, which mlx-audio's server and Kokoro-FastAPI
-        serve. Any answer below 500 counts (a server without the list answers 404, and is
-        there); a synthesis would cost the server a model's work at every probe."""
+        serve. Any answer below 500 but a 401 or 403 (the key refused or missing) counts (a
+        server without the list answers 404, and is there); a synthesis would cost the
+        server a model's work at every probe."""
         self.read_timeout_s = read_timeout_s
         """How long a step waits for the server (``engine_timeout`` after it). Below the
         lane's step deadline (``[tts] step_timeout_s``, 30 s; the gateway checks it), so a

@@ -694,6 +694,44 @@ async def test_a_tts_server_down_at_start_is_told_by_health_metrics_and_the_log(
                                "again (HTTP 404)")
 
 
+@pytest.mark.parametrize("api_key", [None, "wrong"])
+async def test_a_tts_server_that_refuses_the_gateways_key_is_told_at_start(
+        api_key, caplog, start_gateway):
+    """Gateway A speaking through gateway B's /v1/audio/speech (``engine = "http"``), B
+    with tokens: A with a wrong ``api_key``, or none, started with /health ok and
+    ``reachable: true`` (B's 401 to the probe counted as an answer) and no line in the log,
+    then failed every sentence. A 401 or 403 is no answer now: a WARNING at start that says
+    the key is refused, /health degraded. The right key: ok."""
+    import logging
+
+    import httpx
+
+    caplog.set_level(logging.INFO, logger="gateway.io.telemetry")
+    b = await start_gateway(server={"http_port": 0, "tokens": ["b-secret"]})
+    url = f"http://127.0.0.1:{b.http_port}/v1"
+    options = {"api_key": api_key} if api_key else {}
+    a = await start_gateway(server={"http_port": 0},
+                            tts={"engine": "http", "url": url, "options": options})
+    good = await start_gateway(server={"http_port": 0}, tts={
+        "engine": "http", "url": url, "options": {"api_key": "b-secret"}})
+    healths = []
+    for gw in (a, good):
+        await gw.telemetry.tts_probes["remote"]._task  # the probe at start
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+            healths.append((await http.get("/health")).json())
+    refused, fine = healths
+    why = "it refuses the api_key sent" if api_key else "it asks for an api_key, and none is set"
+    assert refused["status"] == "degraded"
+    assert refused["lanes"]["remote"]["server"]["reachable"] is False
+    assert refused["lanes"]["remote"]["server"]["detail"] == f"HTTP 401: {why}"
+    assert fine["status"] == "ok" and fine["lanes"]["remote"]["server"]["detail"] == "HTTP 200"
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "gateway.io.telemetry"]
+    assert said == [("WARNING", f"the TTS server of lane remote at {url}/audio/speech refuses "
+                                f"the gateway's requests (HTTP 401: {why}): its sentences "
+                                "fail with engine_failed until it takes them")]
+
+
 async def test_a_tts_server_that_times_out_at_start_is_said_to_fail_with_engine_timeout(
         caplog, monkeypatch):
     """A sentence that meets a timeout fails with engine_timeout, but the start-up WARNING

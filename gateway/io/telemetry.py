@@ -81,6 +81,9 @@ LLM_PROBE_TIMEOUT_S = 2.0
 LLM_PROBE_BODY_BYTES = 64 << 10
 """The most of its ``/models`` answer the probe reads, undecoded, to reuse the connection
 (a model list is a few KB); the answer's status is all it uses."""
+KEY_REFUSED = (401, 403)
+"""A probe's answers that say the server refuses the gateway's key (or asks for one): not
+reachable, for the gateway, as every request it sends gets the same."""
 _BYTES_PER_S = OUTPUT_RATE * 2
 
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -166,9 +169,10 @@ class _JobTally:
 
 
 class ServerProbe:
-    """Does a server answer? ``GET target()``: any HTTP answer below 500 counts as
-    reachable. Cached; refreshed in a background task at most every ``interval_s``, when
-    the gateway starts and while ``/health`` or ``/metrics`` is asked (``refresh_if_stale``).
+    """Does a server answer? ``GET target()``: any HTTP answer below 500 but a 401 or 403
+    (the key refused: ``KEY_REFUSED``) counts as reachable. Cached; refreshed in a
+    background task at most every ``interval_s``, when the gateway starts and while
+    ``/health`` or ``/metrics`` is asked (``refresh_if_stale``).
     The log says when the server stops answering (a WARNING, the probe at start included:
     a gateway started before its server said nothing until a turn failed) and when it
     answers again (an INFO), not at every probe. ``LlmProbe`` asks the LLM server,
@@ -214,7 +218,7 @@ class ServerProbe:
         self._task = asyncio.get_running_loop().create_task(self.probe())
 
     async def probe(self) -> None:
-        """GET ``target()``; any HTTP answer below 500 counts as reachable.
+        """GET ``target()``; any HTTP answer below 500 but a 401 or 403 counts as reachable.
 
         Its body is read raw, and at most ``LLM_PROBE_BODY_BYTES`` of it: ``client.get``
         read it whole and decoded it whole, so a long (or endless) body, or a few hundred
@@ -227,6 +231,7 @@ class ServerProbe:
         was = self.reachable
         started = time.monotonic()
         error: httpx.HTTPError | None = None
+        refused = False
         try:
             async with self._client.stream("GET", self.target()) as response:
                 body = bytearray()
@@ -234,10 +239,17 @@ class ServerProbe:
                     body += data
                     if len(body) >= LLM_PROBE_BODY_BYTES:
                         break  # (and the connection is closed, not reused)
-            self.reachable = response.status_code < 500
-            if response.status_code == 200 and len(body) < LLM_PROBE_BODY_BYTES:
+            status = response.status_code
+            # a 401 or 403 is no answer either: every request would get the same (a wrong
+            # api_key read "reachable", /health ok, and nothing was logged until turns failed)
+            refused = status in KEY_REFUSED
+            self.reachable = status < 500 and not refused
+            if status == 200 and len(body) < LLM_PROBE_BODY_BYTES:
                 self._read_answer(bytes(body))
-            self.detail = f"HTTP {response.status_code}"
+            self.detail = f"HTTP {status}"
+            if refused:
+                self.detail += (": it refuses the api_key sent" if "Authorization" in
+                                self.headers else ": it asks for an api_key, and none is set")
         except httpx.HTTPError as exc:
             error = exc
             self.reachable = False
@@ -246,8 +258,9 @@ class ServerProbe:
             self.checked_at = time.monotonic()
         # said when it changes, not at every probe
         if not self.reachable and was is not False:
-            log.warning("%s at %s does not answer (%s): %s until it does", self.what,
-                        self.shown_url, self.detail, self.meanwhile(error))
+            log.warning("%s at %s %s (%s): %s until it %s", self.what, self.shown_url,
+                        "refuses the gateway's requests" if refused else "does not answer",
+                        self.detail, self.meanwhile(error), "takes them" if refused else "does")
             self._said_down = True
         elif self.reachable:
             self._said_back()
