@@ -42,6 +42,13 @@ class EngineError(Exception):
         self.message = message
 
 
+class RequestRefused(EngineError):
+    """The engine's server refused one request for what it asks (a voice a client chose that
+    the server lacks), not for being unwell: a fallback speaks the sentence without counting
+    it against the primary's breaker, so one client's choice does not move every session
+    onto the fallback."""
+
+
 class ServerUnreachable(EngineError):
     """An engine's server could not be reached (connection refused, no route, connect
     timeout), as opposed to one that answered wrongly: a probe that reaches the server

@@ -48,7 +48,14 @@ import time
 from collections.abc import Callable
 from enum import Enum
 
-from engines.base import SPEED_ANY, EngineError, SynthesisRequest, SynthesisStream, TtsEngine
+from engines.base import (
+    SPEED_ANY,
+    EngineError,
+    RequestRefused,
+    SynthesisRequest,
+    SynthesisStream,
+    TtsEngine,
+)
 from engines.spell import spell_out
 
 log = logging.getLogger(__name__)
@@ -357,7 +364,10 @@ class FallbackStream:
                 self.close()
                 return None
             exc = raised if isinstance(raised, EngineError) else _bug(owner.primary.name, raised)
-            if not self._slow:  # (a slow first chunk counted this segment's failure already)
+            if isinstance(exc, RequestRefused):  # (this request's fault, not the primary's)
+                if self._probe:
+                    owner.probe_abandoned()
+            elif not self._slow:  # (a slow first chunk counted this segment's failure already)
                 owner.record_failure(exc)
             if self._produced:
                 owner.trip(exc)

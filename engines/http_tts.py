@@ -43,6 +43,7 @@ import httpx
 
 from engines.base import (
     EngineError,
+    RequestRefused,
     ServerUnreachable,
     SynthesisRequest,
     http_url_fault,
@@ -144,7 +145,8 @@ class HttpTtsEngine:
         stream = HttpTtsStream(self._client, self.url, self._body(request), self.format,
                                self._note_socket,
                                request.options.get("first_audio_timeout_s"),
-                               self.read_timeout_s)
+                               self.read_timeout_s,
+                               chosen_voice=request.voice not in (None, self.default_voice))
         with self._sockets_lock:  # (opened on several threads at once)
             self._streams.add(stream)
         return stream
@@ -216,8 +218,12 @@ class HttpTtsStream:
     def __init__(self, client: httpx.Client, url: str, body: dict[str, Any], fmt: str,
                  note_socket: Callable[[socket.socket], None],
                  first_audio_timeout_s: float | None = None,
-                 wait_timeout_s: float | None = None) -> None:
+                 wait_timeout_s: float | None = None, *, chosen_voice: bool = False) -> None:
         self._client = client
+        self._chosen_voice = chosen_voice
+        """The request names a voice of the client's choosing (not the engine's ``voice``):
+        a 400, 404 or 422 is then taken for that choice refused (``RequestRefused``). With
+        no ``voice`` configured the gateway lists none and lets any through to the server."""
         self._first_audio_timeout_s = first_audio_timeout_s
         self._wait_timeout_s = wait_timeout_s
         self._started_at: float | None = None
@@ -381,9 +387,10 @@ class HttpTtsStream:
             raise self._late_error()
         if response.status_code >= 400:
             detail = _head(response)
-            raise EngineError(
-                "engine_failed",
-                f"TTS server {self._shown_url} answered {response.status_code}: {detail}")
+            message = f"TTS server {self._shown_url} answered {response.status_code}: {detail}"
+            if self._chosen_voice and response.status_code in (400, 404, 422):
+                raise RequestRefused("engine_failed", message)
+            raise EngineError("engine_failed", message)
         if self._format == "sse":
             return self._sse_audio(response)
         ctype = response.headers.get("content-type", "")

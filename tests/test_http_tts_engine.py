@@ -1038,3 +1038,29 @@ async def test_a_sentence_that_cannot_reach_the_tts_server_tells_health_at_once(
     assert health["engine"]["failing"] == error["code"]
     server = health["lanes"]["remote"]["server"]
     assert server["reachable"] is False and server["detail"] == error["message"], server
+
+
+async def test_a_voice_the_tts_server_lacks_does_not_move_everyone_to_the_fallback(
+        start_gateway):
+    """Gateway A speaking through gateway B (``engine = "http"``, no ``voice`` set, so A
+    lists none and lets any voice through), espeak behind it: a client asking for a voice B
+    lacks got B's 400 on each sentence, which counted against the breaker, and three such
+    requests opened it: espeak then spoke every session's sentences, the good ones' too.
+    The request refused for its voice still falls back; the breaker stays closed."""
+    import httpx
+
+    b = await start_gateway(server={"http_port": 0})
+    a = await start_gateway(server={"http_port": 0}, tts={
+        "engine": "http", "url": f"http://127.0.0.1:{b.http_port}/v1", "fallback": "espeak"})
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{a.http_port}") as http:
+        for _ in range(4):  # (the breaker's default: 3 failures open it)
+            odd = await http.post("/v1/audio/speech", json={
+                "input": "Hi.", "voice": "nonesuch", "response_format": "pcm"})
+            assert odd.status_code == 200 and odd.content  # the fallback spoke it
+        good = await http.post("/v1/audio/speech", json={
+            "input": "Hello there.", "response_format": "pcm"})
+        health = (await http.get(f"http://127.0.0.1:{a.port}/health")).json()
+    assert good.status_code == 200 and good.content
+    assert health["engine"]["fallback"]["breaker_state"] == "closed"
+    assert health["engine"]["fallback"]["switches"] == 4
+    assert health["engine"]["fallback"]["consecutive_failures"] == 0
