@@ -51,6 +51,28 @@ def test_while_the_llm_decodes_a_turn_leaves_the_gpu_to_it():
     assert placer().place_turn("t1", "Serena", llm_decoding=True) == "ane"
 
 
+@pytest.mark.parametrize(("llm_decoding", "expected"), [
+    (True, "ane"),  # the GPU's first audio is sooner, but the LLM keeps the GPU
+    (False, "gpu"),  # nothing to leave it to: the sooner first audio
+])
+def test_leaving_the_gpu_to_the_llm_comes_before_the_sooner_first_audio(llm_decoding,
+                                                                        expected):
+    fast_gpu = LaneProfile("gpu", first_s=0.02, rtf=0.3, shares_gpu=True, first_s_llm=0.03,
+                           rtf_llm=0.5)
+    assert place([LaneLoad(fast_gpu, 0), LaneLoad(ANE, 0)], llm_decoding) == expected
+
+
+def test_place_without_a_lane_says_so():
+    with pytest.raises(ValueError, match="no lane has this voice"):
+        place([], llm_decoding=False)
+
+
+def test_a_lane_that_does_not_share_the_gpu_ignores_llm_figures():
+    """Contention figures apply only where the LLM decodes on the same device."""
+    ane = LaneProfile("ane", first_s=0.045, rtf=0.7, first_s_llm=0.3, rtf_llm=1.5)
+    assert ane.predict(llm_decoding=True) == (0.045, 0.7)
+
+
 def test_a_turn_keeps_its_lane_for_every_later_segment():
     p = placer()
     first = p.place_turn("t1", "Serena", llm_decoding=True)
