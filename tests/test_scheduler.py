@@ -364,6 +364,15 @@ def test_matches_a_brute_force_reference(rank: Rank) -> None:
         else:  # the step gave its listener audio: the deadline moves later
             deadlines[got.owner] = max(now, deadlines[got.owner]) + rng.random() * 0.4
         assert len(sched) == sum(len(q) for q in queues.values())
+        assert sched._dead == dead_entries(sched)  # (they bound the heaps: compaction)
+
+
+def dead_entries(sched: LaneScheduler) -> int:
+    """Entries dead in the heaps: ``_dead`` must count them exactly, or the heaps are
+    compacted too often, or never (a lane never idle then holds every one of them)."""
+    return sum(not entry.live for heaps in (sched._heaps, sched._comfortable, sched._waiting,
+                                            sched._parked, sched._parked_comfortable)
+               for heap in heaps for entry in heap)
 
 
 # ---- the FIFO policy (the old sidecar) ----------------------------------------------------
@@ -746,6 +755,7 @@ def test_the_wake_up_skips_a_cancelled_head_under_one_whose_listener_gained_audi
     sched.cancel("b")
     sched.deadline_of["a"] = 10.0  # type: ignore[index]
     assert sched.next_job(0.5) is None and sched.next_eligible_at == 6.0
+    assert sched._dead == dead_entries(sched) == 0  # (b's entry, dropped there, is gone)
     assert sched.next_job(6.0).owner == "c"  # type: ignore[union-attr]
 
 
@@ -762,6 +772,8 @@ def test_heaps_compacted_under_a_busy_lane_keep_their_order() -> None:
     for i in range(0, 200, 2):  # 100 dead entries: more than the 64 tolerated, compacted
         sched.cancel(f"s{i}")
     sched.finish(sched.next_job(0.0))  # type: ignore[arg-type]
+    assert sum(map(len, sched._heaps)) == len(sched) == 100  # (the hub's made 101 dead)
+    assert sched._dead == 0
     order = []
     while (job := sched.next_job(0.0)) is not None:
         order.append(job.deadline)
@@ -955,3 +967,73 @@ def test_a_reserve_of_every_stream_leaves_background_jobs_one() -> None:
     assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["x"]
     assert sched.next_job(0.0) is jobs["x"] and sched.streams_waiting == 1
     assert LaneScheduler(reserve=3).reserved == 0  # no bound: nothing to keep
+
+
+@pytest.mark.timeout(20)  # a re-filing loop that puts a head back where it took it from
+def test_later_segments_waiting_for_a_stream_go_by_rule_2b() -> None:
+    """Rules 2b and 6: a turn's later segment (``since``: its stream started before) needs
+    a stream of its own, and waits for one ranked as a playing listener. When a stream
+    ends, one short of ``protect_lead`` goes before one holding more, even a younger one;
+    and one that held enough when it started waiting, but ran short meanwhile, is the
+    oldest stream short of audio then: first."""
+    dues = Deadlines(short=0.1, comfy=0.9, young=0.7)
+    sched = LaneScheduler(deadline_of=dues, max_open=1)
+    sched.submit(Job(owner="o", priority=IA, deadline=0.0))
+    playing = stepped(sched, sched.next_job(0.0), 10.0)  # the one stream is open
+    comfy = Job(owner="comfy", priority=IA, deadline=0.0, since=0.2)
+    short = Job(owner="short", priority=IA, deadline=0.0, since=0.5)
+    young = Job(owner="young", priority=IA, deadline=0.0, since=0.8)
+    for job in (comfy, short):
+        sched.submit(job)
+    assert sched.next_job(0.0) is playing and sched.streams_waiting == 2
+    sched.finish(playing)
+    assert sched.next_job(0.0) is short  # comfy holds 0.9 s: it waits behind
+    stepped(sched, short, 10.0)
+    sched.submit(young)  # holds 0.7 s now: comfortable too
+    assert sched.next_job(0.0) is short and sched.streams_waiting == 2
+    sched.finish(short)  # at 0.6 both ran short (0.3 s and 0.1 s left): comfy is older
+    assert sched.next_job(0.6) is comfy
+    sched.finish(comfy)
+    assert sched.next_job(0.6) is young and sched.streams_waiting == 0
+
+
+@pytest.mark.parametrize(("rule", "held", "expected", "eligible_at"), [
+    ("a background step in flight does not share the lane: flat out", B, "bg", None),
+    ("an interactive step in flight does: paced", IA, None, 4.0),
+])
+def test_a_step_in_flight_shares_the_lane_as_its_class_does(rule, held, expected,
+                                                            eligible_at) -> None:
+    """Rule 3 with rule 5: beside a voice session waiting for a resume (nobody listens), a
+    held background step leaves the lane unshared, a held interactive step shares it."""
+    sched, jobs = make([("step", held, 0.0), ("detached", IA, math.inf), ("bg", B, 5.0)],
+                       max_lead=1.0)
+    assert sched.next_job(0.0) is jobs["step"]
+    sched.hold(jobs["step"])
+    job = sched.next_job(0.0)
+    assert (job.owner if job else None) == expected, rule
+    assert sched.next_eligible_at == eligible_at, rule
+
+
+@pytest.mark.parametrize("gone", ["failed", "cancelled"])
+def test_an_owner_filed_for_a_free_stream_that_goes_frees_it_for_the_next(gone: str) -> None:
+    """Rule 6: a stream that ends files one waiting owner for it (``_unpark``). When that
+    owner goes before it opened the stream (its head failed by an unhealthy lane, or a
+    barge-in), the stream is free again: the next waiting owner is filed and opens it, not
+    kept waiting until another stream ends."""
+    sched, jobs = make([("a", IA, 0.0), ("c", IA, 0.5), ("b", IA, 5.0), ("d", IA, 6.0)],
+                       max_open=2, rank=Rank.DEADLINE)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["a"]
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["c"]
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 2  # b and d
+    sched.finish(jobs["a"])
+    sched.deadline_of["c"] = 2.0  # type: ignore[index]  # a playback report: c holds less
+    sched.touch("c")
+    # b is filed for the stream a left; c, due sooner, steps first
+    assert sched.next_job(0.0) is jobs["c"] and sched.streams_waiting == 1
+    if gone == "failed":
+        sched.finish(jobs["b"])
+    else:
+        assert sched.cancel("b") == [jobs["b"]]
+    sched.deadline_of["c"] = 10.0  # type: ignore[index]  # c's listener holds enough
+    assert sched.next_job(0.0) is jobs["d"] and sched.open_streams == 2
+    assert sched.streams_waiting == 0

@@ -164,6 +164,15 @@ class OpenStreams(RuleBasedStateMachine):
                   for heap in heaps for entry in heap if entry.live]
         assert sorted(map(id, parked)) == sorted(map(id, sched._blocked.values()))
 
+    @invariant()
+    def dead_entries_are_counted(self) -> None:
+        """``_dead`` counts the dead entries in the heaps exactly: it decides when they
+        are compacted (too often: a rebuild per drop; never: they pile up)."""
+        sched = self.sched
+        assert sched._dead == sum(not entry.live for heaps in (
+            sched._heaps, sched._comfortable, sched._waiting, sched._parked,
+            sched._parked_comfortable) for heap in heaps for entry in heap)
+
 
 TestOpenStreams = OpenStreams.TestCase
 TestOpenStreams.settings = settings(max_examples=150, stateful_step_count=40)
