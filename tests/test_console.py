@@ -2375,3 +2375,20 @@ async def test_console_keeps_a_bounded_error_list_through_a_long_session(start_g
         assert len(errors) == keep and all(e.startswith("rate_limited") for e in errors)
         assert await page.locator("#errors li").count() == keep
         assert page_errors == []
+
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_reads_each_sentence_apart_from_its_engine(start_gateway):
+    """Each sentence of the list was read out run together with its engine ("Hi.espeak"):
+    the engine is set apart by a margin only, which a screen reader does not hear."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi. Nice to hear you."}])
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await talk_when_ready(page, "Hello")
+        await page.wait_for_function("window.consoleState.lastTurn?.status === 'completed'")
+        assert await page.locator("#sentences").aria_snapshot() == (
+            "- list:\n  - listitem: Hi. — espeak\n  - listitem: Nice to hear you. — espeak")
+        # seen as before: the engine, a margin from its sentence
+        assert await page.locator("#sentences li .engine").all_inner_texts() == ["espeak"] * 2
+        assert errors == []

@@ -532,7 +532,9 @@ function onEvent(ev) {
       // a segment with nothing to say (a code block, emoji) has no engine and no audio
       engine.textContent = ev.engine === null ? "not spoken: nothing to say"
         : ev.engine + (ev.spoken !== ev.text ? ` · spoken: “${ev.spoken}”` : "");
-      li.append(engine);
+      // set apart by a margin, which a screen reader does not hear ("Hi.espeak"): a dash
+      // for it alone
+      li.append(element("span", "visually-hidden", " — "), engine);
       $("sentences").append(li);
       // a page with no sound: a screen reader reads the reply out, a sentence at a time (the
       // reply's own text, token by token, would be read in pieces, or not at all); with
