@@ -2392,3 +2392,25 @@ async def test_console_reads_each_sentence_apart_from_its_engine(start_gateway):
         # seen as before: the engine, a margin from its sentence
         assert await page.locator("#sentences li .engine").all_inner_texts() == ["espeak"] * 2
         assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_says_once_that_a_token_is_needed(start_gateway):
+    """A gateway wanting a token: the status said "this gateway needs a token" and the
+    error "this gateway needs a token: enter it in the Session panel", both live regions,
+    so a screen reader read the same news out twice. The error says it (and what to do)."""
+    gw = await start_gateway(server={"tokens": ["s3cret"]})
+    async with console(f"http://127.0.0.1:{gw.port}/", init=LISTEN_TO_LIVE_REGIONS) as (
+            page, errors):
+        await page.wait_for_function("window.consoleState.needsToken")
+        said = [text for _, text in await page.evaluate("window.announced")]
+        assert len([text for text in said if "token" in text]) == 1, said
+        # a token refused: said again at each one typed (a status would say it once)
+        for _ in range(2):
+            await page.fill("#token", "wrong")
+            await page.press("#token", "Enter")
+            await page.wait_for_function("window.consoleState.needsToken")
+        said = [text for _, text in await page.evaluate("window.announced")]
+        assert len([text for text in said if "refused this token" in text]) == 2, said
+        assert errors == []

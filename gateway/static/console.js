@@ -353,7 +353,8 @@ async function refusedForToken(code) {
   }
   const why = token ? "the gateway refused this token" : "this gateway needs a token";
   state.needsToken = true;
-  setStatus(false, why);
+  // said by the error alone (the status stays "disconnected"): a status saying it too was
+  // a second live region, read out as well; the error is read out again at each token refused
   noticeBy($("token-row"));
   showError(`${why}: enter it in the Session panel`);
   $("token-row").hidden = false;
