@@ -2414,3 +2414,47 @@ async def test_console_says_once_that_a_token_is_needed(start_gateway):
         said = [text for _, text in await page.evaluate("window.announced")]
         assert len([text for text in said if "refused this token" in text]) == 2, said
         assert errors == []
+
+
+async def ax_node(page: Any, selector: str) -> dict[str, Any]:
+    """The accessibility tree's node of the element ``selector`` (Chromium's, over CDP):
+    its role, name and properties (``pressed``), as a screen reader is given them."""
+    cdp = await page.context.new_cdp_session(page)
+    root = (await cdp.send("DOM.getDocument"))["root"]["nodeId"]
+    node = await cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})
+    (ax, *_) = (await cdp.send("Accessibility.getPartialAXTree",
+                               {"nodeId": node["nodeId"], "fetchRelatives": False}))["nodes"]
+    await cdp.detach()
+    return {"role": ax["role"]["value"], "name": ax["name"]["value"],
+            **{p["name"]: p["value"]["value"] for p in ax.get("properties", [])}}
+
+
+# Test instrument: a speech recognizer that listens until stopped (the browser's own needs
+# a microphone and its vendor's servers, which a headless test has neither of).
+LISTENING_RECOGNIZER = """window.SpeechRecognition = class {
+  start() { window.recognizer = this; }
+  stop() { setTimeout(() => this.onend?.(), 0); }
+};"""
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_speak_is_a_toggle_that_keeps_its_name(gateway):
+    """Speak had no aria-pressed until first pressed (a plain button, then a toggle), and
+    while it listened its name was "Listening…": a screen reader heard a new control rather
+    than the same one pressed. It is a toggle named Speak, its state in aria-pressed."""
+    async with console(f"http://127.0.0.1:{gateway.port}/", init=LISTENING_RECOGNIZER) as (
+            page, errors):
+        await page.wait_for_function("window.consoleState.connected")
+        mic = await ax_node(page, "#mic")
+        assert (mic["role"], mic["name"], mic.get("pressed")) == ("button", "Speak", "false")
+        await page.click("#mic")
+        await page.wait_for_function("window.recognizer")
+        assert (await ax_node(page, "#mic"))["pressed"] == "true"
+        assert (await ax_node(page, "#mic"))["name"] == "Speak"
+        await page.click("#mic")
+        await page.wait_for_function(
+            "document.querySelector('#mic').getAttribute('aria-pressed') === 'false'")
+        assert (await ax_node(page, "#mic"))["pressed"] == "false"
+        assert (await ax_node(page, "#mic"))["name"] == "Speak"
+        assert errors == []

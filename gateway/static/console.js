@@ -1154,13 +1154,13 @@ if (Recognition) {
         showError(`speech recognition: ${e.error}`);
       }
     };
+    // a toggle: its name stays Speak (a new name read as another control), its state is
+    // aria-pressed, from the start (index.html), and shows in console.css
     rec.onend = () => {
       listening = null;
-      mic.textContent = "Speak";
       mic.setAttribute("aria-pressed", "false");
     };
     rec.start();
-    mic.textContent = "Listening…";
     mic.setAttribute("aria-pressed", "true");
   });
 }
