@@ -2452,6 +2452,10 @@ async def test_console_speak_is_a_toggle_that_keeps_its_name(gateway):
         await page.wait_for_function("window.recognizer")
         assert (await ax_node(page, "#mic"))["pressed"] == "true"
         assert (await ax_node(page, "#mic"))["name"] == "Speak"
+        # and a sighted person reads it too, not from the colour alone (WCAG 1.4.1)
+        assert await page.evaluate(
+            "getComputedStyle(document.querySelector('#mic'), '::after').content"
+        ) == '" · listening" / ""'
         await page.click("#mic")
         await page.wait_for_function(
             "document.querySelector('#mic').getAttribute('aria-pressed') === 'false'")
