@@ -1037,3 +1037,70 @@ def test_an_owner_filed_for_a_free_stream_that_goes_frees_it_for_the_next(gone: 
     sched.deadline_of["c"] = 10.0  # type: ignore[index]  # c's listener holds enough
     assert sched.next_job(0.0) is jobs["d"] and sched.open_streams == 2
     assert sched.streams_waiting == 0
+
+
+def test_an_owner_not_filed_that_takes_a_kept_stream_takes_its_promise() -> None:
+    """Rule 6: a stream that ends is kept for the one waiting owner it files (``_unpark``).
+    When another owner's first job opens it first (a new turn, due sooner), that owner
+    took the stream kept for the filed one: nothing is kept any more, and the next stream
+    that ends goes to the best owner waiting then (d, due sooner than the filed b), not
+    kept for b while d waits."""
+    sched, jobs = make([("a", IA, 0.0), ("x", IA, 1.0), ("b", IA, 5.0)], max_open=2,
+                       rank=Rank.DEADLINE)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["a"]
+    assert stepped(sched, sched.next_job(0.0), 6.0) is jobs["x"]
+    assert sched.next_job(0.0) is jobs["x"] and sched.streams_waiting == 1  # b
+    sched.finish(jobs["a"])
+    sched.deadline_of["x"] = 2.0  # type: ignore[index]  # a playback report: x holds less
+    sched.touch("x")
+    assert stepped(sched, sched.next_job(0.0), 7.0) is jobs["x"]  # b filed for a's stream
+    assert sched.streams_waiting == 0 and sched._promised == {"b"}
+    c, d = Job(owner="c", priority=IA, deadline=0.0), Job(owner="d", priority=IA, deadline=4.0)
+    sched.submit(c)
+    assert stepped(sched, sched.next_job(0.0), 4.5) is c  # it took the stream kept for b
+    assert sched.open_streams == 2 and not sched._promised
+    sched.submit(d)
+    assert sched.next_job(0.0) is c and sched.streams_waiting == 1  # d, before b's turn
+    sched.finish(jobs["x"])
+    assert sched.next_job(0.0) is d and sched.open_streams == 2
+
+
+def test_an_owner_not_filed_that_takes_a_free_stream_leaves_the_kept_one() -> None:
+    """Rule 6: a new turn that opens a stream free and kept for nobody leaves the one kept
+    for a filed owner kept: the owners waiting are filed one per free stream, no more."""
+    sched, jobs = make([("a", IA, 0.0), ("x", IA, 1.0), ("y", IA, 1.5), ("b", IA, 5.0)],
+                       max_open=3, rank=Rank.DEADLINE)
+    for owner in ("a", "x", "y"):
+        assert stepped(sched, sched.next_job(0.0), 6.0) is jobs[owner]
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 1  # b
+    sched.finish(jobs["a"])
+    sched.finish(jobs["y"])  # two streams free: b is filed for one
+    sched.deadline_of["x"] = 2.0  # type: ignore[index]  # a playback report: x holds less
+    sched.touch("x")
+    assert sched.next_job(0.0) is jobs["x"] and sched._promised == {"b"}
+    c = Job(owner="c", priority=IA, deadline=0.0)
+    sched.submit(c)
+    assert sched.next_job(0.0) is c and sched.open_streams == 2
+    assert sched._promised == {"b"}  # the third stream is still b's
+
+
+def test_each_owner_filed_for_a_stream_keeps_its_own() -> None:
+    """Rule 6: two streams end, two waiting owners are filed, each kept a stream. The one
+    that opens takes its own; a new turn that opens the other takes the other's: one
+    owner's stream each, never a kept one left for an owner that opened already."""
+    sched, jobs = make([("a", IA, 0.0), ("x", IA, 1.0), ("y", IA, 1.5)], max_open=3,
+                       rank=Rank.DEADLINE)
+    for owner in ("a", "x", "y"):
+        assert stepped(sched, sched.next_job(0.0), 6.0) is jobs[owner]
+    # (int owners: a set pops them in a fixed order, whatever the hash seed)
+    first, second = Job(owner=1, priority=IA, deadline=5.5), Job(owner=2, priority=IA,
+                                                                 deadline=5.0)
+    sched.submit(first)
+    sched.submit(second)
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 2
+    sched.finish(jobs["a"])
+    sched.finish(jobs["y"])
+    assert sched.next_job(0.0) is second and sched._promised == {1}  # its own, 2's
+    c = Job(owner="c", priority=IA, deadline=0.0)
+    sched.submit(c)
+    assert sched.next_job(0.0) is c and sched.open_streams == 3 and not sched._promised

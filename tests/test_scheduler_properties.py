@@ -68,6 +68,9 @@ class OpenStreams(RuleBasedStateMachine):
                      if entry.live and not entry.job.opened]
             if Priority.INTERACTIVE in blocked:
                 assert sched.open_streams + filed.count(Priority.INTERACTIVE) >= self.max_open
+                # and each of them is kept for an owner filed for it (``_promised``): none
+                # idles, nor is promised twice
+                assert sched.open_streams + len(sched._promised) == self.max_open
             assert sched.open_streams + len(filed) >= self.background_max
         if job is None:
             return
@@ -163,6 +166,20 @@ class OpenStreams(RuleBasedStateMachine):
         parked = [entry for heaps in (sched._parked, sched._parked_comfortable)
                   for heap in heaps for entry in heap if entry.live]
         assert sorted(map(id, parked)) == sorted(map(id, sched._blocked.values()))
+
+    @invariant()
+    def streams_kept_are_for_owners_filed_for_them(self) -> None:
+        """Rule 6: each free stream kept (``_promised``) is one an owner filed for it has
+        not opened yet: a candidate, neither waiting nor held, its head not started. A
+        stream kept for nobody idles while owners wait (the next stream that ends files
+        one fewer); one kept twice files more owners than streams are free."""
+        sched = self.sched
+        for owner in sched._promised:
+            entry = sched._entries.get(owner)
+            assert entry is not None and entry.live and entry.job is sched.head(owner), owner
+            assert not entry.job.opened and owner not in sched._blocked, owner
+            assert owner not in self.held, owner
+        assert sched.open_streams + len(sched._promised) <= self.max_open
 
     @invariant()
     def dead_entries_are_counted(self) -> None:
