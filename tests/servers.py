@@ -564,6 +564,8 @@ class TinyLlamaServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        assert self._proc.stdout is not None
+        self._proc.stdout.close()  # (left to the GC, unclosed: a ResourceWarning per start)
         self._proc = None
 
 
