@@ -801,6 +801,8 @@ class KeepAliveServer:
         self.actions = actions
         self.seen: list[int] = []  # the connection (0, 1, ...) of each request, in order
         self._connections = 0
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def __aenter__(self) -> str:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -809,8 +811,17 @@ class KeepAliveServer:
     async def __aexit__(self, *exc_info: object) -> None:
         self._server.close()
         await self._server.wait_closed()
+        # 3.11's wait_closed waits for no connection: one whose handler was still reading
+        # was left to the GC, its socket unclosed
+        for writer in self._writers:
+            writer.close()
+        await asyncio.gather(*self._handlers)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        self._writers.add(writer)
         connection, self._connections = self._connections, self._connections + 1
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
         try:
