@@ -321,6 +321,8 @@ class Tunnel:
     def __init__(self, port: int) -> None:
         self.port, self.silent = port, False
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -330,7 +332,12 @@ class Tunnel:
         self.silent = True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        self._writers.add(writer)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._writers.add(up_writer)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             while data := await src.read(65536):
@@ -339,10 +346,18 @@ class Tunnel:
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer),
                              return_exceptions=True)
+        writer.close()
+        up_writer.close()
 
     async def aclose(self) -> None:
+        """Closes both ends of every connection, and waits for their handlers (3.11's
+        ``Server.wait_closed`` waits for none: their sockets were left to the GC)."""
         if self._server is not None:
             self._server.close()
+            await self._server.wait_closed()
+        for writer in self._writers:
+            writer.close()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
 
 
 @pytest.mark.parametrize("marks", [True, False], ids=["marking", "not marking"])
