@@ -761,6 +761,7 @@ async def test_a_client_that_pauses_reading_gets_every_frame_once_in_order():
 async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
     # no pacing (a lead of 10 minutes): the whole reply is released at once
     gw = await started(outbox_bytes=64 * 1024, session={"max_lead_ms": 600_000})
+    stalled = None
     try:
         sock = small_window_socket(gw)
         # no keepalive of its own: only the gateway can end this connection (the client's
@@ -780,6 +781,8 @@ async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
         async with asyncio.timeout(30):
             await read_until_closed(stalled)
     finally:
+        if stalled is not None:  # (its socket closed here, not left to the gc)
+            stalled.transport.abort()
         await gw.aclose()
 
 
@@ -794,6 +797,7 @@ async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch)
     # gone): this one is taken to send on, as one with a heartbeat of its own would
     monkeypatch.setattr(session_module, "UNMARKED_SILENT_S", 3600.0)
     gw = await started(outbox_bytes=64 * 1024, resume_window_s=60.0)
+    stalled = None
     try:
         sock = small_window_socket(gw)
         stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
@@ -809,6 +813,8 @@ async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch)
         assert gw.metrics.errors["slow_consumer"] == 1
         assert created["session_id"] not in gw.runners  # ended, not kept for a resume
     finally:
+        if stalled is not None:  # (its socket closed here, not left to the gc)
+            stalled.transport.abort()
         await gw.aclose()
 
 
@@ -825,6 +831,7 @@ async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypa
     monkeypatch.setattr(session_module, "UNMARKED_SILENT_S", 3600.0)
     # no pacing (a lead of 10 minutes): the socket stops draining at once
     gw = await started(outbox_bytes=16 * 1024 * 1024, session={"max_lead_ms": 600_000})
+    stalled = None
     try:
         sock = small_window_socket(gw)
         stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
@@ -851,6 +858,8 @@ async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypa
         assert runner.connection is None and not runner.closed
         assert gw.metrics.errors["slow_consumer"] == 0
     finally:
+        if stalled is not None:  # (its socket closed here, not left to the gc)
+            stalled.transport.abort()
         await gw.aclose()
 
 
