@@ -39,6 +39,20 @@ async def no_sessions(gw: Gateway) -> None:
     await asyncio.wait_for(gw.wait_no_sessions(), 10)
 
 
+def noting_pause(server_side) -> asyncio.Event:
+    """An event set when the gateway's side of a socket stops writing: its transport calls
+    ``pause_writing`` at its high-water mark (the kernel's send buffer full)."""
+    paused = asyncio.Event()
+    pause_writing = server_side.pause_writing
+
+    def note_pause() -> None:
+        pause_writing()
+        paused.set()
+
+    server_side.pause_writing = note_pause
+    return paused
+
+
 def small_window_socket(gw: Gateway) -> socket.socket:
     """A socket to the gateway whose receive buffer holds 4 KiB: a client that stops
     reading shows at once, not after the kernel's megabytes."""
@@ -736,14 +750,7 @@ async def test_a_client_that_pauses_reading_gets_every_frame_once_in_order():
             # (ConnectionResetError). Behind 64 KiB its pong takes milliseconds.
             server_side.transport.get_extra_info("socket").setsockopt(
                 socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-            paused = asyncio.Event()
-            pause_writing = server_side.pause_writing
-
-            def note_pause() -> None:  # the transport calls it at its high-water mark
-                pause_writing()
-                paused.set()
-
-            server_side.pause_writing = note_pause
+            paused = noting_pause(server_side)
             await send(ws, type="say", text=("A long reply read late. " * 200)[:3999])
             await asyncio.wait_for(paused.wait(), 30)  # before the client reads a byte of it
             turn = await read_turn(ws)
@@ -837,14 +844,7 @@ async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypa
         stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
         created = await recv_event(stalled, "session.created")
         server_side = gw.runners[created["session_id"]].connection.ws
-        paused = asyncio.Event()
-        pause_writing = server_side.pause_writing
-
-        def note_pause() -> None:  # the transport calls it at its high-water mark
-            pause_writing()
-            paused.set()
-
-        server_side.pause_writing = note_pause
+        paused = noting_pause(server_side)
         await send(stalled, type="say", text=("A reply nobody reads. " * 200)[:3999])
         await asyncio.wait_for(paused.wait(), 30)
         # the keepalive's next ping now, behind the unread output (20 s apart in service)
