@@ -39,6 +39,15 @@ async def no_sessions(gw: Gateway) -> None:
     await asyncio.wait_for(gw.wait_no_sessions(), 10)
 
 
+async def stalling_client(gw: Gateway):
+    """A client on a ``small_window_socket`` that will stop reading, and its
+    ``session.created``. No keepalive of its own: only the gateway can end its connection
+    (the client's 20 s ping timing out ended it after 40 s, and a test waited for that)."""
+    stalled = await connect(url(gw), sock=small_window_socket(gw), max_queue=1,
+                            ping_interval=None)
+    return stalled, await recv_event(stalled, "session.created")
+
+
 def noting_pause(server_side) -> asyncio.Event:
     """An event set when the gateway's side of a socket stops writing: its transport calls
     ``pause_writing`` at its high-water mark (the kernel's send buffer full)."""
@@ -770,11 +779,7 @@ async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
     gw = await started(outbox_bytes=64 * 1024, session={"max_lead_ms": 600_000})
     stalled = None
     try:
-        sock = small_window_socket(gw)
-        # no keepalive of its own: only the gateway can end this connection (the client's
-        # 20 s ping timing out ended it after 40 s, and the test waited for that)
-        stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
-        await recv_event(stalled, "session.created")
+        stalled, _created = await stalling_client(gw)
         await send(stalled, type="say", text=("A very long reply that nobody reads. " * 100)[:3999])
         async with connect(url(gw)) as ws:
             await recv_event(ws, "session.created")
@@ -806,9 +811,7 @@ async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch)
     gw = await started(outbox_bytes=64 * 1024, resume_window_s=60.0)
     stalled = None
     try:
-        sock = small_window_socket(gw)
-        stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
-        created = await recv_event(stalled, "session.created")
+        stalled, created = await stalling_client(gw)
         server_side = gw.runners[created["session_id"]].connection.ws
         await send(stalled, type="say", text=("A long reply nobody reads. " * 150)[:3999])
         async with connect(url(gw)) as ws:
@@ -840,9 +843,7 @@ async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypa
     gw = await started(outbox_bytes=16 * 1024 * 1024, session={"max_lead_ms": 600_000})
     stalled = None
     try:
-        sock = small_window_socket(gw)
-        stalled = await connect(url(gw), sock=sock, max_queue=1, ping_interval=None)
-        created = await recv_event(stalled, "session.created")
+        stalled, created = await stalling_client(gw)
         server_side = gw.runners[created["session_id"]].connection.ws
         paused = noting_pause(server_side)
         await send(stalled, type="say", text=("A reply nobody reads. " * 200)[:3999])
