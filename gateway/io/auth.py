@@ -27,6 +27,8 @@ _TOKEN_PREFIX = "bearer."
 UNAUTHORIZED = ("a valid token is required (Authorization: Bearer, ?token=, or a "
                 "'bearer.<token>' WebSocket subprotocol)")
 """The message of the HTTP 401 ``unauthorized`` a request without a valid token gets."""
+CHALLENGE = {"WWW-Authenticate": "Bearer"}
+"""The challenge every 401 carries (RFC 9110), on either port."""
 API_UNAUTHORIZED = ("a valid API key is required: send 'Authorization: Bearer <token>' with "
                     "one of the gateway's tokens")
 """The HTTP API port's (``invalid_api_key``), in OpenAI's words."""

@@ -71,6 +71,7 @@ from gateway.core.session import listed_voice
 from gateway.io.aio import unless_stopped
 from gateway.io.auth import (
     API_UNAUTHORIZED,
+    CHALLENGE,
     refused_host,
     refused_origin,
     token_ok,
@@ -537,7 +538,7 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         await self._refuse(ApiError(401, API_UNAUTHORIZED, code="invalid_api_key"), scope,
-                           receive, send, {"WWW-Authenticate": "Bearer"})
+                           receive, send, CHALLENGE)
 
     async def _refuse(self, error: ApiError, scope: MutableMapping[str, Any], receive: Any,
                       send: Any, headers: dict[str, str] | None = None) -> None:

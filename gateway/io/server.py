@@ -49,6 +49,7 @@ from gateway.core.segmenter import ONE_STEP_MAX_CHARS, SegmenterConfig
 from gateway.core.session import Session, SessionLimits, SessionSettings, listed_voice
 from gateway.io.aio import cancel_and_wait, stop_signal, unless_stopped
 from gateway.io.auth import (
+    CHALLENGE,
     UNAUTHORIZED,
     bind_address,
     check_token,
@@ -575,8 +576,7 @@ class Gateway:
                 not check_token(request, tokens):
             refused = self._refuse(connection, request, http.HTTPStatus.UNAUTHORIZED,
                                    "unauthorized", UNAUTHORIZED)
-            # the challenge RFC 9110 requires of every 401, as the HTTP API port's has it
-            refused.headers["WWW-Authenticate"] = "Bearer"
+            refused.headers.update(CHALLENGE)  # (as the HTTP API port's 401 has it)
             return refused
         if path == VOICE_PATH:
             scheme = "https" if self.config.server.tls_cert else "http"
