@@ -470,6 +470,41 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
         await gw.aclose()
 
 
+async def test_health_shows_a_lane_busy_with_its_stuck_call_and_for_how_long():
+    """After a step deadline the step has ended (``engine_timeout``) but the call still
+    holds the lane thread. /health said ``busy: false`` for that lane the whole time:
+    an operator saw an idle lane that failed every turn."""
+    engine = FaultyEngine()
+    gw = await start(engine)
+    gw.lane.step_timeout_s = 0.5
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="It starts well. Then HANG stops it cold.")
+            bad = await read_turn(ws)
+            assert [e["error"]["code"] for e in bad.of("error")] == ["engine_timeout"]
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}") as http:
+                first = (await http.get("/health")).json()["lanes"]["cpu"]
+                metrics = (await http.get("/metrics")).text
+                later = (await http.get("/health")).json()["lanes"]["cpu"]
+            assert first["busy"] is True and first["stuck_calls"] == 1
+            assert first["unhealthy"] is not None
+            assert 0 < first["stuck_s"] <= later["stuck_s"]  # (counts on while stuck)
+            assert 'gateway_lane_stuck_seconds{lane="cpu"} 0.0' not in metrics
+            assert 'gateway_lane_stuck_seconds{lane="cpu"}' in metrics
+            engine.release.set()
+            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}") as http:
+                after = (await http.get("/health")).json()["lanes"]["cpu"]
+                metrics = (await http.get("/metrics")).text
+            assert after["busy"] is False and after["stuck_calls"] == 0
+            assert after["stuck_s"] is None
+            assert 'gateway_lane_stuck_seconds{lane="cpu"} 0.0' in metrics
+    finally:
+        engine.release.set()
+        await gw.aclose()
+
+
 class StuckAtOnce(FaultyEngine):
     """TEST DOUBLE: FaultyEngine whose steps may run at once (``parallel_steps``, as the
     http engine's). A text ``HANG <name>.`` holds its second step until ``gates[name]``
@@ -514,8 +549,8 @@ async def test_a_lane_with_steps_at_once_is_healthy_again_only_when_no_call_is_s
     returned = asyncio.Event()
     stuck_call_returned = lane._stuck_call_returned
 
-    def observed() -> None:  # (orders the test after the lane has heard of a return)
-        stuck_call_returned()
+    def observed(began: float) -> None:  # (orders the test after the lane heard of a return)
+        stuck_call_returned(began)
         returned.set()
 
     monkeypatch.setattr(lane, "_stuck_call_returned", observed)

@@ -277,10 +277,11 @@ class Lane:
         self._healthy = asyncio.Event()
         self._healthy.set()
         self._broken = False
-        self._stuck = 0
-        """Engine calls past the step deadline that have not returned yet: with steps at
-        once (``parallel_steps``) several may be, and the lane is healthy again only once
-        none is left (``_stuck_call_returned``)."""
+        self._stuck: list[float] = []
+        """When each engine call past the step deadline that has not returned yet began
+        (``time.monotonic()``, oldest first): with steps at once (``parallel_steps``)
+        several may be, and the lane is healthy again only once none is left
+        (``_stuck_call_returned``)."""
         self.engine = engine
         self.inline = getattr(engine, "blocks", True) is False
         self.parallel_steps = 1 if self.inline else \
@@ -358,6 +359,7 @@ class Lane:
         stuck call returns (if ever)."""
         if self.step_timeout_s is None:
             return await self.call(fn, *args)
+        began = time.monotonic()
         future = self._submit(fn, *args)
         wrapped = asyncio.wrap_future(future)
         try:
@@ -368,7 +370,7 @@ class Lane:
         if done:
             return wrapped.result()
         wrapped.cancel()  # stop waiting; the call itself goes on on the lane thread
-        self._stuck += 1
+        self._stuck.append(began)
         self.unhealthy = (f"engine_timeout: an engine call ({getattr(fn, '__name__', fn)}) "
                           f"of {self.engine.name} ran more than {self.step_timeout_s:g} s "
                           "and still holds the lane thread")
@@ -377,18 +379,19 @@ class Lane:
 
         def returned(_f: Future[Any]) -> None:
             with contextlib.suppress(RuntimeError):  # the loop may be closed by then
-                loop.call_soon_threadsafe(self._stuck_call_returned)
+                loop.call_soon_threadsafe(self._stuck_call_returned, began)
 
         future.add_done_callback(returned)
         raise StepTimeout(self.unhealthy, future)
 
-    def _stuck_call_returned(self) -> None:
+    def _stuck_call_returned(self, began: float) -> None:
+        """The stuck call that began at ``began`` returned."""
         # one call returning says nothing of the others stuck: their server (or model)
         # may hang still, and turns placed here would each wait out the step deadline
-        self._stuck -= 1
+        self._stuck.remove(began)
         if self._stuck:
             log.info("lane %s: a stuck engine call returned; %d still stuck", self.name,
-                     self._stuck)
+                     len(self._stuck))
             return
         if not self._broken and self.unhealthy is not None:
             log.info("lane %s: the stuck engine call returned; the lane is healthy again",
@@ -514,7 +517,20 @@ class Lane:
 
     @property
     def busy(self) -> bool:
-        return bool(self._stepping)
+        """A step is in flight, or an engine call past the step deadline still holds a lane
+        thread: the step it was for has ended (``engine_timeout``), the thread's work has
+        not (``stuck_calls``, ``stuck_s``)."""
+        return bool(self._stepping) or bool(self._stuck)
+
+    @property
+    def stuck_calls(self) -> int:
+        """Engine calls past the step deadline that have not returned yet."""
+        return len(self._stuck)
+
+    def stuck_s(self, now: float) -> float | None:
+        """Seconds since the oldest engine call still stuck past the step deadline began
+        (``now``: ``time.monotonic()``), or None when none is."""
+        return now - min(self._stuck) if self._stuck else None
 
     async def run(self) -> None:
         """Drive the lane until cancelled. Safe to cancel: the step in flight completes on

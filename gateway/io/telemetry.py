@@ -606,6 +606,11 @@ class Telemetry:
                 "jobs": {"done": lane.stats.jobs_done, "failed": lane.stats.jobs_failed,
                          "cancelled": lane.stats.jobs_cancelled},
                 "unhealthy": lane.unhealthy,
+                # an engine call past the step deadline holds the lane's thread: its step
+                # ended (engine_timeout), so ``busy`` alone said false the whole time
+                "stuck_calls": lane.stuck_calls,
+                "stuck_s": None if (stuck := lane.stuck_s(time.monotonic())) is None
+                else round(stuck, 3),
             }
             if (probe := self.tts_probes.get(lane.name)) is not None:
                 probe.refresh_if_stale()
@@ -778,9 +783,14 @@ class _StateCollector(Collector):
         unhealthy = GaugeMetricFamily("gateway_lane_unhealthy", "1 while the lane is stuck "
                                       "or broken (/health lanes.<lane>.unhealthy)",
                                       labels=["lane"])
-        now = time.perf_counter()
+        stuck = GaugeMetricFamily("gateway_lane_stuck_seconds", "Seconds since the oldest "
+                                  "engine call still holding the lane past the step deadline "
+                                  "began, 0 when none does (/health lanes.<lane>.stuck_s)",
+                                  labels=["lane"])
+        now, monotonic = time.perf_counter(), time.monotonic()
         for lane in gw.lanes.values():
             depth.add_metric([lane.name], lane.queue_depth)
+            stuck.add_metric([lane.name], lane.stuck_s(monotonic) or 0.0)
             busy.add_metric([lane.name], self.t.busy[lane.name].share(now))
             scheduler = lane.scheduler
             streams.add_metric([lane.name], scheduler.open_streams)
@@ -798,6 +808,7 @@ class _StateCollector(Collector):
         yield reserved
         yield waiting
         yield unhealthy
+        yield stuck
         if gw.placer is not None:
             yield placed
         rate = self.t.llm_tokens_per_s
