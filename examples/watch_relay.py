@@ -80,6 +80,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import http
 import importlib.util
 import os
@@ -599,6 +600,37 @@ class RelayCore:
             del self._unanswered[:asked + 1]
 
 
+NO_HELLO = "expected ?format= or a relay.hello first message"
+"""The reason of the close 1008 for a watch that named no format."""
+
+
+def hello_format(message: str | bytes) -> str:
+    """The format a watch's first message asks for, when its URL had no ``?format=``: a
+    ``relay.hello``'s. Raises ``ProtocolError`` for any other, with the gateway's code for
+    what is wrong with it (protocol.md, Errors), which the watch gets before its close
+    1008: ``binary_not_supported``, ``message_too_large``, ``invalid_json``,
+    ``invalid_message`` (not a ``relay.hello``), ``invalid_field`` (a format the relay does
+    not make)."""
+    if isinstance(message, bytes):
+        raise ProtocolError("binary_not_supported", "the relay accepts text frames only; "
+                            'send {"type":"relay.hello","format":...} as text')
+    if len(message) > MAX_MESSAGE_BYTES // 4 and len(message.encode()) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("message_too_large",
+                            f"text frames are limited to {MAX_MESSAGE_BYTES} bytes")
+    try:
+        hello = orjson.loads(message)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
+    if not isinstance(hello, dict) or hello.get("type") != "relay.hello":
+        raise ProtocolError("invalid_message", "the first message must be a relay.hello "
+                            '({"type":"relay.hello","format":...}), or the URL must hold '
+                            "?format=")
+    fmt = hello.get("format")
+    if fmt not in FORMATS:
+        raise ProtocolError("invalid_field", f"format must be one of {FORMATS}")
+    return str(fmt)
+
+
 def _server_full(exc: Exception) -> bool:
     """The gateway refused the socket for want of room: HTTP 503 ``server_full``."""
     if not isinstance(exc, InvalidStatus) or exc.response.status_code != 503:
@@ -916,18 +948,22 @@ class WatchRelay:
         assert watch.request is not None
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(watch.request.path).query)
         fmt = query.get("format", [None])[0]
-        if fmt is None:
-            try:
-                async with asyncio.timeout(self.hello_timeout_s):
-                    hello = orjson.loads(await watch.recv())
-            except (TimeoutError, ConnectionClosed, orjson.JSONDecodeError, TypeError):
-                await watch.close(1008, "expected ?format= or a relay.hello first message")
-                return
-            if isinstance(hello, dict) and hello.get("type") == "relay.hello":
-                fmt = hello.get("format")
-        if fmt not in FORMATS:
-            await watch.send(_error("invalid_field", f"format must be one of {FORMATS}"))
-            await watch.close(1008, "unknown audio format")
+        try:
+            if fmt is None:
+                try:
+                    async with asyncio.timeout(self.hello_timeout_s):
+                        first = await watch.recv()
+                except (TimeoutError, ConnectionClosed):  # (no message to answer)
+                    await watch.close(1008, NO_HELLO)
+                    return
+                fmt = hello_format(first)
+            elif fmt not in FORMATS:
+                raise ProtocolError("invalid_field", f"format must be one of {FORMATS}")
+        except ProtocolError as exc:
+            with contextlib.suppress(ConnectionClosed):
+                await watch.send(_error(exc.code, exc.message))
+                await watch.close(1008, "unknown audio format" if exc.code == "invalid_field"
+                                  else NO_HELLO)
             return
         if fmt == "opus" and not HAS_PYAV:
             await watch.send(_error("invalid_field", f"this relay cannot encode Opus: {NO_PYAV}; "

@@ -837,6 +837,29 @@ async def test_unknown_format_is_refused(relay):
     assert ws.close_code == 1008
 
 
+@pytest.mark.parametrize(("first", "code"), [
+    ("hello", "invalid_json"),  # closed 1008 with no error at all
+    (b'{"type":"relay.hello","format":"opus"}', "binary_not_supported"),
+    ("[1, 2]", "invalid_message"),
+    ('{"type":"say","text":"Hi."}', "invalid_message"),  # (was invalid_field: no format)
+    ('{"type":"relay.hello","format":"mp3"}', "invalid_field"),
+], ids=["not-json", "binary", "not-an-object", "not-a-hello", "unknown-format"])
+async def test_a_first_message_that_is_no_usable_hello_gets_its_error_then_1008(
+        relay, first, code):
+    """Without ``?format=`` the first message must be a ``relay.hello``. One that was not
+    JSON closed 1008 with no ``error``, while a JSON one that was no hello got
+    ``invalid_field`` first: each now gets the error that says what was wrong with it,
+    in the gateway's codes (protocol.md, Errors), then the close."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/") as ws:
+        await ws.send(first)
+        error = await asyncio.wait_for(recv_event(ws), 10)
+        await asyncio.wait_for(ws.wait_closed(), 5)
+    assert error["type"] == "error" and error["error"]["code"] == code
+    assert ws.close_code == 1008
+    assert ws.close_reason == ("unknown audio format" if code == "invalid_field"
+                               else "expected ?format= or a relay.hello first message")
+
+
 async def test_opus_without_pyav_is_refused_with_the_install_step(relay, monkeypatch):
     import examples.watch_relay as module
 
