@@ -515,8 +515,14 @@ class RelayCore:
                 and _is_number(event.get("played_ms"))):
             # not rounded: a sentence's end must stay its end (a hair past it, and the
             # gateway's history has the next sentence begun: "Two meetings. …")
-            event["played_ms"] = timeline.to_upstream(event["played_ms"])
-            return orjson.dumps(event).decode(), None
+            played = timeline.to_upstream(event["played_ms"])
+            # only the fields the gateway reads (it ignores others): the whole mark
+            # re-encoded could grow past what the relay lets up (numbers written short,
+            # "1e15", take 18 bytes), to where a gateway holding its budget of unfinished
+            # messages closes with 1009, which the relay cannot resume from (the mark
+            # would go up again first); every message the relay sends is 64 KiB at most
+            return orjson.dumps({"type": "playback", "turn_id": event["turn_id"],
+                                 "played_ms": played}).decode(), None
         return message, None
 
     def _timeline(self, turn_id: Any) -> Timeline | None:
@@ -654,7 +660,13 @@ def _error(code: str, message: str) -> str:
 
 RESUMABLE_CLOSES = (1006, 1007, 1011)
 """Gateway closes after which its session waits for a resume (protocol.md, Close codes):
-a dropped socket, bad UTF-8, a keepalive timeout."""
+a dropped socket, bad UTF-8, a keepalive timeout. Not 1009, although the session waits
+after it too: the gateway closes so only a message over 64 KiB (over 1 MiB, or over 80 KiB
+while it holds its budget of unfinished messages), and the relay sends none (it refuses a
+watch's own, ``message_too_large``, and a translated ``playback`` mark goes up with its
+two fields only). One that came anyway (a proxy with a smaller limit) would be for a
+message the relay sends again after the resume, to meet the same close: the watch gets
+1011 at once instead."""
 
 
 class UpstreamLost(Exception):

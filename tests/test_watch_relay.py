@@ -829,6 +829,28 @@ async def test_a_watch_message_over_64_kib_is_refused_by_the_relay(gateway, rela
         assert (await asyncio.wait_for(recv_event(ws), 10)) == {"type": "pong", "id": 1}
     assert gateway.metrics.errors["unfinished_messages"] == 0
 
+async def test_a_playback_mark_goes_up_no_larger_than_the_watch_sent_it(gateway, relay):
+    """The relay sends a translated playback mark up re-encoded. All of it was: a mark of
+    64 KiB at most, with numbers written short (``1e15``, 18 bytes once re-encoded), went
+    up four times as large, where a gateway holding its budget of unfinished messages
+    closes a socket sending one over 80 KiB with 1009 (protocol.md, Limits). The relay
+    does not resume after a 1009 (the mark it would send again would meet it again): the
+    watch lost its session. The mark goes up with the fields the gateway reads only."""
+    gateway.unfinished.limit = 0  # others hold it all
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="say", text="Hi.")
+        turn = await read_turn(ws)
+        pad = ",".join(["1e15"] * 12_000)
+        mark = (f'{{"type":"playback","turn_id":{turn.done["turn_id"]},"played_ms":10,'
+                f'"pad":[{pad}]}}')
+        assert len(mark) < 65_536 < 80 * 1024 < len(orjson.dumps(orjson.loads(mark)))
+        await ws.send(mark)
+        await send(ws, type="ping", id=1)
+        assert (await asyncio.wait_for(recv_event(ws), 10)) == {"type": "pong", "id": 1}
+    assert gateway.metrics.errors["unfinished_messages"] == 0
+
+
 async def test_unknown_format_is_refused(relay):
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=mp3") as ws:
         error = await recv_event(ws)
