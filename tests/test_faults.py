@@ -239,6 +239,40 @@ async def test_a_bug_consuming_the_audio_fails_that_turn_only(monkeypatch):
         await gw.aclose()
 
 
+async def test_a_bug_after_a_sentence_was_made_still_ends_its_turn(monkeypatch):
+    """A bug handling a segment's end (``on_done``, after the session has the segment whole)
+    reaches the session as that segment failing (``internal_error``), a failure after its
+    success: the lane has taken the turn's other jobs off without a word. Ignored by the
+    session for a segment already made, the turn waited for ever for the rest of its
+    sentences (``Session.synthesis_failed``)."""
+    from gateway.io.connection import SessionRunner
+
+    on_done = SessionRunner.on_done
+
+    def buggy(self, job, truncated=False):
+        on_done(self, job, truncated)
+        if "BUG" in job.payload.request.text:
+            raise TypeError("a scripted bug after the sentence")
+
+    monkeypatch.setattr(SessionRunner, "on_done", buggy)
+    gw = await start(FaultyEngine())
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="say", text="A BUG ends this one. And this one never comes. "
+                                            "Nor does this one.")
+            bad = await asyncio.wait_for(read_turn(ws), 10)
+            (error,) = bad.of("error")
+            assert error["error"] == {"code": "internal_error",
+                                      "message": "TypeError: a scripted bug after the sentence"}
+            assert bad.done["status"] == "failed" and bad.done["metrics"]["sentences"] == 1
+            again = await say(ws, "The session goes on.")
+            assert again.done["status"] == "completed" and gapless(bad, again)
+        assert gw.lane.queue_depth == 0
+    finally:
+        await gw.aclose()
+
+
 async def test_every_job_a_consumers_bug_fails_is_counted(monkeypatch):
     """A bug consuming a job's audio fails its owner's jobs: the one whose audio broke and
     those queued behind it. The lane counted one failure for all of them (``/health``'s

@@ -1564,6 +1564,30 @@ def test_input_for_the_segment_after_the_turns_last_is_ignored(clock):
     assert not s.turn.ended and s.turn.failed is None
 
 
+@pytest.mark.parametrize("failing", [0, 1], ids=["announced", "made-not-sent"])
+def test_a_failure_after_the_segments_success_still_ends_the_turn(clock, failing):
+    """The lane reports a job done and then failed only when handling the success raised
+    (a shell bug, ``internal_error``), and its other jobs are gone by then: the turn must
+    not wait for them (``synthesis_failed`` does not look at ``synthesized``)."""
+    s = Session("s", settings=SessionSettings(max_lead_ms=40))
+    tid = start(s, clock)
+    s.llm_delta(tid, "The first sentence is complete. The second one too. More", clock())
+    s.audio(tid, 0, pcm(400), "x", clock())  # announced; the rest held by pacing
+    s.synthesis_done(tid, 0, clock())
+    s.audio(tid, 1, pcm(400), "x", clock())  # made, not yet announced
+    s.synthesis_done(tid, 1, clock())
+    out = s.synthesis_failed(tid, failing, "internal_error", "TypeError: a bug", clock())
+    (error,) = events(out, "error")
+    assert error["error"]["code"] == "internal_error"
+    for _ in range(40):  # what is still spoken plays out (none of the failed sentence)
+        if events(out, "turn.done"):
+            break
+        out = s.tick(clock.advance(40))
+    (done,) = events(out, "turn.done")
+    assert done["status"] == "failed" and done["metrics"]["sentences"] == 1
+    assert s.turn.ended and s.wake_at() is None
+
+
 def test_an_engine_failing_on_the_next_sentence_after_all_was_sent_closes_the_turn(clock):
     """Every sentence before it has gone out whole: the turn ends with the empty frame
     that says ``turn_end`` (the last frame sent said only ``sentence_end``)."""

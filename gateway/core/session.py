@@ -571,7 +571,15 @@ class Session:
         configured, has already had its chance below this layer). The complete sentences
         before it are still spoken, as after an LLM failure (their audio is made, only
         held back by pacing); it and the rest of the reply are not. One whose ``sentence``
-        went out already ends the turn at once."""
+        went out already ends the turn at once.
+
+        It may come after the segment's ``synthesis_done``, and counts all the same: a lane
+        reports a success and then a failure of one job only when handling the success
+        raised (a bug in the shell: ``Lane._consumer_failed``, ``internal_error``), and it
+        has then taken the turn's other jobs off without a word. Ignored, it left the turn
+        waiting for ever for the rest of its sentences (tests/test_faults.py). An engine
+        never reports both (a job's step ends it done or failed, once; a fallback's cut
+        segment ends done, ``cut_short``)."""
         turn = self._active(turn_id)
         if turn is None or index >= len(turn.segments):
             return []
