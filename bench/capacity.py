@@ -49,7 +49,9 @@ many full garbage collections ran and the bound of the longest (``--no-freeze``:
 The exit status is 1 when a ramp's target passed no step, or a step failed with errors or
 turns ended early (broken rather than loaded), or the profile run failed; a ramp whose last
 step fails on underruns or pace has found the limit it was run for (the summary says the
-largest N that passed) and exits 0.
+largest N that passed) and exits 0. Each server's stderr goes to
+/tmp/capacity-<target>-<pid>.log, kept (and its path said on stderr) only for the step that
+failed the run, or a server that died or did not stop as told; removed otherwise.
 Ctrl-C stops the run: the steps measured until then keep their rows, the summary and
 ``--json`` (its ``meta`` says ``interrupted``); the exit status is 130.
 """
@@ -59,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -143,10 +146,14 @@ def raise_nofile() -> int:
 class Server:
     """One server process; ``PORT <n>`` on its stdout says it is serving. Its stderr goes
     to /tmp/capacity-<target>-<our pid>.log (one run's own: runs side by side each wrote
-    over the other's log, a failing step's included; a run's next step writes over its
-    last one's, which passed), or to ours with ``log=False``. It runs in a session of
-    its own: a Ctrl-C in the terminal is the bench's to handle (the soak's: stop the load,
-    then probe the server), not a signal that stops the server under the load."""
+    over the other's log, a failing step's included), or to ours with ``log=False``. The
+    log is kept only when the server's run failed (``close``): every run left one behind.
+    It runs in a session of its own: a Ctrl-C in the terminal is the bench's to handle
+    (the soak's: stop the load, then probe the server), not a signal that stops the
+    server under the load.
+
+    As a context manager it closes on the way out, the run failed when ``failed`` was set
+    or an exception other than Ctrl-C ended the block (a server that died, a bench bug)."""
 
     def __init__(self, target: str, *extra: str, log: bool = True) -> None:
         self.target = target
@@ -154,15 +161,20 @@ class Server:
             raise SystemExit(f"{target}: no venv at {Path(PYTHONS[target]).parents[1]}; "
                              "run `python bench/capacity.py --setup-peers` once")
         self.logfile = logfile = f"/tmp/capacity-{target}-{os.getpid()}.log" if log else None
-        self.proc = subprocess.Popen(
-            [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
-            stdout=subprocess.PIPE, stderr=open(logfile, "w") if logfile else None,
-            text=True, cwd=ROOT, start_new_session=True)
+        self.failed = False
+        """The run failed: ``close`` keeps the log."""
+        with open(logfile, "w") if logfile else contextlib.nullcontext() as stderr:
+            self.proc = subprocess.Popen(
+                [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
+                stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT,
+                start_new_session=True)
         assert self.proc.stdout is not None
         try:
             line = self.proc.stdout.readline()
         except KeyboardInterrupt:  # (in a session of its own, nothing else would stop it)
             self.proc.kill()
+            self.proc.wait()
+            self._drop_log()  # (stopped, not failed)
             raise
         if not line.startswith("PORT "):
             self.proc.kill()
@@ -180,13 +192,34 @@ class Server:
                              + (f"; see {self.logfile}" if self.logfile else ""))
 
     def close(self, timeout: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code."""
+        """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code. The log is kept,
+        its path said on stderr, when the run ``failed`` or the server did not stop as
+        told (exited otherwise than 0 or by the SIGTERM, or killed); else it is removed."""
         self.proc.terminate()
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            code = self.proc.wait()
+        if self.logfile is not None:
+            if self.failed or code not in (0, -signal.SIGTERM):
+                print(f"{self.target} server log: {self.logfile}", file=sys.stderr,
+                      flush=True)
+            else:
+                self._drop_log()
+        return code
+
+    def _drop_log(self) -> None:
+        if self.logfile is not None:
+            Path(self.logfile).unlink(missing_ok=True)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None and not issubclass(kind, KeyboardInterrupt):
+            self.failed = True
+        self.close()
 
 
 # ---- a lean WebSocket client ---------------------------------------------------------------
@@ -652,24 +685,19 @@ def bench_idle(args) -> dict:
     for target in args.targets:
         extra = ["--idle"] if target == "pipecat" else []
         try:
-            server = Server(target, *extra)
+            with Server(target, *extra) as server:
+                time.sleep(1.0)
+                base = rss_bytes(server.pid)
+                r = run_load(server, args.sessions, clients=args.clients, say="",
+                             jitter_s=0.2, idle=True, warmup_s=1.0, seconds=2.0)
+                r["rss_base_mib"] = round(base / 2**20, 1)
+                # per session: run_load's, from the RSS of its window with every session
+                # open (it returns once the clients have gone: reading the RSS again here
+                # counted memory they had freed)
+                r["accepts_per_s"] = round(r["connected"] / r["accept_s"])
+                out[target] = r
         except KeyboardInterrupt:
             raise Interrupted(out) from None
-        try:
-            time.sleep(1.0)
-            base = rss_bytes(server.pid)
-            r = run_load(server, args.sessions, clients=args.clients, say="", jitter_s=0.2,
-                         idle=True, warmup_s=1.0, seconds=2.0)
-            r["rss_base_mib"] = round(base / 2**20, 1)
-            # per session: run_load's, from the RSS of its window with every session open
-            # (it returns once the clients have gone: reading the RSS again here counted
-            # memory they had freed)
-            r["accepts_per_s"] = round(r["connected"] / r["accept_s"])
-            out[target] = r
-        except KeyboardInterrupt:
-            raise Interrupted(out) from None
-        finally:
-            server.close()
         print(f"{target:8} {r['connected']:>6}/{args.sessions} sessions  accept "
               f"{r['accept_s']:.1f} s ({r['accepts_per_s']}/s)  RSS {r['rss_base_mib']} → "
               f"{r['rss_mib']} MiB = {r['rss_per_session_kib']} KiB/session "
@@ -716,28 +744,29 @@ def bench_stream(args) -> dict:
             extra = ["--say", say] if target == "pipecat" else \
                 ["--no-freeze"] if target == "gateway" and args.no_freeze else []
             try:
-                server = Server(target, *extra)
-                try:
+                with Server(target, *extra) as server:
                     r = run_load(server, n, clients=args.clients, say=say,
                                  jitter_s=args.jitter_ms / 1000, idle=False,
                                  warmup_s=args.warmup, seconds=args.seconds,
                                  marks_s=args.marks_ms / 1000)
-                finally:
-                    server.close()
+                    # Keeping up: a server with a lead (the gateway's 1 s) can fall behind
+                    # real time for a whole window without an underrun, so the delivered
+                    # rate must be real time.
+                    r["pass"] = (r["connected"] == n and r["streaming"] == n
+                                 and r["ended_early"] == 0 and r["errors"] == 0
+                                 and r["underruns"] == 0
+                                 and r["lateness_p99_ms"] is not None
+                                 and r["lateness_p99_ms"] <= MAX_LATENESS_MS
+                                 and r["realtime_share"] is not None
+                                 and r["realtime_share"] >= MIN_REALTIME_SHARE)
+                    out[target].append(r)
+                    # its log kept when this step fails the run (not at the limit it found)
+                    server.failed = failed("stream", {target: out[target]})
+                    print(row(target, r), flush=True)  # (before the log's path)
             except KeyboardInterrupt:  # the steps measured are still worth their summary
                 print(f"{target:8} {n:>5}  interrupted (Ctrl-C): not measured", flush=True)
                 interrupted = True
                 break
-            # Keeping up: a server with a lead (the gateway's 1 s) can fall behind real time
-            # for a whole window without an underrun, so the delivered rate must be real time.
-            r["pass"] = (r["connected"] == n and r["streaming"] == n and r["ended_early"] == 0
-                         and r["errors"] == 0 and r["underruns"] == 0
-                         and r["lateness_p99_ms"] is not None
-                         and r["lateness_p99_ms"] <= MAX_LATENESS_MS
-                         and r["realtime_share"] is not None
-                         and r["realtime_share"] >= MIN_REALTIME_SHARE)
-            out[target].append(r)
-            print(row(target, r), flush=True)
             if not r["pass"]:
                 break
         if interrupted:
@@ -785,18 +814,17 @@ def hotspots(raw: str, top: int = 15) -> str:
 def bench_profile(args) -> dict:
     target, n = args.targets[0], args.ramp[0]
     say = long_text(say_needed_s(n, args.seconds, args.warmup))
-    server = Server(target, *(["--say", say] if target == "pipecat" else []))
     raw = f"/tmp/capacity-profile-{target}-{n}.txt"
-    try:
+    with Server(target, *(["--say", say] if target == "pipecat" else [])) as server:
         r = run_load(server, n, clients=args.clients, say=say, jitter_s=args.jitter_ms / 1000,
                      idle=False, warmup_s=args.warmup, seconds=args.seconds, profile=raw,
                      marks_s=args.marks_ms / 1000)
-    finally:
-        server.close()
-    print(HEADER)
-    # (not judged on lateness: py-spy shares the CPU; a failed turn is a failed run still)
-    r["pass"] = r["underruns"] == r["ended_early"] == r["errors"] == 0
-    print(row(target, r))
+        # (not judged on lateness: py-spy shares the CPU; a failed turn is a failed run
+        # still)
+        r["pass"] = r["underruns"] == r["ended_early"] == r["errors"] == 0
+        server.failed = not r["pass"]
+        print(HEADER)
+        print(row(target, r), flush=True)  # (before the log's path)
     report = hotspots(raw)
     print(report)
     return {"run": r, "hotspots": report}
@@ -869,7 +897,7 @@ def main() -> int:
         result, code = stopped.result, 130
     except KeyboardInterrupt:  # (profile: one step, nothing measured yet)
         result, code = {}, 130
-    if code:
+    if code == 130:  # (not a run that failed: it said so in its rows)
         meta["interrupted"] = True
         print("interrupted (Ctrl-C)", file=sys.stderr)
     if args.json:

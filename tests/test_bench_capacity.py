@@ -58,14 +58,25 @@ def test_a_small_streaming_step_runs_and_passes(tmp_path, marks_ms):
     """The real bench, end to end: the gateway in its own process, a client process, /proc
     CPU and RSS, the loop-lag scrape. Pass is not asserted on speed, only that 5 sessions
     streamed and every figure the tables print is there; with playback marks, that the
-    gateway took every mark (a malformed one would be an ``error`` event)."""
+    gateway took every mark (a malformed one would be an ``error`` event). The server's log
+    is left only by a run that failed, which says where (every run left one in /tmp)."""
     out = tmp_path / "cap.json"
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
-                          "--targets", "gateway", "--ramp", "5", "--seconds", "1.5",
-                          "--warmup", "0.5", "--marks-ms", str(marks_ms), "--json", str(out)],
-                         timeout=240, cwd=ROOT)
+    run = subprocess.Popen([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
+                            "--targets", "gateway", "--ramp", "5", "--seconds", "1.5",
+                            "--warmup", "0.5", "--marks-ms", str(marks_ms), "--json", str(out)],
+                           cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = run.communicate(timeout=240)
+    finally:
+        if run.returncode is None:
+            run.kill()
+            run.wait()
     (row,) = json.loads(out.read_text())["results"]["gateway"]
-    assert run.returncode == (0 if row["pass"] else 1)
+    assert run.returncode == (0 if row["pass"] else 1), stderr
+    log = Path(f"/tmp/capacity-gateway-{run.pid}.log")
+    assert log.exists() is (not row["pass"])  # (a step too slow for this machine fails)
+    assert (f"gateway server log: {log}" in stderr) is (not row["pass"])
+    log.unlink(missing_ok=True)
     assert row["connected"] == row["streaming"] == 5 and row["errors"] == 0
     assert row["frames"] > 0 and row["cpu_s_per_1000_frames"] is not None
     assert row["loop_wakeups"] > 0 and "realtime_share" in row
@@ -177,20 +188,25 @@ async def test_real_time_is_judged_between_peaks_not_by_frames_cut_at_the_edges(
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
-def test_a_failing_step_fails_the_run_and_its_log_is_this_runs(monkeypatch, tmp_path):
+def test_a_failing_step_fails_the_run_and_its_log_is_this_runs(monkeypatch, tmp_path, capfd):
     """A failing step exited 0, as a run that passed (CI or a script reading the status
     saw a pass); and every run wrote its server's log to /tmp/capacity-gateway.log, so one
-    run side by side with another wrote over its log."""
+    run side by side with another wrote over its log. The failed run keeps its log and
+    says where; it said "interrupted (Ctrl-C)" too, and so did its --json."""
     monkeypatch.setattr(capacity, "long_text", lambda seconds: "Hello there.")  # ends early
     out = tmp_path / "cap.json"
     monkeypatch.setattr(sys, "argv", ["capacity.py", "stream", "--ramp", "3", "--seconds",
                                       "1", "--warmup", "0.5", "--json", str(out)])
     assert capacity.main() == 1
-    (row,) = json.loads(out.read_text())["results"]["gateway"]
+    result = json.loads(out.read_text())
+    (row,) = result["results"]["gateway"]
     assert row["ended_early"] == 3 and not row["pass"]
+    assert "interrupted" not in result["meta"]
     log = Path(f"/tmp/capacity-gateway-{os.getpid()}.log")
     assert log.exists()
     log.unlink()
+    stderr = capfd.readouterr().err
+    assert f"gateway server log: {log}" in stderr and "interrupted" not in stderr
 
 
 @pytest.mark.parametrize(("rows", "broken"), [
@@ -245,6 +261,9 @@ def test_a_step_whose_turns_fail_says_so_in_its_row(monkeypatch, capsys, say, sh
         cells = dict(zip(names, lines[header + 1].split(), strict=True))
         assert cells[{"ended": "ended", "errors": "err"}[shown]] == "3"
         assert cells["ok"] == "NO"
+        log = Path(f"/tmp/capacity-gateway-{os.getpid()}.log")  # (kept: the run failed)
+        assert log.exists()
+        log.unlink()
 
 
 @pytest.mark.slow
@@ -294,6 +313,7 @@ def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_pat
     result = json.loads(out.read_text())
     assert result["meta"]["interrupted"] and result["results"] == {"gateway": []}
     assert any("capacity_server" in c for c in running.values())
+    assert not Path(f"/tmp/capacity-gateway-{proc.pid}.log").exists()  # (stopped, not failed)
     for pid in running:  # the server and the client: gone with the bench
         with contextlib.suppress(FileNotFoundError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_text()
