@@ -10,8 +10,9 @@ can matter (terminators, clause marks, quotes, brackets, newlines, backticks). A
 that needs text not yet received *waits* instead of guessing, so the result never depends
 on how the stream was chunked:
 
-* A sentence ends at ``.``, ``!``, ``?``, ``...`` or ``…`` (plus closing quotes, brackets,
-  markdown emphasis, citation marks, ``.[1]``, and trailing emoji) followed by whitespace;
+* A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
+  letter: ``Τι ώρα είναι; Είναι``) (plus closing quotes, brackets, markdown emphasis,
+  citation marks, ``.[1]``, and trailing emoji) followed by whitespace;
   the first character of the next word decides the ambiguous cases. ``8.`` + ``4`` never
   splits (no whitespace), neither do ``192.168.1.1``, ``example.org``, ``a@b.io``,
   ``11:15``. A lowercase next word means the sentence goes on (``3 p.m. in``,
@@ -21,31 +22,34 @@ on how the stream was chunked:
   ``I`` (``Well... I think``). Titles (``Dr.``, ``Mr.``) never end a sentence; ``a.m.``
   and ``etc.`` end one only before a capital (``a.m.`` not before a time zone or a weekday:
   ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a single capital
-  (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``) and ``St.`` (``Ave.``,
-  ``Blvd.``, ``Rd.``) end one only before a word that opens sentences (``Then``, ``It's``...,
-  a French elided word: ``B. N'oublie``), or after a label word or an ordinal (``option
-  A.``, ``bât. B.``, ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy`` and
-  ``Pennsylvania Ave. NW`` go on; ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``,
-  ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2`` never before a digit, except ``No.`` opening a
-  sentence (the answer); ``et al.`` only before a capital (``Smith et al. (2020)
-  found``). German, French, Spanish, Italian and Portuguese replies: ``z. B.``,
-  ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles (``Sra.``, ``Dra.``, ``Sig.``,
-  ``dott.``) never end one; ``Nr. 5``, ``pág. 12``, ``Hauptstr. 12`` never before a
-  digit; ``Mio.``, ``Min.``, ``Std.`` after a number end one only before a word that
-  opens sentences (``3,7 Mio. Einwohner``, ``10 Min. Bitte``); a day or an ordinal before
-  a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1. FC``,
-  ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end, while ``Platz 1.
-  Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century (``séc. XX``,
-  ``sec. XIX``). Russian and Hindi: ``ул.``, ``проф.`` and ``डॉ.`` never end one, nor ``им.``
-  before a name (``музей им. Пушкина``; the pronoun ends one: ``позвонил им. Они``);
-  ``д. 12``, ``ауд. 305``, ``रु. 450`` never before a digit; ``г.`` only after a number (a
-  year: ``2026 г. Потом``, while ``в г. Москве`` goes on).
+  (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``), ``St.`` (``Ave.``,
+  ``Blvd.``, ``Rd.``), a name's ``Sr.`` and ``Jr.`` and the Vietnamese ``TP.`` (city) end
+  one only before a word that opens sentences (``Then``, ``It's``..., a French elided word:
+  ``B. N'oublie``), or after a label word or an ordinal (``option A.``, ``bât. B.``,
+  ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy``, ``Pennsylvania Ave. NW``,
+  ``King Jr. Day`` and ``TP. Hồ Chí Minh`` go on, while ``Griffey Sr. He hit`` ends;
+  ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``, ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2``
+  never before a digit, except ``No.`` opening a sentence (the answer); ``et al.`` only
+  before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and
+  Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles
+  (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
+  ``Hauptstr. 12`` never before a digit; ``Mio.``, ``Min.``, ``Std.`` after a number end one
+  only before a word that opens sentences (``3,7 Mio. Einwohner``, ``10 Min. Bitte``); a day
+  or an ordinal before a month or after an article (``am 3. Oktober``, ``im 19.
+  Jahrhundert``, ``der 1. FC``, ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is
+  not a sentence end, while ``Platz 1. Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co.
+  KG`` and a century (``séc. XX``, ``sec. XIX``). Russian and Hindi: ``ул.``, ``проф.`` and
+  ``डॉ.`` never end one, nor ``им.`` before a name (``музей им. Пушкина``; the pronoun ends
+  one: ``позвонил им. Они``); ``д. 12``, ``ауд. 305``, ``रु. 450`` never before a digit;
+  ``г.`` only after a number (a year: ``2026 г. Потом``, while ``в г. Москве`` goes on).
   A letter of a script without case is a capital after ``a.m.`` or ``etc.``
-  (``3 p.m. 김``), but a dot after a Thai letter (Thai writes no full stop) or a lone
-  Arabic letter abbreviates: ``พ.ศ. 2569``, ``د. أحمد`` (Dr.) never end one.
+  (``3 p.m. 김``), but a dot after one to three Thai consonants (Thai writes no full
+  stop) or a lone Arabic letter abbreviates: ``พ.ศ. 2569``, ``ดร. สมชาย``, ``د. أحمد``
+  (Dr.) never end one, while a full stop after a Thai word does (``ขอบคุณค่ะ. พรุ่งนี้``).
   A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
   ¿Quieres``, ``p. m. ¡Hasta``). An opening bracket or quote is looked through (``a.m. (It``).
-  A straight ``"`` right after a digit is an inch mark, not a quote.
+  A straight ``"`` right after a digit is an inch mark, not a quote; between two Hebrew
+  letters, a gershayim (``ד"ר``, Dr.).
 * Nothing splits inside an open quote or bracket: ``"…"``, ``“…”``, German ``„…“`` and
   ``»…«``, and ``«…»`` (French spaces it, ``« Je viens. » Puis``: the closing mark stays
   with its sentence). A double quote still open ``quote_max_chars`` after it opened is
@@ -140,12 +144,16 @@ class Segment:
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile(
-    "[.!?\u2026\u061f\u06d4\u0964\u0965,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
+    "[.!?\u2026\u061f\u06d4\u0964\u0965\u037e,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
     "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
 )
-_TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965")
+_TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965\u037e")
 """Sentence ends followed by a space: . ! ? …, the Arabic question mark ؟, the Urdu full
-stop ۔ and the Devanagari dandas । ॥."""
+stop ۔, the Devanagari dandas । ॥ and the Greek question mark U+037E (which LLMs write as
+";": after a Greek letter that one is a question mark too, ``_GREEK``)."""
+_GREEK = re.compile("[\u0370-\u03ff\u1f00-\u1fff]")
+"""Greek letters: a ";" right after one asks a question ("Τι ώρα είναι; Είναι τρεις."); Greek
+writes its semicolon as a raised dot (·)."""
 _CJK_TERMINATORS = frozenset("\u3002\uff01\uff1f")
 """。！？: Chinese and Japanese sentence ends (Qwen3-TTS speaks both). No space follows
 them and nothing abbreviates with them, so each ends its sentence, unless a lowercase word
@@ -213,7 +221,7 @@ _ZONES = frozenset(
 )
 # "in the U.S. The": end a sentence only before a capital.
 _CAPITAL_END = frozenset(
-    "a.m p.m etc inc ltd co corp jr u.s u.k u.n ph.d b.c a.d st al".split()
+    "a.m p.m etc inc ltd co corp u.s u.k u.n ph.d b.c a.d st al".split()
 )
 """("al": "Smith et al. (2020) found", "by Smith et al. The effect".)"""
 # "No. 5", "Jan. 3", "ext. 12", "Apt. 4B", "Eq. 3", "Nr. 5", "pág. 12" (and "Hauptstr. 12"),
@@ -249,8 +257,10 @@ _RUSSIAN_STARTERS = frozenset(
 ("named after", and the pronoun "them") one of these means the pronoun ended a sentence
 ("Я позвонил им. Они не ответили"), any other capital a name ("музей им. Пушкина")."""
 # "St. Louis", "Pennsylvania Ave. NW", "7th c. B.C.": these go on before a capital that does
-# not open a sentence (``_STARTERS``), as an initial does.
-_NAME_OR_END = frozenset("St Ave Blvd Rd Univ c ca".split())  # "Oxford Univ. Press"
+# not open a sentence (``_STARTERS``), as an initial does. So do a name's "Sr." and "Jr."
+# ("Ken Griffey Sr. He hit" ends, "Martin Luther King Jr. Day" goes on; the Spanish title
+# "Sr. García" too) and the Vietnamese "TP." (city: "TP. Hồ Chí Minh").
+_NAME_OR_END = frozenset("St Ave Blvd Rd Univ c ca Sr Jr TP Tp".split())  # "Oxford Univ. Press"
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
 # capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
@@ -359,7 +369,15 @@ _CJK_PAIR = re.compile(f"[{_CJK_CHAR}](?=[{_CJK_CHAR}])")
 
 _THAI = re.compile("[\u0e00-\u0e7f]")
 """Thai, which writes no full stop (a space parts its sentences): a dot after a Thai letter
-abbreviates ("พ.ศ. 2569", the Buddhist year; "14.00 น.", o'clock)."""
+abbreviates ("พ.ศ. 2569", the Buddhist year; "14.00 น.", o'clock) when the letters before it
+are ``_THAI_ABBR``'s; after a word, it is a full stop an LLM put in ("ข้าวผัด. คุณ...")."""
+_THAI_ABBR = re.compile("[\u0e01-\u0e2e]{1,3}")
+"""The end of a Thai abbreviation, after its last inner dot: one to three consonants ("น",
+"ดร", "รพ", "กทม", "พ.ศ", "มี.ค"). A Thai word (a run of them, written without spaces)
+has a vowel or tone mark or more letters: "ค่ะ", "ครับ", "กะเพรา"."""
+_HEBREW = re.compile("[\u05d0-\u05ea]")
+"""Hebrew letters: a straight double quote between two of them is a gershayim, the mark of an
+abbreviation ("ד"ר", Dr.; "צה"ל"), not a quote."""
 _ARABIC = re.compile("[\u0600-\u06ff]")
 """Arabic script, whose one-letter words ("و", and; "ب", by) are written joined to the next
 word: a letter alone before a dot abbreviates ("د. أحمد", Dr. Ahmad; "م." engineer)."""
@@ -544,7 +562,7 @@ class Segmenter:
                         break
                 i = m.start()
                 c = buf[i]
-                if c in _TERMINATORS:
+                if c in _TERMINATORS or c == ";" and i and _GREEK.match(buf[i - 1]):
                     if self._terminator(i, out):  # sets _pos either way
                         buf = self._buf
                     continue
@@ -567,7 +585,10 @@ class Segmenter:
                         buf = self._buf
                     continue
                 elif c == '"':
-                    if self._quote or i == 0 or not buf[i - 1].isdigit():
+                    if i and _HEBREW.match(buf[i - 1]) and self._need(i + 1) and (
+                            _HEBREW.match(buf[i + 1])):
+                        pass  # a gershayim: 'ד"ר' (Dr.), 'צה"ל', as LLMs write it
+                    elif self._quote or i == 0 or not buf[i - 1].isdigit():
                         self._quote ^= 1  # else an inch mark: 'a 6.1" screen'
                 elif c in _QUOTE_CLOSERS:
                     self._quote ^= 1  # “ opens, or closes „…“; « and » as " does
@@ -719,9 +740,10 @@ class Segmenter:
         return j, quote, paren
 
     def _terminator(self, i: int, out: list[Segment]) -> bool:
-        """Decide at a terminator run starting at ``i``. True if a segment was cut."""
+        """Decide at a terminator run starting at ``i`` (a Greek ";" there is one too). True
+        if a segment was cut."""
         buf = self._buf
-        j = i
+        j = i + 1
         while self._need(j) and buf[j] in _TERMINATORS:
             j += 1
         run = buf[i:j]
@@ -833,7 +855,8 @@ class Segmenter:
         ws = max(buf.rfind(" ", 0, i), buf.rfind("\n", 0, i)) + 1
         word = buf[ws:i].lstrip("(\"'\u201c\u201e\u00ab\u00bb*_[")
         low = word.lower()
-        if _THAI.match(word[-1:]) or len(word) == 1 and word.isalpha() and _ARABIC.match(word):
+        if _THAI.match(word[-1:]) and _THAI_ABBR.fullmatch(word.rsplit(".", 1)[-1]) or (
+                len(word) == 1 and word.isalpha() and _ARABIC.match(word)):
             return False  # "พ.ศ. 2569", "14.00 น. ที่", "د. أحمد" (Dr. Ahmad): abbreviations
         if len(word) <= 2 and word.isalpha():
             spaced = _SPACED_ABBR.search(buf, max(0, i - 16), i)
