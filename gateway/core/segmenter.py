@@ -12,7 +12,7 @@ on how the stream was chunked:
 
 * A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
   letter: ``Τι ώρα είναι; Είναι``) (plus closing quotes, brackets, markdown emphasis,
-  citation marks, ``.[1]``, and trailing emoji) followed by whitespace;
+  citation marks, ``.[1]``, ``.[1, 2]``, ``.[1–3]``, and trailing emoji) followed by whitespace;
   the first character of the next word decides the ambiguous cases. ``8.`` + ``4`` never
   splits (no whitespace), neither do ``192.168.1.1``, ``example.org``, ``a@b.io``,
   ``11:15``. A lowercase next word means the sentence goes on (``3 p.m. in``,
@@ -722,13 +722,10 @@ class Segmenter:
                 j = k
                 continue
             if c == "[":  # a citation or footnote mark: "calcium.[1] Most", "end.[^2]"
-                k = j + 1 + (self._need(j + 1) and buf[j + 1] == "^")
-                d = k
-                while self._need(k) and buf[k].isdigit() and k - d < 3:
-                    k += 1
-                if k == d or not (self._need(k) and buf[k] == "]"):
+                k = self._citation_end(j)
+                if k < 0:
                     break
-                j = k + 1
+                j = k
                 continue
             if c not in _CLOSERS and not (quote and c in _QUOTE_CLOSERS):
                 break
@@ -738,6 +735,27 @@ class Segmenter:
                 paren = max(0, paren - 1)
             j += 1
         return j, quote, paren
+
+    def _citation_end(self, j: int) -> int:
+        """Right after the citation mark opening at ``j`` (``_FOOTNOTE``'s: "[1]", "[^2]",
+        "[1, 2]", "[1–3]"), or -1 when none opens there."""
+        buf = self._buf
+        k = j + 1 + (self._need(j + 1) and buf[j + 1] == "^")
+        for _ in range(_CITED_MAX):
+            d = k
+            while self._need(k) and buf[k].isdigit() and k - d < 3:
+                k += 1
+            if k == d or not self._need(k):
+                return -1
+            if buf[k] == "]":
+                return k + 1
+            if buf[k] == ",":
+                k += 1 + (self._need(k + 1) and buf[k + 1] == " ")
+            elif buf[k] in "-\u2013":
+                k += 1
+            else:
+                return -1
+        return -1
 
     def _terminator(self, i: int, out: list[Segment]) -> bool:
         """Decide at a terminator run starting at ``i`` (a Greek ";" there is one too). True
@@ -1190,9 +1208,13 @@ def _math(m: re.Match[str]) -> str:
     return inner if m.group(4) is None or _MATH_SIGN.search(inner) else m.group()
 
 
-_FOOTNOTE = re.compile(r"(?<=[^\s\[])\[\^?\d{1,3}\]")
-"""A citation or footnote mark right after a word ("Reuters[1]", "end.[^2]"): espeak read
-"Reuters one"."""
+_CITED_MAX = 6
+"""Numbers a citation mark lists at most ("[1, 2, 5]")."""
+_FOOTNOTE = re.compile(
+    r"(?<=[^\s\[])\[\^?\d{1,3}(?:(?:, ?|[-\u2013])\d{1,3}){0,"
+    + str(_CITED_MAX - 1) + r"}\]")
+"""A citation or footnote mark right after a word ("Reuters[1]", "end.[^2]", "calcium.[1, 2]",
+"[1–3]"): espeak read "Reuters one"."""
 _BREAK = re.compile(r"\s*<br\s*/?>\s*", re.I)
 """An HTML line break, which LLMs put in table cells: espeak read "B R"."""
 _ITALIC = re.compile(r"(?<![\w*])([*_])(?=\S)(.+?)(?<=\S)\1(?![\w*])")
