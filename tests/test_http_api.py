@@ -159,6 +159,38 @@ async def test_the_sdk_given_the_voice_port_is_told_the_http_api_port(gateway):
             assert f"port {gateway.http_port}" in (await response.aread()).decode()
 
 
+OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+async def test_both_ports_answer_errors_in_openais_whole_shape(gateway):
+    """OpenAI's errors are ``{"error": {"message", "type", "param", "code"}}``; the voice
+    port's had ``code`` and ``message`` alone, so the SDK read their ``type`` as None. Both
+    ports now write them with one helper (``http_api.openai_error``)."""
+    voice = f"http://127.0.0.1:{gateway.port}"
+    client = openai.AsyncOpenAI(base_url=voice + "/v1", api_key="not-needed", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
+    await client.close()
+    assert info.value.status_code == 405
+    assert (info.value.type, info.value.param, info.value.code) == (
+        "invalid_request_error", None, "method_not_allowed")
+    async with httpx.AsyncClient() as http:
+        answers = {
+            "voice 404": await http.get(voice + "/nowhere"),
+            "voice 405": await http.post(voice + "/v1/models"),
+            "voice 403": await http.get(voice + "/health", headers={"Host": "evil.example"}),
+            "http 404": await http.get(base(gateway) + "/nowhere"),
+            "http 405": await http.get(base(gateway) + "/v1/audio/speech"),
+            "http 403": await http.get(base(gateway) + "/health",
+                                       headers={"Host": "evil.example"}),
+        }
+    for name, response in answers.items():
+        assert response.status_code == int(name[-3:]), name
+        error = response.json()["error"]
+        assert set(error) == OPENAI_ERROR_FIELDS, name
+        assert error["type"] == "invalid_request_error" and error["param"] is None, name
+
+
 async def test_a_voice_named_in_other_letter_case_is_the_listed_one(gateway):
     """"EN-US" for the listed "en-us" (a model card's "Serena" for a checkpoint's "serena")
     was refused as an unknown voice. It is that voice, spoken, with no note of a default

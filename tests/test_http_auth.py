@@ -70,6 +70,10 @@ async def test_voice_port_routes_need_the_token_too(gateway):
             assert refused.status_code == 401
             # RFC 9110's "MUST" for a 401, and what docs/http-api.md says both ports send
             assert refused.headers["www-authenticate"] == "Bearer"
+            # OpenAI's shape, as the HTTP API port's; the code the voice socket's refusal has
+            assert refused.json() == {"error": {
+                "message": refused.json()["error"]["message"], "type": "invalid_request_error",
+                "param": None, "code": "unauthorized"}}
             assert (await http.get(path, headers={"Authorization": f"Bearer {SECRET}"})
                     ).status_code == 200
         assert (await http.get("/health")).status_code == 200

@@ -129,18 +129,30 @@ refusing every request of such an app."""
 # ---- errors -------------------------------------------------------------------------------
 
 
-class ApiError(Exception):
-    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+def openai_error(status: int, code: str, message: str,
+                 param: str | None = None) -> dict[str, Any]:
+    """The ``error`` object of OpenAI's error shape, ``{"message", "type", "param",
+    "code"}``, for every error either port answers (and the SSE ``speech.audio.error``
+    event's): ``type`` ``server_error`` for a 5xx, else ``invalid_request_error``, as
+    OpenAI's are. The voice port's refusals had ``code`` and ``message`` alone, so the
+    ``openai`` SDK read their ``type`` and ``param`` as None."""
+    return {"message": message,
+            "type": "server_error" if status >= 500 else "invalid_request_error",
+            "param": param, "code": code}
 
-    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
-                 type: str = "invalid_request_error") -> None:
+
+class ApiError(Exception):
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``
+    (``openai_error``)."""
+
+    def __init__(self, status: int, message: str, *, code: str,
+                 param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.code, self.param, self.type = (
-            status, message, code, param, type)
+        self.status, self.message, self.code, self.param = status, message, code, param
 
     def response(self, headers: dict[str, str] | None = None) -> Response:
-        return _json(self.status, {"error": {"message": self.message, "type": self.type,
-                                             "param": self.param, "code": self.code}},
+        return _json(self.status,
+                     {"error": openai_error(self.status, self.code, self.message, self.param)},
                      headers=headers)
 
 
@@ -555,14 +567,13 @@ def _refuse_speech_now(gateway: Gateway, lane: Lane | None) -> None:
     """Raise the 503 for a speech request the gateway, or ``lane`` (its voice's, once
     known), cannot take now, if it cannot."""
     if gateway.closing:
-        raise ApiError(503, "the gateway is shutting down", code="shutting_down",
-                       type="server_error")
+        raise ApiError(503, "the gateway is shutting down", code="shutting_down")
     if not gateway.ready or (lane is not None and not lane.loaded):
         raise ApiError(503, "the engine is still warming up; retry shortly",
-                       code="warming_up", type="server_error")
+                       code="warming_up")
     if lane is not None and lane.unhealthy is not None:
         raise ApiError(503, f"the engine cannot synthesize now: {lane.unhealthy}",
-                       code="engine_unavailable", type="server_error")
+                       code="engine_unavailable")
 
 
 def _speech_rejected(gateway: Gateway, error: ApiError) -> None:
@@ -696,8 +707,7 @@ class SpeechApi:
         # grace for the body, then cancel the request (a bare 500 and a traceback)
         body = await unless_stopped(_read_json(request), gw.http.stopping.wait())
         if body is None:
-            raise ApiError(503, "the gateway is shutting down", code="shutting_down",
-                           type="server_error")
+            raise ApiError(503, "the gateway is shutting down", code="shutting_down")
         params = parse_speech(body.result(), gw)
         voice = params.voice or gw.configured_voice
         lane = gw.lane_for_voice(voice)
@@ -710,7 +720,7 @@ class SpeechApi:
         if len(gw.http.streams) >= (most := gw.config.server.max_speech_requests):
             raise ApiError(503, f"{most} speech requests are open, the most this gateway "
                            "takes at once ([server] max_speech_requests); retry shortly",
-                           code="server_full", type="server_error")
+                           code="server_full")
         return params, voice, lane
 
     def _notes(self, params: SpeechParams, engine: Any) -> list[str]:
@@ -749,7 +759,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     500 ``internal_error`` in OpenAI's shape too (Starlette's own is plain text). uvicorn
     logs the traceback."""
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
-                    code="internal_error", type="server_error").response()
+                    code="internal_error").response()
 
 
 def synthesis_requests(params: SpeechParams, voice: str | None,
@@ -862,17 +872,20 @@ async def _sse(stream: SpeechStream, request: Request) -> AsyncIterator[bytes]:
         yield _sse_event(done)
     except SpeechFailed as exc:
         stream.outcome = "failed"
-        yield _sse_event({"type": "speech.audio.error",
-                          "error": {"message": exc.message, "type": "server_error",
-                                    "param": None, "code": exc.code}})
+        yield _sse_event({"type": "speech.audio.error", "error": openai_error(
+            _failed_status(exc.code), exc.code, exc.message)})
+
+
+def _failed_status(code: str) -> int:
+    """The status of a synthesis that failed with ``code`` (docs/http-api.md, Errors)."""
+    return 503 if code in ("shutting_down", "engine_unavailable") else \
+        504 if code == "engine_timeout" else \
+        500 if code in ("internal_error", "encoder_failed") else 502
 
 
 def _failure(exc: SpeechFailed, headers: dict[str, str]) -> Response:
     """The answer to a synthesis that failed before any audio went out."""
-    status = 503 if exc.code in ("shutting_down", "engine_unavailable") else \
-        504 if exc.code == "engine_timeout" else \
-        500 if exc.code in ("internal_error", "encoder_failed") else 502
-    return ApiError(status, exc.message, code=exc.code, type="server_error").response(headers)
+    return ApiError(_failed_status(exc.code), exc.message, code=exc.code).response(headers)
 
 
 _Data = TypeVar("_Data", bytes, bytes | memoryview)
@@ -1177,8 +1190,7 @@ class _H11(H11Protocol):
         # (uvicorn's own WARNING for it, with neither peer nor reason, is filtered out)
         self._refused("invalid_http", "HTTP request from %s refused (400): %s", msg)
         # OpenAI's error shape, as every other refusal (uvicorn's is plain text)
-        body = orjson.dumps({"error": {"message": msg, "type": "invalid_request_error",
-                                       "param": None, "code": "invalid_http"}})
+        body = orjson.dumps({"error": openai_error(400, "invalid_http", msg)})
         for event in (h11.Response(status_code=400, reason=b"Bad Request", headers=[
                           (b"content-type", b"application/json"),
                           (b"content-length", str(len(body)).encode()),

@@ -71,7 +71,13 @@ from gateway.io.connection import (
     gateway_socket,
     job_deadline,
 )
-from gateway.io.http_api import SERVING, SHUTDOWN_GRACE_S, HttpServer, models_body
+from gateway.io.http_api import (
+    SERVING,
+    SHUTDOWN_GRACE_S,
+    HttpServer,
+    models_body,
+    openai_error,
+)
 from gateway.io.lanes import Lane, OutOfReach
 from gateway.io.listen import free_port, note_plain_http
 from gateway.io.log_limit import LogLimit, limited, log_refused, peer_text
@@ -556,11 +562,10 @@ class Gateway:
         most likely an OpenAI client given this port for ``--http-port``'s. The voice path
         takes only the GET that opens a WebSocket: its 405 to a HEAD said HEAD was allowed."""
         allowed = "GET" if path.split("?", 1)[0] == VOICE_PATH else "GET, HEAD"
-        response = _json_response(http.HTTPStatus.METHOD_NOT_ALLOWED, {"error": {
-            "code": "method_not_allowed",
-            "message": f"{method[:20]} is not allowed here on the voice port ({allowed}); "
-                       f"the HTTP API (POST /v1/audio/speech) is on port {self.http_port} "
-                       f"(--http-port)"}})
+        response = _error_response(
+            http.HTTPStatus.METHOD_NOT_ALLOWED, "method_not_allowed",
+            f"{method[:20]} is not allowed here on the voice port ({allowed}); the HTTP API "
+            f"(POST /v1/audio/speech) is on port {self.http_port} (--http-port)")
         response.headers["Allow"] = allowed
         return response
 
@@ -606,8 +611,7 @@ class Gateway:
             return _json_response(http.HTTPStatus.OK, models_body(self))
         if (page := static_response(path)) is not None:  # the browser console
             return page
-        return _json_response(http.HTTPStatus.NOT_FOUND,
-                              {"error": {"code": "not_found", "message": f"no route {path}"}})
+        return _error_response(http.HTTPStatus.NOT_FOUND, "not_found", f"no route {path}")
 
     def _refuse(self, connection: ServerConnection, request: Request,
                 status: http.HTTPStatus, code: str, message: str) -> Response:
@@ -618,7 +622,7 @@ class Gateway:
         self.metrics.errors[code] += 1
         log_refused(log, request.path, peer_text(connection.remote_address), status, code,
                     message)
-        return _json_response(status, {"error": {"code": code, "message": message}})
+        return _error_response(status, code, message)
 
     def plain_http_refused(self, port: str, scheme: str) -> None:
         """A client spoke plain HTTP to ``port``, which serves TLS (``note_plain_http``):
@@ -915,6 +919,11 @@ def _json_response(status: http.HTTPStatus, body: dict[str, Any]) -> Response:
     headers = Headers([("Content-Type", "application/json"),
                        ("Content-Length", str(len(data))), ("Cache-Control", "no-store")])
     return Response(status.value, status.phrase, headers, data)
+
+
+def _error_response(status: http.HTTPStatus, code: str, message: str) -> Response:
+    """An error in OpenAI's shape, the HTTP API port's (``openai_error``)."""
+    return _json_response(status, {"error": openai_error(status.value, code, message)})
 
 
 def freeze_startup_heap() -> int:
