@@ -191,6 +191,26 @@ async def test_both_ports_answer_errors_in_openais_whole_shape(gateway):
         assert error["type"] == "invalid_request_error" and error["param"] is None, name
 
 
+@pytest.mark.parametrize("port", ["http_port", "port"])
+async def test_the_sdk_retrieves_the_models_listed_on_either_port(gateway, port):
+    """``GET /v1/models/{id}`` is answered wherever ``/v1/models`` is (the voice port had
+    only the list, and answered the SDK's ``models.retrieve`` 404 ``not_found``): a model
+    the list names, 200 with its entry; any other (``tts-1``, which a speech request's
+    ``model`` may say), 404 ``model_not_found``."""
+    url = f"http://127.0.0.1:{getattr(gateway, port)}/v1"
+    client = openai.AsyncOpenAI(base_url=url, api_key="not-needed", max_retries=0)
+    listed = [m async for m in client.models.list()]
+    model = await client.models.retrieve("espeak")
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.models.retrieve("tts-1")
+    await client.close()
+    assert [m.id for m in listed] == ["espeak"] and model.object == "model"
+    assert model.to_dict() == listed[0].to_dict()  # the list's entry, every field
+    assert (missing.value.code, missing.value.type, missing.value.param) == (
+        "model_not_found", "invalid_request_error", "model")
+    assert "'tts-1'" in missing.value.message
+
+
 async def test_a_voice_named_in_other_letter_case_is_the_listed_one(gateway):
     """"EN-US" for the listed "en-us" (a model card's "Serena" for a checkpoint's "serena")
     was refused as an unknown voice. It is that voice, spoken, with no note of a default

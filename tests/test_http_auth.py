@@ -65,7 +65,7 @@ async def test_http_api_requires_a_token_except_health(gateway):
 async def test_voice_port_routes_need_the_token_too(gateway):
     base = f"http://127.0.0.1:{gateway.port}"
     async with httpx.AsyncClient(base_url=base) as http:
-        for path in ("/metrics", "/v1/models"):
+        for path in ("/metrics", "/v1/models", "/v1/models/synthetic"):
             refused = await http.get(path)
             assert refused.status_code == 401
             # RFC 9110's "MUST" for a 401, and what docs/http-api.md says both ports send

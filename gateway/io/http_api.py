@@ -633,12 +633,7 @@ class SpeechApi:
         return _json(200, models_body(self.gateway))
 
     async def model(self, request: Request) -> Response:
-        model_id = request.path_params["model_id"]
-        for model in models_body(self.gateway)["data"]:
-            if model["id"] == model_id:
-                return _json(200, model)
-        return ApiError(404, f"no model {_shown(model_id)}; GET /v1/models lists them",
-                        code="model_not_found", param="model").response()
+        return _json(*model_body(self.gateway, request.path_params["model_id"]))
 
     async def voices(self, request: Request) -> Response:
         gw = self.gateway
@@ -789,6 +784,19 @@ def models_body(gateway: Gateway) -> dict[str, Any]:
         "streams": getattr(lane.engine, "streams", True),
         "voices": len(gateway.lane_voices.get(lane.name, ())),
         "sample_rate": OUTPUT_RATE} for model_id, lane in gateway.engine_lanes().items()]}
+
+
+def model_body(gateway: Gateway, model_id: str) -> tuple[int, dict[str, Any]]:
+    """``GET /v1/models/{model_id}`` on either port (the SDK's ``models.retrieve``): the
+    status and body, 200 with the model ``/v1/models`` lists under that id, else 404
+    ``model_not_found``. ``tts-1`` and other names a speech request's ``model`` may give
+    (it takes any) are not listed, so not found: the list says what is loaded."""
+    for model in models_body(gateway)["data"]:
+        if model["id"] == model_id:
+            return 200, model
+    return 404, {"error": openai_error(
+        404, "model_not_found", f"no model {_shown(model_id)}; GET /v1/models lists them",
+        "model")}
 
 
 async def _read_json(request: Request) -> Any:

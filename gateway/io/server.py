@@ -75,6 +75,7 @@ from gateway.io.http_api import (
     SERVING,
     SHUTDOWN_GRACE_S,
     HttpServer,
+    model_body,
     models_body,
     openai_error,
 )
@@ -88,6 +89,8 @@ from gateway.io.telemetry import Telemetry
 log = logging.getLogger("gateway")
 
 VOICE_PATH = "/v1/voice"
+MODELS_PATH = "/v1/models/"
+"""Where the voice port answers one model, as the HTTP API port does (``model_body``)."""
 WS_MAX_SIZE = 1024 * 1024
 """Frames above this are refused by the WebSocket layer itself (close 1009); frames between
 ``MAX_MESSAGE_BYTES`` and this get a ``message_too_large`` error event."""
@@ -577,8 +580,8 @@ class Gateway:
                                 "forbidden_host", why)
         tokens = self.config.server.tokens
         # like the HTTP API port: everything but /health and the console page needs a token
-        if path in (VOICE_PATH, "/metrics", "/v1/models") and tokens and \
-                not check_token(request, tokens):
+        if (path in (VOICE_PATH, "/metrics", "/v1/models") or path.startswith(MODELS_PATH)) \
+                and tokens and not check_token(request, tokens):
             refused = self._refuse(connection, request, http.HTTPStatus.UNAUTHORIZED,
                                    "unauthorized", UNAUTHORIZED)
             refused.headers.update(CHALLENGE)  # (as the HTTP API port's 401 has it)
@@ -609,6 +612,9 @@ class Gateway:
                                                 ("Content-Length", str(len(data)))]), data)
         if path == "/v1/models":
             return _json_response(http.HTTPStatus.OK, models_body(self))
+        if path.startswith(MODELS_PATH):  # the HTTP API port's answer (the SDK's retrieve)
+            code, model = model_body(self, urllib.parse.unquote(path[len(MODELS_PATH):]))
+            return _json_response(http.HTTPStatus(code), model)
         if (page := static_response(path)) is not None:  # the browser console
             return page
         return _error_response(http.HTTPStatus.NOT_FOUND, "not_found", f"no route {path}")
