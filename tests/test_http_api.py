@@ -752,7 +752,8 @@ async def test_speech_requests_beyond_the_bound_get_503_server_full(replies):
                                                                 "response_format": "pcm"})
             m = metrics((await client.get("/metrics")).text)
         assert again.status_code == 200 and again.content
-        assert m["gateway_http_speech_requests_total{format=-,status=rejected,stream=-}"] == 1
+        # refused after its body was read: counted with what it asked for
+        assert m["gateway_http_speech_requests_total{format=pcm,status=rejected,stream=sse}"] == 1
     finally:
         engine.release.set()
         await gw.aclose()
@@ -1547,7 +1548,8 @@ async def test_metrics_move_after_turns_and_speech(gateway):
     assert m["gateway_lane_step_seconds_sum{lane=cpu}"] == pytest.approx(
         gateway.lane.stats.busy_s)
     assert m["gateway_http_speech_requests_total{format=pcm,status=completed,stream=whole}"] == 1
-    assert m["gateway_http_speech_requests_total{format=-,status=rejected,stream=-}"] == 1
+    # refused after its body was read: counted with what it asked for (mp3, the default)
+    assert m["gateway_http_speech_requests_total{format=mp3,status=rejected,stream=chunked}"] == 1
     assert m["gateway_llm_tokens_per_second{}"] > 0
     assert m["gateway_connections_opened_total{}"] == m["gateway_sessions_opened_total{}"] == 1
     assert m["gateway_sessions_resumed_total{}"] == 0
@@ -1557,6 +1559,32 @@ async def test_metrics_move_after_turns_and_speech(gateway):
     assert "gateway_gc_pause_seconds_count{generation=2}" in m
     assert "gateway_turn_ttfa_seconds_count" in voice_port
     assert "_created" not in text  # a timestamp per series doubled the scrape for nothing
+
+
+async def test_a_refused_request_is_counted_with_the_format_it_asked_for(gateway):
+    """A request refused after its body was read is counted with its format and mode (it
+    was ``-`` and ``-``, as for one refused before); a format or mode this gateway does not
+    serve stays ``-``, so no client string ever becomes a label."""
+    refused = [
+        ({"input": "", "response_format": "wav", "stream": False}, ("wav", "whole")),
+        ({"input": "Hi.", "voice": "klingon", "response_format": "flac"}, ("flac", "chunked")),
+        ({"input": "Hi.", "stream_format": "sse", "speed": 9}, ("pcm", "sse")),
+        ({"input": "Hi.", "response_format": "ogg"}, ("-", "-")),
+        ({"input": "Hi.", "stream_format": "sse", "response_format": "mp3"}, ("-", "-")),
+        ({"input": "Hi.", "stream": "yes"}, ("-", "-")),
+        (["not", "an", "object"], ("-", "-")),
+    ]
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        for body, _ in refused:
+            assert (await client.post("/v1/audio/speech", json=body)).status_code == 400
+        m = metrics((await client.get("/metrics")).text)
+    counted = {k: v for k, v in m.items()
+               if k.startswith("gateway_http_speech_requests_total{") and v}
+    expected: dict[str, float] = {}
+    for _, (fmt, mode) in refused:
+        key = f"gateway_http_speech_requests_total{{format={fmt},status=rejected,stream={mode}}}"
+        expected[key] = expected.get(key, 0) + 1
+    assert counted == expected
 
 
 async def test_models_and_voices(gateway):

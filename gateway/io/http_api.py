@@ -198,9 +198,28 @@ class SpeechParams:
 
     @property
     def mode(self) -> str:
-        if self.stream_format == "sse":
-            return "sse"
-        return "chunked" if self.stream else "whole"
+        return _mode(self.stream_format, self.stream)
+
+
+def _mode(stream_format: str, stream: bool) -> str:
+    """How a response goes out (the ``stream`` label): ``sse``, ``chunked`` or ``whole``."""
+    if stream_format == "sse":
+        return "sse"
+    return "chunked" if stream else "whole"
+
+
+def asked_labels(body: Any) -> tuple[str, str]:
+    """The ``format`` and ``stream`` labels of a speech request refused after its body was
+    read: the format and mode it asked for (or would have had by default), when they are
+    ones this gateway serves, else ``-`` (a label never takes the client's own string: one
+    client could make a series per request)."""
+    if not isinstance(body, dict):
+        return "-", "-"
+    try:
+        stream_format, response_format, stream = _formats(body)
+    except ApiError:
+        return "-", "-"
+    return response_format, _mode(stream_format, stream)
 
 
 def default_format(stream_format: str) -> str:
@@ -576,10 +595,12 @@ def _refuse_speech_now(gateway: Gateway, lane: Lane | None) -> None:
                        code="engine_unavailable")
 
 
-def _speech_rejected(gateway: Gateway, error: ApiError) -> None:
-    """A speech request refused before any synthesis: counted, and its one log line (a
-    few a minute of each code: ``LogLimit``)."""
-    gateway.telemetry.http_speech.labels("-", "-", "rejected").inc()
+def _speech_rejected(gateway: Gateway, error: ApiError,
+                     labels: tuple[str, str] = ("-", "-")) -> None:
+    """A speech request refused before any synthesis: counted (with ``labels``, its format
+    and mode, once its body was read: ``asked_labels``), and its one log line (a few a
+    minute of each code: ``LogLimit``)."""
+    gateway.telemetry.http_speech.labels(*labels, "rejected").inc()
     log.info("speech rejected: %d %s: %s", error.status, error.code, error.message,
              extra=limited(f"speech {error.code}"))
 
@@ -652,7 +673,7 @@ class SpeechApi:
             log.info("speech disconnected (499) while sending its request")
             return Response(status_code=499)
         except ApiError as error:
-            _speech_rejected(gw, error)
+            _speech_rejected(gw, error, getattr(request.state, "asked", ("-", "-")))
             return error.response({"Retry-After": "1"} if error.status == 503 else None)
         fmt, mode = params.response_format, params.mode
         request.state.speech_uncounted = (fmt, mode)  # (a bug's 500 counts it: _internal_error)
@@ -703,6 +724,7 @@ class SpeechApi:
         body = await unless_stopped(_read_json(request), gw.http.stopping.wait())
         if body is None:
             raise ApiError(503, "the gateway is shutting down", code="shutting_down")
+        request.state.asked = asked_labels(body.result())  # (counted so if refused)
         params = parse_speech(body.result(), gw)
         voice = params.voice or gw.configured_voice
         lane = gw.lane_for_voice(voice)
