@@ -328,6 +328,9 @@ class FallbackStream:
         self._primary_error: EngineError | None = None
         """Why the primary gave this segment to the fallback (None: it did not)."""
         self.truncated = False
+        self.notes: tuple[str, ...] = ()
+        """The ``notes`` of the engine's stream that spoke the segment (an ``http``
+        engine's: what its server said it did not do as asked), kept as it closes."""
         self._produced = False
         self._first_step_done = False
         self._slow = False
@@ -454,6 +457,7 @@ class FallbackStream:
         again)."""
         inner, self._inner = self._inner, None
         if inner is not None:
+            self.notes = tuple(getattr(inner, "notes", ()))
             try:
                 inner.close()
             except Exception:

@@ -11,6 +11,15 @@ URL to which ``/audio/speech`` is appended):
     request ``{..., "response_format": "pcm", "stream": true, "streaming_interval": 0.32}``;
     a chunked body of raw PCM16 LE.
 
+Style instructions (the HTTP API's ``instructions``, ``SynthesisRequest.options``) go on as
+OpenAI's ``instructions`` (SSE: OpenAI's gpt-4o-mini-tts takes them, and so does another
+gateway) or mlx-audio's ``instruct`` (``pcm``; its server ignores an ``instructions`` it does
+not know), unless the engine's ``instructions`` option says the server does not take them
+(by default: not to OpenAI's ``tts-1`` and ``tts-1-hd``, which its reference says they do
+not work with). The server may still ignore them: a gateway says so in its
+``speech.audio.done`` event's ``notes``, which the stream keeps (``notes``) for the HTTP API
+to pass on.
+
 One ``step`` returns the next piece of audio as it arrives (one SSE delta, or one network
 chunk of the raw body), so the lane is not held longer than the server's own pacing. The
 synchronous ``httpx.Client`` is shared by all streams of the engine, each request on a
@@ -57,6 +66,16 @@ is 5.8 min of 24 kHz PCM16 in base64 in one event: more than the longest segment
 characters) takes to say, for a server that answers a sentence in one event."""
 
 
+OPENAI_WITHOUT_INSTRUCTIONS = frozenset({"tts-1", "tts-1-hd"})
+"""OpenAI's speech models that its API reference says ``instructions`` do not work with
+(whether it then refuses or ignores them, the reference does not say): style instructions
+are not sent to them unless the ``instructions`` option asks."""
+MAX_NOTES = 8
+"""Most notes a stream keeps of a server's ``speech.audio.done`` (``_notes_of``)."""
+MAX_NOTE_CHARS = 300
+"""Longest note kept; a longer one is cut (a server's text goes into a response header)."""
+
+
 class HttpTtsEngine:
     name = "http"
     lane = "remote"
@@ -77,6 +96,7 @@ class HttpTtsEngine:
         reads_digits: bool = True,
         extra_body: dict[str, Any] | None = None,
         parallel_steps: int = 8,
+        instructions: bool | None = None,
     ) -> None:
         if format not in ("sse", "pcm"):
             raise ValueError(f"format must be 'sse' or 'pcm', not {format!r}")
@@ -99,6 +119,11 @@ class HttpTtsEngine:
         self.format = format
         self.streaming_interval = streaming_interval
         self.reads_digits = reads_digits
+        self.instructions = model not in OPENAI_WITHOUT_INSTRUCTIONS if instructions is None \
+            else instructions
+        """Whether style instructions go on to the server (the HTTP API notes them ignored
+        otherwise): the ``instructions`` option, by default true but for OpenAI's models
+        that do not take them."""
         self.extra_body = dict(extra_body or {})
         self.probe_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._headers = {**UNCOMPRESSED, **self.probe_headers}
@@ -187,6 +212,8 @@ class HttpTtsEngine:
         for key in ("temperature", "top_p", "seed"):
             if (value := getattr(request, key)) is not None:
                 body[key] = value
+        if self.instructions and (style := request.options.get("instructions")):
+            body["instructions" if self.format == "sse" else "instruct"] = style
         if self.format == "sse":
             body["stream_format"] = "sse"
         else:
@@ -247,6 +274,10 @@ class HttpTtsStream:
         self._carry = b""  # an odd trailing byte waits for its partner
         self._done = False
         self._interrupted = False
+        self.notes: tuple[str, ...] = ()
+        """What the server said the request did not get as asked (another gateway's
+        ``speech.audio.done`` ``notes``: instructions its engine ignored, ...), once it
+        ended; read by the lane when the job is done (``Lane``, ``JobSink.on_done``)."""
         self._socket: socket.socket | None = None
         """The socket of this stream's connection while the stream uses it."""
         self._socket_lock = threading.Lock()
@@ -415,6 +446,7 @@ class HttpTtsStream:
             if kind == "speech.audio.delta":
                 yield base64.b64decode(event.get("audio", ""))
             elif kind == "speech.audio.done":
+                self.notes = _notes_of(event)
                 return
             elif kind in ("speech.audio.error", "error"):
                 raise EngineError("engine_failed", f"TTS server error: {_error_message(event)}")
@@ -440,6 +472,16 @@ def _error_message(event: Any) -> str:
     if isinstance(err, dict):
         return str(err.get("message", json.dumps(err)))
     return str(err)
+
+
+def _notes_of(event: dict[str, Any]) -> tuple[str, ...]:
+    """The ``notes`` of a ``speech.audio.done`` event (a gateway's), bounded: the first
+    ``MAX_NOTES`` strings, each cut to ``MAX_NOTE_CHARS``; anything else in their place is
+    left out."""
+    notes = event.get("notes")
+    if not isinstance(notes, list):
+        return ()
+    return tuple(note[:MAX_NOTE_CHARS] for note in notes[:MAX_NOTES] if isinstance(note, str))
 
 
 def _pcm_of(pieces: Iterator[bytes]) -> Iterator[bytes]:

@@ -834,7 +834,7 @@ async def test_a_lane_says_once_that_sentences_wait_for_a_stream_while_they_do(c
             if job.owner in "yx" and not (job.owner == "y" and ended["x"].done()):
                 deadlines[job.owner] = loop.time() + 60.0  # its listener holds audio
 
-        def on_done(self, job, truncated=False) -> None:
+        def on_done(self, job, truncated=False, notes=()) -> None:
             ended[job.owner].set_result(job.owner)
             if job.owner == "x":
                 deadlines["y"] = 0.0  # y's listener is short of audio now
@@ -895,7 +895,7 @@ async def test_a_probe_does_not_end_a_failing_spell_whose_last_failure_was_an_en
         def on_audio(self, job, pcm, engine, ready_at) -> None:
             pass
 
-        def on_done(self, job, truncated=False) -> None:
+        def on_done(self, job, truncated=False, notes=()) -> None:
             self.failed.set_exception(AssertionError("done"))
 
         def on_failed(self, job, code, message) -> None:

@@ -62,6 +62,54 @@ def test_sse_deltas_are_returned_one_per_step(sse_server, engine_for):
     }
 
 
+@pytest.mark.parametrize(("model", "option", "fmt", "sent"), [
+    ("gpt-4o-mini-tts", None, "sse", {"instructions": "whisper"}),
+    ("qwen3", None, "pcm", {"instruct": "whisper"}),  # mlx-audio's name for them
+    ("tts-1", None, "sse", {}),  # OpenAI's reference: they do not work with tts-1
+    ("tts-1-hd", True, "sse", {"instructions": "whisper"}),  # unless the option says so
+    ("gpt-4o-mini-tts", False, "sse", {}),
+])
+def test_instructions_go_on_under_the_servers_name(sse_server, model, option, fmt, sent):
+    """Style instructions never left the gateway (the HTTP API noted them ignored for any
+    ``http`` engine): they go on as OpenAI's ``instructions``, or mlx-audio's ``instruct``
+    (its server ignores a field it does not know), but to a model said not to take them."""
+    server, url = sse_server
+    server.script = [delta(b"\x01\x00"), DONE]
+    engine = HttpTtsEngine(url, model=model, format=fmt, instructions=option)
+    engine.load()
+    try:
+        assert engine.instructions is bool(sent)
+        stream = engine.open(SynthesisRequest("Hi.", options={"instructions": "whisper"}))
+        with contextlib.suppress(EngineError):  # (the double answers SSE: not raw PCM)
+            run(stream)
+        plain = engine.open(SynthesisRequest("Hi."))
+        with contextlib.suppress(EngineError):
+            run(plain)
+    finally:
+        engine.close()
+    styled, unstyled = server.requests
+    assert {k: v for k, v in styled.items() if k.startswith("instruct")} == sent
+    assert not any(k.startswith("instruct") for k in unstyled)
+
+
+def test_the_notes_of_a_servers_done_event_are_kept_bounded(sse_server, engine_for):
+    """Another gateway says in ``speech.audio.done`` what it did not do as asked; the stream
+    keeps those notes (the lane hands them to the HTTP API), bounded: a server's text goes
+    into a response header."""
+    server, _ = sse_server
+    notes = ["instructions ignored: engine espeak does not take them", 7, "x" * 1000,
+             *[f"note {i}" for i in range(20)]]
+    server.script = [delta(b"\x01\x00"), {"type": "speech.audio.done", "notes": notes}]
+    stream = engine_for().open(SynthesisRequest("Hi."))
+    run(stream)
+    assert stream.notes[0] == notes[0] and stream.notes[1] == "x" * 300
+    assert len(stream.notes) == 7  # the first 8 items, the one not a string left out
+    server.script = [delta(b"\x01\x00"), {"type": "speech.audio.done", "notes": "said"}]
+    stream = engine_for().open(SynthesisRequest("Hi."))
+    run(stream)
+    assert stream.notes == ()
+
+
 def test_odd_byte_counts_are_carried_to_the_next_step(sse_server, engine_for):
     server, _ = sse_server
     server.script = [delta(b"\x01"), delta(b"\x00\x02\x00\x03"), delta(b"\x00"), DONE]
@@ -1064,3 +1112,77 @@ async def test_a_voice_the_tts_server_lacks_does_not_move_everyone_to_the_fallba
     assert health["engine"]["fallback"]["breaker_state"] == "closed"
     assert health["engine"]["fallback"]["switches"] == 4
     assert health["engine"]["fallback"]["consecutive_failures"] == 0
+
+
+# --- chained to another gateway ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("styled", "fallback"), [(True, None), (False, None),
+                                                 (False, "espeak")],
+                         ids=["takes-them", "espeak", "espeak-behind-a-fallback"])
+async def test_instructions_reach_the_gateway_behind_and_its_notes_come_back(start_gateway,
+                                                                              styled, fallback):
+    """An ``http`` engine chained to another gateway (whose qwen3 takes style instructions)
+    never passed them on, and the answer said "engine http does not take them". They go
+    on now; what the gateway behind did not do with them (its espeak takes none) comes back
+    in the notes, of a whole file and of SSE alike, so ``X-Speech-Notes`` stays true. The
+    official SDK against two real gateways."""
+    import openai
+    import orjson
+
+    from tests.test_fallback_engine import FakeClock, ScriptedEngine
+
+    class Styled(ScriptedEngine):  # TEST DOUBLE: a voice that takes style instructions
+        instructions = True
+
+    voice = Styled("qwen3", FakeClock()) if styled else None
+    behind = await start_gateway(engine=voice)
+    gw = await start_gateway(tts={"engine": "http", "fallback": fallback,
+                                  "url": f"http://127.0.0.1:{behind.http_port}/v1"})
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{gw.http_port}/v1",
+                                api_key="not-needed", max_retries=0)
+    asked = {"model": "tts", "voice": behind.default_voice, "input": "Hello there.",
+             "instructions": "whisper", "response_format": "pcm"}
+    whole = await client.audio.speech.with_raw_response.create(
+        **asked, extra_body={"stream": False})
+    async with client.audio.speech.with_streaming_response.create(
+            **asked, stream_format="sse") as response:
+        events = [orjson.loads(line[6:]) async for line in response.iter_lines()
+                  if line.startswith("data: ")]
+    await client.close()
+    done = events[-1]
+    assert whole.http_response.status_code == 200 and whole.http_response.content
+    assert done["type"] == "speech.audio.done"
+    if styled:
+        assert [r.options.get("instructions") for r in voice.opened] == ["whisper"] * 2
+        assert "x-speech-notes" not in whole.headers and "notes" not in done
+    else:
+        note = "TTS server: instructions ignored: engine espeak does not take them"
+        assert whole.headers["x-speech-notes"] == note and done["notes"] == [note]
+
+
+async def test_an_answer_passes_on_a_bounded_number_of_a_servers_notes(sse_server,
+                                                                     start_gateway):
+    """A server whose every segment says something new (a buggy one, or not a gateway)
+    grew the answer's X-Speech-Notes with each segment (40 segments: 320 notes, ~100 KB
+    of header, past what a proxy such as nginx takes); an answer passes on at most
+    ``MAX_SERVER_NOTES`` of them."""
+    import httpx
+
+    from engines.http_tts import MAX_NOTE_CHARS
+    from gateway.io.http_api import MAX_SERVER_NOTES
+
+    server, url = sse_server
+    server.script = lambda body: [delta(b"\x01\x00"), {
+        "type": "speech.audio.done",
+        "notes": [f"request {len(server.requests)}, note {i} " + "x" * 400 for i in range(8)]}]
+    gw = await start_gateway(tts={"engine": "http", "url": url})
+    text = " ".join(f"Sentence number {i} is here." for i in range(40))
+    async with httpx.AsyncClient() as client:
+        whole = await client.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
+                                  json={"input": text, "response_format": "pcm",
+                                        "stream": False})
+    assert whole.status_code == 200 and len(server.requests) > 1  # several segments
+    notes = whole.headers["x-speech-notes"].split("; ")
+    assert len(notes) == MAX_SERVER_NOTES
+    assert all(len(n) == len("TTS server: ") + MAX_NOTE_CHARS for n in notes)

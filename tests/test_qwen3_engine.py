@@ -611,7 +611,7 @@ async def test_its_lane_keeps_no_more_streams_open_than_max_open_streams(
             if job.owner == "a":  # a barge-in after its first audio: its stream is closed
                 asyncio.get_running_loop().call_soon(cancel, "a")
 
-        def on_done(self, job, truncated=False) -> None:
+        def on_done(self, job, truncated=False, notes=()) -> None:
             self.ended[job.owner].set_result("done")
 
         def on_failed(self, job, code, message) -> None:

@@ -487,9 +487,11 @@ class SessionRunner:
                 self._trace_frames[id(first)] = ready_at
         self._apply(effects)
 
-    def on_done(self, job: Job, truncated: bool = False) -> None:
+    def on_done(self, job: Job, truncated: bool = False, notes: tuple[str, ...] = ()) -> None:
         # (a truncated segment ends where the engine stopped, its frames gapless, and the
-        # breaker sends the next segments elsewhere; its sentence.done says it was cut)
+        # breaker sends the next segments elsewhere; its sentence.done says it was cut. A
+        # server's notes are told to the HTTP API's clients, in X-Speech-Notes; protocol.md
+        # has no field for them)
         payload: SynthesisJob = job.payload
         self.gateway.job_succeeded(job)
         self._apply(self.session.synthesis_done(_turn_of(job), payload.index, self.now(),

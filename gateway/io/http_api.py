@@ -109,6 +109,11 @@ BYTES_PER_S = OUTPUT_RATE * 2
 MAX_BUFFERED_S = 60.0
 """Unread audio one response may hold, while its client holds it up, before it fails with
 ``slow_consumer``."""
+MAX_SERVER_NOTES = 8
+"""Most notes one answer passes on from an ``http`` engine's server (each at most
+``engines.http_tts.MAX_NOTE_CHARS``): they go into ``X-Speech-Notes``. Unbounded, a server
+saying something new at each segment made a 40-segment answer's header ~100 KB (320
+notes), past what a proxy takes (nginx's ``proxy_buffer_size``: 4 or 8 KiB by default)."""
 LOW_WATER_CHUNKS = 8
 """The next segment is submitted once the reader has this few chunks left unread."""
 WHOLE_SLICE_BYTES = 64 * 1024
@@ -413,6 +418,8 @@ class SpeechStream:
     outruns by far on a long segment (espeak's digits: 70 s of audio in 400 characters)."""
     _next: int = 0
     _waiting_next: bool = False
+    _server_notes: int = 0
+    """Notes of the engine's server taken so far (at most ``MAX_SERVER_NOTES``)."""
 
     def start(self) -> None:
         self.gateway.http.opened(self)
@@ -452,9 +459,14 @@ class SpeechStream:
             return
         self.queue.put_nowait(pcm)
 
-    def on_done(self, job: Job, truncated: bool = False) -> None:
+    def on_done(self, job: Job, truncated: bool = False, notes: tuple[str, ...] = ()) -> None:
         if self.finished:
             return
+        for note in notes:  # (each segment's request says it again: once is enough)
+            said = f"TTS server: {note}"
+            if said not in self.notes and self._server_notes < MAX_SERVER_NOTES:
+                self._server_notes += 1
+                self.notes.append(said)
         if truncated:
             index = job.payload.index
             after = " (the fallback engine spoke the segments after it)" \

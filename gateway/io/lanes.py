@@ -112,10 +112,11 @@ class JobSink(Protocol):
 
     def on_audio(self, job: Job, pcm: bytes, engine: str, ready_at: float) -> None:
         """``ready_at``: ``time.perf_counter()`` when the engine returned the chunk."""
-    def on_done(self, job: Job, truncated: bool = False) -> None:
+    def on_done(self, job: Job, truncated: bool = False, notes: tuple[str, ...] = ()) -> None:
         """``truncated``: the engine ended the segment early after failing mid-segment (a
         fallback engine's rule, so nothing is said twice): the rest of its text was not
-        spoken."""
+        spoken. ``notes``: what the engine's server said the segment did not get as asked
+        (an ``http`` engine's stream's ``notes``)."""
     def on_failed(self, job: Job, code: str, message: str) -> None: ...
 
 
@@ -745,13 +746,14 @@ class Lane:
             return
         if chunk is None:
             truncated = bool(getattr(job.state, "truncated", False))
+            notes = tuple(getattr(job.state, "notes", ()))
             if self.failing is not None:
                 log.info("lane %s: %s spoke a whole job again", self.name, self.engine.name)
                 self.failing = None
             self._drop(job)
             self.stats.jobs_done += 1
             self._ended(job, "done")
-            payload.sink.on_done(job, truncated)
+            payload.sink.on_done(job, truncated, notes)
             return
         if job.priority is Priority.INTERACTIVE:
             # until the engine returned: not the loop's delay in taking the result
