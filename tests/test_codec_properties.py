@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -52,6 +53,7 @@ def documented_limit(row: str) -> int:
 
 
 TEXT_CHARS = documented_limit("`transcript` / `say` text")
+EVENT_ID_CHARS = documented_limit("`event_id`")
 INSTRUCTIONS_CHARS = documented_limit("`instructions`")
 MESSAGE_BYTES = documented_limit("text frame answered with an error")
 FRAME_MS = tuple(int(ms) for ms in re.search(r"^\| `frame_ms` \| one of ([\d, ]+) \|",
@@ -61,6 +63,7 @@ FRAME_MS = tuple(int(ms) for ms in re.search(r"^\| `frame_ms` \| one of ([\d, ]+
 
 def test_the_documented_limits_were_found():
     assert (TEXT_CHARS, INSTRUCTIONS_CHARS, MESSAGE_BYTES) == (4_000, 16_000, 65_536)
+    assert EVENT_ID_CHARS == 64
     assert FRAME_MS == (20, 40, 60, 80, 100, 120)
 
 
@@ -80,10 +83,10 @@ CODES = documented_codes()
 DECODE_CODES = CODES - {"unknown_voice", "llm_unavailable", "llm_failed", "engine_failed",
                         "internal_error"}
 TYPES = ["session.update", "transcript", "say", "cancel", "playback", "ping"]
-FIELDS = ["type", "text", "turn_id", "played_ms", "session", "id", "voice", "instructions",
-          "llm", "frame_ms", "max_lead_ms", "segmenter", "model", "temperature", "max_tokens",
-          "first_min_words", "first_phrase_words", "first_max_words", "min_chars", "max_chars",
-          "quote_max_chars"]
+FIELDS = ["type", "event_id", "text", "turn_id", "played_ms", "session", "id", "voice",
+          "instructions", "llm", "frame_ms", "max_lead_ms", "segmenter", "model",
+          "temperature", "max_tokens", "first_min_words", "first_phrase_words",
+          "first_max_words", "min_chars", "max_chars", "quote_max_chars"]
 
 
 def test_documented_codes_were_found():
@@ -97,6 +100,8 @@ def test_documented_codes_were_found():
 # every code point, lone surrogates included (hypothesis excludes category Cs by default)
 any_char = st.characters(exclude_categories=())
 any_text = st.text(any_char, max_size=60)
+good_event_id = st.text(st.characters(exclude_categories=("Cs",)), min_size=1,
+                        max_size=EVENT_ID_CHARS)
 
 huge_ints = st.one_of(st.integers(), st.integers(min_value=2**63 - 2, max_value=2**64 + 2),
                       st.integers(min_value=-(2**70), max_value=2**70),
@@ -122,6 +127,8 @@ def message_like(draw):
     if draw(st.booleans()):
         obj["session"] = draw(st.one_of(
             st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4), json_values))
+    if draw(st.booleans()):  # a good one, whatever else is wrong (a wrong one: FIELDS)
+        obj["event_id"] = draw(good_event_id)
     return obj
 
 
@@ -138,15 +145,33 @@ def nested(depth: int, leaf: str = "1") -> str:
 # --- the central property: only ProtocolError, only documented codes ----------------------
 
 
+def readable_event_id(data: str | bytes) -> str | None:
+    """The ``event_id`` an ``error`` answering ``data`` must echo (protocol.md, Errors): a
+    good one (a string of 1 to 64 code points) of a text frame the gateway reads, that is a
+    JSON object; None for anything else."""
+    if not isinstance(data, str) or len(data.encode("utf-8", "surrogatepass")) > MESSAGE_BYTES:
+        return None
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    event_id = obj.get("event_id") if isinstance(obj, dict) else None
+    return event_id if isinstance(event_id, str) and 0 < len(event_id) <= EVENT_ID_CHARS \
+        else None
+
+
 def check_decode(data: str | bytes) -> None:
     """Decode and check the outcome is either an error with a documented code or a message
-    that the rest of the gateway can use without failing."""
+    that the rest of the gateway can use without failing; either way with the message's own
+    ``event_id`` when it had a readable one, else none."""
     try:
         message = decode_client(data)
     except ProtocolError as error:
         assert error.code in DECODE_CODES, error.code
         assert isinstance(error.message, str) and error.message
+        assert error.event_id == readable_event_id(data), (error.code, error.event_id)
         return
+    assert message.event_id == readable_event_id(data)
     check_valid(message)
 
 
@@ -347,13 +372,25 @@ def as_parsed(value):
 
 
 extra_fields = st.dictionaries(st.text(max_size=8).filter(parseable).filter(
-    lambda k: k not in {"type", "text", "turn_id", "played_ms", "session", "id"}),
+    lambda k: k not in {"type", "event_id", "text", "turn_id", "played_ms", "session", "id"}),
     json_values.filter(parseable), max_size=3)
 
 
 @st.composite
 def valid_messages(draw):
     """(wire object, the dataclass it must decode to)."""
+    pair = draw(valid_messages_without_event_id())
+    event_id = draw(st.one_of(st.none(), good_event_id))
+    if event_id is None:
+        if draw(st.booleans()):
+            pair[0]["event_id"] = None  # (null: as though absent)
+        return pair
+    obj, expected = pair
+    return {**obj, "event_id": event_id}, replace(expected, event_id=event_id)
+
+
+@st.composite
+def valid_messages_without_event_id(draw):
     kind = draw(st.sampled_from(TYPES))
     extra = draw(extra_fields)  # unknown fields are ignored on client messages
     match kind:
@@ -396,9 +433,91 @@ def test_valid_messages_decode_to_their_dataclass(pair, ascii_only):
     assert type(message) is type(expected)
     if isinstance(expected, ClientPing):
         assert message.id == as_parsed(expected.id)
+        assert message.event_id == expected.event_id
     else:
         assert message == expected
     check_valid(message)
+
+
+# --- event_id: the client's name for a message, echoed by the error answering it ----------
+
+GOOD = {  # every client message, as little as it takes
+    "transcript": ({"text": "Hi there"}, ClientTranscript("Hi there")),
+    "say": ({"text": "Hi there"}, ClientSay("Hi there")),
+    "cancel": ({}, ClientCancel(None)),
+    "playback": ({"turn_id": 3, "played_ms": 120}, ClientPlayback(3, 120.0)),
+    "ping": ({"id": 7}, ClientPing(7)),
+    "session.update": ({"session": {"frame_ms": 20}}, ClientSessionUpdate({"frame_ms": 20})),
+    "session.resume": ({"session_id": "s", "resume_token": "t"}, ClientResume("s", "t", None)),
+}
+
+
+@pytest.mark.parametrize("kind", GOOD)
+def test_every_message_takes_an_event_id_or_none(kind):
+    fields, expected = GOOD[kind]
+    assert expected.event_id is None
+    assert decode_client(json.dumps({"type": kind, **fields})) == expected
+    assert decode_client(json.dumps({"type": kind, **fields, "event_id": None})) == expected
+    for event_id in ("e", "evt_0123456789abcdef", "x" * EVENT_ID_CHARS, "😀" * EVENT_ID_CHARS,
+                     " ", "\u0000 ünï"):
+        got = decode_client(json.dumps({"event_id": event_id, "type": kind, **fields}))
+        assert got == replace(expected, event_id=event_id)
+
+
+@pytest.mark.parametrize("kind", GOOD)
+@pytest.mark.parametrize("event_id", [
+    "", "x" * (EVENT_ID_CHARS + 1), "😀" * (EVENT_ID_CHARS + 1), 7, 0, 1.5, True, False,
+    [], ["e1"], {}, {"id": "e1"}])
+def test_a_bad_event_id_is_an_invalid_field_naming_it_and_the_message_is_refused(kind,
+                                                                               event_id):
+    """Lengths count code points (an emoji is one): 64 emoji pass, 65 do not. A wrong one
+    refuses the message, as any field of the wrong type does (a cancel or a mark too: a
+    client that names its messages wants to hear which was refused), and the error has no
+    event_id: the message had none that could be read."""
+    fields, _ = GOOD[kind]
+    with pytest.raises(ProtocolError) as refused:
+        decode_client(json.dumps({"type": kind, **fields, "event_id": event_id}))
+    assert (refused.value.code, refused.value.event_id) == ("invalid_field", None)
+    assert refused.value.message == \
+        f"field 'event_id' must be a string of 1 to {EVENT_ID_CHARS} characters"
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    ('{"event_id":"e1"}', "invalid_message"),
+    ('{"event_id":"e1","type":null}', "invalid_message"),
+    ('{"event_id":"e1","type":"Say","text":"x"}', "unknown_type"),
+    ('{"event_id":"e1","type":"say"}', "missing_field"),
+    ('{"event_id":"e1","type":"say","text":7}', "invalid_field"),
+    ('{"event_id":"e1","type":"say","text":" "}', "invalid_field"),
+    ('{"event_id":"e1","type":"say","text":"' + "a" * 4001 + '"}', "text_too_long"),
+    ('{"type":"cancel","turn_id":-1,"event_id":"e1"}', "invalid_field"),
+    ('{"type":"playback","turn_id":1,"event_id":"e1"}', "missing_field"),
+    ('{"type":"ping","id":' + nested(254) + ',"event_id":"e1"}', "invalid_field"),
+    ('{"type":"session.update","session":{"frame_ms":30},"event_id":"e1"}', "invalid_field"),
+    ('{"type":"session.update","session":{"llm":{"top_p":1}},"event_id":"e1"}',
+     "invalid_field"),
+    ('{"type":"session.resume","resume_token":"t","event_id":"e1"}', "missing_field"),
+])
+def test_a_refused_object_names_its_event_id_wherever_the_field_is(raw, code):
+    with pytest.raises(ProtocolError) as refused:
+        decode_client(raw)
+    assert (refused.value.code, refused.value.event_id) == (code, "e1")
+
+
+@pytest.mark.parametrize(("raw", "code"), [
+    ('{"event_id":"e1","type":"ping"', "invalid_json"),
+    ('{"event_id":"e1","type":"ping","id":NaN}', "invalid_json"),
+    ('{"event_id":"e1","type":"say","text":"\\ud800"}', "invalid_json"),  # a lone surrogate
+    ('{"event_id":"e1","x":' + nested(1024) + "}", "invalid_json"),
+    ('[{"event_id":"e1","type":"ping"}]', "invalid_message"),  # not an object
+    ('"e1"', "invalid_message"),
+    ('{"event_id":"e1","type":"say","text":"' + "a" * 65_600 + '"}', "message_too_large"),
+    (b'{"event_id":"e1","type":"ping"}', "binary_not_supported"),
+])
+def test_an_error_answering_no_readable_message_has_no_event_id(raw, code):
+    with pytest.raises(ProtocolError) as refused:
+        decode_client(raw)
+    assert (refused.value.code, refused.value.event_id) == (code, None)
 
 
 # --- audio frames ----------------------------------------------------------------------------

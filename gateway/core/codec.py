@@ -25,6 +25,9 @@ MAX_MESSAGE_BYTES = 64 * 1024
 MAX_TEXT_CHARS = 4_000
 """Longest ``transcript``/``say`` text."""
 MAX_INSTRUCTIONS_CHARS = 16_000
+MAX_EVENT_ID_CHARS = 64
+"""Longest ``event_id`` a client message may carry (code points; at least one): room for a
+UUID (36) or OpenAI Realtime's own ``event_…`` ids, with a prefix."""
 FRAME_MS_CHOICES = (20, 40, 60, 80, 100, 120)
 MAX_LEAD_MS_RANGE = (100, 30_000)
 """Smallest and largest ``max_lead_ms`` a ``session.update`` may ask for. A server's own
@@ -41,13 +44,18 @@ FLAG_TURN_END = 0x02
 
 
 class ProtocolError(Exception):
-    """A client message that cannot be accepted. ``code`` is stable and documented."""
+    """A client message that cannot be accepted. ``code`` is stable and documented.
+    ``event_id``: the refused message's own (``decode_client`` sets it on what it raises for
+    an object whose ``event_id`` it could read), echoed in the ``error`` event so that a
+    client that sent several messages at once knows which one it answers."""
 
-    def __init__(self, code: str, message: str, turn_id: int | None = None) -> None:
+    def __init__(self, code: str, message: str, turn_id: int | None = None,
+                 event_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.turn_id = turn_id
+        self.event_id = event_id
 
 
 # --- client messages ---------------------------------------------------------------------
@@ -57,32 +65,40 @@ class ProtocolError(Exception):
 class ClientSessionUpdate:
     settings: dict[str, Any]
     """Validated subset of the session settings (only the keys the client sent)."""
+    event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ClientTranscript:
     text: str
+    event_id: str | None = None
+    """The client's name for the message (every message may have one): the ``error`` that
+    refuses it says it, and so does its turn's error."""
 
 
 @dataclass(frozen=True, slots=True)
 class ClientSay:
     text: str
+    event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ClientCancel:
     turn_id: int | None
+    event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ClientPlayback:
     turn_id: int
     played_ms: float
+    event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ClientPing:
     id: Any = None
+    event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +108,7 @@ class ClientResume:
     session_id: str
     resume_token: str
     last_seq: int | None
+    event_id: str | None = None
 
 
 ClientMessage = (
@@ -248,24 +265,39 @@ def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
         raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("invalid_message", "a message must be a JSON object with a 'type'")
+    event_id = obj.get("event_id")
+    if event_id is not None and (type(event_id) is not str
+                                 or not 0 < len(event_id) <= MAX_EVENT_ID_CHARS):
+        # (no event_id of its own: the client is told which field, not which message)
+        raise ProtocolError("invalid_field", "field 'event_id' must be a string of 1 to "
+                            f"{MAX_EVENT_ID_CHARS} characters")
+    try:
+        return _message(obj, event_id)
+    except ProtocolError as error:
+        error.event_id = event_id
+        raise
+
+
+def _message(obj: dict[str, Any], event_id: str | None) -> ClientMessage | ClientResume:
+    """The message ``obj`` (a JSON object) is, whose ``event_id`` (checked) is ``event_id``."""
     kind = obj.get("type")
     if not isinstance(kind, str):
         raise ProtocolError("invalid_message", "field 'type' is required and must be a string")
     match kind:
         case "transcript":
-            return ClientTranscript(_text(obj))
+            return ClientTranscript(_text(obj), event_id)
         case "say":
-            return ClientSay(_text(obj))
+            return ClientSay(_text(obj), event_id)
         case "cancel":
             turn_id = _number(obj, "turn_id", 0, 2**32 - 1, integer=True)
-            return ClientCancel(turn_id)
+            return ClientCancel(turn_id, event_id)
         case "playback":
             turn_id = _number(obj, "turn_id", 0, 2**32 - 1, integer=True, required=True)
             played = _number(obj, "played_ms", 0, 24 * 3600 * 1000, required=True)
-            return ClientPlayback(turn_id, float(played))
+            return ClientPlayback(turn_id, float(played), event_id)
         case "session.update":
             session = _field(obj, "session", dict)
-            return ClientSessionUpdate(_settings(session))
+            return ClientSessionUpdate(_settings(session), event_id)
         case "ping":
             ping_id = obj.get("id")
             try:  # the pong echoes it, one level down: refuse what cannot be encoded back
@@ -273,13 +305,14 @@ def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
             except orjson.JSONEncodeError:
                 raise ProtocolError("invalid_field", "field 'id' cannot be echoed "
                                     "(nested too deeply)") from None
-            return ClientPing(ping_id)
+            return ClientPing(ping_id, event_id)
         case "session.resume":
             session_id = _field(obj, "session_id", str)
             token = _field(obj, "resume_token", str)
             last_seq = _number(obj, "last_seq", -1, 2**32 - 1, integer=True)
             return ClientResume(session_id[:128], token[:256],
-                                None if last_seq is None or last_seq < 0 else last_seq)
+                                None if last_seq is None or last_seq < 0 else last_seq,
+                                event_id)
         case _:
             raise ProtocolError("unknown_type", f"unknown message type {kind[:64]!r}")
 
