@@ -744,6 +744,80 @@ def test_session_update_and_unknown_voice(clock):
         "v018, v019, … (144 in all; GET /v1/audio/voices lists them)")
 
 
+@pytest.mark.parametrize(("update", "code"), [
+    ({"voice": "klingon"}, "unknown_voice"),
+    ({"llm": {"model": "gpt-9"}}, "unknown_model"),
+    ({"max_lead_ms": 30_001}, "invalid_field"),
+    ({"frame_ms": 120, "max_lead_ms": 120}, "invalid_field"),
+])
+@pytest.mark.parametrize("event_id", ["u1", None])
+def test_a_session_update_refused_by_the_session_names_its_event_id(clock, update, code,
+                                                                     event_id):
+    """The refusals the session decides (after the codec took the message) say which
+    message they answer, as the codec's own do: a client sends its settings and a
+    transcript at once and must tell the update's refusal from the transcript's."""
+    s = Session("s", voices=["en-us"], llm_models=["m"])
+    (error,) = events(s.receive(ClientSessionUpdate(update, event_id), clock()))
+    assert error["error"]["code"] == code and "turn_id" not in error
+    assert error["error"].get("event_id") == event_id
+    assert ("event_id" in error["error"]) == (event_id is not None)
+
+
+def test_a_protocol_error_carries_the_event_id_of_the_message_it_refuses():
+    s = Session("s")
+    (named,) = s.protocol_error(ProtocolError("rate_limited", "wait", event_id="t9"), 0.0)
+    (unnamed,) = s.protocol_error(ProtocolError("invalid_json", "bad"), 0.0)
+    assert named.event == {"type": "error", "error": {"code": "rate_limited",
+                                                      "message": "wait", "event_id": "t9"}}
+    assert unnamed.event == {"type": "error", "error": {"code": "invalid_json",
+                                                        "message": "bad"}}
+
+
+def _llm_breaks(s, tid, clock):
+    return s.llm_failed(tid, "llm_unavailable", "connection refused", clock())
+
+
+def _llm_says_nothing(s, tid, clock):
+    return s.llm_done(tid, None, clock())
+
+
+def _engine_breaks(s, tid, clock):
+    out = s.llm_delta(tid, "One sentence here. And", clock())
+    return out + s.synthesis_failed(tid, 0, "engine_runaway", "too long", clock())
+
+
+@pytest.mark.parametrize("fail", [_llm_breaks, _llm_says_nothing, _engine_breaks,
+                                  _the_gateway_shuts_down])
+def test_a_turns_error_names_the_event_id_of_the_transcript_that_started_it(clock, fail):
+    """protocol.md (Errors): a turn's error comes long after its transcript, with other
+    messages answered between; it names that transcript's ``event_id``, a turn started
+    without one has none, and no success answer (``turn.started``, ``turn.done``,
+    ``session.updated``, ``pong``) echoes one."""
+    s = Session("s")
+    out = s.receive(ClientSessionUpdate({"frame_ms": 20}, "u1"), clock())
+    out += s.receive(ClientPing(1, "p1"), clock())
+    out += s.receive(ClientTranscript("Hello there", "t1"), clock())
+    tid = s.turn.id
+    out += s.receive(ClientPlayback(tid, 0.0, "m1"), clock())  # (named, and answered by none)
+    out += fail(s, tid, clock)
+    (error,) = events(out, "error")
+    assert error["turn_id"] == tid and error["error"]["event_id"] == "t1"
+    assert [e for e in events(out) if e["type"] != "error" and "event_id" in str(e)] == []
+    # the next turn, unnamed, fails unnamed: the name went with its own turn
+    s.receive(ClientTranscript("Again"), clock())
+    (error,) = events(fail(s, s.turn.id, clock), "error")
+    assert error["turn_id"] == s.turn.id and "event_id" not in error["error"]
+
+
+def test_a_says_error_names_the_say(clock):
+    s = Session("s")
+    out = s.receive(ClientSay("One sentence here.", "s1"), clock())
+    out += s.synthesis_failed(s.turn.id, 0, "engine_failed", "boom", clock())
+    (error,) = events(out, "error")
+    assert error == {"type": "error", "turn_id": s.turn.id, "error": {
+        "code": "engine_failed", "message": "boom", "event_id": "s1"}}
+
+
 def test_a_voice_named_in_other_letter_case_is_the_listed_one(clock):
     """The model card writes "Serena", the checkpoint lists "serena": a session asking for
     "Serena" was refused (``unknown_voice``) although every engine speaking it takes

@@ -313,6 +313,9 @@ class Turn:
     """The LLM refused the request as longer than its context with no history left to
     forget: the turn is not remembered, as any later request holding it would be too long
     as well (it cost the next turn a refused request before it was forgotten)."""
+    event_id: str | None = None
+    """The ``event_id`` of the ``transcript`` or ``say`` that started the turn: its error,
+    if it has one, says it (with ``turn_id``)."""
 
 
 class Session:
@@ -373,16 +376,16 @@ class Session:
     def receive(self, message: ClientMessage, now: float) -> list[Effect]:
         self._heard_at = now
         match message:
-            case ClientTranscript(text=text):
-                return self._start_turn("transcript", text, now)
-            case ClientSay(text=text):
-                return self._start_turn("say", text, now)
+            case ClientTranscript(text=text, event_id=event_id):
+                return self._start_turn("transcript", text, now, event_id)
+            case ClientSay(text=text, event_id=event_id):
+                return self._start_turn("say", text, now, event_id)
             case ClientCancel(turn_id=turn_id):
                 return self._cancel(turn_id, now)
             case ClientPlayback(turn_id=turn_id, played_ms=played_ms):
                 return self._playback(turn_id, played_ms, now)
-            case ClientSessionUpdate(settings=changes):
-                return self._update_settings(changes, now)
+            case ClientSessionUpdate(settings=changes, event_id=event_id):
+                return self._update_settings(changes, now, event_id)
             case ClientPing(id=ping_id):
                 event: dict[str, Any] = {"type": "pong"}
                 if ping_id is not None:
@@ -418,16 +421,18 @@ class Session:
         turn.marking = True
         return received + self._pump(turn, now)
 
-    def _update_settings(self, changes: dict[str, Any], now: float) -> list[Effect]:
-        """``session.update``: all of ``changes`` or, at the first bad one, none."""
+    def _update_settings(self, changes: dict[str, Any], now: float,
+                         event_id: str | None = None) -> list[Effect]:
+        """``session.update``: all of ``changes`` or, at the first bad one, none (refused
+        with an ``error`` that names the update's ``event_id``)."""
         voice = changes.get("voice")
         if voice is not None and self.voices is not None \
                 and voice != self.defaults.voice:  # (the server's own is always good)
             listed = listed_voice(voice, self.voices)
             if listed is None:
                 return self.protocol_error(ProtocolError(
-                    "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}"),
-                    now)
+                    "unknown_voice", f"unknown voice {voice!r}; {_voice_list(self.voices)}",
+                    event_id=event_id), now)
             changes = {**changes, "voice": listed}
         llm = changes.get("llm")
         model = llm.get("model") if isinstance(llm, dict) else None
@@ -435,18 +440,19 @@ class Session:
                 model not in self.llm_models and model != self.defaults.llm_model:
             return self.protocol_error(ProtocolError(
                 "unknown_model", f"LLM model {model!r} is not offered here; "
-                f"{_model_list(self.llm_models, self.defaults.llm_model)}"), now)
+                f"{_model_list(self.llm_models, self.defaults.llm_model)}",
+                event_id=event_id), now)
         lead, most = changes.get("max_lead_ms"), self.max_lead_ms_limit
         if lead is not None and lead > most:
             return self.protocol_error(ProtocolError(
                 "invalid_field", f"field 'max_lead_ms' must be between "
-                f"{codec.MAX_LEAD_MS_RANGE[0]} and {most}"), now)
+                f"{codec.MAX_LEAD_MS_RANGE[0]} and {most}", event_id=event_id), now)
         settings = self.settings.updated(changes, self.defaults)
         if settings.max_lead_ms <= settings.frame_ms:
             # (as merged: either may be the one this update leaves as it was)
             return self.protocol_error(ProtocolError("invalid_field", f"max_lead_ms "
                 f"({settings.max_lead_ms}) must be more than frame_ms ({settings.frame_ms}): "
-                f"{LEAD_BELOW_FRAME}"), now)
+                f"{LEAD_BELOW_FRAME}", event_id=event_id), now)
         self.settings = settings
         return [SendEvent({"type": "session.updated", "session": self.settings.to_event()})]
 
@@ -457,8 +463,10 @@ class Session:
         return max(codec.MAX_LEAD_MS_RANGE[1], self.defaults.max_lead_ms)
 
     def protocol_error(self, error: ProtocolError, now: float) -> list[Effect]:
-        event: dict[str, Any] = {"type": "error",
-                                 "error": {"code": error.code, "message": error.message}}
+        """The ``error`` event refusing a client message: with the message's ``event_id``
+        when it had one (``ProtocolError.event_id``)."""
+        event: dict[str, Any] = {"type": "error", "error": _error(error.code, error.message,
+                                                                  error.event_id)}
         if error.turn_id is not None:
             event["turn_id"] = error.turn_id
         return [SendEvent(event)]
@@ -721,7 +729,8 @@ class Session:
             return None
         return turn
 
-    def _start_turn(self, source: str, text: str, now: float) -> list[Effect]:
+    def _start_turn(self, source: str, text: str, now: float,
+                    event_id: str | None = None) -> list[Effect]:
         effects: list[Effect] = []
         if self.turn is not None and not self.turn.ended:
             effects += self._end_turn(self.turn, "cancelled", now)  # barge-in by text
@@ -732,7 +741,7 @@ class Session:
         turn = Turn(
             id=turn_id, source=source, user_text=text, started=now, settings=s,
             segmenter=Segmenter(s.segmenter, reads_digits=self.reads_digits),
-            pacer=Pacer(max_lead_ms=s.max_lead_ms, frame_ms=s.frame_ms),
+            pacer=Pacer(max_lead_ms=s.max_lead_ms, frame_ms=s.frame_ms), event_id=event_id,
         )
         self.turn = turn
         effects.append(SendEvent({"type": "turn.started", "turn_id": turn_id, "source": source}))
@@ -928,7 +937,7 @@ class Session:
             return []
         turn.failed = (code, message)
         return [SendEvent({"type": "error", "turn_id": turn.id,
-                           "error": {"code": code, "message": message}})]
+                           "error": _error(code, message, turn.event_id)})]
 
     @staticmethod
     def _stop_work(turn: Turn, segments: list[_SegmentAudio]) -> list[Effect]:
@@ -1049,6 +1058,16 @@ class Session:
             "underruns": turn.pacer.underruns,
             "sentences": len(turn.segments),
         }
+
+
+def _error(code: str, message: str, event_id: str | None) -> dict[str, Any]:
+    """An ``error`` event's ``error`` object. ``event_id``: that of the client message it
+    answers (the refused one, or the ``transcript``/``say`` that started the failed turn),
+    inside the object as OpenAI Realtime has it: the event's own top level stays free."""
+    error = {"code": code, "message": message}
+    if event_id is not None:
+        error["event_id"] = event_id
+    return error
 
 
 def _empty_reply(thought_chars: int) -> str:
