@@ -195,6 +195,70 @@ async def test_bad_input_gets_error_and_session_stays_usable(gateway):
     assert gateway.metrics.errors["invalid_json"] == 1
 
 
+async def test_errors_to_messages_sent_at_once_are_matched_by_event_id(start_gateway):
+    """protocol.md (Errors): a client that sends many messages without waiting matches each
+    error to its message by ``event_id``, not by order: the refusals the codec, the session
+    and the connection decide, and the turn's own failure, which comes after other answers.
+    What the gateway could not read as an object has no ``event_id``; successes echo none."""
+    gw = await start_gateway(server={"turns_per_minute": 1},
+                             llm={"url": "http://127.0.0.1:9/v1"})  # (nothing listens)
+    named = {
+        "u0": ({"type": "session.update", "session": {"frame_ms": 20}}, None),
+        "u1": ({"type": "session.update", "session": {"voice": "klingon"}}, "unknown_voice"),
+        "u2": ({"type": "session.update", "session": {"frame_ms": 33}}, "invalid_field"),
+        "t1": ({"type": "transcript", "text": "hello?"}, "llm_unavailable"),  # its turn's
+        "t2": ({"type": "transcript", "text": "again?"}, "rate_limited"),
+        "c1": ({"type": "cancel", "turn_id": -1}, "invalid_field"),
+        "m1": ({"type": "playback", "turn_id": 1}, "missing_field"),
+        "x1": ({}, "invalid_message"),  # no type
+        "x2": ({"type": "dance"}, "unknown_type"),
+        "r1": ({"type": "session.resume", "session_id": "s", "resume_token": "t"},
+               "invalid_message"),  # after a transcript: too late
+        "s1": ({"type": "say", "text": "a" * (MAX_TEXT_CHARS + 1)}, "text_too_long"),
+        "p1": ({"type": "ping", "id": 1}, None),
+    }
+    unnamed = [  # (an event_id in each, none readable)
+        ('{"event_id":"n1","type":"ping"', "invalid_json"),
+        ('[{"event_id":"n2","type":"ping"}]', "invalid_message"),
+        (b'{"event_id":"n3","type":"ping"}', "binary_not_supported"),
+        (orjson.dumps({"event_id": "n4", "type": "say", "text": "a" * MAX_MESSAGE_BYTES})
+         .decode(), "message_too_large"),
+        ('{"event_id":5,"type":"ping","id":2}', "invalid_field"),
+        (orjson.dumps({"event_id": "n" * 65, "type": "say", "text": "hi"}).decode(),
+         "invalid_field"),
+    ]
+    async with connect(url(gw), max_size=None) as ws:
+        await recv_event(ws, "session.created")
+        for event_id, (message, _code) in named.items():
+            await send(ws, **message, event_id=event_id)
+        for raw, _code in unnamed:
+            await ws.send(raw)
+        await send(ws, type="ping", id="end")
+        errors, answers, turn_done = [], [], None
+        while turn_done is None or {"type": "pong", "id": "end"} not in answers:
+            event = await recv_event(ws)
+            if event["type"] == "error":
+                errors.append(event)
+            else:
+                answers.append(event)
+            if event["type"] == "turn.done":
+                turn_done = event
+    by_id = {}
+    for error in errors:
+        if "event_id" in error["error"]:
+            assert error["error"]["event_id"] not in by_id, error  # one answer each
+            by_id[error["error"]["event_id"]] = error
+    assert {k: e["error"]["code"] for k, e in by_id.items()} == {
+        k: code for k, (_m, code) in named.items() if code is not None}
+    assert by_id["t1"]["turn_id"] == turn_done["turn_id"] and turn_done["status"] == "failed"
+    assert all("turn_id" not in e for k, e in by_id.items() if k != "t1")
+    assert sorted(e["error"]["code"] for e in errors if "event_id" not in e["error"]) == \
+        sorted(code for _raw, code in unnamed)
+    assert [a for a in answers if "event_id" in orjson.dumps(a).decode()] == []
+    assert sorted(a["type"] for a in answers) == [  # (the turn may end before a pong)
+        "pong", "pong", "session.updated", "turn.done", "turn.started"]
+
+
 async def test_llm_down_fails_the_turn_with_a_clear_error(replies):
     config = load_config(server={"port": 0}, llm={"url": "http://127.0.0.1:9/v1"})
     gw = Gateway(config)

@@ -140,16 +140,19 @@ async def test_a_socket_let_in_past_the_limit_may_only_resume(start_gateway, fir
     async with connect(f"{url}?resume={created['session_id']}") as ws:
         await recv_event(ws, "session.created")
         if first == "transcript":
-            await send(ws, type="transcript", text="Hello?")
+            await send(ws, type="transcript", text="Hello?", event_id="t1")
         elif first == "wrong token":
             await send(ws, type="session.resume", session_id=created["session_id"],
-                       resume_token="nope")
+                       resume_token="nope", event_id="r1")
             failed = (await recv_event(ws))["error"]
-            assert failed["code"] == "resume_failed"
+            assert failed["code"] == "resume_failed" and failed["event_id"] == "r1"
             assert failed["message"].endswith("the gateway is full, so this socket closes")
         error = await recv_event(ws)
         assert error["error"]["code"] == "server_full"
         assert created["session_id"] in error["error"]["message"]
+        # it names the message that had the socket refused, if one did (protocol.md, Errors)
+        assert error["error"].get("event_id") == {"transcript": "t1", "wrong token": "r1",
+                                                  "silence": None}[first]
         with pytest.raises(ConnectionClosed):
             await ws.recv()
         assert (ws.close_code, ws.close_reason) == (1013, "server full")

@@ -252,8 +252,8 @@ class SessionRunner:
             if limit and len(self._turn_times) >= limit:
                 turns = "turn" if limit == 1 else "turns"
                 self.protocol_error(ProtocolError(
-                    "rate_limited", f"more than {limit} {turns} in a minute; wait and retry"),
-                    now)
+                    "rate_limited", f"more than {limit} {turns} in a minute; wait and retry",
+                    event_id=message.event_id), now)
                 return
             self._turn_times.append(now)
         mark = message if isinstance(message, codec.ClientPlayback) else None
@@ -870,13 +870,14 @@ class VoiceConnection:
                 if fresh:
                     fresh = not self._resume(decoded, now)
                     if fresh and self.resume_only is not None:
-                        self.refuse_past_limit()
+                        self.refuse_past_limit(decoded.event_id)
                 else:
                     runner.protocol_error(ProtocolError(
                         "invalid_message", "session.resume must come before any transcript, "
-                        "say or session.update, and only until one succeeds"), now)
+                        "say or session.update, and only until one succeeds",
+                        event_id=decoded.event_id), now)
             elif self.resume_only is not None and isinstance(decoded, ACTS_ON_THE_SESSION):
-                self.refuse_past_limit()
+                self.refuse_past_limit(decoded.event_id)
             else:
                 runner.receive(decoded, now)
                 fresh = fresh and not isinstance(decoded, ACTS_ON_THE_SESSION)
@@ -904,7 +905,8 @@ class VoiceConnection:
             then = ("the gateway is full, so this socket closes" if self.resume_only is not None
                     else f"continuing with the new session {fresh.session.id}")
             fresh.protocol_error(ProtocolError(
-                "resume_failed", f"cannot resume: {found}; {then}"), now)
+                "resume_failed", f"cannot resume: {found}; {then}", event_id=request.event_id),
+                now)
             return False
         old, position = found
         if old.connection is not None:
@@ -981,16 +983,18 @@ class VoiceConnection:
         if runner is not None and runner.connection is self and not runner.closed:
             runner._apply(runner.session.listener_answered(self.loop.time()))
 
-    def refuse_past_limit(self) -> None:
+    def refuse_past_limit(self, event_id: str | None = None) -> None:
         """This socket was let in past ``max_sessions`` only to resume, and did not (in
         time, at all, or a newer socket came to resume the session): tell the client, end
-        the socket's own session, close with 1013."""
+        the socket's own session, close with 1013. ``event_id``: the message that had it
+        refused (one that acts on the session, a failed ``session.resume``), if it had one."""
         runner = self.runner
         if self.resume_only is None or runner is None or runner.closed:
             return
         runner.protocol_error(ProtocolError(
             "server_full", f"the gateway is full: this socket was let in only to resume "
-                           f"{self.resume_only}; retry later"), self.loop.time())
+                           f"{self.resume_only}; retry later", event_id=event_id),
+            self.loop.time())
         self.gateway.past_limit.pop(self.ws, None)
         self._close_with = CLOSE_SERVER_FULL
         runner.close("let in past max_sessions to resume, and did not")
