@@ -7,7 +7,9 @@ its turns are in flight, then, in some examples, a drop mid-turn and a resume on
 socket that goes on with the rest of the script. Checked, per example:
 
 * every message gets exactly its answer, in order: the documented ``error`` code, or its
-  ``pong``, ``session.updated``, ``turn.started`` (nothing for a cancel or a mark);
+  ``pong``, ``session.updated``, ``turn.started`` (nothing for a cancel or a mark); every
+  other text message goes with an ``event_id``, which its error names when the message
+  is a JSON object the gateway reads, and no other answer does;
 * the stream the client saw (across the resume) keeps the order guarantees: frames gapless,
   none outside its turn, each turn started once and ended once by ``turn.done``;
 * a well-behaved session on the same gateway, run at the same time, gets exactly the audio
@@ -288,6 +290,7 @@ class Client:
     answers: list[str] = field(default_factory=list)
     log: list[dict[str, Any] | AudioFrame] = field(default_factory=list)
     """All the client received, the replay cut to what it had not (the stream as one)."""
+    sent: int = 0
 
     def message(self, send: Send) -> str | bytes:
         """The message to send, and its answer added to ``expected``."""
@@ -326,9 +329,28 @@ class Client:
                                      "resume_token": "x"}).decode()
             case "unknown_voice":
                 self.fresh = False
+        data, event_id = self.named(data)
         if answer is not None:
-            self.expected.append(answer)
+            refused = answer not in ("turn.started", "pong", "session.updated")
+            self.expected.append(f"{answer} {event_id}" if refused and event_id else answer)
         return data
+
+    def named(self, data: str | bytes) -> tuple[str | bytes, str | None]:
+        """Every other text frame that opens an object, given an ``event_id`` (the first
+        key: whatever else is wrong in it), and the ``event_id`` its error must name: none
+        when the gateway cannot read the frame as an object (protocol.md, Errors)."""
+        self.sent += 1
+        if not isinstance(data, str) or self.sent % 2 or not data.startswith("{"):
+            return data, None
+        event_id = f"m{self.sent}"
+        data = f'{{"event_id":"{event_id}"' + ("" if data[1:].startswith("}") else ",") \
+            + data[1:]
+        try:
+            readable = len(data.encode("utf-8", "surrogatepass")) <= 65_536 and \
+                isinstance(orjson.loads(data), dict)
+        except orjson.JSONDecodeError:
+            readable = False
+        return data, event_id if readable else None
 
     @property
     def in_flight(self) -> bool:
@@ -345,8 +367,11 @@ class Client:
         event = orjson.loads(message)
         kind = event["type"]
         if kind == "error" and "turn_id" not in event:
-            self.answers.append(event["error"]["code"])
+            error = event["error"]
+            self.answers.append(f"{error['code']} {error['event_id']}" if "event_id" in error
+                                else error["code"])
         elif kind in ("pong", "session.updated", "turn.started"):
+            assert "event_id" not in message, message  # (no success echoes one)
             self.answers.append(kind)
         self.log.append(event)
         return event
