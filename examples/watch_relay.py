@@ -51,20 +51,20 @@ The watch speaks protocol v1 (protocol.md) to the relay, with three differences:
   included), so a ``played_ms`` built by adding them up, as protocol.md allows, is right.
 
 Every other JSON message goes through unchanged both ways (``transcript``, ``say``,
-``cancel``, ``session.update``, ``ping`` up; all events down). ``session.resume`` from the
-watch is answered with ``error`` ``invalid_message``: when the watch goes away the relay
-ends the gateway session. When the *gateway* socket drops (no close frame), the relay
-reconnects and sends ``session.resume`` with the last gateway ``seq`` it saw, skips the
-replayed messages it had already relayed, relays the rest, then sends again a
-``transcript``, ``say``, ``cancel``, ``session.update``, ``ping`` or invalid message
-(refused again: the watch gets its error) the replay left unanswered (a barge-in after
-the last ``playback`` mark it sent for the turn, which the gateway cuts the turn's
+``cancel``, ``session.update``, ``ping`` up; all events down), ``event_id`` included (a
+mark keeps its own too). ``session.resume`` from the watch is answered with ``error``
+``invalid_message`` (naming its ``event_id``, as the relay's other refusals do): when the
+watch goes away the relay ends the gateway session. When the *gateway* socket drops (no
+close frame), the relay reconnects and sends ``session.resume`` with the last gateway
+``seq`` it saw, skips the replayed messages it had already relayed, relays the rest, then
+sends again a ``transcript``, ``say``, ``cancel``, ``session.update``, ``ping`` or invalid
+message (refused again: the watch gets its error) the replay left unanswered (a barge-in
+after the last ``playback`` mark it sent for the turn, which the gateway cuts the turn's
 history from; what the watch sends meanwhile waits until then), and the watch sees one
-unbroken session.
-It tries for the gateway's announced ``resume_window_s``, every wait for the gateway's
-answers to the resume bounded by it; if the resume fails, or the window runs out, the watch
-is closed with 1011 (with the gateway's own 1000, 1001 or 1013 at once when it ends the
-session by a close, during a resume too).
+unbroken session. It tries for the gateway's announced ``resume_window_s``, every wait for
+the gateway's answers to the resume bounded by it; if the resume fails, or the window runs
+out, the watch is closed with 1011 (with the gateway's own 1000, 1001 or 1013 at once when
+it ends the session by a close, during a resume too).
 
 Structure: ``RelayCore`` is sans-I/O (messages in, messages out); ``OpusAudio`` /
 ``Pcm16kAudio`` turn a turn's 24 kHz PCM into the watch's frames and keep the ``Timeline``
@@ -508,9 +508,11 @@ class RelayCore:
             return message, None
         kind = event.get("type")
         if kind == "relay.hello":
-            return None, _error("invalid_message", "relay.hello is only accepted first")
+            return None, _error("invalid_message", "relay.hello is only accepted first",
+                                _event_id(message))
         if kind == "session.resume":
-            return None, _error("invalid_message", "the watch cannot resume through the relay")
+            return None, _error("invalid_message", "the watch cannot resume through the relay",
+                                _event_id(message))
         if (kind == "playback" and (timeline := self._timeline(event.get("turn_id"))) is not None
                 and _is_number(event.get("played_ms"))):
             # not rounded: a sentence's end must stay its end (a hair past it, and the
@@ -616,7 +618,7 @@ def hello_format(message: str | bytes) -> str:
     what is wrong with it (protocol.md, Errors), which the watch gets before its close
     1008: ``binary_not_supported``, ``message_too_large``, ``invalid_json``,
     ``invalid_message`` (not a ``relay.hello``), ``invalid_field`` (a format the relay does
-    not make)."""
+    not make); the last two name the message's ``event_id``, as the gateway's refusals do."""
     if isinstance(message, bytes):
         raise ProtocolError("binary_not_supported", "the relay accepts text frames only; "
                             'send {"type":"relay.hello","format":...} as text')
@@ -627,13 +629,15 @@ def hello_format(message: str | bytes) -> str:
         hello = orjson.loads(message)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
+    named = _event_id(message) if isinstance(hello, dict) else None
     if not isinstance(hello, dict) or hello.get("type") != "relay.hello":
         raise ProtocolError("invalid_message", "the first message must be a relay.hello "
                             '({"type":"relay.hello","format":...}), or the URL must hold '
-                            "?format=")
+                            "?format=", event_id=named)
     fmt = hello.get("format")
     if fmt not in FORMATS:
-        raise ProtocolError("invalid_field", f"format must be one of {FORMATS}")
+        raise ProtocolError("invalid_field", f"format must be one of {FORMATS}",
+                            event_id=named)
     return str(fmt)
 
 
@@ -651,8 +655,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _error(code: str, message: str) -> str:
-    return orjson.dumps({"type": "error", "error": {"code": code, "message": message}}).decode()
+def _error(code: str, message: str, event_id: str | None = None) -> str:
+    error = {"code": code, "message": message}
+    if event_id is not None:
+        error["event_id"] = event_id
+    return orjson.dumps({"type": "error", "error": error}).decode()
+
+
+def _event_id(message: str | bytes) -> str | None:
+    """The ``event_id`` the gateway reads in ``message`` (its own codec: none when it is not
+    a good one): the relay's own refusals name it as the gateway's do (protocol.md, Errors)."""
+    try:
+        return decode_client(message).event_id
+    except ProtocolError as error:
+        return error.event_id
 
 
 # ---- asyncio shell --------------------------------------------------------------------------
@@ -960,6 +976,7 @@ class WatchRelay:
         assert watch.request is not None
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(watch.request.path).query)
         fmt = query.get("format", [None])[0]
+        event_id = None  # the relay.hello's
         try:
             if fmt is None:
                 try:
@@ -968,18 +985,18 @@ class WatchRelay:
                 except (TimeoutError, ConnectionClosed):  # (no message to answer)
                     await watch.close(1008, NO_HELLO)
                     return
-                fmt = hello_format(first)
+                fmt, event_id = hello_format(first), _event_id(first)
             elif fmt not in FORMATS:
                 raise ProtocolError("invalid_field", f"format must be one of {FORMATS}")
         except ProtocolError as exc:
             with contextlib.suppress(ConnectionClosed):
-                await watch.send(_error(exc.code, exc.message))
+                await watch.send(_error(exc.code, exc.message, exc.event_id))
                 await watch.close(1008, "unknown audio format" if exc.code == "invalid_field"
                                   else NO_HELLO)
             return
         if fmt == "opus" and not HAS_PYAV:
             await watch.send(_error("invalid_field", f"this relay cannot encode Opus: {NO_PYAV}; "
-                                    "ask for format=pcm16-16k"))
+                                    "ask for format=pcm16-16k", event_id))
             await watch.close(1008, "opus unavailable on this relay")
             return
         session = RelaySession(self, watch, RelayCore(make_audio(fmt,

@@ -247,9 +247,11 @@ def test_core_skips_replayed_messages_and_translates_marks():
     assert core.from_gateway(sentence) == []
     again = core.from_gateway(HEADER.pack(1, 0, 0, 1, 8) + pcm)
     assert [HEADER.unpack_from(f)[4] for f in again] == [2, 3]
-    mark = orjson.dumps({"type": "playback", "turn_id": 1, "played_ms": 30}).decode()
+    mark = orjson.dumps({"type": "playback", "turn_id": 1, "played_ms": 30,
+                         "event_id": "k1"}).decode()
     up, reply = core.from_watch(mark)
     assert reply is None and orjson.loads(up)["played_ms"] == pytest.approx(30)
+    assert orjson.loads(up)["event_id"] == "k1"  # translated, still the watch's message
     up, reply = core.from_watch(b"\x00")
     assert up is None and orjson.loads(reply)["error"]["code"] == "binary_not_supported"
 
@@ -1653,12 +1655,45 @@ async def test_a_lost_invalid_message_is_refused_after_the_resume(gateway, relay
         (session,) = relay.sessions
         upstream = session.gateway
         async with lost_with_the_uplink(gateway, session, "ping"):
-            await send(ws, type="transcript", text="")
+            await send(ws, type="transcript", text="", event_id="lost")
             await send(ws, type="ping", id=1)
         error = await asyncio.wait_for(recv_event(ws), 10)  # (was: only the pong)
         assert await asyncio.wait_for(recv_event(ws), 10) == {"type": "pong", "id": 1}
         assert session.gateway is not upstream  # resumed on a new socket
     assert error["type"] == "error" and error["error"]["code"] == "invalid_field"
+    assert error["error"]["event_id"] == "lost"  # sent again as the watch sent it
+
+
+async def test_event_ids_go_through_the_relay_both_ways(gateway, relay):
+    """docs/watch-relay.md: the watch's messages go up with their ``event_id``, the
+    gateway's errors come down naming it, and the relay's own refusals name it too; these
+    come at once, ahead of the gateway's answers to messages sent before them, so only the
+    ``event_id`` tells which message each error answers."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="session.update", session={"frame_ms": 33}, event_id="w1")
+        await send(ws, type="relay.hello", format="opus", event_id="w2")
+        await send(ws, type="cancel", turn_id=-1, event_id="w3")
+        await send(ws, type="session.resume", session_id="s", resume_token="t", event_id="w4")
+        await send(ws, type="session.resume", session_id="s", resume_token="t", event_id=4)
+        await send(ws, type="say", text="Hello there.", event_id="w5")
+        await send(ws, type="ping", id="end", event_id="w6")
+        errors, answers = [], []
+        while not answers or answers[-1] != {"type": "pong", "id": "end"}:
+            event = await asyncio.wait_for(recv_event(ws), 10)
+            (errors if event["type"] == "error" else answers).append(event)
+    assert sorted((e["error"]["code"], e["error"].get("event_id") or "") for e in errors) == [
+        ("invalid_field", "w1"), ("invalid_field", "w3"),  # the gateway's
+        ("invalid_message", ""), ("invalid_message", "w2"), ("invalid_message", "w4")]
+    assert "turn.started" in [a["type"] for a in answers]
+    assert all("event_id" not in orjson.dumps(a).decode() for a in answers)
+
+
+async def test_a_first_hello_asking_for_an_unknown_format_is_refused_naming_it(relay):
+    async with connect(f"ws://127.0.0.1:{relay.port}/") as ws:
+        await send(ws, type="relay.hello", format="mp3", event_id="h1")
+        error = await recv_event(ws)
+    assert error["error"]["code"] == "invalid_field" and error["error"]["event_id"] == "h1"
 
 
 ANSWERS = ("turn.started", "error", "session.updated", "pong")
