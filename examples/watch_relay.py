@@ -523,8 +523,11 @@ class RelayCore:
             # "1e15", take 18 bytes), to where a gateway holding its budget of unfinished
             # messages closes with 1009, which the relay cannot resume from (the mark
             # would go up again first); every message the relay sends is 64 KiB at most
-            return orjson.dumps({"type": "playback", "turn_id": event["turn_id"],
-                                 "played_ms": played}).decode(), None
+            # (the watch's event_id goes up too: a string never grows re-encoded)
+            up = {"type": "playback", "turn_id": event["turn_id"], "played_ms": played}
+            if "event_id" in event:
+                up["event_id"] = event["event_id"]
+            return orjson.dumps(up).decode(), None
         return message, None
 
     def _timeline(self, turn_id: Any) -> Timeline | None:

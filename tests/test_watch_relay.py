@@ -884,6 +884,18 @@ async def test_a_first_message_that_is_no_usable_hello_gets_its_error_then_1008(
                                else "expected ?format= or a relay.hello first message")
 
 
+@pytest.mark.parametrize("first", ['{"type":"say","text":"Hi.","event_id":"h1"}',
+                                   '{"type":"relay.hello","format":"mp3","event_id":"h1"}'],
+                         ids=["not-a-hello", "unknown-format"])
+async def test_a_refused_first_message_names_its_event_id(relay, first):
+    """The relay's refusal of a first message it could read names its ``event_id``, as the
+    gateway's refusals do (protocol.md, Errors)."""
+    async with connect(f"ws://127.0.0.1:{relay.port}/") as ws:
+        await ws.send(first)
+        error = await asyncio.wait_for(recv_event(ws), 10)
+    assert error["error"].get("event_id") == "h1"
+
+
 async def test_opus_without_pyav_is_refused_with_the_install_step(relay, monkeypatch):
     import examples.watch_relay as module
 
