@@ -682,8 +682,8 @@ RESUMABLE_CLOSES = (1006, 1007, 1011)
 a dropped socket, bad UTF-8, a keepalive timeout. Not 1009, although the session waits
 after it too: the gateway closes so only a message over 64 KiB (over 1 MiB, or over 80 KiB
 while it holds its budget of unfinished messages), and the relay sends none (it refuses a
-watch's own, ``message_too_large``, and a translated ``playback`` mark goes up with its
-two fields only). One that came anyway (a proxy with a smaller limit) would be for a
+watch's own, ``message_too_large``, and a translated ``playback`` mark goes up with the
+fields the gateway reads only). One that came anyway (a proxy with a smaller limit) would be for a
 message the relay sends again after the resume, to meet the same close: the watch gets
 1011 at once instead."""
 
