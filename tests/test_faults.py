@@ -249,8 +249,8 @@ async def test_a_bug_after_a_sentence_was_made_still_ends_its_turn(monkeypatch):
 
     on_done = SessionRunner.on_done
 
-    def buggy(self, job, truncated=False):
-        on_done(self, job, truncated)
+    def buggy(self, job, truncated=False, notes=()):
+        on_done(self, job, truncated, notes)
         if "BUG" in job.payload.request.text:
             raise TypeError("a scripted bug after the sentence")
 

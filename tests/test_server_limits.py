@@ -235,7 +235,7 @@ async def test_a_browser_origin_outside_the_allowlist_is_refused(start_gateway):
     assert refused.value.response.status_code == 403
     assert json.loads(refused.value.response.body) == {"error": {  # JSON, like 401 and 503
         "code": "forbidden_origin", "message": "Origin 'https://elsewhere.example' is not "
-        "allowed (--origin, [server] origins)"}}
+        "allowed (--origin, [server] origins)", "type": "invalid_request_error", "param": None}}
     async with connect(url, origin="https://console.example") as ws:
         await created(ws)
     async with connect(url) as ws:  # no Origin header: not a browser, allowed
