@@ -797,6 +797,26 @@ def test_a_stray_quote_is_stray_whatever_the_chunking_for_the_first_phrase():
         'The big dog "', "and then with the cat"]
 
 
+@pytest.mark.parametrize("one_delta", [True, False], ids=["one delta", "per character"])
+def test_a_long_cut_before_the_quote_max_chars_count_comes_first_whatever_the_chunking(
+        one_delta):
+    """Fed a character at a time, the open quote passed max_chars (20) before
+    quote_max_chars (20 after it), and the long cut came first; fed whole, the scan asked
+    about the quote first, at the far end of the text, took it as stray and ended the
+    sentence inside it at "why?": the segments depended on the chunking."""
+    text = 'He said "why? 2 of them left early today'
+    cfg = SegmenterConfig(first_min_words=0, max_chars=20, quote_max_chars=20)
+    got = run(text, None if one_delta else [1] * len(text), cfg)
+    assert [s.text for s in got] == ['He said "why? 2 of', "them left early", "today"]
+
+
+def test_the_long_cut_and_quote_counterexample_found_on_main():
+    text = ' Day;a. "aaa He) Ha the3aaaaaa? ;aa.TP.Hi? 3aaaaaaaaaa aaaaaa Jr'
+    cfg = SegmenterConfig(first_min_words=0, first_max_words=1, min_chars=13, max_chars=62,
+                          quote_max_chars=54)
+    assert run(text, None, cfg) == run(text, [1] * len(text), cfg)
+
+
 def test_a_quote_holds_for_exactly_quote_max_chars():
     """``quote_max_chars`` counts from right after the opening mark to the last stop the
     scanner meets inside it (the "." before the closing one): a quote whose last stop is

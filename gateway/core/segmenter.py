@@ -628,6 +628,14 @@ class Segmenter:
         span = self.config.quote_max_chars
         if not span or reach - self._quote_from[0] <= span:
             return False
+        if reach > self.config.max_chars and self.config.max_chars < self._quote_from[0] + span:
+            # The long cut may come first: fed piece by piece, it does when it is decided on
+            # less text than the quote's count (and the count then restarts at the cut), so
+            # it must when the text comes at once. (It reads no further than max_chars + 2 <=
+            # reach: no wait.)
+            place = self._long_cut()
+            if place is not None and place[4] - self._quote_from[0] <= span:
+                return False
         (self._pos, self._paren, self._clause, self._phrase_pos,
          self._word_pos) = self._quote_from
         self._quote, self._quote_from = 0, None
@@ -1130,26 +1138,33 @@ class Segmenter:
 
     def _cut_long(self, out: list[Segment]) -> bool:
         """The pending segment passed max_chars without a sentence end: cut it."""
+        place = self._long_cut()
+        if place is None:
+            return False  # one huge word: never cut inside it
+        end, resume, self._quote, self._paren, _ = place
+        out.extend(self._emit(end, resume, mid=True))
+        return True
+
+    def _long_cut(self) -> tuple[int, int, int, int, int] | None:
+        """Where ``_cut_long`` cuts (end, resume, quote, paren) and how much of the text that
+        decision reads (its length: ``max_chars`` + 1, or + 2 when a number may go on past
+        it), or None when there is no place (one huge word)."""
         buf = self._buf
         limit = self.config.max_chars
         if self._clause is not None and self._clause[0] > 0:
-            end, resume, quote, paren = self._clause
-        else:
-            sp = buf.rfind(" ", 1, limit + 1)
-            while sp > 1 and buf[sp - 1].isdigit() and (
-                    self._need(sp + 1) and buf[sp + 1].isdigit()):
-                sp = buf.rfind(" ", 1, sp)  # "1 250 000 €": one number
-            cjk = self._cjk_break(max(sp, 1), limit)
-            if cjk > sp:  # Chinese and Japanese have no spaces: cut between two characters
-                end = resume = cjk
-            elif sp >= 0:
-                end, resume = sp, sp + 1
-            else:
-                return False  # one huge word: never cut inside it
-            quote, paren = 0, 0
-        self._quote, self._paren = quote, paren
-        out.extend(self._emit(end, resume, mid=True))
-        return True
+            return (*self._clause, limit + 1)
+        sp = buf.rfind(" ", 1, limit + 1)
+        # (the loop below looks at the character after a space at max_chars)
+        seen = limit + 2 if sp == limit > 1 and buf[sp - 1].isdigit() else limit + 1
+        while sp > 1 and buf[sp - 1].isdigit() and (
+                self._need(sp + 1) and buf[sp + 1].isdigit()):
+            sp = buf.rfind(" ", 1, sp)  # "1 250 000 €": one number
+        cjk = self._cjk_break(max(sp, 1), limit)
+        if cjk > sp:  # Chinese and Japanese have no spaces: cut between two characters
+            return cjk, cjk, 0, 0, seen
+        if sp >= 0:
+            return sp, sp + 1, 0, 0, seen
+        return None
 
     def _cjk_break(self, lo: int, hi: int) -> int:
         """The last position in ``(lo, hi]`` between two Chinese or Japanese characters
