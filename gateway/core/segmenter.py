@@ -55,8 +55,10 @@ on how the stream was chunked:
   with its sentence). A double quote still open ``quote_max_chars`` after it opened is
   taken as unmatched (a stray ``"`` in the reply): the text after it is scanned again as
   if it were not there, so one stray mark cannot turn the rest of a paragraph into one
-  segment. Nor inside inline code (```Hello. World.```), closed on its line within
-  ``quote_max_chars`` (else a stray backtick).
+  segment (unless ``max_chars`` cut the sentence before that: the count restarts at the
+  cut, whether the reply came at once or in pieces). Nor inside inline code
+  (```Hello. World.```), closed on its line within ``quote_max_chars`` (else a stray
+  backtick).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty.
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
