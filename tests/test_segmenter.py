@@ -1543,3 +1543,261 @@ def test_a_german_count_before_its_noun_goes_on(text, want):
     was cut before it ("Verspätung." spoken alone), "2 Mrd. Euro" too."""
     for sizes in ([len(text)], [1] * len(text)):
         assert [s.text for s in run(text, sizes, SENTENCES)] == want
+
+
+# --- behaviours mutation testing found unheld ---------------------------------------------
+# Each test below holds a behaviour that a one-change mutant of segmenter.py broke while
+# every test above still passed (a dropped character of a set, a swapped comparison...).
+
+@pytest.mark.parametrize("text", [
+    "मैं ठीक हूँ॥ आप कैसे हैं॥",  # the double danda
+    "It is done.\tThen we left.",  # a tab after the end
+])
+def test_a_double_danda_and_a_tab_part_sentences(text):
+    assert len(sentences(text)) == 2
+
+
+@pytest.mark.parametrize("mark", ["\uff0c", "\u3001", "\uff1b", "\uff1a"])
+def test_each_full_width_clause_mark_gives_the_eager_first_cut(mark):
+    text = f"今天北京的天气很好{mark}最高气温二十五度。"
+    assert [s.text for s in run(text)] == [f"今天北京的天气很好{mark}", "最高气温二十五度。"]
+
+
+@pytest.mark.parametrize(("opener", "closer"), [
+    ("\u300c", "\u300d"), ("\u300e", "\u300f"), ("\uff08", "\uff09"), ("\u3010", "\u3011")])
+def test_each_full_width_bracket_holds_the_ends_inside_it(opener, closer):
+    text = f"{opener}今天很好。我们走吧。{closer}他说。明天见。"
+    assert sentences(text) == [f"{opener}今天很好。我们走吧。{closer}他说。", "明天见。"]
+
+
+@pytest.mark.parametrize("mark", [";", " \u2013", " \u2014", " -", ","])
+def test_each_clause_mark_gives_the_eager_first_cut(mark):
+    text = f"We checked the logs twice{mark} the error is gone now."
+    assert [s.text for s in run(text)] == [f"We checked the logs twice{mark}",
+                                           "the error is gone now."]
+
+
+@pytest.mark.parametrize(("first", "rest"), [
+    ("It was done [at last.]", "Then we left."),
+    ("It is _done._", "Then we left."),
+    ("It is *done.*", "Then we left."),
+    ("It is **done.**", "Then we left."),
+    ("He said \u2018done.\u2019", "Then we left."),
+])
+def test_a_closing_bracket_or_emphasis_after_the_end_stays_with_its_sentence(first, rest):
+    assert sentences(f"{first} {rest}") == [first, rest]
+
+
+@pytest.mark.parametrize(("opener", "closer"), [
+    ("(", ")"), ("[", "]"), ('"', '"'), ("\u201c", "\u201d"), ("\u201e", "\u201c"),
+    ("\u00ab", "\u00bb"), ("\u00bb", "\u00ab"), ("'", "'"), ("\u2018", "\u2019"), ("*", "*"),
+    ("_", "_")])
+def test_each_opening_mark_after_an_abbreviation_is_looked_through(opener, closer):
+    """After "a.m." the next word's first letter decides; an opening bracket, quote or
+    emphasis before it is looked through ("a.m. (It" ends, "a.m. (in" goes on)."""
+    text = f"It opens at 9 a.m. {opener}It closes at noon.{closer}"
+    assert sentences(text) == ["It opens at 9 a.m.", f"{opener}It closes at noon.{closer}"]
+    text = f"It opens at 9 a.m. {opener}in winter{closer} only."
+    assert sentences(text) == [text]
+
+
+@pytest.mark.parametrize("text", [
+    "It is made in the U.S. ",  # decided by the word after: a starter ("The") ends it
+    "Take the bus to Downing St. ",
+    "Ask for vitamin C. ",
+])
+def test_abandon_ends_a_sentence_that_only_a_starter_would_end(text):
+    seg = Segmenter(SegmenterConfig(first_min_words=0))
+    assert seg.feed(text) == []
+    assert [s.text for s in seg.abandon()] == [text.strip()]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("It is **really good news** for us.", ["It is **really good news** for us."]),
+    ("It is *really good news* for us.", ["It is *really good news* for us."]),
+    ("It is __really good news__ for us.", ["It is __really good news__ for us."]),
+    ("It is _really good news_ for us.", ["It is _really good news_ for us."]),
+    ("Run the `make clean test` target first.", ["Run the `make clean test` target", "first."]),
+    ("Take $x plus y$ as the new sum.", ["Take $x plus y$ as the new", "sum."]),
+    ("Take $$x plus y$$ as the new sum.", ["Take $$x plus y$$ as the new", "sum."]),
+    # closed spans and a dollar amount leave the cut where the words put it
+    ("It is **good** news for us all.", ["It is **good** news", "for us all."]),
+    ("It is *good* news for us all.", ["It is *good* news", "for us all."]),
+    ("It costs $5 more per month.", ["It costs $5 more", "per month."]),
+    ("It is `make` then tests for us.", ["It is `make` then", "tests for us."]),
+    # a third mark opens a span again
+    ("It is `a` or `make clean test` now.", ["It is `a` or `make clean test` now."]),
+    ("Take $x$ or $y plus z$ now.", ["Take $x$ or $y plus z$ now."]),
+])
+def test_first_max_words_never_cuts_inside_an_open_span(text, want):
+    assert words(text, 3, first_min_words=0) == want
+
+
+@pytest.mark.parametrize("text", [
+    "今天天气很好我们去公园散步吧" * 6 + "。",  # unified ideographs
+    "きょうはとてもいいてんきですね" * 6 + "。",  # hiragana
+    "コーヒーショップアンドレストラン" * 6 + "。",  # katakana
+    "\u3400\u3401\u3402\u3403\u3404\u3405\u3406\u3407" * 9 + "。",  # extension A
+])
+def test_a_run_on_sentence_of_each_chinese_or_japanese_block_is_cut_between_characters(text):
+    config = SegmenterConfig(first_min_words=0, max_chars=40)
+    got = [s.text for s in run(text, config=config)]
+    assert len(got) > 1 and all(len(s) <= 40 for s in got) and "".join(got) == text
+
+
+@pytest.mark.parametrize("sign", ["\u25ff", "\u27c0", "\u2aff", "\u2c00", "\U0001efff"])
+def test_a_sign_just_outside_the_emoji_blocks_is_not_a_trailing_emoji(sign):
+    assert sentences(f"Well done! {sign} The next one.") == [
+        "Well done!", f"{sign} The next one."]
+
+
+def test_configs_and_segments_are_frozen_values():
+    """A session shares its config and hands its segments to the scheduler: neither may
+    change under them."""
+    from dataclasses import FrozenInstanceError
+
+    with pytest.raises(FrozenInstanceError):
+        SegmenterConfig().max_chars = 10  # type: ignore[misc]
+    [seg] = run("Hi.")
+    with pytest.raises(FrozenInstanceError):
+        seg.text = "Bye."  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("length", "pieces"), [(400, 1), (401, 2)])
+def test_the_default_max_chars_is_400(length, pieces):
+    text = ("word " * 100)[:length - 1] + "x"
+    assert len(run(text)) == pieces
+
+
+@pytest.mark.parametrize(("span", "whole"), [(150, True), (151, False)])
+def test_the_default_quote_max_chars_is_150(span, whole):
+    text = 'He said "' + ("so " * 60)[:span - 13] + ' stop. Now go." Then left.'
+    assert text.index('." Then') - text.index('"') - 1 == span
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0))]
+    assert (got[-1] == "Then left." and len(got) == 2) == whole
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("It is done.\rThen we left.", ["It is done.", "Then we left."]),  # an old Mac newline
+    ("\u00ab Tu viens demain\u202f?\u202f\u00bb Puis il est parti.",
+     ["\u00ab Tu viens demain\u202f?\u202f\u00bb", "Puis il est parti."]),  # French spacing
+])
+def test_a_carriage_return_and_a_narrow_space_are_spaces(text, want):
+    assert sentences(text) == want
+
+
+def test_abandon_keeps_a_question_ending_in_a_digit():
+    """Only a dot after a digit may go on ("8." then "8.4"); "Is it 8?" is complete."""
+    seg = Segmenter(SegmenterConfig(first_min_words=0))
+    assert seg.feed("Is it 8?") == []
+    assert [s.text for s in seg.abandon()] == ["Is it 8?"]
+
+
+def test_abandon_never_cuts_a_long_unfinished_sentence():
+    seg = Segmenter(SegmenterConfig(first_min_words=0, max_chars=5000))
+    assert seg.feed("and then we " * 100) == []
+    assert seg.abandon() == []
+
+
+def test_a_stray_quote_releases_the_sentences_after_it_in_the_same_feed():
+    text = 'A stray " mark. ' + "Then one more sentence follows here. " * 3 + "End"
+    seg = Segmenter(SegmenterConfig(first_min_words=0, quote_max_chars=20))
+    got = [s.text for s in seg.feed(text)]
+    assert got == ['A stray " mark.'] + ["Then one more sentence follows here."] * 3
+
+
+def test_a_long_text_without_any_stop_is_cut_as_it_comes():
+    text = "and then we " * 30
+    seg = Segmenter(SegmenterConfig(first_min_words=0, max_chars=40))
+    got = seg.feed(text)
+    assert len(got) >= 7 and all(len(s.text) <= 40 for s in got)
+
+
+def test_one_word_is_enough_for_the_opt_in_first_cuts():
+    """1 is a setting like any other (0 is off): the first segment may be one word long."""
+    assert words("Wait here and rest a while.", 1, first_min_words=0) == [
+        "Wait", "here and rest a while."]
+    config = SegmenterConfig(first_min_words=0, first_phrase_words=1)
+    assert [s.text for s in run("Wait here and rest a while.", config=config)] == [
+        "Wait here", "and rest a while."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("You sure...? $42 is a lot.", ["You sure...?", "$42 is a lot."]),  # a question ends it
+    ("It is run by Smith & Co. The firm grew.", ["It is run by Smith & Co.", "The firm grew."]),
+    ("The rapper a.k.a. 2Pac sold millions.", ["The rapper a.k.a. 2Pac sold millions."]),
+    ("Wir sehen uns am 3. November wieder.", ["Wir sehen uns am 3. November wieder."]),
+    ("Die Praxis ist in der Hauptstr. 5, 1. UG links.",
+     ["Die Praxis ist in der Hauptstr. 5, 1. UG links."]),
+    ("Er kommt nicht. D. h. Anna kommt später.", ["Er kommt nicht.", "D. h. Anna kommt später."]),
+    ("Ho parlato con l'avv. Rossi ieri.", ["Ho parlato con l'avv. Rossi ieri."]),
+    ("Ho parlato con dell'Ing. Rossi ieri.", ["Ho parlato con dell'Ing. Rossi ieri."]),
+    ("Das betrifft die EU. Die Regeln sind neu.", ["Das betrifft die EU.", "Die Regeln sind neu."]),
+    ("He is a U.S. Army veteran.", ["He is a U.S. Army veteran."]),
+    ("100. Sleep well tonight.", ["100. Sleep well tonight."]),  # a list number of three digits
+])
+def test_more_abbreviations_and_ends_each_rule_holds(text, want):
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize("text", ["It rose.[12", "Er ist im Verein e. V", "Это музей им. А"])
+def test_a_reply_cut_off_right_after_a_mark_still_finishes(text):
+    """The stream may end anywhere: a citation mark or a spaced abbreviation left open is
+    said as it stands (a look past the end of the text raised IndexError)."""
+    assert " ".join(sentences(text)) == text
+
+
+def test_a_code_block_fenced_after_a_tab_is_one_silent_segment():
+    text = "Run:\n\t```\nmake\n\t```\nDone."
+    got = run(text, config=SegmenterConfig(first_min_words=0))
+    assert [(s.text, s.spoken) for s in got] == [
+        ("Run:", "Run:"), ("```\nmake\n\t```", ""), ("Done.", "Done.")]
+
+
+@pytest.mark.parametrize(("opener", "closer"), [
+    ("\u300c", "\u300d"), ("\u201c", "\u201d"), ('"', '"')])
+def test_a_full_width_end_before_the_closing_mark_of_a_cut_sentence_stays_with_it(opener,
+                                                                                   closer):
+    """The cut at max_chars forgets the open bracket or quote; the mark closing right after
+    the end still keeps the sentence going."""
+    text = f"他说{opener}我们今天去了很多地方看了很多风景吃了饭。{closer}然后走了。明天见。"
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=20))]
+    assert got[1].startswith(f"了饭。{closer}然后走了。")
+
+
+def test_a_dash_after_a_word_is_no_clause_mark():
+    text = "We handle pre- and post-processing steps today. Ok."
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=2))]
+    assert got == ["We handle pre- and post-processing steps today.", "Ok."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("The call (about rent money today) moved.", ["The call (about rent money today) moved."]),
+    ("Sam ate apples 5 days ago.", ["Sam ate apples", "5 days ago."]),  # a digit may follow
+    ("Final count today: 12 people came.", ["Final count today: 12 people", "came."]),
+])
+def test_first_max_words_inside_brackets_and_before_a_digit(text, want):
+    assert words(text, 3, first_min_words=0) == want
+
+
+def test_first_phrase_cuts_before_an_opener_after_a_number():
+    """Only "and" and "or" after a number make a range ("3 and 5"); "at 5 | with" cuts."""
+    assert phrase("We meet at 5 with the team.", 3, first_min_words=0) == [
+        "We meet at 5", "with the team."]
+    assert phrase("We meet at 5 and 6 today.", 3, first_min_words=0) == [
+        "We meet at 5 and 6 today."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # a clause mark inside brackets cuts nothing
+    ("We paid (for the big one, with extras) last week, I think.",
+     ["We paid (for the big one, with extras) last week,", "I think."]),
+    # only a comma before a digit joins a number ("Jan 1, 1980"); a colon still cuts
+    ("The score at halftime: 3 to 1.", ["The score at halftime:", "3 to 1."]),
+])
+def test_the_eager_clause_inside_brackets_and_before_a_digit(text, want):
+    assert [s.text for s in run(text, config=SegmenterConfig(first_min_words=2))] == want
+
+
+def test_speakable_drops_underscore_emphasis():
+    assert speakable("It is __very__ _good_ news.") == "It is very good news."
