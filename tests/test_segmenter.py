@@ -1801,3 +1801,18 @@ def test_the_eager_clause_inside_brackets_and_before_a_digit(text, want):
 
 def test_speakable_drops_underscore_emphasis():
     assert speakable("It is __very__ _good_ news.") == "It is very good news."
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Alles Gute zum 100. Geburtstag! Feiern wir.", ["Alles Gute zum 100. Geburtstag!",
+                                                    "Feiern wir."]),
+    ("Er feiert den 250. Jahrestag. Toll.", ["Er feiert den 250. Jahrestag.", "Toll."]),
+    ("Du bist der 1000. Besucher. Gratuliere!", ["Du bist der 1000. Besucher.", "Gratuliere!"]),
+    ("Wir sind im Jahr 2026. Die Zeit vergeht.", ["Wir sind im Jahr 2026.",
+                                                 "Die Zeit vergeht."]),  # a year
+])
+def test_a_german_ordinal_past_99_after_an_article_goes_on(text, want):
+    """Only ordinals of one or two digits went on after "zum", "den", "der"...: "zum 100.
+    Geburtstag" was cut after "100." ("hundert" said with a final fall, the birthday alone).
+    Found by mutation testing: dropping the length check was more right than the code."""
+    assert sentences(text) == want

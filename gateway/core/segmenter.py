@@ -937,6 +937,8 @@ class Segmenter:
             return nxt.isalpha()
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws, _HEADING_MARK):
             return False  # "1. " list marker at the start of a line, "### 2. Install"
+        if word.isdigit() and self._prev_word(ws) in _ORDINAL_AFTER:
+            return False  # "zum 100. Geburtstag", "der 1000. Besucher": past 99 too
         if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
                 self._prev_word(ws) in _ORDINAL_AFTER or (
                 nxt in "JFMASOND" and self._german_month(i + 1, ws)) or (
