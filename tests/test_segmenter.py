@@ -1816,3 +1816,16 @@ def test_a_german_ordinal_past_99_after_an_article_goes_on(text, want):
     Geburtstag" was cut after "100." ("hundert" said with a final fall, the birthday alone).
     Found by mutation testing: dropping the length check was more right than the code."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("I ate at 𠮷野家. 𠮷野家 opens at nine.", ["I ate at 𠮷野家.", "𠮷野家 opens at nine."]),
+    ("We met at 3 p.m. 𠵱家 I am home.", ["We met at 3 p.m.", "𠵱家 I am home."]),
+    ("Well done! \U0001FAE0 The next one.", ["Well done! \U0001FAE0", "The next one."]),
+])
+def test_a_chinese_character_past_the_emoji_block_is_no_emoji(text, want):
+    """Every code point from U+1F000 up was an emoji to the scanner, the CJK ideographs of
+    plane 2 too ("𠮷", Japanese names; "𠵱家", Cantonese "now"): after a sentence end one was
+    taken as a trailing emoji glued to the next word, and the sentence never ended there.
+    Found by mutation testing of the emoji bounds."""
+    assert sentences(text) == want

@@ -447,7 +447,7 @@ def _is_cjk(c: str) -> bool:
 def _is_emoji(ch: str) -> bool:
     o = ord(ch)
     return (
-        o >= 0x1F000
+        0x1F000 <= o <= 0x1FFFF  # (not the CJK ideographs of plane 2: "𠮷野家")
         or 0x2600 <= o <= 0x27BF
         or 0x2B00 <= o <= 0x2BFF
         or o in (0xFE0F, 0x200D, 0x20E3)
