@@ -1829,3 +1829,24 @@ def test_a_chinese_character_past_the_emoji_block_is_no_emoji(text, want):
     taken as a trailing emoji glued to the next word, and the sentence never ended there.
     Found by mutation testing of the emoji bounds."""
     assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Il part. \u00ab Bonjour \u00bb, dit-il.", ["Il part.", "\u00ab Bonjour \u00bb, dit-il."]),
+    ("He met her (Dr. Smith) today.", ["He met her (Dr. Smith) today."]),
+    ("It was **Dr. Smith** who came.", ["It was **Dr. Smith** who came."]),
+    ("Let us go. J. Smith will drive.", ["Let us go.", "J. Smith will drive."]),
+    ("Is 91 prime? No. 91 is 7 times 13.", ["Is 91 prime?", "No.", "91 is 7 times 13."]),
+])
+def test_sentence_ends_next_to_quotes_titles_initials_and_answers(text, want):
+    assert sentences(text) == want
+
+
+def test_first_phrase_never_cuts_inside_a_quote():
+    assert phrase('He said "go home and rest now" to me.', 2, first_min_words=0) == [
+        'He said "go home and rest now" to me.']
+
+
+def test_first_max_words_never_cuts_between_et_and_al():
+    assert words("Smith et al. found it.", 2, first_min_words=0) == [
+        "Smith et al. found", "it."]
