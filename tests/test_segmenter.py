@@ -1850,3 +1850,12 @@ def test_first_phrase_never_cuts_inside_a_quote():
 def test_first_max_words_never_cuts_between_et_and_al():
     assert words("Smith et al. found it.", 2, first_min_words=0) == [
         "Smith et al. found", "it."]
+
+
+def test_a_reply_of_marks_alone_was_heard_as_nothing():
+    """Emoji and marks are not said, so not heard: the prefix heard of a reply of nothing
+    else is empty, whatever share of its (silent) audio played."""
+    from gateway.core.segmenter import heard_prefix
+
+    assert heard_prefix("\U0001F389 \u2705", 1.0) == ""
+    assert heard_prefix("Done \U0001F389 \u2705", 1.0) == "Done"
