@@ -1727,6 +1727,8 @@ def test_one_word_is_enough_for_the_opt_in_first_cuts():
     ("It is run by Smith & Co. The firm grew.", ["It is run by Smith & Co.", "The firm grew."]),
     ("The rapper a.k.a. 2Pac sold millions.", ["The rapper a.k.a. 2Pac sold millions."]),
     ("Wir sehen uns am 3. November wieder.", ["Wir sehen uns am 3. November wieder."]),
+    ("Am 3. Februar oder am 5. Dezember.", ["Am 3. Februar oder am 5. Dezember."]),
+    ("Wir kommen am 4. September.", ["Wir kommen am 4. September."]),
     ("Die Praxis ist in der Hauptstr. 5, 1. UG links.",
      ["Die Praxis ist in der Hauptstr. 5, 1. UG links."]),
     ("Er kommt nicht. D. h. Anna kommt später.", ["Er kommt nicht.", "D. h. Anna kommt später."]),
