@@ -527,7 +527,13 @@ class RelayCore:
             up = {"type": "playback", "turn_id": event["turn_id"], "played_ms": played}
             if "event_id" in event:
                 up["event_id"] = event["event_id"]
-            return orjson.dumps(up).decode(), None
+            try:
+                return orjson.dumps(up).decode(), None
+            except orjson.JSONEncodeError:
+                # an event_id nested past the 254 levels orjson writes (it reads 1,024): the
+                # error ended the watch's session; the gateway refuses no mark without one
+                del up["event_id"]
+                return orjson.dumps(up).decode(), None
         return message, None
 
     def _timeline(self, turn_id: Any) -> Timeline | None:

@@ -30,7 +30,7 @@ from examples.watch_relay import (
     WatchRelay,
 )
 from gateway.config import load_config
-from gateway.core.codec import ClientPing, ClientTranscript
+from gateway.core.codec import ClientPing, ClientPlayback, ClientTranscript, decode_client
 from gateway.io.server import Gateway
 from tests.servers import ServeProcess
 from tests.wsclient import read_turn, recv_event, send
@@ -287,6 +287,25 @@ def test_core_sends_a_mark_at_a_sentences_end_as_that_end_exactly():
         mark = {"type": "playback", "turn_id": 1, "played_ms": watch_samples / 24}
         up, _ = core.from_watch(orjson.dumps(mark).decode())
         assert orjson.loads(up)["played_ms"] == pytest.approx(len(x0) / 24, abs=1e-9)
+
+
+def test_core_sends_up_a_mark_holding_a_field_nested_too_deeply_to_write_back():
+    """The gateway reads a mark with any other fields (a JSON nested up to 1,024 levels);
+    the relay, writing it again in the gateway's time, failed on one past orjson's 254 and
+    the watch's session ended with a traceback (found writing a fuzz harness for ``from_watch``)."""
+    core = RelayCore(Pcm16kAudio())
+    core.from_gateway(HEADER.pack(1, FLAG_SENTENCE_END, 0, 1, 0) + speechlike(960).tobytes())
+    mark = ('{"type":"playback","turn_id":1,"played_ms":20,"note":' + "[" * 300 + "]" * 300
+            + "}")
+    assert isinstance(decode_client(mark), ClientPlayback)  # the gateway takes it
+    up, reply = core.from_watch(mark)
+    assert reply is None
+    assert orjson.loads(up) == {"type": "playback", "turn_id": 1,
+                                "played_ms": pytest.approx(20)}
+    deep_id = ('{"type":"playback","turn_id":1,"played_ms":20,"event_id":' + "[" * 300
+               + "]" * 300 + "}")
+    up, reply = core.from_watch(deep_id)  # (refused by the gateway: not a string)
+    assert reply is None and "event_id" not in orjson.loads(up)
 
 
 def test_opus_sentence_done_says_the_watchs_time_so_marks_added_up_from_it_are_whole():
