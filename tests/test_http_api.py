@@ -1658,6 +1658,21 @@ async def test_a_refused_value_is_quoted_cut_short_in_the_error_and_the_log(gate
     assert len(line) < 400
 
 
+@pytest.mark.parametrize("field", ["response_format", "stream_format"])
+async def test_a_refused_value_nested_deeply_is_a_400_not_a_500(gateway, field):
+    """orjson reads a body nested up to 1,024 levels; quoting such a value in the refusal
+    (``repr``) raised RecursionError, and the client got a 500 ``internal_error`` for a bad
+    parameter (found writing a fuzz harness for ``parse_speech``)."""
+    body = f'{{"input": "Hi.", "{field}": {"[" * 1000}{"]" * 1000}}}'
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        response = await client.post("/v1/audio/speech", content=body,
+                                     headers={"content-type": "application/json"})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == field, error
+    assert "[[[[...]]]]" in error["message"]
+    assert gateway.metrics.errors["internal_error"] == 0
+
+
 @pytest.mark.parametrize(("speed", "note"), [
     (1.5, None),
     (0.25, "speed 0.25 is beyond engine espeak's 0.46-2.57: spoken at 0.46"),

@@ -44,6 +44,7 @@ import functools
 import importlib.util
 import itertools
 import logging
+import reprlib
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
@@ -173,13 +174,20 @@ def _notes_header(notes: list[str]) -> str:
     return "; ".join(notes).encode("ascii", "backslashreplace").decode("ascii")
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, SHOWN_CHARS, SHOWN_CHARS
+"""``_shown``'s repr of a value that is not a string: lists and objects shown 3 levels deep."""
+
+
 def _shown(value: Any) -> str:
     """``value`` quoted for an error message, cut after ``SHOWN_CHARS`` (as an unknown
     route is): a refusal names what it refused, but a 60,000-character voice came back
     whole, and went whole into the request's log line."""
     if isinstance(value, str) and len(value) > SHOWN_CHARS:
         return f"{value[:SHOWN_CHARS]!r}... ({len(value)} characters)"
-    text = repr(value)
+    # (repr of a JSON nested 1,000 levels deep, which the body may be, raised RecursionError:
+    # a 500 for a 400)
+    text = repr(value) if isinstance(value, str) else _SHOWN.repr(value)
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 
 
