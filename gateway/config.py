@@ -229,7 +229,7 @@ class LlmConfig:
             raise ValueError(f"llm.temperature must be 0-2, not {self.temperature!r}")
         if self.max_tokens is not None:
             _check_int("llm.max_tokens", self.max_tokens, 1)
-        if self.tokens_per_s < 0:
+        if not self.tokens_per_s >= 0:  # (NaN too: it paced nothing, as 0 does, unsaid)
             raise ValueError(f"llm.tokens_per_s must be 0 or more, not {self.tokens_per_s!r}")
 
     @property
