@@ -828,6 +828,19 @@ def test_the_long_cut_and_quote_counterexample_found_on_main():
     assert run(text, None, cfg) == run(text, [1] * len(text), cfg)
 
 
+def test_a_stray_quote_past_max_chars_is_cut_alike_whatever_the_chunking():
+    """Fed in pieces, the sentence below passed max_chars before the stray „ was known to be
+    stray (its next stop past quote_max_chars) and was cut long; fed whole it ended at
+    "setup." (found by fuzzing with atheris). The long cut, decided first, wins fed whole
+    too (``_quote_unmatched`` stands back for it)."""
+    text = "He said „it walks you through the setup. First, install the app from the store."
+    cfg = SegmenterConfig(first_min_words=0, max_chars=47, quote_max_chars=40)
+    want = ["He said „it walks you through the setup. First,",
+            "install the app from the store."]
+    for sizes in (None, [49], [1] * len(text)):
+        assert [s.text for s in run(text, sizes, cfg)] == want, sizes
+
+
 def test_a_quote_holds_for_exactly_quote_max_chars():
     """``quote_max_chars`` counts from right after the opening mark to the last stop the
     scanner meets inside it (the "." before the closing one): a quote whose last stop is
