@@ -439,11 +439,6 @@ def _read_as(word: str) -> int:
     return len(_UNIT.findall(said)) + 2 * len(_INNER_MARK.findall(said))
 
 
-def _is_cjk(c: str) -> bool:
-    """A Chinese or Japanese character (``_CJK_CHAR``)."""
-    return _CJK.match(c) is not None
-
-
 def _is_emoji(ch: str) -> bool:
     o = ord(ch)
     return (
@@ -1172,7 +1167,7 @@ class Segmenter:
 
     def _cjk_break(self, lo: int, hi: int) -> int:
         """The last position in ``(lo, hi]`` between two Chinese or Japanese characters
-        (``_is_cjk``), or -1. Both characters are in the buffer: ``hi`` < its length."""
+        (``_CJK_CHAR``), or -1. Both characters are in the buffer: ``hi`` < its length."""
         last = -1
         for m in _CJK_PAIR.finditer(self._buf, lo, hi + 1):
             last = m.end()
