@@ -106,6 +106,14 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ('[server]\ntokens = [""]\n', "server.tokens: a token cannot be empty"),
     ('[llm]\ntemperature = "hot"\n', "llm.temperature must be a number, not 'hot'"),
     ("[llm]\nmax_tokens = -5\n", "llm.max_tokens must be an integer at least 1, not -5"),
+    ('[llm]\nmodels = ["gemma", " "]\n', "llm.models: a model name cannot be empty"),
+    ('[llm]\nthinking = "hidden"\n',
+     "llm.thinking must be one of tagged, opened, not 'hidden'"),
+    # the template then writes an empty thought itself: every reply would be taken for one
+    ('[llm]\nthinking = "opened"\n[llm.chat_template_kwargs]\nenable_thinking = false\n',
+     'llm.thinking = "opened" takes all before the first </think> for a thought, and '
+     "chat_template_kwargs.enable_thinking = false leaves none in the reply: every reply "
+     'would be silent; set thinking = "tagged"'),
     ("[session]\ninstructions = 42\n", "session.instructions must be a string, not 42"),
     ("[tts]\nstep_timeout_s = -1\n",
      "tts.step_timeout_s must be more than 0 and at most 3600 seconds, not -1"),

@@ -1625,6 +1625,11 @@ BAD = [
     ({"input": "Hi.", "speed": "1"}, 400, "invalid_type", "speed"),
     ({"input": "Hi.", "speed": True}, 400, "invalid_type", "speed"),
     ({"input": "Hi.", "temperature": "hot"}, 400, "invalid_type", "temperature"),
+    # OpenAI's "stream" is a boolean; "false" (a string) would otherwise be true
+    ({"input": "Hi.", "stream": "false"}, 400, "invalid_type", "stream"),
+    ({"input": "Hi.", "voice": {"id": 5}}, 400, "invalid_type", "voice"),
+    ({"input": "Hi.", "model": 5}, 400, "invalid_type", "model"),
+    ({"input": "Hi.", "instructions": ["whisper"]}, 400, "invalid_type", "instructions"),
     (["input", "Hi."], 400, "invalid_json", None),
 ]
 
