@@ -232,10 +232,6 @@ class LlmConfig:
         if not self.tokens_per_s >= 0:  # (NaN too: it paced nothing, as 0 does, unsaid)
             raise ValueError(f"llm.tokens_per_s must be 0 or more, not {self.tokens_per_s!r}")
 
-    @property
-    def backend(self) -> str:
-        return "openai" if self.url else "replay"
-
 
 @dataclass(frozen=True, slots=True)
 class TtsConfig:
