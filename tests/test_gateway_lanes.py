@@ -191,6 +191,22 @@ def test_bad_profiles_are_config_errors(profiles, message):
         Gateway(config)
 
 
+def test_a_second_engine_without_timing_figures_needs_a_profile():
+    """An engine that declares no ``timing`` (the remote http one: its server's speed is not
+    known here) gives placement nothing to go by: refused naming the table that gives it
+    one, and taken with ``[tts.profiles.<lane>]`` (README, Timing)."""
+    tts = {"engine": "espeak", "also": "http", "also_options": {"url": "http://127.0.0.1:9/v1"}}
+    with pytest.raises(ValueError) as refused:
+        Gateway(load_config(server={"port": 0}, tts=tts))
+    assert str(refused.value) == ("engine 'http' declares no timing figures to place turns "
+                                  "with: set [tts.profiles.remote] first_s and rtf")
+    gw = Gateway(load_config(server={"port": 0}, tts={
+        **tts, "profiles": {"remote": {"first_s": 0.2, "rtf": 0.3}}}))
+    assert gw.profiles["remote"].first_s == 0.2 and gw.profiles["remote"].rtf == 0.3
+    for lane in gw.lanes.values():  # never started: stop the lane threads
+        lane._executor.shutdown()
+
+
 def test_profiles_override_the_engines_own_figures():
     gw = Gateway(load_config(server={"port": 0},
                              tts={**TWO_LANES, "profiles": {"ane": {"rtf": 0.7}}}))
