@@ -184,6 +184,25 @@ def test_a_bad_value_in_the_config_file_is_refused_naming_its_key(toml, message,
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(("lines", "message"), [
+    ('{"transcript": "Hi", "reply": ""}', "replies.jsonl:1: transcript and reply must be strings"),
+    ('{"transcript": 1, "reply": "One."}', "replies.jsonl:1: transcript and reply must be strings"),
+    ('{"transcript": "Hi", "reply": "Hello."}\n\n{"transcript": "hi!", "reply": "Again."}',
+     "replies.jsonl:3: duplicate transcript 'hi!'"),
+    ("\n  \n", "replies.jsonl: no replies"),
+])
+def test_a_replies_file_the_replay_cannot_use_is_refused_naming_its_line(lines, message,
+                                                                         tmp_path, capsys):
+    """--replies (the scripted LLM's {transcript, reply} lines): an empty reply would make
+    a silent turn, a repeated transcript would hide the first reply, an empty file leaves
+    nothing to say."""
+    path = tmp_path / "replies.jsonl"
+    path.write_text(lines)
+    assert main(["serve", "--port", "0", "--http-port", "0", "--replies", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
     """A Latin-1 comment said only "'utf-8' codec can't decode byte 0xe9 ...", naming no
     file, where every other refusal of the file names it."""
