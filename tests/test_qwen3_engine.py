@@ -621,7 +621,8 @@ async def test_its_lane_keeps_no_more_streams_open_than_max_open_streams(
         if lane.cancel(owner):
             sink.ended[owner].set_result("cancelled")
 
-    engine = Counted(str(tiny_qwen3_custom_voice), voice="aria", max_tokens=8)
+    # two steps a stream, of one codec frame each (80 ms): a frame is most of the cost
+    engine = Counted(str(tiny_qwen3_custom_voice), voice="aria", max_tokens=2)
     lane = Lane("gpu", engine, max_open_streams=2)
     await lane.load()
     await lane.call(mx.clear_cache)
@@ -632,8 +633,8 @@ async def test_its_lane_keeps_no_more_streams_open_than_max_open_streams(
         owners = ["a", "b", "c", "d", "e"]
         for owner in owners:
             sink.ended[owner] = asyncio.get_running_loop().create_future()
-            lane.submit(owner, SynthesisJob(SynthesisRequest("Hello there.", seed=1), sink),
-                        deadline=0.0)
+            request = SynthesisRequest("Hello there.", seed=1, step_ms=80)
+            lane.submit(owner, SynthesisJob(request, sink), deadline=0.0)
         ends = await asyncio.gather(*(sink.ended[o] for o in owners))
     finally:
         runner.cancel()
