@@ -374,7 +374,8 @@ def test_custom_voice_model_with_a_reference_is_refused(tiny_qwen3_custom_voice,
         "--voice-ref): choose a speaker with voice, or use a Base model to clone")
 
 
-def test_style_instructions_reach_a_checkpoint_that_takes_them(tmp_path, offline_hf_cache):
+def test_style_instructions_reach_a_checkpoint_that_takes_them(tmp_path, offline_hf_cache,
+                                                               cv_engine):
     """OpenAI's ``instructions`` ("speak cheerfully") become mlx-audio's ``instruct`` for a
     CustomVoice checkpoint that takes them (1.7B); a 0.6B one ignores them, as mlx-audio
     does, and says so (``instructions`` false: the HTTP API then adds a note)."""
@@ -388,17 +389,16 @@ def test_style_instructions_reach_a_checkpoint_that_takes_them(tmp_path, offline
     assert big.instructions is True
 
     def speak(engine, **options):
+        options = {"max_tokens": 4, **options}  # (cv_engine's own is 8)
         return run(engine.open(SynthesisRequest("Hi.", seed=7, options=options)))
 
     plain, happy = speak(big), speak(big, instructions="Very happy.")
     assert happy != plain and happy == speak(big, instructions="Very happy.")
     big.close()
 
-    small = Qwen3Engine(str(build_tiny_qwen3(tmp_path / "0b6")), voice="aria", max_tokens=4)
-    small.load()
+    small = cv_engine  # the module's loaded 0.6B one (tts_model_size "0b6")
     assert small.instructions is False
     assert speak(small, instructions="Very happy.") == speak(small)
-    small.close()
 
 
 def test_a_language_is_known_by_its_code_as_by_its_name(cv_engine):
