@@ -96,6 +96,30 @@ def tiny_chatterbox(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: 
 
 
 @pytest.fixture(scope="session")
+def tiny_chatterbox_turbo(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path) -> Path:
+    """Directory of a tiny Chatterbox-Turbo (1-layer GPT-2 T3, a built-in 0.2 s voice), with
+    S3TokenizerV2 seeded in the HF cache.
+
+    Swaps the tiny GPT-2 size into mlx-audio's turbo T3 module for this process.
+    """
+    _require_mlx_audio()
+    from tests.tiny_models.chatterbox import seed_s3_tokenizer_cache
+    from tests.tiny_models.chatterbox_turbo import build_tiny_chatterbox_turbo, register_tiny_gpt2
+
+    register_tiny_gpt2()
+    seed_s3_tokenizer_cache(offline_hf_cache)
+    return build_tiny_chatterbox_turbo(tmp_path_factory.mktemp("chatterbox-turbo"))
+
+
+@pytest.fixture(scope="session")
+def turbo_reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 5.2 s reference WAV: Chatterbox-Turbo refuses one of 5 s or less."""
+    from tests.tiny_models.qwen3 import write_reference_wav
+
+    return write_reference_wav(tmp_path_factory.mktemp("ref-turbo") / "turbo.wav", seconds=5.2)
+
+
+@pytest.fixture(scope="session")
 def mlx_audio_server(tiny_qwen3_custom_voice: Path, offline_hf_cache: Path):
     """mlx-audio's real HTTP server in a subprocess on 127.0.0.1:0: (base URL, model path)."""
     pytest.importorskip("mlx_audio.server", reason="needs mlx-audio's server extras")
