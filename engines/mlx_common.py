@@ -193,6 +193,17 @@ class MlxLifecycle:
             mx.clear_cache()
 
 
+def config_model_type(path: Path) -> str | None:
+    """The ``model_type`` a model directory's ``config.json`` names; ``None`` without one
+    (none, unreadable or not naming one: mlx-audio's loader then says what it lacks)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    found = config.get("model_type") if isinstance(config, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def load_tts_model(path: Path, kinds: tuple[str, ...], name: str) -> Any:
     """mlx-audio's own loader on a local model directory, its errors mapped to ``engine_failed``.
 
@@ -202,12 +213,8 @@ def load_tts_model(path: Path, kinds: tuple[str, ...], name: str) -> Any:
     mlx-community checkpoints) was loaded as Orpheus, whose codec it then reached for on the
     model hub: the gateway stopped with "Cannot find an appropriate cached snapshot ... set
     HF_HUB_OFFLINE=0", which would have downloaded a codec for a model that is no voice."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none or unreadable: mlx-audio's loader says what it lacks
-        config = None
-    found = config.get("model_type") if isinstance(config, dict) else None
-    if isinstance(found, str) and found not in kinds:
+    found = config_model_type(path)
+    if found is not None and found not in kinds:
         raise EngineError("engine_failed", f"{path} holds a {found!r} model (model_type in its "
                           f"config.json), not a {name} one")
     try:
