@@ -22,6 +22,28 @@ second) is paid on every sentence, and ``flow_steps`` scales S3Gen's time linear
 steps trade mel quality for latency (the distilled Chatterbox-Turbo gets away with 2); keep
 the default unless the fallback's time to audio matters more and the voice was listened to.
 
+Chatterbox-Turbo (``model_type`` ``chatterbox_turbo``) loads through the same engine; what
+differs in mlx-audio's ``ChatterboxTurboTTS``, and what the engine does about it:
+  * ``prepare_conditionals`` returns nothing and keeps the voice on the model (``_conds``),
+    and ``generate`` takes no ``conds=``: it always speaks the model's. The engine conditions
+    once at load as for Chatterbox and leaves the voice there.
+  * It wants a reference longer than 5 s (an ``assert``): a shorter ``ref_audio`` is refused
+    at load, before the model loads, naming the key and the length.
+  * Its S3Gen is distilled (meanflow: 2 Euler steps without guidance, fixed in
+    mlx-audio's ``generate``), so ``flow_steps`` does not apply and is refused; so is a
+    ``language`` other than English (its tokenizer is GPT-2's; ``lang_code`` is ignored).
+  * It has no emotion exaggeration and no classifier-free guidance: the engine passes 0 for
+    both (any other value made mlx-audio log a WARNING on every sentence), and says once at
+    load that a configured ``exaggeration`` or ``cfg_weight`` is not used.
+  * Its ``generate`` prints "S3 Token -> Mel Inference..." and draws two tqdm progress bars
+    on every sentence: the print goes to this module's log at DEBUG, the bars are turned
+    off (``_quiet_turbo_progress``).
+  * It splits a text at sentence ends into chunks of ``max_tokens // 2`` characters, each
+    with its own ``max_tokens``: the engine passes ``split_pattern=None`` so one segment is
+    one generation and ``max_tokens`` caps the whole of it, as with Chatterbox.
+  * Its sampling defaults differ (``top_p`` 0.95, ``top_k`` 1000): ``top_p`` left unset
+    keeps each model's own default.
+
 ``reads_digits = False``: its English text frontend is a character tokenizer with only
 punctuation normalisation; "$5" or "3:30" come out badly, so the gateway spells them out.
 Threading as for every MLX engine: see ``engines.mlx_common``.
@@ -37,10 +59,13 @@ from typing import Any
 from engines.base import EngineError, Lane, SynthesisRequest, Uninterruptible
 from engines.mlx_common import (
     MlxLifecycle,
+    config_model_type,
     float_to_pcm16,
+    library_output_logged,
     load_tts_model,
     mlx_failure,
     process_memory,
+    quiet_tqdm,
     reference_audio,
     resolve_model_path,
     runaway_budget_s,
@@ -52,6 +77,9 @@ log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24_000
 SPEECH_TOKENS_HZ = 25
+TURBO = "chatterbox_turbo"
+TURBO_MIN_REF_S = 5.0
+"""mlx-audio's ``ChatterboxTurboTTS.prepare_conditionals`` asserts a reference longer than this."""
 
 
 class ChatterboxEngine(Uninterruptible):
@@ -69,7 +97,7 @@ class ChatterboxEngine(Uninterruptible):
         exaggeration: float = 0.5,
         cfg_weight: float = 0.5,
         temperature: float = 0.8,
-        top_p: float = 1.0,
+        top_p: float | None = None,
         max_tokens: int | None = None,
         runaway_factor: float = 0.25,
         runaway_min_s: float = 3.0,
@@ -94,6 +122,7 @@ class ChatterboxEngine(Uninterruptible):
         self.flow_steps = flow_steps
         self.warmup_s: float | None = None
         self.conditioning_s: float | None = None
+        self.turbo = False  # set at load: the model is Chatterbox-Turbo
         self._model: Any = None
         self._conds: Any = None
         self._lifecycle = MlxLifecycle(self.name, log)
@@ -107,7 +136,13 @@ class ChatterboxEngine(Uninterruptible):
         self._lifecycle.claim_thread()
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
-        model = load_tts_model(path, ("chatterbox", "chatterbox_turbo"), "Chatterbox")
+        self.turbo = config_model_type(path) == TURBO
+        if self.turbo:
+            self._check_turbo_settings(path)
+        model = load_tts_model(path, ("chatterbox", TURBO), "Chatterbox")
+        if not self.turbo and type(model).__name__ == "ChatterboxTurboTTS":
+            self.turbo = True  # (no model_type in config.json: mlx-audio went by the name)
+            self._check_turbo_settings(path)
         if (
             getattr(model, "tokenizer", None) is None
             and getattr(model, "mtl_tokenizer", None) is None
@@ -128,6 +163,8 @@ class ChatterboxEngine(Uninterruptible):
                 )
             except Exception as exc:
                 raise mlx_failure(exc, f"reference audio {self.ref_audio}") from exc
+            if self.turbo:  # Turbo's returns None: the voice is the model's own now
+                conds = model._conds
         elif model._conds is not None:
             conds = model._conds
         else:
@@ -143,6 +180,50 @@ class ChatterboxEngine(Uninterruptible):
             load_s,
             self.conditioning_s,
         )
+
+    def _check_turbo_settings(self, path: Path) -> None:
+        """Refuse, before the model loads, what Chatterbox-Turbo cannot do; say once what it
+        does not use."""
+        if self.flow_steps is not None:
+            raise EngineError(
+                "engine_failed",
+                f"{path} is a Chatterbox-Turbo model: flow_steps "
+                "applies to Chatterbox only (Turbo's distilled S3Gen runs its 2 "
+                "steps, fixed in mlx-audio); remove flow_steps",
+            )
+        if self.language != "en":
+            raise EngineError(
+                "engine_failed",
+                f"{path} is a Chatterbox-Turbo model, which "
+                f"speaks English only: language {self.language!r} is not one",
+            )
+        if self.ref_audio is not None:
+            try:
+                from mlx_audio.utils import load_audio
+
+                seconds = load_audio(self.ref_audio, sample_rate=SAMPLE_RATE).shape[0] / SAMPLE_RATE
+            except Exception as exc:
+                raise mlx_failure(exc, f"reference audio {self.ref_audio}") from exc
+            if seconds <= TURBO_MIN_REF_S:
+                raise EngineError(
+                    "engine_failed",
+                    f"ref_audio {self.ref_audio} is {seconds:.2f} "
+                    f"s long: Chatterbox-Turbo ({path}) needs a reference longer "
+                    f"than {TURBO_MIN_REF_S:g} s",
+                )
+        unused = [
+            f"{key} = {value}"
+            for key, value in (("exaggeration", self.exaggeration), ("cfg_weight", self.cfg_weight))
+            if value != 0.5
+        ]
+        if unused:
+            log.warning(
+                "chatterbox: %s is a Chatterbox-Turbo model, which has no emotion "
+                "exaggeration or guidance: %s not used",
+                path,
+                ", ".join(unused),
+            )
+        _quiet_turbo_progress()
 
     def open(self, request: SynthesisRequest) -> ChatterboxStream:
         self._lifecycle.admit(self._model)
@@ -188,19 +269,26 @@ class ChatterboxStream(Uninterruptible):
 
         if req.seed is not None:
             seed_sampling(req.seed)  # (one step: the whole segment)
+        kwargs: dict[str, Any] = {
+            "temperature": req.temperature if req.temperature is not None else engine.temperature,
+            "max_tokens": max_tokens,
+        }
+        top_p = req.top_p if req.top_p is not None else engine.top_p
+        if top_p is not None:
+            kwargs["top_p"] = top_p
+        if engine.turbo:  # speaks the model's own conds; none of exaggeration, guidance
+            kwargs |= {"exaggeration": 0.0, "cfg_weight": 0.0, "split_pattern": None}
+        else:
+            kwargs |= {
+                "conds": engine._conds,
+                "exaggeration": engine.exaggeration,
+                "cfg_weight": engine.cfg_weight,
+                "lang_code": req.options.get("language", engine.language),
+                "verbose": False,
+            }
         try:
-            results = engine._model.generate(
-                self._text,
-                conds=engine._conds,
-                exaggeration=engine.exaggeration,
-                cfg_weight=engine.cfg_weight,
-                temperature=req.temperature if req.temperature is not None else engine.temperature,
-                top_p=req.top_p if req.top_p is not None else engine.top_p,
-                max_tokens=max_tokens,
-                lang_code=req.options.get("language", engine.language),
-                verbose=False,
-            )
-            audio = [r.audio for r in results]
+            with library_output_logged(log):
+                audio = [r.audio for r in engine._model.generate(self._text, **kwargs)]
             if not audio:
                 return None
             wav = audio[0] if len(audio) == 1 else mx.concatenate(audio)
@@ -220,3 +308,28 @@ class ChatterboxStream(Uninterruptible):
 
     def close(self) -> None:
         self._done = True
+
+
+def _quiet_turbo_progress() -> None:
+    """Turn off the tqdm bars mlx-audio's Chatterbox-Turbo draws on stderr on every sentence
+    (T3's "Generating speech tokens", S3Gen's flow steps): an operator's log got four bar
+    lines a sentence. Their modules' ``tqdm`` becomes a disabled one (nothing else uses
+    those modules); a later mlx-audio that moves them leaves the bars on, and
+    ``tests/test_chatterbox_engine.py`` says so. A disabled bar still starts tqdm's monitor
+    thread: ``quiet_tqdm`` stops that, as for qwen3."""
+    import functools
+
+    quiet_tqdm()
+
+    from tqdm import tqdm
+
+    try:
+        from mlx_audio.tts.models.chatterbox_turbo.models.s3gen import flow_matching
+        from mlx_audio.tts.models.chatterbox_turbo.models.t3 import t3
+    except ImportError:
+        return
+    quiet = functools.partial(tqdm, disable=True)
+    modules: tuple[Any, ...] = (flow_matching, t3)
+    for module in modules:
+        if getattr(module, "tqdm", None) is tqdm:
+            module.tqdm = quiet

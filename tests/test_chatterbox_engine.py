@@ -1,36 +1,50 @@
-"""ChatterboxEngine on a tiny random-weight model loaded through mlx-audio's real loader.
+"""ChatterboxEngine on tiny random-weight models loaded through mlx-audio's real loader:
+Chatterbox and Chatterbox-Turbo.
 
-A 0.2 s reference, 4 speech tokens and one flow-matching step keep a synthesis to ~5 s on
+A 0.2 s reference (Turbo: its built-in 0.2 s voice), 4 speech tokens and one flow-matching
+step (Turbo: its fixed 2, without guidance: the same cost) keep a synthesis to seconds on
 mlx-cpu (see ``tests/tiny_models/chatterbox.py`` for where the time goes).
 """
 
 from __future__ import annotations
+
+import json
+import logging
 
 import numpy as np
 import pytest
 
 from engines.base import EngineError, SynthesisRequest, TtsEngine
 from tests.tiny_models.chatterbox import TINY_ENGINE_OPTIONS
+from tests.tiny_models.chatterbox_turbo import TINY_TURBO_OPTIONS
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_chatterbox, short_reference_wav):
+@pytest.fixture(scope="module", params=["chatterbox", "chatterbox_turbo"])
+def engine(request, short_reference_wav):
+    """Chatterbox cloned from the 0.2 s reference; Chatterbox-Turbo with its built-in voice
+    (it refuses a reference of 5 s or less)."""
     from engines.chatterbox import ChatterboxEngine
 
-    eng = ChatterboxEngine(
-        str(tiny_chatterbox), ref_audio=str(short_reference_wav), **TINY_ENGINE_OPTIONS
-    )
+    if request.param == "chatterbox":
+        model = request.getfixturevalue("tiny_chatterbox")
+        eng = ChatterboxEngine(
+            str(model), ref_audio=str(short_reference_wav), **TINY_ENGINE_OPTIONS
+        )
+    else:
+        model = request.getfixturevalue("tiny_chatterbox_turbo")
+        eng = ChatterboxEngine(str(model), **TINY_TURBO_OPTIONS)
     eng.load()
+    assert eng.turbo == (request.param == "chatterbox_turbo")
     yield eng
     eng.close()
 
 
-def test_whole_segment_in_one_step_then_none(engine, short_reference_wav):
+def test_whole_segment_in_one_step_then_none(engine):
     assert isinstance(engine, TtsEngine)
     assert (engine.lane, engine.streams) == ("gpu", False)
-    assert engine.voices() == [short_reference_wav.stem]
+    assert engine.voices() == [engine.voice_name]
     stream = engine.open(SynthesisRequest("Hello there.", seed=3))
     pcm = stream.step()
     assert pcm and len(pcm) % 2 == 0
@@ -39,11 +53,54 @@ def test_whole_segment_in_one_step_then_none(engine, short_reference_wav):
     stream.close()
 
 
-def test_conditioning_is_reused_and_flow_steps_reach_the_solver(engine, monkeypatch):
+def test_the_same_seed_gives_the_same_audio(engine):
+    first = engine.open(SynthesisRequest("Hi.", seed=9)).step()
+    assert first and engine.open(SynthesisRequest("Hi.", seed=9)).step() == first
+
+
+def test_a_sentence_prints_nothing_and_warns_nothing(engine, capfd, caplog):
+    """Turbo's ``generate`` logged "CFG, min_p and exaggeration are not supported" (the
+    engine passed Chatterbox's 0.5 for both), printed "S3 Token -> Mel Inference..." and
+    drew two tqdm bars on stderr, on every sentence: an operator's log, per sentence."""
+    capfd.readouterr()
+    with caplog.at_level(logging.INFO):
+        assert engine.open(SynthesisRequest("Hi.", seed=6)).step()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert capfd.readouterr() == ("", "")
+
+
+def test_conditioning_is_reused(engine, monkeypatch):
     def recompute(*args, **kwargs):
         raise AssertionError("reference re-encoded per sentence")
 
     monkeypatch.setattr(engine._model, "prepare_conditionals", recompute)
+    assert engine.open(SynthesisRequest("Hi.", seed=4, options={"max_tokens": 3})).step()
+
+
+def test_closed_before_its_step_a_stream_makes_nothing(engine, monkeypatch):
+    def generate(*args, **kwargs):
+        raise AssertionError("a closed stream generated")
+
+    monkeypatch.setattr(engine._model, "generate", generate)
+    stream = engine.open(SynthesisRequest("Hi."))
+    stream.close()
+    assert stream.step() is None
+
+
+def test_runaway_and_unknown_voice(engine, monkeypatch):
+    monkeypatch.setattr(engine, "runaway_min_s", 0.05)
+    monkeypatch.setattr(engine, "runaway_factor", 0.0)
+    with pytest.raises(EngineError) as err:
+        engine.open(SynthesisRequest("Hi.", seed=5)).step()
+    assert err.value.code == "engine_runaway"
+    with pytest.raises(EngineError) as err:
+        engine.open(SynthesisRequest("Hi.", voice="someone"))
+    assert err.value.code == "voice_unknown"
+
+
+def test_flow_steps_reach_the_solver(engine, monkeypatch):
+    if engine.turbo:
+        pytest.skip("Chatterbox only: Turbo's 2 steps are fixed (flow_steps is refused)")
     cfm = engine._model.s3gen.flow.decoder
     solve = cfm.solve_euler
     spans = []
@@ -57,15 +114,101 @@ def test_conditioning_is_reused_and_flow_steps_reach_the_solver(engine, monkeypa
     assert spans == [TINY_ENGINE_OPTIONS["flow_steps"] + 1]  # n Euler steps span n+1 times
 
 
-def test_runaway_and_unknown_voice(engine, monkeypatch):
-    monkeypatch.setattr(engine, "runaway_min_s", 0.05)
-    monkeypatch.setattr(engine, "runaway_factor", 0.0)
+@pytest.fixture
+def turbo_t3_calls(engine, monkeypatch):
+    """The keyword arguments of each Turbo T3 generation (Turbo's engine only)."""
+    if not engine.turbo:
+        pytest.skip("Chatterbox-Turbo only")
+    t3 = engine._model.t3
+    infer = t3.inference_turbo
+    calls: list[dict] = []
+
+    def spy(**kwargs):
+        calls.append(kwargs)
+        return infer(**kwargs)
+
+    monkeypatch.setattr(t3, "inference_turbo", spy)
+    return calls
+
+
+def test_turbo_max_tokens_caps_the_whole_segment(engine, turbo_t3_calls):
+    """Turbo's ``generate`` split a text at each sentence end (into chunks of max_tokens // 2
+    characters) and gave every chunk the whole ``max_tokens``: a segment of three short
+    sentences ran T3 three times, each up to the runaway budget."""
+    assert engine.open(SynthesisRequest("Hi. Yes. No.", seed=7)).step()
+    assert [c["max_gen_len"] for c in turbo_t3_calls] == [TINY_TURBO_OPTIONS["max_tokens"]]
+
+
+def test_turbo_samples_with_its_own_top_p_unless_asked(engine, turbo_t3_calls):
+    """The engine passed Chatterbox's default top_p 1.0 to Turbo, whose own is 0.95."""
+    assert engine.open(SynthesisRequest("Hi.", seed=8)).step()
+    assert engine.open(SynthesisRequest("Hi.", seed=8, top_p=0.5)).step()
+    assert [c["top_p"] for c in turbo_t3_calls] == [0.95, 0.5]
+
+
+@pytest.mark.timeout(1200)  # S3Gen runs over the 5.2 s reference's 260 mel frames every time
+def test_turbo_clones_a_reference_once_and_says_once_what_it_does_not_use(
+    tiny_chatterbox_turbo, turbo_reference_wav, caplog
+):
+    """mlx-audio's Turbo ``prepare_conditionals`` returns None and keeps the voice on the
+    model: the engine held None as its voice. The warm-up in ``load`` speaks with it."""
+    from engines.chatterbox import ChatterboxEngine
+
+    engine = ChatterboxEngine(
+        str(tiny_chatterbox_turbo),
+        ref_audio=str(turbo_reference_wav),
+        exaggeration=0.7,
+        **TINY_TURBO_OPTIONS,
+    )
+    with caplog.at_level(logging.WARNING):
+        engine.load()
+    try:
+        assert engine.voices() == ["turbo"]
+        assert engine._conds is not None and engine._conds is engine._model._conds
+        # S3Gen's prompt is the reference's mel frames (50 a second), not the built-in 0.2 s
+        assert engine._conds.gen["prompt_feat"].shape[1] == pytest.approx(5.2 * 50, abs=2)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "exaggeration = 0.7 not used" in warnings[0]
+    finally:
+        engine.close()
+
+
+@pytest.fixture
+def turbo_config(tmp_path):
+    """A directory that says Chatterbox-Turbo: the refusals come before any model loads."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "chatterbox_turbo"}))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"flow_steps": 2}, ["flow_steps", "Chatterbox only"]),
+        ({"language": "de"}, ["English only", "'de'"]),
+    ],
+)
+def test_turbo_refuses_at_load_what_it_cannot_do(turbo_config, options, words):
+    from engines.chatterbox import ChatterboxEngine
+
     with pytest.raises(EngineError) as err:
-        engine.open(SynthesisRequest("Hi.", seed=5)).step()
-    assert err.value.code == "engine_runaway"
+        ChatterboxEngine(str(turbo_config), **options).load()
+    assert err.value.code == "engine_failed"
+    assert all(w in str(err.value) for w in words), err.value
+
+
+def test_turbo_refuses_a_short_reference_at_load(turbo_config, short_reference_wav):
+    """mlx-audio's Turbo asserts a reference over 5 s ("Audio prompt must be longer than 5
+    seconds!", nothing under ``python -O``): refused before the model loads, naming the key,
+    the file's length and the length needed."""
+    pytest.importorskip("mlx_audio", reason="needs the mlx extra (mlx-audio)")
+    from engines.chatterbox import ChatterboxEngine
+
     with pytest.raises(EngineError) as err:
-        engine.open(SynthesisRequest("Hi.", voice="someone"))
-    assert err.value.code == "voice_unknown"
+        ChatterboxEngine(str(turbo_config), ref_audio=str(short_reference_wav)).load()
+    assert err.value.code == "engine_failed"
+    message = str(err.value)
+    assert f"ref_audio {short_reference_wav} is 0.20 s long" in message
+    assert "longer than 5 s" in message
 
 
 @pytest.mark.parametrize("steps", [0, -1, 2.5])
@@ -83,5 +226,4 @@ def test_a_reference_wav_may_be_written_from_the_home_directory(tmp_path, monkey
 
     monkeypatch.setenv("HOME", str(tmp_path))
     engine = ChatterboxEngine("unused", ref_audio="~/assistant.wav")
-    assert (engine.ref_audio, engine.voices()) == (str(tmp_path / "assistant.wav"),
-                                                  ["assistant"])
+    assert (engine.ref_audio, engine.voices()) == (str(tmp_path / "assistant.wav"), ["assistant"])

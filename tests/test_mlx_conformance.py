@@ -1,4 +1,5 @@
-"""The shared conformance suite against qwen3 (custom voice, clone), http (SSE, PCM), chatterbox.
+"""The shared conformance suite against qwen3 (custom voice, clone), http (SSE, PCM), chatterbox
+(and Chatterbox-Turbo).
 
 Random-weight models never stop by themselves: lengths follow ``max_tokens``, not the text,
 so the duration and text-scaling checks are off for them.
@@ -50,6 +51,15 @@ def test_chatterbox_conforms(tiny_chatterbox, short_reference_wav):
         ),
         **TINY,
     )
+
+
+@pytest.mark.slow
+def test_chatterbox_turbo_conforms(tiny_chatterbox_turbo):
+    """Chatterbox-Turbo through the same engine, with its built-in voice."""
+    from engines.chatterbox import ChatterboxEngine
+    from tests.tiny_models.chatterbox_turbo import TINY_TURBO_OPTIONS
+
+    check_engine(lambda: ChatterboxEngine(str(tiny_chatterbox_turbo), **TINY_TURBO_OPTIONS), **TINY)
 
 
 def test_http_sse_conforms():
