@@ -110,6 +110,7 @@ from gateway.core.codec import (
     ClientTranscript,
     ProtocolError,
     decode_client,
+    load_frame,
 )
 from gateway.io.aio import stop_signal
 from gateway.io.auth import (
@@ -628,16 +629,7 @@ def hello_format(message: str | bytes) -> str:
     1008: ``binary_not_supported``, ``message_too_large``, ``invalid_json``,
     ``invalid_message`` (not a ``relay.hello``), ``invalid_field`` (a format the relay does
     not make); the last two name the message's ``event_id``, as the gateway's refusals do."""
-    if isinstance(message, bytes):
-        raise ProtocolError("binary_not_supported", "the relay accepts text frames only; "
-                            'send {"type":"relay.hello","format":...} as text')
-    if len(message) > MAX_MESSAGE_BYTES // 4 and len(message.encode()) > MAX_MESSAGE_BYTES:
-        raise ProtocolError("message_too_large",
-                            f"text frames are limited to {MAX_MESSAGE_BYTES} bytes")
-    try:
-        hello = orjson.loads(message)
-    except orjson.JSONDecodeError as exc:
-        raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
+    hello = load_frame(message)  # (the gateway's own first checks)
     named = _event_id(message) if isinstance(hello, dict) else None
     if not isinstance(hello, dict) or hello.get("type") != "relay.hello":
         raise ProtocolError("invalid_message", "the first message must be a relay.hello "

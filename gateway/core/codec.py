@@ -248,8 +248,10 @@ _SEGMENTER_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
 }
 
 
-def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
-    """Parse one client WebSocket message. Raises ``ProtocolError`` for anything invalid."""
+def load_frame(data: str | bytes) -> Any:
+    """The JSON value of one client frame, before any check of its fields. Raises
+    ``ProtocolError`` for a binary frame, one over ``MAX_MESSAGE_BYTES`` or one that is not
+    JSON (``binary_not_supported``, ``message_too_large``, ``invalid_json``)."""
     if isinstance(data, bytes | bytearray | memoryview):
         raise ProtocolError("binary_not_supported",
                             "binary frames are not accepted from clients; send JSON text")
@@ -260,9 +262,14 @@ def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
     try:
         # orjson refuses NaN, Infinity, lone surrogates, nesting past 1,024 levels, and a
         # number beyond a double's range ("1e400": JSON allows a parser that limit)
-        obj = orjson.loads(data)
+        return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError("invalid_json", f"not valid JSON: {exc}") from None
+
+
+def decode_client(data: str | bytes) -> ClientMessage | ClientResume:
+    """Parse one client WebSocket message. Raises ``ProtocolError`` for anything invalid."""
+    obj = load_frame(data)
     if not isinstance(obj, dict):
         raise ProtocolError("invalid_message", "a message must be a JSON object with a 'type'")
     event_id = obj.get("event_id")
