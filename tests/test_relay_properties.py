@@ -32,13 +32,13 @@ NEEDS_ANSWER = ("transcript", "say", "session.update", "ping", "invalid")
 class FakeGateway:
     """A model of the gateway session, used only by this test. ``log``: every message it
     sent, in order (what a resume replays from); ``cursor``: the next one the relay's
-    socket reads (None: no socket); ``inbox``: what the relay sent that it has not read."""
+    socket reads (None: no socket); ``inbox``: what the relay sent that it has not read,
+    each with the watch message it came from (None: none of the watch's)."""
 
-    def __init__(self, ids: dict[str, int]) -> None:
-        self.ids = ids
+    def __init__(self) -> None:
         self.log: list[tuple[int | None, str | bytes]] = []  # (frame seq or None, message)
         self.cursor: int | None = 0
-        self.inbox: list[str] = []
+        self.inbox: list[tuple[str, int | None]] = []
         self.turns = 0
         self.playing: int | None = None  # the turn in progress
         self.seq = 0
@@ -59,8 +59,7 @@ class FakeGateway:
 
     def read_one(self, refuse: bool) -> None:
         """Reads the oldest message in flight and answers it (tagged ``ans``: its n)."""
-        message = self.inbox.pop(0)
-        n = self.ids.get(message)
+        message, n = self.inbox.pop(0)
         if n is not None:
             if n in self.read:
                 decoded = None
@@ -72,7 +71,8 @@ class FakeGateway:
                 assert isinstance(decoded, ClientCancel | ClientPlayback), \
                     f"gateway read message {n} twice"
                 assert self.playing is None or self.playing <= self.read[n], \
-                    f"cancel {n} sent again cancelled turn {self.playing}, started after it"
+                    f"{type(decoded).__name__} {n} sent again came after turn " \
+                    f"{self.playing} started"
             else:
                 self.read[n] = self.turns
         try:
@@ -116,24 +116,30 @@ class FakeGateway:
 class RelayMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
+        # the watch message each message sent up came from, by its text, the last sent up:
+        # what the relay sends again is a message it sent (two marks of a turn can go up
+        # alike: played_ms beyond the audio is written as all of it, and the relay sends
+        # only the fields the gateway reads)
         self.ids: dict[str, int] = {}
         self.kinds: dict[int, str] = {}
-        self.gateway = FakeGateway(self.ids)
+        self.gateway = FakeGateway()
         self.core = RelayCore(Pcm16kAudio())
         self.core.created({"type": "session.created", "session_id": "s", "resume_token": "r",
                            "resume_window_s": 30, "audio": {"format": "pcm16",
                                                             "sample_rate": 24000,
                                                             "frame_ms": 20}})
         self.state = "up"  # "up", "down" (dropped), "replaying" (resumed, replay coming)
-        self.pending: list[str] = []  # watch messages waiting for the uplink
+        self.pending: list[tuple[str, int]] = []  # watch messages waiting for the uplink
         self.answers: dict[int, int] = {}  # n → answers the watch got
         self.watch_turn: int | None = None
         self.n = 0
 
     # -- the watch --
 
-    def _upload(self, message: str) -> None:
-        self.gateway.inbox.append(message)
+    def _upload(self, message: str, n: int | None) -> None:
+        if n is not None:
+            self.ids[message] = n
+        self.gateway.inbox.append((message, n))
         self.core.sent(message)
 
     def _to_watch(self, out: list[str | bytes]) -> None:
@@ -175,18 +181,16 @@ class RelayMachine(RuleBasedStateMachine):
             case "bogus":
                 event |= {"type": "bogus"}
         message = f"{{oops {n}" if kind == "not_json" else orjson.dumps(event).decode()
-        self.ids[message] = n
         self.kinds[n] = {"update": "session.update", "bad_update": "session.update",
                          "cancel_turn": "cancel", "bare_ping": "ping", "empty": "invalid",
                          "bogus": "invalid", "not_json": "invalid"}.get(kind, kind)
         up, reply = self.core.from_watch(message)
         assert reply is None
         if up is not None:
-            self.ids[up] = n
             if self.state == "up" and not self.pending:
-                self._upload(up)
+                self._upload(up, n)
             else:  # waits out the reconnect (the relay's _send_upstream)
-                self.pending.append(up)
+                self.pending.append((up, n))
 
     # -- the gateway --
 
@@ -232,10 +236,10 @@ class RelayMachine(RuleBasedStateMachine):
 
     def _replayed(self) -> None:
         for message in self.core.lost():
-            self.gateway.inbox.append(message)
+            self.gateway.inbox.append((message, self.ids.get(message)))
         self.state = "up"
         while self.pending:
-            self._upload(self.pending.pop(0))
+            self._upload(*self.pending.pop(0))
 
     @precondition(lambda self: self.state != "down")
     @rule()
@@ -283,3 +287,32 @@ TestRelayProperties = RelayMachine.TestCase
 TestRelayProperties.settings = settings(max_examples=300, stateful_step_count=40,
                                         deadline=None,
                                         suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_a_mark_like_one_sent_again_is_the_watchs_own_not_a_second_reading():
+    """Hypothesis's example (found in a CI run): marks 3 and 4 of turn 1, both past its one
+    frame, go up alike; mark 3, lost with transcript 2, goes again before it (the barge-in's
+    mark), and mark 4, held through the drop, after it, once turn 2 has started (the gateway
+    ignores it: a mark for an earlier turn). The fake took mark 4 for mark 3 read twice, a
+    second reading after a newer turn started, and failed the run."""
+    machine = RelayMachine()
+    machine.watch_sends("transcript")
+    machine.gateway_reads(refuse=False)
+    machine.gateway_completes()
+    machine.relay_reads()
+    machine.relay_reads()
+    machine.watch_sends("transcript")
+    machine.relay_reads()
+    for _ in range(3):
+        machine.uplink_drops()
+        machine.relay_resumes()
+        machine.relay_reads()
+        machine.never_waits_for_ever()
+    machine.uplink_drops()
+    machine.relay_resumes()
+    machine.watch_sends("playback")
+    machine.uplink_drops()
+    machine.watch_sends("playback")
+    machine.teardown()
+    # (message → turns started when the gateway first read it: mark 3 before turn 2)
+    assert machine.gateway.turns == 2 and machine.gateway.read == {1: 0, 2: 1, 3: 1, 4: 2}
