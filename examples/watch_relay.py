@@ -110,6 +110,7 @@ from gateway.core.codec import (
     ClientTranscript,
     ProtocolError,
     decode_client,
+    error_object,
     load_frame,
 )
 from gateway.io.aio import stop_signal
@@ -657,10 +658,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _error(code: str, message: str, event_id: str | None = None) -> str:
-    error = {"code": code, "message": message}
-    if event_id is not None:
-        error["event_id"] = event_id
-    return orjson.dumps({"type": "error", "error": error}).decode()
+    return orjson.dumps({"type": "error", "error": error_object(code, message, event_id)}
+                        ).decode()
 
 
 def _event_id(message: str | bytes) -> str | None:

@@ -248,6 +248,16 @@ _SEGMENTER_SETTINGS: dict[str, Callable[[dict[str, Any], str], Any]] = {
 }
 
 
+def error_object(code: str, message: str, event_id: str | None = None) -> dict[str, Any]:
+    """An ``error`` event's ``error`` object. ``event_id``: that of the client message it
+    answers (the refused one, or the ``transcript``/``say`` that started the failed turn),
+    inside the object as OpenAI Realtime has it: the event's own top level stays free."""
+    error = {"code": code, "message": message}
+    if event_id is not None:
+        error["event_id"] = event_id
+    return error
+
+
 def load_frame(data: str | bytes) -> Any:
     """The JSON value of one client frame, before any check of its fields. Raises
     ``ProtocolError`` for a binary frame, one over ``MAX_MESSAGE_BYTES`` or one that is not

@@ -465,8 +465,8 @@ class Session:
     def protocol_error(self, error: ProtocolError, now: float) -> list[Effect]:
         """The ``error`` event refusing a client message: with the message's ``event_id``
         when it had one (``ProtocolError.event_id``)."""
-        event: dict[str, Any] = {"type": "error", "error": _error(error.code, error.message,
-                                                                  error.event_id)}
+        event: dict[str, Any] = {"type": "error", "error": codec.error_object(
+            error.code, error.message, error.event_id)}
         if error.turn_id is not None:
             event["turn_id"] = error.turn_id
         return [SendEvent(event)]
@@ -937,7 +937,7 @@ class Session:
             return []
         turn.failed = (code, message)
         return [SendEvent({"type": "error", "turn_id": turn.id,
-                           "error": _error(code, message, turn.event_id)})]
+                           "error": codec.error_object(code, message, turn.event_id)})]
 
     @staticmethod
     def _stop_work(turn: Turn, segments: list[_SegmentAudio]) -> list[Effect]:
@@ -1058,16 +1058,6 @@ class Session:
             "underruns": turn.pacer.underruns,
             "sentences": len(turn.segments),
         }
-
-
-def _error(code: str, message: str, event_id: str | None) -> dict[str, Any]:
-    """An ``error`` event's ``error`` object. ``event_id``: that of the client message it
-    answers (the refused one, or the ``transcript``/``say`` that started the failed turn),
-    inside the object as OpenAI Realtime has it: the event's own top level stays free."""
-    error = {"code": code, "message": message}
-    if event_id is not None:
-        error["event_id"] = event_id
-    return error
 
 
 def _empty_reply(thought_chars: int) -> str:
