@@ -119,12 +119,14 @@ class HttpTtsEngine:
         self.format = format
         self.streaming_interval = streaming_interval
         self.reads_digits = reads_digits
-        self.instructions = model not in OPENAI_WITHOUT_INSTRUCTIONS if instructions is None \
+        self.extra_body = dict(extra_body or {})
+        # (``extra_body`` goes into the request last, so a model named there is the one asked)
+        asked = self.extra_body.get("model", model)
+        self.instructions = asked not in OPENAI_WITHOUT_INSTRUCTIONS if instructions is None \
             else instructions
         """Whether style instructions go on to the server (the HTTP API notes them ignored
         otherwise): the ``instructions`` option, by default true but for OpenAI's models
         that do not take them."""
-        self.extra_body = dict(extra_body or {})
         self.probe_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._headers = {**UNCOMPRESSED, **self.probe_headers}
         self.probe_url = self.url.removesuffix("/audio/speech") + "/models"

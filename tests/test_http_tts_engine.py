@@ -92,6 +92,18 @@ def test_instructions_go_on_under_the_servers_name(sse_server, model, option, fm
     assert not any(k.startswith("instruct") for k in unstyled)
 
 
+def test_a_model_named_in_extra_body_decides_whether_instructions_go_on():
+    """``extra_body`` is merged into the request last, so a model set there is the one the
+    server is asked for: OpenAI's ``tts-1`` there takes no instructions either (they went
+    on, decided by the ``model`` option the request no longer carried)."""
+    assert not HttpTtsEngine("http://127.0.0.1:9/v1", model="qwen3",
+                             extra_body={"model": "tts-1"}).instructions
+    assert HttpTtsEngine("http://127.0.0.1:9/v1", model="tts-1",
+                         extra_body={"model": "gpt-4o-mini-tts"}).instructions
+    assert HttpTtsEngine("http://127.0.0.1:9/v1", model="qwen3", instructions=True,
+                         extra_body={"model": "tts-1"}).instructions
+
+
 def test_the_notes_of_a_servers_done_event_are_kept_bounded(sse_server, engine_for):
     """Another gateway says in ``speech.audio.done`` what it did not do as asked; the stream
     keeps those notes (the lane hands them to the HTTP API), bounded: a server's text goes
