@@ -122,8 +122,8 @@ class HttpTtsEngine:
         self.extra_body = dict(extra_body or {})
         # (``extra_body`` goes into the request last, so a model named there is the one asked)
         asked = self.extra_body.get("model", model)
-        self.instructions = asked not in OPENAI_WITHOUT_INSTRUCTIONS if instructions is None \
-            else instructions
+        self.instructions = not (isinstance(asked, str) and asked in OPENAI_WITHOUT_INSTRUCTIONS) \
+            if instructions is None else instructions
         """Whether style instructions go on to the server (the HTTP API notes them ignored
         otherwise): the ``instructions`` option, by default true but for OpenAI's models
         that do not take them."""

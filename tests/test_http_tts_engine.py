@@ -102,6 +102,8 @@ def test_a_model_named_in_extra_body_decides_whether_instructions_go_on():
                          extra_body={"model": "gpt-4o-mini-tts"}).instructions
     assert HttpTtsEngine("http://127.0.0.1:9/v1", model="qwen3", instructions=True,
                          extra_body={"model": "tts-1"}).instructions
+    assert HttpTtsEngine("http://127.0.0.1:9/v1", model="qwen3",
+                         extra_body={"model": ["tts-1"]}).instructions  # (no TypeError)
 
 
 def test_the_notes_of_a_servers_done_event_are_kept_bounded(sse_server, engine_for):
