@@ -12,7 +12,8 @@ on how the stream was chunked:
 
 * A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
   letter: ``Τι ώρα είναι; Είναι``) (plus closing quotes, brackets, markdown emphasis,
-  citation marks, ``.[1]``, ``.[1, 2]``, ``.[1–3]``, and trailing emoji) followed by whitespace;
+  citation marks, ``.[1]``, ``.[1, 2]``, ``.[1–3]``, and trailing emoji or emoticons:
+  ``Nice try. ;-)``, ``Done! :)``, ``xD``) followed by whitespace;
   the first character of the next word decides the ambiguous cases. ``8.`` + ``4`` never
   splits (no whitespace), neither do ``192.168.1.1``, ``example.org``, ``a@b.io``,
   ``11:15``. A lowercase next word means the sentence goes on (``3 p.m. in``,
@@ -46,6 +47,14 @@ on how the stream was chunked:
   (``3 p.m. 김``), but a dot after one to three Thai consonants (Thai writes no full
   stop) or a lone Arabic letter abbreviates: ``พ.ศ. 2569``, ``ดร. สมชาย``, ``د. أحمد``
   (Dr.) never end one, while a full stop after a Thai word does (``ขอบคุณค่ะ. พรุ่งนี้``).
+  Citations and more languages: ``v.`` (versus: ``Brown v. Board``), Polish ``ul.``,
+  Indonesian ``Jl.`` (street) and the Dutch ``Dhr.`` never end one; ``op. 27`` (opus),
+  ``Ps. 23``, ``1 Cor. 13``, Swedish ``kl. 9.30`` and Polish ``godz. 15.00`` (o'clock)
+  never before a digit; a citation's ``Fed.``, ``Civ.``, ``Cir.``, ``Supp.`` go on before
+  an initial, another of them or a number (``Fed. R. Civ. P. 12(b)(6)``, ``9th Cir.
+  2010``); ``Ln.``, ``Sq.``, ``Ct.`` as ``St.``. Chess: a move number before a piece's move
+  (``1. e4 e5 2. Nf3``, ``3... Qe7``) and a move's ``??`` or ``!`` before the next number
+  (``Nf6?? 4. Qxf7#``) end none.
   A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
   ¿Quieres``, ``p. m. ¡Hasta``). An opening bracket or quote is looked through (``a.m. (It``).
   A straight ``"`` right after a digit is an inch mark, not a quote; between two Hebrew
@@ -59,6 +68,10 @@ on how the stream was chunked:
   cut, whether the reply came at once or in pieces). Nor inside inline code
   (```Hello. World.```), closed on its line within ``quote_max_chars`` (else a stray
   backtick).
+* An emoji or an emoticon (``:D``, ``:(``, written as a word) before a capitalized word
+  ends a sentence (``got me there :D That one's``); an emoticon's bracket opens or closes
+  none. An em dash right after a word, then a space and a word that opens sentences, ends
+  one broken off (``might be in the— Actually, ...``; not ``the—wait``).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty.
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
@@ -177,13 +190,15 @@ _SPACE = frozenset(" \t\r\u00a0\u202f")
 # "Dr. Smith": titles (as written) and these lowercase forms never end a sentence.
 _TITLES = frozenset(
     "Mr Mrs Ms Dr Prof St Sr Sen Rep Gov Gen Col Capt Lt Sgt Rev Hon Mt Ft MR MRS MS DR "
-    "Hr Hrn Sra Srta Sres Dra Dres Lic Sig Sigg Dott Avv Ing".split()
+    "Hr Hrn Sra Srta Sres Dra Dres Lic Sig Sigg Dott Avv Ing "
+    "Dhr Mevr".split()  # Dutch: "Dhr. Jansen" (Mr.), "Mevr. de Vries" (Mrs.)
 )
 _NEVER_END = frozenset(
-    "vs e.g i.e cf approx dept est "
+    "vs v e.g i.e cf approx dept est "  # "Brown v. Board": versus
     "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl einschl ausschl zzgl "
     "bzgl sog "  # German
     "p.ex p.ej sig dott avv prof av avda b\u00e2t "  # French, Spanish, Italian
+    "ul jl "  # Polish "ul. Długa" and Indonesian "Jl. Sudirman" (street)
     "ул просп пер пл наб св проф акад доц "  # Russian
     "डॉ प्रो".split()  # Hindi
 )
@@ -232,6 +247,8 @@ _BEFORE_NUMBER = frozenset(
     "no nos vol fig figs p pp ch sec secs min mins hr hrs art jan feb mar apr jun jul aug sep "
     "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs sc nr bd abs "
     "kap str abb tab pág págs pag núm num cap n ft lb lbs "
+    "op godz kl "  # "op. 27 no. 2" (opus); Polish "godz. 15.00", Swedish "kl. 9.30" (o'clock)
+    "ps psa prov isa matt rom cor eph deut exod "  # Bible books: "Ps. 23", "1 Cor. 13"
     "д кв корп стр ауд рис табл гл т с тел "  # Russian: "д. 12", "ауд. 305", "с. 45"
     "रु".split()  # Hindi: "रु. 450" (rupees)
 )
@@ -262,7 +279,8 @@ _RUSSIAN_STARTERS = frozenset(
 # not open a sentence (``_STARTERS``), as an initial does. So do a name's "Sr." and "Jr."
 # ("Ken Griffey Sr. He hit" ends, "Martin Luther King Jr. Day" goes on; the Spanish title
 # "Sr. García" too) and the Vietnamese "TP." (city: "TP. Hồ Chí Minh").
-_NAME_OR_END = frozenset("St Ave Blvd Rd Univ c ca Sr Jr TP Tp".split())  # "Oxford Univ. Press"
+_NAME_OR_END = frozenset(
+    "St Ave Blvd Rd Ln Sq Ct Hwy Pkwy Univ c ca Sr Jr TP Tp".split())  # "Oxford Univ. Press"
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
 # capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
@@ -274,7 +292,8 @@ _STARTERS = frozenset(
     "Would Can Could Should What Who Where Why How Which Yes No Not Some All Most Many Each "
     "Every Both In On At For From To With By As Just Only Once Otherwise Finally Meanwhile "
     "Instead Overall Thanks Sure Okay OK Great Good Last Today Tomorrow Yesterday Later "
-    "Since Because Although Even Other Another One Two Three Either Neither".split()
+    "Since Because Although Even Other Another One Two Three Either Neither Actually Anyway "
+    "Well Oh Sorry".split()
 )
 # "Plan B.", "vitamin C.", "Row F.", "an A.", "au b\u00e2t. B.": a single capital after these
 # is a label, not an initial, so it ends a sentence before any capital.
@@ -342,6 +361,15 @@ def _open_span(text: str) -> bool:
             or len(_OPEN_SINGLE.findall(text)) > len(_CLOSE_SINGLE.findall(text)))
 
 
+_CITE_ABBR = frozenset("Fed Civ Crim Evid App Bankr Cir Supp".split())
+"""Abbreviations of legal citations, which go on before an initial, another of them or a
+number: "Fed. R. Civ. P. 12(b)(6)", "F. Supp. 2d", "9th Cir. 2010" (not "the Fed. Markets")."""
+_SAN = re.compile(r"[KQRBN][a-h]?[1-8]?x?[a-h][1-8]")
+"""A chess piece's move in algebraic notation ("Nf3", "Qxf7", "Rae1"): after a move number
+("2. Nf3", "3... Qe7") it is no sentence; a pawn's ("1. e4") is lowercase already."""
+_EMOTICON = re.compile(r"[:;=]'?-?[()\[\]DPpOo3/\\|*]|[xX]D|<3|\^_?\^")
+"""An emoticon written as a word of its own (":)", ";-)", ":'(", "xD", "<3"): it stays with
+the sentence before it, as an emoji does, and its bracket opens or closes none."""
 _CAMEL = re.compile(r"[a-z]{1,5}[A-Z][A-Za-z0-9]*|v\d+")
 """A name written in camelCase ("macOS", "iOS", "iPhone", "eBay") or a version ("v0.3.1"):
 it opens sentences though its first letter is lowercase."""
@@ -771,7 +799,8 @@ class Segmenter:
             j += 1
         run = buf[i:j]
         end, quote, paren = self._skip_closers(j)
-        # Trailing emoji belong to the sentence they follow ("Well done! 🎉").
+        # Trailing emoji belong to the sentence they follow ("Well done! 🎉"), and so do
+        # emoticons ("Nice try. ;-)", "Glad it works! :)").
         while True:
             k = end
             while self._need(k) and buf[k] in _SPACE:
@@ -781,6 +810,11 @@ class Segmenter:
                     k += 1
                 end = k
                 continue
+            if k > end and k < len(buf) and buf[k] in ":;=xX<^":
+                e = self._emoticon(k)
+                if e > 0:
+                    end = e
+                    continue
             break
         if end < len(buf) and buf[end] not in _SPACE and buf[end] != "\n":
             self._pos = j  # "8.4", "example.org", "?q=1": not a boundary
@@ -848,6 +882,12 @@ class Segmenter:
         end = i
         while self._need(end) and _is_emoji(buf[end]):
             end += 1
+        return self._ends_after(i, end, out)
+
+    def _ends_after(self, i: int, end: int, out: list[Segment]) -> bool:
+        """After an emoji or an emoticon at ``i:end``: a capitalized word after it opens a
+        new sentence (the module docstring); True if a segment was cut."""
+        buf = self._buf
         k = end
         while self._need(k) and buf[k] in _SPACE:
             k += 1
@@ -861,6 +901,17 @@ class Segmenter:
         out.extend(self._emit(end, k))
         return True
 
+    def _emoticon(self, k: int) -> int:
+        """The end of an emoticon (``_EMOTICON``) written as a word at ``k``, or -1 (waits
+        for the space after it)."""
+        buf = self._buf
+        e = k
+        while self._need(e) and buf[e] not in _SPACE and buf[e] != "\n":
+            e += 1
+            if e - k > 4:
+                return -1  # longer than any emoticon ("xylophone")
+        return e if _EMOTICON.fullmatch(buf, k, e) else -1
+
     def _ends_sentence(self, i: int, run: str, nxt: str) -> bool:
         if nxt == "|":
             return False  # "| $5/mo. |": a table's cell closes, its row goes on
@@ -868,14 +919,24 @@ class Segmenter:
             return True  # Spanish "¿" and "¡" open a sentence: "etc. ¿Quieres", "p. m. ¡Hasta"
         if nxt.islower():
             return False  # "3 p.m. in", "e.g. this", "well... maybe"
+        buf = self._buf
+        ws = max(buf.rfind(" ", 0, i), buf.rfind("\n", 0, i)) + 1
+        if nxt in "KQRBN" and buf[ws:i].isdigit() and run in (".", "...", "\u2026") and (
+                _SAN.fullmatch(self._next_word(i + len(run)))):
+            return False  # a move number: "1. e4 e5 2. Nf3", "3... Qe7"
         if run != ".":
+            if nxt.isdigit() and run[-1] in "?!" and _SAN.fullmatch(buf[ws:i].rstrip("+#")):
+                j = i + len(run)
+                while self._need(j) and buf[j] in _SPACE:
+                    j += 1
+                num = self._next_word(j)
+                if self._need(j + len(num)) and buf[j + len(num)] == ".":
+                    return False  # a move's mark: "Nf6?? 4. Qxf7#"
             if run[-1] in ".\u2026" and not nxt.isupper():
                 return False  # "the total is... $42.17": a pause, not an end
             # "Well... I think": an ellipsis before the pronoun I goes on.
             return not (nxt == "I" and run[0] in ".\u2026"
                         and self._next_word(i + len(run)) in ("I", "I'm", "I've", "I'd"))
-        buf = self._buf
-        ws = max(buf.rfind(" ", 0, i), buf.rfind("\n", 0, i)) + 1
         word = buf[ws:i].lstrip("(\"'\u201c\u201e\u00ab\u00bb*_[")
         low = word.lower()
         if _THAI.match(word[-1:]) and _THAI_ABBR.fullmatch(word.rsplit(".", 1)[-1]) or (
@@ -904,6 +965,14 @@ class Segmenter:
             return True  # "No. 91 isn't prime.": the answer, not "No. 5"
         if word in _ZONES:
             return True  # "at 9 a.m. EST. That's": not "est." (estimated)
+        if word in _CITE_ABBR:  # "Fed. R. Civ. P. 12(b)(6)", "F. Supp. 2d", "9th Cir. 2010"
+            j = i + 1
+            while self._need(j) and buf[j] in _SPACE:
+                j += 1
+            after = self._next_word(j)
+            if nxt.isdigit() or (len(after) == 1 or after in _CITE_ABBR) and (
+                    self._need(j + len(after)) and buf[j + len(after)] == "."):
+                return False
         base = word.rsplit("'", 1)[-1].rsplit("\u2019", 1)[-1]  # "l'avv.", "dell'Ing."
         if word in _TITLES or low in _NEVER_END or base in _TITLES or base.lower() in _NEVER_END:
             return False
@@ -1003,10 +1072,16 @@ class Segmenter:
         """Note a clause mark at ``i``; True if it cut the eager first segment."""
         buf = self._buf
         c = buf[i]
+        if c in ":;" and (i == 0 or buf[i - 1] in _SPACE):
+            e = self._emoticon(i)
+            if e > 0:  # ":D That's it", "sad :( but": no clause mark, no bracket
+                return self._ends_after(i, e, out)
         if c in "-\u2013\u2014" and (
             i == 0 or buf[i - 1] not in _SPACE
             or c == "-" and self._starts_line(i)
         ):
+            if c == "\u2014" and i and buf[i - 1].isalpha() and self._interrupted(i, out):
+                return True
             self._pos = i + 1
             return False  # only a spaced dash is a clause mark ("well - maybe", "now — then")
         end, quote, paren = self._skip_closers(i + 1)
@@ -1021,6 +1096,24 @@ class Segmenter:
             return False
         self._clause = (end, end, quote, paren)
         return self._eager_cut(end, out)
+
+    def _interrupted(self, i: int, out: list[Segment]) -> bool:
+        """An em dash right after a word, then a space and a word that opens sentences: the
+        sentence broke off there ("might be in the— Actually, which OS?"); True if cut."""
+        buf = self._buf
+        k = i + 1
+        if not (self._need(k) and buf[k] in _SPACE):
+            return False  # "in the—wait, no": a dash inside the sentence
+        while self._need(k) and buf[k] in _SPACE:
+            k += 1
+        if k >= len(buf) or self._quote or self._paren or (
+                self._index > 0 and i + 1 < self.config.min_chars):
+            return False
+        word = self._next_word(k)
+        if word not in _STARTERS and word.replace("\u2019", "'") not in _STARTERS:
+            return False
+        out.extend(self._emit(i + 1, k))
+        return True
 
     def _eager_cut(self, end: int, out: list[Segment]) -> bool:
         """At a clause boundary ``end``: cut the first segment there once it holds
