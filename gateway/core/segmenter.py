@@ -1068,6 +1068,24 @@ class Segmenter:
         head = buf[nl + 1:i].strip()
         return not head or lead is not None and lead.fullmatch(head) is not None
 
+    def _interrupted(self, i: int, out: list[Segment]) -> bool:
+        """An em dash right after a word, then a space and a word that opens sentences: the
+        sentence broke off there ("might be in the— Actually, which OS?"); True if cut."""
+        buf = self._buf
+        k = i + 1
+        if not (self._need(k) and buf[k] in _SPACE):
+            return False  # "in the—wait, no": a dash inside the sentence
+        while self._need(k) and buf[k] in _SPACE:
+            k += 1
+        if k >= len(buf) or self._quote or self._paren or (
+                self._index > 0 and i + 1 < self.config.min_chars):
+            return False
+        word = self._next_word(k)
+        if word not in _STARTERS and word.replace("\u2019", "'") not in _STARTERS:
+            return False
+        out.extend(self._emit(i + 1, k))
+        return True
+
     def _clause_mark(self, i: int, out: list[Segment]) -> bool:
         """Note a clause mark at ``i``; True if it cut the eager first segment."""
         buf = self._buf
@@ -1096,24 +1114,6 @@ class Segmenter:
             return False
         self._clause = (end, end, quote, paren)
         return self._eager_cut(end, out)
-
-    def _interrupted(self, i: int, out: list[Segment]) -> bool:
-        """An em dash right after a word, then a space and a word that opens sentences: the
-        sentence broke off there ("might be in the— Actually, which OS?"); True if cut."""
-        buf = self._buf
-        k = i + 1
-        if not (self._need(k) and buf[k] in _SPACE):
-            return False  # "in the—wait, no": a dash inside the sentence
-        while self._need(k) and buf[k] in _SPACE:
-            k += 1
-        if k >= len(buf) or self._quote or self._paren or (
-                self._index > 0 and i + 1 < self.config.min_chars):
-            return False
-        word = self._next_word(k)
-        if word not in _STARTERS and word.replace("\u2019", "'") not in _STARTERS:
-            return False
-        out.extend(self._emit(i + 1, k))
-        return True
 
     def _eager_cut(self, end: int, out: list[Segment]) -> bool:
         """At a clause boundary ``end``: cut the first segment there once it holds
