@@ -1077,7 +1077,7 @@ class Segmenter:
             return False  # "in the—wait, no": a dash inside the sentence
         while self._need(k) and buf[k] in _SPACE:
             k += 1
-        if k >= len(buf) or self._quote or self._paren or (
+        if k >= len(buf) or self._quote or self._paren or i + 1 > self.config.max_chars or (
                 self._index > 0 and i + 1 < self.config.min_chars):
             return False
         word = self._next_word(k)
