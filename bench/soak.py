@@ -53,7 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.capacity import Server  # noqa: E402
+from bench.capacity import Server, cpu_seconds  # noqa: E402
 from examples.loadgen import (  # noqa: E402
     MARK_INTERVAL_S,
     SessionAccount,
@@ -339,7 +339,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 
     def sample(label: str = "") -> dict[str, float]:
         s = {"t_s": round(loop.time() - t0, 1), "rss_mb": round(rss_mb(gateway.pid), 1),
-             "fds": fd_count(gateway.pid), "label": label}
+             "fds": fd_count(gateway.pid), "label": label,
+             "cpu_s": round(cpu_seconds(gateway.pid), 2),
+             "turns": sum(stats.statuses.values())}
         samples.append(s)
         return s
 
@@ -413,6 +415,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     accounts = [s.account for s in sessions]
     warm = next((s for s in samples if s["t_s"] >= min(60.0, args.minutes * 30)), samples[0])
     running = [s for s in samples if not s["label"]]
+    frames = sum(t.frames for a in accounts for t in a.turns)
     result = {
         "sessions": args.sessions, "minutes": args.minutes, "seed": args.seed,
         "interrupted": interrupted,
@@ -421,7 +424,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "resumes": stats.resumes, "resume_failed": stats.resume_failed,
         "connects": stats.connects, "renewals": stats.renewals,
         "connect_failures": stats.connect_failures,
-        "frames": sum(t.frames for a in accounts for t in a.turns),
+        "frames": frames,
         "seq_gaps": sum(a.seq_gaps for a in accounts),
         "seq_repeats": sum(a.seq_repeats for a in accounts),
         "violations": sum(len(a.violations) for a in accounts),
@@ -439,6 +442,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "gateway": {"sessions_after": health["sessions"], "queue_after":
                     health["lanes"], "errors": health["errors"], "turns": health["turns"],
                     "exit_code": code, "stop_s": round(stop_s, 2), "died": died},
+        "cpu": cpu_per_turn(samples, warm, running, frames),
         "samples": samples,
     }
     # (a soak with no completed turn measured nothing: "--minutes 0" passed)
@@ -450,6 +454,29 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     health["sessions"] == 0 and
                     after["tasks"] <= samples[0]["tasks"])
     return result
+
+
+def cpu_per_turn(samples: list[dict[str, Any]], warm: dict[str, Any],
+                 running: list[dict[str, Any]], frames: int) -> dict[str, Any]:
+    """The gateway's CPU (utime + stime from /proc) under the load: over all of it (the
+    "start" sample to "clients closed", connecting included) per 1,000 turns (completed,
+    cancelled or not) and per 1,000 frames the clients received, and in the steady part (the
+    warm-up sample to the last one taken while the load ran) per 1,000 turns."""
+    whole = {"load_s": None, "s_per_1k_turns": None, "s_per_1k_frames": None,
+             "steady_s_per_1k_turns": None}
+    closed = next((s for s in samples if s["label"] == "clients closed"), None)
+    if closed is not None:
+        used = closed["cpu_s"] - samples[0]["cpu_s"]
+        whole["load_s"] = round(used, 2)
+        if closed["turns"]:
+            whole["s_per_1k_turns"] = round(1000 * used / closed["turns"], 2)
+        if frames:
+            whole["s_per_1k_frames"] = round(1000 * used / frames, 4)
+    if running and running[-1]["turns"] > warm["turns"]:
+        whole["steady_s_per_1k_turns"] = round(
+            1000 * (running[-1]["cpu_s"] - warm["cpu_s"])
+            / (running[-1]["turns"] - warm["turns"]), 2)
+    return whole
 
 
 def table(r: dict[str, Any]) -> str:
@@ -466,6 +493,9 @@ def table(r: dict[str, Any]) -> str:
         ("client-side errors", json.dumps(r["errors"])),
         ("RSS MB start/warm/peak/end/idle", "{start} / {warm} / {peak} / {end_of_load} / "
          "{idle_after}".format(**r["rss_mb"])),
+        ("gateway CPU s (/1k turns, /1k frames; steady /1k turns)",
+         "{load_s} ({s_per_1k_turns}, {s_per_1k_frames}; {steady_s_per_1k_turns})".format(
+             **r["cpu"])),
         ("fds start/peak/idle", "{start} / {peak} / {idle_after}".format(**r["fds"])),
         ("asyncio tasks start/peak/idle", "{start} / {peak} / {idle_after}".format(
             **r["tasks"])),
