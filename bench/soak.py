@@ -20,7 +20,8 @@ Every ``--renew-every`` turns a session closes cleanly and a new one opens (sess
 what a leak per session would show up in).
 
 Reported: RSS, descriptors and the gateway's asyncio tasks (``/health`` → ``loop.tasks``)
-over time (start, after warm-up, peak, end, and after every session closed), frames lost
+over time (start, after warm-up, peak, end, and after every session closed), the gateway's
+CPU per 1,000 turns and per 1,000 frames (``cpu``, from /proc), frames lost
 (seq gaps) and duplicated (seq repeats) across resumes (goal 0), turns completed /
 cancelled / failed (goal 0) / lost (no ``turn.done``, or a resume refused: goal 0) /
 refused (``rejected: <code>``, e.g. ``rate_limited``: goal 0), resumes and resume failures,

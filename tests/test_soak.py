@@ -26,6 +26,7 @@ def test_a_short_soak_loses_nothing(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert rc == 0, capsys.readouterr().out
     assert sum(result["turns"].values()) > 0 and result["frames"] > 0
+    assert result["cpu"]["s_per_1k_turns"] > 0 and result["cpu"]["s_per_1k_frames"] > 0
     assert result["seq_gaps"] == result["seq_repeats"] == result["violations"] == 0
     assert "failed" not in result["turns"] and "lost" not in result["turns"]
     assert result["fds"]["idle_after"] == result["fds"]["start"]  # every socket closed
