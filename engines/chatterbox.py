@@ -67,6 +67,7 @@ from engines.mlx_common import (
     process_memory,
     quiet_tqdm,
     reference_audio,
+    require_mlx_audio,
     resolve_model_path,
     runaway_budget_s,
     seed_sampling,
@@ -134,6 +135,7 @@ class ChatterboxEngine(Uninterruptible):
         if self._model is not None:
             return
         self._lifecycle.claim_thread()
+        require_mlx_audio(self.name)
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
         self.turbo = config_model_type(path) == TURBO

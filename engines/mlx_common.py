@@ -17,6 +17,7 @@ not a class tower, and each engine module keeps only what is specific to its mod
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import logging
@@ -63,6 +64,22 @@ def reference_audio(path: str | None) -> str | None:
     """A voice's reference WAV as configured, ``~`` expanded: ``"~/voices/me.wav"`` in a
     config file (no shell expands it there), as the model path may be written."""
     return None if path is None else str(Path(path).expanduser())
+
+
+MLX_EXTRA = 'pip install -e ".[mlx]"'
+"""What installs mlx-audio and MLX: the ``mlx`` extra, which ``pip install -e .`` leaves out."""
+
+
+def require_mlx_audio(engine: str) -> None:
+    """Raise ``engine_failed`` naming the ``mlx`` extra when mlx-audio is not installed.
+
+    Checked before the model is looked for: without the extra the first refusal was the
+    Hugging Face cache's ("fetch it beforehand with `hf download`", a command mlx-audio
+    brings too), or, for a model directory, "ModuleNotFoundError: No module named
+    'mlx_audio'", and neither said what to install. Imports nothing."""
+    if importlib.util.find_spec("mlx_audio") is None:
+        raise EngineError("engine_failed", f"the {engine} engine needs mlx-audio, which "
+                          f"`pip install -e .` leaves out: install the mlx extra, {MLX_EXTRA}")
 
 
 def resolve_model_path(model: str | os.PathLike[str]) -> Path:

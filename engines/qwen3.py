@@ -72,6 +72,7 @@ from engines.mlx_common import (
     process_memory,
     quiet_tqdm,
     reference_audio,
+    require_mlx_audio,
     resolve_model_path,
     runaway_budget_s,
     seed_sampling,
@@ -297,6 +298,7 @@ class Qwen3Engine(Uninterruptible):
             return
         self._lifecycle.claim_thread()
         quiet_tqdm()
+        require_mlx_audio(self.name)
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
         model = load_tts_model(path, ("qwen3_tts",), "Qwen3-TTS")

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 
 import pytest
@@ -295,6 +296,27 @@ def test_an_engine_that_cannot_start_is_one_line_not_a_traceback(argv, code, mes
     err = capsys.readouterr().err
     assert err.strip() == message
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("engine", ["qwen3", "chatterbox"])
+@pytest.mark.parametrize("model", ["mlx-community/Qwen3-TTS-12Hz-0.6B-Base-bf16", "model-dir"])
+def test_an_mlx_engine_without_the_mlx_extra_says_what_to_install(engine, model, tmp_path,
+                                                                   monkeypatch, capsys):
+    """After the README's `pip install -e .` (no extras) the mlx engines' first refusal
+    was the Hugging Face cache's ("fetch it beforehand with `hf download`", a command that
+    comes with mlx-audio) for a model id, and "ModuleNotFoundError: No module named
+    'mlx_audio'" for a directory: neither named the extra to install. mlx-audio is made
+    unimportable here (``None`` in ``sys.modules``) as it is where the extra is missing."""
+    monkeypatch.setitem(sys.modules, "mlx_audio", None)
+    if model == "model-dir":
+        (tmp_path / "config.json").write_text('{"model_type": "qwen3_tts"}')
+        model = str(tmp_path)
+    assert main(["serve", "--port", "0", "--http-port", "0", "--tts", engine,
+                 "--tts-model", model]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (f"voice-gateway: the {engine} engine did not load (lane gpu): the "
+                           f"{engine} engine needs mlx-audio, which `pip install -e .` leaves "
+                           'out: install the mlx extra, pip install -e ".[mlx]"')
 
 
 def test_an_engine_that_cannot_start_leaves_no_lane_thread():
