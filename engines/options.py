@@ -70,7 +70,8 @@ def check_options(cls: Any, options: dict[str, Any], what: str,
     model), an unknown one, or one of the wrong type, as a ``ValueError`` naming it and
     listing what ``cls`` takes (but ``given``, the arguments the code passes itself).
     ``names``: what the operator calls an option the config renames (``ref_audio`` is
-    ``[tts] voice_ref``), for a refusal of one the engine does not take.
+    ``[tts] voice_ref``), for a refusal of one the engine does not take or needs and did
+    not get (qwen3's ``model``: "missing a required argument: 'model'" named no flag).
     Ranges are the constructor's to check."""
     signature = inspect.signature(cls)
     params = signature.parameters
@@ -78,6 +79,10 @@ def check_options(cls: Any, options: dict[str, Any], what: str,
         for key, label in (names or {}).items():
             if key in options and key not in params:
                 raise ValueError(f"{what} takes no {label} ({_takes(signature, given)})")
+    for key, label in (names or {}).items():
+        param = params.get(key)
+        if param is not None and param.default is param.empty and key not in options:
+            raise ValueError(f"{what} needs its {label} ({_takes(signature, given)})")
     try:
         signature.bind(**options)
     except TypeError as exc:
