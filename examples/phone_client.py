@@ -11,7 +11,7 @@ One WebSocket holds the session across turns. For each transcript the client:
 2. reads ``text.delta`` / ``sentence`` events and binary audio frames (12-byte header +
    PCM16 mono 24 kHz), saving each turn's audio as ``turn-NNN.wav`` in ``--out`` (all that
    was sent) and, with ``--play``, playing it on the default output device (skipped if there
-   is none) up to a barge-in;
+   is none, or no ``sounddevice``: ``pip install sounddevice``) up to a barge-in;
 3. plays at real time (a virtual clock when not playing aloud) and sends
    ``{"type":"playback","turn_id":...,"played_ms":...}`` every 250 ms while audio plays
    (typed turns too, while the next line is being typed), so the server paces its sending
@@ -585,7 +585,10 @@ def make_player(play: bool) -> ClockPlayer:
     if play:
         try:
             return SpeakerPlayer()
-        except Exception as exc:  # ImportError, OSError, sounddevice.PortAudioError
+        except ImportError:  # not a missing device: a library the gateway does not install
+            print("[--play needs sounddevice: pip install sounddevice; saving WAV files only]",
+                  file=sys.stderr)
+        except Exception as exc:  # OSError, sounddevice.PortAudioError
             print(f"[no audio device ({exc}); saving WAV files only]", file=sys.stderr)
     return ClockPlayer()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import wave
 
 import numpy as np
@@ -253,6 +254,18 @@ async def test_a_transcript_lost_with_the_socket_is_sent_again_after_the_resume(
     assert lost and client.resumes == 1 and client.resumes_failed == 0
     assert [r["status"] for r in client.results] == ["completed"]
     assert gateway.metrics.turns["completed"] == 1
+
+
+def test_play_without_sounddevice_says_what_to_install(monkeypatch, capsys):
+    """``--play`` where ``sounddevice`` is not installed (the gateway does not install it)
+    said "[no audio device (No module named 'sounddevice'); ...]" on a machine with
+    speakers. It is made unimportable here (``None`` in ``sys.modules``) as it is where it
+    was never installed; the client still runs, on its clock."""
+    monkeypatch.setitem(sys.modules, "sounddevice", None)
+    player = phone_client.make_player(True)
+    assert type(player) is phone_client.ClockPlayer
+    assert capsys.readouterr().err == ("[--play needs sounddevice: pip install sounddevice; "
+                                       "saving WAV files only]\n")
 
 
 def test_the_client_makes_its_output_folder_itself(tmp_path):
