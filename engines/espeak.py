@@ -52,6 +52,7 @@ thread aborts a long synthesis within one buffer.
 from __future__ import annotations
 
 import ctypes
+import difflib
 import os
 import re
 import threading
@@ -396,7 +397,11 @@ class EspeakEngine(Uninterruptible):
                 self._lib = _Library.get()
             except OSError as exc:
                 raise EngineError("engine_failed", f"cannot load libespeak-ng: {exc}") from exc
-        self._resolve(self.default_voice)  # a bad default voice fails at load, not mid-turn
+        try:  # a bad default voice fails at load, not mid-turn
+            self._resolve(self.default_voice)
+        except EngineError as exc:
+            raise EngineError(exc.code, f"{exc.message} ({self._voices_like(self.default_voice)})"
+                              ) from None
         warm = self.open(SynthesisRequest(text="ok"))
         try:
             while warm.step() is not None:
@@ -426,6 +431,17 @@ class EspeakEngine(Uninterruptible):
             streams, self._streams = list(self._streams), set()
         for s in streams:
             s.close()
+
+    def _voices_like(self, voice: str) -> str:
+        """What to write instead of ``voice``, for the refusal at start (--voice, [tts]
+        voice), where no /v1/audio/voices can be asked yet: "espeak has no voice 'en_us'"
+        said nothing of what the voices are called."""
+        voices = (self._lib or _Library.get()).voices
+        like = difflib.get_close_matches(voice.lower().partition("+")[0].replace("_", "-"),
+                                         voices, n=3)
+        return (f"like it: {', '.join(like)}; " if like else "") + \
+            f"its {len(voices)} voices are language codes such as en-us, en-gb, de or " \
+            "fr-fr: /v1/audio/voices lists them on a gateway started without it"
 
     def _resolve(self, voice: str) -> bytes:
         """``en-us`` or ``en-gb+f3`` → the identifier string espeak_SetVoiceByName wants."""

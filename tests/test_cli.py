@@ -291,8 +291,16 @@ def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatc
      "--tts-url) (it takes url, model = None, voice = None, format = 'sse', api_key = None, "
      "streaming_interval = 0.32, connect_timeout_s = 5.0, read_timeout_s = 20.0, "
      "reads_digits = True, extra_body = None, parallel_steps = 8, instructions = None)"),
+    # with what the voices are called: "has no voice 'en_us'" said nothing of it, and the
+    # list (/v1/audio/voices) is a running gateway's
     (["--voice", "klingon"], 1,
-     "voice-gateway: the espeak engine did not load (lane cpu): espeak has no voice 'klingon'"),
+     "voice-gateway: the espeak engine did not load (lane cpu): espeak has no voice 'klingon' "
+     "(its 141 voices are language codes such as en-us, en-gb, de or fr-fr: /v1/audio/voices "
+     "lists them on a gateway started without it)"),
+    (["--voice", "en_us"], 1,
+     "voice-gateway: the espeak engine did not load (lane cpu): espeak has no voice 'en_us' "
+     "(like it: en-us, en-us-nyc, en-shaw; its 141 voices are language codes such as en-us, "
+     "en-gb, de or fr-fr: /v1/audio/voices lists them on a gateway started without it)"),
     (["--tts", "qwen3", "--tts-model", "/nonexistent/qwen3"], 1,
      "voice-gateway: the qwen3 engine did not load (lane gpu): model directory "
      "'/nonexistent/qwen3' does not exist"),
@@ -347,8 +355,9 @@ def test_an_engine_that_cannot_start_is_all_the_process_says():
                       "--max-sessions", "100") as gw:
         code, output = gw.finish()
     assert code == 1
-    assert output == ("voice-gateway: the espeak engine did not load (lane cpu): espeak has "
-                      "no voice 'klingon'\n")
+    assert output.startswith("voice-gateway: the espeak engine did not load (lane cpu): "
+                             "espeak has no voice 'klingon' (its 141 voices are ")
+    assert output.count("\n") == 1 and output.endswith(")\n")
 
 
 @pytest.mark.parametrize(("engine", "name"), [("qwen3", "Qwen3-TTS"),
