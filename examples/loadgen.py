@@ -590,9 +590,13 @@ async def run_load(url: str, *, sessions: int, turns: int, transcripts: list[str
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice")
-    p.add_argument("--sessions", type=int, default=4)
-    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice",
+                   help="the gateway's voice socket (default %(default)s; with tokens, "
+                   "add ?token=T)")
+    p.add_argument("--sessions", type=int, default=4,
+                   help="sessions talking at once (default %(default)s)")
+    p.add_argument("--turns", type=int, default=3,
+                   help="turns each session takes (default %(default)s)")
     p.add_argument("--transcripts", help=f"JSONL or text file (default {DEFAULT_TRANSCRIPTS})")
     p.add_argument("--arrival", type=float, default=0.0,
                    help="mean seconds of think time between a reply's end and the next turn")

@@ -596,13 +596,15 @@ def make_player(play: bool) -> ClockPlayer:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Reference voice client (protocol v1).")
     p.add_argument("transcripts", nargs="*", help="what the user says, one turn each")
-    p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice")
+    p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice",
+                   help="the gateway's voice socket (default %(default)s)")
     p.add_argument("--token", help="bearer token, when the gateway has tokens configured")
     p.add_argument("--connect-attempts", type=int, default=5, metavar="N",
                    help="give up after N failed tries in a row before the first connection")
     p.add_argument("--file", help="transcripts, one per line ('-' for stdin)")
     p.add_argument("--out", default="turns", help="directory for turn-NNN.wav (default turns/)")
-    p.add_argument("--play", action="store_true", help="play through the default device")
+    p.add_argument("--play", action="store_true", help="play through the default device "
+                   "(needs sounddevice: pip install sounddevice)")
     p.add_argument("--voice")
     p.add_argument("--instructions")
     p.add_argument("--frame-ms", type=int)

@@ -1056,9 +1056,11 @@ class WatchDecoder:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Relay a gateway session to a watch.")
-    p.add_argument("--upstream", default="ws://127.0.0.1:8780/v1/voice")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8790)
+    p.add_argument("--upstream", default="ws://127.0.0.1:8780/v1/voice",
+                   help="the gateway's voice socket (default %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="where the watch connects (default %(default)s)")
+    p.add_argument("--port", type=int, default=8790, help="its port (default %(default)s)")
     p.add_argument("--token", help="gateway bearer token (or, not shown by ps, "
                    f"{GATEWAY_TOKEN_ENV}=T; the flag wins)")
     p.add_argument("--watch-token", action="append", help="a token the watch must present "
@@ -1066,7 +1068,8 @@ def main(argv: list[str] | None = None) -> int:
                    "bound")
     p.add_argument("--insecure-bind", action="store_true", help="allow a non-loopback --host "
                    "without a watch token (anyone who reaches the port uses the gateway)")
-    p.add_argument("--opus-bitrate", type=int, default=24_000, help="bits/s (24000–32000)")
+    p.add_argument("--opus-bitrate", type=int, default=24_000,
+                   help="bits/s (24000–32000; default %(default)s)")
     args = p.parse_args(argv)
     if urllib.parse.urlsplit(args.upstream).scheme not in ("ws", "wss"):  # (http: a traceback)
         p.error(f"--upstream must be the gateway's ws:// or wss:// URL, not {args.upstream!r}")

@@ -4,6 +4,7 @@ script's own options, and each Python snippet compiles."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -98,3 +99,21 @@ def test_every_example_config_loads() -> None:
     assert examples
     for path in examples:
         load_config(path)
+
+
+def test_each_example_says_in_its_help_where_it_looks_for_the_gateway() -> None:
+    """The README's commands for the examples run them with no --url; their --help listed
+    --url (--upstream) without a word, so where they connect, and the relay where it
+    listens, was only in the docs."""
+    for script, said in (("examples/phone_client.py", ["(default ws://127.0.0.1:8780/v1/voice)",
+                                                       "pip install sounddevice"]),
+                         ("examples/loadgen.py", ["(default ws://127.0.0.1:8780/v1/voice;",
+                                                  "(default 4)", "(default 3)"]),
+                         ("examples/watch_relay.py", ["(default ws://127.0.0.1:8780/v1/voice)",
+                                                      "(default 127.0.0.1)", "(default 8790)",
+                                                      "(24000–32000; default 24000)"])):
+        out = subprocess.run([sys.executable, script, "--help"], capture_output=True,
+                             text=True, cwd=ROOT, timeout=120, check=True,
+                             env={**os.environ, "COLUMNS": "200"})
+        for words in said:
+            assert words in out.stdout, (script, words)
