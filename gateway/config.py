@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from engines.base import THINKING_MODES
 from engines.options import describe, mismatch
+from engines.registry import TTS_ENGINES
 from gateway.core.codec import (
     FRAME_MS_CHOICES,
     LEAD_BELOW_FRAME,
@@ -269,6 +270,9 @@ class TtsConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "tts")
+        if self.engine not in TTS_ENGINES:  # (it said "unknown TTS engine", naming no key)
+            raise ValueError(f"tts.engine must be one of {', '.join(TTS_ENGINES)}, not "
+                             f"{self.engine!r} (--tts)")
         if self.step_timeout_s is not None:
             _check_seconds("tts.step_timeout_s", self.step_timeout_s, 0, 3600, above=True)
         if self.max_open_streams is not None:

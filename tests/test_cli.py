@@ -160,6 +160,9 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
      "set up with the options given: missing a required argument: 'model'"),
     ('[tts]\nfallback = "espek"\n', "the fallback ([tts] fallback, [tts.fallback_options]): "
      "unknown TTS engine 'espek'"),
+    # the primary's named no key: "unknown TTS engine 'espek'; known: ..."
+    ('[tts]\nengine = "espek"\n', "tts.engine must be one of espeak, synthetic, qwen3, "
+     "chatterbox, http, ane, not 'espek' (--tts)"),
     ('[tts]\nengine = "synthetic"\nalso = "espeak"\n[tts.also_options]\nvoise = "en-gb"\n',
      "the second engine ([tts] also, [tts.also_options]): TTS engine 'espeak' cannot be set "
      "up with the options given: got an unexpected keyword argument 'voise'"),
