@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
-from engines.base import THINKING_MODES
+from engines.base import THINKING_MODES, http_url_fault
 from engines.options import describe, mismatch
 from engines.registry import TTS_ENGINES
 from gateway.core.codec import (
@@ -213,6 +213,10 @@ class LlmConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, "llm")
+        if self.url is not None and (wrong := http_url_fault(self.url)) is not None:
+            # (the backend's own refusal, "LLM url must be ...", named neither key nor flag)
+            raise ValueError(f"llm.url must be http(s)://host[:port]/base, not {wrong} "
+                             "(--llm-url)")
         if any(not m.strip() for m in self.models):
             raise ValueError("llm.models: a model name cannot be empty")
         _check_seconds("llm.stall_timeout_s", self.stall_timeout_s, 0, 3600, above=True)

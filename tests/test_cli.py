@@ -238,8 +238,10 @@ def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
      "9400: the HTTP API needs a port of its own (--http-port)"),
     (["--log-level", "bogus"], "invalid choice: 'BOGUS'"),
     # (started, then failed every turn; ":abc" was a traceback)
-    (["--llm-url", "http://127.0.0.1:99999/v1"], "voice-gateway: LLM url must be "
+    (["--llm-url", "http://127.0.0.1:99999/v1"], "voice-gateway: llm.url must be "
      "http(s)://host[:port]/base, not 'http://127.0.0.1:99999/v1' (Port out of range"),
+    (["--llm-url", "notaurl"], "voice-gateway: llm.url must be http(s)://host[:port]/base, "
+     "not 'notaurl' (--llm-url)"),
     (["--llm-url", "http://127.0.0.1:abc/v1"], "not 'http://127.0.0.1:abc/v1' (Port could "
      "not be cast to integer value as 'abc')"),
 ])
