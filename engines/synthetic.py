@@ -92,10 +92,15 @@ class SyntheticEngine(Uninterruptible):
     ) -> None:
         """``name``: what ``sentence``/``turn.done`` events report as the engine, instead of
         ``synthetic`` (two synthetic engines on two lanes can be told apart)."""
-        if rtf < 0 or ttfa_ms < 0 or step_overhead_ms < 0:
-            raise ValueError("rtf, ttfa_ms and step_overhead_ms must be >= 0")
-        if step_ms <= 0 or chars_per_second <= 0:
-            raise ValueError("step_ms and chars_per_second must be > 0")
+        # (written so that NaN fails too: it passed ``rtf < 0`` and started an engine whose
+        # steps slept NaN seconds)
+        for key, value in (("rtf", rtf), ("ttfa_ms", ttfa_ms),
+                           ("step_overhead_ms", step_overhead_ms)):
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{key} must be a finite number at least 0, not {value!r}")
+        for key, value in (("step_ms", step_ms), ("chars_per_second", chars_per_second)):
+            if not 0 < value < math.inf:
+                raise ValueError(f"{key} must be a finite number above 0, not {value!r}")
         if lane not in _LANES:
             raise ValueError(f"lane must be one of {_LANES}, not {lane!r}")
         if voice not in VOICES:

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from gateway import version
 from gateway.config import GatewayConfig, load_config
 from gateway.io.auth import configured_tokens
 
@@ -14,6 +15,7 @@ from gateway.io.auth import configured_tokens
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voice-gateway",
                                      description="Realtime voice gateway for a local assistant.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve voice sessions on a WebSocket")
     s.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -82,6 +84,13 @@ def _synthetic_options(args: argparse.Namespace) -> dict[str, float] | None:
     named = {"rtf": args.synthetic_rtf, "ttfa_ms": args.synthetic_ttfa_ms,
              "step_ms": args.synthetic_step_ms}
     options = {k: v for k, v in named.items() if v is not None}
+    for key, value in options.items():
+        # (the engine's own refusal named no flag, and a NaN passed every comparison)
+        least = 0.0 if key != "step_ms" else sys.float_info.min
+        if not (least <= value < float("inf")):
+            flag = "--synthetic-" + key.replace("_", "-")
+            bound = "above 0" if least else "at least 0"
+            raise ValueError(f"{flag} must be a finite number {bound}, not {value}")
     if options and (args.tts or "espeak") != "synthetic":
         raise ValueError("--synthetic-* options need --tts synthetic")
     return options or None

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import threading
+from importlib import metadata
 
 import pytest
 
@@ -174,6 +175,11 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ('[tts.options]\nstep_ms = "big"\n',
      "TTS engine 'espeak': step_ms must be an integer, not 'big' (it takes voice = 'en-us', "
      "step_ms = 200)"),
+    # (TOML has nan: it passed the engine's ``rtf < 0``)
+    ('[tts]\nengine = "synthetic"\n[tts.options]\nrtf = nan\n',
+     "rtf must be a finite number at least 0, not nan"),
+    ('[tts]\nengine = "synthetic"\n[tts.options]\nstep_ms = inf\n',
+     "step_ms must be a finite number above 0, not inf"),
     ('[llm]\nreplies = "/nonexistent/replies.jsonl"\n',
      "llm.replies '/nonexistent/replies.jsonl' cannot be read: No such file or directory"),
     ('[server]\ntls_cert = "/nonexistent/cert.pem"\n',
@@ -220,6 +226,13 @@ def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--synthetic-rtf", "0.5"], "--synthetic-* options need --tts synthetic"),
+    # (a NaN started an engine whose steps slept NaN seconds; -1 was refused naming no flag)
+    (["--tts", "synthetic", "--synthetic-rtf", "nan"],
+     "--synthetic-rtf must be a finite number at least 0, not nan"),
+    (["--tts", "synthetic", "--synthetic-ttfa-ms", "-1"],
+     "--synthetic-ttfa-ms must be a finite number at least 0, not -1.0"),
+    (["--tts", "synthetic", "--synthetic-step-ms", "0"],
+     "--synthetic-step-ms must be a finite number above 0, not 0.0"),
     (["--config", "/nonexistent/gw.toml"], "No such file"),
     # The server's defaults are held to what a client's session.update may ask for, so
     # session.created never announces a frame size protocol.md does not allow.
@@ -249,6 +262,14 @@ def test_a_bad_command_line_exits_2_with_the_reason(argv, message, capsys):
     with contextlib.suppress(SystemExit):  # (argparse's own refusals exit 2 themselves)
         assert main(["serve", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_version_prints_the_installed_distributions(capsys):
+    """``--version``: the version was only in the start-up banner (and ``/health``)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"voice-gateway {metadata.version('voice-gateway')}\n"
 
 
 def test_a_voice_port_taken_is_named_with_its_flag(capsys):

@@ -31,7 +31,6 @@ import urllib.parse
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, cast
 
 import orjson
@@ -41,6 +40,7 @@ from websockets.http11 import Request, Response
 
 from engines.base import LlmBackend, TtsEngine, shown_url, streams_always
 from engines.registry import create_engine, create_llm, create_voice, refused_as
+from gateway import version
 from gateway.config import TTS_OPTION_NAMES, GatewayConfig, LlmConfig
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
@@ -94,13 +94,6 @@ MODELS_PATH = "/v1/models/"
 WS_MAX_SIZE = 1024 * 1024
 """Frames above this are refused by the WebSocket layer itself (close 1009); frames between
 ``MAX_MESSAGE_BYTES`` and this get a ``message_too_large`` error event."""
-
-
-def version() -> str:
-    try:
-        return metadata.version("voice-gateway")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 @dataclass(slots=True)
