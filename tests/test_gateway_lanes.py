@@ -930,3 +930,52 @@ async def test_a_probe_does_not_end_a_failing_spell_whose_last_failure_was_an_en
     finally:
         runner.cancel()
         await lane.aclose()
+
+
+async def test_a_gateway_bug_on_a_second_lane_fails_its_turn_not_the_engine(monkeypatch):
+    """A bug in the session handling the end of a sentence the second lane made
+    (``on_done``, as in test_faults' one-lane case) is the gateway's ``internal_error``,
+    not the engine's: the turn fails with it, as on the primary, and ane's breaker does not
+    hear of it. It was taken for ane's engine failing: counted against its breaker (three
+    such bugs sent every turn to the primary, a healthy engine shut out) and "rerouted"
+    with its sentence cut short while the lane had already dropped the turn's next
+    sentences (``Lane._consumer_failed``), so the turn waited for them for ever."""
+    from gateway.io.connection import SessionRunner
+
+    on_done = SessionRunner.on_done
+
+    def buggy(self, job, truncated=False, notes=()):
+        on_done(self, job, truncated, notes)
+        if "BUG" in job.payload.request.text:
+            raise TypeError("a scripted bug after the sentence")
+
+    monkeypatch.setattr(SessionRunner, "on_done", buggy)
+    gw = Gateway(load_config(server={"port": 0}, llm={"tokens_per_s": 0}, tts={
+        **TWO_LANES,
+        # idle turns prefer ane (earlier first audio), so every turn is placed there
+        "profiles": {"gpu": {"first_s": 0.2, "rtf": 0.0},
+                     "ane": {"first_s": 0.005, "rtf": 0.05}}}))
+    await gw.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
+            await recv_event(ws, "session.created")
+            for _ in range(gw.placer.breaker_failures):  # type: ignore[union-attr]
+                await send(ws, type="say", text="A BUG ends this one. And this one never "
+                                                "comes.")
+                bad = await read_turn(ws)  # (it waited for ever)
+                (error,) = bad.of("error")
+                assert error["error"] == {"code": "internal_error", "message":
+                                          "TypeError: a scripted bug after the sentence"}
+                assert bad.done["status"] == "failed"
+                assert [s["engine"] for s in bad.of("sentence")] == ["synthetic-ane"]
+            # ane's engine never failed: its breaker is closed, and the next turn is its
+            await send(ws, type="say", text="The engine is fine. It says this.")
+            result = await read_turn(ws)
+            assert result.done["status"] == "completed"
+            assert result.done["metrics"]["engines"] == ["synthetic-ane"]
+            gapless(result)
+        assert gw.placer is not None and gw.placer.rerouted["ane"] == 0
+        assert not gw.placer.tripped("ane", time.monotonic())
+        assert gw.lanes["ane"].queue_depth == 0 and gw.lanes["gpu"].stats.jobs_done == 0
+    finally:
+        await gw.aclose()

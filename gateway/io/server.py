@@ -360,9 +360,13 @@ class Gateway:
         ends it as done; saying it again would repeat what the listener heard). None when
         the primary cannot take it (no such voice, not loaded, unhealthy): the session is
         told, as for a failure on the primary. Every failure here counts against the
-        lane's breaker (``TurnPlacer.failed``)."""
+        lane's breaker (``TurnPlacer.failed``), but ``internal_error``: a bug in the
+        gateway handling the job (``Lane._consumer_failed``), not its engine failing. That
+        one fails the turn as on the primary (the lane has dropped its other jobs); taken
+        for the engine's, it counted against a healthy engine's breaker and cut the
+        sentence short, and the turn waited for ever for the sentences dropped."""
         placer = self.placer
-        if placer is None or job.cancelled:
+        if placer is None or job.cancelled or code == "internal_error":
             return None
         name = placer.lane_of(job.owner)
         if name is None or name == self.lane.name:
