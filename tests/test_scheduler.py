@@ -1104,3 +1104,21 @@ def test_each_owner_filed_for_a_stream_keeps_its_own() -> None:
     c = Job(owner="c", priority=IA, deadline=0.0)
     sched.submit(c)
     assert sched.next_job(0.0) is c and sched.open_streams == 3 and not sched._promised
+
+
+def test_the_decision_that_finds_a_job_waiting_for_a_stream_lifts_rule_3_for_itself() -> None:
+    """Rules 2, 3 and 6: a new turn's first audio finds both streams open and waits for one
+    to end, so rule 3 holds the open ones back no more, from that decision on. That
+    decision still held the interactive stream back (its listener holds 10 s) and ran the
+    background one's step instead; the next decision, with the same jobs, ran the
+    interactive one: rule 3 was lifted one decision late, and priority inverted for one
+    step."""
+    sched, jobs = make([("a", IA, 0.0), ("c", B, 0.0)], max_open=2, max_lead=1.0)
+    assert stepped(sched, sched.next_job(0.0), 10.0) is jobs["a"]
+    assert stepped(sched, sched.next_job(0.0), 0.5) is jobs["c"]  # (paced: a is queued)
+    assert sched.next_job(0.0) is jobs["c"]  # a's listener has enough: just in time
+    sched.submit(new := Job(owner="b", priority=IA, deadline=0.0))
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 1
+    assert sched.next_job(0.0) is jobs["a"]  # (the same answer asked again)
+    sched.finish(jobs["a"])
+    assert sched.next_job(0.0) is new and sched.streams_waiting == 0

@@ -58,6 +58,11 @@ class OpenStreams(RuleBasedStateMachine):
                         and (self.free(sched.head(owner).priority)  # type: ignore[union-attr]
                              or sched.head(owner).opened)]  # type: ignore[union-attr]
             assert (job is None) == (not runnable), (runnable, job)
+            # and priority first (rule 2), from the decision that finds a head waiting for
+            # a stream on (it ran a lower class's step, rule 3 lifted one decision late)
+            assert job is None or job.priority == min(
+                sched.head(owner).priority for owner in runnable), (  # type: ignore[union-attr]
+                runnable, job)
         if sched.streams_waiting:
             # a stream ended files one owner waiting for it again, not all (``_unpark``):
             # every free stream has a head not started filed (a candidate) to take it; a

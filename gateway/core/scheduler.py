@@ -446,8 +446,12 @@ class LaneScheduler:
             self._unpark(now)  # (a stream ended)
         waited = bool(self._blocked)
         job = self._decide(now)
-        if job is None and self._blocked and not waited:
-            job = self._decide(now)  # a head waits for a stream now: rule 6 lifts rule 3
+        if self._blocked and not waited:
+            # A head waits for a stream now: rule 6 lifts rule 3, for this decision too
+            # (its answer, None or a lower class's job, held back the open ones). Nothing
+            # opened after that head parked (no class may open more than its own), so its
+            # answer is only taken back.
+            job = self._decide(now)
         return job
 
     def _decide(self, now: float) -> Job | None:
