@@ -1122,3 +1122,27 @@ def test_the_decision_that_finds_a_job_waiting_for_a_stream_lifts_rule_3_for_its
     assert sched.next_job(0.0) is jobs["a"]  # (the same answer asked again)
     sched.finish(jobs["a"])
     assert sched.next_job(0.0) is new and sched.streams_waiting == 0
+
+
+def test_a_stream_kept_for_a_waiting_owner_and_taken_by_another_voids_one_promise() -> None:
+    """Rule 6: two streams end and the two best waiting owners are filed for them (each
+    keeps one, ``_promised``); a new turn's first audio, due sooner, takes one of them. One
+    promise is void, not both: the other stream is still kept for the other owner, and the
+    owner waiting behind them stays waiting. Voiding both filed it too, for no free
+    stream: asked its deadline for nothing and, a moment, counted as waiting for none
+    (``streams_waiting`` 0: /health, and the lane's log said none waits, then again that
+    some do)."""
+    sched, jobs = make([("a", IA, 0.0), ("b", IA, 0.0), ("c", IA, 0.0)], max_open=3)
+    for _ in "abc":
+        stepped(sched, sched.next_job(0.0), 10.0)
+    for owner, due in (("x", 1.0), ("y", 2.0), ("w", 3.0)):
+        sched.submit(Job(owner=owner, priority=IA, deadline=due))
+    assert sched.next_job(0.0) is jobs["a"] and sched.streams_waiting == 3
+    sched.finish(jobs["a"])
+    sched.finish(jobs["b"])
+    sched.submit(Job(owner="z", priority=IA, deadline=0.5))
+    assert stepped(sched, sched.next_job(0.0), 10.0).owner == "z"
+    assert sched.streams_waiting == 1  # w (x and y: one stream kept for the better)
+    assert stepped(sched, sched.next_job(0.0), 10.0).owner == "x"
+    assert sched.streams_waiting == 1  # w still (y parks when it finds no stream free)
+    assert sched.next_job(0.0) is jobs["c"] and sched.streams_waiting == 2  # y and w
