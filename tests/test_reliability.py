@@ -648,6 +648,33 @@ async def test_a_failed_resume_can_be_retried_on_the_same_socket(gateway):
                                   "only until one succeeds"}
 
 
+@pytest.mark.parametrize("update", [
+    {"voice": "no-such-voice"},  # unknown_voice: refused by the session (it knows the voices)
+    {"frame_ms": 120, "max_lead_ms": 100},  # invalid_field: the session's check too
+    {"max_lead_ms": -1},  # invalid_field: refused as the message is read
+])
+async def test_a_refused_session_update_leaves_the_new_session_to_a_resume(gateway, update):
+    """A ``session.update`` refused changed nothing, as a ping, a cancel or a mark: a
+    ``session.resume`` may still replace the socket's new session. One refused by the
+    session (a voice or a lead it checks) counted as putting it to use, one refused as
+    the message was read did not: the same mistake, and the resume was refused
+    (``invalid_message``) or taken depending on which."""
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    ws.transport.abort()
+    await ws.wait_closed()
+    async with connect(url(gateway)) as ws2:
+        await recv_event(ws2, "session.created")
+        await send(ws2, type="session.update", session=update, event_id="u1")
+        error = await recv_event(ws2)
+        assert error["type"] == "error" and error["error"]["event_id"] == "u1"
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"])
+        resumed = await recv_event(ws2)
+        assert resumed["type"] == "session.resumed", resumed
+        assert resumed["session_id"] == created["session_id"]
+
+
 async def test_resuming_the_sockets_own_new_session_is_refused_and_it_goes_on(gateway):
     async with connect(url(gateway)) as ws:
         created = await recv_event(ws, "session.created")

@@ -245,7 +245,10 @@ class SessionRunner:
 
     # ---- input -----------------------------------------------------------------------
 
-    def receive(self, message: codec.ClientMessage, now: float) -> None:
+    def receive(self, message: codec.ClientMessage, now: float) -> bool:
+        """Feed a client message to the session. True when it acted on it: a turn started
+        or the settings changed (``ACTS_ON_THE_SESSION``); a message refused (an ``error``)
+        changed nothing, as a ping, a cancel or a mark."""
         if isinstance(message, codec.ClientTranscript | codec.ClientSay):
             limit = self.gateway.config.server.turns_per_minute
             self._turn_times = [t for t in self._turn_times if now - t < 60.0]
@@ -254,15 +257,17 @@ class SessionRunner:
                 self.protocol_error(ProtocolError(
                     "rate_limited", f"more than {limit} {turns} in a minute; wait and retry",
                     event_id=message.event_id), now)
-                return
+                return False
             self._turn_times.append(now)
         mark = message if isinstance(message, codec.ClientPlayback) else None
         before = None if mark is None else self.session.deadline(mark.turn_id, now)
+        turn, settings = self.session.turn, self.session.settings
         self._apply(self.session.receive(message, now))
+        acted = self.session.turn is not turn or self.session.settings is not settings
         if isinstance(message, codec.ClientSessionUpdate):
             self._fit_lead()
         if mark is None or before is None:
-            return
+            return acted
         after = self.session.deadline(mark.turn_id, now)
         if after is not None and after < before - JIT_GRANULARITY_S:
             # the listener needs audio sooner than the scheduler thinks: re-rank its turn.
@@ -272,6 +277,7 @@ class SessionRunner:
             # --marks-ms 250: 0.0274, 0.0243 -> 0.0241, 0.0235 CPU ms per frame).
             owner = (self.session.id, mark.turn_id)
             self.gateway.lane_for(owner).touch(owner)
+        return acted
 
     def protocol_error(self, error: ProtocolError, now: float) -> None:
         self._apply(self.session.protocol_error(error, now))
@@ -879,8 +885,9 @@ class VoiceConnection:
             elif self.resume_only is not None and isinstance(decoded, ACTS_ON_THE_SESSION):
                 self.refuse_past_limit(decoded.event_id)
             else:
-                runner.receive(decoded, now)
-                fresh = fresh and not isinstance(decoded, ACTS_ON_THE_SESSION)
+                acted = runner.receive(decoded, now)
+                # (one refused changed nothing: a resume may still replace the session)
+                fresh = fresh and not (acted and isinstance(decoded, ACTS_ON_THE_SESSION))
 
     def _flooded(self, runner: SessionRunner) -> None:
         """The client sent more than ``MESSAGE_BURST`` messages beyond ``MESSAGES_PER_S``:
