@@ -917,6 +917,53 @@ async def test_a_client_may_read_a_whole_lead_late():
         await gw.aclose()
 
 
+@pytest.mark.parametrize("when", ["mid-turn", "once all is out, before it is read"])
+async def test_a_lead_lowered_late_still_lets_the_turn_be_read_late(when):
+    """A turn keeps the settings it started with (protocol.md), its lead too: lowering
+    ``max_lead_ms`` while it plays leaves it letting out its whole 30 s lead at once. The
+    socket's send buffer and the outbox's bound followed the new lead at once, sized for
+    one second, and the audio the turn let out, read late as a 30 s lead may be, ended
+    the session as a slow consumer (mid-turn: the rest of the reply lost; once all was
+    out: at the next message, here a pong, on a kernel that caps the buffer below the lead,
+    as a stock Linux's ``net.core.wmem_max`` does; one that gives it all holds what was
+    let out). They follow the turn's lead until it ends, and a smaller one only once what
+    was let out under the larger one is written."""
+    gw = await started(outbox_bytes=64 * 1024)
+    try:
+        sock = small_window_socket(gw)
+        async with connect(url(gw), sock=sock, max_queue=1) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="session.update", session={"max_lead_ms": 30_000})
+            await recv_event(ws, "session.updated")
+            released = asyncio.Event()  # the turn's last frame is sent: all of it is out
+            gw.metrics.listeners.append(lambda done: released.set())
+            await send(ws, type="say", text="A reply read only once it is all out. " * 8)
+            if when == "mid-turn":
+                await send(ws, type="session.update", session={"max_lead_ms": 1000})
+                await released.wait()
+            else:
+                await released.wait()
+                await send(ws, type="session.update", session={"max_lead_ms": 1000})
+            await send(ws, type="ping", id="after")
+            turn = await read_turn(ws)
+            assert turn.done["status"] == "completed"
+            seqs = [f.seq for f in turn.frames]  # every frame once, in order
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+            assert turn.audio_ms == pytest.approx(turn.done["metrics"]["audio_ms"], abs=1)
+            # more than the outbox holds, ten times over, and than the kernel holds; all
+            # let out at once (within the lead)
+            assert 15_000 < turn.audio_ms < 30_000
+            while (event := await recv_event(ws))["type"] != "pong":
+                if event["type"] == "session.updated":
+                    assert event["session"]["max_lead_ms"] == 1000
+            # the next turn goes by the new lead
+            await send(ws, type="say", text="Now paced one second ahead.")
+            assert (await read_turn(ws)).done["status"] == "completed"
+        assert gw.metrics.errors["slow_consumer"] == 0
+    finally:
+        await gw.aclose()
+
+
 def _cyclic_garbage(*modules: str) -> list[str]:
     """Types, from ``modules``, of the objects only the cyclic GC could free (with ``gc``
     disabled by the caller: ``DEBUG_SAVEALL`` keeps what ``collect`` finds)."""

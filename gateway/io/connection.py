@@ -129,6 +129,8 @@ class SessionRunner:
         self.outbox = Outbox(outbox_bytes)
         self.outbox_bytes = outbox_bytes
         """The outbox's bound beyond what the kernel cannot take of a lead (``_fit_lead``)."""
+        self._fitted_lead_ms = 0
+        """The lead (ms) the socket's send buffer and the outbox's bound are sized for."""
         self.resume_window_s = resume_window_s
         self.connection: VoiceConnection | None = None
         self.closed = False
@@ -156,7 +158,7 @@ class SessionRunner:
             self._expiry.cancel()
             self._expiry = None
         self.connection = connection
-        self._fit_lead()
+        self._fit_lead(new_socket=True)
         replayed = self.outbox.rewind(position)
         connection.wake_writer()
         session = self.session
@@ -264,7 +266,7 @@ class SessionRunner:
         turn, settings = self.session.turn, self.session.settings
         self._apply(self.session.receive(message, now))
         acted = self.session.turn is not turn or self.session.settings is not settings
-        if isinstance(message, codec.ClientSessionUpdate):
+        if acted:  # (a new turn's lead, or the setting's: ``_fit_lead``)
             self._fit_lead()
         if mark is None or before is None:
             return acted
@@ -344,15 +346,31 @@ class SessionRunner:
             case _:
                 assert_never(effect)
 
-    def _fit_lead(self) -> None:
+    def _fit_lead(self, *, new_socket: bool = False) -> None:
         """One lead of audio (``max_lead_ms``), all the pacer lets out at once, waits for
         the client in the socket's send buffer; what the kernel cannot take of it (a stock
         Linux caps the buffer at ``net.core.wmem_max``, 208 KiB: 4.4 s of audio) is
         added to the outbox's bound, or a client reading a long lead late was ended as a
-        slow consumer."""
-        if self.connection is not None:
-            short = self.connection.fit_send_buffer(self.session.settings.max_lead_ms)
-            self.outbox.max_bytes = self.outbox_bytes + short
+        slow consumer.
+
+        The lead is the turn in progress's while that is larger: a turn keeps the settings
+        it started with (protocol.md) and lets out its own lead at once, and a lead lowered
+        by a ``session.update`` mid-turn shrank the buffer and the bound under it (read
+        late, that turn's audio ended the session as a slow consumer). A smaller lead is
+        fitted only while nothing waits unwritten (``new_socket``: a socket attached, whose
+        replay the bound does not count), else at the next call (a turn, an update):
+        what was let out under the larger one may still wait for the client."""
+        connection = self.connection
+        if connection is None:
+            return
+        lead = self.session.settings.max_lead_ms
+        turn = self.session.turn
+        if turn is not None and not turn.ended:
+            lead = max(lead, turn.settings.max_lead_ms)
+        if lead < self._fitted_lead_ms and self.outbox.pending and not new_socket:
+            return
+        self._fitted_lead_ms = lead
+        self.outbox.max_bytes = self.outbox_bytes + connection.fit_send_buffer(lead)
 
     def _llm_task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
