@@ -17,6 +17,13 @@ import pytest
 # Before anything imports huggingface_hub (it reads these at import time).
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+NO_STEP_DEADLINE = 3600
+"""``[tts] step_timeout_s`` for a gateway speaking with a tiny model: its most, past the
+test's own time limit (pytest-timeout). A tiny qwen3 step of 4 codec frames costs ~2.4 s
+of CPU, and on a starved machine (2 cores shared with other runs) passed the 30 s
+default: the turn failed ``engine_timeout``, a slow machine taken for a stuck engine. No
+test of a tiny model holds the deadline; test_faults does, with engines that hang."""
+
 
 def _require_mlx_audio() -> None:
     pytest.importorskip("mlx.core", reason="needs the mlx extra (mlx[cpu] on Linux)")

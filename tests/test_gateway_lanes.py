@@ -21,6 +21,7 @@ from gateway.config import load_config
 from gateway.core.placement import LaneLoad, place
 from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
+from tests.fixtures_mlx import NO_STEP_DEADLINE
 from tests.servers import Hang, Text
 from tests.wsclient import LineSeen, TurnResult, gapless, read_turn, recv_event, send
 
@@ -270,7 +271,8 @@ async def test_the_hubs_two_lanes_qwen3_custom_voice_and_the_ane_port_share_sere
                                 Hang()])
     gw = Gateway(load_config(server={"port": 0}, llm={"url": scripted_llm_server.url}, tts={
         "engine": "qwen3", "model": str(tiny_qwen3_custom_voice), "voice": "serena",
-        "options": {"max_tokens": 6}, "also": "ane"}))
+        "options": {"max_tokens": 6}, "also": "ane",
+        "step_timeout_s": NO_STEP_DEADLINE}))  # (a tiny model's step is slow, not stuck)
     await gw.start()
     try:
         assert gw.placer is not None and gw.placer.lanes_with("SERENA") == ["gpu", "ane"]

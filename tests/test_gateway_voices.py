@@ -12,6 +12,7 @@ from engines.registry import create_voice
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.server import Gateway
+from tests.fixtures_mlx import NO_STEP_DEADLINE
 from tests.wsclient import gapless, read_turn, recv_event, send
 
 
@@ -28,7 +29,8 @@ async def say(gw: Gateway, text: str, **session):
 async def test_a_turn_spoken_by_tiny_qwen3(tiny_qwen3_custom_voice):
     config = load_config(server={"port": 0},
                          tts={"engine": "qwen3", "model": str(tiny_qwen3_custom_voice),
-                              "voice": "aria", "options": {"max_tokens": 6}})
+                              "voice": "aria", "options": {"max_tokens": 6},
+                              "step_timeout_s": NO_STEP_DEADLINE})
     gw = Gateway(config)
     await gw.start()
     try:
@@ -51,11 +53,15 @@ async def test_the_default_voice_spelt_as_the_model_card_does_is_one_it_lists(
     it announced (``unknown_voice``) on the HTTP API."""
     config = load_config(server={"port": 0, "http_port": 0},
                          tts={"engine": "qwen3", "model": str(tiny_qwen3_custom_voice),
-                              "voice": "Serena", "options": {"max_tokens": 4}})
+                              "voice": "Serena", "options": {"max_tokens": 4},
+                              "step_timeout_s": NO_STEP_DEADLINE})
     gw = Gateway(config)
     await gw.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+        # no read timeout (httpx's is 5 s): the tiny model's speech took longer on a busy
+        # machine; a hang is pytest-timeout's
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}",
+                                     timeout=None) as http:
             voices = (await http.get("/v1/audio/voices")).json()
             spoken = await http.post("/v1/audio/speech", json={
                 "input": "Hi.", "voice": voices["default"], "response_format": "pcm"})
