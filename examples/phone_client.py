@@ -18,6 +18,14 @@ One WebSocket holds the session across turns. For each transcript the client:
    and knows what the listener heard;
 4. on ``turn.done`` closes the WAV; with ``cancelled`` it drops the audio not yet played.
 
+Every message goes named (``event_id``: ``p1``, ``p2``, ...; a transcript or the settings
+sent again after a resume keep their first name), and an ``error`` is matched to what it
+names (protocol.md, Errors), not to what was sent before it: a refusal is the refused
+transcript's, the settings' or another message's (a mark: printed with its name); a turn's
+error is kept with its ``turn.done`` in ``results`` (``"error"``). An error that names nothing
+(a frame the gateway could not read) is matched by order, as before: the oldest transcript
+waiting for its turn.
+
 A transcript refused as ``rate_limited`` is sent again after a wait (1 s, doubling to 8 s)
 instead of moving on to the next: a file sent on at once, each line refused at once, is
 closed by the gateway with 1008 ``too many messages``, and that ends the session.
@@ -175,6 +183,9 @@ class PhoneClient:
         self._barged: int | None = None  # the turn a barge-in cut: no more of it is heard
         self._wav: wave.Wave_write | None = None
         self._pending: list[int] = []  # local numbers of transcripts sent, not yet started
+        self._named: dict[str, int] = {}  # event_id of each transcript in _pending: its number
+        self._sent = 0  # event_ids given so far (each message sent is named: "p1", "p2", ...)
+        self._turn_errors: dict[int, dict[str, Any]] = {}  # a turn's error, until its turn.done
         self._done = asyncio.Event()  # set on the turn.done of the last transcript sent
         self._done.set()
         self._started = asyncio.Event()  # set while no transcript sent waits for its turn
@@ -182,9 +193,11 @@ class PhoneClient:
         self._in_flight = False  # a transcript was sent and its turn.done has not come
         self._asked: tuple[str, dict[str, Any] | None] | None = None
         """The last transcript sent, and the barge-in mark sent before it."""
+        self._asked_id: str | None = None  # the event_id _asked went with (again: the same)
         self._again = False  # the reconnect sends ``_asked`` again (``_ask_again``)
         self._limited = False  # the last transcript was refused as rate_limited
         self._updating = False  # a session.update was sent and its answer has not come
+        self._update_id: str | None = None  # the event_id of the settings (again: the same)
         self._update_again = False  # the resume sends the settings again (``_ask_again``)
         self._connected = asyncio.Event()
         self._session_id: str | None = None
@@ -240,7 +253,9 @@ class PhoneClient:
                         self._since_frame = self._skip = self._replay = 0
                         self._updating, self._update_again = bool(self.settings), False
                         if self.settings:
+                            self._update_id = self._name()
                             await ws.send(json.dumps({"type": "session.update",
+                                                      "event_id": self._update_id,
                                                       "session": self.settings}))
                         self.say(f"[connected: {created['session_id']}]")
                     self._ws, backoff = ws, 0.5
@@ -291,7 +306,8 @@ class PhoneClient:
         or the server refused (``resume_failed``)."""
         if self._session_id is None or self._resume_token is None:
             return False
-        await ws.send(json.dumps({"type": "session.resume", "session_id": self._session_id,
+        await ws.send(json.dumps({"type": "session.resume", "event_id": self._name(),
+                                  "session_id": self._session_id,
                                   "resume_token": self._resume_token,
                                   "last_seq": -1 if self._last_seq is None else self._last_seq}))
         answer = json.loads(await ws.recv())
@@ -339,7 +355,8 @@ class PhoneClient:
         the gateway's latest. Here, not in _talk: typed, the client was already waiting
         for the next line, and the reply was lost until one came."""
         if self._update_again and self._updating:  # (first: the turn is for them)
-            await ws.send(json.dumps({"type": "session.update", "session": self.settings}))
+            await ws.send(json.dumps({"type": "session.update", "event_id": self._update_id,
+                                      "session": self.settings}))
         self._update_again = False
         if not self._again or self._asked is None:
             return
@@ -349,14 +366,23 @@ class PhoneClient:
             self.turns += 1
             self._pending.append(self.turns)
         del self._pending[:-1]  # (a barge-in's transcript went after those before it)
+        # under the name it first had: an answer to either sending is this transcript's
+        named = self._asked_id or self._name()
+        self._named = {named: self._pending[0]}
         self.say(f"> {text}")
         if mark is not None and mark["turn_id"] == self._turn_id:
-            await ws.send(json.dumps(mark))
-        await ws.send(json.dumps({"type": "transcript", "text": text}))
+            await ws.send(json.dumps({**mark, "event_id": self._name()}))
+        await ws.send(json.dumps({"type": "transcript", "event_id": named, "text": text}))
+
+    def _name(self) -> str:
+        """A new ``event_id`` (protocol.md: an ``error`` answering the message names it)."""
+        self._sent += 1
+        return f"p{self._sent}"
 
     async def _send(self, **message: Any) -> None:
         await self._connected.wait()
         assert self._ws is not None
+        message.setdefault("event_id", self._name())
         try:
             await self._ws.send(json.dumps(message))
         except ConnectionClosed:
@@ -380,6 +406,8 @@ class PhoneClient:
                 self._started.clear()
                 self._in_flight = True
                 self._asked, ws = (text, mark), self._ws
+                self._asked_id = self._name()
+                self._named[self._asked_id] = self.turns
                 self.say(f"> {text}")
                 if mark is not None and mark["turn_id"] == self._turn_id:
                     # what was heard of the reply it cuts, first (again after a resume: the
@@ -387,7 +415,7 @@ class PhoneClient:
                     # failed one: the new session never had that turn)
                     await self._send(**mark)
                 if self._ws is ws:  # (else the reconnect sent both again: _ask_again)
-                    await self._send(type="transcript", text=text)
+                    await self._send(type="transcript", event_id=self._asked_id, text=text)
                 if sequential:
                     await self._listen(barge_in_after)
                 else:  # until its turn starts or it is refused
@@ -426,7 +454,8 @@ class PhoneClient:
     async def _mark(self) -> None:
         if self._turn_id is not None and self._ws is not None:
             try:
-                await self._ws.send(json.dumps({"type": "playback", "turn_id": self._turn_id,
+                await self._ws.send(json.dumps({"type": "playback", "event_id": self._name(),
+                                                "turn_id": self._turn_id,
                                                 "played_ms": round(self.player.played_ms())}))
             except ConnectionClosed:
                 pass  # the reader notices and reconnects
@@ -487,6 +516,7 @@ class PhoneClient:
                     self._close_wav()
                     self._turn_id = event["turn_id"]
                     number = self._pending.pop(0) if self._pending else self.turns
+                    self._named = {k: n for k, n in self._named.items() if n in self._pending}
                     if not self._pending:
                         self._started.set()
                     path = self.out_dir / f"turn-{number:03d}.wav"
@@ -502,7 +532,9 @@ class PhoneClient:
                 case "turn.done" if event["turn_id"] == self._turn_id:
                     self._ended.add(event["turn_id"])
                     self._close_wav()
-                    self.results.append(event)
+                    error = self._turn_errors.pop(event["turn_id"], None)
+                    # the turn's own error (named by its transcript's event_id), with its end
+                    self.results.append(event if error is None else {**event, "error": error})
                     m = event["metrics"]
                     heard = ("no audio" if m.get("ttfa_ms") is None else  # (null: none sent)
                              f"first audio {m['ttfa_ms']} ms, {m.get('audio_ms')} ms of audio")
@@ -512,6 +544,9 @@ class PhoneClient:
                     if not self._pending:
                         self._in_flight = False
                         self._done.set()
+                case "error" if "turn_id" not in event and \
+                        event["error"].get("event_id") is not None:
+                    self._refused(event["error"])
                 case "session.updated" | "error" if self._updating and "turn_id" not in event:
                     # the answer to the settings, sent before any transcript unanswered (and
                     # only once all sent before them are answered or lost): their refusal
@@ -523,22 +558,50 @@ class PhoneClient:
                                  f"{event['error']['message']}]")
                 case "error":
                     self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
-                    if "turn_id" not in event and event["error"]["code"] in REFUSALS and \
-                            self._pending:
-                        # the oldest transcript not yet started was refused: no turn.done
-                        # will come for it
-                        self._pending.pop(0)
-                        if event["error"]["code"] == "rate_limited":
-                            self._limited = True  # _talk sends it again after a wait
-                        else:
-                            self.results.append({"type": "refused", "status": "refused",
-                                                 "error": event["error"]})
-                        if not self._pending:
-                            self._in_flight = False
-                            self._done.set()
-                            self._started.set()
+                    if "turn_id" in event and event["turn_id"] not in self._ended:
+                        # kept for its turn.done (results)
+                        self._turn_errors.setdefault(event["turn_id"], event["error"])
+                    elif event["error"]["code"] in REFUSALS and self._pending:
+                        # named nothing (a frame the gateway could not read): taken, as
+                        # before, for the refusal of the oldest transcript not yet started
+                        self._refuse(self._pending[0], event["error"])
                 case _:
                     pass  # sentence, sentence.done, pong
+
+    def _refused(self, error: dict[str, Any]) -> None:
+        """The ``error`` (no turn) that names the message it refuses (``event_id``): the
+        settings, a transcript, or another message (a playback mark), whatever the order of
+        what was sent and however many times (a resume sends some again, with their names).
+        Matched by order, the refusal of one was taken for another's: a transcript's for the
+        settings', or a mark's for the next transcript's, whose reply then went unheard."""
+        named = error["event_id"]
+        if named == self._update_id:
+            if self._updating:  # (else a second answer to them: sent again after a resume)
+                self._updating = False  # the session goes on with the gateway's defaults
+                self.say(f"\n[settings refused: error {error['code']}: {error['message']}]")
+            return
+        number = self._named.get(named)
+        if number is None or number not in self._pending:
+            # not a transcript waiting for its turn: a mark, or one answered already
+            self.say(f"\n[error {error['code']}: {error['message']} ({named})]")
+            return
+        self.say(f"\n[error {error['code']}: {error['message']}]")
+        if error["code"] in REFUSALS:  # (server_full: the socket closes; it goes again)
+            del self._named[named]
+            self._refuse(number, error)
+
+    def _refuse(self, number: int, error: dict[str, Any]) -> None:
+        """The transcript ``number`` (local, in ``_pending``) was refused: no turn.done will
+        come for it."""
+        self._pending.remove(number)
+        if error["code"] == "rate_limited":
+            self._limited = True  # _talk sends it again after a wait
+        else:
+            self.results.append({"type": "refused", "status": "refused", "error": error})
+        if not self._pending:
+            self._in_flight = False
+            self._done.set()
+            self._started.set()
 
     def _count_seq(self, seq: int) -> None:
         expected = 0 if self._last_seq is None else (self._last_seq + 1) % 2**32

@@ -975,3 +975,64 @@ async def test_settings_answered_twice_in_one_replay_are_refused_once(gateway, t
         ("refused", "text_too_long"), ("completed", None)]
     (refused,) = [x for x in client.lines if "invalid_field" in x]
     assert refused.startswith("[settings refused") and "frame_ms" in refused
+
+
+class _MarksBadly(_Recording):
+    """Sends, at once with its first transcript, a ``playback`` mark the gateway refuses
+    (``played_ms`` -1, as a player whose count went wrong would send), named ``bad-mark``."""
+
+    marked = False
+
+    async def _send(self, **message) -> None:
+        if message.get("type") == "transcript" and not self.marked:
+            self.marked = True
+            await super()._send(type="playback", event_id="bad-mark", turn_id=1, played_ms=-1)
+        await super()._send(**message)
+
+
+@pytest.mark.slow
+async def test_a_refusal_that_names_another_message_is_not_the_transcripts(gateway, tmp_path):
+    """The client matched an ``error`` without a turn to what it sent by order: the first
+    refusal while a transcript waited for its turn was that transcript's. A mark refused
+    just before it (two messages sent at once) was taken for the transcript's refusal: the
+    client recorded it refused and went on, and its reply, which came, was not waited for.
+    Each message now has its ``event_id``, and an error that names one is that one's."""
+    client = _MarksBadly(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                         phone_client.ClockPlayer())
+    await asyncio.wait_for(client.run(phone_client._from_list(["Hello"]), sequential=True,
+                                      barge_in_after=None), 30)
+    assert gateway.metrics.errors["invalid_field"] == 1  # (the mark's)
+    assert [r["status"] for r in client.results] == ["completed"]
+    (refused,) = [x for x in client.lines if "invalid_field" in x]
+    assert refused.endswith("(bad-mark)]"), refused
+
+
+async def test_each_message_is_named_and_a_failed_turn_keeps_its_error(
+        start_gateway, refused_port, tmp_path, monkeypatch):
+    """protocol.md, Errors: a turn's error names the transcript that started it. The client
+    names every message it sends (a short id, never the same twice), and a failed turn's
+    result (its ``turn.done``) carries the turn's own error: the one naming its transcript."""
+    from gateway.core.codec import ClientPlayback, ClientSessionUpdate, ClientTranscript
+    from gateway.io.connection import SessionRunner
+
+    received = []
+    receive = SessionRunner.receive
+
+    def receiving(runner, message, now) -> None:
+        received.append(message)
+        receive(runner, message, now)
+
+    monkeypatch.setattr(SessionRunner, "receive", receiving)
+    gw = await start_gateway(REPLIES, llm={"url": f"http://127.0.0.1:{refused_port}/v1"})
+    client = _Recording(f"ws://127.0.0.1:{gw.port}/v1/voice", tmp_path,
+                        phone_client.ClockPlayer(), settings={"frame_ms": 20})
+    await asyncio.wait_for(client.run(phone_client._from_list(["Hello", "Time"]),
+                                      sequential=True, barge_in_after=None), 30)
+    named = [m.event_id for m in received
+             if isinstance(m, ClientTranscript | ClientSessionUpdate | ClientPlayback)]
+    assert isinstance(received[0], ClientSessionUpdate)
+    assert all(named) and len(set(named)) == len(named), named
+    said = [m.event_id for m in received if isinstance(m, ClientTranscript)]
+    assert [(r["status"], r["error"]["code"], r["error"]["event_id"])
+            for r in client.results] == [("failed", "llm_unavailable", said[0]),
+                                         ("failed", "llm_unavailable", said[1])]
