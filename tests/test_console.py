@@ -631,7 +631,7 @@ async def test_console_sets_the_first_segments_word_limits(gateway):
         await page.click("#apply")
         await page.wait_for_function(f"{state}.errors.length")
         assert (await page.evaluate(f"{state}.errors")) == [
-            "invalid_field: field 'first_max_words' must be between 0 and 50"]
+            "invalid_field: field 'first_max_words' must be between 0 and 50 (the settings)"]
         assert await page.input_value("#first-max-words") == str(default.first_max_words)
         assert runner.session.settings.segmenter == default
         await page.fill("#first-max-words", "3")
@@ -2461,4 +2461,51 @@ async def test_console_speak_is_a_toggle_that_keeps_its_name(gateway):
             "document.querySelector('#mic').getAttribute('aria-pressed') === 'false'")
         assert (await ax_node(page, "#mic"))["pressed"] == "false"
         assert (await ax_node(page, "#mic"))["name"] == "Speak"
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_matches_each_refusal_to_the_message_it_names(gateway):
+    """The console took any refusal without a turn (but rate_limited) for the refusal of
+    the settings it waited on, and left any transcript refused otherwise waiting for its
+    turn. A transcript the gateway refuses as empty (U+0085 is white space to it, not to
+    JavaScript's trim) sent with settings naming an unknown voice, at once: the transcript's
+    refusal was taken for the settings', every field was put back (the instructions just
+    typed too), and the transcript, taken as still unanswered, was sent again after the
+    next resume, where it took the place of the next one, whose reply was then heard
+    twice. Each message is named now (event_id) and each error matched by its name."""
+    from gateway.core.codec import ClientTranscript
+
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        (conn,) = gateway.connections
+        conn.ws.transport.pause_reading()  # the messages go at once, answered together
+        await talk(page, "\u0085")
+        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        await page.fill("#instructions", "Answer in one word.")
+        await page.fill("#voice", "klingon")
+        await page.click("#apply")
+        conn.ws.transport.resume_reading()
+        await page.wait_for_function(f"{state}.errors.length === 2")
+        said, voice = await page.evaluate(f"{state}.errors")
+        assert said.startswith("invalid_field:") and said.endswith(
+            "(the transcript “\u0085”); the transcript is back in the box"), said
+        assert voice.startswith("unknown_voice:") and voice.endswith("(the settings)"), voice
+        # the voice refused is put back, the instructions typed with it are kept
+        assert await page.input_value("#voice") == ""
+        assert await page.input_value("#instructions") == "Answer in one word."
+
+        await page.fill("#transcript", "Hello")
+        await page.click("#send")
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        received = messages_received(gateway)
+        conn.ws.transport.abort()  # nothing is waiting for an answer: nothing goes again
+        await page.wait_for_function(f"{state}.resumes === 1", timeout=30_000)
+        await talk(page, "Tell me everything")
+        await page.wait_for_function(f"{state}.turnId !== 1")
+        assert await page.evaluate(f"{state}.turnId") == 2
+        assert [m.text for m in received if isinstance(m, ClientTranscript)] == [
+            "Tell me everything"]
         assert errors == []

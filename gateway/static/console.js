@@ -415,9 +415,37 @@ function connected() {
   return ws !== null && ws.readyState === WebSocket.OPEN && state.connected && !session?.replay;
 }
 
+// Every message goes named (protocol.md: event_id), so that an error answering it says
+// which it was: its name, or the one it had when first sent (sent again after a resume).
+// Returns the name. What each name was is kept for the latest SENT_NAMES, to say which
+// action an error refused.
+const SENT_NAMES = 200;
+const sentNames = new Map(); // event_id -> what the message was, for the errors
+let sentCount = 0;
 function send(message) {
+  message = {...message, event_id: message.event_id ?? `c${++sentCount}`};
+  sentNames.delete(message.event_id); // (the newest last: the oldest go first)
+  sentNames.set(message.event_id, sentWhat(message));
+  if (sentNames.size > SENT_NAMES) sentNames.delete(sentNames.keys().next().value);
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(message));
   else showError("not connected");
+  return message.event_id;
+}
+
+// What a message was, as an error refusing it says it: "the transcript “Hello”".
+function sentWhat(message) {
+  switch (message.type) {
+    case "transcript": {
+      const text = chars(message.text) > 40 ? `${[...message.text].slice(0, 40).join("")}…`
+        : message.text;
+      return `the transcript “${text}”`;
+    }
+    case "session.update": return "the settings";
+    case "playback": return `a playback mark of turn ${message.turn_id}`;
+    case "cancel": return `Stop of turn ${message.turn_id}`;
+    case "session.resume": return "the resume";
+    default: return `a ${message.type}`;
+  }
 }
 
 // (a live region: a text written again, unchanged, is read out again, at every retry)
@@ -564,20 +592,38 @@ function onEvent(ev) {
       }
       break;
     case "error": {
-      // a transcript refused for the rate (the box was emptied when it went) goes back in
-      // the box, to send again once the minute allows; it starts no turn
-      const asked = ev.error.code === "rate_limited" ? session?.asked.shift() : undefined;
+      // The message refused, by the name the error gives it (protocol.md, Errors): the
+      // settings, a transcript, or another (a mark, Stop); a turn's error names the
+      // transcript that started it. Matched by order instead, the refusal of one was taken
+      // for another's: a transcript's for the settings' (put back, and not sent again
+      // after a drop), and the transcript was taken as still waiting for its turn.
+      const named = ev.error.event_id;
+      const what = named === undefined ? undefined : sentNames.get(named);
+      let asked, update;
+      if (named === undefined) { // (a frame the gateway could not read): by order, as before
+        // a transcript refused for the rate (the box was emptied when it went) goes back in
+        // the box, to send again once the minute allows; it starts no turn
+        asked = ev.error.code === "rate_limited" ? session?.asked.shift() : undefined;
+        // (a session.update is never refused for the rate: that is a transcript's answer)
+        update = ev.turn_id === undefined && settings && ev.error.code !== "rate_limited" &&
+          !(ev.error.code === "resume_failed" && fresh) ? pendingUpdate : null;
+      } else if (ev.turn_id === undefined) {
+        const at = session?.asked.findIndex((a) => a.id === named) ?? -1;
+        // (server_full: refused unread on a socket let in to resume, which closes: it goes
+        // again after the resume)
+        if (at >= 0 && ev.error.code !== "server_full") asked = session.asked.splice(at, 1)[0];
+        update = settings && pendingUpdate?.id === named ? pendingUpdate : null;
+      }
+      // a transcript refused goes back in the box (emptied when it went), to send again
       const refused = asked && !asked.stopped && backInBox(asked.text);
-      // (a session.update is never refused for the rate: that is a transcript's answer)
-      const update = ev.turn_id === undefined && settings && ev.error.code !== "rate_limited" &&
-        !(ev.error.code === "resume_failed" && fresh) ? pendingUpdate : null;
       const fields = update ? refusedFields(ev.error) : [];
       // the last session's settings given to a new one (the gateway restarted, maybe onto
       // another engine): one refused (a voice this engine lacks) had the others refused with
       // it, the instructions too, unsaid. The rest goes again without it.
       const rest = update?.carried ? withoutFields(update.session, fields) : null;
       showError(`${ev.error.code}: ${ev.error.message}` +
-                (ev.turn_id ? ` (turn ${ev.turn_id})` : "") +
+                (ev.turn_id ? ` (turn ${ev.turn_id}${what ? `, ${what}` : ""})`
+                  : what ? ` (${what})` : "") +
                 (refused ? "; the transcript is back in the box" : "") +
                 (rest && Object.keys(rest).length
                   ? "; the last session's other settings were sent again without it" : "") +
@@ -599,7 +645,7 @@ function onEvent(ev) {
         showSettings(settings, {keepEdits: true, putBack: fields});
         if (rest && Object.keys(rest).length) {
           pendingUpdate = {n: ++sentNo, session: rest, carried: true};
-          send({type: "session.update", session: rest});
+          pendingUpdate.id = send({type: "session.update", session: rest});
         }
       }
       break;
@@ -633,9 +679,12 @@ function sendAgain() {
   const again = [];
   const lost = session.asked.filter((a) => !a.stopped);
   session.asked = lost;
-  for (const asked of lost) again.push([asked.n, {type: "transcript", text: asked.text}, true]);
+  for (const asked of lost) {
+    again.push([asked.n, {type: "transcript", text: asked.text, event_id: asked.id}, true]);
+  }
   if (pendingUpdate) {
-    again.push([pendingUpdate.n, {type: "session.update", session: pendingUpdate.session}]);
+    again.push([pendingUpdate.n, {type: "session.update", session: pendingUpdate.session,
+                                  event_id: pendingUpdate.id}]);
   }
   for (const [, message, bargeIn] of again.sort((a, b) => a[0] - b[0])) {
     if (bargeIn) markBargeIn(); // (the one sent with it was lost too, and is stale now)
@@ -741,7 +790,7 @@ function startSession(ev) {
   // silently gone from the fields and from the replies
   if (Object.keys(carried).length) {
     pendingUpdate = {n: ++sentNo, session: carried, carried: true};
-    send({type: "session.update", session: carried});
+    pendingUpdate.id = send({type: "session.update", session: carried});
   }
 }
 
@@ -993,8 +1042,8 @@ async function sendTranscript(text) {
     return false;
   }
   markBargeIn();
-  send({type: "transcript", text});
-  session.asked.push({text, n: ++sentNo});
+  const id = send({type: "transcript", text});
+  session.asked.push({text, n: ++sentNo, id});
   return true;
 }
 
@@ -1119,7 +1168,7 @@ $("settings").addEventListener("submit", (e) => {
     segmenter: Object.fromEntries(Object.entries(FIRST_SEGMENT).map(([id, key]) =>
       [key, $(id).value.trim() === "" ? null : Number($(id).value)])),
   }};
-  send({type: "session.update", session: pendingUpdate.session});
+  pendingUpdate.id = send({type: "session.update", session: pendingUpdate.session});
 });
 
 // Enter in the frame's list applies, as in the other fields: a form submits on Enter from
