@@ -885,8 +885,12 @@ setInterval(() => {
   if (!turn || turn.stopped || turn.playedBase === null || !state.connected) return;
   const ms = Math.round(playedMs());
   if (ms === turn.marked && !paused(turn)) return;
-  // a player run dry: its last mark said less than it rendered (the tail still on its way)
-  if (!(state.playing || state.bufferedSamples) && !turn.marked) return;
+  // a player run dry: its last mark said less than it rendered (the tail still on its way).
+  // Not one paused: a context suspended before the turn's audio came says nothing of it
+  // (the worklet reports nothing while suspended; its last word, the flush's answer at the
+  // turn's start, was "empty, not playing"), and the turn went unmarked while its reply
+  // waited unheard: the gateway sent on as though it was heard.
+  if (!(state.playing || state.bufferedSamples) && !turn.marked && !paused(turn)) return;
   sendMark(turn, ms);
 }, 250);
 
@@ -1071,8 +1075,9 @@ function stop() {
   // without a player, the count as it stands)
   turn.stopped ??= {playedMs: flush === null ? Math.round(playedMs()) : null, flush};
   if (turn.stopped.playedMs === null) {
-    // a player that does not answer (its context suspended) gets the last periodic count,
-    // up to 53 ms low, rather than no Stop at all
+    // a player that does not answer gets the last periodic count, up to 53 ms low, rather
+    // than no Stop at all (Chromium's worklet answers a flush while its context is
+    // suspended too; one that did not would leave Stop unsent)
     const t = turn;
     t.stopped.known = new Promise((resolve) => { t.stopped.resolve = resolve; });
     setTimeout(() => {
