@@ -23,6 +23,12 @@ Timing model (defaults: Qwen3-TTS 0.6B bf16 on an idle M5 Max, from
 * ``streams=False`` models a non-streaming engine (Chatterbox): one step returns the whole
   segment and costs ``ttfa_ms + rtf * duration``.
 
+Fault injection, for soaks (bench/soak.py ``--faults``): ``fail_rate`` is the chance that a
+step raises ``EngineError("engine_failed")`` instead of returning its audio, as an engine
+that crashes mid-sentence does (a step after the first: audio of that sentence already went
+out; the first: none did). The draws come from ``random.Random(fail_seed)``, one per step,
+in the order the steps run; ``fail_rate`` may be set to 0 at any time (the faults stop).
+
 The cost is spent by calling ``sleep`` (``time.sleep`` by default) on the calling thread, the
 lane worker, exactly where a real model would compute; tests inject a fake ``sleep`` to
 check the model without waiting. ``rtf=0`` and ``ttfa_ms=0`` make every step free: the
@@ -34,6 +40,7 @@ harmonics takes.
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 import zlib
@@ -89,9 +96,13 @@ class SyntheticEngine(Uninterruptible):
         voice: str = DEFAULT_VOICE,
         name: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        fail_rate: float = 0.0,
+        fail_seed: int = 0,
     ) -> None:
         """``name``: what ``sentence``/``turn.done`` events report as the engine, instead of
-        ``synthetic`` (two synthetic engines on two lanes can be told apart)."""
+        ``synthetic`` (two synthetic engines on two lanes can be told apart).
+        ``fail_rate``: the chance a step fails (``engine_failed``); see the module
+        docstring."""
         # (written so that NaN fails too: it passed ``rtf < 0`` and started an engine whose
         # steps slept NaN seconds)
         for key, value in (("rtf", rtf), ("ttfa_ms", ttfa_ms),
@@ -101,6 +112,8 @@ class SyntheticEngine(Uninterruptible):
         for key, value in (("step_ms", step_ms), ("chars_per_second", chars_per_second)):
             if not 0 < value < math.inf:
                 raise ValueError(f"{key} must be a finite number above 0, not {value!r}")
+        if not 0 <= fail_rate <= 1:
+            raise ValueError(f"fail_rate must be 0-1, not {fail_rate!r}")
         if lane not in _LANES:
             raise ValueError(f"lane must be one of {_LANES}, not {lane!r}")
         if voice not in VOICES:
@@ -122,6 +135,10 @@ class SyntheticEngine(Uninterruptible):
         self.chars_per_second = float(chars_per_second)
         self.default_voice = voice
         self._sleep = sleep
+        self.fail_rate = float(fail_rate)
+        self.failures = 0
+        """Steps failed by ``fail_rate``."""
+        self._fail_rng = random.Random(fail_seed)
         self._closed = False
         self._lock = threading.Lock()
         self._streams: set[SyntheticStream] = set()
@@ -184,6 +201,15 @@ class SyntheticEngine(Uninterruptible):
                 self._loops[key] = loop
         return loop
 
+    def _fails(self) -> bool:
+        """Whether the step being run fails (``fail_rate``)."""
+        if not self.fail_rate:
+            return False
+        with self._lock:
+            failed = self._fail_rng.random() < self.fail_rate
+            self.failures += failed
+        return failed
+
     def _forget(self, stream: SyntheticStream) -> None:
         with self._lock:
             self._streams.discard(stream)
@@ -220,6 +246,11 @@ class SyntheticStream(Uninterruptible):
             eng._sleep(cost)
         if self._closed:  # closed from another thread while the "model" was busy
             return None
+        if eng._fails():
+            self._finish()
+            raise EngineError("engine_failed", f"synthetic engine: injected failure at step "
+                                               f"{self._steps + 1} (fail_rate "
+                                               f"{eng.fail_rate})")
         chunk = self._render(self._pos, n)
         self._pos += n
         self._steps += 1
