@@ -99,6 +99,13 @@ class Drop:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Send nothing for ``seconds`` (a model decoding), then go on with the script."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Hang:
     """Send nothing more until the client goes away (or the server shuts down).
 
@@ -181,6 +188,9 @@ class ScriptedLlmServer:
         """Request fields it refuses (400 naming them), as a strict server does: Azure AI's
         "Extra parameters ['stream_options'] are not allowed", Mistral's 422
         "extra_forbidden"."""
+        self.choose: Callable[[dict[str, Any] | None], list[Any]] | None = None
+        """When set, the script each chat request plays: ``choose(body)`` (the request's
+        JSON), instead of the queued scripts (bench/fault_llm.py answers by transcript)."""
         self.gzip = False
         """Stream answers gzip-compressed (``content-encoding: gzip``), as a proxy that
         compresses text/event-stream does."""
@@ -248,7 +258,8 @@ class ScriptedLlmServer:
                 "allowed"}}).encode())
             record.completed.set()
             return
-        steps = self._scripts.popleft() if self._scripts else list(self.default_script)
+        steps = (self.choose(body) if self.choose is not None else
+                 self._scripts.popleft() if self._scripts else list(self.default_script))
 
         async def watch_disconnect() -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -295,6 +306,9 @@ class ScriptedLlmServer:
         for step in steps:
             if isinstance(step, Drop):
                 raise _DroppedConnection("scripted drop")
+            if isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+                continue
             if isinstance(step, Hang):
                 await self._hang(record)
                 return
@@ -324,14 +338,15 @@ class ScriptedLlmServer:
 
     # lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Bind 127.0.0.1:0, start uvicorn in this loop, and return once it serves."""
+    async def start(self, port: int = 0) -> None:
+        """Bind 127.0.0.1:``port`` (0: any free one), start uvicorn in this loop, and return
+        once it serves."""
         # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only when
         # the listener says TCP; with proto 0, Nagle + delayed ACK add ~40 ms per response
         # on a reused connection.
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self, lifespan="off", log_level="warning", access_log=False, log_config=None
