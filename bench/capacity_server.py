@@ -1,6 +1,7 @@
 """The gateway under capacity load: the real server, the synthetic engine at zero cost.
 
     python bench/capacity_server.py [--port 0] [--max-lead-ms 1000] [--replies FILE]
+                                    [--llm-url URL] [--engine-fail-rate P]
 
 Prints ``PORT <n>`` once it is serving, then serves until SIGTERM/SIGINT. Built for
 bench/capacity.py, which runs it as its own process and reads its CPU time and RSS from
@@ -8,11 +9,21 @@ bench/capacity.py, which runs it as its own process and reads its CPU time and R
 under uvloop, like ``voice-gateway serve``, and like it freezes the start-up heap out of
 garbage collection (``--no-freeze``: not, the baseline). The engine renders its tones
 before the gateway starts (``prerender``), as the peers' servers do.
+
+For bench/soak.py ``--faults``: ``--llm-url`` takes the LLM from an OpenAI-compatible
+server instead of the replay LLM in process, and ``--engine-fail-rate`` makes each engine
+step fail with that chance (``SyntheticEngine``'s ``fail_rate``: ``engine_failed``,
+mid-sentence or at its start). SIGUSR1 turns the engine's failures off (the soak's
+recovery check). ``--log FILE``: the gateway's log (INFO and up) goes there, where the soak
+reads when the LLM and the engine were said to fail and to be back.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -29,11 +40,16 @@ async def main(args: argparse.Namespace) -> None:
     server = {"port": args.port, "max_sessions": args.max_sessions}
     if args.outbox_bytes:
         server["outbox_bytes"] = args.outbox_bytes
-    config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms},
-                         llm={"replies": args.replies} if args.replies else {})
-    engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu")
+    llm: dict[str, object] = {"replies": args.replies} if args.replies else {}
+    if args.llm_url:
+        llm["url"] = args.llm_url
+    config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms}, llm=llm)
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu", fail_rate=args.engine_fail_rate,
+                             fail_seed=args.seed)
     engine.prerender()  # the stand-in's own rendering is not the gateway's cost
     stop = stop_signal()
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGUSR1, lambda: setattr(engine, "fail_rate", 0.0))
     gateway = Gateway(config, engine=engine)
     await gateway.start()
     if not args.no_freeze:
@@ -54,7 +70,18 @@ if __name__ == "__main__":
                    help="per-session output buffer (default: server.outbox_bytes, 1 MiB)")
     p.add_argument("--replies", help="the replay LLM's JSONL of {transcript, reply} "
                                      "(default: engines/data/replies.jsonl)")
+    p.add_argument("--llm-url", help="an OpenAI-compatible LLM server (.../v1) instead of "
+                                     "the replay LLM")
+    p.add_argument("--engine-fail-rate", type=float, default=0.0,
+                   help="the chance each engine step fails with engine_failed")
+    p.add_argument("--seed", type=int, default=0, help="of the engine's failures")
+    p.add_argument("--log", help="write the gateway's log (INFO and up) to this file")
     a = p.parse_args()
+    if a.log:
+        logging.basicConfig(filename=a.log, level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        for noisy in ("httpx", "websockets.server"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     raise_nofile()
     import uvloop
 
