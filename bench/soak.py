@@ -41,10 +41,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -74,19 +77,38 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+def fd_count(pid: int, llm_port: int | None = None) -> int:
+    """``pid``'s open descriptors; with ``llm_port``, not counting its TCP connections to
+    that port (``--faults``: the LLM's HTTP clients keep connections alive between turns,
+    as they should; they are not the sessions' and their number depends on the last
+    spike of turns)."""
+    fds = os.listdir(f"/proc/{pid}/fd")
+    if llm_port is None:
+        return len(fds)
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == llm_port:  # (rem_address)
+                inodes.add(fields[9])
+    kept = 0
+    for fd in fds:
+        with contextlib.suppress(OSError):  # (closed meanwhile)
+            kept += os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[")[:-1] \
+                not in inodes
+    return kept
 
 
 class GatewayProcess(Server):
     """bench/capacity_server.py (the zero-cost synthetic engine), its logs on our stderr."""
 
     def __init__(self, max_lead_ms: int, outbox_bytes: int | None = None,
-                 replies: str | None = None) -> None:
+                 replies: str | None = None, faults: list[str] = ()) -> None:
         extra = ["--outbox-bytes", str(outbox_bytes)] if outbox_bytes else []
         # (absolute: the gateway runs in the repository, not in our working directory)
         extra += ["--replies", os.path.abspath(replies)] if replies else []
-        super().__init__("gateway", "--max-lead-ms", str(max_lead_ms), *extra, log=False)
+        super().__init__("gateway", "--max-lead-ms", str(max_lead_ms), *extra, *faults,
+                         log=False)
 
     @property
     def url(self) -> str:
@@ -101,6 +123,68 @@ class GatewayProcess(Server):
         return self.close(timeout=30)
 
 
+class LlmProcess:
+    """bench/fault_llm.py: an OpenAI-compatible LLM server as its own process, which the
+    soak kills (SIGKILL: no goodbye on its sockets) and starts again on the same port."""
+
+    def __init__(self, replies: str | None, cut_rate: float, seed: int) -> None:
+        self.args = [sys.executable, str(ROOT / "bench" / "fault_llm.py"),
+                     "--cut-rate", str(cut_rate), "--seed", str(seed),
+                     *(["--replies", os.path.abspath(replies)] if replies else [])]
+        self.port = 0
+        self.cut = self.begun = 0
+        """Replies cut and begun (each process says so as they begin)."""
+        self.proc: subprocess.Popen[str] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        seed = self.args.index("--seed") + 1  # (each process cuts other replies)
+        self.args[seed] = str(int(self.args[seed]) + 1)
+        self.proc = subprocess.Popen([*self.args, "--port", str(self.port)],
+                                     stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                     start_new_session=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.proc.kill()
+            raise RuntimeError(f"the LLM server did not start: {line!r}")
+        self.port = int(line.split()[1])
+        threading.Thread(target=self._count, args=(self.proc.stdout,), daemon=True).start()
+
+    def _count(self, out: Any) -> None:
+        for line in out:  # (until the process exits)
+            self.begun += 1
+            self.cut += line.startswith("cut")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.proc = None
+
+    def calm(self) -> None:
+        """No more cut replies (SIGUSR1)."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGUSR1)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+
+FAULT_CODES = frozenset({"llm_unavailable", "llm_failed", "engine_failed"})
+"""The error codes a turn may end ``failed`` with under ``--faults`` (protocol.md, Errors):
+the LLM server out of reach (killed, not back yet), its stream broken (killed mid-reply,
+or cut), the engine failing a step."""
+
+
 # ---- one session -----------------------------------------------------------------------
 
 
@@ -113,6 +197,14 @@ class SoakStats:
     connects: int = 0
     connect_failures: int = 0
     renewals: int = 0
+    turn_errors: Counter[str] = field(default_factory=Counter)
+    """``--faults``: the codes of the errors that failed turns."""
+    replayed_skipped: int = 0
+    """Events received a second time in a resume's replay (sent after the last frame
+    received before the drop), skipped as protocol.md says."""
+    llm_down: list[list[float]] = field(default_factory=list)
+    """``--faults``: from when the LLM server was killed to when it served again (``inf``
+    while it is down), in the loop's time."""
 
 
 class SoakSession:
@@ -137,6 +229,14 @@ class SoakSession:
         self.frame_arrived = asyncio.Event()
         self.reading = asyncio.Event()
         self.reading.set()
+        self.faults = False
+        """``--faults``: a turn may fail, with one error of ``FAULT_CODES``."""
+        self.turn_errors: dict[int, list[tuple[str, float]]] = {}
+        """The current session's errors by turn id: code and arrival time."""
+        self.since_frame: list[dict[str, Any]] = []
+        """Events received since the last frame: a resume's replay sends them again."""
+        self.replay: list[dict[str, Any]] = []
+        """Events a resume's replay will send again first: skipped (protocol.md, Resume)."""
 
     async def run(self, deadline: float) -> None:
         from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -176,6 +276,7 @@ class SoakSession:
         self.stats.renewals += 1
         self.account = _carry(self.account)
         self.last_seq = -1
+        self.since_frame, self.turn_errors = [], {}
         await self._connect(resume=False)
 
     async def _connect(self, *, resume: bool) -> None:
@@ -193,6 +294,8 @@ class SoakSession:
             answer = json.loads(await ws.recv())
             if answer["type"] == "session.resumed":
                 self.stats.resumes += 1
+                self.replay = self.since_frame
+                self.since_frame = []
             else:
                 # the reply being heard went with the old session: its turn is lost now
                 # (waiting for its turn.done took the whole turn timeout), and the fresh
@@ -205,6 +308,7 @@ class SoakSession:
                 self.account.lost(code or "resume failed")
                 self.account = _carry(self.account)
                 self.last_seq = -1
+                self.since_frame, self.turn_errors = [], {}
                 self.turn_done.set()
                 self.session_id, self.resume_token = created["session_id"], \
                     created["resume_token"]
@@ -223,14 +327,34 @@ class SoakSession:
                     return  # aborted: what it still held is replayed on the new socket
                 now = self.loop.time()
                 if isinstance(message, bytes):
+                    if self.replay:
+                        self.account.violations.append(
+                            f"a resume's replay sent a frame before {len(self.replay)} "
+                            f"event(s) received after the last frame: {self.replay[0]}")
+                        self.replay = []
                     self.account.frame(message, now)
                     self.last_seq = int.from_bytes(message[8:12], "little")
+                    self.since_frame = []
                     self.frames_in_turn += 1
                     self.frame_arrived.set()
                     continue
                 event = json.loads(message)
+                if self.replay:  # received before the drop, after the last frame: again
+                    again = self.replay.pop(0)
+                    self.stats.replayed_skipped += 1
+                    if event != again:
+                        self.account.violations.append(
+                            f"a resume replayed {event}, not {again}")
+                    continue
+                self.since_frame.append(event)
                 if event["type"] == "turn.done" and event["turn_id"] in self.account._ended:
                     continue  # a replayed turn.done after a resume (idempotent)
+                if event["type"] == "error" and "turn_id" in event:
+                    if event["turn_id"] in self.account._ended:
+                        self.account.violations.append(f"an error after its turn.done: "
+                                                       f"{event}")
+                    self.turn_errors.setdefault(event["turn_id"], []).append(
+                        (event["error"]["code"], now))
                 self.account.event(event, now)
                 if event["type"] == "turn.done" and event["turn_id"] == \
                         self.account.current_turn_id:
@@ -293,6 +417,31 @@ class SoakSession:
         finally:
             marks.cancel()
             self.stats.statuses[turn.status or "lost"] += 1  # (a reconnect failed: lost)
+            self._check_errors(turn)
+
+    def _check_errors(self, turn: Any) -> None:
+        """A turn that ended says why, once: ``failed`` with exactly one error, a turn's
+        error of ``FAULT_CODES`` (under ``--faults``; none without), an ``llm_unavailable``
+        only while the LLM server was down; ``completed`` and ``cancelled`` with none."""
+        if turn.turn_id is None or turn.status not in ("completed", "cancelled", "failed"):
+            return
+        errors = self.turn_errors.pop(turn.turn_id, [])
+        codes = [code for code, _ in errors]
+        if turn.status != "failed":
+            if codes:
+                self.account.violations.append(f"turn {turn.turn_id} {turn.status} with "
+                                               f"errors {codes}")
+            return
+        if len(codes) != 1 or not self.faults or codes[0] not in FAULT_CODES:
+            self.account.violations.append(f"turn {turn.turn_id} failed with errors "
+                                           f"{codes}")
+            return
+        self.stats.turn_errors[codes[0]] += 1
+        at = errors[0][1]
+        if codes[0] == "llm_unavailable" and not any(
+                down <= at and turn.sent_at <= up for down, up in self.stats.llm_down):
+            self.account.violations.append(
+                f"turn {turn.turn_id}: llm_unavailable while the LLM server was up")
 
     async def _marks(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -324,7 +473,16 @@ def _carry(account: SessionAccount) -> SessionAccount:
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     transcripts = load_transcripts(args.replies)
-    gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes, args.replies)
+    llm = LlmProcess(args.replies, args.llm_cut_rate, args.seed) if args.faults else None
+    log = Path(f"/tmp/soak-gateway-{os.getpid()}.log")
+    faults = ["--llm-url", llm.url, "--engine-fail-rate", str(args.engine_fail_rate),
+              "--seed", str(args.seed), "--log", str(log)] if llm is not None else []
+    try:
+        gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes, args.replies, faults)
+    except BaseException:
+        if llm is not None:
+            llm.stop()
+        raise
     loop = asyncio.get_running_loop()
     samples: list[dict[str, float]] = []
     stats = SoakStats()
@@ -338,19 +496,41 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.suppress(NotImplementedError):  # (Windows: Ctrl-C ends it at once)
         loop.add_signal_handler(signal.SIGINT, interrupt)
 
-    def sample(label: str = "") -> dict[str, float]:
+    def sample(label: str = "") -> dict[str, Any]:
         s = {"t_s": round(loop.time() - t0, 1), "rss_mb": round(rss_mb(gateway.pid), 1),
-             "fds": fd_count(gateway.pid), "label": label,
+             "fds": fd_count(gateway.pid, llm and llm.port), "label": label,
              "cpu_s": round(cpu_seconds(gateway.pid), 2),
              "turns": sum(stats.statuses.values())}
         samples.append(s)
         return s
 
-    async def tasks(s: dict[str, float]) -> dict[str, float]:
+    async def tasks(s: dict[str, Any]) -> dict[str, Any]:
         """The gateway's asyncio tasks (``/health`` → ``loop.tasks``, this probe's own
-        included), asked from a thread: the sessions' loop goes on meanwhile."""
-        s["tasks"] = (await asyncio.to_thread(gateway.health))["loop"]["tasks"]
+        included), asked from a thread: the sessions' loop goes on meanwhile; and its
+        health (``--faults``: ok, or degraded while the LLM or the engine fails)."""
+        health = await asyncio.to_thread(gateway.health)
+        s["tasks"] = health["loop"]["tasks"]
+        s.update(status=health["status"], llm_failing=bool(health["llm"]["failing"]),
+                 engine_failing=health["engine"]["failing"])
         return s
+
+    async def chaos(deadline: float) -> None:
+        """``--faults``: kill the LLM server now and then, start it again a while later;
+        no kill after ``deadline``."""
+        assert llm is not None
+        rng = random.Random(args.seed)
+        while True:
+            await asyncio.sleep(rng.expovariate(1 / args.llm_kill_every))
+            if loop.time() >= deadline:
+                return
+            llm.kill()
+            down = [loop.time(), math.inf]
+            stats.llm_down.append(down)
+            await asyncio.sleep(rng.uniform(0.5, args.llm_down_max))
+            await asyncio.to_thread(llm.start)
+            down[1] = loop.time()
+            print(f"[{loop.time() - t0:7.1f}s] LLM server down for "
+                  f"{down[1] - down[0]:.1f} s", file=sys.stderr, flush=True)
 
     async def sampler() -> None:
         import httpx
@@ -377,7 +557,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         sessions = [SoakSession(gateway.url, i, args.seed, transcripts, stats,
                                 args.turn_timeout, args.renew_every)
                     for i in range(args.sessions)]
+        for s in sessions:
+            s.faults = llm is not None
         tick = loop.create_task(sampler())
+        chaotic = loop.create_task(chaos(deadline)) if llm is not None else None
         running = asyncio.gather(*(s.run(deadline) for s in sessions))
         stopping = loop.create_task(stop.wait())
         await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -391,7 +574,14 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         else:
             await running  # (a bug in a session: its traceback)
         tick.cancel()
+        if chaotic is not None:
+            if interrupted:
+                chaotic.cancel()  # (a start in progress goes on in its thread: see stop)
+            await asyncio.wait((chaotic,))
         died = gateway.proc.poll() is not None  # (under the load: nothing left to probe)
+        recovery: dict[str, Any] | None = None
+        if llm is not None and not died and not interrupted:
+            recovery = await recover(gateway, llm, transcripts, stats)
         health: dict[str, Any] = dict.fromkeys(("sessions", "lanes", "errors", "turns"))
         after: dict[str, Any] = dict.fromkeys(("rss_mb", "fds", "tasks"))
         if not died:
@@ -405,14 +595,23 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             health = gateway.health()
             # sockets close asynchronously (the last health probe's too): give them 5 s
             for _ in range(50):
-                if fd_count(gateway.pid) <= samples[0]["fds"]:
+                if fd_count(gateway.pid, llm and llm.port) <= samples[0]["fds"]:
                     break
                 await asyncio.sleep(0.1)
             after = await tasks(sample("sessions gone"))
+            for _ in range(50):  # (--faults: /health may start a probe of the LLM: 1 task)
+                if after["tasks"] <= samples[0]["tasks"]:
+                    break
+                await asyncio.sleep(0.1)
+                after = await tasks(sample("sessions gone"))
     finally:
         stopping = time.monotonic()
         code = gateway.stop()
         stop_s = time.monotonic() - stopping
+        if llm is not None:
+            llm.stop()
+    spells = fault_spells(log, keep=code not in (0, -signal.SIGTERM)) \
+        if llm is not None else None
     accounts = [s.account for s in sessions]
     warm = next((s for s in samples if s["t_s"] >= min(60.0, args.minutes * 30)), samples[0])
     running = [s for s in samples if not s["label"]]
@@ -446,14 +645,26 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "cpu": cpu_per_turn(samples, warm, running, frames),
         "samples": samples,
     }
+    if llm is not None:
+        result["faults"] = {
+            "llm_kills": len(stats.llm_down), "llm_cut": llm.cut, "llm_replies": llm.begun,
+            "engine_fail_rate": args.engine_fail_rate, "llm_cut_rate": args.llm_cut_rate,
+            "turn_errors": dict(stats.turn_errors),
+            "replayed_skipped": stats.replayed_skipped,
+            "samples_degraded": sum(s.get("status") == "degraded" for s in samples),
+            "samples_llm_failing": sum(bool(s.get("llm_failing")) for s in samples),
+            "spells": spells, "recovery": recovery}
     # (a soak with no completed turn measured nothing: "--minutes 0" passed)
+    # (under --faults a turn may fail: with one error of FAULT_CODES, or it is a violation)
+    ended = {"completed", "cancelled"} | ({"failed"} if llm is not None else set())
     result["ok"] = (stats.statuses.get("completed", 0) > 0 and
                     not died and result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
                     result["violations"] == 0 and stats.connect_failures == 0 and
                     # (failed, lost, or refused by the gateway: "rejected: rate_limited")
-                    set(stats.statuses) <= {"completed", "cancelled"} and
+                    set(stats.statuses) <= ended and
                     health["sessions"] == 0 and
-                    after["tasks"] <= samples[0]["tasks"])
+                    after["tasks"] <= samples[0]["tasks"] and
+                    (llm is None or faults_ok(result["faults"])))
     return result
 
 
@@ -478,6 +689,76 @@ def cpu_per_turn(samples: list[dict[str, Any]], warm: dict[str, Any],
             1000 * (running[-1]["cpu_s"] - warm["cpu_s"])
             / (running[-1]["turns"] - warm["turns"]), 2)
     return whole
+
+
+# ---- --faults: the recovery, the spells -------------------------------------------------
+
+RECOVERY_TURNS = 10
+"""Turns the recovery check may take to see the LLM's failing spell end (3 whole replies in
+a row: ``gateway.io.server.LLM_RECOVERED_AFTER``) and the engine's (a whole job)."""
+
+
+async def recover(gateway: GatewayProcess, llm: LlmProcess, transcripts: list[str],
+                  stats: SoakStats) -> dict[str, Any]:
+    """After the load: the LLM server up and no more faults (SIGUSR1 to both processes);
+    one session's turns until three in a row complete; then ``/health`` must say ok, with
+    neither the LLM nor the engine failing, as protocol.md and README say it comes back."""
+    from websockets.asyncio.client import connect
+
+    loop = asyncio.get_running_loop()
+    if llm.proc is None:  # (the load ended while it was down)
+        await asyncio.to_thread(llm.start)
+        stats.llm_down[-1][1] = loop.time()
+    llm.calm()
+    os.kill(gateway.pid, signal.SIGUSR1)
+    statuses: list[str] = []
+    rng = random.Random(0)
+    async with connect(gateway.url, compression=None, max_size=2**20) as ws:
+        json.loads(await ws.recv())  # session.created
+        while statuses.count("completed") + statuses.count("failed") < RECOVERY_TURNS and \
+                statuses[-3:] != ["completed"] * 3:
+            await ws.send(json.dumps({"type": "transcript",
+                                      "text": rng.choice(transcripts)}))
+            async for message in ws:
+                if not isinstance(message, str):
+                    continue
+                event = json.loads(message)
+                if event["type"] == "error":
+                    statuses.append(event["error"]["code"])
+                elif event["type"] == "turn.done":
+                    statuses.append(event["status"])
+                    break
+    health = await asyncio.to_thread(gateway.health)
+    return {"turns": statuses, "status": health["status"],
+            "llm_failing": health["llm"]["failing"],
+            "engine_failing": health["engine"]["failing"],
+            "ok": statuses[-3:] == ["completed"] * 3 and health["status"] == "ok" and
+            health["llm"]["failing"] is None and health["engine"]["failing"] is None}
+
+
+def fault_spells(log: Path, keep: bool) -> dict[str, int]:
+    """How often the gateway's log said the LLM, and the engine, started failing and came
+    back (README, Logs: once each way, not a line per turn). The log is removed unless
+    ``keep`` (the gateway did not exit as told: its path is said)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    if keep:
+        print(f"gateway log: {log}", file=sys.stderr)
+    else:
+        log.unlink(missing_ok=True)
+    return {"llm_failing": sum("the LLM fails turns" in x for x in lines),
+            "llm_back": sum("the LLM answers again" in x for x in lines),
+            "engine_failing": sum(": synthetic fails (" in x for x in lines),
+            "engine_back": sum("synthetic spoke a whole job again" in x for x in lines),
+            "errors_logged": sum(" ERROR " in x for x in lines)}
+
+
+def faults_ok(f: dict[str, Any]) -> bool:
+    """The faults happened and were each said as such, and everything came back."""
+    spells, errors = f["spells"], f["turn_errors"]
+    return (f["recovery"] is not None and f["recovery"]["ok"] and sum(errors.values()) > 0
+            and spells["llm_failing"] == spells["llm_back"] and
+            spells["engine_failing"] == spells["engine_back"] and
+            spells["errors_logged"] == 0)
 
 
 def table(r: dict[str, Any]) -> str:
@@ -505,8 +786,23 @@ def table(r: dict[str, Any]) -> str:
         ("gateway exit code (SIGTERM)", f"{r['gateway']['exit_code']}: died under the load"
          if r["gateway"]["died"] else f"{r['gateway']['exit_code']} after "
                                       f"{r['gateway']['stop_s']} s"),
-        ("ok", str(r["ok"])),
     ]
+    if "faults" in r:
+        f = r["faults"]
+        rows += [
+            ("LLM killed / replies cut (of)", f"{f['llm_kills']} / {f['llm_cut']} "
+                                              f"({f['llm_replies']})"),
+            ("failed turns by error", json.dumps(f["turn_errors"])),
+            ("replayed events skipped", str(f["replayed_skipped"])),
+            ("health samples degraded", f"{f['samples_degraded']} (LLM failing: "
+                                        f"{f['samples_llm_failing']})"),
+            ("failing spells said (LLM, engine)",
+             "{llm_failing}/{llm_back} back, {engine_failing}/{engine_back} back, "
+             "{errors_logged} ERROR lines".format(**f["spells"])),
+            ("recovery", "none" if f["recovery"] is None else
+             "{ok}: turns {turns}, health {status}".format(**f["recovery"])),
+        ]
+    rows.append(("ok", str(r["ok"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -527,6 +823,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replies", help="the replay set: JSONL of {transcript, reply}; the "
                                      "sessions say its transcripts, the gateway's replay LLM "
                                      "answers with its replies (default: the shipped set)")
+    p.add_argument("--faults", action="store_true",
+                   help="the server side fails too: the LLM is an HTTP server of its own "
+                        "(bench/fault_llm.py), killed and started again, cutting replies; "
+                        "the engine fails steps (see SOAK.md)")
+    p.add_argument("--llm-kill-every", type=float, default=20.0,
+                   help="--faults: mean seconds between two kills of the LLM server")
+    p.add_argument("--llm-down-max", type=float, default=4.0,
+                   help="--faults: the LLM server stays down 0.5 s to this long")
+    p.add_argument("--llm-cut-rate", type=float, default=0.03,
+                   help="--faults: the chance the LLM server cuts a reply")
+    p.add_argument("--engine-fail-rate", type=float, default=0.003,
+                   help="--faults: the chance an engine step fails (engine_failed)")
     p.add_argument("--json", help="write the result (with every sample) here")
     args = p.parse_args(argv)
     if args.replies:  # (a bad file: the gateway died before serving, in a traceback)
