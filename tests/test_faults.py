@@ -22,7 +22,7 @@ from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.server import Gateway
-from tests.servers import Hang, ServeProcess, Text, TinyLlamaServer
+from tests.servers import Drop, Hang, ServeProcess, Text, TinyLlamaServer, reply_script
 from tests.wsclient import TurnResult, read_turn, read_until_closed, recv_event, send
 
 NO_PACING = {"max_lead_ms": 30_000}  # the whole reply is released at once
@@ -873,6 +873,45 @@ async def test_llm_process_killed_mid_stream(tiny_llama_dir, tmp_path):
     finally:
         await gw.aclose()
         server.stop()
+
+
+@pytest.mark.parametrize("barge_in", ["cancel", "transcript"])
+async def test_a_turn_the_llm_failed_ends_failed_when_cancelled_while_it_plays_out(
+        scripted_llm_server, barge_in):
+    """protocol.md, Errors: a turn error does not end the turn, ``turn.done`` (``failed``)
+    does. The LLM's stream breaks; the complete sentences are still being said (the
+    engine holds the second one) when the client cancels, or barges in with a new
+    transcript: the turn ended ``cancelled`` after its ``llm_failed``, a turn with an
+    error that did not fail (the soak with --faults: 13 of 2,306 failed turns), and the
+    gateway counted it cancelled."""
+    scripted_llm_server.script(
+        [Text("A first sentence to speak. "), Text("HANG comes in the second one. "),
+         Text("A third is cut"), Drop()],
+        reply_script(["Fine."]))
+    engine = FaultyEngine()
+    gw = await start(engine, llm_url=scripted_llm_server.url)
+    try:
+        async with connect(url(gw)) as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="transcript", text="Talk to me.")
+            error = await recv_event(ws, "error")
+            assert error["error"]["code"] == "llm_failed"
+            await asyncio.to_thread(engine.hung.wait, 10)  # the second sentence is held
+            if barge_in == "cancel":
+                await send(ws, type="cancel")
+            else:
+                await send(ws, type="transcript", text="Never mind.")
+            done = await recv_event(ws, "turn.done")
+            engine.release.set()
+            assert done["turn_id"] == error["turn_id"] and done["status"] == "failed"
+            if barge_in == "transcript":
+                again = await read_turn(ws)
+                assert again.done["status"] == "completed" and not again.of("error")
+        assert gw.health()["turns"] == ({"failed": 1} if barge_in == "cancel" else
+                                        {"failed": 1, "completed": 1})
+    finally:
+        engine.release.set()
+        await gw.aclose()
 
 
 @pytest.mark.slow

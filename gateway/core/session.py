@@ -958,6 +958,12 @@ class Session:
             self._remember(turn, status)
             # (a failed turn still plays out the sentences it sent)
             turn.playing_out = status in ("completed", "failed")
+        if turn.failed and status == "cancelled":
+            # cancelled (or barged in on) while the sentences complete before its error
+            # were still said: its error was sent, so it ends failed (protocol.md: a turn
+            # error is followed by turn.done failed), as the turn counters count it; the
+            # history keeps what the marks show was heard, as for any cut reply
+            status = "failed"
         for seg in turn.segments:
             seg.pending.clear()
         turn.held_bytes = 0
