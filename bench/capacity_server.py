@@ -14,8 +14,11 @@ For bench/soak.py ``--faults``: ``--llm-url`` takes the LLM from an OpenAI-compa
 server instead of the replay LLM in process, and ``--engine-fail-rate`` makes each engine
 step fail with that chance (``SyntheticEngine``'s ``fail_rate``: ``engine_failed``,
 mid-sentence or at its start). SIGUSR1 turns the engine's failures off (the soak's
-recovery check). ``--log FILE``: the gateway's log (INFO and up) goes there, where the soak
-reads when the LLM and the engine were said to fail and to be back.
+recovery check). ``--engine-fallback``: that engine is the primary of a ``FallbackEngine``
+(engines/fallback.py) whose fallback is another synthetic engine (``synthetic-fallback``),
+its breaker reset after 5 s: a failure is then the fallback's to take over, not an error,
+and the breaker opens and closes. ``--log FILE``: the gateway's log (INFO and up) goes
+there, where the soak reads when the LLM and the engine were said to fail and to be back.
 """
 
 from __future__ import annotations
@@ -30,10 +33,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.capacity import raise_nofile  # noqa: E402
+from engines.base import TtsEngine  # noqa: E402
+from engines.fallback import FallbackEngine  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
 from gateway.config import load_config  # noqa: E402
 from gateway.io.aio import stop_signal  # noqa: E402
 from gateway.io.server import Gateway, freeze_startup_heap  # noqa: E402
+
+FALLBACK_RESET_S = 5.0
+"""``--engine-fallback``: the breaker's ``breaker_reset_s`` (the gateway's default is 30 s)."""
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -44,12 +52,17 @@ async def main(args: argparse.Namespace) -> None:
     if args.llm_url:
         llm["url"] = args.llm_url
     config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms}, llm=llm)
-    engine = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu", fail_rate=args.engine_fail_rate,
-                             fail_seed=args.seed)
-    engine.prerender()  # the stand-in's own rendering is not the gateway's cost
+    primary = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu", fail_rate=args.engine_fail_rate,
+                              fail_seed=args.seed)
+    primary.prerender()  # the stand-in's own rendering is not the gateway's cost
+    engine: TtsEngine = primary
+    if args.engine_fallback:
+        fallback = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu", name="synthetic-fallback")
+        fallback.prerender()
+        engine = FallbackEngine(primary, fallback, breaker_reset_s=FALLBACK_RESET_S)
     stop = stop_signal()
     asyncio.get_running_loop().add_signal_handler(
-        signal.SIGUSR1, lambda: setattr(engine, "fail_rate", 0.0))
+        signal.SIGUSR1, lambda: setattr(primary, "fail_rate", 0.0))
     gateway = Gateway(config, engine=engine)
     await gateway.start()
     if not args.no_freeze:
@@ -74,6 +87,8 @@ if __name__ == "__main__":
                                      "the replay LLM")
     p.add_argument("--engine-fail-rate", type=float, default=0.0,
                    help="the chance each engine step fails with engine_failed")
+    p.add_argument("--engine-fallback", action="store_true",
+                   help="a second synthetic engine takes over from the failing one")
     p.add_argument("--seed", type=int, default=0, help="of the engine's failures")
     p.add_argument("--log", help="write the gateway's log (INFO and up) to this file")
     a = p.parse_args()

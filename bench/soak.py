@@ -229,8 +229,9 @@ class SoakSession:
         self.frame_arrived = asyncio.Event()
         self.reading = asyncio.Event()
         self.reading.set()
-        self.faults = False
-        """``--faults``: a turn may fail, with one error of ``FAULT_CODES``."""
+        self.fault_codes: frozenset[str] = frozenset()
+        """``--faults``: a turn may fail, with one error of these (``FAULT_CODES``, less
+        ``engine_failed`` with ``--engine-fallback``)."""
         self.turn_errors: dict[int, list[tuple[str, float]]] = {}
         """The current session's errors by turn id: code and arrival time."""
         self.since_frame: list[dict[str, Any]] = []
@@ -432,7 +433,7 @@ class SoakSession:
                 self.account.violations.append(f"turn {turn.turn_id} {turn.status} with "
                                                f"errors {codes}")
             return
-        if len(codes) != 1 or not self.faults or codes[0] not in FAULT_CODES:
+        if len(codes) != 1 or codes[0] not in self.fault_codes:
             self.account.violations.append(f"turn {turn.turn_id} failed with errors "
                                            f"{codes}")
             return
@@ -476,7 +477,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     llm = LlmProcess(args.replies, args.llm_cut_rate, args.seed) if args.faults else None
     log = Path(f"/tmp/soak-gateway-{os.getpid()}.log")
     faults = ["--llm-url", llm.url, "--engine-fail-rate", str(args.engine_fail_rate),
-              "--seed", str(args.seed), "--log", str(log)] if llm is not None else []
+              "--seed", str(args.seed), "--log", str(log),
+              *(["--engine-fallback"] if args.engine_fallback else [])] \
+        if llm is not None else []
     try:
         gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes, args.replies, faults)
     except BaseException:
@@ -558,7 +561,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                                 args.turn_timeout, args.renew_every)
                     for i in range(args.sessions)]
         for s in sessions:
-            s.faults = llm is not None
+            s.fault_codes = frozenset() if llm is None else FAULT_CODES - {
+                "engine_failed"} if args.engine_fallback else FAULT_CODES
         tick = loop.create_task(sampler())
         chaotic = loop.create_task(chaos(deadline)) if llm is not None else None
         running = asyncio.gather(*(s.run(deadline) for s in sessions))
@@ -653,7 +657,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "replayed_skipped": stats.replayed_skipped,
             "samples_degraded": sum(s.get("status") == "degraded" for s in samples),
             "samples_llm_failing": sum(bool(s.get("llm_failing")) for s in samples),
-            "spells": spells, "recovery": recovery}
+            "spells": spells, "recovery": recovery,
+            "fallback": (health.get("engine") or {}).get("fallback")}
     # (a soak with no completed turn measured nothing: "--minutes 0" passed)
     # (under --faults a turn may fail: with one error of FAULT_CODES, or it is a violation)
     ended = {"completed", "cancelled"} | ({"failed"} if llm is not None else set())
@@ -693,16 +698,19 @@ def cpu_per_turn(samples: list[dict[str, Any]], warm: dict[str, Any],
 
 # ---- --faults: the recovery, the spells -------------------------------------------------
 
-RECOVERY_TURNS = 10
+RECOVERY_TURNS = 20
 """Turns the recovery check may take to see the LLM's failing spell end (3 whole replies in
-a row: ``gateway.io.server.LLM_RECOVERED_AFTER``) and the engine's (a whole job)."""
+a row: ``gateway.io.server.LLM_RECOVERED_AFTER``), the engine's (a whole job) and, with
+``--engine-fallback``, the breaker close (a clean probe of the primary, 5 s after it last
+opened: ``bench/capacity_server.py``)."""
 
 
 async def recover(gateway: GatewayProcess, llm: LlmProcess, transcripts: list[str],
                   stats: SoakStats) -> dict[str, Any]:
     """After the load: the LLM server up and no more faults (SIGUSR1 to both processes);
-    one session's turns until three in a row complete; then ``/health`` must say ok, with
-    neither the LLM nor the engine failing, as protocol.md and README say it comes back."""
+    one session's turns until three in a row complete and ``/health`` says ok, with neither
+    the LLM nor the engine failing (nor a fallback's breaker open), as protocol.md, README
+    and engines/fallback.py say they come back."""
     from websockets.asyncio.client import connect
 
     loop = asyncio.get_running_loop()
@@ -713,10 +721,19 @@ async def recover(gateway: GatewayProcess, llm: LlmProcess, transcripts: list[st
     os.kill(gateway.pid, signal.SIGUSR1)
     statuses: list[str] = []
     rng = random.Random(0)
+
+    def back(health: dict[str, Any]) -> bool:
+        fallback = health["engine"].get("fallback")
+        return statuses[-3:] == ["completed"] * 3 and health["status"] == "ok" and \
+            health["llm"]["failing"] is None and health["engine"]["failing"] is None and \
+            (fallback is None or fallback["breaker_state"] == "closed")
+
+    health: dict[str, Any] = {}
     async with connect(gateway.url, compression=None, max_size=2**20) as ws:
         json.loads(await ws.recv())  # session.created
-        while statuses.count("completed") + statuses.count("failed") < RECOVERY_TURNS and \
-                statuses[-3:] != ["completed"] * 3:
+        turns = 0
+        while turns < RECOVERY_TURNS:
+            turns += 1
             await ws.send(json.dumps({"type": "transcript",
                                       "text": rng.choice(transcripts)}))
             async for message in ws:
@@ -728,12 +745,14 @@ async def recover(gateway: GatewayProcess, llm: LlmProcess, transcripts: list[st
                 elif event["type"] == "turn.done":
                     statuses.append(event["status"])
                     break
-    health = await asyncio.to_thread(gateway.health)
+            health = await asyncio.to_thread(gateway.health)
+            if back(health):
+                break
+    fallback = health["engine"].get("fallback")
     return {"turns": statuses, "status": health["status"],
             "llm_failing": health["llm"]["failing"],
             "engine_failing": health["engine"]["failing"],
-            "ok": statuses[-3:] == ["completed"] * 3 and health["status"] == "ok" and
-            health["llm"]["failing"] is None and health["engine"]["failing"] is None}
+            "breaker": fallback and fallback["breaker_state"], "ok": back(health)}
 
 
 def fault_spells(log: Path, keep: bool) -> dict[str, int]:
@@ -757,6 +776,7 @@ def faults_ok(f: dict[str, Any]) -> bool:
     spells, errors = f["spells"], f["turn_errors"]
     return (f["recovery"] is not None and f["recovery"]["ok"] and sum(errors.values()) > 0
             and spells["llm_failing"] == spells["llm_back"] and
+            (f["fallback"] is None or f["fallback"]["breaker_opens"] > 0) and
             spells["engine_failing"] == spells["engine_back"] and
             spells["errors_logged"] == 0)
 
@@ -800,8 +820,12 @@ def table(r: dict[str, Any]) -> str:
              "{llm_failing}/{llm_back} back, {engine_failing}/{engine_back} back, "
              "{errors_logged} ERROR lines".format(**f["spells"])),
             ("recovery", "none" if f["recovery"] is None else
-             "{ok}: turns {turns}, health {status}".format(**f["recovery"])),
+             "{ok}: turns {turns}, health {status}, breaker {breaker}".format(
+                 **f["recovery"])),
         ]
+        if f["fallback"] is not None:
+            rows.append(("fallback (breaker opens, switches, truncations)",
+                         "{breaker_opens}, {switches}, {truncations}".format(**f["fallback"])))
     rows.append(("ok", str(r["ok"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -835,6 +859,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="--faults: the chance the LLM server cuts a reply")
     p.add_argument("--engine-fail-rate", type=float, default=0.003,
                    help="--faults: the chance an engine step fails (engine_failed)")
+    p.add_argument("--engine-fallback", action="store_true",
+                   help="--faults: a second synthetic engine takes over from the failing "
+                        "one behind a breaker (engines/fallback.py): no engine_failed")
     p.add_argument("--json", help="write the result (with every sample) here")
     args = p.parse_args(argv)
     if args.replies:  # (a bad file: the gateway died before serving, in a traceback)
