@@ -33,6 +33,15 @@ their sockets, the turns being heard count as ``interrupted``, the gateway is pr
 after a full run, and the table (and ``--json``) has what was measured until then; the
 exit status is 130 (a second Ctrl-C stops at once). The gateway runs in a session of its
 own, so that the terminal's Ctrl-C reaches the soak only.
+
+``--faults``: the server side fails too. The gateway's LLM is an HTTP server of its own
+(bench/fault_llm.py), which the soak kills (SIGKILL) at random and starts again on the same
+port, and which cuts some replies mid-stream; the engine fails at random steps
+(``--engine-fail-rate``; with ``--engine-fallback`` a second engine takes over behind a
+breaker). Every failed turn must then have exactly one ``error`` of its cause
+(``FAULT_CODES``), every other turn none; a resume's replayed events are skipped and
+compared; after the load the faults stop and ``/health`` must say the LLM and the engine
+back (``recover``), the gateway's log each failing spell once each way. bench/SOAK.md.
 """
 
 from __future__ import annotations

@@ -131,6 +131,35 @@ def test_synthetic_close_from_another_thread_during_a_step_drops_the_chunk() -> 
     assert stream.step() is None
 
 
+def test_synthetic_fail_rate_fails_steps_mid_sentence_by_seed_until_set_to_0() -> None:
+    """bench/soak.py --faults: an engine that crashes at random steps, the same ones for
+    the same seed, and stops when told (the soak's recovery check)."""
+
+    def run(engine: SyntheticEngine) -> list[str]:
+        said = []
+        for i in range(40):
+            stream = engine.open(SynthesisRequest(text=f"Sentence {i} takes a few steps."))
+            try:
+                while stream.step() is not None:
+                    said.append("step")
+            except EngineError as exc:
+                assert exc.code == "engine_failed" and "injected failure" in exc.message
+                said.append("failed")
+            assert not engine._streams  # (a failed stream is forgotten)
+        return said
+
+    first = run(SyntheticEngine(rtf=0, ttfa_ms=0, fail_rate=0.2, fail_seed=3))
+    assert first == run(SyntheticEngine(rtf=0, ttfa_ms=0, fail_rate=0.2, fail_seed=3))
+    failed = [i for i, x in enumerate(first) if x == "failed"]
+    assert failed and any(i and first[i - 1] == "step" for i in failed)  # mid-sentence too
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0, fail_rate=1.0)
+    assert run(engine) == ["failed"] * 40 and engine.failures == 40
+    engine.fail_rate = 0.0
+    assert "failed" not in run(engine)
+    with pytest.raises(ValueError, match="fail_rate"):
+        SyntheticEngine(fail_rate=1.5)
+
+
 def test_synthetic_rejects_bad_options() -> None:
     with pytest.raises(ValueError):
         SyntheticEngine(lane="tpu")  # type: ignore[arg-type]

@@ -35,6 +35,31 @@ def test_a_short_soak_loses_nothing(tmp_path, capsys):
     assert "frames lost / duplicated" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_short_soak_with_the_server_side_failing_says_each_failure_once(tmp_path, capsys):
+    """``--faults``: the LLM server killed and started again, cutting replies, the engine
+    failing steps. Each failed turn had one error of its cause, the others completed or
+    were cancelled, nothing was lost or repeated, and after the load the gateway said the
+    LLM and the engine back (health ok, each failing spell logged once each way)."""
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--sessions", "6", "--minutes", "0.25", "--sample-s", "2",
+                    "--renew-every", "3", "--faults", "--llm-kill-every", "3",
+                    "--llm-cut-rate", "0.2", "--engine-fail-rate", "0.02",
+                    "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert rc == 0, capsys.readouterr().out
+    faults = result["faults"]
+    assert set(result["turns"]) <= {"completed", "cancelled", "failed"}
+    assert sum(faults["turn_errors"].values()) == result["turns"]["failed"] > 0
+    assert set(faults["turn_errors"]) <= soak.FAULT_CODES and faults["llm_kills"] > 0
+    assert result["seq_gaps"] == result["seq_repeats"] == result["violations"] == 0
+    assert faults["recovery"]["ok"] and faults["recovery"]["status"] == "ok"
+    spells = faults["spells"]
+    assert spells["llm_failing"] == spells["llm_back"] > 0
+    assert result["fds"]["idle_after"] == result["fds"]["start"]
+    assert result["tasks"]["idle_after"] == result["tasks"]["start"]
+
+
 def test_a_soak_that_completed_no_turn_does_not_pass(tmp_path, capsys):
     """``--minutes 0``: no turn was made, nothing was lost, and the soak said ok."""
     out = tmp_path / "soak.json"
