@@ -51,6 +51,8 @@ async def main(args: argparse.Namespace) -> None:
     llm: dict[str, object] = {"replies": args.replies} if args.replies else {}
     if args.llm_url:
         llm["url"] = args.llm_url
+    if args.llm_stall_s:
+        llm["stall_timeout_s"] = args.llm_stall_s
     config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms}, llm=llm)
     primary = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu", fail_rate=args.engine_fail_rate,
                               fail_seed=args.seed)
@@ -85,6 +87,8 @@ if __name__ == "__main__":
                                      "(default: engines/data/replies.jsonl)")
     p.add_argument("--llm-url", help="an OpenAI-compatible LLM server (.../v1) instead of "
                                      "the replay LLM")
+    p.add_argument("--llm-stall-s", type=float,
+                   help="[llm] stall_timeout_s (default 60 s)")
     p.add_argument("--engine-fail-rate", type=float, default=0.0,
                    help="the chance each engine step fails with engine_failed")
     p.add_argument("--engine-fallback", action="store_true",

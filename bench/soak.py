@@ -175,6 +175,14 @@ class LlmProcess:
         self.proc.wait()
         self.proc = None
 
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def calm(self) -> None:
         """No more cut replies (SIGUSR1)."""
         if self.proc is not None:
@@ -183,10 +191,15 @@ class LlmProcess:
     def stop(self) -> None:
         if self.proc is None:
             return
+        self.proc.send_signal(signal.SIGCONT)  # (stopped by a hang: Ctrl-C came meanwhile)
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.proc = None
 
+
+LLM_STALL_S = 4.0
+"""``--faults``: the gateway's ``[llm] stall_timeout_s`` (60 s by default): a hung LLM
+server fails its turns with ``llm_unavailable`` after this long without data."""
 
 FAULT_CODES = frozenset({"llm_unavailable", "llm_failed", "engine_failed"})
 """The error codes a turn may end ``failed`` with under ``--faults`` (protocol.md, Errors):
@@ -212,8 +225,10 @@ class SoakStats:
     """Events received a second time in a resume's replay (sent after the last frame
     received before the drop), skipped as protocol.md says."""
     llm_down: list[list[float]] = field(default_factory=list)
-    """``--faults``: from when the LLM server was killed to when it served again (``inf``
-    while it is down), in the loop's time."""
+    """``--faults``: from when the LLM server was killed (or hung) to when it served again
+    (``inf`` while it is down), in the loop's time."""
+    llm_hangs: int = 0
+    """``--faults``: how many of those were a hang (SIGSTOP), not a kill."""
 
 
 class SoakSession:
@@ -485,7 +500,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     transcripts = load_transcripts(args.replies)
     llm = LlmProcess(args.replies, args.llm_cut_rate, args.seed) if args.faults else None
     log = Path(f"/tmp/soak-gateway-{os.getpid()}.log")
-    faults = ["--llm-url", llm.url, "--engine-fail-rate", str(args.engine_fail_rate),
+    faults = ["--llm-url", llm.url, "--llm-stall-s", str(LLM_STALL_S),
+              "--engine-fail-rate", str(args.engine_fail_rate),
               "--seed", str(args.seed), "--log", str(log),
               *(["--engine-fallback"] if args.engine_fallback else [])] \
         if llm is not None else []
@@ -527,21 +543,30 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         return s
 
     async def chaos(deadline: float) -> None:
-        """``--faults``: kill the LLM server now and then, start it again a while later;
-        no kill after ``deadline``."""
+        """``--faults``: kill the LLM server now and then, start it again a while later,
+        or (``--llm-hang-share`` of the times) stop it (SIGSTOP: it takes connections and
+        answers nothing, a hung server) and let it go on a while later (SIGCONT); no fault
+        after ``deadline``."""
         assert llm is not None
         rng = random.Random(args.seed)
         while True:
             await asyncio.sleep(rng.expovariate(1 / args.llm_kill_every))
             if loop.time() >= deadline:
                 return
-            llm.kill()
+            hang = rng.random() < args.llm_hang_share
             down = [loop.time(), math.inf]
             stats.llm_down.append(down)
-            await asyncio.sleep(rng.uniform(0.5, args.llm_down_max))
-            await asyncio.to_thread(llm.start)
+            if hang:
+                llm.pause()
+                stats.llm_hangs += 1
+                await asyncio.sleep(rng.uniform(0.5, 2 * LLM_STALL_S))
+                llm.resume()
+            else:
+                llm.kill()
+                await asyncio.sleep(rng.uniform(0.5, args.llm_down_max))
+                await asyncio.to_thread(llm.start)
             down[1] = loop.time()
-            print(f"[{loop.time() - t0:7.1f}s] LLM server down for "
+            print(f"[{loop.time() - t0:7.1f}s] LLM server {'hung' if hang else 'down'} for "
                   f"{down[1] - down[0]:.1f} s", file=sys.stderr, flush=True)
 
     async def sampler() -> None:
@@ -660,7 +685,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     }
     if llm is not None:
         result["faults"] = {
-            "llm_kills": len(stats.llm_down), "llm_cut": llm.cut, "llm_replies": llm.begun,
+            "llm_kills": len(stats.llm_down) - stats.llm_hangs, "llm_hangs": stats.llm_hangs,
+            "llm_cut": llm.cut, "llm_replies": llm.begun,
             "engine_fail_rate": args.engine_fail_rate, "llm_cut_rate": args.llm_cut_rate,
             "turn_errors": dict(stats.turn_errors),
             "replayed_skipped": stats.replayed_skipped,
@@ -819,8 +845,9 @@ def table(r: dict[str, Any]) -> str:
     if "faults" in r:
         f = r["faults"]
         rows += [
-            ("LLM killed / replies cut (of)", f"{f['llm_kills']} / {f['llm_cut']} "
-                                              f"({f['llm_replies']})"),
+            ("LLM killed / hung / replies cut (of)",
+             f"{f['llm_kills']} / {f.get('llm_hangs', 0)} / {f['llm_cut']} "
+             f"({f['llm_replies']})"),
             ("failed turns by error", json.dumps(f["turn_errors"])),
             ("replayed events skipped", str(f["replayed_skipped"])),
             ("health samples degraded", f"{f['samples_degraded']} (LLM failing: "
@@ -864,6 +891,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="--faults: mean seconds between two kills of the LLM server")
     p.add_argument("--llm-down-max", type=float, default=4.0,
                    help="--faults: the LLM server stays down 0.5 s to this long")
+    p.add_argument("--llm-hang-share", type=float, default=0.0,
+                   help="--faults: the share of the LLM's faults that are a hang (SIGSTOP "
+                        "for 0.5-8 s) instead of a kill")
     p.add_argument("--llm-cut-rate", type=float, default=0.03,
                    help="--faults: the chance the LLM server cuts a reply")
     p.add_argument("--engine-fail-rate", type=float, default=0.003,
