@@ -36,7 +36,8 @@ own, so that the terminal's Ctrl-C reaches the soak only.
 
 ``--faults``: the server side fails too. The gateway's LLM is an HTTP server of its own
 (bench/fault_llm.py), which the soak kills (SIGKILL) at random and starts again on the same
-port, and which cuts some replies mid-stream; the engine fails at random steps
+port, or hangs a while (SIGSTOP, ``--llm-hang-share``), and which cuts some replies
+mid-stream; the engine fails at random steps
 (``--engine-fail-rate``; with ``--engine-fallback`` a second engine takes over behind a
 breaker). Every failed turn must then have exactly one ``error`` of its cause
 (``FAULT_CODES``), every other turn none; a resume's replayed events are skipped and
