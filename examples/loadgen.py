@@ -9,14 +9,19 @@ with a ``transcript`` field, or plain text one per line; default the replay set
 engines/data/replies.jsonl), reads the reply, and *listens* to it: a virtual playback clock
 starts when the first frame of the turn arrives (plus ``--prebuffer-ms``) and consumes audio
 at 24,000 samples per second, like a phone speaker. While audio plays the session sends a
-``playback`` mark every 250 ms, as a real client must. The next transcript goes out once
-the reply has finished playing plus a think time drawn from an exponential distribution
-with mean ``--arrival`` seconds (seeded; 0 means right away); the sessions' first
-connects are spread uniformly over ``--arrival`` seconds too. A gateway with tokens takes
-one in the URL: ``--url 'ws://HOST:8780/v1/voice?token=...'``. A turn whose ``turn.done``
-has not come after ``--turn-timeout`` seconds (default 90, beyond the gateway's own 60 s
-LLM stall timeout, so a stalled LLM shows as the gateway's ``llm_unavailable``) is counted
-``lost``, and so is the session's socket; the turns it then never sends are ``unsent``.
+``playback`` mark every 250 ms, as a real client must. Each message goes named
+(``event_id``: ``l1``, ``l2``, ... in each session), and an ``error`` without a turn is the
+transcript's refusal when it names that transcript (protocol.md, Errors), not because it
+came while the transcript waited: one naming a mark is counted, and the turn goes on; one
+naming nothing (a frame the gateway could not read) is still the transcript's. The next
+transcript goes out once the reply has finished playing plus a think time drawn from an
+exponential distribution with mean ``--arrival`` seconds (seeded; 0 means right away); the
+sessions' first connects are spread uniformly over ``--arrival`` seconds too. A gateway
+with tokens takes one in the URL: ``--url 'ws://HOST:8780/v1/voice?token=...'``. A turn
+whose ``turn.done`` has not come after ``--turn-timeout`` seconds (default 90, beyond the
+gateway's own 60 s LLM stall timeout, so a stalled LLM shows as the gateway's
+``llm_unavailable``) is counted ``lost``, and so is the session's socket; the turns it then
+never sends are ``unsent``.
 
 Measured per turn (client side, from the moment the transcript was sent):
 
@@ -49,6 +54,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import itertools
 import json
 import math
 import random
@@ -126,6 +132,7 @@ class SessionAccount:
         """Frames whose ``seq`` repeated or went backwards."""
         self._next_seq: int | None = None
         self._turn: TurnStats | None = None
+        self._asked: str | None = None  # the event_id of the current turn's transcript
         self._ended: set[int] = set()
         self._play_end: float | None = None  # when the buffered audio runs out
         self._received_s = 0.0  # audio received in the current turn
@@ -133,9 +140,11 @@ class SessionAccount:
 
     # -- inputs --
 
-    def sent(self, now: float) -> TurnStats:
-        """A transcript went out: a new turn begins (the previous one is no longer heard)."""
+    def sent(self, now: float, event_id: str | None = None) -> TurnStats:
+        """A transcript went out (named ``event_id``): a new turn begins (the previous one is
+        no longer heard)."""
         self._turn = TurnStats(sent_at=now)
+        self._asked = event_id
         self.turns.append(self._turn)
         self._play_end = None
         self._received_s = 0.0
@@ -156,8 +165,14 @@ class SessionAccount:
         elif kind == "error":
             code = event.get("error", {}).get("code", "unknown")
             self.errors.append(code)
-            if turn is not None and turn.turn_id is None and "turn_id" not in event:
-                turn.status = f"rejected: {code}"  # refused at once: no turn started
+            named = event.get("error", {}).get("event_id")
+            if turn is not None and turn.turn_id is None and "turn_id" not in event and \
+                    (named is None or named == self._asked):
+                # refused at once: no turn started. By the name it gives (protocol.md,
+                # Errors): one naming another message (a playback mark) is not the
+                # transcript's; one naming nothing (a frame the gateway could not read) is
+                # taken, as before, for the refusal of the transcript waiting
+                turn.status = f"rejected: {code}"
 
     @property
     def rejected(self) -> bool:
@@ -431,6 +446,11 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
     rng = random.Random(seed * 100_003 + index)
     loop = asyncio.get_running_loop()
     done: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    names = itertools.count(1)
+
+    def name() -> str:
+        """A new ``event_id`` for a message this session sends: ``l1``, ``l2``, ..."""
+        return f"l{next(names)}"
 
     async def reader(ws: Any) -> None:
         try:
@@ -441,11 +461,14 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                     progress.frames += 1
                     continue
                 event = json.loads(message)
+                waiting = not account.rejected
                 account.event(event, now)
                 if event["type"] == "turn.done" and event["turn_id"] == account.current_turn_id:
                     await done.put(event)
-                elif event["type"] == "error" and account.rejected:
-                    await done.put(event)  # no turn.done will come: do not wait for one
+                elif event["type"] == "error" and waiting and account.rejected:
+                    # the transcript's refusal: no turn.done will come, do not wait for one
+                    # (only this error: another, a mark's, would end the next turn's wait)
+                    await done.put(event)
         except ConnectionClosed:
             pass
         finally:
@@ -466,8 +489,8 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
             if (turn_id, played) != last:
                 last = (turn_id, played)
                 try:
-                    await ws.send(json.dumps({"type": "playback", "turn_id": turn_id,
-                                              "played_ms": played}))
+                    await ws.send(json.dumps({"type": "playback", "event_id": name(),
+                                              "turn_id": turn_id, "played_ms": played}))
                 except ConnectionClosed:
                     return
 
@@ -483,10 +506,11 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
             for k in range(turns):
                 if k:
                     await asyncio.sleep(rng.expovariate(1 / arrival_s) if arrival_s else 0)
-                account.sent(loop.time())
+                asked = name()
+                account.sent(loop.time(), asked)
                 sent += 1
                 try:
-                    await ws.send(json.dumps({"type": "transcript",
+                    await ws.send(json.dumps({"type": "transcript", "event_id": asked,
                                               "text": rng.choice(transcripts)}))
                 except ConnectionClosed:  # (closed since the last turn: never went out)
                     account.withdraw()

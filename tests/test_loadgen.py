@@ -142,6 +142,53 @@ def test_a_new_turn_restarts_the_player_and_empty_end_frames_play_nothing():
     assert not a.violations and a.seq_gaps == 0
 
 
+def test_a_refusal_is_the_transcripts_when_it_names_it_not_when_it_comes_after_it():
+    """protocol.md, Errors: an ``error`` names the message it answers (``error.event_id``).
+    The account took any error without a turn, while a transcript waited for its turn, for
+    that transcript's refusal: a mark's refusal coming then (sent before the transcript)
+    ended the turn as rejected and the runner went on without waiting for its reply, which
+    came. An error naming nothing (a frame the gateway could not read) still is."""
+    a = SessionAccount()
+    a.sent(0.0, "l3")
+    mark = {"code": "invalid_field", "message": "played_ms", "event_id": "l2"}
+    a.event({"type": "error", "error": mark}, 0.01)
+    assert not a.rejected and a.errors == ["invalid_field"]
+    a.event({"type": "turn.started", "turn_id": 1, "source": "transcript"}, 0.02)
+    a.event({"type": "turn.done", "turn_id": 1, "status": "completed", "metrics": {}}, 0.5)
+    assert a.turns[0].status == "completed"
+    a.sent(1.0, "l5")
+    a.event({"type": "error", "error": {"code": "text_too_long", "message": "x",
+                                        "event_id": "l5"}}, 1.01)
+    assert a.rejected and a.turns[1].status == "rejected: text_too_long"
+    a.sent(2.0, "l6")
+    a.event({"type": "error", "error": {"code": "message_too_large", "message": "x"}}, 2.01)
+    assert a.turns[2].status == "rejected: message_too_large"
+
+
+@pytest.mark.slow
+async def test_each_message_is_named(short_gateway, monkeypatch):
+    """Every transcript and playback mark goes with its own ``event_id``, never twice in a
+    session (a transcript refused names it: test_a_refused_transcript_is_reported_at_once_...)."""
+    from gateway.core.codec import ClientPlayback, ClientTranscript
+    from gateway.io.connection import SessionRunner
+
+    received = []
+    receive = SessionRunner.receive
+
+    def receiving(runner, message, now) -> None:
+        received.append(message)
+        receive(runner, message, now)
+
+    monkeypatch.setattr(SessionRunner, "receive", receiving)
+    report = await asyncio.wait_for(run_load(
+        f"ws://127.0.0.1:{short_gateway.port}/v1/voice", sessions=1, turns=2,
+        transcripts=["Hello"]), 30)
+    assert report.summary()["turns"] == {"requested": 2, "completed": 2}
+    named = [m.event_id for m in received if isinstance(m, ClientTranscript | ClientPlayback)]
+    assert any(isinstance(m, ClientPlayback) for m in received)
+    assert all(named) and len(set(named)) == len(named), named
+
+
 def test_lost_turn_and_percentiles():
     a = SessionAccount()
     started(a)
@@ -193,8 +240,9 @@ async def test_three_sessions_two_turns_against_the_real_gateway(short_gateway):
 
 async def test_a_refused_transcript_is_reported_at_once_not_after_the_turn_timeout(
         short_gateway):
-    # text_too_long comes back at once and no turn starts: the speaker goes on to its next
-    # turn instead of waiting 60 s for a turn.done that never comes
+    # text_too_long comes back at once, naming the transcript, and no turn starts: the
+    # speaker goes on to its next turn instead of waiting 60 s for a turn.done that never
+    # comes
     report = await asyncio.wait_for(run_load(
         f"ws://127.0.0.1:{short_gateway.port}/v1/voice", sessions=1, turns=2,
         transcripts=["x" * 4001], seed=1), 30)
