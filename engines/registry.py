@@ -61,16 +61,18 @@ def create_engine(name: str, /, names: dict[str, str] | None = None,
 def create_voice(engine: str, options: dict[str, Any], fallback: str | None = None,
                  fallback_options: dict[str, Any] | None = None,
                  fallback_policy: dict[str, Any] | None = None,
-                 names: dict[str, str] | None = None) -> TtsEngine:
+                 names: dict[str, str] | None = None,
+                 fallback_names: dict[str, str] | None = None) -> TtsEngine:
     """The configured voice: ``engine``, wrapped with ``fallback`` when one is named;
-    ``names``: what the operator calls the primary's renamed options."""
+    ``names``, ``fallback_names``: what the operator calls the primary's and the fallback's
+    options (``check_options``)."""
     primary = create_engine(engine, names=names, **options)
     if not fallback:
         return primary
     from engines.fallback import FallbackEngine
 
     with refused_as("the fallback ([tts] fallback, [tts.fallback_options])"):
-        backup = create_engine(fallback, **(fallback_options or {}))
+        backup = create_engine(fallback, names=fallback_names, **(fallback_options or {}))
     policy = fallback_policy or {}
     what = "the fallback policy ([tts.fallback_policy])"
     check_options(FallbackEngine, {"primary": primary, "fallback": backup, **policy}, what,

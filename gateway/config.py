@@ -302,6 +302,15 @@ TTS_OPTION_NAMES = {"model": "model ([tts] model, --tts-model)",
 given a voice_ref said "unexpected keyword argument 'ref_audio'"."""
 
 
+def table_option_names(table: str) -> dict[str, str]:
+    """The options an engine cannot start without (its model, an ``http`` engine's url) as
+    the operator sets them for the fallback or the second engine: in their own table
+    (``table``: ``tts.fallback_options``, ``tts.also_options``), no flag. Without them,
+    qwen3 as the fallback said "missing a required argument: 'model'", the constructor's
+    argument, where the primary's names ``[tts] model, --tts-model``."""
+    return {key: f"{key} ([{table}] {key})" for key in ("model", "url")}
+
+
 @dataclass(frozen=True, slots=True)
 class SessionDefaults:
     instructions: str = DEFAULT_INSTRUCTIONS

@@ -157,8 +157,8 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     # the fallback's and the second engine's options have tables of their own: a refusal
     # that named neither read as one of the primary's, whose [tts] settings were fine
     ('[tts]\nfallback = "chatterbox"\n',
-     "the fallback ([tts] fallback, [tts.fallback_options]): TTS engine 'chatterbox' cannot be "
-     "set up with the options given: missing a required argument: 'model'"),
+     "the fallback ([tts] fallback, [tts.fallback_options]): TTS engine 'chatterbox' needs "
+     "its model ([tts.fallback_options] model)"),
     ('[tts]\nfallback = "espek"\n', "the fallback ([tts] fallback, [tts.fallback_options]): "
      "unknown TTS engine 'espek'"),
     # the primary's named no key: "unknown TTS engine 'espek'; known: ..."
@@ -304,6 +304,15 @@ def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatc
     assert "without a token" in capsys.readouterr().err
 
 
+QWEN3_TAKES = ("model, voice = None, ref_audio = None, ref_text = None, temperature = 0.7, "
+               "top_p = None, max_tokens = None, streaming_interval = 0.32, "
+               "runaway_factor = 0.25, runaway_min_s = 3.0, language = 'auto', "
+               "warmup_text = 'Hello.'")
+HTTP_TAKES = ("url, model = None, voice = None, format = 'sse', api_key = None, "
+              "streaming_interval = 0.32, connect_timeout_s = 5.0, read_timeout_s = 20.0, "
+              "reads_digits = True, extra_body = None, parallel_steps = 8, instructions = None")
+
+
 @pytest.mark.parametrize(("argv", "code", "message"), [
     # one line naming the problem, not a traceback ending in a TypeError
     # naming the flag and the key to set: "missing a required argument: 'model'" named
@@ -317,6 +326,20 @@ def test_a_public_bind_without_a_token_exits_2_before_serving(capsys, monkeypatc
      "--tts-url) (it takes url, model = None, voice = None, format = 'sse', api_key = None, "
      "streaming_interval = 0.32, connect_timeout_s = 5.0, read_timeout_s = 20.0, "
      "reads_digits = True, extra_body = None, parallel_steps = 8, instructions = None)"),
+    # the fallback's and the second engine's name the key of their own table: these said
+    # "cannot be set up with the options given: missing a required argument: 'model'"
+    (["--fallback", "qwen3"], 2, "voice-gateway: the fallback ([tts] fallback, "
+     "[tts.fallback_options]): TTS engine 'qwen3' needs its model ([tts.fallback_options] "
+     f"model) (it takes {QWEN3_TAKES})"),
+    (["--fallback", "http"], 2, "voice-gateway: the fallback ([tts] fallback, "
+     "[tts.fallback_options]): TTS engine 'http' needs its url ([tts.fallback_options] url) "
+     f"(it takes {HTTP_TAKES})"),
+    (["--tts-also", "qwen3"], 2, "voice-gateway: the second engine ([tts] also, "
+     "[tts.also_options]): TTS engine 'qwen3' needs its model ([tts.also_options] model) "
+     f"(it takes {QWEN3_TAKES})"),
+    (["--tts-also", "http"], 2, "voice-gateway: the second engine ([tts] also, "
+     "[tts.also_options]): TTS engine 'http' needs its url ([tts.also_options] url) "
+     f"(it takes {HTTP_TAKES})"),
     # with what the voices are called: "has no voice 'en_us'" said nothing of it, and the
     # list (/v1/audio/voices) is a running gateway's
     (["--voice", "klingon"], 1,

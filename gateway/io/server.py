@@ -41,7 +41,7 @@ from websockets.http11 import Request, Response
 from engines.base import LlmBackend, TtsEngine, shown_url, streams_always
 from engines.registry import create_engine, create_llm, create_voice, refused_as
 from gateway import version
-from gateway.config import TTS_OPTION_NAMES, GatewayConfig, LlmConfig
+from gateway.config import TTS_OPTION_NAMES, GatewayConfig, LlmConfig, table_option_names
 from gateway.core.codec import MAX_MESSAGE_BYTES
 from gateway.core.placement import LaneProfile, TurnPlacer, profile_from
 from gateway.core.scheduler import Job, LanePolicy
@@ -154,11 +154,14 @@ class Gateway:
         t = config.tts
         self.engine = engine or create_voice(t.engine, t.engine_options(), t.fallback,
                                              t.fallback_options, t.fallback_policy,
-                                             names=TTS_OPTION_NAMES)
+                                             names=TTS_OPTION_NAMES,
+                                             fallback_names=table_option_names(
+                                                 "tts.fallback_options"))
         self.engines: list[TtsEngine] = [self.engine]
         if t.also:
             with refused_as("the second engine ([tts] also, [tts.also_options])"):
-                self.engines.append(create_engine(t.also, **t.also_options))
+                self.engines.append(create_engine(
+                    t.also, names=table_option_names("tts.also_options"), **t.also_options))
             if self.engines[1].lane == self.engine.lane:
                 raise ValueError(
                     f"tts.also: engine {t.also!r} runs on lane {self.engine.lane!r} like the "
