@@ -878,11 +878,25 @@ def _tls_context(cert: str | None, key: str | None) -> Any:
     try:
         context.load_cert_chain(cert, key)
     except OSError as exc:  # ssl.SSLError too
-        hint = "" if key else (" (with no server.tls_key, the certificate file must hold "
-                               "the private key too: name its key file with --tls-key)")
-        raise ValueError(f"server.tls_cert {cert!r} / tls_key {key!r} cannot be loaded: "
-                         f"{exc.strerror or exc}{hint}") from None
+        if key is None and isinstance(exc, ssl.SSLError) and not _holds_private_key(cert):
+            # (ssl says "[SSL] PEM lib": the key it looked for in the certificate's file)
+            raise ValueError(f"server.tls_key (--tls-key) is missing: the certificate file "
+                             f"server.tls_cert {cert!r} holds no private key; name the key's "
+                             "file with --tls-key ([server] tls_key), or put the key in the "
+                             "certificate's file") from None
+        files = f"server.tls_cert {cert!r}" + ("" if key is None else f" / tls_key {key!r}")
+        raise ValueError(f"{files} cannot be loaded: {exc.strerror or exc}") from None
     return context
+
+
+def _holds_private_key(path: str) -> bool:
+    """Whether the PEM file ``path`` has a private key in it (a certificate's file may hold
+    its key too, and then ``server.tls_key`` is not needed)."""
+    try:
+        with open(path, "rb") as file:
+            return b"PRIVATE KEY-----" in file.read(1 << 20)
+    except OSError:
+        return True  # (not ours to say: the load's own error is said)
 
 
 def certificate_names(context: Any, cert: str) -> list[str]:
