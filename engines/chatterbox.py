@@ -81,6 +81,10 @@ SPEECH_TOKENS_HZ = 25
 TURBO = "chatterbox_turbo"
 TURBO_MIN_REF_S = 5.0
 """mlx-audio's ``ChatterboxTurboTTS.prepare_conditionals`` asserts a reference longer than this."""
+# Chatterbox's emotion exaggeration and guidance weight by default; Turbo uses neither, and
+# another value set there is said at load to be unused.
+EXAGGERATION = 0.5
+CFG_WEIGHT = 0.5
 
 
 class ChatterboxEngine(Uninterruptible):
@@ -95,8 +99,8 @@ class ChatterboxEngine(Uninterruptible):
         model: str,
         ref_audio: str | None = None,
         voice: str | None = None,
-        exaggeration: float = 0.5,
-        cfg_weight: float = 0.5,
+        exaggeration: float = EXAGGERATION,
+        cfg_weight: float = CFG_WEIGHT,
         temperature: float = 0.8,
         top_p: float | None = None,
         max_tokens: int | None = None,
@@ -215,8 +219,11 @@ class ChatterboxEngine(Uninterruptible):
                 )
         unused = [
             f"{key} = {value}"
-            for key, value in (("exaggeration", self.exaggeration), ("cfg_weight", self.cfg_weight))
-            if value != 0.5
+            for key, value, default in (
+                ("exaggeration", self.exaggeration, EXAGGERATION),
+                ("cfg_weight", self.cfg_weight, CFG_WEIGHT),
+            )
+            if value != default
         ]
         if unused:
             log.warning(
