@@ -28,7 +28,8 @@ differs in mlx-audio's ``ChatterboxTurboTTS``, and what the engine does about it
     and ``generate`` takes no ``conds=``: it always speaks the model's. The engine conditions
     once at load as for Chatterbox and leaves the voice there.
   * It wants a reference longer than 5 s (an ``assert``): a shorter ``ref_audio`` is refused
-    at load, before the model loads, naming the key and the length.
+    at load, before the model loads, naming the key and the length. The reference is read
+    once, for both kinds: the samples checked are the ones conditioned on.
   * Its S3Gen is distilled (meanflow: 2 Euler steps without guidance, fixed in
     mlx-audio's ``generate``), so ``flow_steps`` does not apply and is refused; so is a
     ``language`` other than English (its tokenizer is GPT-2's; ``lang_code`` is ignored).
@@ -143,12 +144,13 @@ class ChatterboxEngine(Uninterruptible):
         path = resolve_model_path(self.model_ref)
         t0 = time.perf_counter()
         self.turbo = config_model_type(path) == TURBO
+        reference = None if self.ref_audio is None else _read_reference(self.ref_audio)
         if self.turbo:
-            self._check_turbo_settings(path)
+            self._check_turbo_settings(path, reference)
         model = load_tts_model(path, ("chatterbox", TURBO), "Chatterbox")
         if not self.turbo and type(model).__name__ == "ChatterboxTurboTTS":
             self.turbo = True  # (no model_type in config.json: mlx-audio went by the name)
-            self._check_turbo_settings(path)
+            self._check_turbo_settings(path, reference)
         if (
             getattr(model, "tokenizer", None) is None
             and getattr(model, "mtl_tokenizer", None) is None
@@ -162,11 +164,9 @@ class ChatterboxEngine(Uninterruptible):
                 )
             flow.n_timesteps = self.flow_steps  # read by every flow.inference() call
         t1 = time.perf_counter()
-        if self.ref_audio is not None:
-            try:
-                conds = model.prepare_conditionals(
-                    str(self.ref_audio), SAMPLE_RATE, self.exaggeration
-                )
+        if reference is not None:
+            try:  # (the samples read above: the length Turbo's check passed)
+                conds = model.prepare_conditionals(reference, SAMPLE_RATE, self.exaggeration)
             except Exception as exc:
                 raise mlx_failure(exc, f"reference audio {self.ref_audio}") from exc
             if self.turbo:  # Turbo's returns None: the voice is the model's own now
@@ -187,9 +187,9 @@ class ChatterboxEngine(Uninterruptible):
             self.conditioning_s,
         )
 
-    def _check_turbo_settings(self, path: Path) -> None:
-        """Refuse, before the model loads, what Chatterbox-Turbo cannot do; say once what it
-        does not use."""
+    def _check_turbo_settings(self, path: Path, reference: Any) -> None:
+        """Refuse, before the model loads, what Chatterbox-Turbo cannot do (``reference``:
+        ``ref_audio``'s samples at ``SAMPLE_RATE``, or None); say once what it does not use."""
         if self.flow_steps is not None:
             raise EngineError(
                 "engine_failed",
@@ -203,13 +203,8 @@ class ChatterboxEngine(Uninterruptible):
                 f"{path} is a Chatterbox-Turbo model, which "
                 f"speaks English only: language {self.language!r} is not one",
             )
-        if self.ref_audio is not None:
-            try:
-                from mlx_audio.utils import load_audio
-
-                seconds = load_audio(self.ref_audio, sample_rate=SAMPLE_RATE).shape[0] / SAMPLE_RATE
-            except Exception as exc:
-                raise mlx_failure(exc, f"reference audio {self.ref_audio}") from exc
+        if reference is not None:
+            seconds = reference.shape[0] / SAMPLE_RATE
             if seconds <= TURBO_MIN_REF_S:
                 raise EngineError(
                     "engine_failed",
@@ -317,6 +312,19 @@ class ChatterboxStream(Uninterruptible):
 
     def close(self) -> None:
         self._done = True
+
+
+def _read_reference(ref_audio: str) -> Any:
+    """``ref_audio``'s samples at ``SAMPLE_RATE`` (an ``mx.array``), as mlx-audio's
+    ``prepare_conditionals`` reads a path itself: read once, before the model loads, so a
+    missing or unreadable file is refused first and Turbo's length check sees what it will
+    be conditioned on."""
+    try:
+        from mlx_audio.utils import load_audio
+
+        return load_audio(ref_audio, sample_rate=SAMPLE_RATE)
+    except Exception as exc:
+        raise mlx_failure(exc, f"reference audio {ref_audio}") from exc
 
 
 def _quiet_turbo_progress() -> None:

@@ -150,12 +150,34 @@ def test_turbo_samples_with_its_own_top_p_unless_asked(engine, turbo_t3_calls):
     assert [c["top_p"] for c in turbo_t3_calls] == [0.95, 0.5]
 
 
+@pytest.fixture
+def reference_reads(monkeypatch):
+    """The paths read through mlx-audio's ``load_audio``: the engine's call and those of
+    both kinds' ``prepare_conditionals`` (each module took its own name for it)."""
+    import mlx_audio.utils
+    from mlx_audio.tts.models.chatterbox import chatterbox
+    from mlx_audio.tts.models.chatterbox_turbo import chatterbox_turbo
+
+    load_audio = mlx_audio.utils.load_audio
+    reads: list[str] = []
+
+    def spy(audio, *args, **kwargs):
+        if isinstance(audio, str):
+            reads.append(audio)
+        return load_audio(audio, *args, **kwargs)
+
+    for module in (mlx_audio.utils, chatterbox, chatterbox_turbo):
+        monkeypatch.setattr(module, "load_audio", spy)
+    return reads
+
+
 @pytest.mark.timeout(900)  # conditioning on the 5.2 s reference: ~90 s on a quiet machine
-def test_turbo_clones_a_reference_once_and_says_once_what_it_does_not_use(
-    tiny_chatterbox_turbo, turbo_reference_wav, caplog, monkeypatch
+def test_turbo_clones_a_reference_read_once_and_says_once_what_it_does_not_use(
+    tiny_chatterbox_turbo, turbo_reference_wav, reference_reads, caplog, monkeypatch
 ):
     """mlx-audio's Turbo ``prepare_conditionals`` returns None and keeps the voice on the
-    model: the engine held None as its voice. ``load``'s warm-up is left out here: one
+    model: the engine held None as its voice. The reference was read twice, for the engine's
+    5 s check and again by the conditioning. ``load``'s warm-up is left out here: one
     sentence spoken over the 5.2 s reference took 210 s of the tiny model's full-size
     S3Gen and vocoder on a quiet CI machine (its 260 mel frames, every sentence), and it is
     the same ``generate`` the built-in voice's tests speak with."""
@@ -179,6 +201,7 @@ def test_turbo_clones_a_reference_once_and_says_once_what_it_does_not_use(
         assert engine._conds.gen["prompt_feat"].shape[1] == pytest.approx(5.2 * 50, abs=2)
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(warnings) == 1 and "exaggeration = 0.7 not used" in warnings[0]
+        assert reference_reads == [str(turbo_reference_wav)]
     finally:
         engine.close()
 
