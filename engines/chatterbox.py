@@ -10,9 +10,14 @@ every ``generate`` call as ``conds=`` (mlx-audio's own parameter for exactly thi
 reference is never re-encoded per sentence. Without ``ref_audio`` the checkpoint's built-in
 ``conds.safetensors`` voice is used.
 
-Note: mlx-audio's ``post_load_hook`` fetches ``mlx-community/S3TokenizerV2`` with
-``snapshot_download``; fetch it once beforehand (``hf download mlx-community/S3TokenizerV2``)
-and run with ``HF_HUB_OFFLINE=1`` so loading never touches the network.
+Note: mlx-audio's ``post_load_hook`` fetches the speech tokenizer that turns a reference
+into speech tokens, ``mlx-community/S3TokenizerV2``, from the Hugging Face hub; fetch it once
+beforehand (``hf download mlx-community/S3TokenizerV2``) and run with ``HF_HUB_OFFLINE=1`` so
+loading never touches the network. Where it does not find the tokenizer's weights it warns
+and goes on with random ones (Turbo always; Chatterbox when the cached snapshot lacks the
+file), and a voice cloned through them is another voice, with no error: so a ``ref_audio``
+without them in the cache is refused at load, naming the repo and the cache looked in
+(the built-in voice never uses the tokenizer).
 
 Speed: after T3 writes the speech tokens, S3Gen's flow matching runs ``flow_steps`` Euler
 steps (the checkpoint's 10 by default), each a full pass of its 71M-parameter estimator over
@@ -82,6 +87,9 @@ SPEECH_TOKENS_HZ = 25
 TURBO = "chatterbox_turbo"
 TURBO_MIN_REF_S = 5.0
 """mlx-audio's ``ChatterboxTurboTTS.prepare_conditionals`` asserts a reference longer than this."""
+S3_TOKENIZER_REPO = "mlx-community/S3TokenizerV2"
+"""Where mlx-audio's ``post_load_hook`` (both kinds) takes the speech tokenizer's
+``model.safetensors`` from."""
 # Chatterbox's emotion exaggeration and guidance weight by default; Turbo uses neither, and
 # another value set there is said at load to be unused.
 EXAGGERATION = 0.5
@@ -147,6 +155,8 @@ class ChatterboxEngine(Uninterruptible):
         reference = None if self.ref_audio is None else _read_reference(self.ref_audio)
         if self.turbo:
             self._check_turbo_settings(path, reference)
+        if reference is not None:
+            _require_speech_tokenizer(path)
         model = load_tts_model(path, ("chatterbox", TURBO), "Chatterbox")
         if not self.turbo and type(model).__name__ == "ChatterboxTurboTTS":
             self.turbo = True  # (no model_type in config.json: mlx-audio went by the name)
@@ -325,6 +335,32 @@ def _read_reference(ref_audio: str) -> Any:
         return load_audio(ref_audio, sample_rate=SAMPLE_RATE)
     except Exception as exc:
         raise mlx_failure(exc, f"reference audio {ref_audio}") from exc
+
+
+def _require_speech_tokenizer(path: Path) -> None:
+    """Refuse to clone a voice without the speech tokenizer's weights in the Hugging Face
+    cache (fetched there, as mlx-audio would, when the hub is not switched off).
+
+    mlx-audio's ``post_load_hook`` reads ``S3_TOKENIZER_REPO``'s ``model.safetensors`` into
+    the tokenizer that turns the reference into speech tokens; where it finds none, Turbo's
+    logs a WARNING and Chatterbox's (a cached snapshot without the file) prints one, and both
+    go on with the tokenizer's random weights: every sentence then speaks another voice than
+    the reference's, with no error. The lookup is the one mlx-audio makes (``hf_hub_download``
+    honours ``HF_HUB_OFFLINE`` and ``HF_HUB_CACHE``), so what passes here is what it loads."""
+    from huggingface_hub import constants, hf_hub_download
+
+    try:
+        hf_hub_download(S3_TOKENIZER_REPO, "model.safetensors")
+    except Exception as exc:
+        offline = " (HF_HUB_OFFLINE: nothing is downloaded)" if constants.is_offline_mode() else ""
+        raise EngineError(
+            "engine_failed",
+            f"{path}: cloning ref_audio needs the speech tokenizer {S3_TOKENIZER_REPO} "
+            f"(model.safetensors), not found in the Hugging Face cache "
+            f"{constants.HF_HUB_CACHE}{offline}: fetch it once with "
+            f"`hf download {S3_TOKENIZER_REPO}` (without it the cloned voice would be "
+            f"another one)",
+        ) from exc
 
 
 def _quiet_turbo_progress() -> None:

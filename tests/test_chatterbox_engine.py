@@ -206,6 +206,47 @@ def test_turbo_clones_a_reference_read_once_and_says_once_what_it_does_not_use(
         engine.close()
 
 
+@pytest.mark.parametrize("kind", ["chatterbox", "chatterbox_turbo"])
+def test_cloning_without_the_speech_tokenizer_is_refused_at_load(
+    kind, request, tmp_path, monkeypatch
+):
+    """mlx-audio's loader only warned when the S3 speech tokenizer's weights were not in the
+    Hugging Face cache (Turbo: not there; Chatterbox: a cached snapshot without its
+    ``model.safetensors``) and went on with random ones: the voice cloned from ``ref_audio``
+    was another one, with no error. Here the cache holds the snapshot's ``config.json``
+    only; the refusal names the repo, the file and the cache looked in."""
+    import huggingface_hub.constants as hf_constants
+
+    import engines.mlx_common
+    from engines.chatterbox import ChatterboxEngine
+
+    plain = kind == "chatterbox"
+    model = request.getfixturevalue("tiny_chatterbox" if plain else "tiny_chatterbox_turbo")
+    ref = request.getfixturevalue("short_reference_wav" if plain else "turbo_reference_wav")
+    repo = tmp_path / "models--mlx-community--S3TokenizerV2"
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path))
+    # (were it to load, the warm-up over Turbo's 5.2 s reference would take minutes)
+    monkeypatch.setattr(engines.mlx_common, "warm_up", lambda engine, text: 0.0)
+
+    options = TINY_ENGINE_OPTIONS if plain else TINY_TURBO_OPTIONS
+    engine = ChatterboxEngine(str(model), ref_audio=str(ref), **options)
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.load()
+    finally:
+        engine.close()
+    assert err.value.code == "engine_failed"
+    message = str(err.value)
+    assert "mlx-community/S3TokenizerV2 (model.safetensors)" in message, message
+    assert f"Hugging Face cache {tmp_path}" in message, message
+    assert "hf download mlx-community/S3TokenizerV2" in message, message
+
+
 @pytest.fixture
 def turbo_config(tmp_path):
     """A directory that says Chatterbox-Turbo: the refusals come before any model loads."""
