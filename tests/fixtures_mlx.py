@@ -86,18 +86,22 @@ def short_reference_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_chatterbox(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path) -> Path:
-    """Directory of a tiny Chatterbox (1-layer T3), with S3TokenizerV2 seeded in the HF cache.
+    """Directory of a tiny Chatterbox (1-layer T3), with a tiny S3TokenizerV2 seeded in the
+    HF cache.
 
-    Registers the tiny T3 size in mlx-audio's ``LLAMA_CONFIGS`` for this process.
+    Registers the tiny T3 size in mlx-audio's ``LLAMA_CONFIGS``, and the tiny speech
+    tokenizer's, for this process.
     """
     _require_mlx_audio()
     from tests.tiny_models.chatterbox import (
         build_tiny_chatterbox,
         register_tiny_llama,
+        register_tiny_s3_tokenizer,
         seed_s3_tokenizer_cache,
     )
 
     register_tiny_llama()
+    register_tiny_s3_tokenizer()
     seed_s3_tokenizer_cache(offline_hf_cache)
     return build_tiny_chatterbox(tmp_path_factory.mktemp("chatterbox"))
 
@@ -105,15 +109,17 @@ def tiny_chatterbox(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: 
 @pytest.fixture(scope="session")
 def tiny_chatterbox_turbo(tmp_path_factory: pytest.TempPathFactory, offline_hf_cache: Path) -> Path:
     """Directory of a tiny Chatterbox-Turbo (1-layer GPT-2 T3, a built-in 0.2 s voice), with
-    S3TokenizerV2 seeded in the HF cache.
+    a tiny S3TokenizerV2 seeded in the HF cache.
 
-    Swaps the tiny GPT-2 size into mlx-audio's turbo T3 module for this process.
+    Swaps the tiny GPT-2 size into mlx-audio's turbo T3 module, and the tiny speech
+    tokenizer's, for this process.
     """
     _require_mlx_audio()
-    from tests.tiny_models.chatterbox import seed_s3_tokenizer_cache
+    from tests.tiny_models.chatterbox import register_tiny_s3_tokenizer, seed_s3_tokenizer_cache
     from tests.tiny_models.chatterbox_turbo import build_tiny_chatterbox_turbo, register_tiny_gpt2
 
     register_tiny_gpt2()
+    register_tiny_s3_tokenizer()
     seed_s3_tokenizer_cache(offline_hf_cache)
     return build_tiny_chatterbox_turbo(tmp_path_factory.mktemp("chatterbox-turbo"))
 

@@ -10,7 +10,12 @@ What is tiny and what is not:
     config file). ``register_tiny_llama()`` adds a 1-layer entry (1024 wide:
     the conditioning Perceiver hard-codes that width); it must run in
     the process that loads the model (the test fixture does it).
-  * S3Gen, the voice encoder and S3TokenizerV2 have fixed sizes. Every component loads
+  * S3TokenizerV2's size is its constructor's default ``ModelConfig`` (mlx-audio passes
+    none): ``register_tiny_s3_tokenizer()`` makes it 1 layer of 256 (full: 6 of 1280), in
+    the process that seeds the cache and loads the model. Full size, each of the two
+    passes conditioning makes over a reference took ~22 s of CPU for Turbo's 5.2 s one
+    (its shortest); tiny, ~0.2 s. It still writes 25 speech tokens a second.
+  * S3Gen and the voice encoder have fixed sizes. Every component loads
     with ``strict=False``, so parameters missing from the files keep the random values
     the constructors drew: the files hold T3 and the voice encoder (small) and one
     S3TokenizerV2 tensor, instead of ~1.1 GB of random S3Gen/tokenizer weights.
@@ -47,6 +52,13 @@ def register_tiny_llama() -> None:
     )
 
 
+def register_tiny_s3_tokenizer() -> None:
+    from mlx_audio.codec.models.s3.model_v2 import ModelConfig, S3TokenizerV2
+
+    tiny = ModelConfig(n_audio_state=256, n_audio_head=4, n_audio_layer=1)
+    S3TokenizerV2.__init__.__defaults__ = (tiny,)  # type: ignore[attr-defined]
+
+
 def _write_tokenizer(out: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -81,7 +93,9 @@ def build_tiny_chatterbox(directory: str | Path) -> Path:
 
 
 def seed_s3_tokenizer_cache(hf_cache: str | Path) -> Path:
-    """Write ``models--mlx-community--S3TokenizerV2`` into ``hf_cache`` (random weights)."""
+    """Write ``models--mlx-community--S3TokenizerV2`` into ``hf_cache`` (random weights, of
+    the size this process's ``S3TokenizerV2`` has: call ``register_tiny_s3_tokenizer`` first
+    for the tiny one)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_audio.tts.models.chatterbox.s3tokenizer import S3TokenizerV2

@@ -13,7 +13,9 @@ What is tiny and what is not:
     width from a module constant) and 704 text tokens; it must run in the process that
     loads the model (the test fixture does it). The speech vocabulary and positions stay
     (~20M parameters of embeddings and heads, drawn at load, not written to the file).
-  * S3Gen, the voice encoder and S3TokenizerV2 have fixed sizes. Every component loads
+  * S3TokenizerV2 is made tiny as for the plain model (``register_tiny_s3_tokenizer``):
+    conditioning on a reference of over 5 s, which Turbo wants, then takes seconds.
+  * S3Gen and the voice encoder have fixed sizes. Every component loads
     with ``strict=False``: the file holds the 1-layer T3's block (without its embeddings and
     heads) and the voice encoder; the rest keeps the random values the constructors drew.
   * ``post_load_hook`` refuses a directory without ``conds.safetensors`` (the built-in
