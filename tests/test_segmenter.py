@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,14 @@ def test_invariants(text, data):
         assert text[s.start:s.start + len(s.text)] == s.text
         assert not text[pos:s.start].strip(), "text was lost between segments"
         pos = s.start + len(s.text)
+        assert len(s.text) <= config.max_chars or _one_word(s.text), "passed max_chars"
     assert not text[pos:].strip()
+
+
+def _one_word(text: str) -> bool:
+    """What may pass max_chars (its one exception, protocol.md): a single word, a number
+    written in groups ("1 250 000") counting as one, or a code block (never spoken)."""
+    return " " not in re.sub(r"(?<=\d) (?=\d)", "", text) or text.startswith("```")
 
 
 @pytest.mark.parametrize(("text", "segments"), [
@@ -471,12 +479,48 @@ def test_a_long_sentence_is_cut_at_its_last_space_within_max_chars(text, want):
                                                              max_chars=10))] == want
 
 
+@pytest.mark.parametrize("first_min_words", [0, 4])
+@pytest.mark.parametrize("mark", [".", "!", "\u2026", ",", ";", " \u2014", "\u3002", " \U0001F389",
+                                  '."', ".)", ".[1]", "!**"])
+def test_a_segment_never_passes_max_chars_at_a_mark_just_past_it(mark, first_min_words):
+    """max_chars bounds the segment ("a longer sentence is cut", protocol.md): a sentence
+    end, a clause mark or an emoji right at max_chars (or closing marks, a citation mark
+    after one before it) cut there, a segment of max_chars + 1 characters or more. The
+    sentence is longer than max_chars: it is cut at its last space within it."""
+    text = ("words " * 8)[:41 - len(mark)] + mark + " Then we left."
+    assert len(text.split(" Then")[0]) == 41
+    config = SegmenterConfig(first_min_words=first_min_words, max_chars=40)
+    for sizes in (None, [1] * len(text)):
+        got = [s.text for s in run(text, sizes, config)]
+        assert all(len(s) <= 40 for s in got), got
+        assert " ".join(got) == text
+
+
 @pytest.mark.timeout(20)
 def test_a_word_longer_than_max_chars_is_never_cut():
     url = "https://example.com/docs/reference/very/long/path/to/the/page"
     text = f"See {url} for details."
     got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=20))]
-    assert got == ["See", f"{url} for details."]
+    assert got == ["See", url, "for details."]  # cut right after it, not at the next stop
+
+
+def test_the_text_after_a_word_longer_than_max_chars_is_cut_as_any():
+    """A word running past max_chars from the start of a segment (a link to a map: said as
+    its label) took the rest of its sentence along, however long: the chatterbox voice's
+    150 characters became 232 (cut at a clause mark past them). The cut is right after the
+    word."""
+    from gateway.core.segmenter import ONE_STEP_MAX_CHARS
+
+    link = "[here](https://maps.example.com/place/" + "x" * 140 + ")"
+    tail = ("and then walk along the river for about ten minutes, past the boats, until you "
+            "reach the old stone bridge near the market where the bus stops twice an hour.")
+    text = f"Find it {link} {tail}"
+    config = SegmenterConfig(first_min_words=0, max_chars=ONE_STEP_MAX_CHARS)
+    for sizes in (None, [1] * len(text), [9] * len(text)):
+        got = run(text, sizes, config)
+        assert [s.text for s in got[:2]] == ["Find it", link] and got[1].spoken == "here"
+        assert " ".join(s.text for s in got[2:]) == tail
+        assert all(len(s.text) <= ONE_STEP_MAX_CHARS for s in got[2:])
 
 
 def test_sentences_after_a_cut_at_a_space_still_end_at_their_stops():

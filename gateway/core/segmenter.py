@@ -97,7 +97,9 @@ on how the stream was chunked:
 * Later sentences shorter than ``min_chars`` are merged with the next (never across a
   newline); a sentence longer than ``max_chars`` is cut at its last clause mark (else its
   last space that is not inside a number written in groups, "1 250 000", or between two
-  Chinese or Japanese characters) before ``max_chars``.
+  Chinese or Japanese characters) before ``max_chars``, so no segment is longer (a sentence
+  end or clause mark one past it does not stand). A single word longer than that (a long
+  URL) is never cut, but the text after it starts the next segment.
 
 ``text`` is the exact substring of the reply; ``spoken`` is what the TTS engine receives
 (see ``speakable``).
@@ -139,7 +141,8 @@ class SegmenterConfig:
     min_chars: int = 0
     """Sentences after the first shorter than this are merged with the next one."""
     max_chars: int = 400
-    """A sentence longer than this is cut at its best clause boundary before this length."""
+    """A sentence longer than this is cut at its best clause boundary before this length: no
+    segment is longer, but for a single longer word (never cut)."""
     quote_max_chars: int = 150
     """A double quote still open this many characters after it opened is unmatched: the
     sentence ends inside it count (0: a quote holds until it closes, a newline or
@@ -330,6 +333,8 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "had will would can could should shall may might must".split()
 )
 _GAP = re.compile("[ \t\u00a0\u202f]+")
+_GAP_OR_LINE = re.compile("[ \n]")
+"""Where a word longer than max_chars ends: the long cut is made at a space."""
 _WORD = re.compile(r"[^\W_]\S*")
 """From a word's first letter or digit to its end: one match per word holding one (as
 ``str.isalnum`` and ``str.split`` have them)."""
@@ -657,7 +662,8 @@ class Segmenter:
             # The long cut may come first: fed piece by piece, it does when it is decided on
             # less text than the quote's count (and the count then restarts at the cut), so
             # it must when the text comes at once. (It reads no further than max_chars + 2 <=
-            # reach: no wait.)
+            # reach, or to the end of a word longer than max_chars, waiting for it as the
+            # long cut does.)
             place = self._long_cut()
             if place is not None and place[4] - self._quote_from[0] <= span:
                 return False
@@ -819,6 +825,9 @@ class Segmenter:
         if end < len(buf) and buf[end] not in _SPACE and buf[end] != "\n":
             self._pos = j  # "8.4", "example.org", "?q=1": not a boundary
             return False
+        if end > self.config.max_chars:  # too long to stand: the long cut parts it
+            self._pos, self._quote, self._paren = end, quote, paren  # (its marks with it)
+            return False
         # Next visible character (None at the end of the stream or at a newline).
         k = end
         while self._need(k) and buf[k] in _SPACE:
@@ -868,7 +877,7 @@ class Segmenter:
         self._pos = j  # only once nothing is left to wait for
         if goes_on:
             return False
-        if self._quote or self._paren or closing or (
+        if self._quote or self._paren or closing or j > self.config.max_chars or (
                 self._index > 0 and j < self.config.min_chars):
             return False
         out.extend(self._emit(j, k))
@@ -892,7 +901,8 @@ class Segmenter:
         while self._need(k) and buf[k] in _SPACE:
             k += 1
         self._pos = end  # only once nothing is left to wait for
-        if k == end or k >= len(buf) or self._quote or self._paren or not buf[k].isupper():
+        if (k == end or k >= len(buf) or self._quote or self._paren or not buf[k].isupper()
+                or end > self.config.max_chars):
             return False
         if not any(c.isalnum() for c in _LINE_MARK.sub("", buf[:i])):
             return False  # "1. 🎉 Launch day" too
@@ -1110,14 +1120,16 @@ class Segmenter:
                 k += 1
             ok = k >= len(buf) or not buf[k].isdigit()
         self._pos = i + 1  # only once nothing is left to wait for
-        if not ok:
-            return False
-        self._clause = (end, end, quote, paren)
-        return self._eager_cut(end, out)
+        return ok and self._clause_at(end, out)
 
-    def _eager_cut(self, end: int, out: list[Segment]) -> bool:
-        """At a clause boundary ``end``: cut the first segment there once it holds
-        ``first_min_words`` words (``_words``); True if it did."""
+    def _clause_at(self, end: int, out: list[Segment]) -> bool:
+        """A clause boundary at ``end``, outside quotes and brackets: the long cut's place
+        from now on, unless it is past ``max_chars`` (a segment ending there would be too
+        long); cut the first segment there once it holds ``first_min_words`` words
+        (``_words``). True if it did."""
+        if end > self.config.max_chars:
+            return False
+        self._clause = (end, end, 0, 0)
         fmw = self.config.first_min_words
         if self._index == 0 and fmw > 0 and _words(self._buf[:end]) >= fmw:
             out.extend(self._emit(end, end, mid=True))
@@ -1128,10 +1140,7 @@ class Segmenter:
         """A full-width clause mark (``_CJK_CLAUSE``): a clause boundary right after it,
         outside quotes and brackets; True if it cut the eager first segment."""
         self._pos = i + 1
-        if self._quote or self._paren:
-            return False
-        self._clause = (i + 1, i + 1, 0, 0)
-        return self._eager_cut(i + 1, out)
+        return not (self._quote or self._paren) and self._clause_at(i + 1, out)
 
     def _first_cut(self, endpos: int, out: list[Segment]) -> bool:
         """The opt-in cuts of the first segment in ``_buf[:endpos]`` (no stop char in
@@ -1232,7 +1241,7 @@ class Segmenter:
         """The pending segment passed max_chars without a sentence end: cut it."""
         place = self._long_cut()
         if place is None:
-            return False  # one huge word: never cut inside it
+            return False  # one huge word up to a newline or the end: never cut inside it
         end, resume, self._quote, self._paren, _ = place
         out.extend(self._emit(end, resume, mid=True))
         return True
@@ -1240,7 +1249,9 @@ class Segmenter:
     def _long_cut(self) -> tuple[int, int, int, int, int] | None:
         """Where ``_cut_long`` cuts (end, resume, quote, paren) and how much of the text that
         decision reads (its length: ``max_chars`` + 1, or + 2 when a number may go on past
-        it), or None when there is no place (one huge word)."""
+        it), or None when there is no place (one huge word up to a newline or the end).
+        When a word (or a number in groups) runs past ``max_chars``, the cut is right after
+        it: waits for its end."""
         buf = self._buf
         limit = self.config.max_chars
         if self._clause is not None and self._clause[0] > 0:
@@ -1256,7 +1267,20 @@ class Segmenter:
             return cjk, cjk, 0, 0, seen
         if sp >= 0:
             return sp, sp + 1, 0, 0, seen
-        return None
+        # A word longer than max_chars from the start (a long URL, "[here](<URL>)"): cut right
+        # after it, or the rest of its sentence goes along, however long.
+        sp = limit
+        while True:
+            gap = _GAP_OR_LINE.search(buf, sp + 1)
+            if gap is None:
+                self._need(len(buf))  # the word may go on
+                return None
+            sp = gap.start()
+            if buf[sp] == "\n":
+                return None  # the newline cuts right after the word
+            if not (buf[sp - 1].isdigit() and self._need(sp + 1) and buf[sp + 1].isdigit()):
+                return sp, sp + 1, 0, 0, sp + 1 + buf[sp - 1].isdigit()
+            # "1 250 000 €": one number
 
     def _cjk_break(self, lo: int, hi: int) -> int:
         """The last position in ``(lo, hi]`` between two Chinese or Japanese characters
