@@ -2025,3 +2025,22 @@ def test_a_reply_of_marks_alone_was_heard_as_nothing():
 
     assert heard_prefix("\U0001F389 \u2705", 1.0) == ""
     assert heard_prefix("Done \U0001F389 \u2705", 1.0) == "Done"
+
+
+# --- behaviours the second mutation run found unheld --------------------------------------
+# The mutants a one-change mutator of segmenter.py left alive in session 38 (those the first
+# run had not reached): each test below kills one or more of them, asserting what the module
+# docstring or protocol.md says.
+
+@pytest.mark.parametrize(("text", "first_min_words", "want"), [
+    ("aaaa bbbb, cccc dddd.", 0, ["aaaa bbbb,", "cccc dddd."]),  # the long cut at a clause
+    ("Aa bb cc, dddd eeee.", 3, ["Aa bb cc,", "dddd eeee."]),  # the eager first clause
+    ("Aaaa bbbb.  Cccc dddd.", 0, ["Aaaa bbbb.", "Cccc dddd."]),  # two spaces
+])
+def test_the_spaces_after_a_cut_count_in_no_segment_length(text, first_min_words, want):
+    """A cut at a clause mark left the space after it at the head of the next segment, where
+    it counted in max_chars (10): "cccc dddd.", 10 characters, was cut in two. Found
+    triaging a mutant of the second mutation run."""
+    config = SegmenterConfig(first_min_words=first_min_words, max_chars=10)
+    for sizes in (None, [1] * len(text), [3] * len(text)):
+        assert [s.text for s in run(text, sizes, config)] == want

@@ -526,6 +526,10 @@ class Segmenter:
         """Add a delta; return the segments that are now certain (often none)."""
         if self._final:
             raise RuntimeError("feed() after finish()")
+        if not self._buf:  # the spaces before a segment count in no max_chars (``_emit``)
+            start = text.lstrip("".join(_SPACE))
+            self._offset += len(text) - len(start)
+            text = start
         if not text:
             return []
         self._buf += text
@@ -1295,6 +1299,8 @@ class Segmenter:
         """Cut the pending segment at ``end``, the next one starting at ``resume``; ``mid``
         when the cut is inside a sentence (the next piece goes on with it)."""
         buf = self._buf
+        while resume < len(buf) and buf[resume] in _SPACE:
+            resume += 1  # the spaces before the next segment: neither its text nor its length
         raw = buf[:end]
         stripped = raw.strip()
         self._carry = _bare(stripped.rsplit(None, 1)[-1]) if mid and stripped else None
