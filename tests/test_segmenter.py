@@ -2044,3 +2044,13 @@ def test_the_spaces_after_a_cut_count_in_no_segment_length(text, first_min_words
     config = SegmenterConfig(first_min_words=first_min_words, max_chars=10)
     for sizes in (None, [1] * len(text), [3] * len(text)):
         assert [s.text for s in run(text, sizes, config)] == want
+
+
+@pytest.mark.parametrize("number", ["1 250 000 000", "1 250 000 000 000"])
+def test_a_number_in_groups_opening_a_long_segment_is_never_cut(number):
+    """A space inside a number written in groups is no place to cut, the one after its first
+    digit too: "1 | 250 000 000" was cut there when the number opened the pending text. A
+    number longer than max_chars is cut after, as a long word is."""
+    text = f"{number} euros were paid."
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=10))]
+    assert got[0] == number

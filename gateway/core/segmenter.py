@@ -1263,7 +1263,7 @@ class Segmenter:
         sp = buf.rfind(" ", 1, limit + 1)
         # (the loop below looks at the character after a space at max_chars)
         seen = limit + 2 if sp == limit > 1 and buf[sp - 1].isdigit() else limit + 1
-        while sp > 1 and buf[sp - 1].isdigit() and (
+        while sp > 0 and buf[sp - 1].isdigit() and (
                 self._need(sp + 1) and buf[sp + 1].isdigit()):
             sp = buf.rfind(" ", 1, sp)  # "1 250 000 €": one number
         cjk = self._cjk_break(max(sp, 1), limit)
