@@ -2054,3 +2054,144 @@ def test_a_number_in_groups_opening_a_long_segment_is_never_cut(number):
     text = f"{number} euros were paid."
     got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=10))]
     assert got[0] == number
+
+
+@pytest.mark.parametrize("text", [
+    "Well done! \U0001F389 3 more to go.",
+    "We are home! \U0001F468\u200d\U0001F469\u200d\U0001F467 3 kids came along.",  # ZWJ family
+])
+def test_a_trailing_emoji_stays_with_its_sentence_before_a_digit(text):
+    """After an emoji a capital ends the sentence anyway (the emoji rule), so only a word
+    the emoji rule does not cut before (a digit) shows that the sentence end took the emoji
+    along: each one of a run, the zero-width joiner of a family inside it too."""
+    head, tail = text.split(" 3 ")
+    assert sentences(text) == [head, "3 " + tail]
+
+
+@pytest.mark.parametrize(("text", "max_chars", "span", "want"), [
+    # the cut reads 27 characters, the quote's count ends at 27 (9 + 18): the quote first
+    ('He said "fine. It costs 12 dollars now." Then left.', 26, 18,
+     ['He said "fine.', 'It costs 12 dollars now."', "Then left."]),
+    # ... at 28: the cut first
+    ('He said "fine. It costs 12 dollars now." Then left.', 26, 19,
+     ['He said "fine. It costs 12', 'dollars now."', "Then left."]),
+    ('He said "fine. It costs 5 dollars now." Then left.', 25, 17,
+     ['He said "fine.', 'It costs 5 dollars now."', "Then left."]),
+    # a cut at a clause mark reads max_chars + 1 characters, as the count does here: the cut
+    ('Well, he said "fine. It costs ten dollars now." Then left.', 26, 12,
+     ["Well,", 'he said "fine.', "It costs ten dollars now.\"", "Then left."]),
+    # no digit before the space at max_chars: the cut reads nothing past it
+    ('He said "fine. It costs 12 dollars now." Then left.', 23, 15,
+     ['He said "fine. It costs', '12 dollars now."', "Then left."]),
+])
+def test_a_quote_count_and_a_long_cut_decided_on_the_same_text(text, max_chars, span, want):
+    """A long cut at a space after a digit reads one character more (the number may go on:
+    "12 500"); a quote whose count ends on that character is decided first, stray, as it
+    is when the text comes in pieces (the count is checked before the cut); one whose
+    count ends a character later is not."""
+    config = SegmenterConfig(first_min_words=0, max_chars=max_chars, quote_max_chars=span)
+    for sizes in (None, [1] * len(text)):
+        assert [s.text for s in run(text, sizes, config)] == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Aaaa bbbb.  Cccc dddd.", ["Aaaa bbbb.", "Cccc dddd."]),
+    ("Aa. Bbbb cccc. Dd.", ["Aa.", "Bbbb cccc.", "Dd."]),
+    ("今天天气很好我们走。明天见。", ["今天天气很好我们走。", "明天见。"]),
+    ("Aaaa bbb \U0001F389  Cccc dddd.", ["Aaaa bbb \U0001F389", "Cccc dddd."]),
+    ("Aaaa bbbbb\nCccc dddd.", ["Aaaa bbbbb", "Cccc dddd."]),  # a line: its newline at 10
+])
+def test_a_sentence_of_exactly_max_chars_stands_whole(text, want):
+    """max_chars is the longest a segment may be: a sentence of exactly that many characters
+    (10) is not cut, before or after another (the spaces between them count in neither)."""
+    config = SegmenterConfig(first_min_words=0, max_chars=10)
+    assert [s.text for s in run(text, config=config)] == want
+
+
+@pytest.mark.parametrize("second", ["Done.", "Yes \U0001F389"])
+def test_a_later_sentence_of_exactly_min_chars_stands(second):
+    """min_chars merges the sentences *shorter* than it (5): "Done." is not, nor a sentence
+    an emoji ends."""
+    got = [s.text for s in run(f"Hi. {second} Okay then.",
+                               config=SegmenterConfig(first_min_words=0, min_chars=5))]
+    assert got == ["Hi.", second, "Okay then."]
+
+
+@pytest.mark.parametrize("dash", ["\u2013", "\u2014"])
+def test_an_en_or_em_dash_after_a_word_is_no_clause_mark(dash):
+    """As the hyphen ("pre- and post-processing"): only a spaced dash is a clause mark."""
+    text = f"We handle pre{dash} and post{dash}processing steps today. Ok."
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=2))]
+    assert got == [f"We handle pre{dash} and post{dash}processing steps today.", "Ok."]
+
+
+def test_a_dash_opening_the_reply_or_a_bullet_is_no_clause_mark():
+    """A dash with nothing before it on its line opens the line (a bullet, a reply in the
+    form of a dialogue): no clause ends there, so a long cut never leaves it alone, whatever
+    the chunking (the reply below came as "— " then the rest)."""
+    config = SegmenterConfig(first_min_words=0, max_chars=10)
+    seg = Segmenter(config)
+    got = seg.feed("\u2014 ") + seg.feed("Aaaa bbbb cccc.") + seg.finish()
+    assert [s.text for s in got] == ["\u2014 Aaaa", "bbbb cccc."]
+    got = run("Intro:\n  - Aaaa bbbb cccc dddd.", config=config)
+    assert [s.text for s in got] == ["Intro:", "- Aaaa", "bbbb cccc", "dddd."]
+
+
+def test_a_comma_before_a_word_holding_a_digit_is_a_clause_mark():
+    """Only a comma before a number joins it ("Jan 1, 1980"): before "v2" it is a clause."""
+    assert [s.text for s in run("We tested the old build, v2 ships in May.")] == [
+        "We tested the old build,", "v2 ships in May."]
+
+
+def test_a_title_after_an_underscore_opening_emphasis_goes_on():
+    """As after "**" ("It was **Dr. Smith** who came."): the marks before a word are not
+    part of it when it is looked up."""
+    assert sentences("It was _Dr. Smith_ who came.") == ["It was _Dr. Smith_ who came."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Calcium helps.[123] Most people get enough.",
+     ["Calcium helps.[123]", "Most people get enough."]),  # three digits
+    # seven numbers: no citation mark (six at most), so no sentence end before it either
+    ("Calcium helps.[1, 2, 3, 4, 5, 6, 7] Most people get enough.",
+     ["Calcium helps.[1, 2, 3, 4, 5, 6, 7] Most people get enough."]),
+])
+def test_the_bounds_of_a_citation_mark(text, want):
+    assert sentences(text) == want
+
+
+def test_a_french_quote_open_at_the_end_of_the_reply_finishes():
+    """French spacing looks past the spaces after an end for the closing guillemet: at the
+    end of the stream there is none."""
+    assert sentences("Il a dit : \u00ab Je pars. ") == ["Il a dit : \u00ab Je pars."]
+
+
+def test_a_reply_ending_in_a_comma_and_a_space_finishes():
+    """The comma rule looks past the spaces for a digit ("Jan 1, 1980"): at the end of the
+    stream there is none to look at."""
+    assert [s.text for s in run("We checked it all, ", config=SegmenterConfig(
+        first_min_words=2))] == ["We checked it all,"]
+
+
+def test_a_reply_cut_off_after_a_bracket_decides_by_its_first_letter():
+    """The stream may end right after the bracket's first letter: that letter decides, as
+    it does when more follows ("9 a.m. (It opens" ends the sentence)."""
+    assert sentences("We open at 9 a.m. (I") == ["We open at 9 a.m.", "(I"]
+
+
+@pytest.mark.parametrize(("opener", "closer"), [("(", ")"), ("[", "]")])
+def test_a_full_width_end_before_a_closing_bracket_of_a_cut_sentence_stays_with_it(opener,
+                                                                                    closer):
+    """As with 」, ” and " (the test above of the cut at max_chars): the cut forgot the open
+    bracket, and the ASCII one closing right after 。 still keeps the sentence going."""
+    text = f"他说{opener}我们今天去了很多地方看了很多风景吃了饭。{closer}然后走了。明天见。"
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=20))]
+    assert got[1:] == [f"了饭。{closer}然后走了。", "明天见。"]
+
+
+def test_the_sentence_after_a_run_on_chinese_cut_ends_at_its_full_stop():
+    """A cut between two Chinese characters leaves no quote or bracket open behind it."""
+    text = ("我们今天去了很多地方看了很多风景吃了很多好吃的东西"
+            "也认识了很多新朋友大家都非常开心。明天见。")
+    got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=40))]
+    assert got[-2:] == ["心。", "明天见。"]  # cut at 40: "...非常开 | 心。"
