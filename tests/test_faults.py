@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +22,9 @@ from websockets.asyncio.client import connect
 from engines.base import EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
+from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
+from tests.fixtures_mlx import NO_STEP_DEADLINE
 from tests.servers import Drop, Hang, ServeProcess, Text, TinyLlamaServer, reply_script
 from tests.wsclient import TurnResult, read_turn, read_until_closed, recv_event, send
 
@@ -32,7 +35,8 @@ WELL = "A well behaved session speaks. It says a few sentences. Nothing goes wro
 class FaultyEngine(SyntheticEngine):
     """TEST DOUBLE: the synthetic engine (zero cost), except for texts holding a marker:
     ``RAISE`` raises ``fault`` at its second step; ``HANG`` blocks its second step until
-    ``release`` is set."""
+    ``release`` is set. ``hangs(fn, *args)`` says whether a lane's call is one it hangs in
+    (for ``deadline_on_hangs``); a stream's ``hangs_next()``, whether its next step is."""
 
     def __init__(self, fault: BaseException | None = None) -> None:
         super().__init__(rtf=0, ttfa_ms=0, lane="cpu")
@@ -40,6 +44,14 @@ class FaultyEngine(SyntheticEngine):
         self.fault = fault or EngineError("engine_failed", "scripted engine failure")
         self.release = threading.Event()
         self.hung = threading.Event()
+
+    def opening_hangs(self, request: SynthesisRequest) -> bool:
+        return False
+
+    def hangs(self, fn: Any, *args: Any) -> bool:
+        if fn == self.open:
+            return self.opening_hangs(args[0])
+        return bool(getattr(args[0], "hangs_next", lambda: False)())
 
     def open(self, request: SynthesisRequest):
         stream = super().open(request)
@@ -57,7 +69,23 @@ class FaultyEngine(SyntheticEngine):
             return step()
 
         stream.step = faulty_step  # type: ignore[method-assign]
+        stream.hangs_next = lambda: "HANG" in request.text and steps[0] == 1  # type: ignore[attr-defined]
         return stream
+
+
+def deadline_on_hangs(lane: Lane, seconds: float) -> None:
+    """The lane's step deadline is ``seconds`` for the calls its engine (a FaultyEngine) is
+    scripted to hang in, and none that counts (``NO_STEP_DEADLINE``) for the others: a
+    short deadline on every call failed a normal step that a starved machine (2 cores
+    shared with other runs) left waiting for ``seconds``, taken for a hung engine. (The
+    lane reads its deadline as it hands a call to its thread.)"""
+    engine, call_limited = lane.engine, lane._call_limited
+
+    async def limited(fn: Any, *args: Any) -> Any:
+        lane.step_timeout_s = seconds if engine.hangs(fn, *args) else NO_STEP_DEADLINE
+        return await call_limited(fn, *args)
+
+    lane._call_limited = limited  # type: ignore[method-assign]
 
 
 async def start(engine=None, llm_url: str | None = None, **server) -> Gateway:
@@ -457,7 +485,7 @@ async def test_a_primary_that_did_not_load_is_reported_degraded_not_ok(caplog):
 async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
     engine = FaultyEngine()
     gw = await start(engine)
-    gw.lane.step_timeout_s = 0.5
+    deadline_on_hangs(gw.lane, 0.5)
     try:
         async with connect(url(gw)) as ws, connect(url(gw)) as other:
             await recv_event(ws, "session.created")
@@ -510,7 +538,7 @@ async def test_health_shows_a_lane_busy_with_its_stuck_call_and_for_how_long():
     an operator saw an idle lane that failed every turn."""
     engine = FaultyEngine()
     gw = await start(engine)
-    gw.lane.step_timeout_s = 0.5
+    deadline_on_hangs(gw.lane, 0.5)
     try:
         async with connect(url(gw)) as ws:
             await recv_event(ws, "session.created")
@@ -566,6 +594,7 @@ class StuckAtOnce(FaultyEngine):
             return step()
 
         stream.step = held  # type: ignore[method-assign]
+        stream.hangs_next = lambda: steps[0] == 1  # type: ignore[attr-defined]
         return stream
 
 
@@ -578,7 +607,7 @@ async def test_a_lane_with_steps_at_once_is_healthy_again_only_when_no_call_is_s
     engine = StuckAtOnce()
     gw = await start(engine)
     lane = gw.lane
-    lane.step_timeout_s = 0.5
+    deadline_on_hangs(lane, 0.5)
     assert lane.parallel_steps == StuckAtOnce.parallel_steps
     returned = asyncio.Event()
     stuck_call_returned = lane._stuck_call_returned
@@ -701,6 +730,9 @@ async def test_a_bug_hearing_of_a_stuck_lane_does_not_stop_the_lane_for_good(mon
 class HangsOpening(FaultyEngine):
     """TEST DOUBLE: ``STALL`` in a text blocks its ``open`` until ``release`` is set."""
 
+    def opening_hangs(self, request: SynthesisRequest) -> bool:
+        return "STALL" in request.text
+
     def open(self, request: SynthesisRequest):
         if "STALL" in request.text:
             self.hung.set()
@@ -716,7 +748,7 @@ async def test_a_stream_a_timed_out_call_holds_is_closed_once_the_call_returns(t
     engine kept it among its streams (a model's, with its caches) after every timeout."""
     engine = HangsOpening()
     gw = await start(engine)
-    gw.lane.step_timeout_s = 0.5
+    deadline_on_hangs(gw.lane, 0.5)
     try:
         async with connect(url(gw)) as ws:
             await recv_event(ws, "session.created")
@@ -1058,13 +1090,13 @@ def test_sigterm_during_turns_closes_sessions_1001_and_exits_0(tmp_path):
 
 STUCK_THEN_EXIT = """
 import asyncio
-from tests.test_faults import FaultyEngine, start, url, say
+from tests.test_faults import FaultyEngine, deadline_on_hangs, start, url, say
 from websockets.asyncio.client import connect
 from tests.wsclient import recv_event
 
 async def main():
     gw = await start(FaultyEngine())
-    gw.lane.step_timeout_s = 0.3
+    deadline_on_hangs(gw.lane, 0.3)
     async with connect(url(gw)) as ws:
         await recv_event(ws, "session.created")
         result = await say(ws, "It starts. Then HANG forever.")
@@ -1224,7 +1256,7 @@ async def test_a_stalled_engine_is_an_error_once_and_its_return_an_info(caplog):
     and above fired again as the lane came back."""
     engine = FaultyEngine()
     gw = await start(engine)
-    gw.lane.step_timeout_s = 0.3
+    deadline_on_hangs(gw.lane, 0.3)
     caplog.set_level(logging.INFO, logger="gateway.io.lanes")
     try:
         async with connect(url(gw)) as ws:
