@@ -54,7 +54,9 @@ async def collect(llm: OpenAiLlm, request: LlmRequest = REQUEST) -> list[LlmEven
 
 @pytest.fixture
 async def llm(scripted_llm_server: ScriptedLlmServer):
-    backend = OpenAiLlm(scripted_llm_server.url, timeout=httpx.Timeout(5.0, read=1.0))
+    # (a read timeout that bounds a hang, not one any test holds: at 1 s a server slowed by a
+    # starved machine before its first byte failed the stream llm_unavailable)
+    backend = OpenAiLlm(scripted_llm_server.url, timeout=httpx.Timeout(5.0, read=30.0))
     yield backend
     await backend.aclose()
 
