@@ -413,7 +413,8 @@ async def test_a_stalled_server_fails_its_sentence_and_the_fallback_speaks_it(
     server.script = lambda body: ["stall"] if "stalls" in body["input"] else \
         [delta(b"\x01\x00" * 2400), DONE]
     gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": "espeak",
-                                  "options": {"read_timeout_s": 0.5},
+                                  # (not shorter: it bounds the fine requests too)
+                                  "options": {"read_timeout_s": 2},
                                   # (a slow machine's first chunks must not trip the breaker)
                                   "fallback_policy": {"first_chunk_timeout_s": 60}},
                              session={"max_lead_ms": 30_000})
@@ -452,7 +453,8 @@ async def test_an_answer_kept_alive_without_audio_fails_its_sentence_only(sse_se
     # (a slow machine's first chunks must not trip the breaker)
     policy = {"fallback_policy": {"first_chunk_timeout_s": 60}} if fallback else {}
     gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": fallback,
-                                  "step_timeout_s": 3, "options": {"read_timeout_s": 1},
+                                  # (not shorter: they bound the fine steps too)
+                                  "step_timeout_s": 6, "options": {"read_timeout_s": 2},
                                   **policy})
     async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws, \
             connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as other:
@@ -469,7 +471,7 @@ async def test_an_answer_kept_alive_without_audio_fails_its_sentence_only(sse_se
         assert pinged.done["status"] == "failed"
         (error,) = pinged.of("error")
         assert error["error"]["code"] == "engine_timeout", error
-        assert "no audio within 1 s" in error["error"]["message"]
+        assert "no audio within 2 s" in error["error"]["message"]
     assert fine.done["status"] == "completed" and fine.done["metrics"]["engines"] == ["http"]
     assert server.disconnected.wait(timeout=10)  # the pinging answer was let go
     assert gw.lane.unhealthy is None

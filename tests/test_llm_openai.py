@@ -320,7 +320,9 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
     # and of those only the ones that say something: oMLX's keep-alives (its default
     # sse_keepalive_mode "chunk") are data chunks with an empty delta, and held a turn of a
     # stuck oMLX open for ever
-    llm = OpenAiLlm(scripted_llm_server.url, stall_s=0.5)
+    # (1.5 s, not less: it bounds the wait for "Half a reply" too, which a starved machine
+    # may keep that long)
+    llm = OpenAiLlm(scripted_llm_server.url, stall_s=1.5)
     scripted_llm_server.script(
         [Comment(), Text("Half a reply"), KeepAlive(every_s=0.05, chunk=chunk)])
     got = []
@@ -334,7 +336,7 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
     assert [e.text for e in got] == ["Half a reply"]
     assert info.value.code == "llm_unavailable"
     assert info.value.message == (f"LLM server {scripted_llm_server.url} sent no data for "
-                                  "0.5 s (deltas so far: 1)")
+                                  "1.5 s (deltas so far: 1)")
     async with asyncio.timeout(5):
         await scripted_llm_server.requests[0].disconnected.wait()
 
@@ -554,7 +556,8 @@ async def test_a_whole_reply_ends_well_with_a_stall_timeout_shorter_than_the_wai
         scripted_llm_server):
     """stall_timeout_s also bounds httpx's read timeout: set below AFTER_FINISH_S, it failed
     a whole reply llm_unavailable when the server was slow with its usage or [DONE]."""
-    await ends_whole(scripted_llm_server, 0.3, [Finish(), Hang()])
+    # (below AFTER_FINISH_S, 2 s, but not short: it bounds the wait for the reply too)
+    await ends_whole(scripted_llm_server, 1.5, [Finish(), Hang()])
 
 
 async def ends_whole(server: ScriptedLlmServer, stall_s: float, rest: list) -> None:
