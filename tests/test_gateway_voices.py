@@ -147,7 +147,10 @@ async def test_primary_failing_mid_turn_is_finished_by_the_fallback():
     from engines.fallback import FallbackEngine
 
     primary = FailingSynthetic("Second", rtf=0, ttfa_ms=0, lane="cpu", step_ms=80)
-    engine = FallbackEngine(primary, EspeakEngine(), breaker_failures=1, breaker_reset_s=600)
+    # (a first chunk slower than first_chunk_timeout_s counts as a failure too, and one
+    # opens this breaker: not the 1 s default, which a starved machine may pass)
+    engine = FallbackEngine(primary, EspeakEngine(), breaker_failures=1, breaker_reset_s=600,
+                            first_chunk_timeout_s=3600)
     gw = Gateway(load_config(server={"port": 0}), engine=engine)
     await gw.start()
     try:

@@ -972,8 +972,10 @@ async def test_a_barge_in_cuts_a_stalled_tts_answer_at_once(sse_server, start_ga
     server, url = sse_server
     server.script = lambda body: ["stall"] if "stalls" in body["input"] else \
         [delta(b"\x01\x00" * 2400), DONE]
+    # (a slow machine's first chunk must not count against the breaker)
+    policy = {"fallback_policy": {"first_chunk_timeout_s": 60}} if fallback else {}
     gw = await start_gateway(tts={"engine": "http", "url": url, "fallback": fallback,
-                                  "step_timeout_s": 3600,
+                                  "step_timeout_s": 3600, **policy,
                                   "options": {"read_timeout_s": 3000}})  # no timeout helps
     async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
         await recv_event(ws, "session.created")
@@ -1115,7 +1117,9 @@ async def test_a_voice_the_tts_server_lacks_does_not_move_everyone_to_the_fallba
 
     b = await start_gateway(server={"http_port": 0})
     a = await start_gateway(server={"http_port": 0}, tts={
-        "engine": "http", "url": f"http://127.0.0.1:{b.http_port}/v1", "fallback": "espeak"})
+        "engine": "http", "url": f"http://127.0.0.1:{b.http_port}/v1", "fallback": "espeak",
+        # (a slow machine's first chunk, no failure of the voice, must not count either)
+        "fallback_policy": {"first_chunk_timeout_s": 60}})
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{a.http_port}") as http:
         for _ in range(4):  # (the breaker's default: 3 failures open it)
             odd = await http.post("/v1/audio/speech", json={
