@@ -169,6 +169,7 @@ def check_engine(
     min_rms: float = 30.0,
     call_timeout_s: float = 60.0,
     unknown_voice: str | None = UNKNOWN_VOICE,
+    thread_exit_s: float | None = None,
 ) -> ConformanceReport:
     """Run every check against a fresh engine from ``make_engine``; raise on the first failure.
 
@@ -177,7 +178,9 @@ def check_engine(
     count, ``None`` skips the check (engines whose length does not follow the text, such as
     random-weight test models capped by ``max_tokens``). ``check_text_scaling`` also checks
     that the same text said twice gives more audio. ``unknown_voice=None`` skips the
-    unknown-voice check (an engine that accepts any voice name).
+    unknown-voice check (an engine that accepts any voice name). ``thread_exit_s``: how
+    long a thread the engine started may take to end after ``close()`` (default
+    ``call_timeout_s``).
     """
     request = request or SynthesisRequest(text=DEFAULT_TEXT)
     threads_before = set(threading.enumerate())
@@ -276,7 +279,9 @@ def check_engine(
                 pass
         worker.shutdown()
         if passed:  # never mask the first failure with a second one
-            _check_no_leaked_threads(threads_before, call_timeout_s)
+            _check_no_leaked_threads(
+                threads_before, call_timeout_s if thread_exit_s is None else thread_exit_s
+            )
 
 
 def _check_attributes(engine: TtsEngine) -> str:
