@@ -687,3 +687,20 @@ async def health_after_a_probe(gateway: Any, probe: Any) -> dict[str, Any]:
     await probe._task
     result: dict[str, Any] = gateway.health()
     return result
+
+
+def record_received(monkeypatch: Any) -> list[Any]:
+    """The list every client message a gateway's sessions are fed goes into, in order
+    (``SessionRunner.receive`` wrapped, its answer passed on: whether the message acted on
+    the session decides whether a resume may still replace it)."""
+    from gateway.io.connection import SessionRunner
+
+    received: list[Any] = []
+    receive = SessionRunner.receive
+
+    def receiving(runner: SessionRunner, message: Any, now: float) -> bool:
+        received.append(message)
+        return receive(runner, message, now)
+
+    monkeypatch.setattr(SessionRunner, "receive", receiving)
+    return received

@@ -345,7 +345,7 @@ async def test_a_bug_handling_a_message_ends_that_session_only(monkeypatch, capl
     def buggy(self, message, now):
         if isinstance(message, codec.ClientSay) and "BUG" in message.text:
             raise TypeError("a scripted bug in the session")
-        receive(self, message, now)
+        return receive(self, message, now)
 
     monkeypatch.setattr(SessionRunner, "receive", buggy)
     gw = await start(FaultyEngine())

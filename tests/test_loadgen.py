@@ -15,6 +15,7 @@ from examples.loadgen import (
     percentile,
     run_load,
 )
+from tests.servers import record_received
 
 MS = 24  # samples per millisecond
 
@@ -170,16 +171,8 @@ async def test_each_message_is_named(short_gateway, monkeypatch):
     """Every transcript and playback mark goes with its own ``event_id``, never twice in a
     session (a transcript refused names it: test_a_refused_transcript_is_reported_at_once_...)."""
     from gateway.core.codec import ClientPlayback, ClientTranscript
-    from gateway.io.connection import SessionRunner
 
-    received = []
-    receive = SessionRunner.receive
-
-    def receiving(runner, message, now) -> None:
-        received.append(message)
-        receive(runner, message, now)
-
-    monkeypatch.setattr(SessionRunner, "receive", receiving)
+    received = record_received(monkeypatch)
     report = await asyncio.wait_for(run_load(
         f"ws://127.0.0.1:{short_gateway.port}/v1/voice", sessions=1, turns=2,
         transcripts=["Hello"]), 30)

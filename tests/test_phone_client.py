@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from examples import phone_client
+from tests.servers import record_received
 
 REPLIES = (
     {"transcript": "Hello", "reply": "Hi. Nice to hear you."},
@@ -959,10 +960,11 @@ async def test_settings_answered_twice_in_one_replay_are_refused_once(gateway, t
             await asyncio.Event().wait()  # until the socket goes
         await write(connection)
 
-    def receiving(runner, message, now) -> None:
-        receive(runner, message, now)
+    def receiving(runner, message, now) -> bool:
+        acted = receive(runner, message, now)
         if message == ClientPing("fence"):
             runner.connection.ws.transport.abort()
+        return acted
 
     monkeypatch.setattr(VoiceConnection, "_write_outbox", writing)
     monkeypatch.setattr(SessionRunner, "receive", receiving)
@@ -1013,16 +1015,8 @@ async def test_each_message_is_named_and_a_failed_turn_keeps_its_error(
     names every message it sends (a short id, never the same twice), and a failed turn's
     result (its ``turn.done``) carries the turn's own error: the one naming its transcript."""
     from gateway.core.codec import ClientPlayback, ClientSessionUpdate, ClientTranscript
-    from gateway.io.connection import SessionRunner
 
-    received = []
-    receive = SessionRunner.receive
-
-    def receiving(runner, message, now) -> None:
-        received.append(message)
-        receive(runner, message, now)
-
-    monkeypatch.setattr(SessionRunner, "receive", receiving)
+    received = record_received(monkeypatch)
     gw = await start_gateway(REPLIES, llm={"url": f"http://127.0.0.1:{refused_port}/v1"})
     client = _Recording(f"ws://127.0.0.1:{gw.port}/v1/voice", tmp_path,
                         phone_client.ClockPlayer(), settings={"frame_ms": 20})
