@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 
@@ -85,11 +86,11 @@ def _synthetic_options(args: argparse.Namespace) -> dict[str, float] | None:
              "step_ms": args.synthetic_step_ms}
     options = {k: v for k, v in named.items() if v is not None}
     for key, value in options.items():
-        # (the engine's own refusal named no flag, and a NaN passed every comparison)
-        least = 0.0 if key != "step_ms" else sys.float_info.min
-        if not (least <= value < float("inf")):
+        # (the engine's own refusal names its option, not the flag; written so NaN fails)
+        above = key == "step_ms"  # (a step of no audio never ends a sentence)
+        if not (0 < value < math.inf if above else 0 <= value < math.inf):
             flag = "--synthetic-" + key.replace("_", "-")
-            bound = "above 0" if least else "at least 0"
+            bound = "above 0" if above else "at least 0"
             raise ValueError(f"{flag} must be a finite number {bound}, not {value}")
     if options and (args.tts or "espeak") != "synthetic":
         raise ValueError("--synthetic-* options need --tts synthetic")
