@@ -50,19 +50,27 @@ async def no_connections(gw: Gateway) -> None:
     client_frame(0x1, b"", fin=False) + client_frame(0x0, b"", fin=False) * 4200,  # recv fails
 ], ids=["over-1-MiB", "too-many-fragments"])
 async def test_a_socket_websockets_fails_goes_at_once_though_its_client_stays(start_gateway,
+                                                                                monkeypatch,
                                                                                 sent):
     """websockets fails the connection (close 1009, then the end of its side of the TCP
     connection) and waits for the client to close its side. A client that did not kept the
     socket, and its session attached to it, until websockets' close timeout (10 s) or the
-    next keepalive ping: now the TCP connection is aborted a second after."""
+    next keepalive ping: now the TCP connection is aborted a second after
+    (CLOSED_TCP_GRACE_S)."""
+    # websockets' two bounds set to an hour, so that the bound of the wait below tells the
+    # gateway's 1 s from them and from nothing else: it was 5 s against their 10 s, a margin
+    # a starved machine can eat (4 s), and no wider without waiting past the close timeout
+    monkeypatch.setattr("gateway.io.server.KEEPALIVE_PING_S", 3600.0)
     gw = await start_gateway()
     reader, writer = await upgraded(gw)
+    (ws,) = gw._server.connections
+    ws.close_timeout = 3600.0
     writer.write(sent)
     await writer.drain()
     received = await reader.read()  # to the server's end of the stream: the close frame came
     assert b"\x88" in received and struct.pack("!H", 1009) in received
     try:
-        async with asyncio.timeout(5):  # (was 10 s)
+        async with asyncio.timeout(60):  # (was an hour here, 10 s with websockets' defaults)
             await no_connections(gw)
     finally:
         writer.close()
