@@ -465,9 +465,10 @@ class OpenAiLlm:
                     bound.event_read()
                 except StopAsyncIteration:
                     break
-                except (TimeoutError, httpx.ReadTimeout):
-                    # (httpx's read timeout is stall_s too: with one shorter than
-                    # AFTER_FINISH_S, it is the one that ends the wait after a whole reply)
+                except TimeoutError:
+                    # (httpx's read timeout, stall_s too unless timeout gave one, is a
+                    # TransportError: after a whole reply it ends the wait below, and before
+                    # it stream() names the read timeout, not stall_s, which had not passed)
                     if finished:
                         break  # (the connection is closed, not reused)
                     raise EngineError(

@@ -555,9 +555,25 @@ async def test_an_error_after_an_aborted_finish_fails_with_the_servers_words(
 async def test_a_whole_reply_ends_well_with_a_stall_timeout_shorter_than_the_wait_after_it(
         scripted_llm_server):
     """stall_timeout_s also bounds httpx's read timeout: set below AFTER_FINISH_S, it failed
-    a whole reply llm_unavailable when the server was slow with its usage or [DONE]."""
+    a whole reply llm_unavailable when the server was slow with its usage or [DONE]. (The
+    ReadTimeout ends the wait as any break after the finish does: without that, it fails.)"""
     # (below AFTER_FINISH_S, 2 s, but not short: it bounds the wait for the reply too)
     await ends_whole(scripted_llm_server, 1.5, [Finish(), Hang()])
+
+
+async def test_a_read_timeout_shorter_than_the_stall_bound_is_the_one_named(
+        scripted_llm_server):
+    """A read timeout given apart from stall_s (timeout=) that ended a reply before its
+    finish failed it "sent no data for 60 s", stall_s, though it had waited 1.5 s."""
+    llm = OpenAiLlm(scripted_llm_server.url, timeout=httpx.Timeout(5.0, read=1.5), stall_s=3600)
+    scripted_llm_server.script([Text("Half a rep"), Hang()])
+    try:
+        with pytest.raises(EngineError) as info:
+            await collect(llm)
+    finally:
+        await llm.aclose()
+    assert info.value.code == "llm_unavailable"
+    assert " for 1.5 s (ReadTimeout)" in info.value.message, info.value.message
 
 
 async def ends_whole(server: ScriptedLlmServer, stall_s: float, rest: list) -> None:
