@@ -987,7 +987,10 @@ async def test_ended_sessions_are_freed_by_reference_counting_alone():
     Left to the GC, not ours: asyncio's selector transport (uvloop's has no cycle)."""
     import gc
 
-    gw = await started(resume_window_s=0.3)
+    # a window long enough for the resume below whatever the machine's speed (at 0.3 s, a
+    # starved run could let it pass before the resume came); the session nobody resumes
+    # gets a short one of its own
+    gw = await started(resume_window_s=60.0)
     gc.collect()
     gc.disable()
     try:
@@ -1019,7 +1022,8 @@ async def test_ended_sessions_are_freed_by_reference_counting_alone():
             assert (await recv_event(ws2, "error"))["error"]["code"] == "invalid_json"
         # a dropped socket nobody resumes: the session expires after the window
         ws = await connect(url(gw))
-        await recv_event(ws, "session.created")
+        created = await recv_event(ws, "session.created")
+        gw.runners[created["session_id"]].resume_window_s = 0.3
         await send(ws, type="say", text=LONG)
         await read_turn(ws, until="sentence")
         ws.transport.abort()
