@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import sys
 import wave
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -72,11 +73,14 @@ class CuttingProxy:
     (both sides, no close handshake) once ``cut_after`` bytes went to the client: the
     phone going into a tunnel mid-reply. ``uplink``: as soon as the client sends anything
     after its handshake instead, which never reaches the gateway. Later connections pass
-    through untouched."""
+    through untouched, each once ``hold`` (when given) has returned: e.g. the gateway's
+    ``wait_no_sessions``, so that a resume comes after the window has let the session go,
+    not merely after the client's backoff."""
 
-    def __init__(self, upstream_port: int, cut_after: int = 0, *, uplink: bool = False
-                 ) -> None:
+    def __init__(self, upstream_port: int, cut_after: int = 0, *, uplink: bool = False,
+                 hold: Callable[[], Awaitable[object]] | None = None) -> None:
         self.upstream_port, self.cut_after, self.uplink = upstream_port, cut_after, uplink
+        self.hold = hold
         self.connections = 0
         self.cut = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -88,6 +92,8 @@ class CuttingProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.connections += 1
         cutting = self.connections == 1
+        if not cutting and self.hold is not None:
+            await self.hold()
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
 
         def abort() -> None:
@@ -150,7 +156,7 @@ async def test_a_dropped_socket_resumes_the_turn_into_the_same_wav(start_gateway
 @pytest.mark.slow
 async def test_when_the_resume_fails_the_transcript_is_sent_again(tmp_path, start_gateway):
     gw = await start_gateway(REPLIES, server={"resume_window_s": 0.01})
-    proxy = CuttingProxy(gw.port, cut_after=60_000)
+    proxy = CuttingProxy(gw.port, cut_after=60_000, hold=gw.wait_no_sessions)
     port = await proxy.start()
     try:
         client = _Recording(f"ws://127.0.0.1:{port}/v1/voice", tmp_path,
@@ -741,7 +747,7 @@ async def test_a_typed_transcript_whose_reply_a_failed_resume_cut_is_sent_again(
     the client was already waiting for the next line, and the reply was lost until the user
     typed something else."""
     gateway = await start_gateway(REPLIES, server={"resume_window_s": 0.01})
-    proxy = CuttingProxy(gateway.port, cut_after=60_000)
+    proxy = CuttingProxy(gateway.port, cut_after=60_000, hold=gateway.wait_no_sessions)
     port = await proxy.start()
     client = _Said(f"ws://127.0.0.1:{port}/v1/voice", tmp_path, phone_client.ClockPlayer())
     done = asyncio.Event()
@@ -837,8 +843,11 @@ async def test_a_failed_resume_after_the_reply_ended_leaves_its_tail_playing(sta
     for a reply cut off)."""
     gateway = await start_gateway(REPLIES, server={"resume_window_s": 0.01},
                                   session={"max_lead_ms": 30_000})  # (nothing is played)
+    # (a proxy that cuts nothing: it holds the reconnect until the window has passed)
+    proxy = CuttingProxy(gateway.port, cut_after=2**62, hold=gateway.wait_no_sessions)
+    port = await proxy.start()
     player = HeldPlayer()
-    client = _Said(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path, player)
+    client = _Said(f"ws://127.0.0.1:{port}/v1/voice", tmp_path, player)
 
     class Results(list):
         def append(self, result) -> None:  # its turn.done came: the socket drops now
@@ -867,6 +876,7 @@ async def test_a_failed_resume_after_the_reply_ended_leaves_its_tail_playing(sta
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+        await proxy.aclose()
     assert [r["status"] for r in client.results] == ["completed"]
     assert player.held_s * 1000 == pytest.approx(client.results[0]["metrics"]["audio_ms"], abs=1)
     assert gateway.metrics.turns["completed"] == 1  # (not asked again: it had come whole)
