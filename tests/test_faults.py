@@ -973,11 +973,13 @@ def test_tiny_llama_server_moves_to_another_port_when_its_own_is_taken(
 # ---- the client -------------------------------------------------------------------------
 
 
-async def _hanging_turn(gw: Gateway, llm, ws) -> None:
-    await recv_event(ws, "session.created")
+async def _hanging_turn(gw: Gateway, llm, ws) -> dict:
+    """Its session.created, once the turn's audio is being made and its LLM still streams."""
+    created = await recv_event(ws, "session.created")
     await send(ws, type="transcript", text="Say a lot.")
     await recv_event(ws, "sentence")  # audio is being made, the LLM still streams
     await asyncio.wait_for(llm.request_arrived.wait(), 10)
+    return created
 
 
 async def test_client_closing_mid_turn_closes_the_llm_stream_and_frees_the_lane(
@@ -1001,18 +1003,24 @@ async def test_client_closing_mid_turn_closes_the_llm_stream_and_frees_the_lane(
 
 
 async def test_client_aborting_mid_turn_keeps_the_session_until_the_window_ends(
-        scripted_llm_server):
+        scripted_llm_server, caplog):
     scripted_llm_server.script([Text("A first sentence to speak. "), Text("And more "), Hang()])
     gw = await start(FaultyEngine(), llm_url=scripted_llm_server.url, resume_window_s=0.3)
+    caplog.set_level(logging.INFO, logger="gateway.io.connection")
     try:
         other = asyncio.create_task(well_behaved(gw))
         ws = await connect(url(gw))
-        await _hanging_turn(gw, scripted_llm_server, ws)
+        created = await _hanging_turn(gw, scripted_llm_server, ws)
         ws.transport.abort()  # no close handshake: the session waits for a resume
         await ws.wait_closed()
         request = scripted_llm_server.chats[0]
-        await asyncio.wait_for(gw.wait_no_sessions(), 10)  # the window expired
-        await asyncio.wait_for(request.disconnected.wait(), 10)  # then the stream closed
+        await asyncio.wait_for(request.disconnected.wait(), 10)
+        # the stream closed once the window had let the session go, not as the socket did
+        # (ordered by the log, not by a clock: the two waits alone held neither)
+        ended = f"session {created['session_id']} ended: "
+        assert [r.message for r in caplog.records if r.message.startswith(ended)] == [
+            ended + "no resume came in time"]
+        await asyncio.wait_for(gw.wait_no_sessions(), 10)
         await other
         assert gw.lane.queue_depth == 0
         assert gw.health()["active_turns"] == 0
