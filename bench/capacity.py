@@ -75,10 +75,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.process_stats import cpu_seconds, rss_bytes  # noqa: E402
+from gateway.cli import raise_open_files_limit  # noqa: E402
 from gateway.core.codec import MAX_TEXT_CHARS  # noqa: E402
 
-HZ = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MAX_LATENESS_MS = 40.0
 MIN_REALTIME_SHARE = 0.99
 
@@ -123,23 +123,13 @@ def say_needed_s(n: int, seconds: float, warmup: float) -> float:
     return seconds + warmup + 20 + n / 200
 
 
-# ---- /proc -------------------------------------------------------------------------------
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / HZ  # utime, stime
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-
 def raise_nofile() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    """Raise this process's soft limit of open files as ``voice-gateway serve`` does
+    (``raise_open_files_limit``: to the hard one; on macOS, whose hard one is unlimited
+    and which refuses an unlimited soft one, to 10,240) and return it. Raised to the hard
+    one as such, every bench run on macOS stopped at its start ("ValueError: current limit
+    exceeds maximum limit")."""
+    raise_open_files_limit()
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from bench.process_stats import peak_rss_bytes  # noqa: E402
 from engines import espeak  # noqa: E402
 from engines.base import OUTPUT_RATE, SynthesisRequest  # noqa: E402
 from engines.synthetic import SyntheticEngine  # noqa: E402
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args()
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss0 = peak_rss_bytes()
     engine = espeak.EspeakEngine()
     engine.load()
     free = SyntheticEngine(rtf=0, ttfa_ms=0)
@@ -162,7 +162,8 @@ def main() -> None:
     overhead = 100 * (wrapped["synth_s_total"] / wrapped["audio_s_total"]) / (
         raw["synth_s_total"] / raw["audio_s_total"]
     ) - 100
-    rss_growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    # (ru_maxrss is KiB on Linux, bytes on macOS: there this said KiB and called them MiB)
+    rss_growth = (peak_rss_bytes() - rss0) / 2**20
     engine.close()
     result = {
         "rows": rows,

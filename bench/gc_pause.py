@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.process_stats import rss_bytes  # noqa: E402
 
 CLIENT = r"""
 import asyncio, json, sys
@@ -154,10 +156,7 @@ async def _measure(args: argparse.Namespace) -> dict:
 
 
 def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return float("nan")
+    return round(rss_bytes(os.getpid()) / 2**20, 1)
 
 
 def main() -> None:

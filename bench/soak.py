@@ -67,7 +67,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.capacity import Server, cpu_seconds  # noqa: E402
+from bench import process_stats  # noqa: E402
+from bench.capacity import Server  # noqa: E402
+from bench.process_stats import cpu_seconds, rss_bytes  # noqa: E402
 from examples.loadgen import (  # noqa: E402
     MARK_INTERVAL_S,
     SessionAccount,
@@ -81,10 +83,8 @@ ACTIONS = (("normal", 0.60), ("abort", 0.15), ("cancel", 0.15), ("slow", 0.10))
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    rss = rss_bytes(pid)
+    return rss / 2**20 if rss else float("nan")  # (0: a zombie's, dead and not reaped)
 
 
 def fd_count(pid: int, llm_port: int | None = None) -> int:
@@ -92,21 +92,7 @@ def fd_count(pid: int, llm_port: int | None = None) -> int:
     that port (``--faults``: the LLM's HTTP clients keep connections alive between turns,
     as they should; they are not the sessions' and their number depends on the last
     spike of turns)."""
-    fds = os.listdir(f"/proc/{pid}/fd")
-    if llm_port is None:
-        return len(fds)
-    inodes = set()
-    for table in ("tcp", "tcp6"):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[2].rsplit(":", 1)[1], 16) == llm_port:  # (rem_address)
-                inodes.add(fields[9])
-    kept = 0
-    for fd in fds:
-        with contextlib.suppress(OSError):  # (closed meanwhile)
-            kept += os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[")[:-1] \
-                not in inodes
-    return kept
+    return process_stats.fd_count(pid, llm_port)
 
 
 class GatewayProcess(Server):

@@ -6,6 +6,25 @@ import resource
 import socket
 from typing import Any
 
+MACOS_OPEN_MAX = 10_240
+"""The most setrlimit takes for the soft limit of open files on macOS when the hard one is
+unlimited, as there by default (gateway.cli's ``_MACOS_OPEN_MAX``)."""
+
+
+def raise_nofile() -> None:
+    """Raise the soft limit of open files to the hard one, or to ``MACOS_OPEN_MAX`` where
+    the hard one is refused (macOS: "unlimited"), as ``voice-gateway serve`` does (the peers
+    run in venvs of their own, without the gateway's dependencies)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for target in (hard, MACOS_OPEN_MAX):
+        if target != resource.RLIM_INFINITY and soft >= target:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return
+        except (ValueError, OSError):  # macOS refuses "unlimited" for the soft limit
+            continue
+
 
 def serve_uvicorn(app: Any, port: int) -> None:
     """Serve ``app`` the same way for every peer: uvicorn on uvloop + httptools, the
@@ -14,8 +33,7 @@ def serve_uvicorn(app: Any, port: int) -> None:
     ``capacity.Server`` waits for)."""
     import uvicorn
 
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_nofile()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
