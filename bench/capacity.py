@@ -9,7 +9,8 @@ Every server runs in its own process (the gateway: bench/capacity_server.py with
 interpreter, the synthetic engine at zero cost; the peers: bench/peers/*.py in their own
 venvs under ``$PEER_VENVS``, default /work/peer-venvs, made by ``--setup-peers`` with the
 versions in ``PEER_PACKAGES``); its CPU time
-(utime+stime) and resident memory are read from /proc/<pid>. The load comes from
+(utime+stime) and resident memory are read from /proc/<pid> (psutil on macOS:
+bench/process_stats.py). The load comes from
 ``--clients`` separate client processes: a lean raw-socket WebSocket client (asyncio
 protocol under uvloop, no library per message) so that the client costs less than the
 servers it measures; on this 2-core machine the client still competes for CPU, so its CPU

@@ -5,7 +5,7 @@ some listeners stop reading for a while; the gateway's RSS and file descriptors 
 
 The gateway runs as its own process (bench/capacity_server.py: the real server, the
 synthetic engine at zero cost, the replay LLM), so its memory and descriptors are read from
-/proc/<pid>. Each session (built on examples/loadgen.py: ``SessionAccount`` does the seq and
+/proc/<pid> (psutil on macOS: bench/process_stats.py). Each session (built on examples/loadgen.py: ``SessionAccount`` does the seq and
 frame accounting) loops over turns until the time is up, saying a transcript of the replay
 set (``--replies``: JSONL of ``{"transcript", "reply"}``, which the gateway's replay LLM
 answers from; default engines/data/replies.jsonl); each turn, by a seeded draw:
