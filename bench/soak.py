@@ -5,10 +5,11 @@ some listeners stop reading for a while; the gateway's RSS and file descriptors 
 
 The gateway runs as its own process (bench/capacity_server.py: the real server, the
 synthetic engine at zero cost, the replay LLM), so its memory and descriptors are read from
-/proc/<pid> (psutil on macOS: bench/process_stats.py). Each session (built on examples/loadgen.py: ``SessionAccount`` does the seq and
-frame accounting) loops over turns until the time is up, saying a transcript of the replay
-set (``--replies``: JSONL of ``{"transcript", "reply"}``, which the gateway's replay LLM
-answers from; default engines/data/replies.jsonl); each turn, by a seeded draw:
+/proc/<pid> (psutil on macOS: bench/process_stats.py). Each session (built on
+examples/loadgen.py: ``SessionAccount`` does the seq and frame accounting) loops over turns
+until the time is up, saying a transcript of the replay set (``--replies``: JSONL of
+``{"transcript", "reply"}``, which the gateway's replay LLM answers from; default
+engines/data/replies.jsonl); each turn, by a seeded draw:
 
 * ``normal`` (60 %): listen to the reply to its end, sending playback marks;
 * ``abort`` (15 %): after a few frames, abort the TCP connection (no close handshake),

@@ -11,6 +11,7 @@ import time
 import types
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench import capacity
@@ -52,7 +53,6 @@ def test_gc_summary(before, after, expected):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
 @pytest.mark.parametrize("marks_ms", [0, 100])
 def test_a_small_streaming_step_runs_and_passes(tmp_path, marks_ms):
     """The real bench, end to end: the gateway in its own process, a client process, /proc
@@ -83,7 +83,6 @@ def test_a_small_streaming_step_runs_and_passes(tmp_path, marks_ms):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
 def test_a_bench_stalled_past_its_window_still_reads_the_servers_figures(monkeypatch):
     """On a loaded machine the bench's own process may stall past its window's start: its
     first /metrics read then came after the window's end, the second right after it, with
@@ -129,7 +128,6 @@ def test_a_peer_without_its_venv_says_how_to_make_it(monkeypatch, tmp_path):
         capacity.Server("fastapi")
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the bench's servers log under /tmp")
 def test_a_server_that_dies_after_its_port_stops_the_bench(monkeypatch, tmp_path):
     """A peer missing a module printed its port, then died on import: the ramp used to
     print rows of zero sessions. The bench must stop with the exit code instead."""
@@ -187,7 +185,6 @@ async def test_real_time_is_judged_between_peaks_not_by_frames_cut_at_the_edges(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
 def test_a_failing_step_fails_the_run_and_its_log_is_this_runs(monkeypatch, tmp_path, capfd):
     """A failing step exited 0, as a run that passed (CI or a script reading the status
     saw a pass); and every run wrote its server's log to /tmp/capacity-gateway.log, so one
@@ -238,7 +235,6 @@ def test_a_window_longer_than_one_say_is_refused_before_the_run():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
 @pytest.mark.parametrize(("say", "shown"), [
     ("Hello there.", "ended"),  # over before the window: every turn ended early
     ("x" * (capacity.MAX_SAY_CHARS + 1), "errors"),  # refused: an error event each
@@ -267,7 +263,6 @@ def test_a_step_whose_turns_fail_says_so_in_its_row(monkeypatch, capsys, say, sh
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="the bench reads CPU and RSS from /proc")
 def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group: the bench, its server, its client
     processes) ended a ramp in tracebacks from every process, with no summary and no
@@ -284,13 +279,11 @@ def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_pat
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
 
-    def children() -> dict[str, str]:
-        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-            pids = f.read().split()
+    def children() -> dict[int, str]:
         found = {}
-        for pid in pids:
-            with contextlib.suppress(FileNotFoundError):
-                found[pid] = Path(f"/proc/{pid}/cmdline").read_text()
+        for child in psutil.Process(proc.pid).children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[child.pid] = " ".join(child.cmdline())
         return found
 
     try:
@@ -315,6 +308,6 @@ def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_pat
     assert any("capacity_server" in c for c in running.values())
     assert not Path(f"/tmp/capacity-gateway-{proc.pid}.log").exists()  # (stopped, not failed)
     for pid in running:  # the server and the client: gone with the bench
-        with contextlib.suppress(FileNotFoundError):
-            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            cmdline = " ".join(psutil.Process(pid).cmdline())
             assert "capacity_server" not in cmdline and "spawn_main" not in cmdline
