@@ -163,6 +163,6 @@ def test_the_benches_raise_the_open_files_limit_to_the_hard_one():
                                           capture_output=True, text=True,
                                           check=True).stdout.split()
     if int(hard) == resource.RLIM_INFINITY:  # (macOS)
-        assert int(got) == int(peers_got) >= 10_240
+        assert int(got) == int(peers_got) == 10_240
     else:
         assert int(got) == int(peers_got) == int(hard) > 256
