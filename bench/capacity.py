@@ -76,8 +76,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench import peers  # noqa: E402
 from bench.process_stats import cpu_seconds, rss_bytes  # noqa: E402
-from gateway.cli import raise_open_files_limit  # noqa: E402
 from gateway.core.codec import MAX_TEXT_CHARS  # noqa: E402
 
 MAX_LATENESS_MS = 40.0
@@ -125,12 +125,12 @@ def say_needed_s(n: int, seconds: float, warmup: float) -> float:
 
 
 def raise_nofile() -> int:
-    """Raise this process's soft limit of open files as ``voice-gateway serve`` does
-    (``raise_open_files_limit``: to the hard one; on macOS, whose hard one is unlimited
-    and which refuses an unlimited soft one, to 10,240) and return it. Raised to the hard
-    one as such, every bench run on macOS stopped at its start ("ValueError: current limit
-    exceeds maximum limit")."""
-    raise_open_files_limit()
+    """Raise this process's soft limit of open files as ``voice-gateway serve`` does (to
+    the hard one; on macOS, whose hard one is unlimited and which refuses an unlimited soft
+    one, to 10,240: ``peers.raise_nofile``) and return it. Raised to the hard one as such,
+    every bench run on macOS stopped at its start ("ValueError: current limit exceeds
+    maximum limit")."""
+    peers.raise_nofile()
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 

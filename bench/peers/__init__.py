@@ -13,8 +13,10 @@ unlimited, as there by default (gateway.cli's ``_MACOS_OPEN_MAX``)."""
 
 def raise_nofile() -> None:
     """Raise the soft limit of open files to the hard one, or to ``MACOS_OPEN_MAX`` where
-    the hard one is refused (macOS: "unlimited"), as ``voice-gateway serve`` does (the peers
-    run in venvs of their own, without the gateway's dependencies)."""
+    the hard one is refused (macOS: "unlimited"), as ``voice-gateway serve`` does
+    (``gateway.cli.raise_open_files_limit``, not imported: the peers run in venvs of their
+    own, without the gateway's dependencies, and the bench's client processes would each
+    import the gateway's configuration for it)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     for target in (hard, MACOS_OPEN_MAX):
         if target != resource.RLIM_INFINITY and soft >= target:
