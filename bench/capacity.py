@@ -96,6 +96,10 @@ PEER_PACKAGES = {
     "pipecat": ["pipecat-ai==1.14.0", "fastapi==0.165.0", "uvicorn==0.54.0", "uvloop==0.23.0",
                 "httptools==0.9.0", "websockets==17.4", "numpy==2.4.6"],
 }
+PY_SPY = Path(sys.executable).parent / "py-spy"
+"""The profiler of ``profile`` (the dev extra's). On macOS it must run as root (it reads
+another process's memory): without sudo it exits at once, and the bench said only
+"FileNotFoundError" on the missing profile, or read an earlier run's as this one's."""
 SCRIPTS = {
     "gateway": ROOT / "bench" / "capacity_server.py",
     "fastapi": ROOT / "bench" / "peers" / "fastapi_server.py",
@@ -541,11 +545,12 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     window[2] = server_end + 0.2
     spy = None
     if profile:  # py-spy competes for the CPU: a profiled run's figures are not the bench's
-        spy_bin = str(Path(sys.executable).parent / "py-spy")
-        spy = subprocess.Popen([spy_bin, "record", "-p", str(server.pid), "-d",
-                                str(int(seconds)), "-r", "100", "-f", "raw", "-o", profile,
-                                "--nonblocking"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+        Path(profile).unlink(missing_ok=True)  # (an earlier run's, read as this one's)
+        with open(f"{profile}.log", "w") as spy_log:  # (what it says when it cannot profile)
+            spy = subprocess.Popen([str(PY_SPY), "record", "-p", str(server.pid), "-d",
+                                    str(int(seconds)), "-r", "100", "-f", "raw", "-o",
+                                    profile, "--nonblocking"], stdout=subprocess.DEVNULL,
+                                   stderr=spy_log)
     time.sleep(max(0.0, server_end - time.monotonic()))
     cpu1 = cpu_seconds(server.pid)
     ccpu1 = sum(cpu_seconds(p.pid) for p in procs)
@@ -558,6 +563,14 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     server.check_alive()  # every mode: a dead server must not read as a row of zeros
     if spy is not None:
         spy.wait(60)
+        log = Path(f"{profile}.log")
+        said = log.read_text().strip()
+        log.unlink()
+        if spy.returncode != 0 or not Path(str(profile)).exists():
+            hint = ("; on macOS py-spy attaches to another process only as root: run the "
+                    "bench with sudo") if sys.platform == "darwin" else ""
+            raise SystemExit(f"py-spy could not profile the {server.target} server (exit "
+                             f"{spy.returncode}): {said[-400:] or 'it said nothing'}{hint}")
     lateness = array("f")
     for r in results:
         lateness.frombytes(r["lateness"])

@@ -311,3 +311,26 @@ def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_pat
         with contextlib.suppress(psutil.NoSuchProcess):
             cmdline = " ".join(psutil.Process(pid).cmdline())
             assert "capacity_server" not in cmdline and "spawn_main" not in cmdline
+
+
+@pytest.mark.slow
+def test_a_profile_py_spy_could_not_take_says_so(monkeypatch, tmp_path):
+    """``profile`` on the hub: py-spy attaches to another process on macOS only as root,
+    and without sudo exits at once, saying so on stderr, which the bench threw away. The
+    bench then read a profile that was not there (FileNotFoundError) or, worse, the one an
+    earlier run left at the same path, as this run's. It now says py-spy's words."""
+    fake = tmp_path / "py-spy"  # FAKE py-spy: fails as the real one does on macOS unless root
+    fake.write_text("#!/bin/sh\necho 'Error: This program requires root on OSX.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(capacity, "PY_SPY", fake)
+    raw = tmp_path / "profile.txt"
+    raw.write_text("an_earlier_run (old.py:1) 100\n")
+    server = capacity.Server("gateway", log=False)
+    try:
+        with pytest.raises(SystemExit, match=r"py-spy could not profile the gateway server "
+                                             r"\(exit 1\): Error: This program requires root"):
+            capacity.run_load(server, 2, clients=1, say=capacity.long_text(20), jitter_s=0.2,
+                              idle=False, warmup_s=0.5, seconds=1.0, profile=str(raw))
+    finally:
+        server.close()
+    assert not raw.exists()  # (the earlier run's: gone, not read as this one's)
