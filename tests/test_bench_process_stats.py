@@ -32,8 +32,12 @@ def child() -> Iterator[tuple[int, int]]:
     figures stay put): its pid and that port."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
-        with subprocess.Popen([sys.executable, "-c", CHILD, str(port)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) as proc:
+        with subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as proc:
             assert proc.stdout is not None and proc.stdin is not None
             try:
                 assert proc.stdout.readline() == "ready\n"
@@ -55,12 +59,19 @@ def test_psutil_gives_the_figures_proc_gives(child, monkeypatch):
     the figures /proc gives here (the ones bench/*.md were measured with), in the same
     units, a TCP connection to a port left out of the descriptors as on Linux."""
     pid, port = child
-    on_linux = (process_stats.cpu_seconds(pid), process_stats.rss_bytes(pid),
-                process_stats.fd_count(pid), process_stats.fd_count(pid, port))
+    on_linux = (
+        process_stats.cpu_seconds(pid),
+        process_stats.rss_bytes(pid),
+        process_stats.fd_count(pid),
+        process_stats.fd_count(pid, port),
+    )
     without_proc(monkeypatch)
     cpu, rss, fds, fds_not_to_port = (
-        process_stats.cpu_seconds(pid), process_stats.rss_bytes(pid),
-        process_stats.fd_count(pid), process_stats.fd_count(pid, port))
+        process_stats.cpu_seconds(pid),
+        process_stats.rss_bytes(pid),
+        process_stats.fd_count(pid),
+        process_stats.fd_count(pid, port),
+    )
     assert cpu == pytest.approx(on_linux[0], abs=2 / process_stats.HZ)
     assert rss == on_linux[1] > 8 * 2**20
     assert (fds, fds_not_to_port) == on_linux[2:]
@@ -97,9 +108,13 @@ def test_the_benches_read_process_figures_only_through_process_stats():
     read /proc/<pid> themselves and failed on the hub at their first sample;
     engines_offline took ru_maxrss for KiB and reported bytes / 1024 as MiB there."""
     read = re.compile(r"""(open|Path|listdir|readlink)\(f?["']/proc/|\.ru_maxrss""")
-    found = [f"{path.relative_to(ROOT)}: {line.strip()}"
-             for path in sorted((ROOT / "bench").rglob("*.py")) if path.name != "process_stats.py"
-             for line in path.read_text().splitlines() if read.search(line)]
+    found = [
+        f"{path.relative_to(ROOT)}: {line.strip()}"
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        if path.name != "process_stats.py"
+        for line in path.read_text().splitlines()
+        if read.search(line)
+    ]
     assert found == []
 
 
@@ -135,8 +150,9 @@ class MacosOpenFilesLimit:
         self.limits = (soft, hard)
 
 
-@pytest.mark.parametrize("raise_nofile", [capacity.raise_nofile, peers.raise_nofile],
-                         ids=["capacity", "peers"])
+@pytest.mark.parametrize(
+    "raise_nofile", [capacity.raise_nofile, peers.raise_nofile], ids=["capacity", "peers"]
+)
 def test_the_benches_raise_the_open_files_limit_as_macos_allows(raise_nofile, monkeypatch):
     """The benches raised the soft limit to the hard one as such: on macOS, unlimited,
     which setrlimit refuses, so every capacity run (its clients, its servers) and every
@@ -151,17 +167,19 @@ def test_the_benches_raise_the_open_files_limit_as_macos_allows(raise_nofile, mo
 def test_the_benches_raise_the_open_files_limit_to_the_hard_one():
     """Where the hard limit can be had (Linux), the soft one is raised to it, as before
     (here in a child: this process's limit must stay)."""
-    code = ("import resource, sys; sys.path.insert(0, sys.argv[1])\n"
-            "from bench import capacity, peers\n"
-            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
-            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
-            "got = capacity.raise_nofile()\n"
-            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
-            "peers.raise_nofile()\n"
-            "print(got, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)")
-    got, peers_got, hard = subprocess.run([sys.executable, "-c", code, str(ROOT)],
-                                          capture_output=True, text=True,
-                                          check=True).stdout.split()
+    code = (
+        "import resource, sys; sys.path.insert(0, sys.argv[1])\n"
+        "from bench import capacity, peers\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "got = capacity.raise_nofile()\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "peers.raise_nofile()\n"
+        "print(got, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)"
+    )
+    got, peers_got, hard = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True
+    ).stdout.split()
     if int(hard) == resource.RLIM_INFINITY:  # (macOS)
         assert int(got) == int(peers_got) == 10_240
     else:
