@@ -769,6 +769,46 @@ async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start
         assert errors == []
 
 
+def test_console_counts_white_space_as_the_gateway_does():
+    """The console's white space (GATEWAY_SPACE, console.js) is exactly what the gateway
+    strips from a transcript (str.strip(): str.isspace()), every code point checked; the
+    class is written in escapes that JavaScript and Python's re read alike."""
+    source = (STATIC_DIR / "console.js").read_text()
+    statement = re.search(r"^const GATEWAY_SPACE = (.*?);$", source, re.M | re.S)[1]
+    space = re.compile("[" + "".join(re.findall(r"String\.raw`([^`]*)`", statement)) + "]")
+    assert [c for c in range(0x110000) if bool(space.fullmatch(chr(c))) != chr(c).isspace()] \
+        == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_sends_a_transcript_unless_the_gateway_counts_it_white_space(
+        start_gateway):
+    """The console kept back a transcript of only white space by JavaScript's trim(), which
+    the gateway refuses by Python's str.strip() (invalid_field): the two differ. U+001C to
+    U+001F and U+0085 are white space only to Python: such a transcript was sent, to be
+    refused; U+FEFF only to JavaScript: a transcript the gateway takes was kept back. The
+    console strips what the gateway would now, and sends the rest."""
+    from gateway.core.codec import ClientTranscript
+
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}])
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
+        await page.wait_for_function(f"{state}.connected && {state}.audioReady")
+        received = messages_received(gw)
+        for blank in ("\x1c", "\x1d", "\x1e", "\x1f", "\x85", " \x85\u3000\x1f\t"):
+            await talk(page, blank)  # not sent (they would go before the next)
+        await talk(page, "\ufeff")
+        await page.wait_for_function(f"{state}.lastTurn?.turnId === 1")
+        await talk(page, "\x85 Hello\x1c")
+        await page.wait_for_function(f"{state}.lastTurn?.turnId === 2")
+        said = [m.text for m in received if isinstance(m, ClientTranscript)]
+        assert said == ["\ufeff", "Hello"]
+        assert gw.metrics.errors["invalid_field"] == 0
+        assert await page.evaluate(f"{state}.errors") == []
+        assert errors == []
+
+
 def frames_written(gateway: Any, n: int) -> asyncio.Event:
     """Set once the gateway has written ``n`` more audio frames to its only session."""
     (runner,) = gateway.runners.values()
@@ -2507,15 +2547,23 @@ async def test_console_matches_each_refusal_to_the_message_it_names(gateway):
     refusal was taken for the settings', every field was put back (the instructions just
     typed too), and the transcript, taken as still unanswered, was sent again after the
     next resume, where it took the place of the next one, whose reply was then heard
-    twice. Each message is named now (event_id) and each error matched by its name."""
+    twice. Each message is named now (event_id) and each error matched by its name. (The
+    console sends no transcript of white space since: this one goes out as such.)"""
     from gateway.core.codec import ClientTranscript
 
+    refused = """(() => {
+      const send = WebSocket.prototype.send;
+      WebSocket.prototype.send = function (data) {
+        return send.call(this, typeof data === "string" ?
+          data.replace('"text":"Refuse me"', '"text":"\\u0085"') : data);
+      };
+    })()"""
     state = "window.consoleState"
-    async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
+    async with console(f"http://127.0.0.1:{gateway.port}/", init=refused) as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
         (conn,) = gateway.connections
         conn.ws.transport.pause_reading()  # the messages go at once, answered together
-        await talk(page, "\u0085")
+        await talk(page, "Refuse me")
         await page.wait_for_function("document.querySelector('#transcript').value === ''")
         await page.fill("#instructions", "Answer in one word.")
         await page.fill("#voice", "klingon")
@@ -2524,7 +2572,7 @@ async def test_console_matches_each_refusal_to_the_message_it_names(gateway):
         await page.wait_for_function(f"{state}.errors.length === 2")
         said, voice = await page.evaluate(f"{state}.errors")
         assert said.startswith("invalid_field:") and said.endswith(
-            "(the transcript “\u0085”); the transcript is back in the box"), said
+            "(the transcript “Refuse me”); the transcript is back in the box"), said
         assert voice.startswith("unknown_voice:") and voice.endswith("(the settings)"), voice
         # the voice refused is put back, the instructions typed with it are kept
         assert await page.input_value("#voice") == ""

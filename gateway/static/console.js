@@ -13,6 +13,14 @@ const state = window.consoleState = {
 
 const TIMELINE_TURNS = 100; // the turns the timeline keeps, and the errors their list
 const MAX_TEXT_CHARS = 4000; // protocol.md, Limits: code points, as the server counts them
+// White space as the gateway counts it, refusing a text of only that (Python's str.strip():
+// the characters of str.isspace()). JavaScript's trim() differs: U+001C-U+001F and U+0085
+// are white space only to Python (a transcript of them was sent, to be refused), U+FEFF
+// only to JavaScript (one the gateway takes was kept back).
+const GATEWAY_SPACE = String.raw`\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a` +
+  String.raw`\u2028\u2029\u202f\u205f\u3000`;
+const EDGE_SPACE = new RegExp(`^[${GATEWAY_SPACE}]+|[${GATEWAY_SPACE}]+$`, "g");
+const strip = (text) => text.replace(EDGE_SPACE, "");
 const MAX_INSTRUCTIONS_CHARS = 16000;
 const PING_EVERY_MS = 5000;
 const SILENT_FOR_MS = 12000; // a ping with nothing at all back for this long: the socket is dead
@@ -765,7 +773,7 @@ function giveBackAsked() {
 // typed there; true when the box holds it.
 function backInBox(text) {
   const box = $("transcript");
-  if (!box.value.trim()) box.value = text;
+  if (!strip(box.value)) box.value = text;
   return box.value === text;
 }
 
@@ -1026,7 +1034,7 @@ function markBargeIn() {
 // stops when the server starts the new turn (or ends the old one cancelled), not here: a
 // transcript the server refuses (rate_limited) leaves the reply playing, whole.
 async function sendTranscript(text) {
-  text = text.trim();
+  text = strip(text);
   if (!text) return false;
   if (!connected()) {
     showError("not connected: the transcript was not sent");
