@@ -11,7 +11,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -77,11 +77,13 @@ needs_chromium = pytest.mark.skipif(
 
 @asynccontextmanager
 async def console(url: str, *, clock: bool = False, args: Sequence[str] = (),
-                  init: str | None = None) -> AsyncIterator[tuple[Any, list[str]]]:
+                  init: str | None = None, on_page: Callable[[Any], None] | None = None
+                  ) -> AsyncIterator[tuple[Any, list[str]]]:
     """Headless Chromium (Playwright) on the console at ``url``: yields the page and the
     page's uncaught JavaScript errors; the browser is closed on the way out. ``clock``: the
     page's timers run on Playwright's clock (``page.clock``), which the test may move;
-    ``args``: more Chromium flags; ``init``: a script run before the page's own."""
+    ``args``: more Chromium flags; ``init``: a script run before the page's own;
+    ``on_page``: called with the page before it loads (to listen to its events)."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
@@ -95,6 +97,8 @@ async def console(url: str, *, clock: bool = False, args: Sequence[str] = (),
                 await page.clock.install()
             if init:
                 await page.add_init_script(init)
+            if on_page:
+                on_page(page)
             await page.goto(url)
             yield page, errors
         finally:
@@ -731,6 +735,53 @@ async def test_console_a_tap_resumes_audio_the_browser_suspended(gateway):
         await page.evaluate("window.audioContext.suspend()")
         await page.press("#voice", "Shift")  # a key, in any field
         await page.wait_for_function("window.audioContext.state === 'running'")
+        assert errors == []
+
+
+@pytest.mark.slow
+@needs_chromium
+async def test_console_sends_a_transcript_while_the_browser_holds_its_audio(start_gateway):
+    """A browser lets an AudioContext start only after a gesture on the page (Chromium's
+    default policy, as Safari); the console awaited its context's resume() before sending a
+    transcript, and that promise waits for a gesture: a transcript sent with none (nothing
+    tapped yet; Safari: a gesture is needed anew after the page was left) stayed unsent,
+    for good. It goes at once now; the reply waits in the player, and plays at the first
+    tap. The page sends it by itself, since everything the test runs in the page counts as
+    a gesture (Playwright's evaluate)."""
+    gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}])
+    send_unasked = """(() => {
+      const Native = window.AudioContext;
+      window.AudioContext = class extends Native {
+        constructor(...args) { super(...args); window.playing = this; }
+      };
+      const ready = setInterval(() => {
+        const s = window.consoleState;
+        if (!s?.connected || !s.audioReady) return;
+        clearInterval(ready);
+        window.sentWith = {audio: window.playing.state,
+                           gesture: navigator.userActivation.hasBeenActive};
+        document.querySelector("#transcript").value = "Hello";
+        document.querySelector("#talk").requestSubmit();
+      }, 20);
+    })()"""
+    transcript_sent = asyncio.Event()
+
+    def on_page(page: Any) -> None:
+        page.on("websocket", lambda ws: ws.on("framesent", lambda frame: (
+            transcript_sent.set() if '"transcript"' in str(frame) else None)))
+
+    state = "window.consoleState"
+    async with console(f"http://127.0.0.1:{gw.port}/", init=send_unasked, on_page=on_page,
+                       args=["--autoplay-policy=document-user-activation-required"]
+                       ) as (page, errors):
+        await asyncio.wait_for(transcript_sent.wait(), 30)
+        assert await page.evaluate("window.sentWith") == {"audio": "suspended",
+                                                          "gesture": False}
+        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        assert await page.evaluate(f"{state}.samplesPlayed") == 0  # held, not lost
+        await page.click("#reply")  # the first tap
+        await page.wait_for_function(f"{state}.samplesPlayed === {state}.samplesReceived && "
+                                     f"{state}.samplesPlayed > 0", timeout=30_000)
         assert errors == []
 
 

@@ -1045,7 +1045,10 @@ async function sendTranscript(text) {
     return false;
   }
   const player = await initAudio().catch(() => null); // (its failure was shown at load)
-  await player?.ctx.resume();
+  // not awaited: a browser lets the context start only after a gesture on the page, and
+  // till then its resume() waits (Chromium; one that failed instead dropped the transcript
+  // with an error); the reply waits in the player, and a tap starts it (the listeners above)
+  player?.ctx.resume().catch(() => {});
   // a Stop just pressed: its exact mark and cancel first (the flush answers in a few ms),
   // or this transcript's turn cuts the stopped reply's history at the last periodic mark
   await turn?.stopped?.known;
