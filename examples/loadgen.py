@@ -38,11 +38,14 @@ Measured per turn (client side, from the moment the transcript was sent):
   table sets their sum beside it;
 * ``seq`` gaps or repeats, frames after their ``turn.done``, ``error`` events, failed turns.
 
-A progress line goes to stderr while it runs, a p50/p90/p99 table to stdout at the end.
-The exit status is 1 when any turn failed, any error arrived or ``seq`` broke. Ctrl-C stops
-the run: the sessions close their sockets, the turns being heard count as ``interrupted``
-(those never sent as ``unsent``), and the table (and ``--json``, ``--plot``) has what was
-measured until then; the exit status is 130 (a second Ctrl-C stops at once).
+A progress line goes to stderr while it runs, a p50/p90/p99 table to stdout at the end;
+``--json`` writes the summary and every turn, each with its own figures and ``error``: the
+gateway's ``error`` object for it (``code``, ``message``, ``event_id``) when it failed or
+its transcript was refused (the summary counts codes only). The exit status is 1 when any
+turn failed, any error arrived or ``seq`` broke. Ctrl-C stops the run: the sessions close
+their sockets, the turns being heard count as ``interrupted`` (those never sent as
+``unsent``), and the table (and ``--json``, ``--plot``) has what was measured until then;
+the exit status is 130 (a second Ctrl-C stops at once).
 
 The accounting is ``SessionAccount``: pure (times are passed in), unit-tested in
 tests/test_loadgen.py. Needs ``websockets``; ``--plot`` needs matplotlib.
@@ -101,6 +104,12 @@ class TurnStats:
     starved_s: float = 0.0
     """Total time the player sat with nothing to play after playback began."""
     server_metrics: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    """The gateway's ``error`` object for this turn, as sent (``code``, ``message``, and
+    ``event_id``: its transcript's, when that had one): the turn's failure (an ``error``
+    with its ``turn_id``; a turn has at most one) or its transcript's refusal (``status``
+    ``rejected: <code>``); None when the gateway sent none (a ``lost`` turn's reason is in
+    the summary's ``errors``)."""
 
 
 class SessionAccount:
@@ -163,9 +172,10 @@ class SessionAccount:
                 turn.done_s = now - turn.sent_at
                 turn.server_metrics = dict(event.get("metrics") or {})
         elif kind == "error":
-            code = event.get("error", {}).get("code", "unknown")
+            error = event.get("error", {})
+            code = error.get("code", "unknown")
             self.errors.append(code)
-            named = event.get("error", {}).get("event_id")
+            named = error.get("event_id")
             if turn is not None and turn.turn_id is None and "turn_id" not in event and \
                     (named is None or named == self._asked):
                 # refused at once: no turn started. By the name it gives (protocol.md,
@@ -173,6 +183,10 @@ class SessionAccount:
                 # transcript's; one naming nothing (a frame the gateway could not read) is
                 # taken, as before, for the refusal of the transcript waiting
                 turn.status = f"rejected: {code}"
+                turn.error = dict(error)
+            elif turn is not None and "turn_id" in event and self._is_current(event) and \
+                    turn.error is None:
+                turn.error = dict(error)  # the turn's failure (its first error: the one)
 
     @property
     def rejected(self) -> bool:

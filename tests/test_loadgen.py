@@ -166,6 +166,35 @@ def test_a_refusal_is_the_transcripts_when_it_names_it_not_when_it_comes_after_i
     assert a.turns[2].status == "rejected: message_too_large"
 
 
+def test_each_turn_keeps_its_own_error_for_the_json_report():
+    """The report counted error codes for the whole run: which turn failed, why (the
+    message) and for which transcript (event_id) was not kept. Each turn keeps its own
+    error object now, as the gateway sent it: its failure (the first, the turn's one), or
+    its transcript's refusal; an error of another message (a mark's) is no turn's."""
+    from examples.loadgen import Report
+
+    a = SessionAccount()
+    a.sent(0.0, "l1")
+    a.event({"type": "error", "error": {"code": "invalid_field", "message": "m",
+                                        "event_id": "l0"}}, 0.01)
+    a.event({"type": "turn.started", "turn_id": 1, "source": "transcript"}, 0.02)
+    failed = {"code": "llm_failed", "message": "the stream broke", "event_id": "l1"}
+    a.event({"type": "error", "turn_id": 1, "error": failed}, 0.1)
+    a.event({"type": "error", "turn_id": 1, "error": {"code": "shutting_down",
+                                                      "message": "x"}}, 0.2)
+    a.event({"type": "turn.done", "turn_id": 1, "status": "failed", "metrics": {}}, 0.3)
+    a.sent(1.0, "l2")
+    refused = {"code": "rate_limited", "message": "61 turns", "event_id": "l2"}
+    a.event({"type": "error", "error": refused}, 1.01)
+    a.sent(2.0, "l3")
+    a.event({"type": "turn.started", "turn_id": 2, "source": "transcript"}, 2.01)
+    a.event({"type": "turn.done", "turn_id": 2, "status": "completed", "metrics": {}}, 2.5)
+    turns = Report(1, 3, 3.0, [a], 0.0).to_json()["turns"]
+    assert [(t["status"], t["error"]) for t in turns] == [
+        ("failed", failed), ("rejected: rate_limited", refused), ("completed", None)]
+    assert a.errors == ["invalid_field", "llm_failed", "shutting_down", "rate_limited"]
+
+
 @pytest.mark.slow
 async def test_each_message_is_named(short_gateway, monkeypatch):
     """Every transcript and playback mark goes with its own ``event_id``, never twice in a
@@ -242,6 +271,8 @@ async def test_a_refused_transcript_is_reported_at_once_not_after_the_turn_timeo
     (account,) = report.accounts
     assert [t.status for t in account.turns] == ["rejected: text_too_long"] * 2
     assert account.errors == ["text_too_long"] * 2 and not report.ok
+    assert [(t["error"]["code"], t["error"]["event_id"]) for t in report.to_json()["turns"]] \
+        == [("text_too_long", "l1"), ("text_too_long", "l2")]
 
 
 async def test_a_gateway_gone_between_turns_is_a_report_not_a_crash(start_gateway):
