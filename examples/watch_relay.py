@@ -113,7 +113,7 @@ from gateway.core.codec import (
     error_object,
     load_frame,
 )
-from gateway.io.aio import stop_signal
+from gateway.io.aio import cancel_and_wait, stop_signal, unless_stopped
 from gateway.io.auth import (
     UNAUTHORIZED,
     bind_address,
@@ -140,6 +140,14 @@ GATEWAY_TOKEN_ENV = "VOICE_GATEWAY_TOKEN"
 gateway accepts (a relay started where the gateway's environment is would send one of them
 unasked), and its first changes when tokens are rotated."""
 HOW_TO_SET_TOKENS = f"set a watch token (--watch-token, {TOKENS_ENV})"
+WATCH_CLOSE_TIMEOUT_S = 2.0
+"""How long a watch has to read up to the relay's close (``server shutting down``, or the
+gateway's close passed on) before its TCP connection is aborted, as the gateway gives its
+clients (protocol.md, 1001): websockets' 10 s held the relay's stop as long for a watch
+that had stopped reading."""
+GATEWAY_CLOSE_TIMEOUT_S = 1.0
+"""How long the relay waits for the gateway's answer to its close before aborting the
+socket: the close itself ends the session once the gateway reads it, whatever comes back."""
 HAS_PYAV = importlib.util.find_spec("av") is not None
 NO_PYAV = "PyAV is not installed (pip install -e '.[watch]')"
 
@@ -715,19 +723,40 @@ class RelaySession:
         self._gone = False
         self._closing = False
 
+    async def _open(self) -> dict[str, Any]:
+        """A gateway socket (``self.gateway``) and its ``session.created``, waited for as
+        long as its connect: a gateway (or a proxy) that took the socket and said nothing
+        held the watch, and after it left the socket and the relay's stop, for ever."""
+        async with asyncio.timeout(self.relay.upstream_timeout_s):
+            self.gateway = await self.relay.connect_upstream()
+            return orjson.loads(await self.gateway.recv())
+
+    async def _open_unless_left(self) -> dict[str, Any] | None:
+        """``_open()``, or None once the watch has left (the relay's stop closes it): the
+        stop waited for the connect, up to upstream_timeout_s, on an uplink that answered
+        nothing. A socket on its way is given GATEWAY_CLOSE_TIMEOUT_S to open, to be closed
+        cleanly: a handshake cut after the gateway had answered it left a session that the
+        gateway kept for a resume."""
+        opening = asyncio.ensure_future(self._open())
+        try:
+            if await unless_stopped(asyncio.shield(opening),
+                                    self.watch.wait_closed()) is not None:
+                return opening.result()
+            await asyncio.wait((opening,), timeout=GATEWAY_CLOSE_TIMEOUT_S)
+            if opening.done() and not opening.cancelled():
+                opening.exception()  # (the watch is gone: nobody to tell why)
+            return None
+        finally:
+            await cancel_and_wait(opening)
+
     async def run(self) -> None:
         try:
-            # its session.created as long as its connect: a gateway (or a proxy) that took
-            # the socket and said nothing held the watch, and after it left the socket and
-            # the relay's stop, for ever
             # (InvalidHandshake: a refusal, or a socket closed before any answer, as a
             # gateway starting up or a TLS one dialled with ws:// closes it)
-            async with asyncio.timeout(self.relay.upstream_timeout_s):
-                self.gateway = await self.relay.connect_upstream()
-                created = orjson.loads(await self.gateway.recv())
+            created = await self._open_unless_left()
         except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError) as exc:
             if self.gateway is not None:  # (silent: it answers no close either)
-                self.gateway.close_timeout = 1.0
+                self.gateway.close_timeout = GATEWAY_CLOSE_TIMEOUT_S
                 await self.gateway.close(1000)
             if isinstance(exc, TimeoutError):
                 exc = TimeoutError(f"no answer within "
@@ -736,6 +765,11 @@ class RelaySession:
                 await self.watch.close(1013, "server full: try again later")
             else:
                 await self.watch.close(1011, f"gateway unavailable: {exc}"[:120])
+            return
+        if created is None:  # the watch left first: the socket opened for it goes too
+            if self.gateway is not None:
+                self.gateway.close_timeout = GATEWAY_CLOSE_TIMEOUT_S
+                await self.gateway.close(1000)
             return
         self._ready.set()
         try:
@@ -750,8 +784,12 @@ class RelaySession:
         except ConnectionClosed:
             pass  # the watch left before its session.created: end the gateway session too
         finally:
-            if self.gateway is not None:
-                await self.gateway.close(1000)  # the watch left: end the gateway session
+            if self.gateway is not None:  # the watch left: end the gateway session (the
+                # gateway ends it on reading the close; waiting for its answer held the
+                # relay's stop 10 s on an uplink gone quiet, or while the audio the relay
+                # had left unread, for a watch that read none, sat before it)
+                self.gateway.close_timeout = GATEWAY_CLOSE_TIMEOUT_S
+                await self.gateway.close(1000)
 
     async def _watch_to_gateway(self) -> None:
         try:
@@ -867,7 +905,7 @@ class RelaySession:
                     # (a gateway going away, 1001: not a drop to retry until the window ends)
                     raise ended from None
                 if gateway is not None:  # (at the deadline: not kept, resumed or not)
-                    gateway.close_timeout = 1.0  # a gateway this silent answers no close
+                    gateway.close_timeout = GATEWAY_CLOSE_TIMEOUT_S  # (this silent: no answer)
                     await gateway.close(1000)
                 # back off before the next attempt
                 await asyncio.sleep(max(0.0, min(delay, deadline - loop.time())))
@@ -928,6 +966,7 @@ class WatchRelay:
         install_redaction()  # (a watch's ?token= in a logged request line)
         self._server = await serve(self._handle, bind_address(self.host), self.requested_port,
                                    compression=None, max_size=2**20,
+                                   close_timeout=WATCH_CLOSE_TIMEOUT_S,
                                    process_request=self._authorize,
                                    select_subprotocol=select_subprotocol)
 

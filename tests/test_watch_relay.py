@@ -1523,6 +1523,79 @@ async def test_a_signalled_relay_ends_its_gateway_sessions_at_once(gateway, sig)
     assert code == 0 and "Traceback" not in output
 
 
+@pytest.mark.parametrize("uplink", ["connecting", "no-session-created"])
+async def test_a_stopping_relay_does_not_wait_for_a_gateway_socket_still_opening(uplink):
+    """A watch's gateway socket that was still opening (its handshake, or the gateway's
+    session.created, unanswered: an uplink gone quiet) held the relay's stop until its
+    upstream_timeout_s (10 s from the command line; here an hour) or the connect's own
+    10 s, a SIGTERM or a second one with it: the process stayed up. The stop closes the
+    watch, and the socket opening for it goes at once."""
+    taken, gone = asyncio.Event(), asyncio.Event()
+
+    async def silent_tcp(reader, writer) -> None:  # TEST DOUBLE: takes the socket, says nothing
+        taken.set()
+        await reader.read()  # until the relay lets it go
+        gone.set()
+
+    async def silent_ws(ws) -> None:  # TEST DOUBLE: a WebSocket that sends no session.created
+        taken.set()
+        await ws.wait_closed()
+        gone.set()
+
+    async with contextlib.AsyncExitStack() as stack:
+        if uplink == "connecting":
+            server = await asyncio.start_server(silent_tcp, "127.0.0.1", 0)
+            stack.push_async_callback(server.wait_closed)
+            stack.callback(server.close)
+        else:
+            server = await stack.enter_async_context(serve(silent_ws, "127.0.0.1", 0))
+        port = server.sockets[0].getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", upstream_timeout_s=3600)
+        await relay.start()
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+            await asyncio.wait_for(taken.wait(), 10)
+            # (was: 10 s, the connect's own bound, and the hour for a session.created)
+            await asyncio.wait_for(relay.aclose(), 5)
+            await asyncio.wait_for(gone.wait(), 10)
+            await watch.wait_closed()
+        assert (watch.close_code, watch.close_reason) == (1001, "server shutting down")
+        assert not relay.sessions
+
+
+async def test_a_stopping_relay_gives_a_stalled_watch_and_uplink_a_bounded_close(monkeypatch):
+    """The relay's stop waited for each close to be answered, websockets' 10 s each: a watch
+    that had stopped reading, then a gateway socket that answered nothing (an uplink gone
+    quiet, or the audio the relay left unread before the gateway's answer), held it 20 s,
+    in which more signals did nothing. A watch now has WATCH_CLOSE_TIMEOUT_S to read up to
+    the close (2 s, as the gateway gives its clients), and the gateway's answer is waited
+    for GATEWAY_CLOSE_TIMEOUT_S (1 s: the close frame itself ends the session); both
+    shortened here."""
+    import examples.watch_relay as watch_relay
+
+    monkeypatch.setattr(watch_relay, "WATCH_CLOSE_TIMEOUT_S", 0.2, raising=False)
+    monkeypatch.setattr(watch_relay, "GATEWAY_CLOSE_TIMEOUT_S", 0.2, raising=False)
+    quiet = asyncio.Event()
+
+    async def stalled(ws) -> None:  # TEST DOUBLE: announces a session, then reads nothing
+        await ws.send(orjson.dumps({"type": "session.created", "session_id": "s",
+                                    "resume_token": "t", "audio": {"frame_ms": 40}}).decode())
+        ws.transport.pause_reading()
+        quiet.set()
+        await ws.wait_closed()
+
+    async with serve(stalled, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice")
+        await relay.start()
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+            await recv_event(watch, "session.created")
+            await asyncio.wait_for(quiet.wait(), 10)
+            watch.transport.pause_reading()  # the watch reads nothing more
+            await asyncio.wait_for(relay.aclose(), 8)  # (was: 20 s)
+            watch.transport.resume_reading()
+        assert not relay.sessions
+
+
 async def test_without_watch_tokens_no_browser_page_uses_the_relay(start_gateway):
     """On the phone's loopback without watch tokens, any web page the phone's browser
     opened could connect to ws://127.0.0.1:8790 (a WebSocket is not bound by CORS) and use
