@@ -220,8 +220,15 @@ class TurnPlacer:
         if self._failures[lane] >= self.breaker_failures:
             self._tripped_until[lane] = now + self.breaker_reset_s
 
-    def succeeded(self, lane: str) -> None:
-        """A job on ``lane`` ended with its audio: the failures in a row start over."""
+    def succeeded(self, lane: str, now: float) -> None:
+        """A job on ``lane`` ended with its audio: the failures in a row start over, unless
+        the lane is tripped. Then it is the job of a turn placed there before (a turn stays
+        on its lane): it closed the breaker at once, and new turns went back to a lane
+        that had just failed three times, 0.5 s into a 5 s reset (bench/soak.py
+        ``--engine-lanes``, SOAK.md). Only the reset lets a turn try it again; after it,
+        the next success closes it (and one more failure trips it again)."""
+        if self.tripped(lane, now):
+            return
         self._failures[lane] = 0
         self._tripped_until.pop(lane, None)
 

@@ -352,7 +352,7 @@ class Gateway:
     def job_succeeded(self, job: Job) -> None:
         """A voice turn's job ended with its audio: its lane's breaker starts over."""
         if self.placer is not None and (lane := self.placer.lane_of(job.owner)) is not None:
-            self.placer.succeeded(lane)
+            self.placer.succeeded(lane, time.monotonic())
 
     def reroute(self, job: Job, code: str, message: str) -> str | None:
         """A voice turn's job failed on a lane other than the primary's. That engine has no
