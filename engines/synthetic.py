@@ -28,6 +28,9 @@ step raises ``EngineError("engine_failed")`` instead of returning its audio, as 
 that crashes mid-sentence does (a step after the first: audio of that sentence already went
 out; the first: none did). The draws come from ``random.Random(fail_seed)``, one per step,
 in the order the steps run; ``fail_rate`` may be set to 0 at any time (the faults stop).
+Each failure is numbered (``failures`` counts them) and its message says which it was, the
+engine's ``name`` and ``#n`` ("synthetic engine: injected failure #3 at step 2 ..."): the
+soak ties each ``engine_failed`` a client gets to the one failure that caused it.
 
 The cost is spent by calling ``sleep`` (``time.sleep`` by default) on the calling thread, the
 lane worker, exactly where a real model would compute; tests inject a fake ``sleep`` to
@@ -201,14 +204,16 @@ class SyntheticEngine(Uninterruptible):
                 self._loops[key] = loop
         return loop
 
-    def _fails(self) -> bool:
-        """Whether the step being run fails (``fail_rate``)."""
+    def _fails(self) -> int:
+        """Whether the step being run fails (``fail_rate``): the failure's number (1 for the
+        first), else 0."""
         if not self.fail_rate:
-            return False
+            return 0
         with self._lock:
-            failed = self._fail_rng.random() < self.fail_rate
-            self.failures += failed
-        return failed
+            if self._fail_rng.random() >= self.fail_rate:
+                return 0
+            self.failures += 1
+            return self.failures
 
     def _forget(self, stream: SyntheticStream) -> None:
         with self._lock:
@@ -246,11 +251,11 @@ class SyntheticStream(Uninterruptible):
             eng._sleep(cost)
         if self._closed:  # closed from another thread while the "model" was busy
             return None
-        if eng._fails():
+        if failure := eng._fails():
             self._finish()
-            raise EngineError("engine_failed", f"synthetic engine: injected failure at step "
-                                               f"{self._steps + 1} (fail_rate "
-                                               f"{eng.fail_rate})")
+            raise EngineError("engine_failed", f"{eng.name} engine: injected failure "
+                                               f"#{failure} at step {self._steps + 1} "
+                                               f"(fail_rate {eng.fail_rate})")
         chunk = self._render(self._pos, n)
         self._pos += n
         self._steps += 1

@@ -152,8 +152,12 @@ def test_synthetic_fail_rate_fails_steps_mid_sentence_by_seed_until_set_to_0() -
     assert first == run(SyntheticEngine(rtf=0, ttfa_ms=0, fail_rate=0.2, fail_seed=3))
     failed = [i for i, x in enumerate(first) if x == "failed"]
     assert failed and any(i and first[i - 1] == "step" for i in failed)  # mid-sentence too
-    engine = SyntheticEngine(rtf=0, ttfa_ms=0, fail_rate=1.0)
+    engine = SyntheticEngine(rtf=0, ttfa_ms=0, fail_rate=1.0, name="synthetic-ane")
     assert run(engine) == ["failed"] * 40 and engine.failures == 40
+    with pytest.raises(EngineError) as failure:  # numbered, named: the soak ties each one
+        engine.open(SynthesisRequest(text="The 41st.")).step()  # to the error it made
+    assert failure.value.message.startswith("synthetic-ane engine: injected failure #41 at "
+                                            "step 1 ")
     engine.fail_rate = 0.0
     assert "failed" not in run(engine)
     with pytest.raises(ValueError, match="fail_rate"):
