@@ -17,17 +17,36 @@ mid-sentence or at its start). SIGUSR1 turns the engine's failures off (the soak
 recovery check). ``--engine-fallback``: that engine is the primary of a ``FallbackEngine``
 (engines/fallback.py) whose fallback is another synthetic engine (``synthetic-fallback``),
 its breaker reset after 5 s: a failure is then the fallback's to take over, not an error,
-and the breaker opens and closes. ``--log FILE``: the gateway's log (INFO and up) goes
+and the breaker opens and closes. ``--engine-lanes``: a second synthetic engine on a lane
+of its own (``[tts] also``: ``synthetic-ane`` on lane ``ane``, failing each step with the
+chance ``--also-fail-rate``), among which voice turns are placed: a failure there moves
+the turn to the primary lane, and three in a row trip that lane's breaker (README,
+"Failures"), reset here after 5 s. At exit the log says how many failures each engine injected
+(``injected failures: <name> <n>``). ``--log FILE``: the gateway's log (INFO and up) goes
 there, where the soak reads when the LLM and the engine were said to fail and to be back.
+
+``--heap-dumps DIR`` (bench/soak.py ``--heap-dumps``: is the memory a leak or a plateau?):
+each SIGUSR2 collects the garbage, then writes ``DIR/heap-<n>.json``: the live objects'
+count by type name (``gc.get_objects``: not the start-up heap, frozen out of it), the RSS,
+and the RSS after ``malloc_trim(0)`` (what the C allocator kept of memory freed, given back
+to the system: from then on the RSS is lower than it would have been); with
+``--heap-trace`` tracemalloc traces from the start (8 frames; it slows the Python code
+about twice) and the dump writes ``DIR/heap-<n>.snap`` too. bench/heap_diff.py compares two
+dumps. Nothing of it runs without the flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import gc
+import json
 import logging
 import signal
 import sys
+import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,7 +60,29 @@ from gateway.io.aio import stop_signal  # noqa: E402
 from gateway.io.server import Gateway, freeze_startup_heap  # noqa: E402
 
 FALLBACK_RESET_S = 5.0
-"""``--engine-fallback``: the breaker's ``breaker_reset_s`` (the gateway's default is 30 s)."""
+"""``--engine-fallback``: the breaker's ``breaker_reset_s`` (the gateway's default is 30 s);
+``--engine-lanes``: the second lane's (``TurnPlacer.breaker_reset_s``, 30 s too): a soak of a
+few minutes sees it open and close many times."""
+
+
+def rss_kb() -> int:
+    return next(int(x.split()[1]) for x in Path("/proc/self/status").read_text().splitlines()
+                if x.startswith("VmRSS:"))
+
+
+def dump_heap(folder: Path, n: int) -> None:
+    """``--heap-dumps``: the live objects by type and the RSS (then trimmed), as
+    ``heap-<n>``; with ``--heap-trace`` the traced heap too."""
+    gc.collect()
+    counts = Counter(type(o).__qualname__ for o in gc.get_objects())
+    rss = rss_kb()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
+    if tracemalloc.is_tracing():
+        tracemalloc.take_snapshot().dump(str(folder / f"heap-{n}.snap"))
+    (folder / f"heap-{n}.json").write_text(json.dumps({
+        "rss_kb": rss, "rss_trimmed_kb": rss_kb(), "traced_bytes": traced,
+        "objects": sum(counts.values()), "by_type": dict(counts.most_common())}))
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -53,7 +94,13 @@ async def main(args: argparse.Namespace) -> None:
         llm["url"] = args.llm_url
     if args.llm_stall_s:
         llm["stall_timeout_s"] = args.llm_stall_s
-    config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms}, llm=llm)
+    tts: dict[str, object] = {}
+    if args.engine_lanes:
+        tts = {"also": "synthetic", "also_options": {
+            "lane": "ane", "rtf": 0, "ttfa_ms": 0, "name": "synthetic-ane",
+            "fail_rate": args.also_fail_rate, "fail_seed": args.seed + 1}}
+    config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms}, llm=llm,
+                         tts=tts)
     primary = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu", fail_rate=args.engine_fail_rate,
                               fail_seed=args.seed)
     primary.prerender()  # the stand-in's own rendering is not the gateway's cost
@@ -63,15 +110,34 @@ async def main(args: argparse.Namespace) -> None:
         fallback.prerender()
         engine = FallbackEngine(primary, fallback, breaker_reset_s=FALLBACK_RESET_S)
     stop = stop_signal()
-    asyncio.get_running_loop().add_signal_handler(
-        signal.SIGUSR1, lambda: setattr(primary, "fail_rate", 0.0))
     gateway = Gateway(config, engine=engine)
+    failing = [primary]
+    for other in gateway.engines[1:]:  # (--engine-lanes)
+        assert isinstance(other, SyntheticEngine)
+        other.prerender()
+        failing.append(other)
+
+    def calm() -> None:
+        for eng in failing:
+            eng.fail_rate = 0.0
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, calm)
+    if args.heap_dumps:
+        folder = Path(args.heap_dumps)  # (made before the loop runs)
+        dumps = iter(range(1_000_000))
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGUSR2, lambda: dump_heap(folder, next(dumps)))
     await gateway.start()
+    if gateway.placer is not None:  # (--engine-lanes: made at start)
+        gateway.placer.breaker_reset_s = FALLBACK_RESET_S
     if not args.no_freeze:
         freeze_startup_heap()  # as voice-gateway serve does
     print(f"PORT {gateway.port}", flush=True)
     await stop.wait()
     await gateway.aclose()
+    for eng in failing:
+        if eng.fail_rate or eng.failures:
+            logging.getLogger("bench").info("injected failures: %s %d", eng.name, eng.failures)
 
 
 if __name__ == "__main__":
@@ -93,9 +159,21 @@ if __name__ == "__main__":
                    help="the chance each engine step fails with engine_failed")
     p.add_argument("--engine-fallback", action="store_true",
                    help="a second synthetic engine takes over from the failing one")
+    p.add_argument("--engine-lanes", action="store_true",
+                   help="a second synthetic engine on lane ane ([tts] also)")
+    p.add_argument("--also-fail-rate", type=float, default=0.0,
+                   help="--engine-lanes: the chance each step of the second engine fails")
     p.add_argument("--seed", type=int, default=0, help="of the engine's failures")
     p.add_argument("--log", help="write the gateway's log (INFO and up) to this file")
+    p.add_argument("--heap-dumps", metavar="DIR",
+                   help="each SIGUSR2 writes the live objects by type and the RSS here")
+    p.add_argument("--heap-trace", action="store_true",
+                   help="--heap-dumps: trace allocations (tracemalloc), a snapshot a dump")
     a = p.parse_args()
+    if a.heap_dumps:
+        Path(a.heap_dumps).mkdir(parents=True, exist_ok=True)
+    if a.heap_trace:
+        tracemalloc.start(8)
     if a.log:
         logging.basicConfig(filename=a.log, level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -11,9 +11,11 @@ request's last user message, in chunks of 1-8 word pieces at ``--tokens-per-s`` 
 ``--cut-rate`` a reply breaks off after a random number of its chunks: the connection is
 aborted mid-body, before any ``finish_reason`` (the gateway's ``llm_failed``). SIGUSR1 sets
 the cut rate to 0 (the soak's recovery check); SIGTERM stops it. It prints a line per reply
-as it begins, ``reply`` or ``cut`` (a count a SIGKILL does not lose). The port is bound with
-``SO_REUSEADDR``, so that a server started again after a SIGKILL gets it back while its old
-connections are in TIME_WAIT.
+as it begins, ``reply`` or ``cut`` and the turn it is for (a count a SIGKILL does not lose):
+the soak ends each transcript with `` #s<session>t<turn>``, which this server takes off
+every message before it chooses the reply, and prints (``-`` for a message without one).
+The port is bound with ``SO_REUSEADDR``, so that a server started again after a SIGKILL gets
+it back while its old connections are in TIME_WAIT.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import logging
 import random
+import re
 import signal
 import sys
 from pathlib import Path
@@ -31,6 +34,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engines.llm_replay import ReplayLlm, split_tokens  # noqa: E402
 from tests.servers import Drop, Pause, ScriptedLlmServer, Text, reply_script  # noqa: E402
+
+TAG = re.compile(r" #(s\d+t\d+)$")
+"""bench/soak.py's name for a turn (session, turn), at the end of its transcript."""
+
+
+def untagged(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """``messages`` without the soak's tags, and the tag of the last user message (the
+    turn this request is for), if it has one."""
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    found = TAG.search(users[-1]) if users and isinstance(users[-1], str) else None
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str) and (tagged := TAG.search(content)):
+            m = {**m, "content": content[: tagged.start()]}
+        out.append(m)
+    return out, found and found.group(1)
 
 
 class FaultLlm:
@@ -44,7 +64,8 @@ class FaultLlm:
         self.rng = random.Random(seed)
 
     def script(self, body: dict[str, Any] | None) -> list[Any]:
-        tokens = split_tokens(self.replay.reply_for((body or {}).get("messages") or []))
+        messages, tag = untagged((body or {}).get("messages") or [])
+        tokens = split_tokens(self.replay.reply_for(messages))
         chunks: list[str] = []
         while tokens:
             n = self.rng.randint(1, 8)
@@ -57,7 +78,7 @@ class FaultLlm:
             steps.append(Text(chunk))
         steps += reply_script([], usage={"completion_tokens": len(chunks)})
         cut = self.rng.random() < self.cut_rate
-        print("cut" if cut else "reply", flush=True)
+        print(f"{'cut' if cut else 'reply'} {tag or '-'}", flush=True)
         if cut:  # after 0 .. all of its text chunks, before the finish_reason
             steps = [*steps[: 2 * self.rng.randint(0, len(chunks))], Drop()]
         return steps

@@ -43,7 +43,13 @@ mid-stream; the engine fails at random steps
 breaker). Every failed turn must then have exactly one ``error`` of its cause
 (``FAULT_CODES``), every other turn none; a resume's replayed events are skipped and
 compared; after the load the faults stop and ``/health`` must say the LLM and the engine
-back (``recover``), the gateway's log each failing spell once each way. bench/SOAK.md.
+back (``recover``), the gateway's log each failing spell once each way. Each error is tied
+to the fault that caused it and each fault to its error (``match_faults``: the transcripts
+carry a tag the LLM server prints with what it did to that turn's request, the engine's
+failures are numbered in their messages). ``--engine-lanes``: a second engine on a lane of
+its own (``[tts] also``), failing with ``--also-fail-rate``; its breaker is watched open and
+closed. ``--heap-dumps DIR``: the gateway's live objects by type and RSS at each sample
+(bench/heap_diff.py). bench/SOAK.md.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +138,9 @@ class LlmProcess:
         self.port = 0
         self.cut = self.begun = 0
         """Replies cut and begun (each process says so as they begin)."""
+        self.outcomes: dict[str, list[str]] = {}
+        """Each tagged turn's requests (``reply`` or ``cut``), in the order they began."""
+        self._counters: list[threading.Thread] = []
         self.proc: subprocess.Popen[str] | None = None
         self.start()
 
@@ -150,12 +160,22 @@ class LlmProcess:
             self.proc.kill()
             raise RuntimeError(f"the LLM server did not start: {line!r}")
         self.port = int(line.split()[1])
-        threading.Thread(target=self._count, args=(self.proc.stdout,), daemon=True).start()
+        counter = threading.Thread(target=self._count, args=(self.proc.stdout,), daemon=True)
+        counter.start()
+        self._counters.append(counter)
 
     def _count(self, out: Any) -> None:
         for line in out:  # (until the process exits)
+            outcome, _, tag = line.strip().partition(" ")
             self.begun += 1
-            self.cut += line.startswith("cut")
+            self.cut += outcome == "cut"
+            if tag not in ("", "-"):
+                self.outcomes.setdefault(tag, []).append(outcome)
+
+    def counted(self) -> None:
+        """Wait until every line of the processes that exited was counted."""
+        for counter in self._counters:
+            counter.join(timeout=10)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -189,6 +209,13 @@ LLM_STALL_S = 4.0
 """``--faults``: the gateway's ``[llm] stall_timeout_s`` (60 s by default): a hung LLM
 server fails its turns with ``llm_unavailable`` after this long without data."""
 
+LANES_VOICE = "mid"
+"""``--engine-lanes``: the voice the sessions set, which both synthetic engines have (a turn
+without a voice stays on the primary lane: README, "Placement")."""
+
+BREAKER_POLL_S = 0.25
+"""``--engine-lanes``: how often ``/health`` is asked whether the second lane is tripped."""
+
 FAULT_CODES = frozenset({"llm_unavailable", "llm_failed", "engine_failed"})
 """The error codes a turn may end ``failed`` with under ``--faults`` (protocol.md, Errors):
 the LLM server out of reach (killed, not back yet), its stream broken (killed mid-reply,
@@ -217,6 +244,26 @@ class SoakStats:
     (``inf`` while it is down), in the loop's time."""
     llm_hangs: int = 0
     """``--faults``: how many of those were a hang (SIGSTOP), not a kill."""
+    llm_hung: list[bool] = field(default_factory=list)
+    """``--faults``: for each of ``llm_down``, whether it was a hang."""
+    ended: list[TurnEnd] = field(default_factory=list)
+    """``--faults``: every turn that ended, what ``match_faults`` ties to the faults."""
+
+
+@dataclass
+class TurnEnd:
+    """A turn that ended (``--faults``), as ``match_faults`` needs it."""
+
+    tag: str
+    status: str
+    action: str
+    sent_at: float
+    errors: list[tuple[str, float, str]]
+    """Its errors: code, arrival time, message."""
+    engines: list[str]
+    """The engines that spoke it (``turn.done`` → ``metrics.engines``)."""
+    frames: int = 0
+    """Frames of it received."""
 
 
 class SoakSession:
@@ -241,11 +288,18 @@ class SoakSession:
         self.frame_arrived = asyncio.Event()
         self.reading = asyncio.Event()
         self.reading.set()
+        self.voice: str | None = None
+        """``--engine-lanes``: the voice each new session is set to (a voice both lanes'
+        engines have: a turn without one stays on the primary lane)."""
+        self.tagged = False
+        """``--faults``: each transcript ends with `` #s<index>t<n>``, the turn's tag, which
+        bench/fault_llm.py takes off and prints with what it did to that turn's request."""
+        self.turns_sent = 0
         self.fault_codes: frozenset[str] = frozenset()
         """``--faults``: a turn may fail, with one error of these (``FAULT_CODES``, less
         ``engine_failed`` with ``--engine-fallback``)."""
-        self.turn_errors: dict[int, list[tuple[str, float]]] = {}
-        """The current session's errors by turn id: code and arrival time."""
+        self.turn_errors: dict[int, list[tuple[str, float, str]]] = {}
+        """The current session's errors by turn id: code, arrival time and message."""
         self.since_frame: list[dict[str, Any]] = []
         """Events received since the last frame: a resume's replay sends them again."""
         self.replay: list[dict[str, Any]] = []
@@ -325,10 +379,20 @@ class SoakSession:
                 self.turn_done.set()
                 self.session_id, self.resume_token = created["session_id"], \
                     created["resume_token"]
+                await self._set_voice(ws)
         else:
             self.session_id, self.resume_token = created["session_id"], created["resume_token"]
+            await self._set_voice(ws)
         self.ws = ws
         self.loop.create_task(self._read(ws))
+
+    async def _set_voice(self, ws: Any) -> None:
+        """A new session speaks ``voice`` (``--engine-lanes``), before its first turn."""
+        if self.voice is None:
+            return
+        await ws.send(json.dumps({"type": "session.update", "session": {"voice": self.voice}}))
+        answer = json.loads(await ws.recv())
+        assert answer["type"] == "session.updated", answer
 
     async def _read(self, ws: Any) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -367,7 +431,7 @@ class SoakSession:
                         self.account.violations.append(f"an error after its turn.done: "
                                                        f"{event}")
                     self.turn_errors.setdefault(event["turn_id"], []).append(
-                        (event["error"]["code"], now))
+                        (event["error"]["code"], now, event["error"].get("message", "")))
                 self.account.event(event, now)
                 if event["type"] == "turn.done" and event["turn_id"] == \
                         self.account.current_turn_id:
@@ -396,9 +460,12 @@ class SoakSession:
         self.turn_done.clear()
         self.frames_in_turn = 0
         turn = self.account.sent(self.loop.time())
+        text = self.rng.choice(self.transcripts)
+        self.turns_sent += 1
+        tag = f"s{self.index}t{self.turns_sent}"
         try:
-            await self.ws.send(json.dumps({"type": "transcript",
-                                           "text": self.rng.choice(self.transcripts)}))
+            await self.ws.send(json.dumps({"type": "transcript", "text": f"{text} #{tag}"
+                                           if self.tagged else text}))
         except BaseException:  # (closed since the last turn: never went out, not lost)
             self.account.withdraw()
             self.stats.actions[action] -= 1
@@ -430,16 +497,20 @@ class SoakSession:
         finally:
             marks.cancel()
             self.stats.statuses[turn.status or "lost"] += 1  # (a reconnect failed: lost)
-            self._check_errors(turn)
+            self._check_errors(turn, tag, action)
 
-    def _check_errors(self, turn: Any) -> None:
+    def _check_errors(self, turn: Any, tag: str, action: str) -> None:
         """A turn that ended says why, once: ``failed`` with exactly one error, a turn's
         error of ``FAULT_CODES`` (under ``--faults``; none without), an ``llm_unavailable``
         only while the LLM server was down; ``completed`` and ``cancelled`` with none."""
         if turn.turn_id is None or turn.status not in ("completed", "cancelled", "failed"):
             return
         errors = self.turn_errors.pop(turn.turn_id, [])
-        codes = [code for code, _ in errors]
+        codes = [code for code, _, _ in errors]
+        if self.tagged:
+            self.stats.ended.append(TurnEnd(tag, turn.status, action, turn.sent_at, errors,
+                                            list(turn.server_metrics.get("engines") or []),
+                                            turn.frames))
         if turn.status != "failed":
             if codes:
                 self.account.violations.append(f"turn {turn.turn_id} {turn.status} with "
@@ -491,8 +562,13 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     faults = ["--llm-url", llm.url, "--llm-stall-s", str(LLM_STALL_S),
               "--engine-fail-rate", str(args.engine_fail_rate),
               "--seed", str(args.seed), "--log", str(log),
-              *(["--engine-fallback"] if args.engine_fallback else [])] \
+              *(["--engine-fallback"] if args.engine_fallback else []),
+              *(["--engine-lanes", "--also-fail-rate", str(args.also_fail_rate)]
+                if args.engine_lanes else [])] \
         if llm is not None else []
+    if args.heap_dumps:
+        faults += ["--heap-dumps", args.heap_dumps,
+                   *(["--heap-trace"] if args.heap_trace else [])]
     try:
         gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes, args.replies, faults)
     except BaseException:
@@ -502,6 +578,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     samples: list[dict[str, float]] = []
     stats = SoakStats()
+    breaker: list[tuple[float, float, bool, int]] = []
     t0 = loop.time()
     stop = asyncio.Event()
 
@@ -519,6 +596,16 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
              "turns": sum(stats.statuses.values())}
         samples.append(s)
         return s
+
+    dumps = iter(range(1_000_000))
+
+    def dump(s: dict[str, Any]) -> None:
+        """``--heap-dumps``: the gateway writes ``heap-<n>`` now (it counts the signals),
+        ``n`` kept in ``s["heap"]``; after ``/health`` answered, not before (the dump holds
+        the gateway's loop a few seconds)."""
+        if args.heap_dumps:
+            s["heap"] = next(dumps)
+            os.kill(gateway.pid, signal.SIGUSR2)
 
     async def tasks(s: dict[str, Any]) -> dict[str, Any]:
         """The gateway's asyncio tasks (``/health`` → ``loop.tasks``, this probe's own
@@ -538,12 +625,16 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         assert llm is not None
         rng = random.Random(args.seed)
         while True:
-            await asyncio.sleep(rng.expovariate(1 / args.llm_kill_every))
+            at = loop.time() + rng.expovariate(1 / args.llm_kill_every)
+            # (not past the deadline: the soak waits for this task once the load ended, and
+            # waited until the next fault's time, for ever with --llm-kill-every 100000)
+            await asyncio.sleep(max(0.0, min(at, deadline) - loop.time()))
             if loop.time() >= deadline:
                 return
             hang = rng.random() < args.llm_hang_share
             down = [loop.time(), math.inf]
             stats.llm_down.append(down)
+            stats.llm_hung.append(hang)
             if hang:
                 llm.pause()
                 stats.llm_hangs += 1
@@ -564,12 +655,17 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(args.sample_s)
             try:
                 s = await tasks(sample())
+            except httpx.TimeoutException:  # (a loaded machine: the next one may answer)
+                print(f"[{loop.time() - t0:7.1f}s] /health did not answer in time",
+                      file=sys.stderr, flush=True)
+                continue
             except (OSError, httpx.HTTPError):  # (/proc/<pid> gone, /health refused)
                 if gateway.proc.poll() is None:
                     raise
                 print(f"gateway exited with {gateway.proc.returncode} under the load",
                       file=sys.stderr, flush=True)
                 return
+            dump(s)
             turns = sum(stats.statuses.values())
             print(f"[{s['t_s']:7.1f}s] rss {s['rss_mb']:.1f} MB fds {s['fds']} "
                   f"tasks {s['tasks']} turns {turns} "
@@ -577,7 +673,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                   flush=True)
 
     try:
-        await tasks(sample("start"))
+        dump(await tasks(sample("start")))
         deadline = loop.time() + args.minutes * 60
         sessions = [SoakSession(gateway.url, i, args.seed, transcripts, stats,
                                 args.turn_timeout, args.renew_every)
@@ -585,7 +681,14 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         for s in sessions:
             s.fault_codes = frozenset() if llm is None else FAULT_CODES - {
                 "engine_failed"} if args.engine_fallback else FAULT_CODES
+            s.tagged = llm is not None
+            s.voice = LANES_VOICE if args.engine_lanes else None
         tick = loop.create_task(sampler())
+        watching = threading.Event()
+        watcher = threading.Thread(target=watch_breaker, args=(gateway, watching, breaker),
+                                   daemon=True)
+        if args.engine_lanes:
+            watcher.start()
         chaotic = loop.create_task(chaos(deadline)) if llm is not None else None
         running = asyncio.gather(*(s.run(deadline) for s in sessions))
         stopping = loop.create_task(stop.wait())
@@ -600,6 +703,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         else:
             await running  # (a bug in a session: its traceback)
         tick.cancel()
+        watching.set()
+        if watcher.is_alive():
+            await asyncio.to_thread(watcher.join)
         if chaotic is not None:
             if interrupted:
                 chaotic.cancel()  # (a start in progress goes on in its thread: see stop)
@@ -607,7 +713,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         died = gateway.proc.poll() is not None  # (under the load: nothing left to probe)
         recovery: dict[str, Any] | None = None
         if llm is not None and not died and not interrupted:
-            recovery = await recover(gateway, llm, transcripts, stats)
+            recovery = await recover(gateway, llm, transcripts, stats,
+                                     LANES_VOICE if args.engine_lanes else None)
         health: dict[str, Any] = dict.fromkeys(("sessions", "lanes", "errors", "turns"))
         after: dict[str, Any] = dict.fromkeys(("rss_mb", "fds", "tasks"))
         if not died:
@@ -630,12 +737,14 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 await asyncio.sleep(0.1)
                 after = await tasks(sample("sessions gone"))
+            dump(after)  # (before the SIGTERM: the gateway takes its signals in order)
     finally:
         stopping = time.monotonic()
         code = gateway.stop()
         stop_s = time.monotonic() - stopping
         if llm is not None:
             llm.stop()
+            llm.counted()
     spells = fault_spells(log, keep=code not in (0, -signal.SIGTERM)) \
         if llm is not None else None
     accounts = [s.account for s in sessions]
@@ -682,6 +791,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             "samples_llm_failing": sum(bool(s.get("llm_failing")) for s in samples),
             "spells": spells, "recovery": recovery,
             "fallback": (health.get("engine") or {}).get("fallback")}
+        result["faults"]["matched"] = match_faults(
+            stats, llm.outcomes, spells["injected"] if spells else {}, health)
+        if args.engine_lanes:
+            result["faults"]["breaker"] = breaker_spells(breaker, t0)
     # (a soak with no completed turn measured nothing: "--minutes 0" passed)
     # (under --faults a turn may fail: with one error of FAULT_CODES, or it is a violation)
     ended = {"completed", "cancelled"} | ({"failed"} if llm is not None else set())
@@ -729,11 +842,13 @@ opened: ``bench/capacity_server.py``)."""
 
 
 async def recover(gateway: GatewayProcess, llm: LlmProcess, transcripts: list[str],
-                  stats: SoakStats) -> dict[str, Any]:
+                  stats: SoakStats, voice: str | None = None) -> dict[str, Any]:
     """After the load: the LLM server up and no more faults (SIGUSR1 to both processes);
     one session's turns until three in a row complete and ``/health`` says ok, with neither
     the LLM nor the engine failing (nor a fallback's breaker open), as protocol.md, README
-    and engines/fallback.py say they come back."""
+    and engines/fallback.py say they come back; with ``voice`` (``--engine-lanes``) the
+    session speaks it, and no lane's breaker may be tripped either (README, "Failures": it
+    lets a turn try the lane again after 30 s)."""
     from websockets.asyncio.client import connect
 
     loop = asyncio.get_running_loop()
@@ -749,11 +864,15 @@ async def recover(gateway: GatewayProcess, llm: LlmProcess, transcripts: list[st
         fallback = health["engine"].get("fallback")
         return statuses[-3:] == ["completed"] * 3 and health["status"] == "ok" and \
             health["llm"]["failing"] is None and health["engine"]["failing"] is None and \
-            (fallback is None or fallback["breaker_state"] == "closed")
+            (fallback is None or fallback["breaker_state"] == "closed") and \
+            not any(lane.get("tripped") for lane in health["lanes"].values())
 
     health: dict[str, Any] = {}
     async with connect(gateway.url, compression=None, max_size=2**20) as ws:
         json.loads(await ws.recv())  # session.created
+        if voice is not None:
+            await ws.send(json.dumps({"type": "session.update", "session": {"voice": voice}}))
+            json.loads(await ws.recv())  # session.updated
         turns = 0
         while turns < RECOVERY_TURNS:
             turns += 1
@@ -778,12 +897,13 @@ async def recover(gateway: GatewayProcess, llm: LlmProcess, transcripts: list[st
             "breaker": fallback and fallback["breaker_state"], "ok": back(health)}
 
 
-def fault_spells(log: Path, keep: bool) -> dict[str, int]:
+def fault_spells(log: Path, keep: bool) -> dict[str, Any]:
     """How often the gateway's log said the LLM, and the engine, started failing and came
     back (README, Logs: once each way, not a line per turn). The log is removed unless
-    ``keep`` (the gateway did not exit as told: its path is said)."""
+    ``keep`` (the gateway did not exit as told) or it has an ERROR line (which fails the
+    soak: before, it was removed all the same, and the error with it): its path is said."""
     lines = log.read_text().splitlines() if log.exists() else []
-    if keep:
+    if keep or any(" ERROR " in x for x in lines):
         print(f"gateway log: {log}", file=sys.stderr)
     else:
         log.unlink(missing_ok=True)
@@ -791,17 +911,177 @@ def fault_spells(log: Path, keep: bool) -> dict[str, int]:
             "llm_back": sum("the LLM answers again" in x for x in lines),
             "engine_failing": sum(": synthetic fails (" in x for x in lines),
             "engine_back": sum("synthetic spoke a whole job again" in x for x in lines),
-            "errors_logged": sum(" ERROR " in x for x in lines)}
+            "errors_logged": sum(" ERROR " in x for x in lines),
+            "injected": {name: int(n) for x in lines if "injected failures: " in x
+                         for name, n in [x.split("injected failures: ")[1].split()]}}
+
+
+def watch_breaker(gateway: GatewayProcess, stop: threading.Event,
+                  out: list[tuple[float, float, bool, int]]) -> None:
+    """``--engine-lanes``: every ``BREAKER_POLL_S`` until ``stop``, whether the second lane
+    (``ane``) is tripped and how many turns it moved to the primary (``/health`` → ``lanes``),
+    with when the request went and when its answer came (``time.monotonic``, the sessions'
+    loop clock: a slow answer is no shorter spell)."""
+    import httpx
+
+    while not stop.wait(BREAKER_POLL_S):
+        asked = time.monotonic()
+        try:
+            lane = gateway.health()["lanes"]["ane"]
+        except httpx.TimeoutException:
+            continue  # (a loaded machine: the next poll may be answered)
+        except (OSError, httpx.HTTPError):
+            return  # (the gateway died: said by the sampler)
+        out.append((asked, time.monotonic(), bool(lane["tripped"]), lane["rerouted"]))
+
+
+def breaker_spells(polls: list[tuple[float, float, bool, int]], t0: float) -> dict[str, Any]:
+    """The second lane's breaker as the polls saw it: each time it was tripped, from the
+    first answer that said so to the first that did not (``open_s``; a spell shorter than
+    a poll may be missed). ``closed_early``: spells that surely closed before the reset,
+    the longest they could have lasted (from the request before the first that said open
+    to the answer that said closed) shorter than it."""
+    from bench.capacity_server import FALLBACK_RESET_S  # (the lane's breaker_reset_s)
+
+    spells: list[tuple[float, float, float | None, float | None]] = []
+    """Each spell: the request before it opened, its first answer open, its first answer
+    closed, and that answer's end (None while open)."""
+    before = -math.inf  # (open at the first poll: it may have opened long before)
+    for asked, answered, tripped, _ in polls:
+        if tripped and (not spells or spells[-1][3] is not None):
+            spells.append((before, answered, None, None))
+        elif not tripped and spells and spells[-1][3] is None:
+            spells[-1] = (spells[-1][0], spells[-1][1], answered, answered)
+        if not tripped:
+            before = asked
+    closed = [(b, o, c, e) for b, o, c, e in spells if c is not None and e is not None]
+    return {"polls": len(polls), "opens": len(spells),
+            "open_s": [round(c - o, 2) for _, o, c, _ in closed],
+            "closed_early": sum(e - b < FALLBACK_RESET_S for b, _, _, e in closed),
+            "still_open": len(spells) - len(closed),
+            "spells": [[round(o - t0, 2), None if c is None else round(c - t0, 2)]
+                       for _, o, c, _ in spells],
+            "rerouted": polls[-1][3] if polls else 0}
+
+
+LLM_CODES = frozenset({"llm_failed", "llm_unavailable"})
+
+INJECTED = re.compile(r"^(\S+) engine: injected failure #(\d+) ")
+"""An ``engine_failed`` message from ``SyntheticEngine(fail_rate=...)``: its engine and the
+failure's number."""
+
+
+def match_faults(stats: SoakStats, outcomes: dict[str, list[str]], injected: dict[str, int],
+                 health: dict[str, Any]) -> dict[str, Any]:
+    """Each error a turn failed with, tied to the fault that caused it, and each fault to
+    the error it caused (or why it caused none):
+
+    * ``llm_failed``: its turn's request was cut by the LLM server (its last request, as
+      the server printed it with the turn's tag), else the server was killed between the
+      transcript and the error, else it hung over that time;
+    * ``llm_unavailable``: the server was down (killed) or hung over that time;
+    * ``engine_failed``: the message names one injected failure (``#n`` of an engine),
+      never named by another error;
+
+    and the other way: every cut request's turn failed ``llm_failed`` (or was cancelled
+    first, failed first by another error, or the gateway's retry of a request cut before
+    its answer's headers was answered whole); every injected failure of an engine named
+    by an error, or taken over (``--engine-fallback``: the fallback's switches and
+    truncations; ``--engine-lanes``: the turns the second lane moved to the primary), or
+    on a sentence an LLM error left to say (no second error for a turn: protocol.md; not
+    tied one by one, but no more of them than turns an LLM error failed while they
+    spoke).
+    ``unexplained``: errors without a fault and faults without an error (goal: none)."""
+    kills = [(d, u) for (d, u), h in zip(stats.llm_down, stats.llm_hung, strict=True) if not h]
+    hangs = [(d, u) for (d, u), h in zip(stats.llm_down, stats.llm_hung, strict=True) if h]
+    causes: Counter[str] = Counter()
+    unexplained: list[str] = []
+    named: dict[str, set[int]] = {}
+    per_kill = Counter[int]()
+    for t in stats.ended:
+        for code, at, message in t.errors:
+            cause = None
+            if code == "llm_failed" and (outcomes.get(t.tag) or [""])[-1] == "cut":
+                cause = "cut"
+            elif code == "llm_failed" and (i := next((i for i, (d, _) in enumerate(kills)
+                                                      if t.sent_at <= d <= at), None)) \
+                    is not None:
+                cause = "kill"
+                per_kill[i] += 1
+            elif code in ("llm_failed", "llm_unavailable") and (
+                    i := next((i for i, (d, u) in enumerate(kills)
+                               if d <= at and t.sent_at <= u), None)) is not None:
+                cause = "down"
+                per_kill[i] += 1
+            elif code in ("llm_failed", "llm_unavailable") and any(
+                    d <= at and t.sent_at <= u for d, u in hangs):
+                cause = "hang"
+            elif code == "engine_failed" and (found := INJECTED.match(message)):
+                number = int(found.group(2))
+                taken = named.setdefault(found.group(1), set())
+                cause = "injected" if number not in taken else None
+                taken.add(number)
+            causes[f"{code} <- {cause or 'nothing'}"] += 1
+            if cause is None:
+                unexplained.append(f"{t.tag} {t.status}: {code} ({message}) without a fault")
+    by_tag = {t.tag: t for t in stats.ended}
+    cuts: Counter[str] = Counter()
+    for tag, seq in outcomes.items():
+        if "cut" not in seq:
+            continue
+        end = by_tag.get(tag)
+        codes = [code for code, _, _ in end.errors] if end is not None else []
+        if end is None:
+            why = "turn not ended (lost)"
+        elif seq[-1] != "cut":
+            why = f"retried, answered whole: {end.status}"
+        elif "llm_failed" in codes:
+            why = "llm_failed"
+        elif end.status == "failed" and codes:
+            why = f"failed first: {codes[0]}"
+        elif end.status == "cancelled":
+            why = "cancelled first"
+        else:
+            why = f"no error: {end.status}"
+            unexplained.append(f"{tag} {end.status}: its request was cut, no error")
+        cuts[why] += 1
+    lanes = health.get("lanes") or {}
+    fallback = (health.get("engine") or {}).get("fallback") or {}
+    # a failure on a sentence an LLM error left to say ends its turn without a second error
+    # (protocol.md, Errors): at most one such per turn an LLM error failed while it spoke
+    spoke_then_failed = sum(
+        1 for t in stats.ended if t.frames and t.errors and t.errors[0][0] in LLM_CODES)
+    engines: dict[str, dict[str, int]] = {}
+    for name, n in injected.items():
+        taken_over = (fallback.get("switches", 0) + fallback.get("truncations", 0)
+                      if name == "synthetic" else 0) + \
+            sum(lane.get("rerouted", 0) for lane in lanes.values()
+                if lane.get("engine") == name)
+        errors = len(named.get(name, ()))
+        engines[name] = {"injected": n, "errors": errors, "taken_over": taken_over,
+                         "after_an_llm_error": n - errors - taken_over}
+        if not 0 <= n - errors - taken_over <= spoke_then_failed:
+            unexplained.append(f"{name}: {n} failures injected, {errors} errors, "
+                               f"{taken_over} taken over, {spoke_then_failed} turns an LLM "
+                               "error failed while they spoke")
+    return {"errors_by_cause": dict(causes), "cuts": dict(cuts), "engines": engines,
+            "errors_per_kill": [per_kill[i] for i in range(len(kills))],
+            "unexplained": len(unexplained), "unexplained_examples": unexplained[:10]}
 
 
 def faults_ok(f: dict[str, Any]) -> bool:
-    """The faults happened and were each said as such, and everything came back."""
+    """The faults happened (errors, or failures another engine took over) and were each
+    said as such, and everything came back."""
     spells, errors = f["spells"], f["turn_errors"]
-    return (f["recovery"] is not None and f["recovery"]["ok"] and sum(errors.values()) > 0
+    happened = sum(errors.values()) > 0 or any(
+        e["taken_over"] for e in f["matched"]["engines"].values())
+    return (f["recovery"] is not None and f["recovery"]["ok"] and happened
             and spells["llm_failing"] == spells["llm_back"] and
             (f["fallback"] is None or f["fallback"]["breaker_opens"] > 0) and
             spells["engine_failing"] == spells["engine_back"] and
-            spells["errors_logged"] == 0)
+            spells["errors_logged"] == 0 and f["matched"]["unexplained"] == 0 and
+            ("breaker" not in f or f["breaker"]["opens"] > 0 and
+             f["breaker"]["closed_early"] == 0))
 
 
 def table(r: dict[str, Any]) -> str:
@@ -847,6 +1127,21 @@ def table(r: dict[str, Any]) -> str:
              "{ok}: turns {turns}, health {status}, breaker {breaker}".format(
                  **f["recovery"])),
         ]
+        m = f["matched"]
+        rows += [
+            ("errors tied to faults", json.dumps(m["errors_by_cause"])),
+            ("cut requests became", json.dumps(m["cuts"])),
+            ("engine failures (injected, errors, taken over, after an LLM error)", ", ".join(
+                f"{k} {v['injected']}/{v['errors']}/{v['taken_over']}/"
+                f"{v['after_an_llm_error']}"
+                for k, v in m["engines"].items())),
+            ("errors per kill", str(m["errors_per_kill"])),
+            ("unexplained", f"{m['unexplained']} {m['unexplained_examples'][:3]}"),
+        ]
+        if "breaker" in f:
+            b = f["breaker"]
+            rows.append(("lane ane breaker (opens, s open, rerouted)",
+                         f"{b['opens']}, {b['open_s']}, {b['rerouted']}"))
         if f["fallback"] is not None:
             rows.append(("fallback (breaker opens, switches, truncations)",
                          "{breaker_opens}, {switches}, {truncations}".format(**f["fallback"])))
@@ -889,8 +1184,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-fallback", action="store_true",
                    help="--faults: a second synthetic engine takes over from the failing "
                         "one behind a breaker (engines/fallback.py): no engine_failed")
+    p.add_argument("--heap-dumps", metavar="DIR",
+                   help="the gateway writes its live objects by type and its RSS before "
+                        "and after malloc_trim here at each sample (heap-<n>, n in the "
+                        "sample's 'heap'; bench/heap_diff.py compares two)")
+    p.add_argument("--heap-trace", action="store_true",
+                   help="--heap-dumps: the gateway traces its allocations too (tracemalloc: "
+                        "slower), a snapshot with each dump")
+    p.add_argument("--engine-lanes", action="store_true",
+                   help="--faults: a second synthetic engine on a lane of its own ([tts] "
+                        "also), failing with --also-fail-rate; the sessions set a voice both "
+                        "have, so turns are placed between the lanes (see SOAK.md)")
+    p.add_argument("--also-fail-rate", type=float, default=0.03,
+                   help="--engine-lanes: the chance a step of the second engine fails")
     p.add_argument("--json", help="write the result (with every sample) here")
     args = p.parse_args(argv)
+    if args.heap_dumps:  # (the gateway runs in the repository, not in our directory)
+        args.heap_dumps = os.path.abspath(args.heap_dumps)
     if args.replies:  # (a bad file: the gateway died before serving, in a traceback)
         from engines.llm_replay import load_replies
 

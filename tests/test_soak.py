@@ -57,8 +57,34 @@ def test_a_short_soak_with_the_server_side_failing_says_each_failure_once(tmp_pa
     assert faults["recovery"]["ok"] and faults["recovery"]["status"] == "ok"
     spells = faults["spells"]
     assert spells["llm_failing"] == spells["llm_back"] > 0
+    matched = faults["matched"]  # each error tied to the fault that made it, and back
+    assert matched["unexplained"] == 0, matched["unexplained_examples"]
+    assert sum(matched["errors_by_cause"].values()) == result["turns"]["failed"]
     assert result["fds"]["idle_after"] == result["fds"]["start"]
     assert result["tasks"]["idle_after"] == result["tasks"]["start"]
+
+
+@pytest.mark.slow
+def test_a_short_soak_with_two_lanes_trips_the_second_ones_breaker_and_loses_nothing(
+        tmp_path, capsys):
+    """``--engine-lanes``: turns placed between two lanes (``[tts] also``), the second
+    engine failing often: its failures move their turns to the primary lane (no error),
+    its breaker opens and closes again after its reset (never before), and nothing is lost
+    or repeated."""
+    out = tmp_path / "soak.json"
+    rc = soak.main(["--sessions", "6", "--minutes", "0.25", "--sample-s", "2",
+                    "--faults", "--engine-lanes", "--also-fail-rate", "0.3",
+                    "--llm-kill-every", "1000", "--llm-cut-rate", "0",
+                    "--engine-fail-rate", "0", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert rc == 0, capsys.readouterr().out
+    faults = result["faults"]
+    assert faults["breaker"]["opens"] > 0 and faults["breaker"]["closed_early"] == 0
+    ane = faults["matched"]["engines"]["synthetic-ane"]
+    assert ane["injected"] == ane["taken_over"] > 0 and ane["errors"] == 0
+    assert result["turns"].get("failed", 0) == 0 and result["turns"]["completed"] > 0
+    assert result["seq_gaps"] == result["seq_repeats"] == result["violations"] == 0
+    assert faults["recovery"]["ok"]
 
 
 def test_a_soak_that_completed_no_turn_does_not_pass(tmp_path, capsys):
@@ -268,3 +294,57 @@ async def soak_under_load(*args: str, **popen: Any) -> AsyncIterator[asyncio.sub
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_the_faults_report_ties_each_error_to_its_fault_and_each_fault_to_its_error():
+    """``match_faults``: an error is tied to a cut request of its turn, a kill or a hang
+    over its turn, or an injected engine failure it names; one without (or one naming a
+    failure another error named already) is unexplained, and so is a cut request whose turn
+    neither failed nor was cancelled, and an injected failure no error named."""
+    stats = soak.SoakStats(llm_down=[[10.0, 12.0], [20.0, 25.0]], llm_hung=[False, True])
+    ended = soak.TurnEnd
+    stats.ended = [
+        ended("s0t1", "failed", "normal", 1.0, [("llm_failed", 2.0, "cut")], []),
+        ended("s0t2", "failed", "normal", 9.0, [("llm_failed", 10.5, "broke")], []),
+        ended("s0t3", "failed", "normal", 11.0, [("llm_unavailable", 11.1, "down")], []),
+        ended("s0t4", "failed", "normal", 21.0, [("llm_unavailable", 24.0, "stall")], []),
+        ended("s0t5", "failed", "normal", 30.0, [("llm_failed", 31.0, "broke")], []),
+        ended("s0t6", "failed", "normal", 30.0, [(
+            "engine_failed", 31.0, "synthetic engine: injected failure #1 at step 2 (…)")], []),
+        ended("s0t7", "failed", "normal", 30.0, [(
+            "engine_failed", 31.0, "synthetic engine: injected failure #1 at step 1 (…)")], []),
+        ended("s0t8", "cancelled", "cancel", 40.0, [], []),
+        ended("s0t9", "completed", "normal", 40.0, [], []),
+        ended("s0t10", "completed", "normal", 40.0, [], []),
+    ]
+    outcomes = {"s0t1": ["cut"], "s0t8": ["cut"], "s0t9": ["cut"], "s0t10": ["cut", "reply"]}
+    m = soak.match_faults(stats, outcomes, {"synthetic": 3}, {})
+    assert m["errors_by_cause"] == {
+        "llm_failed <- cut": 1, "llm_failed <- kill": 1, "llm_unavailable <- down": 1,
+        "llm_unavailable <- hang": 1, "llm_failed <- nothing": 1,
+        "engine_failed <- injected": 1, "engine_failed <- nothing": 1}
+    assert m["cuts"] == {"llm_failed": 1, "cancelled first": 1, "no error: completed": 1,
+                         "retried, answered whole: completed": 1}
+    assert m["engines"] == {"synthetic": {"injected": 3, "errors": 1, "taken_over": 0,
+                                          "after_an_llm_error": 2}}
+    assert m["errors_per_kill"] == [2]
+    assert m["unexplained"] == 4 and m["unexplained_examples"] == [
+        "s0t5 failed: llm_failed (broke) without a fault",
+        "s0t7 failed: engine_failed (synthetic engine: injected failure #1 at step 1 (…)) "
+        "without a fault",
+        "s0t9 completed: its request was cut, no error",
+        "synthetic: 3 failures injected, 1 errors, 0 taken over, 0 turns an LLM error "
+        "failed while they spoke"]
+
+
+def test_the_breaker_watch_says_a_spell_closed_early_only_when_it_surely_did():
+    """``breaker_spells``: a spell is early when even the longest it could have lasted
+    (from the last poll that saw it closed to the answer that saw it closed again) is
+    shorter than the reset (5 s); a slow answer makes no spell look shorter."""
+    polls = [(0.0, 0.1, False, 0), (0.3, 2.4, True, 3), (2.6, 2.7, True, 3),
+             (5.5, 5.6, False, 3),  # open 2.4-5.6 as answered, at most 0.0-5.6: not early
+             (6.0, 6.1, True, 6), (6.3, 6.4, False, 6)]  # at most 5.5-6.4: early
+    b = soak.breaker_spells(polls, t0=0.0)
+    assert b["opens"] == 2 and b["still_open"] == 0 and b["closed_early"] == 1
+    assert b["open_s"] == [3.2, 0.3] and b["rerouted"] == 6
+    assert soak.breaker_spells([(0.0, 0.1, True, 0)], 0.0)["still_open"] == 1
