@@ -1285,6 +1285,22 @@ def test_a_sentence_broken_off_at_a_dash_ends_there(text, want):
     assert sentences(text) == want
 
 
+# --- cases the eighth held-out set exposed (tests/data/segmentation-heldout-8.jsonl) ----
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("### Q3 summary\n1. Revenue\n   a. Product: $1.2B\n   b. Services: $340M\n2. Costs.",
+     ["### Q3 summary", "1. Revenue", "a. Product: $1.2B", "b. Services: $340M", "2. Costs."]),
+    ("Outline:\nI. The setup\nII. The results\n  ii. Services grew. The rest fell.\nA. Lincoln",
+     ["Outline:", "I. The setup", "II. The results", "ii. Services grew.", "The rest fell.",
+      "A. Lincoln"]),
+    ("It was plan A. The other one failed.", ["It was plan A.", "The other one failed."]),
+])
+def test_a_list_letter_opening_a_line_ends_no_sentence(text, want):
+    """ "   a. Product: $1.2B" was cut after "a.": a letter or a Roman number opening a line
+    numbers its item, as "1." does (no sentence is one letter long)."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

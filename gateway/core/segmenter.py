@@ -73,7 +73,8 @@ on how the stream was chunked:
   none. An em dash right after a word, then a space and a word that opens sentences, ends
   one broken off (``might be in the— Actually, ...``; not ``the—wait``).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
-  segment whose spoken form is empty.
+  segment whose spoken form is empty. A letter or Roman number opening a line numbers its
+  item as ``1.`` does and ends no sentence (``   a. Product: $1.2B``, ``ii.``, ``IV.``).
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
   once it holds ``first_min_words`` words: the engine can start speaking sooner.
 * Opt-in (``first_phrase_words`` > 0): the first segment may also end right before a
@@ -392,6 +393,9 @@ _CODE_STOP = re.compile("[`\n]")
 _HEADING_MARK = re.compile(r"#{1,6}|>")
 """What may stand before a number that starts a line ("### 2. Install", "> 3. Stir"): a
 heading's or a block quote's mark; the number still numbers, it ends no sentence."""
+_LIST_LETTER = re.compile(r"[^\W\d_]|(?i:i{2,3}|iv|vi{1,3}|ix|xi{1,3})")
+"""A list's letter or Roman number opening a line ("   a. Product", "ii. Services", "IV.
+Results"): it numbers the item, as "1." does; no sentence is one letter long."""
 
 
 _CJK_CHAR = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff"
@@ -972,6 +976,9 @@ class Segmenter:
             if len(word) == 1 and word.islower() and len(self._next_word(i + 1)) == 1 and (
                     self._need(i + 3) and buf[i + 3] == "."):
                 return False  # "z. B.", "e. V.": the abbreviation goes on
+        if _LIST_LETTER.fullmatch(word) and word.lower() != word.upper() and (
+                self._starts_line(ws, _HEADING_MARK)):
+            return False  # "   a. Product: $1.2B", "ii. Services": a list marker
         if (len(word) == 1 and word.isupper()) or word in _NAME_OR_END or (
                 "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
             return self._name_or_end(i, ws, word)
