@@ -1301,6 +1301,18 @@ def test_a_list_letter_opening_a_line_ends_no_sentence(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Her deputy is Maj. Tom Hale. Adm. Nimitz and Cpl. Diaz came.",
+     ["Her deputy is Maj. Tom Hale.", "Adm. Nimitz and Cpl. Diaz came."]),
+    ("Az időpontja dr. Kovács Annánál van. Kérem, érkezzen korábban.",
+     ["Az időpontja dr. Kovács Annánál van.", "Kérem, érkezzen korábban."]),
+])
+def test_military_ranks_and_the_hungarian_dr_are_titles(text, want):
+    """"Maj. | Tom Hale" and "dr. | Kovács" were cut: ranks and the Hungarian title, written
+    in lower case, go on before the name as "Dr." does."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

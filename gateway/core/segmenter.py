@@ -20,7 +20,8 @@ on how the stream was chunked:
   ``e.g. this``, ``well... maybe``), unless it is written in camelCase or a version
   (``is out. macOS``, ``week. v0.3.1``, decided as a
   capital); so does an ellipsis before a digit or symbol (``is... $42``) or the pronoun
-  ``I`` (``Well... I think``). Titles (``Dr.``, ``Mr.``) never end a sentence; ``a.m.``
+  ``I`` (``Well... I think``). Titles (``Dr.``, ``Mr.``, ``Maj.``, the Hungarian ``dr.``)
+  never end a sentence; ``a.m.``
   and ``etc.`` end one only before a capital (``a.m.`` not before a time zone or a weekday:
   ``10 a.m. PT``, ``9 a.m. Mon.–Sat.``); a single capital
   (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``), ``St.`` (``Ave.``,
@@ -194,6 +195,8 @@ _SPACE = frozenset(" \t\r\u00a0\u202f")
 # "Dr. Smith": titles (as written) and these lowercase forms never end a sentence.
 _TITLES = frozenset(
     "Mr Mrs Ms Dr Prof St Sr Sen Rep Gov Gen Col Capt Lt Sgt Rev Hon Mt Ft MR MRS MS DR "
+    "Maj Cpl Pvt Adm Cmdr Brig Msgr "  # "Maj. Tom Hale", "Adm. Nimitz"
+    "dr "  # Hungarian writes the title in lower case: "dr. Kovács Anna"
     "Hr Hrn Sra Srta Sres Dra Dres Lic Sig Sigg Dott Avv Ing "
     "Dhr Mevr".split()  # Dutch: "Dhr. Jansen" (Mr.), "Mevr. de Vries" (Mrs.)
 )
