@@ -1313,6 +1313,18 @@ def test_military_ranks_and_the_hungarian_dr_are_titles(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Arsenal drew 1-1 with Man. City. They stay 2nd.",
+     ["Arsenal drew 1-1 with Man. City.", "They stay 2nd."]),
+    ("The ferry goes to the Isle of Man. The crossing is rough.",
+     ["The ferry goes to the Isle of Man.", "The crossing is rough."]),
+])
+def test_man_before_a_name_is_manchester(text, want):
+    """"with Man. | City." was cut: "Man." goes on before a capital that does not open
+    sentences, as "St." does, and ends before one that does."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -29,7 +29,7 @@ on how the stream was chunked:
   one only before a word that opens sentences (``Then``, ``It's``..., a French elided word:
   ``B. N'oublie``), or after a label word or an ordinal (``option A.``, ``bât. B.``,
   ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy``, ``Pennsylvania Ave. NW``,
-  ``King Jr. Day`` and ``TP. Hồ Chí Minh`` go on, while ``Griffey Sr. He hit`` ends;
+  ``King Jr. Day``, ``TP. Hồ Chí Minh`` and ``Man. City`` go on, while ``Griffey Sr. He hit`` ends;
   ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``, ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2``
   never before a digit, except ``No.`` opening a sentence (the answer); ``et al.`` only
   before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and
@@ -287,7 +287,8 @@ _RUSSIAN_STARTERS = frozenset(
 # ("Ken Griffey Sr. He hit" ends, "Martin Luther King Jr. Day" goes on; the Spanish title
 # "Sr. García" too) and the Vietnamese "TP." (city: "TP. Hồ Chí Minh").
 _NAME_OR_END = frozenset(
-    "St Ave Blvd Rd Ln Sq Ct Hwy Pkwy Univ c ca Sr Jr TP Tp".split())  # "Oxford Univ. Press"
+    "St Ave Blvd Rd Ln Sq Ct Hwy Pkwy Univ c ca Sr Jr TP Tp "  # "Oxford Univ. Press"
+    "Man".split())  # "drew 1-1 with Man. City" (Manchester); "Isle of Man. The ferry" ends
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
 # capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
