@@ -1325,6 +1325,17 @@ def test_man_before_a_name_is_manchester(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("El pedido llegará el lun. 3 de nov. Si no está, vuelve el sáb. 8 de nov.",
+     ["El pedido llegará el lun. 3 de nov.", "Si no está, vuelve el sáb. 8 de nov."]),
+    ("Prévoyez env. 20 min. pour l'entretien.", ["Prévoyez env. 20 min. pour l'entretien."]),
+])
+def test_spanish_weekdays_and_french_env_go_on_before_a_number(text, want):
+    """"el lun. | 3 de nov." and "env. | 20 min." were cut: a Spanish weekday before its
+    day and the French "environ" (about) before its number end no sentence."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -35,7 +35,7 @@ on how the stream was chunked:
   before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and
   Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles
   (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
-  ``Hauptstr. 12`` never before a digit; ``Mio.``, ``Min.``, ``Std.`` after a number end one
+  ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit; ``Mio.``, ``Min.``, ``Std.`` after a number end one
   only before a word that opens sentences (``3,7 Mio. Einwohner``, ``10 Min. Bitte``); a day
   or an ordinal before a month or after an article (``am 3. Oktober``, ``im 19.
   Jahrhundert``, ``der 1. FC``, ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is
@@ -255,6 +255,7 @@ _BEFORE_NUMBER = frozenset(
     "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs sc nr bd abs "
     "kap str abb tab pág págs pag núm num cap n ft lb lbs "
     "op godz kl "  # "op. 27 no. 2" (opus); Polish "godz. 15.00", Swedish "kl. 9.30" (o'clock)
+    "lun mié mie jue vie sáb sab dom env "  # Spanish "el lun. 3 de nov."; French "env. 20 min"
     "ps psa prov isa matt rom cor eph deut exod "  # Bible books: "Ps. 23", "1 Cor. 13"
     "д кв корп стр ауд рис табл гл т с тел "  # Russian: "д. 12", "ауд. 305", "с. 45"
     "रु".split()  # Hindi: "रु. 450" (rupees)
