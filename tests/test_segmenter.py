@@ -1336,6 +1336,18 @@ def test_spanish_weekdays_and_french_env_go_on_before_a_number(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Nehmen Sie 1 Tbl. alle 12 Std. Nicht mit Alkohol einnehmen.",
+     ["Nehmen Sie 1 Tbl. alle 12 Std.", "Nicht mit Alkohol einnehmen."]),
+    ("Es dauert 10 Min. Vielleicht auch mehr. Nach 2 Std. Fahrt sind wir da.",
+     ["Es dauert 10 Min.", "Vielleicht auch mehr.", "Nach 2 Std. Fahrt sind wir da."]),
+])
+def test_a_german_count_ends_before_more_words_that_open_sentences(text, want):
+    """"alle 12 Std. Nicht mit Alkohol" was one sentence: "Nicht", "Vielleicht" and other
+    words that are no noun open German sentences after "Std.", "Min."."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

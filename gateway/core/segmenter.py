@@ -271,7 +271,9 @@ _GERMAN_STARTERS = frozenset(
     "Also Aber Und Oder Doch Denn Wenn Falls Ob Als Wie Was Wer Wo Wann Warum Welche Welcher "
     "Soll Sollen Möchtest Möchten Willst Kann Kannst Können Ist Sind War Hat Haben Gibt Ja "
     "Nein Auch Noch Nur Zum Zur Im Am Um Auf Mit Nach Vor Bei Ab Bis Seit Insgesamt Leider "
-    "Außerdem Zudem Allerdings Alles Viel Viele".split()
+    "Außerdem Zudem Allerdings Alles Viel Viele Nicht Kein Keine Keinen Sehr Gern Gerne "
+    "Immer Nie Bald Zuerst Erst Sonst Trotzdem Dafür Deswegen Übrigens Natürlich "
+    "Vielleicht".split()  # "alle 12 Std. Nicht mit Alkohol"
 )
 _RUSSIAN_STARTERS = frozenset(
     "Я Ты Он Она Оно Мы Вы Они Это Эта Этот Эти Там Тут Здесь Тогда Потом Затем Теперь "
