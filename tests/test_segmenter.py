@@ -1348,6 +1348,18 @@ def test_a_german_count_ends_before_more_words_that_open_sentences(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Toget går kl. 8.15 fra Oslo S. Det er lurt å kjøpe billett. Vi ses!",
+     ["Toget går kl. 8.15 fra Oslo S.", "Det er lurt å kjøpe billett.", "Vi ses!"]),
+    ("Tåget går från Malmö C. Jag köper biljetten.",
+     ["Tåget går från Malmö C.", "Jag köper biljetten."]),
+])
+def test_a_single_capital_ends_before_a_nordic_sentence_opener(text, want):
+    """"fra Oslo S. Det er" was one sentence: "Det", "Jeg", "Jag", "Vi", "Hun" open
+    Norwegian, Danish and Swedish sentences after a single capital, as "The" does."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -304,7 +304,8 @@ _STARTERS = frozenset(
     "Every Both In On At For From To With By As Just Only Once Otherwise Finally Meanwhile "
     "Instead Overall Thanks Sure Okay OK Great Good Last Today Tomorrow Yesterday Later "
     "Since Because Although Even Other Another One Two Three Either Neither Actually Anyway "
-    "Well Oh Sorry".split()
+    "Well Oh Sorry "
+    "Det Jeg Jag Vi Hun Hon".split()  # Norwegian, Danish, Swedish: "fra Oslo S. Det er"
 )
 # "Plan B.", "vitamin C.", "Row F.", "an A.", "au b\u00e2t. B.": a single capital after these
 # is a label, not an initial, so it ends a sentence before any capital.
