@@ -1360,6 +1360,18 @@ def test_a_single_capital_ends_before_a_nordic_sentence_opener(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Whisk 3 tbsp. vinegar with 1/2 tsp. Dijon. Add 2 oz. Parmesan. Season it.",
+     ["Whisk 3 tbsp. vinegar with 1/2 tsp. Dijon.", "Add 2 oz. Parmesan.", "Season it."]),
+    ("A dash is roughly 1/16 tsp. Honestly, taste it. Use 2 lbs. Dice them.",
+     ["A dash is roughly 1/16 tsp.", "Honestly, taste it.", "Use 2 lbs.", "Dice them."]),
+])
+def test_a_kitchen_unit_goes_on_before_a_capitalized_ingredient(text, want):
+    """"1/2 tsp. | Dijon." was cut: a kitchen unit before a capitalized ingredient goes on;
+    before another capital it still ends its sentence."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -35,7 +35,8 @@ on how the stream was chunked:
   before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and
   Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles
   (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
-  ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit; ``Mio.``, ``Min.``, ``Std.`` after a number end one
+  ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit;
+  a kitchen unit never before a capitalized ingredient (``1/2 tsp. Dijon``); ``Mio.``, ``Min.``, ``Std.`` after a number end one
   only before a word that opens sentences (``3,7 Mio. Einwohner``, ``10 Min. Bitte``); a day
   or an ordinal before a month or after an article (``am 3. Oktober``, ``im 19.
   Jahrhundert``, ``der 1. FC``, ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is
@@ -275,6 +276,15 @@ _GERMAN_STARTERS = frozenset(
     "Immer Nie Bald Zuerst Erst Sonst Trotzdem Dafür Deswegen Übrigens Natürlich "
     "Vielleicht".split()  # "alle 12 Std. Nicht mit Alkohol"
 )
+_KITCHEN_UNITS = frozenset("tsp tbsp tbs oz lb lbs pt qt gal pkg".split())
+_KITCHEN_NAMES = frozenset(
+    "Dijon Parmesan Parmigiano Pecorino Cheddar Gruyère Gruyere Mozzarella Worcestershire "
+    "Tabasco Sriracha Cajun Kosher Maldon Himalayan Greek Italian French Thai Chinese "
+    "Japanese Mexican Spanish Marsala Madeira Grand Angostura".split()
+)
+"""Capitalized ingredients after a kitchen unit ("1/2 tsp. Dijon", "2 oz. Parmesan"): the
+unit goes on before them; before any other capital it ends its sentence ("1/16 tsp.
+Honestly", "2 lbs. So")."""
 _RUSSIAN_STARTERS = frozenset(
     "Я Ты Он Она Оно Мы Вы Они Это Эта Этот Эти Там Тут Здесь Тогда Потом Затем Теперь "
     "Сейчас Сегодня Завтра Вчера Но А И Да Нет Так Если Когда Пока Все Всё Вот Спасибо "
@@ -1012,6 +1022,8 @@ class Segmenter:
             return False
         if low in ("г", "гг") and not any(c.isdigit() for c in self._prev_word(ws)):
             return False  # "в г. Москве" (the city of), while "в 2026 г. Потом" (year) ends
+        if low in _KITCHEN_UNITS and self._next_word(i + 1) in _KITCHEN_NAMES:
+            return False  # "1/2 tsp. Dijon", "2 oz. Parmesan"
         if word in _GERMAN_COUNTS and self._prev_word(ws)[-1:].isdigit():
             after = self._next_word(i + 1)  # "10 Min. Verspätung" goes on
             return nxt.isupper() and (after in _STARTERS or after in _GERMAN_STARTERS)
