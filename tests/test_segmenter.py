@@ -1372,6 +1372,38 @@ def test_a_kitchen_unit_goes_on_before_a_capitalized_ingredient(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "spoken"), [
+    ("Glad it finally compiled! :)", "Glad it finally compiled!"),
+    ("Nice try. ;-) But no.", "Nice try. But no."),
+    ("Classic off-by-one. xD", "Classic off-by-one."),
+    ("Ha, you got me there :D", "Ha, you got me there"),
+    ("It works :) mostly, :P honestly ^_^", "It works mostly, honestly"),
+    ("That's great:) See you.", "That's great See you."),
+    ("Sorry :(. I <3 it; XD", "Sorry. I it;"),
+    # not emoticons: times, ratios, math, scopes, hex, a colon ending a line, "Answer:D"
+    ("At 10:30; 16:9, x =3, a:b, std::map, 0xD, f(x): Answer:D",
+     "At 10:30; 16:9, x =3, a:b, std::map, 0xD, f(x): Answer:D"),
+])
+def test_speakable_drops_emoticons_as_it_drops_emoji(text, spoken):
+    """Emoticons reached the engine as written: espeak-ng said "colon" for ":)" after a full
+    stop, "colon D" for ":D", "X D" for "xD", "three" for "<3" (and paused at "great:)")."""
+    assert speakable(text) == spoken
+
+
+@pytest.mark.parametrize("text", ["That's great. :)", "That's great. :D", "That's great. xD",
+                                  "That's great:)", "That's great. <3"])
+def test_espeak_says_nothing_for_an_emoticon_once_spoken(espeak_engine, text):
+    """Real espeak-ng: the emoticon as written is heard (a word or a pause), its spoken form
+    sounds as the sentence without it."""
+    from tests.conftest import synthesized
+
+    bare = len(synthesized(espeak_engine, "That's great."))
+    slack = 0 if espeak_engine.deterministic else 2000  # a few pitch periods (see engines.espeak)
+    assert len(synthesized(espeak_engine, text)) > bare + 2000  # 0.23-0.97 s longer
+    said = len(synthesized(espeak_engine, speakable(text).rstrip(".") + "."))
+    assert abs(said - bare) <= slack
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

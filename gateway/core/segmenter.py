@@ -1408,6 +1408,17 @@ emoji by default (⌚ ⌛ ⏰ ⏲ ⏳ ⏩ ⏸), and any other symbol asking to b
 _EMOJI_BEFORE_MARK = re.compile(f"[ \t]*(?:{_EMOJI.pattern})(?=[.,!?;:\u2026])")
 """An emoji (and the space before it) right before a punctuation mark: dropped whole, so
 "Great job 🎉!" says "Great job!", not "Great job !" with its mark cut off by a space."""
+_FACE = r"(?:[:;]'?-?[()\[\]DPpOo3/\\|*]|=[()DP]|[xX]D|<3|\^_?\^)"
+_SPOKEN_EMOTICON = re.compile(
+    rf"[ \t]*(?<!\S){_FACE}(?=[.,!?;:\u2026])|(?<!\S){_FACE}(?!\S)"
+    r"|(?<=[^\W\d_])[:;]-?[()](?![^\s.,!?\u2026])")
+"""An emoticon written as a word (``_EMOTICON``; "=3" and "=/" left to math), or ":)",
+";)", ":(" glued to a word ("great:)"): not said, as emoji are not. espeak-ng read ":)" and
+":(" after a full stop as "colon", ":D" as "colon D", "xD" as "X D", "<3" as "three", ":P"
+as "colon P", and made a pause of ";-)", "^_^" and "great:)" (0.23 s: "That's great:)"
+1.20 s against 0.97 s for "That's great."). Glued, ":D" and ":P" stay ("great:D" says
+"colon D"), as "Answer:D" may be a choice. Before a mark an emoticon goes with the space
+before it, as an emoji does ("works :)." says "works.")."""
 
 
 def speakable(text: str, *, reads_digits: bool = True) -> str:
@@ -1416,7 +1427,7 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     Drops markdown markers (emphasis, headings, list numbering and bullets, quote marks,
     table pipes and rules, code fences and inline-code backticks), struck-out text,
     footnote marks, control characters, U+FFFD (what an LLM's invalid UTF-8 decodes to:
-    "caf\ufffd\ufffd" says "caf") and emoji; an HTML line break is a pause; a link
+    "caf\ufffd\ufffd" says "caf"), emoji and emoticons (":)", "xD", "great:)"); an HTML line break is a pause; a link
     says its label, a bare URL its host. With ``reads_digits=False`` (engines that read
     "3.5" or "$184.50" badly) numbers, currency, percentages, times, ordinals and common
     abbreviations are written out as words. LaTeX math says its content, not its delimiters.
@@ -1445,6 +1456,8 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     s = s.replace("`", "")
     if "|" in s:
         s = ", ".join(p.strip() for p in s.strip().strip("|").split("|") if p.strip())
+    if ":" in s or ";" in s or "=" in s or "<3" in s or "^" in s or "xD" in s or "XD" in s:
+        s = _SPOKEN_EMOTICON.sub("", s)
     if not s.isascii():  # every emoji is outside ASCII
         s = _EMOJI.sub(" ", _EMOJI_BEFORE_MARK.sub("", s))
     if not reads_digits:
