@@ -1390,6 +1390,21 @@ def test_speakable_drops_emoticons_as_it_drops_emoji(text, spoken):
     assert speakable(text) == spoken
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("It's great:) See you there. Bye.", ["It's great:)", "See you there.", "Bye."]),
+    ("Sorry:( I was wrong. The fix is easy.",
+     ["Sorry:(", "I was wrong.", "The fix is easy."]),
+    ("It works (mostly:) here. Then it fails.", ["It works (mostly:) here.", "Then it fails."]),
+    ("Note:(see below) It. Answer:D Then. Ok.", ["Note:(see below) It.", "Answer:D Then.", "Ok."]),
+])
+def test_an_emoticon_glued_to_a_word_is_an_emoticon(text, want):
+    """"Sorry:( I was wrong. The fix is easy." was one segment (the ":(" opened a bracket,
+    which held every sentence end to the line's end) and "great:) See" ended nothing: ":)",
+    ";)", ":(" glued to a word are emoticons, as when spaced; a ":)" closes a bracket that
+    is open."""
+    assert sentences(text) == want
+
+
 @pytest.mark.parametrize("text", ["That's great. :)", "That's great. :D", "That's great. xD",
                                   "That's great:)", "That's great. <3"])
 def test_espeak_says_nothing_for_an_emoticon_once_spoken(espeak_engine, text):

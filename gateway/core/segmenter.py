@@ -70,9 +70,10 @@ on how the stream was chunked:
   cut, whether the reply came at once or in pieces). Nor inside inline code
   (```Hello. World.```), closed on its line within ``quote_max_chars`` (else a stray
   backtick).
-* An emoji or an emoticon (``:D``, ``:(``, written as a word) before a capitalized word
-  ends a sentence (``got me there :D That one's``); an emoticon's bracket opens or closes
-  none. An em dash right after a word, then a space and a word that opens sentences, ends
+* An emoji or an emoticon (``:D``, ``:(``, written as a word; ``:)``, ``;)``, ``:(`` also
+  glued to one: ``great:)``) before a capitalized word ends a sentence (``got me there :D
+  That one's``, ``Sorry:( I was``); an emoticon's bracket opens or closes none (a glued
+  ``:)`` closes a bracket that is open: ``(mostly:)``). An em dash right after a word, then a space and a word that opens sentences, ends
   one broken off (``might be in the— Actually, ...``; not ``the—wait``).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty. A letter or Roman number opening a line numbers its
@@ -394,6 +395,9 @@ _SAN = re.compile(r"[KQRBN][a-h]?[1-8]?x?[a-h][1-8]")
 _EMOTICON = re.compile(r"[:;=]'?-?[()\[\]DPpOo3/\\|*]|[xX]D|<3|\^_?\^")
 """An emoticon written as a word of its own (":)", ";-)", ":'(", "xD", "<3"): it stays with
 the sentence before it, as an emoji does, and its bracket opens or closes none."""
+_GLUED_FACE = re.compile(r"[:;]-?[()]")
+"""An emoticon glued to the word before it ("great:)", "Sorry:("): only these, since
+"Answer:D" may be a choice."""
 _CAMEL = re.compile(r"[a-z]{1,5}[A-Z][A-Za-z0-9]*|v\d+")
 """A name written in camelCase ("macOS", "iOS", "iPhone", "eBay") or a version ("v0.3.1"):
 it opens sentences though its first letter is lowercase."""
@@ -1131,9 +1135,13 @@ class Segmenter:
         """Note a clause mark at ``i``; True if it cut the eager first segment."""
         buf = self._buf
         c = buf[i]
-        if c in ":;" and (i == 0 or buf[i - 1] in _SPACE):
+        glued = i > 0 and buf[i - 1].isalpha()
+        if c in ":;" and (i == 0 or buf[i - 1] in _SPACE or glued):
             e = self._emoticon(i)
-            if e > 0:  # ":D That's it", "sad :( but": no clause mark, no bracket
+            if e > 0 and (not glued or _GLUED_FACE.fullmatch(buf, i, e) and not (
+                    self._paren and buf[e - 1] == ")")):
+                # ":D That's it", "sad :( but", "great:) See", "Sorry:( I": no clause mark,
+                # no bracket (but "(mostly:)" closes its bracket)
                 return self._ends_after(i, e, out)
         if c in "-\u2013\u2014" and (
             i == 0 or buf[i - 1] not in _SPACE
