@@ -36,14 +36,15 @@ on how the stream was chunked:
   Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles
   (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
   ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit;
-  a kitchen unit never before a capitalized ingredient (``1/2 tsp. Dijon``); ``Mio.``, ``Min.``, ``Std.`` after a number end one
-  only before a word that opens sentences (``3,7 Mio. Einwohner``, ``10 Min. Bitte``); a day
-  or an ordinal before a month or after an article (``am 3. Oktober``, ``im 19.
-  Jahrhundert``, ``der 1. FC``, ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is
-  not a sentence end, while ``Platz 1. Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co.
-  KG`` and a century (``séc. XX``, ``sec. XIX``). Russian and Hindi: ``ул.``, ``проф.`` and
-  ``डॉ.`` never end one, nor ``им.`` before a name (``музей им. Пушкина``; the pronoun ends
-  one: ``позвонил им. Они``); ``д. 12``, ``ауд. 305``, ``रु. 450`` never before a digit;
+  a kitchen unit never before a capitalized ingredient (``1/2 tsp. Dijon``); ``Mio.``,
+  ``Min.``, ``Std.`` after a number end one only before a word that opens sentences
+  (``3,7 Mio. Einwohner``, ``10 Min. Bitte``, ``12 Std. Nicht``); a day or an ordinal
+  before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1.
+  FC``, ``im XIX. Jahrhundert``) or before a floor (``5, 3. OG``) is not a sentence end,
+  while ``Platz 1. Der`` is; nor are ``EE. UU.``, ``av. J.-C.``, ``Co. KG`` and a century
+  (``séc. XX``, ``sec. XIX``). Russian and Hindi: ``ул.``, ``проф.`` and ``डॉ.`` never end
+  one, nor ``им.`` before a name (``музей им. Пушкина``; the pronoun ends one: ``позвонил
+  им. Они``); ``д. 12``, ``ауд. 305``, ``रु. 450`` never before a digit;
   ``г.`` only after a number (a year: ``2026 г. Потом``, while ``в г. Москве`` goes on).
   A letter of a script without case is a capital after ``a.m.`` or ``etc.``
   (``3 p.m. 김``), but a dot after one to three Thai consonants (Thai writes no full
@@ -73,8 +74,9 @@ on how the stream was chunked:
 * An emoji or an emoticon (``:D``, ``:(``, written as a word; ``:)``, ``;)``, ``:(`` also
   glued to one: ``great:)``) before a capitalized word ends a sentence (``got me there :D
   That one's``, ``Sorry:( I was``); an emoticon's bracket opens or closes none (a glued
-  ``:)`` closes a bracket that is open: ``(mostly:)``). An em dash right after a word, then a space and a word that opens sentences, ends
-  one broken off (``might be in the— Actually, ...``; not ``the—wait``).
+  ``:)`` closes a bracket that is open: ``(mostly:)``). An em dash right after a word,
+  then a space and a word that opens sentences, ends one broken off (``might be in the—
+  Actually, ...``; not ``the—wait``).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty. A letter or Roman number opening a line numbers its
   item as ``1.`` does and ends no sentence (``   a. Product: $1.2B``, ``ii.``, ``IV.``).
@@ -1435,10 +1437,11 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     Drops markdown markers (emphasis, headings, list numbering and bullets, quote marks,
     table pipes and rules, code fences and inline-code backticks), struck-out text,
     footnote marks, control characters, U+FFFD (what an LLM's invalid UTF-8 decodes to:
-    "caf\ufffd\ufffd" says "caf"), emoji and emoticons (":)", "xD", "great:)"); an HTML line break is a pause; a link
-    says its label, a bare URL its host. With ``reads_digits=False`` (engines that read
-    "3.5" or "$184.50" badly) numbers, currency, percentages, times, ordinals and common
-    abbreviations are written out as words. LaTeX math says its content, not its delimiters.
+    "caf\ufffd\ufffd" says "caf"), emoji and emoticons (":)", "xD", "great:)"); an HTML
+    line break is a pause; a link says its label, a bare URL its host. With
+    ``reads_digits=False`` (engines that read "3.5" or "$184.50" badly) numbers, currency,
+    percentages, times, ordinals and common abbreviations are written out as words. LaTeX
+    math says its content, not its delimiters.
     """
     s = _CONTROL.sub(" ", text).replace("\ufffd", "").strip()
     if _FENCE.match(s) or _TABLE_RULE.match(s):
