@@ -1419,6 +1419,21 @@ def test_espeak_says_nothing_for_an_emoticon_once_spoken(espeak_engine, text):
     assert abs(said - bare) <= slack
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ('"Best pizza in town," one reviewer wrote. Another one called it good. Fine.',
+     ['"Best pizza in town,"', "one reviewer wrote.", "Another one called it good.", "Fine."]),
+    ("He said it (quietly, twice,) to me. It works now. Yes.",
+     ["He said it (quietly, twice,)", "to me.", "It works now.", "Yes."]),
+])
+def test_the_eager_first_clause_after_a_closing_quote_leaves_it_closed(text, want):
+    """The eager cut after 'town,"' left the quote open (its closing mark went with the
+    first segment, unscanned): every later sentence end waited, and the rest of the reply
+    was one segment."""
+    rng = random.Random(text)
+    for sizes in (None, [1] * len(text), chunks(text, rng, 5), chunks(text, rng, 17)):
+        assert [s.text for s in run(text, sizes, SegmenterConfig())] == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -1173,6 +1173,9 @@ class Segmenter:
         self._clause = (end, end, 0, 0)
         fmw = self.config.first_min_words
         if self._index == 0 and fmw > 0 and _words(self._buf[:end]) >= fmw:
+            # the quote or bracket a closing mark before ``end`` closed is closed ('"Best
+            # pizza in town," one reviewer wrote.'): the scan resumes past that mark
+            self._quote = self._paren = 0
             out.extend(self._emit(end, end, mid=True))
             return True
         return False
