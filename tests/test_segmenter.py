@@ -420,6 +420,21 @@ def test_first_max_words_never_ends_on_a_word_that_promises_more(text, want):
     assert words(text, 3, first_min_words=0) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    # Hindi: most words carry a vowel sign (a combining mark: "बहुत", "अच्छा")
+    ("यह एक बहुत अच्छा दिन है और हम सब पार्क में घूमने जा रहे हैं।",
+     ["यह एक बहुत", "अच्छा दिन है और हम सब पार्क में घूमने जा रहे हैं।"]),
+    # a decomposed accent ("e" + U+0301) cuts where the composed "é" does
+    ("Le cafe\u0301 e\u0301tait tre\u0300s bon pour nous.",
+     ["Le cafe\u0301 e\u0301tait", "tre\u0300s bon pour nous."]),
+    ("Le café était très bon pour nous.", ["Le café était", "très bon pour nous."]),
+])
+def test_first_max_words_cuts_after_a_word_written_with_combining_marks(text, want):
+    """A vowel sign or an accent written as a combining mark is part of its word: the cut
+    after that many words falls where it would without the marks, not words later."""
+    assert words(text, 3, first_min_words=0) == want
+
+
 def test_first_max_words_with_the_eager_clause_and_first_phrase_whichever_comes_first():
     text = "Sure, the build passed on the main branch today."
     assert words(text, 6) == ["Sure, the build passed on the main", "branch today."]
