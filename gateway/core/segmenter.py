@@ -92,7 +92,8 @@ on how the stream was chunked:
 * Opt-in (``first_max_words`` > 0), prosody-blind: the first segment may also end at the
   first space after that many words (those holding a letter or digit; a list marker is
   none), wherever the phrase is, when nothing above cut it sooner. Only between two plain
-  words: the word before is letters (an inner apostrophe or hyphen, a trailing ``,`` ``;``
+  words: the word before is letters (with their combining marks: a Hindi vowel sign, an
+  accent written apart; an inner apostrophe or hyphen, a trailing ``,`` ``;``
   ``:`` allowed, but not before a digit: "June, 2024"), not a title or "et", nor a word
   that promises more (``_NO_PHRASE_END``: "the", "at", "and", "is"...); the word after
   starts with a letter or digit; inside no quote, bracket, emphasis, strike-through, inline
@@ -114,6 +115,7 @@ on how the stream was chunked:
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, replace
 
 from engines.espeak_languages import GERMAN_MONTH_WORDS
@@ -363,6 +365,16 @@ _WORD = re.compile(r"[^\W_]\S*")
 _PLAIN_WORD = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*['\u2019]?[,;:]?")
 """A word the first_max_words cut may follow: letters, an inner apostrophe or hyphen
 ("it's", "well-known"), a plural possessive ("students'"), a clause mark ("Paris,")."""
+
+
+def _plain_word(word: str) -> bool:
+    """``word`` is a ``_PLAIN_WORD`` once its combining marks are left out: a Hindi vowel
+    sign ("बहुत") or an accent written apart ("e" + U+0301) is part of a letter."""
+    if _PLAIN_WORD.fullmatch(word):
+        return True
+    return not word.isascii() and _PLAIN_WORD.fullmatch(
+        "".join(c for c in word if not unicodedata.category(c).startswith("M"))) is not None
+
 _MATH_DOLLAR = re.compile(r"\$(?!\d)")
 """A ``$`` that may delimit math (not "$5")."""
 _SPAN_MARK = re.compile("[*_$~`'\u2018]")
@@ -1227,7 +1239,7 @@ class Segmenter:
             head, words, prev = self._head_words(w)
             if words < self.config.first_max_words:
                 continue
-            if (not _PLAIN_WORD.fullmatch(prev) or prev.rstrip(",;:") in _TITLES
+            if (not _plain_word(prev) or prev.rstrip(",;:") in _TITLES
                     or prev.lower() == "et" or _open_span(buf[head:w])
                     or prev[-1] in ",;:" and buf[k].isdigit()):
                 continue  # "Mr | Smith", "et | al.", "June, | 2024": one token
