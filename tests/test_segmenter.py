@@ -2370,3 +2370,42 @@ def test_the_sentence_after_a_run_on_chinese_cut_ends_at_its_full_stop():
             "也认识了很多新朋友大家都非常开心。明天见。")
     got = [s.text for s in run(text, config=SegmenterConfig(first_min_words=0, max_chars=40))]
     assert got[-2:] == ["心。", "明天见。"]  # cut at 40: "...非常开 | 心。"
+
+
+def cuts(text: str, **kw) -> list[str]:
+    """The segments' text with these settings; the same whatever the chunking."""
+    config = SegmenterConfig(**kw)
+    got = [s.text for s in run(text, config=config)]
+    rng = random.Random(text)
+    for hi in (1, 3, 7):
+        assert [s.text for s in run(text, chunks(text, rng, hi), config)] == got
+    return got
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # square brackets hold their sentences as round ones do
+    ("[Note: this is old. See the docs.] Then go on with it.",
+     ["[Note: this is old. See the docs.]", "Then go on with it."]),
+    # a bracket inside a bracket: closing the inner one leaves the outer one open
+    ("(See the notes (page 4). They help a lot.) Then go on.",
+     ["(See the notes (page 4). They help a lot.)", "Then go on."]),
+    # a quote after a Hebrew word closes (a gershayim stands between two letters: ד"ר)
+    ('הוא אמר "שלום" והלך הביתה. אחר כך ישנו.', ['הוא אמר "שלום" והלך הביתה.', "אחר כך ישנו."]),
+    # an inch mark opening the reply opens no quote
+    ('8" pizzas are small. Order a bigger one today.',
+     ['8" pizzas are small.', "Order a bigger one today."]),
+    # a quote opened curly and closed straight is closed
+    ('He said “fine" and left. Then we went home together.',
+     ['He said “fine" and left.', "Then we went home together."]),
+])
+def test_brackets_and_quotes_open_and_close_in_pairs(text, want):
+    assert cuts(text, first_min_words=0) == want
+
+
+def test_a_greek_question_mark_after_a_one_letter_word_ends_the_sentence():
+    assert cuts("Ποιο θες, το Α ή το Β; Πες μου τώρα.", first_min_words=0) == [
+        "Ποιο θες, το Α ή το Β;", "Πες μου τώρα."]
+
+
+def test_the_sentences_after_an_emoji_that_ended_one_are_cut_too():
+    assert cuts("Done ✅ Hi. Go on then.") == ["Done ✅", "Hi.", "Go on then."]
