@@ -1158,10 +1158,8 @@ class Segmenter:
                 # ":D That's it", "sad :( but", "great:) See", "Sorry:( I": no clause mark,
                 # no bracket (but "(mostly:)" closes its bracket)
                 return self._ends_after(i, e, out)
-        if c in "-\u2013\u2014" and (
-            i == 0 or buf[i - 1] not in _SPACE
-            or c == "-" and self._starts_line(i)
-        ):
+        # (a bullet's "-" is at 0: a newline always cuts, and a segment opens on no space)
+        if c in "-\u2013\u2014" and (i == 0 or buf[i - 1] not in _SPACE):
             if c == "\u2014" and i and buf[i - 1].isalpha() and self._interrupted(i, out):
                 return True
             self._pos = i + 1
