@@ -2409,3 +2409,13 @@ def test_a_greek_question_mark_after_a_one_letter_word_ends_the_sentence():
 
 def test_the_sentences_after_an_emoji_that_ended_one_are_cut_too():
     assert cuts("Done ✅ Hi. Go on then.") == ["Done ✅", "Hi.", "Go on then."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ('He said "it might be in the— Actually, no" and left. Then he went home.',
+     ['He said "it might be in the— Actually, no" and left.', "Then he went home."]),
+    ("It might be in the (big— Actually, no) box. Then go.",
+     ["It might be in the (big— Actually, no) box.", "Then go."]),
+])
+def test_a_sentence_broken_off_inside_a_quote_or_brackets_is_not_cut(text, want):
+    assert cuts(text) == want
