@@ -729,8 +729,7 @@ class Segmenter:
         of it (the info string, "python") has none. "```x``` See ..." is inline code, to be
         said, as Markdown takes it (waits for the end of the line to tell)."""
         buf = self._buf
-        line = buf.rfind("\n", 0, i) + 1
-        if buf[line:i].strip(" \t"):
+        if buf[:i].strip(" \t"):  # (the buffer starts the line or holds none: ``_starts_line``)
             return False
         self._need(i + 2)
         if not buf.startswith("```", i):
@@ -974,7 +973,7 @@ class Segmenter:
         if nxt.islower():
             return False  # "3 p.m. in", "e.g. this", "well... maybe"
         buf = self._buf
-        ws = max(buf.rfind(" ", 0, i), buf.rfind("\n", 0, i)) + 1
+        ws = buf.rfind(" ", 0, i) + 1
         if nxt in "KQRBN" and buf[ws:i].isdigit() and run in (".", "...", "\u2026") and (
                 _SAN.fullmatch(self._next_word(i + len(run)))):
             return False  # a move number: "1. e4 e5 2. Nf3", "3... Qe7"
@@ -1086,7 +1085,7 @@ class Segmenter:
             p -= 1
         if p < 0:
             return self._carry or ""
-        q = max(buf.rfind(" ", 0, p), buf.rfind("\n", 0, p)) + 1
+        q = buf.rfind(" ", 0, p) + 1
         return _bare(buf[q:p + 1])
 
     def _name_or_end(self, i: int, ws: int, word: str) -> bool:
@@ -1119,12 +1118,11 @@ class Segmenter:
 
     def _starts_line(self, i: int, lead: re.Pattern[str] | None = None) -> bool:
         """True when only spaces (or what ``lead`` matches, then spaces) stand between the
-        start of the line and ``i``."""
-        buf = self._buf
-        nl = buf.rfind("\n", 0, i)
-        if nl < 0 and not self._fresh_line:
+        start of the line and ``i``. No newline stands before the scan: the scan cuts at
+        each (``_scan``), so the buffer starts the line (``_fresh_line``) or holds none of it."""
+        if not self._fresh_line:
             return False
-        head = buf[nl + 1:i].strip()
+        head = self._buf[:i].strip()
         return not head or lead is not None and lead.fullmatch(head) is not None
 
     def _interrupted(self, i: int, out: list[Segment]) -> bool:
