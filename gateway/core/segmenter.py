@@ -728,9 +728,9 @@ class Segmenter:
         """A code block opens at ``i``: three or more backticks start the line, and the rest
         of it (the info string, "python") has none. "```x``` See ..." is inline code, to be
         said, as Markdown takes it (waits for the end of the line to tell)."""
-        buf = self._buf
-        if buf[:i].strip(" \t"):  # (the buffer starts the line or holds none: ``_starts_line``)
+        if i:  # the buffer opens on no space and holds no newline (``_starts_line``)
             return False
+        buf = self._buf
         self._need(i + 2)
         if not buf.startswith("```", i):
             return False
