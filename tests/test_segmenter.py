@@ -2419,3 +2419,28 @@ def test_the_sentences_after_an_emoji_that_ended_one_are_cut_too():
 ])
 def test_a_sentence_broken_off_inside_a_quote_or_brackets_is_not_cut(text, want):
     assert cuts(text) == want
+
+
+@pytest.mark.parametrize("mark", ['"', "“", "„", "«", "»"])
+def test_a_title_after_a_stray_opening_quote_goes_on(mark):
+    """A quote left open past quote_max_chars is taken as a stray mark: the sentences after
+    it are cut, but not after the title it stands before."""
+    text = f"We saw {mark}Dr. Smith at the clinic today. It went well."
+    assert cuts(text, first_min_words=0, quote_max_chars=10) == [
+        f"We saw {mark}Dr. Smith at the clinic today.", "It went well."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # a citation mark inside brackets: the bracket still holds the next sentence
+    ("(It rose.[1] Then it fell.) Okay.", ["(It rose.[1] Then it fell.)", "Okay."]),
+    # a bracket closing right after the mark closes one bracket, not two
+    ("(We met (twice.) It was fun.) Then go.", ["(We met (twice.) It was fun.)", "Then go."]),
+    # an ellipsis character is a pause before a lowercase word, a digit or a sign, and
+    # before "I" (as "..." is)
+    ("It comes to… $42 in all. Thanks.", ["It comes to… $42 in all.", "Thanks."]),
+    ("Well… I think so. Yes.", ["Well… I think so.", "Yes."]),
+    # an empty code block is one silent segment; what follows it is cut as usual
+    ("```\n```\nThen it ends. Okay go.", ["```\n```", "Then it ends.", "Okay go."]),
+])
+def test_marks_after_a_sentence_end_decide_as_they_should(text, want):
+    assert cuts(text, first_min_words=0) == want
