@@ -2444,3 +2444,12 @@ def test_a_title_after_a_stray_opening_quote_goes_on(mark):
 ])
 def test_marks_after_a_sentence_end_decide_as_they_should(text, want):
     assert cuts(text, first_min_words=0) == want
+
+
+def test_a_code_block_left_open_at_the_end_of_a_reply_is_one_silent_segment():
+    """A reply cut off inside a code block opening it: the opt-in first cuts stay out of it
+    (its words are no phrase), and none of it is said."""
+    text = "```bash\nls -la in the home dir and then\ncd to it"
+    seg = Segmenter(SegmenterConfig(first_phrase_words=3))
+    got = seg.feed(text) + seg.finish()
+    assert [(s.text, s.spoken) for s in got] == [(text, "")]
