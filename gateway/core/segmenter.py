@@ -886,9 +886,6 @@ class Segmenter:
             nxt = buf[k]
         if nxt.islower() and _CAMEL.fullmatch(self._next_word(k)):
             nxt = nxt.upper()  # "is out. macOS Sonoma", "week. v0.3.1 adds": as a capital
-        k = end
-        while buf[k] in _SPACE:
-            k += 1
         if quote or paren or not self._ends_sentence(i, run, nxt):
             self._pos = j
             return False
@@ -897,7 +894,7 @@ class Segmenter:
             self._pos = end  # merge a short sentence with the next one
             self._clause = None
             return False
-        out.extend(self._emit(end, k))
+        out.extend(self._emit(end, end))  # (_emit steps over the spaces after it)
         return True
 
     def _cjk_terminator(self, i: int, out: list[Segment]) -> bool:
