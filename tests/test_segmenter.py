@@ -2453,3 +2453,17 @@ def test_a_code_block_left_open_at_the_end_of_a_reply_is_one_silent_segment():
     seg = Segmenter(SegmenterConfig(first_phrase_words=3))
     got = seg.feed(text) + seg.finish()
     assert [(s.text, s.spoken) for s in got] == [(text, "")]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ('It was made in the U.S. "The best," they said.',
+     ["It was made in the U.S.", '"The best," they said.']),
+    ('It is on Downing St. “That one,” he said.', ["It is on Downing St.", "“That one,” he said."]),
+    ("It was made in the U.S. (The rest came later.) Okay.",
+     ["It was made in the U.S.", "(The rest came later.)", "Okay."]),
+    ('It was J. "Jim" Smith who came.', ['It was J. "Jim" Smith who came.']),  # a nickname
+])
+def test_a_sentence_opening_with_a_quote_or_bracket_after_a_name_or_end_abbreviation(text, want):
+    """After "U.S." or "St.", a word that opens sentences ends the one before, also when it
+    opens a quote or a bracket (the mark's first letter decides, as after any sentence)."""
+    assert cuts(text, first_min_words=0) == want
