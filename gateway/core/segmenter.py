@@ -1094,6 +1094,8 @@ class Segmenter:
         j = self._skip_closers(i + 1)[0]  # 'him "Mister T." Then', '(the U.S.) Then'
         while self._need(j) and buf[j] in _SPACE:
             j += 1
+        while self._need(j) and buf[j] in _OPENERS:
+            j += 1  # 'the U.S. "The best," they said': the quote's first word decides
         nxt = self._next_word(j)
         k = j + len(nxt)
         if len(nxt) == 1 and self._need(k) and buf[k] == ".":
