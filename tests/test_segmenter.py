@@ -2467,3 +2467,19 @@ def test_a_sentence_opening_with_a_quote_or_bracket_after_a_name_or_end_abbrevia
     """After "U.S." or "St.", a word that opens sentences ends the one before, also when it
     opens a quote or a bracket (the mark's first letter decides, as after any sentence)."""
     assert cuts(text, first_min_words=0) == want
+
+
+def test_a_clause_mark_ending_right_at_max_chars_is_where_a_long_sentence_is_cut():
+    text = "Well, the home team won the final match, and the fans cheered loudly for them."
+    assert len("Well, the home team won the final match,") == 40
+    assert cuts(text, max_chars=40, first_min_words=0) == [
+        "Well, the home team won the final match,", "and the fans cheered loudly for them."]
+
+
+def test_first_max_words_never_cuts_before_a_word_opening_with_a_mark():
+    """The word after the cut starts with a letter or digit: a quote or bracket opening
+    after a cut would be said apart from the words it holds."""
+    assert cuts('He told "Bob" all of it today.', first_max_words=2) == [
+        'He told "Bob" all', "of it today."]
+    assert cuts("He told (Bob) all of it today.", first_max_words=2) == [
+        "He told (Bob) all", "of it today."]
