@@ -2483,3 +2483,16 @@ def test_first_max_words_never_cuts_before_a_word_opening_with_a_mark():
         'He told "Bob" all', "of it today."]
     assert cuts("He told (Bob) all of it today.", first_max_words=2) == [
         "He told (Bob) all", "of it today."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # an attic floor closes an address as "3. OG" does
+    ("Die Wohnung ist in der Hauptstr. 5, 3. DG links. Gut.",
+     ["Die Wohnung ist in der Hauptstr. 5, 3. DG links.", "Gut."]),
+    # a year opening a line is no list number (those have up to three digits)
+    ("Intro here.\n2024. It was a good year.", ["Intro here.", "2024.", "It was a good year."]),
+    # a word ending in "tr" is no street ("Hauptstr. 5"): before a number, it ends one
+    ("I met Petr. 5 of us went. Okay.", ["I met Petr.", "5 of us went.", "Okay."]),
+])
+def test_numbers_after_a_dot_in_addresses_lists_and_names(text, want):
+    assert cuts(text, first_min_words=0) == want
