@@ -1061,7 +1061,7 @@ class Segmenter:
         if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
                 self._prev_word(ws) in _ORDINAL_AFTER or (
                 nxt in "JFMASOND" and self._german_month(i + 1, ws)) or (
-                nxt in "OUEDS" and self._next_word(i + 1) in _FLOORS)):
+                nxt in "OUED" and self._next_word(i + 1) in _FLOORS)):
             return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert", "5, 3. OG"
         return True
 
