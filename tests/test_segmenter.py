@@ -2462,6 +2462,7 @@ def test_a_code_block_left_open_at_the_end_of_a_reply_is_one_silent_segment():
     ("It was made in the U.S. (The rest came later.) Okay.",
      ["It was made in the U.S.", "(The rest came later.)", "Okay."]),
     ('It was J. "Jim" Smith who came.', ['It was J. "Jim" Smith who came.']),  # a nickname
+    ("It was made in the U.S. Don't worry.", ["It was made in the U.S.", "Don't worry."]),
 ])
 def test_a_sentence_opening_with_a_quote_or_bracket_after_a_name_or_end_abbreviation(text, want):
     """After "U.S." or "St.", a word that opens sentences ends the one before, also when it
@@ -2483,6 +2484,21 @@ def test_first_max_words_never_cuts_before_a_word_opening_with_a_mark():
         'He told "Bob" all', "of it today."]
     assert cuts("He told (Bob) all of it today.", first_max_words=2) == [
         "He told (Bob) all", "of it today."]
+    # a carriage return after a space is part of the gap (it is a space), before a mark too
+    assert cuts("We went \r(to) the shop and then home.", first_max_words=2) == [
+        "We went \r(to) the shop", "and then home."]
+    assert cuts("We went \rto the shop and home.", first_max_words=2) == [
+        "We went", "to the shop and home."]
+
+
+@pytest.mark.parametrize(("text", "n", "want"), [
+    ("1. Open settings and wait.", 2, ["1. Open settings", "and wait."]),  # "1." is no word
+    ("We need the flour; 2 eggs go in next.", 3, ["We need the flour; 2 eggs", "go in next."]),
+    ("I am here now.", 1, ["I", "am here now."]),  # a one-letter first word is one
+])
+def test_first_max_words_counts_words_not_marks_and_keeps_a_number_after_a_semicolon(
+        text, n, want):
+    assert cuts(text, first_max_words=n, first_min_words=0) == want
 
 
 @pytest.mark.parametrize(("text", "want"), [
