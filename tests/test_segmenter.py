@@ -2512,3 +2512,9 @@ def test_first_max_words_counts_words_not_marks_and_keeps_a_number_after_a_semic
 ])
 def test_numbers_after_a_dot_in_addresses_lists_and_names(text, want):
     assert cuts(text, first_min_words=0) == want
+
+
+def test_the_sentences_after_a_word_longer_than_max_chars_are_cut_as_usual():
+    url = "https://example.com/" + "a" * 50 + "/b"
+    assert cuts(f"See {url} for it. Then go. Okay then.", max_chars=40, first_min_words=0) == [
+        "See", url, "for it.", "Then go.", "Okay then."]
