@@ -2394,6 +2394,8 @@ def cuts(text: str, **kw) -> list[str]:
     # an inch mark opening the reply opens no quote
     ('8" pizzas are small. Order a bigger one today.',
      ['8" pizzas are small.', "Order a bigger one today."]),
+    # a German quote (»…«) closed after a space, as French spacing writes it
+    ("Er sagte: »Ja. « Dann ging er.", ["Er sagte: »Ja. «", "Dann ging er."]),
     # a quote opened curly and closed straight is closed
     ('He said “fine" and left. Then we went home together.',
      ['He said “fine" and left.', "Then we went home together."]),
