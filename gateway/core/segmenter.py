@@ -27,7 +27,8 @@ on how the stream was chunked:
   (``Plan B.``, ``J.``), an all-caps dotted abbreviation (``U.S.``), ``St.`` (``Ave.``,
   ``Blvd.``, ``Rd.``), a name's ``Sr.`` and ``Jr.`` and the Vietnamese ``TP.`` (city) end
   one only before a word that opens sentences (``Then``, ``It's``..., a French elided word:
-  ``B. N'oublie``), or after a label word or an ordinal (``option A.``, ``bât. B.``,
+  ``B. N'oublie``; also inside an opening quote or bracket: ``U.S. "The``), or after a
+  label word or an ordinal (``option A.``, ``bât. B.``,
   ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy``, ``Pennsylvania Ave. NW``,
   ``King Jr. Day``, ``TP. Hồ Chí Minh`` and ``Man. City`` go on, while ``Griffey Sr. He hit`` ends;
   ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``, ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2``
