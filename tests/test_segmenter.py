@@ -2520,3 +2520,70 @@ def test_the_sentences_after_a_word_longer_than_max_chars_are_cut_as_usual():
     url = "https://example.com/" + "a" * 50 + "/b"
     assert cuts(f"See {url} for it. Then go. Okay then.", max_chars=40, first_min_words=0) == [
         "See", url, "for it.", "Then go.", "Okay then."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # a ";" is a Greek question mark after a letter of polytonic Greek too, not after Hindi
+    ("Ποῦ εἶ; Ἐνταῦθα εἰμί.", ["Ποῦ εἶ;", "Ἐνταῦθα εἰμί."]),
+    ("यह अच्छा है; वह भी ठीक है।", ["यह अच्छा है; वह भी ठीक है।"]),
+    # a Roman century with a V is a German ordinal
+    ("Es wurde im XV. Jahrhundert gebaut. Schön.",
+     ["Es wurde im XV. Jahrhundert gebaut.", "Schön."]),
+    # inline code does not run over a newline
+    ("Use the `make\nThen` target. Okay.", ["Use the `make", "Then` target.", "Okay."]),
+    # a CJK ideograph of plane 2 is no emoji, from its first one on
+    ("Well done! \U00020000 is rare. Okay.", ["Well done!", "\U00020000 is rare.", "Okay."]),
+    # emoticons stay with the sentence before, a newline after them too
+    ("Thanks a lot! =) See you soon.", ["Thanks a lot! =)", "See you soon."]),
+    ("Thanks a lot! XD See you soon.", ["Thanks a lot! XD", "See you soon."]),
+    ("Thanks a lot! <3 See you soon.", ["Thanks a lot! <3", "See you soon."]),
+    ("Thanks a lot! ^_^ See you soon.", ["Thanks a lot! ^_^", "See you soon."]),
+    ("That hurt. :'-( See you soon.", ["That hurt. :'-(", "See you soon."]),
+    ("Thanks a lot! :)\nSee you soon.", ["Thanks a lot! :)", "See you soon."]),
+    # chess: a king's or a rook's move after a move number, a move's "!" or a mark after
+    # a check or a mate before the next number end no sentence
+    ("1. e4 e5 2. Ke2 Ke7 3. Kd3 draws.", ["1. e4 e5 2. Ke2 Ke7 3. Kd3 draws."]),
+    ("1. e4 e5 2. Rf1 Nf6 3. Ra1 draws.", ["1. e4 e5 2. Rf1 Nf6 3. Ra1 draws."]),
+    ("It went 3. Nf3 Nf6! 4. Qxf7 mate.", ["It went 3. Nf3 Nf6! 4. Qxf7 mate."]),
+    ("It went 3. Bc4 Qxf7+?? 4. Kxf7 mate.", ["It went 3. Bc4 Qxf7+?? 4. Kxf7 mate."]),
+    ("It went 3. Bc4 Qxf7#! 4. Kxf7 mate.", ["It went 3. Bc4 Qxf7#! 4. Kxf7 mate."]),
+    # a citation mark of six numbers is one still
+    ("Calcium helps.[1, 2, 3, 4, 5, 6] Most people get enough.",
+     ["Calcium helps.[1, 2, 3, 4, 5, 6]", "Most people get enough."]),
+])
+def test_more_scripts_marks_and_notations_each_rule_holds(text, want):
+    assert cuts(text, first_min_words=0) == want
+
+
+def test_a_newline_right_after_a_word_longer_than_max_chars_cuts_there():
+    text = "See " + "x" * 45 + "\nNext line here. Okay."
+    assert cuts(text, max_chars=40, first_min_words=0) == [
+        "See", "x" * 45, "Next line here.", "Okay."]
+
+
+def test_a_citation_mark_of_six_numbers_is_not_said_and_one_of_seven_is():
+    assert speakable("Calcium helps.[1, 2, 3, 4, 5, 6] Most.") == "Calcium helps. Most."
+    text = "Calcium helps.[1, 2, 3, 4, 5, 6, 7] Most."
+    assert speakable(text) == text
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Well - we went home to the shop.", ["Well - we went", "home to the shop."]),  # "-"
+    ("He said ‘go home right now’ and left it.", ["He said ‘go home right now’", "and left it."]),
+])
+def test_first_max_words_counts_no_dash_and_never_cuts_inside_curly_single_quotes(text, want):
+    assert cuts(text, first_max_words=3, first_min_words=0) == want
+
+
+def test_the_prefix_heard_weighs_each_word_by_the_words_it_is_read_as():
+    """``heard_prefix``: "$1,234.56" is read as nine words, "example.org" as three ("example
+    dot org"); an emoji is not heard."""
+    from gateway.core.segmenter import heard_prefix
+
+    text = "It cost $1,234.56 in total."
+    got = [heard_prefix(text, share) for share in (0.1, 0.8, 0.9, 1.0)]
+    assert got == ["It", "It cost", "It cost $1,234.56", text]
+    assert heard_prefix("See example.org for it.", 0.5) == "See"
+    assert heard_prefix("See example.org for it.", 0.8) == "See example.org"
+    assert heard_prefix("Hi there now \U0001F389", 1.0) == "Hi there now"
+    assert heard_prefix("Hi there now \U0001F389", 0.8) == "Hi there"
