@@ -2587,3 +2587,22 @@ def test_the_prefix_heard_weighs_each_word_by_the_words_it_is_read_as():
     assert heard_prefix("See example.org for it.", 0.8) == "See example.org"
     assert heard_prefix("Hi there now \U0001F389", 1.0) == "Hi there now"
     assert heard_prefix("Hi there now \U0001F389", 0.8) == "Hi there"
+
+
+@pytest.mark.parametrize(("text", "kw", "want"), [
+    # a reply ending right after the dash finishes
+    ("It might be in the—", {}, ["It might be in the—"]),
+    # the word after may be written with a curly apostrophe
+    ("It might be in the— It’s fine, really. Tell me.", {},
+     ["It might be in the—", "It’s fine, really.", "Tell me."]),
+    # a later piece shorter than min_chars merges with the next, as a short sentence does
+    ("Okay. It might be in the— Actually, no.", {"min_chars": 30},
+     ["Okay.", "It might be in the— Actually, no."]),
+    # a piece ending right at max_chars stands
+    ("Well, it might be in the big room— Actually, no. Fine.", {"max_chars": 34},
+     ["Well, it might be in the big room—", "Actually, no.", "Fine."]),
+    # a winking emoticon after a word is no clause mark: the sentence after it is cut
+    ("Sure ;-) That is it. Okay.", {}, ["Sure ;-)", "That is it.", "Okay."]),
+])
+def test_a_sentence_broken_off_at_an_em_dash_or_after_an_emoticon(text, kw, want):
+    assert cuts(text, first_min_words=0, **kw) == want
