@@ -43,6 +43,7 @@ import ctypes
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import tracemalloc
@@ -51,6 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import process_stats  # noqa: E402
 from bench.capacity import raise_nofile  # noqa: E402
 from engines.base import TtsEngine  # noqa: E402
 from engines.fallback import FallbackEngine  # noqa: E402
@@ -66,8 +68,7 @@ few minutes sees it open and close many times."""
 
 
 def rss_kb() -> int:
-    return next(int(x.split()[1]) for x in Path("/proc/self/status").read_text().splitlines()
-                if x.startswith("VmRSS:"))
+    return process_stats.rss_bytes(os.getpid()) // 1024
 
 
 def dump_heap(folder: Path, n: int) -> None:
@@ -76,7 +77,8 @@ def dump_heap(folder: Path, n: int) -> None:
     gc.collect()
     counts = Counter(type(o).__qualname__ for o in gc.get_objects())
     rss = rss_kb()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if sys.platform == "linux":  # glibc's; macOS's allocator has no such call
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
     if tracemalloc.is_tracing():
         tracemalloc.take_snapshot().dump(str(folder / f"heap-{n}.snap"))
