@@ -1449,6 +1449,41 @@ def test_the_eager_first_clause_after_a_closing_quote_leaves_it_closed(text, wan
         assert [s.text for s in run(text, sizes, SegmenterConfig())] == want
 
 
+# --- cases the ninth held-out set exposed (tests/data/segmentation-heldout-9.jsonl), and
+# the leftovers noticed before it ---------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "n", "want"), [
+    ("Prenez la ligne\u00a04 jusqu'au terminus de Châtillon.", 3,
+     ["Prenez la ligne\u00a04 jusqu'au", "terminus de Châtillon."]),  # "4": no plain word
+    ("Rendez-vous chez Mme\u202fDupont demain matin à neuf heures.", 3,
+     ["Rendez-vous chez Mme\u202fDupont", "demain matin à neuf heures."]),
+])
+def test_first_max_words_never_cuts_at_a_no_break_space(text, n, want):
+    """"ligne | 4" and "Mme | Dupont" were cut at the no-break space the writer put there to
+    keep the two words together."""
+    assert words(text, n, first_min_words=0) == want
+
+
+def test_a_phrase_cut_never_lands_at_a_no_break_space():
+    """"a 65 | in screen": the phrase cut took "in" (inches), tied to the number by a
+    no-break space, for an opener."""
+    text = "The TV has a 65\u00a0in screen with HDR and a matte finish."
+    assert phrase(text, 3, first_min_words=0) == [
+        "The TV has a 65\u00a0in screen", "with HDR and a matte finish."]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ('The band is called "Over The" in most of Europe.',
+     ['The band is called "Over The"', "in most of Europe."]),
+    ("The title reads (Gone With the) in the old print run.",
+     ["The title reads (Gone With the)", "in the old print run."]),
+])
+def test_a_closed_quote_ending_in_a_function_word_allows_a_phrase_cut(text, want):
+    """The closing mark was stripped before the check, so '"Over The"' counted as "the",
+    an article that promises a noun: the quote or bracket is closed, nothing is promised."""
+    assert phrase(text, 3, first_min_words=0) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

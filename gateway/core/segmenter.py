@@ -86,13 +86,16 @@ on how the stream was chunked:
 * Opt-in (``first_phrase_words`` > 0): the first segment may also end right before a
   lowercase phrase-opening function word (``and``, ``but``, ``because``, ``which``,
   ``in``, ``with``...) once it holds that many words, inside no quote or bracket, with the
-  function word complete (whitespace after it) and the piece before it not ending in an
-  article, a determiner or another function word (``the``, ``my``, ``of``...). It is
+  function word complete (whitespace after it), no no-break space before it (``65\u00a0in``)
+  and the piece before it not ending in an
+  article, a determiner or another function word (``the``, ``my``, ``of``...; a quote or
+  bracket closed on it promises nothing: ``"Over The" | in``). It is
   decided at the whitespace after the function word, so a sentence that ends before that
   goes whole, and the result does not depend on the chunking.
 * Opt-in (``first_max_words`` > 0), prosody-blind: the first segment may also end at the
   first space after that many words (those holding a letter or digit; a list marker is
-  none), wherever the phrase is, when nothing above cut it sooner. Only between two plain
+  none; never a no-break space, U+00A0 or U+202F: ``10\u00a0km``, ``M.\u202fDupont``),
+  wherever the phrase is, when nothing above cut it sooner. Only between two plain
   words: the word before is letters (with their combining marks: a Hindi vowel sign, an
   accent written apart; an inner apostrophe or hyphen, a trailing ``,`` ``;``
   ``:`` allowed, but not before a digit: "June, 2024"), not a title or "et", nor a word
@@ -345,7 +348,7 @@ _PHRASE_OPENERS = frozenset(
     "through without within into across between".split()
 )
 _PHRASE = re.compile(
-    r"(?<=[ \t\u00a0])(?:" + "|".join(sorted(_PHRASE_OPENERS, key=len, reverse=True))
+    r"(?<=[ \t])(?:" + "|".join(sorted(_PHRASE_OPENERS, key=len, reverse=True))
     + r")(?=[ \t\u00a0])"
 )
 _PHRASE_LONGEST = max(map(len, _PHRASE_OPENERS))
@@ -358,6 +361,9 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "had will would can could should shall may might must".split()
 )
 _GAP = re.compile("[ \t\u00a0\u202f]+")
+_NO_BREAK = re.compile("[\u00a0\u202f]")
+"""No-break spaces: the words on either side belong together ("10 km", "M. Dupont");
+no first_max_words or phrase cut is made at one."""
 _GAP_OR_LINE = re.compile("[ \n]")
 """Where a word longer than max_chars ends: the long cut is made at a space."""
 _WORD = re.compile(r"[^\W_]\S*")
@@ -1221,6 +1227,8 @@ class Segmenter:
             self._word_pos = endpos
             return -1
         for m in _GAP.finditer(buf, start, endpos):
+            if _NO_BREAK.search(m.group()):
+                continue  # "10\u00a0km", "Mme\u202fDupont": the writer tied them
             w = m.start()
             k = m.end()
             while k < len(buf) and buf[k] in _SPACE:
@@ -1279,8 +1287,8 @@ class Segmenter:
             if len(words) < self.config.first_phrase_words:
                 continue
             prev = words[-1]
-            low = prev.lower().rstrip("\"'\u201c\u201d\u00ab\u00bb\u2019)]*_")
-            if low in _NO_PHRASE_END or prev.rstrip(".") in _TITLES:
+            # (a word that closes a quote or bracket ends what it opened: '"Over The" | in')
+            if prev.lower() in _NO_PHRASE_END or prev.rstrip(".") in _TITLES:
                 continue
             if m.group() in ("and", "or") and any(c.isdigit() for c in prev):
                 continue  # "between 3 | and 5", "2 | or 3"
