@@ -11,9 +11,11 @@ that needs text not yet received *waits* instead of guessing, so the result neve
 on how the stream was chunked:
 
 * A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
-  letter: ``Τι ώρα είναι; Είναι``) (plus closing quotes, brackets, markdown emphasis,
-  citation marks, ``.[1]``, ``.[1, 2]``, ``.[1–3]``, and trailing emoji or emoticons:
-  ``Nice try. ;-)``, ``Done! :)``, ``xD``) followed by whitespace;
+  letter: ``Τι ώρα είναι; Είναι``; also ``؟ ۔ । ॥``, the Armenian ``։``, the Amharic ``።``
+  and ``፧``, the Burmese ``။``; a Georgian letter counts as a capital) (plus closing
+  quotes, brackets, markdown emphasis, citation marks, ``.[1]``, ``.[1, 2]``, ``.[1–3]``,
+  and trailing emoji or emoticons: ``Nice try. ;-)``, ``Done! :)``, ``xD``) followed by
+  whitespace;
   the first character of the next word decides the ambiguous cases. ``8.`` + ``4`` never
   splits (no whitespace), neither do ``192.168.1.1``, ``example.org``, ``a@b.io``,
   ``11:15``. A lowercase next word means the sentence goes on (``3 p.m. in``,
@@ -30,14 +32,17 @@ on how the stream was chunked:
   ``B. N'oublie``; also inside an opening quote or bracket: ``U.S. "The``), or after a
   label word or an ordinal (``option A.``, ``bât. B.``,
   ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy``, ``Pennsylvania Ave. NW``,
-  ``King Jr. Day``, ``TP. Hồ Chí Minh`` and ``Man. City`` go on, while ``Griffey Sr. He hit`` ends;
+  ``King Jr. Day``, ``TP. Hồ Chí Minh`` and ``Man. City`` go on, while ``Griffey Sr. He hit``
+  and ``Isle of Man. Douglas`` end; (labels: ``Lot C.``, ``Track B.``);
   ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``, ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2``
   never before a digit, except ``No.`` opening a sentence (the answer); ``et al.`` only
   before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and
   Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles
   (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
   ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit;
-  a kitchen unit never before a capitalized ingredient (``1/2 tsp. Dijon``); ``Mio.``,
+  a kitchen unit before a capital ends one only before a word that opens sentences, a
+  recipe verb or an -ly adverb (``2 lbs. Dice``, ``tsp. Honestly``), not before an
+  ingredient (``1/2 tsp. Dijon``, ``2 oz. Gouda``); ``Mio.``,
   ``Min.``, ``Std.`` after a number end one only before a word that opens sentences
   (``3,7 Mio. Einwohner``, ``10 Min. Bitte``, ``12 Std. Nicht``); a day or an ordinal
   before a month or after an article (``am 3. Oktober``, ``im 19. Jahrhundert``, ``der 1.
@@ -77,7 +82,8 @@ on how the stream was chunked:
   That one's``, ``Sorry:( I was``); an emoticon's bracket opens or closes none (a glued
   ``:)`` closes a bracket that is open: ``(mostly:)``). An em dash right after a word,
   then a space and a word that opens sentences, ends one broken off (``might be in the—
-  Actually, ...``; not ``the—wait``).
+  Actually, ...``; not ``the—wait``), after the quote or bracket it closes too
+  (``"I was about to—" "Don't,"``).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty. A letter or Roman number opening a line numbers its
   item as ``1.`` does and ends no sentence (``   a. Product: $1.2B``, ``ii.``, ``IV.``).
@@ -174,13 +180,18 @@ class Segment:
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile(
-    "[.!?\u2026\u061f\u06d4\u0964\u0965\u037e,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
+    "[.!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
     "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
 )
-_TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965\u037e")
+_TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b")
 """Sentence ends followed by a space: . ! ? …, the Arabic question mark ؟, the Urdu full
-stop ۔, the Devanagari dandas । ॥ and the Greek question mark U+037E (which LLMs write as
-";": after a Greek letter that one is a question mark too, ``_GREEK``)."""
+stop ۔, the Devanagari dandas । ॥ (Bengali's too), the Greek question mark U+037E (which
+LLMs write as ";": after a Greek letter that one is a question mark too, ``_GREEK``), the
+Armenian full stop ։ (U+0589, not a colon), the Ethiopic full stop ። and question mark ፧
+(Amharic) and the Myanmar full stop ။."""
+_GEORGIAN = re.compile("[\u10d0-\u10ff]")
+"""Georgian letters (Mkhedruli): Unicode calls them lowercase, but the script has no case in
+use, so the first letter of a sentence is one of them ("გამარჯობა! ხვალ")."""
 _GREEK = re.compile("[\u0370-\u03ff\u1f00-\u1fff]")
 """Greek letters: a ";" right after one asks a question ("Τι ώρα είναι; Είναι τρεις."); Greek
 writes its semicolon as a raised dot (·)."""
@@ -286,14 +297,18 @@ _GERMAN_STARTERS = frozenset(
     "Vielleicht".split()  # "alle 12 Std. Nicht mit Alkohol"
 )
 _KITCHEN_UNITS = frozenset("tsp tbsp tbs oz lb lbs pt qt gal pkg".split())
-_KITCHEN_NAMES = frozenset(
-    "Dijon Parmesan Parmigiano Pecorino Cheddar Gruyère Gruyere Mozzarella Worcestershire "
-    "Tabasco Sriracha Cajun Kosher Maldon Himalayan Greek Italian French Thai Chinese "
-    "Japanese Mexican Spanish Marsala Madeira Grand Angostura".split()
+_KITCHEN_VERBS = frozenset(
+    "Add Stir Mix Whisk Beat Bake Roast Serve Season Top Pour Cook Heat Preheat Combine Fold "
+    "Place Put Remove Sprinkle Garnish Simmer Boil Chill Cover Drain Melt Transfer Use Keep "
+    "Store Repeat Taste Adjust Reduce Bring Cut Chop Slice Dice Mince Grill Fry Toss Blend "
+    "Knead Roll Spread Brush Freeze Refrigerate Mash Grate Squeeze Dissolve Sift Measure "
+    "Rinse Peel Soak Marinate Set Turn Cool Rest Spoon Divide Drizzle Scatter Makes Yields "
+    "Serves Plus Note Tip".split()
 )
-"""Capitalized ingredients after a kitchen unit ("1/2 tsp. Dijon", "2 oz. Parmesan"): the
-unit goes on before them; before any other capital it ends its sentence ("1/16 tsp.
-Honestly", "2 lbs. So")."""
+"""After a kitchen unit and a capital, a recipe's new sentence mostly opens with one of these
+(or a ``_STARTERS`` word, or an adverb in -ly: "1/16 tsp. Honestly", "2 lbs. Dice them");
+any other capital is an ingredient's name and the unit goes on ("1/2 tsp. Dijon", "2 oz.
+Gouda"): a list of names is never complete, the verbs that open a step nearly are."""
 _RUSSIAN_STARTERS = frozenset(
     "Я Ты Он Она Оно Мы Вы Они Это Эта Этот Эти Там Тут Здесь Тогда Потом Затем Теперь "
     "Сейчас Сегодня Завтра Вчера Но А И Да Нет Так Если Когда Пока Все Всё Вот Спасибо "
@@ -331,7 +346,8 @@ _STARTERS = frozenset(
 _LABELS = frozenset(
     "a an plan option vitamin type grade row seat gate terminal zone group class section "
     "part step level size block building platform exit route channel category model hall room "
-    "appendix exhibit figure letter b\u00e2t. b\u00e2timent porte salle".split()  # French
+    "appendix exhibit figure letter lot wing pier bay track phase tier suite unit "  # "Lot C."
+    "b\u00e2t. b\u00e2timent porte salle".split()  # French
 )
 # A phrase may open at these (first_phrase_words): conjunctions and prepositions that
 # begin a constituent of their own, so a pause before them is one a speaker makes. Left
@@ -891,7 +907,7 @@ class Segmenter:
         while nxt in _OPENERS and self._need(k + 1) and buf[k + 1] not in _SPACE:
             k += 1  # "9 a.m. (It closes": the bracket's first letter decides
             nxt = buf[k]
-        if nxt.islower() and _CAMEL.fullmatch(self._next_word(k)):
+        if nxt.islower() and (_CAMEL.fullmatch(self._next_word(k)) or _GEORGIAN.match(nxt)):
             nxt = nxt.upper()  # "is out. macOS Sonoma", "week. v0.3.1 adds": as a capital
         if quote or paren or not self._ends_sentence(i, run, nxt):
             self._pos = j
@@ -1043,8 +1059,10 @@ class Segmenter:
             return False
         if low in ("г", "гг") and not any(c.isdigit() for c in self._prev_word(ws)):
             return False  # "в г. Москве" (the city of), while "в 2026 г. Потом" (year) ends
-        if low in _KITCHEN_UNITS and self._next_word(i + 1) in _KITCHEN_NAMES:
-            return False  # "1/2 tsp. Dijon", "2 oz. Parmesan"
+        if low in _KITCHEN_UNITS and nxt.isupper():
+            after = self._next_word(i + 1)  # "1/2 tsp. Dijon", "2 oz. Gouda" go on
+            return (after in _STARTERS or after.replace("\u2019", "'") in _STARTERS
+                    or after in _KITCHEN_VERBS or after.endswith("ly"))
         if word in _GERMAN_COUNTS and self._prev_word(ws)[-1:].isdigit():
             after = self._next_word(i + 1)  # "10 Min. Verspätung" goes on
             return nxt.isupper() and (after in _STARTERS or after in _GERMAN_STARTERS)
@@ -1109,6 +1127,8 @@ class Segmenter:
             return False  # another initial: "J. R. R. Tolkien", "7th c. B.C."
         if nxt in _STARTERS or nxt.replace("\u2019", "'") in _STARTERS or _ELIDED.match(nxt):
             return True
+        if word == "Man" and self._prev_word(ws) == "of":
+            return True  # "the Isle of Man. Douglas is": the island, not "Man. City"
         return len(word) == 1 and (self._prev_word(ws) in _LABELS
                                    or _ORDINAL_SIGN.fullmatch(self._prev_word(ws)) is not None)
 
@@ -1135,18 +1155,23 @@ class Segmenter:
         """An em dash right after a word, then a space and a word that opens sentences: the
         sentence broke off there ("might be in the— Actually, which OS?"); True if cut."""
         buf = self._buf
-        k = i + 1
+        end, quote, paren = self._skip_closers(i + 1)  # '"I was just about to—" "Don't,"'
+        k = end
         if not (self._need(k) and buf[k] in _SPACE):
             return False  # "in the—wait, no": a dash inside the sentence
         while self._need(k) and buf[k] in _SPACE:
             k += 1
-        if k >= len(buf) or self._quote or self._paren or i + 1 > self.config.max_chars or (
-                self._index > 0 and i + 1 < self.config.min_chars):
+        if k >= len(buf) or quote or paren or end > self.config.max_chars or (
+                self._index > 0 and end < self.config.min_chars):
             return False
-        word = self._next_word(k)
+        j = k
+        while end > i + 1 and self._need(j) and buf[j] in _OPENERS:
+            j += 1  # after a closed quote, the next one's first word decides
+        word = self._next_word(j)
         if word not in _STARTERS and word.replace("\u2019", "'") not in _STARTERS:
             return False
-        out.extend(self._emit(i + 1, k))
+        self._quote = self._paren = 0
+        out.extend(self._emit(end, k))
         return True
 
     def _clause_mark(self, i: int, out: list[Segment]) -> bool:
