@@ -377,9 +377,6 @@ _NO_PHRASE_END = _PHRASE_OPENERS | frozenset(
     "had will would can could should shall may might must".split()
 )
 _GAP = re.compile("[ \t\u00a0\u202f]+")
-_NO_BREAK = re.compile("[\u00a0\u202f]")
-"""No-break spaces: the words on either side belong together ("10 km", "M. Dupont");
-no first_max_words or phrase cut is made at one."""
 _GAP_OR_LINE = re.compile("[ \n]")
 """Where a word longer than max_chars ends: the long cut is made at a space."""
 _WORD = re.compile(r"[^\W_]\S*")
@@ -1252,7 +1249,8 @@ class Segmenter:
             self._word_pos = endpos
             return -1
         for m in _GAP.finditer(buf, start, endpos):
-            if _NO_BREAK.search(m.group()):
+            gap = m.group()
+            if gap != " " and ("\u00a0" in gap or "\u202f" in gap):
                 continue  # "10\u00a0km", "Mme\u202fDupont": the writer tied them
             w = m.start()
             k = m.end()
