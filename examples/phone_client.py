@@ -15,7 +15,9 @@ One WebSocket holds the session across turns. For each transcript the client:
 3. plays at real time (a virtual clock when not playing aloud) and sends
    ``{"type":"playback","turn_id":...,"played_ms":...}`` every 250 ms while audio plays
    (typed turns too, while the next line is being typed), so the server paces its sending
-   and knows what the listener heard;
+   and knows what the listener heard: played aloud, what has left the speaker (what was
+   copied to the device less its output latency, by PortAudio's timing), until the last
+   of it has;
 4. on ``turn.done`` closes the WAV; with ``cancelled`` it drops the audio not yet played.
 
 Every message goes named (``event_id``: ``p1``, ``p2``, ...; a transcript or the settings
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import random
@@ -115,44 +118,80 @@ class ClockPlayer:
 
 
 class SpeakerPlayer(ClockPlayer):
-    """Plays through the default output device (``sounddevice``); counts what it played."""
+    """Plays through the default output device (``sounddevice``); counts what has left the
+    speaker: what the callback copied to the device, less what the device still holds.
+
+    Each callback's audio leaves the speaker from the time PortAudio gives for its first
+    sample (``time.outputBufferDacTime``; where a host API leaves it 0, the callback's
+    ``time.currentTime`` plus the stream's ``latency``), at the stream's rate, on the
+    stream's clock (``stream.time``). Counting what was copied instead, the marks ran ahead
+    of the listener by the output latency (tens of ms on a wired output, 100-200 ms on
+    Bluetooth), and a barge-in's history kept words that had not been heard (protocol.md,
+    ``playback``). What it reports never goes back within a turn nor past what it copied."""
 
     def __init__(self) -> None:
         import sounddevice  # raises ImportError/OSError when there is no library or device
 
         super().__init__()
         self._buf = bytearray()
-        self._played = 0  # bytes played in this turn
+        self._copied = 0  # bytes of this turn copied to the device
+        self._out = 0  # bytes of this turn out of the speaker, of the chunks let go
+        self._chunks: collections.deque[tuple[float, int, int]] = collections.deque()
+        """Each callback's audio of this turn not yet all out: (the stream time its first
+        sample leaves the speaker, its first byte's offset in the turn, its length)."""
         self._lock = threading.Lock()
         self._stream = sounddevice.RawOutputStream(samplerate=RATE, channels=1, dtype="int16",
                                                    callback=self._callback)
         self._stream.start()
 
-    def _callback(self, out: Any, frames: int, _time: Any, _status: Any) -> None:
+    def _callback(self, out: Any, frames: int, when: Any, _status: Any) -> None:
         with self._lock:  # audio thread: copy what we have, pad the rest with silence
             n = min(len(out), len(self._buf))
             out[:n] = self._buf[:n]
             out[n:] = bytes(len(out) - n)
             del self._buf[:n]
-            self._played += n
+            if n:
+                dac = when.outputBufferDacTime or \
+                    (when.currentTime or self._stream.time) + self._stream.latency
+                self._chunks.append((dac, self._copied, n))
+                self._copied += n
+
+    def _out_by(self, now: float) -> int:
+        """The bytes of this turn out of the speaker at stream time ``now`` (under the lock).
+        Grows with ``now``: a chunk is let go only once all of it is out."""
+        while self._chunks:
+            dac, start, n = self._chunks[0]
+            out = round((now - dac) * RATE) * 2  # (whole samples)
+            if out < n:
+                return max(self._out, start + out)
+            self._chunks.popleft()
+            self._out = start + n
+        return self._out
 
     def start_turn(self) -> None:
         with self._lock:
             self._buf.clear()
-            self._played = 0
+            self._chunks.clear()
+            self._copied = self._out = 0
 
     def feed(self, pcm: bytes) -> None:
         with self._lock:
             self._buf += pcm
 
     def buffered_s(self) -> float:
-        return len(self._buf) / 2 / RATE
+        """Audio still to be heard: not yet copied, or copied and still in the device (so
+        the marks go on until the tail has left the speaker, and the last says all of it)."""
+        now = self._stream.time
+        with self._lock:
+            return (len(self._buf) + self._copied - self._out_by(now)) / 2 / RATE
 
     def played_ms(self) -> float:
-        return self._played / 2 / RATE * 1000
+        now = self._stream.time
+        with self._lock:
+            return self._out_by(now) / 2 / RATE * 1000
 
     def flush(self) -> None:
-        with self._lock:
+        with self._lock:  # (what the device holds still plays: it is counted as it does)
             self._buf.clear()
 
     def close(self) -> None:

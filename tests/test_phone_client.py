@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import types
 import wave
 from collections.abc import Awaitable, Callable
 
@@ -273,6 +274,109 @@ def test_play_without_sounddevice_says_what_to_install(monkeypatch, capsys):
     assert type(player) is phone_client.ClockPlayer
     assert capsys.readouterr().err == ("[--play needs sounddevice: pip install sounddevice; "
                                        "saving WAV files only]\n")
+
+
+class FakeOutputStream:
+    """A FAKE ``sounddevice.RawOutputStream`` (there is no PortAudio device here), behaving
+    as sounddevice documents the real one: ``latency`` (seconds), ``time`` (the stream's
+    clock, in seconds; the test sets it) and a callback called as ``callback(outdata,
+    frames, time, status)`` with a buffer of ``frames`` samples to fill and
+    ``time.currentTime`` / ``time.outputBufferDacTime`` (when the buffer's first sample
+    leaves the speaker; 0 where a host API does not say) on that clock. The test plays the
+    audio thread: ``pull`` is one callback."""
+
+    def __init__(self, *, samplerate: int, channels: int, dtype: str, callback) -> None:
+        assert (samplerate, channels, dtype) == (phone_client.RATE, 1, "int16")
+        self.callback = callback
+        self.latency, self.time = 0.2, 100.0
+        self.started = self.closed = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pull(self, frames: int, dac_time: float) -> bytes:
+        """One callback at ``self.time`` for ``frames`` samples that leave the speaker from
+        ``dac_time``; what the player put in the buffer."""
+        out = bytearray(b"\xff" * 2 * frames)  # (not zeros: the padding must be written)
+        when = types.SimpleNamespace(inputBufferAdcTime=0.0, currentTime=self.time,
+                                     outputBufferDacTime=dac_time)
+        self.callback(out, frames, when, 0)
+        return bytes(out)
+
+
+@pytest.fixture
+def speaker(monkeypatch) -> phone_client.SpeakerPlayer:
+    """A SpeakerPlayer on a FakeOutputStream, its turn started."""
+    monkeypatch.setitem(sys.modules, "sounddevice",
+                        types.SimpleNamespace(RawOutputStream=FakeOutputStream))
+    player = phone_client.make_player(True)
+    assert type(player) is phone_client.SpeakerPlayer and player._stream.started
+    player.start_turn()
+    return player
+
+
+def pcm_ms(ms: int) -> bytes:
+    return np.arange(ms * 24, dtype="<i2").tobytes()  # (distinct samples: order shows)
+
+
+def test_the_speaker_counts_what_left_the_speaker_not_what_it_copied(speaker):
+    """protocol.md, ``playback``: ``played_ms`` is what the listener has played, less what
+    the system still holds. The SpeakerPlayer counted what its callback copied to the
+    device: 200 ms ahead of the listener here (and on Bluetooth), so a barge-in's history
+    kept words nobody heard. It now counts from PortAudio's ``outputBufferDacTime``."""
+    stream = speaker._stream
+    speaker.feed(pcm_ms(500))
+    assert stream.pull(2400, dac_time=100.2) == pcm_ms(100)  # out over 100.2-100.3
+    stream.time = 100.1
+    assert stream.pull(2400, dac_time=100.3) == pcm_ms(200)[4800:]  # 100.3-100.4
+    marks = []
+    for now in (100.1, 100.2, 100.25, 100.3, 100.35, 100.4, 100.45, 101.0):
+        stream.time = now
+        marks.append(speaker.played_ms())
+    assert marks == [0, 0, 50, 100, 150, 200, 200, 200]  # never past what was copied
+    assert speaker.buffered_s() == pytest.approx(0.3)  # (what the callbacks have yet to copy)
+    # an underrun: the buffer runs dry, the rest of the callback is silence
+    assert stream.pull(12000, dac_time=101.2) == pcm_ms(500)[9600:] + bytes(2 * 4800)
+    stream.time = 101.3
+    assert speaker.played_ms() == 300
+    speaker.start_turn()  # a new turn counts from its start
+    assert speaker.played_ms() == 0
+
+
+def test_the_speaker_falls_back_on_the_streams_latency(speaker):
+    """A host API that gives no ``outputBufferDacTime`` (0): the audio leaves the speaker the
+    stream's ``latency`` after the callback (``currentTime``)."""
+    stream = speaker._stream
+    stream.latency = 0.15
+    speaker.feed(pcm_ms(100))
+    stream.pull(2400, dac_time=0.0)  # at 100.0
+    marks = []
+    for now in (100.1, 100.15, 100.2, 100.3):
+        stream.time = now
+        marks.append(speaker.played_ms())
+    assert marks == [0, 0, 50, 100]
+
+
+def test_the_speaker_holds_the_tail_until_it_has_played(speaker):
+    """The client marks while the player has audio buffered (``buffered_s``), and waits for
+    it before it ends. Counting only what the callback had to copy, the speaker's tail (the
+    device's latency) was never marked as played, and the resume buffer held it; the last
+    mark now says all of it. A flush (barge-in) drops what is not yet copied; what the
+    device holds still plays and is counted as it does."""
+    stream = speaker._stream
+    speaker.feed(pcm_ms(100))
+    stream.pull(2400, dac_time=100.2)
+    assert speaker.buffered_s() == pytest.approx(0.1)  # all copied, none out
+    stream.time = 100.25
+    assert (speaker.buffered_s(), speaker.played_ms()) == (pytest.approx(0.05), 50)
+    speaker.feed(pcm_ms(100))
+    speaker.flush()
+    assert speaker.buffered_s() == pytest.approx(0.05)
+    stream.time = 100.3
+    assert (speaker.buffered_s(), speaker.played_ms()) == (0, 100)
 
 
 def test_the_client_makes_its_output_folder_itself(tmp_path):
