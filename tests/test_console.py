@@ -1688,11 +1688,34 @@ async def test_console_sends_a_barge_in_lost_with_its_socket_again_with_its_mark
         assert errors == []
 
 
+def sessions_after_the_end_of(gateway: Any, session_id: str, monkeypatch: Any) -> None:
+    """From now on the gateway serves a new socket (``session.created``, then the page's
+    ``session.resume``) only once the session ``session_id`` has ended: a test whose
+    gateway keeps no session for a resume (``resume_window_s`` 0) then sees the resume
+    fail by this event, not because the page's reconnect (its 500 ms backoff) came after
+    the gateway's end of the session in practice (a gateway stalled that long resumed it)."""
+    from gateway.io.connection import VoiceConnection
+
+    gone, forget, run = asyncio.Event(), gateway.forget, VoiceConnection.run
+
+    def forgetting(runner: Any) -> None:
+        forget(runner)
+        if runner.session.id == session_id:
+            gone.set()
+
+    async def running(self: Any) -> None:
+        await gone.wait()
+        await run(self)
+
+    gateway.forget = forgetting
+    monkeypatch.setattr(VoiceConnection, "run", running)
+
+
 @pytest.mark.slow
 @needs_chromium
 @pytest.mark.parametrize("texts", [["Hello"], ["Hello", "Thanks"]], ids=["one", "two"])
 async def test_console_gives_back_every_transcript_its_lost_session_never_answered(
-        start_gateway, texts):
+        start_gateway, texts, monkeypatch):
     """A transcript sent as the socket dropped, its session then gone (not resumable: here
     the gateway keeps none): the page opened a new session, and the transcript, cleared
     from its box when it went, was never answered nor shown again. It is back in the box,
@@ -1703,6 +1726,7 @@ async def test_console_gives_back_every_transcript_its_lost_session_never_answer
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
         first = await page.evaluate(f"{state}.sessionId")
+        sessions_after_the_end_of(gw, first, monkeypatch)
         (conn,) = gw.connections
         conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
         for text in texts:
@@ -1720,7 +1744,7 @@ async def test_console_gives_back_every_transcript_its_lost_session_never_answer
 
 @pytest.mark.slow
 @needs_chromium
-async def test_console_shows_a_turn_lost_with_its_session(start_gateway):
+async def test_console_shows_a_turn_lost_with_its_session(start_gateway, monkeypatch):
     """A turn in progress when its session is gone for good (here: dropped, and the gateway
     keeps no session for a resume) never gets its turn.done: its audio stopped, but the
     timeline had no row for it at all (a failed resume did show one, "lost")."""
@@ -1731,6 +1755,7 @@ async def test_console_shows_a_turn_lost_with_its_session(start_gateway):
         await talk_when_ready(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
         first = await page.evaluate(f"{state}.sessionId")
+        sessions_after_the_end_of(gw, first, monkeypatch)
         for conn in list(gw.connections):
             conn.ws.transport.abort()
         await page.wait_for_function(
