@@ -31,8 +31,12 @@ count by type name (``gc.get_objects``: not the start-up heap, frozen out of it)
 and the RSS after ``malloc_trim(0)`` (what the C allocator kept of memory freed, given back
 to the system: from then on the RSS is lower than it would have been); with
 ``--heap-trace`` tracemalloc traces from the start (8 frames; it slows the Python code
-about twice) and the dump writes ``DIR/heap-<n>.snap`` too. bench/heap_diff.py compares two
-dumps. Nothing of it runs without the flag.
+about twice) and the dump writes ``DIR/heap-<n>.snap`` too. Each dump says glibc's
+``mallinfo2`` too (``malloc``: free bytes the allocator keeps, ``fordblks``) and Python's
+allocated blocks. ``--heap-no-trim``: SIGUSR2's dumps leave the allocator alone (the RSS
+steps as it would without dumps), and a SIGHUP writes one that trims (the soak's last,
+once idle: what the trim gives back then). bench/heap_diff.py compares two dumps. Nothing
+of it runs without the flag.
 """
 
 from __future__ import annotations
@@ -71,19 +75,45 @@ def rss_kb() -> int:
     return process_stats.rss_bytes(os.getpid()) // 1024
 
 
-def dump_heap(folder: Path, n: int) -> None:
-    """``--heap-dumps``: the live objects by type and the RSS (then trimmed), as
-    ``heap-<n>``; with ``--heap-trace`` the traced heap too."""
+def malloc_info() -> dict[str, int] | None:
+    """glibc's ``mallinfo2`` in bytes (None off Linux): ``arena`` from the heap (brk),
+    ``hblkhd`` in mmapped chunks, ``uordblks`` in use, ``fordblks`` free but kept (what
+    ``malloc_trim`` may give back), ``keepcost`` at the heap's top. Python's own small-object
+    arenas (pymalloc, mmapped apart) are outside it: ``sys.getallocatedblocks`` counts those."""
+    if sys.platform != "linux":
+        return None
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Mallinfo2
+    info = libc.mallinfo2()
+    return {name: getattr(info, name)
+            for name in ("arena", "hblkhd", "uordblks", "fordblks", "keepcost")}
+
+
+def dump_heap(folder: Path, n: int, trim: bool) -> None:
+    """``--heap-dumps``: the live objects by type and the RSS (then trimmed, if ``trim``),
+    as ``heap-<n>``; with ``--heap-trace`` the traced heap too."""
     gc.collect()
     counts = Counter(type(o).__qualname__ for o in gc.get_objects())
     rss = rss_kb()
-    if sys.platform == "linux":  # glibc's; macOS's allocator has no such call
+    before = malloc_info()
+    blocks = sys.getallocatedblocks()
+    trimmed = None
+    if trim and sys.platform == "linux":  # glibc's; macOS's allocator has no such call
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+        trimmed = rss_kb()
     traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
     if tracemalloc.is_tracing():
         tracemalloc.take_snapshot().dump(str(folder / f"heap-{n}.snap"))
     (folder / f"heap-{n}.json").write_text(json.dumps({
-        "rss_kb": rss, "rss_trimmed_kb": rss_kb(), "traced_bytes": traced,
+        "rss_kb": rss, "rss_trimmed_kb": trimmed, "malloc": before,
+        "malloc_trimmed": None if trimmed is None else malloc_info(),
+        "pymalloc_blocks": blocks, "traced_bytes": traced,
         "objects": sum(counts.values()), "by_type": dict(counts.most_common())}))
 
 
@@ -128,7 +158,9 @@ async def main(args: argparse.Namespace) -> None:
         folder = Path(args.heap_dumps)  # (made before the loop runs)
         dumps = iter(range(1_000_000))
         asyncio.get_running_loop().add_signal_handler(
-            signal.SIGUSR2, lambda: dump_heap(folder, next(dumps)))
+            signal.SIGUSR2, lambda: dump_heap(folder, next(dumps), not args.heap_no_trim))
+        asyncio.get_running_loop().add_signal_handler(  # (the soak's last dump: trimmed)
+            signal.SIGHUP, lambda: dump_heap(folder, next(dumps), True))
     await gateway.start()
     if gateway.placer is not None:  # (--engine-lanes: made at start)
         gateway.placer.breaker_reset_s = FALLBACK_RESET_S
@@ -171,6 +203,8 @@ if __name__ == "__main__":
                    help="each SIGUSR2 writes the live objects by type and the RSS here")
     p.add_argument("--heap-trace", action="store_true",
                    help="--heap-dumps: trace allocations (tracemalloc), a snapshot a dump")
+    p.add_argument("--heap-no-trim", action="store_true",
+                   help="--heap-dumps: SIGUSR2's dumps do not malloc_trim (SIGHUP's do)")
     a = p.parse_args()
     if a.heap_dumps:
         Path(a.heap_dumps).mkdir(parents=True, exist_ok=True)

@@ -3,10 +3,10 @@
     python bench/heap_diff.py DIR A B [--top 15] [--group lineno|traceback]
 
 ``A`` and ``B`` are dump numbers (``heap-<A>``, ``heap-<B>``): the RSS of each (before and
-after ``malloc_trim``), the types whose live objects grew most in number (``gc.get_objects``,
-after a collection), and with ``--heap-trace`` dumps the traced total and the allocation
-sites whose traced memory grew most (tracemalloc's ``compare_to``; ``traceback``: the 8
-frames kept, not the line alone).
+after ``malloc_trim``, unless ``--heap-no-trim``; and the free bytes glibc kept), the types
+whose live objects grew most in number (``gc.get_objects``, after a collection), and with
+``--heap-trace`` dumps the traced total and the allocation sites whose traced memory grew
+most (tracemalloc's ``compare_to``; ``traceback``: the 8 frames kept, not the line alone).
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ def main() -> None:
     for n, h in zip((args.a, args.b), heads, strict=True):
         traced = "" if h["traced_bytes"] is None else \
             f", traced {h['traced_bytes'] / 2**20:.2f} MiB"
-        print(f"heap-{n}: RSS {h['rss_kb'] / 1024:.1f} MB ({h['rss_trimmed_kb'] / 1024:.1f} "
-              f"trimmed){traced}, {h['objects']:,} objects")
+        trimmed = "not trimmed" if h["rss_trimmed_kb"] is None else \
+            f"{h['rss_trimmed_kb'] / 1024:.1f} trimmed"
+        kept = "" if h.get("malloc") is None else \
+            f", malloc keeps {h['malloc']['fordblks'] / 2**20:.1f} MiB free"
+        print(f"heap-{n}: RSS {h['rss_kb'] / 1024:.1f} MB ({trimmed}){kept}{traced}, "
+              f"{h['objects']:,} objects")
     before, after = heads[0]["by_type"], heads[1]["by_type"]
     grown = sorted(((after.get(t, 0) - before.get(t, 0), t) for t in set(before) | set(after)),
                    reverse=True)

@@ -568,7 +568,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         if llm is not None else []
     if args.heap_dumps:
         faults += ["--heap-dumps", args.heap_dumps,
-                   *(["--heap-trace"] if args.heap_trace else [])]
+                   *(["--heap-trace"] if args.heap_trace else []),
+                   *(["--heap-no-trim"] if args.heap_no_trim else [])]
     try:
         gateway = GatewayProcess(args.max_lead_ms, args.outbox_bytes, args.replies, faults)
     except BaseException:
@@ -599,13 +600,14 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 
     dumps = iter(range(1_000_000))
 
-    def dump(s: dict[str, Any]) -> None:
+    def dump(s: dict[str, Any], last: bool = False) -> None:
         """``--heap-dumps``: the gateway writes ``heap-<n>`` now (it counts the signals),
         ``n`` kept in ``s["heap"]``; after ``/health`` answered, not before (the dump holds
-        the gateway's loop a few seconds)."""
+        the gateway's loop a few seconds). The ``last`` (idle) trims even with
+        ``--heap-no-trim`` (SIGHUP): what the allocator kept, given back."""
         if args.heap_dumps:
             s["heap"] = next(dumps)
-            os.kill(gateway.pid, signal.SIGUSR2)
+            os.kill(gateway.pid, signal.SIGHUP if last else signal.SIGUSR2)
 
     async def tasks(s: dict[str, Any]) -> dict[str, Any]:
         """The gateway's asyncio tasks (``/health`` → ``loop.tasks``, this probe's own
@@ -737,7 +739,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 await asyncio.sleep(0.1)
                 after = await tasks(sample("sessions gone"))
-            dump(after)  # (before the SIGTERM: the gateway takes its signals in order)
+            dump(after, last=True)  # (before the SIGTERM: it takes its signals in order)
     finally:
         stopping = time.monotonic()
         code = gateway.stop()
@@ -1191,6 +1193,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heap-trace", action="store_true",
                    help="--heap-dumps: the gateway traces its allocations too (tracemalloc: "
                         "slower), a snapshot with each dump")
+    p.add_argument("--heap-no-trim", action="store_true",
+                   help="--heap-dumps: no malloc_trim but at the last dump (once idle), so "
+                        "the RSS steps as without dumps")
     p.add_argument("--engine-lanes", action="store_true",
                    help="--faults: a second synthetic engine on a lane of its own ([tts] "
                         "also), failing with --also-fail-rate; the sessions set a voice both "
