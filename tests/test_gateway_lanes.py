@@ -419,6 +419,14 @@ async def test_a_turn_whose_second_engine_fails_is_spoken_by_the_primary(monkeyp
             health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
         assert health["lanes"]["ane"]["rerouted"] == 3 and health["lanes"]["ane"]["tripped"]
         assert health["lanes"]["gpu"]["tripped"] is False
+        # three turns placed on ane, then it opened once, and the 4th went to the gpu
+        assert [(health["lanes"][n]["placed"], health["lanes"][n]["trips"])
+                for n in ("gpu", "ane")] == [(1, 0), (3, 1)]
+        async with httpx.AsyncClient() as client:
+            scrape = (await client.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
+        assert 'gateway_lane_turns_placed_total{lane="ane"} 3.0' in scrape
+        assert 'gateway_lane_turns_placed_total{lane="gpu"} 1.0' in scrape
+        assert 'gateway_lane_breaker_trips_total{lane="ane"} 1.0' in scrape
         assert gw.metrics.errors["engine_failed"] == 0
     finally:
         await gw.aclose()

@@ -338,6 +338,33 @@ def test_moves_add_to_the_new_lanes_count_and_each_one_counts_as_a_reroute():
     assert p.rerouted == {"gpu": 0, "ane": 2} and (p.active("gpu"), p.active("ane")) == (4, 0)
 
 
+def test_no_new_turn_is_placed_on_a_tripped_lane_until_its_reset():
+    """README ("Failures"): no new turn is placed on a tripped lane for the reset, unless no
+    other lane has the voice; a turn placed there before stays. ``placed`` counts each
+    placement, ``trips`` each opening, once (a failure while open only extends it)."""
+    # ane answers first and has room for many turns: every turn goes there while closed
+    roomy = {"gpu": LaneProfile("gpu", first_s=0.2, rtf=0.05),
+             "ane": LaneProfile("ane", first_s=0.01, rtf=0.05)}
+    p = TurnPlacer(roomy, {"gpu": ["serena"], "ane": ["serena", "only"]},
+                   primary="gpu", breaker_failures=2, breaker_reset_s=10.0)
+    assert p.place_turn("older", "serena", llm_decoding=False, now=0.0) == "ane"
+    p.failed("ane", now=1.0)
+    p.failed("ane", now=2.0)  # tripped until 12.0
+    p.failed("ane", now=3.0)  # open already: until 13.0, the same trip
+    assert p.trips == {"gpu": 0, "ane": 1}
+    for i, now in enumerate((2.0, 7.0, 12.9)):
+        assert p.place_turn(f"new{i}", "serena", llm_decoding=False, now=now) == "gpu"
+    assert p.place_turn("older", "serena", llm_decoding=False, now=4.0) == "ane"  # kept
+    assert p.place_turn("solo", "only", llm_decoding=False, now=5.0) == "ane"  # no other
+    assert p.placed == {"gpu": 3, "ane": 2}
+    # after the reset the next turn may try it again; one more failure opens it again
+    assert p.place_turn("later", "serena", llm_decoding=False, now=13.0) == "ane"
+    p.failed("ane", now=13.5)
+    assert p.trips == {"gpu": 0, "ane": 2}
+    assert p.place_turn("last", "serena", llm_decoding=False, now=14.0) == "gpu"
+    assert p.placed == {"gpu": 4, "ane": 3}
+
+
 def test_a_fresh_lane_trips_only_after_breaker_failures_in_a_row():
     p = TurnPlacer({"gpu": GPU, "ane": ANE}, {"gpu": ["serena"], "ane": ["serena"]},
                    primary="gpu", breaker_failures=2, breaker_reset_s=10.0)

@@ -162,6 +162,13 @@ class TurnPlacer:
         self._tripped_until: dict[str, float] = {}
         self.rerouted = dict.fromkeys(profiles, 0)
         """Turns moved off each lane after a failure there (``move``)."""
+        self.placed = dict.fromkeys(profiles, 0)
+        """Turns placed on each lane since the start (``place_turn``; a move is not one)."""
+        self.trips = dict.fromkeys(profiles, 0)
+        """Times each lane's breaker opened (``failed``). Two looks at a lane that both
+        find it tripped with the same ``trips`` saw it open all the time between: its
+        ``placed`` must not have grown meanwhile (bench/soak.py ``--engine-lanes`` checks
+        it through ``/health``)."""
 
     def lanes_with(self, voice: str | None) -> list[str]:
         """The lanes that can speak ``voice``, the primary first."""
@@ -172,19 +179,23 @@ class TurnPlacer:
                 if key in self._voices[lane]]
 
     def place_turn(self, owner: Hashable, voice: str | None, llm_decoding: bool,
-                   usable: Collection[str] | None = None) -> str:
+                   usable: Collection[str] | None = None, now: float | None = None) -> str:
         """The lane of ``owner``'s turn: the one chosen before, else choose now.
 
-        ``usable``: lanes able to run jobs now (loaded, healthy); a lane outside it is chosen
-        only when no usable lane has the voice (its jobs then fail as that lane's would).
-        A voice no lane has goes to the primary, whose engine reports it.
+        ``usable``: lanes able to run jobs now (loaded, healthy); ``now``: the time of the
+        breakers (``failed``): a lane tripped at ``now`` is not usable either (None: the
+        breakers are not asked, for a caller that reports no failure). A lane that is not
+        usable is chosen only when no usable lane has the voice (its jobs then fail as that
+        lane's would). A voice no lane has goes to the primary, whose engine reports it.
         """
         lane = self._lanes.get(owner)
         if lane is not None:
             return lane
         candidates = self.lanes_with(voice) or [self.primary]
-        if usable is not None:
-            candidates = [ln for ln in candidates if ln in usable] or candidates
+        if usable is not None or now is not None:
+            candidates = [ln for ln in candidates
+                          if (usable is None or ln in usable)
+                          and (now is None or not self.tripped(ln, now))] or candidates
         if len(candidates) == 1:
             lane = candidates[0]
         else:
@@ -192,6 +203,7 @@ class TurnPlacer:
                          llm_decoding)
         self._lanes[owner] = lane
         self._active[lane] += 1
+        self.placed[lane] += 1
         return lane
 
     def profile(self, lane: str) -> LaneProfile:
@@ -218,6 +230,8 @@ class TurnPlacer:
         the next turn may try it again, and one more failure trips it again."""
         self._failures[lane] += 1
         if self._failures[lane] >= self.breaker_failures:
+            if not self.tripped(lane, now):
+                self.trips[lane] += 1
             self._tripped_until[lane] = now + self.breaker_reset_s
 
     def succeeded(self, lane: str, now: float) -> None:

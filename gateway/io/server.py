@@ -344,10 +344,9 @@ class Gateway:
         ``release_turn``."""
         if self.placer is None:
             return self.lane
-        now = time.monotonic()
-        usable = [n for n, lane in self.lanes.items()
-                  if lane.usable and not self.placer.tripped(n, now)]
-        return self.lanes[self.placer.place_turn(owner, voice, self.llm_streams > 0, usable)]
+        usable = [n for n, lane in self.lanes.items() if lane.usable]
+        return self.lanes[self.placer.place_turn(owner, voice, self.llm_streams > 0, usable,
+                                                 now=time.monotonic())]
 
     def job_succeeded(self, job: Job) -> None:
         """A voice turn's job ended with its audio: its lane's breaker starts over."""

@@ -584,7 +584,9 @@ class Telemetry:
         ``timing``, the figures placement uses now (``measured``: those its own steps gave,
         from ``samples`` steps each; the others are configured); ``rerouted``, turns that
         moved to the primary after their job failed here; ``tripped``, whether its breaker
-        keeps new turns away."""
+        keeps new turns away; ``trips``, how often it opened; ``placed``, the voice turns
+        placed on it since the start (read together: no turn is placed on a lane while its
+        breaker is open)."""
         gw = self.gateway
         now = time.perf_counter()
         out = {}
@@ -619,6 +621,8 @@ class Telemetry:
                 out[lane.name]["turns"] = gw.placer.active(lane.name)
                 out[lane.name]["rerouted"] = gw.placer.rerouted[lane.name]
                 out[lane.name]["tripped"] = gw.placer.tripped(lane.name, time.monotonic())
+                out[lane.name]["trips"] = gw.placer.trips[lane.name]
+                out[lane.name]["placed"] = gw.placer.placed[lane.name]
                 profile = gw.placer.profile(lane.name)
                 figures = {key: getattr(profile, key)
                            for key in ("first_s", "rtf", "first_s_llm", "rtf_llm")}
@@ -710,6 +714,17 @@ class _StateCollector(Collector):
             cancels.add_metric([lane.name], lane.stats.jobs_cancelled)
             compute.add_metric([lane.name], lane.stats.busy_s)
         yield cancels
+        if gw.placer is not None:
+            turns = CounterMetricFamily("gateway_lane_turns_placed", "Voice turns placed on "
+                                        "the lane (none while its breaker is open)",
+                                        labels=["lane"])
+            trips = CounterMetricFamily("gateway_lane_breaker_trips", "Times the lane's "
+                                        "breaker opened", labels=["lane"])
+            for name in gw.lanes:
+                turns.add_metric([name], gw.placer.placed[name])
+                trips.add_metric([name], gw.placer.trips[name])
+            yield turns
+            yield trips
         yield compute
         for name, doc, figures in (
                 ("gateway_lane_step_seconds", "Compute time of one engine step", self.t.step),
