@@ -19,10 +19,11 @@ recovery check). ``--engine-fallback``: that engine is the primary of a ``Fallba
 its breaker reset after 5 s: a failure is then the fallback's to take over, not an error,
 and the breaker opens and closes. ``--engine-lanes``: a second synthetic engine on a lane
 of its own (``[tts] also``: ``synthetic-ane`` on lane ``ane``, failing each step with the
-chance ``--also-fail-rate``), among which voice turns are placed: a failure there moves
-the turn to the primary lane, and three in a row trip that lane's breaker (README,
-"Failures"), reset here after 5 s. At exit the log says how many failures each engine injected
-(``injected failures: <name> <n>``). ``--log FILE``: the gateway's log (INFO and up) goes
+chance ``--also-fail-rate``), among which voice turns are placed (``ane`` first while
+its breaker is closed: ``LANES_PROFILES``): a failure there moves the turn to the primary
+lane, and three in a row trip that lane's breaker (README, "Failures"), reset here after
+5 s. At exit the log says how many failures each engine injected (``injected failures:
+<name> <n>``). ``--log FILE``: the gateway's log (INFO and up) goes
 there, where the soak reads when the LLM and the engine were said to fail and to be back.
 
 ``--heap-dumps DIR`` (bench/soak.py ``--heap-dumps``: is the memory a leak or a plateau?):
@@ -69,6 +70,14 @@ FALLBACK_RESET_S = 5.0
 """``--engine-fallback``: the breaker's ``breaker_reset_s`` (the gateway's default is 30 s);
 ``--engine-lanes``: the second lane's (``TurnPlacer.breaker_reset_s``, 30 s too): a soak of a
 few minutes sees it open and close many times."""
+
+
+LANES_PROFILES = {"cpu": {"first_s": 0.002, "rtf": 0.0}, "ane": {"first_s": 0.001, "rtf": 0.0}}
+"""``--engine-lanes``: the lanes' figures for placement, kept (the steps' measures are not
+used): ``ane`` answers first and never fills, so every turn goes there unless its breaker
+is open. With the measures, two free engines tied up to noise and the primary took most
+turns (ties go to it), so a turn placed on ``ane`` while it was open would have been
+rare, and the soak's check of it (``placed_while_open``) could hardly fail."""
 
 
 def rss_kb() -> int:
@@ -130,7 +139,8 @@ async def main(args: argparse.Namespace) -> None:
     if args.engine_lanes:
         tts = {"also": "synthetic", "also_options": {
             "lane": "ane", "rtf": 0, "ttfa_ms": 0, "name": "synthetic-ane",
-            "fail_rate": args.also_fail_rate, "fail_seed": args.seed + 1}}
+            "fail_rate": args.also_fail_rate, "fail_seed": args.seed + 1},
+            "profiles": LANES_PROFILES}
     config = load_config(server=server, session={"max_lead_ms": args.max_lead_ms}, llm=llm,
                          tts=tts)
     primary = SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu", fail_rate=args.engine_fail_rate,
@@ -164,6 +174,7 @@ async def main(args: argparse.Namespace) -> None:
     await gateway.start()
     if gateway.placer is not None:  # (--engine-lanes: made at start)
         gateway.placer.breaker_reset_s = FALLBACK_RESET_S
+        gateway.placer.timing.clear()  # (LANES_PROFILES: not what the steps measure)
     if not args.no_freeze:
         freeze_startup_heap()  # as voice-gateway serve does
     print(f"PORT {gateway.port}", flush=True)

@@ -48,7 +48,8 @@ to the fault that caused it and each fault to its error (``match_faults``: the t
 carry a tag the LLM server prints with what it did to that turn's request, the engine's
 failures are numbered in their messages). ``--engine-lanes``: a second engine on a lane of
 its own (``[tts] also``), failing with ``--also-fail-rate``; its breaker is watched open and
-closed. ``--heap-dumps DIR``: the gateway's live objects by type and RSS at each sample
+closed, and no turn may be placed on it while it is open (``breaker_spells``).
+``--heap-dumps DIR``: the gateway's live objects by type and RSS at each sample
 (bench/heap_diff.py). bench/SOAK.md.
 """
 
@@ -69,8 +70,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -579,7 +581,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     samples: list[dict[str, float]] = []
     stats = SoakStats()
-    breaker: list[tuple[float, float, bool, int]] = []
+    breaker: list[BreakerPoll] = []
     t0 = loop.time()
     stop = asyncio.Event()
 
@@ -918,12 +920,27 @@ def fault_spells(log: Path, keep: bool) -> dict[str, Any]:
                          for name, n in [x.split("injected failures: ")[1].split()]}}
 
 
+class BreakerPoll(NamedTuple):
+    """``--engine-lanes``: one look at the second lane (``/health`` → ``lanes.ane``)."""
+
+    asked: float
+    answered: float
+    """When the request went and when its answer came (``time.monotonic``, the sessions'
+    loop clock): the gateway read the lane in between."""
+    tripped: bool
+    rerouted: int
+    """Turns it moved to the primary so far."""
+    placed: int
+    """Turns placed on it so far."""
+    trips: int
+    """Times its breaker opened so far."""
+
+
 def watch_breaker(gateway: GatewayProcess, stop: threading.Event,
-                  out: list[tuple[float, float, bool, int]]) -> None:
-    """``--engine-lanes``: every ``BREAKER_POLL_S`` until ``stop``, whether the second lane
-    (``ane``) is tripped and how many turns it moved to the primary (``/health`` → ``lanes``),
-    with when the request went and when its answer came (``time.monotonic``, the sessions'
-    loop clock: a slow answer is no shorter spell)."""
+                  out: list[BreakerPoll]) -> None:
+    """``--engine-lanes``: every ``BREAKER_POLL_S`` until ``stop``, the second lane
+    (``ane``) as ``/health`` says it: tripped or not, the turns it moved to the primary,
+    the turns placed on it and its breaker's openings, so far."""
     import httpx
 
     while not stop.wait(BREAKER_POLL_S):
@@ -934,36 +951,57 @@ def watch_breaker(gateway: GatewayProcess, stop: threading.Event,
             continue  # (a loaded machine: the next poll may be answered)
         except (OSError, httpx.HTTPError):
             return  # (the gateway died: said by the sampler)
-        out.append((asked, time.monotonic(), bool(lane["tripped"]), lane["rerouted"]))
+        out.append(BreakerPoll(asked, time.monotonic(), bool(lane["tripped"]),
+                               lane["rerouted"], lane["placed"], lane["trips"]))
 
 
-def breaker_spells(polls: list[tuple[float, float, bool, int]], t0: float) -> dict[str, Any]:
+def breaker_spells(polls: list[BreakerPoll], t0: float) -> dict[str, Any]:
     """The second lane's breaker as the polls saw it: each time it was tripped, from the
     first answer that said so to the first that did not (``open_s``; a spell shorter than
     a poll may be missed). ``closed_early``: spells that surely closed before the reset,
     the longest they could have lasted (from the request before the first that said open
-    to the answer that said closed) shorter than it."""
+    to the answer that said closed) shorter than it.
+
+    ``placed_while_open``: turns placed on the lane between two polls that both found it
+    tripped with the same count of openings (``TurnPlacer.trips``: it was open all the
+    time between, a close and a new trip would have counted one more); the goal is none
+    (README, "Failures": no new turn goes to a tripped lane while another lane has the
+    voice, as both have the sessions'). ``open_s_checked``: the time those pairs surely
+    covered (from the first's answer to the second's request); ``placed_while_closed``: the
+    turns placed between two polls that found it closed (the lane does take turns)."""
     from bench.capacity_server import FALLBACK_RESET_S  # (the lane's breaker_reset_s)
 
     spells: list[tuple[float, float, float | None, float | None]] = []
     """Each spell: the request before it opened, its first answer open, its first answer
     closed, and that answer's end (None while open)."""
     before = -math.inf  # (open at the first poll: it may have opened long before)
-    for asked, answered, tripped, _ in polls:
-        if tripped and (not spells or spells[-1][3] is not None):
-            spells.append((before, answered, None, None))
-        elif not tripped and spells and spells[-1][3] is None:
-            spells[-1] = (spells[-1][0], spells[-1][1], answered, answered)
-        if not tripped:
-            before = asked
+    for poll in polls:
+        if poll.tripped and (not spells or spells[-1][3] is not None):
+            spells.append((before, poll.answered, None, None))
+        elif not poll.tripped and spells and spells[-1][3] is None:
+            spells[-1] = (spells[-1][0], spells[-1][1], poll.answered, poll.answered)
+        if not poll.tripped:
+            before = poll.asked
     closed = [(b, o, c, e) for b, o, c, e in spells if c is not None and e is not None]
+    placed_open = placed_closed = 0
+    checked_s = 0.0
+    for a, b in pairwise(polls):
+        if a.tripped and b.tripped and a.trips == b.trips:
+            placed_open += b.placed - a.placed
+            checked_s += max(0.0, b.asked - a.answered)
+        elif not a.tripped and not b.tripped:
+            placed_closed += b.placed - a.placed
     return {"polls": len(polls), "opens": len(spells),
             "open_s": [round(c - o, 2) for _, o, c, _ in closed],
             "closed_early": sum(e - b < FALLBACK_RESET_S for b, _, _, e in closed),
             "still_open": len(spells) - len(closed),
             "spells": [[round(o - t0, 2), None if c is None else round(c - t0, 2)]
                        for _, o, c, _ in spells],
-            "rerouted": polls[-1][3] if polls else 0}
+            "rerouted": polls[-1].rerouted if polls else 0,
+            "placed": polls[-1].placed if polls else 0,
+            "trips": polls[-1].trips if polls else 0,
+            "placed_while_open": placed_open, "open_s_checked": round(checked_s, 2),
+            "placed_while_closed": placed_closed}
 
 
 LLM_CODES = frozenset({"llm_failed", "llm_unavailable"})
@@ -1083,7 +1121,7 @@ def faults_ok(f: dict[str, Any]) -> bool:
             spells["engine_failing"] == spells["engine_back"] and
             spells["errors_logged"] == 0 and f["matched"]["unexplained"] == 0 and
             ("breaker" not in f or f["breaker"]["opens"] > 0 and
-             f["breaker"]["closed_early"] == 0))
+             f["breaker"]["closed_early"] == 0 and f["breaker"]["placed_while_open"] == 0))
 
 
 def table(r: dict[str, Any]) -> str:
@@ -1144,6 +1182,9 @@ def table(r: dict[str, Any]) -> str:
             b = f["breaker"]
             rows.append(("lane ane breaker (opens, s open, rerouted)",
                          f"{b['opens']}, {b['open_s']}, {b['rerouted']}"))
+            rows.append(("lane ane turns placed (all, while open, s open checked, "
+                         "while closed)", f"{b['placed']}, {b['placed_while_open']}, "
+                         f"{b['open_s_checked']}, {b['placed_while_closed']}"))
         if f["fallback"] is not None:
             rows.append(("fallback (breaker opens, switches, truncations)",
                          "{breaker_opens}, {switches}, {truncations}".format(**f["fallback"])))

@@ -80,6 +80,9 @@ def test_a_short_soak_with_two_lanes_trips_the_second_ones_breaker_and_loses_not
     assert rc == 0, capsys.readouterr().out
     faults = result["faults"]
     assert faults["breaker"]["opens"] > 0 and faults["breaker"]["closed_early"] == 0
+    # ane comes first (LANES_PROFILES), so turns went there, but none while it was open
+    assert faults["breaker"]["placed_while_closed"] > 0
+    assert faults["breaker"]["placed_while_open"] == 0
     ane = faults["matched"]["engines"]["synthetic-ane"]
     assert ane["injected"] == ane["taken_over"] > 0 and ane["errors"] == 0
     assert result["turns"].get("failed", 0) == 0 and result["turns"]["completed"] > 0
@@ -341,10 +344,40 @@ def test_the_breaker_watch_says_a_spell_closed_early_only_when_it_surely_did():
     """``breaker_spells``: a spell is early when even the longest it could have lasted
     (from the last poll that saw it closed to the answer that saw it closed again) is
     shorter than the reset (5 s); a slow answer makes no spell look shorter."""
-    polls = [(0.0, 0.1, False, 0), (0.3, 2.4, True, 3), (2.6, 2.7, True, 3),
-             (5.5, 5.6, False, 3),  # open 2.4-5.6 as answered, at most 0.0-5.6: not early
-             (6.0, 6.1, True, 6), (6.3, 6.4, False, 6)]  # at most 5.5-6.4: early
+    poll = soak.BreakerPoll
+    polls = [poll(0.0, 0.1, False, 0, 0, 0), poll(0.3, 2.4, True, 3, 0, 1),
+             poll(2.6, 2.7, True, 3, 0, 1),
+             poll(5.5, 5.6, False, 3, 0, 1),  # open 2.4-5.6 as answered, at most 0.0-5.6
+             poll(6.0, 6.1, True, 6, 0, 2),
+             poll(6.3, 6.4, False, 6, 0, 2)]  # at most 5.5-6.4: early
     b = soak.breaker_spells(polls, t0=0.0)
     assert b["opens"] == 2 and b["still_open"] == 0 and b["closed_early"] == 1
     assert b["open_s"] == [3.2, 0.3] and b["rerouted"] == 6
-    assert soak.breaker_spells([(0.0, 0.1, True, 0)], 0.0)["still_open"] == 1
+    assert soak.breaker_spells([poll(0.0, 0.1, True, 0, 0, 1)], 0.0)["still_open"] == 1
+
+
+def test_the_breaker_watch_counts_turns_placed_on_the_lane_while_it_was_surely_open():
+    """``breaker_spells`` on made-up polls (no gateway): a turn placed on the lane between
+    two looks that found it tripped with the same count of openings went to an open lane
+    (README: none may), and fails the soak; between looks across a new opening (it closed
+    and a turn tried it, as it may, before it opened again), or with it closed, it is
+    fine."""
+    poll = soak.BreakerPoll
+    polls = [poll(0.0, 0.1, False, 0, 5, 0),
+             poll(0.3, 0.4, False, 0, 7, 0),  # closed: 2 placed
+             poll(0.6, 0.7, True, 3, 7, 1),  # (opened in between)
+             poll(0.9, 1.0, True, 3, 7, 1),
+             poll(1.2, 1.4, True, 3, 8, 1),  # open all along: 1 placed there
+             poll(5.0, 5.1, True, 4, 9, 2)]  # closed, tried, opened again: fine
+    b = soak.breaker_spells(polls, t0=0.0)
+    assert (b["placed"], b["trips"], b["placed_while_closed"]) == (9, 2, 2)
+    assert b["placed_while_open"] == 1 and b["open_s_checked"] == 0.4
+    f = {"spells": {"llm_failing": 0, "llm_back": 0, "engine_failing": 0,
+                    "engine_back": 0, "errors_logged": 0},
+         "turn_errors": {}, "matched": {"engines": {"synthetic-ane": {"taken_over": 1}},
+                                        "unexplained": 0},
+         "recovery": {"ok": True}, "fallback": None,
+         "breaker": {**b, "closed_early": 0}}
+    assert not soak.faults_ok(f)
+    f["breaker"]["placed_while_open"] = 0
+    assert soak.faults_ok(f)
