@@ -606,8 +606,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         """``--heap-dumps``: the gateway writes ``heap-<n>`` now (it counts the signals),
         ``n`` kept in ``s["heap"]``; after ``/health`` answered, not before (the dump holds
         the gateway's loop a few seconds). The ``last`` (idle) trims even with
-        ``--heap-no-trim`` (SIGHUP): what the allocator kept, given back."""
-        if args.heap_dumps:
+        ``--heap-no-trim`` (SIGHUP): what the allocator kept, given back; with
+        ``--heap-last-only`` it is the only one (no collection forced under the load)."""
+        if args.heap_dumps and (last or not args.heap_last_only):
             s["heap"] = next(dumps)
             os.kill(gateway.pid, signal.SIGHUP if last else signal.SIGUSR2)
 
@@ -1237,6 +1238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heap-no-trim", action="store_true",
                    help="--heap-dumps: no malloc_trim but at the last dump (once idle), so "
                         "the RSS steps as without dumps")
+    p.add_argument("--heap-last-only", action="store_true",
+                   help="--heap-dumps: only the last dump (once idle, trimmed): no garbage "
+                        "collection forced at each sample either")
     p.add_argument("--engine-lanes", action="store_true",
                    help="--faults: a second synthetic engine on a lane of its own ([tts] "
                         "also), failing with --also-fail-rate; the sessions set a voice both "
