@@ -586,7 +586,7 @@ class Telemetry:
         moved to the primary after their job failed here; ``tripped``, whether its breaker
         keeps new turns away; ``trips``, how often it opened; ``placed``, the voice turns
         placed on it since the start (read together: no turn is placed on a lane while its
-        breaker is open)."""
+        breaker is open, unless no other lane has the turn's voice)."""
         gw = self.gateway
         now = time.perf_counter()
         out = {}
@@ -716,8 +716,8 @@ class _StateCollector(Collector):
         yield cancels
         if gw.placer is not None:
             turns = CounterMetricFamily("gateway_lane_turns_placed", "Voice turns placed on "
-                                        "the lane (none while its breaker is open)",
-                                        labels=["lane"])
+                                        "the lane (none while its breaker is open, unless "
+                                        "no other lane has the voice)", labels=["lane"])
             trips = CounterMetricFamily("gateway_lane_breaker_trips", "Times the lane's "
                                         "breaker opened", labels=["lane"])
             for name in gw.lanes:
