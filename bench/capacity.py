@@ -167,12 +167,11 @@ class Server:
         try:
             line = self.proc.stdout.readline()
         except KeyboardInterrupt:  # (in a session of its own, nothing else would stop it)
-            self.proc.kill()
-            self.proc.wait()
+            self._kill()
             self._drop_log()  # (stopped, not failed)
             raise
         if not line.startswith("PORT "):
-            self.proc.kill()
+            self._kill()
             raise RuntimeError(f"{target} server did not start: {line!r}"
                                + (f"; see {logfile}" if logfile else ""))
         self.port = int(line.split()[1])
@@ -194,14 +193,24 @@ class Server:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
+            code = self._kill()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
         if self.logfile is not None:
             if self.failed or code not in (0, -signal.SIGTERM):
                 print(f"{self.target} server log: {self.logfile}", file=sys.stderr,
                       flush=True)
             else:
                 self._drop_log()
+        return code
+
+    def _kill(self) -> int:
+        """SIGKILL, reaped, its stdout pipe closed; the exit code. A server left unreaped
+        stayed a zombie, and its pipe open (a ResourceWarning), until the bench exited."""
+        self.proc.kill()
+        code = self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
         return code
 
     def _drop_log(self) -> None:

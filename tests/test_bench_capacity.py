@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import types
+import warnings
 from pathlib import Path
 
 import psutil
@@ -141,6 +144,46 @@ def test_a_server_that_dies_after_its_port_stops_the_bench(monkeypatch, tmp_path
         server.check_alive()
     server.close()
 
+
+
+def _resource_warnings(block) -> list[str]:
+    """The ResourceWarnings seen while ``block`` runs and once its garbage is collected."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        block()
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_a_closed_server_leaves_no_pipe_open(monkeypatch, tmp_path):
+    """``close`` reaped the server but left its stdout pipe to the garbage collector: a
+    ResourceWarning (unclosed file) per server in every bench and soak run."""
+    script = tmp_path / "serves.py"
+    script.write_text("import time\nprint('PORT 1', flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setitem(capacity.SCRIPTS, "fastapi", script)
+    monkeypatch.setitem(capacity.PYTHONS, "fastapi", sys.executable)
+
+    def run() -> None:
+        server = capacity.Server("fastapi", log=False)
+        assert server.close() == -signal.SIGTERM
+        assert server.proc.stdout.closed
+
+    assert _resource_warnings(run) == []
+
+
+def test_a_server_that_never_serves_is_reaped_and_its_pipe_closed(monkeypatch, tmp_path):
+    """A server whose first line was not its port was killed but never waited for: a
+    zombie until the bench exited, and ResourceWarnings for the process and its pipe."""
+    script = tmp_path / "fails.py"
+    script.write_text("import time\nprint('Traceback', flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setitem(capacity.SCRIPTS, "fastapi", script)
+    monkeypatch.setitem(capacity.PYTHONS, "fastapi", sys.executable)
+
+    def run() -> None:
+        with pytest.raises(RuntimeError, match="did not start"):
+            capacity.Server("fastapi", log=False)
+
+    assert _resource_warnings(run) == []
 
 async def test_a_frame_that_stalls_the_player_is_as_late_as_it_came(monkeypatch):
     """Lateness is taken before the stall moves the schedule back: a frame 500 ms behind
