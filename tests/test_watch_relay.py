@@ -1535,6 +1535,7 @@ async def test_a_stopping_relay_does_not_wait_for_a_gateway_socket_still_opening
     async def silent_tcp(reader, writer) -> None:  # TEST DOUBLE: takes the socket, says nothing
         taken.set()
         await reader.read()  # until the relay lets it go
+        writer.close()  # (left open, its socket was a ResourceWarning once the loop closed)
         gone.set()
 
     async def silent_ws(ws) -> None:  # TEST DOUBLE: a WebSocket that sends no session.created
