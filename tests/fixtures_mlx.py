@@ -150,3 +150,4 @@ def mlx_audio_server(tiny_qwen3_custom_voice: Path, offline_hf_cache: Path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        proc.stdout.close()  # (left to the GC: a ResourceWarning at the session's end)
