@@ -23,6 +23,7 @@ held = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 ballast = bytearray(8 * 2**20)  # (resident: the bytes are written)
 print("ready", flush=True)
 sys.stdin.readline()
+held.close()  # (at exit instead: a ResourceWarning under PYTHONWARNINGS=default)
 """
 
 
