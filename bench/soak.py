@@ -160,6 +160,8 @@ class LlmProcess:
         line = self.proc.stdout.readline()
         if not line.startswith("PORT "):
             self.proc.kill()
+            self.proc.wait()
+            self.proc.stdout.close()
             raise RuntimeError(f"the LLM server did not start: {line!r}")
         self.port = int(line.split()[1])
         counter = threading.Thread(target=self._count, args=(self.proc.stdout,), daemon=True)
@@ -167,12 +169,15 @@ class LlmProcess:
         self._counters.append(counter)
 
     def _count(self, out: Any) -> None:
-        for line in out:  # (until the process exits)
-            outcome, _, tag = line.strip().partition(" ")
-            self.begun += 1
-            self.cut += outcome == "cut"
-            if tag not in ("", "-"):
-                self.outcomes.setdefault(tag, []).append(outcome)
+        """Count the process's lines, then close its pipe (left to the garbage collector,
+        each process killed or stopped was an unclosed-file ResourceWarning)."""
+        with out:
+            for line in out:  # (until the process exits)
+                outcome, _, tag = line.strip().partition(" ")
+                self.begun += 1
+                self.cut += outcome == "cut"
+                if tag not in ("", "-"):
+                    self.outcomes.setdefault(tag, []).append(outcome)
 
     def counted(self) -> None:
         """Wait until every line of the processes that exited was counted."""

@@ -19,6 +19,21 @@ import pytest
 from bench import soak
 
 
+def test_the_llm_process_closes_its_output_pipe_once_killed_or_stopped():
+    """The soak's LLM server (bench/fault_llm.py, real) is killed and started again; each
+    process's stdout pipe was left to the garbage collector (an unclosed-file
+    ResourceWarning per process)."""
+    llm = soak.LlmProcess(None, 0.0, 1)
+    first = llm.proc
+    llm.kill()
+    llm.start()
+    second = llm.proc
+    llm.stop()
+    llm.counted()
+    assert first is not None and second is not None
+    assert first.stdout is not None and second.stdout is not None
+    assert first.stdout.closed and second.stdout.closed
+
 @pytest.mark.slow
 def test_a_short_soak_loses_nothing(tmp_path, capsys):
     out = tmp_path / "soak.json"
