@@ -272,6 +272,7 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
         # the gateway with a traceback
         ([Raw(b'data: {"choices": ["oops"]}\n\n')], "malformed LLM chunk ('delta')"),
         ([Raw(b'data: {"choices": {"delta": {}}}\n\n')], "malformed LLM chunk ('choices')"),
+        ([Raw(b'data: [{"choices": []}]\n\n')], "unexpected LLM chunk"),
         ([Raw(b'data: {"choices": [{"delta": {"content": 42}}]}\n\n')],
          "malformed LLM chunk (not text)"),
         ([Raw(b'data: {"choices": [{"delta": {"content": [{"type": "text"}]}}]}\n\n')],
@@ -281,7 +282,8 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
          "error-event-json", "error-event-text", "llama-cpp-error-field",
          "llama-cpp-error-field-no-done", "dropped", "no-finish",
          "finish-abort", "finish-error",
-         "choice-not-object", "choices-not-list", "content-number", "content-parts"],
+         "choice-not-object", "choices-not-list", "chunk-not-object", "content-number",
+         "content-parts"],
 )
 async def test_failures_map_to_llm_failed(llm, scripted_llm_server, script, fragment):
     scripted_llm_server.script(script)
