@@ -30,7 +30,8 @@ What this module adds on top is the knowledge of how these servers actually beha
 Every failure leaves as ``EngineError``: ``llm_unavailable`` when the server cannot be reached
 or stops answering in time (connection refused, DNS, connect/read timeout, no data event
 that says something for ``stall_s`` even if keep-alives still arrive; ``ServerUnreachable``
-when no connection was made: refused, DNS, connect timeout), ``llm_failed``
+when no connection was made: refused, DNS, connect timeout, or one lost as it was made,
+before a byte of the request), ``llm_failed``
 when it answers wrongly (HTTP status >= 400, an error payload, event or field (older
 llama.cpp's ``error:``, ``_ErrorFieldDecoder``), malformed JSON, an event
 longer than ``MAX_EVENT_BYTES``, a stream that breaks off or ends without ``finish_reason``
@@ -411,11 +412,15 @@ class OpenAiLlm:
         thoughts = ThinkFilter(opened=self.thinking == "opened")
         loop = asyncio.get_running_loop()
         reused = True  # the request goes out on a kept-alive connection (no connect seen)
+        made = False  # a new connection is made, and nothing of the request sent on it yet
 
         async def trace(name: str, info: dict[str, Any]) -> None:
-            nonlocal reused
+            nonlocal reused, made
             if name.startswith("connection.connect_"):
                 reused = False
+                made = name.endswith(".complete")
+            elif name.endswith(".send_request_headers.started"):
+                made = False
 
         async with contextlib.AsyncExitStack() as stack:
             try:
@@ -427,6 +432,16 @@ class OpenAiLlm:
                 if reused:  # (a new connection broken before the answer is no race)
                     raise _Stale(exc) from exc
                 raise
+            except AttributeError as exc:
+                # uvloop's transport of a connection reset as it was made (a server killed
+                # then) has no socket left, and anyio, asked for its attributes before the
+                # request goes out, calls None.getpeername(): nothing was sent, as when the
+                # server refuses the connection
+                if not made:
+                    raise
+                raise ServerUnreachable(
+                    "llm_unavailable", f"cannot reach LLM server {self.shown_url}: the "
+                    "connection was lost as it was made") from exc
             response = source.response
             if response.status_code >= 400:
                 head = await _read_head(response)

@@ -7,6 +7,8 @@
 * ``EncodedSseServer``: a TEST DOUBLE that answers one request with an event stream encoded
   as the test gives it (gzip'd twice, brotli...), whatever the request asked for (the LLM
   probe's ``/models`` too: it reads no content type).
+* ``resetting_port``: a port whose every connection is reset as it is made (an LLM server
+  killed as the connection came), accepted on the test's own event loop.
 * ``ServeProcess``: ``voice-gateway serve`` itself as a process, for what only a process
   shows: its banner, its log, signals and its exit code.
 """
@@ -19,13 +21,14 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -683,6 +686,34 @@ class ServeProcess:
 
 
 _PORT_TAKEN = "Address already in use"  # the OSError of a bind, on Linux and macOS
+
+
+@contextlib.contextmanager
+def resetting_port(loop: asyncio.AbstractEventLoop) -> Iterator[int]:
+    """A port on 127.0.0.1 whose every connection is reset (SO_LINGER 0) once it is made,
+    before a byte: an LLM server killed as the connection came. The accept runs on ``loop``,
+    the client's, among the callbacks after the poll that saw the connection queued (the
+    client's end is established before the server's is queued, so that poll saw the
+    client's connect succeed): the reset is the first thing the client's next poll reads."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+
+    def reset() -> None:
+        with contextlib.suppress(BlockingIOError):  # (accepted by an earlier round)
+            connection, _ = listener.accept()
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+
+    # (not in the reader itself: in the same poll, before the client's end is seen to
+    # connect, the reset makes the connect fail: a ConnectError)
+    loop.add_reader(listener, loop.call_soon, reset)
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        loop.remove_reader(listener)
+        listener.close()
 
 
 def _free_port() -> int:

@@ -27,6 +27,7 @@ from tests.servers import (
     Text,
     Usage,
     reply_script,
+    resetting_port,
 )
 from tests.wsclient import read_turn, recv_event, send
 
@@ -232,6 +233,31 @@ async def test_an_llm_that_fails_every_turn_its_reply_logs_a_few_lines_and_count
     failed = [r for r in caplog.records if "the LLM's reply fails the turn" in r.getMessage()]
     assert len(failed) == gw.log_limit.logged
     assert gw.metrics.errors["llm_empty_reply"] == flood
+
+
+def test_an_llm_server_killed_as_the_connection_is_made_fails_the_turn_out_of_reach(caplog):
+    """Under uvloop, as the gateway serves: the LLM server resets the turn's connection as
+    it is made (killed then, in bench/SOAK.md), and the turn failed llm_failed with anyio's
+    AttributeError ('NoneType' object has no attribute 'getpeername') and its traceback at
+    ERROR ("LLM backend failed"): it is llm_unavailable, as a refused connection is."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def one_turn() -> tuple[list, dict]:
+        with resetting_port(asyncio.get_running_loop()) as port:
+            gw = await start_gateway(f"http://127.0.0.1:{port}/v1")
+            try:
+                result = await turn(gw)
+            finally:
+                await gw.aclose()
+        return result.of("error"), result.done
+
+    with caplog.at_level(logging.DEBUG):
+        errors, done = uvloop.run(one_turn())
+    (error,) = errors
+    assert error["error"]["code"] == "llm_unavailable"
+    assert error["error"]["message"].startswith("cannot reach LLM server http://127.0.0.1:")
+    assert done["status"] == "failed"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_malformed_sse_is_llm_failed(scripted_llm_server):

@@ -16,6 +16,7 @@ from engines.base import (
     LlmDone,
     LlmEvent,
     LlmRequest,
+    ServerUnreachable,
 )
 from engines.llm_openai import OpenAiLlm, ThinkFilter, tokens_per_s_from
 from tests.servers import (
@@ -34,6 +35,7 @@ from tests.servers import (
     Text,
     Usage,
     reply_script,
+    resetting_port,
 )
 
 REQUEST = LlmRequest(messages=[{"role": "user", "content": "Hi"}])
@@ -868,6 +870,31 @@ class KeepAliveServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         writer.close()
+
+
+def test_a_server_that_resets_the_connection_as_it_is_made_is_out_of_reach():
+    """Under uvloop (the gateway's loop) a connection reset between uvloop's connect and
+    httpcore's first question to it (its ``ssl_object``) left the transport with no socket,
+    and anyio's ``extra_attributes`` raised ``AttributeError: 'NoneType' object has no
+    attribute 'getpeername'``: the turn failed llm_failed with the library's words and a
+    traceback at ERROR (bench/SOAK.md, an LLM server killed under the soak). No byte of
+    the request went out: the server is out of reach, as when it refuses."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def turn() -> EngineError:
+        with resetting_port(asyncio.get_running_loop()) as port:
+            llm = OpenAiLlm(f"http://127.0.0.1:{port}/v1")
+            try:
+                with pytest.raises(EngineError) as info:
+                    await collect(llm)
+            finally:
+                await llm.aclose()
+        return info.value
+
+    error = uvloop.run(turn())
+    assert isinstance(error, ServerUnreachable)
+    assert error.code == "llm_unavailable"
+    assert error.message.startswith("cannot reach LLM server http://127.0.0.1:")
 
 
 @pytest.mark.parametrize("action", ["close", "reset"])
