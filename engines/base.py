@@ -269,3 +269,32 @@ def http_url_fault(url: str) -> str | None:
     except ValueError as exc:  # a port out of range or not a number
         return f"{shown_url(url)!r} ({exc})"
     return repr(shown_url(url))
+
+
+LOST_AS_MADE = "the connection was lost as it was made"
+"""How a connection lost as it was made (``NewConnectionWatch.lost_as_made``) is told."""
+
+
+class NewConnectionWatch:
+    """httpcore's ``trace`` extension for one async request (``extensions={"trace":
+    watch}``): ``reused`` until a new connection is made for it, and ``made`` from when
+    one is made until the request starts going out on it."""
+
+    def __init__(self) -> None:
+        self.reused = True
+        self.made = False
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if name.startswith("connection.connect_"):
+            self.reused = False
+            self.made = name.endswith(".complete")
+        elif name.endswith(".send_request_headers.started"):
+            self.made = False
+
+    def lost_as_made(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is anyio's ``AttributeError: 'NoneType' object has no attribute
+        'getpeername'``, which comes of a connection reset (a server killed) as it was
+        made, before a byte of the request: uvloop's transport has no socket left when
+        httpcore asks the connection its ``ssl_object``, and anyio builds every attribute
+        from ``None`` (httpcore maps only ``OSError``). The server is out of reach."""
+        return self.made and isinstance(exc, AttributeError)

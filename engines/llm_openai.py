@@ -54,6 +54,7 @@ from httpx_sse import ServerSentEvent, aconnect_sse
 from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 
 from engines.base import (
+    LOST_AS_MADE,
     THINKING_MODES,
     EngineError,
     LlmContextFull,
@@ -61,6 +62,7 @@ from engines.base import (
     LlmDone,
     LlmEvent,
     LlmRequest,
+    NewConnectionWatch,
     ServerUnreachable,
     http_url_fault,
     shown_url,
@@ -411,37 +413,24 @@ class OpenAiLlm:
         first_chars = all_chars = 0  # the first chunk's text, and all of it, thoughts too
         thoughts = ThinkFilter(opened=self.thinking == "opened")
         loop = asyncio.get_running_loop()
-        reused = True  # the request goes out on a kept-alive connection (no connect seen)
-        made = False  # a new connection is made, and nothing of the request sent on it yet
-
-        async def trace(name: str, info: dict[str, Any]) -> None:
-            nonlocal reused, made
-            if name.startswith("connection.connect_"):
-                reused = False
-                made = name.endswith(".complete")
-            elif name.endswith(".send_request_headers.started"):
-                made = False
+        watch = NewConnectionWatch()  # (reused: the request goes out on a kept-alive one)
 
         async with contextlib.AsyncExitStack() as stack:
             try:
                 body = self._body(request, self.stream_options and refused is None)
                 source = await stack.enter_async_context(aconnect_sse(
                     self._client, "POST", self._endpoint, json=body,
-                    extensions={"trace": trace}))
+                    extensions={"trace": watch}))
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-                if reused:  # (a new connection broken before the answer is no race)
+                if watch.reused:  # (a new connection broken before the answer is no race)
                     raise _Stale(exc) from exc
                 raise
             except AttributeError as exc:
-                # uvloop's transport of a connection reset as it was made (a server killed
-                # then) has no socket left, and anyio, asked for its attributes before the
-                # request goes out, calls None.getpeername(): nothing was sent, as when the
-                # server refuses the connection
-                if not made:
+                if not watch.lost_as_made(exc):
                     raise
-                raise ServerUnreachable(
-                    "llm_unavailable", f"cannot reach LLM server {self.shown_url}: the "
-                    "connection was lost as it was made") from exc
+                # (nothing was sent: out of reach, as when the server refuses the connection)
+                raise ServerUnreachable("llm_unavailable", f"cannot reach LLM server "
+                                        f"{self.shown_url}: {LOST_AS_MADE}") from exc
             response = source.response
             if response.status_code >= 400:
                 head = await _read_head(response)

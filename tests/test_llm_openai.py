@@ -16,6 +16,7 @@ from engines.base import (
     LlmDone,
     LlmEvent,
     LlmRequest,
+    NewConnectionWatch,
     ServerUnreachable,
 )
 from engines.llm_openai import OpenAiLlm, ThinkFilter, tokens_per_s_from
@@ -870,6 +871,35 @@ class KeepAliveServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         writer.close()
+
+
+async def test_only_a_failure_between_a_new_connection_and_the_request_is_a_loss_as_made(
+        scripted_llm_server):
+    """``NewConnectionWatch`` reads httpcore's trace events by name: only between a new
+    connection's ``connect_tcp.complete`` and the request's first byte is an
+    ``AttributeError`` taken for a connection lost as it was made (not one from anywhere
+    else), and a request on a kept-alive connection is ``reused``."""
+    async with httpx.AsyncClient() as client:
+        for reused in (False, True):
+            watch = NewConnectionWatch()
+            seen: list[tuple[str, bool]] = []
+
+            async def trace(name: str, info: dict, watch=watch, seen=seen) -> None:
+                await watch(name, info)
+                seen.append((name, watch.lost_as_made(AttributeError("getpeername"))))
+                assert not watch.lost_as_made(ValueError())  # (another error: no loss)
+
+            answer = await client.get(f"{scripted_llm_server.url}/models",
+                                      extensions={"trace": trace})
+            assert answer.status_code == 200
+            assert watch.reused is reused
+            names = [name for name, _ in seen]
+            lost = [name for name, lost in seen if lost]
+            if reused:
+                assert lost == [] and "connection.connect_tcp.started" not in names
+            else:  # (and no longer once the request goes out)
+                assert lost == ["connection.connect_tcp.complete"]
+                assert names[names.index(lost[0]) + 1] == "http11.send_request_headers.started"
 
 
 def test_a_server_that_resets_the_connection_as_it_is_made_is_out_of_reach():
