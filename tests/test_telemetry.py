@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import itertools
+import logging
 import time
 import tracemalloc
 
@@ -19,7 +20,7 @@ from gateway.io.telemetry import (
     LoopLagMonitor,
     WindowMax,
 )
-from tests.servers import EncodedSseServer
+from tests.servers import EncodedSseServer, resetting_port
 
 
 @pytest.mark.parametrize(("events", "now", "expected"), [
@@ -278,3 +279,28 @@ async def test_the_llm_probe_reads_no_more_of_an_endless_answer_than_its_bound()
         server.close()
     assert probe.reachable is True and probe.detail == "HTTP 200"
     assert left  # the connection let go
+
+
+def test_the_llm_probe_of_a_server_that_resets_the_connection_as_it_is_made_says_so(caplog):
+    """Under uvloop (the gateway's loop) a connection the LLM server resets as it is made
+    (a server killed then) made anyio raise ``AttributeError: 'NoneType' object has no
+    attribute 'getpeername'`` out of the probe: its task died, /health kept the answer from
+    before, nothing was said until asyncio logged "Task exception was never retrieved" at
+    ERROR. The server does not answer: the probe says so, as for a refused connection."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def probe_once() -> LlmProbe:
+        with resetting_port(asyncio.get_running_loop()) as port:
+            probe = LlmProbe(f"http://127.0.0.1:{port}/v1")
+            try:
+                await probe.probe()
+            finally:
+                await probe.aclose()
+        return probe
+
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        probe = uvloop.run(probe_once())
+    assert probe.reachable is False
+    assert probe.detail == "ConnectError: the connection was lost as it was made"
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "does not answer (ConnectError: the connection was lost as it was made)" in said

@@ -57,7 +57,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from engines.base import OUTPUT_RATE, shown_url
+from engines.base import LOST_AS_MADE, OUTPUT_RATE, NewConnectionWatch, shown_url
 from engines.llm_openai import OpenAiLlm
 from engines.sse_bound import UNCOMPRESSED
 from gateway.core.scheduler import Job
@@ -232,8 +232,10 @@ class ServerProbe:
         started = time.monotonic()
         error: httpx.HTTPError | None = None
         refused = False
+        watch = NewConnectionWatch()
         try:
-            async with self._client.stream("GET", self.target()) as response:
+            async with self._client.stream("GET", self.target(),
+                                           extensions={"trace": watch}) as response:
                 body = bytearray()
                 async for data in response.aiter_raw():  # (a whole one frees the connection)
                     body += data
@@ -250,7 +252,11 @@ class ServerProbe:
             if refused:
                 self.detail += (": it refuses the api_key sent" if "Authorization" in
                                 self.headers else ": it asks for an api_key, and none is set")
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, AttributeError) as exc:
+            if isinstance(exc, AttributeError):
+                if not watch.lost_as_made(exc):
+                    raise
+                exc = httpx.ConnectError(LOST_AS_MADE)  # (as a refused connection is told)
             error = exc
             self.reachable = False
             self.detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
