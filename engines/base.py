@@ -292,9 +292,10 @@ class NewConnectionWatch:
             self.made = False
 
     def lost_as_made(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is anyio's ``AttributeError: 'NoneType' object has no attribute
-        'getpeername'``, which comes of a connection reset (a server killed) as it was
-        made, before a byte of the request: uvloop's transport has no socket left when
-        httpcore asks the connection its ``ssl_object``, and anyio builds every attribute
-        from ``None`` (httpcore maps only ``OSError``). The server is out of reach."""
+        """Whether ``exc``, out of the request, is an ``AttributeError`` raised between a
+        new connection made and the request going out: anyio's ``'NoneType' object has no
+        attribute 'getpeername'``, which comes of a connection reset (a server killed) as
+        it was made: uvloop's transport has no socket left when httpcore asks the
+        connection its ``ssl_object``, and anyio builds every attribute from ``None``
+        (httpcore maps only ``OSError``). The server is out of reach."""
         return self.made and isinstance(exc, AttributeError)
