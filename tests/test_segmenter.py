@@ -1541,6 +1541,17 @@ def test_a_sentence_broken_off_inside_a_quote_ends_at_its_closing_mark(text, wan
     assert sentences(text) == want
 
 
+# --- cases the tenth held-out set exposed (tests/data/segmentation-heldout-10.jsonl) ----
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("ថ្ងៃនេះមានភ្លៀង។ សូមយកឆ័ត្រទៅជាមួយ។", ["ថ្ងៃនេះមានភ្លៀង។", "សូមយកឆ័ត្រទៅជាមួយ។"]),
+    ("អរគុណ៕ ជួបគ្នាថ្ងៃស្អែក។", ["អរគុណ៕", "ជួបគ្នាថ្ងៃស្អែក។"]),
+])
+def test_the_khmer_full_stops_end_a_sentence(text, want):
+    """A Khmer reply was one segment: the khan ។ and the bariyoosan ៕ ended nothing."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -12,10 +12,10 @@ on how the stream was chunked:
 
 * A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
   letter: ``Τι ώρα είναι; Είναι``; also ``؟ ۔ । ॥``, the Armenian ``։``, the Amharic ``።``
-  and ``፧``, the Burmese ``။``; a Georgian letter counts as a capital) (plus closing
-  quotes, brackets, markdown emphasis, citation marks, ``.[1]``, ``.[1, 2]``, ``.[1–3]``,
-  and trailing emoji or emoticons: ``Nice try. ;-)``, ``Done! :)``, ``xD``) followed by
-  whitespace;
+  and ``፧``, the Burmese ``။``, the Khmer ``។`` and ``៕``; a Georgian letter counts as a
+  capital) (plus closing quotes, brackets, markdown emphasis, citation marks, ``.[1]``,
+  ``.[1, 2]``, ``.[1–3]``, and trailing emoji or emoticons: ``Nice try. ;-)``,
+  ``Done! :)``, ``xD``) followed by whitespace;
   the first character of the next word decides the ambiguous cases. ``8.`` + ``4`` never
   splits (no whitespace), neither do ``192.168.1.1``, ``example.org``, ``a@b.io``,
   ``11:15``. A lowercase next word means the sentence goes on (``3 p.m. in``,
@@ -180,15 +180,16 @@ class Segment:
 
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile(
-    "[.!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
+    "[.!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b\u17d4\u17d5,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
     "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
 )
-_TERMINATORS = frozenset(".!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b")
+_TERMINATORS = frozenset(
+    ".!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b\u17d4\u17d5")
 """Sentence ends followed by a space: . ! ? …, the Arabic question mark ؟, the Urdu full
 stop ۔, the Devanagari dandas । ॥ (Bengali's too), the Greek question mark U+037E (which
 LLMs write as ";": after a Greek letter that one is a question mark too, ``_GREEK``), the
 Armenian full stop ։ (U+0589, not a colon), the Ethiopic full stop ። and question mark ፧
-(Amharic) and the Myanmar full stop ။."""
+(Amharic), the Myanmar full stop ။ and the Khmer full stops ។ and ៕ (U+17D4, U+17D5)."""
 _GEORGIAN = re.compile("[\u10d0-\u10ff]")
 """Georgian letters (Mkhedruli): Unicode calls them lowercase, but the script has no case in
 use, so the first letter of a sentence is one of them ("გამარჯობა! ხვალ")."""
