@@ -1552,6 +1552,38 @@ def test_the_khmer_full_stops_end_a_sentence(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Το ραντεβού με τον κ. Παπαδόπουλο είναι στις 10 π.μ. Μην αργήσετε.",
+     ["Το ραντεβού με τον κ. Παπαδόπουλο είναι στις 10 π.μ.", "Μην αργήσετε."]),
+    ("Το γραφείο είναι στην οδ. Ερμού 12. Ανοίγει στις 9.",
+     ["Το γραφείο είναι στην οδ. Ερμού 12.", "Ανοίγει στις 9."]),
+    ("Зустріч на вул. Хрещатик, 22. Музей ім. Шевченка поруч.",
+     ["Зустріч на вул. Хрещатик, 22.", "Музей ім. Шевченка поруч."]),
+    ("Dl. Popescu vă așteaptă pe str. Lipscani nr. 5. Dna. Ionescu vine și ea.",
+     ["Dl. Popescu vă așteaptă pe str. Lipscani nr. 5.", "Dna. Ionescu vine și ea."]),
+    ("Si Gng. Santos ay darating bukas. Kasama niya si Bb. Cruz.",
+     ["Si Gng. Santos ay darating bukas.", "Kasama niya si Bb. Cruz."]),
+    ("Bw. Otieno atafika saa 4 asubuhi. Bi. Amina atakuja pia.",
+     ["Bw. Otieno atafika saa 4 asubuhi.", "Bi. Amina atakuja pia."]),
+])
+def test_titles_and_streets_of_greek_ukrainian_romanian_tagalog_and_swahili_go_on(text, want):
+    """Each was cut before the name: "κ. | Παπαδόπουλο" (Mr.), "вул. | Хрещатик" (street),
+    "Dl. | Popescu", "str. | Lipscani", "Gng. | Santos", "Bw. | Otieno"."""
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Adres: Atatürk Cad. No. 15. Geç kalma.", ["Adres: Atatürk Cad. No. 15.", "Geç kalma."]),
+    ("Ofis Bağdat Cad. üzerinde. Bahçe Sok. No. 3 yanında.",
+     ["Ofis Bağdat Cad. üzerinde.", "Bahçe Sok. No. 3 yanında."]),
+    ("It is on Main St. No one parks there.", ["It is on Main St.", "No one parks there."]),
+])
+def test_a_turkish_street_goes_on_before_its_house_number(text, want):
+    """"Atatürk Cad. | No. | 15.": "Cad." (Caddesi, after the street's name) was an unknown
+    word before "No", which opens sentences, and "No." opening one is the answer."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

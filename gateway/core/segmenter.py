@@ -220,7 +220,10 @@ _TITLES = frozenset(
     "Maj Cpl Pvt Adm Cmdr Brig Msgr "  # "Maj. Tom Hale", "Adm. Nimitz"
     "dr "  # Hungarian writes the title in lower case: "dr. Kovács Anna"
     "Hr Hrn Sra Srta Sres Dra Dres Lic Sig Sigg Dott Avv Ing "
-    "Dhr Mevr".split()  # Dutch: "Dhr. Jansen" (Mr.), "Mevr. de Vries" (Mrs.)
+    "Dhr Mevr "  # Dutch: "Dhr. Jansen" (Mr.), "Mevr. de Vries" (Mrs.)
+    "Dl Dna Dlui Dnei "  # Romanian: "Dl. Popescu" (Mr.), "Dna. Ionescu" (Mrs.)
+    "Gng Bb "  # Tagalog: "Gng. Santos" (Mrs.), "Bb. Cruz" (Miss)
+    "Bw Bi".split()  # Swahili: "Bw. Otieno" (Mr.), "Bi. Amina" (Mrs.)
 )
 _NEVER_END = frozenset(
     "vs v e.g i.e cf approx dept est "  # "Brown v. Board": versus
@@ -229,11 +232,15 @@ _NEVER_END = frozenset(
     "p.ex p.ej sig dott avv prof av avda b\u00e2t "  # French, Spanish, Italian
     "ul jl "  # Polish "ul. Długa" and Indonesian "Jl. Sudirman" (street)
     "ул просп пер пл наб св проф акад доц "  # Russian
+    "вул пров бульв ім "  # Ukrainian: "вул. Хрещатик" (street), "ім. Шевченка" (named after)
+    "κ κα καθ δρ οδ λεωφ "  # Greek: "κ. Παπαδόπουλος" (Mr.), "οδ. Ερμού" (street)
+    "str şos șos "  # Romanian: "str. Lipscani" (street), "șos. Kiseleff"
     "डॉ प्रो".split()  # Hindi
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
 "p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna"). Russian
-streets and titles before a name: "ул. Тверская", "проф. Иванов"; Hindi "डॉ. शर्मा" (Dr.).
+streets and titles before a name: "ул. Тверская", "проф. Иванов"; Hindi "डॉ. शर्मा" (Dr.); Ukrainian
+"вул. Хрещатик", Greek "κ. Παπαδόπουλος" (Mr.) and Romanian "str. Lipscani" likewise.
 (Not "им.", "named after", which is the pronoun "them" too: ``_RUSSIAN_STARTERS``.)"""
 _SPACED_ABBR = re.compile(
     r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
@@ -326,7 +333,8 @@ _RUSSIAN_STARTERS = frozenset(
 # "Sr. García" too) and the Vietnamese "TP." (city: "TP. Hồ Chí Minh").
 _NAME_OR_END = frozenset(
     "St Ave Blvd Rd Ln Sq Ct Hwy Pkwy Univ c ca Sr Jr TP Tp "  # "Oxford Univ. Press"
-    "Man".split())  # "drew 1-1 with Man. City" (Manchester); "Isle of Man. The ferry" ends
+    "Man "  # "drew 1-1 with Man. City" (Manchester); "Isle of Man. The ferry" ends
+    "Cad Sok Mah Bul".split())  # Turkish, after the name: "Atatürk Cad. No. 15"
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
 # capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
@@ -1123,6 +1131,8 @@ class Segmenter:
         k = j + len(nxt)
         if len(nxt) == 1 and self._need(k) and buf[k] == ".":
             return False  # another initial: "J. R. R. Tolkien", "7th c. B.C."
+        if nxt == "No" and self._need(k) and buf[k] == "." and self._next_word(k + 1)[:1].isdigit():
+            return False  # a house number: "Atatürk Cad. No. 15"
         if nxt in _STARTERS or nxt.replace("\u2019", "'") in _STARTERS or _ELIDED.match(nxt):
             return True
         if word == "Man" and self._prev_word(ws) == "of":
