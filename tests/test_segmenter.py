@@ -1584,6 +1584,24 @@ def test_a_turkish_street_goes_on_before_its_house_number(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("The party is on Sat. 14 June, 3 p.m. Bring a gift.",
+     ["The party is on Sat. 14 June, 3 p.m.", "Bring a gift."]),
+    ("It's closed Sun. We open Mon. 9 a.m. to 5 p.m.",
+     ["It's closed Sun.", "We open Mon. 9 a.m. to 5 p.m."]),
+    ("We sat in the sun. 3 hours later we left.", ["We sat in the sun.", "3 hours later we left."]),
+    ("A jegyek kb. 12 000 Ft-ba kerülnek. A fájl 512 kb. Elég kicsi.",
+     ["A jegyek kb. 12 000 Ft-ba kerülnek.", "A fájl 512 kb.", "Elég kicsi."]),
+    ("Sastanak je u pon. 5. svibnja u 9 sati. Dr. Horvat kasni.",
+     ["Sastanak je u pon. 5. svibnja u 9 sati.", "Dr. Horvat kasni."]),
+])
+def test_a_weekday_or_about_goes_on_before_a_number(text, want):
+    """"on Sat. | 14 June", Hungarian "kb. | 12 000" (about) and Croatian "u pon. | 5.
+    svibnja" were cut before the number, as "Jan. 3" or "env. 20" is not; a weekday counts
+    only as written ("the sun. 3 hours" ends)."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

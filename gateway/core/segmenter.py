@@ -34,11 +34,12 @@ on how the stream was chunked:
   ``2.º B.``), so ``the U.S. Army``, ``John F. Kennedy``, ``Pennsylvania Ave. NW``,
   ``King Jr. Day``, ``TP. Hồ Chí Minh`` and ``Man. City`` go on, while ``Griffey Sr. He hit``
   and ``Isle of Man. Douglas`` end; (labels: ``Lot C.``, ``Track B.``);
-  ``No. 5``, ``Jan. 3``, ``fig. 2``, ``ext. 12``, ``Apt. 4B``, ``1 hr. 35``, ``6 ft. 2``
-  never before a digit, except ``No.`` opening a sentence (the answer); ``et al.`` only
-  before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and
-  Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles
-  (``Sra.``, ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
+  ``No. 5``, ``Jan. 3``, ``Sat. 14``, ``fig. 2``, ``ext. 12``, ``Apt. 4B``, ``1 hr. 35``,
+  ``6 ft. 2``, Hungarian ``kb. 12`` (about), Croatian ``pon. 5.`` (Monday) never before a digit,
+  except ``No.`` opening a sentence (the answer); ``et al.`` only before a capital
+  (``Smith et al. (2020) found``). German, French, Spanish, Italian and Portuguese
+  replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles (``Sra.``,
+  ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
   ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit;
   a kitchen unit before a capital ends one only before a word that opens sentences, a
   recipe verb or an -ly adverb (``2 lbs. Dice``, ``tsp. Honestly``), not before an
@@ -285,6 +286,8 @@ _BEFORE_NUMBER = frozenset(
     "kap str abb tab pág págs pag núm num cap n ft lb lbs "
     "op godz kl "  # "op. 27 no. 2" (opus); Polish "godz. 15.00", Swedish "kl. 9.30" (o'clock)
     "lun mié mie jue vie sáb sab dom env "  # Spanish "el lun. 3 de nov."; French "env. 20 min"
+    "pon uto sri čet pet sub ned "  # Croatian weekdays: "u pon. 5. svibnja"
+    "kb "  # Hungarian "kb. 12 000 Ft" (about)
     "ps psa prov isa matt rom cor eph deut exod "  # Bible books: "Ps. 23", "1 Cor. 13"
     "д кв корп стр ауд рис табл гл т с тел "  # Russian: "д. 12", "ауд. 305", "с. 45"
     "रु".split()  # Hindi: "रु. 450" (rupees)
@@ -1060,7 +1063,8 @@ class Segmenter:
             return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
-        if (word.lower() in _BEFORE_NUMBER or low.endswith("str")) and nxt.isdigit():
+        if (word.lower() in _BEFORE_NUMBER or low.endswith("str") or word in _WEEKDAYS) and (
+                nxt.isdigit()):  # (a weekday as written: "on Sat. 14 June", not "the sun. 3")
             # (the word itself, not a spaced abbreviation ending in it: "см. с. 45", see p.)
             return False
         if low in ("г", "гг") and not any(c.isdigit() for c in self._prev_word(ws)):
