@@ -1602,6 +1602,20 @@ def test_a_weekday_or_about_goes_on_before_a_number(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("The dentist is at 221 E. 57th St. Leave by 3:30.",
+     ["The dentist is at 221 E. 57th St.", "Leave by 3:30."]),
+    ("Drive to 400 Oak Ave. Turn left at the church.",
+     ["Drive to 400 Oak Ave.", "Turn left at the church."]),
+    ("Meet me at St. Cross Church. The fair is in Mill St. Park this year.",
+     ["Meet me at St. Cross Church.", "The fair is in Mill St. Park this year."]),
+])
+def test_a_street_ends_a_sentence_before_a_direction(text, want):
+    """"57th St. Leave by 3:30" went on: after a street only a ``_STARTERS`` word opened a
+    sentence, and directions open theirs with a verb ("Leave", "Turn", "Take")."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -338,6 +338,14 @@ _NAME_OR_END = frozenset(
     "St Ave Blvd Rd Ln Sq Ct Hwy Pkwy Univ c ca Sr Jr TP Tp "  # "Oxford Univ. Press"
     "Man "  # "drew 1-1 with Man. City" (Manchester); "Isle of Man. The ferry" ends
     "Cad Sok Mah Bul".split())  # Turkish, after the name: "Atatürk Cad. No. 15"
+_STREETS = frozenset("St Ave Blvd Rd Ln Sq Ct Hwy Pkwy".split())
+_DIRECTIONS = frozenset(
+    "Leave Turn Take Go Head Walk Drive Enter Exit Meet Look Follow Continue Keep Get Ring "
+    "Press Use Expect Allow Arrive Ask Parking Entrance".split()
+)
+"""After a street ("221 E. 57th St. Leave by 3:30"), directions open the next sentence with
+one of these verbs: no saint or street is named so ("Cross" and "Park" are: "St. Cross",
+"Mill St. Park"), so they end it as a ``_STARTERS`` word does."""
 # Words that open sentences far more often than they continue a proper name: after
 # "Plan B.", "the U.S." or "Downing St." one of these means a new sentence, any other
 # capital ("the U.S. Army", "John F. Kennedy", "St. Louis") a name that goes on.
@@ -1139,6 +1147,8 @@ class Segmenter:
             return False  # a house number: "Atatürk Cad. No. 15"
         if nxt in _STARTERS or nxt.replace("\u2019", "'") in _STARTERS or _ELIDED.match(nxt):
             return True
+        if word in _STREETS and nxt in _DIRECTIONS:
+            return True  # "57th St. Leave by 3:30", "Oak Ave. Turn left"
         if word == "Man" and self._prev_word(ws) == "of":
             return True  # "the Isle of Man. Douglas is": the island, not "Man. City"
         return len(word) == 1 and (self._prev_word(ws) in _LABELS
