@@ -1616,6 +1616,21 @@ def test_a_street_ends_a_sentence_before_a_direction(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("The venue holds 250. No. 7 is your table.", ["The venue holds 250.", "No. 7 is your table."]),
+    ("Gate B opens at 9. (Bring your pass.) No. 4 is the quickest line.",
+     ["Gate B opens at 9.", "(Bring your pass.)", "No. 4 is the quickest line."]),
+    ("Is 91 prime? No. 91 is 7 times 13.", ["Is 91 prime?", "No.", "91 is 7 times 13."]),
+    ("No. 91 isn't prime.", ["No.", "91 isn't prime."]),
+    ("Here you go.\nNo. 5 is not on the list.", ["Here you go.", "No.", "5 is not on the list."]),
+])
+def test_no_after_a_statement_is_a_number_sign(text, want):
+    """"The venue holds 250. No. | 7 is your table": "No." opening a sentence was always taken
+    for the answer. An answer opens the reply or a line, or follows a question; after a
+    statement's full stop it numbers."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

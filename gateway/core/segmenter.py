@@ -36,8 +36,9 @@ on how the stream was chunked:
   and ``Isle of Man. Douglas`` end; (labels: ``Lot C.``, ``Track B.``);
   ``No. 5``, ``Jan. 3``, ``Sat. 14``, ``fig. 2``, ``ext. 12``, ``Apt. 4B``, ``1 hr. 35``,
   ``6 ft. 2``, Hungarian ``kb. 12`` (about), Croatian ``pon. 5.`` (Monday) never before a digit,
-  except ``No.`` opening a sentence (the answer); ``et al.`` only before a capital
-  (``Smith et al. (2020) found``). German, French, Spanish, Italian and Portuguese
+  except ``No.`` opening the reply or a line, or after ``?`` or ``!`` (the answer: ``Prime?
+  No. 91 is``; after a full stop it numbers: ``holds 250. No. 7 is``); ``et al.`` only
+  before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and Portuguese
   replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles (``Sra.``,
   ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
   ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit;
@@ -214,6 +215,9 @@ _QUOTE_CLOSERS = frozenset("\u201c\u00ab\u00bb")
 """“ « »: they close a quote that is open (German „…“ and »…«, French, Spanish, Italian
 and Portuguese «…»), and open one otherwise (English “…”, «…»)."""
 _SPACE = frozenset(" \t\r\u00a0\u202f")
+_AFTER_MARKS = "\"'\u201d\u2019\u00bb)]*_"
+"""What may close a sentence after its mark ('"Stop."', "(It's 5.)"): left out when the next
+segment asks how the last one ended."""
 
 # "Dr. Smith": titles (as written) and these lowercase forms never end a sentence.
 _TITLES = frozenset(
@@ -584,6 +588,10 @@ class Segmenter:
         self._paren = 0  # open brackets
         self._fence = False  # inside a ``` code block
         self._fresh_line = True  # the pending segment starts a line
+        # the last character of the segment before the pending one on its line, closing
+        # marks left out ("." or "?"; "" at the start of a line or after a cut inside a
+        # sentence): "No." after a full stop is a number sign, not the answer
+        self._after = ""
         self._clause: tuple[int, int, int, int] | None = None  # (end, resume, quote, paren)
         # while a quote is open: the scanner's state right after it opened (pos, paren,
         # clause, phrase_pos, word_pos), to scan again from there if it turns out unmatched
@@ -1054,8 +1062,8 @@ class Segmenter:
         if (len(word) == 1 and word.isupper()) or word in _NAME_OR_END or (
                 "." in word and word.isupper() and _DOTTED_ABBR.fullmatch(word)):
             return self._name_or_end(i, ws, word)
-        if word == "No" and not buf[:ws].strip() and self._carry is None:
-            return True  # "No. 91 isn't prime.": the answer, not "No. 5"
+        if word == "No" and not buf[:ws].strip() and self._carry is None and self._after != ".":
+            return True  # "No. 91 isn't prime.", "Prime? No. 91 is": the answer, not "No. 5"
         if word in _ZONES:
             return True  # "at 9 a.m. EST. That's": not "est." (estimated)
         if word in _CITE_ABBR:  # "Fed. R. Civ. P. 12(b)(6)", "F. Supp. 2d", "9th Cir. 2010"
@@ -1419,6 +1427,7 @@ class Segmenter:
         self._clause = None
         self._quote_from = None  # a quote still open restarts its count here
         self._fresh_line = "\n" in buf[end:resume]
+        self._after = "" if mid or self._fresh_line else stripped.rstrip(_AFTER_MARKS)[-1:]
         if not stripped:
             return []
         spoken = "" if code else speakable(stripped, reads_digits=self.reads_digits)
