@@ -80,12 +80,12 @@ on how the stream was chunked:
   (```Hello. World.```), closed on its line within ``quote_max_chars`` (else a stray
   backtick).
 * An emoji or an emoticon (``:D``, ``:(``, written as a word; ``:)``, ``;)``, ``:(`` also
-  glued to one: ``great:)``) before a capitalized word ends a sentence (``got me there :D
-  That one's``, ``Sorry:( I was``); an emoticon's bracket opens or closes none (a glued
-  ``:)`` closes a bracket that is open: ``(mostly:)``). An em dash right after a word,
-  then a space and a word that opens sentences, ends one broken off (``might be in the—
-  Actually, ...``; not ``the—wait``), after the quote or bracket it closes too
-  (``"I was about to—" "Don't,"``).
+  glued to one: ``great:)``) before a capitalized word (or a Georgian one) ends a sentence
+  (``got me there :D That one's``, ``Sorry:( I was``, ``დღეს 🎂 ეს``); an emoticon's
+  bracket opens or closes none (a glued ``:)`` closes a bracket that is open:
+  ``(mostly:)``). An em dash right after a word, then a space and a word that opens
+  sentences, ends one broken off (``might be in the— Actually, ...``; not ``the—wait``),
+  after the quote or bracket it closes too (``"I was about to—" "Don't,"``).
 * A newline ends a segment (list items, headings, table rows); a fenced code block is one
   segment whose spoken form is empty. A letter or Roman number opening a line numbers its
   item as ``1.`` does and ends no sentence (``   a. Product: $1.2B``, ``ii.``, ``IV.``).
@@ -989,7 +989,8 @@ class Segmenter:
         while self._need(k) and buf[k] in _SPACE:
             k += 1
         self._pos = end  # only once nothing is left to wait for
-        if (k == end or k >= len(buf) or self._quote or self._paren or not buf[k].isupper()
+        if (k == end or k >= len(buf) or self._quote or self._paren
+                or not (buf[k].isupper() or _GEORGIAN.match(buf[k]))  # (as after ".")
                 or end > self.config.max_chars):
             return False
         if not any(c.isalnum() for c in _LINE_MARK.sub("", buf[:i])):
