@@ -1565,10 +1565,15 @@ def test_the_khmer_full_stops_end_a_sentence(text, want):
      ["Si Gng. Santos ay darating bukas.", "Kasama niya si Bb. Cruz."]),
     ("Bw. Otieno atafika saa 4 asubuhi. Bi. Amina atakuja pia.",
      ["Bw. Otieno atafika saa 4 asubuhi.", "Bi. Amina atakuja pia."]),
+    # "str." and "Bi." go on only before a name: Python's str, bismuth
+    ("It returns a str. Then call len() on it.", ["It returns a str.", "Then call len() on it."]),
+    ("The symbol is Bi. It is element 83.", ["The symbol is Bi.", "It is element 83."]),
 ])
 def test_titles_and_streets_of_greek_ukrainian_romanian_tagalog_and_swahili_go_on(text, want):
     """Each was cut before the name: "κ. | Παπαδόπουλο" (Mr.), "вул. | Хрещатик" (street),
-    "Dl. | Popescu", "str. | Lipscani", "Gng. | Santos", "Bw. | Otieno"."""
+    "Dl. | Popescu", "str. | Lipscani", "Gng. | Santos", "Bw. | Otieno"; the last two cases
+    ended as before (a first version took "str." and "Bi." for titles: "a str. Then" went
+    on)."""
     assert sentences(text) == want
 
 

@@ -228,7 +228,7 @@ _TITLES = frozenset(
     "Dhr Mevr "  # Dutch: "Dhr. Jansen" (Mr.), "Mevr. de Vries" (Mrs.)
     "Dl Dna Dlui Dnei "  # Romanian: "Dl. Popescu" (Mr.), "Dna. Ionescu" (Mrs.)
     "Gng Bb "  # Tagalog: "Gng. Santos" (Mrs.), "Bb. Cruz" (Miss)
-    "Bw Bi".split()  # Swahili: "Bw. Otieno" (Mr.), "Bi. Amina" (Mrs.)
+    "Bw".split()  # Swahili: "Bw. Otieno" (Mr.); "Bi." (Mrs.) is in _NAME_OR_END
 )
 _NEVER_END = frozenset(
     "vs v e.g i.e cf approx dept est "  # "Brown v. Board": versus
@@ -239,13 +239,13 @@ _NEVER_END = frozenset(
     "ул просп пер пл наб св проф акад доц "  # Russian
     "вул пров бульв ім "  # Ukrainian: "вул. Хрещатик" (street), "ім. Шевченка" (named after)
     "κ κα καθ δρ οδ λεωφ "  # Greek: "κ. Παπαδόπουλος" (Mr.), "οδ. Ερμού" (street)
-    "str şos șos "  # Romanian: "str. Lipscani" (street), "șos. Kiseleff"
+    "şos șos "  # Romanian: "șos. Kiseleff" (road; "str." is in _NAME_OR_END)
     "डॉ प्रो".split()  # Hindi
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
 "p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna"). Russian
 streets and titles before a name: "ул. Тверская", "проф. Иванов"; Hindi "डॉ. शर्मा" (Dr.); Ukrainian
-"вул. Хрещатик", Greek "κ. Παπαδόπουλος" (Mr.) and Romanian "str. Lipscani" likewise.
+"вул. Хрещатик", Greek "κ. Παπαδόπουλος" (Mr.) and Romanian "șos. Kiseleff" likewise.
 (Not "им.", "named after", which is the pronoun "them" too: ``_RUSSIAN_STARTERS``.)"""
 _SPACED_ABBR = re.compile(
     r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
@@ -341,7 +341,8 @@ _RUSSIAN_STARTERS = frozenset(
 _NAME_OR_END = frozenset(
     "St Ave Blvd Rd Ln Sq Ct Hwy Pkwy Univ c ca Sr Jr TP Tp "  # "Oxford Univ. Press"
     "Man "  # "drew 1-1 with Man. City" (Manchester); "Isle of Man. The ferry" ends
-    "Cad Sok Mah Bul".split())  # Turkish, after the name: "Atatürk Cad. No. 15"
+    "Cad Sok Mah Bul "  # Turkish, after the name: "Atatürk Cad. No. 15"
+    "str Str Bi".split())  # Romanian "str. Lipscani", Swahili "Bi. Amina"; "a str. Then" ends
 _STREETS = frozenset("St Ave Blvd Rd Ln Sq Ct Hwy Pkwy".split())
 _DIRECTIONS = frozenset(
     "Leave Turn Take Go Head Walk Drive Enter Exit Meet Look Follow Continue Keep Get Ring "
