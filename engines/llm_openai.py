@@ -428,9 +428,9 @@ class OpenAiLlm:
             except AttributeError as exc:
                 if not watch.lost_as_made(exc):
                     raise
-                # (nothing was sent: out of reach, as when the server refuses the connection)
-                raise ServerUnreachable("llm_unavailable", f"cannot reach LLM server "
-                                        f"{self.shown_url}: {LOST_AS_MADE}") from exc
+                # (nothing was sent: out of reach, told as a refused connection is, by
+                # stream's ConnectError handler)
+                raise httpx.ConnectError(LOST_AS_MADE) from exc
             response = source.response
             if response.status_code >= 400:
                 head = await _read_head(response)
