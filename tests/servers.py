@@ -594,6 +594,11 @@ SIGHUP_AT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; "
 """A command's prefix that runs it with SIGHUP at its default (not ignored)."""
 
 
+STOP_BOUND_S = 60.0
+"""How long a ``ServeProcess`` has to exit once sent SIGTERM before it counts as hung: a
+gateway stops within its shutdown grace (seconds) even on a starved machine."""
+
+
 class ServeProcess:
     """``python -m gateway.cli serve ARGS`` as its own process (stdout and stderr merged);
     ``command``: another server's whole command line instead (the watch relay's).
@@ -601,7 +606,7 @@ class ServeProcess:
     A thread reads the output line by line into ``output`` from the start, so nothing is
     lost between waiting for a line and reading the rest (``communicate`` with a timeout
     reads the raw pipe and loses what ``readline`` had buffered). Use it as a context
-    manager: a process still running at the end is killed.
+    manager: a process still running at the end is stopped with SIGTERM (``__exit__``).
 
     It starts with SIGHUP at its default even when the tests run under ``nohup`` (SIGHUP
     ignored, which a child inherits and the gateway and the relay then leave ignored, as
@@ -667,22 +672,43 @@ class ServeProcess:
     def signal(self, sig: int) -> None:
         self._proc.send_signal(sig)
 
-    def finish(self, timeout: float = 30.0) -> tuple[int, str]:
-        """Its exit code and all it printed, once it has exited."""
-        code = self._proc.wait(timeout)
+    def finish(self, timeout: float = STOP_BOUND_S) -> tuple[int, str]:
+        """Its exit code and all it printed, once it has exited (a hang guard of
+        ``timeout``: a shutdown slowed by a starved machine is no failure)."""
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the process hung: not exited within {timeout:g} s. "
+                                 "Its output:\n" + "".join(self.output)) from None
         self._reader.join(timeout)
         return code, "".join(self.output)
 
     def __enter__(self) -> ServeProcess:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """A process still running is asked to stop as an operator would (SIGTERM), and
+        killed only if it has not within ``STOP_BOUND_S``: then, unless the test failed
+        already, the test fails, for a gateway that does not stop on SIGTERM is a
+        shutdown defect. (It was killed at once: no gateway here ever shut down cleanly
+        at the end of a test, and the subprocess coverage data it writes on SIGTERM,
+        pyproject's [tool.coverage.run], was lost.)"""
+        hung = False
         if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+            self._proc.terminate()
+            try:
+                self._proc.wait(STOP_BOUND_S)
+            except subprocess.TimeoutExpired:
+                hung = True
+                self._proc.kill()
+                self._proc.wait()
         assert self._proc.stdout is not None
         self._reader.join(5)
         self._proc.stdout.close()
+        if hung and exc_type is None:
+            raise AssertionError(f"the process hung: still running {STOP_BOUND_S:g} s "
+                                 "after SIGTERM, so it was killed. Its output:\n"
+                                 + "".join(self.output))
 
 
 _PORT_TAKEN = "Address already in use"  # the OSError of a bind, on Linux and macOS

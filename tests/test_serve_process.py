@@ -1,0 +1,47 @@
+"""``ServeProcess`` (tests/servers.py) ends a gateway still running at a test's end as an
+operator does: SIGTERM, so it shuts down cleanly (and writes its coverage data); it kills
+only a process that did not stop, and then fails the test, which shows a shutdown defect."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests import servers
+from tests.servers import ServeProcess
+
+
+def test_a_gateway_left_running_is_stopped_with_sigterm_and_shuts_down_cleanly():
+    # (it was killed: exit -9, and its shutdown never ran)
+    with ServeProcess("--port", "0", "--http-port", "0", "--tts", "synthetic") as gw:
+        gw.serving()
+    assert gw.finish() == (0, "".join(gw.output))
+    assert "shutting down" in "".join(gw.output)
+
+
+# A process that takes SIGTERM and says so only once its handler is set: the test orders
+# by that line, never by time.
+IGNORES_SIGTERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                   "print('ignoring SIGTERM', flush=True); time.sleep(3600)")
+
+
+def test_a_process_that_outlives_sigterm_is_killed_and_fails_the_test(monkeypatch):
+    # (the bound is short here, and cannot be too short: the process never exits by itself)
+    monkeypatch.setattr(servers, "STOP_BOUND_S", 0.5)
+    process = ServeProcess(command=[sys.executable, "-c", IGNORES_SIGTERM])
+    with pytest.raises(AssertionError, match="the process hung: still running 0.5 s after "
+                                             "SIGTERM, so it was killed"):
+        with process:
+            process.wait_for(lambda line: line == "ignoring SIGTERM\n")
+    assert process.finish()[0] == -9
+
+
+def test_a_test_already_failing_keeps_its_own_error_when_the_process_hangs(monkeypatch):
+    monkeypatch.setattr(servers, "STOP_BOUND_S", 0.5)
+    process = ServeProcess(command=[sys.executable, "-c", IGNORES_SIGTERM])
+    with pytest.raises(KeyError, match="the test's own"):
+        with process:
+            process.wait_for(lambda line: line == "ignoring SIGTERM\n")
+            raise KeyError("the test's own")
+    assert process.finish()[0] == -9
