@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.config import load_config
 from gateway.core.codec import BYTES_PER_MS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS
 from gateway.io.server import Gateway
+from tests.hang_guard import hang_guard
 from tests.wsclient import LineSeen, read_turn, read_until_closed, recv_event, round_trip, send
 
 REPLY = ("Hosting came to $184.50 last month. That's about 12% more than October, "
@@ -445,13 +446,25 @@ async def test_the_drop_line_says_how_the_socket_ended(gateway, caplog):
                               "(sent 1009 (message too big)")
 
 
-async def test_a_client_closing_while_it_no_longer_reads_ends_its_session_at_once(gateway):
+async def test_a_client_closing_while_it_no_longer_reads_ends_its_session_at_once(
+        gateway, caplog, monkeypatch):
     """A client that stopped reading (python websockets stops past its queue) and closes
     cannot take the close reply queued behind its audio; websockets reported the close only
     when the TCP connection ended, after the client's close timeout, and until then the
-    session went on. Now the client's close frame ends it."""
-    ws = await connect(url(gateway), max_queue=1, close_timeout=60)
-    await recv_event(ws, "session.created")
+    session went on. Now the client's close frame ends it. Here nothing else could: no
+    close timeout, keepalive or abort grace on either side ends the TCP connection, so
+    the session must end while that is open, and not as a slow consumer. (A 30 s bound
+    on the wait was the assertion: a starved machine could fail it.)"""
+    from gateway.io import connection
+
+    monkeypatch.setattr(connection, "CLOSED_TCP_GRACE_S", 3600.0)
+    caplog.set_level("INFO", logger="gateway.io.connection")
+    ws = await connect(url(gateway), max_queue=1, close_timeout=None, ping_interval=None)
+    created = await recv_event(ws, "session.created")
+    (server_side,) = [c.ws for c in gateway.connections]
+    server_side.close_timeout = None  # (its close waits for the client's end for ever)
+    ended = LineSeen(f"session {created['session_id']} ended")
+    logging.getLogger("gateway.io.connection").addHandler(ended)
     await send(ws, type="session.update", session={"max_lead_ms": 30_000})
     await recv_event(ws, "session.updated")
     await send(ws, type="say", text="A long reply goes on. " * 60)
@@ -459,12 +472,18 @@ async def test_a_client_closing_while_it_no_longer_reads_ends_its_session_at_onc
         pass  # audio flows; from now on the client reads nothing
     closing = asyncio.create_task(ws.close())
     try:
-        async with asyncio.timeout(30):  # (before the fix: the client's 60 s)
-            await gateway.wait_no_sessions()
+        async with hang_guard("the session's end after the client's close frame"):
+            await ended.seen.wait()
+        assert not server_side.transport.is_closing() and not closing.done()
     finally:
+        logging.getLogger("gateway.io.connection").removeHandler(ended)
         ws.transport.abort()
         await closing
     assert gateway.metrics.errors["slow_consumer"] == 0
+    (line,) = [r.getMessage() for r in caplog.records if ended.text in r.getMessage()]
+    assert line == f"session {created['session_id']} ended: the client closed its socket"
+    async with hang_guard("the socket's handler ending after the TCP connection"):
+        await gateway.wait_no_sessions()
 
 
 async def test_a_client_flooding_messages_is_closed(gateway, monkeypatch):

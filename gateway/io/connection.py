@@ -838,13 +838,14 @@ class VoiceConnection:
         except OSError:
             return 0
 
-    def close_soon(self, code: int, reason: str, *, grace_s: float = 1.0) -> None:
+    def close_soon(self, code: int, reason: str) -> None:
         """Stop writing and close. A client that does not read will not read the close
-        frame either: after ``grace_s`` the TCP connection is aborted."""
+        frame either: after ``CLOSED_TCP_GRACE_S`` the TCP connection is aborted."""
         if self._writer_task is not None:
             self._writer_task.cancel()
         if self._closing is None:
-            self._closing = self.loop.create_task(self._close(code, reason, grace_s))
+            self._closing = self.loop.create_task(self._close(code, reason,
+                                                              CLOSED_TCP_GRACE_S))
 
     async def _close(self, code: int, reason: str, grace_s: float) -> None:
         try:
