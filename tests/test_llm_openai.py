@@ -20,6 +20,7 @@ from engines.base import (
     ServerUnreachable,
 )
 from engines.llm_openai import OpenAiLlm, ThinkFilter, tokens_per_s_from
+from tests.hang_guard import hang_guard
 from tests.servers import (
     OMLX_KEEPALIVE,
     Burst,
@@ -51,7 +52,7 @@ OMLX_USAGE = {
 
 
 async def collect(llm: OpenAiLlm, request: LlmRequest = REQUEST) -> list[LlmEvent]:
-    async with asyncio.timeout(20):  # a safety net only; client timeouts are what is tested
+    async with hang_guard("the stream's end"):  # client timeouts are what is tested
         return [event async for event in llm.stream(request)]
 
 
@@ -179,7 +180,7 @@ async def test_burst_of_chunks_in_one_write_yields_to_the_loop(llm, scripted_llm
     done = None
     task = asyncio.create_task(ticker())
     try:
-        async with asyncio.timeout(20):
+        async with hang_guard("the stream's end"):
             async for event in llm.stream(REQUEST):
                 if isinstance(event, LlmDelta):
                     text += event.text
@@ -314,7 +315,7 @@ async def test_a_server_that_hangs_times_out_as_unavailable(scripted_llm_server,
     assert info.value.code == "llm_unavailable"
     assert f"LLM server {scripted_llm_server.url} sent no" in info.value.message
     assert " for 0.3 s " in info.value.message
-    async with asyncio.timeout(5):
+    async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
 
@@ -333,7 +334,7 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
     got = []
     try:
         with pytest.raises(EngineError) as info:
-            async with asyncio.timeout(20):  # a safety net only, as in collect
+            async with hang_guard("the stream's end"):  # (as in collect)
                 async for event in llm.stream(REQUEST):
                     got.append(event)
     finally:
@@ -342,7 +343,7 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
     assert info.value.code == "llm_unavailable"
     assert info.value.message == (f"LLM server {scripted_llm_server.url} sent no data for "
                                   "1.5 s (deltas so far: 1)")
-    async with asyncio.timeout(5):
+    async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
 
@@ -406,12 +407,12 @@ async def test_cancelling_the_consumer_closes_the_connection(llm, scripted_llm_s
                 got_first.set()
 
     task = asyncio.create_task(consume())
-    async with asyncio.timeout(5):
+    async with hang_guard("the first delta"):
         await got_first.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    async with asyncio.timeout(5):
+    async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
 
@@ -419,7 +420,7 @@ async def test_closing_the_stream_early_closes_the_connection(llm, scripted_llm_
     scripted_llm_server.script([Text("first"), Hang()])
     async with contextlib.aclosing(llm.stream(REQUEST)) as events:
         assert await anext(events) == LlmDelta("first")
-    async with asyncio.timeout(5):
+    async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
 
@@ -646,7 +647,7 @@ async def test_more_turns_at_once_than_an_http_pool_holds_all_reach_the_server(
             await everyone.wait()  # the connection stays taken until every turn has one
 
     try:
-        async with asyncio.timeout(60):  # a safety net only
+        async with hang_guard("every stream's first delta"):
             await asyncio.gather(*(first_delta() for _ in range(turns)))
         assert firsts == [LlmDelta("first")] * turns
         assert len(scripted_llm_server.chats) == turns
@@ -705,7 +706,7 @@ async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory
         await llm.aclose()
     assert info.value.code == "llm_failed"
     assert "without ending an SSE event (at most 4,194,304)" in info.value.message
-    async with asyncio.timeout(5):
+    async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
 
@@ -988,7 +989,7 @@ async def test_an_error_in_the_stream_that_says_the_context_is_full_is_told_apar
     scripted_llm_server.script(script)
     got: list[LlmEvent] = []
     with pytest.raises(EngineError) as info:
-        async with asyncio.timeout(20):
+        async with hang_guard("the stream's end"):
             async for event in llm.stream(REQUEST):
                 got.append(event)
     assert [e.text for e in got if isinstance(e, LlmDelta)] == said
