@@ -20,6 +20,7 @@ from gateway.io.telemetry import (
     LoopLagMonitor,
     WindowMax,
 )
+from tests.hang_guard import hang_guard
 from tests.servers import EncodedSseServer, resetting_port
 
 
@@ -124,13 +125,27 @@ async def test_cancel_and_wait_swallows_the_tasks_cancellation_not_the_callers()
     await cancel_and_wait(task)  # done already: a no-op
     await cancel_and_wait(None)
 
-    inner = asyncio.ensure_future(forever())
+    # the caller itself is cancelled while it waits: once inner has been told to stop (by
+    # the waiter, which then awaits it) and before inner has finished, which it does only
+    # when let go (one sleep(0) put the waiter there, by the loop's order of steps)
+    told, let_go = asyncio.Event(), asyncio.Event()
+
+    async def stops_when_let_go() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            told.set()
+            await let_go.wait()
+            raise
+
+    inner = asyncio.ensure_future(stops_when_let_go())
     waiter = asyncio.ensure_future(cancel_and_wait(inner))
-    await started.wait()
-    await asyncio.sleep(0)  # the waiter is awaiting inner now
-    waiter.cancel()          # the caller itself is cancelled while it waits
+    await told.wait()
+    waiter.cancel()
+    let_go.set()
     with pytest.raises(asyncio.CancelledError):
         await waiter
+    assert inner.cancelled()
 
 
 async def test_unless_stopped_gives_the_work_or_none_and_leaves_nothing_running():
@@ -224,6 +239,7 @@ async def test_the_loop_tasks_figure_comes_back_to_idle_once_sessions_have_ended
     gw = await start_gateway([{"transcript": "Hi?", "reply": "Hello there. How are you?"}],
                              server={"resume_window_s": 0})
     idle = gw.health()["loop"]["tasks"]
+    idle_tasks = asyncio.all_tasks()
     url = f"ws://127.0.0.1:{gw.port}/v1/voice"
     async with connect(url) as a, connect(url) as b:
         for ws in (a, b):
@@ -232,7 +248,12 @@ async def test_the_loop_tasks_figure_comes_back_to_idle_once_sessions_have_ended
         during = gw.health()["loop"]["tasks"]
         b.transport.abort()  # a drop: the session goes (no resume window)
     await gw.wait_no_sessions()
-    await asyncio.sleep(0)  # the handlers' tasks return once their last step has run
+    # then every task the sessions started ends (websockets' handlers take more steps, and
+    # may wait for their socket: one sleep(0) was a guess at how many); one that never
+    # does is a task left behind
+    while started := asyncio.all_tasks() - idle_tasks - {asyncio.current_task()}:
+        async with hang_guard(f"the end of the tasks the sessions started: {started}"):
+            await asyncio.wait(started)
     assert during > idle
     assert gw.health()["loop"]["tasks"] == idle
     assert f"gateway_loop_tasks {float(idle)}" in gw.telemetry.exposition().decode()
