@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 HANG_S = 120.0
 """How long a wait for something that comes promptly when the code is right may take before
@@ -25,3 +28,12 @@ async def hang_guard(what: str, seconds: float = HANG_S) -> AsyncIterator[None]:
         if not bound.expired():
             raise  # (a TimeoutError of the block's own)
         raise AssertionError(f"hung: {what} had not happened {seconds:g} s later") from None
+
+
+async def unless_hung(awaitable: Awaitable[T], seconds: float = HANG_S) -> T:
+    """``await awaitable`` under ``hang_guard``, which names it (``Event.wait``,
+    ``Gateway.wait_no_sessions``): a drop-in for ``asyncio.wait_for`` where the bound was only
+    ever meant to end a hang."""
+    name = getattr(awaitable, "__qualname__", None) or type(awaitable).__name__
+    async with hang_guard(f"{name} returning", seconds):
+        return await awaitable

@@ -25,6 +25,7 @@ from gateway.config import load_config
 from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.fixtures_mlx import NO_STEP_DEADLINE
+from tests.hang_guard import hang_guard, unless_hung
 from tests.servers import Drop, Hang, ServeProcess, Text, TinyLlamaServer, reply_script
 from tests.wsclient import TurnResult, read_turn, read_until_closed, recv_event, send
 
@@ -289,7 +290,7 @@ async def test_a_bug_after_a_sentence_was_made_still_ends_its_turn(monkeypatch):
             await recv_event(ws, "session.created")
             await send(ws, type="say", text="A BUG ends this one. And this one never comes. "
                                             "Nor does this one.")
-            bad = await asyncio.wait_for(read_turn(ws), 10)
+            bad = await unless_hung(read_turn(ws))
             (error,) = bad.of("error")
             assert error["error"] == {"code": "internal_error",
                                       "message": "TypeError: a scripted bug after the sentence"}
@@ -520,7 +521,7 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
             # after any failure: docs/http-api.md, /health) until a job comes whole; it
             # said ok at once, a lane whose engine had hung for its whole step deadline
             engine.release.set()
-            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            await unless_hung(gw.lane.wait_healthy())
             health = gw.health()
             assert health["status"] == "degraded"
             assert health["engine"]["failing"] == "engine_timeout"
@@ -555,7 +556,7 @@ async def test_health_shows_a_lane_busy_with_its_stuck_call_and_for_how_long():
             assert 'gateway_lane_stuck_seconds{lane="cpu"} 0.0' not in metrics
             assert 'gateway_lane_stuck_seconds{lane="cpu"}' in metrics
             engine.release.set()
-            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            await unless_hung(gw.lane.wait_healthy())
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}") as http:
                 after = (await http.get("/health")).json()["lanes"]["cpu"]
                 metrics = (await http.get("/metrics")).text
@@ -718,7 +719,7 @@ async def test_a_bug_hearing_of_a_stuck_lane_does_not_stop_the_lane_for_good(mon
             gw.lane.step_timeout_s = None
             engine.stuck = False
             engine.release.set()
-            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            await unless_hung(gw.lane.wait_healthy())
             after = await say(other, WELL)
             assert after.done["status"] == "completed"
     finally:
@@ -755,7 +756,7 @@ async def test_a_stream_a_timed_out_call_holds_is_closed_once_the_call_returns(t
             bad = await say(ws, text)
             assert [e["error"]["code"] for e in bad.of("error")] == ["engine_timeout"]
             engine.release.set()
-            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            await unless_hung(gw.lane.wait_healthy())
             # a turn after it runs on the lane thread after the stuck call and the close
             after = await say(ws, "Fine now.")
             assert after.done["status"] == "completed"
@@ -978,7 +979,7 @@ async def _hanging_turn(gw: Gateway, llm, ws) -> dict:
     created = await recv_event(ws, "session.created")
     await send(ws, type="transcript", text="Say a lot.")
     await recv_event(ws, "sentence")  # audio is being made, the LLM still streams
-    await asyncio.wait_for(llm.request_arrived.wait(), 10)
+    await unless_hung(llm.request_arrived.wait())
     return created
 
 
@@ -991,9 +992,9 @@ async def test_client_closing_mid_turn_closes_the_llm_stream_and_frees_the_lane(
         async with connect(url(gw)) as ws:
             await _hanging_turn(gw, scripted_llm_server, ws)
         # a clean close ends the session at once: stream closed, jobs cancelled
-        await asyncio.wait_for(scripted_llm_server.chats[0].disconnected.wait(), 10)
+        await unless_hung(scripted_llm_server.chats[0].disconnected.wait())
         await other
-        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        await unless_hung(gw.wait_no_sessions())
         async with httpx.AsyncClient() as http:
             health = (await http.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
         assert health["lanes"][gw.lane.name]["queue_depth"] == 0
@@ -1014,13 +1015,13 @@ async def test_client_aborting_mid_turn_keeps_the_session_until_the_window_ends(
         ws.transport.abort()  # no close handshake: the session waits for a resume
         await ws.wait_closed()
         request = scripted_llm_server.chats[0]
-        await asyncio.wait_for(request.disconnected.wait(), 10)
+        await unless_hung(request.disconnected.wait())
         # the stream closed once the window had let the session go, not as the socket did
         # (ordered by the log, not by a clock: the two waits alone held neither)
         ended = f"session {created['session_id']} ended: "
         assert [r.message for r in caplog.records if r.message.startswith(ended)] == [
             ended + "no resume came in time"]
-        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        await unless_hung(gw.wait_no_sessions())
         await other
         assert gw.lane.queue_depth == 0
         assert gw.health()["active_turns"] == 0
@@ -1149,7 +1150,7 @@ async def test_ended_sessions_are_freed():
                 await ws.close()
             else:
                 ws.transport.abort()  # kept for the resume window, then closed
-        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        await unless_hung(gw.wait_no_sessions())
         gc.collect()
         assert len(refs) == 6 and [r for r in refs if r() is not None] == []
     finally:
@@ -1183,7 +1184,7 @@ async def test_a_stop_during_the_model_load_does_not_wait_for_it(capsys):
         await asyncio.to_thread(engine.loading.wait, 30)
         http_port = gw.http_port  # (the HTTP API answers 503 while the engine loads)
         stop.set()
-        async with asyncio.timeout(10):  # the load is still blocked: nothing waits for it
+        async with hang_guard("the stop, the load still blocked"):  # nothing waits for it
             await serving
         assert "stopped while starting" in capsys.readouterr().out
         assert not gw.ready
@@ -1273,7 +1274,7 @@ async def test_a_stalled_engine_is_an_error_once_and_its_return_an_info(caplog):
             assert bad.done["status"] == "failed"
             assert gw.health()["status"] == "unhealthy"
             engine.release.set()
-            await asyncio.wait_for(gw.lane.wait_healthy(), 10)
+            await unless_hung(gw.lane.wait_healthy())
             assert gw.health()["status"] == "degraded"
             assert (await say(ws, WELL)).done["status"] == "completed"
             assert gw.health()["status"] == "ok"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import signal
@@ -14,6 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.config import load_config
 from gateway.io.server import Gateway
+from tests.hang_guard import unless_hung
 from tests.servers import (
     Burst,
     Comment,
@@ -288,7 +288,7 @@ async def test_barge_in_closes_the_llm_stream(scripted_llm_server):
             second = await read_turn(ws)
             assert second.done["status"] == "completed"
         # the hanging stream of the first turn was closed by the gateway
-        await asyncio.wait_for(scripted_llm_server.chats[0].disconnected.wait(), 10)
+        await unless_hung(scripted_llm_server.chats[0].disconnected.wait())
         history = scripted_llm_server.chats[1].body["messages"]
         assert [m["role"] for m in history] == ["system", "user", "assistant", "user"]
     finally:
@@ -340,7 +340,7 @@ async def test_a_runaway_reply_is_cut_at_max_reply_chars_and_its_stream_closed(
     await gw.start()
     try:
         result = await turn(gw)
-        await asyncio.wait_for(scripted_llm_server.chats[0].disconnected.wait(), 10)
+        await unless_hung(scripted_llm_server.chats[0].disconnected.wait())
     finally:
         await gw.aclose()
     assert result.reply == (sentence * 52_000)[:2_000]
@@ -372,7 +372,7 @@ async def test_a_session_closed_by_its_own_output_queues_no_synthesis(scripted_l
                 while True:
                     await ws.recv()
             assert closed.value.rcvd.code == 1013
-        await asyncio.wait_for(gw.wait_no_sessions(), 10)
+        await unless_hung(gw.wait_no_sessions())
         assert gw.metrics.errors["slow_consumer"] == 1
         assert gw.lane.queue_depth == 0 and gw.lane.stats.steps == 0
     finally:

@@ -437,7 +437,7 @@ async def test_the_drop_line_says_how_the_socket_ended(gateway, caplog):
             await send(ws, type="say", text="Hello.")
             await ws.send("x" * (1024 * 1024 + 1))
             await read_until_closed(ws)
-        async with asyncio.timeout(10):
+        async with hang_guard("the socket-dropped line"):
             await line.seen.wait()
     finally:
         logging.getLogger("gateway.io.connection").removeHandler(line)

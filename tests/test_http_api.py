@@ -38,6 +38,7 @@ from gateway.core.audio_formats import WAV_STREAM_HEADER
 from gateway.io import http_api
 from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
+from tests.hang_guard import hang_guard, unless_hung
 from tests.wsclient import LineSeen, one_turn, read_turn, recv_event, send
 
 TEXT = "The build finished at nine. Two tests failed, both in the parser."
@@ -277,7 +278,7 @@ async def test_a_note_naming_a_voice_beyond_latin_1_is_sent_escaped(replies, mod
                     if line.startswith("data: ")][-1]
             assert done["notes"] == ["voice 'alloy' is OpenAI's; the gateway's default "
                                      "voice 'Łucja' spoke"]
-        await asyncio.wait_for(gw.http.idle.wait(), 10)
+        await unless_hung(gw.http.idle.wait())
         assert gw.lane.queue_depth == 0
     finally:
         await gw.aclose()
@@ -520,7 +521,7 @@ async def test_a_client_gone_while_sending_its_request_is_no_server_error(gatewa
         await writer.drain()
         writer.close()
         await writer.wait_closed()
-        async with asyncio.timeout(10):
+        async with hang_guard("the log line waited for"):
             await line.seen.wait()
     finally:
         logging.getLogger("gateway.io.http_api").removeHandler(line)
@@ -542,7 +543,7 @@ async def test_headers_that_never_arrive_whole_close_the_connection(gateway, mon
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
     writer.write(sent)
     await writer.drain()
-    async with asyncio.timeout(10):
+    async with hang_guard("the server closing the connection"):
         rest = await reader.read()  # until the server closes
     writer.close()
     assert rest.startswith(b"HTTP/1.1 200") == sent.startswith(b"GET")  # (the first answer)
@@ -559,7 +560,7 @@ async def test_headers_that_never_arrive_whole_are_counted(gateway, monkeypatch)
         reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
         writer.write(sent)
         await writer.drain()
-        async with asyncio.timeout(10):
+        async with hang_guard("the server closing the connection"):
             assert await reader.read() == b""  # closed by the server, without an answer
         writer.close()
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.http_port}") as client:
@@ -611,7 +612,7 @@ async def test_a_body_that_never_arrives_whole_gets_408(gateway, monkeypatch):
     writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
     await writer.drain()
-    async with asyncio.timeout(10):
+    async with hang_guard("the 408 answer"):
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                           if line.lower().startswith(b"content-length")))
@@ -746,7 +747,7 @@ async def test_speech_requests_beyond_the_bound_get_503_server_full(replies):
         assert full.json()["error"]["type"] == "server_error"
         assert "x-engine" not in full.headers  # a refusal, before any synthesis
         assert health["limits"]["max_speech_requests"] == 2
-        await asyncio.wait_for(gw.http.idle.wait(), 10)
+        await unless_hung(gw.http.idle.wait())
         async with httpx.AsyncClient(base_url=base(gw)) as client:  # room again
             again = await client.post("/v1/audio/speech", json={"input": "Hi.",
                                                                 "response_format": "pcm"})
@@ -813,7 +814,7 @@ async def test_disconnect_mid_stream_cancels_the_job_and_frees_the_lane(replies)
                         break
                 assert gw.lane.queue_depth == 1
             # leaving the block closed the connection mid-stream
-            await asyncio.wait_for(gw.http.idle.wait(), 10)
+            await unless_hung(gw.http.idle.wait())
             assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 1
             health = (await client.get("/health")).json()
             assert health["lanes"]["gpu"]["queue_depth"] == 0
@@ -847,7 +848,7 @@ async def stalled_client(gw: Gateway, monkeypatch, **fields) -> socket.socket:
                          **fields})
     await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-    await asyncio.wait_for(full.wait(), 30)
+    await unless_hung(full.wait())
     return sock
 
 
@@ -885,7 +886,7 @@ async def test_a_whole_file_its_client_left_half_way_is_a_disconnect(gateway, ca
         while len(got) < 100_000:  # the headers and a part of the file
             got += await loop.sock_recv(sock, 1 << 16)
         sock.close()
-        async with asyncio.timeout(30):
+        async with hang_guard("the log line waited for"):
             await line.seen.wait()
     finally:
         logging.getLogger("gateway.io.http_api").removeHandler(line)
@@ -900,7 +901,7 @@ async def test_a_whole_file_its_client_left_half_way_is_a_disconnect(gateway, ca
              "stream=whole}"] == 1
     assert "gateway_http_speech_requests_total{format=wav,status=completed,stream=whole}" \
         not in m
-    await asyncio.wait_for(gateway.http.idle.wait(), 10)
+    await unless_hung(gateway.http.idle.wait())
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -911,7 +912,7 @@ async def test_a_client_that_takes_nothing_is_dropped(replies, monkeypatch):
     gw = await start_gateway(replies)
     try:
         sock = await stalled_client(gw, monkeypatch)
-        await asyncio.wait_for(gw.http.idle.wait(), 10)  # its answer is over
+        await unless_hung(gw.http.idle.wait())  # its answer is over
         assert gw.lane.queue_depth == 0
         data = await read_to_the_end(sock)
         assert data.startswith(b"HTTP/1.1 200 ") and not data.endswith(b"\r\n0\r\n\r\n")
@@ -1079,10 +1080,10 @@ async def test_a_client_that_holds_up_a_long_segment_is_a_slow_consumer(replies,
         await asyncio.get_running_loop().sock_sendall(sock, (
             b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n"
             % len(body)) + body)  # and read nothing
-        await asyncio.wait_for(failed.wait(), 30)
+        await unless_hung(failed.wait())
         assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 1
         sock.close()
-        await asyncio.wait_for(gw.http.idle.wait(), 10)
+        await unless_hung(gw.http.idle.wait())
     finally:
         engine.flood.set()
         await gw.aclose()
@@ -1235,7 +1236,7 @@ async def test_health_follows_sessions_and_compute(gateway):
             assert during["sessions"] == 1
             await send(ws, type="say", text=SHORT)
             assert (await read_turn(ws)).done["status"] == "completed"
-        await asyncio.wait_for(gone.wait(), 10)
+        await unless_hung(gone.wait())
         after = (await client.get("/health")).json()
         # the voice port answers the same JSON
         voice_port = (await client.get(f"http://127.0.0.1:{gateway.port}/health")).json()
@@ -1836,7 +1837,7 @@ async def test_a_chunk_not_ended_by_crlf_is_refused_not_read_past(gateway):
                  b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                  + b"%x\r\n" % len(body) + body + b"XX0\r\n\r\n")
     await writer.drain()
-    async with asyncio.timeout(10):
+    async with hang_guard("the answer and the close"):
         answer = await reader.read()
     writer.close()
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
@@ -1852,7 +1853,7 @@ async def test_a_malformed_request_is_counted_with_the_other_refusals(gateway):
         reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
         writer.write(request)
         await writer.drain()
-        async with asyncio.timeout(10):
+        async with hang_guard("the answer and the close"):
             answer = await reader.read()
         writer.close()
         assert answer.startswith(b"HTTP/1.1 400") and b'"invalid_http"' in answer
@@ -1868,7 +1869,7 @@ async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog
     reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
     writer.write(b"NOT HTTP AT ALL\r\n\r\n")
     await writer.drain()
-    async with asyncio.timeout(10):
+    async with hang_guard("the answer and the close"):
         answer = await reader.read()
     writer.close()
     assert answer.startswith(b"HTTP/1.1 400")

@@ -20,7 +20,6 @@ Steps are ordered by awaiting events, never by sleeping.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import logging
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import pytest
 from engines.synthetic import SyntheticEngine
 from gateway.core.audio_formats import Encoder
 from gateway.io import http_api
+from tests.hang_guard import HANG_S, unless_hung
 from tests.test_http_api import (
     FailingEngine,
     HeldEngine,
@@ -229,7 +229,7 @@ async def test_disconnect_mid_mp3_stream_cancels_the_job_and_frees_the_lane(star
                 assert chunk
                 break
             assert gw.lane.queue_depth == 1
-        await asyncio.wait_for(gw.http.idle.wait(), 10)
+        await unless_hung(gw.http.idle.wait())
         assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 1
         health = (await client.get("/health")).json()
     assert health["http"]["speech_streams"] == 0
@@ -342,9 +342,9 @@ def test_the_encoder_thread_keeps_nothing_of_a_call_once_it_is_done():
     try:
         payload = Payload()
         gone = weakref.ref(payload)
-        assert thread.submit(lambda p: None, payload).result(5) is None
+        assert thread.submit(lambda p: None, payload).result(HANG_S) is None
         del payload
-        deadline = time.monotonic() + 5  # the worker lets go as it returns to waiting
+        deadline = time.monotonic() + HANG_S  # the worker lets go as it returns to waiting
         while gone() is not None and time.monotonic() < deadline:
             gc.collect()
             time.sleep(0.01)

@@ -15,6 +15,7 @@ from examples.loadgen import (
     percentile,
     run_load,
 )
+from tests.hang_guard import unless_hung
 from tests.servers import record_received
 
 MS = 24  # samples per millisecond
@@ -202,9 +203,9 @@ async def test_each_message_is_named(short_gateway, monkeypatch):
     from gateway.core.codec import ClientPlayback, ClientTranscript
 
     received = record_received(monkeypatch)
-    report = await asyncio.wait_for(run_load(
+    report = await unless_hung(run_load(
         f"ws://127.0.0.1:{short_gateway.port}/v1/voice", sessions=1, turns=2,
-        transcripts=["Hello"]), 30)
+        transcripts=["Hello"]))
     assert report.summary()["turns"] == {"requested": 2, "completed": 2}
     named = [m.event_id for m in received if isinstance(m, ClientTranscript | ClientPlayback)]
     assert any(isinstance(m, ClientPlayback) for m in received)
@@ -265,9 +266,9 @@ async def test_a_refused_transcript_is_reported_at_once_not_after_the_turn_timeo
     # text_too_long comes back at once, naming the transcript, and no turn starts: the
     # speaker goes on to its next turn instead of waiting 60 s for a turn.done that never
     # comes
-    report = await asyncio.wait_for(run_load(
+    report = await unless_hung(run_load(
         f"ws://127.0.0.1:{short_gateway.port}/v1/voice", sessions=1, turns=2,
-        transcripts=["x" * 4001], seed=1), 30)
+        transcripts=["x" * 4001], seed=1))
     (account,) = report.accounts
     assert [t.status for t in account.turns] == ["rejected: text_too_long"] * 2
     assert account.errors == ["text_too_long"] * 2 and not report.ok
@@ -287,9 +288,9 @@ async def test_a_gateway_gone_between_turns_is_a_report_not_a_crash(start_gatewa
     load = asyncio.ensure_future(run_load(
         f"ws://127.0.0.1:{gw.port}/v1/voice", sessions=2, turns=3, transcripts=["Hello"],
         arrival_s=1.0, seed=3))
-    await asyncio.wait_for(heard.wait(), 20)
+    await unless_hung(heard.wait())
     await gw.aclose()
-    report = await asyncio.wait_for(load, 30)
+    report = await unless_hung(load)
     s = report.summary()
     assert s["turns"]["requested"] == 6 and 2 <= s["turns"]["completed"] < 6
     assert sum(n for k, n in s["turns"].items() if k != "requested") == 6  # all accounted
@@ -317,13 +318,13 @@ async def test_ctrl_c_ends_the_run_with_the_report_of_what_was_measured(start_ga
     progress = []
     try:
         while True:  # the progress lines (one a second, not on a terminal)
-            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            line = (await unless_hung(proc.stderr.readline())).decode()
             assert line, progress
             progress.append(line)
             if (frames := re.search(r"frames (\d+)", line)) and int(frames[1]) > 0:
                 break
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), 30)
+        stdout, stderr = await unless_hung(proc.communicate())
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -333,7 +334,7 @@ async def test_ctrl_c_ends_the_run_with_the_report_of_what_was_measured(start_ga
     table = stdout.decode()
     assert "interrupted" in table and "TTFA (client) ms" in table
     assert re.search(r"turns \{'requested': 6, 'interrupted': 2, 'unsent': 4\}", table), table
-    await asyncio.wait_for(gw.wait_no_sessions(), 10)  # closed, not left to time out
+    await unless_hung(gw.wait_no_sessions())  # closed, not left to time out
 
 
 @pytest.mark.slow
@@ -346,8 +347,8 @@ async def test_a_turn_the_closed_socket_never_took_is_unsent_not_lost(start_gate
     stopping: list[asyncio.Task] = []
     gw.metrics.listeners.append(  # the first reply is all sent: the gateway stops
         lambda _: stopping.append(asyncio.ensure_future(gw.aclose())) if not stopping else None)
-    report = await asyncio.wait_for(run_load(
-        f"ws://127.0.0.1:{gw.port}/v1/voice", sessions=1, turns=3, transcripts=["Hello"]), 30)
+    report = await unless_hung(run_load(
+        f"ws://127.0.0.1:{gw.port}/v1/voice", sessions=1, turns=3, transcripts=["Hello"]))
     await stopping[0]
     s = report.summary()
     assert s["turns"] == {"requested": 3, "completed": 1, "unsent": 2}, s["turns"]

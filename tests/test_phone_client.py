@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from examples import phone_client
+from tests.hang_guard import unless_hung
 from tests.servers import record_received
 
 REPLIES = (
@@ -257,8 +258,8 @@ async def test_a_transcript_lost_with_the_socket_is_sent_again_after_the_resume(
         await send(**message)
 
     client._send = losing_send
-    await asyncio.wait_for(client.run(phone_client._from_list(["Hello"]), sequential=True,
-                                      barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["Hello"]), sequential=True,
+                                      barge_in_after=None))
     assert lost and client.resumes == 1 and client.resumes_failed == 0
     assert [r["status"] for r in client.results] == ["completed"]
     assert gateway.metrics.turns["completed"] == 1
@@ -395,8 +396,8 @@ async def test_a_refused_transcript_ends_as_refused_and_the_next_is_named_right(
     (engines review)."""
     client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
                                       phone_client.ClockPlayer(), verbose=False)
-    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
-                                      sequential=True, barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None))
     assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
         ("refused", "text_too_long"), ("completed", None)]
     assert [p.name for p in client.saved] == ["turn-002.wav"]
@@ -410,8 +411,8 @@ async def test_a_refused_setting_is_not_taken_for_the_refusal_of_a_transcript(ga
     the refusal of its first transcript and left while that turn was speaking (exit 1)."""
     client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
                         phone_client.ClockPlayer(), settings={"frame_ms": 33})
-    await asyncio.wait_for(client.run(phone_client._from_list(["Hello", "Time"]),
-                                      sequential=True, barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["Hello", "Time"]),
+                                      sequential=True, barge_in_after=None))
     assert [r["status"] for r in client.results] == ["completed", "completed"]
     assert [p.name for p in client.saved] == ["turn-001.wav", "turn-002.wav"]
     (refused,) = [x for x in client.lines if "invalid_field" in x]
@@ -444,7 +445,7 @@ async def test_a_session_taken_over_by_another_device_is_left_to_it(gateway, tmp
                    resume_token=client._resume_token)
         assert (await recv_event(other))["type"] == "session.resumed"
         with pytest.raises(phone_client.GaveUp, match="resumed elsewhere"):
-            await asyncio.wait_for(running, 10)
+            await unless_hung(running)
         await send(other, type="ping", id=1)  # still the other device's
         assert (await recv_event(other))["type"] == "pong"
     assert client.resumes == 0
@@ -833,8 +834,8 @@ async def test_a_refusal_replayed_by_a_resume_is_not_taken_for_the_next_transcri
         runner.send = sending
 
     cutting = asyncio.create_task(cut_at_turn_started())
-    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
-                                      sequential=True, barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None))
     await cutting
     assert client.resumes == 1 and client.resumes_failed == 0
     assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
@@ -868,7 +869,7 @@ async def test_a_typed_transcript_whose_reply_a_failed_resume_cut_is_sent_again(
         await done.wait()  # the user types nothing more until a reply has been heard
 
     try:
-        await asyncio.wait_for(client.run(typed(), sequential=False, barge_in_after=None), 30)
+        await unless_hung(client.run(typed(), sequential=False, barge_in_after=None))
     finally:
         await proxy.aclose()
     assert proxy.cut.is_set() and client.resumes_failed == 1
@@ -899,8 +900,8 @@ async def test_settings_lost_with_the_socket_are_sent_again_after_the_resume(gat
                         phone_client.ClockPlayer(), settings={"frame_ms": 20})
     client.results = Results()
     try:
-        await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
-                                          sequential=True, barge_in_after=None), 30)
+        await unless_hung(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                          sequential=True, barge_in_after=None))
     finally:
         await proxy.aclose()
     assert proxy.cut.is_set() and client.resumes == 1 and client.resumes_failed == 0
@@ -975,7 +976,7 @@ async def test_a_failed_resume_after_the_reply_ended_leaves_its_tail_playing(sta
         assert client.resumes_failed == 1
         assert player.dropped_s == 0  # the tail is still to be heard
         player.release()
-        await asyncio.wait_for(run, 10)
+        await unless_hung(run)
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -1013,8 +1014,8 @@ async def test_a_refusal_in_the_replay_is_not_taken_for_a_transcript_lost(gatewa
     cut = cut_after_sending(monkeypatch, '"text_too_long"')
     client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
                         phone_client.ClockPlayer())
-    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
-                                      sequential=True, barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None))
     assert cut and client.resumes == 1 and client.resumes_failed == 0
     assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
         ("refused", "text_too_long"), ("completed", None)]
@@ -1030,8 +1031,8 @@ async def test_settings_answered_in_the_replay_are_refused_once(gateway, tmp_pat
     cut = cut_after_sending(monkeypatch, '"invalid_field"')
     client = _Recording(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
                         phone_client.ClockPlayer(), settings={"frame_ms": 33})
-    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
-                                      sequential=True, barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None))
     assert cut and client.resumes == 1 and client.resumes_failed == 0
     assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
         ("refused", "text_too_long"), ("completed", None)]
@@ -1084,8 +1085,8 @@ async def test_settings_answered_twice_in_one_replay_are_refused_once(gateway, t
     monkeypatch.setattr(SessionRunner, "receive", receiving)
     client = _PingsAfterTheFirstResume(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
                                        phone_client.ClockPlayer(), settings={"frame_ms": 33})
-    await asyncio.wait_for(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
-                                      sequential=True, barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
+                                      sequential=True, barge_in_after=None))
     assert cut and held and client.resumes == 2 and client.resumes_failed == 0
     assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
         ("refused", "text_too_long"), ("completed", None)]
@@ -1115,8 +1116,8 @@ async def test_a_refusal_that_names_another_message_is_not_the_transcripts(gatew
     Each message now has its ``event_id``, and an error that names one is that one's."""
     client = _MarksBadly(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
                          phone_client.ClockPlayer())
-    await asyncio.wait_for(client.run(phone_client._from_list(["Hello"]), sequential=True,
-                                      barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["Hello"]), sequential=True,
+                                      barge_in_after=None))
     assert gateway.metrics.errors["invalid_field"] == 1  # (the mark's)
     assert [r["status"] for r in client.results] == ["completed"]
     (refused,) = [x for x in client.lines if "invalid_field" in x]
@@ -1134,8 +1135,8 @@ async def test_each_message_is_named_and_a_failed_turn_keeps_its_error(
     gw = await start_gateway(REPLIES, llm={"url": f"http://127.0.0.1:{refused_port}/v1"})
     client = _Recording(f"ws://127.0.0.1:{gw.port}/v1/voice", tmp_path,
                         phone_client.ClockPlayer(), settings={"frame_ms": 20})
-    await asyncio.wait_for(client.run(phone_client._from_list(["Hello", "Time"]),
-                                      sequential=True, barge_in_after=None), 30)
+    await unless_hung(client.run(phone_client._from_list(["Hello", "Time"]),
+                                      sequential=True, barge_in_after=None))
     named = [m.event_id for m in received
              if isinstance(m, ClientTranscript | ClientSessionUpdate | ClientPlayback)]
     assert isinstance(received[0], ClientSessionUpdate)

@@ -39,6 +39,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from gateway.config import load_config
 from gateway.core.codec import AudioFrame, decode_frame
 from gateway.io.server import Gateway
+from tests.hang_guard import HANG_S, unless_hung
 from tests.test_gateway_ws import REPLY
 
 QUESTION = "How much did we spend on hosting?"
@@ -76,7 +77,7 @@ class GatewayThread:
     def close(self) -> None:
         self.call(self.gw.aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.thread.join(HANG_S)
         self.loop.close()
 
     @property
@@ -85,7 +86,7 @@ class GatewayThread:
 
     def idle_figures(self) -> dict[str, float]:
         """What ``/health`` and ``/metrics`` say is left once every session has ended."""
-        self.call(asyncio.wait_for(self.gw.wait_no_sessions(), 20))
+        self.call(unless_hung(self.gw.wait_no_sessions()))
         with httpx.Client(base_url=f"http://127.0.0.1:{self.gw.port}") as http:
             health = http.get("/health").json()
             metrics = {line.split(" ")[0]: float(line.split(" ")[1])

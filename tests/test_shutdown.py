@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.config import load_config
 from gateway.io import http_api, server
 from gateway.io.server import Gateway
+from tests.hang_guard import unless_hung
 from tests.wsclient import recv_event, send
 
 LONG = "Here is a longer reply, said slowly enough to still be going on. " * 10
@@ -94,14 +95,14 @@ async def test_a_turn_ends_at_the_stop_while_an_http_client_holds_its_grace(gw, 
         body = orjson.dumps({"input": LONG * 6, "response_format": "pcm"})
         await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        await asyncio.wait_for(full.wait(), 30)  # its socket is full: it holds the grace
+        await unless_hung(full.wait())  # its socket is full: it holds the grace
         async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
             await recv_event(ws, "session.created")
             await send(ws, type="say", text=LONG)
             turn_id = (await recv_event(ws, "sentence"))["turn_id"]
             closing = asyncio.create_task(gw.aclose())
             await gw.http.stopping.wait()
-            events, code = await asyncio.wait_for(events_until_closed(ws), 30)
+            events, code = await unless_hung(events_until_closed(ws))
         assert not closing.done()  # the HTTP client's grace goes on
         assert code == 1001 and ends_shutting_down(events, turn_id)
         while await loop.sock_recv(sock, 1 << 20):

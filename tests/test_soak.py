@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from bench import soak
+from tests.hang_guard import unless_hung
 
 
 def test_the_llm_process_closes_its_output_pipe_once_killed_or_stopped():
@@ -127,9 +128,9 @@ async def test_a_gateway_killed_mid_turn_is_a_lost_turn_not_a_hang():
         session = soak.SoakSession(gateway.url, 0, 80, soak.load_transcripts(None), stats,
                                    turn_timeout_s=60)
         running = asyncio.ensure_future(session.run(asyncio.get_running_loop().time() + 60))
-        await asyncio.wait_for(session.frame_arrived.wait(), 20)
+        await unless_hung(session.frame_arrived.wait())
         gateway.proc.kill()
-        await asyncio.wait_for(running, 20)
+        await unless_hung(running)
     finally:
         gateway.stop()
     assert [t.status for t in session.account.turns] == ["lost"]
@@ -147,7 +148,7 @@ async def test_a_gateway_gone_between_turns_ends_the_session_with_a_report(start
         lambda _: stopping.append(asyncio.ensure_future(gw.aclose())) if not stopping else None)
     session = soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, 80, ["Hello"], stats,
                                turn_timeout_s=60)
-    await asyncio.wait_for(session.run(asyncio.get_running_loop().time() + 60), 20)
+    await unless_hung(session.run(asyncio.get_running_loop().time() + 60))
     await stopping[0]
     assert session.account.turns[0].status in ("completed", "lost")
     assert sum(stats.statuses.values()) == len(session.account.turns)
@@ -189,8 +190,8 @@ async def test_a_refused_turn_goes_on_at_once(start_gateway):
                                turn_timeout_s=60)
     await session._connect(resume=False)
     try:
-        await asyncio.wait_for(session._turn(), 20)
-        await asyncio.wait_for(session._turn(), 20)
+        await unless_hung(session._turn())
+        await unless_hung(session._turn())
     finally:
         ws, session.ws = session.ws, None  # (our own close, as run() does: not a loss)
         await ws.close()
@@ -214,8 +215,8 @@ async def test_a_failed_resume_loses_its_turn_at_once_and_the_session_goes_on(st
     await session._connect(resume=False)
     session.resume_token = "not-the-token"
     try:
-        await asyncio.wait_for(session._turn(), 20)
-        await asyncio.wait_for(session._turn(), 20)
+        await unless_hung(session._turn())
+        await unless_hung(session._turn())
     finally:
         ws, session.ws = session.ws, None  # (our own close, as run() does: not a loss)
         await ws.close()
@@ -270,7 +271,7 @@ async def test_the_soak_says_and_hears_the_replay_set_it_is_given(tmp_path, monk
             heard(event, now))
         await session._connect(resume=False)
         try:
-            await asyncio.wait_for(session._turn(), 20)
+            await unless_hung(session._turn())
         finally:
             ws, session.ws = session.ws, None
             await ws.close()
@@ -303,7 +304,7 @@ async def soak_under_load(*args: str, **popen: Any) -> AsyncIterator[asyncio.sub
     assert proc.stderr is not None
     try:
         while True:
-            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            line = (await unless_hung(proc.stderr.readline())).decode()
             assert line
             if "'completed': " in line:  # (the statuses: {'completed': 1, ...})
                 break

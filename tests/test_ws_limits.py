@@ -13,6 +13,7 @@ import struct
 import pytest
 
 from gateway.io.server import Gateway
+from tests.hang_guard import hang_guard
 
 
 def client_frame(opcode: int, payload: bytes, *, fin: bool, length: int | None = None) -> bytes:
@@ -130,7 +131,7 @@ async def test_unfinished_messages_draw_on_a_gateway_wide_budget(start_gateway):
     received = await r2.read()  # the close frame, then the end of the stream
     assert struct.pack("!H", 1009) + b"message too big" in received
     w2.close()
-    async with asyncio.timeout(5):
+    async with hang_guard("the refused socket's end"):
         await no_connections_but(gw, 1)
     assert gw.unfinished.used == drawn  # the refused socket's share is back
     assert gw.metrics.errors["unfinished_messages"] == 1
