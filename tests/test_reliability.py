@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import socket
 from typing import Any
 
@@ -15,8 +16,9 @@ from websockets.exceptions import InvalidStatus
 from gateway.config import load_config
 from gateway.core import session as session_module
 from gateway.io.server import Gateway
+from tests.hang_guard import hang_guard, unless_hung
 from tests.servers import Hang, Text
-from tests.wsclient import read_turn, read_until_closed, recv_event, round_trip, send
+from tests.wsclient import LineSeen, read_turn, read_until_closed, recv_event, round_trip, send
 
 LONG = "Here is a longer reply for the test. " * 5
 
@@ -38,7 +40,7 @@ async def gateway():
 async def no_sessions(gw: Gateway) -> None:
     """Server-side effects of a client's close are asynchronous to the client: wait for
     the gateway to say its sessions are gone."""
-    await asyncio.wait_for(gw.wait_no_sessions(), 10)
+    await unless_hung(gw.wait_no_sessions())
 
 
 async def stalling_client(gw: Gateway):
@@ -339,7 +341,7 @@ async def test_a_dropped_session_leaves_the_lane_until_it_resumes(gateway):
 
     runner.detach = on_detach
     await _drop(ws)
-    await asyncio.wait_for(detached.wait(), 10)
+    await unless_hung(detached.wait())
     loop = asyncio.get_running_loop()
     assert runner.session.deadline(first.turn_id, loop.time()) == math.inf
     scheduler = gateway.lane.scheduler
@@ -350,7 +352,7 @@ async def test_a_dropped_session_leaves_the_lane_until_it_resumes(gateway):
         await send(ws2, type="session.resume", session_id=created["session_id"],
                    resume_token=created["resume_token"], last_seq=last)
         assert (await recv_event(ws2))["type"] == "session.resumed"
-        rest = await asyncio.wait_for(frames_after(ws2, 30), 10)  # more than was made before
+        rest = await unless_hung(frames_after(ws2, 30))  # more than was made before
     seqs = [f.seq for f in first.frames + rest]
     assert seqs == list(range(len(seqs)))
 
@@ -812,7 +814,7 @@ async def test_a_client_that_pauses_reading_gets_every_frame_once_in_order():
                 socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
             paused = noting_pause(server_side)
             await send(ws, type="say", text=("A long reply read late. " * 200)[:3999])
-            await asyncio.wait_for(paused.wait(), 30)  # before the client reads a byte of it
+            await unless_hung(paused.wait())  # before the client reads a byte of it
             turn = await read_turn(ws)
         assert turn.done["status"] == "completed"
         seqs = [f.seq for f in turn.frames]
@@ -841,7 +843,7 @@ async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
         await no_sessions(gw)
         assert gw.metrics.errors["slow_consumer"] == 1
         # and close its socket: reading again, the client finds the end of it
-        async with asyncio.timeout(30):
+        async with hang_guard("the stalled socket's close"):
             await read_until_closed(stalled)
     finally:
         if stalled is not None:  # (its socket closed here, not left to the gc)
@@ -879,7 +881,7 @@ async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch)
         await gw.aclose()
 
 
-async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypatch):
+async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypatch, caplog):
     """protocol.md: a peer that answers no ping within 20 s is closed (1011 ``keepalive
     ping timeout``) as a network drop, and its session waits for a resume. websockets'
     keepalive starts the pong's timeout only once its ping is written out, and to a client
@@ -892,24 +894,31 @@ async def test_the_keepalive_ends_a_socket_whose_client_stopped_reading(monkeypa
     monkeypatch.setattr(session_module, "UNMARKED_SILENT_S", 3600.0)
     # no pacing (a lead of 10 minutes): the socket stops draining at once
     gw = await started(outbox_bytes=16 * 1024 * 1024, session={"max_lead_ms": 600_000})
+    caplog.set_level("INFO", logger="gateway.io.connection")
+    dropped = LineSeen("socket dropped")
+    logging.getLogger("gateway.io.connection").addHandler(dropped)
     stalled = None
     try:
         stalled, created = await stalling_client(gw)
         server_side = gw.runners[created["session_id"]].connection.ws
         paused = noting_pause(server_side)
         await send(stalled, type="say", text=("A reply nobody reads. " * 200)[:3999])
-        await asyncio.wait_for(paused.wait(), 30)
+        await unless_hung(paused.wait())
         # the keepalive's next ping now, behind the unread output (20 s apart in service)
         server_side.keepalive_task.cancel()
         server_side.ping_interval = server_side.ping_timeout = 0.5
         server_side.start_keepalive()
-        await asyncio.wait_for(server_side.wait_closed(), 30)
+        await unless_hung(server_side.wait_closed())
         assert (server_side.protocol.close_sent.code,
                 server_side.protocol.close_sent.reason) == (1011, "keepalive ping timeout")
+        # the socket's handler detaches the session after the socket has closed: its line
+        # says it has (nothing else waited for it, which a run's order of steps decided)
+        await unless_hung(dropped.seen.wait())
         runner = gw.runners[created["session_id"]]  # kept for a resume
         assert runner.connection is None and not runner.closed
         assert gw.metrics.errors["slow_consumer"] == 0
     finally:
+        logging.getLogger("gateway.io.connection").removeHandler(dropped)
         if stalled is not None:  # (its socket closed here, not left to the gc)
             stalled.transport.abort()
         await gw.aclose()
