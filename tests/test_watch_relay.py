@@ -32,6 +32,7 @@ from examples.watch_relay import (
 from gateway.config import load_config
 from gateway.core.codec import ClientPing, ClientPlayback, ClientTranscript, decode_client
 from gateway.io.server import Gateway
+from tests.hang_guard import HANG_S, hang_guard, unless_hung
 from tests.servers import ServeProcess
 from tests.wsclient import read_turn, recv_event, send
 
@@ -69,7 +70,7 @@ async def lost_with_the_uplink(gateway: Gateway, session, kind: str):
 
     upstream.send = sending
     yield
-    await asyncio.wait_for(sent.wait(), 10)
+    await unless_hung(sent.wait())
     conn.ws.transport.abort()
 
 
@@ -832,7 +833,7 @@ async def test_a_watch_message_the_link_cannot_carry_ends_the_session(gateway, r
         with pytest.raises(ConnectionClosed):
             await recv_event(ws)
     assert ws.close_code == (1009 if bad == "over 1 MiB" else 1007)
-    await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+    await unless_hung(gateway.wait_no_sessions())
 
 async def test_a_watch_message_over_64_kib_is_refused_by_the_relay(gateway, relay):
     """The relay sent a watch message of up to 1 MiB up for the gateway to refuse
@@ -844,10 +845,10 @@ async def test_a_watch_message_over_64_kib_is_refused_by_the_relay(gateway, rela
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
         await recv_event(ws, "session.created")
         await send(ws, type="say", text="x" * 900_000)
-        error = await asyncio.wait_for(recv_event(ws), 10)
+        error = await unless_hung(recv_event(ws))
         assert error["error"]["code"] == "message_too_large"
         await send(ws, type="ping", id=1)
-        assert (await asyncio.wait_for(recv_event(ws), 10)) == {"type": "pong", "id": 1}
+        assert (await unless_hung(recv_event(ws))) == {"type": "pong", "id": 1}
     assert gateway.metrics.errors["unfinished_messages"] == 0
 
 async def test_a_playback_mark_goes_up_no_larger_than_the_watch_sent_it(gateway, relay):
@@ -868,7 +869,7 @@ async def test_a_playback_mark_goes_up_no_larger_than_the_watch_sent_it(gateway,
         assert len(mark) < 65_536 < 80 * 1024 < len(orjson.dumps(orjson.loads(mark)))
         await ws.send(mark)
         await send(ws, type="ping", id=1)
-        assert (await asyncio.wait_for(recv_event(ws), 10)) == {"type": "pong", "id": 1}
+        assert (await unless_hung(recv_event(ws))) == {"type": "pong", "id": 1}
     assert gateway.metrics.errors["unfinished_messages"] == 0
 
 
@@ -876,7 +877,7 @@ async def test_unknown_format_is_refused(relay):
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=mp3") as ws:
         error = await recv_event(ws)
         assert error["error"]["code"] == "invalid_field"
-        await asyncio.wait_for(ws.wait_closed(), 5)
+        await unless_hung(ws.wait_closed())
     assert ws.close_code == 1008
 
 
@@ -895,8 +896,8 @@ async def test_a_first_message_that_is_no_usable_hello_gets_its_error_then_1008(
     in the gateway's codes (protocol.md, Errors), then the close."""
     async with connect(f"ws://127.0.0.1:{relay.port}/") as ws:
         await ws.send(first)
-        error = await asyncio.wait_for(recv_event(ws), 10)
-        await asyncio.wait_for(ws.wait_closed(), 5)
+        error = await unless_hung(recv_event(ws))
+        await unless_hung(ws.wait_closed())
     assert error["type"] == "error" and error["error"]["code"] == code
     assert ws.close_code == 1008
     assert ws.close_reason == ("unknown audio format" if code == "invalid_field"
@@ -911,7 +912,7 @@ async def test_a_refused_first_message_names_its_event_id(relay, first):
     gateway's refusals do (protocol.md, Errors)."""
     async with connect(f"ws://127.0.0.1:{relay.port}/") as ws:
         await ws.send(first)
-        error = await asyncio.wait_for(recv_event(ws), 10)
+        error = await unless_hung(recv_event(ws))
     assert error["error"].get("event_id") == "h1"
 
 
@@ -921,7 +922,7 @@ async def test_opus_without_pyav_is_refused_with_the_install_step(relay, monkeyp
     monkeypatch.setattr(module, "HAS_PYAV", False)  # a plain install: no [watch] extra
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=opus") as ws:
         error = (await recv_event(ws))["error"]
-        await asyncio.wait_for(ws.wait_closed(), 5)
+        await unless_hung(ws.wait_closed())
     assert error["code"] == "invalid_field" and ".[watch]" in error["message"]
     assert ws.close_code == 1008
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
@@ -936,7 +937,7 @@ async def test_a_watch_that_drops_mid_turn_ends_quietly(gateway, relay, caplog):
     await send(ws, type="say", text=" ".join(["This reply keeps the watch busy."] * 6))
     await read_turn(ws, until="sentence")
     ws.transport.abort()  # no close frame
-    await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+    await unless_hung(gateway.wait_no_sessions())
     assert not relay.sessions
     assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
 
@@ -946,7 +947,7 @@ async def test_a_watch_gone_before_its_session_created_leaves_no_gateway_session
     for _ in range(3):
         ws = await connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k")
         ws.transport.abort()  # gone while the relay still opens its gateway session
-    await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+    await unless_hung(gateway.wait_no_sessions())
     async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
         assert (await recv_event(ws))["type"] == "session.created"
 
@@ -961,7 +962,7 @@ async def test_a_transcript_lost_with_the_gateway_socket_is_sent_again(gateway, 
         upstream = session.gateway
         async with lost_with_the_uplink(gateway, session, "transcript"):
             await send(ws, type="transcript", text="What is on today?")
-        turn = await asyncio.wait_for(read_turn(ws), 10)
+        turn = await unless_hung(read_turn(ws))
         assert session.gateway is not upstream  # resumed on a new socket
     assert turn.done["status"] == "completed"
     assert turn.reply == "Two meetings. The first is at ten."
@@ -995,7 +996,7 @@ async def test_a_session_the_gateway_lost_ends_the_watch_with_a_readable_reason(
         (session,) = relay.sessions
         session.core.resume_token = "the session a restarted gateway never had"
         session.gateway.transport.abort()
-        await asyncio.wait_for(ws.wait_closed(), 10)
+        await unless_hung(ws.wait_closed())
     assert ws.close_code == 1011
     assert ws.close_reason.startswith("gateway session lost: resume_failed: cannot resume")
     assert "{" not in ws.close_reason
@@ -1013,7 +1014,7 @@ async def test_a_gateway_going_away_during_the_resume_sends_the_watch_away_at_on
         gw = await connect_upstream(resume)
         if resume is not None and not stopping:  # the gateway stops as the relay resumes
             stopping.append(asyncio.create_task(gateway.aclose()))
-            await asyncio.wait_for(gw.wait_closed(), 10)
+            await unless_hung(gw.wait_closed())
             assert gw.close_code == 1001
         return gw
 
@@ -1022,7 +1023,8 @@ async def test_a_gateway_going_away_during_the_resume_sends_the_watch_away_at_on
         await recv_event(ws, "session.created")
         (session,) = relay.sessions
         session.gateway.transport.abort()  # the phone's uplink drops
-        await asyncio.wait_for(ws.wait_closed(), 10)  # (was: 30 s)
+        # (was: the resume window, then 1011: the close code tells)
+        await unless_hung(ws.wait_closed())
     await stopping[0]
     assert (ws.close_code, ws.close_reason) == (1001, "server shutting down")
 
@@ -1048,8 +1050,8 @@ async def test_a_watch_gone_while_the_relay_resumes_leaves_no_gateway_socket():
     async with relay_to(gateway, resume_window_s=30.0) as relay:
         async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
             await recv_event(watch, "session.created")
-            await asyncio.wait_for(resume_asked.wait(), 10)
-        await asyncio.wait_for(sockets[1].wait_closed(), 10)
+            await unless_hung(resume_asked.wait())
+        await unless_hung(sockets[1].wait_closed())
 
 
 async def test_a_watch_gone_while_the_gateway_is_unreachable_is_let_go():
@@ -1065,7 +1067,10 @@ async def test_a_watch_gone_while_the_gateway_is_unreachable_is_let_go():
 
     server = await serve(gateway, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=30.0)
+    # (a window past the hang guard: a relay that waits it out fails as hung, where a
+    # bound of seconds on the stop, the assertion before, could fail a slow machine's run;
+    # and not much past it, so its clean-up below ends)
+    relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=HANG_S + 30)
     await relay.start()
     try:
         async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
@@ -1074,7 +1079,7 @@ async def test_a_watch_gone_while_the_gateway_is_unreachable_is_let_go():
             await session.gateway.wait_closed()  # the relay knows: it is resuming
             await send(watch, type="ping", id=1)  # waits for the gateway ...
         # ... and the watch has left
-        await asyncio.wait_for(relay.aclose(), 5)  # its session ended (was: 30 s on)
+        await unless_hung(relay.aclose())  # its session ended (was: the window, 30 s, on)
         assert not relay.sessions
     finally:
         await relay.aclose()
@@ -1165,7 +1170,7 @@ async def test_a_gateway_that_hangs_up_unanswered_is_unavailable():
         await relay.start()
         try:
             async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
-                await asyncio.wait_for(ws.wait_closed(), 10)
+                await unless_hung(ws.wait_closed())
             assert ws.close_code == 1011
             assert ws.close_reason.startswith("gateway unavailable: ")
         finally:
@@ -1187,10 +1192,10 @@ async def test_a_resume_goes_on_past_a_gateway_that_hangs_up_unanswered(gateway)
                 (session,) = relay.sessions
                 hang_up.set()
                 session.gateway.transport.abort()  # the phone's uplink drops
-                await asyncio.wait_for(hung_up.wait(), 10)
+                await unless_hung(hung_up.wait())
                 hang_up.clear()  # the gateway answers again
                 await send(ws, type="ping", id=1)
-                assert (await asyncio.wait_for(recv_event(ws), 10)) == {"type": "pong", "id": 1}
+                assert (await unless_hung(recv_event(ws))) == {"type": "pong", "id": 1}
         finally:
             await relay.aclose()
 
@@ -1243,9 +1248,9 @@ async def test_a_stalled_gateway_holds_the_resume_no_longer_than_its_window(stal
     async with relay_to(gateway, resume_window_s=0.5) as relay:
         async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
             await recv_event(watch, "session.created")
-            await asyncio.wait_for(watch.wait_closed(), 10)  # (was: never)
+            await unless_hung(watch.wait_closed())  # (was: never)
         assert watch.close_code == 1011
-        await asyncio.wait_for(sockets[-1].wait_closed(), 10)  # and the socket let go
+        await unless_hung(sockets[-1].wait_closed())  # and the socket let go
 
 
 async def first_sentence_ms(ws) -> float:
@@ -1329,9 +1334,9 @@ async def test_a_cancel_lost_as_its_turn_ended_is_sent_again(start_gateway):
 
             session.core.resumed = resuming
             conn.ws.transport.abort()  # ... and is lost with the uplink
-            await asyncio.wait_for(resumed.wait(), 10)
+            await unless_hung(resumed.wait())
             await send(ws, type="ping", id=1)
-            await asyncio.wait_for(recv_event(ws, "pong"), 10)  # after what went again
+            await unless_hung(recv_event(ws, "pong"))  # after what went again
             assert session.gateway is not upstream
             (runner,) = gateway.runners.values()
             assert runner.session.history[-1] == {"role": "assistant",
@@ -1512,13 +1517,14 @@ async def test_a_signalled_relay_ends_its_gateway_sessions_at_once(gateway, sig)
             await recv_event(ws, "session.created")
             (upstream,) = gateway.connections
             relay.signal(sig)
-            async with asyncio.timeout(10):  # (the old relay, SIGINT ignored, stays open)
+            # (the old relay, SIGINT ignored, stays open)
+            async with hang_guard("the relay closing the watch's socket"):
                 with pytest.raises(ConnectionClosed):
                     await recv_event(ws)
         assert (ws.close_code, ws.close_reason) == (1001, "server shutting down")
         await upstream.ws.wait_closed()
         assert upstream.ws.close_code == 1000  # a client's normal close: the session ends
-        await asyncio.wait_for(gateway.wait_no_sessions(), 10)
+        await unless_hung(gateway.wait_no_sessions())
         code, output = await asyncio.to_thread(relay.finish)
     assert code == 0 and "Traceback" not in output
 
@@ -1554,10 +1560,10 @@ async def test_a_stopping_relay_does_not_wait_for_a_gateway_socket_still_opening
         relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", upstream_timeout_s=3600)
         await relay.start()
         async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
-            await asyncio.wait_for(taken.wait(), 10)
+            await unless_hung(taken.wait())
             # (was: 10 s, the connect's own bound, and the hour for a session.created)
-            await asyncio.wait_for(relay.aclose(), 5)
-            await asyncio.wait_for(gone.wait(), 10)
+            await unless_hung(relay.aclose())
+            await unless_hung(gone.wait())
             await watch.wait_closed()
         assert (watch.close_code, watch.close_reason) == (1001, "server shutting down")
         assert not relay.sessions
@@ -1590,7 +1596,7 @@ async def test_a_stopping_relay_gives_a_stalled_watch_and_uplink_a_bounded_close
         await relay.start()
         async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
             await recv_event(watch, "session.created")
-            await asyncio.wait_for(quiet.wait(), 10)
+            await unless_hung(quiet.wait())
             watch.transport.pause_reading()  # the watch reads nothing more
             await asyncio.wait_for(relay.aclose(), 8)  # (was: 20 s)
             watch.transport.resume_reading()
@@ -1630,6 +1636,20 @@ async def test_without_watch_tokens_no_browser_page_uses_the_relay(start_gateway
             await relay.aclose()
 
 
+class SessionsSeen(set):
+    """``WatchRelay.sessions`` that sets ``emptied`` when its last session is let go: an
+    event to wait for (the relay itself offers none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emptied = asyncio.Event()
+
+    def discard(self, session: object) -> None:
+        super().discard(session)
+        if not self:
+            self.emptied.set()
+
+
 @pytest.mark.parametrize("watch_stays", [True, False], ids=["watch-waits", "watch-leaves"])
 async def test_a_gateway_that_never_says_session_created_is_given_up(watch_stays):
     """The relay waited for a new gateway socket's session.created without a bound: a
@@ -1649,18 +1669,21 @@ async def test_a_gateway_that_never_says_session_created_is_given_up(watch_stays
     async with serve(gateway, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", upstream_timeout_s=0.5)
+        relay.sessions = sessions = SessionsSeen()
         await relay.start()
         try:
             async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
-                await asyncio.wait_for(taken.wait(), 10)
+                await unless_hung(taken.wait())
                 if watch_stays:
-                    await asyncio.wait_for(watch.wait_closed(), 10)  # (was: never)
+                    await unless_hung(watch.wait_closed())  # (was: never)
                     assert watch.close_code == 1011
                     assert "gateway unavailable" in watch.close_reason
-            await asyncio.wait_for(sockets[0].wait_closed(), 10)  # (was: never)
-            assert not relay.sessions
+            await unless_hung(sockets[0].wait_closed())  # (was: never)
+            # the session ends without the stop (its end follows the socket's by some steps
+            # of the loop: "assert not relay.sessions" here passed only by their order)
+            await unless_hung(sessions.emptied.wait())
         finally:
-            await asyncio.wait_for(relay.aclose(), 10)  # (was: never)
+            await unless_hung(relay.aclose())  # (was: never)
 
 
 async def test_a_settings_change_lost_with_the_gateway_socket_is_sent_again(gateway, relay):
@@ -1673,7 +1696,7 @@ async def test_a_settings_change_lost_with_the_gateway_socket_is_sent_again(gate
         upstream = session.gateway
         async with lost_with_the_uplink(gateway, session, "session.update"):
             await send(ws, type="session.update", session={"max_lead_ms": 2000})
-        updated = await asyncio.wait_for(recv_event(ws), 10)
+        updated = await unless_hung(recv_event(ws))
         assert session.gateway is not upstream  # resumed on a new socket
     assert updated["type"] == "session.updated"
     assert updated["session"]["max_lead_ms"] == 2000
@@ -1692,10 +1715,10 @@ async def test_a_ping_lost_with_the_gateway_socket_gets_its_pong(gateway, relay)
         upstream = session.gateway
         async with lost_with_the_uplink(gateway, session, "ping"):
             await send(ws, type="ping", id=7)
-        pong = await asyncio.wait_for(recv_event(ws), 10)  # (was: never)
+        pong = await unless_hung(recv_event(ws))  # (was: never)
         assert session.gateway is not upstream  # resumed on a new socket
         await send(ws, type="ping", id=8)
-        assert await asyncio.wait_for(recv_event(ws), 10) == {"type": "pong", "id": 8}
+        assert await unless_hung(recv_event(ws)) == {"type": "pong", "id": 8}
     assert pong == {"type": "pong", "id": 7}
 
 
@@ -1720,14 +1743,14 @@ async def test_an_invalid_messages_refusal_is_not_taken_for_a_lost_updates_answe
         runner.protocol_error = refusing
         runner._flush = lambda: None  # the refusal stays in the gateway's outbox ...
         await ws.send("{")
-        await asyncio.wait_for(refused.wait(), 10)
+        await unless_hung(refused.wait())
         del runner._flush
         async with lost_with_the_uplink(gateway, session, "session.update"):
             await send(ws, type="session.update", session={"max_lead_ms": 2000})
         # ... and comes in the replay
-        events = [await asyncio.wait_for(recv_event(ws), 10)]
+        events = [await unless_hung(recv_event(ws))]
         while events[-1]["type"] != "session.updated":  # (was: never)
-            events.append(await asyncio.wait_for(recv_event(ws), 10))
+            events.append(await unless_hung(recv_event(ws)))
         assert session.gateway is not upstream  # resumed on a new socket
     assert [e["error"]["code"] for e in events[:-1]] == ["invalid_json"]
     assert events[-1]["session"]["max_lead_ms"] == 2000
@@ -1764,8 +1787,8 @@ async def test_a_lost_invalid_message_is_refused_after_the_resume(gateway, relay
         async with lost_with_the_uplink(gateway, session, "ping"):
             await send(ws, type="transcript", text="", event_id="lost")
             await send(ws, type="ping", id=1)
-        error = await asyncio.wait_for(recv_event(ws), 10)  # (was: only the pong)
-        assert await asyncio.wait_for(recv_event(ws), 10) == {"type": "pong", "id": 1}
+        error = await unless_hung(recv_event(ws))  # (was: only the pong)
+        assert await unless_hung(recv_event(ws)) == {"type": "pong", "id": 1}
         assert session.gateway is not upstream  # resumed on a new socket
     assert error["type"] == "error" and error["error"]["code"] == "invalid_field"
     assert error["error"]["event_id"] == "lost"  # sent again as the watch sent it
@@ -1787,7 +1810,7 @@ async def test_event_ids_go_through_the_relay_both_ways(gateway, relay):
         await send(ws, type="ping", id="end", event_id="w6")
         errors, answers = [], []
         while not answers or answers[-1] != {"type": "pong", "id": "end"}:
-            event = await asyncio.wait_for(recv_event(ws), 10)
+            event = await unless_hung(recv_event(ws))
             (errors if event["type"] == "error" else answers).append(event)
     assert sorted((e["error"]["code"], e["error"].get("event_id") or "") for e in errors) == [
         ("invalid_field", "w1"), ("invalid_field", "w3"),  # the gateway's
@@ -1853,7 +1876,7 @@ async def test_what_the_replay_answers_is_not_sent_again(start_gateway, sent, an
             for message in sent:
                 await send(ws, **message)
             await send(ws, type="ping", id=0)
-            await asyncio.wait_for(read_all.wait(), 10)  # (it read all that came before)
+            await unless_hung(read_all.wait())  # (it read all that came before)
             del runner._flush
             if drops == 2:  # the new socket drops too, after the replay's first message
                 (session,) = relay.sessions
@@ -1872,11 +1895,11 @@ async def test_what_the_replay_answers_is_not_sent_again(start_gateway, sent, an
             for last in (0, 1):
                 if last:  # after what the relay sent again, if anything
                     await send(ws, type="ping", id=1)
-                while (event := await asyncio.wait_for(recv_event(ws), 10)) != \
+                while (event := await unless_hung(recv_event(ws))) != \
                         {"type": "pong", "id": last}:
                     answers += [event] if event["type"] in ANSWERS else []
             if "turn.started" in answered:
-                done = await asyncio.wait_for(recv_event(ws, "turn.done"), 10)
+                done = await unless_hung(recv_event(ws, "turn.done"))
                 assert done["status"] == "completed"  # (not cut by a second one)
         assert gateway.metrics.sessions_resumed == drops
     finally:
@@ -1917,7 +1940,7 @@ async def test_a_cancel_sent_after_a_barge_in_is_for_the_new_turn(start_gateway)
             runner._flush = lambda: None  # (and the gateway's answers come in the replay)
             await send(ws, type="cancel")
             await send(ws, type="transcript", text="And tomorrow?")
-            await asyncio.wait_for(asked.wait(), 10)
+            await unless_hung(asked.wait())
             upstream, sent_up = session.gateway, asyncio.Event()
             send_up = upstream.send
 
@@ -1927,12 +1950,12 @@ async def test_a_cancel_sent_after_a_barge_in_is_for_the_new_turn(start_gateway)
 
             upstream.send = sending
             await send(ws, type="cancel")
-            await asyncio.wait_for(sent_up.wait(), 10)
+            await unless_hung(sent_up.wait())
             del runner._flush
             conn.ws.transport.abort()  # ... and is lost with the uplink
             done: dict[int, str] = {}
             while len(done) < 2:
-                event = await asyncio.wait_for(recv_event(ws, "turn.done"), 30)
+                event = await unless_hung(recv_event(ws, "turn.done"))
                 done[event["turn_id"]] = event["status"]
             assert session.gateway is not upstream
     finally:
