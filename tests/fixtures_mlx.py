@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hang_guard import HANG_S
+
 # Before anything imports huggingface_hub (it reads these at import time).
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -149,5 +151,5 @@ def mlx_audio_server(tiny_qwen3_custom_voice: Path, offline_hf_cache: Path):
         yield f"http://127.0.0.1:{port}/v1", str(tiny_qwen3_custom_voice)
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG_S)
         proc.stdout.close()  # (left to the GC: a ResourceWarning at the session's end)

@@ -17,6 +17,7 @@ import pytest
 
 from gateway.cli import _parser, build_config, main
 from gateway.config import load_config
+from tests.hang_guard import HANG_S
 from tests.servers import ServeProcess
 
 
@@ -390,7 +391,7 @@ def test_an_engine_that_cannot_start_leaves_no_lane_thread():
     assert main(["serve", "--port", "0", "--http-port", "0", "--voice", "klingon"]) == 1
     left = {t for t in threading.enumerate() if t.name.startswith("lane-")} - before
     for thread in left:  # it ends once it has closed the engine, not at once
-        thread.join(timeout=30)
+        thread.join(timeout=HANG_S)
     assert not [t for t in left if t.is_alive()], left
 
 
@@ -805,7 +806,7 @@ def test_a_banner_nobody_reads_does_not_stop_the_gateway():
         health = httpx.get(f"http://127.0.0.1:{port}/health")
         proc.send_signal(signal.SIGTERM)
         log = proc.stderr.read()
-        code = proc.wait(30)
+        code = proc.wait(HANG_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -14,6 +14,7 @@ from engines import espeak, synthetic
 from engines.base import OUTPUT_RATE, EngineError, SynthesisRequest
 from engines.synthetic import SyntheticEngine
 from tests.conformance import check_engine
+from tests.hang_guard import HANG_S
 
 # --- synthetic ------------------------------------------------------------------------------
 
@@ -323,7 +324,7 @@ def test_espeak_same_text_same_bytes_whatever_ran_before_or_alongside() -> None:
     try:
         for round_ in range(12):
             for request, expected in zip(DETERMINISM_CASES, first, strict=True):
-                assert done.acquire(timeout=30)  # the other lane synthesised since our last call
+                assert done.acquire(timeout=HANG_S)  # (the other lane synthesised meanwhile)
                 assert b"".join(_run(engine.open(request))) == expected, (round_, request)
     finally:
         stop.set()

@@ -8,6 +8,7 @@ import pytest
 
 from engines.base import EngineError, SynthesisRequest, TtsEngine
 from engines.http_tts import HttpTtsEngine
+from tests.hang_guard import HANG_S
 from tests.servers import EncodedSseServer, health_after_a_probe
 from tests.tts_servers.sse_tts_double import DONE, ScriptedSseServer, delta
 
@@ -260,7 +261,7 @@ def test_close_mid_stream_disconnects_and_the_engine_goes_on(sse_server, engine_
     assert stream.step() == b"\x00\x00"
     stream.close()
     assert stream.step() is None
-    assert server.disconnected.wait(timeout=10)
+    assert server.disconnected.wait(timeout=HANG_S)
     server.hold = False
     assert run(engine.open(SynthesisRequest("again"))) == [b"\x00\x00"]
 
@@ -282,12 +283,12 @@ def test_no_first_audio_in_time_fails_fast_when_asked(sse_server, engine_for, he
         engine.open(SynthesisRequest("x", options={"first_audio_timeout_s": 0.2})).step()
     assert err.value.code == "engine_timeout"
     if headers:
-        assert server.disconnected.wait(timeout=10)
+        assert server.disconnected.wait(timeout=HANG_S)
         server.script = [delta(b"\x01\x00"), DONE]
         assert run(engine.open(SynthesisRequest(
             "in time", options={"first_audio_timeout_s": 30}))) == [b"\x01\x00"]
     else:
-        assert silent.left.wait(timeout=10)
+        assert silent.left.wait(timeout=HANG_S)
         engine.close()
         silent.close()
 
@@ -429,7 +430,7 @@ async def test_a_stalled_server_fails_its_sentence_and_the_fallback_speaks_it(
         assert [s["engine"] for s in stalled.of("sentence")] == ["espeak", "http"]
         gapless(stalled)
         assert fine.done["status"] == "completed" and fine.done["metrics"]["engines"] == ["http"]
-        assert server.disconnected.wait(timeout=10)  # the stalled request was let go
+        assert server.disconnected.wait(timeout=HANG_S)  # the stalled request was let go
     assert gw.lane.unhealthy is None and gw.health()["status"] == "ok"
 
 
@@ -473,7 +474,7 @@ async def test_an_answer_kept_alive_without_audio_fails_its_sentence_only(sse_se
         assert error["error"]["code"] == "engine_timeout", error
         assert "no audio within 2 s" in error["error"]["message"]
     assert fine.done["status"] == "completed" and fine.done["metrics"]["engines"] == ["http"]
-    assert server.disconnected.wait(timeout=10)  # the pinging answer was let go
+    assert server.disconnected.wait(timeout=HANG_S)  # the pinging answer was let go
     assert gw.lane.unhealthy is None
 
 
@@ -561,13 +562,13 @@ def test_a_raw_pcm_request_after_another_is_cut_at_once_while_it_waits_for_its_a
         stream = engine.open(SynthesisRequest("stalls"))
         with ThreadPoolExecutor(1) as pool:
             step = pool.submit(stream.step)
-            assert server.stalled.wait(30)  # (the step waits for the headers)
+            assert server.stalled.wait(HANG_S)  # (the step waits for the headers)
             stream.interrupt()
             try:
-                assert step.result(timeout=10) is None  # (a guard against hanging, not a time)
+                assert step.result(timeout=HANG_S) is None  # (a guard against hanging, not a time)
             finally:
                 engine.interrupt()  # (main: the step waited for the read timeout)
-        assert server.left.wait(30)
+        assert server.left.wait(HANG_S)
     finally:
         engine.close()
         server.close()
@@ -620,7 +621,7 @@ def test_an_sse_line_that_never_ends_fails_its_sentence(monkeypatch, gzip):
     with pytest.raises(EngineError, match="without ending an SSE event") as err:
         engine.open(SynthesisRequest("x")).step()
     assert err.value.code == "engine_failed"
-    thread.join(timeout=30)
+    thread.join(timeout=HANG_S)
     # (socket buffers: a few MiB more; gzip'd, the 64 MiB fit in them)
     assert not thread.is_alive() and (gzip or len(sent) < 64)
     engine.close()

@@ -12,6 +12,7 @@ import pytest
 
 from engines.base import EngineError
 from engines.mlx_common import float_to_pcm16, library_output_logged, resolve_model_path
+from tests.hang_guard import HANG_S
 
 
 def pcm(values):
@@ -214,16 +215,16 @@ def test_a_loads_prints_go_to_the_log_and_every_other_threads_to_stdout(capsys, 
         with library_output_logged(logging.getLogger(f"test.{name}")):
             print(f"Loaded speech tokenizer from /models/{name}")
             steps[start].set()
-            assert steps[end].wait(5)
+            assert steps[end].wait(HANG_S)
             print("Warning: Could not load tokenizer:", name, end="")  # no newline: flushed
 
     with caplog.at_level(logging.DEBUG, logger="test"):
         first = threading.Thread(target=load, args=("a", 0, 2))
         second = threading.Thread(target=load, args=("b", 1, 3))
         first.start()
-        assert steps[0].wait(5)
+        assert steps[0].wait(HANG_S)
         second.start()
-        assert steps[1].wait(5)
+        assert steps[1].wait(HANG_S)
         print("stopped while starting")
         steps[2].set()
         first.join()
