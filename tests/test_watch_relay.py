@@ -1581,6 +1581,19 @@ async def test_a_stopping_relay_gives_a_stalled_watch_and_uplink_a_bounded_close
 
     monkeypatch.setattr(watch_relay, "WATCH_CLOSE_TIMEOUT_S", 0.2, raising=False)
     monkeypatch.setattr(watch_relay, "GATEWAY_CLOSE_TIMEOUT_S", 0.2, raising=False)
+
+    def no_default_bounds(make):
+        def made(*args, **kwargs):
+            kwargs.setdefault("close_timeout", None)
+            kwargs.setdefault("ping_interval", None)
+            return make(*args, **kwargs)
+        return made
+
+    # websockets' own close timeout (10 s) and keepalive (a ping unanswered for 20 s) are
+    # for ever here: a stop that leaves the relay's sockets to them hangs, where a bound of
+    # seconds on the stop, the assertion before, could fail a slow machine's run
+    monkeypatch.setattr(watch_relay, "serve", no_default_bounds(watch_relay.serve))
+    monkeypatch.setattr(watch_relay, "connect", no_default_bounds(watch_relay.connect))
     quiet = asyncio.Event()
 
     async def stalled(ws) -> None:  # TEST DOUBLE: announces a session, then reads nothing
@@ -1590,15 +1603,17 @@ async def test_a_stopping_relay_gives_a_stalled_watch_and_uplink_a_bounded_close
         quiet.set()
         await ws.wait_closed()
 
-    async with serve(stalled, "127.0.0.1", 0) as server:
+    # (the stalled peers ping nobody either: their keepalive would end what they stalled)
+    async with serve(stalled, "127.0.0.1", 0, ping_interval=None) as server:
         port = server.sockets[0].getsockname()[1]
         relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice")
         await relay.start()
-        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k",
+                           ping_interval=None) as watch:
             await recv_event(watch, "session.created")
             await unless_hung(quiet.wait())
             watch.transport.pause_reading()  # the watch reads nothing more
-            await asyncio.wait_for(relay.aclose(), 8)  # (was: 20 s)
+            await unless_hung(relay.aclose())  # (was: 20 s, websockets' 10 s twice)
             watch.transport.resume_reading()
         assert not relay.sessions
 
