@@ -1647,6 +1647,37 @@ def test_an_emoji_ends_a_sentence_before_a_georgian_word(text, want):
     assert sentences(text) == want
 
 
+# --- cases the eleventh held-out set exposed (tests/data/segmentation-heldout-11.jsonl) --
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("The contract runs for max. 24 months, incl. the trial period. It renews monthly.",
+     ["The contract runs for max. 24 months, incl. the trial period.", "It renews monthly."]),
+    ("Cena wynosi ok. 50 zł za osobę. Rezerwacja jest bezpłatna.",
+     ["Cena wynosi ok. 50 zł za osobę.", "Rezerwacja jest bezpłatna."]),
+    ("It costs max. 3 \u20ac. That's all.", ["It costs max. 3 \u20ac.", "That's all."]),
+    # still an end: a capitalized "OK." is the English word, and "max." before a capital
+    ("That's OK. 3 more to go.", ["That's OK.", "3 more to go."]),
+    ("Turn the volume to max. Then wait.", ["Turn the volume to max.", "Then wait."]),
+])
+def test_max_and_the_polish_about_go_on_before_a_number(text, want):
+    """"max. 24 months" (maximum) and the Polish "ok. 50 zł" (około, about) were cut before
+    the number, as "min. 30 days" and "approx. 3" are not."""
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("Kantor buka Senin s.d. Jumat. Alamatnya di Jl. Sudirman No. 5.",
+     ["Kantor buka Senin s.d. Jumat.", "Alamatnya di Jl. Sudirman No. 5."]),
+    ("Platiť môžete kartou, napr. Visa alebo Mastercard. Ďakujeme!",
+     ["Platiť môžete kartou, napr. Visa alebo Mastercard.", "Ďakujeme!"]),
+    ("ডা. রহমান আজ চেম্বারে আছেন। সময় বিকেল ৫টা।", ["ডা. রহমান আজ চেম্বারে আছেন।", "সময় বিকেল ৫টা।"]),
+])
+def test_indonesian_until_slovak_for_example_and_bengali_doctor_go_on(text, want):
+    """The Indonesian "s.d." (sampai dengan, until: "Senin s.d. Jumat"), the Slovak and Czech
+    "napr." (for example) and the Bengali "ডা." (Dr.) never end a sentence; each was cut."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

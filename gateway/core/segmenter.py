@@ -236,16 +236,19 @@ _NEVER_END = frozenset(
     "bzgl sog "  # German
     "p.ex p.ej sig dott avv prof av avda b\u00e2t "  # French, Spanish, Italian
     "ul jl "  # Polish "ul. Długa" and Indonesian "Jl. Sudirman" (street)
+    "s.d napr "  # Indonesian "Senin s.d. Jumat" (until), Slovak and Czech "napr." (e.g.)
     "ул просп пер пл наб св проф акад доц "  # Russian
     "вул пров бульв ім "  # Ukrainian: "вул. Хрещатик" (street), "ім. Шевченка" (named after)
     "κ κα καθ δρ οδ λεωφ "  # Greek: "κ. Παπαδόπουλος" (Mr.), "οδ. Ερμού" (street)
     "şos șos "  # Romanian: "șos. Kiseleff" (road; "str." is in _NAME_OR_END)
-    "डॉ प्रो".split()  # Hindi
+    "डॉ प्रो "  # Hindi
+    "ডা".split()  # Bengali "ডা. রহমান" (Dr.)
 )
 """Never end a sentence; the German, French and Spanish ones also spaced: "z. B.", "u. a.",
 "p. ex.", "p. ej." (German nouns are capitalized: "z. B. Äpfel", "u. a. Anna"). Russian
-streets and titles before a name: "ул. Тверская", "проф. Иванов"; Hindi "डॉ. शर्मा" (Dr.); Ukrainian
-"вул. Хрещатик", Greek "κ. Παπαδόπουλος" (Mr.) and Romanian "șos. Kiseleff" likewise.
+streets and titles before a name: "ул. Тверская", "проф. Иванов"; Hindi "डॉ. शर्मा" and
+Bengali "ডা. রহমান" (Dr.); Ukrainian "вул. Хрещатик", Greek "κ. Παπαδόπουλος" (Mr.) and
+Romanian "șos. Kiseleff" likewise.
 (Not "им.", "named after", which is the pronoun "them" too: ``_RUSSIAN_STARTERS``.)"""
 _SPACED_ABBR = re.compile(
     r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
@@ -289,6 +292,7 @@ _BEFORE_NUMBER = frozenset(
     "sept oct nov dec approx tel ext apt ste bldg rm eq eqs sect sects para ref refs sc nr bd abs "
     "kap str abb tab pág págs pag núm num cap n ft lb lbs "
     "op godz kl "  # "op. 27 no. 2" (opus); Polish "godz. 15.00", Swedish "kl. 9.30" (o'clock)
+    "max maks "  # "max. 24 months", as "min. 30 days"; Danish, Norwegian, Polish "maks. 5"
     "lun mié mie jue vie sáb sab dom env "  # Spanish "el lun. 3 de nov."; French "env. 20 min"
     "pon uto sri čet pet sub ned "  # Croatian weekdays: "u pon. 5. svibnja"
     "kb "  # Hungarian "kb. 12 000 Ft" (about)
@@ -1081,8 +1085,9 @@ class Segmenter:
             return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
-        if (word.lower() in _BEFORE_NUMBER or low.endswith("str") or word in _WEEKDAYS) and (
-                nxt.isdigit()):  # (a weekday as written: "on Sat. 14 June", not "the sun. 3")
+        if (word.lower() in _BEFORE_NUMBER or low.endswith("str") or word in _WEEKDAYS
+                or word == "ok") and nxt.isdigit():  # (a weekday as written: "on Sat. 14
+            # June", not "the sun. 3"; the Polish "ok. 50 zł" (about) as written: "OK. 3")
             # (the word itself, not a spaced abbreviation ending in it: "см. с. 45", see p.)
             return False
         if low in ("г", "гг") and not any(c.isdigit() for c in self._prev_word(ws)):
