@@ -300,6 +300,8 @@ _BEFORE_NUMBER = frozenset(
     "д кв корп стр ауд рис табл гл т с тел "  # Russian: "д. 12", "ауд. 305", "с. 45"
     "रु".split()  # Hindi: "रु. 450" (rupees)
 )
+_CHAIN_MOST = 4
+"""How many abbreviations ``_abbreviation_chain`` reads ahead ("Proc. Natl. Acad. Sci.,")."""
 _GERMAN_COUNTS = frozenset("Mio Mrd Tsd Min Std Sek".split())
 """German abbreviations after a number, before a noun, which German capitalizes: "3,7 Mio.
 Einwohner", "10 Min. Verspätung", "2 Std. 30 Min.". They end a sentence only before a
@@ -1121,7 +1123,27 @@ class Segmenter:
                 nxt in "JFMASOND" and self._german_month(i + 1, ws)) or (
                 nxt in "OUED" and self._next_word(i + 1) in _FLOORS)):
             return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert", "5, 3. OG"
-        return True
+        return not (nxt.isupper() and self._abbreviation_chain(i + 1))
+
+    def _abbreviation_chain(self, j: int) -> bool:
+        """From ``j``, capitalized words each with a full stop, the last one's followed by a
+        comma: "J. Appl. Phys., Vol. 2", "Proc. Natl. Acad. Sci., 2019". A sentence is never
+        one word and then a comma, so the word before them was an abbreviation too."""
+        buf = self._buf
+        for _ in range(_CHAIN_MOST):
+            while self._need(j) and buf[j] in _SPACE:
+                j += 1
+            word = self._next_word(j)
+            k = j + len(word)
+            if not (word[:1].isupper() and word.isalpha() and self._need(k) and buf[k] == "."
+                    and self._need(k + 1)):
+                return False
+            if buf[k + 1] == ",":
+                return True
+            if buf[k + 1] not in _SPACE:
+                return False
+            j = k + 1
+        return False
 
     def _german_month(self, j: int, ws: int) -> bool:
         """The word after ``j`` is a German month after the day that ends at the word
