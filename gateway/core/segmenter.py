@@ -180,11 +180,6 @@ class Segment:
     there is nothing to synthesize."""
 
 
-# Characters the scanner stops at; everything else is skipped with one regex search.
-_STOP = re.compile(
-    "[.!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b\u17d4\u17d5,;:\u2014\u2013\\-\n\"\u201c\u201d\u201e\u00ab\u00bb()\\[\\]`\u3002\uff01\uff1f\u300c\u300e\uff08\u3010\u300d\u300f\uff09\u3011\uff0c\u3001\uff1b\uff1a"
-    "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF]"
-)
 _TERMINATORS = frozenset(
     ".!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b\u17d4\u17d5")
 """Sentence ends followed by a space: . ! ? …, the Arabic question mark ؟, the Urdu full
@@ -195,6 +190,8 @@ Armenian full stop ։ (U+0589, not a colon), the Ethiopic full stop ። and ques
 _GEORGIAN = re.compile("[\u10d0-\u10ff]")
 """Georgian letters (Mkhedruli): Unicode calls them lowercase, but the script has no case in
 use, so the first letter of a sentence is one of them ("გამარჯობა! ხვალ")."""
+
+
 _GREEK = re.compile("[\u0370-\u03ff\u1f00-\u1fff]")
 """Greek letters: a ";" right after one asks a question ("Τι ώρα είναι; Είναι τρεις."); Greek
 writes its semicolon as a raised dot (·)."""
@@ -210,6 +207,13 @@ _CJK_CLOSERS = frozenset("\u300d\u300f\uff09\u3011")
 """「『（【 ... 」』）】: a full-width end inside them, or right before the closing one, does
 not end the sentence (「本当？」と聞いた is one sentence)."""
 _CLAUSE = frozenset(",;:\u2014\u2013-")
+_QUOTES_AND_BRACKETS = frozenset("\"\u201c\u201d\u201e\u00ab\u00bb()[]")
+_EMOJI_RANGES = "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF"
+"""The emoji blocks the scanner stops at to ask ``_is_emoji`` (which holds them too)."""
+# Characters the scanner stops at; everything else is skipped with one regex search.
+_STOP = re.compile("[" + re.escape("".join(sorted(
+    _TERMINATORS | _CLAUSE | _QUOTES_AND_BRACKETS | _CJK_TERMINATORS | _CJK_CLAUSE
+    | _CJK_OPENERS | _CJK_CLOSERS | {"\n", "`"}))) + _EMOJI_RANGES + "]")
 _CLOSERS = frozenset("\"'\u201d\u2019)]*_")
 _QUOTE_CLOSERS = frozenset("\u201c\u00ab\u00bb")
 """“ « »: they close a quote that is open (German „…“ and »…«, French, Spanish, Italian
