@@ -192,6 +192,11 @@ _GEORGIAN = re.compile("[\u10d0-\u10ff]")
 use, so the first letter of a sentence is one of them ("გამარჯობა! ხვალ")."""
 
 
+def _capital(ch: str) -> bool:
+    """``ch`` opens a sentence as a capital does: an uppercase letter, or a Georgian one."""
+    return ch.isupper() or _GEORGIAN.match(ch) is not None
+
+
 _GREEK = re.compile("[\u0370-\u03ff\u1f00-\u1fff]")
 """Greek letters: a ";" right after one asks a question ("Τι ώρα είναι; Είναι τρεις."); Greek
 writes its semicolon as a raised dot (·)."""
@@ -943,7 +948,7 @@ class Segmenter:
         while nxt in _OPENERS and self._need(k + 1) and buf[k + 1] not in _SPACE:
             k += 1  # "9 a.m. (It closes": the bracket's first letter decides
             nxt = buf[k]
-        if nxt.islower() and (_CAMEL.fullmatch(self._next_word(k)) or _GEORGIAN.match(nxt)):
+        if nxt.islower() and (_CAMEL.fullmatch(self._next_word(k)) or _capital(nxt)):
             nxt = nxt.upper()  # "is out. macOS Sonoma", "week. v0.3.1 adds": as a capital
         if quote or paren or not self._ends_sentence(i, run, nxt):
             self._pos = j
@@ -1001,7 +1006,7 @@ class Segmenter:
             k += 1
         self._pos = end  # only once nothing is left to wait for
         if (k == end or k >= len(buf) or self._quote or self._paren
-                or not (buf[k].isupper() or _GEORGIAN.match(buf[k]))  # (as after ".")
+                or not _capital(buf[k])  # (as after ".")
                 or end > self.config.max_chars):
             return False
         if not any(c.isalnum() for c in _LINE_MARK.sub("", buf[:i])):
