@@ -1683,8 +1683,12 @@ def test_indonesian_until_slovak_for_example_and_bengali_doctor_go_on(text, want
      ["The article appeared in J. Appl. Phys., Vol. 2, No. 3, pp. 45\u201367.", "It was cited."]),
     ("See Proc. Natl. Acad. Sci., 2019. Then read the review.",
      ["See Proc. Natl. Acad. Sci., 2019.", "Then read the review."]),
+    ("It was in Phys. Rev. Lett. 105 first. Then in a book.",
+     ["It was in Phys. Rev. Lett. 105 first.", "Then in a book."]),
     # a one-word sentence after it still ends: no comma follows its full stop
     ("It's done. Yes. No, wait.", ["It's done.", "Yes.", "No, wait."]),
+    ("She studies Chem. Then she works. Math. Later, art.",
+     ["She studies Chem.", "Then she works.", "Math.", "Later, art."]),
 ])
 def test_an_abbreviation_goes_on_before_one_that_a_comma_follows(text, want):
     """"J. Appl. Phys., Vol. 2" was cut after "Appl.": a journal's name is a chain of

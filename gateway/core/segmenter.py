@@ -311,6 +311,16 @@ _BEFORE_NUMBER = frozenset(
 )
 _CHAIN_MOST = 4
 """How many abbreviations ``_abbreviation_chain`` reads ahead ("Proc. Natl. Acad. Sci.,")."""
+_JOURNAL_WORDS = frozenset(
+    "Acad Adv Am Anal Ann Annu Appl Arch Astron Astrophys Behav Biochem Biol Br Bull Can "
+    "Chem Clin Cogn Commun Comput Curr Ecol Econ Educ Eng Environ Eur Evol Exp Genet Geophys "
+    "Immunol Ind Inf Int Lett Mater Math Mech Med Microbiol Mol Natl Neurosci Nucl Opt "
+    "Pharmacol Philos Phys Physiol Proc Psychol Res Rev Sci Soc Stat Struct Syst Technol "
+    "Theor Trans".split()
+)
+"""Words of journal titles as citations abbreviate them (ISO 4): only after one of these does
+a sentence end wait for the abbreviations that may follow it (``_abbreviation_chain``), so
+that "8.4 seconds. Then" ends at once."""
 _GERMAN_COUNTS = frozenset("Mio Mrd Tsd Min Std Sek".split())
 """German abbreviations after a number, before a noun, which German capitalizes: "3,7 Mio.
 Einwohner", "10 Min. Verspätung", "2 Std. 30 Min.". They end a sentence only before a
@@ -1132,12 +1142,18 @@ class Segmenter:
                 nxt in "JFMASOND" and self._german_month(i + 1, ws)) or (
                 nxt in "OUED" and self._next_word(i + 1) in _FLOORS)):
             return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert", "5, 3. OG"
-        return not (nxt.isupper() and self._abbreviation_chain(i + 1))
+        if word in _JOURNAL_WORDS and nxt.isdigit():
+            p = ws - 1  # "Phys. Rev. Lett. 105": the chain's last word before its volume
+            while p >= 0 and buf[p] in _SPACE:
+                p -= 1
+            return not (p >= 0 and buf[p] == ".")
+        return not (word in _JOURNAL_WORDS and nxt.isupper() and self._abbreviation_chain(i + 1))
 
     def _abbreviation_chain(self, j: int) -> bool:
         """From ``j``, capitalized words each with a full stop, the last one's followed by a
-        comma: "J. Appl. Phys., Vol. 2", "Proc. Natl. Acad. Sci., 2019". A sentence is never
-        one word and then a comma, so the word before them was an abbreviation too."""
+        comma or a number: "J. Appl. Phys., Vol. 2", "Proc. Natl. Acad. Sci., 2019", "Phys.
+        Rev. Lett. 105". A sentence is never one word and then a comma, so the word before
+        them was an abbreviation too."""
         buf = self._buf
         for _ in range(_CHAIN_MOST):
             while self._need(j) and buf[j] in _SPACE:
@@ -1152,6 +1168,10 @@ class Segmenter:
             if buf[k + 1] not in _SPACE:
                 return False
             j = k + 1
+            while self._need(j) and buf[j] in _SPACE:
+                j += 1
+            if j < len(buf) and buf[j].isdigit():
+                return True
         return False
 
     def _german_month(self, j: int, ws: int) -> bool:
