@@ -63,7 +63,11 @@ on how the stream was chunked:
   ``Ps. 23``, ``1 Cor. 13``, Swedish ``kl. 9.30`` and Polish ``godz. 15.00`` (o'clock)
   never before a digit; a citation's ``Fed.``, ``Civ.``, ``Cir.``, ``Supp.`` go on before
   an initial, another of them or a number (``Fed. R. Civ. P. 12(b)(6)``, ``9th Cir.
-  2010``); ``Ln.``, ``Sq.``, ``Ct.`` as ``St.``. Chess: a move number before a piece's move
+  2010``); ``Ln.``, ``Sq.``, ``Ct.`` as ``St.``; a journal-title word (``Appl.``, ``Phys.``,
+  ``Proc.``) goes on before more abbreviations that end in a comma or a number (``J. Appl.
+  Phys., Vol. 2``, ``Phys. Rev. Lett. 105``). ``max. 24``, Polish ``ok. 50 zł`` (about)
+  never before a digit; Indonesian ``s.d.`` (until), Slovak ``napr.`` (e.g.) and Bengali
+  ``ডা.`` (Dr.) never end one. Chess: a move number before a piece's move
   (``1. e4 e5 2. Nf3``, ``3... Qe7``) and a move's ``??`` or ``!`` before the next number
   (``Nf6?? 4. Qxf7#``) end none.
   A Spanish ``¿`` or ``¡`` after a sentence end always opens a new sentence (``etc.
