@@ -20,7 +20,7 @@ from engines.base import (
     ServerUnreachable,
 )
 from engines.llm_openai import OpenAiLlm, ThinkFilter, tokens_per_s_from
-from tests.hang_guard import hang_guard
+from tests.hang_guard import HANG_S, hang_guard
 from tests.servers import (
     OMLX_KEEPALIVE,
     Burst,
@@ -325,10 +325,13 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
     # every comment resets httpx's read timeout; the stall bound counts data events only,
     # and of those only the ones that say something: oMLX's keep-alives (its default
     # sse_keepalive_mode "chunk") are data chunks with an empty delta, and held a turn of a
-    # stuck oMLX open for ever
-    # (1.5 s, not less: it bounds the wait for "Half a reply" too, which a starved machine
-    # may keep that long)
-    llm = OpenAiLlm(scripted_llm_server.url, stall_s=1.5)
+    # stuck oMLX open for ever.
+    # stall_s is HANG_S until the token has come, and 1 s from then on (the stream reads it
+    # at each wait): a short stall_s from the start bounded the wait for "Half a reply" too,
+    # and a machine stalled that long failed the test before its first token. After the
+    # token a slow machine only makes the end come later; keep-alives that reset the bound
+    # keep the stream open until hang_guard ends it.
+    llm = OpenAiLlm(scripted_llm_server.url, stall_s=HANG_S)
     scripted_llm_server.script(
         [Comment(), Text("Half a reply"), KeepAlive(every_s=0.05, chunk=chunk)])
     got = []
@@ -337,12 +340,14 @@ async def test_keep_alives_after_the_last_token_do_not_hold_the_stream_open(
             async with hang_guard("the stream's end"):  # (as in collect)
                 async for event in llm.stream(REQUEST):
                     got.append(event)
+                    llm.stall_s = 1.0
     finally:
         await llm.aclose()
     assert [e.text for e in got] == ["Half a reply"]
     assert info.value.code == "llm_unavailable"
     assert info.value.message == (f"LLM server {scripted_llm_server.url} sent no data for "
-                                  "1.5 s (deltas so far: 1)")
+                                  "1 s (deltas so far: 1)")
+    # (the server was still sending keep-alives: it saw the client leave mid-response)
     async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
