@@ -39,15 +39,12 @@ from websockets.asyncio.client import ClientConnection, connect
 from gateway.config import load_config
 from gateway.core.codec import AudioFrame, decode_frame
 from gateway.io.server import Gateway
-from tests.hang_guard import HANG_S, unless_hung
+from tests.hang_guard import HANG_S, hang_guard, unless_hung
 from tests.test_gateway_ws import REPLY
 
 QUESTION = "How much did we spend on hosting?"
 GOOD_SAY = "Dr. Patel will call at 3 p.m. today. Please keep the line free."
 FUZZ_SAY = "One two three. Four five six seven eight nine ten."
-EXAMPLE_TIMEOUT_S = 30.0
-"""An example takes well under a second alone (a few on a loaded 2-core CI machine):
-past this, a message went unanswered."""
 
 
 # --- the gateway, on a loop of its own thread ---------------------------------------------
@@ -72,7 +69,7 @@ class GatewayThread:
         return gw
 
     def call(self, coro) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(HANG_S)
 
     def close(self) -> None:
         self.call(self.gw.aclose())
@@ -87,7 +84,7 @@ class GatewayThread:
     def idle_figures(self) -> dict[str, float]:
         """What ``/health`` and ``/metrics`` say is left once every session has ended."""
         self.call(unless_hung(self.gw.wait_no_sessions()))
-        with httpx.Client(base_url=f"http://127.0.0.1:{self.gw.port}") as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{self.gw.port}", timeout=HANG_S) as http:
             health = http.get("/health").json()
             metrics = {line.split(" ")[0]: float(line.split(" ")[1])
                        for line in http.get("/metrics").text.splitlines()
@@ -508,14 +505,20 @@ async def good_session(url: str) -> tuple[list[str], list[bytes]]:
 
 
 async def example(url: str, script: Script) -> tuple[Client, tuple[list[str], list[bytes]]]:
-    async with asyncio.timeout(EXAMPLE_TIMEOUT_S):  # a failure, not a hang
+    # Only a hang reaches the bound: each message's answer is checked by the test
+    # (client.answers) once the pong of a ping sent after it came, so a message left
+    # unanswered fails there; waiting here for ever takes a gateway that answers nothing
+    # more, or a turn that never sends its frame. (A 30 s bound was the failure criterion,
+    # "unanswered", which a starved machine could reach with every answer on its way.)
+    async with hang_guard("an example's answers (the fuzzed client's pongs, the good "
+                          "session's turn.done)"):
         return await asyncio.gather(run_script(url, script), good_session(url))
 
 
 @pytest.fixture(scope="module")
 def reference(gateway) -> dict[str, Any]:
     """The good session's turn without fuzzing, and the gateway's figures at rest."""
-    good = asyncio.run(good_session(gateway.url))
+    good = asyncio.run(unless_hung(good_session(gateway.url)))
     return {"good": good, "idle": gateway.idle_figures()}
 
 
