@@ -803,7 +803,7 @@ def test_a_banner_nobody_reads_does_not_stop_the_gateway():
     try:
         port = next(m[1] for line in proc.stderr
                     if (m := re.search(r"server listening on 127\.0\.0\.1:(\d+)", line)))
-        health = httpx.get(f"http://127.0.0.1:{port}/health")
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=HANG_S)
         proc.send_signal(signal.SIGTERM)
         log = proc.stderr.read()
         code = proc.wait(HANG_S)
@@ -825,7 +825,7 @@ async def use_as_printed(voice: str, health: str, console: str, speech: str,
 
     async with connect(voice, additional_headers=headers) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
-    async with httpx.AsyncClient(headers=headers) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, headers=headers) as client:
         assert (await client.get(health)).status_code == 200
         assert (await client.get(console)).status_code == 200
         models = speech.removesuffix("/audio/speech") + "/models"
@@ -896,7 +896,7 @@ def test_a_name_under_localhost_is_bound_on_the_loopback_without_a_token():
         async def use() -> None:
             async with connect(voice, host="127.0.0.1", port=port) as ws:
                 assert json.loads(await ws.recv())["type"] == "session.created"
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(timeout=HANG_S) as client:
                 answer = await client.get(f"http://127.0.0.1:{http_port}/health",
                                           headers={"Host": f"app.localhost:{http_port}"})
                 assert answer.status_code == 200

@@ -52,7 +52,7 @@ async def gateway(start_gateway):
 
 async def test_static_routes_have_types_and_refuse_escapes(gateway):
     base = f"http://127.0.0.1:{gateway.port}"
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
         page = await client.get(f"{base}/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert page.content == (STATIC_DIR / "index.html").read_bytes()
@@ -2250,7 +2250,7 @@ async def sub_path_proxy(upstream: int, prefix: str, *, origin: bool = False
 
     asked: list[str] = []
     upstreams: dict[Any, Any] = {}  # the browser's socket: the gateway's socket it relays
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{upstream}") as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=f"http://127.0.0.1:{upstream}") as client:
 
         async def forward(connection: Any, request: Any) -> Any:
             asked.append(request.path)

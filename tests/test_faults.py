@@ -25,7 +25,7 @@ from gateway.config import load_config
 from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.fixtures_mlx import NO_STEP_DEADLINE
-from tests.hang_guard import hang_guard, unless_hung
+from tests.hang_guard import HANG_S, hang_guard, unless_hung
 from tests.servers import Drop, Hang, ServeProcess, Text, TinyLlamaServer, reply_script
 from tests.wsclient import TurnResult, read_turn, read_until_closed, recv_event, send
 
@@ -451,7 +451,7 @@ async def test_a_primary_that_did_not_load_is_reported_degraded_not_ok(caplog):
                              tts={"voice": "serena"}), engine=engine)
     await gw.start()
     try:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             health = await client.get(f"http://127.0.0.1:{gw.port}/health")
             voices = (await client.get(f"http://127.0.0.1:{gw.http_port}/v1/audio/voices")
                       ).json()
@@ -503,7 +503,7 @@ async def test_hung_engine_times_out_marks_the_lane_unhealthy_and_fails_fast():
             assert [e["error"]["code"] for e in queued.of("error")] == ["engine_unavailable"]
             assert "engine_timeout" in queued.of("error")[0]["error"]["message"]
             assert queued.done["status"] == "failed"
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(timeout=HANG_S) as http:
                 for port in (gw.port, gw.http_port):
                     health = await http.get(f"http://127.0.0.1:{port}/health")
                     assert health.status_code == 503
@@ -546,7 +546,8 @@ async def test_health_shows_a_lane_busy_with_its_stuck_call_and_for_how_long():
             await send(ws, type="say", text="It starts well. Then HANG stops it cold.")
             bad = await read_turn(ws)
             assert [e["error"]["code"] for e in bad.of("error")] == ["engine_timeout"]
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}") as http:
+            async with httpx.AsyncClient(timeout=HANG_S,
+                                         base_url=f"http://127.0.0.1:{gw.port}") as http:
                 first = (await http.get("/health")).json()["lanes"]["cpu"]
                 metrics = (await http.get("/metrics")).text
                 later = (await http.get("/health")).json()["lanes"]["cpu"]
@@ -557,7 +558,8 @@ async def test_health_shows_a_lane_busy_with_its_stuck_call_and_for_how_long():
             assert 'gateway_lane_stuck_seconds{lane="cpu"}' in metrics
             engine.release.set()
             await unless_hung(gw.lane.wait_healthy())
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}") as http:
+            async with httpx.AsyncClient(timeout=HANG_S,
+                                         base_url=f"http://127.0.0.1:{gw.port}") as http:
                 after = (await http.get("/health")).json()["lanes"]["cpu"]
                 metrics = (await http.get("/metrics")).text
             assert after["busy"] is False and after["stuck_calls"] == 0
@@ -995,7 +997,7 @@ async def test_client_closing_mid_turn_closes_the_llm_stream_and_frees_the_lane(
         await unless_hung(scripted_llm_server.chats[0].disconnected.wait())
         await other
         await unless_hung(gw.wait_no_sessions())
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=HANG_S) as http:
             health = (await http.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
         assert health["lanes"][gw.lane.name]["queue_depth"] == 0
         assert health["sessions"] == 0 and health["active_turns"] == 0

@@ -22,6 +22,7 @@ from gateway.core.placement import LaneLoad, place
 from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.fixtures_mlx import NO_STEP_DEADLINE
+from tests.hang_guard import HANG_S
 from tests.servers import Hang, Text
 from tests.wsclient import LineSeen, TurnResult, gapless, read_turn, recv_event, send
 
@@ -69,7 +70,7 @@ async def test_while_the_llm_decodes_the_turn_speaks_on_the_ane_lane(scripted_ll
             # made just in time on the ane lane; nothing on the gpu
             assert gw.lanes["ane"].queue_depth >= 1 and gw.lanes["gpu"].queue_depth == 0
 
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(timeout=HANG_S) as client:
                 r = await client.get(f"http://127.0.0.1:{gw.http_port}/health")
             health = r.json()
             assert list(health["lanes"]) == ["gpu", "ane"]
@@ -128,7 +129,7 @@ async def test_a_voice_only_the_second_engine_has_is_spoken_there():
             result = await read_turn(ws)
         assert result.done["metrics"]["engines"] == ["synthetic-ane"]
         # background HTTP speech: the primary lane, unless only the other has the voice
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             url = f"http://127.0.0.1:{gw.http_port}/v1/audio/speech"
             r = await client.post(url, json={"input": "Hi.", "voice": "high",
                                              "response_format": "pcm"})
@@ -144,7 +145,7 @@ async def test_a_voice_only_the_second_engine_has_is_spoken_there():
 async def test_metrics_and_models_list_both_lanes():
     gw = await two_lane_gateway()
     try:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             text = (await client.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
             models = (await client.get(f"http://127.0.0.1:{gw.http_port}/v1/models")).json()
         for lane in ("gpu", "ane"):
@@ -164,7 +165,8 @@ async def test_two_engines_of_one_name_are_two_models():
         "also": "synthetic", "also_options": {"lane": "ane", "rtf": 0.0, "ttfa_ms": 0.0}}))
     await gw.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as client:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.http_port}") as client:
             models = (await client.get("/v1/models")).json()["data"]
             ane = await client.get("/v1/models/synthetic@ane")
     finally:
@@ -334,7 +336,7 @@ async def test_placement_learns_what_the_lanes_measure(scripted_llm_server):
             second = await read_turn(b)
             assert second.done["metrics"]["engines"] == ["synthetic-gpu"]
 
-            async with httpx.AsyncClient() as client:
+            async with httpx.AsyncClient(timeout=HANG_S) as client:
                 health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
             assert health["lanes"]["ane"]["timing"]["measured"] == ["rtf"]
             assert health["lanes"]["ane"]["timing"]["samples"]["rtf"] >= 8
@@ -415,14 +417,14 @@ async def test_a_turn_whose_second_engine_fails_is_spoken_by_the_primary(monkeyp
                 # three failures in a row trip ane's breaker: the 4th turn never tries it
                 assert ane.opened == min(turn, 3)
         assert gw.lanes["ane"].queue_depth == 0 and gw.lanes["gpu"].stats.jobs_done == 8
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
         assert health["lanes"]["ane"]["rerouted"] == 3 and health["lanes"]["ane"]["tripped"]
         assert health["lanes"]["gpu"]["tripped"] is False
         # three turns placed on ane, then it opened once, and the 4th went to the gpu
         assert [(health["lanes"][n]["placed"], health["lanes"][n]["trips"])
                 for n in ("gpu", "ane")] == [(1, 0), (3, 1)]
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             scrape = (await client.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
         assert 'gateway_lane_turns_placed_total{lane="ane"} 3.0' in scrape
         assert 'gateway_lane_turns_placed_total{lane="gpu"} 1.0' in scrape
@@ -547,7 +549,8 @@ async def test_turns_queued_on_a_second_lane_that_gets_stuck_are_spoken_by_the_p
             assert ane.unhealthy is not None and "engine_timeout" in ane.unhealthy
         # the primary speaks, so the gateway is ok; the stuck lane says so on its own, in
         # /health and in /metrics (whose gateway_status follows the primary only)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.port}") as http:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.port}") as http:
             health = (await http.get("/health")).json()
             metrics = (await http.get("/metrics")).text
         assert health["status"] == "ok" and health["engine"]["unhealthy"] is None
@@ -747,7 +750,7 @@ async def test_health_and_metrics_show_the_streams_open_and_the_sentences_waitin
     base = f"http://127.0.0.1:{gw.http_port}"
 
     async def read() -> tuple[dict, dict[str, float]]:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             health = (await client.get(f"{base}/health")).json()["lanes"]["remote"]
             figures = metrics((await client.get(f"{base}/metrics")).text)
         names = ("open_streams", "max_open_streams", "interactive_reserved_streams",
@@ -792,7 +795,7 @@ async def test_an_http_speech_request_leaves_the_reserved_stream_to_a_voice_sess
     gw, engine, line = await gated_gateway(monkeypatch, 2)
     url = f"http://127.0.0.1:{gw.http_port}/v1/audio/speech"
     try:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             def speak(text: str) -> asyncio.Task:
                 return asyncio.create_task(client.post(url, json={
                     "input": text, "response_format": "pcm"}))
@@ -825,7 +828,7 @@ async def test_an_http_speech_request_leaves_the_reserved_stream_to_a_voice_sess
 async def test_a_lane_without_a_bound_on_its_streams_shows_none():
     gw = await two_lane_gateway()
     try:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             health = (await client.get(f"http://127.0.0.1:{gw.http_port}/health")).json()
             text = (await client.get(f"http://127.0.0.1:{gw.http_port}/metrics")).text
         for lane in ("gpu", "ane"):

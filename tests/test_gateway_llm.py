@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.config import load_config
 from gateway.io.server import Gateway
-from tests.hang_guard import unless_hung
+from tests.hang_guard import HANG_S, unless_hung
 from tests.servers import (
     Burst,
     Comment,
@@ -319,7 +319,7 @@ def test_cli_serves_and_exits_cleanly_on_sigterm():
     with ServeProcess("--port", "0") as gw:
         url = gw.voice_url
         assert url.startswith("ws://127.0.0.1:") and url.endswith("/v1/voice")
-        health = httpx.get(f"http://127.0.0.1:{gw.port}/health").json()
+        health = httpx.get(f"http://127.0.0.1:{gw.port}/health", timeout=HANG_S).json()
         assert health["status"] == "ok"
         # the start-up heap is out of the collector's reach (freeze_startup_heap)
         assert health["loop"]["gc_frozen_objects"] > 10_000

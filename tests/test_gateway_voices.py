@@ -13,6 +13,7 @@ from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.server import Gateway
 from tests.fixtures_mlx import NO_STEP_DEADLINE
+from tests.hang_guard import HANG_S
 from tests.wsclient import gapless, read_turn, recv_event, send
 
 
@@ -78,7 +79,8 @@ async def test_a_configured_voice_in_other_letter_case_is_shown_as_listed():
     gw = Gateway(load_config(server={"port": 0, "http_port": 0}, tts={"voice": "En-GB"}))
     await gw.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.http_port}") as http:
             voices = (await http.get("/v1/audio/voices")).json()
         async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as ws:
             created = await recv_event(ws, "session.created")

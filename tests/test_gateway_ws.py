@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.config import load_config
 from gateway.core.codec import BYTES_PER_MS, MAX_MESSAGE_BYTES, MAX_TEXT_CHARS
 from gateway.io.server import Gateway
-from tests.hang_guard import hang_guard
+from tests.hang_guard import HANG_S, hang_guard
 from tests.wsclient import LineSeen, read_turn, read_until_closed, recv_event, round_trip, send
 
 REPLY = ("Hosting came to $184.50 last month. That's about 12% more than October, "
@@ -319,7 +319,7 @@ async def test_llm_down_fails_the_turn_with_a_clear_error(replies):
 
 async def test_health_on_the_voice_port_follows_sessions(gateway):
     base = f"http://127.0.0.1:{gateway.port}"
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
         health = (await client.get(f"{base}/health")).json()
         assert health["status"] == "ok" and health["sessions"] == 0
         assert health["engine"]["name"] == "espeak" and health["engine"]["loaded"]

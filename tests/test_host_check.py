@@ -17,6 +17,7 @@ from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.auth import host_allowed, own_origin, refused_host
 from gateway.io.server import Gateway
+from tests.hang_guard import HANG_S
 from tests.wsclient import recv_event
 
 READS = ("/health", "/metrics", "/v1/models")
@@ -50,7 +51,7 @@ def assert_forbidden_host(response: httpx.Response, name: str) -> None:
 
 async def test_without_tokens_a_rebound_name_reads_nothing_on_either_port(start):
     gw = await start()
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
         for port in (gw.port, gw.http_port):
             for path in (*READS, "/", "/v1/audio/voices"):
                 if path in ("/",) and port == gw.http_port or \
@@ -80,7 +81,7 @@ async def test_without_tokens_a_rebound_name_reads_nothing_on_either_port(start)
 
 async def test_names_the_operator_allows_are_answered(start):
     gw = await start(allowed_hosts=("hub.local",), origins=("https://hub.example.ts.net",))
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
         for port in (gw.port, gw.http_port):
             for host in ("hub.local", f"HUB.local:{port}", "hub.local.",
                          "hub.example.ts.net"):
@@ -99,7 +100,7 @@ async def test_a_name_under_localhost_is_answered_like_localhost(start):
     without asking DNS (a page at http://hub.localhost is a secure context, as one at
     localhost): no DNS answer steers it, and it was refused 403 on both ports."""
     gw = await start()
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
         for port in (gw.port, gw.http_port):
             answer = await http.get(f"http://127.0.0.1:{port}/v1/models",
                                     headers={"Host": f"hub.localhost:{port}"})
@@ -123,7 +124,7 @@ async def test_a_name_under_localhost_is_answered_like_localhost(start):
                                     {"origins": ("*",)}])
 async def test_tokens_or_a_star_let_any_name_in(start, server):
     gw = await start(**server)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
         for port in (gw.port, gw.http_port):
             answer = await http.get(f"http://127.0.0.1:{port}/health",
                                     headers={"Host": "hub.anything.example"})

@@ -38,7 +38,7 @@ from gateway.core.audio_formats import WAV_STREAM_HEADER
 from gateway.io import http_api
 from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
-from tests.hang_guard import hang_guard, unless_hung
+from tests.hang_guard import HANG_S, hang_guard, unless_hung
 from tests.wsclient import LineSeen, one_turn, read_turn, recv_event, send
 
 TEXT = "The build finished at nine. Two tests failed, both in the parser."
@@ -154,7 +154,7 @@ async def test_the_sdk_given_the_voice_port_is_told_the_http_api_port(gateway):
     async def body() -> AsyncIterator[bytes]:
         yield b'{"input": "Hello."}'
 
-    async with httpx.AsyncClient() as http:  # (a body of unknown length: chunked)
+    async with httpx.AsyncClient(timeout=HANG_S) as http:  # (a body of unknown length: chunked)
         async with http.stream("POST", voice + "/v1/audio/speech", content=body()) as response:
             assert response.status_code == 405
             assert f"port {gateway.http_port}" in (await response.aread()).decode()
@@ -175,7 +175,7 @@ async def test_both_ports_answer_errors_in_openais_whole_shape(gateway):
     assert info.value.status_code == 405
     assert (info.value.type, info.value.param, info.value.code) == (
         "invalid_request_error", None, "method_not_allowed")
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
         answers = {
             "voice 404": await http.get(voice + "/nowhere"),
             "voice 405": await http.post(voice + "/v1/models"),
@@ -216,7 +216,7 @@ async def test_a_voice_named_in_other_letter_case_is_the_listed_one(gateway):
     """"EN-US" for the listed "en-us" (a model card's "Serena" for a checkpoint's "serena")
     was refused as an unknown voice. It is that voice, spoken, with no note of a default
     standing in."""
-    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as http:
         response = await http.post("/v1/audio/speech", json={
             "input": "Hi.", "voice": "EN-US", "response_format": "pcm"})
     assert response.status_code == 200 and is_speech(pcm16(response.content))
@@ -235,7 +235,7 @@ async def test_an_app_written_for_openai_gets_the_default_voice_not_an_error(gat
     assert alloy.headers["x-speech-notes"] == ("voice 'alloy' is OpenAI's; the gateway's "
                                                "default voice 'en-us' spoke")
     assert len(alloy.content) == pytest.approx(len(default.content), rel=0.02)
-    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as http:
         by_id = await http.post("/v1/audio/speech", json={
             "input": "Hello.", "voice": {"id": "en-gb"}, "stream_format": "sse"})
         voices = (await http.get("/v1/audio/voices")).json()
@@ -267,7 +267,7 @@ async def test_a_note_naming_a_voice_beyond_latin_1_is_sent_escaped(replies, mod
     OpenAI, whose synthesis went on for nobody (the stream stayed open on the lane)."""
     gw = await start_gateway(replies, ClonedVoiceEngine())
     try:
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             response = await client.post("/v1/audio/speech", json={
                 "input": "Hello there.", "voice": "alloy", **mode})
         assert response.status_code == 200
@@ -287,7 +287,7 @@ async def test_a_note_naming_a_voice_beyond_latin_1_is_sent_escaped(replies, mod
 async def test_nothing_to_say_is_an_empty_answer_with_a_note(gateway):
     # an emoji or a code block is a segment with nothing to speak: no engine job for it (an
     # http engine behind the gateway refused the empty input, failing the whole request)
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         mixed = await client.post("/v1/audio/speech", json={
             "input": "\U0001F642 Hello there!", "stream_format": "sse"})
         events = [orjson.loads(line[6:]) for line in mixed.text.splitlines()
@@ -309,7 +309,7 @@ async def test_null_means_the_default_for_every_optional_field(gateway):
     body = {"input": "Hi.", "model": None, "voice": None, "response_format": None,
             "stream_format": None, "stream": None, "speed": None, "seed": None,
             "temperature": None, "instructions": None}
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         response = await client.post("/v1/audio/speech", json=body)
         seeded = await client.post("/v1/audio/speech", json={"input": "Hi.", "seed": 7.0})
     # null is the default: OpenAI's mp3
@@ -350,7 +350,7 @@ async def test_an_app_that_names_no_format_gets_mp3_as_from_openai(gateway):
             sdk_streamed = b"".join([c async for c in response.iter_bytes()])
     finally:
         await client.close()
-    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as http:
         whole = await http.post("/v1/audio/speech", json={"input": TEXT, "stream": False})
         streamed = await http.post("/v1/audio/speech", json={"input": TEXT})
     expected = len(pcm.content) // 2
@@ -387,7 +387,7 @@ async def test_a_stopping_gateway_says_so(gateway):
     # not "starting" and "warming_up", as it said while it closed
     gateway.closing = True
     try:
-        async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
             health = await client.get("/health")
             speech = await client.post("/v1/audio/speech", json={"input": "Hi."})
     finally:
@@ -563,7 +563,8 @@ async def test_headers_that_never_arrive_whole_are_counted(gateway, monkeypatch)
         async with hang_guard("the server closing the connection"):
             assert await reader.read() == b""  # closed by the server, without an answer
         writer.close()
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.http_port}") as client:
+    async with httpx.AsyncClient(timeout=HANG_S,
+                                 base_url=f"http://127.0.0.1:{gateway.http_port}") as client:
         m = metrics((await client.get("/metrics")).text)
     assert m["gateway_errors_total{code=request_timeout}"] == 1
     assert gateway.health()["errors"] == {"request_timeout": 1}
@@ -629,7 +630,7 @@ async def test_a_body_that_never_arrives_whole_gets_408(gateway, monkeypatch):
 async def test_every_sse_delta_is_pcm16_at_24khz(gateway):
     body = {"model": "espeak", "input": TEXT, "voice": "en-gb", "stream_format": "sse",
             "speed": 1.5}
-    async with httpx.AsyncClient(base_url=base(gateway)) as client, \
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client, \
             aconnect_sse(client, "POST", "/v1/audio/speech", json=body) as source:
         assert source.response.headers["x-sample-rate"] == "24000"
         events = [orjson.loads(sse.data) async for sse in source.aiter_sse()]
@@ -639,7 +640,7 @@ async def test_every_sse_delta_is_pcm16_at_24khz(gateway):
     assert all(len(c) for c in chunks)
     assert is_speech(np.concatenate(chunks))
     # speed 1.5 says the same text in less audio than speed 1
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         slow = await client.post("/v1/audio/speech", json={**body, "stream_format": "audio",
                                                            "response_format": "pcm",
                                                            "speed": 1.0})
@@ -651,7 +652,7 @@ async def test_audio_streams_by_default_and_equals_the_whole_file(gateway, fmt):
     # OpenAI's endpoint streams its body (chunked), so an SDK's iter_bytes() gets audio as
     # it is made; "stream": false waits for the whole file (Content-Length, X-Audio-Ms)
     body = {"model": "espeak", "input": TEXT * 4, "response_format": fmt}
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         whole = await client.post("/v1/audio/speech", json={**body, "stream": False})
         async with client.stream("POST", "/v1/audio/speech", json=body) as response:
             assert response.headers.get("transfer-encoding") == "chunked"
@@ -733,7 +734,8 @@ async def test_speech_requests_beyond_the_bound_get_503_server_full(replies):
     await gw.start()
     body = {"input": "One held sentence, long enough for steps.", "stream_format": "sse"}
     try:
-        async with httpx.AsyncClient(base_url=base(gw)) as client, contextlib.AsyncExitStack() \
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=base(gw)) as client, contextlib.AsyncExitStack() \
                 as held:
             for _ in range(2):  # both hold their stream open: their engine step waits
                 response = await held.enter_async_context(
@@ -748,7 +750,7 @@ async def test_speech_requests_beyond_the_bound_get_503_server_full(replies):
         assert "x-engine" not in full.headers  # a refusal, before any synthesis
         assert health["limits"]["max_speech_requests"] == 2
         await unless_hung(gw.http.idle.wait())
-        async with httpx.AsyncClient(base_url=base(gw)) as client:  # room again
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:  # room again
             again = await client.post("/v1/audio/speech", json={"input": "Hi.",
                                                                 "response_format": "pcm"})
             m = metrics((await client.get("/metrics")).text)
@@ -762,7 +764,7 @@ async def test_speech_requests_beyond_the_bound_get_503_server_full(replies):
 
 async def test_instructions_are_ignored_with_a_note(gateway):
     body = {"input": "Hello.", "stream_format": "sse", "instructions": "whisper"}
-    async with httpx.AsyncClient(base_url=base(gateway)) as client, \
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client, \
             client.stream("POST", "/v1/audio/speech", json=body) as response:
         events = await read_sse(response)
     assert "instructions ignored" in response.headers["x-speech-notes"]
@@ -776,7 +778,7 @@ async def test_background_speech_runs_in_small_steps_voice_turns_in_the_engines(
     keeps the engine's own 320 ms step."""
     gw = await start_gateway(replies, SyntheticEngine(rtf=0, ttfa_ms=0, step_ms=320))
     try:
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             async with client.stream("POST", "/v1/audio/speech",
                                      json={"input": "One sentence that lasts a while.",
                                            "stream_format": "sse"}) as response:
@@ -805,7 +807,7 @@ async def test_disconnect_mid_stream_cancels_the_job_and_frees_the_lane(replies)
     gw = await start_gateway(replies, SyntheticEngine(rtf=1.0, ttfa_ms=0, step_ms=100))
     try:
         long = "This sentence goes on for a long while without stopping at all " * 8 + "."
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             async with client.stream("POST", "/v1/audio/speech",
                                      json={"input": long, "stream_format": "sse"}) as response:
                 async for line in response.aiter_lines():
@@ -1095,7 +1097,7 @@ async def test_engine_failure_mid_stream_sends_speech_audio_error(replies, caplo
     try:
         body = {"input": "A sentence long enough for two steps of audio.",
                 "stream_format": "sse"}
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             async with client.stream("POST", "/v1/audio/speech", json=body) as response:
                 events = await read_sse(response)
             assert [e["type"] for e in events] == ["speech.audio.delta", "speech.audio.error"]
@@ -1143,7 +1145,7 @@ async def test_shutdown_ends_open_streams_with_an_error(replies):
     closed = False
     try:
         long = "Still talking and talking for quite some time " * 8 + "."
-        async with httpx.AsyncClient(base_url=base(gw)) as client, \
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client, \
                 client.stream("POST", "/v1/audio/speech",
                               json={"input": long, "stream_format": "sse"}) as response:
             lines = response.aiter_lines()
@@ -1173,7 +1175,7 @@ async def test_health_and_speech_answer_503_while_warming_up(replies):
     starting = asyncio.create_task(gw.start())
     try:
         await asyncio.to_thread(engine.loading.wait, 30)  # HTTP is up before the engine loads
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             health = await client.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "starting"
             assert health.json()["engines"]["synthetic"]["loaded"] is False
@@ -1226,7 +1228,7 @@ async def test_health_follows_sessions_and_compute(gateway):
             gone.set()
 
     gateway.connections = Watched(connections)
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         before = (await client.get("/health")).json()
         assert before["sessions"] == 0 and before["engines"]["espeak"]["warm"] is False
         assert before["lanes"]["cpu"]["compute_s"] == 0
@@ -1280,7 +1282,7 @@ async def test_every_health_field_and_metric_the_gateway_emits_is_documented(ref
     await gw.start()
     try:
         failed = await one_turn(gw.port, type="transcript", text="Hello?")
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             health = (await client.get("/health")).json()
             metrics = (await client.get("/metrics")).text
     finally:
@@ -1390,7 +1392,7 @@ async def test_a_scrape_alone_tells_the_llm_server_down_and_the_status_health_wo
 
     try:
         await probe._task  # the probe at start
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=HANG_S) as http:
             up = await scrape(http)
             probe.url = f"http://127.0.0.1:{refused_port}/v1"  # the server went away
             probe.checked_at -= probe.interval_s  # and the last check is stale
@@ -1521,7 +1523,7 @@ async def test_an_idle_hub_is_ok_again_once_its_probe_reaches_an_llm_that_was_ou
 
 @pytest.mark.slow
 async def test_metrics_move_after_turns_and_speech(gateway):
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         m0 = metrics((await client.get("/metrics")).text)
         assert not any(k.startswith("gateway_turn_ttfa_seconds_count") for k in m0)
         async with connect(f"ws://127.0.0.1:{gateway.port}/v1/voice") as ws:
@@ -1575,7 +1577,7 @@ async def test_a_refused_request_is_counted_with_the_format_it_asked_for(gateway
         ({"input": "Hi.", "stream": "yes"}, ("-", "-")),
         (["not", "an", "object"], ("-", "-")),
     ]
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         for body, _ in refused:
             assert (await client.post("/v1/audio/speech", json=body)).status_code == 400
         m = metrics((await client.get("/metrics")).text)
@@ -1589,7 +1591,7 @@ async def test_a_refused_request_is_counted_with_the_format_it_asked_for(gateway
 
 
 async def test_models_and_voices(gateway):
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         models = (await client.get("/v1/models")).json()
         voices = (await client.get("/v1/audio/voices")).json()
         on_voice_port = (await client.get(f"http://127.0.0.1:{gateway.port}/v1/models")).json()
@@ -1638,7 +1640,7 @@ BAD = [
 @pytest.mark.parametrize(("body", "status", "code", "param"), BAD,
                          ids=[c for _, _, c, _ in BAD[:1]] + [str(i) for i in range(1, len(BAD))])
 async def test_bad_requests_get_openai_style_errors(gateway, body, status, code, param):
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         response = await client.post("/v1/audio/speech", json=body)
     assert response.status_code == status
     error = response.json()["error"]
@@ -1653,7 +1655,7 @@ async def test_a_refused_value_is_quoted_cut_short_in_the_error_and_the_log(gate
     """A refusal names the value refused, cut as the unknown model and route are: a client
     sending a 60,000-character voice got all of it back, and wrote a 60 kB INFO line."""
     caplog.set_level(logging.INFO, logger="gateway.io.http_api")
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         response = await client.post("/v1/audio/speech",
                                      json={"input": "Hi.", field: "x" * 60_000})
     error = response.json()["error"]
@@ -1670,7 +1672,7 @@ async def test_a_refused_value_nested_deeply_is_a_400_not_a_500(gateway, field):
     (``repr``) raised RecursionError, and the client got a 500 ``internal_error`` for a bad
     parameter (found writing a fuzz harness for ``parse_speech``)."""
     body = f'{{"input": "Hi.", "{field}": {"[" * 1000}{"]" * 1000}}}'
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         response = await client.post("/v1/audio/speech", content=body,
                                      headers={"content-type": "application/json"})
     error = response.json()["error"]
@@ -1685,7 +1687,7 @@ async def test_a_refused_value_nested_deeply_is_a_400_not_a_500(gateway, field):
     (4.0, "speed 4 is beyond engine espeak's 0.46-2.57: spoken at 2.57"),
 ])
 async def test_a_speed_the_engine_cannot_honour_is_told_not_hidden(gateway, speed, note):
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         response = await client.post("/v1/audio/speech", json={"input": "Hi.", "speed": speed})
     assert response.status_code == 200
     assert response.headers.get("x-speech-notes") == note
@@ -1699,7 +1701,7 @@ async def test_unknown_routes_and_methods_answer_in_openais_shape(gateway):
     await client.close()
     assert model.id == "espeak"
     assert missing.value.code == "model_not_found"
-    async with httpx.AsyncClient(base_url=base(gateway)) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as http:
         nowhere = await http.get("/v1/nowhere")
         wrong = await http.get("/v1/audio/speech")
         slash = await http.post("/v1/audio/speech/", json={"input": "Hi."})
@@ -1712,7 +1714,7 @@ async def test_unknown_routes_and_methods_answer_in_openais_shape(gateway):
 
 
 async def test_malformed_and_oversized_bodies(gateway):
-    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gateway)) as client:
         broken = await client.post("/v1/audio/speech", content=b"{not json",
                                    headers={"content-type": "application/json"})
         huge = await client.post("/v1/audio/speech", content=b" " * (MAX_BODY_BYTES + 1),
@@ -1737,7 +1739,7 @@ async def test_a_segment_cut_short_by_a_failing_primary_is_reported_not_hidden(r
     gw = await start_gateway(replies, engine=engine)
     text = "The first one is cut. The second is whole. So is the third."
     try:
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             whole = await client.post("/v1/audio/speech", json={
                 "input": text, "response_format": "pcm", "stream": False})
             clock.now += engine.breaker_reset_s  # the next request's first segment probes
@@ -1777,7 +1779,7 @@ async def test_instructions_reach_an_engine_that_takes_them(replies, wrapped):
         if wrapped else voice
     gw = await start_gateway(replies, engine=engine)
     try:
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             response = await client.post("/v1/audio/speech", json={
                 "input": "Hello there.", "instructions": "whisper", "response_format": "pcm"})
             models = (await client.get("/v1/models")).json()["data"]
@@ -1804,7 +1806,7 @@ async def test_a_voice_that_may_speak_whole_segments_gets_short_ones(
     clause = "this clause goes on for a while, "
     text = "One very long sentence, " + clause * 30 + "and then it ends."
     try:
-        async with httpx.AsyncClient(base_url=base(gw)) as client:
+        async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
             response = await client.post("/v1/audio/speech", json={
                 "input": text, "response_format": "pcm", "stream": False})
     finally:
@@ -1820,7 +1822,7 @@ async def test_the_voice_port_says_it_closes_so_a_pooled_client_never_reuses_its
     close" httpx's pool sent the next request into that socket and got "Server
     disconnected" when it lost the race with the close."""
     url = f"http://127.0.0.1:{gateway.port}"
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=url) as client:
         for path in ("/health", "/metrics", "/v1/models", "/", "/nowhere") * 5:
             response = await client.get(path)
             assert response.headers["connection"] == "close"
@@ -1857,7 +1859,8 @@ async def test_a_malformed_request_is_counted_with_the_other_refusals(gateway):
             answer = await reader.read()
         writer.close()
         assert answer.startswith(b"HTTP/1.1 400") and b'"invalid_http"' in answer
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.http_port}") as client:
+    async with httpx.AsyncClient(timeout=HANG_S,
+                                 base_url=f"http://127.0.0.1:{gateway.http_port}") as client:
         m = metrics((await client.get("/metrics")).text)
     assert m["gateway_errors_total{code=invalid_http}"] == 2
     assert gateway.health()["errors"] == {"invalid_http": 2}

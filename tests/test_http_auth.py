@@ -13,6 +13,7 @@ from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.auth import RedactTokens, install_redaction, redact
 from gateway.io.server import Gateway
+from tests.hang_guard import HANG_S
 from tests.servers import ServeProcess
 from tests.wsclient import read_turn, recv_event, send
 
@@ -43,7 +44,7 @@ def assert_openai_401(response: httpx.Response) -> None:
 async def test_http_api_requires_a_token_except_health(gateway):
     base = f"http://127.0.0.1:{gateway.http_port}"
     speech = {"input": "Hello there.", "response_format": "wav"}
-    async with httpx.AsyncClient(base_url=base) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base) as http:
         assert_openai_401(await http.post("/v1/audio/speech", json=speech))
         assert_openai_401(await http.post("/v1/audio/speech", json=speech,
                                           headers={"Authorization": "Bearer nope"}))
@@ -64,7 +65,7 @@ async def test_http_api_requires_a_token_except_health(gateway):
 
 async def test_voice_port_routes_need_the_token_too(gateway):
     base = f"http://127.0.0.1:{gateway.port}"
-    async with httpx.AsyncClient(base_url=base) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base) as http:
         for path in ("/metrics", "/v1/models", "/v1/models/synthetic"):
             refused = await http.get(path)
             assert refused.status_code == 401
@@ -95,7 +96,7 @@ async def test_tokens_never_reach_the_logs(gateway, caplog):
         assert (await read_turn(ws)).done["status"] == "completed"
     async with connect(voice, additional_headers={"Authorization": f"Bearer {OTHER}"}) as ws:
         await recv_event(ws, "session.created")
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
         r = await http.post(f"http://127.0.0.1:{gateway.http_port}/v1/audio/speech?token={OTHER}",
                             json={"input": "Hi."})
         assert r.status_code == 200
@@ -133,7 +134,7 @@ async def test_a_refusal_is_logged_in_the_words_its_client_reads(caplog):
                  engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
     await gw.start()
     try:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=HANG_S) as http:
             answers = [
                 await http.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
                                 json={"input": "Hi."}, headers={"Authorization": "Bearer x"}),
@@ -203,7 +204,7 @@ def test_the_cli_at_debug_level_never_prints_a_token():
                 await recv_event(ws, "session.created")
                 await send(ws, type="say", text="Hello.")
                 await read_turn(ws)
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(timeout=HANG_S) as http:
                 r = await http.post(f"http://127.0.0.1:{http_port}/v1/audio/speech"
                                     f"?token={SECRET}", json={"input": "Hi."})
                 assert r.status_code == 200
@@ -220,7 +221,7 @@ async def test_a_browser_app_on_another_origin_may_call_the_api(gateway):
     # the real request lets the page read the audio and the X- headers
     base = f"http://127.0.0.1:{gateway.http_port}"
     origin = {"Origin": "http://hub.local:3000"}
-    async with httpx.AsyncClient(base_url=base) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base) as http:
         preflight = await http.options("/v1/audio/speech", headers={
             **origin, "Access-Control-Request-Method": "POST",
             # (OpenAI's JS SDK adds its x-stainless-* headers to every request)
@@ -248,7 +249,8 @@ async def test_with_an_origin_allowlist_only_those_origins_get_cors():
                  engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
     await gw.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.http_port}") as http:
             allowed = await http.get("/v1/models", headers={"Origin": "http://hub.local:3000"})
             other = await http.get("/v1/models", headers={"Origin": "http://evil.example"})
             # a page's "simple" POST needs no preflight: refused, not spoken unseen
@@ -278,7 +280,8 @@ async def test_without_tokens_a_page_of_another_site_cannot_call_the_api():
                  engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
     await gw.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.http_port}") as http:
             simple = await http.post("/v1/audio/speech", content=b'{"input": "Hi."}',
                                      headers={"Origin": "http://evil.example",
                                               "Content-Type": "text/plain"})
@@ -305,7 +308,8 @@ async def test_origins_star_lets_any_page_call_the_api():
                  engine=SyntheticEngine(rtf=0, ttfa_ms=0, lane="cpu"))
     await gw.start()
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.http_port}") as http:
             models = await http.get("/v1/models", headers={"Origin": "http://app.example"})
     finally:
         await gw.aclose()
@@ -357,7 +361,7 @@ async def test_the_llm_urls_password_is_shown_to_no_one(refused_port, caplog):
             await recv_event(ws, "session.created")
             await send(ws, type="transcript", text="Hello?")
             turn = await read_turn(ws)
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=HANG_S) as http:
             health = [(await http.get(f"http://127.0.0.1:{port}/health")).text
                       for port in (gw.port, gw.http_port)]
     finally:

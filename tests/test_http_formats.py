@@ -163,7 +163,7 @@ async def test_small_chunks_are_not_held_back_by_nagle(start_gateway):
     import socket
 
     gw = await start_gateway()
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         response = await client.post("/v1/audio/speech", json={"input": "Hi.",
                                                               "response_format": "mp3"})
         assert response.status_code == 200
@@ -179,7 +179,7 @@ async def test_small_chunks_are_not_held_back_by_nagle(start_gateway):
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
 async def test_nothing_to_say_is_a_valid_file_with_no_speech(start_gateway, fmt, stream):
     gw = await start_gateway()
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         response = await client.post("/v1/audio/speech", json={
             "input": "\U0001F600", "response_format": fmt, "stream": stream})
     assert response.status_code == 200
@@ -212,7 +212,7 @@ async def test_formats_openai_does_not_have_are_refused_in_its_shape(start_gatew
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav"])
 async def test_sse_stays_pcm(start_gateway, fmt):
     gw = await start_gateway()
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         response = await client.post("/v1/audio/speech", json={
             "input": "Hi.", "response_format": fmt, "stream_format": "sse"})
     assert response.status_code == 400
@@ -222,7 +222,7 @@ async def test_sse_stays_pcm(start_gateway, fmt):
 async def test_disconnect_mid_mp3_stream_cancels_the_job_and_frees_the_lane(start_gateway):
     gw = await start_gateway(engine=SyntheticEngine(rtf=1.0, ttfa_ms=0, step_ms=100))
     long = "This sentence goes on for a long while without stopping at all " * 8 + "."
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         async with client.stream("POST", "/v1/audio/speech",
                                  json={"input": long, "response_format": "mp3"}) as response:
             async for chunk in response.aiter_raw():
@@ -238,7 +238,7 @@ async def test_disconnect_mid_mp3_stream_cancels_the_job_and_frees_the_lane(star
 async def test_an_engine_failure_keeps_its_status_and_aborts_a_stream(start_gateway):
     gw = await start_gateway(engine=FailingEngine(rtf=0, ttfa_ms=0))
     body = {"input": "A sentence long enough for two steps of audio.", "response_format": "opus"}
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         whole = await client.post("/v1/audio/speech", json={**body, "stream": False})
         with pytest.raises(httpx.RemoteProtocolError):  # the 200 went out with the first bytes
             await client.post("/v1/audio/speech", json=body)
@@ -260,7 +260,7 @@ async def test_an_encoder_failure_is_a_server_error_said_once(start_gateway, mon
 
     monkeypatch.setattr(Encoder, "_mux", broken)
     gw = await start_gateway()
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         whole = await client.post("/v1/audio/speech", json={
             "input": TEXT, "response_format": "mp3", "stream": False})
         # before the status (the first chunk is encoded first): an error status
@@ -293,7 +293,7 @@ async def test_an_encoder_thread_that_cannot_start_leaves_no_synthesis_behind(
 
     monkeypatch.setattr(http_api, "LaneThread", no_thread)
     gw = await start_gateway(engine=SyntheticEngine(rtf=1.0, ttfa_ms=0, step_ms=100))
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         response = await client.post("/v1/audio/speech", json={"input": TEXT,
                                                                "response_format": "mp3"})
     assert response.status_code == 500
@@ -315,7 +315,7 @@ async def test_a_speech_request_failed_by_a_bug_is_counted(start_gateway, monkey
 
     monkeypatch.setattr(http_api, "LaneThread", no_thread)
     gw = await start_gateway()
-    async with httpx.AsyncClient(base_url=base(gw)) as client:
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         response = await client.post("/v1/audio/speech", json={
             "input": TEXT, "response_format": "mp3", "stream": False})
         assert response.status_code == 500

@@ -724,7 +724,8 @@ async def test_a_tts_server_down_at_start_is_told_by_health_metrics_and_the_log(
     try:
         await probe._task  # the probe at start
         await probe.probe()  # still down: no second line
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.http_port}") as http:
             health_down = (await http.get("/health")).json()
             metrics_down = (await http.get("/metrics")).text.splitlines()
             probe.probe_url = up + "/models"  # the server is up (here: on another port)
@@ -782,7 +783,8 @@ async def test_a_tts_server_that_refuses_the_gateways_key_is_told_at_start(
     healths = []
     for gw in (a, good):
         await gw.telemetry.tts_probes["remote"]._task  # the probe at start
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw.http_port}") as http:
+        async with httpx.AsyncClient(timeout=HANG_S,
+                                     base_url=f"http://127.0.0.1:{gw.http_port}") as http:
             healths.append((await http.get("/health")).json())
     refused, fine = healths
     why = "it refuses the api_key sent" if api_key else "it asks for an api_key, and none is set"
@@ -1121,7 +1123,8 @@ async def test_a_voice_the_tts_server_lacks_does_not_move_everyone_to_the_fallba
         "engine": "http", "url": f"http://127.0.0.1:{b.http_port}/v1", "fallback": "espeak",
         # (a slow machine's first chunk, no failure of the voice, must not count either)
         "fallback_policy": {"first_chunk_timeout_s": 60}})
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{a.http_port}") as http:
+    async with httpx.AsyncClient(timeout=HANG_S,
+                                 base_url=f"http://127.0.0.1:{a.http_port}") as http:
         for _ in range(4):  # (the breaker's default: 3 failures open it)
             odd = await http.post("/v1/audio/speech", json={
                 "input": "Hi.", "voice": "nonesuch", "response_format": "pcm"})
@@ -1199,7 +1202,7 @@ async def test_an_answer_passes_on_a_bounded_number_of_a_servers_notes(sse_serve
         "notes": [f"request {len(server.requests)}, note {i} " + "x" * 400 for i in range(8)]}]
     gw = await start_gateway(tts={"engine": "http", "url": url})
     text = " ".join(f"Sentence number {i} is here." for i in range(40))
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
         whole = await client.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
                                   json={"input": text, "response_format": "pcm",
                                         "stream": False})

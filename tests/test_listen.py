@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from gateway.io.listen import bind_all, listen_addresses
+from tests.hang_guard import HANG_S
 
 V6_LOOPBACK = (socket.AF_INET6, ("::1", 0, 0, 0))
 V4_LOOPBACK = (socket.AF_INET, ("127.0.0.1", 0))
@@ -106,7 +107,7 @@ async def test_the_voice_port_0_is_one_port_on_every_address(start_gateway):
     IPv4 socket and another for the IPv6 one; the port shown (``Gateway.port``, the
     banner's) was refused on ``[::1]`` while the HTTP API answered there on its own."""
     gateway = await start_gateway(server={"host": "", "tokens": ["s3cret"]})
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
         for host in ("127.0.0.1", "[::1]"):
             answer = await client.get(f"http://{host}:{gateway.port}/health")
             assert answer.status_code == 200, host
@@ -154,7 +155,7 @@ async def test_a_gateway_on_localhost_starts_where_it_can_bind(start_gateway, mo
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     with caplog.at_level(logging.WARNING, logger="gateway"):
         gateway = await start_gateway(server={"host": "localhost", "http_port": 0})
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
         for port in (gateway.port, gateway.http_port):
             answer = await client.get(f"http://127.0.0.1:{port}/health")
             assert answer.status_code == 200, port

@@ -885,7 +885,7 @@ async def test_only_a_failure_between_a_new_connection_and_the_request_is_a_loss
     connection's ``connect_tcp.complete`` and the request's first byte is an
     ``AttributeError`` taken for a connection lost as it was made (not one from anywhere
     else), and a request on a kept-alive connection is ``reused``."""
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=HANG_S) as client:
         for reused in (False, True):
             watch = NewConnectionWatch()
             seen: list[tuple[str, bool]] = []

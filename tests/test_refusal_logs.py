@@ -14,6 +14,7 @@ from engines.synthetic import SyntheticEngine
 from gateway.config import load_config
 from gateway.io.log_limit import LOGGERS, LogLimit, limited
 from gateway.io.server import Gateway
+from tests.hang_guard import HANG_S
 
 
 def record(kind: str | None, created: float) -> logging.LogRecord:
@@ -54,7 +55,7 @@ async def test_a_flood_of_refused_requests_logs_a_few_lines_and_counts_them_all(
     gw.log_limit.window_s = 3600  # (the test's requests all fall in one window)
     flood = 3 * gw.log_limit.logged
     try:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=HANG_S) as http:
             for _ in range(flood):
                 answer = await http.post(f"http://127.0.0.1:{gw.http_port}/v1/audio/speech",
                                          json={"input": "Hi."},
@@ -106,7 +107,7 @@ async def test_a_request_either_port_refuses_is_a_line_naming_the_client_and_why
                     async with connect(**refused):
                         pass
                 statuses.append(info.value.response.status_code)
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(timeout=HANG_S) as http:
             answer = await http.get(f"http://127.0.0.1:{gw.http_port}/metrics")
             statuses.append(answer.status_code)
     finally:

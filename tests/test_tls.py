@@ -15,6 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidMessage
 
 from gateway.io.listen import note_plain_http
+from tests.hang_guard import HANG_S
 from tests.wsclient import read_turn, recv_event, send
 
 TOKEN = "s3cret"
@@ -53,7 +54,7 @@ async def test_the_voice_socket_speaks_wss(gateway, client_ssl):
 
 
 async def test_the_http_api_speaks_https_with_the_same_certificate(gateway, client_ssl):
-    async with httpx.AsyncClient(verify=client_ssl) as http:
+    async with httpx.AsyncClient(timeout=HANG_S, verify=client_ssl) as http:
         models = await http.get(f"https://127.0.0.1:{gateway.http_port}/v1/models",
                                 headers={"Authorization": f"Bearer {TOKEN}"})
         assert models.status_code == 200 and models.json()["data"]
@@ -65,7 +66,7 @@ async def test_plain_connections_get_nothing_on_either_port_and_are_logged(gatew
     """The client sees the connection close ("did not receive a valid HTTP response"; curl:
     "Empty reply from server"); the operator's log said nothing of it."""
     caplog.set_level(logging.INFO, logger="gateway")
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
         with pytest.raises(httpx.HTTPError):
             await http.get(f"http://127.0.0.1:{gateway.http_port}/v1/models",
                            headers={"Authorization": f"Bearer {TOKEN}"})
