@@ -86,6 +86,11 @@ from examples.loadgen import (  # noqa: E402
     load_transcripts,
 )
 
+SETTLE_S = 60.0
+"""How long the end of a run waits for the gateway to settle (no session, descriptors and
+tasks back at the start, each line counted) and for a /health answer: a deadline, not a
+count of polls, so a starved machine is slow to settle rather than counted as leaking; a
+gateway that settles returns at once."""
 ACTIONS = (("normal", 0.60), ("abort", 0.15), ("cancel", 0.15), ("slow", 0.10))
 
 
@@ -123,7 +128,7 @@ class GatewayProcess(Server):
     def health(self) -> dict[str, Any]:
         import httpx
 
-        return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=10).json()
+        return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=SETTLE_S).json()
 
     def stop(self) -> int:
         return self.close(timeout=30)
@@ -182,7 +187,7 @@ class LlmProcess:
     def counted(self) -> None:
         """Wait until every line of the processes that exited was counted."""
         for counter in self._counters:
-            counter.join(timeout=10)
+            counter.join(timeout=SETTLE_S)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -730,21 +735,21 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         if not died:
             sample("clients closed")
             # the gateway forgets every session once its socket closed cleanly
-            for _ in range(100):
+            settled = time.monotonic() + SETTLE_S
+            while time.monotonic() < settled:
                 health = gateway.health()
                 if health["sessions"] == 0:
                     break
                 await asyncio.sleep(0.1)
             health = gateway.health()
-            # sockets close asynchronously (the last health probe's too): give them 5 s
-            for _ in range(50):
+            # sockets close asynchronously (the last health probe's too)
+            while time.monotonic() < settled:  # (another process's: no event to wait on)
                 if fd_count(gateway.pid, llm and llm.port) <= samples[0]["fds"]:
                     break
                 await asyncio.sleep(0.1)
             after = await tasks(sample("sessions gone"))
-            for _ in range(50):  # (--faults: /health may start a probe of the LLM: 1 task)
-                if after["tasks"] <= samples[0]["tasks"]:
-                    break
+            # (--faults: /health may start a probe of the LLM: 1 task)
+            while after["tasks"] > samples[0]["tasks"] and time.monotonic() < settled:
                 await asyncio.sleep(0.1)
                 after = await tasks(sample("sessions gone"))
             dump(after, last=True)  # (before the SIGTERM: it takes its signals in order)
