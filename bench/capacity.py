@@ -506,6 +506,39 @@ def client_main(target, port, n, say, jitter_s, idle, window, queue, marks_s=0.0
 EDGE_S = 1.0
 """``Stats.edge_s`` at most (the gateway refills a session every 300-400 ms)."""
 
+CLIENT_GRACE_S = 10.0
+"""How long the client processes still running when a step ends (a Ctrl-C, an error) have
+after SIGTERM before they are killed (``end_clients``)."""
+
+
+def end_clients(procs: list, grace: float | None = None) -> None:
+    """End the client processes still running, each reaped: SIGTERM, then SIGKILL (said on
+    stderr) for those still running ``grace`` seconds (``CLIENT_GRACE_S``) later, or at a
+    second Ctrl-C. Left to multiprocessing's exit hook, which SIGTERMs daemon processes and
+    then joins them without a bound, a client that did not end on SIGTERM (a handler that
+    never returns or swallows it: coverage's ``sigterm = true`` puts a Python one in every
+    process it measures) kept the bench from exiting after a Ctrl-C, for ever."""
+    grace = CLIENT_GRACE_S if grace is None else grace
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    interrupted = False
+    try:
+        for p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:  # a second Ctrl-C: no more grace
+        interrupted = True
+    for p in alive:
+        if p.exitcode is None:
+            print(f"client process {p.pid} had not ended {grace:g} s after SIGTERM: "
+                  "killed (SIGKILL)", file=sys.stderr, flush=True)
+            p.kill()
+            p.join()
+    if interrupted:
+        raise KeyboardInterrupt
+
+
 LATE_WINDOW_SHARE = 0.25
 """How late (a share of the window) this process may read the server's figures and still
 end them with the clients' window (``run_load``)."""
@@ -520,11 +553,20 @@ def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float,
     queue = ctx.Queue()
     rss0 = rss_bytes(server.pid)
     shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
-    # (daemons: a bench stopped by Ctrl-C ends them as it exits)
+    # (daemons too: multiprocessing's exit hook ends any left, but waits for them unbounded)
     procs = [ctx.Process(target=client_main, args=(server.target, server.port, k, say,
                                                    jitter_s, idle, window, queue, marks_s),
                          daemon=True)
              for k in shares if k]
+    try:
+        return _run_load(server, procs, window, queue, n, seconds=seconds, idle=idle,
+                         warmup_s=warmup_s, profile=profile, rss0=rss0)
+    finally:  # (every way out, a Ctrl-C's included: no client left to the exit hook)
+        end_clients(procs)
+
+
+def _run_load(server: Server, procs: list, window, queue, n: int, *, seconds: float,
+              idle: bool, warmup_s: float, profile: str | None, rss0: int) -> dict:
     t_connect = time.monotonic()
     # (SIGINT blocked while they start, a mask they keep: a Ctrl-C to the terminal's group
     # met a client still importing, before client_main could ignore it, in a traceback)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -354,6 +355,52 @@ def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_pat
         with contextlib.suppress(psutil.NoSuchProcess):
             cmdline = " ".join(psutil.Process(pid).cmdline())
             assert "capacity_server" not in cmdline and "spawn_main" not in cmdline
+
+
+def _client_deaf_to_sigterm(target, port, n, say, jitter_s, idle, window, queue,
+                            marks_s=0.0) -> None:
+    """FAKE client process (stands in for ``capacity.client_main``): writes its pid to the
+    file ``say`` names, says it is ready with no session, then neither ends on SIGTERM nor
+    ever on its own, as a client whose SIGTERM handler cannot run would."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(say).write_text(str(os.getpid()))
+    queue.put(("ready", 0, 0, 0.0))
+    signal.pause()  # (no signal it does not ignore comes but the SIGKILL)
+
+
+def test_ctrl_c_ends_a_client_that_does_not_end_on_sigterm(monkeypatch, tmp_path, capfd):
+    """Ctrl-C left the client processes to multiprocessing's exit hook, which SIGTERMs
+    them and then waits for them without a bound: one that did not end on SIGTERM kept the
+    bench running for ever after the Ctrl-C. ``run_load`` now ends its clients on its way
+    out, each SIGTERMed, then killed after ``CLIENT_GRACE_S`` (said on stderr), and reaped.
+    The Ctrl-C comes as the window starts (the server's first read)."""
+    script = tmp_path / "serves.py"  # (run_load only reads the server's /proc figures)
+    script.write_text("import time\nprint('PORT 1', flush=True)\ntime.sleep(600)\n")
+    monkeypatch.setitem(capacity.SCRIPTS, "fastapi", script)
+    monkeypatch.setitem(capacity.PYTHONS, "fastapi", sys.executable)
+    monkeypatch.setattr(capacity, "client_main", _client_deaf_to_sigterm)
+    monkeypatch.setattr(capacity, "CLIENT_GRACE_S", 0.5, raising=False)  # (any: it never ends)
+
+    def ctrl_c(server):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capacity, "gateway_buckets", ctrl_c)
+    pid_file = tmp_path / "client.pid"
+    server = capacity.Server("fastapi", log=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            capacity.run_load(server, 1, clients=1, say=str(pid_file), jitter_s=0.2,
+                              idle=False, warmup_s=0.0, seconds=1.0)
+        pid = int(pid_file.read_text())
+        assert not psutil.pid_exists(pid)  # (ended and reaped: not even a zombie)
+        assert f"client process {pid} had not ended 0.5 s after SIGTERM: killed (SIGKILL)" \
+            in capfd.readouterr().err
+    finally:
+        server.close()
+        for child in multiprocessing.active_children():  # (without the fix: still there)
+            child.kill()
+            child.join()
 
 
 @pytest.mark.slow
