@@ -54,7 +54,9 @@ largest N that passed) and exits 0. Each server's stderr goes to
 /tmp/capacity-<target>-<pid>.log, kept (and its path said on stderr) only for the step that
 failed the run, or a server that died or did not stop as told; removed otherwise.
 Ctrl-C stops the run: the steps measured until then keep their rows, the summary and
-``--json`` (its ``meta`` says ``interrupted``); the exit status is 130.
+``--json`` (its ``meta`` says ``interrupted``); the exit status is 130. The client processes
+of the step it stops (or of a step that failed with an error) get SIGTERM; one still
+running 10 s later is killed, and stderr says so (``client process <pid> had not ended``).
 """
 
 from __future__ import annotations
