@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from bench import capacity
+from tests.hang_guard import HANG_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -306,6 +307,48 @@ def test_a_step_whose_turns_fail_says_so_in_its_row(monkeypatch, capsys, say, sh
         log.unlink()
 
 
+def _sigint_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running (not a zombie) and not another process with a reused pid."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def _stop_hung(proc: subprocess.Popen, children: dict[int, psutil.Process]) -> str:
+    """Where the bench and its children (``children``: the processes seen while it ran)
+    wait, by py-spy's dumps (the dev extra's), then each killed, the bench reaped: the dumps
+    and what the bench wrote. The server runs in a session of its own and the clients ignore
+    SIGINT: a bench killed on a hang left its server serving on, orphaned, and its clients
+    and resource tracker holding its pipes open."""
+    said = []
+    for process in children.values():
+        if not _alive(process):
+            continue
+        status = Path(f"/proc/{process.pid}/status")
+        masks = [line for line in status.read_text().splitlines()
+                 if line.startswith(("State", "SigBlk", "SigIgn"))] if status.exists() else []
+        said.append(f"-- {process.pid} {' '.join(process.cmdline())[:160]} {masks}")
+        if capacity.PY_SPY.exists():
+            dump = subprocess.run([str(capacity.PY_SPY), "dump", "--pid", str(process.pid)],
+                                  capture_output=True, text=True, timeout=60)
+            said.append(dump.stdout + dump.stderr)
+    for process in children.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()  # (psutil: not a process that took over a reused pid)
+    stdout = stderr = "(read already)"
+    if proc.returncode is None:
+        try:
+            stdout, stderr = proc.communicate(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            stdout = stderr = "(its pipes still open: a descendant not seen holds them)"
+            proc.wait()
+    return "\n".join([*said, "-- its stdout:", stdout or "", "-- its stderr:", stderr or ""])
+
+
 @pytest.mark.slow
 def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_path):
     """Ctrl-C (SIGINT to the terminal's process group: the bench, its server, its client
@@ -313,36 +356,46 @@ def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_pat
     --json: the steps already measured were lost but for their rows on the screen. Now the
     step in progress ends with its server and clients, the summary and the JSON keep what
     was measured (here: nothing yet), and the exit status is 130."""
-    import os
-    import signal
-
     out = tmp_path / "cap.json"
+    # (a terminal's Ctrl-C reaches a bench whose SIGINT is at its default: one started by a
+    # pytest that was itself started in the background of a script, SIGINT ignored,
+    # inherited it, never saw the Ctrl-C, and this test hung)
+    default_sigint = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
                              "--ramp", "3", "--seconds", "60", "--warmup", "0.5",
                              "--json", str(out)], cwd=ROOT, text=True, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_sigint_at_default if default_sigint else None)
     assert proc.stdout is not None
+    # (the bench and every child of it seen, killed at the end if still there)
+    seen = {proc.pid: psutil.Process(proc.pid)}
 
     def children() -> dict[int, str]:
         found = {}
         for child in psutil.Process(proc.pid).children():
             with contextlib.suppress(psutil.NoSuchProcess):
                 found[child.pid] = " ".join(child.cmdline())
+                seen.setdefault(child.pid, child)
         return found
 
     try:
         assert proc.stdout.readline().startswith("target")
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not any("spawn_main" in c for c in children().values()):  # a client streams
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
         running = children()
         os.killpg(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=HANG_S)
+        except subprocess.TimeoutExpired:  # (a hang guard: it ends in a second or two)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                children()
+            pytest.fail(f"hung: the bench had not ended {HANG_S:g} s after the Ctrl-C\n"
+                        + _stop_hung(proc, seen))
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            proc.wait()
+        if proc.returncode is None or any(_alive(child) for child in seen.values()):
+            _stop_hung(proc, seen)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert "interrupted (Ctrl-C)" in stderr and "3  interrupted (Ctrl-C): not measured" in stdout
