@@ -346,7 +346,8 @@ def _stop_hung(proc: subprocess.Popen, children: dict[int, psutil.Process]) -> s
         except subprocess.TimeoutExpired:
             stdout = stderr = "(its pipes still open: a descendant not seen holds them)"
             proc.wait()
-    return "\n".join([*said, "-- its stdout:", stdout or "", "-- its stderr:", stderr or ""])
+    return "\n".join([*said, "-- its stdout:", stdout or "", "-- its stderr:", stderr or "",
+                      f"-- its server's stderr: /tmp/capacity-gateway-{proc.pid}.log"])
 
 
 @pytest.mark.slow
