@@ -307,8 +307,13 @@ def test_a_step_whose_turns_fail_says_so_in_its_row(monkeypatch, capsys, say, sh
         log.unlink()
 
 
-def _sigint_at_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+                      "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+"""``python -c AS_FROM_A_TERMINAL prog args``: ``python prog args`` in this process (the
+same pid), SIGINT at its default and unblocked, as a terminal starts it, whatever this
+pytest's own: a disposition of SIG_IGN and a blocked mask are inherited through exec (a
+pytest started in a script's background ignores SIGINT)."""
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -358,15 +363,13 @@ def test_ctrl_c_ends_the_step_and_leaves_the_summary_and_nothing_running(tmp_pat
     step in progress ends with its server and clients, the summary and the JSON keep what
     was measured (here: nothing yet), and the exit status is 130."""
     out = tmp_path / "cap.json"
-    # (a terminal's Ctrl-C reaches a bench whose SIGINT is at its default: one started by a
-    # pytest that was itself started in the background of a script, SIGINT ignored,
-    # inherited it, never saw the Ctrl-C, and this test hung)
-    default_sigint = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "capacity.py"), "stream",
+    # (the bench as a terminal starts it: one that inherited SIGINT ignored from a pytest
+    # started in a script's background never saw the Ctrl-C, and this test hung)
+    proc = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL,
+                             str(ROOT / "bench" / "capacity.py"), "stream",
                              "--ramp", "3", "--seconds", "60", "--warmup", "0.5",
                              "--json", str(out)], cwd=ROOT, text=True, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_sigint_at_default if default_sigint else None)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     # (the bench and every child of it seen, killed at the end if still there)
     seen = {proc.pid: psutil.Process(proc.pid)}
