@@ -739,9 +739,9 @@ class RelaySession:
         gateway kept for a resume."""
         opening = asyncio.ensure_future(self._open())
         try:
-            if await unless_stopped(asyncio.shield(opening),
-                                    self.watch.wait_closed()) is not None:
-                return opening.result()
+            opened = await unless_stopped(asyncio.shield(opening), self.watch.wait_closed())
+            if opened is not None:  # (read from the shield: its own copy of a refusal,
+                return opened.result()  # left unread, was logged with its traceback)
             await asyncio.wait((opening,), timeout=GATEWAY_CLOSE_TIMEOUT_S)
             if opening.done() and not opening.cancelled():
                 opening.exception()  # (the watch is gone: nobody to tell why)

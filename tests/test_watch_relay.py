@@ -1177,6 +1177,30 @@ async def test_a_gateway_that_hangs_up_unanswered_is_unavailable():
             await relay.aclose()
 
 
+async def test_a_gateway_that_cannot_be_reached_leaves_no_traceback_in_the_log(caplog):
+    """The README's relay run with no gateway listening: the watch got its 1011 ``gateway
+    unavailable: …``, but the relay's log then showed asyncio's "Future exception was never
+    retrieved" and the connect's whole traceback (the shielded connect's outer future kept
+    the refusal unread), where the close reason alone says it."""
+    import gc
+    import socket
+
+    with socket.socket() as closed:  # bound, never listening: a connect is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=5.0)
+        await relay.start()
+        try:
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+                await unless_hung(ws.wait_closed())
+            assert ws.close_code == 1011
+            assert ws.close_reason.startswith("gateway unavailable: ")
+        finally:
+            await relay.aclose()
+    gc.collect()  # (an unread future's exception is logged when the future is freed)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
 @pytest.mark.slow
 async def test_a_resume_goes_on_past_a_gateway_that_hangs_up_unanswered(gateway):
     """The gateway restarting (or a proxy in front of it) closes the relay's resume socket
