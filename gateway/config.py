@@ -56,6 +56,8 @@ def _check_types(obj: Any, section: str) -> None:
         found = mismatch(getattr(obj, f.name), hints[f.name], f"{section}.{f.name}")
         if found is not None:
             where, hint, value = found
+            if isinstance(value, tuple):  # (a TOML list, kept as a tuple: said as written)
+                value = list(value)
             raise ValueError(f"{where} must be {describe(hint)}, not {value!r}")
 
 

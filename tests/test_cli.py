@@ -102,6 +102,8 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     # letters a token, a string origin allowed any substring, "false" was true
     ('[server]\ntokens = "secret"\n', "server.tokens must be a list of strings, not 'secret'"),
     ('[server]\norigins = "https://a.example"\n', "server.origins must be a list of strings"),
+    # a list read from TOML is kept as a tuple: the refusal showed it so, "not (1,)"
+    ("[server]\nallowed_hosts = [1]\n", "server.allowed_hosts must be a list of strings, not [1]"),
     ('[server]\ninsecure_bind = "false"\n',
      "server.insecure_bind must be true or false, not 'false'"),
     ("[server]\nhost = 12\n", "server.host must be a string, not 12"),
