@@ -1649,6 +1649,17 @@ async def test_bad_requests_get_openai_style_errors(gateway, body, status, code,
     assert gateway.lane.stats.steps == 0  # nothing reached the engine
 
 
+@pytest.mark.parametrize(("value", "said"), [("1", "a string"), (True, "a boolean"),
+                                            ([1], "an array"), ({"x": 1}, "an object")])
+async def test_a_number_of_the_wrong_type_is_refused_in_jsons_words(gateway, value, said):
+    """A client sends JSON: "'speed' must be a number, not str" named Python's type."""
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        response = await client.post("/v1/audio/speech", json={"input": "Hi.", "speed": value})
+    error = response.json()["error"]
+    assert (response.status_code, error["code"]) == (400, "invalid_type")
+    assert error["message"] == f"'speed' must be a number, not {said}"
+
+
 @pytest.mark.parametrize("field", ["voice", "response_format", "stream_format"])
 async def test_a_refused_value_is_quoted_cut_short_in_the_error_and_the_log(gateway, caplog,
                                                                            field):

@@ -358,6 +358,16 @@ def _integer(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def _json_kind(value: object) -> str:
+    """What a JSON value is, in JSON's words: a refusal said "not str", Python's name for
+    a client's string."""
+    for kind, name in ((bool, "a boolean"), (str, "a string"), (list, "an array"),
+                       (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else "a number"
+
+
 def _number_in(body: dict[str, Any], name: str, lo: float, hi: float) -> float | None:
     """``body[name]`` as a float from ``lo`` to ``hi``, None when absent or null: a value
     that is not a number is ``invalid_type``, one out of range (NaN too) ``invalid_value``."""
@@ -365,7 +375,7 @@ def _number_in(body: dict[str, Any], name: str, lo: float, hi: float) -> float |
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ApiError(400, f"'{name}' must be a number, not {type(value).__name__}",
+        raise ApiError(400, f"'{name}' must be a number, not {_json_kind(value)}",
                        code="invalid_type", param=name)
     if not lo <= value <= hi:
         raise ApiError(400, f"'{name}' must be from {lo} to {hi}, not {value}",
