@@ -696,20 +696,26 @@ def make_player(play: bool) -> ClockPlayer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Reference voice client (protocol v1).")
-    p.add_argument("transcripts", nargs="*", help="what the user says, one turn each")
+    p = argparse.ArgumentParser(description="Reference voice client (protocol v1): sends "
+                                "each transcript, prints the reply and saves its audio as "
+                                "turn-NNN.wav.")
+    p.add_argument("transcripts", nargs="*", help="what the user says, one turn each; none "
+                   "(and no --file): type them, a line typed while a reply plays barges in")
     p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice",
                    help="the gateway's voice socket (default %(default)s)")
     p.add_argument("--token", help="bearer token, when the gateway has tokens configured")
     p.add_argument("--connect-attempts", type=int, default=5, metavar="N",
-                   help="give up after N failed tries in a row before the first connection")
+                   help="give up after N failed tries in a row before the first connection "
+                   "(default %(default)s)")
     p.add_argument("--file", help="transcripts, one per line ('-' for stdin)")
     p.add_argument("--out", default="turns", help="directory for turn-NNN.wav (default turns/)")
     p.add_argument("--play", action="store_true", help="play through the default device "
                    "(needs sounddevice: pip install sounddevice)")
-    p.add_argument("--voice")
-    p.add_argument("--instructions")
-    p.add_argument("--frame-ms", type=int)
+    p.add_argument("--voice", help="the session's voice (GET /v1/audio/voices lists them; "
+                   "default: the gateway's)")
+    p.add_argument("--instructions", help="the LLM's system message for this session")
+    p.add_argument("--frame-ms", type=int, help="audio frame length: 20, 40, 60, 80, 100 "
+                   "or 120 (default: the gateway's, 40)")
     p.add_argument("--barge-in-after", type=float, metavar="SECONDS",
                    help="send the next transcript this long into each reply")
     args = p.parse_args(argv)

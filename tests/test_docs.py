@@ -104,9 +104,15 @@ def test_every_example_config_loads() -> None:
 def test_each_example_says_in_its_help_where_it_looks_for_the_gateway() -> None:
     """The README's commands for the examples run them with no --url; their --help listed
     --url (--upstream) without a word, so where they connect, and the relay where it
-    listens, was only in the docs."""
+    listens, was only in the docs. phone_client's said neither that it reads typed lines
+    when given no transcript (and a line typed while a reply plays barges in), nor what
+    --voice, --instructions and --frame-ms take."""
     for script, said in (("examples/phone_client.py", ["(default ws://127.0.0.1:8780/v1/voice)",
-                                                       "pip install sounddevice"]),
+                                                       "pip install sounddevice",
+                                                       "saves its audio as turn-NNN.wav",
+                                                       "none (and no --file): type them",
+                                                       "barges in", "(default 5)",
+                                                       "GET /v1/audio/voices", "20, 40, 60"]),
                          ("examples/loadgen.py", ["(default ws://127.0.0.1:8780/v1/voice;",
                                                   "(default 4)", "(default 3)"]),
                          ("examples/watch_relay.py", ["(default ws://127.0.0.1:8780/v1/voice)",
