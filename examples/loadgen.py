@@ -637,12 +637,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="turns each session takes (default %(default)s)")
     p.add_argument("--transcripts", help=f"JSONL or text file (default {DEFAULT_TRANSCRIPTS})")
     p.add_argument("--arrival", type=float, default=0.0,
-                   help="mean seconds of think time between a reply's end and the next turn")
+                   help="mean seconds of think time between a reply's end and the next turn "
+                   "(exponential; default 0: at once)")
     p.add_argument("--prebuffer-ms", type=float, default=0.0,
                    help="audio the player waits for before starting (default 0)")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="for the transcripts each session "
+                   "picks and its think times (default %(default)s)")
     p.add_argument("--turn-timeout", type=float, default=90.0,
-                   help="seconds to wait for a turn.done before the turn counts as lost")
+                   help="seconds to wait for a turn.done before the turn counts as lost "
+                   "(default %(default)g)")
     p.add_argument("--json", help="write the summary and every turn as JSON here")
     p.add_argument("--plot", help="write a PNG: TTFA histogram and lateness over time")
     args = p.parse_args(argv)

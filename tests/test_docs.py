@@ -114,7 +114,9 @@ def test_each_example_says_in_its_help_where_it_looks_for_the_gateway() -> None:
                                                        "barges in", "(default 5)",
                                                        "GET /v1/audio/voices", "20, 40, 60"]),
                          ("examples/loadgen.py", ["(default ws://127.0.0.1:8780/v1/voice;",
-                                                  "(default 4)", "(default 3)"]),
+                                                  "(default 4)", "(default 3)",
+                                                  "(exponential; default 0: at once)",
+                                                  "think times (default 1)", "(default 90)"]),
                          ("examples/watch_relay.py", ["(default ws://127.0.0.1:8780/v1/voice)",
                                                       "(default 127.0.0.1)", "(default 8790)",
                                                       "(24000–32000; default 24000)"])):
