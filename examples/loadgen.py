@@ -647,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds to wait for a turn.done before the turn counts as lost "
                    "(default %(default)g)")
     p.add_argument("--json", help="write the summary and every turn as JSON here")
-    p.add_argument("--plot", help="write a PNG: TTFA histogram and lateness over time")
+    p.add_argument("--plot", help="write a PNG: TTFA histogram and lateness over time "
+                   "(needs matplotlib: pip install matplotlib)")
     args = p.parse_args(argv)
     if urllib.parse.urlsplit(args.url).scheme not in ("ws", "wss"):  # (http: a traceback)
         p.error(f"--url must be the gateway's ws:// or wss:// URL, not {args.url!r}")

@@ -116,7 +116,8 @@ def test_each_example_says_in_its_help_where_it_looks_for_the_gateway() -> None:
                          ("examples/loadgen.py", ["(default ws://127.0.0.1:8780/v1/voice;",
                                                   "(default 4)", "(default 3)",
                                                   "(exponential; default 0: at once)",
-                                                  "think times (default 1)", "(default 90)"]),
+                                                  "think times (default 1)", "(default 90)",
+                                                  "pip install matplotlib"]),
                          ("examples/watch_relay.py", ["(default ws://127.0.0.1:8780/v1/voice)",
                                                       "(default 127.0.0.1)", "(default 8790)",
                                                       "(24000–32000; default 24000)"])):
