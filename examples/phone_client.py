@@ -721,6 +721,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if urllib.parse.urlsplit(args.url).scheme not in ("ws", "wss"):  # (http: a traceback)
         p.error(f"--url must be the gateway's ws:// or wss:// URL, not {args.url!r}")
+    if args.connect_attempts < 1:
+        p.error(f"--connect-attempts must be at least 1, not {args.connect_attempts}")
+    if args.barge_in_after is not None and not args.barge_in_after >= 0:
+        p.error(f"--barge-in-after must be 0 or more seconds, not {args.barge_in_after:g}")
     settings = {k: v for k, v in {"voice": args.voice, "instructions": args.instructions,
                                   "frame_ms": args.frame_ms}.items() if v is not None}
     out = Path(args.out)

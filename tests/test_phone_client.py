@@ -215,6 +215,10 @@ async def test_a_turn_without_audio_is_said_to_have_none(tmp_path, start_gateway
      "--file: [Errno 2] No such file or directory: '/nonexistent/said.txt'"),
     (["--out", "/dev/null", "Hi"], "--out: cannot make the directory for turn-NNN.wav: "
      "[Errno 17] File exists: '/dev/null'"),
+    # 0 and below tried once and said "(1 attempts)"; a negative wait barged in at once,
+    # as 0 does, without a word
+    (["--connect-attempts", "0", "Hi"], "--connect-attempts must be at least 1, not 0"),
+    (["--barge-in-after", "-1", "Hi"], "--barge-in-after must be 0 or more seconds, not -1"),
 ])
 def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, capsys):
     """An http:// URL (the console's address, copied) ended in a TaskGroup traceback of
