@@ -654,6 +654,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--url must be the gateway's ws:// or wss:// URL, not {args.url!r}")
     if args.sessions < 1 or args.turns < 1:
         p.error("--sessions and --turns must be at least 1")
+    if not args.arrival >= 0:  # (NaN too)
+        p.error(f"--arrival must be 0 or more seconds, not {args.arrival:g}")
+    if not args.prebuffer_ms >= 0:
+        p.error(f"--prebuffer-ms must be 0 or more, not {args.prebuffer_ms:g}")
+    if not args.turn_timeout > 0:
+        p.error(f"--turn-timeout must be more than 0 seconds, not {args.turn_timeout:g}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         p.error("--plot needs matplotlib: pip install matplotlib")  # before the load, not after
     for flag, out in (("--json", args.json), ("--plot", args.plot)):

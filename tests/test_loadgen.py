@@ -363,6 +363,12 @@ async def test_a_turn_the_closed_socket_never_took_is_unsent_not_lost(start_gate
      "--transcripts: [Errno 2] No such file or directory: '/nonexistent/said.txt'"),
     # a directory ran the whole load, then died of IsADirectoryError: its figures lost
     (["--json", "/"], "--json: '/' is a directory: name the file to write in it"),
+    # each ran the load: a negative (or NaN) think time as none, a negative prebuffer as
+    # frames played before they came (counted late), a timeout of 0 every turn lost
+    (["--arrival", "-1"], "--arrival must be 0 or more seconds, not -1"),
+    (["--arrival", "nan"], "--arrival must be 0 or more seconds, not nan"),
+    (["--prebuffer-ms", "-5"], "--prebuffer-ms must be 0 or more, not -5"),
+    (["--turn-timeout", "0"], "--turn-timeout must be more than 0 seconds, not 0"),
 ])
 def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, capsys):
     """An http:// URL ended in a TaskGroup traceback of InvalidURI, a missing
