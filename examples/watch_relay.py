@@ -115,7 +115,9 @@ from gateway.core.codec import (
 )
 from gateway.io.aio import cancel_and_wait, stop_signal, unless_stopped
 from gateway.io.auth import (
+    SENDABLE_TOKEN,
     UNAUTHORIZED,
+    UNSENDABLE_TOKEN,
     bind_address,
     check_token,
     configured_tokens,
@@ -1121,6 +1123,12 @@ def main(argv: list[str] | None = None) -> int:
     watch_tokens = configured_tokens(args.watch_token, TOKENS_ENV)
     token = args.token if args.token is not None else (
         os.environ.get(GATEWAY_TOKEN_ENV, "").strip() or None)
+    # (as the gateway's own: a watch could not send one beyond them as written, and was
+    # refused for the right token; a --token beyond them failed every watch's session)
+    if any(not SENDABLE_TOKEN.fullmatch(t) for t in watch_tokens):
+        p.error(f"--watch-token ({TOKENS_ENV}): {UNSENDABLE_TOKEN}")
+    if token is not None and not SENDABLE_TOKEN.fullmatch(token):
+        p.error(f"--token ({GATEWAY_TOKEN_ENV}): {UNSENDABLE_TOKEN}")
 
     async def run() -> int:
         # SIGTERM killed the relay with its sockets open, and the gateway kept each session

@@ -43,6 +43,7 @@ from gateway.core.codec import (
     MAX_LEAD_MS_RANGE,
 )
 from gateway.core.session import DEFAULT_INSTRUCTIONS
+from gateway.io.auth import SENDABLE_TOKEN, UNSENDABLE_TOKEN
 
 log = logging.getLogger("gateway")
 
@@ -78,8 +79,6 @@ def _check_seconds(where: str, value: float, lo: float, hi: float, *,
         raise ValueError(f"{where} must be {bound} seconds, not {value!r}")
 
 
-_TOKEN = re.compile(r"[!-~]([ -~]*[!-~])?")
-"""A token an ``Authorization: Bearer`` header carries as written (``ServerConfig``)."""
 _HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -147,13 +146,10 @@ class ServerConfig:
         if any(not token.strip() for token in self.tokens):
             # (`--token "$UNSET"`: every client refused, yet a public bind allowed)
             raise ValueError("server.tokens: a token cannot be empty")
-        if any(not _TOKEN.fullmatch(token) for token in self.tokens):
+        if any(not SENDABLE_TOKEN.fullmatch(token) for token in self.tokens):
             # headers arrive as ISO-8859-1 and stripped: 'pässwort' (curl sends UTF-8) was
             # 'pÃ¤sswort' to both ports, a 401 for the right token (httpx cannot send it)
-            raise ValueError("server.tokens: a token must be printable ASCII (letters, "
-                             "digits, punctuation, inner spaces), without a space at either "
-                             "end: clients send it in an Authorization header, which carries "
-                             "nothing else as written")
+            raise ValueError(f"server.tokens: {UNSENDABLE_TOKEN}")
         for origin in self.origins or ():
             # compared as the browser sends it: 'https://hub.example/' (a page's address)
             # started a gateway that refused that page with forbidden_origin

@@ -1407,6 +1407,31 @@ def test_a_relay_whose_port_is_taken_says_so_without_a_traceback(capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("argv", "env", "flag"), [
+    (["--watch-token", "s3cret "], {}, "--watch-token (WATCH_RELAY_TOKENS)"),
+    ([], {"WATCH_RELAY_TOKENS": "pässwort"}, "--watch-token (WATCH_RELAY_TOKENS)"),
+    (["--token", "s3\ncret"], {}, "--token (VOICE_GATEWAY_TOKEN)"),
+])
+def test_a_token_no_header_carries_as_written_is_refused_at_start(argv, env, flag, capsys,
+                                                                  monkeypatch):
+    """The gateway refuses such a token at start (README, Security); the relay started with
+    one: a watch sending "s3cret " or "pässwort" in its Authorization header (curl sends
+    UTF-8, the header arrives stripped, as ISO-8859-1) was refused for the right token, and
+    a --token with a line break failed every watch's session (1011, "invalid Authorization
+    header"). (The port is taken: a relay that starts anyway exits 1, not 2.)"""
+    import socket
+
+    from examples.watch_relay import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, "--port", str(taken.getsockname()[1])])
+    assert exited.value.code == 2
+    assert f"{flag}: a token must be printable ASCII" in capsys.readouterr().err
+
+
 def test_an_http_upstream_is_a_usage_error(capsys):
     """``--upstream http://...`` started the relay, and each watch was then closed with 1011
     ("isn't a valid URI"). (--opus-bitrate is out of range too: without the check of the

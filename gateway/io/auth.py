@@ -27,6 +27,14 @@ _TOKEN_PREFIX = "bearer."
 UNAUTHORIZED = ("a valid token is required (Authorization: Bearer, ?token=, or a "
                 "'bearer.<token>' WebSocket subprotocol)")
 """The message of the HTTP 401 ``unauthorized`` a request without a valid token gets."""
+SENDABLE_TOKEN = re.compile(r"[!-~]([ -~]*[!-~])?")
+"""A token an ``Authorization: Bearer`` header carries as written: printable ASCII, inner
+spaces, none at either end (headers arrive as ISO-8859-1 and stripped). The gateway's
+``[server] tokens`` and the watch relay's ``--watch-token`` are held to it."""
+UNSENDABLE_TOKEN = ("a token must be printable ASCII (letters, digits, punctuation, inner "
+                    "spaces), without a space at either end: clients send it in an "
+                    "Authorization header, which carries nothing else as written")
+"""Why a token outside ``SENDABLE_TOKEN`` is refused at start."""
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 """The challenge every 401 carries (RFC 9110), on either port."""
 API_UNAUTHORIZED = ("a valid API key is required: send 'Authorization: Bearer <token>' with "
