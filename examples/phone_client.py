@@ -63,6 +63,7 @@ import collections
 import contextlib
 import json
 import random
+import re
 import struct
 import sys
 import threading
@@ -721,6 +722,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if urllib.parse.urlsplit(args.url).scheme not in ("ws", "wss"):  # (http: a traceback)
         p.error(f"--url must be the gateway's ws:// or wss:// URL, not {args.url!r}")
+    if args.token is not None and not re.fullmatch(r"[!-~]([ -~]*[!-~])?", args.token):
+        # (as the gateway's own tokens: a line break was tried --connect-attempts times and
+        # given up as "cannot reach" the gateway, which had never been asked)
+        p.error("--token: a token is printable ASCII, without a space at either end: the "
+                "Authorization header carries nothing else as written")
     if args.connect_attempts < 1:
         p.error(f"--connect-attempts must be at least 1, not {args.connect_attempts}")
     if args.barge_in_after is not None and not args.barge_in_after >= 0:

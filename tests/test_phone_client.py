@@ -219,6 +219,9 @@ async def test_a_turn_without_audio_is_said_to_have_none(tmp_path, start_gateway
     # as 0 does, without a word
     (["--connect-attempts", "0", "Hi"], "--connect-attempts must be at least 1, not 0"),
     (["--barge-in-after", "-1", "Hi"], "--barge-in-after must be 0 or more seconds, not -1"),
+    # tried --connect-attempts times, then "cannot reach" a gateway it never asked
+    (["--token", "s3\ncret", "--connect-attempts", "1", "Hi"],
+     "--token: a token is printable ASCII, without a space at either end"),
 ])
 def test_a_mistyped_url_or_file_is_a_usage_error_not_a_traceback(argv, message, capsys):
     """An http:// URL (the console's address, copied) ended in a TaskGroup traceback of
