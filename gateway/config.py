@@ -79,6 +79,9 @@ def _check_seconds(where: str, value: float, lo: float, hi: float, *,
         raise ValueError(f"{where} must be {bound} seconds, not {value!r}")
 
 
+_TOKENS_FROM = "(--token, VOICE_GATEWAY_TOKENS)"
+"""Where tokens come from besides ``[server] tokens``: a refusal names them, as one set in
+the environment alone was refused as "server.tokens", a key no file of the user's had."""
 _HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -145,11 +148,11 @@ class ServerConfig:
             raise ValueError("server.tls_key needs server.tls_cert (--tls-cert)")
         if any(not token.strip() for token in self.tokens):
             # (`--token "$UNSET"`: every client refused, yet a public bind allowed)
-            raise ValueError("server.tokens: a token cannot be empty")
+            raise ValueError(f"server.tokens {_TOKENS_FROM}: a token cannot be empty")
         if any(not SENDABLE_TOKEN.fullmatch(token) for token in self.tokens):
             # headers arrive as ISO-8859-1 and stripped: 'pässwort' (curl sends UTF-8) was
             # 'pÃ¤sswort' to both ports, a 401 for the right token (httpx cannot send it)
-            raise ValueError(f"server.tokens: {UNSENDABLE_TOKEN}")
+            raise ValueError(f"server.tokens {_TOKENS_FROM}: {UNSENDABLE_TOKEN}")
         for origin in self.origins or ():
             # compared as the browser sends it: 'https://hub.example/' (a page's address)
             # started a gateway that refused that page with forbidden_origin

@@ -61,6 +61,15 @@ def test_a_token_no_authorization_header_can_carry_as_written_is_refused(token):
     assert token.strip() not in str(refused.value)
 
 
+def test_a_token_refused_from_the_environment_names_it(monkeypatch):
+    """A token set in VOICE_GATEWAY_TOKENS alone was refused as "server.tokens: ...", a key
+    the user had written nowhere."""
+    monkeypatch.setenv("VOICE_GATEWAY_TOKENS", "pässwort")
+    with pytest.raises(ValueError, match=r"^server\.tokens \(--token, VOICE_GATEWAY_TOKENS\): "
+                       "a token must be printable ASCII"):
+        config_of()
+
+
 @pytest.mark.parametrize(("origin", "message"), [
     # a browser sends scheme://host[:port] and nothing more, compared as it is: each of
     # these started a gateway that refused the page it was meant for (forbidden_origin)
@@ -108,7 +117,8 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
      "server.insecure_bind must be true or false, not 'false'"),
     ("[server]\nhost = 12\n", "server.host must be a string, not 12"),
     ('[server]\ntls_key = "k.pem"\n', "server.tls_key needs server.tls_cert"),
-    ('[server]\ntokens = [""]\n', "server.tokens: a token cannot be empty"),
+    ('[server]\ntokens = [""]\n',
+     "server.tokens (--token, VOICE_GATEWAY_TOKENS): a token cannot be empty"),
     ('[llm]\ntemperature = "hot"\n', "llm.temperature must be a number, not 'hot'"),
     ("[llm]\nmax_tokens = -5\n", "llm.max_tokens must be an integer at least 1, not -5"),
     ('[llm]\nmodels = ["gemma", " "]\n', "llm.models: a model name cannot be empty"),
