@@ -766,6 +766,10 @@ class RelaySession:
             if _server_full(exc):  # as the gateway closes a socket it has no room for
                 await self.watch.close(1013, "server full: try again later")
             else:
+                if isinstance(exc, InvalidStatus) and exc.response.status_code in (401, 403):
+                    # (the relay's own setting, not the watch's: its runner must see it)
+                    print(f"watch relay: the gateway refused the relay: {exc} (its token: "
+                          "--token or VOICE_GATEWAY_TOKEN)", file=sys.stderr, flush=True)
                 await self.watch.close(1011, f"gateway unavailable: {exc}"[:120])
             return
         if created is None:  # the watch left first: the socket opened for it goes too

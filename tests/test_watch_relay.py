@@ -1542,6 +1542,31 @@ async def test_the_relay_takes_its_gateway_token_from_the_environment(start_gate
     assert code == 0 and "sekrit" not in output
 
 
+async def test_a_relay_the_gateway_refuses_for_its_token_says_so_on_stderr(start_gateway,
+                                                                            monkeypatch):
+    """A relay started without the gateway's token (or with a wrong one) closed every watch
+    with 1011 "gateway unavailable: server rejected WebSocket connection: HTTP 401", and
+    said nothing where it runs: the person who can fix it saw no line. It now says on its
+    stderr that the gateway refused it, and where its token comes from."""
+    gateway = await start_gateway([{"transcript": "Hi", "reply": "Hello."}],
+                                  server={"tokens": ["sekrit"]})
+    command = [sys.executable, "-m", "examples.watch_relay", "--port", "0",
+               "--upstream", f"ws://127.0.0.1:{gateway.port}/v1/voice"]
+    monkeypatch.delenv("VOICE_GATEWAY_TOKEN", raising=False)  # (the process inherits it)
+    with ServeProcess(command=command) as relay:
+        listening = await asyncio.to_thread(relay.wait_for,
+                                            lambda x: x.startswith("watch relay on"))
+        async with connect(listening.split()[3].replace("opus|pcm16-16k", "pcm16-16k")) as ws:
+            await unless_hung(ws.wait_closed())
+        assert ws.close_code == 1011 and "HTTP 401" in ws.close_reason
+        refused = await asyncio.to_thread(
+            relay.wait_for, lambda x: x.startswith("watch relay: the gateway refused"))
+        relay.signal(signal.SIGTERM)
+        code, _ = await asyncio.to_thread(relay.finish)
+    assert code == 0
+    assert "HTTP 401" in refused and "VOICE_GATEWAY_TOKEN" in refused
+
+
 # ---- stopping -----------------------------------------------------------------------------
 
 
