@@ -617,6 +617,32 @@ async def test_a_resume_without_last_seq_past_a_freed_start_says_to_name_a_frame
                      f"session {fresh['session_id']}"}
 
 
+async def test_a_resume_from_a_frame_a_mark_freed_says_it_is_no_longer_buffered(gateway):
+    """A client naming as last_seq a frame it was sent but whose turn a playback mark has
+    freed since (a client that lost its place, another device holding an older seq) cannot
+    be replayed to: it is told so (``resume_failed``) and keeps its new session, not
+    replayed from a wrong place or called a frame never sent."""
+    ws = await connect(url(gateway))
+    created = await recv_event(ws, "session.created")
+    await send(ws, type="say", text="One sentence. And a second one.")
+    turn = await read_turn(ws)
+    assert len(turn.frames) > 2
+    await send(ws, type="playback", turn_id=turn.done["turn_id"], played_ms=10**6)
+    await send(ws, type="ping", id=1)
+    await recv_event(ws, "pong")  # (the mark is in: it freed the turn's messages)
+    await _drop(ws)
+    async with connect(url(gateway)) as ws2:
+        fresh = await recv_event(ws2, "session.created")
+        await send(ws2, type="session.resume", session_id=created["session_id"],
+                   resume_token=created["resume_token"], last_seq=turn.frames[0].seq)
+        error = (await recv_event(ws2, "error"))["error"]
+        await send(ws2, type="ping", id=2)
+        assert (await recv_event(ws2, "pong"))["id"] == 2  # (the new session goes on)
+    assert error == {"code": "resume_failed", "message": "cannot resume: the frames after "
+                     "last_seq are no longer buffered; continuing with the new session "
+                     f"{fresh['session_id']}"}
+
+
 async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")
