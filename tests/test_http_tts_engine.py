@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import zlib
 
 import pytest
 
@@ -204,6 +205,49 @@ def test_an_empty_content_encoding_names_no_encoding(encoding):
     finally:
         engine.close()
         server.close()
+
+
+@pytest.mark.parametrize("wbits", [zlib.MAX_WBITS, -zlib.MAX_WBITS], ids=["zlib", "raw"])
+def test_a_deflate_answer_with_or_without_its_zlib_header_is_read(wbits):
+    """``Content-Encoding: deflate`` is the zlib format, but some servers send raw deflate
+    (no header) under that name, and httpx reads both: so does the engine's own decoder
+    (``engines.sse_bound``), else a proxy or server answering so failed every sentence and
+    the fallback spoke them all."""
+    import json
+
+    answer = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n"
+                      for event in (delta(b"\x01\x00\x02\x00"), DONE))
+    packer = zlib.compressobj(wbits=wbits)
+    server = EncodedSseServer(b"deflate", packer.compress(answer) + packer.flush())
+    engine = HttpTtsEngine(server.url)
+    engine.load()
+    try:
+        assert run(engine.open(SynthesisRequest("x"))) == [b"\x01\x00\x02\x00"]
+    finally:
+        engine.close()
+        server.close()
+
+
+def test_a_deflate_answer_that_turns_to_garbage_fails_its_sentence():
+    """Raw deflate is tried only when the answer's first bytes are no zlib stream: an
+    answer that started well and then is damaged fails its sentence (``engine_failed``),
+    not read again as something else."""
+    import json
+
+    packer = zlib.compressobj(wbits=zlib.MAX_WBITS)
+    first = b"data: " + json.dumps(delta(b"\x01\x00\x02\x00")).encode() + b"\n\n"
+    good = packer.compress(first) + packer.flush(zlib.Z_SYNC_FLUSH)
+    server = EncodedSseServer(b"deflate", good + b"\x06" * 8)  # (a block of no type)
+    engine = HttpTtsEngine(server.url)
+    engine.load()
+    try:
+        with pytest.raises(EngineError) as err:
+            run(engine.open(SynthesisRequest("x")))
+    finally:
+        engine.close()
+        server.close()
+    assert err.value.code == "engine_failed"
+    assert "DecodingError('deflate answer: " in err.value.message
 
 
 def test_an_error_page_it_cannot_decode_still_tells_the_status():
