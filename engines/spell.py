@@ -591,8 +591,8 @@ def _time(m: re.Match[str]) -> str:
     if half:  # "10:30pm" -> "ten thirty P M", "10:00 am" -> "ten A M"
         minutes = "" if mi == 0 else " " + ("oh " + _ONES[mi] if mi < 10 else _int_words(mi))
         return f"{_int_words(h)}{minutes} {half.upper()} M"
-    if mi == 0:
-        return _int_words(h) + (" o'clock" if h <= 12 else " hundred")
+    if mi == 0:  # (the hour 0 of a 24-hour clock was "zero o'clock")
+        return "midnight" if h == 0 else _int_words(h) + (" o'clock" if h <= 12 else " hundred")
     return _int_words(h) + " " + ("oh " + _ONES[mi] if mi < 10 else _int_words(mi))
 
 

@@ -362,6 +362,20 @@ def test_chatterbox_is_given_units_and_signs_as_words(text, spelled) -> None:
     assert spell_out(spelled) == spelled
 
 
+@pytest.mark.parametrize(("text", "spelled"), [
+    ("It opens at 9:00 and shuts at 12:00.",
+     "It opens at nine o'clock and shuts at twelve o'clock."),
+    ("The train leaves at 14:00, the last at 23:00.",
+     "The train leaves at fourteen hundred, the last at twenty-three hundred."),
+    # the hour 0 of a 24-hour clock was "zero o'clock"
+    ("The shop shuts at 0:00; the sale ends at 00:00.",
+     "The shop shuts at midnight; the sale ends at midnight."),
+])
+def test_whole_hours_are_said_as_a_clock_says_them(text, spelled) -> None:
+    assert spell_out(text) == spelled
+    assert spell_out(spelled) == spelled
+
+
 @pytest.mark.parametrize("text", ["Meet at 3pm.", "Run 5km.", "Store 20GB.", "It is 20\u00b0C."])
 def test_espeak_reads_units_itself(text) -> None:
     # "three P M", "five K M", "twenty G B", "twenty degrees C": left to espeak
