@@ -1704,6 +1704,33 @@ async def test_a_speed_the_engine_cannot_honour_is_told_not_hidden(gateway, spee
     assert response.headers.get("x-speech-notes") == note
 
 
+async def test_a_speed_asked_of_an_engine_that_speaks_at_its_own_pace_is_said_ignored(
+        replies):
+    """qwen3, chatterbox and ane take no speed (``speed_range = None``): a client asking
+    one of them for another speed is told it was ignored, in ``X-Speech-Notes`` and in the
+    SSE ``done`` event, not given audio at the usual pace without a word. No test spoke
+    to such an engine over HTTP, so here real espeak declares what they declare."""
+    from engines.espeak import EspeakEngine
+
+    class OwnPaceEspeak(EspeakEngine):  # (real espeak; only its declaration changed)
+        speed_range = None
+
+    gw = await start_gateway(replies, engine=OwnPaceEspeak())
+    body = {"input": "Hi.", "stream_format": "sse"}
+    try:
+        async with httpx.AsyncClient(base_url=base(gw)) as client:
+            usual = await client.post("/v1/audio/speech", json={"input": "Hi."})
+            async with client.stream("POST", "/v1/audio/speech",
+                                     json={**body, "speed": 1.5}) as response:
+                events = await read_sse(response)
+    finally:
+        await gw.aclose()
+    note = "speed ignored: engine espeak speaks at its own pace"
+    assert usual.status_code == 200 and "x-speech-notes" not in usual.headers
+    assert response.status_code == 200 and response.headers["x-speech-notes"] == note
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["notes"] == [note]
+
+
 async def test_unknown_routes_and_methods_answer_in_openais_shape(gateway):
     client = openai.AsyncOpenAI(base_url=base(gateway) + "/v1", api_key="not-needed")
     model = await client.models.retrieve("espeak")
