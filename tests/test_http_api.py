@@ -1761,6 +1761,28 @@ async def test_malformed_and_oversized_bodies(gateway):
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
 
 
+async def test_a_chunked_body_past_the_limit_is_refused_as_one_declared_so(gateway):
+    """A body sent in chunks declares no length: it is counted as it arrives and refused
+    (413) once past ``MAX_BODY_BYTES``, as one whose Content-Length says so, not gathered
+    whole and then acted on. (No test sent a chunked body: the limit was only ever checked
+    on a declared length.)"""
+    text = "Hi. " * (MAX_BODY_BYTES // 4)  # (valid JSON: without the limit, a 400 at most)
+    whole = orjson.dumps({"input": text, "response_format": "pcm"})
+    assert len(whole) > MAX_BODY_BYTES
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(whole), 4096):
+            yield whole[start:start + 4096]
+
+    async with httpx.AsyncClient(base_url=base(gateway)) as client:
+        huge = await client.post("/v1/audio/speech", content=chunks(),
+                                 headers={"content-type": "application/json"})
+    assert huge.request.headers["transfer-encoding"] == "chunked"
+    assert "content-length" not in huge.request.headers
+    assert huge.status_code == 413
+    assert huge.json()["error"]["code"] == "body_too_large"
+
+
 async def test_a_segment_cut_short_by_a_failing_primary_is_reported_not_hidden(replies):
     """Behind a fallback, a primary failing mid-sentence ends that segment where it stopped
     (a live listener must not hear words twice). An HTTP client gets the rest of the file,
