@@ -193,6 +193,13 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
      "rtf must be a finite number at least 0, not nan"),
     ('[tts]\nengine = "synthetic"\n[tts.options]\nstep_ms = inf\n',
      "step_ms must be a finite number above 0, not inf"),
+    # (values a type alone does not bound: the engine's own checks, which no test reached)
+    ('[tts]\nengine = "synthetic"\nvoice = "serenna"\n',
+     "unknown synthetic voice 'serenna'; known: "),
+    ('[tts]\nengine = "http"\nurl = "http://127.0.0.1:9/v1"\n[tts.options]\nformat = "wav"\n',
+     "format must be 'sse' or 'pcm', not 'wav'"),
+    ('[tts]\nengine = "http"\nurl = "http://127.0.0.1:9/v1"\n[tts.options]\n'
+     'parallel_steps = 0\n', "parallel_steps must be an integer at least 1, not 0"),
     ('[llm]\nreplies = "/nonexistent/replies.jsonl"\n',
      "llm.replies '/nonexistent/replies.jsonl' cannot be read: No such file or directory"),
     # (this said "/ tls_key None cannot be loaded", and that the file must hold the key)
