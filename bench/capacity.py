@@ -50,7 +50,11 @@ many full garbage collections ran and the bound of the longest (``--no-freeze``:
 The exit status is 1 when a ramp's target passed no step, or a step failed with errors or
 turns ended early (broken rather than loaded), or the profile run failed; a ramp whose last
 step fails on underruns or pace has found the limit it was run for (the summary says the
-largest N that passed) and exits 0. Each server's stderr goes to
+largest N that passed) and exits 0. A server that dies during a step, or a client process
+that ends before it said it was ready or sent its figures (an import error, killed, out of
+memory: noticed within half a second, not when the 600 s or 120 s wait for them runs out),
+stops the run there with status 1, naming the process and its exit code (no summary, no
+``--json``). Each server's stderr goes to
 /tmp/capacity-<target>-<pid>.log, kept (and its path said on stderr) only for the step that
 failed the run, or a server that died or did not stop as told; removed otherwise.
 Ctrl-C stops the run: the steps measured until then keep their rows, the summary and
@@ -75,6 +79,7 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from queue import Empty
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -546,6 +551,48 @@ LATE_WINDOW_SHARE = 0.25
 end them with the clients' window (``run_load``)."""
 
 
+CLIENT_CHECK_S = 0.5
+"""While waiting for the clients' messages (``from_clients``), how often the bench looks
+for a client process that has ended without sending its own."""
+
+
+_SAID = {"ready": ("said it was ready", "say they were ready"),
+         "figures": ("sent its figures", "send their figures")}
+"""What ``from_clients`` waits for, as its refusals say it (of one client, of several)."""
+
+
+def from_clients(queue, procs: list, what: str, timeout: float) -> list:
+    """One message from each client process in ``procs``: ``what`` they send (``"ready"``,
+    ``"figures"``), within ``timeout`` seconds. A client that ended without sending it (an
+    import error, killed, out of memory) stops the run within ``CLIENT_CHECK_S``, naming it
+    and its exit code, as a server that died does (``Server.check_alive``): waiting on the
+    queue alone, the bench noticed nothing and waited out the whole ``timeout`` (600 s for
+    the clients' ready)."""
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < len(procs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SystemExit(f"{len(procs) - len(got)} of {len(procs)} client processes "
+                             f"did not {_SAID[what][1]} in {timeout:g} s")
+        try:
+            got.append(queue.get(timeout=min(CLIENT_CHECK_S, left)))
+            continue
+        except Empty:
+            pass
+        ended = [p for p in procs if p.exitcode is not None]
+        # what they sent before they ended is whole in the pipe by now (a process's queue
+        # is flushed before it exits): read it, then each one still running owes one more
+        with contextlib.suppress(Empty):
+            while len(got) < len(procs):
+                got.append(queue.get_nowait())
+        if len(got) + len(procs) - len(ended) < len(procs):
+            dead = [p for p in ended if p.exitcode != 0] or ended
+            raise SystemExit("; ".join(f"client process {p.pid} exited with {p.exitcode} "
+                                       f"before it {_SAID[what][0]}" for p in dead))
+    return got
+
+
 def run_load(server: Server, n: int, *, clients: int, say: str, jitter_s: float, idle: bool,
              warmup_s: float, seconds: float, profile: str | None = None,
              marks_s: float = 0.0) -> dict:
@@ -578,7 +625,7 @@ def _run_load(server: Server, procs: list, window, queue, n: int, *, seconds: fl
             p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    ready = [queue.get(timeout=600) for _ in procs]
+    ready = from_clients(queue, procs, "ready", 600)
     accept_s = time.monotonic() - t_connect
     connected = sum(r[1] for r in ready)
     t_start = time.monotonic() + warmup_s
@@ -610,7 +657,7 @@ def _run_load(server: Server, procs: list, window, queue, n: int, *, seconds: fl
     rss1 = rss_bytes(server.pid)
     lag1 = gateway_buckets(server)
     lag = {**loop_lag_summary(lag0, lag1), **gc_summary(lag0, lag1)}
-    results = [queue.get(timeout=120)[1] for _ in procs]
+    results = [r[1] for r in from_clients(queue, procs, "figures", 120)]
     for p in procs:
         p.join(30)
     server.check_alive()  # every mode: a dead server must not read as a row of zeros

@@ -7,6 +7,7 @@ import gc
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -481,3 +482,59 @@ def test_a_profile_py_spy_could_not_take_says_so(monkeypatch, tmp_path):
     finally:
         server.close()
     assert not raw.exists()  # (the earlier run's: gone, not read as this one's)
+
+
+def _client_that_exits_at_once(target, port, n, say, jitter_s, idle, window, queue,
+                               marks_s=0.0) -> None:
+    """FAKE client process (stands in for ``capacity.client_main``): ends with status 3
+    before it says anything, as a client whose import failed does."""
+    sys.exit(3)
+
+
+def _client_that_exits_once_ready(target, port, n, say, jitter_s, idle, window, queue,
+                                  marks_s=0.0) -> None:
+    """FAKE client process: says it is ready with no session, then ends with status 4
+    without its figures, as a client that crashed in the window does."""
+    queue.put(("ready", 0, 0, 0.0))
+    sys.exit(4)
+
+
+@pytest.mark.parametrize(("client", "said"), [
+    (_client_that_exits_at_once, "exited with 3 before it said it was ready"),
+    (_client_that_exits_once_ready, "exited with 4 before it sent its figures"),
+])
+def test_a_client_process_that_dies_stops_the_step_naming_it(monkeypatch, tmp_path, client,
+                                                             said):
+    """The bench waited on its queue alone for the clients' ready (600 s) and figures
+    (120 s): a client process that had died (an import error, killed, out of memory) was
+    noticed only when that ran out, in a traceback of ``queue.Empty``. It now stops the run
+    as a server that died does (SystemExit naming the process and its exit code). The
+    bench runs in a thread here only so that a hang fails the test rather than the run."""
+    import threading
+
+    script = tmp_path / "serves.py"  # (run_load only reads the server's /proc figures)
+    script.write_text("import time\nprint('PORT 1', flush=True)\ntime.sleep(600)\n")
+    monkeypatch.setitem(capacity.SCRIPTS, "fastapi", script)
+    monkeypatch.setitem(capacity.PYTHONS, "fastapi", sys.executable)
+    monkeypatch.setattr(capacity, "client_main", client)
+    server = capacity.Server("fastapi", log=False)
+    ended: list[BaseException] = []
+
+    def bench() -> None:
+        try:
+            capacity.run_load(server, 2, clients=2, say="", jitter_s=0.2, idle=True,
+                              warmup_s=0.0, seconds=0.5)
+        except BaseException as exc:  # noqa: BLE001 (what the run ended with is the result)
+            ended.append(exc)
+
+    running = threading.Thread(target=bench, daemon=True)
+    try:
+        running.start()
+        running.join(HANG_S)
+        assert not running.is_alive(), f"hung: the bench had not ended {HANG_S:g} s later"
+    finally:
+        server.close()
+    (exc,) = ended
+    assert isinstance(exc, SystemExit), exc
+    assert re.fullmatch(rf"client process \d+ {said}; client process \d+ {said}", str(exc)), exc
+    assert multiprocessing.active_children() == []  # (reaped)
