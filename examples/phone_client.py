@@ -251,10 +251,26 @@ class PhoneClient:
         self.resumes_failed = 0
         self.frames_lost = 0  # seq gaps seen (should stay 0, resumes included)
         self.frames_repeated = 0
+        self._line_open = False  # stderr's last line is reply text not ended yet (``note``)
 
     def say(self, *parts: Any) -> None:
+        """A note on stderr (``verbose``), on a line of its own (``note``)."""
         if self.verbose:
-            print(*parts, file=sys.stderr, flush=True)
+            self.note(*parts)
+
+    def note(self, *parts: Any) -> None:
+        """Print ``parts`` on stderr on a line of their own: the reply's text is printed there
+        as it comes, with no line break of its own, and a ``[barge-in]`` or ``[connection
+        failed: ...]`` in the middle of a reply went on at the end of its words."""
+        print("\n" if self._line_open else "", end="", file=sys.stderr)
+        print(*parts, file=sys.stderr, flush=True)
+        self._line_open = False
+
+    def _print_text(self, text: str) -> None:
+        """The reply's text as it comes, on stderr (stdout has the WAV files' paths only)."""
+        if self.verbose and text:
+            print(text, end="", file=sys.stderr, flush=True)
+            self._line_open = not text.endswith("\n")
 
     # ---- connection, with reconnect --------------------------------------------------
 
@@ -567,8 +583,7 @@ class PhoneClient:
                     self.saved.append(path)
                     self.player.start_turn()
                 case "text.delta":
-                    if self.verbose:
-                        print(event["delta"], end="", file=sys.stderr, flush=True)
+                    self._print_text(event["delta"])
                 case "turn.done" if event["turn_id"] == self._turn_id:
                     self._ended.add(event["turn_id"])
                     self._close_wav()
@@ -578,7 +593,7 @@ class PhoneClient:
                     m = event["metrics"]
                     heard = ("no audio" if m.get("ttfa_ms") is None else  # (null: none sent)
                              f"first audio {m['ttfa_ms']} ms, {m.get('audio_ms')} ms of audio")
-                    self.say(f"\n[turn {event['turn_id']} {event['status']}: {heard}]")
+                    self.say(f"[turn {event['turn_id']} {event['status']}: {heard}]")
                     if event["status"] != "completed":
                         self.player.flush()  # nothing more of this turn will be heard
                     if not self._pending:
@@ -594,10 +609,10 @@ class PhoneClient:
                     # with the gateway's defaults
                     self._updating = False
                     if event["type"] == "error":
-                        self.say(f"\n[settings refused: error {event['error']['code']}: "
+                        self.say(f"[settings refused: error {event['error']['code']}: "
                                  f"{event['error']['message']}]")
                 case "error":
-                    self.say(f"\n[error {event['error']['code']}: {event['error']['message']}]")
+                    self.say(f"[error {event['error']['code']}: {event['error']['message']}]")
                     if "turn_id" in event and event["turn_id"] not in self._ended:
                         # kept for its turn.done (results)
                         self._turn_errors.setdefault(event["turn_id"], event["error"])
@@ -618,14 +633,14 @@ class PhoneClient:
         if named == self._update_id:
             if self._updating:  # (else a second answer to them: sent again after a resume)
                 self._updating = False  # the session goes on with the gateway's defaults
-                self.say(f"\n[settings refused: error {error['code']}: {error['message']}]")
+                self.say(f"[settings refused: error {error['code']}: {error['message']}]")
             return
         number = self._named.get(named)
         if number is None or number not in self._pending:
             # not a transcript waiting for its turn: a mark, or one answered already
-            self.say(f"\n[error {error['code']}: {error['message']} ({named})]")
+            self.say(f"[error {error['code']}: {error['message']} ({named})]")
             return
-        self.say(f"\n[error {error['code']}: {error['message']}]")
+        self.say(f"[error {error['code']}: {error['message']}]")
         if error["code"] in REFUSALS:  # (server_full: the socket closes; it goes again)
             del self._named[named]
             self._refuse(number, error)
@@ -649,7 +664,7 @@ class PhoneClient:
             self._last_seq = seq
         elif (seq - expected) % 2**32 < 2**31:
             self.frames_lost += (seq - expected) % 2**32
-            self.say(f"\n[{(seq - expected) % 2**32} frames lost]")
+            self.say(f"[{(seq - expected) % 2**32} frames lost]")
             self._last_seq = seq
         else:
             self.frames_repeated += 1
@@ -756,8 +771,8 @@ def main(argv: list[str] | None = None) -> int:
                                barge_in_after=args.barge_in_after))
     except KeyboardInterrupt:
         pass
-    except GaveUp as exc:
-        print(f"[gave up: {exc}]", file=sys.stderr)
+    except GaveUp as exc:  # (a session resumed elsewhere: in the middle of a reply)
+        client.note(f"[gave up: {exc}]")
         return 2
     finally:
         player.close()

@@ -1152,3 +1152,45 @@ async def test_each_message_is_named_and_a_failed_turn_keeps_its_error(
     assert [(r["status"], r["error"]["code"], r["error"]["event_id"])
             for r in client.results] == [("failed", "llm_unavailable", said[0]),
                                          ("failed", "llm_unavailable", said[1])]
+
+
+def _notes_on_lines_of_their_own(err: str) -> bool:
+    """Every ``[...]`` note of the client's stderr starts its line (the replies' text here
+    has no bracket of its own)."""
+    return all(line.find("[") in (-1, 0) for line in err.splitlines())
+
+
+@pytest.mark.slow
+async def test_a_barge_in_note_starts_its_own_line_after_the_reply_text(gateway, tmp_path,
+                                                                        capsys):
+    """The reply's text is printed on stderr as it comes, with no line break of its own:
+    "[barge-in]" went on at the end of its words ("It is noon.[barge-in]"). stdout, which
+    scripts read, is still the WAV files' paths and nothing else."""
+    out = tmp_path / "turns"
+    rc = await asyncio.to_thread(phone_client.main, [
+        "--url", f"ws://127.0.0.1:{gateway.port}/v1/voice", "--out", str(out),
+        "--barge-in-after", "0.6", "Time", "Hello"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "It is noon." in captured.err and "\n[barge-in]\n" in captured.err, captured.err
+    assert _notes_on_lines_of_their_own(captured.err), captured.err
+    assert captured.out == f"{out / 'turn-001.wav'}\n{out / 'turn-002.wav'}\n"
+
+
+@pytest.mark.slow
+async def test_a_connection_failed_note_starts_its_own_line_after_the_reply_text(
+        gateway, tmp_path, capsys):
+    """A socket dropped mid-reply: "[connection failed: ...]" went on at the end of the
+    reply's words printed so far."""
+    proxy = CuttingProxy(gateway.port, cut_after=60_000)  # about 1.2 s of audio in
+    port = await proxy.start()
+    try:
+        rc = await asyncio.to_thread(phone_client.main, [
+            "--url", f"ws://127.0.0.1:{port}/v1/voice", "--out", str(tmp_path), "Time"])
+    finally:
+        await proxy.aclose()
+    assert rc == 0 and proxy.cut.is_set()
+    captured = capsys.readouterr()
+    assert "It is noon." in captured.err and "\n[connection failed: " in captured.err
+    assert _notes_on_lines_of_their_own(captured.err), captured.err
+    assert captured.out == f"{tmp_path / 'turn-001.wav'}\n"
