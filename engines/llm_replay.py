@@ -58,11 +58,17 @@ def normalise(text: str) -> str:
     return " ".join(kept.split())
 
 
+class RepliesError(ValueError):
+    """A replies file that cannot be read or used (``load_replies``). Its message names the
+    file (and the line), not where the file was given: the caller adds that (the gateway's
+    ``llm.replies (--replies)``, the soak's ``--replies``)."""
+
+
 def load_replies(path: str | Path | None = None) -> dict[str, str]:
     """Read a replies file into ``{normalised transcript: reply}``.
 
-    Raises ``ValueError`` naming the line for a malformed line or a transcript that
-    normalises to one already in the file.
+    Raises ``RepliesError`` for a file that cannot be read, or naming the line for a
+    malformed line or a transcript that normalises to one already in the file.
     """
     if path is None:
         text = resources.files("engines").joinpath("data/replies.jsonl").read_text("utf-8")
@@ -71,8 +77,10 @@ def load_replies(path: str | Path | None = None) -> dict[str, str]:
         try:
             text = Path(path).read_text("utf-8-sig")  # (a Windows editor's BOM too)
         except OSError as exc:
-            raise ValueError(f"llm.replies {str(path)!r} cannot be read: "
-                             f"{exc.strerror or exc}") from None
+            raise RepliesError(f"{str(path)!r} cannot be read: "
+                               f"{exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:  # (said only "'utf-8' codec can't decode ...")
+            raise RepliesError(f"{str(path)!r} is not UTF-8 text: {exc}") from None
         where = str(path)
     replies: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), start=1):
@@ -82,15 +90,15 @@ def load_replies(path: str | Path | None = None) -> dict[str, str]:
             item = json.loads(line)
             transcript, reply = item["transcript"], item["reply"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{where}:{number}: not a {{transcript, reply}} object") from exc
+            raise RepliesError(f"{where}:{number}: not a {{transcript, reply}} object") from exc
         if not isinstance(transcript, str) or not isinstance(reply, str) or not reply:
-            raise ValueError(f"{where}:{number}: transcript and reply must be strings")
+            raise RepliesError(f"{where}:{number}: transcript and reply must be strings")
         key = normalise(transcript)
         if key in replies:
-            raise ValueError(f"{where}:{number}: duplicate transcript {transcript!r}")
+            raise RepliesError(f"{where}:{number}: duplicate transcript {transcript!r}")
         replies[key] = reply
     if not replies:
-        raise ValueError(f"{where}: no replies")
+        raise RepliesError(f"{where}: no replies")
     return replies
 
 

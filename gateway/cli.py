@@ -144,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         config = build_config(args)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # (only the --config file is opened here: "[Errno 2] ..." named
+        # the file but not the flag)
+        print(f"voice-gateway: --config {args.config!r} cannot be read: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"voice-gateway: {exc}", file=sys.stderr)
         return 2
     from gateway.io.lanes import EngineLoadError

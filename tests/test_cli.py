@@ -200,8 +200,8 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
      "format must be 'sse' or 'pcm', not 'wav'"),
     ('[tts]\nengine = "http"\nurl = "http://127.0.0.1:9/v1"\n[tts.options]\n'
      'parallel_steps = 0\n', "parallel_steps must be an integer at least 1, not 0"),
-    ('[llm]\nreplies = "/nonexistent/replies.jsonl"\n',
-     "llm.replies '/nonexistent/replies.jsonl' cannot be read: No such file or directory"),
+    ('[llm]\nreplies = "/nonexistent/replies.jsonl"\n', "llm.replies (--replies): "
+     "'/nonexistent/replies.jsonl' cannot be read: No such file or directory"),
     # (this said "/ tls_key None cannot be loaded", and that the file must hold the key)
     ('[server]\ntls_cert = "/nonexistent/cert.pem"\n',
      "server.tls_cert '/nonexistent/cert.pem' cannot be loaded: No such file or directory\n"),
@@ -221,17 +221,27 @@ def test_a_bad_value_in_the_config_file_is_refused_naming_its_key(toml, message,
     ('{"transcript": "Hi", "reply": "Hello."}\n\n{"transcript": "hi!", "reply": "Again."}',
      "replies.jsonl:3: duplicate transcript 'hi!'"),
     ("\n  \n", "replies.jsonl: no replies"),
+    ("Hi\tHello.\n", "replies.jsonl:1: not a {transcript, reply} object"),  # (a TSV)
+    # (said only "'utf-8' codec can't decode byte 0xe9 ...", naming neither file nor flag)
+    ('{"transcript": "Caf\xe9?", "reply": "Open."}\n'.encode("latin-1"),
+     "replies.jsonl' is not UTF-8 text: 'utf-8' codec can't decode byte 0xe9"),
 ])
 def test_a_replies_file_the_replay_cannot_use_is_refused_naming_its_line(lines, message,
                                                                          tmp_path, capsys):
     """--replies (the scripted LLM's {transcript, reply} lines): an empty reply would make
     a silent turn, a repeated transcript would hide the first reply, an empty file leaves
-    nothing to say."""
+    nothing to say. The refusal names the key and the flag, then the file and its line: it
+    named the file and its line only."""
     path = tmp_path / "replies.jsonl"
-    path.write_text(lines)
+    if isinstance(lines, bytes):
+        path.write_bytes(lines)
+    else:
+        path.write_text(lines)
     assert main(["serve", "--port", "0", "--http-port", "0", "--replies", str(path)]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert err.startswith(f"voice-gateway: llm.replies (--replies): {path}") or \
+        err.startswith(f"voice-gateway: llm.replies (--replies): {str(path)!r}"), err
 
 
 def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
@@ -254,7 +264,10 @@ def test_a_config_file_not_in_utf8_is_refused_naming_it(tmp_path, capsys):
      "--synthetic-ttfa-ms must be a finite number at least 0, not -1.0"),
     (["--tts", "synthetic", "--synthetic-step-ms", "0"],
      "--synthetic-step-ms must be a finite number above 0, not 0.0"),
-    (["--config", "/nonexistent/gw.toml"], "No such file"),
+    # ("[Errno 2] No such file or directory: '/nonexistent/gw.toml'": not the flag)
+    (["--config", "/nonexistent/gw.toml"], "voice-gateway: --config '/nonexistent/gw.toml' "
+     "cannot be read: No such file or directory\n"),
+    (["--config", "/"], "voice-gateway: --config '/' cannot be read: Is a directory\n"),
     # The server's defaults are held to what a client's session.update may ask for, so
     # session.created never announces a frame size protocol.md does not allow.
     (["--frame-ms", "33"], "session.frame_ms must be one of (20, 40, 60, 80, 100, 120)"),

@@ -258,7 +258,12 @@ class Gateway:
             return create_llm("openai", url=c.url, model=c.model, api_key=c.api_key,
                               stall_s=c.stall_timeout_s, thinking=c.thinking,
                               chat_template_kwargs=c.chat_template_kwargs)
-        return create_llm("replay", path=c.replies, tokens_per_s=c.tokens_per_s)
+        from engines.llm_replay import RepliesError
+
+        try:
+            return create_llm("replay", path=c.replies, tokens_per_s=c.tokens_per_s)
+        except RepliesError as exc:  # (it named the file and its line, not the key or flag)
+            raise ValueError(f"llm.replies (--replies): {exc}") from None
 
     def _profiles(self) -> dict[str, LaneProfile]:
         """Each lane's timing for placement: the engine's ``timing``, overridden by
