@@ -42,9 +42,16 @@ while the reply plays barges in (the next line is read once the turn it asks for
 If the gateway cannot be reached at all, or is full (HTTP 503 ``server_full``, said so),
 the client gives up after ``--connect-attempts`` tries in a row (default 5, about 8 s) and
 exits with status 2; a gateway that refuses the
-handshake (HTTP 401: a missing or wrong ``--token``) is not retried. Once connected, if the
-socket drops, the client reconnects with exponential backoff (0.5 s doubling to 8 s,
-with jitter, for as long as it takes) and resumes its session (protocol.md, Resume): the
+handshake (HTTP 401: a missing or wrong ``--token``) is not retried. Once it has connected,
+``--connect-attempts`` no longer applies: when the socket drops (a gateway restarting or
+stopped, the network) the client tries again without limit while a turn is still to send
+or hear (typing: until Ctrl-C or the end of input): 0.5 s after the
+drop, then twice as long after each failed try up to 8 s (each wait ±20 %, so at most
+9.6 s between tries; ``RECONNECT_S``), one note per try on stderr (``[disconnected: WHY;
+reconnecting in N s]``, then ``[connection failed: WHY; reconnecting in N s]``). Transcripts
+wait for the connection meanwhile. It stops by itself (status 2) only when the gateway
+refuses the handshake (HTTP 4xx: a token no longer taken) or another device has taken the
+session over (close 4000). Connected again, it resumes its session (protocol.md, Resume): the
 first message on the new socket is ``session.resume`` with the ``seq`` of the last frame it
 received, and the server re-sends what followed, so the reply goes on where it was cut, into
 the same WAV, with ``seq`` gapless. Events the server re-sends that the client had (those
@@ -53,6 +60,10 @@ it is in (lost with the socket: a ``session.update`` is idempotent). If the
 resume fails (the window passed, the gateway restarted), the client falls back: it
 re-applies its settings and sends again the transcript whose reply was cut off, in the
 fresh session (typed ones too); a reply that had come whole plays its tail out.
+
+stdout gets the paths of the WAV files saved, one a line, once the run ends (what a script
+reads); everything else goes to stderr: each transcript sent (``> ...``), the reply's text as
+it comes, and notes in brackets, each note on a line of its own.
 """
 
 from __future__ import annotations
@@ -82,6 +93,9 @@ MARK_EVERY_S = 0.25
 CLOSE_RESUMED_ELSEWHERE = 4000  # protocol.md, Close codes
 REFUSALS = frozenset({"text_too_long", "rate_limited", "invalid_field", "message_too_large"})
 """Errors that refuse a transcript outright (protocol.md, Errors): no turn starts for it."""
+RECONNECT_S = (0.5, 8.0)
+"""The wait before trying to connect again: 0.5 s after a connection that held or a first
+failure, doubling to 8 s, each wait drawn ±20 % (at most 9.6 s between tries)."""
 RETRY_LIMITED_S = (1.0, 8.0)
 """A transcript refused as ``rate_limited`` is sent again after 1 s, doubling to 8 s: a
 slot frees when a turn of the last minute ages out. Moving on to the next line instead
@@ -293,9 +307,14 @@ class PhoneClient:
             raise group.exceptions[0] from None
 
     async def _keep_connected(self) -> None:
-        backoff = 0.5
+        """Connect, and after each drop or failed attempt wait ``RECONNECT_S`` (doubling, each
+        wait ±20 %) and try again, one note per attempt: ``connect_attempts`` tries in a row
+        before the gateway was first reached, then for as long as it takes (``GaveUp``: a
+        refusal that the same request would meet again)."""
+        backoff = RECONNECT_S[0]
         failures = 0  # attempts that did not reach the gateway before it was ever reached
         while True:
+            connected = False
             try:
                 async with connect(self._url(), compression=None, max_size=2**20,
                                    additional_headers=self.headers) as ws:
@@ -314,11 +333,14 @@ class PhoneClient:
                                                       "event_id": self._update_id,
                                                       "session": self.settings}))
                         self.say(f"[connected: {created['session_id']}]")
-                    self._ws, backoff = ws, 0.5
+                    self._ws, backoff, connected = ws, RECONNECT_S[0], True
                     if not self._replay:  # (else once the replay is in: _messages)
                         await self._ask_again(ws)
                         self._connected.set()
                     await self._read(ws)
+                    # (closed by the gateway with a close frame: a restart's 1001)
+                    why = f"closed by the gateway ({ws.close_code}" + \
+                        (f" {ws.close_reason})" if ws.close_reason else ")")
             except (InvalidHandshake, OSError, ConnectionClosed) as exc:
                 if isinstance(exc, InvalidStatus) and 400 <= exc.response.status_code < 500:
                     # refused (auth, wrong path): the same next time
@@ -332,20 +354,26 @@ class PhoneClient:
                     # two close each other for ever
                     raise GaveUp("the session was resumed elsewhere (close 4000)") from None
                 why = _refusal(exc)
-                self.say(f"[connection failed: {why}]")
                 if self._session_id is None:  # never connected yet (5xx from a proxy too)
                     failures += 1
                     if failures >= self.connect_attempts:
+                        self.say(f"[connection failed: {why}]")
                         reached = "server_full" in why
                         raise GaveUp(f"{'' if reached else 'cannot reach '}{self.url} "
                                      f"({failures} attempts): {why}") from None
             self._connected.clear()
             self._ws = None
             delay = backoff * random.uniform(0.8, 1.2)
-            self.say(f"[disconnected; reconnecting in {delay:.1f} s]" if self._session_id
-                     else f"[retrying in {delay:.1f} s]")
+            # one note per attempt (it said "[connection failed: ...]", then "[disconnected;
+            # reconnecting in ...]" after every attempt that never connected)
+            if self._session_id is None:
+                self.say(f"[connection failed: {why}; retrying in {delay:.1f} s "
+                         f"(attempt {failures} of {self.connect_attempts})]")
+            else:
+                self.say(f"[{'disconnected' if connected else 'connection failed'}: {why}; "
+                         f"reconnecting in {delay:.1f} s]")
             await asyncio.sleep(delay)
-            backoff = min(backoff * 2, 8.0)
+            backoff = min(backoff * 2, RECONNECT_S[1])
 
     def _url(self) -> str:
         """The gateway URL; when reconnecting, naming the session to resume (``?resume=``),
@@ -713,8 +741,10 @@ def make_player(play: bool) -> ClockPlayer:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Reference voice client (protocol v1): sends "
-                                "each transcript, prints the reply and saves its audio as "
-                                "turn-NNN.wav.")
+                                "each transcript, prints the reply (stderr) and saves its "
+                                "audio as turn-NNN.wav (their paths on stdout, at the end). "
+                                "Once connected, it reconnects after a drop without limit "
+                                "(until Ctrl-C) and resumes the session.")
     p.add_argument("transcripts", nargs="*", help="what the user says, one turn each; none "
                    "(and no --file): type them, a line typed while a reply plays barges in")
     p.add_argument("--url", default="ws://127.0.0.1:8780/v1/voice",
@@ -722,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", help="bearer token, when the gateway has tokens configured")
     p.add_argument("--connect-attempts", type=int, default=5, metavar="N",
                    help="give up after N failed tries in a row before the first connection "
-                   "(default %(default)s)")
+                   "(default %(default)s); once connected, a dropped socket is tried again "
+                   "without limit, 0.5 s doubling to 8 s between tries (each ±20%%)")
     p.add_argument("--file", help="transcripts, one per line ('-' for stdin)")
     p.add_argument("--out", default="turns", help="directory for turn-NNN.wav (default turns/)")
     p.add_argument("--play", action="store_true", help="play through the default device "

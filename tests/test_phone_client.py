@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import types
 import wave
@@ -1178,10 +1179,10 @@ async def test_a_barge_in_note_starts_its_own_line_after_the_reply_text(gateway,
 
 
 @pytest.mark.slow
-async def test_a_connection_failed_note_starts_its_own_line_after_the_reply_text(
+async def test_a_dropped_socket_note_starts_its_own_line_after_the_reply_text(
         gateway, tmp_path, capsys):
-    """A socket dropped mid-reply: "[connection failed: ...]" went on at the end of the
-    reply's words printed so far."""
+    """A socket dropped mid-reply: its note ("[connection failed: ...]", now
+    "[disconnected: ...]") went on at the end of the reply's words printed so far."""
     proxy = CuttingProxy(gateway.port, cut_after=60_000)  # about 1.2 s of audio in
     port = await proxy.start()
     try:
@@ -1191,6 +1192,47 @@ async def test_a_connection_failed_note_starts_its_own_line_after_the_reply_text
         await proxy.aclose()
     assert rc == 0 and proxy.cut.is_set()
     captured = capsys.readouterr()
-    assert "It is noon." in captured.err and "\n[connection failed: " in captured.err
+    assert "It is noon." in captured.err and "\n[disconnected: " in captured.err
     assert _notes_on_lines_of_their_own(captured.err), captured.err
     assert captured.out == f"{tmp_path / 'turn-001.wav'}\n"
+
+
+async def _says_nothing():
+    """A user who never speaks: the client stays connected, waiting for a transcript."""
+    await asyncio.Event().wait()
+    yield ""  # (never reached)
+
+
+async def test_after_the_gateway_goes_each_reconnect_attempt_is_one_note(gateway, tmp_path):
+    """Once connected, the client reconnects for as long as it takes (a restart's gateway
+    comes back; protocol.md, Resume), each wait bounded (``RECONNECT_S``). Each attempt
+    printed two notes, "[connection failed: ...]" then "[disconnected; reconnecting in
+    ...]" (the second even when it had never connected), and the gateway's own close said
+    no reason at all. Now one note per attempt says why, and how long until the next."""
+    client = _Said(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
+                   phone_client.ClockPlayer())
+    run = asyncio.create_task(client.run(_says_nothing(), sequential=False,
+                                         barge_in_after=None))
+    try:
+        while not (await unless_hung(client.said.get())).startswith("[connected"):
+            pass
+        await gateway.aclose()
+        after: list[str] = []
+        while sum(line.startswith("[connection failed") for line in after) < 2:
+            got = asyncio.create_task(client.said.get())
+            await unless_hung(asyncio.wait({run, got}, return_when=asyncio.FIRST_COMPLETED))
+            if run.done():
+                got.cancel()
+                run.result()  # (raises what stopped it)
+                pytest.fail("the client stopped:\n" + "\n".join(client.lines))
+            after.append(got.result())
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+    closed, *attempts = after
+    assert re.fullmatch(r"\[disconnected: closed by the gateway \(1001[^)]*\); reconnecting "
+                        r"in \d+\.\d s\]", closed), after
+    assert len(attempts) == 2 and all(
+        re.fullmatch(r"\[connection failed: .+; reconnecting in \d+\.\d s\]", line)
+        for line in attempts), after
