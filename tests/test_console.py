@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -77,14 +78,19 @@ needs_chromium = pytest.mark.skipif(
 
 
 @asynccontextmanager
-async def console(url: str, *, clock: bool = False, args: Sequence[str] = (),
-                  init: str | None = None, on_page: Callable[[Any], None] | None = None
+async def console(url: str, *, clock: bool = False, paused: bool = False,
+                  args: Sequence[str] = (), init: str | None = None,
+                  on_page: Callable[[Any], None] | None = None
                   ) -> AsyncIterator[tuple[Any, list[str]]]:
     """Headless Chromium (Playwright) on the console at ``url``: yields the page and the
     page's uncaught JavaScript errors; the browser is closed on the way out. ``clock``: the
-    page's timers run on Playwright's clock (``page.clock``), which the test may move;
-    ``args``: more Chromium flags; ``init``: a script run before the page's own;
-    ``on_page``: called with the page before it loads (to listen to its events)."""
+    page's timers run on Playwright's clock (``page.clock``), which the test may move on;
+    it runs on by itself too, as the wall clock does. ``paused``: that clock, stopped before
+    the page loads: the page's time moves only when the test moves it (a test waiting for
+    the page's n-th retry saw the (n+1)-th come by itself first, its backoff spent while a
+    loaded machine kept the test from looking). ``args``: more Chromium flags; ``init``: a
+    script run before the page's own; ``on_page``: called with the page before it loads
+    (to listen to its events)."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
@@ -97,8 +103,11 @@ async def console(url: str, *, clock: bool = False, args: Sequence[str] = (),
             page.set_default_timeout(HANG_S * 1000)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            if clock:
-                await page.clock.install()
+            if clock or paused:
+                start = time.time()
+                await page.clock.install(time=start)
+                if paused:  # (ahead of the start: a past time is refused, whatever the load)
+                    await page.clock.pause_at(start + 3600)
             if init:
                 await page.add_init_script(init)
             if on_page:
@@ -2088,6 +2097,27 @@ window.WebSocket = class extends WebSocket {
 };"""
 
 
+# Test instrument in the page: the wait of each reconnect the page has set (its
+# ``setTimeout(connect, ms)``), in order. A failed socket is counted (``reconnects``) when
+# it closes, its retry set only once /health has answered: a test moving the page's clock
+# for the retry moves it after the retry is set, or the retry waits for a move to come.
+RETRIES_SET = """window.retriesSet = [];
+(() => {
+  const setTimeoutOfThePage = window.setTimeout;  // (Playwright's clock, installed first)
+  window.setTimeout = (fn, ms, ...args) => {
+    if (fn.name === "connect") window.retriesSet.push(ms);
+    return setTimeoutOfThePage(fn, ms, ...args);
+  };
+})();"""
+
+
+async def retries(page: Any, n: int) -> None:
+    """Wait until the page has counted ``n`` reconnects and set the ``n``-th's retry
+    (RETRIES_SET; on a paused clock both stay so until the test moves it)."""
+    await page.wait_for_function(
+        f"window.consoleState.reconnects === {n} && window.retriesSet.length === {n}")
+
+
 @pytest.mark.slow
 @needs_chromium
 async def test_console_reconnects_at_once_when_the_network_is_back(start_gateway):
@@ -2126,17 +2156,19 @@ async def test_console_says_each_status_and_error_once_while_it_retries(start_ga
     each failed try wrote its status again, unchanged, into the status live region, and a
     screen reader read "disconnected (1006)" out at every one; on a full gateway, that and
     "the gateway is full" in turn. Each status is announced once, as is the error. The
-    page's timers run on the test's clock."""
+    page's time moves only when the test moves it (``paused``): on its own clock, a test
+    slower than a backoff (500 ms) under load waited for a count the page had passed."""
     gw = await start_gateway()
     state = "window.consoleState"
-    async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
-                       init=LISTEN_TO_LIVE_REGIONS) as (page, errors):
+    async with console(f"http://127.0.0.1:{gw.port}/", paused=True,
+                       init=LISTEN_TO_LIVE_REGIONS + RETRIES_SET) as (page, errors):
         await page.wait_for_function(f"{state}.connected")
         await gw.aclose()
-        await page.wait_for_function(f"{state}.reconnects === 1")
+        await retries(page, 1)
         for n, wait_ms in ((2, 500), (3, 1000), (4, 2000), (5, 4000), (6, 8000)):
             await page.clock.fast_forward(wait_ms)
-            await page.wait_for_function(f"{state}.reconnects === {n}")
+            await retries(page, n)
+        assert await page.evaluate("window.retriesSet") == [500, 1000, 2000, 4000, 8000, 8000]
         said = await page.evaluate("window.announced")
         assert [text for region, text in said if region == "status"] == [
             f"connected · {await page.evaluate(f'{state}.sessionId')}",
@@ -2151,14 +2183,13 @@ async def test_console_says_each_status_and_error_once_while_it_retries(start_ga
     gw = await start_gateway(server={"max_sessions": 1})
     async with connect(f"ws://127.0.0.1:{gw.port}/v1/voice") as other:
         await other.recv()  # session.created: the gateway is full
-        async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
-                           init=LISTEN_TO_LIVE_REGIONS) as (page, errors):
+        async with console(f"http://127.0.0.1:{gw.port}/", paused=True,
+                           init=LISTEN_TO_LIVE_REGIONS + RETRIES_SET) as (page, errors):
             full = "the gateway is full (1 sessions); retrying"
             for n, wait_ms in ((1, 0), (2, 500), (3, 1000), (4, 2000)):
                 await page.clock.fast_forward(wait_ms)
-                await page.wait_for_function(f"{state}.reconnects === {n}")
-                await page.wait_for_function(
-                    f"document.querySelector('#status').textContent === '{full}'")
+                await retries(page, n)
+                assert await page.text_content("#status") == full
             said = await page.evaluate("window.announced")
             assert [text for region, text in said if region == "status"] == [full]
             assert errors == []
