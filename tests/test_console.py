@@ -2124,20 +2124,23 @@ async def test_console_reconnects_at_once_when_the_network_is_back(start_gateway
     """A socket dropped while the network was gone: each reconnect failed and the next
     waited twice as long (up to 8 s). When the browser said the network was back, the
     page went on waiting the backoff. It reconnects at once now, and resumes. The page's
-    timers run on the test's clock, which moves only for the failed reconnects."""
+    time moves only when the test moves it (``paused``), for the failed reconnects: on its
+    own clock, a test slower than the first backoff (500 ms) under load found the page
+    reconnected and resumed before the network went, and waited for a failure for good."""
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
     state = "window.consoleState"
-    async with console(f"http://127.0.0.1:{gw.port}/", clock=True,
-                       init=SOCKETS_MADE) as (page, errors):
+    async with console(f"http://127.0.0.1:{gw.port}/", paused=True,
+                       init=SOCKETS_MADE + RETRIES_SET) as (page, errors):
         await page.wait_for_function(f"{state}.connected")
         session_id = await page.evaluate(f"{state}.sessionId")
         (runner,) = gw.runners.values()
         runner.connection.ws.transport.abort()  # dropped: no close frame
-        await page.wait_for_function(f"{state}.reconnects === 1")
+        await retries(page, 1)
         await page.context.set_offline(True)
         for n, wait_ms in ((2, 500), (3, 1000), (4, 2000)):  # each failed: the next waits longer
             await page.clock.fast_forward(wait_ms)
-            await page.wait_for_function(f"{state}.reconnects === {n}")
+            await retries(page, n)
+        assert await page.evaluate("window.retriesSet") == [500, 1000, 2000, 4000]
         made = await page.evaluate("window.socketsMade")  # the next waits 4 s
         await page.context.set_offline(False)
         await page.wait_for_function("window.online === 1")  # (the page's listener ran after)
@@ -2202,12 +2205,13 @@ async def test_console_gives_up_a_socket_still_connecting_when_the_network_is_ba
     """A socket made while the network was dying hangs in CONNECTING (its SYN or handshake
     lost): when the browser said the network was back, the page went on waiting for it,
     up to OPEN_WITHIN_MS (10 s), before it made another. It gives it up at once now and
-    resumes on a new socket. The page's timers run on the test's clock, moved only for the
-    first reconnect's backoff."""
+    resumes on a new socket. The page's time moves only when the test moves it
+    (``paused``), for the first reconnect's backoff: on its own clock, a test slower than
+    OPEN_WITHIN_MS under load saw the page give the held socket up by itself first."""
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi."}])
     state = "window.consoleState"
     async with holding_relay(gw.port) as (port, holds), \
-            console(f"http://127.0.0.1:{port}/", clock=True, init=SOCKETS_MADE) as (page, errors):
+            console(f"http://127.0.0.1:{port}/", paused=True, init=SOCKETS_MADE) as (page, errors):
         await page.wait_for_function(f"{state}.connected")
         session_id = await page.evaluate(f"{state}.sessionId")
         holds.put_nowait(None)  # the next connection made is held
