@@ -1914,10 +1914,12 @@ async def test_console_keeps_marking_a_reply_its_paused_player_still_holds(gatew
     the turn's last, so with its AudioContext suspended (Safari when the page is left) the
     server sent on as though the reply was heard. The same mark goes every 250 ms while the
     context is not running and the turn has audio left to play; none once it played out.
-    The page's timers run on the test's clock; the test suspends the context itself."""
+    The page's time moves only when the test moves it (``paused``); the test suspends the
+    context itself. (On the page's running clock, a test held up 0.4 s between its moves
+    counted 10 marks where it moved the clock for 4.)"""
     state = "window.consoleState"
     marks_of = "n => window.marks.filter(m => m.mark.turn_id === n).map(m => m.mark.played_ms)"
-    async with console(f"http://127.0.0.1:{gateway.port}/", clock=True,
+    async with console(f"http://127.0.0.1:{gateway.port}/", paused=True,
                        init=RECORD_MARKS) as (page, errors):
         await talk_when_ready(page, "Hello")
         await first_turn_heard(page)
