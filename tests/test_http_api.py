@@ -1981,3 +1981,74 @@ async def test_the_http_port_answers_on_every_address_the_voice_port_does(replie
                 assert speech.status_code == 200 and speech.content[:4] == b"RIFF"
     finally:
         await gw.aclose()
+
+
+class GatedSleep:
+    """The synthetic engine's ``sleep`` (a fake: it spends no time): the first step waits
+    on the lane's thread until ``release`` is set, so a synthesis stays in flight for as
+    long as a test needs; every call is counted."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.calls = 0
+
+    def __call__(self, seconds: float) -> None:
+        self.calls += 1
+        self.entered.set()
+        assert self.release.wait(HANG_S), "the gate was never released"
+
+
+async def test_a_client_leaving_while_its_whole_file_is_made_is_a_disconnect(replies, caplog):
+    """A whole (``"stream": false``) answer is made before its status goes out: a client
+    that leaves while it is made must be counted disconnected (499), its synthesis
+    cancelled at its next step, and the lane freed for the next request. The whole suite
+    only ever left a whole file once it was made (the branch that cancels one being made
+    was never run)."""
+    caplog.set_level(logging.INFO)
+    gate = GatedSleep()
+    gw = await start_gateway(replies, engine=SyntheticEngine(sleep=gate))
+    line = LineSeen("speech ")
+    logging.getLogger("gateway.io.http_api").addHandler(line)
+    try:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", gw.http_port))
+        # about 48 s of audio: 150 steps of 320 ms, were it not cancelled
+        body = orjson.dumps({"input": (TEXT + " ") * 10, "response_format": "wav",
+                             "stream": False})
+        await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert await asyncio.to_thread(gate.entered.wait, HANG_S)  # its first step runs
+        sock.close()  # the client leaves before a byte of its answer
+        async with hang_guard("the request's log line"):
+            await line.seen.wait()
+        ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speech ")]
+        assert len(ended) == 1 and ended[0].startswith("speech disconnected (499) (wav, whole,"),\
+            ended
+        m = metrics(gw.telemetry.exposition().decode())
+        assert m["gateway_http_speech_requests_total{format=wav,status=disconnected,"
+                 "stream=whole}"] == 1
+        gate.release.set()  # the step in flight returns: the job is not given another
+        async with httpx.AsyncClient(base_url=base(gw), timeout=HANG_S) as client:
+            answers, calls = [], []
+            for _ in range(2):  # the lane serves the next; the second counts its steps
+                r = await client.post("/v1/audio/speech", json={
+                    "input": SHORT, "response_format": "wav", "stream": False})
+                answers.append(r)
+                calls.append(gate.calls)
+        assert [r.status_code for r in answers] == [200, 200] and \
+            answers[0].content == answers[1].content
+        await unless_hung(gw.http.idle.wait())
+        assert gw.lane.queue_depth == 0 and gw.lane.stats.jobs_cancelled == 1
+        # the steps that ran: the first's one in flight, then the next request's (as many
+        # as the one after it took), none more of the 150 it would have taken
+        assert calls[0] - (calls[1] - calls[0]) == 1, calls
+        m = metrics(gw.telemetry.exposition().decode())
+        assert m["gateway_http_speech_requests_total{format=wav,status=completed,"
+                 "stream=whole}"] == 2
+    finally:
+        gate.release.set()  # (a failed check must not hold the lane's thread)
+        logging.getLogger("gateway.io.http_api").removeHandler(line)
+        await gw.aclose()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
