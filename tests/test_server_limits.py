@@ -372,3 +372,29 @@ async def test_with_tokens_the_gateways_own_console_is_let_in_by_any_name(start_
     async with connect(f"ws://{name}/v1/voice?token=s3cret", host="127.0.0.1",
                        origin=f"http://{name}") as ws:
         await created(ws)
+
+
+async def test_a_refused_resume_handshake_whose_client_stays_does_not_block_the_next(
+        start_gateway):
+    """A socket let past a full gateway to resume whose handshake websockets then refused
+    (400: here a wrong Sec-WebSocket-Version) is answered and half-closed, and the server
+    waits for its client to close (websockets' close timeout, 10 s). A client that read the
+    400 and kept its socket open held the session: the phone's proper resume got 503
+    "another socket is resuming ... right now" for those 10 s, though the refused socket
+    could never resume anything."""
+    gw = await start_gateway(server={"max_sessions": 1, "resume_window_s": 30.0})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+    created = await dropped(url)
+    sid, token = created["session_id"], created["resume_token"]
+    reader, writer = await raw_resume_handshake(gw, sid, version=7)
+    try:
+        answer = await reader.read()  # to the end (the server's half-close); it stays open
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        async with connect(f"{url}?resume={sid}") as ws:
+            await recv_event(ws, "session.created")
+            await send(ws, type="session.resume", session_id=sid, resume_token=token)
+            assert (await recv_event(ws))["type"] == "session.resumed"
+            assert list(gw.runners) == [sid] and list(gw.past_limit) == []
+    finally:
+        writer.close()
+    assert gw.metrics.sessions_resumed == 1 and "server_full" not in gw.metrics.errors

@@ -662,7 +662,10 @@ class Gateway:
             older = next((c for c in self.connections if c.ws is ws), None)
             if older is not None:
                 older.refuse_past_limit()
-            elif ws.transport.is_closing():  # its handshake failed: it never came to be
+            elif ws.transport.is_closing() or (ws.response is not None
+                                               and ws.response.status_code != 101):
+                # its handshake failed: it never came to be (refused, websockets half-closes
+                # it and waits up to its close timeout for a client that may stay)
                 del self.past_limit[ws]
             else:  # still in its handshake
                 return None, f"another socket is resuming {session_id} right now; retry"
