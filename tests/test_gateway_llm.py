@@ -174,6 +174,9 @@ TOOL_CALL = [  # as vLLM and llama.cpp stream a tool call: content null, then th
      "the LLM's reply was only a thought (21 characters, not said): nothing to say", []),
     ([Text("<think>Hm, a greeting.</think>"), Finish(), Done()], "llm_empty_reply",
      "the LLM's reply was only a thought (30 characters, not said): nothing to say", []),
+    # a <think> never closed (its model cut, or its server's template half-applied)
+    ([Text("<think>Hm, a gree"), Text("ting"), Finish(), Done()], "llm_empty_reply",
+     "the LLM's reply was only a thought (21 characters, not said): nothing to say", []),
     (TOOL_CALL, "llm_failed", "the LLM stopped its reply to call a tool (finish_reason "
      "'tool_calls'), and the gateway offers none; the rest is not spoken", []),
     ([Text("Let me check the weather. "), *TOOL_CALL], "llm_failed",
@@ -182,7 +185,7 @@ TOOL_CALL = [  # as vLLM and llama.cpp stream a tool call: content null, then th
     ([Text("Sure. Here is how to"), Finish("content_filter"), Done()], "llm_failed",
      "the LLM server's content filter held back the rest of the reply (finish_reason "
      "'content_filter'); the rest is not spoken", ["Sure."]),
-], ids=["nothing", "white-space", "reasoning-only", "think-only", "tool-call",
+], ids=["nothing", "white-space", "reasoning-only", "think-only", "think-unclosed", "tool-call",
         "words-then-tool-call", "content-filter"])
 async def test_a_reply_with_nothing_to_say_or_cut_short_fails_and_says_why(
         scripted_llm_server, caplog, script, code, message, spoken):

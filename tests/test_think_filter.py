@@ -192,6 +192,46 @@ async def test_opened_without_a_closing_tag_ends_having_said_nothing(
     assert backend.thoughts_unclosed == 2 and backend.thoughts_unopened == 0
 
 
+async def test_tagged_with_a_thought_never_closed_says_what_came_before_and_warns_once(
+        scripted_llm_server, backend_of, caplog):
+    """"tagged" and a <think> with no </think> after it: what came before was said, the
+    thought was not, and the operator is told the tag was never closed (the whole suite
+    only ever ended "opened" replies inside a thought, whose advice differs)."""
+    scripted_llm_server.script(reply_script(["Sure. <thi", "nk>Now I ponder"]),
+                               reply_script(["<think>More."]))
+    backend = backend_of()
+    with caplog.at_level(logging.WARNING, logger="engines.llm_openai"):
+        text, done = await reply(backend)
+        assert (text, done.finish_reason, done.thought_chars) == ("Sure. ", "stop", 19)
+        assert (await reply(backend))[0] == ""
+    (warning,) = caplog.records
+    assert warning.getMessage() == (
+        "The LLM's reply (25 characters) ended inside a thought, which was not said; its "
+        "<think> was never closed (warned once; counted in thoughts_unclosed)")
+    assert backend.thoughts_unclosed == 2 and backend.thoughts_unopened == 0
+
+
+async def test_opened_with_a_second_closing_tag_says_the_text_around_it_and_warns_once(
+        scripted_llm_server, backend_of, caplog):
+    """"opened": the first </think> ends the thought the template opened; another after it
+    closes nothing. It is dropped, the reply around it said, and the operator told the
+    model closed a thought twice (not to set "opened", which is set already: the whole
+    suite only ever met a lone </think> under "tagged")."""
+    scripted_llm_server.script(reply_script(["Plan.</think>Hello.", "</think> Bye."]),
+                               reply_script(["Plan.</think>A.</think>B."]))
+    backend = backend_of(thinking="opened")
+    with caplog.at_level(logging.WARNING, logger="engines.llm_openai"):
+        assert (await reply(backend))[0] == "Hello. Bye."
+        assert (await reply(backend))[0] == "A.B."
+    (warning,) = caplog.records
+    assert warning.getMessage() == (
+        "The LLM wrote </think> with no <think> before it, after the thought the template "
+        "opened had ended: the 6 characters said before it were most likely thinking, "
+        "spoken and kept in the history; the model closed a thought twice (warned once; "
+        "counted in thoughts_unopened)")
+    assert backend.thoughts_unopened == 2 and backend.thoughts_unclosed == 0
+
+
 async def test_chat_template_kwargs_go_with_each_request_only_when_set(
         scripted_llm_server, backend_of):
     await reply(backend_of())
