@@ -992,3 +992,67 @@ async def test_a_gateway_bug_on_a_second_lane_fails_its_turn_not_the_engine(monk
         assert gw.lanes["ane"].queue_depth == 0 and gw.lanes["gpu"].stats.jobs_done == 0
     finally:
         await gw.aclose()
+
+
+async def test_a_lane_stopped_mid_step_with_work_queued_cancels_it_all_and_leaves_nothing(
+        caplog):
+    """The lane's task cancelled (the gateway stopping) while a step waits for its engine
+    call under the step deadline, with another owner's job queued: the wait is dropped
+    (the call's outcome is not wanted: here the engine, interrupted, raises), both jobs
+    end cancelled, their sinks are not told of a failure, and the lane is neither stuck nor
+    unhealthy. The whole suite never stopped a lane mid-step (``_call_limited``'s
+    cancellation); a wait dropped without cancelling it leaves an asyncio ERROR ("Future
+    exception was never retrieved") when the call then fails."""
+    import gc
+
+    from gateway.io.lanes import SynthesisJob
+
+    entered, release = threading.Event(), threading.Event()
+
+    def gated(seconds: float) -> None:  # TEST DOUBLE of the engine's compute
+        entered.set()
+        assert release.wait(HANG_S)
+        raise EngineError("engine_failed", "interrupted")
+
+    lane = Lane("gpu", SyntheticEngine(sleep=gated))
+    assert lane.step_timeout_s is not None  # (the deadline's wait is the one cancelled)
+    told: list[tuple[str, str]] = []
+
+    class Sink:
+        def on_audio(self, job, pcm, engine, ready_at) -> None:
+            told.append((job.owner, "audio"))
+
+        def on_done(self, job, truncated=False, notes=()) -> None:
+            told.append((job.owner, "done"))
+
+        def on_failed(self, job, code, message) -> None:
+            told.append((job.owner, code))
+
+    for owner in ("running", "queued"):
+        lane.submit(owner, SynthesisJob(SynthesisRequest("Hello there."), Sink()),
+                    deadline=0.0)
+    lane.loaded = True
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    runner = asyncio.create_task(lane.run())
+    try:
+        assert await asyncio.to_thread(entered.wait, HANG_S)
+        assert lane.busy and lane.queue_depth == 2
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        closing = asyncio.create_task(lane.aclose())  # cancels both; closes after the call
+        release.set()  # the interrupted call returns: it raises
+        await closing
+    finally:
+        release.set()
+        runner.cancel()
+        await lane.aclose()
+    del runner, closing
+    gc.collect()
+    await asyncio.sleep(0)  # (the loop reports an unretrieved exception on its next turn)
+    assert told == []
+    assert (lane.stats.jobs_cancelled, lane.stats.jobs_failed, lane.stats.jobs_done) == \
+        (2, 0, 0)
+    assert lane.queue_depth == 0 and not lane.busy and lane.stuck_calls == 0
+    assert lane.unhealthy is None
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
