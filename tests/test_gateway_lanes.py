@@ -1056,3 +1056,60 @@ async def test_a_lane_stopped_mid_step_with_work_queued_cancels_it_all_and_leave
     assert lane.queue_depth == 0 and not lane.busy and lane.stuck_calls == 0
     assert lane.unhealthy is None
     assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+
+
+async def test_an_engine_stream_whose_close_fails_is_logged_and_the_lane_goes_on(caplog):
+    """Closing a finished job's stream runs on the lane thread, where nobody awaits it: a
+    close that raised would vanish into a future nobody reads. It is logged with its
+    traceback, once per failure, and the lane serves the next job (the whole suite never
+    had a close fail: ``_close_quietly``'s except was unrun)."""
+    from engines.synthetic import SyntheticStream
+    from gateway.io.lanes import SynthesisJob
+
+    class BadClose(SyntheticEngine):
+        """TEST DOUBLE: its streams speak, then raise when closed."""
+
+        def open(self, request: SynthesisRequest):
+            stream = super().open(request)
+            assert isinstance(stream, SyntheticStream)
+
+            def close() -> None:
+                SyntheticStream.close(stream)
+                raise RuntimeError("close broke")
+
+            stream.close = close
+            return stream
+
+    lane = Lane("gpu", BadClose(rtf=0.0, ttfa_ms=0.0))
+    loop = asyncio.get_running_loop()
+
+    class Sink:
+        def __init__(self) -> None:
+            self.ended = loop.create_future()
+
+        def on_audio(self, job, pcm, engine, ready_at) -> None:
+            pass
+
+        def on_done(self, job, truncated=False, notes=()) -> None:
+            self.ended.set_result("done")
+
+        def on_failed(self, job, code, message) -> None:
+            self.ended.set_result(code)
+
+    caplog.set_level(logging.ERROR, logger="gateway.io.lanes")
+    lane.loaded = True
+    runner = asyncio.create_task(lane.run())
+    try:
+        for owner in ("first", "second"):
+            sink = Sink()
+            lane.submit(owner, SynthesisJob(SynthesisRequest("Hello there."), sink),
+                        deadline=0.0)
+            assert await sink.ended == "done"
+        await lane.call(lambda: None)  # the lane thread has run both closes by now
+    finally:
+        runner.cancel()
+        await lane.aclose()
+    closes = [r for r in caplog.records if r.getMessage() == "closing a synthesis stream failed"]
+    assert len(closes) == 2 and all(r.exc_info and r.exc_info[0] is RuntimeError
+                                    for r in closes)
+    assert (lane.stats.jobs_done, lane.stats.jobs_failed) == (2, 0) and lane.failing is None
