@@ -1113,3 +1113,52 @@ async def test_an_engine_stream_whose_close_fails_is_logged_and_the_lane_goes_on
     assert len(closes) == 2 and all(r.exc_info and r.exc_info[0] is RuntimeError
                                     for r in closes)
     assert (lane.stats.jobs_done, lane.stats.jobs_failed) == (2, 0) and lane.failing is None
+
+
+async def test_a_fifo_lane_runs_one_step_at_a_time_though_its_engine_could_run_more():
+    """``[scheduler] policy = "fifo"`` (whole jobs in arrival order) on an engine that runs
+    steps at once (``parallel_steps``): one step at a time, the next job's not begun while
+    one is in flight. The whole suite never ran fifo with steps at once."""
+    from gateway.core.scheduler import LanePolicy
+    from gateway.io.lanes import SynthesisJob
+
+    entered, release = threading.Event(), threading.Event()
+
+    def gated(seconds: float) -> None:  # TEST DOUBLE of the engine's compute
+        entered.set()
+        assert release.wait(HANG_S)
+
+    class TwoAtOnce(SyntheticEngine):
+        parallel_steps = 2
+
+    lane = Lane("gpu", TwoAtOnce(sleep=gated))
+    lane.scheduler.policy = LanePolicy.FIFO
+    assert lane.parallel_steps == 2
+    loop = asyncio.get_running_loop()
+    ended = {owner: loop.create_future() for owner in ("first", "second")}
+
+    class Sink:
+        def on_audio(self, job, pcm, engine, ready_at) -> None:
+            pass
+
+        def on_done(self, job, truncated=False, notes=()) -> None:
+            ended[job.owner].set_result("done")
+
+        def on_failed(self, job, code, message) -> None:
+            ended[job.owner].set_result(code)
+
+    for owner in ended:
+        lane.submit(owner, SynthesisJob(SynthesisRequest("Hi."), Sink()), deadline=0.0)
+    lane.loaded = True
+    runner = asyncio.create_task(lane.run())
+    try:
+        assert await asyncio.to_thread(entered.wait, HANG_S)
+        # the first job's step is in the engine: with two at once the second's would have
+        # been taken (it is, in the same turn of the loop that takes the first)
+        assert [job.owner for job in lane._stepping] == ["first"]
+        release.set()
+        assert await asyncio.gather(*ended.values()) == ["done", "done"]
+    finally:
+        release.set()
+        runner.cancel()
+        await lane.aclose()
