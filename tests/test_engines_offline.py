@@ -3,6 +3,7 @@ specific to each engine."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -189,6 +190,22 @@ def test_espeak_conforms_with_another_voice_and_speed() -> None:
         lambda: espeak.EspeakEngine(voice="en-gb", step_ms=100),
         request=SynthesisRequest(text="Good evening. It is 9:30 p.m. on the 3rd.", speed=1.3),
     )
+
+
+@pytest.mark.parametrize("speed", [0.0, -1.0, math.nan])
+def test_espeak_refuses_a_speed_that_is_not_positive_and_opens_nothing(speed: float) -> None:
+    """No client reaches this (a voice session speaks at 1.0; the HTTP API takes 0.25 to
+    4.0): it guards the engine API itself, which bench scripts and peers call directly.
+    Without it espeak spoke 0 and -1 at its slowest rate, and NaN raised a ValueError."""
+    engine = espeak.EspeakEngine()
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.open(SynthesisRequest(text="hi", speed=speed))
+        assert err.value.code == "bad_request"
+        assert err.value.message == f"speed must be > 0, got {speed}"
+        assert not engine._streams
+    finally:
+        engine.close()
 
 
 def test_espeak_voices_include_english_variants_and_others() -> None:

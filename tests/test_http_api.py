@@ -1622,6 +1622,9 @@ BAD = [
     ({"input": "Hi.", "stream_format": "websocket"}, 400, "unsupported_stream_format",
      "stream_format"),
     ({"input": "Hi.", "speed": 10}, 400, "invalid_value", "speed"),
+    # a speed of 0 or less never reaches an engine (espeak and synthetic would refuse it)
+    ({"input": "Hi.", "speed": 0}, 400, "invalid_value", "speed"),
+    ({"input": "Hi.", "speed": -1.5}, 400, "invalid_value", "speed"),
     ({"input": "Hi.", "seed": "lucky"}, 400, "invalid_type", "seed"),
     ({"input": "Hi.", "temperature": 7}, 400, "invalid_value", "temperature"),
     # mistyped is invalid_type, as for every other field; out of range invalid_value
