@@ -22,7 +22,7 @@ from gateway.core.placement import LaneLoad, place
 from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.fixtures_mlx import NO_STEP_DEADLINE
-from tests.hang_guard import HANG_S
+from tests.hang_guard import HANG_S, unless_hung
 from tests.servers import Hang, Text
 from tests.wsclient import LineSeen, TurnResult, gapless, read_turn, recv_event, send
 
@@ -994,15 +994,17 @@ async def test_a_gateway_bug_on_a_second_lane_fails_its_turn_not_the_engine(monk
         await gw.aclose()
 
 
+@pytest.mark.parametrize("at_once", [1, 2])
 async def test_a_lane_stopped_mid_step_with_work_queued_cancels_it_all_and_leaves_nothing(
-        caplog):
+        caplog, at_once):
     """The lane's task cancelled (the gateway stopping) while a step waits for its engine
     call under the step deadline, with another owner's job queued: the wait is dropped
     (the call's outcome is not wanted: here the engine, interrupted, raises), both jobs
     end cancelled, their sinks are not told of a failure, and the lane is neither stuck nor
-    unhealthy. The whole suite never stopped a lane mid-step (``_call_limited``'s
-    cancellation); a wait dropped without cancelling it leaves an asyncio ERROR ("Future
-    exception was never retrieved") when the call then fails."""
+    unhealthy; with steps at once, each step's task ends with the lane. The whole suite
+    never stopped a lane mid-step (``_call_limited``'s cancellation, ``_serve``'s cancel of
+    the steps at once); a wait dropped without cancelling it leaves an asyncio ERROR
+    ("Future exception was never retrieved") when the call then fails."""
     import gc
 
     from gateway.io.lanes import SynthesisJob
@@ -1014,7 +1016,10 @@ async def test_a_lane_stopped_mid_step_with_work_queued_cancels_it_all_and_leave
         assert release.wait(HANG_S)
         raise EngineError("engine_failed", "interrupted")
 
-    lane = Lane("gpu", SyntheticEngine(sleep=gated))
+    class Engine(SyntheticEngine):
+        parallel_steps = at_once  # 2: both owners' steps in flight as the lane stops
+
+    lane = Lane("gpu", Engine(sleep=gated))
     assert lane.step_timeout_s is not None  # (the deadline's wait is the one cancelled)
     told: list[tuple[str, str]] = []
 
@@ -1037,9 +1042,15 @@ async def test_a_lane_stopped_mid_step_with_work_queued_cancels_it_all_and_leave
     try:
         assert await asyncio.to_thread(entered.wait, HANG_S)
         assert lane.busy and lane.queue_depth == 2
+        assert len(lane._stepping) == at_once
+        steps = set(lane._step_tasks)  # (steps at once run in tasks of their own)
         runner.cancel()
         with pytest.raises(asyncio.CancelledError):
             await runner
+        # they end with the lane, though their engine calls go on on the lane's threads
+        await unless_hung(asyncio.gather(*steps, return_exceptions=True))
+        assert len(steps) == (at_once if at_once > 1 else 0)
+        assert all(task.cancelled() for task in steps)
         closing = asyncio.create_task(lane.aclose())  # cancels both; closes after the call
         release.set()  # the interrupted call returns: it raises
         await closing
