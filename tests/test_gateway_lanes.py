@@ -1173,3 +1173,51 @@ async def test_a_fifo_lane_runs_one_step_at_a_time_though_its_engine_could_run_m
         release.set()
         runner.cancel()
         await lane.aclose()
+
+
+async def test_a_lane_that_fails_itself_fails_what_waits_and_stays_unhealthy(caplog,
+                                                                             monkeypatch):
+    """A bug in the lane or its scheduler (here ``next_job`` raising: a FAKE fault) stops
+    the lane's task: it turns unhealthy for good, says so once at ERROR with the
+    traceback, and every job waiting fails ``engine_unavailable`` naming why, rather than
+    wait for ever with nothing serving it. The whole suite never had the lane itself fail
+    (``Lane.run``'s except was unrun)."""
+    from gateway.core.scheduler import LaneScheduler
+    from gateway.io.lanes import SynthesisJob
+
+    lane = Lane("gpu", SyntheticEngine(rtf=0.0, ttfa_ms=0.0))
+
+    def broken(self, now: float):
+        raise RuntimeError("scheduler bug")
+
+    monkeypatch.setattr(LaneScheduler, "next_job", broken)
+    loop = asyncio.get_running_loop()
+    failed = {owner: loop.create_future() for owner in ("a", "b")}
+
+    class Sink:
+        def on_audio(self, job, pcm, engine, ready_at) -> None:
+            failed[job.owner].set_exception(AssertionError("audio"))
+
+        def on_done(self, job, truncated=False, notes=()) -> None:
+            failed[job.owner].set_exception(AssertionError("done"))
+
+        def on_failed(self, job, code, message) -> None:
+            failed[job.owner].set_result((code, message))
+
+    for owner in failed:
+        lane.submit(owner, SynthesisJob(SynthesisRequest("Hi."), Sink()), deadline=0.0)
+    caplog.set_level(logging.ERROR, logger="gateway.io.lanes")
+    lane.loaded = True
+    runner = asyncio.create_task(lane.run())
+    try:
+        why = "the lane stopped: RuntimeError: scheduler bug"
+        assert await unless_hung(asyncio.gather(*failed.values())) == [
+            ("engine_unavailable", f"the gpu lane cannot synthesize: {why}")] * 2
+        await runner  # it ended (it does not raise: nobody awaits it until the end)
+        assert lane.unhealthy == why and lane.queue_depth == 0
+        assert lane.stats.jobs_failed == 2
+        stopped = [r for r in caplog.records if r.getMessage() == "lane gpu stopped"]
+        assert len(stopped) == 1 and stopped[0].exc_info is not None
+    finally:
+        runner.cancel()
+        await lane.aclose()
