@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import zlib
 
 import pytest
@@ -42,6 +43,22 @@ def run(stream):
     while (chunk := stream.step()) is not None:
         out.append(chunk)
     return out
+
+
+ONE_DELTA = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n"
+                     for event in (delta(b"\x01\x00\x02\x00"), DONE))
+"""An SSE answer of one audio delta (``\x01\x00\x02\x00``) and its end, not encoded."""
+
+
+def read_through(server: EncodedSseServer) -> list[bytes]:
+    """Every chunk an engine reads from ``server``'s one answer; both closed after."""
+    engine = HttpTtsEngine(server.url)
+    engine.load()
+    try:
+        return run(engine.open(SynthesisRequest("x")))
+    finally:
+        engine.close()
+        server.close()
 
 
 def test_sse_deltas_are_returned_one_per_step(sse_server, engine_for):
@@ -193,18 +210,9 @@ def test_an_empty_content_encoding_names_no_encoding(encoding):
     (httpx skipped the empty name); read as one, every sentence failed ("the TTS server
     sent its answer -encoded") and the fallback spoke it."""
     import gzip
-    import json
 
-    answer = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n"
-                      for event in (delta(b"\x01\x00\x02\x00"), DONE))
-    server = EncodedSseServer(encoding, gzip.compress(answer) if encoding else answer)
-    engine = HttpTtsEngine(server.url)
-    engine.load()
-    try:
-        assert run(engine.open(SynthesisRequest("x"))) == [b"\x01\x00\x02\x00"]
-    finally:
-        engine.close()
-        server.close()
+    server = EncodedSseServer(encoding, gzip.compress(ONE_DELTA) if encoding else ONE_DELTA)
+    assert read_through(server) == [b"\x01\x00\x02\x00"]
 
 
 @pytest.mark.parametrize("wbits", [zlib.MAX_WBITS, -zlib.MAX_WBITS], ids=["zlib", "raw"])
@@ -213,39 +221,21 @@ def test_a_deflate_answer_with_or_without_its_zlib_header_is_read(wbits):
     (no header) under that name, and httpx reads both: so does the engine's own decoder
     (``engines.sse_bound``), else a proxy or server answering so failed every sentence and
     the fallback spoke them all."""
-    import json
-
-    answer = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n"
-                      for event in (delta(b"\x01\x00\x02\x00"), DONE))
     packer = zlib.compressobj(wbits=wbits)
-    server = EncodedSseServer(b"deflate", packer.compress(answer) + packer.flush())
-    engine = HttpTtsEngine(server.url)
-    engine.load()
-    try:
-        assert run(engine.open(SynthesisRequest("x"))) == [b"\x01\x00\x02\x00"]
-    finally:
-        engine.close()
-        server.close()
+    server = EncodedSseServer(b"deflate", packer.compress(ONE_DELTA) + packer.flush())
+    assert read_through(server) == [b"\x01\x00\x02\x00"]
 
 
 def test_a_deflate_answer_that_turns_to_garbage_fails_its_sentence():
     """Raw deflate is tried only when the answer's first bytes are no zlib stream: an
     answer that started well and then is damaged fails its sentence (``engine_failed``),
     not read again as something else."""
-    import json
-
     packer = zlib.compressobj(wbits=zlib.MAX_WBITS)
     first = b"data: " + json.dumps(delta(b"\x01\x00\x02\x00")).encode() + b"\n\n"
     good = packer.compress(first) + packer.flush(zlib.Z_SYNC_FLUSH)
     server = EncodedSseServer(b"deflate", good + b"\x06" * 8)  # (a block of no type)
-    engine = HttpTtsEngine(server.url)
-    engine.load()
-    try:
-        with pytest.raises(EngineError) as err:
-            run(engine.open(SynthesisRequest("x")))
-    finally:
-        engine.close()
-        server.close()
+    with pytest.raises(EngineError) as err:
+        read_through(server)
     assert err.value.code == "engine_failed"
     assert "DecodingError('deflate answer: " in err.value.message
 

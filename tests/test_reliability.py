@@ -594,18 +594,26 @@ async def test_a_resume_from_a_frame_never_sent_says_so(gateway):
                      f"the new session {fresh['session_id']}"}
 
 
-async def test_a_resume_without_last_seq_past_a_freed_start_says_to_name_a_frame(gateway):
-    """A client with no frame to name (another device taking the session over) resuming
-    after a mark freed the start of the buffer was told "the frames after last_seq are no
-    longer buffered", of a last_seq it never sent."""
+async def _a_turn_played_and_dropped(gateway, text: str):
+    """A session says ``text``, is told all of it was played (the mark frees the turn's
+    messages from the resume buffer) and its socket drops: its ``session.created`` and
+    the turn."""
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")
-    await send(ws, type="say", text="One sentence.")
+    await send(ws, type="say", text=text)
     turn = await read_turn(ws)
     await send(ws, type="playback", turn_id=turn.done["turn_id"], played_ms=10**6)
     await send(ws, type="ping", id=1)
     await recv_event(ws, "pong")  # (the mark is in: it freed the turn's messages)
     await _drop(ws)
+    return created, turn
+
+
+async def test_a_resume_without_last_seq_past_a_freed_start_says_to_name_a_frame(gateway):
+    """A client with no frame to name (another device taking the session over) resuming
+    after a mark freed the start of the buffer was told "the frames after last_seq are no
+    longer buffered", of a last_seq it never sent."""
+    created, _ = await _a_turn_played_and_dropped(gateway, "One sentence.")
     async with connect(url(gateway)) as ws2:
         fresh = await recv_event(ws2, "session.created")
         await send(ws2, type="session.resume", session_id=created["session_id"],
@@ -622,15 +630,9 @@ async def test_a_resume_from_a_frame_a_mark_freed_says_it_is_no_longer_buffered(
     freed since (a client that lost its place, another device holding an older seq) cannot
     be replayed to: it is told so (``resume_failed``) and keeps its new session, not
     replayed from a wrong place or called a frame never sent."""
-    ws = await connect(url(gateway))
-    created = await recv_event(ws, "session.created")
-    await send(ws, type="say", text="One sentence. And a second one.")
-    turn = await read_turn(ws)
+    created, turn = await _a_turn_played_and_dropped(gateway,
+                                                     "One sentence. And a second one.")
     assert len(turn.frames) > 2
-    await send(ws, type="playback", turn_id=turn.done["turn_id"], played_ms=10**6)
-    await send(ws, type="ping", id=1)
-    await recv_event(ws, "pong")  # (the mark is in: it freed the turn's messages)
-    await _drop(ws)
     async with connect(url(gateway)) as ws2:
         fresh = await recv_event(ws2, "session.created")
         await send(ws2, type="session.resume", session_id=created["session_id"],

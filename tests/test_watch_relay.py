@@ -1166,15 +1166,20 @@ async def test_a_gateway_that_hangs_up_unanswered_is_unavailable():
     got 1011 with no reason, and the relay logged a traceback, where the doc promises
     ``gateway unavailable: …``."""
     async with hanging_up_in_front_of(None) as (port, _hang_up, _hung_up):
-        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=5.0)
-        await relay.start()
-        try:
-            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
-                await unless_hung(ws.wait_closed())
-            assert ws.close_code == 1011
-            assert ws.close_reason.startswith("gateway unavailable: ")
-        finally:
-            await relay.aclose()
+        await _a_watch_is_told_the_gateway_is_unavailable(port)
+
+
+async def _a_watch_is_told_the_gateway_is_unavailable(port: int) -> None:
+    """A relay in front of ``port`` closes a watch's socket 1011 ``gateway unavailable: …``."""
+    relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=5.0)
+    await relay.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
+            await unless_hung(ws.wait_closed())
+        assert ws.close_code == 1011
+        assert ws.close_reason.startswith("gateway unavailable: ")
+    finally:
+        await relay.aclose()
 
 
 async def test_a_gateway_that_cannot_be_reached_leaves_no_traceback_in_the_log(caplog):
@@ -1187,16 +1192,7 @@ async def test_a_gateway_that_cannot_be_reached_leaves_no_traceback_in_the_log(c
 
     with socket.socket() as closed:  # bound, never listening: a connect is refused
         closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", resume_window_s=5.0)
-        await relay.start()
-        try:
-            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as ws:
-                await unless_hung(ws.wait_closed())
-            assert ws.close_code == 1011
-            assert ws.close_reason.startswith("gateway unavailable: ")
-        finally:
-            await relay.aclose()
+        await _a_watch_is_told_the_gateway_is_unavailable(closed.getsockname()[1])
     gc.collect()  # (an unread future's exception is logged when the future is freed)
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
