@@ -518,14 +518,14 @@ CLIENT_GRACE_S = 10.0
 after SIGTERM before they are killed (``end_clients``)."""
 
 
-def end_clients(procs: list, grace: float | None = None) -> None:
+def end_clients(procs: list) -> None:
     """End the client processes still running, each reaped: SIGTERM, then SIGKILL (said on
-    stderr) for those still running ``grace`` seconds (``CLIENT_GRACE_S``) later, or at a
-    second Ctrl-C. Left to multiprocessing's exit hook, which SIGTERMs daemon processes and
-    then joins them without a bound, a client that did not end on SIGTERM (a handler that
-    never returns or swallows it: coverage's ``sigterm = true`` puts a Python one in every
-    process it measures) kept the bench from exiting after a Ctrl-C, for ever."""
-    grace = CLIENT_GRACE_S if grace is None else grace
+    stderr) for those still running ``CLIENT_GRACE_S`` later, or at a second Ctrl-C. Left
+    to multiprocessing's exit hook, which SIGTERMs daemon processes and then joins them
+    without a bound, a client that did not end on SIGTERM (a handler that never returns or
+    swallows it: coverage's ``sigterm = true`` puts a Python one in every process it
+    measures) kept the bench from exiting after a Ctrl-C, for ever."""
+    grace = CLIENT_GRACE_S  # (read when called: a test lowers it)
     alive = [p for p in procs if p.is_alive()]
     for p in alive:
         p.terminate()
