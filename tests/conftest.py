@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, settings
 
 from tests.servers import ScriptedLlmServer, TinyLlamaServer
 
-pytest_plugins = ["tests.fixtures_mlx", "tests.no_skips", "tests.uvloop_leaks"]
+pytest_plugins = ["tests.fixtures_mlx", "tests.no_skips", "tests.uvloop_leaks",
+                  "tests.leaks_by_module"]
 
 # Property tests judge what the code does, never how fast: Hypothesis's default 200 ms
 # deadline per example, and its too_slow health check, failed the codec's property tests

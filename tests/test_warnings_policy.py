@@ -51,13 +51,21 @@ CLOSED = (
     "        await writer.wait_closed()\n")
 
 
+def pytest_in(tmp_path: Path, *args: str, timeout: float = HANG_S
+              ) -> subprocess.CompletedProcess[str]:
+    """pytest in ``tmp_path`` with this project's pytest settings (pyproject) but not its
+    conftest: ``args`` name the plugins of tests/ it loads (``-p tests.…``) and the files."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-q", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def run_under_our_policy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
     """pytest on a test file of ``source`` with this project's pytest settings (pyproject)."""
     (tmp_path / "test_leak.py").write_text(source)
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
-         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-q", "test_leak.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
+    return pytest_in(tmp_path, "test_leak.py")
 
 
 @pytest.mark.parametrize("leak", list(LEAKS))
@@ -119,12 +127,8 @@ def run_with_the_plugin(tmp_path: Path, source: str) -> subprocess.CompletedProc
     """``run_under_our_policy`` with conftest's uvloop_leaks plugin, and pytest-timeout at
     HANG_S, not the suite's 300 s, for a close that hangs."""
     (tmp_path / "test_leak.py").write_text(source)
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"),
-         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "-p", "tests.uvloop_leaks",
-         "-o", f"timeout={HANG_S:g}", "-q", "test_leak.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=2 * HANG_S,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return pytest_in(tmp_path, "-p", "tests.uvloop_leaks", "-o", f"timeout={HANG_S:g}",
+                     "test_leak.py", timeout=2 * HANG_S)
 
 
 @pytest.mark.parametrize("leak", list(UVLOOP_LEAKS))
@@ -152,3 +156,37 @@ def test_a_uvloop_test_that_closes_what_it_opened_passes(tmp_path):
 
 def test_conftest_registers_the_uvloop_leaks_plugin(pytestconfig):
     assert pytestconfig.pluginmanager.has_plugin("tests.uvloop_leaks")
+
+
+# ---- a leak in a reference cycle fails a test of its own module (tests/leaks_by_module) ----
+
+CYCLE_LEAK = (
+    "import gc\nimport socket\n\ngc.disable()  # (the collector runs when this run says)\n\n\n"
+    "def test_leaks():\n"
+    "    holder = {}\n    holder['self'], holder['socket'] = holder, socket.socket()\n\n\n"
+    "def test_after_it():\n    pass\n")
+LATER_MODULE = "import gc\n\n\ndef test_later():\n    gc.collect()\n    gc.enable()\n"
+
+
+@pytest.mark.parametrize("plugin", [True, False])
+def test_a_leak_in_a_cycle_fails_its_own_module_not_a_later_one(tmp_path, plugin):
+    """A socket dropped open inside a reference cycle warns only when the collector frees
+    it: without the plugin, in whatever later test the collector runs (here a later module's,
+    which then fails for a leak it did not make); with it, at the end of the module that
+    made it, in its last test's teardown."""
+    (tmp_path / "test_a.py").write_text(CYCLE_LEAK)
+    (tmp_path / "test_b.py").write_text(LATER_MODULE)
+    run = pytest_in(tmp_path, *(["-p", "tests.leaks_by_module"] if plugin else []), "-rA",
+                    "test_a.py", "test_b.py")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "ResourceWarning: unclosed <socket.socket" in run.stdout, run.stdout
+    if plugin:
+        assert "ERROR test_a.py::test_after_it" in run.stdout, run.stdout
+        assert "PASSED test_b.py::test_later" in run.stdout, run.stdout
+    else:
+        assert "PASSED test_a.py::test_after_it" in run.stdout, run.stdout
+        assert "FAILED test_b.py::test_later" in run.stdout, run.stdout
+
+
+def test_conftest_registers_the_leaks_by_module_plugin(pytestconfig):
+    assert pytestconfig.pluginmanager.has_plugin("tests.leaks_by_module")
