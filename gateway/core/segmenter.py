@@ -185,12 +185,16 @@ class Segment:
 
 
 _TERMINATORS = frozenset(
-    ".!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b\u17d4\u17d5")
+    ".!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b\u17d4\u17d5"
+    "\u0f0d\u0f0e")
 """Sentence ends followed by a space: . ! ? …, the Arabic question mark ؟, the Urdu full
 stop ۔, the Devanagari dandas । ॥ (Bengali's too), the Greek question mark U+037E (which
 LLMs write as ";": after a Greek letter that one is a question mark too, ``_GREEK``), the
 Armenian full stop ։ (U+0589, not a colon), the Ethiopic full stop ። and question mark ፧
-(Amharic), the Myanmar full stop ။ and the Khmer full stops ។ and ៕ (U+17D4, U+17D5)."""
+(Amharic), the Myanmar full stop ။, the Khmer full stops ។ and ៕ (U+17D4, U+17D5) and the
+Tibetan shad and double shad ། ༎ (U+0F0D, U+0F0E; a verse's "། །" pair, whose second shad
+opens the next line, is not cut: ``_TIBETAN_SHADS``)."""
+_TIBETAN_SHADS = frozenset("\u0f0d\u0f0e")
 _GEORGIAN = re.compile("[\u10d0-\u10ff]")
 """Georgian letters (Mkhedruli): Unicode calls them lowercase, but the script has no case in
 use, so the first letter of a sentence is one of them ("გამარჯობა! ხვალ")."""
@@ -252,7 +256,8 @@ _NEVER_END = frozenset(
     "s.d napr "  # Indonesian "Senin s.d. Jumat" (until), Slovak and Czech "napr." (e.g.)
     "ул просп пер пл наб св проф акад доц "  # Russian
     "вул пров бульв ім "  # Ukrainian: "вул. Хрещатик" (street), "ім. Шевченка" (named after)
-    "κ κα καθ δρ οδ λεωφ "  # Greek: "κ. Παπαδόπουλος" (Mr.), "οδ. Ερμού" (street)
+    "κ κα καθ δρ οδ λεωφ πλ "  # Greek: "κ. Παπαδόπουλος" (Mr.), "οδ. Ερμού" (street),
+    # "πλ. Συντάγματος" (square)
     "şos șos "  # Romanian: "șos. Kiseleff" (road; "str." is in _NAME_OR_END)
     "डॉ प्रो "  # Hindi
     "ডা".split()  # Bengali "ডা. রহমান" (Dr.)
@@ -266,7 +271,9 @@ Romanian "șos. Kiseleff" likewise.
 _SPACED_ABBR = re.compile(
     r"(?<![^\s(\"'\u201e\u201c\u00ab\u00bb])(?:[^\W\d_]{1,2}\. )+[^\W\d_]{1,2}\Z")
 """A spaced abbreviation ending right before a dot: "z. B", "u. a", "i. d. R", "p. ex"."""
-_BEFORE_ROMAN = frozenset("séc sec s sig jh".split())
+_BEFORE_ROMAN = frozenset("séc sec s sig jh art ch vol pt bk".split())
+"""Before a roman numeral: a century ("séc. XX") or a division ("Art. III", "Vol. II"); "I"
+only before a comma ("Art. I, § 8"), as "sec. I think" ends."""
 _ROMAN = re.compile(r"[IVXLC]+")
 _DOUBLED = re.compile(r"([A-Z])\1")
 """Spanish doubles a letter for a plural: "EE. UU." (Estados Unidos), "FF. AA."."""
@@ -310,9 +317,32 @@ _BEFORE_NUMBER = frozenset(
     "pon uto sri čet pet sub ned "  # Croatian weekdays: "u pon. 5. svibnja"
     "kb "  # Hungarian "kb. 12 000 Ft" (about)
     "ps psa prov isa matt rom cor eph deut exod "  # Bible books: "Ps. 23", "1 Cor. 13"
+    # Sinhala "ක්‍රි.ව. 1505" (AD) and "ක්‍රි.පූ. 250" (BC)
+    "\u0d9a\u0dca\u200d\u0dbb\u0dd2.\u0dc0 \u0d9a\u0dca\u200d\u0dbb\u0dd2.\u0db4\u0dd6 "
     "д кв корп стр ауд рис табл гл т с тел "  # Russian: "д. 12", "ауд. 305", "с. 45"
     "रु".split()  # Hindi: "रु. 450" (rupees)
 )
+_BIBLE_BOOKS = frozenset(
+    "gen exod lev num deut josh judg ruth sam kgs chr neh esth ps pss prov eccl eccles "
+    "isa jer ezek dan hos joel obad mic nah hab zeph hag zech mal matt mt mk "
+    "lk jn jhn rom cor gal eph phil col thess tim tit philem heb jas jud rev".split())
+"""Bible books as references abbreviate them: before a chapter and verse ("Lk. 6:20", "1 Tim.
+3:16") one goes on; before a bare number only those in ``_BEFORE_NUMBER`` do, since "Tim.",
+"Dan." and "Phil." are names too ("I called Tim. 3 days later")."""
+_STATUTE_ABBR = frozenset(
+    "Cal Calif Fla Tex Ariz Colo Conn Mass Mich Minn Okla Tenn Wash Wis Ala Ark Kan Ky Md Neb "
+    "Nev Va Ga Ill Stat Ann Pen Bus Prof Fam Veh Ins Lab".split())
+"""States and code words of a statute's citation ("Cal. Civ. Code § 1542", "Fla. Stat. §
+768.81", "Tex. Penal Code Ann. § 22.01"): with ``_CITE_ABBR``, they go on when capitalized
+words lead from them to a section sign (``_reaches_section``)."""
+_UNIT_LETTER = re.compile(r"[B-HJ-Z]\d{0,3}")
+"""A building's, room's or suite's letter ("Bldg. C, Rm. 204", "Ste. B2"): after "Bldg.",
+"Rm.", "Ste." or "Apt." it goes on, as a number does; not "A" nor "I", which open sentences."""
+_UNITS_BEFORE_LETTER = frozenset("bldg rm ste apt".split())
+_YAHOO = frozenset(
+    "Finance Mail News Sports Answers Japan Search Groups Messenger Maps Weather Music "
+    "Games Travel Shopping Autos Health Entertainment Life Tech Style".split())
+"""The brand writes its "!": "Yahoo! Finance" goes on (any other word after it ends)."""
 _CHAIN_MOST = 4
 """How many abbreviations ``_abbreviation_chain`` reads ahead ("Proc. Natl. Acad. Sci.,")."""
 _JOURNAL_WORDS = frozenset(
@@ -1063,6 +1093,10 @@ class Segmenter:
                     return False  # a move's mark: "Nf6?? 4. Qxf7#"
             if run[-1] in ".\u2026" and not nxt.isupper():
                 return False  # "the total is... $42.17": a pause, not an end
+            if nxt in _TIBETAN_SHADS:
+                return False  # "། །": a verse's head shad opens the next line, not a sentence
+            if run == "!" and buf[ws:i] == "Yahoo" and self._next_word(i + 1) in _YAHOO:
+                return False  # "Yahoo! Finance": the brand's own mark
             # "Well... I think": an ellipsis before the pronoun I goes on.
             return not (nxt == "I" and run[0] in ".\u2026"
                         and self._next_word(i + len(run)) in ("I", "I'm", "I've", "I'd"))
@@ -1105,11 +1139,18 @@ class Segmenter:
             if nxt.isdigit() or (len(after) == 1 or after in _CITE_ABBR) and (
                     self._need(j + len(after)) and buf[j + len(after)] == "."):
                 return False
+        if (word in _CITE_ABBR or word in _STATUTE_ABBR) and self._reaches_section(i + 1):
+            return False  # "Cal. Civ. Code § 1542", "Fla. Stat. § 768.81"
         base = word.rsplit("'", 1)[-1].rsplit("\u2019", 1)[-1]  # "l'avv.", "dell'Ing."
         if word in _TITLES or low in _NEVER_END or base in _TITLES or base.lower() in _NEVER_END:
             return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
+        if low in _BIBLE_BOOKS and nxt.isdigit() and self._chapter_verse(i + 1):
+            return False  # "Lk. 6:20", "1 Tim. 3:16"
+        if low in _UNITS_BEFORE_LETTER and nxt.isupper() and (
+                _UNIT_LETTER.fullmatch(self._next_word(i + 1))):
+            return False  # "Bldg. C, Rm. 204", "Ste. B2"
         if (word.lower() in _BEFORE_NUMBER or low.endswith("str") or word in _WEEKDAYS
                 or word == "ok") and nxt.isdigit():  # (a weekday as written: "on Sat. 14
             # June", not "the sun. 3"; the Polish "ok. 50 zł" (about) as written: "OK. 3")
@@ -1126,8 +1167,9 @@ class Segmenter:
             return nxt.isupper() and (after in _STARTERS or after in _GERMAN_STARTERS)
         if nxt.isupper() and (low in _BEFORE_ROMAN or _DOUBLED.fullmatch(word) or low == "co"):
             after = self._next_word(i + 1)
-            if low in _BEFORE_ROMAN and _ROMAN.fullmatch(after) and after != "I":
-                return False  # "séc. XX", "sec. XIX", "s. XIX": a century
+            if low in _BEFORE_ROMAN and _ROMAN.fullmatch(after) and (
+                    after != "I" or self._roman_listed(i + 1)):
+                return False  # "séc. XX", "sec. XIX", "s. XIX": a century; "Art. III,"
             if low == "co" and after in ("KG", "OHG", "KGaA"):
                 return False  # "GmbH & Co. KG"
             if _DOUBLED.fullmatch(word) and _DOUBLED.fullmatch(after) and (
@@ -1177,6 +1219,41 @@ class Segmenter:
             if j < len(buf) and buf[j].isdigit():
                 return True
         return False
+
+    def _reaches_section(self, j: int) -> bool:
+        """From ``j``, at most ``_CHAIN_MOST`` capitalized words (each may end in a full
+        stop) and then a section sign: "Civ. Code § 1542", "Stat. § 768.81". A sentence
+        never opens so, so the word before them was a statute's abbreviation."""
+        buf = self._buf
+        for _ in range(_CHAIN_MOST + 1):
+            while self._need(j) and buf[j] in _SPACE:
+                j += 1
+            if j < len(buf) and buf[j] == "\u00a7":
+                return True
+            word = self._next_word(j)
+            if not (word[:1].isupper() and word.isalpha()):
+                return False
+            j += len(word)
+            if self._need(j) and buf[j] == ".":
+                j += 1
+        return False
+
+    def _chapter_verse(self, j: int) -> bool:
+        """A chapter and verse at ``j`` (after spaces): digits, ":", a digit ("6:20")."""
+        buf = self._buf
+        while self._need(j) and buf[j] in _SPACE:
+            j += 1
+        k = j
+        while self._need(k) and buf[k].isdigit():
+            k += 1
+        return k > j and self._need(k + 1) and buf[k] == ":" and buf[k + 1].isdigit()
+
+    def _roman_listed(self, j: int) -> bool:
+        """The roman numeral "I" at ``j`` (after spaces) is followed by a comma: "Art. I,"."""
+        buf = self._buf
+        while self._need(j) and buf[j] in _SPACE:
+            j += 1
+        return self._need(j + 1) and buf[j + 1] == ","
 
     def _german_month(self, j: int, ws: int) -> bool:
         """The word after ``j`` is a German month after the day that ends at the word
