@@ -12,8 +12,9 @@ on how the stream was chunked:
 
 * A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
   letter: ``Τι ώρα είναι; Είναι``; also ``؟ ۔ । ॥``, the Armenian ``։``, the Amharic ``።``
-  and ``፧``, the Burmese ``။``, the Khmer ``។`` and ``៕``; a Georgian letter counts as a
-  capital) (plus closing quotes, brackets, markdown emphasis, citation marks, ``.[1]``,
+  and ``፧``, the Burmese ``။``, the Khmer ``។`` and ``៕``, the Tibetan ``།`` and ``༎`` (not
+  between a verse's ``། །``); a Georgian letter counts as a capital) (plus closing quotes,
+  brackets, markdown emphasis, citation marks, ``.[1]``,
   ``.[1, 2]``, ``.[1–3]``, and trailing emoji or emoticons: ``Nice try. ;-)``,
   ``Done! :)``, ``xD``) followed by whitespace;
   the first character of the next word decides the ambiguous cases. ``8.`` + ``4`` never
@@ -38,8 +39,14 @@ on how the stream was chunked:
   ``6 ft. 2``, Hungarian ``kb. 12`` (about), Croatian ``pon. 5.`` (Monday) never before a digit,
   except ``No.`` opening the reply or a line, or after ``?`` or ``!`` (the answer: ``Prime?
   No. 91 is``; after a full stop it numbers: ``holds 250. No. 7 is``); ``et al.`` only
-  before a capital (``Smith et al. (2020) found``). German, French, Spanish, Italian and Portuguese
-  replies: ``z. B.``, ``u. a.``, ``bzw.``, ``p. ex.``, ``bât.`` and titles (``Sra.``,
+  before a capital (``Smith et al. (2020) found``). A Bible book goes on before a chapter
+  and verse (``Lk. 6:20``, ``1 Tim. 3:16``), a statute's abbreviations before the capitalized
+  words that lead to its ``§`` (``Cal. Civ. Code § 1542``, ``Fla. Stat. §``), a division
+  before its roman numeral (``Art. III``, ``Vol. II``; ``Art. I`` only before a comma), a
+  building's, room's or suite's letter after its word (``Bldg. C``, ``Ste. B2``; not ``A``
+  or ``I``), and the brand ``Yahoo!`` before its products (``Yahoo! Finance``). German,
+  French, Spanish, Italian and Portuguese replies: ``z. B.``, ``u. a.``, ``bzw.``,
+  ``p. ex.``, ``bât.`` and titles (``Sra.``,
   ``Dra.``, ``Sig.``, ``dott.``) never end one; ``Nr. 5``, ``pág. 12``,
   ``Hauptstr. 12``, ``lun. 3`` (Monday), ``env. 20`` (about) never before a digit;
   a kitchen unit before a capital ends one only before a word that opens sentences, a
