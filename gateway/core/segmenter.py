@@ -330,12 +330,13 @@ _BEFORE_NUMBER = frozenset(
     "रु".split()  # Hindi: "रु. 450" (rupees)
 )
 _BIBLE_BOOKS = frozenset(
-    "gen exod lev num deut josh judg ruth sam kgs chr neh esth ps pss prov eccl eccles "
-    "isa jer ezek dan hos joel obad mic nah hab zeph hag zech mal matt mt mk "
+    "gen exod lev num deut josh judg sam kgs chr neh esth ps pss prov eccl eccles "
+    "isa jer ezek dan hos obad mic nah hab zeph hag zech mal matt mt mk "
     "lk jn jhn rom cor gal eph phil col thess tim tit philem heb jas jud rev".split())
 """Bible books as references abbreviate them: before a chapter and verse ("Lk. 6:20", "1 Tim.
 3:16") one goes on; before a bare number only those in ``_BEFORE_NUMBER`` do, since "Tim.",
-"Dan." and "Phil." are names too ("I called Tim. 3 days later")."""
+"Dan." and "Phil." are names too ("I called Tim. 3 days later"). Not the books written in
+full ("Ruth", "Job") nor words ("song", "pet"): "I called Ruth. 9:30 works" ends."""
 _STATUTE_ABBR = frozenset(
     "Cal Calif Fla Tex Ariz Colo Conn Mass Mich Minn Okla Tenn Wash Wis Ala Ark Kan Ky Md Neb "
     "Nev Va Ga Ill Stat Ann Pen Bus Prof Fam Veh Ins Lab".split())
