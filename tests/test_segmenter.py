@@ -1741,6 +1741,8 @@ def test_the_tibetan_shad_ends_a_sentence(text, want):
      ["Read 1 Tim. 3:16 and Jas. 1:5 tonight.", "Then pray."]),
     # a name before a bare number still ends: only a chapter and verse follow a book
     ("I called Tim. 3 days later he wrote back.", ["I called Tim.", "3 days later he wrote back."]),
+    # a book written in full takes no full stop in a reference: after it one ends a sentence
+    ("I called Ruth. 9:30 works.", ["I called Ruth.", "9:30 works."]),
 ])
 def test_a_bible_book_goes_on_before_a_chapter_and_verse(text, want):
     """"Lk. 6:20–23" was cut after "Lk.": a book's abbreviation before "chapter:verse" goes
