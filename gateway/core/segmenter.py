@@ -1197,10 +1197,8 @@ class Segmenter:
                 nxt in "OUED" and self._next_word(i + 1) in _FLOORS)):
             return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert", "5, 3. OG"
         if word in _JOURNAL_WORDS and nxt.isdigit():
-            p = ws - 1  # "Phys. Rev. Lett. 105": the chain's last word before its volume
-            while p >= 0 and buf[p] in _SPACE:
-                p -= 1
-            return not (p >= 0 and buf[p] == ".")
+            p = self._end_before(ws)  # "Phys. Rev. Lett. 105": the chain's last word before
+            return not (p >= 0 and buf[p] == ".")  # its volume
         return not (word in _JOURNAL_WORDS and nxt.isupper() and self._abbreviation_chain(i + 1))
 
     def _abbreviation_chain(self, j: int) -> bool:
@@ -1274,14 +1272,20 @@ class Segmenter:
         """The word before position ``ws`` (the start of a word), lower case, without
         quotes or brackets: in the pending segment, else the one a cut inside the sentence
         left before it ("" if none)."""
+        p = self._end_before(ws)
+        if p < 0:
+            return self._carry or ""
+        q = self._buf.rfind(" ", 0, p) + 1
+        return _bare(self._buf[q:p + 1])
+
+    def _end_before(self, ws: int) -> int:
+        """Where the text before position ``ws`` ends, past the spaces: -1 if none (in the
+        pending segment)."""
         buf = self._buf
         p = ws - 1
         while p >= 0 and buf[p] in _SPACE:
             p -= 1
-        if p < 0:
-            return self._carry or ""
-        q = buf.rfind(" ", 0, p) + 1
-        return _bare(buf[q:p + 1])
+        return p
 
     def _name_or_end(self, i: int, ws: int, word: str) -> bool:
         """After "B.", "U.S." or "St." before a capital: a name going on or a new sentence.
