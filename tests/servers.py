@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -594,6 +596,64 @@ SIGHUP_AT_DEFAULT = [sys.executable, "-c", "import os, signal, sys; "
 """A command's prefix that runs it with SIGHUP at its default (not ignored)."""
 
 
+LEAK_WARNINGS = "always::ResourceWarning"
+"""The warning filter a server process the tests start runs with (``PYTHONWARNINGS``,
+``leak_checked_env``). Python ignores ResourceWarnings by default, so a socket, file or
+transport that the process dropped open said nothing, and pyproject's filterwarnings (which
+make it an error) reach only the tests' own process. "always", not "error": uvloop warns of
+a handle open at its loop's close BEFORE it closes the handle, and as an error that warning
+skipped the close and ``loop.close()`` waited for ever (tests/uvloop_leaks.py); shown, it is
+printed and the close goes on. What is printed is checked by ``leaks_said``."""
+
+LEAK_SIGNS = (
+    "ResourceWarning",  # unclosed <socket...>, unclosed transport, uvloop's unclosed resource
+    "Exception ignored",  # sys.unraisablehook's default: an exception in a __del__, a callback
+    "Task was destroyed but it is pending",  # asyncio's log: a task dropped unfinished
+    "was never awaited",  # RuntimeWarning: a coroutine created and dropped
+    "exception was never retrieved",  # asyncio's log: a task's (future's) error nobody saw
+)
+"""What Python and asyncio print, and can only print, of a leak in a process: the lines
+``leaks_said`` looks for in a server process's output."""
+
+
+_TRACEMALLOC_HINT = "Enable tracemalloc to get the object allocation traceback"
+"""The line after a ResourceWarning's (or a coroutine's): part of it, not a leak of its own."""
+_LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d |voice-gateway ")
+"""The start of the gateway's next log line (or its banner): the end of what a leak said."""
+
+
+def leak_checked_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: ours) with ``LEAK_WARNINGS`` added to its ``PYTHONWARNINGS`` (last:
+    the filter given last takes precedence), for a server process whose output
+    ``leaks_said`` then reads. A process it starts inherits it (a bench's gateway)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"), LEAK_WARNINGS]))
+    return env
+
+
+def leaks_said(output: str) -> list[str]:
+    """Each leak a process printed (``LEAK_SIGNS``), with the lines that go with it (the
+    warning's source line, the traceback of an exception ignored), up to the next log line.
+    Empty when it printed none."""
+    said: list[str] = []
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if any(sign in line for sign in LEAK_SIGNS) and _TRACEMALLOC_HINT not in line:
+            more = itertools.takewhile(lambda x: not _LOG_LINE.match(x) and (
+                _TRACEMALLOC_HINT in x or not any(sign in x for sign in LEAK_SIGNS)),
+                lines[i + 1:i + 20])
+            said.append("\n".join([line, *more]))
+    return said
+
+
+def assert_no_leaks(output: str, who: str = "the server process") -> None:
+    """Fail naming each leak ``output`` (a process's, run with ``leak_checked_env``) says."""
+    if leaks := leaks_said(output):
+        raise AssertionError(f"{who} leaked ({len(leaks)}):\n" + "\n".join(leaks)
+                             + "\n(PYTHONTRACEMALLOC=20 in the tests' environment: where "
+                             "each unclosed object was made)\n\nIts output:\n" + output)
+
+
 STOP_BOUND_S = 60.0
 """How long a ``ServeProcess`` has to exit once sent SIGTERM before it counts as hung: a
 gateway stops within its shutdown grace (seconds) even on a starved machine."""
@@ -611,6 +671,11 @@ class ServeProcess:
     It starts with SIGHUP at its default even when the tests run under ``nohup`` (SIGHUP
     ignored, which a child inherits and the gateway and the relay then leave ignored, as
     they must): the tests that send SIGHUP failed so, 2 of 2.
+
+    It runs with ``leak_checked_env``: a leak it printed (an unclosed socket, a task
+    destroyed pending, an exception ignored in a ``__del__``: ``LEAK_SIGNS``) fails the test
+    at ``__exit__``, naming it. Such a leak only went to the process's output, which no
+    test read: it passed.
     """
 
     def __init__(self, *args: str, command: Sequence[str] = ()) -> None:
@@ -622,7 +687,8 @@ class ServeProcess:
             command = [*SIGHUP_AT_DEFAULT, *command]
         self._proc = subprocess.Popen(command,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                      text=True, env=leak_checked_env(
+                                          {**os.environ, "PYTHONUNBUFFERED": "1"}))
         self._reader = threading.Thread(target=self._read, daemon=True, name="serve output")
         self._reader.start()
 
@@ -686,13 +752,15 @@ class ServeProcess:
     def __enter__(self) -> ServeProcess:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 *_: object) -> None:
         """A process still running is asked to stop as an operator would (SIGTERM), and
         killed only if it has not within ``STOP_BOUND_S``: then, unless the test failed
         already, the test fails, for a gateway that does not stop on SIGTERM is a
         shutdown defect. (It was killed at once: no gateway here ever shut down cleanly
         at the end of a test, and the subprocess coverage data it writes on SIGTERM,
-        pyproject's [tool.coverage.run], was lost.)"""
+        pyproject's [tool.coverage.run], was lost.) Then a leak the process printed fails
+        the test (``assert_no_leaks``); a test failing already gets it as a note."""
         hung = False
         if self._proc.poll() is None:
             self._proc.terminate()
@@ -709,6 +777,10 @@ class ServeProcess:
             raise AssertionError(f"the process hung: still running {STOP_BOUND_S:g} s "
                                  "after SIGTERM, so it was killed. Its output:\n"
                                  + "".join(self.output))
+        if (leaks := leaks_said("".join(self.output))) and exc is not None:
+            exc.add_note("and the process leaked:\n" + "\n".join(leaks))
+        elif leaks:
+            assert_no_leaks("".join(self.output), "the process")
 
 
 _PORT_TAKEN = "Address already in use"  # the OSError of a bind, on Linux and macOS
