@@ -483,6 +483,14 @@ async def _send_plain(
 # --- a real mlx_lm.server -----------------------------------------------------------------
 
 
+MLX_LM_SERVER_WARNING = ("ignore:mlx_lm.server is not recommended for production:UserWarning:"
+                         "mlx_lm.server")
+"""mlx_lm.server warns at every start (``run`` in mlx_lm/server.py, unconditionally, with no
+option to say it is known) that it is not for production: a test server on 127.0.0.1 is
+none, and the line went into every log the tests read when a start failed. Ignored by its
+own message, category and module only."""
+
+
 class TinyLlamaServer:
     """A real ``mlx_lm.server`` subprocess serving a tiny llama from ``model_dir``.
 
@@ -527,6 +535,8 @@ class TinyLlamaServer:
         self._proc = subprocess.Popen(
             [
                 sys.executable,
+                "-W",
+                MLX_LM_SERVER_WARNING,
                 "-m",
                 "mlx_lm",
                 "server",

@@ -18,7 +18,7 @@ import pytest
 from gateway.cli import _parser, build_config, main
 from gateway.config import load_config
 from tests.hang_guard import HANG_S
-from tests.servers import ServeProcess
+from tests.servers import ServeProcess, assert_no_leaks, leak_checked_env
 
 
 def config_of(*argv: str):
@@ -465,11 +465,14 @@ def test_the_model_hub_is_off_unless_the_operator_turns_it_on():
     code = ("import os; from gateway.cli import main; main(['serve', '--frame-ms', '33']); "
             "print(os.environ.get('HF_HUB_OFFLINE'))")
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert out.stdout.split()[-1] == "1"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**env, "HF_HUB_OFFLINE": "0"})
+                         env=leak_checked_env(env))
+    assert out.stdout.split()[-1] == "1"
+    assert_no_leaks(out.stderr, "the gateway")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=leak_checked_env({**env, "HF_HUB_OFFLINE": "0"}))
     assert out.stdout.split()[-1] == "0"
+    assert_no_leaks(out.stderr, "the gateway")
 
 
 def test_the_production_example_config_loads_as_documented(tmp_path):
@@ -829,7 +832,8 @@ def test_a_banner_nobody_reads_does_not_stop_the_gateway():
     os.close(read)
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0",
                              "--http-port", "0", "--tts", "synthetic", "--log-level", "DEBUG"],
-                            stdout=write, stderr=subprocess.PIPE, text=True)
+                            stdout=write, stderr=subprocess.PIPE, text=True,
+                            env=leak_checked_env())
     os.close(write)
     assert proc.stderr is not None
     try:
@@ -846,6 +850,7 @@ def test_a_banner_nobody_reads_does_not_stop_the_gateway():
         proc.stderr.close()
     assert health.status_code == 200
     assert code == 0 and "Broken pipe" not in log and " INFO gateway: stopped" in log, log
+    assert_no_leaks(log, "the gateway")
 
 
 async def use_as_printed(voice: str, health: str, console: str, speech: str,

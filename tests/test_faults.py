@@ -26,7 +26,16 @@ from gateway.io.lanes import Lane
 from gateway.io.server import Gateway
 from tests.fixtures_mlx import NO_STEP_DEADLINE
 from tests.hang_guard import HANG_S, hang_guard, unless_hung
-from tests.servers import Drop, Hang, ServeProcess, Text, TinyLlamaServer, reply_script
+from tests.servers import (
+    Drop,
+    Hang,
+    ServeProcess,
+    Text,
+    TinyLlamaServer,
+    assert_no_leaks,
+    leak_checked_env,
+    reply_script,
+)
 from tests.wsclient import TurnResult, read_turn, read_until_closed, recv_event, send
 
 NO_PACING = {"max_lead_ms": 30_000}  # the whole reply is released at once
@@ -1122,9 +1131,11 @@ print("exiting with a stuck lane thread", flush=True)
 @pytest.mark.slow
 def test_a_stuck_engine_thread_does_not_keep_the_process_alive():
     done = subprocess.run([sys.executable, "-c", STUCK_THEN_EXIT], capture_output=True,
-                          text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+                          text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)),
+                          env=leak_checked_env())
     assert done.returncode == 0, done.stderr
     assert "exiting with a stuck lane thread" in done.stdout
+    assert_no_leaks(done.stderr, "the gateway")
 
 
 async def test_ended_sessions_are_freed():

@@ -474,6 +474,15 @@ async def test_llama_cpp_timings_give_the_rate(llm, scripted_llm_server):
 
 
 @pytest.mark.slow
+def test_the_real_mlx_lm_server_starts_warning_of_nothing(tiny_llama_server):
+    """mlx_lm.server warned at each start that it is not for production (a UserWarning in
+    the log the tests show when a start fails): a test server is none, and the warning is
+    ignored by its message (tests/servers.py MLX_LM_SERVER_WARNING)."""
+    assert not [line for line in tiny_llama_server.log if "Warning" in line], \
+        "".join(tiny_llama_server.log)
+
+
+@pytest.mark.slow
 async def test_real_stream_from_mlx_lm_server(tiny_llama_server):
     llm = OpenAiLlm(tiny_llama_server.url, timeout=httpx.Timeout(30.0))
     try:
