@@ -36,6 +36,10 @@ for line in sys.stdin.read().splitlines():
     sys.argv = argv[1:] if argv[0] == "-m" else argv
     try:
         if argv[0] == "-m":
+            # (as `python -m` finds it: not imported yet. An earlier command may have
+            # imported it, bench.scheduler_variants imports bench.scheduler, and runpy then
+            # warns that it "may result in unpredictable behaviour")
+            sys.modules.pop(argv[1], None)
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(argv[0], run_name="__main__")
@@ -79,6 +83,7 @@ def test_every_documented_bench_and_example_command_parses() -> None:
                          capture_output=True, text=True, cwd=ROOT, timeout=240, check=True)
     failed = out.stdout.strip().splitlines()
     assert failed == [], {line: commands.get(line.split(":")[0]) for line in failed}
+    assert "Warning" not in out.stderr, out.stderr  # (runpy's, of a module run twice)
 
 
 def test_the_python_snippets_of_the_readme_and_the_http_api_compile() -> None:
