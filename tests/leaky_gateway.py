@@ -55,13 +55,29 @@ async def _ignored() -> None:
     Broken()  # "Exception ignored in: <function ...__del__ ...>"
 
 
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+        self.socket = socket.socket()
+
+
+async def _cycle() -> None:
+    # at the gateway's end, once its loop is closed (``run`` has returned, ``main``): a
+    # socket dropped open in a reference cycle, which only a collection finalizes
+    at_the_end.append(_Cycle)
+
+
+at_the_end: list[Callable[[], object]] = []
+"""What ``gateway.io.server.run`` does once it has returned."""
+
+
 async def _none() -> None:
     pass
 
 
 LEAKS: dict[str, Callable[[], Awaitable[None]]] = {
     "socket": _socket, "transport": _transport, "task": _task, "coroutine": _coroutine,
-    "ignored": _ignored, "none": _none}
+    "ignored": _ignored, "cycle": _cycle, "none": _none}
 
 
 def main() -> None:
@@ -79,7 +95,15 @@ def main() -> None:
         finally:
             await leaker
 
+    run = gateway.io.server.run
+
+    def running(*args: Any) -> None:
+        run(*args)
+        for leak_at_the_end in at_the_end:
+            leak_at_the_end()
+
     gateway.io.server.serve_until_signalled = leaking  # type: ignore[assignment]
+    gateway.io.server.run = running
     entry()
 
 
