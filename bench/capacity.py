@@ -54,7 +54,9 @@ largest N that passed) and exits 0. A server that dies during a step, or a clien
 that ends before it said it was ready or sent its figures (an import error, killed, out of
 memory: noticed within half a second, not when the 600 s or 120 s wait for them runs out),
 stops the run there with status 1, naming the process and its exit code (no summary, no
-``--json``). Each server's stderr goes to
+``--json``). A gateway that printed a leak (it runs with ResourceWarnings shown: an
+unclosed socket, a task destroyed pending) fails the run too, the leak said on stderr and
+its log kept. Each server's stderr goes to
 /tmp/capacity-<target>-<pid>.log, kept (and its path said on stderr) only for the step that
 failed the run, or a server that died or did not stop as told; removed otherwise.
 Ctrl-C stops the run: the steps measured until then keep their rows, the summary and
@@ -76,10 +78,12 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from array import array
 from pathlib import Path
 from queue import Empty
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -145,6 +149,11 @@ def raise_nofile() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+LEAKED: list[str] = []
+"""What the gateway processes of this run printed of a leak (``Server.leaks``): the run
+fails."""
+
+
 class Server:
     """One server process; ``PORT <n>`` on its stdout says it is serving. Its stderr goes
     to /tmp/capacity-<target>-<our pid>.log (one run's own: runs side by side each wrote
@@ -155,7 +164,13 @@ class Server:
     server under the load.
 
     As a context manager it closes on the way out, the run failed when ``failed`` was set
-    or an exception other than Ctrl-C ended the block (a server that died, a bench bug)."""
+    or an exception other than Ctrl-C ended the block (a server that died, a bench bug).
+
+    The gateway runs with ResourceWarnings shown (``leak_checked_env``), and what it printed
+    of a leak (an unclosed socket, a task destroyed pending: tests/servers.py
+    ``leaks_said``) is in ``leaks`` once it is closed, said on stderr and in ``LEAKED``: the
+    run fails (its log kept). Its log went to a file nobody read once the run passed, or
+    by ``log=False`` to ours, passed on line by line (and read)."""
 
     def __init__(self, target: str, *extra: str, log: bool = True) -> None:
         self.target = target
@@ -165,11 +180,23 @@ class Server:
         self.logfile = logfile = f"/tmp/capacity-{target}-{os.getpid()}.log" if log else None
         self.failed = False
         """The run failed: ``close`` keeps the log."""
-        with open(logfile, "w") if logfile else contextlib.nullcontext() as stderr:
+        self.leaks: list[str] = []
+        """What the gateway printed of a leak, once closed."""
+        checked = target == "gateway"  # (the peers' leaks are not ours to fix)
+        # (here, not at the top: each client process, spawned, imports this module)
+        from tests.servers import leak_checked_env
+        self._said: list[str] = []
+        with open(logfile, "w") if logfile else contextlib.nullcontext(
+                subprocess.PIPE if checked else None) as stderr:
             self.proc = subprocess.Popen(
                 [PYTHONS[target], str(SCRIPTS[target]), "--port", "0", *extra],
                 stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT,
-                start_new_session=True)
+                start_new_session=True, env=leak_checked_env() if checked else None)
+        self._passing_on = None
+        if self.proc.stderr is not None:
+            self._passing_on = threading.Thread(target=self._pass_on, args=(self.proc.stderr,),
+                                                daemon=True, name=f"{target} log")
+            self._passing_on.start()
         assert self.proc.stdout is not None
         try:
             line = self.proc.stdout.readline()
@@ -183,6 +210,30 @@ class Server:
                                + (f"; see {logfile}" if logfile else ""))
         self.port = int(line.split()[1])
         self.pid = self.proc.pid
+
+    def _pass_on(self, log: Any) -> None:
+        """``log=False``: the server's stderr on ours, as it comes, and kept for ``leaks``."""
+        for line in log:
+            self._said.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    def _find_leaks(self) -> None:
+        from tests.servers import leaks_said
+
+        if self.target != "gateway":
+            return
+        if self._passing_on is not None:
+            self._passing_on.join(10)
+            said = "".join(self._said)
+        else:
+            said = Path(self.logfile).read_text() if self.logfile else ""
+        self.leaks = leaks_said(said)
+        if self.leaks:
+            LEAKED.extend(self.leaks)
+            self.failed = True
+            print(f"the {self.target} server leaked ({len(self.leaks)}):\n"
+                  + "\n".join(self.leaks), file=sys.stderr, flush=True)
 
     def check_alive(self) -> None:
         """A server that printed its port and then died (a missing module, a crash) would
@@ -203,6 +254,9 @@ class Server:
             code = self._kill()
         assert self.proc.stdout is not None
         self.proc.stdout.close()
+        self._find_leaks()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
         if self.logfile is not None:
             if self.failed or code not in (0, -signal.SIGTERM):
                 print(f"{self.target} server log: {self.logfile}", file=sys.stderr,
@@ -218,6 +272,10 @@ class Server:
         code = self.proc.wait()
         assert self.proc.stdout is not None
         self.proc.stdout.close()
+        if self._passing_on is not None:
+            self._passing_on.join(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
         return code
 
     def _drop_log(self) -> None:
@@ -996,7 +1054,7 @@ def main() -> int:
     try:
         result = bench(args)
         # (CI and scripts read the status: a broken step exited 0, as a run that passed)
-        code = 1 if failed(args.mode, result) else 0
+        code = 1 if failed(args.mode, result) or LEAKED else 0
     except Interrupted as stopped:  # (a traceback, and no --json, for a run of many steps)
         result, code = stopped.result, 130
     except KeyboardInterrupt:  # (profile: one step, nothing measured yet)

@@ -29,7 +29,9 @@ refused (``rejected: <code>``, e.g. ``rate_limited``: goal 0), resumes and resum
 protocol violations, and how long the gateway took to exit on SIGTERM. A socket the gateway
 closes (or a reconnect it refuses) loses that session and its turn at once, the others go
 on; a gateway that dies under the load is reported as such. Exit status 1 if anything that
-should be 0 is not (connect failures included). Ctrl-C stops the load: the sessions close
+should be 0 is not (connect failures included), or if the gateway printed a leak (it runs
+with ResourceWarnings shown; ``gateway.leaks``: an unclosed socket, a task destroyed
+pending). Ctrl-C stops the load: the sessions close
 their sockets, the turns being heard count as ``interrupted``, the gateway is probed as
 after a full run, and the table (and ``--json``) has what was measured until then; the
 exit status is 130 (a second Ctrl-C stops at once). The gateway runs in a session of its
@@ -791,7 +793,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                   "idle_after": after["tasks"]},
         "gateway": {"sessions_after": health["sessions"], "queue_after":
                     health["lanes"], "errors": health["errors"], "turns": health["turns"],
-                    "exit_code": code, "stop_s": round(stop_s, 2), "died": died},
+                    "exit_code": code, "stop_s": round(stop_s, 2), "died": died,
+                    "leaks": gateway.leaks},
         "cpu": cpu_per_turn(samples, warm, running, frames),
         "samples": samples,
     }
@@ -814,7 +817,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     # (under --faults a turn may fail: with one error of FAULT_CODES, or it is a violation)
     ended = {"completed", "cancelled"} | ({"failed"} if llm is not None else set())
     result["ok"] = (stats.statuses.get("completed", 0) > 0 and
-                    not died and result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
+                    not died and not gateway.leaks and
+                    result["seq_gaps"] == 0 and result["seq_repeats"] == 0 and
                     result["violations"] == 0 and stats.connect_failures == 0 and
                     # (failed, lost, or refused by the gateway: "rejected: rate_limited")
                     set(stats.statuses) <= ended and

@@ -538,3 +538,40 @@ def test_a_client_process_that_dies_stops_the_step_naming_it(monkeypatch, tmp_pa
     assert isinstance(exc, SystemExit), exc
     assert re.fullmatch(rf"client process \d+ {said}; client process \d+ {said}", str(exc)), exc
     assert multiprocessing.active_children() == []  # (reaped)
+
+
+# (stands in for bench/capacity_server.py: it drops a socket open, then serves)
+LEAKS_A_SOCKET = ("import socket, time\nsocket.socket()\nprint('PORT 1', flush=True)\n"
+                  "time.sleep(600)\n")
+
+
+@pytest.mark.parametrize("log", [True, False], ids=["log file", "log on ours"])
+def test_a_gateway_that_leaks_fails_the_run_naming_the_leak(monkeypatch, tmp_path, capfd, log):
+    """The bench's gateway (and the soak's: ``log=False``) printed its leaks to a log that
+    was removed once the run passed, or to ours, which nobody read: it passed. It runs with
+    ResourceWarnings shown, and what it printed of a leak is the server's ``leaks``, on
+    stderr, and fails the run (``LEAKED``); its log is kept."""
+    script = tmp_path / "leaks.py"
+    script.write_text(LEAKS_A_SOCKET)
+    monkeypatch.setitem(capacity.SCRIPTS, "gateway", script)
+    monkeypatch.setattr(capacity, "LEAKED", [])
+    server = capacity.Server("gateway", log=log)
+    try:
+        with server:
+            pass
+        (leak,) = server.leaks
+        assert "ResourceWarning: unclosed <socket.socket" in leak
+        assert capacity.LEAKED == [leak] and server.failed
+        assert f"the gateway server leaked (1):\n{leak}" in capfd.readouterr().err
+        if log:
+            assert server.logfile is not None and Path(server.logfile).exists()  # (kept)
+    finally:
+        if server.logfile:
+            Path(server.logfile).unlink(missing_ok=True)
+
+
+def test_the_gateway_of_a_run_that_passes_leaked_nothing(monkeypatch):
+    monkeypatch.setattr(capacity, "LEAKED", [])
+    with capacity.Server("gateway", log=False) as server:
+        pass
+    assert server.leaks == [] and capacity.LEAKED == [] and not server.failed
