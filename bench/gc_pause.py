@@ -204,7 +204,7 @@ def main() -> None:
                               "--sentences", str(args.sentences),
                               "--collections", str(args.collections),
                               "--window", str(args.window), *extra],
-                             cwd=ROOT, capture_output=True, text=True, check=True)
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{'variant':16} {'engine':9} {'sessions':>8} {'tracked':>8} {'per session':>11} "
           f"{'frozen':>8} {'full GC median ms':>17} {'max ms':>7} {'CPU median ms':>13}")
