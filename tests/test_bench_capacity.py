@@ -536,7 +536,10 @@ def test_a_client_process_that_dies_stops_the_step_naming_it(monkeypatch, tmp_pa
         server.close()
     (exc,) = ended
     assert isinstance(exc, SystemExit), exc
-    assert re.fullmatch(rf"client process \d+ {said}; client process \d+ {said}", str(exc)), exc
+    # (each client that has ended when the bench looks is named: both, or the first alone
+    # when the second had not ended yet)
+    assert re.fullmatch(rf"client process \d+ {said}(; client process \d+ {said})?",
+                        str(exc)), exc
     assert multiprocessing.active_children() == []  # (reaped)
 
 
