@@ -44,7 +44,7 @@ import sys
 import time
 import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,16 +112,18 @@ class Sim:
         self.m = model
         self.rng = random.Random(seed)
         self.now = 0.0
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timers: list[tuple[float, int, Callable[[], object]]] = []
         self._ids = itertools.count()
         self.gpu: dict[int, list] = {}  # id -> [work_left, weight, on_done]
         self.llm_streams: dict[int, list] = {}  # id -> [work_left, on_done]
         self.llm_busy_s = 0.0  # time with an LLM stream decoding
         self.llm_work_s = 0.0  # GPU-alone seconds of LLM progress
         self.tts_gpu_busy_s = 0.0
-        self.probe: Callable[[float, float, float], None] | None = None
+        self.probe: Callable[[float, float | None, int], None] | None = None
+        """Told each slice of time: its seconds, the LLM's rate (None: no stream decoding),
+        the GPU tasks running."""
 
-    def at(self, t: float, fn: Callable[[], None]) -> None:
+    def at(self, t: float, fn: Callable[[], object]) -> None:
         heapq.heappush(self._timers, (t, next(self._ids), fn))
 
     def gpu_task(self, work: float, on_done: Callable[[], None]) -> None:
@@ -437,25 +439,26 @@ class Scheduler:
         turn = sj.turn
         if self.placer is None or not turn.interactive or not turn.synthesized:
             return
+        placer = self.placer
         if self.active == "sent":
-            self.placer.release(id(turn))
+            placer.release(id(turn))
         else:  # "played": when the listener has played it all
             end = max(self.sim.now, turn.play_end or self.sim.now)
-            self.sim.at(end, lambda: self.placer.release(id(turn)))
+            self.sim.at(end, lambda: placer.release(id(turn)))
 
     def submit(self, job: SimJob) -> None:
-        lane = self.gpu
-        if self.placer is not None and job.priority is Priority.INTERACTIVE:
-            chosen = self.placer.place_turn(id(job.turn), "v", bool(self.sim.llm_streams))
-            lane = self.ane if chosen == "ane" else self.gpu
-        elif self.ane is not None and job.priority is Priority.INTERACTIVE:
-            if job.index > 0:  # a turn stays on the lane its first segment chose
-                lane = self.ane if job.turn.segments[0].lane == "ane" else self.gpu
+        lane, ane = self.gpu, self.ane
+        if ane is not None and job.priority is Priority.INTERACTIVE:
+            if self.placer is not None:  # (there is a placer only beside an ANE lane)
+                chosen = self.placer.place_turn(id(job.turn), "v", bool(self.sim.llm_streams))
+                lane = ane if chosen == "ane" else self.gpu
+            elif job.index > 0:  # a turn stays on the lane its first segment chose
+                lane = ane if job.turn.segments[0].lane == "ane" else self.gpu
             else:
                 options = [LaneLoad(self.profiles[ln.name], len(ln.active))
-                           for ln in (self.gpu, self.ane)]
+                           for ln in (self.gpu, ane)]
                 chosen = place(options, llm_decoding=bool(self.sim.llm_streams))
-                lane = self.ane if chosen == "ane" else self.gpu
+                lane = ane if chosen == "ane" else self.gpu
         lane.submit(job)
 
     def lane_busy_s(self) -> float:
@@ -477,11 +480,18 @@ POLICIES: dict[str, Callable[..., Any]] = {
 # ---- workloads -----------------------------------------------------------------------
 
 
-def pct(values: list[float], q: float) -> float | None:
+def pct(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile of ``values`` (the nearest rank); None for none."""
     if not values:
         return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    ranked = sorted(values)
+    return ranked[min(len(ranked) - 1, int(round(q * (len(ranked) - 1))))]
+
+
+def pct_us(ns: Sequence[int], q: float) -> float | None:
+    """``pct`` of nanoseconds, in microseconds."""
+    at = pct(ns, q)
+    return None if at is None else at / 1e3
 
 
 def make_job(sim: Sim, turn: Turn, audio_s: float, priority: Priority,
@@ -514,11 +524,15 @@ def scenario_validation(model: Model, seed: int, runs: int) -> dict[str, Any]:
             t += 8.0
             turn = Turn(start=t)
             turns.append(turn)
-            sim.at(t, lambda turn=turn, sim=sim, policy=policy: policy.submit(
-                make_job(sim, turn, 5.0, Priority.INTERACTIVE, model.step_audio_s)))
+
+            def submit(turn: Turn = turn, sim: Sim = sim, policy: Naive = policy) -> None:
+                policy.submit(make_job(sim, turn, 5.0, Priority.INTERACTIVE,
+                                       model.step_audio_s))
+            sim.at(t, submit)
         sim.run(t + 10.0)
-        ttfa = [tr.metrics()[0] * 1e3 for tr in turns]
-        rtf = [(max(c[1] for c in tr.chunks) - tr.start) / 5.0 for tr in turns]
+        # (as summarize: a turn with no audio yet has no TTFA, and no RTF)
+        ttfa = [first * 1e3 for tr in turns if (first := tr.metrics()[0]) is not None]
+        rtf = [(max(c[1] for c in tr.chunks) - tr.start) / 5.0 for tr in turns if tr.chunks]
         out[label] = {"ttfa_ms": pct(ttfa, 0.5), "ttfa_p90_ms": pct(ttfa, 0.9),
                       "rtf": pct(rtf, 0.5), "rtf_p90": pct(rtf, 0.9)}
         if llm:
@@ -537,6 +551,11 @@ with the LLM decoding and the LLM's rate beside TTS; the RTF with the LLM decodi
 from the time-slicing alone."""
 
 
+HUB_TURN: type[Turn] = Turn
+"""What ``hub_session`` makes its turns of (bench/scheduler_variants.py --holds swaps in its
+listener that holds playback back)."""
+
+
 def hub_session(sim: Sim, policy: Any, turns: list[Turn], until: float, step_s: float,
                 llm: bool, tokens_per_s_audio: float = 3.75) -> None:
     """A hub session taking turns: the user speaks (1 s) after a pause (exp, mean 3 s);
@@ -548,7 +567,7 @@ def hub_session(sim: Sim, policy: Any, turns: list[Turn], until: float, step_s: 
     def start_turn() -> None:
         if sim.now >= until:
             return
-        turn = Turn(start=sim.now)
+        turn = HUB_TURN(start=sim.now)
         turns.append(turn)
         lengths = [rng.uniform(2.0, 6.0) for _ in range(1 if rng.random() < 0.5 else 2)]
         turn.n_segments = len(lengths)
@@ -666,7 +685,7 @@ def bench_decision(core: types.ModuleType = scheduler_module, n: int = 1000,
     chosen job's step, which moves its listener's deadline later (as a real step does).
     ``core``: the scheduler module to measure (``--baseline`` passes an older revision's)."""
     rng = random.Random(seed)
-    play_end: dict[int, float] = {}
+    play_end: dict[Hashable, float] = {}
 
     def deadline_of(job: Job, now: float) -> float:
         return play_end[job.owner]
@@ -695,9 +714,9 @@ def bench_decision(core: types.ModuleType = scheduler_module, n: int = 1000,
         base.append(time.perf_counter_ns() - t0)
         play_end[job.owner] = max(now, play_end[job.owner]) + 0.32
     return {"queued": len(sched), "decisions": len(times),
-            "heap_us_p50": pct(times, 0.5) / 1e3, "heap_us_p99": pct(times, 0.99) / 1e3,
+            "heap_us_p50": pct_us(times, 0.5), "heap_us_p99": pct_us(times, 0.99),
             "heap_us_mean": statistics.fmean(times) / 1e3,
-            "linear_us_p50": pct(base, 0.5) / 1e3, "goal_us": 20.0}
+            "linear_us_p50": pct_us(base, 0.5), "goal_us": 20.0}
 
 
 def bench_decision_bound(core: types.ModuleType = scheduler_module, n: int = 1000,
@@ -755,7 +774,7 @@ def bench_decision_bound(core: types.ModuleType = scheduler_module, n: int = 100
             sched.submit(sentence(owner, play_end[owner], started[owner]))
     return {"queued": len(sched), "max_open": max_open, "decisions": len(times),
             "waiting_mean": statistics.fmean(waiting),
-            "us_p50": pct(times, 0.5) / 1e3, "us_p99": pct(times, 0.99) / 1e3,
+            "us_p50": pct_us(times, 0.5), "us_p99": pct_us(times, 0.99),
             "us_mean": statistics.fmean(times) / 1e3,
             "deadline_of_per_decision": statistics.fmean(per_decision), "goal_us": 20.0}
 

@@ -145,7 +145,8 @@ async def background(base: str, until: float, rng: random.Random, got: dict[str,
     loop = asyncio.get_running_loop()
     async with httpx.AsyncClient(base_url=base, timeout=120) as client:
         while loop.time() < until:
-            seconds, parts = rng.uniform(20.0, 40.0), []
+            seconds = rng.uniform(20.0, 40.0)
+            parts: list[str] = []
             while sum(len(p) for p in parts) < seconds * CHARS_PER_S:
                 parts.append(sentence(rng, rng.uniform(5.0, 10.0)))
             body = {"input": " ".join(parts), "stream_format": "sse"}
@@ -197,7 +198,7 @@ def run_policy(policy: str, duration: float, seed: int) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             proc.kill()
     turns = [t for t in account.turns if t.ttfa_s is not None]
-    ttfa = [t.ttfa_s * 1e3 for t in turns]
+    ttfa = [ttfa_s * 1e3 for t in turns if (ttfa_s := t.ttfa_s) is not None]
     return {"policy": policy, "turns": len(turns), "wall_s": wall,
             "ttfa_p50_ms": percentile(ttfa, 50), "ttfa_p90_ms": percentile(ttfa, 90),
             "ttfa_max_ms": max(ttfa, default=None),

@@ -100,7 +100,7 @@ def holding(margin: float, rank: Rank = Rank.STREAM_AGE, protect: float = 0.4) -
 
 
 def holds(model: sim.Model, args: argparse.Namespace) -> None:
-    sim.Turn, plain = HeldTurn, sim.Turn  # hub_session makes Turn(...) by name
+    sim.HUB_TURN, plain = HeldTurn, sim.HUB_TURN
     try:
         print("variant: per sessions: lane load, underruns, stall s, TTFA p50/p90 ms")
         for label, factory in (
@@ -117,7 +117,7 @@ def holds(model: sim.Model, args: argparse.Namespace) -> None:
                 f"{r['ttfa_p50_ms']:.0f}/{r['ttfa_p90_ms']:.0f}"))
             print(f"{label:26} | {row}", flush=True)
     finally:
-        sim.Turn = plain
+        sim.HUB_TURN = plain
 
 
 def ramp(model: sim.Model, args: argparse.Namespace, factory: Any,
