@@ -66,6 +66,14 @@ SENTENCES = [
 ]
 
 
+def _took(t0: float, first: float | None, what: str) -> float:
+    """Seconds from ``t0`` to the first audio (``first``); an answer without audio fails the
+    run, as it has no time to first audio."""
+    if first is None:
+        raise RuntimeError(f"{what}: the answer brought no audio")
+    return first - t0
+
+
 async def _client(ws_port: int, http_port: int, rounds: int) -> dict[str, list[float]]:
     import httpx
     from httpx_sse import aconnect_sse
@@ -91,7 +99,7 @@ async def _client(ws_port: int, http_port: int, rounds: int) -> dict[str, list[f
                         first = first or time.perf_counter()
                     elif orjson.loads(message)["type"] == "turn.done":
                         break
-                out["ws_say_first_frame"].append(first - t0)
+                out["ws_say_first_frame"].append(_took(t0, first, "say"))
 
                 t0 = time.perf_counter()
                 first = None
@@ -99,16 +107,17 @@ async def _client(ws_port: int, http_port: int, rounds: int) -> dict[str, list[f
                                         json={"input": text, "stream_format": "sse"}) as source:
                     async for _event in source.aiter_sse():
                         first = first or time.perf_counter()
-                out["sse_first_delta"].append(first - t0)
+                out["sse_first_delta"].append(_took(t0, first, "sse"))
 
                 t0 = time.perf_counter()
                 first = None
                 async with http.stream("POST", "/v1/audio/speech",
                                        json={"input": text, "response_format": "pcm",
                                              "stream": True}) as response:
+                    response.raise_for_status()  # (an error's body is no first chunk)
                     async for _chunk in response.aiter_raw():
                         first = first or time.perf_counter()
-                out["pcm_first_chunk"].append(first - t0)
+                out["pcm_first_chunk"].append(_took(t0, first, "pcm"))
 
                 t0 = time.perf_counter()
                 response = await http.post("/v1/audio/speech",
@@ -122,9 +131,10 @@ async def _client(ws_port: int, http_port: int, rounds: int) -> dict[str, list[f
                     first = None
                     async with http.stream("POST", "/v1/audio/speech",
                                            json={"input": text, "response_format": fmt}) as r:
+                        r.raise_for_status()
                         async for _chunk in r.aiter_raw():
                             first = first or time.perf_counter()
-                    out[f"{fmt}_first_byte"].append(first - t0)
+                    out[f"{fmt}_first_byte"].append(_took(t0, first, fmt))
     return out
 
 
@@ -140,6 +150,7 @@ async def _streams(http_port: int, rounds: int) -> list[tuple[str, float, float,
         for text in SENTENCES:  # the audio each sentence makes, from its PCM
             r = await http.post("/v1/audio/speech", json={"input": text,
                                                           "response_format": "pcm"})
+            r.raise_for_status()
             audio_s[text] = len(r.content) / 48_000
         for _ in range(rounds):
             for fmt in ("pcm", "wav", *ENCODED):
@@ -307,7 +318,7 @@ class _InlineEncoding:
     async def encode(self, pcm: bytes) -> bytes:
         return self.encoder.encode(pcm)
 
-    async def finish(self) -> bytes:
+    async def finish(self) -> bytes | memoryview:
         return self.encoder.finish()
 
     def close(self) -> None:
