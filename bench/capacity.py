@@ -83,7 +83,7 @@ import time
 from array import array
 from pathlib import Path
 from queue import Empty
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -125,7 +125,8 @@ CHARS_PER_S = 14  # the synthetic engine's speech rate
 
 def long_text(seconds: float) -> str:
     """Plain sentences lasting about ``seconds`` of synthetic speech (14 chars/s)."""
-    out, k = [], 0
+    out: list[str] = []
+    k = 0
     while sum(len(s) + 1 for s in out) < seconds * CHARS_PER_S:
         k += 1
         out.append(f"This is sentence number {k} of a long reply, spoken to keep the audio "
@@ -323,8 +324,8 @@ class Listener(asyncio.Protocol):
         self.buf = bytearray()
         self.upgraded = False
         self.ready = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.Transport | None = None
-        self.t0 = None  # first frame arrival
+        self.transport: asyncio.Transport  # (connection_made: before anything else)
+        self.t0: float | None = None  # first frame arrival
         self.audio_s = 0.0  # audio received before the current frame
         self.play_end = 0.0
         self.done = False
@@ -359,12 +360,13 @@ class Listener(asyncio.Protocol):
             return 0.0, 0.0
         return end[1] - start[1], end[0] - start[0]
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (create_connection: a stream)
         key = base64.b64encode(os.urandom(16)).decode()
-        transport.write((f"GET /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                         f"Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.transport.write((f"GET /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              f"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                              f"Sec-WebSocket-Key: {key}\r\n"
+                              f"Sec-WebSocket-Version: 13\r\n\r\n").encode())
 
     def connection_lost(self, exc) -> None:
         self.closed = True

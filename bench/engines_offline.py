@@ -75,7 +75,7 @@ def run_espeak_raw() -> Run:
         def __init__(self) -> None:
             self.buffers: list[np.ndarray] = []
             self.first: float | None = None
-            self.error = None
+            self.error: BaseException | None = None
             self.calls = 0
 
         def accept(self, samples: np.ndarray | None) -> int:

@@ -194,7 +194,7 @@ def main() -> None:
         print(json.dumps(row))
         return
     rows = []
-    variants = [("no-freeze", []), ("freeze", [])]
+    variants: list[tuple[str, list[str]]] = [("no-freeze", []), ("freeze", [])]
     variants += [("freeze", ["--young", str(n)]) for n in args.young]
     if args.against:
         variants.insert(1, ("freeze", ["--code", str(Path(args.against).resolve())]))

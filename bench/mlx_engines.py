@@ -73,6 +73,7 @@ def _http_row(model_dir: Path, text: str, args: argparse.Namespace) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", "tests.tts_servers.mlx_audio_server"],
                             stdout=subprocess.PIPE, env=env, text=True, cwd=root)
     try:
+        assert proc.stdout is not None  # (stdout=PIPE)
         port = int(proc.stdout.readline())
         engine = HttpTtsEngine(f"http://127.0.0.1:{port}/v1", model=str(model_dir),
                                voice="aria", format="pcm", read_timeout_s=300)
@@ -191,7 +192,7 @@ def main() -> None:
             mx.eval(r.audio)
             samples += r.audio.shape[0]
             first = first or time.perf_counter() - t0
-        return first, time.perf_counter() - t0, samples
+        return first or 0.0, time.perf_counter() - t0, samples
 
     def wrapped(seed: int) -> tuple[float, float, int]:
         t0 = time.perf_counter()
@@ -201,7 +202,7 @@ def main() -> None:
         while (chunk := stream.step()) is not None:
             nbytes += len(chunk)
             first = first or time.perf_counter() - t0
-        return first, time.perf_counter() - t0, nbytes // 2
+        return first or 0.0, time.perf_counter() - t0, nbytes // 2
 
     rows: dict[str, list[tuple[float, float, int]]] = {"mlx-audio generate": [], "qwen3 engine": []}
     peaks: dict[str, int] = {}
@@ -230,7 +231,8 @@ def main() -> None:
     if args.chatterbox:
         cb_base, cb_eng = result["chatterbox generate"], result["chatterbox engine"]
         cb_overhead = (cb_eng["total_s"] - cb_base["total_s"]) / cb_base["total_s"] * 100
-    mem = engine.memory()
+    rss_peak = engine.memory()["rss_peak_bytes"]
+    assert rss_peak is not None  # (getrusage's: only the current RSS may be unknown)
     out = {
         "rows": result,
         "wrapper_overhead_pct": overhead,
@@ -238,7 +240,7 @@ def main() -> None:
         "chatterbox_flow_steps": args.chatterbox_flow_steps if args.chatterbox else None,
         "chatterbox_ref_s": args.chatterbox_ref_s if args.chatterbox else None,
         "warmup_s": engine.warmup_s,
-        "rss_peak_mb": mem["rss_peak_bytes"] / 1e6,
+        "rss_peak_mb": rss_peak / 1e6,
         "repeats": args.repeats,
         "max_tokens": args.max_tokens,
         "ld_preload": os.environ.get("LD_PRELOAD", ""),

@@ -31,6 +31,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # engines/, tests/tiny_models
@@ -80,6 +81,8 @@ def measure_tiny(args: argparse.Namespace) -> dict:
     path = build_tiny_qwen3(Path(tempfile.mkdtemp(prefix="bench-qwen3-mem-")) / "cv")
     engine = Qwen3Engine(str(path), voice="aria", runaway_factor=10.0)
     engine.load()
+    decoder = engine._decoder
+    assert decoder is not None  # (loaded)
     cfg = engine._model.config.talker_config
     dec_cfg = engine._model.speech_tokenizer.decoder.config
     mx.clear_cache()
@@ -95,7 +98,7 @@ def measure_tiny(args: argparse.Namespace) -> dict:
         mx.clear_cache()
         amount = mx.get_active_memory() - base
         frames = 4 * steps
-        tails = sum(v.nbytes for held in engine._decoder._save()[1] for v in held
+        tails = sum(v.nbytes for held in decoder._save()[1] for v in held
                     if v is not None)
         out["steps"].append({"steps": steps, "frames": frames, "held_mb": amount / 1e6})
     stream.close()
@@ -169,7 +172,7 @@ def main() -> None:
     args = ap.parse_args()
     tiny = measure_tiny(args)
     tails = real_tails() if args.real_decoder else 0
-    out = {"tiny": tiny, "real_tails_mb": tails / 1e6, "real": real(tails)}
+    out: dict[str, Any] = {"tiny": tiny, "real_tails_mb": tails / 1e6, "real": real(tails)}
     if args.json:
         print(json.dumps(out, indent=1))
         return

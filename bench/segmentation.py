@@ -38,7 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = Path(os.environ.get("PEER_VENVS", "/work/peer-venvs"))
@@ -68,7 +70,12 @@ SPLITTERS: dict[str, tuple[str | None, list[str], str]] = {
 
 # --- splitters (run inside whichever venv has the package) ------------------------------
 
-def _timed_feed(feed, finish, chunks):
+Split = tuple[list[str], list[int], int | None]
+"""A splitter's run: (segments, cost_ns per chunk, chunk of the first segment)."""
+
+
+def _timed_feed(feed: Callable[[str], list[str]], finish: Callable[[], list[str]],
+                chunks: list[str]) -> Split:
     """Drive a feed/finish splitter; returns (segments, cost_ns per chunk, chunk of first)."""
     segs: list[str] = []
     costs: list[int] = []
@@ -190,12 +197,12 @@ def _livekit(chunks, kind):
     return asyncio.run(main())
 
 
-def _stream2sentence(chunks, fast):
+def _stream2sentence(chunks: list[str], fast: bool) -> Split:
     from stream2sentence import generate_sentences
 
     stamps: list[int] = []
 
-    def source():
+    def source() -> Iterator[str]:
         for c in chunks:
             stamps.append(time.perf_counter_ns())
             yield c
@@ -203,7 +210,8 @@ def _stream2sentence(chunks, fast):
 
     opts = ({"quick_yield_single_sentence_fragment": True} if fast else
             {"minimum_sentence_length": 1, "minimum_first_fragment_length": 1})
-    segs, first = [], None
+    segs: list[str] = []
+    first: int | None = None
     for s in generate_sentences(source(), **opts):
         if first is None:
             first = min(len(stamps), len(chunks)) - 1
@@ -235,7 +243,7 @@ def run_peer(name: str, job_path: str) -> None:
 
     logging.disable(logging.CRITICAL)
     job = json.loads(Path(job_path).read_text())
-    out = {"corpus": [], "latency": []}
+    out: dict[str, list[dict[str, Any]]] = {"corpus": [], "latency": []}
     for chunks in job["corpus"]:
         # Cost of each chunk: the least over a few runs (the machine is shared; the
         # splitters are deterministic, so the same chunk does the same work each time).
@@ -265,7 +273,7 @@ def boundaries(reply: str, segments: list[str]) -> set[int]:
         total += len(p)
     joined = "".join(pieces)
     if joined != target:  # the peer dropped or changed characters: align
-        mapping = {}
+        mapping: dict[int, int] = {}
         sm = difflib.SequenceMatcher(None, joined, target, autojunk=False)
         for a, b, size in sm.get_matching_blocks():
             for d in range(size + 1):
@@ -559,7 +567,7 @@ def main() -> None:
           f"{TOK_PER_S} tok/s, 4-9 tokens per chunk, of "
           + ", ".join(f"{len(t)} replies from {p}" for p, t in replay_sets.items()) + "\n")
 
-    rows = []
+    rows: list[tuple[str, dict[str, Any] | str | None]] = []  # (None: not installed)
     # "ours" (sentences only) is the baseline of the "× earlier" column: it runs first, always
     names = ["ours", *(n for n in args.only or SPLITTERS if n != "ours")]
     try:

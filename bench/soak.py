@@ -71,6 +71,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -116,7 +117,7 @@ class GatewayProcess(Server):
     """bench/capacity_server.py (the zero-cost synthetic engine), its logs on our stderr."""
 
     def __init__(self, max_lead_ms: int, outbox_bytes: int | None = None,
-                 replies: str | None = None, faults: list[str] = ()) -> None:
+                 replies: str | None = None, faults: Sequence[str] = ()) -> None:
         extra = ["--outbox-bytes", str(outbox_bytes)] if outbox_bytes else []
         # (absolute: the gateway runs in the repository, not in our working directory)
         extra += ["--replies", os.path.abspath(replies)] if replies else []
@@ -591,7 +592,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             llm.stop()
         raise
     loop = asyncio.get_running_loop()
-    samples: list[dict[str, float]] = []
+    samples: list[dict[str, Any]] = []
     stats = SoakStats()
     breaker: list[BreakerPoll] = []
     t0 = loop.time()
@@ -606,7 +607,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
 
     def sample(label: str = "") -> dict[str, Any]:
         s = {"t_s": round(loop.time() - t0, 1), "rss_mb": round(rss_mb(gateway.pid), 1),
-             "fds": fd_count(gateway.pid, llm and llm.port), "label": label,
+             "fds": fd_count(gateway.pid, None if llm is None else llm.port), "label": label,
              "cpu_s": round(cpu_seconds(gateway.pid), 2),
              "turns": sum(stats.statuses.values())}
         samples.append(s)
@@ -707,18 +708,18 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         if args.engine_lanes:
             watcher.start()
         chaotic = loop.create_task(chaos(deadline)) if llm is not None else None
-        running = asyncio.gather(*(s.run(deadline) for s in sessions))
-        stopping = loop.create_task(stop.wait())
-        await asyncio.wait((running, stopping), return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        interrupted = not running.done()
+        talking = asyncio.gather(*(s.run(deadline) for s in sessions))
+        interrupting = loop.create_task(stop.wait())
+        await asyncio.wait((talking, interrupting), return_when=asyncio.FIRST_COMPLETED)
+        interrupting.cancel()
+        interrupted = not talking.done()
         if interrupted:  # each session closes its socket on the way out
-            running.cancel()
-            await asyncio.wait((running,))
-            if not running.cancelled():
-                running.exception()  # (the sessions' cancellation: retrieved, not an error)
+            talking.cancel()
+            await asyncio.wait((talking,))
+            if not talking.cancelled():
+                talking.exception()  # (the sessions' cancellation: retrieved, not an error)
         else:
-            await running  # (a bug in a session: its traceback)
+            await talking  # (a bug in a session: its traceback)
         tick.cancel()
         watching.set()
         if watcher.is_alive():
@@ -746,7 +747,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             health = gateway.health()
             # sockets close asynchronously (the last health probe's too)
             while time.monotonic() < settled:  # (another process's: no event to wait on)
-                if fd_count(gateway.pid, llm and llm.port) <= samples[0]["fds"]:
+                if fd_count(gateway.pid, None if llm is None else llm.port) <= samples[0]["fds"]:
                     break
                 await asyncio.sleep(0.1)
             after = await tasks(sample("sessions gone"))

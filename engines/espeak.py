@@ -58,6 +58,7 @@ import re
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import soxr
@@ -177,7 +178,7 @@ class _Library:
             raise EngineError("engine_failed", f"espeak_Initialize returned {rate}")
         self.lib = lib
         # One callback for the process, kept alive here; it forwards to the current sink.
-        self.sink: _Synthesis | None = None
+        self.sink: _Sink | None = None
         self._callback = _SynthCallback(self._on_audio)
         lib.espeak_SetSynthCallback(self._callback)
         self.voices = self._list_voices(Path(data_path))
@@ -318,6 +319,15 @@ def _elf_symbols(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]]:
                     if sym["st_info"]["type"] in ("STT_OBJECT", "STT_FUNC")}
     except ELFError as exc:  # not ELF (macOS), or damaged: no reset
         raise ValueError(str(exc)) from exc
+
+
+class _Sink(Protocol):
+    """What the callback forwards a call's audio to: ``_Synthesis`` (the raw baseline of
+    bench/engines_offline.py keeps the buffers instead). ``accept`` returns 1 to stop."""
+
+    error: BaseException | None
+
+    def accept(self, samples: np.ndarray | None) -> int: ...
 
 
 class _Synthesis:
