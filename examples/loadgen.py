@@ -508,6 +508,8 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
                 except ConnectionClosed:
                     return
 
+    sent = 0  # transcripts sent (talk counts them)
+
     async def talk(ws: Any) -> None:
         nonlocal sent
         created = json.loads(await ws.recv())
@@ -551,7 +553,6 @@ async def run_session(url: str, index: int, account: SessionAccount, *, turns: i
             await ws.close()
             await read
 
-    sent = 0
     try:
         await asyncio.sleep(rng.uniform(0, arrival_s))  # stagger the sessions' first turns
         try:

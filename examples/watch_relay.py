@@ -90,7 +90,7 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import orjson
@@ -463,10 +463,11 @@ class RelayCore:
             if (answered := self._oldest("session.update" if kind != "pong" else "ping")) \
                     is not None:
                 del self._unanswered[:answered + 1]
-        if kind == "turn.done" and event.get("turn_id") == self.audio.turn_id:
+        if kind == "turn.done" and (playing := self.audio.turn_id) is not None \
+                and event.get("turn_id") == playing:
             # its tail plays on up to max_lead_ms, and marks for it still count (protocol.md,
             # History): keep its timeline
-            self._ended = (self.audio.turn_id, self.audio.timeline)
+            self._ended = (playing, self.audio.timeline)
             self.audio.reset(None)  # a cancelled turn's buffered tail is never sent
         if kind in ("session.created", "session.resumed"):
             return []  # the relay's business, not the watch's
@@ -663,7 +664,7 @@ def _server_full(exc: Exception) -> bool:
         return False
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
