@@ -56,7 +56,7 @@ def register_tiny_s3_tokenizer() -> None:
     from mlx_audio.codec.models.s3.model_v2 import ModelConfig, S3TokenizerV2
 
     tiny = ModelConfig(n_audio_state=256, n_audio_head=4, n_audio_layer=1)
-    S3TokenizerV2.__init__.__defaults__ = (tiny,)  # type: ignore[attr-defined]
+    S3TokenizerV2.__init__.__defaults__ = (tiny,)
 
 
 def _write_tokenizer(out: Path) -> None:
@@ -85,8 +85,9 @@ def build_tiny_chatterbox(directory: str | Path) -> Path:
     t3 = {"llama_config_name": TINY_LLAMA, "text_tokens_dict_size": 704}
     (out / "config.json").write_text(json.dumps({"model_type": "chatterbox", "t3_config": t3}))
     model = Model(ModelConfig(t3_config=T3Config(**t3)))
-    weights = {f"t3.{k}": v for k, v in tree_flatten(model.t3.parameters())}
-    weights |= {f"ve.{k}": v for k, v in tree_flatten(model.ve.parameters())}
+    weights: dict[str, mx.array] = {}  # "t3.<path>" and "ve.<path>" (the prefix's "." goes)
+    tree_flatten(model.t3.parameters(), prefix=".t3", destination=weights)
+    tree_flatten(model.ve.parameters(), prefix=".ve", destination=weights)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     _write_tokenizer(out)
     return out
@@ -106,7 +107,8 @@ def seed_s3_tokenizer_cache(hf_cache: str | Path) -> Path:
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(_FAKE_SHA)
     (snap / "config.json").write_text(json.dumps({"name": "speech_tokenizer_v2_25hz"}))
-    params = tree_flatten(S3TokenizerV2("speech_tokenizer_v2_25hz").parameters())
-    name, value = min(params, key=lambda kv: kv[1].size)
+    params: dict[str, mx.array] = {}
+    tree_flatten(S3TokenizerV2("speech_tokenizer_v2_25hz").parameters(), destination=params)
+    name, value = min(params.items(), key=lambda kv: kv[1].size)
     mx.save_safetensors(str(snap / "model.safetensors"), {name: value})
     return snap
