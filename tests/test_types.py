@@ -1,5 +1,5 @@
-"""The package type-checks: mypy over gateway/ and engines/ with the settings in
-pyproject.toml ([tool.mypy])."""
+"""The code type-checks: mypy over gateway/, engines/, bench/ and examples/ (the files of
+[tool.mypy] in pyproject.toml), with its settings."""
 
 from __future__ import annotations
 
