@@ -24,11 +24,18 @@ import orjson
 from httpx_sse import aconnect_sse
 
 from engines.base import LlmRequest
-from engines.llm_openai import OpenAiLlm
+from engines.llm_openai import DEFAULT_STALL_S, DEFAULT_TIMEOUT, OpenAiLlm
 from engines.llm_replay import ReplayLlm
 from tests.servers import Burst, ScriptedLlmServer, reply_script
 
 REQUEST = LlmRequest(messages=[{"role": "user", "content": "Tell me a story."}])
+
+TIMEOUT = httpx.Timeout(DEFAULT_TIMEOUT.connect, read=DEFAULT_STALL_S,
+                        write=DEFAULT_TIMEOUT.write, pool=DEFAULT_TIMEOUT.pool)
+"""Both clients' timeouts, OpenAiLlm's defaults written out: connect 5 s; read (the wait for
+the first token, and between two chunks) its ``stall_s``, 60 s. The baseline had httpx's
+default, 5 s for each: a server slow to its first token (a loaded machine) failed the run in
+the baseline, where the client it is compared with waits on."""
 
 
 def omlx_script() -> list:
@@ -69,8 +76,8 @@ async def main(streams: int) -> None:
     server = ScriptedLlmServer()
     server.default_script = omlx_script()
     await server.start()
-    llm = OpenAiLlm(server.url)
-    client = httpx.AsyncClient()
+    llm = OpenAiLlm(server.url, timeout=TIMEOUT)
+    client = httpx.AsyncClient(timeout=TIMEOUT)
     try:
 
         async def ours() -> None:
