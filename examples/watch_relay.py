@@ -1013,10 +1013,11 @@ class WatchRelay:
             url = parts._replace(query=urllib.parse.urlencode(
                 [*urllib.parse.parse_qsl(parts.query), ("resume", resume)])).geturl()
         # (asyncio.timeout: wait_for on Python 3.11 drops a cancellation that comes in the
-        # step the socket opens, and the relay, told to stop, went on with a socket)
+        # step the socket opens, and the relay, told to stop, went on with a socket; the
+        # bound is that one alone: websockets' own open_timeout, 10 s, cut a longer one)
         async with asyncio.timeout(self.upstream_timeout_s):
             return await connect(url, compression=None, max_size=2**20,
-                                 additional_headers=headers)
+                                 additional_headers=headers, open_timeout=None)
 
     async def _handle(self, watch: ServerConnection) -> None:
         assert watch.request is not None

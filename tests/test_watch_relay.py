@@ -2046,3 +2046,38 @@ async def test_a_cancel_sent_after_a_barge_in_is_for_the_new_turn(start_gateway)
     finally:
         await relay.aclose()
     assert done == {started["turn_id"]: "cancelled", started["turn_id"] + 1: "cancelled"}
+
+
+async def test_a_gateway_slower_to_answer_than_websockets_own_bound_is_waited_for(monkeypatch):
+    """The relay bounds its gateway connect by ``upstream_timeout_s``, but websockets'
+    ``connect`` kept its own ``open_timeout`` (10 s) inside it: a relay given more (a slow
+    uplink) was cut at 10 s and then told the watch "no answer within" its own, longer, bound.
+    Here websockets' default is 0.1 s, and the gateway answers the handshake 0.5 s late."""
+    import examples.watch_relay as watch_relay
+
+    def short_default(make):
+        def made(*args, **kwargs):
+            kwargs.setdefault("open_timeout", 0.1)  # (stands for websockets' own 10 s)
+            return make(*args, **kwargs)
+        return made
+
+    monkeypatch.setattr(watch_relay, "connect", short_default(watch_relay.connect))
+
+    async def late(connection, request):  # TEST DOUBLE: an uplink slow to answer
+        await asyncio.sleep(0.5)  # (the scenario, not an ordering: a later answer only waits)
+
+    async def gateway(ws) -> None:  # TEST DOUBLE
+        await ws.send(orjson.dumps({"type": "session.created", "session_id": "s1",
+                                    "resume_token": "t", "audio": {"frame_ms": 40}}).decode())
+        await ws.wait_closed()
+
+    async with serve(gateway, "127.0.0.1", 0, process_request=late) as server:
+        port = server.sockets[0].getsockname()[1]
+        relay = WatchRelay(f"ws://127.0.0.1:{port}/v1/voice", upstream_timeout_s=HANG_S)
+        await relay.start()
+        try:
+            async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+                created = await unless_hung(recv_event(watch))
+        finally:
+            await unless_hung(relay.aclose())
+    assert created["type"] == "session.created", created  # (was: a 1011 close)
