@@ -389,6 +389,28 @@ def test_a_failed_turn_keeps_what_it_sent_and_a_later_barge_in_cuts_it(clock):
 
 
 
+@pytest.mark.parametrize("barge_in", ["cancel", "transcript"])
+def test_a_failed_turn_cancelled_while_its_sentences_are_still_said_ends_failed(clock,
+                                                                                barge_in):
+    """protocol.md (Errors): a turn error is followed by ``turn.done`` ``failed``. The LLM
+    broke after whole sentences, which are still said; a cancel or a barge-in before
+    their end stops them, and the turn that sent its error ends ``failed``, not
+    ``cancelled``."""
+    s = Session("s")
+    tid = start(s, clock)
+    s.llm_delta(tid, "The first sentence here. The second one here. And", clock())
+    out = s.llm_failed(tid, "llm_failed", "HTTP 500", clock())
+    assert events(out, "error") and not events(out, "turn.done")
+    s.audio(tid, 0, pcm(400), "x", clock())
+    if barge_in == "cancel":
+        out = s.receive(ClientCancel(tid), clock.advance(100))
+    else:
+        out = s.receive(ClientTranscript("stop, something else"), clock.advance(100))
+    assert [e.turn_id for e in out if isinstance(e, CancelSynthesis)] == [tid]
+    (done,) = [d for d in events(out, "turn.done") if d["turn_id"] == tid]
+    assert done["status"] == "failed" and not events(out, "error")
+
+
 def test_a_barge_in_after_a_failed_turn_weighs_its_cut_sentence_by_all_its_audio(clock):
     """An engine fails mid-sentence while most of the sentence's audio is held back by
     pacing: the end drops what was held, and a barge-in after it then weighed what was
@@ -680,6 +702,21 @@ def test_a_reply_of_exactly_max_reply_chars_is_spoken_whole(clock):
     out = s.llm_delta(tid, "Exactly twenty char.", clock())
     assert len(s.turn.reply) == 20 and not events(out, "error")
     assert not [e for e in out if isinstance(e, CancelLlm)]
+
+
+def test_more_reply_once_max_reply_chars_is_reached_sends_no_empty_delta_and_fails(clock):
+    """A reply that reaches the cap exactly and then goes on: the next delta has no room
+    left at all, so nothing of it is sent (no empty ``text.delta``), the stream closes and
+    the turn fails saying why, as when a delta crosses the cap."""
+    s = Session("s", limits=SessionLimits(max_reply_chars=20))
+    tid = start(s, clock)
+    s.llm_delta(tid, "Exactly twenty char.", clock())
+    out = s.llm_delta(tid, " More", clock())
+    assert not events(out, "text.delta") and s.turn.reply == "Exactly twenty char."
+    assert [e.turn_id for e in out if isinstance(e, CancelLlm)] == [tid]
+    assert events(out, "error") == [{"type": "error", "turn_id": tid, "error": {
+        "code": "llm_failed", "message": "the reply passed 20 characters; the rest is not "
+        "spoken"}}]
 
 
 def test_a_completed_turn_keeps_the_reply_as_written_in_history(clock):
