@@ -407,6 +407,17 @@ def test_first_max_words_never_cuts_a_protected_token(text, want):
     assert words(text, 3, first_min_words=0) == want
 
 
+@pytest.mark.parametrize("sizes", [None, [1], [1, 1], [2]])
+def test_first_max_words_counts_a_quote_line_streamed_with_its_mark_alone(sizes):
+    """A Markdown quote's ">" streamed as a delta of its own (as LLM tokens come): the head
+    then starts right at the gap after the mark, which holds no word yet; its count starts
+    there as for one delta (without ``_head_words``'s check for a head of no word, an
+    IndexError inside the segmenter, ending the turn)."""
+    text = "> Keep calm and carry on, they said. Then we went home."
+    got = [s.text for s in run(text, sizes, SegmenterConfig(first_max_words=3))]
+    assert got == ["> Keep calm and carry", "on, they said.", "Then we went home."]
+
+
 @pytest.mark.parametrize(("text", "want"), [
     ("We are at noon with the team.", ["We are at noon", "with the team."]),
     ("You're at the top of the list now.", ["You're at the top", "of the list now."]),
@@ -2947,6 +2958,9 @@ def test_the_sentences_after_a_word_longer_than_max_chars_are_cut_as_usual():
     ("It went 3. Nf3 Nf6! 4. Qxf7 mate.", ["It went 3. Nf3 Nf6! 4. Qxf7 mate."]),
     ("It went 3. Bc4 Qxf7+?? 4. Kxf7 mate.", ["It went 3. Bc4 Qxf7+?? 4. Kxf7 mate."]),
     ("It went 3. Bc4 Qxf7#! 4. Kxf7 mate.", ["It went 3. Bc4 Qxf7#! 4. Kxf7 mate."]),
+    # a move asked about, then a count that no full stop makes a move number: it ends
+    ("Should I play Qe7? 3 of my pieces hang then.",
+     ["Should I play Qe7?", "3 of my pieces hang then."]),
     # a citation mark of six numbers is one still
     ("Calcium helps.[1, 2, 3, 4, 5, 6] Most people get enough.",
      ["Calcium helps.[1, 2, 3, 4, 5, 6]", "Most people get enough."]),
