@@ -1696,6 +1696,22 @@ def test_indonesian_until_slovak_for_example_and_bengali_doctor_go_on(text, want
      ["See Proc. Natl. Acad. Sci., 2019.", "Then read the review."]),
     ("It was in Phys. Rev. Lett. 105 first. Then in a book.",
      ["It was in Phys. Rev. Lett. 105 first.", "Then in a book."]),
+    # a journal's name may end in capitals, dotted or not ("Proc.", "Natl.", "Acad." and
+    # "Sci." were four sentences), and run to six abbreviations
+    ("See Proc. Natl. Acad. Sci. USA 116, 1234 (2019). Then read it.",
+     ["See Proc. Natl. Acad. Sci. USA 116, 1234 (2019).", "Then read it."]),
+    ("See Proc. Natl. Acad. Sci. U.S.A. 116, 1234. Then read it.",
+     ["See Proc. Natl. Acad. Sci. U.S.A. 116, 1234.", "Then read it."]),
+    ("See Proc. Natl. Acad. Sci. U. S. A., 2019. Then read it.",
+     ["See Proc. Natl. Acad. Sci. U. S. A., 2019.", "Then read it."]),
+    ("It was in Phys. Rev. B 105, 045101 (2022). Then it was cited.",
+     ["It was in Phys. Rev. B 105, 045101 (2022).", "Then it was cited."]),
+    # capitals after one abbreviation alone are a new sentence; the chain reads no
+    # further than six words ahead
+    ("I teach Math. A 5 is a good grade.", ["I teach Math.", "A 5 is a good grade."]),
+    ("I like Math. USA, UK and EU are next.", ["I like Math.", "USA, UK and EU are next."]),
+    ("I passed Chem. A. B. C. D. E. F. G. H. I did.",
+     ["I passed Chem.", "A. B. C. D. E. F. G. H.", "I did."]),
     # a one-word sentence after it still ends: no comma follows its full stop
     ("It's done. Yes. No, wait.", ["It's done.", "Yes.", "No, wait."]),
     ("She studies Chem. Then she works. Math. Later, art.",

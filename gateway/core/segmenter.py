@@ -351,8 +351,10 @@ _YAHOO = frozenset(
     "Finance Mail News Sports Answers Japan Search Groups Messenger Maps Weather Music "
     "Games Travel Shopping Autos Health Entertainment Life Tech Style".split())
 """The brand writes its "!": "Yahoo! Finance" goes on (any other word after it ends)."""
-_CHAIN_MOST = 4
-"""How many abbreviations ``_abbreviation_chain`` reads ahead ("Proc. Natl. Acad. Sci.,")."""
+_CHAIN_MOST = 6
+"""How many abbreviations ``_abbreviation_chain`` reads ahead ("Natl. Acad. Sci. U. S. A.,")."""
+_SECTION_WORDS_MOST = 4
+"""How many capitalized words ``_reaches_section`` reads before a ``§`` ("Civ. Code §")."""
 _JOURNAL_WORDS = frozenset(
     "Acad Adv Am Anal Ann Annu Appl Arch Astron Astrophys Behav Biochem Biol Br Bull Can "
     "Chem Clin Cogn Commun Comput Curr Ecol Econ Educ Eng Environ Eur Evol Exp Genet Geophys "
@@ -1196,22 +1198,36 @@ class Segmenter:
                 nxt in "JFMASOND" and self._german_month(i + 1, ws)) or (
                 nxt in "OUED" and self._next_word(i + 1) in _FLOORS)):
             return False  # German ordinal: "am 3. Oktober", "im 19. Jahrhundert", "5, 3. OG"
-        if word in _JOURNAL_WORDS and nxt.isdigit():
+        if word in _JOURNAL_WORDS and (nxt.isdigit() or nxt.isupper()):
             p = self._end_before(ws)  # "Phys. Rev. Lett. 105": the chain's last word before
-            return not (p >= 0 and buf[p] == ".")  # its volume
-        return not (word in _JOURNAL_WORDS and nxt.isupper() and self._abbreviation_chain(i + 1))
+            chained = p >= 0 and buf[p] == "."  # its volume
+            return not chained if nxt.isdigit() else not self._abbreviation_chain(i + 1, chained)
+        return True
 
-    def _abbreviation_chain(self, j: int) -> bool:
+    def _abbreviation_chain(self, j: int, chained: bool) -> bool:
         """From ``j``, capitalized words each with a full stop, the last one's followed by a
         comma or a number: "J. Appl. Phys., Vol. 2", "Proc. Natl. Acad. Sci., 2019", "Phys.
         Rev. Lett. 105". A sentence is never one word and then a comma, so the word before
-        them was an abbreviation too."""
+        them was an abbreviation too. A dotted acronym is one word of it ("Sci. U.S.A.
+        116"), and once it is a chain (``chained``: an abbreviation stands before ``j``'s),
+        its last word may be capitals without a full stop ("Proc. Natl. Acad. Sci. USA
+        116", "Phys. Rev. B 105"): each of "Proc.", "Natl.", "Acad." and "Sci." ended a
+        sentence there, said as four."""
         buf = self._buf
         for _ in range(_CHAIN_MOST):
             while self._need(j) and buf[j] in _SPACE:
                 j += 1
             word = self._next_word(j)
             k = j + len(word)
+            if chained and word.isupper() and word.isalpha() and self._need(k) and buf[k] != ".":
+                if buf[k] == ",":
+                    return True
+                while self._need(k) and buf[k] in _SPACE:
+                    k += 1
+                return k < len(buf) and buf[k].isdigit()
+            while len(word) == 1 and word.isupper() and self._need(k + 1) and buf[k] == "." and (
+                    buf[k + 1].isupper() and self._need(k + 2) and buf[k + 2] == "."):
+                k += 2  # "U.S.A.": to its last full stop
             if not (word[:1].isupper() and word.isalpha() and self._need(k) and buf[k] == "."
                     and self._need(k + 1)):
                 return False
@@ -1224,14 +1240,15 @@ class Segmenter:
                 j += 1
             if j < len(buf) and buf[j].isdigit():
                 return True
+            chained = True
         return False
 
     def _reaches_section(self, j: int) -> bool:
-        """From ``j``, at most ``_CHAIN_MOST`` capitalized words (each may end in a full
+        """From ``j``, at most ``_SECTION_WORDS_MOST`` capitalized words (each may end in a full
         stop) and then a section sign: "Civ. Code § 1542", "Stat. § 768.81". A sentence
         never opens so, so the word before them was a statute's abbreviation."""
         buf = self._buf
-        for _ in range(_CHAIN_MOST + 1):
+        for _ in range(_SECTION_WORDS_MOST + 1):
             while self._need(j) and buf[j] in _SPACE:
                 j += 1
             if j < len(buf) and buf[j] == "\u00a7":
