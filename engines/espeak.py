@@ -381,7 +381,7 @@ class EspeakEngine(Uninterruptible):
 
     def __init__(self, *, voice: str = DEFAULT_VOICE, step_ms: int = DEFAULT_STEP_MS) -> None:
         if step_ms <= 0:
-            raise ValueError("step_ms must be > 0")
+            raise ValueError(f"step_ms must be an integer above 0, not {step_ms!r}")
         self.default_voice = voice
         self.step_samples = round(step_ms / 1000 * OUTPUT_RATE)
         self._lib: _Library | None = None

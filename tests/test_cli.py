@@ -188,6 +188,9 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     ('[tts.options]\nstep_ms = "big"\n',
      "TTS engine 'espeak': step_ms must be an integer, not 'big' (it takes voice = 'en-us', "
      "step_ms = 200)"),
+    # (it said "step_ms must be > 0", naming no value, where the other engines name it)
+    ("[tts.options]\nstep_ms = 0\n", "step_ms must be an integer above 0, not 0"),
+    ("[tts.options]\nstep_ms = -20\n", "step_ms must be an integer above 0, not -20"),
     # (TOML has nan: it passed the engine's ``rtf < 0``)
     ('[tts]\nengine = "synthetic"\n[tts.options]\nrtf = nan\n',
      "rtf must be a finite number at least 0, not nan"),
