@@ -494,3 +494,91 @@ def test_espeak_says_the_word_it_skipped(text, without) -> None:
     finally:
         engine.close()
     assert size[text] > size[without] * 1.05
+
+
+def test_espeak_load_after_close_is_refused_and_opens_nothing() -> None:
+    """A gateway closed while its lane thread had yet to load the engine (stopped during
+    start): the load is refused, as ``open`` is, rather than loading the library for an
+    engine that is gone."""
+    engine = espeak.EspeakEngine()
+    engine.close()
+    for call in (engine.load, lambda: engine.open(SynthesisRequest(text="hi"))):
+        with pytest.raises(EngineError) as err:
+            call()
+        assert err.value.code == "engine_closed"
+    assert engine._lib is None and not engine._streams
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+def test_espeak_blank_text_gives_no_audio_and_never_calls_espeak(text: str) -> None:
+    engine = espeak.EspeakEngine()
+    engine.load()
+    try:
+        stream = engine.open(SynthesisRequest(text=text))
+        assert stream.step() is None and stream.callbacks == 0
+        assert not engine._streams  # the stream that ended is forgotten
+    finally:
+        engine.close()
+
+
+def test_espeak_a_failure_inside_its_callback_fails_the_segment_and_spares_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception in the audio callback (here injected into the int16 rounding: a
+    MemoryError would do the same) cannot unwind through libespeak-ng's C frames: the
+    callback keeps it, aborts the synthesis and the step raises it as ``engine_failed``
+    with the cause chained. The library is left as it was: the next segment speaks."""
+    engine = espeak.EspeakEngine()
+    engine.load()
+    try:
+        request = SynthesisRequest(text="This sentence never reaches the listener.")
+        whole = b"".join(_run(engine.open(request)))
+        real = espeak._pcm16
+        calls = 0
+
+        def fail_on_the_second(samples: np.ndarray) -> np.ndarray:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise MemoryError("injected")
+            return real(samples)
+
+        monkeypatch.setattr(espeak, "_pcm16", fail_on_the_second)
+        stream = engine.open(request)
+        with pytest.raises(EngineError) as err:
+            stream.step()
+        assert err.value.code == "engine_failed"
+        assert err.value.message == "espeak callback failed: injected"
+        assert isinstance(err.value.__cause__, MemoryError)
+        assert stream.callbacks == 2  # aborted at the failing buffer, not run to the end
+        monkeypatch.setattr(espeak, "_pcm16", real)
+        assert b"".join(_run(engine.open(request))) == whole
+    finally:
+        engine.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the wheel's library is ELF on Linux only")
+def test_espeak_counters_are_not_reset_in_a_library_whose_symbols_cannot_be_read(
+    tmp_path,
+) -> None:
+    """``deterministic`` is False, and nothing is written into the library, where its
+    file names no counters: a stripped build (no ``.symtab``) or a file that is not ELF
+    (the wheel's Mach-O on macOS). Read here from a stripped copy and a text file beside
+    the loaded library, whose own file does name them."""
+    import shutil
+    import subprocess
+
+    import espeakng_loader
+
+    real = espeakng_loader.get_library_path()
+    with espeak._Library.lock:
+        lib = espeak._Library.get().lib
+    assert espeak._find_counters(lib, real)  # (the loaded library's own file)
+    stripped = tmp_path / "libespeak-ng-stripped.so"
+    shutil.copyfile(real, stripped)
+    subprocess.run(["strip", "--strip-all", str(stripped)], check=True, timeout=HANG_S)
+    assert espeak._elf_symbols(stripped) == {}
+    text = tmp_path / "not-elf.dylib"
+    text.write_text("not a library")
+    for path in (stripped, text, tmp_path / "missing.so"):
+        assert espeak._find_counters(lib, path) is None
