@@ -119,6 +119,78 @@ def test_flow_steps_reach_the_solver(engine, monkeypatch):
     assert spans == [TINY_ENGINE_OPTIONS["flow_steps"] + 1]  # n Euler steps span n+1 times
 
 
+@pytest.mark.parametrize("engine", ["chatterbox"], indirect=True)
+def test_unless_set_max_tokens_is_a_second_of_speech_tokens_past_the_runaway_budget(
+    engine, monkeypatch
+):
+    """The production default (``max_tokens`` unset; every other test here sets the tiny
+    model's 4) and a request without a seed: T3 may write one second of speech tokens
+    past the runaway budget, so a sentence that runs away is stopped and refused, not
+    generated on. (The spy passes the tiny model's 4 on: 100 random-weight tokens would
+    take minutes of CPU.)"""
+    monkeypatch.setattr(engine, "max_tokens", None)
+    generate = engine._model.generate
+    asked: list[int] = []
+
+    def spy(text, **kwargs):
+        asked.append(kwargs["max_tokens"])
+        return generate(text, **{**kwargs, "max_tokens": TINY_ENGINE_OPTIONS["max_tokens"]})
+
+    monkeypatch.setattr(engine._model, "generate", spy)
+    text = "Hello there, how are you today?"
+    assert engine.open(SynthesisRequest(text)).step()
+    budget_s = engine.runaway_budget_s(text)
+    assert budget_s >= engine.runaway_min_s
+    assert asked == [int((budget_s + 1) * 25)]
+
+
+@pytest.mark.parametrize("engine", ["chatterbox"], indirect=True)
+def test_a_second_load_keeps_the_model_and_its_voice(engine):
+    """``load`` once loaded does nothing: the voice is not conditioned again (the fixture's
+    model refuses that) and the model is the same. ``memory`` reports the process's."""
+    model, conds = engine._model, engine._conds
+    engine.load()
+    assert (engine._model, engine._conds) == (model, conds)
+    memory = engine.memory()
+    assert memory and all(v is None or (isinstance(v, int) and v >= 0) for v in memory.values())
+
+
+def test_a_checkpoint_with_no_built_in_voice_and_no_reference_is_refused_at_load(
+    tiny_chatterbox, monkeypatch
+):
+    """A Chatterbox checkpoint without ``conds.safetensors`` (the tiny one has none) and no
+    ``ref_audio``: nothing to speak with, said at load with what to do."""
+    import engines.mlx_common
+    from engines.chatterbox import ChatterboxEngine
+
+    monkeypatch.setattr(engines.mlx_common, "warm_up", lambda engine, text: 0.0)
+    engine = ChatterboxEngine(str(tiny_chatterbox), **TINY_ENGINE_OPTIONS)
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.load()
+    finally:
+        engine.close()
+    assert err.value.code == "engine_failed"
+    assert err.value.message == f"{tiny_chatterbox} has no built-in voice: give ref_audio"
+
+
+@pytest.mark.parametrize("kind", ["missing", "not audio"])
+def test_a_reference_that_cannot_be_read_is_refused_before_the_model_loads(kind, tmp_path):
+    """A ``ref_audio`` path mistyped, or a file that is no audio: refused at load naming
+    the file, before the model (here a directory with only its config) is loaded."""
+    pytest.importorskip("mlx_audio", reason="needs the mlx extra (mlx-audio)")
+    from engines.chatterbox import ChatterboxEngine
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "chatterbox"}))
+    ref = tmp_path / "voice.wav"
+    if kind == "not audio":
+        ref.write_text("not a WAV file")
+    with pytest.raises(EngineError) as err:
+        ChatterboxEngine(str(tmp_path), ref_audio=str(ref)).load()
+    assert err.value.code == "engine_failed"
+    assert err.value.message.startswith(f"reference audio {ref}: "), err.value.message
+
+
 @pytest.fixture
 def turbo_t3_calls(engine, monkeypatch):
     """The keyword arguments of each Turbo T3 generation (Turbo's engine only: the tests
