@@ -174,6 +174,41 @@ def test_a_checkpoint_with_no_built_in_voice_and_no_reference_is_refused_at_load
     assert err.value.message == f"{tiny_chatterbox} has no built-in voice: give ref_audio"
 
 
+def test_a_turbo_checkpoint_whose_config_names_no_model_type_is_still_turbo(
+    tiny_chatterbox_turbo, tmp_path, monkeypatch
+):
+    """A Turbo directory whose ``config.json`` has no ``model_type``: mlx-audio picks the
+    model by the directory's name, and the engine tells Turbo by the class it got. Its
+    settings are then checked as for a config that says Turbo (``flow_steps`` refused), and
+    without them it loads as Turbo (which takes no ``conds=`` in ``generate``)."""
+    import shutil
+
+    import engines.mlx_common
+    from engines.chatterbox import ChatterboxEngine
+
+    monkeypatch.setattr(engines.mlx_common, "warm_up", lambda engine, text: 0.0)
+    model = tmp_path / "chatterbox-turbo"
+    shutil.copytree(tiny_chatterbox_turbo, model)
+    config = json.loads((model / "config.json").read_text())
+    del config["model_type"]
+    (model / "config.json").write_text(json.dumps(config))
+
+    engine = ChatterboxEngine(str(model), **{**TINY_TURBO_OPTIONS, "flow_steps": 2})
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.load()
+    finally:
+        engine.close()
+    assert err.value.code == "engine_failed"
+    assert err.value.message.startswith(f"{model} is a Chatterbox-Turbo model: flow_steps ")
+    engine = ChatterboxEngine(str(model), **TINY_TURBO_OPTIONS)
+    try:
+        engine.load()
+        assert engine.turbo and engine._conds is engine._model._conds
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("kind", ["missing", "not audio"])
 def test_a_reference_that_cannot_be_read_is_refused_before_the_model_loads(kind, tmp_path):
     """A ``ref_audio`` path mistyped, or a file that is no audio: refused at load naming
