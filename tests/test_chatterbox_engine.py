@@ -209,6 +209,54 @@ def test_a_turbo_checkpoint_whose_config_names_no_model_type_is_still_turbo(
         engine.close()
 
 
+def test_a_checkpoint_without_its_text_tokenizer_is_refused_at_load(
+    tiny_chatterbox, short_reference_wav, tmp_path, monkeypatch
+):
+    """A download that left ``tokenizer.json`` out: mlx-audio loads the model with no text
+    tokenizer (and says why on stdout, which goes to the log), so every sentence would fail;
+    the engine refuses it at load instead."""
+    import shutil
+
+    import engines.mlx_common
+    from engines.chatterbox import ChatterboxEngine
+
+    monkeypatch.setattr(engines.mlx_common, "warm_up", lambda engine, text: 0.0)
+    model = tmp_path / "chatterbox"
+    shutil.copytree(tiny_chatterbox, model)
+    (model / "tokenizer.json").unlink()
+    engine = ChatterboxEngine(str(model), ref_audio=str(short_reference_wav),
+                              **TINY_ENGINE_OPTIONS)
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.load()
+    finally:
+        engine.close()
+    assert err.value.code == "engine_failed"
+    # (this mlx-audio loads it without one: "Chatterbox text tokenizer did not load"; a
+    # later one that raises instead is refused by the loader, naming the directory too)
+    assert str(model) in err.value.message and "tokenizer" in err.value.message.lower()
+
+
+def test_a_reference_too_short_to_condition_on_is_refused_at_load(tiny_chatterbox, tmp_path,
+                                                                  monkeypatch):
+    """A 20 ms ``ref_audio`` reads, but the voice cannot be conditioned on it: refused at
+    load naming the file and the library's reason, not a traceback."""
+    import engines.mlx_common
+    from engines.chatterbox import ChatterboxEngine
+    from tests.tiny_models.qwen3 import write_reference_wav
+
+    monkeypatch.setattr(engines.mlx_common, "warm_up", lambda engine, text: 0.0)
+    ref = write_reference_wav(tmp_path / "blip.wav", seconds=0.02)
+    engine = ChatterboxEngine(str(tiny_chatterbox), ref_audio=str(ref), **TINY_ENGINE_OPTIONS)
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.load()
+    finally:
+        engine.close()
+    assert err.value.code == "engine_failed"
+    assert err.value.message.startswith(f"reference audio {ref}: "), err.value.message
+
+
 @pytest.mark.parametrize("kind", ["missing", "not audio"])
 def test_a_reference_that_cannot_be_read_is_refused_before_the_model_loads(kind, tmp_path):
     """A ``ref_audio`` path mistyped, or a file that is no audio: refused at load naming
