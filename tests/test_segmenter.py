@@ -1706,6 +1706,13 @@ def test_indonesian_until_slovak_for_example_and_bengali_doctor_go_on(text, want
      ["See Proc. Natl. Acad. Sci. U. S. A., 2019.", "Then read it."]),
     ("It was in Phys. Rev. B 105, 045101 (2022). Then it was cited.",
      ["It was in Phys. Rev. B 105, 045101 (2022).", "Then it was cited."]),
+    ("See Proc. Natl. Acad. Sci. USA, 2019. Then read it.",
+     ["See Proc. Natl. Acad. Sci. USA, 2019.", "Then read it."]),
+    # a semicolon or a colon right after its full stop shows it as a comma does ("Phys."
+    # was a sentence)
+    ("I read Phys. Rev.; it was good. Then more.",
+     ["I read Phys. Rev.; it was good.", "Then more."]),
+    ("I read Phys. Rev. Lett.: it was good.", ["I read Phys. Rev. Lett.: it was good."]),
     # capitals after one abbreviation alone are a new sentence; the chain reads no
     # further than six words ahead
     ("I teach Math. A 5 is a good grade.", ["I teach Math.", "A 5 is a good grade."]),

@@ -1206,13 +1206,13 @@ class Segmenter:
 
     def _abbreviation_chain(self, j: int, chained: bool) -> bool:
         """From ``j``, capitalized words each with a full stop, the last one's followed by a
-        comma or a number: "J. Appl. Phys., Vol. 2", "Proc. Natl. Acad. Sci., 2019", "Phys.
-        Rev. Lett. 105". A sentence is never one word and then a comma, so the word before
-        them was an abbreviation too. A dotted acronym is one word of it ("Sci. U.S.A.
-        116"), and once it is a chain (``chained``: an abbreviation stands before ``j``'s),
-        its last word may be capitals without a full stop ("Proc. Natl. Acad. Sci. USA
-        116", "Phys. Rev. B 105"): each of "Proc.", "Natl.", "Acad." and "Sci." ended a
-        sentence there, said as four."""
+        comma (a semicolon, a colon) or a number: "J. Appl. Phys., Vol. 2", "Proc. Natl.
+        Acad. Sci., 2019", "Phys. Rev. Lett. 105", "Phys. Rev.; it". A sentence is never one
+        word and then a comma, so the word before them was an abbreviation too. A dotted
+        acronym is one word of it ("Sci. U.S.A. 116"), and once it is a chain (``chained``:
+        an abbreviation stands before ``j``'s), its last word may be capitals without a
+        full stop ("Proc. Natl. Acad. Sci. USA 116", "Phys. Rev. B 105"): each of "Proc.",
+        "Natl.", "Acad." and "Sci." ended a sentence there, said as four."""
         buf = self._buf
         for _ in range(_CHAIN_MOST):
             while self._need(j) and buf[j] in _SPACE:
@@ -1220,7 +1220,7 @@ class Segmenter:
             word = self._next_word(j)
             k = j + len(word)
             if chained and word.isupper() and word.isalpha() and self._need(k) and buf[k] != ".":
-                if buf[k] == ",":
+                if buf[k] in ",;:":
                     return True
                 while self._need(k) and buf[k] in _SPACE:
                     k += 1
@@ -1231,7 +1231,7 @@ class Segmenter:
             if not (word[:1].isupper() and word.isalpha() and self._need(k) and buf[k] == "."
                     and self._need(k + 1)):
                 return False
-            if buf[k + 1] == ",":
+            if buf[k + 1] in ",;:":
                 return True
             if buf[k + 1] not in _SPACE:
                 return False
