@@ -582,3 +582,26 @@ def test_espeak_counters_are_not_reset_in_a_library_whose_symbols_cannot_be_read
     text.write_text("not a library")
     for path in (stripped, text, tmp_path / "missing.so"):
         assert espeak._find_counters(lib, path) is None
+
+
+def test_espeak_a_library_that_cannot_be_loaded_fails_the_load_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broken install (the wheel's ``libespeak-ng`` missing or for another machine): the
+    load fails ``engine_failed`` with the loader's reason, as the engine API promises (a
+    bare ``OSError`` otherwise), which the gateway says at start in one line. The
+    process's library is set aside for the test (``_Library._instance``) and put back
+    after it."""
+    import espeakng_loader
+
+    monkeypatch.setattr(espeak._Library, "_instance", None)
+    monkeypatch.setattr(espeakng_loader, "get_library_path",
+                        lambda: "/nonexistent/libespeak-ng.so.1")
+    engine = espeak.EspeakEngine()
+    with pytest.raises(EngineError) as err:
+        engine.load()
+    assert err.value.code == "engine_failed"
+    message = err.value.message
+    assert message.startswith("cannot load libespeak-ng: ") and (
+        "/nonexistent/libespeak-ng.so.1" in message), message
+    assert espeak._Library._instance is None and engine._lib is None
