@@ -315,6 +315,7 @@ def test_primary_that_fails_to_load_opens_the_breaker():
     # said, not hidden: /health reports it, and only voices that can be spoken are offered
     assert engine.primary_load_error == "qwen3 failed to load: no model"
     assert engine.counters()["primary_load_error"] == engine.primary_load_error
+    assert engine.degraded == engine.primary_load_error  # (/health: "degraded", and why)
     assert engine.voices() == ["chatterbox-voice"]
     # and it is not probed again (it would fail, and count, every breaker_reset_s for ever)
     clock.now += 3600
@@ -525,3 +526,90 @@ def test_the_probe_asks_its_first_audio_within_the_first_chunk_timeout():
     assert [r.options for r in primary.opened] == [
         {"http_body": {"k": 1}}, {},
         {"http_body": {"k": 1}, "first_audio_timeout_s": 1.0}]
+
+
+@pytest.mark.parametrize(("policy", "message"), [
+    ({"breaker_failures": 0}, "breaker_failures must be an integer at least 1, not 0"),
+    ({"breaker_failures": 2.0}, "breaker_failures must be an integer at least 1, not 2.0"),
+    ({"first_chunk_timeout_s": 0}, "first_chunk_timeout_s must be more than 0 seconds, not 0"),
+    ({"breaker_reset_s": -1.0}, "breaker_reset_s must be more than 0 seconds, not -1.0"),
+    ({"breaker_reset_s": float("nan")}, "breaker_reset_s must be more than 0 seconds, not nan"),
+])
+def test_a_policy_out_of_range_is_refused_naming_its_key(policy, message):
+    """``[tts.fallback_policy]``: a timeout of 0 would send every first chunk to the
+    fallback, a breaker of 0 failures would never let the primary speak."""
+    clock = FakeClock()
+    with pytest.raises(ValueError) as err:
+        FallbackEngine(ScriptedEngine("qwen3", clock), ScriptedEngine("espeak", clock),
+                       **policy)
+    assert str(err.value) == message
+
+
+def test_the_wrapper_plans_and_opens_as_its_primary_and_speaks_with_the_speakers_instructions():
+    """Placement (``timing``) and the lane's stream bound (``max_open_streams``) are the
+    primary's, which speaks nearly always; whether instructions reach the voice is the
+    speaker's: the fallback's once the primary did not load."""
+    clock = FakeClock()
+    primary, fallback = ScriptedEngine("qwen3", clock), ScriptedEngine("espeak", clock)
+    primary.timing = {"first_s": 0.2, "rtf": 0.5}
+    primary.max_open_streams = 4
+    primary.instructions = True
+    wrapped = FallbackEngine(primary, fallback, clock=clock)
+    assert (wrapped.timing, wrapped.max_open_streams) == (primary.timing, 4)
+    assert wrapped.instructions is True
+    wrapped.primary_load_error = "qwen3 failed to load: no model"
+    assert wrapped.instructions is False
+
+
+def test_with_the_breaker_open_a_fallback_failure_is_its_own():
+    """No primary error stands before it (the breaker sent the segment to the fallback):
+    the error is the fallback's, as it said it."""
+    engine, _, fallback, _ = setup([[fail()], [fail()]])
+    for _ in range(2):
+        drain(engine.open(SynthesisRequest("a")))
+    assert engine.state is BreakerState.OPEN
+    fallback.scripts = [[EngineError("engine_timeout", "no answer in 30 s")]]
+    stream = engine.open(SynthesisRequest("b"))
+    with pytest.raises(EngineError) as err:
+        stream.step()
+    assert (err.value.code, err.value.message) == ("engine_timeout", "no answer in 30 s")
+    assert stream.step() is None
+
+
+def test_a_probe_refused_for_its_request_proves_nothing_and_the_next_segment_probes():
+    """A probe whose request the primary's server refused (a voice it lacks: this client's
+    choice, not the primary's health): the fallback speaks it, the breaker stays half-open
+    and does not count it, and the next segment is the probe."""
+    from engines.base import RequestRefused
+
+    engine, primary, fallback, clock = setup(
+        [[fail()], [fail()], [RequestRefused("bad_request", "no such voice")], [b"\x01\x00"]])
+    for _ in range(2):
+        drain(engine.open(SynthesisRequest("a")))
+    clock.now += 31
+    assert drain(engine.open(SynthesisRequest("probe"))) == [b"\x09\x00" * 8]
+    assert engine.state is BreakerState.HALF_OPEN and engine.consecutive_failures == 2
+    assert drain(engine.open(SynthesisRequest("next"))) == [b"\x01\x00"]
+    assert engine.state is BreakerState.CLOSED
+
+
+def test_a_stream_interrupted_while_its_primary_opens_ends_and_proves_nothing():
+    """A barge-in's ``interrupt`` landing while the lane thread is inside the primary's
+    ``open`` (the wrapper's stream had no inner stream to pass it to yet): the step ends
+    there without stepping the primary (a whole step of a model's work, for nothing), the
+    stream it opened is closed, and the breaker counts nothing."""
+    stepped = []
+    engine, primary, fallback, clock = setup([[lambda: stepped.append(1) or b"\x01\x00"]])
+    real_open = primary.open
+    streams = []
+
+    def open_then_interrupted(request):
+        inner = real_open(request)
+        streams[-1].interrupt()  # (from the loop thread, as the open returns)
+        return inner
+
+    primary.open = open_then_interrupted
+    streams.append(engine.open(SynthesisRequest("a")))
+    assert streams[-1].step() is None
+    assert primary.closed_streams == 1 and not stepped and not fallback.opened
+    assert (engine.state, engine.consecutive_failures) == (BreakerState.CLOSED, 0)
