@@ -143,6 +143,40 @@ def test_the_notes_of_a_servers_done_event_are_kept_bounded(sse_server, engine_f
     assert stream.notes == ()
 
 
+def test_done_markers_empty_events_and_other_kinds_are_skipped_and_a_speed_is_asked(
+    sse_server, engine_for
+):
+    """What an OpenAI-style server may send among its deltas: an event with no data, a
+    ``[DONE]`` line (chat completions' end marker), an event of a kind the engine has no
+    use for. None is audio or an error; the deltas around them are all played. A request's
+    speed other than 1.0 is asked of the server (the HTTP API's ``speed``)."""
+    server, _ = sse_server
+    server.script = [b"event: ping\ndata:\n\n", delta(b"\x01\x00"), b"data: [DONE]\n\n",
+                     {"type": "speech.audio.progress", "done": 0.5}, delta(b"\x02\x00"), DONE]
+    engine = engine_for()
+    assert run(engine.open(SynthesisRequest("Hello.", speed=1.5))) == [b"\x01\x00", b"\x02\x00"]
+    assert server.requests[0]["speed"] == 1.5
+    run(engine.open(SynthesisRequest("Hello.")))
+    assert "speed" not in server.requests[1]  # (the server's own pace)
+
+
+def test_an_engine_opened_before_its_load_fails_and_a_second_load_keeps_its_client(
+    sse_server,
+):
+    engine = HttpTtsEngine(sse_server[1])
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.open(SynthesisRequest("x"))
+        assert (err.value.code, err.value.message) == (
+            "engine_failed", "http engine used before load()")
+        engine.load()
+        client = engine._client
+        engine.load()
+        assert engine._client is client
+    finally:
+        engine.close()
+
+
 def test_odd_byte_counts_are_carried_to_the_next_step(sse_server, engine_for):
     server, _ = sse_server
     server.script = [delta(b"\x01"), delta(b"\x00\x02\x00\x03"), delta(b"\x00"), DONE]
@@ -406,6 +440,15 @@ def test_a_wav_answer_is_an_engine_failure_not_samples(raw_server, pieces, conte
     with pytest.raises(EngineError, match="WAV file, not raw PCM") as err:
         run(engine.open(SynthesisRequest("x")))
     assert err.value.code == "engine_failed"
+
+
+def test_an_empty_raw_answer_is_no_audio_not_an_error(raw_server):
+    """A raw-PCM server's 200 with no body (nothing to say: a text of punctuation alone):
+    the raw format has no end marker to miss, so the segment ends silent, as an engine's
+    that made no audio."""
+    engine = raw_server([b""])
+    stream = engine.open(SynthesisRequest("…"))
+    assert stream.step() is None and stream.step() is None
 
 
 def test_raw_pcm_is_played_as_it_comes(raw_server):
