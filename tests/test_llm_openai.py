@@ -562,6 +562,42 @@ async def test_an_error_after_the_finish_reason_leaves_the_reply_whole(
     assert "usage unavailable" in caplog.text  # (the operator is told)
 
 
+async def test_an_error_after_the_finish_reason_is_warned_once(llm, scripted_llm_server,
+                                                                caplog):
+    """A server that sends it after every reply warns once; later ones go to DEBUG, and
+    every reply stays whole."""
+    error = Raw(b'data: {"error": {"message": "usage unavailable"}}\n\n')
+    scripted_llm_server.script(*[[Text("All of it."), Finish(), error, Done()]] * 2)
+    with caplog.at_level("DEBUG", logger="engines.llm_openai"):
+        for _ in range(2):
+            assert (await collect(llm))[-1] == LlmDone("stop")
+    said = [r.levelname for r in caplog.records if "usage unavailable" in r.getMessage()]
+    assert said == ["WARNING", "DEBUG"]
+
+
+async def test_what_comes_after_done_is_read_and_not_said(llm, scripted_llm_server):
+    """A server (or proxy) that goes on after ``[DONE]``: the body is read to its end, so
+    the connection can be reused, and nothing of it is said."""
+    scripted_llm_server.script(
+        [Text("Said."), Finish(), Done(), Text(" Not said."), Finish(), Done()],
+        [Text("Next."), Finish(), Done()])
+    events = await collect(llm)
+    assert [e.text for e in events if isinstance(e, LlmDelta)] == ["Said."]
+    assert events[-1] == LlmDone("stop")
+    assert [e.text for e in await collect(llm) if isinstance(e, LlmDelta)] == ["Next."]
+
+
+@pytest.mark.parametrize("tail", ["<", "</thi", "<th"])
+async def test_a_reply_ending_in_what_could_have_begun_a_tag_says_it_at_the_end(
+        llm, scripted_llm_server, tail):
+    """The thought filter holds back what may be the start of ``<think>`` or ``</think>``
+    until it can tell; a reply that ends there says it as its last delta, not dropped."""
+    scripted_llm_server.script([Text("Use a "), Text(tail), Finish(), Done()])
+    events = await collect(llm)
+    assert "".join(e.text for e in events if isinstance(e, LlmDelta)) == "Use a " + tail
+    assert events[-1] == LlmDone("stop")
+
+
 async def test_an_error_after_an_aborted_finish_fails_with_the_servers_words(
         llm, scripted_llm_server):
     scripted_llm_server.script([Text("half a rep"), Finish("error"),
