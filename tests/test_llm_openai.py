@@ -56,6 +56,21 @@ async def collect(llm: OpenAiLlm, request: LlmRequest = REQUEST) -> list[LlmEven
         return [event async for event in llm.stream(request)]
 
 
+async def failure(llm: OpenAiLlm) -> EngineError:
+    """The EngineError that ends a turn's stream: the test fails if the stream ends well."""
+    with pytest.raises(EngineError) as info:
+        await collect(llm)
+    return info.value
+
+
+async def failure_closing(llm: OpenAiLlm) -> EngineError:
+    """``failure`` of a backend the test made for itself, closed whatever the stream did."""
+    try:
+        return await failure(llm)
+    finally:
+        await llm.aclose()
+
+
 @pytest.fixture
 async def llm(scripted_llm_server: ScriptedLlmServer):
     # (a read timeout that bounds a hang, not one any test holds: at 1 s a server slowed by a
@@ -144,10 +159,9 @@ async def test_a_refusal_that_only_echoes_stream_options_leaves_them_on(
     scripted_llm_server.script(
         [missing_model(b'{"stream":true,"stream_options":{"include_usage":true}}')],
         [missing_model(b'{"stream":true}')], reply_script(["Hi."]))
-    with pytest.raises(EngineError) as failed:
-        await collect(llm)
-    assert failed.value.code == "llm_failed"
-    assert '"input":{"stream":true}}]}' in failed.value.message  # (the answer without them)
+    failed = await failure(llm)
+    assert failed.code == "llm_failed"
+    assert '"input":{"stream":true}}]}' in failed.message  # (the answer without them)
     assert llm.stream_options
     assert not [r for r in caplog.records if "refuses stream_options" in r.getMessage()]
     await collect(llm)
@@ -156,9 +170,8 @@ async def test_a_refusal_that_only_echoes_stream_options_leaves_them_on(
 
 async def test_another_400_naming_no_stream_options_still_fails(llm, scripted_llm_server):
     scripted_llm_server.script([Status(400, b'{"error": {"message": "bad temperature"}}')])
-    with pytest.raises(EngineError) as failed:
-        await collect(llm)
-    assert failed.value.code == "llm_failed" and "bad temperature" in failed.value.message
+    failed = await failure(llm)
+    assert failed.code == "llm_failed" and "bad temperature" in failed.message
     assert len(scripted_llm_server.chats) == 1 and llm.stream_options
 
 
@@ -291,10 +304,9 @@ async def test_connection_is_reused_between_streams(llm, scripted_llm_server):
 )
 async def test_failures_map_to_llm_failed(llm, scripted_llm_server, script, fragment):
     scripted_llm_server.script(script)
-    with pytest.raises(EngineError) as info:
-        await collect(llm)
-    assert info.value.code == "llm_failed"
-    assert fragment in info.value.message
+    error = await failure(llm)
+    assert error.code == "llm_failed"
+    assert fragment in error.message
 
 
 @pytest.mark.parametrize(
@@ -307,14 +319,10 @@ async def test_a_server_that_hangs_times_out_as_unavailable(scripted_llm_server,
     # [llm] stall_timeout_s bounds the wait for the headers too: it used to be a fixed 60 s
     llm = OpenAiLlm(scripted_llm_server.url, stall_s=0.3)
     scripted_llm_server.script(script)
-    try:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
-    finally:
-        await llm.aclose()
-    assert info.value.code == "llm_unavailable"
-    assert f"LLM server {scripted_llm_server.url} sent no" in info.value.message
-    assert " for 0.3 s " in info.value.message
+    error = await failure_closing(llm)
+    assert error.code == "llm_unavailable"
+    assert f"LLM server {scripted_llm_server.url} sent no" in error.message
+    assert " for 0.3 s " in error.message
     async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
@@ -365,13 +373,9 @@ async def test_omlx_keep_alive_chunks_between_tokens_are_nothing_said(scripted_l
 
 async def test_connection_refused_is_unavailable(refused_port):
     llm = OpenAiLlm(f"http://127.0.0.1:{refused_port}/v1", timeout=2.0)
-    try:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
-    finally:
-        await llm.aclose()
-    assert info.value.code == "llm_unavailable"
-    assert f"127.0.0.1:{refused_port}" in info.value.message
+    error = await failure_closing(llm)
+    assert error.code == "llm_unavailable"
+    assert f"127.0.0.1:{refused_port}" in error.message
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8081/v1", "ftp://host/v1", "http:///v1",
@@ -394,12 +398,8 @@ def test_a_bad_ports_refusal_hides_the_password():
 
 async def test_unresolvable_host_is_unavailable():
     llm = OpenAiLlm("http://llm.invalid/v1", timeout=2.0)
-    try:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
-    finally:
-        await llm.aclose()
-    assert info.value.code == "llm_unavailable"
+    error = await failure_closing(llm)
+    assert error.code == "llm_unavailable"
 
 
 async def test_cancelling_the_consumer_closes_the_connection(llm, scripted_llm_server):
@@ -603,9 +603,8 @@ async def test_an_error_after_an_aborted_finish_fails_with_the_servers_words(
     scripted_llm_server.script([Text("half a rep"), Finish("error"),
                                 Raw(b'data: {"error": {"message": "out of KV cache"}}\n\n'),
                                 Done()])
-    with pytest.raises(EngineError) as info:
-        await collect(llm)
-    assert info.value.code == "llm_failed" and "out of KV cache" in info.value.message
+    error = await failure(llm)
+    assert error.code == "llm_failed" and "out of KV cache" in error.message
 
 
 async def test_a_whole_reply_ends_well_with_a_stall_timeout_shorter_than_the_wait_after_it(
@@ -623,13 +622,9 @@ async def test_a_read_timeout_shorter_than_the_stall_bound_is_the_one_named(
     finish failed it "sent no data for 60 s", stall_s, though it had waited 1.5 s."""
     llm = OpenAiLlm(scripted_llm_server.url, timeout=httpx.Timeout(5.0, read=1.5), stall_s=3600)
     scripted_llm_server.script([Text("Half a rep"), Hang()])
-    try:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
-    finally:
-        await llm.aclose()
-    assert info.value.code == "llm_unavailable"
-    assert " for 1.5 s (ReadTimeout)" in info.value.message, info.value.message
+    error = await failure_closing(llm)
+    assert error.code == "llm_unavailable"
+    assert " for 1.5 s (ReadTimeout)" in error.message, error.message
 
 
 async def ends_whole(server: ScriptedLlmServer, stall_s: float, rest: list) -> None:
@@ -662,18 +657,16 @@ async def test_a_busy_server_is_tried_once_more_after_the_wait_it_asks(
         assert events[0] == LlmDelta("Here it is.") and len(scripted_llm_server.chats) == 2
         assert loop.time() - started >= float(first.retry_after)  # it waited as asked
     else:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
-        assert info.value.code == "llm_failed" and f"HTTP {first.code}" in info.value.message
+        error = await failure(llm)
+        assert error.code == "llm_failed" and f"HTTP {first.code}" in error.message
         assert len(scripted_llm_server.chats) == 1
 
 
 async def test_a_busy_server_twice_fails_the_turn(llm, scripted_llm_server):
     busy = Status(429, retry_after="0")
     scripted_llm_server.script([busy], [busy])
-    with pytest.raises(EngineError) as info:
-        await collect(llm)
-    assert info.value.code == "llm_failed" and "HTTP 429" in info.value.message
+    error = await failure(llm)
+    assert error.code == "llm_failed" and "HTTP 429" in error.message
     assert len(scripted_llm_server.chats) == 2
 
 
@@ -729,10 +722,9 @@ async def test_more_turns_at_once_than_an_http_pool_holds_all_reach_the_server(
 async def test_a_prompt_longer_than_the_context_is_told_apart(llm, scripted_llm_server, status,
                                                               full):
     scripted_llm_server.script([status])
-    with pytest.raises(EngineError) as info:
-        await collect(llm)
-    assert isinstance(info.value, LlmContextFull) is full
-    assert info.value.code == "llm_failed" and f"HTTP {status.code}" in info.value.message
+    error = await failure(llm)
+    assert isinstance(error, LlmContextFull) is full
+    assert error.code == "llm_failed" and f"HTTP {status.code}" in error.message
 
 
 @pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip"])
@@ -749,13 +741,9 @@ async def test_an_event_that_never_ends_fails_the_turn_instead_of_filling_memory
     scripted_llm_server.gzip = gzip
     llm = OpenAiLlm(scripted_llm_server.url, stall_s=60)
     scripted_llm_server.script([Text("One. "), endless, Hang()])
-    try:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
-    finally:
-        await llm.aclose()
-    assert info.value.code == "llm_failed"
-    assert "without ending an SSE event (at most 4,194,304)" in info.value.message
+    error = await failure_closing(llm)
+    assert error.code == "llm_failed"
+    assert "without ending an SSE event (at most 4,194,304)" in error.message
     async with hang_guard("the server seeing the client leave"):
         await scripted_llm_server.requests[0].disconnected.wait()
 
@@ -782,15 +770,14 @@ async def test_a_compressed_answer_that_decodes_huge_holds_no_more_than_its_boun
     llm = OpenAiLlm(server.url, stall_s=60)
     tracemalloc.start()
     try:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
+        error = await failure(llm)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
         await llm.aclose()
         server.close()
-    assert info.value.code == "llm_failed"
-    assert "without ending an SSE event (at most 4,194,304)" in info.value.message
+    assert error.code == "llm_failed"
+    assert "without ending an SSE event (at most 4,194,304)" in error.message
     assert peak < 2 * MAX_EVENT_BYTES, f"{peak:,} bytes"  # (4.8 MB; main: 148 MB)
     assert b"\r\naccept-encoding: identity\r\n" in server.request.lower()
 
@@ -801,16 +788,13 @@ async def test_an_answer_in_an_encoding_it_cannot_decode_fails_naming_it(encodin
     as it came, and the parser read its bytes as events; it decoded them, without a bound,
     when the package was there. Now the turn fails, naming it."""
     server = EncodedSseServer(encoding, b"\x8b\x02\x80data: [DONE]\n\n\x03")  # (any bytes)
-    llm = OpenAiLlm(server.url)
     try:
-        with pytest.raises(EngineError) as info:
-            await collect(llm)
+        error = await failure_closing(OpenAiLlm(server.url))
     finally:
-        await llm.aclose()
         server.close()
-    assert info.value.code == "llm_failed"
+    assert error.code == "llm_failed"
     assert f"the LLM server sent its answer {encoding.decode().split()[-1]}-encoded" in \
-        info.value.message
+        error.message
 
 
 @pytest.mark.parametrize("encoding", [b"", b"gzip,"], ids=["empty", "trailing-comma"])
@@ -843,15 +827,13 @@ async def test_an_error_page_it_cannot_decode_still_tells_the_status(encoding, b
     decodes."""
     server = EncodedSseServer(encoding, body, status=b"413 Payload Too Large",
                               content_type=b"text/plain")
-    llm = OpenAiLlm(server.url)
     try:
-        with pytest.raises(LlmContextFull) as info:
-            await collect(llm)
+        error = await failure_closing(OpenAiLlm(server.url))
     finally:
-        await llm.aclose()
         server.close()
-    assert info.value.message.startswith("LLM server answered HTTP 413: ")
-    assert "body not decoded" in info.value.message
+    assert isinstance(error, LlmContextFull)
+    assert error.message.startswith("LLM server answered HTTP 413: ")
+    assert "body not decoded" in error.message
 
 
 async def test_a_whole_reply_in_one_chunk_is_no_endless_event(llm, scripted_llm_server):
@@ -964,13 +946,7 @@ def test_a_server_that_resets_the_connection_as_it_is_made_is_out_of_reach():
 
     async def turn() -> EngineError:
         with resetting_port(asyncio.get_running_loop()) as port:
-            llm = OpenAiLlm(f"http://127.0.0.1:{port}/v1")
-            try:
-                with pytest.raises(EngineError) as info:
-                    await collect(llm)
-            finally:
-                await llm.aclose()
-        return info.value
+            return await failure_closing(OpenAiLlm(f"http://127.0.0.1:{port}/v1"))
 
     error = uvloop.run(turn())
     assert isinstance(error, ServerUnreachable)
