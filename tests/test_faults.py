@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -96,6 +97,31 @@ def deadline_on_hangs(lane: Lane, seconds: float) -> None:
         return await call_limited(fn, *args)
 
     lane._call_limited = limited  # type: ignore[method-assign]
+
+
+def a_bug_in(monkeypatch: pytest.MonkeyPatch, owner: type, name: str,
+             when: Callable[..., bool], words: str = "a scripted bug in the session", *,
+             after: bool = False) -> None:
+    """TEST DOUBLE: ``owner.name`` raises ``TypeError(words)`` (a scripted gateway bug) on a
+    call ``when`` picks (it is given the call's arguments, ``self`` first): before doing its
+    work, or ``after`` it. Every other call is the method's own."""
+    original = getattr(owner, name)
+
+    def buggy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bug = when(self, *args, **kwargs)
+        if bug and not after:
+            raise TypeError(words)
+        result = original(self, *args, **kwargs)
+        if bug:
+            raise TypeError(words)
+        return result
+
+    monkeypatch.setattr(owner, name, buggy)
+
+
+def says_bug(self: Any, job: Any, *_: Any, **__: Any) -> bool:
+    """For ``a_bug_in``: the call is about a job whose text says BUG."""
+    return "BUG" in job.payload.request.text
 
 
 async def start(engine=None, llm_url: str | None = None, **server) -> Gateway:
@@ -252,14 +278,7 @@ async def test_a_bug_consuming_the_audio_fails_that_turn_only(monkeypatch):
     /health said ok. Now that turn fails with internal_error and the lane goes on."""
     from gateway.io.connection import SessionRunner
 
-    on_audio = SessionRunner.on_audio
-
-    def buggy(self, job, pcm, engine, ready_at):
-        if "BUG" in job.payload.request.text:
-            raise TypeError("a scripted bug in the session")
-        on_audio(self, job, pcm, engine, ready_at)
-
-    monkeypatch.setattr(SessionRunner, "on_audio", buggy)
+    a_bug_in(monkeypatch, SessionRunner, "on_audio", says_bug)
     gw = await start(FaultyEngine())
     try:
         async with connect(url(gw)) as ws:
@@ -285,14 +304,8 @@ async def test_a_bug_after_a_sentence_was_made_still_ends_its_turn(monkeypatch):
     sentences (``Session.synthesis_failed``)."""
     from gateway.io.connection import SessionRunner
 
-    on_done = SessionRunner.on_done
-
-    def buggy(self, job, truncated=False, notes=()):
-        on_done(self, job, truncated, notes)
-        if "BUG" in job.payload.request.text:
-            raise TypeError("a scripted bug after the sentence")
-
-    monkeypatch.setattr(SessionRunner, "on_done", buggy)
+    a_bug_in(monkeypatch, SessionRunner, "on_done", says_bug,
+             "a scripted bug after the sentence", after=True)
     gw = await start(FaultyEngine())
     try:
         async with connect(url(gw)) as ws:
@@ -317,14 +330,7 @@ async def test_every_job_a_consumers_bug_fails_is_counted(monkeypatch):
     ``jobs.failed``), while its observer saw each end ``failed``."""
     from gateway.io.connection import SessionRunner
 
-    on_audio = SessionRunner.on_audio
-
-    def buggy(self, job, pcm, engine, ready_at):
-        if "BUG" in job.payload.request.text:
-            raise TypeError("a scripted bug in the session")
-        on_audio(self, job, pcm, engine, ready_at)
-
-    monkeypatch.setattr(SessionRunner, "on_audio", buggy)
+    a_bug_in(monkeypatch, SessionRunner, "on_audio", says_bug)
     gw = await start(FaultyEngine())
     ended = []
     job_ended = gw.telemetry.job_ended
@@ -350,14 +356,8 @@ async def test_a_bug_handling_a_message_ends_that_session_only(monkeypatch, capl
     from gateway.core import codec
     from gateway.io.connection import SessionRunner
 
-    receive = SessionRunner.receive
-
-    def buggy(self, message, now):
-        if isinstance(message, codec.ClientSay) and "BUG" in message.text:
-            raise TypeError("a scripted bug in the session")
-        return receive(self, message, now)
-
-    monkeypatch.setattr(SessionRunner, "receive", buggy)
+    a_bug_in(monkeypatch, SessionRunner, "receive", lambda self, message, now: (
+        isinstance(message, codec.ClientSay) and "BUG" in message.text))
     gw = await start(FaultyEngine())
     try:
         async with connect(url(gw)) as ws:
@@ -384,14 +384,8 @@ async def test_a_bug_in_the_pacing_timer_or_the_llm_task_ends_that_session_only(
     from gateway.core.session import Session
 
     target: list[str] = []
-    original = getattr(Session, core_call)
-
-    def buggy(self, *args):
-        if self.id in target:
-            raise TypeError(f"a scripted bug in Session.{core_call}")
-        return original(self, *args)
-
-    monkeypatch.setattr(Session, core_call, buggy)
+    a_bug_in(monkeypatch, Session, core_call, lambda self, *_: self.id in target,
+             f"a scripted bug in Session.{core_call}")
     gw = await start(FaultyEngine())
     try:
         async with connect(url(gw)) as ws:
@@ -693,14 +687,8 @@ async def test_a_bug_hearing_of_a_stuck_lane_does_not_stop_the_lane_for_good(mon
     call returned. Now that turn fails with internal_error and the lane recovers."""
     from gateway.io.connection import SessionRunner
 
-    on_failed = SessionRunner.on_failed
-
-    def buggy(self, job, code, message):
-        if code == "engine_unavailable":
-            raise TypeError("a scripted bug in the session")
-        on_failed(self, job, code, message)
-
-    monkeypatch.setattr(SessionRunner, "on_failed", buggy)
+    a_bug_in(monkeypatch, SessionRunner, "on_failed",
+             lambda self, job, code, message: code == "engine_unavailable")
     engine = GetsStuck()
     gw = await start(engine)
     gw.lane.step_timeout_s = None  # (the gated call: no limit)
