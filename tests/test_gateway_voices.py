@@ -3,6 +3,9 @@ mlx-audio's real loader) and a primary that fails mid-turn with espeak taking ov
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import httpx
 import pytest
 from websockets.asyncio.client import connect
@@ -26,14 +29,21 @@ async def say(gw: Gateway, text: str, **session):
         return await read_turn(ws)
 
 
+async def tiny_qwen3_gateway(model: Path, voice: str, max_tokens: int, **server: Any) -> Gateway:
+    """A started gateway speaking with the tiny qwen3 at ``model``, ``max_tokens`` a
+    sentence, without a step deadline (``NO_STEP_DEADLINE``: a busy machine's slow step is
+    no hung engine)."""
+    gw = Gateway(load_config(server={"port": 0, **server},
+                             tts={"engine": "qwen3", "model": str(model), "voice": voice,
+                                  "options": {"max_tokens": max_tokens},
+                                  "step_timeout_s": NO_STEP_DEADLINE}))
+    await gw.start()
+    return gw
+
+
 @pytest.mark.slow
 async def test_a_turn_spoken_by_tiny_qwen3(tiny_qwen3_custom_voice):
-    config = load_config(server={"port": 0},
-                         tts={"engine": "qwen3", "model": str(tiny_qwen3_custom_voice),
-                              "voice": "aria", "options": {"max_tokens": 6},
-                              "step_timeout_s": NO_STEP_DEADLINE})
-    gw = Gateway(config)
-    await gw.start()
+    gw = await tiny_qwen3_gateway(tiny_qwen3_custom_voice, "aria", 6)
     try:
         result = await say(gw, "Hello there. Second sentence.")
     finally:
@@ -52,12 +62,7 @@ async def test_the_default_voice_spelt_as_the_model_card_does_is_one_it_lists(
     card and mlx-audio's README write "Serena", "Vivian", as examples/hub.toml does. The
     gateway listed "serena" and announced "Serena" as its default, then refused the default
     it announced (``unknown_voice``) on the HTTP API."""
-    config = load_config(server={"port": 0, "http_port": 0},
-                         tts={"engine": "qwen3", "model": str(tiny_qwen3_custom_voice),
-                              "voice": "Serena", "options": {"max_tokens": 4},
-                              "step_timeout_s": NO_STEP_DEADLINE})
-    gw = Gateway(config)
-    await gw.start()
+    gw = await tiny_qwen3_gateway(tiny_qwen3_custom_voice, "Serena", 4, http_port=0)
     try:
         # no read timeout (httpx's is 5 s): the tiny model's speech took longer on a busy
         # machine; a hang is pytest-timeout's
