@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.config import load_config
@@ -77,6 +79,22 @@ def small_window_socket(gw: Gateway) -> socket.socket:
 
 def url(gw: Gateway, suffix: str = "") -> str:
     return f"ws://127.0.0.1:{gw.port}/v1/voice{suffix}"
+
+
+@contextlib.asynccontextmanager
+async def reading_late(gw: Gateway, lead_ms: int,
+                       say: str) -> AsyncIterator[tuple[ClientConnection, asyncio.Event]]:
+    """A client on a ``small_window_socket`` that reads nothing yet, its session's
+    ``max_lead_ms`` set to ``lead_ms``, that has asked for ``say``; and an event set when
+    the turn's last frame is sent (all of it is out, none of it read)."""
+    async with connect(url(gw), sock=small_window_socket(gw), max_queue=1) as ws:
+        await recv_event(ws, "session.created")
+        await send(ws, type="session.update", session={"max_lead_ms": lead_ms})
+        await recv_event(ws, "session.updated")
+        released = asyncio.Event()
+        gw.metrics.listeners.append(lambda done: released.set())
+        await send(ws, type="say", text=say)
+        yield ws, released
 
 
 async def test_tokens_are_checked_before_the_upgrade():
@@ -961,14 +979,8 @@ async def test_a_client_may_read_a_whole_lead_late():
     lead) the outbox holds the rest beyond its bound."""
     gw = await started(outbox_bytes=64 * 1024)
     try:
-        sock = small_window_socket(gw)
-        async with connect(url(gw), sock=sock, max_queue=1) as ws:
-            await recv_event(ws, "session.created")
-            await send(ws, type="session.update", session={"max_lead_ms": 20_000})
-            await recv_event(ws, "session.updated")
-            released = asyncio.Event()  # the turn's last frame is sent: all of it is out
-            gw.metrics.listeners.append(lambda done: released.set())
-            await send(ws, type="say", text="A reply read only once it is all out. " * 6)
+        async with reading_late(gw, 20_000,
+                                "A reply read only once it is all out. " * 6) as (ws, released):
             await released.wait()
             turn = await read_turn(ws)
         assert turn.done["status"] == "completed"
@@ -991,14 +1003,8 @@ async def test_a_lead_lowered_late_still_lets_the_turn_be_read_late(when):
     was let out under the larger one is written."""
     gw = await started(outbox_bytes=64 * 1024)
     try:
-        sock = small_window_socket(gw)
-        async with connect(url(gw), sock=sock, max_queue=1) as ws:
-            await recv_event(ws, "session.created")
-            await send(ws, type="session.update", session={"max_lead_ms": 30_000})
-            await recv_event(ws, "session.updated")
-            released = asyncio.Event()  # the turn's last frame is sent: all of it is out
-            gw.metrics.listeners.append(lambda done: released.set())
-            await send(ws, type="say", text="A reply read only once it is all out. " * 8)
+        async with reading_late(gw, 30_000,
+                                "A reply read only once it is all out. " * 8) as (ws, released):
             if when == "mid-turn":
                 await send(ws, type="session.update", session={"max_lead_ms": 1000})
                 await released.wait()
