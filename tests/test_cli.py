@@ -355,14 +355,9 @@ HTTP_TAKES = ("url, model = None, voice = None, format = 'sse', api_key = None, 
     # naming the flag and the key to set: "missing a required argument: 'model'" named
     # the constructor's argument only
     (["--tts", "qwen3"], 2, "voice-gateway: TTS engine 'qwen3' needs its model ([tts] model, "
-     "--tts-model) (it takes model, voice = None, "
-     "ref_audio = None, ref_text = None, temperature = 0.7, top_p = None, max_tokens = None, "
-     "streaming_interval = 0.32, runaway_factor = 0.25, runaway_min_s = 3.0, "
-     "language = 'auto', warmup_text = 'Hello.')"),
+     f"--tts-model) (it takes {QWEN3_TAKES})"),
     (["--tts", "http"], 2, "voice-gateway: TTS engine 'http' needs its url ([tts] url, "
-     "--tts-url) (it takes url, model = None, voice = None, format = 'sse', api_key = None, "
-     "streaming_interval = 0.32, connect_timeout_s = 5.0, read_timeout_s = 20.0, "
-     "reads_digits = True, extra_body = None, parallel_steps = 8, instructions = None)"),
+     f"--tts-url) (it takes {HTTP_TAKES})"),
     # the fallback's and the second engine's name the key of their own table: these said
     # "cannot be set up with the options given: missing a required argument: 'model'"
     (["--fallback", "qwen3"], 2, "voice-gateway: the fallback ([tts] fallback, "
