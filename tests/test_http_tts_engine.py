@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,19 +25,29 @@ def sse_server():
     server.stop()
 
 
+@contextlib.contextmanager
+def loaded_engines(url: str) -> Iterator[Callable[..., HttpTtsEngine]]:
+    """``load(**options)``: an HttpTtsEngine on ``url``, loaded; every one it made is
+    closed on the way out."""
+    engines: list[HttpTtsEngine] = []
+
+    def load(**options: Any) -> HttpTtsEngine:
+        engine = HttpTtsEngine(url, **options)
+        engine.load()
+        engines.append(engine)
+        return engine
+
+    try:
+        yield load
+    finally:
+        for engine in engines:
+            engine.close()
+
+
 @pytest.fixture
 def engine_for(sse_server):
-    engines = []
-
-    def make(**kw):
-        eng = HttpTtsEngine(sse_server[1], model="tts-1", voice="serena", **kw)
-        eng.load()
-        engines.append(eng)
-        return eng
-
-    yield make
-    for eng in engines:
-        eng.close()
+    with loaded_engines(sse_server[1]) as load:
+        yield lambda **kw: load(model="tts-1", voice="serena", **kw)
 
 
 def run(stream):
@@ -398,18 +410,13 @@ def raw_server():
     server._server.config.app = Starlette(routes=[Route("/v1/audio/speech", speech,
                                                         methods=["POST"])])
     url = server.start()
-    engines = []
+    with loaded_engines(url) as load:
 
-    def make(pieces, content_type="audio/pcm"):
-        answer.update(pieces=pieces, type=content_type)
-        engine = HttpTtsEngine(url, format="pcm")
-        engine.load()
-        engines.append(engine)
-        return engine
+        def make(pieces, content_type="audio/pcm"):
+            answer.update(pieces=pieces, type=content_type)
+            return load(format="pcm")
 
-    yield make
-    for engine in engines:
-        engine.close()
+        yield make
     server.stop()
 
 
