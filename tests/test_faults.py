@@ -146,6 +146,17 @@ def gapless(*turns: TurnResult) -> bool:
     return seqs == list(range(len(seqs)))
 
 
+async def two_failed_turns_degrade(gw: Gateway, ws, text: str) -> None:
+    """Two turns saying ``text`` both fail, and /health says degraded, ``engine_failed``
+    (two: what the log says once of a failing engine is not said again per turn)."""
+    for _ in range(2):
+        turn = await say(ws, text)
+        assert turn.done["status"] == "failed"
+    health = gw.health()
+    assert health["status"] == "degraded"
+    assert health["engine"]["failing"] == "engine_failed"
+
+
 async def well_behaved(gw: Gateway, started: asyncio.Event | None = None) -> TurnResult:
     async with connect(url(gw)) as ws:
         await recv_event(ws, "session.created")
@@ -208,12 +219,7 @@ async def test_an_engine_that_starts_failing_is_logged_once_and_so_is_its_return
     await gw.telemetry.tts_probes["remote"]._task  # the probe at start
     async with connect(url(gw)) as ws:
         await recv_event(ws, "session.created")
-        for _ in range(2):
-            down = await say(ws, "Nobody is there to say this.")
-            assert down.done["status"] == "failed"
-        health = gw.health()
-        assert health["status"] == "degraded"
-        assert health["engine"]["failing"] == "engine_failed"
+        await two_failed_turns_degrade(gw, ws, "Nobody is there to say this.")
         probed, warning = [r for r in caplog.records if r.levelname == "WARNING"]
         assert probed.getMessage().startswith(
             f"the TTS server of lane remote at {speech} does not answer (ConnectError: ")
@@ -1206,12 +1212,7 @@ async def test_an_engine_bug_on_every_job_is_logged_once_and_health_says_degrade
     try:
         async with connect(url(gw)) as ws:
             await recv_event(ws, "session.created")
-            for _ in range(2):
-                bad = await say(ws, "RAISE breaks this sentence midway, every time.")
-                assert bad.done["status"] == "failed"
-            health = gw.health()
-            assert health["status"] == "degraded"
-            assert health["engine"]["failing"] == "engine_failed"
+            await two_failed_turns_degrade(gw, ws, "RAISE breaks this sentence midway, every time.")
             (error,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
             assert error.levelname == "ERROR" and error.exc_info is not None
             caplog.clear()
