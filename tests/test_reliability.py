@@ -45,6 +45,11 @@ async def no_sessions(gw: Gateway) -> None:
     await unless_hung(gw.wait_no_sessions())
 
 
+async def _drop(ws) -> None:
+    ws.transport.abort()  # no close handshake: the session waits for a resume
+    await ws.wait_closed()
+
+
 async def stalling_client(gw: Gateway):
     """A client on a ``small_window_socket`` that will stop reading, and its
     ``session.created``. No keepalive of its own: only the gateway can end its connection
@@ -186,8 +191,7 @@ async def test_resume_after_a_dropped_socket_replays_gaplessly(gateway):
             from gateway.core.codec import decode_frame
 
             first.frames.append(decode_frame(message))
-    ws.transport.abort()  # the phone goes into a tunnel: no close handshake
-    await ws.wait_closed()
+    await _drop(ws)  # the phone goes into a tunnel: no close handshake
     last_seq = first.frames[-1].seq
     async with connect(url(gateway)) as ws2:
         fresh = await recv_event(ws2)
@@ -245,8 +249,7 @@ async def test_playback_marks_free_the_resume_buffer_and_resume_still_works(gate
     received = sum(len(f.pcm) for f in frames)
     assert runner.outbox.nbytes < 1500 * BYTES_PER_MS < received / 2
     assert runner.outbox.start > 0
-    ws.transport.abort()
-    await ws.wait_closed()
+    await _drop(ws)
     async with connect(url(gateway)) as ws2:
         await recv_event(ws2, "session.created")
         await send(ws2, type="session.resume", session_id=created["session_id"],
@@ -270,11 +273,6 @@ async def frames_after(ws, n: int) -> list:
         if isinstance(message := await ws.recv(), bytes):
             frames.append(decode_frame(message))
     return frames
-
-
-async def _drop(ws) -> None:
-    ws.transport.abort()  # no close handshake: the session waits for a resume
-    await ws.wait_closed()
 
 
 async def test_a_resume_replaying_lost_frames_fits_a_small_outbox_and_adds_no_lead():
@@ -666,8 +664,7 @@ async def test_a_resume_from_a_frame_a_mark_freed_says_it_is_no_longer_buffered(
 async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")
-    ws.transport.abort()
-    await ws.wait_closed()
+    await _drop(ws)
     async with connect(url(gateway)) as ws2:
         fresh = await recv_event(ws2, "session.created")
         await send(ws2, type="session.resume", session_id=created["session_id"],
@@ -693,8 +690,7 @@ async def test_a_failed_resume_can_be_retried_on_the_same_socket(gateway):
     created = await recv_event(ws, "session.created")
     await send(ws, type="session.update", session={"frame_ms": 80})
     settings = (await recv_event(ws, "session.updated"))["session"]
-    ws.transport.abort()
-    await ws.wait_closed()
+    await _drop(ws)
     async with connect(url(gateway)) as ws2:
         await recv_event(ws2, "session.created")
         await send(ws2, type="session.resume", session_id=created["session_id"],
@@ -733,8 +729,7 @@ async def test_a_refused_session_update_leaves_the_new_session_to_a_resume(gatew
     (``invalid_message``) or taken depending on which."""
     ws = await connect(url(gateway))
     created = await recv_event(ws, "session.created")
-    ws.transport.abort()
-    await ws.wait_closed()
+    await _drop(ws)
     async with connect(url(gateway)) as ws2:
         await recv_event(ws2, "session.created")
         await send(ws2, type="session.update", session=update, event_id="u1")
@@ -831,8 +826,7 @@ async def test_detached_session_expires_after_the_window():
         await recv_event(ws, "session.created")
         await send(ws, type="say", text=LONG)
         await recv_event(ws, "sentence")
-        ws.transport.abort()
-        await ws.wait_closed()
+        await _drop(ws)
         await no_sessions(gw)  # the expiry ran
         assert gw.lane.queue_depth == 0
     finally:
@@ -1078,8 +1072,7 @@ async def test_ended_sessions_are_freed_by_reference_counting_alone():
         # a dropped socket, resumed on another one, and a bad message on the way
         ws = await connect(url(gw))
         created = await recv_event(ws, "session.created")
-        ws.transport.abort()
-        await ws.wait_closed()
+        await _drop(ws)
         async with connect(url(gw)) as ws2:
             await recv_event(ws2, "session.created")
             await send(ws2, type="session.resume", session_id=created["session_id"],
@@ -1093,8 +1086,7 @@ async def test_ended_sessions_are_freed_by_reference_counting_alone():
         gw.runners[created["session_id"]].resume_window_s = 0.3
         await send(ws, type="say", text=LONG)
         await read_turn(ws, until="sentence")
-        ws.transport.abort()
-        await ws.wait_closed()
+        await _drop(ws)
         await no_sessions(gw)
         # (the test's aborted clients keep websockets' cycle on their side: not ours)
         assert _cyclic_garbage("gateway", "engines", "websockets.server",
