@@ -116,6 +116,24 @@ def test_a_soak_that_completed_no_turn_does_not_pass(tmp_path, capsys):
     assert rc == 1 and result["ok"] is False, capsys.readouterr().out
 
 
+def hello_session(gw: Any, seed: int, stats: soak.SoakStats) -> soak.SoakSession:
+    """Soak session 0 on the in-process gateway ``gw``, saying "Hello"; ``seed`` picks its
+    turns' kinds and times."""
+    return soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, seed, ["Hello"], stats,
+                            turn_timeout_s=60)
+
+
+async def turns_then_our_close(session: soak.SoakSession, turns: int) -> None:
+    """``turns`` turns of the connected ``session``, then its socket closed by us, as run()
+    closes it (not a loss)."""
+    try:
+        for _ in range(turns):
+            await unless_hung(session._turn())
+    finally:
+        ws, session.ws = session.ws, None
+        await ws.close()
+
+
 async def test_a_gateway_killed_mid_turn_is_a_lost_turn_not_a_hang():
     """The gateway process dies while a soak session hears a reply (a crash, the OOM
     killer: what a soak is run to find). The session waited out the turn timeout (120 s)
@@ -146,8 +164,7 @@ async def test_a_gateway_gone_between_turns_ends_the_session_with_a_report(start
     stopping: list[asyncio.Task] = []
     gw.metrics.listeners.append(  # the first turn is done: the gateway stops
         lambda _: stopping.append(asyncio.ensure_future(gw.aclose())) if not stopping else None)
-    session = soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, 80, ["Hello"], stats,
-                               turn_timeout_s=60)
+    session = hello_session(gw, 80, stats)
     await unless_hung(session.run(asyncio.get_running_loop().time() + 60))
     await stopping[0]
     assert session.account.turns[0].status in ("completed", "lost")
@@ -186,15 +203,9 @@ async def test_a_refused_turn_goes_on_at_once(start_gateway):
                              server={"turns_per_minute": 1})
     stats = soak.SoakStats()
     # seed 13: a "normal" turn, then an "abort" one (refused: no frames to abort after)
-    session = soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, 13, ["Hello"], stats,
-                               turn_timeout_s=60)
+    session = hello_session(gw, 13, stats)
     await session._connect(resume=False)
-    try:
-        await unless_hung(session._turn())
-        await unless_hung(session._turn())
-    finally:
-        ws, session.ws = session.ws, None  # (our own close, as run() does: not a loss)
-        await ws.close()
+    await turns_then_our_close(session, 2)
     assert [t.status for t in session.account.turns] == ["completed",
                                                          "rejected: rate_limited"]
     assert session.account.errors == ["rate_limited"]  # (not a "timeout" too)
@@ -210,16 +221,10 @@ async def test_a_failed_resume_loses_its_turn_at_once_and_the_session_goes_on(st
     gw = await start_gateway([{"transcript": "Hello", "reply": LONG_REPLY}])
     stats = soak.SoakStats()
     # seed 7: an "abort" turn after 2 frames, then a "normal" one
-    session = soak.SoakSession(f"ws://127.0.0.1:{gw.port}/v1/voice", 0, 7, ["Hello"], stats,
-                               turn_timeout_s=60)
+    session = hello_session(gw, 7, stats)
     await session._connect(resume=False)
     session.resume_token = "not-the-token"
-    try:
-        await unless_hung(session._turn())
-        await unless_hung(session._turn())
-    finally:
-        ws, session.ws = session.ws, None  # (our own close, as run() does: not a loss)
-        await ws.close()
+    await turns_then_our_close(session, 2)
     assert stats.resumes == 0 and stats.resume_failed == 1
     assert [t.status for t in session.account.turns] == ["lost", "completed"]
     assert session.account.errors == ["resume_failed"]
@@ -270,11 +275,7 @@ async def test_the_soak_says_and_hears_the_replay_set_it_is_given(tmp_path, monk
             said.append(event["text"]) if event["type"] == "sentence" else None,
             heard(event, now))
         await session._connect(resume=False)
-        try:
-            await unless_hung(session._turn())
-        finally:
-            ws, session.ws = session.ws, None
-            await ws.close()
+        await turns_then_our_close(session, 1)
     finally:
         gateway.stop()
     assert session.transcripts == ["Knock knock."]
