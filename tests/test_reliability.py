@@ -50,6 +50,15 @@ async def _drop(ws) -> None:
     await ws.wait_closed()
 
 
+async def a_dropped_session(gw: Gateway) -> dict[str, Any]:
+    """The ``session.created`` of a session whose socket dropped at once (``_drop``): it
+    waits for a resume."""
+    ws = await connect(url(gw))
+    created = await recv_event(ws, "session.created")
+    await _drop(ws)
+    return created
+
+
 async def stalling_client(gw: Gateway):
     """A client on a ``small_window_socket`` that will stop reading, and its
     ``session.created``. No keepalive of its own: only the gateway can end its connection
@@ -560,9 +569,7 @@ async def test_every_session_opened_in_the_log_ends_there_too(gateway, caplog):
     import re
 
     caplog.set_level(logging.INFO, logger="gateway.io.connection")
-    ws = await connect(url(gateway))
-    created = await recv_event(ws, "session.created")
-    await _drop(ws)
+    created = await a_dropped_session(gateway)
     async with connect(url(gateway)) as ws2:
         fresh = await recv_event(ws2, "session.created")
         await send(ws2, type="session.resume", session_id=created["session_id"],
@@ -662,9 +669,7 @@ async def test_a_resume_from_a_frame_a_mark_freed_says_it_is_no_longer_buffered(
 
 
 async def test_resume_with_a_wrong_token_keeps_the_fresh_session(gateway):
-    ws = await connect(url(gateway))
-    created = await recv_event(ws, "session.created")
-    await _drop(ws)
+    created = await a_dropped_session(gateway)
     async with connect(url(gateway)) as ws2:
         fresh = await recv_event(ws2, "session.created")
         await send(ws2, type="session.resume", session_id=created["session_id"],
@@ -727,9 +732,7 @@ async def test_a_refused_session_update_leaves_the_new_session_to_a_resume(gatew
     session (a voice or a lead it checks) counted as putting it to use, one refused as
     the message was read did not: the same mistake, and the resume was refused
     (``invalid_message``) or taken depending on which."""
-    ws = await connect(url(gateway))
-    created = await recv_event(ws, "session.created")
-    await _drop(ws)
+    created = await a_dropped_session(gateway)
     async with connect(url(gateway)) as ws2:
         await recv_event(ws2, "session.created")
         await send(ws2, type="session.update", session=update, event_id="u1")
@@ -1070,9 +1073,7 @@ async def test_ended_sessions_are_freed_by_reference_counting_alone():
         await no_sessions(gw)
         assert _cyclic_garbage("gateway", "engines", "websockets") == []
         # a dropped socket, resumed on another one, and a bad message on the way
-        ws = await connect(url(gw))
-        created = await recv_event(ws, "session.created")
-        await _drop(ws)
+        created = await a_dropped_session(gw)
         async with connect(url(gw)) as ws2:
             await recv_event(ws2, "session.created")
             await send(ws2, type="session.resume", session_id=created["session_id"],
