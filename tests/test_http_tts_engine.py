@@ -50,6 +50,17 @@ def engine_for(sse_server):
         yield lambda **kw: load(model="tts-1", voice="serena", **kw)
 
 
+def failure_after_a_chunk(engine: HttpTtsEngine) -> EngineError:
+    """The ``engine_failed`` a stream of "x" raises at its second step, its first having
+    given the script's first delta (``b"\\x00\\x00"``)."""
+    stream = engine.open(SynthesisRequest("x"))
+    assert stream.step() == b"\x00\x00"
+    with pytest.raises(EngineError) as err:
+        stream.step()
+    assert err.value.code == "engine_failed"
+    return err.value
+
+
 def run(stream):
     out = []
     while (chunk := stream.step()) is not None:
@@ -223,23 +234,15 @@ def test_an_sse_error_event_of_any_spelling_fails_with_the_servers_message(
     lost."""
     server, _ = sse_server
     server.script = [delta(b"\x00\x00"), event]
-    stream = engine_for().open(SynthesisRequest("x"))
-    assert stream.step() == b"\x00\x00"
-    with pytest.raises(EngineError) as err:
-        stream.step()
-    assert err.value.code == "engine_failed"
-    assert err.value.message == "TTS server error: model exploded"
+    error = failure_after_a_chunk(engine_for())
+    assert error.message == "TTS server error: model exploded"
 
 
 @pytest.mark.parametrize("script", [[delta(b"\x00\x00"), "hangup"], [delta(b"\x00\x00")]])
 def test_stream_ending_without_done_is_an_engine_failure(sse_server, engine_for, script):
     server, _ = sse_server
     server.script = script
-    stream = engine_for().open(SynthesisRequest("x"))
-    assert stream.step() == b"\x00\x00"
-    with pytest.raises(EngineError) as err:
-        stream.step()
-    assert err.value.code == "engine_failed"
+    failure_after_a_chunk(engine_for())
 
 
 def test_http_error_status_is_an_engine_failure(sse_server, engine_for):
