@@ -23,6 +23,7 @@ import pytest
 
 from gateway.io.static import STATIC_DIR
 from tests.hang_guard import HANG_S, hang_guard, unless_hung
+from tests.wsclient import frames_written
 
 CHROMIUM = "/usr/bin/chromium"
 PING_EVERY_MS = int(re.search(r"^const PING_EVERY_MS = (\d+);$",
@@ -866,23 +867,6 @@ async def test_console_sends_a_transcript_unless_the_gateway_counts_it_white_spa
         assert gw.metrics.errors["invalid_field"] == 0
         assert await page.evaluate(f"{state}.errors") == []
         assert errors == []
-
-
-def frames_written(gateway: Any, n: int) -> asyncio.Event:
-    """Set once the gateway has written ``n`` more audio frames to its only session."""
-    (runner,) = gateway.runners.values()
-    written, count = asyncio.Event(), 0
-    original = runner.written
-
-    def counting(batch: list[str | bytes]) -> None:
-        nonlocal count
-        count += sum(isinstance(m, bytes) for m in batch)
-        if count >= n:
-            written.set()
-        original(batch)
-
-    runner.written = counting
-    return written
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import pytest
 from examples import phone_client
 from tests.hang_guard import unless_hung
 from tests.servers import record_received
+from tests.wsclient import frames_written
 
 REPLIES = (
     {"transcript": "Hello", "reply": "Hi. Nice to hear you."},
@@ -625,23 +626,6 @@ async def test_typed_turns_send_playback_marks_while_the_reply_plays(gateway, tm
     marks = [m for m in taken[1] if m[0] == "playback"]
     # one every 250 ms while the reply played (it is sent up to 1 s ahead of playback)
     assert len(marks) >= (result["metrics"]["audio_ms"] - 1000) / 250 - 2, marks
-
-
-def frames_written(gateway, n: int) -> asyncio.Event:
-    """Set once the gateway has written ``n`` more audio frames to its only session."""
-    (runner,) = gateway.runners.values()
-    written, count = asyncio.Event(), 0
-    original = runner.written
-
-    def counting(batch) -> None:
-        nonlocal count
-        count += sum(isinstance(m, bytes) for m in batch)
-        if count >= n:
-            written.set()
-        original(batch)
-
-    runner.written = counting
-    return written
 
 
 @pytest.mark.slow

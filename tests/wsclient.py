@@ -128,3 +128,20 @@ class LineSeen(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if self.text in record.getMessage():
             self.seen.set()
+
+
+def frames_written(gateway: Any, n: int) -> asyncio.Event:
+    """Set once the gateway has written ``n`` more audio frames to its only session."""
+    (runner,) = gateway.runners.values()
+    written, count = asyncio.Event(), 0
+    original = runner.written
+
+    def counting(batch: list[str | bytes]) -> None:
+        nonlocal count
+        count += sum(isinstance(m, bytes) for m in batch)
+        if count >= n:
+            written.set()
+        original(batch)
+
+    runner.written = counting
+    return written
