@@ -125,6 +125,29 @@ async def talk(page: Any, text: str) -> None:
     await page.click("#send")
 
 
+async def talk_sent(page: Any, text: str) -> None:
+    """``talk``, and wait until the page has sent it (it empties the box once sent)."""
+    await talk(page, text)
+    await page.wait_for_function("document.querySelector('#transcript').value === ''")
+
+
+def reading_paused(gateway: Any) -> Any:
+    """The gateway's only connection, its reading paused: what the page sends now stays
+    unread (until ``conn.ws.transport.resume_reading()``, or lost with ``abort()``)."""
+    (conn,) = gateway.connections
+    conn.ws.transport.pause_reading()
+    return conn
+
+
+async def resumed_and_answering(page: Any, session_id: str) -> None:
+    """The page resumes (once) its session ``session_id``, which answers a "Hello"."""
+    state = "window.consoleState"
+    await page.wait_for_function(f"{state}.resumes === 1")
+    assert await page.evaluate(f"{state}.sessionId") == session_id
+    await talk(page, "Hello")
+    await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+
+
 async def talk_when_ready(page: Any, text: str) -> None:
     """``talk`` once the page is connected and its audio ready."""
     await page.wait_for_function(
@@ -915,8 +938,7 @@ async def test_console_sends_a_stop_lost_with_its_socket_again_after_the_resume(
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await talk_when_ready(page, "Tell me")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
-        (conn,) = gw.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        conn = reading_paused(gw)  # what the page sends now stays unread ...
         await page.click("#stop")  # (sent before click() returns)
         conn.ws.transport.abort()  # ... and is lost with the socket
         await page.wait_for_function(f"{state}.resumes === 1")
@@ -935,10 +957,8 @@ async def test_console_sends_a_transcript_lost_with_its_socket_again_after_the_r
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
-        await talk(page, "Hello")
-        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn = reading_paused(gateway)  # what the page sends now stays unread ...
+        await talk_sent(page, "Hello")
         conn.ws.transport.abort()  # ... and is lost with the socket (sent: the box is empty)
         await page.wait_for_function(f"{state}.resumes === 1")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
@@ -986,10 +1006,7 @@ async def test_console_gives_up_a_silent_socket_and_resumes_on_a_new_one(start_g
         await page.context.set_offline(True)
         await silence_passes(page, given_up)
         await page.context.set_offline(False)
-        await page.wait_for_function(f"{state}.resumes === 1")
-        assert await page.evaluate(f"{state}.sessionId") == session_id
-        await talk(page, "Hello")
-        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        await resumed_and_answering(page, session_id)
 
 
 @pytest.mark.slow
@@ -1401,8 +1418,7 @@ async def test_console_sends_a_settings_change_lost_with_its_socket_again_after_
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        conn = reading_paused(gateway)  # what the page sends now stays unread ...
         await page.fill("#instructions", "Answer in one word.")
         await page.select_option("#frame-ms", "80")
         await page.click("#apply")  # (sent before click() returns)
@@ -1602,11 +1618,9 @@ async def test_console_stop_right_after_transcripts_stops_their_replies(gateway,
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # the transcripts are on their way ...
+        conn = reading_paused(gateway)  # the transcripts are on their way ...
         for text in texts:
-            await talk(page, text)
-            await page.wait_for_function("document.querySelector('#transcript').value === ''")
+            await talk_sent(page, text)
         await page.click("#stop")  # ... when Stop is pressed
         conn.ws.transport.resume_reading()
         await page.wait_for_function(  # (played: it goes on for a minute)
@@ -1627,10 +1641,8 @@ async def test_console_does_not_send_again_a_transcript_stopped_before_it_was_lo
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
-        await talk(page, "Tell me everything")
-        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn = reading_paused(gateway)  # what the page sends now stays unread ...
+        await talk_sent(page, "Tell me everything")
         await page.click("#stop")
         conn.ws.transport.abort()  # ... and is lost with the socket
         await page.wait_for_function(f"{state}.resumes === 1")
@@ -1661,10 +1673,8 @@ async def test_console_sends_a_barge_in_lost_with_its_socket_again_with_its_mark
         await page.reload()  # (the first socket opened before the listener)
         await talk_when_ready(page, "Tell me everything")
         await page.wait_for_function(f"{state}.samplesPlayed > 12000")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
-        await talk(page, "Hello")
-        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn = reading_paused(gateway)  # what the page sends now stays unread ...
+        await talk_sent(page, "Hello")
         conn.ws.transport.abort()  # ... and is lost with the socket
         await page.wait_for_function(f"{state}.lastTurn?.turnId === 2")
         first, again = sockets[-2], sockets[-1]
@@ -1721,11 +1731,9 @@ async def test_console_gives_back_every_transcript_its_lost_session_never_answer
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
         first = await page.evaluate(f"{state}.sessionId")
         sessions_after_the_end_of(gw, first, monkeypatch)
-        (conn,) = gw.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        conn = reading_paused(gw)  # what the page sends now stays unread ...
         for text in texts:
-            await talk(page, text)
-            await page.wait_for_function("document.querySelector('#transcript').value === ''")
+            await talk_sent(page, text)
         conn.ws.transport.abort()  # ... and is lost with the socket and its session
         await page.wait_for_function(
             f"{state}.connected && {state}.sessionId !== {first!r}")
@@ -1861,6 +1869,8 @@ RECORD_MARKS = """(() => {
     return send.call(this, data);
   };
 })()"""
+# With RECORD_MARKS, ``page.evaluate(MARKS_OF, n)``: the played_ms of turn n's marks sent.
+MARKS_OF = "n => window.marks.filter(m => m.mark.turn_id === n).map(m => m.mark.played_ms)"
 
 
 @pytest.mark.slow
@@ -1902,29 +1912,28 @@ async def test_console_keeps_marking_a_reply_its_paused_player_still_holds(gatew
     context itself. (On the page's running clock, a test held up 0.4 s between its moves
     counted 10 marks where it moved the clock for 4.)"""
     state = "window.consoleState"
-    marks_of = "n => window.marks.filter(m => m.mark.turn_id === n).map(m => m.mark.played_ms)"
     async with console(f"http://127.0.0.1:{gateway.port}/", paused=True,
                        init=RECORD_MARKS) as (page, errors):
         await talk_when_ready(page, "Hello")
         await first_turn_heard(page)
         await heard_out(page)
         await page.clock.fast_forward(250)  # its last mark: all of it heard
-        played_out = await page.evaluate(marks_of, 1)
+        played_out = await page.evaluate(MARKS_OF, 1)
         await page.evaluate("window.playing.suspend()")
         for _ in range(4):
             await page.clock.fast_forward(250)
-        assert await page.evaluate(marks_of, 1) == played_out  # nothing left to play
+        assert await page.evaluate(MARKS_OF, 1) == played_out  # nothing left to play
         before = await page.evaluate(f"{state}.samplesPlayed")
         await talk(page, "Tell me everything")  # (resumes the context)
         await page.wait_for_function(f"{state}.turnId === 2 && {state}.samplesPlayed > "
                                      f"{before} + 4800")
         await page.clock.fast_forward(250)
-        playing = await page.evaluate(marks_of, 2)
+        playing = await page.evaluate(MARKS_OF, 2)
         assert playing
         await page.evaluate("window.playing.suspend()")
         for _ in range(4):
             await page.clock.fast_forward(250)
-        paused = (await page.evaluate(marks_of, 2))[len(playing):]
+        paused = (await page.evaluate(MARKS_OF, 2))[len(playing):]
         assert len(paused) == 4 and len(set(paused[1:])) == 1, (playing, paused)
         assert errors == []
 
@@ -1939,17 +1948,14 @@ async def test_console_marks_a_reply_that_comes_while_its_player_is_suspended(ga
     The flush itself is answered while suspended (Chromium). Marks now say nothing of it
     was heard, every 250 ms, as for a player paused mid-turn."""
     state = "window.consoleState"
-    marks_of = "n => window.marks.filter(m => m.mark.turn_id === n).map(m => m.mark.played_ms)"
     async with console(f"http://127.0.0.1:{gateway.port}/", clock=True,
                        init=RECORD_MARKS) as (page, errors):
         await talk_when_ready(page, "Hello")
         await first_turn_heard(page)
         await heard_out(page)
         received = await page.evaluate(f"{state}.samplesReceived")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # the transcript goes, its turn waits ...
-        await talk(page, "Tell me everything")
-        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn = reading_paused(gateway)  # the transcript goes, its turn waits ...
+        await talk_sent(page, "Tell me everything")
         await page.evaluate("window.playing.suspend()")  # ... and the page is left
         await page.wait_for_function("window.playing.state === 'suspended'")
         conn.ws.transport.resume_reading()
@@ -1957,7 +1963,7 @@ async def test_console_marks_a_reply_that_comes_while_its_player_is_suspended(ga
                                      f"{state}.samplesReceived > {received} + 4800")
         for _ in range(4):
             await page.clock.fast_forward(250)
-        marks = await page.evaluate(marks_of, 2)
+        marks = await page.evaluate(MARKS_OF, 2)
         assert len(marks) >= 4 and set(marks) == {0}, marks  # (the clock also runs on)
         assert errors == []
 
@@ -2068,10 +2074,7 @@ async def test_console_probes_its_socket_as_soon_as_the_network_or_its_tab_is_ba
         await back(page, 2)
         await page.clock.fast_forward(PROBE_MS)
         assert await page.evaluate(given_up)
-        await page.wait_for_function(f"{state}.resumes === 1")
-        assert await page.evaluate(f"{state}.sessionId") == session_id
-        await talk(page, "Hello")
-        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        await resumed_and_answering(page, session_id)
         assert errors == []
 
 
@@ -2131,10 +2134,7 @@ async def test_console_reconnects_at_once_when_the_network_is_back(start_gateway
         await page.context.set_offline(False)
         await page.wait_for_function("window.online === 1")  # (the page's listener ran after)
         assert await page.evaluate("window.socketsMade") == made + 1
-        await page.wait_for_function(f"{state}.resumes === 1")
-        assert await page.evaluate(f"{state}.sessionId") == session_id
-        await talk(page, "Hello")
-        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        await resumed_and_answering(page, session_id)
         assert errors == []
 
 
@@ -2213,10 +2213,7 @@ async def test_console_gives_up_a_socket_still_connecting_when_the_network_is_ba
         await page.wait_for_function("window.online === 1")  # (the page's listener ran after)
         assert await page.evaluate("window.socketsMade") == made + 1
         assert await page.evaluate(f"{state}.reconnects") == 2  # (given up: one more)
-        await page.wait_for_function(f"{state}.resumes === 1")
-        assert await page.evaluate(f"{state}.sessionId") == session_id
-        await talk(page, "Hello")
-        await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
+        await resumed_and_answering(page, session_id)
         assert errors == []
 
 
@@ -2386,11 +2383,9 @@ async def test_console_sends_every_transcript_lost_with_its_socket_again(start_g
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        (conn,) = gw.connections
-        conn.ws.transport.pause_reading()  # what the page sends now stays unread ...
+        conn = reading_paused(gw)  # what the page sends now stays unread ...
         for text in ("Hello", "Thanks"):
-            await talk(page, text)
-            await page.wait_for_function("document.querySelector('#transcript').value === ''")
+            await talk_sent(page, text)
         conn.ws.transport.abort()  # ... and is lost with the socket
         await page.wait_for_function(f"{state}.resumes === 1")
         await page.wait_for_function(f"{state}.lastTurn?.status === 'completed'")
@@ -2478,8 +2473,7 @@ async def test_console_a_refusal_in_the_replay_does_not_shift_its_turns(start_ga
             runner.receive = receiving
             proxy.hold()  # nothing more reaches the page
             for text in ("Tell me more", "And more"):  # a turn, then refused (2 a minute)
-                await talk(page, text)
-                await page.wait_for_function("document.querySelector('#transcript').value === ''")
+                await talk_sent(page, text)
             await page.click("#stop")
             await talk(page, "Hello")  # after Stop: its reply is wanted
             await unless_hung(hellos.get())  # (and started a turn)
@@ -2657,10 +2651,8 @@ async def test_console_matches_each_refusal_to_the_message_it_names(gateway):
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/", init=refused) as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
-        (conn,) = gateway.connections
-        conn.ws.transport.pause_reading()  # the messages go at once, answered together
-        await talk(page, "Refuse me")
-        await page.wait_for_function("document.querySelector('#transcript').value === ''")
+        conn = reading_paused(gateway)  # the messages go at once, answered together
+        await talk_sent(page, "Refuse me")
         await page.fill("#instructions", "Answer in one word.")
         await page.fill("#voice", "klingon")
         await page.click("#apply")
