@@ -9,6 +9,7 @@ import sys
 import types
 import wave
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,14 @@ REPLIES = (
 @pytest.fixture
 async def gateway(start_gateway):
     return await start_gateway(REPLIES)
+
+
+def quiet_client(port: int, out: Path,
+                 player: phone_client.ClockPlayer | None = None) -> phone_client.PhoneClient:
+    """A phone client of the voice socket on ``port``, its recordings in ``out``, not
+    verbose, playing to ``player`` (by default a ``ClockPlayer``: no sound device)."""
+    return phone_client.PhoneClient(f"ws://127.0.0.1:{port}/v1/voice", out,
+                                    player or phone_client.ClockPlayer(), verbose=False)
 
 
 def read_wav(path) -> tuple[int, np.ndarray]:
@@ -59,8 +68,7 @@ async def test_two_turns_from_a_file_make_two_spoken_wavs(gateway, tmp_path):
 
 @pytest.mark.slow
 async def test_barge_in_cancels_the_playing_turn_after_reporting_playback(gateway, tmp_path):
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      phone_client.ClockPlayer(), verbose=False)
+    client = quiet_client(gateway.port, tmp_path)
     # hear 0.6 s of the long reply, then say something else
     await client.run(phone_client._from_list(["Time", "Hello"]), sequential=True,
                      barge_in_after=0.6)
@@ -140,8 +148,7 @@ async def test_a_dropped_socket_resumes_the_turn_into_the_same_wav(start_gateway
     proxy = CuttingProxy(gateway.port, cut_after=60_000)  # about 1.2 s of audio in
     port = await proxy.start()
     try:
-        client = phone_client.PhoneClient(f"ws://127.0.0.1:{port}/v1/voice", tmp_path,
-                                          phone_client.ClockPlayer(), verbose=False)
+        client = quiet_client(port, tmp_path)
         await client.run(phone_client._from_list(["Time"]), sequential=True,
                          barge_in_after=None)
     finally:
@@ -253,8 +260,7 @@ async def test_a_transcript_lost_with_the_socket_is_sent_again_after_the_resume(
     heard the transcript, so no turn.started will come. ``session.resumed.turn_id`` says so
     (it is still the last turn the client saw start), and the client sends it again instead
     of waiting for ever."""
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      phone_client.ClockPlayer(), verbose=False)
+    client = quiet_client(gateway.port, tmp_path)
     send, lost = client._send, []
 
     async def losing_send(**message) -> None:
@@ -403,8 +409,7 @@ async def test_a_refused_transcript_ends_as_refused_and_the_next_is_named_right(
     """A refusal (text_too_long, rate_limited) is an `error` with no turn: the client
     waited for its turn.done for ever, and the next WAV took the refused one's name
     (engines review)."""
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      phone_client.ClockPlayer(), verbose=False)
+    client = quiet_client(gateway.port, tmp_path)
     await unless_hung(client.run(phone_client._from_list(["x" * 4001, "Hello"]),
                                       sequential=True, barge_in_after=None))
     assert [(r["status"], r.get("error", {}).get("code")) for r in client.results] == [
@@ -437,8 +442,7 @@ async def test_a_session_taken_over_by_another_device_is_left_to_it(gateway, tmp
 
     from tests.wsclient import recv_event, send
 
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      phone_client.ClockPlayer(), verbose=False)
+    client = quiet_client(gateway.port, tmp_path)
 
     async def talk_forever():
         async def waiting():
@@ -537,6 +541,7 @@ def received(gateway) -> list[tuple]:
 
 
 LONG = " ".join(f"This is sentence number {i} of a long answer." for i in range(1, 12))
+BARGE_IN = ({"transcript": "Tell me", "reply": LONG}, {"transcript": "Hello", "reply": "Hi."})
 
 
 @pytest.mark.slow
@@ -548,11 +553,9 @@ async def test_a_barge_in_after_a_drop_goes_with_its_mark(start_gateway, tmp_pat
     into a socket that died), or never sent it at all ("offline": typed while the socket was
     down, the reply playing on from its buffer): the history kept the last mark before the
     drop, up to a second and more short of what the listener heard."""
-    gateway = await start_gateway([{"transcript": "Tell me", "reply": LONG},
-                                   {"transcript": "Hello", "reply": "Hi."}])
+    gateway = await start_gateway(BARGE_IN)
     player = FedPlayer(at_s=2.0)
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      player, verbose=False)
+    client = quiet_client(gateway.port, tmp_path, player)
     sent, send = asyncio.Event(), client._send
     dropped, clear = asyncio.Event(), client._connected.clear
 
@@ -601,8 +604,7 @@ async def test_typed_turns_send_playback_marks_while_the_reply_plays(gateway, tm
     stdin) the client sent none while a reply played: only the turns from a list or a file
     were listened to with marks, so the gateway paced and cut the history blind, and could
     not tell a silent network from a listener."""
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      phone_client.ClockPlayer(), verbose=False)
+    client = quiet_client(gateway.port, tmp_path)
     taken: list[list[tuple]] = []
     done = asyncio.Event()
 
@@ -635,11 +637,9 @@ async def test_after_a_barge_in_nothing_more_of_the_cut_reply_is_heard(start_gat
     worth: the gateway has not read the transcript yet) were played after the barge-in had
     stopped the sound, until its turn.done came: the old reply spoke again over the new
     one's wait."""
-    gateway = await start_gateway([{"transcript": "Tell me", "reply": LONG},
-                                   {"transcript": "Hello", "reply": "Hi."}])
+    gateway = await start_gateway(BARGE_IN)
     player = FedPlayer(at_s=2.0)
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      player, verbose=False)
+    client = quiet_client(gateway.port, tmp_path, player)
 
     async def in_flight(conn, written: asyncio.Event) -> None:
         await written.wait()
@@ -808,8 +808,7 @@ async def test_a_refusal_replayed_by_a_resume_is_not_taken_for_the_next_transcri
     refusal (an ``error`` with no turn) replayed after a resume was handled a second time:
     it was taken for the refusal of the transcript sent since, whose reply then went
     unheard (the client moved on, or ended, as if it had been refused)."""
-    client = phone_client.PhoneClient(f"ws://127.0.0.1:{gateway.port}/v1/voice", tmp_path,
-                                      phone_client.ClockPlayer(), verbose=False)
+    client = quiet_client(gateway.port, tmp_path)
 
     async def cut_at_turn_started() -> None:
         await client._connected.wait()
