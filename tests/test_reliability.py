@@ -20,7 +20,15 @@ from gateway.core import session as session_module
 from gateway.io.server import Gateway
 from tests.hang_guard import hang_guard, unless_hung
 from tests.servers import Hang, Text
-from tests.wsclient import LineSeen, read_turn, read_until_closed, recv_event, round_trip, send
+from tests.wsclient import (
+    LineSeen,
+    one_turn,
+    read_turn,
+    read_until_closed,
+    recv_event,
+    round_trip,
+    send,
+)
 
 LONG = "Here is a longer reply for the test. " * 5
 
@@ -877,10 +885,7 @@ async def test_a_client_that_stops_reading_is_closed_and_others_are_untouched():
     try:
         stalled, _created = await stalling_client(gw)
         await send(stalled, type="say", text=("A very long reply that nobody reads. " * 100)[:3999])
-        async with connect(url(gw)) as ws:
-            await recv_event(ws, "session.created")
-            await send(ws, type="say", text="I am still served.")
-            ok = await read_turn(ws)
+        ok = await one_turn(gw.port, type="say", text="I am still served.")
         assert ok.done["status"] == "completed"
         # stop reading entirely: the gateway must give up on the stalled client
         await no_sessions(gw)
@@ -910,10 +915,7 @@ async def test_a_paced_client_that_stops_reading_is_a_slow_consumer(monkeypatch)
         stalled, created = await stalling_client(gw)
         server_side = gw.runners[created["session_id"]].connection.ws
         await send(stalled, type="say", text=("A long reply nobody reads. " * 150)[:3999])
-        async with connect(url(gw)) as ws:
-            await recv_event(ws, "session.created")
-            await send(ws, type="say", text="I am still served.")
-            ok = await read_turn(ws)
+        ok = await one_turn(gw.port, type="say", text="I am still served.")
         assert ok.done["status"] == "completed"
         await server_side.wait_closed()  # the gateway gave up on it
         assert gw.metrics.errors["slow_consumer"] == 1
