@@ -155,6 +155,12 @@ async def talk_when_ready(page: Any, text: str) -> None:
     await talk(page, text)
 
 
+async def talk_until_playing(page: Any, text: str) -> None:
+    """``talk_when_ready``, and wait until the reply plays (12,000 samples of it played)."""
+    await talk_when_ready(page, text)
+    await page.wait_for_function("window.consoleState.samplesPlayed > 12000")
+
+
 async def silence_passes(page: Any, until: str) -> None:
     """Move the page's clock (``console(clock=True)``) a ping interval at a time until the
     JavaScript expression ``until`` holds: the page gives a socket up after 12 s without an
@@ -537,8 +543,7 @@ async def test_console_plays_out_the_turn_a_stopping_gateway_ended(start_gateway
     gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await talk_when_ready(page, "Tell me")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me")
         await gw.aclose()
         await page.wait_for_function(f"!{state}.connected")
         await page.wait_for_function(f"{state}.samplesPlayed === {state}.samplesReceived")
@@ -832,8 +837,7 @@ async def test_console_a_refused_transcript_leaves_the_reply_playing_whole(start
                              server={"turns_per_minute": 1})
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await talk_when_ready(page, "Tell me")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me")
         await talk(page, "x" * 4001)
         assert await page.input_value("#transcript") == "x" * 4001  # kept, to be shortened
         await talk(page, "Hello again")
@@ -901,8 +905,7 @@ async def test_console_stop_pressed_while_offline_reaches_the_gateway_after_the_
     gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/", clock=True) as (page, errors):
-        await talk_when_ready(page, "Tell me")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me")
         await page.context.set_offline(True)  # and the socket drops: no reconnect gets out
         # counted from here: frames written while the page went offline may still reach it
         # (a loaded machine: none was left to replay, CI at stop 33)
@@ -936,8 +939,7 @@ async def test_console_sends_a_stop_lost_with_its_socket_again_after_the_resume(
     gw = await start_gateway([{"transcript": "Tell me", "reply": LONG}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await talk_when_ready(page, "Tell me")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me")
         conn = reading_paused(gw)  # what the page sends now stays unread ...
         await page.click("#stop")  # (sent before click() returns)
         conn.ws.transport.abort()  # ... and is lost with the socket
@@ -1520,8 +1522,7 @@ async def test_console_marks_of_a_turn_that_cut_another_count_only_its_own_audio
                     marked.set()
 
         page.on("websocket", lambda ws: ws.on("framesent", sent))
-        await talk_when_ready(page, "Tell me")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me")
         await page.evaluate("window.hold()")
         # the reply plays on, further than the page knows
         await page.wait_for_function(
@@ -1671,8 +1672,7 @@ async def test_console_sends_a_barge_in_lost_with_its_socket_again_with_its_mark
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
         page.on("websocket", opened)
         await page.reload()  # (the first socket opened before the listener)
-        await talk_when_ready(page, "Tell me everything")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me everything")
         conn = reading_paused(gateway)  # what the page sends now stays unread ...
         await talk_sent(page, "Hello")
         conn.ws.transport.abort()  # ... and is lost with the socket
@@ -1754,8 +1754,7 @@ async def test_console_shows_a_turn_lost_with_its_session(start_gateway, monkeyp
                              server={"resume_window_s": 0})
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await talk_when_ready(page, "Tell me")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me")
         first = await page.evaluate(f"{state}.sessionId")
         sessions_after_the_end_of(gw, first, monkeypatch)
         for conn in list(gw.connections):
@@ -1796,8 +1795,7 @@ async def test_console_stop_marks_what_was_heard_to_the_sample(gateway):
 
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gateway.port}/") as (page, errors):
-        await talk_when_ready(page, "Tell me everything")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me everything")
         received = messages_received(gateway)
         # Stop 25 ms after a periodic count came (half the time to the next one)
         await page.evaluate("""async () => {
@@ -1832,8 +1830,7 @@ async def test_console_stop_then_send_at_once_marks_the_stopped_reply_before_the
                               {"transcript": "Show me", "reply": code}])
     state = "window.consoleState"
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
-        await talk_when_ready(page, "Tell me")
-        await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+        await talk_until_playing(page, "Tell me")
         received = messages_received(gw)
         await page.evaluate("""() => {
             document.querySelector("#stop").click();
@@ -2459,8 +2456,7 @@ async def test_console_a_refusal_in_the_replay_does_not_shift_its_turns(start_ga
     state = "window.consoleState"
     try:
         async with console(f"http://127.0.0.1:{port}/") as (page, errors):
-            await talk_when_ready(page, "Tell me")
-            await page.wait_for_function(f"{state}.samplesPlayed > 12000")
+            await talk_until_playing(page, "Tell me")
             (runner,) = gw.runners.values()
             receive, hellos = runner.receive, asyncio.Queue[None]()
 
