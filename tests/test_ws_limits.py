@@ -162,3 +162,43 @@ async def no_connections_but(gw: Gateway, n: int) -> None:
     while len(gw.connections) > n:
         gw._live_changed.clear()
         await gw._live_changed.wait()
+
+
+async def test_websocket_pings_count_as_messages_and_a_flood_of_them_is_closed(start_gateway,
+                                                                                monkeypatch):
+    """websockets answers a ping frame itself, below the gateway's allowance of messages: a
+    client flooding them had every one answered, and one that read none of the pongs had
+    them all queued for it in the gateway's memory (524 MB sent in 15 s took the gateway
+    from 62 MB to 912 MB) until the keepalive ended it 40 s later. A ping frame now counts as
+    a message: past the allowance the socket closes with 1008, as for any message flood, the
+    gateway reads no more of it, and another session goes on."""
+    from gateway.io import connection
+
+    monkeypatch.setattr(connection, "MESSAGE_BURST", 50)
+    monkeypatch.setattr(connection, "MESSAGES_PER_S", 0.0)  # (no refill: no clock matters)
+    monkeypatch.setattr("gateway.io.server.KEEPALIVE_PING_S", 3600.0)
+    gw = await start_gateway()
+    other_reader, other_writer = await upgraded(gw)
+    reader, writer = await upgraded(gw)
+    writer.write(client_frame(0x9, b"p" * 125, fin=True) * 2000)
+    writer.write(client_frame(0x1, b'{"type": "ping", "id": "last"}', fin=True))
+    await writer.drain()
+    pongs = 0
+    while (frame := await server_frame(reader))[0] != 0x8:
+        opcode, payload = frame
+        assert (opcode, json.loads(payload).get("id") if opcode == 0x1 else None) != \
+            (0x1, "last"), f"the flood was answered: {pongs} pongs, then the last ping"
+        pongs += opcode == 0xA
+    assert frame[1] == struct.pack("!H", 1008) + b"too many messages"
+    assert pongs < 2000  # (those read with the 50th may all be answered)
+    assert gw.metrics.errors["too_many_messages"] == 1
+    writer.close()
+    async with hang_guard("the flooding socket's end"):
+        await no_connections_but(gw, 1)
+    # the other session was untouched: it is answered as before
+    other_writer.write(client_frame(0x1, b'{"type": "ping", "id": 1}', fin=True))
+    await other_writer.drain()
+    while (event := json.loads(await until(other_reader, 0x1)))["type"] != "pong":
+        pass
+    assert event == {"type": "pong", "id": 1}
+    other_writer.close()

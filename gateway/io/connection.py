@@ -83,7 +83,9 @@ MESSAGES_PER_S = 50.0
 """Messages a client may send at once, and then a second, on average (a token bucket): a
 client sends a few a second (a mark every 200-500 ms, pings, turns). One flooding pings
 had the event loop that paces every session answer all of them; past this it is closed
-(``CLOSE_TOO_MANY_MESSAGES``) and its session ends."""
+(``CLOSE_TOO_MANY_MESSAGES``) and its session ends. WebSocket ping frames count too
+(``VoiceSocket.on_ping``): websockets answers each itself, and a client that read none of
+the pongs had them all queued for it in the gateway's memory."""
 CLOSE_TOO_MANY_MESSAGES = (1008, "too many messages")
 CUT_SHORT = {
     "length": "the reply reached the LLM's token limit (max_tokens); the rest is not spoken",
@@ -583,6 +585,11 @@ class VoiceSocket(ServerConnection):
     event cost every idle session 2.2 KiB, a tenth of its memory (bench/capacity.py idle)."""
 
     on_close_frame: Callable[[], object] | None = None
+    on_ping: Callable[[], object] | None = None
+    """Called for each ping frame from the client (websockets has answered it already)."""
+    deaf = False
+    """Set once the gateway reads no more of this socket (a flood of pings): what arrives
+    is dropped unparsed, so nothing more is answered (the connection is closing)."""
     _abort_later: asyncio.TimerHandle | None = None
     budget: UnfinishedBudget | None = None
     """Set by the gateway once the handshake is over: what unfinished messages draw on."""
@@ -608,6 +615,8 @@ class VoiceSocket(ServerConnection):
         with the connection (at most ``CLOSED_TCP_GRACE_S`` later). Large messages are
         refused thus only while others hold the budget; a message the gateway acts on
         (64 KiB at most) never is."""
+        if self.deaf:
+            return
         if self.request is None and self._method is None:
             method, _, rest = data.partition(b" ")  # (for send_data)
             self._method, self._target = method[:20], rest.split(b" ", 1)[0][:1000]
@@ -638,9 +647,11 @@ class VoiceSocket(ServerConnection):
             elif self._unfinished:
                 self._unfinished = 0
         super().process_event(event)
-        if (isinstance(event, Frame) and event.opcode is Opcode.CLOSE
-                and self.on_close_frame is not None):
-            self.on_close_frame()
+        if isinstance(event, Frame):
+            if event.opcode is Opcode.CLOSE and self.on_close_frame is not None:
+                self.on_close_frame()
+            elif event.opcode is Opcode.PING and self.on_ping is not None:
+                self.on_ping()
 
     def send_data(self) -> None:
         """websockets' own, then: once the server has sent its close frame and the end of
@@ -751,6 +762,10 @@ class VoiceConnection:
         """The close started by ``close_soon``; ``run`` waits for it."""
         self._send_buffer = 0
         """What ``fit_send_buffer`` last set the socket's send buffer to (0: the kernel's)."""
+        self._allowance = float(MESSAGE_BURST)
+        self._allowance_at = self.loop.time()
+        """The messages the client may still send (``MESSAGE_BURST``, ``MESSAGES_PER_S``),
+        as of that loop time."""
 
     async def run(self) -> None:
         """Serve the socket until the client leaves or the server shuts down."""
@@ -770,11 +785,12 @@ class VoiceConnection:
                 closing: list[asyncio.Task[None]] = []
                 self.ws.on_close_frame = lambda: closing.append(
                     tasks.create_task(self._client_closed()))
+                self.ws.on_ping = self._pinged
                 try:
                     await self._reader()
                     clean = True
                 finally:
-                    self.ws.on_close_frame = None
+                    self.ws.on_close_frame = self.ws.on_ping = None
                     self._tasks = None
                     if self._writer_task is not None:
                         self._writer_task.cancel()
@@ -867,7 +883,6 @@ class VoiceConnection:
         """Nothing has acted on this socket's new session yet (a turn or a settings change;
         a ping, a cancel or a mark change nothing): a ``session.resume`` may still replace
         it (again after a ``resume_failed``: a client may retry)."""
-        allowance, then = float(MESSAGE_BURST), self.loop.time()
         async for message in self.ws:
             runner = self.runner
             assert runner is not None
@@ -878,12 +893,9 @@ class VoiceConnection:
                 # session another socket now holds (a late session.resume took it over).
                 continue
             now = self.loop.time()
-            allowance = min(float(MESSAGE_BURST), allowance + (now - then) * MESSAGES_PER_S)
-            then = now
-            if allowance < 1.0:
+            if not self._allowed(now):
                 self._flooded(runner)
                 continue
-            allowance -= 1.0
             if self.gateway.tracer is not None:
                 runner.received_at = time.perf_counter()
             try:
@@ -907,6 +919,30 @@ class VoiceConnection:
                 acted = runner.receive(decoded, now)
                 # (one refused changed nothing: a resume may still replace the session)
                 fresh = fresh and not (acted and isinstance(decoded, ACTS_ON_THE_SESSION))
+
+    def _allowed(self, now: float) -> bool:
+        """One more message from the client at ``now``: False past the allowance."""
+        allowance = min(float(MESSAGE_BURST),
+                        self._allowance + (now - self._allowance_at) * MESSAGES_PER_S)
+        self._allowance_at = now
+        if allowance < 1.0:
+            self._allowance = allowance
+            return False
+        self._allowance = allowance - 1.0
+        return True
+
+    def _pinged(self) -> None:
+        """A ping frame came (websockets answered it): it counts as a message. Past the
+        allowance the socket closes as for any flood, and the gateway reads no more of it:
+        websockets would answer every ping still arriving while the close frame waits
+        behind the pongs of a client that reads none."""
+        runner = self.runner
+        if self._closing is not None or runner is None or runner.connection is not self \
+                or runner.closed:
+            return  # (closing: see _reader)
+        if not self._allowed(self.loop.time()):
+            self.ws.deaf = True
+            self._flooded(runner)
 
     def _flooded(self, runner: SessionRunner) -> None:
         """The client sent more than ``MESSAGE_BURST`` messages beyond ``MESSAGES_PER_S``:
