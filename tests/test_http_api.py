@@ -1909,6 +1909,33 @@ async def test_a_chunk_not_ended_by_crlf_is_refused_not_read_past(gateway):
     assert b'"invalid_http"' in answer
 
 
+async def test_a_request_with_both_a_length_and_chunks_is_refused_and_closed(gateway):
+    """A request with both ``Content-Length`` and ``Transfer-Encoding: chunked`` is how
+    requests are smuggled past a proxy that reads the length (RFC 9112 6.1: a server may
+    refuse it, and must close the connection after answering it either way). h11 read it by
+    its chunks and the connection went on: the request a proxy took for part of the body
+    was answered as one of its own. It is refused now (400 ``invalid_http``, saying why),
+    and the connection closes with nothing after it read."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
+    body = b'{"input":"Hi."}'
+    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n" % (len(body) + 10)
+                 + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+                 + b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await writer.drain()
+    async with hang_guard("the answer and the close"):
+        answer = await reader.read()
+    writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert orjson.loads(rest)["error"] == {
+        "message": "a request may not have both Content-Length and Transfer-Encoding",
+        "type": "invalid_request_error", "param": None, "code": "invalid_http"}
+    assert answer.count(b"HTTP/1.1 ") == 1  # (the request after it was not answered)
+    assert gateway.health()["errors"] == {"invalid_http": 1}
+
+
 async def test_a_malformed_request_is_counted_with_the_other_refusals(gateway):
     """Every other refusal, on either port, moves ``gateway_errors_total``; a malformed
     request (answered by uvicorn's protocol, below the app) moved nothing, so a client

@@ -1161,6 +1161,28 @@ async def _disconnected(request: Request) -> None:
 # ---- the server ---------------------------------------------------------------------------
 
 
+class _Requests(h11.Connection):
+    """h11's server side, refusing a request that has both ``Content-Length`` and
+    ``Transfer-Encoding`` (h11 reads it by its chunks and goes on with the connection): that
+    is how requests are smuggled past a proxy in front that reads the length, which takes
+    for part of the body what the gateway answers as a request of its own. RFC 9112 6.1 lets
+    a server refuse it, and has it close the connection after answering it either way; the
+    refusal, ``_H11.send_400_response``, closes it."""
+
+    refused: str | None = None
+    """Why the request was refused (``send_400_response`` says it), when it was here."""
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request):
+            names = {name for name, _ in event.headers}  # (h11 has them in lower case)
+            if b"content-length" in names and b"transfer-encoding" in names:
+                self.refused = ("a request may not have both Content-Length and "
+                                "Transfer-Encoding")
+                raise h11.RemoteProtocolError(self.refused, error_status_hint=400)
+        return event
+
+
 class _H11(H11Protocol):
     """uvicorn's h11 protocol, with a deadline for each request's headers. uvicorn has none:
     a client trickling its headers a byte at a time (or sending nothing) held its socket
@@ -1173,6 +1195,8 @@ class _H11(H11Protocol):
     """While the client takes nothing of what waits for it (``SEND_TIMEOUT_S``)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (nothing read yet: uvicorn's own, made with the same bound, goes unused)
+        self.conn = _Requests(h11.SERVER, self.conn._max_incomplete_event_size)
         super().connection_made(transport)  # type: ignore[arg-type]
         self._arm()
 
@@ -1248,6 +1272,8 @@ class _H11(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         # (uvicorn's own WARNING for it, with neither peer nor reason, is filtered out)
+        if isinstance(self.conn, _Requests) and self.conn.refused is not None:
+            msg = self.conn.refused  # (uvicorn's message is the same for every refusal)
         self._refused("invalid_http", "HTTP request from %s refused (400): %s", msg)
         # OpenAI's error shape, as every other refusal (uvicorn's is plain text)
         body = orjson.dumps({"error": openai_error(400, "invalid_http", msg)})
