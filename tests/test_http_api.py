@@ -160,6 +160,85 @@ async def test_the_sdk_given_the_voice_port_is_told_the_http_api_port(gateway):
             assert f"port {gateway.http_port}" in (await response.aread()).decode()
 
 
+@pytest.mark.parametrize(("request_", "why"), [
+    (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\nhello",
+     "unsupported request body"),
+    ("GET /h\u00e9alth HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode(), "'ascii' codec"),
+    (b"GET /health HTTP/2.0\r\nHost: 127.0.0.1\r\n\r\n", "unsupported protocol"),
+    (b"\x16\x03\x01\x02\x00\x01\r\n\r\n", "invalid HTTP request line"),
+], ids=["get-with-a-body", "not-ascii", "http-2", "not-http"])
+async def test_the_voice_port_answers_a_request_it_cannot_read(gateway, caplog, request_, why):
+    """websockets reads no request with a body, nor one it cannot parse, and closed the
+    connection unanswered, with no log line and no count: a client got an empty reply
+    where the HTTP API's port answers 400 ``invalid_http``. The voice port answers the same
+    now, saying what it could not read, with one INFO line, counted."""
+    caplog.set_level(logging.INFO)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(request_)
+    await writer.drain()
+    async with hang_guard("the answer and the close"):
+        answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"\r\nConnection: close" in head
+    error = orjson.loads(body)["error"]
+    assert (error["code"], error["type"]) == ("invalid_http", "invalid_request_error")
+    assert error["message"].startswith("the request could not be read: ")
+    assert why in error["message"]
+    assert gateway.health()["errors"] == {"invalid_http": 1}
+    port = writer.get_extra_info("sockname")[1]
+    assert [r.getMessage() for r in caplog.records if "refused (400" in r.getMessage()] == [
+        f"HTTP request from 127.0.0.1:{port} refused (400 invalid_http): {error['message']}"]
+
+
+@pytest.mark.parametrize("after", [
+    b"\r\n", b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+], ids=["a-stray-crlf", "a-pipelined-request"])
+async def test_the_voice_port_answers_a_request_whatever_follows_it(gateway, after):
+    """websockets reads what follows a request as WebSocket frames before it answers: bytes
+    that are none (a stray CRLF after the request, a pipelined request) failed the
+    connection, and the plain GET before them was closed unanswered. The request is
+    answered; what follows it waits for the answer (a 101's frames), else goes unread."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + after)
+    await writer.drain()
+    async with hang_guard("the answer and the close"):
+        answer = await reader.read()
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert orjson.loads(body)["status"] == "ok"  # (one answer: the body is the health alone)
+    assert gateway.health()["errors"] == {}
+
+
+async def test_a_message_sent_with_the_upgrade_is_read_once_the_socket_opens(gateway):
+    """A client that sends its first message right behind its upgrade request (before the
+    101: RFC 6455 says wait, not every client does) has it read as the socket's first."""
+    import base64
+    import os
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    ping = b'{"type": "ping", "id": 7}'
+    writer.write(f"GET /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                 "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+                 + bytes([0x81, 0x80 | len(ping)]) + bytes(4) + ping)
+    await writer.drain()
+    async with hang_guard("the handshake and the pong"):
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101 ")
+        events = []
+        while not events or events[-1]["type"] != "pong":
+            first, n = await reader.readexactly(2)
+            assert first == 0x81 and n <= 126  # (text frames under 64 KiB)
+            if n == 126:
+                n = int.from_bytes(await reader.readexactly(2), "big")
+            events.append(orjson.loads(await reader.readexactly(n)))
+    writer.close()
+    assert [e["type"] for e in events] == ["session.created", "pong"]
+    assert events[-1] == {"type": "pong", "id": 7}
+
+
 OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
 
 

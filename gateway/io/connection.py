@@ -601,11 +601,21 @@ class VoiceSocket(ServerConnection):
     """The first word of the request line, until the handshake's request is read."""
     _target: bytes = b""
     """The request line's target (path and query), as far as its first bytes hold it."""
+    _tail = b""
+    """The last bytes of the request so far, until its headers' end (CRLF CRLF) is seen."""
+    _held: bytes | None = None
+    """What came after the request, held (reading paused) until it is answered."""
 
     def refused_method(self, method: str, target: str) -> Response | None:
         """The answer to a ``method`` other than GET and HEAD whose request websockets could
         not read (it has a body). None: websockets' own, the connection closed unanswered.
         The gateway's sockets (``gateway_socket``) answer as to one without a body."""
+        return None
+
+    def unreadable(self, why: str) -> Response | None:
+        """The answer to any other request websockets could not read (a GET with a body, a
+        request line it cannot parse), ``why`` saying what. None: websockets' own, the
+        connection closed unanswered, as ``refused_method``."""
         return None
 
     def data_received(self, data: bytes) -> None:
@@ -617,6 +627,12 @@ class VoiceSocket(ServerConnection):
         (64 KiB at most) never is."""
         if self.deaf:
             return
+        protocol = self.protocol
+        if (protocol.state is State.CONNECTING and protocol.handshake_exc is None
+                and not protocol.eof_sent):
+            data = self._until_answered(data)
+            if not data:
+                return
         if self.request is None and self._method is None:
             method, _, rest = data.partition(b" ")  # (for send_data)
             self._method, self._target = method[:20], rest.split(b" ", 1)[0][:1000]
@@ -638,9 +654,43 @@ class VoiceSocket(ServerConnection):
             budget.used += excess - self._charged
             self._charged = excess
 
+    def _until_answered(self, data: bytes) -> bytes:
+        """What of ``data`` websockets may read before the request is answered: up to the
+        end of the request's headers. websockets reads what follows as WebSocket frames at
+        once, and bytes that are none (a stray CRLF after the request, a pipelined request)
+        failed the connection before its answer, which never went out: the request was
+        closed unanswered. What follows is held, and reading paused, until the answer
+        (``send_data``): read then after a 101, dropped after any other."""
+        if self._held is not None or self.request is not None:
+            self._held = (self._held or b"") + data
+            self.transport.pause_reading()
+            return b""
+        seen = self._tail + data
+        end = seen.find(b"\r\n\r\n")
+        if end < 0:
+            self._tail = seen[-3:]
+            return data
+        self.__dict__.pop("_tail", None)
+        cut = end + 4 - (len(seen) - len(data))
+        if cut < len(data):
+            self._held = data[cut:]
+            self.transport.pause_reading()
+        return data[:cut]
+
+    def _answered(self) -> None:
+        """The request was answered (or refused): what came after it is read now after a 101
+        (frames sent before it: RFC 6455 says wait for it, not every client does), and
+        dropped after any other answer, which closes the connection."""
+        held = self._held
+        del self._held
+        self.transport.resume_reading()
+        if held is not None and self.protocol.state is State.OPEN:
+            self.data_received(held)
+
     def process_event(self, event: Any) -> None:
         if self.request is None:
             del self._method, self._target  # (the request came: nothing held)
+            self.__dict__.pop("_tail", None)
         if isinstance(event, Frame) and event.opcode in _DATA_OPCODES:
             if not event.fin:
                 self._unfinished += len(event.data) + FRAGMENT_COST
@@ -669,15 +719,23 @@ class VoiceSocket(ServerConnection):
         error."), not the 405 naming the HTTP port that the same POST without a body got."""
         protocol = self.protocol
         method = self._method
-        if (method is not None and self.request is None
+        if (method and self.request is None
                 and isinstance(protocol.handshake_exc, InvalidMessage)):
             self._method = b""  # (answered once)
-            if method.isalpha() and method.isascii() and method not in (b"GET", b"HEAD") and \
-                    (response := self.refused_method(
-                        method.decode(), self._target.decode("latin-1"))) is not None:
+            if method.isalpha() and method.isascii() and method not in (b"GET", b"HEAD"):
+                response = self.refused_method(method.decode(), self._target.decode("latin-1"))
+            else:
+                cause = protocol.handshake_exc.__cause__
+                response = self.unreadable(str(cause) if cause is not None else
+                                           str(protocol.handshake_exc))
+            if response is not None:
                 response.headers["Connection"] = "close"
                 self.transport.write(response.serialize())
         super().send_data()
+        if self._held is not None and (protocol.state is not State.CONNECTING
+                                       or protocol.eof_sent
+                                       or protocol.handshake_exc is not None):
+            self._answered()
         if protocol.eof_sent and protocol.close_sent is not None and \
                 self._abort_later is None:
             self._abort_later = self.loop.call_later(CLOSED_TCP_GRACE_S,
@@ -722,13 +780,17 @@ class VoiceSocket(ServerConnection):
 _DATA_OPCODES = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
 
 
-def gateway_socket(refused_method: Callable[[str, str], Response]) -> type[VoiceSocket]:
-    """``VoiceSocket`` answering a request it cannot read with ``refused_method``'s answer
-    (websockets makes the connection: the gateway's part is its class)."""
+def gateway_socket(refused_method: Callable[[str, str], Response],
+                   unreadable: Callable[[VoiceSocket, str], Response]) -> type[VoiceSocket]:
+    """``VoiceSocket`` answering a request it cannot read with ``refused_method``'s answer,
+    or ``unreadable``'s (websockets makes the connection: the gateway's part is its class)."""
 
     class GatewaySocket(VoiceSocket):
         def refused_method(self, method: str, target: str) -> Response:
             return refused_method(method, target)
+
+        def unreadable(self, why: str) -> Response:
+            return unreadable(self, why)
 
     return GatewaySocket
 

@@ -453,7 +453,7 @@ class Gateway:
             self._server = await serve(
                 # (the loop's create_server takes a list of hosts too; websockets passes it on)
                 self._handle, cast(str, hosts), port,
-                create_connection=gateway_socket(self._refused_method),
+                create_connection=gateway_socket(self._refused_method, self._unreadable),
                 process_request=self._process_request,
                 max_size=WS_MAX_SIZE,
                 # PCM does not compress, and audio headers are cached without extensions
@@ -575,6 +575,18 @@ class Gateway:
             f"(POST /v1/audio/speech) is on port {self.http_port} (--http-port)")
         response.headers["Allow"] = allowed
         return response
+
+    def _unreadable(self, connection: ServerConnection, why: str) -> Response:
+        """400 ``invalid_http`` for a request websockets could not read (a GET with a body,
+        a request line it cannot parse), as the HTTP API's port answers one: it was closed
+        unanswered, with no line and no count. Counted, and said in one line (a few a
+        minute), as that port's are (``_H11.send_400_response``)."""
+        self.metrics.errors["invalid_http"] += 1
+        message = "the request could not be read: " + \
+            "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in why[:200])
+        log.info("HTTP request from %s refused (400 invalid_http): %s",
+                 peer_text(connection.remote_address), message, extra=limited("invalid_http"))
+        return _error_response(http.HTTPStatus.BAD_REQUEST, "invalid_http", message)
 
     def _answer_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
