@@ -110,15 +110,46 @@ twenty-two degrees", a year). In English it is "to"; German, French, Spanish, It
 Portuguese get their own word from ``engines.espeak_languages`` (``_EN_DASH_RANGE``)."""
 
 
+DOTTED_LETTERS_PER_LINE = 20
+"""The most letters followed by a dot that espeak is given on one line
+(``_dotted_letters_parted``)."""
+_DOTTED_LETTER = re.compile(r"[^\W\d_]\.")
+
+
+def _dotted_letters_parted(text: str) -> str:
+    """``text`` with a line break after every ``DOTTED_LETTERS_PER_LINE`` letters followed
+    by a dot, when more follow, and without soft hyphens (U+00AD, which espeak skips
+    anyway). libespeak-ng (1.52 included) reads single letters joined by dots as an
+    abbreviation ("U.S.A.") and gathers the letters of abbreviations that follow one
+    another in a stack buffer it overflows past ~190 bytes: "a." 192 times, a letter of
+    four bytes in UTF-8 51 times, abbreviations of two letters between spaces ("a.b. c.d.
+    ...") 97 times, also with a comma or a soft hyphen between them. It crashed the process
+    (SIGSEGV, or "stack smashing detected"), every session with it: one speech request or
+    one ``say`` did it. A line break (or a word, which an attacker chooses not to send)
+    ends what it gathered: 20 letters are 80 bytes at most, and none of these crashed so
+    parted, up to 4,096 characters. Only ASCII ``.`` joins such letters (``．``, ``。``,
+    ``․`` do not)."""
+    text = text.replace("\u00ad", "")
+    ends = [m.end() for m in _DOTTED_LETTER.finditer(text)]
+    if len(ends) <= DOTTED_LETTERS_PER_LINE:
+        return text
+    parts, start = [], 0
+    for cut in ends[DOTTED_LETTERS_PER_LINE - 1:-1:DOTTED_LETTERS_PER_LINE]:
+        parts += [text[start:cut], "\n"]
+        start = cut
+    return "".join(parts) + text[start:]
+
+
 def espeak_text(text: str, *, english: bool = False) -> str:
     """``text`` as espeak should be given it: in ``english`` voices the notations it
     misreads in words (``engines.spell.english_readings``: "7 > 5" was "seven five"),
     ranges read "to" (``_RANGE``) and amounts with their unit after the number
     (``engines.spell.amounts_in_words``: "$5.50" was "dollar five point five zero"); minus
-    signs as U+2212 (``_SIGN``)."""
+    signs as U+2212 (``_SIGN``); in every voice, a line break after every 20 letters
+    followed by a dot (``_dotted_letters_parted``: more in a row crash libespeak-ng)."""
     if english:
         text = amounts_in_words(_RANGE.sub(" to ", english_readings(text)))
-    return _SIGN.sub("\u2212", text)
+    return _dotted_letters_parted(_SIGN.sub("\u2212", text))
 
 
 class _Voice(ctypes.Structure):
