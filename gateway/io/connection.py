@@ -83,9 +83,11 @@ MESSAGES_PER_S = 50.0
 """Messages a client may send at once, and then a second, on average (a token bucket): a
 client sends a few a second (a mark every 200-500 ms, pings, turns). One flooding pings
 had the event loop that paces every session answer all of them; past this it is closed
-(``CLOSE_TOO_MANY_MESSAGES``) and its session ends. WebSocket ping frames count too
-(``VoiceSocket.on_ping``): websockets answers each itself, and a client that read none of
-the pongs had them all queued for it in the gateway's memory."""
+(``CLOSE_TOO_MANY_MESSAGES``) and its session ends. WebSocket ping and pong frames count
+too (``VoiceSocket.on_control_frame``): websockets answers each ping itself, and a client
+that read none of the pongs had them all queued for it in the gateway's memory; a flood of
+pongs nobody asked for took the loop from the other sessions (one client's: 20 underruns
+in another's 30 s turn, none without it)."""
 CLOSE_TOO_MANY_MESSAGES = (1008, "too many messages")
 CUT_SHORT = {
     "length": "the reply reached the LLM's token limit (max_tokens); the rest is not spoken",
@@ -585,10 +587,11 @@ class VoiceSocket(ServerConnection):
     event cost every idle session 2.2 KiB, a tenth of its memory (bench/capacity.py idle)."""
 
     on_close_frame: Callable[[], object] | None = None
-    on_ping: Callable[[], object] | None = None
-    """Called for each ping frame from the client (websockets has answered it already)."""
+    on_control_frame: Callable[[], object] | None = None
+    """Called for each ping or pong frame from the client (websockets has answered a ping
+    already)."""
     deaf = False
-    """Set once the gateway reads no more of this socket (a flood of pings): what arrives
+    """Set once the gateway reads no more of this socket (a flood of them): what arrives
     is dropped unparsed, so nothing more is answered (the connection is closing)."""
     _abort_later: asyncio.TimerHandle | None = None
     budget: UnfinishedBudget | None = None
@@ -700,8 +703,8 @@ class VoiceSocket(ServerConnection):
         if isinstance(event, Frame):
             if event.opcode is Opcode.CLOSE and self.on_close_frame is not None:
                 self.on_close_frame()
-            elif event.opcode is Opcode.PING and self.on_ping is not None:
-                self.on_ping()
+            elif event.opcode in _CONTROL_OPCODES and self.on_control_frame is not None:
+                self.on_control_frame()
 
     def send_data(self) -> None:
         """websockets' own, then: once the server has sent its close frame and the end of
@@ -778,6 +781,8 @@ class VoiceSocket(ServerConnection):
 
 
 _DATA_OPCODES = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+_CONTROL_OPCODES = (Opcode.PING, Opcode.PONG)
+"""The frames websockets handles itself that count as messages (a close ends the socket)."""
 
 
 def gateway_socket(refused_method: Callable[[str, str], Response],
@@ -847,12 +852,12 @@ class VoiceConnection:
                 closing: list[asyncio.Task[None]] = []
                 self.ws.on_close_frame = lambda: closing.append(
                     tasks.create_task(self._client_closed()))
-                self.ws.on_ping = self._pinged
+                self.ws.on_control_frame = self._control_frame
                 try:
                     await self._reader()
                     clean = True
                 finally:
-                    self.ws.on_close_frame = self.ws.on_ping = None
+                    self.ws.on_close_frame = self.ws.on_control_frame = None
                     self._tasks = None
                     if self._writer_task is not None:
                         self._writer_task.cancel()
@@ -993,8 +998,8 @@ class VoiceConnection:
         self._allowance = allowance - 1.0
         return True
 
-    def _pinged(self) -> None:
-        """A ping frame came (websockets answered it): it counts as a message. Past the
+    def _control_frame(self) -> None:
+        """A ping (websockets answered it) or a pong came: it counts as a message. Past the
         allowance the socket closes as for any flood, and the gateway reads no more of it:
         websockets would answer every ping still arriving while the close frame waits
         behind the pongs of a client that reads none."""
