@@ -2015,6 +2015,32 @@ async def test_a_request_with_both_a_length_and_chunks_is_refused_and_closed(gat
     assert gateway.health()["errors"] == {"invalid_http": 1}
 
 
+@pytest.mark.parametrize("port", ["port", "http_port"])
+async def test_a_target_in_absolute_form_is_served_with_its_own_host(gateway, port):
+    """RFC 9112 3.2.2: a server must accept a request target in absolute form (``GET
+    http://host/path``, as a client configured to go through a proxy sends it) and take the
+    host from it, not from ``Host``. Both ports answered 404 "no route
+    '/http://127.0.0.1/health'"; the path is served now, and the target's host is the one
+    the Host check reads (a name it does not allow is refused as in ``Host``)."""
+    number = getattr(gateway, port)
+    for target, status in [(f"http://127.0.0.1:{number}/health?x=1", 200),
+                           ("HTTP://localhost/health", 200),
+                           ("http://evil.example/health", 403)]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", number)
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        await writer.drain()
+        async with hang_guard("the answer and the close"):
+            answer = await reader.read()
+        writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 %d " % status), (target, answer[:300])
+        if status == 200:
+            assert orjson.loads(body)["status"] == "ok"
+        else:
+            assert orjson.loads(body)["error"]["code"] == "forbidden_host"
+
+
 async def test_a_malformed_request_is_counted_with_the_other_refusals(gateway):
     """Every other refusal, on either port, moves ``gateway_errors_total``; a malformed
     request (answered by uvicorn's protocol, below the app) moved nothing, so a client

@@ -135,6 +135,21 @@ refusing every request of such an app."""
 # ---- errors -------------------------------------------------------------------------------
 
 
+def origin_form(target: str) -> tuple[str, str] | None:
+    """A request target in absolute form (``http://host:port/path?query``: RFC 9112 3.2.2,
+    what a client set to go through a proxy sends) as its host (``Host``'s value, which the
+    target's replaces) and its path with its query; None for any other target, or one
+    without a host."""
+    scheme, sep, rest = target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https", "ws", "wss"):
+        return None
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    host, path = rest[:end].rpartition("@")[2], rest[end:]
+    if not host:
+        return None
+    return host, path if path.startswith("/") else "/" + path
+
+
 def openai_error(status: int, code: str, message: str,
                  param: str | None = None) -> dict[str, Any]:
     """The ``error`` object of OpenAI's error shape, ``{"message", "type", "param",
@@ -1180,6 +1195,15 @@ class _Requests(h11.Connection):
                 self.refused = ("a request may not have both Content-Length and "
                                 "Transfer-Encoding")
                 raise h11.RemoteProtocolError(self.refused, error_status_hint=400)
+            # uvicorn took a target in absolute form for a path ("no route
+            # '/http://127.0.0.1/health'"); its host replaces Host (RFC 9112 3.2.2)
+            if (absolute := origin_form(event.target.decode("latin-1"))) is not None:
+                host, path = absolute
+                event = h11.Request(
+                    method=event.method, target=path.encode("latin-1"),
+                    headers=[*((n, v) for n, v in event.headers if n != b"host"),
+                             (b"host", host.encode("latin-1"))],
+                    http_version=event.http_version)
         return event
 
 

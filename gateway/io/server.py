@@ -78,6 +78,7 @@ from gateway.io.http_api import (
     model_body,
     models_body,
     openai_error,
+    origin_form,
 )
 from gateway.io.lanes import Lane, OutOfReach
 from gateway.io.listen import free_port, note_plain_http
@@ -549,6 +550,13 @@ class Gateway:
     # ---- HTTP on the voice port ----------------------------------------------------------
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if (absolute := origin_form(request.path)) is not None:
+            # a target in absolute form: its path is served, its host replaces Host (RFC
+            # 9112 3.2.2); websockets took it whole for the path ("no route http://...")
+            host, request.path = absolute
+            if "Host" in request.headers:
+                del request.headers["Host"]
+            request.headers["Host"] = host
         # websockets answers any method as a GET: a HEAD got the body too, a POST the page
         if request.method == "GET":
             response = self._answer_request(connection, request)
