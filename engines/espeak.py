@@ -140,17 +140,19 @@ def _dotted_letters_parted(text: str) -> str:
     return "".join(parts) + text[start:]
 
 
-_HYPHEN_AFTER_A_MARK = re.compile(r"(?<=[^\w\s])-(?=[^\W\d_])")
-"""A hyphen between a mark and a letter: ``(-a``, ``"-i``. libespeak-ng's Vietnamese voices
-(``vi``, ``vi-vn-x-central``, ``vi-vn-x-south``; 1.52 included) crash on it where a clause
-starts (SIGSEGV: ``(-a``, ``x. (-i``, ``?-b`` alone did it, a turn's or a speech request's
-text; found by fuzzing 11 voices, in no other), and not on ``(- a``, which is read the same:
-a space goes after it (``vietnamese_text``)."""
+_HYPHEN_AFTER_A_MARK = re.compile(r"(?<=(.))-(?=[^\W\d_])", re.DOTALL)
+"""A hyphen between a letter and what is neither a letter, an ASCII digit nor a space:
+``(-a``, ``"-i``, ``①-a``, ``_-a``, ``)-あ``. libespeak-ng (1.52 included) crashes on one
+where a clause starts in several voices (SIGSEGV): Vietnamese (``vi`` and its variants) on
+any of these, Malayalam and Hindi with a letter of another script (``(-あ``); one turn's
+or one speech request's text did it (found by fuzzing; other voices may have more). It
+never crashed on ``(- a``, read the same: a space goes after such a hyphen, in every
+voice (``1-a``, ``3-D``, ``a-b`` keep theirs)."""
 
 
-def vietnamese_text(text: str) -> str:
-    """``text`` as espeak's Vietnamese voices can be given it (``_HYPHEN_AFTER_A_MARK``)."""
-    return _HYPHEN_AFTER_A_MARK.sub("- ", text)
+def _hyphen_parted(match: re.Match[str]) -> str:
+    before = match.group(1)
+    return "-" if before.isalpha() or before.isspace() or before in "0123456789" else "- "
 
 
 def espeak_text(text: str, *, english: bool = False) -> str:
@@ -159,10 +161,12 @@ def espeak_text(text: str, *, english: bool = False) -> str:
     ranges read "to" (``_RANGE``) and amounts with their unit after the number
     (``engines.spell.amounts_in_words``: "$5.50" was "dollar five point five zero"); minus
     signs as U+2212 (``_SIGN``); in every voice, a line break after every 20 letters
-    followed by a dot (``_dotted_letters_parted``: more in a row crash libespeak-ng)."""
+    followed by a dot (``_dotted_letters_parted``) and a space after a hyphen between a
+    mark and a letter (``_HYPHEN_AFTER_A_MARK``): both crashed libespeak-ng."""
     if english:
         text = amounts_in_words(_RANGE.sub(" to ", english_readings(text)))
-    return _dotted_letters_parted(_SIGN.sub("\u2212", text))
+    return _HYPHEN_AFTER_A_MARK.sub(_hyphen_parted,
+                                    _dotted_letters_parted(_SIGN.sub("\u2212", text)))
 
 
 class _Voice(ctypes.Structure):
@@ -574,11 +578,8 @@ class EspeakStream(Uninterruptible):
 
     def _synthesise(self) -> None:
         language = os.path.basename(self._voice.split(b"+")[0]).decode().lower()
-        given = espeak_text(for_language(self._text, language),
-                            english=language.startswith("en"))
-        if language.partition("-")[0] == "vi":
-            given = vietnamese_text(given)
-        text = given.encode("utf-8", "replace")
+        text = espeak_text(for_language(self._text, language),
+                           english=language.startswith("en")).encode("utf-8", "replace")
         if not text.strip():
             return
         sink = _Synthesis(self)
