@@ -23,7 +23,7 @@ import pytest
 
 from gateway.io.static import STATIC_DIR
 from tests.hang_guard import HANG_S, hang_guard, unless_hung
-from tests.wsclient import frames_written
+from tests.wsclient import frames_written, raw_answer
 
 CHROMIUM = "/usr/bin/chromium"
 PING_EVERY_MS = int(re.search(r"^const PING_EVERY_MS = (\d+);$",
@@ -1064,14 +1064,9 @@ async def test_console_keeps_a_live_socket_when_its_timers_are_throttled(gateway
         assert errors == []
 
 
-async def raw_answer(port: int, request: bytes) -> tuple[bytes, bytes]:
-    """The head and the body of the voice port's answer to ``request`` (it closes the
-    connection after any answer but a 101)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(request)
-    answer = await reader.read()  # (to the end: the server closes)
-    writer.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
+async def raw_answer_parts(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """The head and the body of the voice port's answer to ``request``."""
+    head, _, body = (await raw_answer(port, request)).partition(b"\r\n\r\n")
     return head, body
 
 
@@ -1079,14 +1074,16 @@ async def test_the_voice_port_answers_get_head_and_nothing_else(gateway):
     # websockets answers any method as GET: HEAD got the whole page after its headers (a
     # proxy keeping the connection would take those bytes for the next answer), and
     # POST, PUT, DELETE... got the page, /metrics or /health as if they were GETs
-    head, body = await raw_answer(gateway.port, b"HEAD / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head, body = await raw_answer_parts(gateway.port,
+                                        b"HEAD / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and body == b""
     length = int(re.search(rb"Content-Length: (\d+)", head)[1])
     assert length == len((STATIC_DIR / "index.html").read_bytes())  # as GET would say
     for method in (b"POST", b"PUT", b"DELETE", b"OPTIONS"):
         for path in (b"/", b"/health", b"/v1/voice"):
-            head, body = await raw_answer(gateway.port, method + b" " + path + b" HTTP/1.1"
-                                          b"\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
+            head, body = await raw_answer_parts(
+                gateway.port, method + b" " + path + b" HTTP/1.1"
+                b"\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 405 "), (method, path, head)
             allowed = b"GET" if path == b"/v1/voice" else b"GET, HEAD"
             assert b"\r\nAllow: " + allowed + b"\r\n" in head
@@ -1095,11 +1092,12 @@ async def test_the_voice_port_answers_get_head_and_nothing_else(gateway):
             assert f"voice port ({allowed.decode()});" in error["message"]
     # a WebSocket opens with a GET: the 405 said HEAD was allowed here too (its Allow),
     # and so did the one to a request with a body (which websockets cannot read)
-    head, _ = await raw_answer(gateway.port, b"HEAD /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head, _ = await raw_answer_parts(gateway.port,
+                                     b"HEAD /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: GET\r\n" in head
     for path, allowed in ((b"/v1/voice?token=x", b"GET"), (b"/health", b"GET, HEAD")):
-        head, _ = await raw_answer(gateway.port, b"POST " + path + b" HTTP/1.1\r\nHost: "
-                                   b"127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
+        head, _ = await raw_answer_parts(gateway.port, b"POST " + path + b" HTTP/1.1\r\nHost: "
+                                         b"127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
         assert head.startswith(b"HTTP/1.1 405 ") and b"\r\nAllow: " + allowed + b"\r\n" in head
 
 

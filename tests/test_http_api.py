@@ -39,7 +39,7 @@ from gateway.io import http_api
 from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
 from tests.hang_guard import HANG_S, hang_guard, unless_hung
-from tests.wsclient import LineSeen, one_turn, read_turn, recv_event, send
+from tests.wsclient import LineSeen, one_turn, raw_answer, read_turn, recv_event, send
 
 TEXT = "The build finished at nine. Two tests failed, both in the parser."
 REPLY = "About two hundred dollars. A bit more."
@@ -200,12 +200,8 @@ async def test_the_voice_port_answers_a_request_whatever_follows_it(gateway, aft
     that are none (a stray CRLF after the request, a pipelined request) failed the
     connection, and the plain GET before them was closed unanswered. The request is
     answered; what follows it waits for the answer (a 101's frames), else goes unread."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-    writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + after)
-    await writer.drain()
-    async with hang_guard("the answer and the close"):
-        answer = await reader.read()
-    writer.close()
+    answer = await raw_answer(gateway.port,
+                              b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + after)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 "), answer[:200]
     assert orjson.loads(body)["status"] == "ok"  # (one answer: the body is the health alone)
@@ -2026,13 +2022,8 @@ async def test_a_target_in_absolute_form_is_served_with_its_own_host(gateway, po
     for target, status in [(f"http://127.0.0.1:{number}/health?x=1", 200),
                            ("HTTP://localhost/health", 200),
                            ("http://evil.example/health", 403)]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", number)
-        writer.write(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     "Connection: close\r\n\r\n".encode())
-        await writer.drain()
-        async with hang_guard("the answer and the close"):
-            answer = await reader.read()
-        writer.close()
+        answer = await raw_answer(number, f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                          "Connection: close\r\n\r\n".encode())
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 %d " % status), (target, answer[:300])
         if status == 200:
@@ -2047,12 +2038,7 @@ async def test_a_malformed_request_is_counted_with_the_other_refusals(gateway):
     flooding the port with them showed only in the log, whose lines are limited."""
     for request in (b"NOT HTTP AT ALL\r\n\r\n",
                     b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n"):
-        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
-        writer.write(request)
-        await writer.drain()
-        async with hang_guard("the answer and the close"):
-            answer = await reader.read()
-        writer.close()
+        answer = await raw_answer(gateway.http_port, request)
         assert answer.startswith(b"HTTP/1.1 400") and b'"invalid_http"' in answer
     async with httpx.AsyncClient(timeout=HANG_S,
                                  base_url=f"http://127.0.0.1:{gateway.http_port}") as client:

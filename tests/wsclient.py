@@ -13,6 +13,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.core.codec import BYTES_PER_MS, AudioFrame, decode_frame
+from tests.hang_guard import hang_guard
 
 
 @dataclass
@@ -145,3 +146,16 @@ def frames_written(gateway: Any, n: int) -> asyncio.Event:
 
     runner.written = counting
     return written
+
+
+async def raw_answer(port: int, request: bytes) -> bytes:
+    """The whole answer of the server on 127.0.0.1 ``port`` to the bytes ``request``, read
+    until it closes the connection (either port closes it after any answer but a 101)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        async with hang_guard("the answer and the close"):
+            return await reader.read()
+    finally:
+        writer.close()
