@@ -55,6 +55,17 @@ def engine(request, short_reference_wav):
     eng.close()
 
 
+def refused_at_load(engine) -> EngineError:
+    """The ``engine_failed`` error ``engine.load()`` raises (the engine closed after)."""
+    try:
+        with pytest.raises(EngineError) as err:
+            engine.load()
+    finally:
+        engine.close()
+    assert err.value.code == "engine_failed"
+    return err.value
+
+
 def test_whole_segment_in_one_step_then_none(engine):
     assert isinstance(engine, TtsEngine)
     assert (engine.lane, engine.streams) == ("gpu", False)
@@ -165,13 +176,8 @@ def test_a_checkpoint_with_no_built_in_voice_and_no_reference_is_refused_at_load
 
     monkeypatch.setattr(engines.mlx_common, "warm_up", lambda engine, text: 0.0)
     engine = ChatterboxEngine(str(tiny_chatterbox), **TINY_ENGINE_OPTIONS)
-    try:
-        with pytest.raises(EngineError) as err:
-            engine.load()
-    finally:
-        engine.close()
-    assert err.value.code == "engine_failed"
-    assert err.value.message == f"{tiny_chatterbox} has no built-in voice: give ref_audio"
+    error = refused_at_load(engine)
+    assert error.message == f"{tiny_chatterbox} has no built-in voice: give ref_audio"
 
 
 def test_a_turbo_checkpoint_whose_config_names_no_model_type_is_still_turbo(
@@ -194,13 +200,8 @@ def test_a_turbo_checkpoint_whose_config_names_no_model_type_is_still_turbo(
     (model / "config.json").write_text(json.dumps(config))
 
     engine = ChatterboxEngine(str(model), **{**TINY_TURBO_OPTIONS, "flow_steps": 2})
-    try:
-        with pytest.raises(EngineError) as err:
-            engine.load()
-    finally:
-        engine.close()
-    assert err.value.code == "engine_failed"
-    assert err.value.message.startswith(f"{model} is a Chatterbox-Turbo model: flow_steps ")
+    error = refused_at_load(engine)
+    assert error.message.startswith(f"{model} is a Chatterbox-Turbo model: flow_steps ")
     engine = ChatterboxEngine(str(model), **TINY_TURBO_OPTIONS)
     try:
         engine.load()
@@ -226,15 +227,10 @@ def test_a_checkpoint_without_its_text_tokenizer_is_refused_at_load(
     (model / "tokenizer.json").unlink()
     engine = ChatterboxEngine(str(model), ref_audio=str(short_reference_wav),
                               **TINY_ENGINE_OPTIONS)
-    try:
-        with pytest.raises(EngineError) as err:
-            engine.load()
-    finally:
-        engine.close()
-    assert err.value.code == "engine_failed"
+    error = refused_at_load(engine)
     # (this mlx-audio loads it without one: "Chatterbox text tokenizer did not load"; a
     # later one that raises instead is refused by the loader, naming the directory too)
-    assert str(model) in err.value.message and "tokenizer" in err.value.message.lower()
+    assert str(model) in error.message and "tokenizer" in error.message.lower()
 
 
 def test_a_reference_too_short_to_condition_on_is_refused_at_load(tiny_chatterbox, tmp_path,
@@ -248,13 +244,8 @@ def test_a_reference_too_short_to_condition_on_is_refused_at_load(tiny_chatterbo
     monkeypatch.setattr(engines.mlx_common, "warm_up", lambda engine, text: 0.0)
     ref = write_reference_wav(tmp_path / "blip.wav", seconds=0.02)
     engine = ChatterboxEngine(str(tiny_chatterbox), ref_audio=str(ref), **TINY_ENGINE_OPTIONS)
-    try:
-        with pytest.raises(EngineError) as err:
-            engine.load()
-    finally:
-        engine.close()
-    assert err.value.code == "engine_failed"
-    assert err.value.message.startswith(f"reference audio {ref}: "), err.value.message
+    error = refused_at_load(engine)
+    assert error.message.startswith(f"reference audio {ref}: "), error.message
 
 
 @pytest.mark.parametrize("kind", ["missing", "not audio"])
@@ -392,13 +383,8 @@ def test_cloning_without_the_speech_tokenizer_is_refused_at_load(
 
     options = TINY_ENGINE_OPTIONS if plain else TINY_TURBO_OPTIONS
     engine = ChatterboxEngine(str(model), ref_audio=str(ref), **options)
-    try:
-        with pytest.raises(EngineError) as err:
-            engine.load()
-    finally:
-        engine.close()
-    assert err.value.code == "engine_failed"
-    message = str(err.value)
+    error = refused_at_load(engine)
+    message = str(error)
     assert "mlx-community/S3TokenizerV2 (model.safetensors)" in message, message
     assert f"Hugging Face cache {tmp_path}" in message, message
     assert "hf download mlx-community/S3TokenizerV2" in message, message
