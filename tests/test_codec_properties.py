@@ -647,12 +647,22 @@ def test_texts_up_to_their_documented_limit_pass_and_one_more_is_text_too_long(f
     assert str(limit) in info.value.message
 
 
-@pytest.mark.parametrize("text", ["", " ", "\n\t "])
+@pytest.mark.parametrize("text", ["", " ", "\n\t ",
+                                  # invisible characters only: a say of them completed with
+                                  # nothing spoken, a transcript went to the LLM
+                                  "\u200b", "\u200e\u200f", " \u2067\u2069\ufeff\u00ad\u2060 "])
 def test_a_blank_text_is_refused_as_empty(text):
     for kind in ("say", "transcript"):
         with pytest.raises(ProtocolError) as info:
             decode_client(json.dumps({"type": kind, "text": text}))
-        assert info.value.code == "invalid_field" and "'text'" in info.value.message
+        assert info.value.code == "invalid_field" and "'text' is empty" in info.value.message
+
+
+@pytest.mark.parametrize("text", ["\u200bHi", "\u200e\u05e9\u05dc\u05d5\u05dd",
+                                  "\U0001f44d", "\U0001f468\u200d\U0001f469", "-", "."])
+def test_a_text_with_anything_visible_is_taken(text):
+    for kind in ("say", "transcript"):
+        assert decode_client(json.dumps({"type": kind, "text": text})).text == text
 
 
 @pytest.mark.parametrize(("raw", "expected"), [

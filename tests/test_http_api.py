@@ -1683,6 +1683,8 @@ async def test_models_and_voices(gateway):
 BAD = [
     ({"model": "espeak"}, 400, "missing_input", "input"),
     ({"input": "   "}, 400, "missing_input", "input"),
+    # invisible characters only (zero-width space, direction marks): nothing to speak
+    ({"input": "\u200b \u200e\u2067\u2069\ufeff"}, 400, "missing_input", "input"),
     ({"input": 42}, 400, "invalid_type", "input"),
     ({"input": "x" * (MAX_INPUT_CHARS + 1)}, 400, "string_above_max_length", "input"),
     ({"input": "Hi.", "voice": "klingon"}, 400, "unknown_voice", "voice"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -138,13 +139,21 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
 
 
+def blank(text: str) -> bool:
+    """``text`` holds nothing to say or answer: white space and invisible format characters
+    only (zero-width spaces and joiners, direction marks and isolates, a byte-order mark, a
+    soft hyphen: Unicode's Cf). A ``say`` of those completed with nothing spoken."""
+    return not any(c.strip() and unicodedata.category(c) != "Cf" for c in text)
+
+
 def _text(obj: dict[str, Any]) -> str:
     text = _field(obj, "text", str)
     if len(text) > MAX_TEXT_CHARS:
         raise ProtocolError("text_too_long", f"text is {len(text)} characters; the limit is "
                             f"{MAX_TEXT_CHARS}")
-    if not text.strip():
-        raise ProtocolError("invalid_field", "field 'text' is empty")
+    if blank(text):
+        raise ProtocolError("invalid_field", "field 'text' is empty" if not text.strip() else
+                            "field 'text' is empty: invisible characters only")
     return text
 
 

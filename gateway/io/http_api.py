@@ -66,6 +66,7 @@ from uvicorn.server import ServerState
 
 from engines.base import OUTPUT_RATE, SPEED_ANY, SynthesisRequest, streams_always
 from gateway.core.audio_formats import FORMATS, Encoder
+from gateway.core.codec import blank
 from gateway.core.scheduler import Job, Priority, step_ms
 from gateway.core.segmenter import ONE_STEP_MAX_CHARS, Segmenter, SegmenterConfig
 from gateway.core.session import listed_voice
@@ -289,9 +290,10 @@ def _input(body: dict[str, Any]) -> str:
     if text is not None and not isinstance(text, str):
         raise ApiError(400, "'input' must be a string: the text to speak", code="invalid_type",
                        param="input")
-    if not text or not text.strip():
-        raise ApiError(400, "'input' is required: the text to speak", code="missing_input",
-                       param="input")
+    if not text or blank(text):
+        raise ApiError(400, "'input' is required: the text to speak" if not text or
+                       not text.strip() else "'input' has invisible characters only: the "
+                       "text to speak", code="missing_input", param="input")
     if len(text) > MAX_INPUT_CHARS:
         raise ApiError(400, f"'input' is {len(text)} characters; the limit is "
                        f"{MAX_INPUT_CHARS}", code="string_above_max_length", param="input")
