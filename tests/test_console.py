@@ -874,8 +874,10 @@ async def test_console_sends_a_transcript_unless_the_gateway_counts_it_white_spa
     """The console kept back a transcript of only white space by JavaScript's trim(), which
     the gateway refuses by Python's str.strip() (invalid_field): the two differ. U+001C to
     U+001F and U+0085 are white space only to Python: such a transcript was sent, to be
-    refused; U+FEFF only to JavaScript: a transcript the gateway takes was kept back. The
-    console strips what the gateway would now, and sends the rest."""
+    refused. The gateway also refuses a text of invisible format characters only (U+FEFF,
+    zero-width spaces, direction marks: ``codec.blank``), which the console kept back only
+    where trim() took them (U+FEFF). The console strips what the gateway would now, keeps
+    back what it would refuse as empty, and sends the rest."""
     from gateway.core.codec import ClientTranscript
 
     gw = await start_gateway([{"transcript": "Hello", "reply": "Hi there."}])
@@ -883,14 +885,15 @@ async def test_console_sends_a_transcript_unless_the_gateway_counts_it_white_spa
     async with console(f"http://127.0.0.1:{gw.port}/") as (page, errors):
         await page.wait_for_function(f"{state}.connected && {state}.audioReady")
         received = messages_received(gw)
-        for blank in ("\x1c", "\x1d", "\x1e", "\x1f", "\x85", " \x85\u3000\x1f\t"):
+        for blank in ("\x1c", "\x1d", "\x1e", "\x1f", "\x85", " \x85\u3000\x1f\t", "\ufeff",
+                      "\u200b\u200e", " \u2067\u2069\u00ad "):
             await talk(page, blank)  # not sent (they would go before the next)
-        await talk(page, "\ufeff")
+        await talk(page, "\ufeffHi")
         await page.wait_for_function(f"{state}.lastTurn?.turnId === 1")
         await talk(page, "\x85 Hello\x1c")
         await page.wait_for_function(f"{state}.lastTurn?.turnId === 2")
         said = [m.text for m in received if isinstance(m, ClientTranscript)]
-        assert said == ["\ufeff", "Hello"]
+        assert said == ["\ufeffHi", "Hello"]
         assert gw.metrics.errors["invalid_field"] == 0
         assert await page.evaluate(f"{state}.errors") == []
         assert errors == []

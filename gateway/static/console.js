@@ -21,6 +21,10 @@ const GATEWAY_SPACE = String.raw`\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a` +
   String.raw`\u2028\u2029\u202f\u205f\u3000`;
 const EDGE_SPACE = new RegExp(`^[${GATEWAY_SPACE}]+|[${GATEWAY_SPACE}]+$`, "g");
 const strip = (text) => text.replace(EDGE_SPACE, "");
+// A text of only white space and invisible format characters (Unicode's Cf: zero-width
+// spaces and joiners, direction marks, U+FEFF) is refused as empty too (codec.blank).
+const VISIBLE = new RegExp(`[^${GATEWAY_SPACE}\\p{Cf}]`, "u");
+const blank = (text) => !VISIBLE.test(text);
 const MAX_INSTRUCTIONS_CHARS = 16000;
 const PING_EVERY_MS = 5000;
 const SILENT_FOR_MS = 12000; // a ping with nothing at all back for this long: the socket is dead
@@ -773,7 +777,7 @@ function giveBackAsked() {
 // typed there; true when the box holds it.
 function backInBox(text) {
   const box = $("transcript");
-  if (!strip(box.value)) box.value = text;
+  if (blank(box.value)) box.value = text;
   return box.value === text;
 }
 
@@ -1035,7 +1039,7 @@ function markBargeIn() {
 // transcript the server refuses (rate_limited) leaves the reply playing, whole.
 async function sendTranscript(text) {
   text = strip(text);
-  if (!text) return false;
+  if (blank(text)) return false;
   if (!connected()) {
     showError("not connected: the transcript was not sent");
     return false;
