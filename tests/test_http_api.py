@@ -39,7 +39,7 @@ from gateway.io import http_api
 from gateway.io.http_api import MAX_BODY_BYTES, MAX_INPUT_CHARS
 from gateway.io.server import Gateway
 from tests.hang_guard import HANG_S, hang_guard, unless_hung
-from tests.wsclient import LineSeen, one_turn, raw_answer, read_turn, recv_event, send
+from tests.wsclient import LineSeen, one_turn, raw_answer, raw_exchange, read_turn, recv_event, send
 
 TEXT = "The build finished at nine. Two tests failed, both in the parser."
 REPLY = "About two hundred dollars. A bit more."
@@ -173,12 +173,7 @@ async def test_the_voice_port_answers_a_request_it_cannot_read(gateway, caplog, 
     where the HTTP API's port answers 400 ``invalid_http``. The voice port answers the same
     now, saying what it could not read, with one INFO line, counted."""
     caplog.set_level(logging.INFO)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-    writer.write(request_)
-    await writer.drain()
-    async with hang_guard("the answer and the close"):
-        answer = await reader.read()
-    writer.close()
+    answer, port = await raw_exchange(gateway.port, request_)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), answer[:200]
     assert b"\r\nConnection: close" in head
@@ -187,7 +182,6 @@ async def test_the_voice_port_answers_a_request_it_cannot_read(gateway, caplog, 
     assert error["message"].startswith("the request could not be read: ")
     assert why in error["message"]
     assert gateway.health()["errors"] == {"invalid_http": 1}
-    port = writer.get_extra_info("sockname")[1]
     assert [r.getMessage() for r in caplog.records if "refused (400" in r.getMessage()] == [
         f"HTTP request from 127.0.0.1:{port} refused (400 invalid_http): {error['message']}"]
 
@@ -1973,15 +1967,11 @@ async def test_a_chunk_not_ended_by_crlf_is_refused_not_read_past(gateway):
     """A chunk's data must be followed by CRLF. h11 before 0.16 took any two bytes for it
     (CVE-2025-43859): a proxy in front that reads the chunk's end otherwise sees a
     different request boundary than the gateway, the way requests are smuggled past it."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
     body = b'{"input":"Hi."}'
-    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                 + b"%x\r\n" % len(body) + body + b"XX0\r\n\r\n")
-    await writer.drain()
-    async with hang_guard("the answer and the close"):
-        answer = await reader.read()
-    writer.close()
+    answer = await raw_answer(gateway.http_port, (
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(body) + body + b"XX0\r\n\r\n"))
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert b'"invalid_http"' in answer
 
@@ -1993,17 +1983,13 @@ async def test_a_request_with_both_a_length_and_chunks_is_refused_and_closed(gat
     its chunks and the connection went on: the request a proxy took for part of the body
     was answered as one of its own. It is refused now (400 ``invalid_http``, saying why),
     and the connection closes with nothing after it read."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
     body = b'{"input":"Hi."}'
-    writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n"
-                 b"Transfer-Encoding: chunked\r\n\r\n" % (len(body) + 10)
-                 + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
-                 + b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    await writer.drain()
-    async with hang_guard("the answer and the close"):
-        answer = await reader.read()
-    writer.close()
+    answer = await raw_answer(gateway.http_port, (
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" % (len(body) + 10)
+        + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+        + b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
     head, _, rest = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), answer[:300]
     assert orjson.loads(rest)["error"] == {
@@ -2052,12 +2038,7 @@ async def test_a_malformed_request_is_counted_with_the_other_refusals(gateway):
 async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog):
     # uvicorn said it as a WARNING (kept for what needs the operator) with no peer
     caplog.set_level(logging.INFO)
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.http_port)
-    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
-    await writer.drain()
-    async with hang_guard("the answer and the close"):
-        answer = await reader.read()
-    writer.close()
+    answer, port = await raw_exchange(gateway.http_port, b"NOT HTTP AT ALL\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400")
     # in OpenAI's shape, as every other refusal (it was uvicorn's plain text)
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -2065,7 +2046,6 @@ async def test_a_malformed_request_is_an_info_line_with_its_peer(gateway, caplog
     assert orjson.loads(body) == {"error": {"message": "Invalid HTTP request received.",
                                             "type": "invalid_request_error", "param": None,
                                             "code": "invalid_http"}}
-    port = writer.get_extra_info("sockname")[1]
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "400" in r.getMessage()
             or "Invalid HTTP" in r.getMessage()]
     assert said == [("INFO", f"HTTP request from 127.0.0.1:{port} refused (400): Invalid "

@@ -148,14 +148,20 @@ def frames_written(gateway: Any, n: int) -> asyncio.Event:
     return written
 
 
-async def raw_answer(port: int, request: bytes) -> bytes:
+async def raw_exchange(port: int, request: bytes) -> tuple[bytes, int]:
     """The whole answer of the server on 127.0.0.1 ``port`` to the bytes ``request``, read
-    until it closes the connection (either port closes it after any answer but a 101)."""
+    until it closes the connection (either port closes it after any answer but a 101), and
+    the client's own port (as the server's log names the peer)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(request)
         await writer.drain()
         async with hang_guard("the answer and the close"):
-            return await reader.read()
+            return await reader.read(), writer.get_extra_info("sockname")[1]
     finally:
         writer.close()
+
+
+async def raw_answer(port: int, request: bytes) -> bytes:
+    """``raw_exchange``'s answer alone."""
+    return (await raw_exchange(port, request))[0]
