@@ -893,6 +893,22 @@ async def test_a_lane_says_once_that_sentences_wait_for_a_stream_while_they_do(c
                     "lane gpu: no sentence waits for an open stream any more"]
 
 
+class EndingSink:
+    """A job's sink whose ``ended`` says how the job ended: ``"done"`` or its error code."""
+
+    def __init__(self) -> None:
+        self.ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def on_audio(self, job, pcm, engine, ready_at) -> None:
+        pass
+
+    def on_done(self, job, truncated=False, notes=()) -> None:
+        self.ended.set_result("done")
+
+    def on_failed(self, job, code, message) -> None:
+        self.ended.set_result(code)
+
+
 async def test_a_probe_does_not_end_a_failing_spell_whose_last_failure_was_an_engine_bug():
     """``Lane.server_answers`` ends a spell whose last failure was the server out of reach.
     An engine's bug after such a failure (an exception that is no engine error: failing,
@@ -915,29 +931,15 @@ async def test_a_probe_does_not_end_a_failing_spell_whose_last_failure_was_an_en
             raise self.errors.pop(0)
 
     lane = Lane("remote", Failing())
-    loop = asyncio.get_running_loop()
-
-    class Sink:
-        def __init__(self) -> None:
-            self.failed = loop.create_future()
-
-        def on_audio(self, job, pcm, engine, ready_at) -> None:
-            pass
-
-        def on_done(self, job, truncated=False, notes=()) -> None:
-            self.failed.set_exception(AssertionError("done"))
-
-        def on_failed(self, job, code, message) -> None:
-            self.failed.set_result(code)
 
     lane.loaded = True
     runner = asyncio.create_task(lane.run())
     try:
         for owner in ("unreachable", "bug"):
-            sink = Sink()
+            sink = EndingSink()
             lane.submit(owner, SynthesisJob(SynthesisRequest("Hello there."), sink),
                         deadline=0.0)
-            assert await sink.failed == "engine_failed"
+            assert await sink.ended == "engine_failed"
         lane.server_answers(time.monotonic())  # a probe begun after both reached the server
         assert lane.failing == "engine_failed"
     finally:
@@ -1092,27 +1094,12 @@ async def test_an_engine_stream_whose_close_fails_is_logged_and_the_lane_goes_on
             return stream
 
     lane = Lane("gpu", BadClose(rtf=0.0, ttfa_ms=0.0))
-    loop = asyncio.get_running_loop()
-
-    class Sink:
-        def __init__(self) -> None:
-            self.ended = loop.create_future()
-
-        def on_audio(self, job, pcm, engine, ready_at) -> None:
-            pass
-
-        def on_done(self, job, truncated=False, notes=()) -> None:
-            self.ended.set_result("done")
-
-        def on_failed(self, job, code, message) -> None:
-            self.ended.set_result(code)
-
     caplog.set_level(logging.ERROR, logger="gateway.io.lanes")
     lane.loaded = True
     runner = asyncio.create_task(lane.run())
     try:
         for owner in ("first", "second"):
-            sink = Sink()
+            sink = EndingSink()
             lane.submit(owner, SynthesisJob(SynthesisRequest("Hello there."), sink),
                         deadline=0.0)
             assert await sink.ended == "done"
