@@ -914,8 +914,7 @@ class Segmenter:
             c = buf[j]
             if c in _SPACE and quote:
                 k = j  # French spacing: 'demain. » Puis', 'demain\u202f!\u202f»'
-                while self._need(k) and buf[k] in _SPACE:
-                    k += 1
+                k = self._past_spaces(k)
                 if not (k < len(buf) and buf[k] in "\u00ab\u00bb") or (
                         self._need(k + 1) and buf[k + 1].isalnum()):
                     break  # '. «Bonjour': the next quote opens
@@ -970,8 +969,7 @@ class Segmenter:
         # emoticons ("Nice try. ;-)", "Glad it works! :)").
         while True:
             k = end
-            while self._need(k) and buf[k] in _SPACE:
-                k += 1
+            k = self._past_spaces(k)
             if k < len(buf) and _is_emoji(buf[k]):
                 while self._need(k) and _is_emoji(buf[k]):
                     k += 1
@@ -991,8 +989,7 @@ class Segmenter:
             return False
         # Next visible character (None at the end of the stream or at a newline).
         k = end
-        while self._need(k) and buf[k] in _SPACE:
-            k += 1
+        k = self._past_spaces(k)
         nxt = buf[k] if k < len(buf) else None
         if nxt is None or nxt == "\n":
             # The newline (or the end) cuts anyway; keep the marks with this sentence.
@@ -1025,8 +1022,7 @@ class Segmenter:
             j += 1
         closing = self._need(j) and (buf[j] in _CJK_CLOSERS or buf[j] in '"\u201d)]')
         k = j
-        while self._need(k) and buf[k] in _SPACE:
-            k += 1
+        k = self._past_spaces(k)
         closing = closing or k < len(buf) and buf[k] == "|"  # "| 好的。 |": a table's cell
         # "行きます。means ...": the English sentence quoting it goes on; not before a name in
         # camelCase, which opens one as after "." ("发布。iOS 18", "很好！iPhone也")
@@ -1056,8 +1052,7 @@ class Segmenter:
         new sentence (the module docstring); True if a segment was cut."""
         buf = self._buf
         k = end
-        while self._need(k) and buf[k] in _SPACE:
-            k += 1
+        k = self._past_spaces(k)
         self._pos = end  # only once nothing is left to wait for
         if (k == end or k >= len(buf) or self._quote or self._paren
                 or not _capital(buf[k])  # (as after ".")
@@ -1096,8 +1091,7 @@ class Segmenter:
         if run != ".":
             if nxt.isdigit() and run[-1] in "?!" and _SAN.fullmatch(buf[ws:i].rstrip("+#")):
                 j = i + len(run)
-                while self._need(j) and buf[j] in _SPACE:
-                    j += 1
+                j = self._past_spaces(j)
                 num = self._next_word(j)
                 if self._need(j + len(num)) and buf[j + len(num)] == ".":
                     return False  # a move's mark: "Nf6?? 4. Qxf7#"
@@ -1123,8 +1117,7 @@ class Segmenter:
                 return False
             if word == "им":  # "музей им. Пушкина", "им. А. П. Чехова", "им. 26 ...", while
                 j = i + 1  # the pronoun ends one: "Я позвонил им. Они не ответили."
-                while self._need(j) and buf[j] in _SPACE:
-                    j += 1
+                j = self._past_spaces(j)
                 after = self._next_word(j)
                 return after in _RUSSIAN_STARTERS and not (
                     len(after) == 1 and self._need(j + 1) and buf[j + 1] == ".")
@@ -1143,8 +1136,7 @@ class Segmenter:
             return True  # "at 9 a.m. EST. That's": not "est." (estimated)
         if word in _CITE_ABBR:  # "Fed. R. Civ. P. 12(b)(6)", "F. Supp. 2d", "9th Cir. 2010"
             j = i + 1
-            while self._need(j) and buf[j] in _SPACE:
-                j += 1
+            j = self._past_spaces(j)
             after = self._next_word(j)
             if nxt.isdigit() or (len(after) == 1 or after in _CITE_ABBR) and (
                     self._need(j + len(after)) and buf[j + len(after)] == "."):
@@ -1215,15 +1207,13 @@ class Segmenter:
         "Natl.", "Acad." and "Sci." ended a sentence there, said as four."""
         buf = self._buf
         for _ in range(_CHAIN_MOST):
-            while self._need(j) and buf[j] in _SPACE:
-                j += 1
+            j = self._past_spaces(j)
             word = self._next_word(j)
             k = j + len(word)
             if chained and word.isupper() and word.isalpha() and self._need(k) and buf[k] != ".":
                 if buf[k] in ",;:":
                     return True
-                while self._need(k) and buf[k] in _SPACE:
-                    k += 1
+                k = self._past_spaces(k)
                 return k < len(buf) and buf[k].isdigit()
             while len(word) == 1 and word.isupper() and self._need(k + 1) and buf[k] == "." and (
                     buf[k + 1].isupper() and self._need(k + 2) and buf[k + 2] == "."):
@@ -1236,8 +1226,7 @@ class Segmenter:
             if buf[k + 1] not in _SPACE:
                 return False
             j = k + 1
-            while self._need(j) and buf[j] in _SPACE:
-                j += 1
+            j = self._past_spaces(j)
             if j < len(buf) and buf[j].isdigit():
                 return True
             chained = True
@@ -1249,8 +1238,7 @@ class Segmenter:
         never opens so, so the word before them was a statute's abbreviation."""
         buf = self._buf
         for _ in range(_SECTION_WORDS_MOST + 1):
-            while self._need(j) and buf[j] in _SPACE:
-                j += 1
+            j = self._past_spaces(j)
             if j < len(buf) and buf[j] == "\u00a7":
                 return True
             word = self._next_word(j)
@@ -1264,8 +1252,7 @@ class Segmenter:
     def _chapter_verse(self, j: int) -> bool:
         """A chapter and verse at ``j`` (after spaces): digits, ":", a digit ("6:20")."""
         buf = self._buf
-        while self._need(j) and buf[j] in _SPACE:
-            j += 1
+        j = self._past_spaces(j)
         k = j
         while self._need(k) and buf[k].isdigit():
             k += 1
@@ -1274,8 +1261,7 @@ class Segmenter:
     def _roman_listed(self, j: int) -> bool:
         """The roman numeral "I" at ``j`` (after spaces) is followed by a comma: "Art. I,"."""
         buf = self._buf
-        while self._need(j) and buf[j] in _SPACE:
-            j += 1
+        j = self._past_spaces(j)
         return self._need(j + 1) and buf[j + 1] == ","
 
     def _german_month(self, j: int, ws: int) -> bool:
@@ -1311,8 +1297,7 @@ class Segmenter:
         "Plan B. Then", "vitamin C. It's", "the U.S. Most", "Downing St. That's" end."""
         buf = self._buf
         j = self._skip_closers(i + 1)[0]  # 'him "Mister T." Then', '(the U.S.) Then'
-        while self._need(j) and buf[j] in _SPACE:
-            j += 1
+        j = self._past_spaces(j)
         while self._need(j) and buf[j] in _OPENERS:
             j += 1  # 'the U.S. "The best," they said': the quote's first word decides
         nxt = self._next_word(j)
@@ -1330,11 +1315,18 @@ class Segmenter:
         return len(word) == 1 and (self._prev_word(ws) in _LABELS
                                    or _ORDINAL_SIGN.fullmatch(self._prev_word(ws)) is not None)
 
-    def _next_word(self, j: int) -> str:
-        """The whole word after position ``j`` (waits until it is complete)."""
+    def _past_spaces(self, j: int) -> int:
+        """Where the first character after the spaces at ``j`` is (or will be: the end of
+        what has come, waiting for more); ``_end_before``'s twin forward."""
         buf = self._buf
         while self._need(j) and buf[j] in _SPACE:
             j += 1
+        return j
+
+    def _next_word(self, j: int) -> str:
+        """The whole word after position ``j`` (waits until it is complete)."""
+        buf = self._buf
+        j = self._past_spaces(j)
         k = j
         while self._need(k) and (buf[k].isalnum() or buf[k] in "'\u2019"):
             k += 1
@@ -1357,8 +1349,7 @@ class Segmenter:
         k = end
         if not (self._need(k) and buf[k] in _SPACE):
             return False  # "in the—wait, no": a dash inside the sentence
-        while self._need(k) and buf[k] in _SPACE:
-            k += 1
+        k = self._past_spaces(k)
         if k >= len(buf) or quote or paren or end > self.config.max_chars or (
                 self._index > 0 and end < self.config.min_chars):
             return False
@@ -1395,8 +1386,7 @@ class Segmenter:
         ok = self._need(end) and buf[end] in _SPACE and not quote and not paren
         if ok and c == ",":  # "Jan 1, 1980", "1, 2, 3": not a clause
             k = end
-            while self._need(k) and buf[k] in _SPACE:
-                k += 1
+            k = self._past_spaces(k)
             ok = k >= len(buf) or not buf[k].isdigit()
         self._pos = i + 1  # only once nothing is left to wait for
         return ok and self._clause_at(end, out)
