@@ -1829,6 +1829,49 @@ def test_a_unit_letter_a_brand_a_greek_square_and_a_sinhala_era_go_on(text, want
     assert sentences(text) == want
 
 
+# --- cases the thirteenth held-out set exposed (tests/data/segmentation-heldout-13.jsonl) -
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("It was published in Proc. Natl. Acad. Sci. U.S.A. The paper has over 500 citations.",
+     ["It was published in Proc. Natl. Acad. Sci. U.S.A.",
+      "The paper has over 500 citations."]),
+    ("The study is in Proc. Natl. Acad. Sci. U.S.A.",
+     ["The study is in Proc. Natl. Acad. Sci. U.S.A."]),
+    ("Their follow-up appeared in Nat. Commun. in 2021. It extended the model.",
+     ["Their follow-up appeared in Nat. Commun. in 2021.", "It extended the model."]),
+    ("See Angew. Chem. Int. Ed. 2019, 58, 1234. The synthesis is in the SI.",
+     ["See Angew. Chem. Int. Ed. 2019, 58, 1234.", "The synthesis is in the SI."]),
+    # still ends: a journal word alone, a name, a dotted acronym that is no journal's
+    ("He works in Med. Then he left.", ["He works in Med.", "Then he left."]),
+    ("I met Nat. He was kind.", ["I met Nat.", "He was kind."]),
+    ("I met Ed. 2 days later he called.", ["I met Ed.", "2 days later he called."]),
+    ("I majored in Econ. U.S. students often do.",
+     ["I majored in Econ.", "U.S. students often do."]),
+])
+def test_a_journal_title_goes_on_to_its_last_word(text, want):
+    """"Proc. Natl. Acad. Sci. U.S.A." was five segments, at the end of a reply or before the
+    next sentence, and "Nat. Commun." and "Angew. Chem." were cut: words of journal titles
+    only went on before a comma or a number ("Nat", "Angew", "Ed" were none of them)."""
+    assert sentences(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("It set the test under s. 1 of the Charter. Read ss. 7 to 10 too.",
+     ["It set the test under s. 1 of the Charter.", "Read ss. 7 to 10 too."]),
+    ("L'art. 1240 du Code civil fixe la responsabilit\u00e9. C'est l'ancien art. 1382.",
+     ["L'art. 1240 du Code civil fixe la responsabilit\u00e9.", "C'est l'ancien art. 1382."]),
+    ("Havo issiq, taxm. 35 \u00b0C. Suv iching.", ["Havo issiq, taxm. 35 \u00b0C.", "Suv iching."]),
+    # seconds after a number still end
+    ("He ran it in 9.58 s. 12 years later it still stands.",
+     ["He ran it in 9.58 s.", "12 years later it still stands."]),
+])
+def test_a_section_an_elided_article_and_the_uzbek_about_go_on_before_a_number(text, want):
+    """"under s. | 1 of the Charter" (Canadian sections), "L'art. | 1240" (the elided article
+    hid "art." from ``_BEFORE_NUMBER``) and the Uzbek "taxm. | 35" (taxminan, about) were
+    cut."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -72,8 +72,12 @@ on how the stream was chunked:
   an initial, another of them or a number (``Fed. R. Civ. P. 12(b)(6)``, ``9th Cir.
   2010``); ``Ln.``, ``Sq.``, ``Ct.`` as ``St.``; a journal-title word (``Appl.``, ``Phys.``,
   ``Proc.``) goes on before more abbreviations that end in a comma or a number (``J. Appl.
-  Phys., Vol. 2``, ``Phys. Rev. Lett. 105``). ``max. 24``, Polish ``ok. 50 zł`` (about)
-  never before a digit; Indonesian ``s.d.`` (until), Slovak ``napr.`` (e.g.) and Bengali
+  Phys., Vol. 2``, ``Phys. Rev. Lett. 105``), or, all of them journal-title words, before
+  a word without a full stop or at the reply's end (``Nat. Commun. in 2021``, ``Proc. Natl.
+  Acad. Sci. U.S.A. The paper``). ``max. 24``, Polish ``ok. 50 zł`` (about)
+  never before a digit, nor a section's ``s. 1`` (not after a number: ``9.58 s. 12``
+  ends), ``art.`` elided (``L'art. 1240``) or the Uzbek ``taxm. 35`` (about);
+  Indonesian ``s.d.`` (until), Slovak ``napr.`` (e.g.) and Bengali
   ``ডা.`` (Dr.) never end one. Chess: a move number before a piece's move
   (``1. e4 e5 2. Nf3``, ``3... Qe7``) and a move's ``??`` or ``!`` before the next number
   (``Nf6?? 4. Qxf7#``) end none.
@@ -323,6 +327,7 @@ _BEFORE_NUMBER = frozenset(
     "lun mié mie jue vie sáb sab dom env "  # Spanish "el lun. 3 de nov."; French "env. 20 min"
     "pon uto sri čet pet sub ned "  # Croatian weekdays: "u pon. 5. svibnja"
     "kb "  # Hungarian "kb. 12 000 Ft" (about)
+    "taxm "  # Uzbek "taxm. 35 °C" (taxminan, about)
     "ps psa prov isa matt rom cor eph deut exod "  # Bible books: "Ps. 23", "1 Cor. 13"
     # Sinhala "ක්‍රි.ව. 1505" (AD) and "ක්‍රි.පූ. 250" (BC)
     "\u0d9a\u0dca\u200d\u0dbb\u0dd2.\u0dc0 \u0d9a\u0dca\u200d\u0dbb\u0dd2.\u0db4\u0dd6 "
@@ -356,9 +361,9 @@ _CHAIN_MOST = 6
 _SECTION_WORDS_MOST = 4
 """How many capitalized words ``_reaches_section`` reads before a ``§`` ("Civ. Code §")."""
 _JOURNAL_WORDS = frozenset(
-    "Acad Adv Am Anal Ann Annu Appl Arch Astron Astrophys Behav Biochem Biol Br Bull Can "
-    "Chem Clin Cogn Commun Comput Curr Ecol Econ Educ Eng Environ Eur Evol Exp Genet Geophys "
-    "Immunol Ind Inf Int Lett Mater Math Mech Med Microbiol Mol Natl Neurosci Nucl Opt "
+    "Acad Adv Am Anal Angew Ann Annu Appl Arch Astron Astrophys Behav Biochem Biol Br Bull Can "
+    "Chem Clin Cogn Commun Comput Curr Ecol Econ Ed Educ Eng Environ Eur Evol Exp Genet Geophys "
+    "Immunol Ind Inf Int Lett Mater Math Mech Med Microbiol Mol Nat Natl Neurosci Nucl Opt "
     "Pharmacol Philos Phys Physiol Proc Psychol Res Rev Sci Soc Stat Struct Syst Technol "
     "Theor Trans".split()
 )
@@ -1154,8 +1159,11 @@ class Segmenter:
                 _UNIT_LETTER.fullmatch(self._next_word(i + 1))):
             return False  # "Bldg. C, Rm. 204", "Ste. B2"
         if (word.lower() in _BEFORE_NUMBER or low.endswith("str") or word in _WEEKDAYS
-                or word == "ok") and nxt.isdigit():  # (a weekday as written: "on Sat. 14
-            # June", not "the sun. 3"; the Polish "ok. 50 zł" (about) as written: "OK. 3")
+                or word == "ok" or base.lower() in _BEFORE_NUMBER  # "L'art. 1240", "d'env. 20"
+                or low in ("s", "ss") and not self._prev_word(ws)[-1:].isdigit()
+                ) and nxt.isdigit():  # (a weekday as written: "on Sat. 14
+            # June", not "the sun. 3"; the Polish "ok. 50 zł" (about) as written: "OK. 3";
+            # a section as "under s. 1 of the Charter", not seconds: "in 9.58 s. 12 more")
             # (the word itself, not a spaced abbreviation ending in it: "см. с. 45", see p.)
             return False
         if low in ("г", "гг") and not any(c.isdigit() for c in self._prev_word(ws)):
@@ -1204,8 +1212,12 @@ class Segmenter:
         acronym is one word of it ("Sci. U.S.A. 116"), and once it is a chain (``chained``:
         an abbreviation stands before ``j``'s), its last word may be capitals without a
         full stop ("Proc. Natl. Acad. Sci. USA 116", "Phys. Rev. B 105"): each of "Proc.",
-        "Natl.", "Acad." and "Sci." ended a sentence there, said as four."""
+        "Natl.", "Acad." and "Sci." ended a sentence there, said as four. Words of journal
+        titles alone (``_JOURNAL_WORDS``, or "U.S.A.") are a chain too before a word without a
+        full stop or at the reply's end ("Nat. Commun. in 2021", "Proc. Natl. Acad. Sci.
+        U.S.A. The paper", "... Sci. U.S.A."): the last of them decides on its own."""
         buf = self._buf
+        words, journal = 0, True  # how many words read; all a journal title's ("U.S.A." too)
         for _ in range(_CHAIN_MOST):
             j = self._past_spaces(j)
             word = self._next_word(j)
@@ -1218,9 +1230,12 @@ class Segmenter:
             while len(word) == 1 and word.isupper() and self._need(k + 1) and buf[k] == "." and (
                     buf[k + 1].isupper() and self._need(k + 2) and buf[k + 2] == "."):
                 k += 2  # "U.S.A.": to its last full stop
-            if not (word[:1].isupper() and word.isalpha() and self._need(k) and buf[k] == "."
-                    and self._need(k + 1)):
-                return False
+            if not (word[:1].isupper() and word.isalpha() and self._need(k) and buf[k] == "."):
+                return words > 0 and journal  # "Nat. Commun. in 2021", "Sci. U.S.A. The"
+            words += 1
+            journal = journal and (word in _JOURNAL_WORDS or k >= j + 5)  # (not "U.S. Army")
+            if not self._need(k + 1):
+                return journal  # the reply ends on a title: "in Proc. Natl. Acad. Sci. U.S.A."
             if buf[k + 1] in ",;:":
                 return True
             if buf[k + 1] not in _SPACE:
