@@ -1872,6 +1872,31 @@ def test_a_section_an_elided_article_and_the_uzbek_about_go_on_before_a_number(t
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("\u1c65\u1c5f\u1c71\u1c5b\u1c5f\u1c72\u1c64 \u1c6f\u1c5f\u1c79\u1c68\u1c65\u1c64 \u1c60\u1c5f"
+     "\u1c71\u1c5f\u1c7e \u1c71\u1c5a\u1c76\u1c5f \u1c6b\u1c5a \u1c60\u1c5f\u1c71\u1c5f\u1c7e",
+     ["\u1c65\u1c5f\u1c71\u1c5b\u1c5f\u1c72\u1c64 \u1c6f\u1c5f\u1c79\u1c68\u1c65\u1c64 \u1c60\u1c5f"
+      "\u1c71\u1c5f\u1c7e",
+      "\u1c71\u1c5a\u1c76\u1c5f \u1c6b\u1c5a \u1c60\u1c5f\u1c71\u1c5f\u1c7e"]),
+    ("\ua9b1\ua9b8\ua992\ua9bc\ua981 \ua9ab\ua9ae\ua9b8\ua983\ua9c9 \ua9a9\ua9a0\ua9b8\ua982 "
+     "\ua9a4\ua9b8\ua9ae\ua9b8\ua9a4\ua9c0\ua9c9",
+     ["\ua9b1\ua9b8\ua992\ua9bc\ua981 \ua9ab\ua9ae\ua9b8\ua983\ua9c9",
+      "\ua9a9\ua9a0\ua9b8\ua982 \ua9a4\ua9b8\ua9ae\ua9b8\ua9a4\ua9c0\ua9c9"]),
+    ("\u1b32\u1b38\u1b32\u1b44\u1b2f\u1b5f \u1b2b\u1b35\u1b22\u1b38\u1b03\u1b5f",
+     ["\u1b32\u1b38\u1b32\u1b44\u1b2f\u1b5f", "\u1b2b\u1b35\u1b22\u1b38\u1b03\u1b5f"]),
+    ("\ua549\ua55c\ua56e \ua514\ua60b\ua60e \ua5d3\ua5ba \ua562\ua60f",
+     ["\ua549\ua55c\ua56e \ua514\ua60b\ua60e", "\ua5d3\ua5ba \ua562\ua60f"]),
+    ("\u182e\u1823\u1829\u182d\u1823\u182f \u1833\u1821\u1837\u1821\u1803 "
+     "\u1832\u1821\u1837\u1821\u1803",
+     ["\u182e\u1823\u1829\u182d\u1823\u182f \u1833\u1821\u1837\u1821\u1803",
+      "\u1832\u1821\u1837\u1821\u1803"]),
+])
+def test_the_ol_chiki_javanese_balinese_vai_and_mongolian_full_stops_end_a_sentence(text, want):
+    """The Ol Chiki ᱾ (Santali), the Javanese ꧉, the Balinese ᭟, the Vai ꘎ and ꘏ and the
+    Mongolian ᠃ were read as letters, so a reply in those scripts was one segment."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

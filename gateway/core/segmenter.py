@@ -13,7 +13,9 @@ on how the stream was chunked:
 * A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
   letter: ``Τι ώρα είναι; Είναι``; also ``؟ ۔ । ॥``, the Armenian ``։``, the Amharic ``።``
   and ``፧``, the Burmese ``။``, the Khmer ``។`` and ``៕``, the Tibetan ``།`` and ``༎`` (not
-  between a verse's ``། །``); a Georgian letter counts as a capital) (plus closing quotes,
+  between a verse's ``། །``), the Santali ``᱾``, the Javanese ``꧉``, the Balinese ``᭟``,
+  the Vai ``꘎`` and ``꘏``, the Mongolian ``᠃``; a Georgian letter counts as a capital)
+  (plus closing quotes,
   brackets, markdown emphasis, citation marks, ``.[1]``,
   ``.[1, 2]``, ``.[1–3]``, and trailing emoji or emoticons: ``Nice try. ;-)``,
   ``Done! :)``, ``xD``) followed by whitespace;
@@ -197,14 +199,17 @@ class Segment:
 
 _TERMINATORS = frozenset(
     ".!?\u2026\u061f\u06d4\u0964\u0965\u037e\u0589\u1362\u1367\u104b\u17d4\u17d5"
-    "\u0f0d\u0f0e")
+    "\u0f0d\u0f0e\u1c7e\u1c7f\ua9c9\u1b5f\ua60e\ua60f\u1803\u1809")
 """Sentence ends followed by a space: . ! ? …, the Arabic question mark ؟, the Urdu full
 stop ۔, the Devanagari dandas । ॥ (Bengali's too), the Greek question mark U+037E (which
 LLMs write as ";": after a Greek letter that one is a question mark too, ``_GREEK``), the
 Armenian full stop ։ (U+0589, not a colon), the Ethiopic full stop ። and question mark ፧
 (Amharic), the Myanmar full stop ။, the Khmer full stops ។ and ៕ (U+17D4, U+17D5) and the
 Tibetan shad and double shad ། ༎ (U+0F0D, U+0F0E; a verse's "། །" pair, whose second shad
-opens the next line, is not cut: ``_TIBETAN_SHADS``)."""
+opens the next line, is not cut: ``_TIBETAN_SHADS``), the Ol Chiki (Santali) full stops ᱾ ᱿
+(U+1C7E, U+1C7F), the Javanese pada lungsi ꧉ (U+A9C9), the Balinese carik pareren ᭟ (U+1B5F),
+the Vai full stop and question mark ꘎ ꘏ (U+A60E, U+A60F) and the Mongolian and Manchu full
+stops ᠃ ᠉ (U+1803, U+1809)."""
 _TIBETAN_SHADS = frozenset("\u0f0d\u0f0e")
 _GEORGIAN = re.compile("[\u10d0-\u10ff]")
 """Georgian letters (Mkhedruli): Unicode calls them lowercase, but the script has no case in
