@@ -1897,6 +1897,22 @@ def test_the_ol_chiki_javanese_balinese_vai_and_mongolian_full_stops_end_a_sente
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("I waited . . . and waited. The bus never came.",
+     ["I waited . . . and waited.", "The bus never came."]),
+    ("It was over . . . Then it began again.", ["It was over . . .", "Then it began again."]),
+    ("The total is . . . $42. Not bad.", ["The total is . . . $42.", "Not bad."]),
+    ("So . . . I think so.", ["So . . . I think so."]),
+    # a full stop before ".NET" still ends
+    ("Done. .NET is great.", ["Done.", ".NET is great."]),
+])
+def test_a_spaced_ellipsis_is_one(text, want):
+    """"I waited . . . and" was cut after the first and the second dot: each dot before a
+    space and another dot ended a sentence; the spaced ellipsis is decided at its last dot,
+    as "..." is."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -10,7 +10,8 @@ can matter (terminators, clause marks, quotes, brackets, newlines, backticks). A
 that needs text not yet received *waits* instead of guessing, so the result never depends
 on how the stream was chunked:
 
-* A sentence ends at ``.``, ``!``, ``?``, ``...``, ``…`` or a Greek ``;`` (after a Greek
+* A sentence ends at ``.``, ``!``, ``?``, ``...`` (or ``. . .``, decided at its last dot),
+  ``…`` or a Greek ``;`` (after a Greek
   letter: ``Τι ώρα είναι; Είναι``; also ``؟ ۔ । ॥``, the Armenian ``։``, the Amharic ``።``
   and ``፧``, the Burmese ``။``, the Khmer ``។`` and ``៕``, the Tibetan ``།`` and ``༎`` (not
   between a verse's ``། །``), the Santali ``᱾``, the Javanese ``꧉``, the Balinese ``᭟``,
@@ -1006,6 +1007,12 @@ class Segmenter:
             self._pos = max(end, i + 1) if nxt == "\n" else len(buf)
             self._quote, self._paren = quote, paren
             return False
+        if run == "." and nxt == "." and end == j and (
+                not self._need(k + 1) or buf[k + 1] in _SPACE or buf[k + 1] == "."):
+            self._pos = j  # "I waited . . . and": a spaced ellipsis, decided at its last dot
+            return False
+        if run == "." and i >= 4 and buf[i - 4:i] == ". . ":
+            i, run = i - 4, ". . ."  # its last dot: decided as "..." is ("and" goes on)
         while nxt in _OPENERS and self._need(k + 1) and buf[k + 1] not in _SPACE:
             k += 1  # "9 a.m. (It closes": the bracket's first letter decides
             nxt = buf[k]
