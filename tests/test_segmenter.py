@@ -1913,6 +1913,27 @@ def test_a_spaced_ellipsis_is_one(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Haha, that's a good one ^_^ Want another joke?",
+     ["Haha, that's a good one ^_^", "Want another joke?"]),
+    ("I honestly don't know \u00af\\_(\u30c4)_/\u00af Maybe ask the store?",
+     ["I honestly don't know \u00af\\_(\u30c4)_/\u00af", "Maybe ask the store?"]),
+    ("You got all ten right! (^o^)/ That's a new record.",
+     ["You got all ten right! (^o^)/", "That's a new record."]),
+    ("I cried (T_T) It was sad.", ["I cried (T_T)", "It was sad."]),
+    # brackets that are no face still go on and open a bracket
+    ("It costs (1/2) less. Then go.", ["It costs (1/2) less.", "Then go."]),
+    ("See (e.g. Smith. Jones) here. Then go.", ["See (e.g. Smith. Jones) here.", "Then go."]),
+    ("x ^2 and ^ up. Then.", ["x ^2 and ^ up.", "Then."]),
+])
+def test_a_face_written_as_a_word_ends_a_sentence(text, want):
+    """A face with no mark before it was read as a word ("good one ^_^ Want" one segment),
+    a face in brackets after "!" opened the next sentence ("right! | (^o^)/ That's"), and
+    the shrug's bracket hid the end after it: they go with the sentence before them, as
+    ":)" does."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -97,7 +97,8 @@ on how the stream was chunked:
   cut, whether the reply came at once or in pieces). Nor inside inline code
   (```Hello. World.```), closed on its line within ``quote_max_chars`` (else a stray
   backtick).
-* An emoji or an emoticon (``:D``, ``:(``, written as a word; ``:)``, ``;)``, ``:(`` also
+* An emoji or an emoticon (``:D``, ``:(``, ``^_^``, a face in brackets ``(^o^)/``, ``(T_T)``
+  or the shrug ``¯\\_(ツ)_/¯``, written as a word; ``:)``, ``;)``, ``:(`` also
   glued to one: ``great:)``) before a capitalized word (or a Georgian one) ends a sentence
   (``got me there :D That one's``, ``Sorry:( I was``, ``დღეს 🎂 ეს``); an emoticon's
   bracket opens or closes none (a glued ``:)`` closes a bracket that is open:
@@ -243,7 +244,7 @@ _EMOJI_RANGES = "\U0001F000-\U0001FFFF\u2600-\u27BF\u2B00-\u2BFF"
 # Characters the scanner stops at; everything else is skipped with one regex search.
 _STOP = re.compile("[" + re.escape("".join(sorted(
     _TERMINATORS | _CLAUSE | _QUOTES_AND_BRACKETS | _CJK_TERMINATORS | _CJK_CLAUSE
-    | _CJK_OPENERS | _CJK_CLOSERS | {"\n", "`"}))) + _EMOJI_RANGES + "]")
+    | _CJK_OPENERS | _CJK_CLOSERS | {"\n", "`", "^", "\u00af"}))) + _EMOJI_RANGES + "]")
 _CLOSERS = frozenset("\"'\u201d\u2019)]*_")
 _QUOTE_CLOSERS = frozenset("\u201c\u00ab\u00bb")
 """“ « »: they close a quote that is open (German „…“ and »…«, French, Spanish, Italian
@@ -534,6 +535,14 @@ _SAN = re.compile(r"[KQRBN][a-h]?[1-8]?x?[a-h][1-8]")
 _EMOTICON = re.compile(r"[:;=]'?-?[()\[\]DPpOo3/\\|*]|[xX]D|<3|\^_?\^")
 """An emoticon written as a word of its own (":)", ";-)", ":'(", "xD", "<3"): it stays with
 the sentence before it, as an emoji does, and its bracket opens or closes none."""
+_KAOMOJI = re.compile(
+    "\\((?=[^()\\s]*[\\^_\u00b0\u25bd\u03c9\u2267\u2266\u00b4\u25d5\u203f\u30c4\u25a1\u256f\uff3e])"
+    "(?![^()\\s]*(?:\\d|[^\\W\\d_]{2}))[^()\\s]{1,7}\\)[/\\\\\u30ce\uff89\u256f]*"
+    "|\u00af\\\\{1,2}_\\(\u30c4\\)_/\u00af")
+"""A face in brackets written as a word ("(^o^)/", "(T_T)", "(＾▽＾)", "(╯°□°)╯") or the shrug
+"¯\\_(ツ)_/¯": as an emoticon, it stays with the sentence before it and opens no bracket.
+Inside the brackets no digit and no two letters in a row ("(1/2)", "(n_max)", "(e.g.)" are
+none), and one of the marks faces are drawn with."""
 _GLUED_FACE = re.compile(r"[:;]-?[()]")
 """An emoticon glued to the word before it ("great:)", "Sorry:("): only these, since
 "Answer:D" may be a choice."""
@@ -799,6 +808,12 @@ class Segmenter:
                     self._quote = 1
                 elif c == "\u201d":
                     self._quote = 0
+                elif c in "(^\u00af" and (i == 0 or buf[i - 1] in _SPACE) and (
+                        e := self._emoticon(i) if c == "^" else self._kaomoji(i)) > 0:
+                    # a face as a word: "good one ^_^ Want", "(^o^)/", "¯\_(ツ)_/¯ Maybe"
+                    if self._ends_after(i, e, out):  # sets _pos either way
+                        buf = self._buf
+                    continue
                 elif c in "([" or c in _CJK_OPENERS:
                     self._paren += 1
                 elif c in ")]" or c in _CJK_CLOSERS:
@@ -991,6 +1006,11 @@ class Segmenter:
                 if e > 0:
                     end = e
                     continue
+            if k > end and k < len(buf) and buf[k] in "(\u00af":
+                e = self._kaomoji(k)  # "All right! (^o^)/ That's"
+                if e > 0:
+                    end = e
+                    continue
             break
         if end < len(buf) and buf[end] not in _SPACE and buf[end] != "\n":
             self._pos = j  # "8.4", "example.org", "?q=1": not a boundary
@@ -1092,6 +1112,19 @@ class Segmenter:
             if e - k > 4:
                 return -1  # longer than any emoticon ("xylophone")
         return e if _EMOTICON.fullmatch(buf, k, e) else -1
+
+    def _kaomoji(self, k: int) -> int:
+        """The end of a face in brackets or a shrug (``_KAOMOJI``) written as a word at ``k``,
+        or -1 (waits for the space after it)."""
+        buf = self._buf
+        if self._need(k + 2) and buf[k + 1].isalnum() and buf[k + 2].isalnum():
+            return -1  # "(the", "(2024": most brackets, told at once
+        e = k
+        while self._need(e) and buf[e] not in _SPACE and buf[e] != "\n":
+            e += 1
+            if e - k > 12:
+                return -1  # longer than any face
+        return e if _KAOMOJI.fullmatch(buf, k, e) else -1
 
     def _ends_sentence(self, i: int, run: str, nxt: str) -> bool:
         if nxt == "|":
