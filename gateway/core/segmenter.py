@@ -1203,10 +1203,11 @@ class Segmenter:
         if low in _UNITS_BEFORE_LETTER and nxt.isupper() and (
                 _UNIT_LETTER.fullmatch(self._next_word(i + 1))):
             return False  # "Bldg. C, Rm. 204", "Ste. B2"
-        if (word.lower() in _BEFORE_NUMBER or low.endswith("str") or word in _WEEKDAYS
+        if nxt.isdigit() and (
+                word.lower() in _BEFORE_NUMBER or low.endswith("str") or word in _WEEKDAYS
                 or word == "ok" or base.lower() in _BEFORE_NUMBER  # "L'art. 1240", "d'env. 20"
-                or low in ("s", "ss") and not self._prev_word(ws)[-1:].isdigit()
-                ) and nxt.isdigit():  # (a weekday as written: "on Sat. 14
+                or low in ("s", "ss") and not self._prev_word(ws)[-1:].isdigit()):
+            # (a weekday as written: "on Sat. 14
             # June", not "the sun. 3"; the Polish "ok. 50 zł" (about) as written: "OK. 3";
             # a section as "under s. 1 of the Charter", not seconds: "in 9.58 s. 12 more")
             # (the word itself, not a spaced abbreviation ending in it: "см. с. 45", see p.)
