@@ -31,7 +31,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 
 from bench.process_stats import peak_rss_bytes  # noqa: E402
 from engines import espeak  # noqa: E402
@@ -73,12 +72,12 @@ def run_espeak_raw() -> Run:
 
     class RawSink:
         def __init__(self) -> None:
-            self.buffers: list[np.ndarray] = []
+            self.buffers: list[bytes] = []
             self.first: float | None = None
             self.error: BaseException | None = None
             self.calls = 0
 
-        def accept(self, samples: np.ndarray | None) -> int:
+        def accept(self, samples: bytes | None) -> int:
             if samples is not None and self.first is None:
                 self.first = time.perf_counter()
             if samples is not None:
@@ -103,7 +102,7 @@ def run_espeak_raw() -> Run:
             finally:
                 lib.sink = None
         total = time.perf_counter() - t0
-        n = sum(len(b) for b in sink.buffers)
+        n = sum(len(b) for b in sink.buffers) // 2
         return (sink.first or t0 + total) - t0, total, n / espeak.ESPEAK_RATE
 
     return run

@@ -51,11 +51,16 @@ thread aborts a long synthesis within one buffer.
 
 from __future__ import annotations
 
-import ctypes
 import difflib
+import json
 import os
 import re
+import select
+import signal
+import subprocess
+import sys
 import threading
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Protocol
@@ -65,37 +70,26 @@ import soxr
 
 from engines.base import OUTPUT_RATE, EngineError, Lane, SynthesisRequest, Uninterruptible
 from engines.espeak_languages import for_language
+from engines.espeak_library import (  # noqa: F401 - re-exported: tests and bench use them
+    _CHARS_UTF8,
+    _EE_OK,
+    _ENDPAUSE,
+    _POS_CHARACTER,
+    _RATE,
+    BUFFER_MS,
+    DEFAULT_STEP_MS,
+    DEFAULT_VOICE,
+    ESPEAK_RATE,
+    RATE_MAX,
+    RATE_MIN,
+    RATE_NORMAL,
+    _elf_symbols,
+    _find_counters,
+    _Library,
+)
+from engines.espeak_worker import HEADER, SYNTH
 from engines.spell import amounts_in_words, english_readings
 
-ESPEAK_RATE = 22_050
-"""What libespeak-ng produces, in Hz."""
-DEFAULT_VOICE = "en-us"
-DEFAULT_STEP_MS = 200
-BUFFER_MS = 50
-RATE_NORMAL = 175
-"""espeak's default speaking rate, words per minute; ``speed=1.0`` maps to it."""
-RATE_MIN, RATE_MAX = 80, 450
-"""libespeak-ng's own limits (words per minute): it clamps a rate outside them."""
-
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_POS_CHARACTER = 1
-_CHARS_UTF8 = 1
-_ENDPAUSE = 0x1000
-_RATE = 1  # espeak_PARAMETER espeakRATE
-_EE_OK = 0
-_N_FLUTTER = 0x170
-"""Entries in wavegen.c's flutter table; ``Flutter_ix`` counts 64 per entry and wraps."""
-_WAVEGEN_COUNTERS = {
-    "flutter": re.compile(r"(?:AdvanceParameters\.)?Flutter_ix(?:\.\d+)?"),
-    "cycles": re.compile(r"(?:Wavegen\.)?cycle_count(?:\.\d+)?"),
-}
-"""wavegen.c's function-local statics that carry over between syntheses, as compilers name
-them in the symbol table (gcc: ``Flutter_ix.5965``; clang: ``AdvanceParameters.Flutter_ix``)."""
-_KLATT_COUNTERS = {
-    "flutter": re.compile(r"(?:flutter\.)?time_count(?:\.\d+)?"),
-}
-"""klatt.c's function-local statics that carry over (gcc: ``time_count.5765``), reset when
-found; a build without the Klatt synthesiser has none, and its other voices need none."""
 _SIGN = re.compile(r"(?:(?<=^)|(?<=[\s(\[=/]))[-\u2013](?=\d)")
 """A minus sign written as a hyphen or an en dash, before a digit and after a space, an
 opening bracket, ``=`` or ``/``. espeak says "minus" for ``-5`` after a space but drops
@@ -169,217 +163,9 @@ def espeak_text(text: str, *, english: bool = False) -> str:
                                     _dotted_letters_parted(_SIGN.sub("\u2212", text)))
 
 
-class _Voice(ctypes.Structure):
-    _fields_ = [
-        ("name", ctypes.c_char_p),
-        ("languages", ctypes.c_void_p),  # (priority byte, NUL-terminated name)*, then 0
-        ("identifier", ctypes.c_char_p),
-        ("gender", ctypes.c_ubyte),
-        ("age", ctypes.c_ubyte),
-        ("variant", ctypes.c_ubyte),
-        ("xx1", ctypes.c_ubyte),
-        ("score", ctypes.c_int),
-        ("spare", ctypes.c_void_p),
-    ]
-
-
-# The samples arrive as a bare address (c_void_p), read with one string_at copy: typed as
-# POINTER(c_short) and viewed through numpy.ctypeslib, each call left a ctypes.cast
-# keep-alive cycle that only a full garbage collection frees.
-_SynthCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
-
-
-class _Library:
-    """libespeak-ng, initialised once per process; every call made under ``lock``."""
-
-    lock = threading.Lock()
-    _instance: _Library | None = None
-
-    def __init__(self) -> None:
-        import espeakng_loader
-
-        data_path = espeakng_loader.get_data_path()
-        lib = ctypes.CDLL(espeakng_loader.get_library_path())
-        lib.espeak_Initialize.restype = ctypes.c_int
-        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.espeak_SetSynthCallback.restype = None
-        lib.espeak_SetSynthCallback.argtypes = [_SynthCallback]
-        lib.espeak_SetVoiceByName.restype = ctypes.c_int
-        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        lib.espeak_SetParameter.restype = ctypes.c_int
-        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
-        lib.espeak_ListVoices.argtypes = [ctypes.c_void_p]
-        lib.espeak_Synth.restype = ctypes.c_int
-        lib.espeak_Synth.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_size_t,
-            ctypes.c_uint,
-            ctypes.c_int,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
-        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, BUFFER_MS, data_path.encode(), 0)
-        if rate != ESPEAK_RATE:
-            raise EngineError("engine_failed", f"espeak_Initialize returned {rate}")
-        self.lib = lib
-        # One callback for the process, kept alive here; it forwards to the current sink.
-        self.sink: _Sink | None = None
-        self._callback = _SynthCallback(self._on_audio)
-        lib.espeak_SetSynthCallback(self._callback)
-        self.voices = self._list_voices(Path(data_path))
-        self.variants = frozenset(
-            p.name for p in (Path(data_path) / "voices" / "!v").iterdir() if p.is_file()
-        )
-        self._counters = _find_counters(lib, espeakng_loader.get_library_path())
-        self._seed = getattr(lib, "espeak_ng_SetRandSeed", None)
-        if self._seed is not None:
-            self._seed.restype = ctypes.c_int
-            self._seed.argtypes = [ctypes.c_long]
-        self._srand = getattr(ctypes.CDLL(None), "srand", None)  # speechPlayer's noise
-        if self._srand is not None:
-            self._srand.restype = None
-            self._srand.argtypes = [ctypes.c_uint]
-        self.deterministic = self._counters is not None and self._seed is not None
-
-    def reset(self) -> None:
-        """Put the state one synthesis leaves for the next back as it was at start-up."""
-        if self._counters is not None:
-            for counter in self._counters:
-                counter.value = 0
-        if self._seed is not None:
-            self._seed(0)
-        if self._srand is not None:
-            self._srand(1)
-
-    @classmethod
-    def get(cls) -> _Library:
-        """The process's library (call with ``lock`` held)."""
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
-
-    def _on_audio(self, wav: int | None, n: int, events: int) -> int:
-        sink = self.sink
-        if sink is None:
-            return 1
-        try:
-            return sink.accept(np.frombuffer(ctypes.string_at(wav, 2 * n), np.int16)
-                               if n > 0 and wav else None)
-        except BaseException as exc:  # noqa: BLE001 - never unwind through C; re-raised later
-            sink.error = exc
-            return 1
-
-    def _list_voices(self, data: Path) -> dict[str, str]:
-        """Usable voice name → espeak identifier: file names (``en-us``) and languages
-        (``en-gb``), lower case; the first voice claiming a name wins. A voice whose
-        dictionary the data lacks is left out: the wheel lists ``fo``, ``kaa`` and ``xex``
-        without theirs, and they said every word letter by letter, after "Can't read
-        dictionary file" on stderr."""
-        names: dict[str, str] = {}
-        entries = self.lib.espeak_ListVoices(None)
-        i = 0
-        while entries[i]:
-            v = entries[i].contents
-            ident = v.identifier.decode()
-            if not (data / f"{_dictionary(data / 'lang' / ident)}_dict").is_file():
-                i += 1
-                continue
-            candidates = [os.path.basename(ident).lower()]
-            p = v.languages
-            while ctypes.c_ubyte.from_address(p).value:
-                lang = ctypes.string_at(p + 1)
-                candidates.append(lang.decode().lower())
-                p += len(lang) + 2
-            for c in candidates[:2]:  # file name and primary language; not bare "en" aliases
-                names.setdefault(c, ident)
-            i += 1
-        return names
-
-
-def _dictionary(voice_file: Path) -> str:
-    """The dictionary a voice file names: its ``dictionary`` line, else its first
-    language without the region (``pt-br``: ``pt``), as libespeak-ng picks it."""
-    first = None
-    try:
-        lines = voice_file.read_text("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    for line in lines:
-        words = line.split()
-        if len(words) >= 2 and words[0] == "dictionary":
-            return words[1]
-        if len(words) >= 2 and words[0] == "language" and first is None:
-            first = words[1].split("-")[0]
-    return first or ""
-
-
-def _find_counters(lib: ctypes.CDLL, path: str | os.PathLike[str]) -> list[ctypes.c_int] | None:
-    """wavegen.c's carried-over counters as ints in the loaded library, then klatt.c's where
-    this build names them; None if it does not name wavegen.c's (stripped, not ELF) or they
-    do not look like those counters."""
-    try:
-        symbols = _elf_symbols(path)
-    except (ImportError, OSError, ValueError):  # ImportError: pyelftools (Linux only) absent
-        return None
-    synth = symbols.get("espeak_Synth")
-    if synth is None:
-        return None
-    address = ctypes.cast(lib.espeak_Synth, ctypes.c_void_p).value
-    if address is None:
-        return None
-    base = address - synth[0]
-    if base % 4096:
-        return None  # the symbol table is not the one of the mapped file
-    counters = []
-    for pattern in _WAVEGEN_COUNTERS.values():
-        found = [v for name, v in symbols.items() if pattern.fullmatch(name)]
-        if len(found) != 1 or found[0][1] != ctypes.sizeof(ctypes.c_int):
-            return None
-        counters.append(ctypes.c_int.from_address(base + found[0][0]))
-    flutter, cycles = counters
-    if not (0 <= flutter.value < _N_FLUTTER * 64 and flutter.value % 64 == 0 and cycles.value >= 0):
-        return None
-    for pattern in _KLATT_COUNTERS.values():
-        found = [v for name, v in symbols.items() if pattern.fullmatch(name)]
-        if len(found) == 1 and found[0][1] == ctypes.sizeof(ctypes.c_int):
-            counter = ctypes.c_int.from_address(base + found[0][0])
-            if counter.value >= 0:
-                counters.append(counter)
-    return counters
-
-
-def _elf_symbols(path: str | os.PathLike[str]) -> dict[str, tuple[int, int]]:
-    """Data objects and functions of an ELF file's ``.symtab``: name → (value, size)."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
-    try:
-        with open(path, "rb") as f:
-            symtab = ELFFile(f).get_section_by_name(".symtab")
-            if not isinstance(symtab, SymbolTableSection):
-                return {}
-            return {sym.name: (sym["st_value"], sym["st_size"])
-                    for sym in symtab.iter_symbols()
-                    if sym["st_info"]["type"] in ("STT_OBJECT", "STT_FUNC")}
-    except ELFError as exc:  # not ELF (macOS), or damaged: no reset
-        raise ValueError(str(exc)) from exc
-
-
-class _Sink(Protocol):
-    """What the callback forwards a call's audio to: ``_Synthesis`` (the raw baseline of
-    bench/engines_offline.py keeps the buffers instead). ``accept`` returns 1 to stop."""
-
-    error: BaseException | None
-
-    def accept(self, samples: np.ndarray | None) -> int: ...
-
-
 class _Synthesis:
-    """The callback's sink for one ``espeak_Synth`` call: resamples into ``out``.
+    """The sink of one synthesis's 22,050 Hz buffers (from the library's callback in
+    process, from the worker's frames otherwise): resamples into the stream.
 
     The resampler works in float32 and this class rounds to int16 itself: soxr's own int16
     output dithers, and in the soxr wheel that dither read heap memory soxr never
@@ -392,12 +178,13 @@ class _Synthesis:
         self.error: BaseException | None = None
         self.calls = 0
 
-    def accept(self, samples: np.ndarray | None) -> int:
+    def accept(self, samples: bytes | None) -> int:
         self.calls += 1
         if self.stream.closed:
             return 1
-        if samples is not None and len(samples):
-            self.stream._push(_pcm16(self.resampler.resample_chunk(samples.astype(np.float32))))
+        if samples:
+            pcm = np.frombuffer(samples, np.int16).astype(np.float32)
+            self.stream._push(_pcm16(self.resampler.resample_chunk(pcm)))
         return 0
 
     def flush(self) -> None:
@@ -413,6 +200,209 @@ def _pcm16(samples: np.ndarray) -> np.ndarray:
     return samples.astype(np.int16)
 
 
+class _Backend(Protocol):
+    """Where the library runs: in this process (``_InProcess``) or in a worker
+    (``_Worker``)."""
+
+    voices: dict[str, str]
+    variants: frozenset[str]
+    deterministic: bool
+
+    @property
+    def alive(self) -> bool: ...
+
+    def synthesise(self, text: bytes, voice: bytes, rate: int, sink: _Synthesis) -> tuple[int, int]:
+        """espeak_Synth's result and how many buffers espeak delivered."""
+        ...
+
+    def abort(self, sink: _Synthesis) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _InProcess:
+    """The library in the gateway's own process (``in_process=True``): a crash of it is the
+    gateway's. The callback checks the stream's ``closed`` flag at every buffer."""
+
+    alive = True
+
+    def __init__(self) -> None:
+        with _Library.lock:
+            try:
+                self.lib = _Library.get()
+            except OSError as exc:
+                raise EngineError("engine_failed", f"cannot load libespeak-ng: {exc}") from exc
+        self.voices = self.lib.voices
+        self.variants = self.lib.variants
+        self.deterministic = self.lib.deterministic
+
+    def synthesise(self, text: bytes, voice: bytes, rate: int, sink: _Synthesis) -> tuple[int, int]:
+        with _Library.lock:
+            err = self.lib.synthesise(text, voice, rate, sink)
+        return err, sink.calls
+
+    def abort(self, sink: _Synthesis) -> None:
+        pass  # the callback sees the stream closed at its next buffer
+
+    def close(self) -> None:
+        pass  # initialised once per process, never terminated: another engine may use it
+
+
+ABORT_GRACE_S = 1.0
+"""How long a worker may stay silent once the stream it speaks for is closed (it was sent an
+abort, which a working one answers within a buffer) before it is taken for hung and killed."""
+START_TIMEOUT_S = 30.0
+"""How long a worker may take to load the library and list its voices (~0.1 s here)."""
+
+
+class _Worker:
+    """libespeak-ng in a process of its own (``engines.espeak_worker``, whose doc gives the
+    frames): one synthesis at a time (``lock``); ``abort`` may be called from any thread."""
+
+    def __init__(self) -> None:
+        import espeakng_loader
+
+        library, data = espeakng_loader.get_library_path(), espeakng_loader.get_data_path()
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)  # the worker imports these engines
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engines.espeak_worker", str(library), str(data)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in, self._out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self.lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._in_flight: _Synthesis | None = None
+        self._aborted = False
+        self._dead = False
+        try:
+            kind, payload = self._frame(None, START_TIMEOUT_S)
+        except EngineError as exc:
+            self.close()
+            raise EngineError(exc.code, f"cannot start the espeak worker: {exc.message}") from None
+        if kind != b"H":
+            self.close()
+            message = payload.decode("utf-8", "replace")
+            raise EngineError("engine_failed", f"cannot load libespeak-ng: {message}")
+        hello = json.loads(payload)
+        self.voices: dict[str, str] = hello["voices"]
+        self.variants = frozenset(hello["variants"])
+        self.deterministic: bool = hello["deterministic"]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead and self.proc.poll() is None
+
+    def synthesise(self, text: bytes, voice: bytes, rate: int, sink: _Synthesis) -> tuple[int, int]:
+        with self.lock:
+            if not self.alive:
+                raise self._death(len(text))
+            with self._write_lock:
+                self._aborted = False
+                self._in_flight = sink
+                self._send(b"S", SYNTH.pack(rate, len(voice)) + voice + text)
+            try:
+                while True:
+                    kind, payload = self._frame(sink, None, len(text))
+                    if kind == b"E":
+                        break
+                    if kind == b"P" and sink.error is None and not self._aborted:
+                        try:
+                            stop = sink.accept(payload)
+                        except BaseException as exc:  # noqa: BLE001 - re-raised by the stream
+                            sink.error, stop = exc, 1
+                        if stop:
+                            self.abort(sink)
+            finally:
+                with self._write_lock:
+                    self._in_flight = None
+        end = json.loads(payload)
+        if "refused" in end:
+            raise EngineError("unknown_voice", end["refused"])
+        return end["err"], end["callbacks"]
+
+    def abort(self, sink: _Synthesis) -> None:
+        """Stop ``sink``'s synthesis if it is the one in flight (at once, from any thread)."""
+        with self._write_lock:
+            if self._in_flight is sink and not self._aborted and not self._dead:
+                self._aborted = True
+                try:
+                    self._send(b"A", b"")
+                except OSError:
+                    pass  # the worker is gone: the reader sees its EOF
+
+    def close(self) -> None:
+        """End the worker (EOF on its stdin, then SIGKILL if it has not exited within
+        ``ABORT_GRACE_S``) and wait for it; its pipes closed."""
+        with self._write_lock:
+            self._dead = True
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(ABORT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        with self.lock:  # a reader in flight sees EOF now and lets go
+            self.proc.stdout.close()  # type: ignore[union-attr]
+
+    def _send(self, kind: bytes, payload: bytes) -> None:
+        data = memoryview(HEADER.pack(kind, len(payload)) + payload)
+        while data:
+            data = data[os.write(self._in, data):]
+
+    def _frame(self, sink: _Synthesis | None, timeout: float | None,
+               text_len: int = 0) -> tuple[bytes, bytes]:
+        header = self._read(HEADER.size, sink, timeout, text_len)
+        kind, n = HEADER.unpack(header)
+        return kind, self._read(n, sink, timeout, text_len) if n else b""
+
+    def _read(self, n: int, sink: _Synthesis | None, timeout: float | None,
+              text_len: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            wait = timeout if timeout is not None else ABORT_GRACE_S
+            if not select.select([self._out], [], [], wait)[0]:
+                if timeout is not None or (sink is not None and sink.stream.closed):
+                    # closed and silent after an abort, or not started in time: hung
+                    self._kill()
+                    raise EngineError("engine_failed", "espeak worker hung: killed")
+                continue  # still speaking a long text (or hung: the lane's step timeout says)
+            chunk = os.read(self._out, n - len(buf))
+            if not chunk:
+                raise self._death(text_len)
+            buf += chunk
+        return bytes(buf)
+
+    def _kill(self) -> None:
+        with self._write_lock:
+            self._dead = True
+        self.proc.kill()
+        self.proc.wait()
+
+    def _death(self, text_len: int) -> EngineError:
+        with self._write_lock:
+            self._dead = True
+        try:
+            code = self.proc.wait(ABORT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        if code < 0:
+            try:
+                how = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"signal {-code}"
+        else:
+            how = f"exit code {code}"
+        return EngineError("engine_failed", f"espeak worker died ({how}) speaking "
+                           f"{text_len} bytes of text; the next sentence starts a new one")
+
+
 class EspeakEngine(Uninterruptible):
     """libespeak-ng on the cpu lane; reads digits itself; ~700x faster than real time."""
 
@@ -421,18 +411,24 @@ class EspeakEngine(Uninterruptible):
     streams = True
     reads_digits = True
     thread_safe = True
-    """Every library call is made under one lock (``engines.base``)."""
+    """One synthesis at a time in the worker (or, in process, under one lock) (``engines.base``)."""
     speed_range = (RATE_MIN / RATE_NORMAL, RATE_MAX / RATE_NORMAL)
     """0.46-2.57: the rates espeak speaks at (``RATE_MIN``, ``RATE_MAX``)."""
     timing = {"first_s": 0.001, "rtf": 0.0013}
     """For placing turns between lanes (``engines.base``): measured on a 2-core Linux box."""
 
-    def __init__(self, *, voice: str = DEFAULT_VOICE, step_ms: int = DEFAULT_STEP_MS) -> None:
+    def __init__(self, *, voice: str = DEFAULT_VOICE, step_ms: int = DEFAULT_STEP_MS,
+                 in_process: bool = False) -> None:
         if step_ms <= 0:
             raise ValueError(f"step_ms must be an integer above 0, not {step_ms!r}")
         self.default_voice = voice
         self.step_samples = round(step_ms / 1000 * OUTPUT_RATE)
-        self._lib: _Library | None = None
+        self.in_process = in_process
+        """libespeak-ng in the gateway's process instead of a worker: a crash of the library
+        is then the gateway's (the module doc)."""
+        self._lib: _Backend | None = None
+        self._lib_lock = threading.Lock()
+        self._finalizer: weakref.finalize | None = None
         self._closed = False
         self._streams: set[EspeakStream] = set()
         self._streams_lock = threading.Lock()
@@ -440,21 +436,21 @@ class EspeakEngine(Uninterruptible):
     @property
     def deterministic(self) -> bool:
         """Whether one text and voice give the same bytes on every call (see the module doc)."""
-        with _Library.lock:
-            return _Library.get().deterministic
+        return self._backend().deterministic
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's id (None in process, or before it started)."""
+        lib = self._lib
+        return lib.pid if isinstance(lib, _Worker) else None
 
     def voices(self) -> list[str]:
-        with _Library.lock:
-            return sorted(_Library.get().voices)
+        return sorted(self._backend().voices)
 
     def load(self) -> None:
         if self._closed:
             raise EngineError("engine_closed", "espeak engine is closed")
-        with _Library.lock:
-            try:
-                self._lib = _Library.get()
-            except OSError as exc:
-                raise EngineError("engine_failed", f"cannot load libespeak-ng: {exc}") from exc
+        self._backend()
         try:  # a bad default voice fails at load, not mid-turn
             self._resolve(self.default_voice)
         except EngineError as exc:
@@ -489,12 +485,32 @@ class EspeakEngine(Uninterruptible):
             streams, self._streams = list(self._streams), set()
         for s in streams:
             s.close()
+        with self._lib_lock:
+            if self._finalizer is not None:
+                self._finalizer()  # ends the worker
+
+    def _backend(self) -> _Backend:
+        """The library, started if need be: a worker that died is replaced by a new one."""
+        with self._lib_lock:
+            if self._closed and not isinstance(self._lib, _InProcess):
+                raise EngineError("engine_closed", "espeak engine is closed")
+            if self._lib is None or not self._lib.alive:
+                if self._finalizer is not None:
+                    self._finalizer()  # the dead worker's pipes
+                if self.in_process:
+                    self._lib = _InProcess()
+                else:
+                    worker = _Worker()
+                    self._lib = worker
+                    # an engine nobody closed ends its worker when it is collected
+                    self._finalizer = weakref.finalize(self, worker.close)
+            return self._lib
 
     def _voices_like(self, voice: str) -> str:
         """What to write instead of ``voice``, for the refusal at start (--voice, [tts]
         voice), where no /v1/audio/voices can be asked yet: "espeak has no voice 'en_us'"
         said nothing of what the voices are called."""
-        voices = (self._lib or _Library.get()).voices
+        voices = self._backend().voices
         like = difflib.get_close_matches(voice.lower().partition("+")[0].replace("_", "-"),
                                          voices, n=3)
         return (f"like it: {', '.join(like)}; " if like else "") + \
@@ -504,7 +520,7 @@ class EspeakEngine(Uninterruptible):
     def _resolve(self, voice: str) -> bytes:
         """``en-us`` or ``en-gb+f3`` → the identifier string espeak_SetVoiceByName wants."""
         base, plus, variant = voice.lower().partition("+")
-        lib = self._lib or _Library.get()
+        lib = self._lib or self._backend()
         ident = lib.voices.get(base)
         if ident is None or (plus and variant not in {v.lower() for v in lib.variants}):
             raise EngineError("unknown_voice", f"espeak has no voice {voice!r}")
@@ -530,6 +546,8 @@ class EspeakStream(Uninterruptible):
         self._pending_len = 0
         self._lock = threading.Lock()
         self._synthesised = False
+        self._sink: _Synthesis | None = None
+        self._lib: _Backend | None = None
         self.closed = False
         self.callbacks = 0
         """How many audio buffers espeak delivered (for tests of the abort path)."""
@@ -538,8 +556,8 @@ class EspeakStream(Uninterruptible):
         if self.closed:
             return None
         if not self._synthesised:
-            self._synthesise()
             self._synthesised = True
+            self._synthesise()
         with self._lock:
             if self.closed or not self._pending_len:
                 self._release()
@@ -551,6 +569,9 @@ class EspeakStream(Uninterruptible):
         with self._lock:
             self._pending.clear()
             self._pending_len = 0
+        sink, lib = self._sink, self._lib
+        if sink is not None and lib is not None:
+            lib.abort(sink)  # a worker stops at its next buffer; close never waits for it
         self._release()
 
     def _release(self) -> None:
@@ -583,27 +604,18 @@ class EspeakStream(Uninterruptible):
         if not text.strip():
             return
         sink = _Synthesis(self)
-        with _Library.lock:
-            lib = _Library.get()
-            if lib.lib.espeak_SetVoiceByName(self._voice) != _EE_OK:
-                raise EngineError("unknown_voice", f"espeak refused voice {self._voice!r}")
-            lib.lib.espeak_SetParameter(_RATE, self._rate, 0)
-            lib.reset()
-            lib.sink = sink
-            try:
-                err = lib.lib.espeak_Synth(
-                    text,
-                    len(text) + 1,
-                    0,
-                    _POS_CHARACTER,
-                    0,
-                    _CHARS_UTF8 | _ENDPAUSE,
-                    None,
-                    None,
-                )
-            finally:
-                lib.sink = None
-        self.callbacks = sink.calls
+        self._lib = self._engine._backend()
+        self._sink = sink
+        if self.closed:
+            return
+        try:
+            err, self.callbacks = self._lib.synthesise(text, self._voice, self._rate, sink)
+        except EngineError:
+            if self.closed:
+                return  # closed mid-synthesis: its worker's end is no failure of this stream
+            raise
+        finally:
+            self._sink = None
         if sink.error is not None:
             raise EngineError("engine_failed", f"espeak callback failed: {sink.error}") from (
                 sink.error

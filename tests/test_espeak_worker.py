@@ -1,0 +1,185 @@
+"""libespeak-ng in its worker process: a crash, a kill or a hang of the library costs the
+sentence it was speaking; the next one speaks with a new worker. The library is real, and
+so are its crashes: the parent's guard (``espeak_text``) is set aside for the text that
+must reach the worker unguarded."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import threading
+
+import pytest
+
+from engines import espeak
+from engines.base import EngineError, SynthesisRequest
+from tests.hang_guard import HANG_S
+from tests.wsclient import read_turn, recv_event, send
+
+CRASHING = "a." * 300
+"""Letters joined by dots past libespeak-ng's stack buffer: SIGSEGV with the wheel's 1.52
+(a child ran it alone: "a." 200 times aborted, "stack smashing detected", 300 times
+SIGSEGV; the brief's "A.B.C." 40 letters long did not crash it)."""
+
+
+def _unguarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let ``CRASHING`` reach the library as it is; every other text keeps its guard."""
+    guarded = espeak.espeak_text
+    monkeypatch.setattr(
+        espeak, "espeak_text", lambda text, **kw: text if text == CRASHING else guarded(text, **kw)
+    )
+
+
+def _spoken(engine: espeak.EspeakEngine, text: str) -> bytes:
+    stream = engine.open(SynthesisRequest(text=text))
+    chunks = []
+    while (chunk := stream.step()) is not None:
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_crash_of_the_library_fails_its_sentence_and_the_next_speaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _unguarded(monkeypatch)
+    engine = espeak.EspeakEngine()
+    engine.load()
+    try:
+        before = _spoken(engine, "The next sentence speaks.")
+        first = engine.worker_pid
+        with pytest.raises(EngineError) as err:
+            _spoken(engine, CRASHING)
+        assert err.value.code == "engine_failed"
+        assert err.value.message.startswith("espeak worker died (signal SIG"), err.value.message
+        assert _spoken(engine, "The next sentence speaks.") == before
+        assert engine.worker_pid not in (None, first)
+    finally:
+        engine.close()
+
+
+def test_a_worker_killed_mid_synthesis_fails_that_sentence_only() -> None:
+    engine = espeak.EspeakEngine()
+    engine.load()
+    try:
+        stream = engine.open(SynthesisRequest(text="A long text to be cut short. " * 40))
+        push, pid = stream._push, engine.worker_pid
+        assert pid is not None
+
+        def push_then_kill(samples) -> None:  # noqa: ANN001
+            push(samples)
+            os.kill(pid, signal.SIGKILL)  # (again on a buffer already in the pipe: no harm)
+
+        stream._push = push_then_kill  # type: ignore[method-assign]
+        with pytest.raises(EngineError) as err:
+            stream.step()
+        assert err.value.code == "engine_failed"
+        assert err.value.message.startswith("espeak worker died (signal SIGKILL) speaking ")
+        assert _spoken(engine, "Spoken by a new worker.")
+        assert engine.worker_pid != pid
+    finally:
+        engine.close()
+
+
+def test_closing_a_stream_whose_worker_hangs_returns_and_the_next_speaks() -> None:
+    """A worker stopped (SIGSTOP: a hang, as a C loop that never ends would be) while it
+    speaks: ``close()`` from another thread returns without waiting for it, the step ends
+    (the worker, silent after the abort for ``ABORT_GRACE_S``, is killed) with no error,
+    as a closed stream's, and the next sentence speaks with a new worker."""
+    engine = espeak.EspeakEngine()
+    engine.load()
+    try:
+        stream = engine.open(SynthesisRequest(text="A long text to hang in. " * 40))
+        push, pid = stream._push, engine.worker_pid
+        assert pid is not None
+        closed = threading.Event()
+
+        def push_then_hang(samples) -> None:  # noqa: ANN001
+            push(samples)
+            if not closed.is_set():
+                os.kill(pid, signal.SIGSTOP)
+                closer = threading.Thread(target=lambda: (stream.close(), closed.set()))
+                closer.start()
+                closer.join(HANG_S)
+                assert closed.is_set()
+
+        stream._push = push_then_hang  # type: ignore[method-assign]
+        assert stream.step() is None
+        assert closed.is_set()
+        assert _spoken(engine, "Spoken by a new worker.")
+        assert engine.worker_pid != pid
+    finally:
+        engine.close()
+
+
+def test_close_ends_the_worker_and_an_engine_never_closed_ends_it_when_collected() -> None:
+    engine = espeak.EspeakEngine()
+    engine.load()
+    worker = engine._lib
+    assert isinstance(worker, espeak._Worker)
+    engine.close()
+    assert worker.proc.returncode == 0  # it left on its own, at EOF: no zombie
+    assert worker.proc.stdin.closed and worker.proc.stdout.closed  # type: ignore[union-attr]
+
+    forgotten = espeak.EspeakEngine()
+    forgotten.load()
+    worker = forgotten._lib
+    assert isinstance(worker, espeak._Worker)
+    del forgotten
+    gc.collect()
+    assert worker.proc.returncode == 0
+    assert worker.proc.stdout.closed  # type: ignore[union-attr]
+
+
+def test_the_worker_started_for_a_library_that_cannot_load_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import espeakng_loader
+
+    monkeypatch.setattr(
+        espeakng_loader, "get_library_path", lambda: "/nonexistent/libespeak-ng.so.1"
+    )
+    engine = espeak.EspeakEngine()
+    with pytest.raises(EngineError) as err:
+        engine.load()
+    assert err.value.code == "engine_failed"
+    assert err.value.message.startswith("cannot load libespeak-ng: ")
+    assert "/nonexistent/libespeak-ng.so.1" in err.value.message
+    engine.close()
+
+
+async def test_a_worker_crash_fails_one_sessions_turn_and_spares_the_other(
+    start_gateway,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two sessions on one gateway: session B's long turn is speaking (its first frame
+    came) when session A's turn reaches text that crashes libespeak-ng. A gets an
+    ``error`` (engine_failed) for its turn, B's turn completes, and A's next turn speaks."""
+    from websockets.asyncio.client import connect
+
+    _unguarded(monkeypatch)
+    gw = await start_gateway(session={"max_lead_ms": 36_000_000})
+    url = f"ws://127.0.0.1:{gw.port}/v1/voice"
+
+    async def scenario() -> None:
+        async with connect(url, max_size=None) as a, connect(url, max_size=None) as b:
+            await recv_event(a, "session.created")
+            await recv_event(b, "session.created")
+            await send(b, type="say", text="Session B keeps speaking. " * 20)
+            b_turn = (await recv_event(b, "turn.started"))["turn_id"]
+            while isinstance(await b.recv(), str):
+                pass  # until B's first audio frame
+            await send(a, type="say", text=CRASHING)
+            crashed = await read_turn(a)
+            (error,) = [e["error"] for e in crashed.of("error")]
+            assert error["code"] == "engine_failed", error
+            assert "espeak worker died (signal SIG" in error["message"], error
+            assert crashed.done["status"] != "completed"
+            spared = await read_turn(b, b_turn)
+            assert spared.done["status"] == "completed" and not spared.of("error")
+            await send(a, type="say", text="Session A speaks again.")
+            again = await read_turn(a)
+            assert again.done["status"] == "completed" and again.frames
+
+    await asyncio.wait_for(scenario(), HANG_S)
