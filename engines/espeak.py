@@ -1,5 +1,17 @@
 """espeak-ng, the offline default voice: libespeak-ng from the ``espeakng-loader`` wheel.
 
+Where the library runs: in a worker process of its own (``engines.espeak_worker``, one per
+engine, started at ``load()``), because a memory bug of libespeak-ng reached by some text
+(two such inputs are guarded below: ``_dotted_letters_parted``, ``_hyphen_parted``) took the
+whole gateway down with it, every session. A worker that dies (a crash, a kill) fails the
+synthesis in flight with ``engine_failed`` ("espeak worker died (signal SIGSEGV) ...") and
+the next synthesis starts a new one; the guards stay here, in the gateway, so a guarded
+input never reaches it. It is started with ``subprocess`` (``python -m``), not forked: the
+gateway has threads and an event loop. The frames on its pipes are described in its module;
+the worker sends each 22,050 Hz buffer as espeak makes it, and resampling stays here. The
+engine's ``in_process`` option runs the same ``_Library`` code (``engines.espeak_library``)
+in the gateway's process instead, as before: a crash is then the gateway's.
+
 The library is driven with ctypes in synchronous mode: ``espeak_Synth`` runs on the calling
 thread and hands 22,050 Hz int16 audio to a callback every ``buffer_ms``; the callback
 returns 1 to abort (espeak stops within about a millisecond). The audio is resampled to
@@ -7,9 +19,9 @@ returns 1 to abort (espeak stops within about a millisecond). The audio is resam
 no clicks; the stream works in float32 and this module rounds its output to int16.
 
 libespeak-ng keeps global state and is **not thread-safe** (two threads crashed the process
-in tests). The gateway calls one engine from one lane thread only; this module guards that
-anyway with one process-wide lock around every library call, and initialises the library
-once per process (it is never terminated: another engine instance may still use it).
+in tests). A worker runs one synthesis at a time; in process, this module guards every
+library call with one process-wide lock, and initialises the library once per process (it
+is never terminated: another engine instance may still use it).
 
 Determinism: the same text and voice give the same bytes on every call, whatever ran before
 and however busy the machine is. libespeak-ng does not promise this by itself: two
@@ -44,9 +56,14 @@ bytes that differed by 1-2 LSB from some point to the end, on every call. The fl
 reads no such memory, and ``_pcm16`` rounds without dither.
 
 Streaming: espeak is about 700x faster than real time, so the first ``step()`` synthesises
-the whole segment (a sentence takes ~4 ms) and every step hands out ``step_ms`` of it. The
-synthesis checks the stream's ``closed`` flag at every buffer, so a ``close()`` from another
-thread aborts a long synthesis within one buffer.
+the whole segment (a sentence takes ~4 ms) and every step hands out ``step_ms`` of it. A
+``close()`` from another thread aborts a long synthesis and never waits for it: in process,
+the callback sees the stream closed at the next buffer; a worker is sent an abort, which it
+reads at its next buffer (having run ahead of the gateway by at most what the pipe holds),
+and one that stays silent for ``ABORT_GRACE_S`` after it (hung) is killed by the step's
+thread, which then ends the stream as closed; the next synthesis starts a new worker.
+``close()`` of the engine ends its worker (EOF on its stdin, SIGKILL if it has not exited
+within ``ABORT_GRACE_S``); an engine never closed ends it when collected.
 """
 
 from __future__ import annotations
