@@ -81,7 +81,7 @@ def main() -> None:
     for label, text in (("short", SHORT), ("long", LONG)):
         firsts: dict[str, list[float]] = {k: [] for k in engines}
         totals: dict[str, list[float]] = {k: [] for k in engines}
-        for name, engine in engines.items():  # warm
+        for engine in engines.values():  # warm
             for _ in range(10):
                 once(engine, text)
         for _ in range(args.calls):
@@ -91,9 +91,11 @@ def main() -> None:
                 totals[name].append(total)
         for name in engines:
             f, t = firsts[name], totals[name]
-            print(f"{label:6} {name:11} {1000 * statistics.median(f):11.2f} / "
-                  f"{1000 * pct(f, 0.99):6.2f} {1000 * statistics.median(t):9.2f} / "
-                  f"{1000 * pct(t, 0.99):6.2f}   ({len(text)} chars)")
+            print(
+                f"{label:6} {name:11} {1000 * statistics.median(f):11.2f} / "
+                f"{1000 * pct(f, 0.99):6.2f} {1000 * statistics.median(t):9.2f} / "
+                f"{1000 * pct(t, 0.99):6.2f}   ({len(text)} chars)"
+            )
     for engine in engines.values():
         engine.close()
     loads = []
@@ -103,16 +105,24 @@ def main() -> None:
         engine.load()
         loads.append(time.perf_counter() - t0)
         engine.close()
-    print(f"worker start at load(): p50 {1000 * statistics.median(loads):.1f} ms, "
-          f"max {1000 * max(loads):.1f} ms over {args.loads}")
+    print(
+        f"worker start at load(): p50 {1000 * statistics.median(loads):.1f} ms, "
+        f"max {1000 * max(loads):.1f} ms over {args.loads}"
+    )
     root = str(Path(__file__).resolve().parent.parent)
     for in_process in (True, False):
-        out = subprocess.run([sys.executable, "-c", RSS_PROBE.format(root=root,
-                                                                     in_process=in_process)],
-                             capture_output=True, text=True, check=True, timeout=120).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", RSS_PROBE.format(root=root, in_process=in_process)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
         own, worker = (int(x) for x in out.split())
-        print(f"RSS {'in process' if in_process else 'worker':10}: this process {own / 1024:.1f} "
-              f"MiB + worker {worker / 1024:.1f} MiB = {(own + worker) / 1024:.1f} MiB")
+        print(
+            f"RSS {'in process' if in_process else 'worker':10}: this process {own / 1024:.1f} "
+            f"MiB + worker {worker / 1024:.1f} MiB = {(own + worker) / 1024:.1f} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -322,7 +322,13 @@ class _Worker:
             with self._write_lock:
                 self._aborted = False
                 self._in_flight = sink
-                self._send(b"S", SYNTH.pack(rate, len(voice)) + voice + text)
+                try:
+                    self._send(b"S", SYNTH.pack(rate, len(voice)) + voice + text)
+                    sent = True
+                except OSError:  # it died since it was found alive: its exit says how
+                    self._in_flight, sent = None, False
+            if not sent:
+                raise self._death(len(text))
             try:
                 while True:
                     kind, payload = self._frame(sink, None, len(text))
@@ -509,8 +515,10 @@ class EspeakEngine(Uninterruptible):
     def _backend(self) -> _Backend:
         """The library, started if need be: a worker that died is replaced by a new one."""
         with self._lib_lock:
-            if self._closed and not isinstance(self._lib, _InProcess):
-                raise EngineError("engine_closed", "espeak engine is closed")
+            if self._closed:  # its voices may still be asked: no new worker for that
+                if self._lib is None and not self.in_process:
+                    raise EngineError("engine_closed", "espeak engine is closed")
+                return self._lib or _InProcess()
             if self._lib is None or not self._lib.alive:
                 if self._finalizer is not None:
                     self._finalizer()  # the dead worker's pipes

@@ -183,3 +183,53 @@ async def test_a_worker_crash_fails_one_sessions_turn_and_spares_the_other(
             assert again.done["status"] == "completed" and again.frames
 
     await asyncio.wait_for(scenario(), HANG_S)
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts fds in /proc")
+def test_workers_replaced_and_closed_leave_no_fd_and_no_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker killed while idle is replaced before the next sentence, which speaks (no
+    failure: none was in flight); one that dies between the check and the request fails
+    that request precisely (the race, made certain here by taking it for alive). Every
+    worker's pipes are closed and every worker reaped by the engine's close."""
+    before = _fds()
+    engine = espeak.EspeakEngine()
+    engine.load()
+    workers = [engine._lib]
+    first = engine.worker_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    assert isinstance(workers[0], espeak._Worker) and workers[0].proc.wait(HANG_S) == -9
+    assert _spoken(engine, "An idle worker that died is replaced.")
+    assert engine.worker_pid != first
+    workers.append(engine._lib)
+    assert workers[0].proc.stdout.closed  # type: ignore[union-attr]
+
+    os.kill(engine.worker_pid, signal.SIGKILL)  # type: ignore[arg-type]
+    workers[1].proc.wait(HANG_S)  # type: ignore[union-attr]
+    monkeypatch.setattr(espeak._Worker, "alive", property(lambda self: not self._dead))
+    with pytest.raises(EngineError) as err:
+        _spoken(engine, "Its request finds the pipe broken.")
+    assert err.value.message.startswith("espeak worker died (signal SIGKILL) speaking ")
+    monkeypatch.undo()
+    assert _spoken(engine, "And the next one speaks.")
+    workers.append(engine._lib)
+    engine.close()
+    for worker in workers:
+        assert isinstance(worker, espeak._Worker) and worker.proc.returncode is not None
+    assert _fds() == before
+
+
+def test_a_closed_engine_still_lists_its_voices_and_starts_no_worker() -> None:
+    engine = espeak.EspeakEngine()
+    engine.load()
+    worker = engine._lib
+    voices = engine.voices()
+    engine.close()
+    assert engine.voices() == voices and engine.deterministic in (True, False)
+    assert engine._lib is worker and engine.worker_pid == worker.pid  # type: ignore[union-attr]
