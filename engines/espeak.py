@@ -379,13 +379,13 @@ class _Worker:
             data = data[os.write(self._in, data):]
 
     def _frame(self, sink: _Synthesis | None, timeout: float | None,
-               text_len: int = 0) -> tuple[bytes, bytes]:
+               text_len: int | None = None) -> tuple[bytes, bytes]:
         header = self._read(HEADER.size, sink, timeout, text_len)
         kind, n = HEADER.unpack(header)
         return kind, self._read(n, sink, timeout, text_len) if n else b""
 
     def _read(self, n: int, sink: _Synthesis | None, timeout: float | None,
-              text_len: int) -> bytes:
+              text_len: int | None) -> bytes:
         buf = bytearray()
         while len(buf) < n:
             wait = timeout if timeout is not None else ABORT_GRACE_S
@@ -393,7 +393,8 @@ class _Worker:
                 if timeout is not None or (sink is not None and sink.stream.closed):
                     # closed and silent after an abort, or not started in time: hung
                     self._kill()
-                    raise EngineError("engine_failed", "espeak worker hung: killed")
+                    raise EngineError("engine_failed", f"espeak worker silent for {wait:g} s "
+                                      "(hung): killed")
                 continue  # still speaking a long text (or hung: the lane's step timeout says)
             chunk = os.read(self._out, n - len(buf))
             if not chunk:
@@ -407,7 +408,9 @@ class _Worker:
         self.proc.kill()
         self.proc.wait()
 
-    def _death(self, text_len: int) -> EngineError:
+    def _death(self, text_len: int | None) -> EngineError:
+        """The error that says how the worker ended, speaking ``text_len`` bytes of text
+        (None: as it started)."""
         with self._write_lock:
             self._dead = True
         try:
@@ -422,6 +425,8 @@ class _Worker:
                 how = f"signal {-code}"
         else:
             how = f"exit code {code}"
+        if text_len is None:
+            return EngineError("engine_failed", f"espeak worker died ({how}) as it started")
         return EngineError("engine_failed", f"espeak worker died ({how}) speaking "
                            f"{text_len} bytes of text; the next sentence starts a new one")
 

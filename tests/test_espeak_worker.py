@@ -233,3 +233,20 @@ def test_a_closed_engine_still_lists_its_voices_and_starts_no_worker() -> None:
     engine.close()
     assert engine.voices() == voices and engine.deterministic in (True, False)
     assert engine._lib is worker and engine.worker_pid == worker.pid  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not os.path.isfile("/bin/false"), reason="needs /bin/false")
+def test_a_worker_that_cannot_start_fails_the_load_saying_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(a Python that exits at once, standing for an interpreter that cannot run the worker)"""
+    before = _fds()
+    monkeypatch.setattr(espeak.sys, "executable", "/bin/false")
+    engine = espeak.EspeakEngine()
+    with pytest.raises(EngineError) as err:
+        engine.load()
+    assert (err.value.code, err.value.message) == (
+        "engine_failed",
+        "cannot start the espeak worker: espeak worker died (exit code 1) as it started",
+    )
+    assert engine._lib is None and _fds() == before
