@@ -184,10 +184,13 @@ def test_flags_override_the_config_file_and_the_rest_of_it_stands(tmp_path, monk
     # said "got an unexpected keyword argument 'ref_audio'"
     ('[tts]\nvoice_ref = "me.wav"\n',
      "TTS engine 'espeak' takes no voice_ref ([tts] voice_ref, --voice-ref) (it takes voice = "
-     "'en-us', step_ms = 200)"),
+     "'en-us', step_ms = 200, in_process = False)"),
     ('[tts.options]\nstep_ms = "big"\n',
      "TTS engine 'espeak': step_ms must be an integer, not 'big' (it takes voice = 'en-us', "
-     "step_ms = 200)"),
+     "step_ms = 200, in_process = False)"),
+    ('[tts.options]\nin_process = "yes"\n',
+     "TTS engine 'espeak': in_process must be true or false, not 'yes' (it takes voice = "
+     "'en-us', step_ms = 200, in_process = False)"),
     # (it said "step_ms must be > 0", naming no value, where the other engines name it)
     ("[tts.options]\nstep_ms = 0\n", "step_ms must be an integer above 0, not 0"),
     ("[tts.options]\nstep_ms = -20\n", "step_ms must be an integer above 0, not -20"),
