@@ -7,12 +7,14 @@ for a short (~45 characters) and a long (~400 characters) sentence: time to firs
 (open to the first step's chunk) and the whole synthesis (open to the last step), p50 and
 p99 over ``--calls`` each. Then the worker's start (``load()``: the process, the library,
 its voice list and the warm-up), and the resident memory of this process and of a worker
-(``/proc``; Linux), each engine loaded in a fresh interpreter of its own.
+(``/proc``; Linux), each engine loaded in a fresh interpreter of its own, and of a real
+gateway (``voice-gateway serve``) given ``--speeches`` long speech requests, each way.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -73,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--loads", type=int, default=20)
+    parser.add_argument("--speeches", type=int, default=50)
     args = parser.parse_args()
     engines = {"in process": EspeakEngine(in_process=True), "worker": EspeakEngine()}
     for engine in engines.values():
@@ -123,6 +126,69 @@ def main() -> None:
             f"RSS {'in process' if in_process else 'worker':10}: this process {own / 1024:.1f} "
             f"MiB + worker {worker / 1024:.1f} MiB = {(own + worker) / 1024:.1f} MiB"
         )
+    for in_process in (True, False):
+        gateway, worker = gateway_rss(in_process, args.speeches)
+        print(
+            f"RSS gateway {'in process' if in_process else 'worker':10}: gateway "
+            f"{gateway / 1024:.1f} MiB + worker {worker / 1024:.1f} MiB = "
+            f"{(gateway + worker) / 1024:.1f} MiB (after {args.speeches} long speech requests)"
+        )
+
+
+def gateway_rss(in_process: bool, speeches: int) -> tuple[int, int]:
+    """A real gateway (``voice-gateway serve``, espeak, replay LLM) on free ports, given
+    ``speeches`` long ``/v1/audio/speech`` requests: its RSS and its worker's, KiB."""
+    import re
+    import tempfile
+    import urllib.request
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as config:
+        config.write(f"[tts.options]\nin_process = {str(in_process).lower()}\n")
+        config.flush()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--port",
+                "0",
+                "--http-port",
+                "0",
+                "--config",
+                config.name,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if m := re.search(r"HTTP: +http://127.0.0.1:(\d+)/", line):
+                    port = int(m.group(1))
+                    break
+            else:
+                raise SystemExit("the gateway did not start")
+            body = json.dumps({"input": LONG, "response_format": "pcm", "stream": False})
+            for _ in range(speeches):
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/audio/speech",
+                    data=body.encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=60) as answer:
+                    answer.read()
+            children = [  # (a child is listed under the thread that started it: the lane's)
+                child
+                for task in Path(f"/proc/{proc.pid}/task").iterdir()
+                for child in (task / "children").read_text().split()
+            ]
+            worker = sum(rss_kib(child) for child in children)
+            return rss_kib(proc.pid), worker
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=60)
 
 
 if __name__ == "__main__":

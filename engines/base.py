@@ -145,8 +145,8 @@ class TtsEngine(Protocol):
     # (``http``): its lane runs that many jobs' steps at once, on as many threads
     # (``gateway.io.lanes``); absent: 1. Such an engine must be ``thread_safe``.
     # Optional: ``thread_safe = True``, for an engine whose calls may come from several
-    # threads at once (it serialises what must be: espeak's library lock). A fallback engine
-    # keeps its primary's ``parallel_steps`` only behind such a fallback.
+    # threads at once (it serialises what must be: espeak's one synthesis at a time). A
+    # fallback engine keeps its primary's ``parallel_steps`` only behind such a fallback.
     # Optional: ``streams_always``, for a wrapper whose ``streams`` is only its engine of the
     # moment (``FallbackEngine``): False when another engine behind it makes a segment in
     # one step (see ``streams_always`` below).
