@@ -65,7 +65,10 @@ the whole segment (a sentence takes ~4 ms) and every step hands out ``step_ms`` 
 the callback sees the stream closed at the next buffer; a worker is sent an abort, which it
 reads at its next buffer (having run ahead of the gateway by at most what the pipe holds),
 and one that stays silent for ``ABORT_GRACE_S`` after it (hung) is killed by the step's
-thread, which then ends the stream as closed; the next synthesis starts a new worker.
+thread, which then ends the stream as closed; the next synthesis starts a new worker. A
+worker silent for ``SILENT_S`` while its stream is open (hung, nobody closing it) is killed
+too, failing that synthesis (``engine_failed``) before the lane's step timeout would find
+its thread stuck for good.
 ``close()`` of the engine ends its worker (EOF on its stdin, SIGKILL if it has not exited
 within ``ABORT_GRACE_S``); an engine never closed ends it when collected.
 """
@@ -272,6 +275,11 @@ class _InProcess:
 ABORT_GRACE_S = 1.0
 """How long a worker may stay silent once the stream it speaks for is closed (it was sent an
 abort, which a working one answers within a buffer) before it is taken for hung and killed."""
+SILENT_S = 10.0
+"""How long a worker speaking for a stream still open may send nothing before it is taken
+for hung and killed, failing that synthesis: espeak makes a buffer in a fraction of a
+millisecond, and the lane's ``step_timeout_s`` (30 s) would otherwise find its thread stuck
+in the step for good (``gateway.io.lanes``: the lane unhealthy until the call returns)."""
 START_TIMEOUT_S = 30.0
 """How long a worker may take to load the library and list its voices (~0.1 s here)."""
 
@@ -391,15 +399,20 @@ class _Worker:
     def _read(self, n: int, sink: _Synthesis | None, timeout: float | None,
               text_len: int | None) -> bytes:
         buf = bytearray()
+        silent = 0.0
         while len(buf) < n:
             wait = timeout if timeout is not None else ABORT_GRACE_S
             if not select.select([self._out], [], [], wait)[0]:
-                if timeout is not None or (sink is not None and sink.stream.closed):
-                    # closed and silent after an abort, or not started in time: hung
+                silent += wait
+                if timeout is not None or silent >= SILENT_S or (
+                        sink is not None and sink.stream.closed):
+                    # not started in time, silent too long, or closed and silent after an
+                    # abort: hung
                     self._kill()
-                    raise EngineError("engine_failed", f"espeak worker silent for {wait:g} s "
-                                      "(hung): killed")
-                continue  # still speaking a long text (or hung: the lane's step timeout says)
+                    raise EngineError("engine_failed", f"espeak worker silent for "
+                                      f"{silent:g} s (hung): killed")
+                continue  # speaking a long text, or hung: SILENT_S tells
+            silent = 0.0
             chunk = os.read(self._out, n - len(buf))
             if not chunk:
                 raise self._death(text_len)

@@ -250,3 +250,35 @@ def test_a_worker_that_cannot_start_fails_the_load_saying_so(
         "cannot start the espeak worker: espeak worker died (exit code 1) as it started",
     )
     assert engine._lib is None and _fds() == before
+
+
+def test_a_worker_that_hangs_while_its_stream_is_open_fails_that_sentence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker stopped mid-synthesis (SIGSTOP: a hang) with nobody closing its stream: the
+    step fails ``engine_failed`` once it has been silent for ``SILENT_S`` (lowered here to
+    keep the test short), instead of holding the lane's thread for good, and the next
+    sentence speaks with a new worker."""
+    monkeypatch.setattr(espeak, "SILENT_S", 2.0)
+    engine = espeak.EspeakEngine()
+    engine.load()
+    try:
+        stream = engine.open(SynthesisRequest(text="A long text to hang in. " * 40))
+        push, pid = stream._push, engine.worker_pid
+        assert pid is not None
+
+        def push_then_hang(samples) -> None:  # noqa: ANN001
+            push(samples)
+            os.kill(pid, signal.SIGSTOP)
+
+        stream._push = push_then_hang  # type: ignore[method-assign]
+        with pytest.raises(EngineError) as err:
+            stream.step()
+        assert (err.value.code, err.value.message) == (
+            "engine_failed",
+            "espeak worker silent for 2 s (hung): killed",
+        )
+        assert _spoken(engine, "Spoken by a new worker.")
+        assert engine.worker_pid != pid
+    finally:
+        engine.close()
