@@ -68,6 +68,9 @@ on how the stream was chunked:
   (``3 p.m. 김``), but a dot after one to three Thai consonants (Thai writes no full
   stop) or a lone Arabic letter abbreviates: ``พ.ศ. 2569``, ``ดร. สมชาย``, ``د. أحمد``
   (Dr.) never end one, while a full stop after a Thai word does (``ขอบคุณค่ะ. พรุ่งนี้``).
+  Titles: ``Assoc. Prof.``, ``Asst. Prof.``, the French ``MM.``, the Portuguese ``Exmo.``
+  and the Dutch ``dhr.`` never end one; ``Bros.`` and the French ``bd.`` go on as ``St.``
+  does (``Warner Bros. Discovery``, ``12 bd. Voltaire``).
   Citations and more languages: ``v.`` (versus: ``Brown v. Board``), Polish ``ul.``,
   Indonesian ``Jl.`` (street) and the Dutch ``Dhr.`` never end one; ``op. 27`` (opus),
   ``Ps. 23``, ``1 Cor. 13``, Swedish ``kl. 9.30`` and Polish ``godz. 15.00`` (o'clock)
@@ -260,7 +263,8 @@ _TITLES = frozenset(
     "Maj Cpl Pvt Adm Cmdr Brig Msgr "  # "Maj. Tom Hale", "Adm. Nimitz"
     "dr "  # Hungarian writes the title in lower case: "dr. Kovács Anna"
     "Hr Hrn Sra Srta Sres Dra Dres Lic Sig Sigg Dott Avv Ing "
-    "Dhr Mevr "  # Dutch: "Dhr. Jansen" (Mr.), "Mevr. de Vries" (Mrs.)
+    "Dhr Mevr dhr mevr "  # Dutch: "Dhr. Jansen", "dhr. Jansen" (Mr.), "Mevr. de Vries" (Mrs.)
+    "MM Exmo Exma Excmo Excma "  # French "MM. Blanc" (Messrs.), Portuguese "Exmo. Sr."
     "Dl Dna Dlui Dnei "  # Romanian: "Dl. Popescu" (Mr.), "Dna. Ionescu" (Mrs.)
     "Gng Bb "  # Tagalog: "Gng. Santos" (Mrs.), "Bb. Cruz" (Miss)
     "Bw".split()  # Swahili: "Bw. Otieno" (Mr.); "Bi." (Mrs.) is in _NAME_OR_END
@@ -423,6 +427,8 @@ _NAME_OR_END = frozenset(
     "St Ave Blvd Rd Ln Sq Ct Hwy Pkwy Univ c ca Sr Jr TP Tp "  # "Oxford Univ. Press"
     "Man "  # "drew 1-1 with Man. City" (Manchester); "Isle of Man. The ferry" ends
     "Cad Sok Mah Bul "  # Turkish, after the name: "Atatürk Cad. No. 15"
+    "Assoc Asst "  # "Assoc. Prof. Tan", while "the Bar Assoc. It" ends
+    "Bros bd "  # "Warner Bros. Discovery" ("Warner Bros. The film" ends), French "12 bd. Voltaire"
     "str Str Bi".split())  # Romanian "str. Lipscani", Swahili "Bi. Amina"; "a str. Then" ends
 _STREETS = frozenset("St Ave Blvd Rd Ln Sq Ct Hwy Pkwy".split())
 _DIRECTIONS = frozenset(
