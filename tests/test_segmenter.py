@@ -1961,6 +1961,25 @@ def test_more_titles_and_names_go_on(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Your appointment is with Prof. Dr. med. Keller. Bring your card.",
+     ["Your appointment is with Prof. Dr. med. Keller.", "Bring your card."]),
+    ("Dr. rer. nat. Anna Vogt leads the lab. She joined in 2018.",
+     ["Dr. rer. nat. Anna Vogt leads the lab.", "She joined in 2018."]),
+    ("Send it to Univ.-Prof. Dipl.-Ing. Dr. techn. Huber. He reads it.",
+     ["Send it to Univ.-Prof. Dipl.-Ing. Dr. techn. Huber.", "He reads it."]),
+    ("The talk is by Prof. em. Dr. Lang. It starts at four.",
+     ["The talk is by Prof. em. Dr. Lang.", "It starts at four."]),
+    # a field's word elsewhere still ends
+    ("Don't skip your med. Then rest.", ["Don't skip your med.", "Then rest."]),
+])
+def test_a_doctorates_field_and_a_compound_title_go_on(text, want):
+    """"Prof. Dr. med. | Keller", "Dr. rer. nat. | Anna", "Univ.-Prof. | Dipl.-Ing. | Dr.
+    techn. | Huber" and "Prof. em. | Dr." were cut: the field of a German doctorate and a
+    title joined to another by a hyphen were read as sentence ends."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

@@ -71,6 +71,8 @@ on how the stream was chunked:
   Titles: ``Assoc. Prof.``, ``Asst. Prof.``, the French ``MM.``, the Portuguese ``Exmo.``
   and the Dutch ``dhr.`` never end one; ``Bros.`` and the French ``bd.`` go on as ``St.``
   does (``Warner Bros. Discovery``, ``12 bd. Voltaire``).
+  Nor a title joined to another by a hyphen (``Univ.-Prof.``, ``Dipl.-Ing.``) or a
+  doctorate's field after ``Dr.`` or ``Prof.`` (``Dr. rer. nat.``, ``Prof. em. Dr.``).
   Citations and more languages: ``v.`` (versus: ``Brown v. Board``), Polish ``ul.``,
   Indonesian ``Jl.`` (street) and the Dutch ``Dhr.`` never end one; ``op. 27`` (opus),
   ``Ps. 23``, ``1 Cor. 13``, Swedish ``kl. 9.30`` and Polish ``godz. 15.00`` (o'clock)
@@ -367,6 +369,12 @@ _YAHOO = frozenset(
     "Finance Mail News Sports Answers Japan Search Groups Messenger Maps Weather Music "
     "Games Travel Shopping Autos Health Entertainment Life Tech Style".split())
 """The brand writes its "!": "Yahoo! Finance" goes on (any other word after it ends)."""
+_DEGREE_FIELDS = frozenset(
+    "med rer nat techn phil jur oec dent vet habil theol pol sc em mult".split())
+_DEGREE_BEFORE = frozenset(("dr", "prof", *_DEGREE_FIELDS))
+"""A German or Austrian doctorate's field and an emeritus after "Dr." or "Prof." (or another of
+them): "Dr. med. Keller", "Dr. rer. nat. Anna Vogt", "Prof. em. Dr. Lang" go on, as the title
+does, while "take your med. Then" ends."""
 _CHAIN_MOST = 6
 """How many abbreviations ``_abbreviation_chain`` reads ahead ("Natl. Acad. Sci. U. S. A.,")."""
 _SECTION_WORDS_MOST = 4
@@ -1202,6 +1210,10 @@ class Segmenter:
         base = word.rsplit("'", 1)[-1].rsplit("\u2019", 1)[-1]  # "l'avv.", "dell'Ing."
         if word in _TITLES or low in _NEVER_END or base in _TITLES or base.lower() in _NEVER_END:
             return False
+        if ".-" in word and word.rsplit("-", 1)[-1] in _TITLES:
+            return False  # "Univ.-Prof. Huber", "Dipl.-Ing. Dr.", "Dr.-Ing. Lang"
+        if word in _DEGREE_FIELDS and self._prev_word(ws).rstrip(".") in _DEGREE_BEFORE:
+            return False  # "Prof. Dr. med. Keller", "Dr. rer. nat. Anna", "Prof. em. Dr."
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
         if low in _BIBLE_BOOKS and nxt.isdigit() and self._chapter_verse(i + 1):
