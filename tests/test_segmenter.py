@@ -1980,6 +1980,32 @@ def test_a_doctorates_field_and_a_compound_title_go_on(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("The flight is AA 1402, dep. 07:15, arr. 10:40. The gate closes at 06:55.",
+     ["The flight is AA 1402, dep. 07:15, arr. 10:40.", "The gate closes at 06:55."]),
+    ("Base camp is at lat. 27.9881, long. 86.9250. Expect snow.",
+     ["Base camp is at lat. 27.9881, long. 86.9250.", "Expect snow."]),
+    ("Son aprox. 30 km. El viaje dura poco.", ["Son aprox. 30 km.", "El viaje dura poco."]),
+    ("Zie blz. 14 t/m 16. Daar staat het.", ["Zie blz. 14 t/m 16.", "Daar staat het."]),
+    ("The price is $89.99 excl. VAT. Shipping is free.",
+     ["The price is $89.99 excl. VAT.", "Shipping is free."]),
+    ("Please quote ref. KX-4410 when you call. Our line is open.",
+     ["Please quote ref. KX-4410 when you call.", "Our line is open."]),
+    ("Il est mort en 14 apr. J.-C. \u00e0 Nola. Il avait 75 ans.",
+     ["Il est mort en 14 apr. J.-C. \u00e0 Nola.", "Il avait 75 ans."]),
+    # still end: "long" as a word, a reference before a word, April before a sentence
+    ("The queue was long. 20 people left.", ["The queue was long.", "20 people left."]),
+    ("The queue was 20 m, long. 20 people left.", ["The queue was 20 m, long.", "20 people left."]),
+    ("Cite it as ref. The rest is mine.", ["Cite it as ref.", "The rest is mine."]),
+    ("It opens on 14 Apr. Join us.", ["It opens on 14 Apr.", "Join us."]),
+])
+def test_more_abbreviations_go_on_before_their_number_or_code(text, want):
+    """"dep. | 07:15, arr. | 10:40", "lat. | 27.9881, long. | 86.9250", the Spanish "aprox. |
+    30", the Dutch "blz. | 14" (page), "excl. | VAT", "ref. | KX-4410" (a code, where "ref. 12"
+    went on) and "apr. | J.-C." (after Christ, as "av. J.-C." went on) were cut."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

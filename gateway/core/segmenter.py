@@ -73,6 +73,10 @@ on how the stream was chunked:
   does (``Warner Bros. Discovery``, ``12 bd. Voltaire``).
   Nor a title joined to another by a hyphen (``Univ.-Prof.``, ``Dipl.-Ing.``) or a
   doctorate's field after ``Dr.`` or ``Prof.`` (``Dr. rer. nat.``, ``Prof. em. Dr.``).
+  ``incl.`` and ``excl.`` never end one; ``dep. 07:15``, ``arr. 10:40``, ``lat. 27.9``,
+  ``long. 86.9`` (after a latitude's comma), ``aprox. 30``, Dutch ``blz. 14`` never before
+  a digit, nor ``ref.`` or ``No.`` before a code (``ref. KX-4410``), nor ``apr.`` before
+  ``J.-C.``.
   Citations and more languages: ``v.`` (versus: ``Brown v. Board``), Polish ``ul.``,
   Indonesian ``Jl.`` (street) and the Dutch ``Dhr.`` never end one; ``op. 27`` (opus),
   ``Ps. 23``, ``1 Cor. 13``, Swedish ``kl. 9.30`` and Polish ``godz. 15.00`` (o'clock)
@@ -273,6 +277,7 @@ _TITLES = frozenset(
 )
 _NEVER_END = frozenset(
     "vs v e.g i.e cf approx dept est "  # "Brown v. Board": versus
+    "incl excl "  # "$89.99 excl. VAT"
     "z.b u.a d.h v.a o.ä u.u i.d.r s.o s.u bzw vgl ggf evtl bspw inkl einschl ausschl zzgl "
     "bzgl sog "  # German
     "p.ex p.ej sig dott avv prof av avda b\u00e2t "  # French, Spanish, Italian
@@ -340,6 +345,8 @@ _BEFORE_NUMBER = frozenset(
     "lun mié mie jue vie sáb sab dom env "  # Spanish "el lun. 3 de nov."; French "env. 20 min"
     "pon uto sri čet pet sub ned "  # Croatian weekdays: "u pon. 5. svibnja"
     "kb "  # Hungarian "kb. 12 000 Ft" (about)
+    "dep arr lat "  # "dep. 07:15, arr. 10:40", "lat. 27.9881" (latitude)
+    "aprox blz "  # Spanish and Portuguese "aprox. 30 km" (about), Dutch "blz. 14" (page)
     "taxm "  # Uzbek "taxm. 35 °C" (taxminan, about)
     "ps psa prov isa matt rom cor eph deut exod "  # Bible books: "Ps. 23", "1 Cor. 13"
     # Sinhala "ක්‍රි.ව. 1505" (AD) and "ක්‍රි.පූ. 250" (BC)
@@ -375,6 +382,10 @@ _DEGREE_BEFORE = frozenset(("dr", "prof", *_DEGREE_FIELDS))
 """A German or Austrian doctorate's field and an emeritus after "Dr." or "Prof." (or another of
 them): "Dr. med. Keller", "Dr. rer. nat. Anna Vogt", "Prof. em. Dr. Lang" go on, as the title
 does, while "take your med. Then" ends."""
+_CODE = re.compile(r"[A-Z][A-Z0-9]*(?:[-/][A-Z0-9]+)*[-/]?\d[A-Z0-9-/]*")
+"""An order, case or reference code in capitals with a digit ("KX-4410", "RMA-77812", "A1")."""
+_TOKEN_MOST = 24
+"""How far ``_next_token`` reads: a code or a date's part is shorter."""
 _CHAIN_MOST = 6
 """How many abbreviations ``_abbreviation_chain`` reads ahead ("Natl. Acad. Sci. U. S. A.,")."""
 _SECTION_WORDS_MOST = 4
@@ -1214,6 +1225,16 @@ class Segmenter:
             return False  # "Univ.-Prof. Huber", "Dipl.-Ing. Dr.", "Dr.-Ing. Lang"
         if word in _DEGREE_FIELDS and self._prev_word(ws).rstrip(".") in _DEGREE_BEFORE:
             return False  # "Prof. Dr. med. Keller", "Dr. rer. nat. Anna", "Prof. em. Dr."
+        if low in ("ref", "refs", "no", "nr") and nxt.isupper() and _CODE.fullmatch(
+                self._next_token(i + 1).rstrip(".,;:!?)")):
+            return False  # "quote ref. KX-4410 when": a reference's code, as "ref. 12" is
+        if low in ("av", "apr") and nxt == "J" and self._need(i + 6) and (
+                buf.startswith("J.-C.", self._past_spaces(i + 1))):
+            return False  # "14 apr. J.-C.", "63 av. J.-C." (après, avant Jésus-Christ)
+        if low in ("long", "lon", "lng") and nxt.isdigit():
+            p = self._end_before(ws)  # "lat. 27.9881, long. 86.9250": after a latitude's
+            if p > 0 and buf[p] == "," and buf[p - 1].isdigit():  # not "was long. 20 people"
+                return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
         if low in _BIBLE_BOOKS and nxt.isdigit() and self._chapter_verse(i + 1):
@@ -1310,6 +1331,15 @@ class Segmenter:
                 return True
             chained = True
         return False
+
+    def _next_token(self, j: int) -> str:
+        """Everything after position ``j`` up to the next white space (waits for it)."""
+        buf = self._buf
+        j = self._past_spaces(j)
+        k = j
+        while k - j < _TOKEN_MOST and self._need(k) and not buf[k].isspace():
+            k += 1
+        return buf[j:k]
 
     def _reaches_section(self, j: int) -> bool:
         """From ``j``, at most ``_SECTION_WORDS_MOST`` capitalized words (each may end in a full
