@@ -2006,6 +2006,21 @@ def test_more_abbreviations_go_on_before_their_number_or_code(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("In Korean it's written 2024. 3. 12. That's year, month, day.",
+     ["In Korean it's written 2024. 3. 12.", "That's year, month, day."]),
+    ("The deadline is 2024. 12. 31.", ["The deadline is 2024. 12. 31."]),
+    # still end: a year before a count, a year before two numbers that are no month and day
+    ("It opened in 2024. 3 people came.", ["It opened in 2024.", "3 people came."]),
+    ("It opened in 2024. 13. 5. Then it closed.",
+     ["It opened in 2024.", "13.", "5.", "Then it closed."]),
+])
+def test_a_date_written_year_month_day_with_full_stops_is_one(text, want):
+    """The Korean "2024. 3. 12." was three segments: each of its full stops before a digit
+    ended a sentence."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

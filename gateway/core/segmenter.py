@@ -77,6 +77,8 @@ on how the stream was chunked:
   ``long. 86.9`` (after a latitude's comma), ``aprox. 30``, Dutch ``blz. 14`` never before
   a digit, nor ``ref.`` or ``No.`` before a code (``ref. KX-4410``), nor ``apr.`` before
   ``J.-C.``.
+  A date written year, month, day with a full stop after each (``2024. 3. 12.``, Korean)
+  ends at its last one only.
   Citations and more languages: ``v.`` (versus: ``Brown v. Board``), Polish ``ul.``,
   Indonesian ``Jl.`` (street) and the Dutch ``Dhr.`` never end one; ``op. 27`` (opus),
   ``Ps. 23``, ``1 Cor. 13``, Swedish ``kl. 9.30`` and Polish ``godz. 15.00`` (o'clock)
@@ -386,6 +388,9 @@ _CODE = re.compile(r"[A-Z][A-Z0-9]*(?:[-/][A-Z0-9]+)*[-/]?\d[A-Z0-9-/]*")
 """An order, case or reference code in capitals with a digit ("KX-4410", "RMA-77812", "A1")."""
 _TOKEN_MOST = 24
 """How far ``_next_token`` reads: a code or a date's part is shorter."""
+_DAY = re.compile(r"(?:[1-9]|[12]\d|3[01])\.")
+_DATE_REST = re.compile(r"(?:[1-9]|1[0-2])\. (?:[1-9]|[12]\d|3[01])\.")
+"""A month and a day, each with its full stop, after a year's ("2024. 3. 12.")."""
 _CHAIN_MOST = 6
 """How many abbreviations ``_abbreviation_chain`` reads ahead ("Natl. Acad. Sci. U. S. A.,")."""
 _SECTION_WORDS_MOST = 4
@@ -1276,6 +1281,8 @@ class Segmenter:
             return nxt.isalpha()
         if word.isdigit() and len(word) <= 3 and self._starts_line(ws, _HEADING_MARK):
             return False  # "1. " list marker at the start of a line, "### 2. Install"
+        if word.isdigit() and nxt.isdigit() and self._korean_date(i, word, ws):
+            return False  # "2024. 3. 12.": a date written year, month, day
         if word.isdigit() and self._prev_word(ws) in _ORDINAL_AFTER:
             return False  # "zum 100. Geburtstag", "der 1000. Besucher": past 99 too
         if (word.isdigit() and len(word) <= 2 or _ROMAN.fullmatch(word)) and (
@@ -1340,6 +1347,19 @@ class Segmenter:
         while k - j < _TOKEN_MOST and self._need(k) and not buf[k].isspace():
             k += 1
         return buf[j:k]
+
+    def _korean_date(self, i: int, word: str, ws: int) -> bool:
+        """The full stop at ``i`` after ``word`` is inside a date written year, month, day
+        with a full stop after each ("2024. 3. 12.", Korean): a year before a month and a
+        day, or a month after a year and before a day."""
+        if len(word) == 4:
+            j = self._past_spaces(i + 1)
+            month = self._next_token(j)
+            return _DATE_REST.fullmatch(f"{month} {self._next_token(j + len(month))}") is not None
+        prev = self._prev_word(ws)
+        return (len(word) <= 2 and word.isascii() and 1 <= int(word) <= 12 and len(prev) == 5
+                and prev[:4].isdigit() and prev[4] == "." and _DAY.fullmatch(
+                    self._next_token(i + 1)) is not None)
 
     def _reaches_section(self, j: int) -> bool:
         """From ``j``, at most ``_SECTION_WORDS_MOST`` capitalized words (each may end in a full
