@@ -2021,6 +2021,19 @@ def test_a_date_written_year_month_day_with_full_stops_is_one(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "want"), [
+    ("Set (x_y) Then run it.", ["Set (x_y) Then run it."]),
+    ("Swap (a_b_c) Then go.", ["Swap (a_b_c) Then go."]),
+    # a face of one letter still ends its sentence
+    ("Dead tired (x_x) Then I slept.", ["Dead tired (x_x)", "Then I slept."]),
+    ("Oops (o_O) That was odd.", ["Oops (o_O)", "That was odd."]),
+])
+def test_a_bracketed_name_is_no_face(text, want):
+    """"Set (x_y) | Then run it." was cut after the bracket: "(x_y)" matched a face in
+    brackets (no digit, no two letters in a row, an underscore)."""
+    assert sentences(text) == want
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

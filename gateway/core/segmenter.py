@@ -109,9 +109,9 @@ on how the stream was chunked:
   (```Hello. World.```), closed on its line within ``quote_max_chars`` (else a stray
   backtick).
 * An emoji or an emoticon (``:D``, ``:(``, ``^_^``, a face in brackets ``(^o^)/``, ``(T_T)``
-  or the shrug ``¯\\_(ツ)_/¯``, written as a word; ``:)``, ``;)``, ``:(`` also
-  glued to one: ``great:)``) before a capitalized word (or a Georgian one) ends a sentence
-  (``got me there :D That one's``, ``Sorry:( I was``, ``დღეს 🎂 ეს``); an emoticon's
+  (not a name: ``(x_y)``) or the shrug ``¯\\_(ツ)_/¯``, written as a word; ``:)``, ``;)``,
+  ``:(`` also glued to one: ``great:)``) before a capitalized word (or a Georgian one) ends
+  a sentence (``got me there :D That one's``, ``Sorry:( I was``, ``დღეს 🎂 ეს``); an emoticon's
   bracket opens or closes none (a glued ``:)`` closes a bracket that is open:
   ``(mostly:)``). An em dash right after a word, then a space and a word that opens
   sentences, ends one broken off (``might be in the— Actually, ...``; not ``the—wait``),
@@ -573,6 +573,16 @@ _KAOMOJI = re.compile(
 "¯\\_(ツ)_/¯": as an emoticon, it stays with the sentence before it and opens no bracket.
 Inside the brackets no digit and no two letters in a row ("(1/2)", "(n_max)", "(e.g.)" are
 none), and one of the marks faces are drawn with."""
+
+
+def _face(word: str) -> bool:
+    """A ``_KAOMOJI`` match is a face, not a bracketed name: letters joined by underscores
+    are a face only when they are one letter ("(T_T)", "(x_x)", "(o_O)"); "(x_y)" and
+    "(a_b_c)" are variables."""
+    letters = word[1:word.find(")")].replace("_", "")
+    return not letters.isalpha() or len(set(letters.casefold())) == 1
+
+
 _GLUED_FACE = re.compile(r"[:;]-?[()]")
 """An emoticon glued to the word before it ("great:)", "Sorry:("): only these, since
 "Answer:D" may be a choice."""
@@ -1154,7 +1164,7 @@ class Segmenter:
             e += 1
             if e - k > 12:
                 return -1  # longer than any face
-        return e if _KAOMOJI.fullmatch(buf, k, e) else -1
+        return e if _KAOMOJI.fullmatch(buf, k, e) and _face(buf[k:e]) else -1
 
     def _ends_sentence(self, i: int, run: str, nxt: str) -> bool:
         if nxt == "|":
