@@ -2034,6 +2034,23 @@ def test_a_bracketed_name_is_no_face(text, want):
     assert sentences(text) == want
 
 
+@pytest.mark.parametrize(("text", "spoken"), [
+    ("You got all ten right! (^o^)/", "You got all ten right!"),
+    ("I cried (T_T)", "I cried"),
+    ("I honestly don't know \u00af\\_(\u30c4)_/\u00af", "I honestly don't know"),
+    ("Yay (^o^)/!", "Yay!"),
+    ("(\u256f\u00b0\u25a1\u00b0)\u256f Ugh.", "Ugh."),
+    # not faces: a variable, a fraction, a bracket of words
+    ("Set (x_y) first.", "Set (x_y) first."),
+    ("It costs (1/2) less.", "It costs (1/2) less."),
+    ("See (e.g. Smith) here.", "See (e.g. Smith) here."),
+])
+def test_a_face_in_brackets_is_not_said(text, spoken):
+    """The faces the segmenter keeps with their sentence reached the engine as written:
+    "(^o^)/" and "(T_T)", the shrug as "¯\\(ツ)/¯" (the emphasis pass took its "_(ツ)_")."""
+    assert speakable(text) == spoken
+
+
 # --- held-out regression guard -----------------------------------------------------------
 
 HELDOUT = [json.loads(line) for line in

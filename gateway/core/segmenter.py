@@ -1804,6 +1804,16 @@ as "colon P", and made a pause of ";-)", "^_^" and "great:)" (0.23 s: "That's gr
 "colon D"), as "Answer:D" may be a choice. Before a mark an emoticon goes with the space
 before it, as an emoji does ("works :)." says "works.")."""
 
+_SPOKEN_KAOMOJI = re.compile(
+    rf"[ \t]*(?<!\S)({_KAOMOJI.pattern})(?=[.,!?;:\u2026])|(?<!\S)({_KAOMOJI.pattern})(?!\S)")
+"""A face in brackets or the shrug written as a word (``_KAOMOJI``, ``_face``): not said, as
+":)" is not (the engine read "(^o^)/" and "(T_T)" out as written, the shrug as "¯\\(ツ)/¯")."""
+
+
+def _unsaid_face(m: re.Match[str]) -> str:
+    return "" if _face(m.group(1) or m.group(2)) else m.group()
+
+
 _FACE_HINT = re.compile(
     r"[:;=](?:(?<!\S[:;=])'?-?[()\[\]DPpOo3/\\|*]|(?<=[^\W\d_][:;])-?[()])"
     r"(?![^\s.,!?;:\u2026])")
@@ -1818,7 +1828,8 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     Drops markdown markers (emphasis, headings, list numbering and bullets, quote marks,
     table pipes and rules, code fences and inline-code backticks), struck-out text,
     footnote marks, control characters, U+FFFD (what an LLM's invalid UTF-8 decodes to:
-    "caf\ufffd\ufffd" says "caf"), emoji and emoticons (":)", "xD", "great:)"); an HTML
+    "caf\ufffd\ufffd" says "caf"), emoji and emoticons (":)", "xD", "great:)", "(^o^)/", the
+    shrug); an HTML
     line break is a pause; a link says its label, a bare URL its host. With
     ``reads_digits=False`` (engines that read "3.5" or "$184.50" badly) numbers, currency,
     percentages, times, ordinals and common abbreviations are written out as words. LaTeX
@@ -1828,6 +1839,8 @@ def speakable(text: str, *, reads_digits: bool = True) -> str:
     if _FENCE.match(s) or _TABLE_RULE.match(s):
         return ""
     s = _LINE_MARK.sub("", s)
+    if "(" in s or "\u00af" in s:  # before the emphasis pass, which took the shrug's "_(ツ)_"
+        s = _SPOKEN_KAOMOJI.sub(_unsaid_face, s)
     # Each pass below runs only when the text holds the character its pattern needs: the
     # same result, at a quarter of the cost for plain prose (this runs in the feed call that
     # completes a segment: those calls make the segmenter's p99, bench/segmentation.py).
