@@ -2006,6 +2006,15 @@ def test_more_abbreviations_go_on_before_their_number_or_code(text, want):
     assert sentences(text) == want
 
 
+def test_a_longitude_goes_on_after_an_eager_cut_at_the_latitudes_comma():
+    """With the eager first clause (the default), "lat. 27.9881, | long. | 86.9250." was cut
+    after "long.": the first cut took the latitude's comma out of the pending text."""
+    text = "Base camp is at lat. 27.9881, long. 86.9250. Expect snow."
+    want = ["Base camp is at lat. 27.9881,", "long. 86.9250.", "Expect snow."]
+    assert [s.text for s in run(text, config=SegmenterConfig())] == want
+    assert [s.text for s in run(text, [1] * len(text), SegmenterConfig())] == want
+
+
 @pytest.mark.parametrize(("text", "want"), [
     ("In Korean it's written 2024. 3. 12. That's year, month, day.",
      ["In Korean it's written 2024. 3. 12.", "That's year, month, day."]),

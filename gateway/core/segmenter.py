@@ -1248,7 +1248,8 @@ class Segmenter:
             return False  # "14 apr. J.-C.", "63 av. J.-C." (après, avant Jésus-Christ)
         if low in ("long", "lon", "lng") and nxt.isdigit():
             p = self._end_before(ws)  # "lat. 27.9881, long. 86.9250": after a latitude's
-            if p > 0 and buf[p] == "," and buf[p - 1].isdigit():  # not "was long. 20 people"
+            if p > 0 and buf[p] == "," and buf[p - 1].isdigit() or (  # not "was long. 20"
+                    p < 0 and (self._carry or "")[:1].isdigit()):  # (or cut at its comma)
                 return False
         if low in ("a.m", "p.m") and self._next_word(i + 1) in _ZONES | _WEEKDAYS:
             return False  # "10 a.m. PT", "9 a.m. Mon.–Fri."
