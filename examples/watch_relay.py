@@ -98,7 +98,9 @@ import soxr
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
+from websockets.protocol import Event
 
 from gateway.core.codec import (
     MAX_MESSAGE_BYTES,
@@ -150,6 +152,10 @@ that had stopped reading."""
 GATEWAY_CLOSE_TIMEOUT_S = 1.0
 """How long the relay waits for the gateway's answer to its close before aborting the
 socket: the close itself ends the session once the gateway reads it, whatever comes back."""
+MESSAGE_BURST, MESSAGES_PER_S = 200, 50.0
+"""The gateway's allowance of messages (``gateway.io.connection``'s, protocol.md, Limits),
+which the relay holds each watch to itself (``WatchSocket``), pings and pongs included."""
+CLOSE_TOO_MANY_MESSAGES = (1008, "too many messages")
 HAS_PYAV = importlib.util.find_spec("av") is not None
 NO_PYAV = "PyAV is not installed (pip install -e '.[watch]')"
 
@@ -935,6 +941,57 @@ class RelaySession:
         raise UpstreamLost("gateway unreachable or silent for the whole resume window")
 
 
+class WatchSocket(ServerConnection):
+    """A watch's connection: every message the watch sends counts toward the gateway's
+    allowance (``MESSAGE_BURST`` at once, then ``MESSAGES_PER_S``), WebSocket pings and pongs
+    too, as the gateway counts them. websockets answers each ping itself: a watch sending
+    them and reading none of the pongs had every one queued in the relay's memory (4 million
+    in 15 s took it from 42 MB to 530 MB RSS), and a flood of messages the relay refuses
+    itself (binary frames, a second ``relay.hello``) never reached the gateway's count,
+    while answering them held the other watches' replies (1.3 s). Past the allowance the
+    watch is closed with the gateway's 1008 ``too many messages`` (its session ends), the
+    relay reads no more of it, and its connection is aborted if it has not closed its end
+    ``close_timeout`` later."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._allowance, self._allowance_at = float(MESSAGE_BURST), self.loop.time()
+        self._abort_later: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._abort_later is None:  # (flooded: nothing more is read, nor answered)
+            super().data_received(data)
+
+    def process_event(self, event: Event) -> None:
+        if self._abort_later is not None:
+            return  # (read with the flood's last message: dropped)
+        if isinstance(event, Frame) and (event.fin or event.opcode in (Opcode.PING,
+                                                                     Opcode.PONG)) \
+                and event.opcode is not Opcode.CLOSE and not self._allowed(self.loop.time()):
+            self.protocol.fail(*CLOSE_TOO_MANY_MESSAGES)  # (sends it, reads no more)
+            self.send_data()
+            self._abort_later = self.loop.call_later(self.close_timeout or 0.0,
+                                                     self.transport.abort)
+            return
+        super().process_event(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._abort_later is not None:
+            self._abort_later.cancel()
+        super().connection_lost(exc)
+
+    def _allowed(self, now: float) -> bool:
+        """One more message from the watch at ``now``: False past the allowance."""
+        allowance = min(float(MESSAGE_BURST),
+                        self._allowance + (now - self._allowance_at) * MESSAGES_PER_S)
+        self._allowance_at = now
+        if allowance < 1.0:
+            self._allowance = allowance
+            return False
+        self._allowance = allowance - 1.0
+        return True
+
+
 class WatchRelay:
     """The relay's WebSocket server (``start()``, ``port``, ``aclose()``).
 
@@ -975,7 +1032,8 @@ class WatchRelay:
                                    compression=None, max_size=2**20,
                                    close_timeout=WATCH_CLOSE_TIMEOUT_S,
                                    process_request=self._authorize,
-                                   select_subprotocol=select_subprotocol)
+                                   select_subprotocol=select_subprotocol,
+                                   create_connection=WatchSocket)
 
     def _authorize(self, watch: ServerConnection, request: Request) -> Response | None:
         """With watch tokens, a watch presents one as a gateway client does (auth.py:

@@ -19,6 +19,7 @@ from websockets.asyncio.server import serve
 
 from engines.base import SynthesisRequest
 from engines.espeak import EspeakEngine
+from examples import watch_relay
 from examples.watch_relay import (
     FLAG_SENTENCE_END,
     FLAG_TURN_END,
@@ -814,6 +815,56 @@ async def test_a_watch_flooding_messages_gets_the_gateways_1008(gateway, relay, 
             while True:
                 await recv_event(ws)
     assert (ws.close_code, ws.close_reason) == (1008, "too many messages")
+
+def test_the_relay_holds_a_watch_to_the_gateways_allowance_of_messages():
+    from gateway.io import connection
+
+    assert (watch_relay.MESSAGE_BURST, watch_relay.MESSAGES_PER_S) == \
+        (connection.MESSAGE_BURST, connection.MESSAGES_PER_S)
+
+
+@pytest.mark.parametrize("opcode", [0x9, 0xA, 0x2], ids=["pings", "pongs", "binary frames"])
+async def test_a_watch_flooding_what_the_relay_answers_itself_is_closed_1008(gateway, relay,
+                                                                             monkeypatch,
+                                                                             opcode):
+    """The relay answers a watch's ping frames (websockets' pongs), takes its pongs and
+    refuses its binary frames (``binary_not_supported``) itself: none went up, so none
+    counted toward the gateway's allowance of messages. A watch flooding pings and reading
+    none of the pongs had them all queued in the relay's memory (4 million in 15 s: 42 MB
+    to 530 MB RSS), and a flood of refusals took the event loop from the other watches (a
+    ping of another watch answered 1.3 s late). Each counts now as at the gateway: past the
+    allowance the watch is closed with 1008 ``too many messages``, the relay reads no more
+    of it (the last ping goes unanswered), its gateway session ends, another watch goes on."""
+    from tests.test_ws_limits import client_frame, server_frame, upgraded
+
+    monkeypatch.setattr(watch_relay, "MESSAGE_BURST", 50)
+    monkeypatch.setattr(watch_relay, "MESSAGES_PER_S", 0.0)  # (no refill: no clock matters)
+    async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as other:
+        await recv_event(other, "session.created")
+        reader, writer = await upgraded(relay)
+        writer.write(client_frame(0x1, b'{"type": "relay.hello", "format": "pcm16-16k"}',
+                                  fin=True))
+        assert orjson.loads((await unless_hung(server_frame(reader)))[1])["type"] == \
+            "session.created"
+        writer.write(client_frame(opcode, b"p" * 125, fin=True) * 2000)
+        writer.write(client_frame(0x1, b'{"type": "ping", "id": "last"}', fin=True))
+        await writer.drain()
+        answers = 0
+        async with hang_guard("the flooding watch's close"):
+            while (frame := await server_frame(reader))[0] != 0x8:
+                assert frame != (0x1, b'{"type":"pong","id":"last"}'), \
+                    f"the flood was answered: {answers} answers, then the last ping"
+                answers += 1
+        assert frame[1] == (1008).to_bytes(2, "big") + b"too many messages"
+        assert answers < 2000  # (those read with the 50th may all be answered)
+        writer.close()
+        async with hang_guard("the flooding watch's gateway session's end"):
+            while len(gateway.runners) > 1:  # (the gateway reads the relay's close 1000)
+                gateway._live_changed.clear()
+                await gateway._live_changed.wait()
+        await send(other, type="ping", id=1)
+        assert (await unless_hung(recv_event(other, "pong"))) == {"type": "pong", "id": 1}
+
 
 @pytest.mark.parametrize("bad", ["over 1 MiB", "not UTF-8"])
 async def test_a_watch_message_the_link_cannot_carry_ends_the_session(gateway, relay, bad):
