@@ -137,7 +137,8 @@ async def test_tokens_or_a_star_let_any_name_in(start, server):
     ("192.168.1.20:8780", True), ("hub.local", False), ("localhost.evil.example", False),
     ("evil.localhost", True), ("Hub.LocalHost.:8780", True), ("evil-localhost", False),
     ("127.0.0.1.evil.example", False), ("[::1", False),
-    ("127.0.0.1:99999", False), ("a b", False), ("hub.local:8780", False)])
+    ("127.0.0.1:99999", False), ("a b", False), ("hub.local:8780", False),
+    ("evil@127.0.0.1", False), ("127.0.0.1@rebind.example", False)])
 def test_host_allowed(host, ok):
     assert host_allowed(host, ()) is ok
     assert host_allowed(host, None)  # any

@@ -202,6 +202,41 @@ async def test_the_voice_port_answers_a_request_whatever_follows_it(gateway, aft
     assert gateway.health()["errors"] == {}
 
 
+UPGRADE = (b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+           b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+
+
+@pytest.mark.parametrize(("hosts", "why"), [
+    ([b"evil@127.0.0.1"], "holds user info"),
+    ([b""], "an empty Host"),
+    ([b"127.0.0.1:99999"], "is not a host[:port]"),
+    ([b"127.0.0.1/x"], "is not a host[:port]"),
+    ([b"127.0.0.1", b"127.0.0.1"], "more than one Host"),
+    ([], "no Host"),
+], ids=["user-info", "empty", "port-past-65535", "a-path", "two", "none"])
+async def test_a_host_that_is_no_host_and_port_is_refused_400_on_both_ports(gateway, hosts,
+                                                                            why):
+    """RFC 9112 3.2: a server answers 400 a request with no ``Host`` (HTTP/1.1), more than
+    one, or one whose value is invalid. ``Host: evil@127.0.0.1`` (user info, RFC 9110
+    4.2.4) was answered on both ports, the upgrade included: the check against DNS
+    rebinding read its name as the IP address after the ``@``; an empty ``Host`` (a client
+    sends one only for a target without an authority, and every target here has one) was
+    taken for none. Both ports answer each 400 ``invalid_http`` now, saying why (h11 says
+    its own for what it refuses itself: two, or none), on the upgrade as on a plain GET."""
+    head = b"".join(b"Host: " + host + b"\r\n" for host in hosts)
+    for port, request in ((gateway.port, b"GET /health HTTP/1.1\r\n" + head + b"\r\n"),
+                          (gateway.http_port, b"GET /health HTTP/1.1\r\n" + head + b"\r\n"),
+                          (gateway.port, b"GET /v1/voice HTTP/1.1\r\n" + head + UPGRADE
+                           + b"\r\n")):
+        answer = await raw_answer(port, request)
+        assert answer.startswith(b"HTTP/1.1 400 "), (port, answer[:300])
+        error = orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+        assert error["code"] == "invalid_http"
+        if port == gateway.port or len(hosts) == 1:
+            assert why in error["message"], error
+    assert gateway.health()["errors"] == {"invalid_http": 3}
+
+
 async def test_a_message_sent_with_the_upgrade_is_read_once_the_socket_opens(gateway):
     """A client that sends its first message right behind its upgrade request (before the
     101: RFC 6455 says wait, not every client does) has it read as the socket's first."""

@@ -145,9 +145,39 @@ def host_allowlist(tokens: Sequence[str], hosts: Sequence[str],
     return tuple(dict.fromkeys(n for n in names if n))
 
 
+HOST_VALUE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]+)(:[0-9]*)?")
+"""RFC 9110 7.2's ``Host = uri-host [ ":" port ]`` (RFC 3986: an IP literal in brackets, or a
+name of unreserved, percent-encoded and sub-delimiter characters): no user info (``@``), no
+path, no white space."""
+
+
+def invalid_host(hosts: Sequence[str]) -> str | None:
+    """Why a request with these ``Host`` values is not a valid HTTP request (RFC 9112 3.2: a
+    server answers it 400, whatever its tokens), or None: more than one, an empty one (a
+    client sends that only for a target without an authority, and every target here is an
+    ``http``/``ws`` URI, which has one), or one that is not ``host[:port]`` (user info, as
+    ``evil@127.0.0.1``, whose name ``host_name`` took for the IP address after it; a port
+    past 65535). None for no ``Host`` at all: HTTP/1.0 needs none (the caller refuses an
+    HTTP/1.1 request without one)."""
+    if len(hosts) > 1:
+        return f"more than one Host ({len(hosts)}): which would be meant?"
+    if not hosts:
+        return None
+    host = hosts[0]
+    if not host:
+        return "an empty Host (every target here has a host: send the one dialled)"
+    if "@" in host:
+        return f"Host {host[:200]!r} holds user info (RFC 9110 4.2.4): send host[:port] only"
+    if not HOST_VALUE.fullmatch(host) or host_name(host) is None:
+        return f"Host {host[:200]!r} is not a host[:port]"
+    return None
+
+
 def host_name(host: str) -> str | None:
     """The name in a ``Host`` value (``name[:port]``, ``[v6]:port``), in lower case without
-    a final dot; None when malformed."""
+    a final dot; None when malformed (user info included: ``invalid_host``)."""
+    if "@" in host:
+        return None
     try:
         parts = urlsplit(f"//{host}")
         name = parts.hostname or ""

@@ -74,6 +74,7 @@ from gateway.io.aio import unless_stopped
 from gateway.io.auth import (
     API_UNAUTHORIZED,
     CHALLENGE,
+    invalid_host,
     refused_host,
     refused_origin,
     token_ok,
@@ -1206,6 +1207,12 @@ class _Requests(h11.Connection):
                     headers=[*((n, v) for n, v in event.headers if n != b"host"),
                              (b"host", host.encode("latin-1"))],
                     http_version=event.http_version)
+            # RFC 9112 3.2 (h11 refuses no Host in HTTP/1.1, and more than one): "Host:
+            # evil@127.0.0.1" and an empty Host passed the check against DNS rebinding
+            hosts = [v.decode("latin-1") for n, v in event.headers if n == b"host"]
+            if (why := invalid_host(hosts)) is not None:
+                self.refused = why
+                raise h11.RemoteProtocolError(why, error_status_hint=400)
         return event
 
 

@@ -55,6 +55,7 @@ from gateway.io.auth import (
     check_token,
     host_allowlist,
     install_redaction,
+    invalid_host,
     origin_allowlist,
     own_origin,
     refused_bind,
@@ -557,8 +558,16 @@ class Gateway:
             if "Host" in request.headers:
                 del request.headers["Host"]
             request.headers["Host"] = host
+        # RFC 9112 3.2: a request with no Host (websockets reads HTTP/1.1 only), more than
+        # one, or one no host[:port] is answered 400, whatever the tokens, as the HTTP API's
+        # port answers it; "evil@127.0.0.1" and an empty Host passed the check against DNS
+        # rebinding, as an IP address and as no Host at all (HTTP/1.0)
+        hosts = request.headers.get_all("Host")
+        response: Response | None
+        if (why := invalid_host(hosts) if hosts else "no Host (HTTP/1.1 requires one)"):
+            response = self._unreadable(connection, why)
         # websockets answers any method as a GET: a HEAD got the body too, a POST the page
-        if request.method == "GET":
+        elif request.method == "GET":
             response = self._answer_request(connection, request)
         elif request.method == "HEAD" and request.path.split("?", 1)[0] != VOICE_PATH:
             response = self._answer_request(connection, request)
