@@ -206,6 +206,31 @@ UPGRADE = (b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
 
 
+@pytest.mark.parametrize("before", [b"\r\n", b"\n", b"\r\n" * 3], ids=["crlf", "lf", "three"])
+async def test_empty_lines_before_the_request_line_are_ignored_on_both_ports(gateway, before):
+    """RFC 9112 2.2: a server SHOULD ignore at least one empty line before the request
+    line. Both ports answered 400 ``invalid_http`` (websockets and h11 each took the empty
+    line for the request line). Sent apart too (a CR ending one segment, its LF the
+    next), and on the voice port for the upgrade as for a plain GET."""
+    get = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    upgrade = b"GET /v1/voice HTTP/1.1\r\nHost: 127.0.0.1\r\n" + UPGRADE + b"\r\n"
+    for port, request in ((gateway.port, get), (gateway.http_port, get),
+                          (gateway.port, upgrade)):
+        answer = await raw_answer(port, before + request)
+        assert answer.startswith(b"HTTP/1.1 200 " if request is get else b"HTTP/1.1 101 "), \
+            (port, answer[:300])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for piece in (before[:-1], before[-1:] + request):  # (a CR or LF alone, then the rest)
+            writer.write(piece)
+            await writer.drain()
+        async with hang_guard("the answer"):
+            head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200 " if request is get else b"HTTP/1.1 101 "), \
+            (port, head)
+    assert gateway.health()["errors"] == {}
+
+
 @pytest.mark.parametrize(("hosts", "why"), [
     ([b"evil@127.0.0.1"], "holds user info"),
     ([b""], "an empty Host"),

@@ -608,6 +608,8 @@ class VoiceSocket(ServerConnection):
     """The last bytes of the request so far, until its headers' end (CRLF CRLF) is seen."""
     _held: bytes | None = None
     """What came after the request, held (reading paused) until it is answered."""
+    _cr = b""
+    """A CR that ended what came before the request line (``_past_empty_lines``)."""
 
     def refused_method(self, method: str, target: str) -> Response | None:
         """The answer to a ``method`` other than GET and HEAD whose request websockets could
@@ -633,6 +635,8 @@ class VoiceSocket(ServerConnection):
         protocol = self.protocol
         if (protocol.state is State.CONNECTING and protocol.handshake_exc is None
                 and not protocol.eof_sent):
+            if self._method is None and self.request is None:  # (no request line begun)
+                data = self._past_empty_lines(data)
             data = self._until_answered(data)
             if not data:
                 return
@@ -656,6 +660,27 @@ class VoiceSocket(ServerConnection):
         if excess != self._charged:  # (most sockets never hold one: no attribute set)
             budget.used += excess - self._charged
             self._charged = excess
+
+    def _past_empty_lines(self, data: bytes) -> bytes:
+        """``data`` without the empty lines (CRLF, or a bare LF) before the request line: RFC
+        9112 2.2 has a server ignore at least one, and websockets answered it 400 ("invalid
+        HTTP request line: "), as it read the empty line for the request line. A CR that
+        ends ``data`` is held until the next bytes say whether it begins an empty line.
+        Dropped, they hold no memory (the handshake's deadline ends a client sending only
+        them)."""
+        data = self.__dict__.pop("_cr", b"") + data
+        start = 0
+        while True:
+            if data.startswith(b"\n", start):
+                start += 1
+            elif data.startswith(b"\r\n", start):
+                start += 2
+            else:
+                break
+        if data[start:] == b"\r":
+            self._cr = b"\r"
+            return b""
+        return data[start:]
 
     def _until_answered(self, data: bytes) -> bytes:
         """What of ``data`` websockets may read before the request is answered: up to the

@@ -1179,6 +1179,21 @@ async def _disconnected(request: Request) -> None:
 # ---- the server ---------------------------------------------------------------------------
 
 
+def _past_empty_lines(buffer: Any) -> None:
+    """Drops the empty lines (CRLF, or a bare LF) at the start of h11's receive ``buffer``,
+    where a request line is expected: RFC 9112 2.2 has a server ignore at least one before
+    it (a client may send one after a request's body), and h11 refused the request 400
+    ("no request line received"). Dropped, they hold no memory; a client sending nothing
+    else meets the header deadline (``_H11``)."""
+    while True:
+        if buffer._data[:1] == b"\n":
+            buffer._extract(1)
+        elif buffer._data[:2] == b"\r\n":
+            buffer._extract(2)
+        else:
+            return
+
+
 class _Requests(h11.Connection):
     """h11's server side, refusing a request that has both ``Content-Length`` and
     ``Transfer-Encoding`` (h11 reads it by its chunks and goes on with the connection): that
@@ -1191,6 +1206,8 @@ class _Requests(h11.Connection):
     """Why the request was refused (``send_400_response`` says it), when it was here."""
 
     def next_event(self) -> Any:
+        if self.their_state is h11.IDLE:
+            _past_empty_lines(self._receive_buffer)
         event = super().next_event()
         if isinstance(event, h11.Request):
             names = {name for name, _ in event.headers}  # (h11 has them in lower case)
