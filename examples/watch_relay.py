@@ -218,7 +218,7 @@ class OpusAudio:
         self._ends: dict[int, float] = {}  # sentence → the watch's ms at its end
         self._told_ms = 0  # the watch's ms of the sentences ``sentence_ms`` has told
 
-    def sentence_ms(self, sentence: int, audio_ms: Any) -> Any:
+    def sentence_ms(self, sentence: Any, audio_ms: Any) -> Any:
         """``sentence.done``'s ``audio_ms`` in the watch's time: the sentence's audio and
         the silence padding its last packet (up to 26.5 ms, the module docstring), so that
         a ``played_ms`` built by adding them up (protocol.md) is the watch's time, as a
@@ -414,7 +414,17 @@ class RelayCore:
     def created(self, event: dict[str, Any]) -> str:
         """The gateway's first ``session.created`` → the watch's ``session.created``. (Not
         counted in ``_since_frame``: a resume without ``last_seq`` replays what followed
-        it, never itself.)"""
+        it, never itself.) Raises ``GatewayMessageError`` for one the relay cannot read."""
+        if event.get("type") != "session.created":
+            raise GatewayMessageError(f"the gateway's first message was {_shown(event)}, "
+                                      "not session.created")
+        try:
+            return self._created(event)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise GatewayMessageError(f"the gateway's session.created is unreadable "
+                                      f"({type(exc).__name__}: {exc})") from exc
+
+    def _created(self, event: dict[str, Any]) -> str:
         self.session_id, self.resume_token = event["session_id"], event["resume_token"]
         window = event.get("resume_window_s")
         if _is_number(window) and window >= 0:
@@ -427,6 +437,19 @@ class RelayCore:
         return orjson.dumps(down).decode()
 
     def from_gateway(self, message: str | bytes) -> list[str | bytes]:
+        """A gateway message → what goes to the watch. Raises ``GatewayMessageError`` for
+        one the relay cannot read (not JSON, not an object, a field of the wrong type, a
+        frame shorter than its header or with half a sample): it ended the watch's
+        connection with a traceback in the log and websockets' bare 1011."""
+        try:
+            return self._from_gateway(message)
+        except GatewayMessageError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError, struct.error) as exc:
+            raise GatewayMessageError(f"the gateway sent a message the relay cannot read "
+                                      f"({type(exc).__name__}: {exc})") from exc
+
+    def _from_gateway(self, message: str | bytes) -> list[str | bytes]:
         if self._skip:
             self._skip -= 1  # relayed before the gateway socket dropped
             return []
@@ -438,7 +461,7 @@ class RelayCore:
             return [self._frame(p, turn_id)
                     for p in self.audio.feed(turn_id, sentence, flags, message[HEADER.size:])]
         self._since_frame += 1
-        event = orjson.loads(message)
+        event = gateway_event(message)
         kind = event.get("type")
         if kind == "turn.started":  # (only what the relay sent starts one)
             self._turns_started(event.get("turn_id"))
@@ -711,6 +734,31 @@ class UpstreamLost(Exception):
         self.code = code
 
 
+class GatewayMessageError(UpstreamLost):
+    """The gateway sent a message the relay cannot read: the session ends (a resume would
+    replay it), and the watch is closed with 1011 saying so."""
+
+
+def gateway_event(message: str | bytes) -> dict[str, Any]:
+    """A gateway text message as the object it must be; ``GatewayMessageError`` if not."""
+    if isinstance(message, bytes):
+        raise GatewayMessageError("the gateway sent a binary frame where an event was due")
+    try:
+        event = orjson.loads(message)
+    except orjson.JSONDecodeError as exc:
+        raise GatewayMessageError(f"the gateway sent a message that is not JSON ({exc})") \
+            from exc
+    if not isinstance(event, dict):
+        raise GatewayMessageError(f"the gateway sent {_shown(event)}, not a JSON object")
+    return event
+
+
+def _shown(value: Any) -> str:
+    """A value of the gateway's, as short as a close reason needs it."""
+    text = repr(value.get("type") if isinstance(value, dict) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _ended(exc: ConnectionClosed) -> UpstreamLost | None:
     """The gateway closed its socket on purpose (a close frame that leaves no session
     waiting for a resume, protocol.md, Close codes): what to tell the watch; None for a
@@ -738,7 +786,7 @@ class RelaySession:
         held the watch, and after it left the socket and the relay's stop, for ever."""
         async with asyncio.timeout(self.relay.upstream_timeout_s):
             self.gateway = await self.relay.connect_upstream()
-            return orjson.loads(await self.gateway.recv())
+            return gateway_event(await self.gateway.recv())
 
     async def _open_unless_left(self) -> dict[str, Any] | None:
         """``_open()``, or None once the watch has left (the relay's stop closes it): the
@@ -763,7 +811,8 @@ class RelaySession:
             # (InvalidHandshake: a refusal, or a socket closed before any answer, as a
             # gateway starting up or a TLS one dialled with ws:// closes it)
             created = await self._open_unless_left()
-        except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError) as exc:
+        except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError,
+                GatewayMessageError) as exc:
             if self.gateway is not None:  # (silent: it answers no close either)
                 self.gateway.close_timeout = GATEWAY_CLOSE_TIMEOUT_S
                 await self.gateway.close(1000)
@@ -784,9 +833,17 @@ class RelaySession:
                 self.gateway.close_timeout = GATEWAY_CLOSE_TIMEOUT_S
                 await self.gateway.close(1000)
             return
+        try:
+            session_created = self.core.created(created)
+        except GatewayMessageError as exc:
+            assert self.gateway is not None
+            self.gateway.close_timeout = GATEWAY_CLOSE_TIMEOUT_S
+            await self.gateway.close(1000)
+            await self.watch.close(exc.code, f"gateway unavailable: {exc}"[:120])
+            return
         self._ready.set()
         try:
-            await self.watch.send(self.core.created(created))
+            await self.watch.send(session_created)
             async with asyncio.TaskGroup() as tasks:
                 down = tasks.create_task(self._gateway_to_watch())
                 try:
@@ -851,6 +908,7 @@ class RelaySession:
         while True:
             gateway = self.gateway
             assert gateway is not None
+            lost: UpstreamLost | None
             try:
                 while True:
                     for out in self.core.from_gateway(await gateway.recv()):
@@ -860,6 +918,8 @@ class RelaySession:
                 if self._closing:
                     return
                 lost = _ended(exc)  # None: a drop
+            except GatewayMessageError as exc:  # (run's end closes the gateway socket)
+                lost = exc
             if self.gateway is gateway:
                 self._ready.clear()
             try:
@@ -900,14 +960,18 @@ class RelaySession:
                     gateway = await self.relay.connect_upstream(self.core.session_id)
                     await gateway.recv()  # the fresh session's session.created: ignored
                     await gateway.send(self.core.resume_request())
-                    answer = orjson.loads(await gateway.recv())
+                    answer = gateway_event(await gateway.recv())
                 if answer.get("type") == "session.resumed":
                     # the replay, then what the drop lost goes again (known once the replay
                     # is in), before anything newer: until then the watch's messages wait
                     # (one sent meanwhile would be matched to the replay's answers). Not
                     # bounded by the window: the session is back (a gateway gone silent
                     # now is the keepalive's)
-                    self.core.resumed(int(answer.get("replayed", 0)), answer.get("turn_id"))
+                    replayed = answer.get("replayed", 0)
+                    if not isinstance(replayed, int) or replayed < 0:
+                        raise GatewayMessageError(f"the gateway's session.resumed has "
+                                                  f"replayed {_shown(replayed)}")
+                    self.core.resumed(replayed, answer.get("turn_id"))
                     while self.core.replaying:
                         for out in self.core.from_gateway(await gateway.recv()):
                             await self._to_watch(out)

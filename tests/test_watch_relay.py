@@ -1822,6 +1822,49 @@ async def test_a_gateway_that_never_says_session_created_is_given_up(watch_stays
             await unless_hung(relay.aclose())  # (was: never)
 
 
+CREATED = orjson.dumps({"type": "session.created", "session_id": "s", "resume_token": "t",
+                       "resume_window_s": 5, "audio": {"frame_ms": 40}}).decode()
+
+
+@pytest.mark.parametrize(("sent", "why"), [
+    (["not json"], "gateway unavailable: the gateway sent a message that is not JSON"),
+    (['{"type": "session.created"}'], "session.created is unreadable (KeyError: 'session_id')"),
+    ([CREATED, "garbage{"], "the gateway sent a message that is not JSON"),
+    ([CREATED, "[1]"], "the gateway sent [1], not a JSON object"),
+    ([CREATED, '{"type": "error", "error": "x"}'], "cannot read (AttributeError"),
+    ([CREATED, b"\x01\x00"], "cannot read (error: unpack_from"),
+    ([CREATED, HEADER.pack(1, 0, 0, 1, 0) + b"\x01"], "cannot read (ValueError"),
+], ids=["created-not-json", "created-without-its-id", "not-json", "not-an-object",
+        "error-not-an-object", "frame-shorter-than-its-header", "half-a-sample"])
+async def test_a_gateway_sending_what_the_relay_cannot_read_ends_the_session_saying_so(
+        sent, why, caplog):
+    """A gateway (or something answering in its place) that sent a message the relay could
+    not read, text that is not JSON or not an object, a field of the wrong type, a binary
+    frame shorter than its header or with half a sample, raised in the watch's handler:
+    a traceback in the log ("connection handler failed") and websockets' bare 1011 for
+    the watch. The watch gets 1011 saying what the gateway sent, the relay closes the
+    gateway socket (1000: the session ends, a resume would replay the same), no
+    traceback."""
+    closed: list[int | None] = []
+    gone = asyncio.Event()
+
+    async def gateway(ws) -> None:  # TEST DOUBLE: says what the parameters say
+        for message in sent:
+            await ws.send(message)
+        await ws.wait_closed()
+        closed.append(ws.close_code)
+        gone.set()
+
+    async with relay_to(gateway, resume_window_s=5.0) as relay:
+        async with connect(f"ws://127.0.0.1:{relay.port}/?format=pcm16-16k") as watch:
+            await unless_hung(watch.wait_closed())
+        assert watch.close_code == 1011
+        assert why in watch.close_reason, watch.close_reason
+        await unless_hung(gone.wait())
+        assert closed == [1000]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback in the log"
+
+
 async def test_a_settings_change_lost_with_the_gateway_socket_is_sent_again(gateway, relay):
     """protocol.md, Resume: a ``session.update`` lost with the socket is sent again (it is
     idempotent). The relay sent again only a transcript, say or cancel: the watch's change
