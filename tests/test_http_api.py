@@ -231,6 +231,29 @@ async def test_empty_lines_before_the_request_line_are_ignored_on_both_ports(gat
     assert gateway.health()["errors"] == {}
 
 
+@pytest.mark.parametrize("pieces", [[b"\r", b"\nGET"], [b"\r\n\r", b"\n", b"\nGET"],
+                                    [b"\n\r", b"\nGET"]], ids=["cr-lf", "crlf-cr-lf-lf", "lf-cr"])
+def test_an_empty_line_split_between_reads_is_ignored_by_both_ports_parsers(pieces):
+    """The empty line's CR may come in one read and its LF in the next: h11 took a lone CR
+    for an illegal request line (400), and the voice port's socket must not pass it on
+    to websockets either. Both parsers, fed the pieces one at a time (sans I/O)."""
+    import h11
+
+    from gateway.io.connection import VoiceSocket
+
+    rest = b" /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    requests = http_api._Requests(h11.SERVER)
+    for piece in pieces[:-1]:
+        requests.receive_data(piece)
+        assert requests.next_event() is h11.NEED_DATA
+    requests.receive_data(pieces[-1] + rest)
+    assert requests.next_event().target == b"/health"
+    socket_ = SimpleNamespace()  # (what _past_empty_lines keeps between reads)
+    passed = b"".join(VoiceSocket._past_empty_lines(socket_, piece)  # type: ignore[arg-type]
+                      for piece in pieces)
+    assert passed == b"GET"
+
+
 @pytest.mark.parametrize(("hosts", "why"), [
     ([b"evil@127.0.0.1"], "holds user info"),
     ([b""], "an empty Host"),

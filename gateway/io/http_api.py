@@ -1208,6 +1208,8 @@ class _Requests(h11.Connection):
     def next_event(self) -> Any:
         if self.their_state is h11.IDLE:
             _past_empty_lines(self._receive_buffer)
+            if self._receive_buffer._data == b"\r":  # (h11: "illegal request line")
+                return h11.NEED_DATA  # what follows says whether it begins an empty line
         event = super().next_event()
         if isinstance(event, h11.Request):
             names = {name for name, _ in event.headers}  # (h11 has them in lower case)
