@@ -131,6 +131,18 @@ async def test_tokens_or_a_star_let_any_name_in(start, server):
             assert answer.status_code == 200
 
 
+async def test_a_host_with_user_info_is_refused_400_with_tokens_too(start):
+    """Tokens let any name in (the check against DNS rebinding is off), not a ``Host`` that
+    is no ``host[:port]`` (RFC 9112 3.2: 400 whatever the server's auth)."""
+    gw = await start(tokens=("s3cret",))
+    async with httpx.AsyncClient(timeout=HANG_S) as http:
+        for port in (gw.port, gw.http_port):
+            answer = await http.get(f"http://127.0.0.1:{port}/health",
+                                    headers={"Host": "evil@127.0.0.1"})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["code"] == "invalid_http"
+
+
 @pytest.mark.parametrize(("host", "ok"), [
     ("127.0.0.1", True), ("127.0.0.1:8780", True), ("[::1]:8780", True), ("[::1]", True),
     ("localhost", True), ("localhost:1", True), ("LOCALHOST.", True), ("", True),
