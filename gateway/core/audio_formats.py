@@ -25,8 +25,10 @@ shapes of output:
   The output is append-only, so a header that must give the length says it is unknown
   (WAV: 0xFFFFFFFF; FLAC: 0 samples) or is left out (MP3's Xing/LAME frame, which also tells
   a decoder how much of the first and last frames is padding);
-* **whole**: the file is built in memory; ``finish`` returns it, its headers rewritten with
-  the real lengths, as a file saved to disk should be.
+* **whole**: the file is written to ``out``, a seekable binary file the caller gives (the
+  HTTP port's ``gateway.io.spool.Spool``, which goes to disk past 1 MiB), its headers
+  rewritten with the real lengths by ``finish``, as a file saved to disk should be; without
+  ``out``, to memory, and ``finish`` returns it.
 
 The compressed formats are FFmpeg's encoders and muxers through PyAV (libmp3lame, libopus,
 its native aac and flac), imported on first use (``import av`` takes ~40 ms and ~20 MB: a
@@ -51,7 +53,7 @@ import io
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -119,6 +121,15 @@ def wav_header(data_bytes: int | None) -> bytes:
 WAV_STREAM_HEADER = wav_header(None)
 
 
+class WholeOutput(Protocol):
+    """Where a whole file is written: a seekable binary file (``io.BytesIO``,
+    ``gateway.io.spool.Spool``); PyAV's muxers use these three."""
+
+    def write(self, data: bytes, /) -> int: ...
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+    def tell(self) -> int: ...
+
+
 class _Appended:
     """A write-only file for PyAV: no ``seek``, so FFmpeg writes strictly in order and
     never goes back to a header (the bytes already went to the client)."""
@@ -140,22 +151,30 @@ class Encoder:
     """PCM16 24 kHz mono chunks in, the bytes of one file of ``fmt`` out, in order.
 
     ``encode(pcm)`` returns the bytes now ready (streamed; always ``b""`` for a whole file);
-    ``finish()`` flushes the codec and returns the rest (the whole file when not streamed);
+    ``finish()`` flushes the codec and returns the rest (for a whole file: nothing, the file
+    being in ``out``, or the whole file when no ``out`` was given);
     ``close()`` frees an encoder that will not be finished. Not thread-safe: one call at a
     time, from any one thread at a time (``gateway.io.http_api`` runs the compressed ones on
     a worker thread). ``samples`` counts the samples fed.
     """
 
-    def __init__(self, fmt: str, *, streamed: bool) -> None:
+    def __init__(self, fmt: str, *, streamed: bool, out: WholeOutput | None = None) -> None:
+        """``out``: where a whole file is written (a seekable binary file, empty, left open:
+        the caller closes it); None: an ``io.BytesIO`` of its own, which ``finish`` returns.
+        Unused when ``streamed``."""
         self.format = FORMATS[fmt]
         self.streamed = streamed
         self.samples = 0
-        # a whole pcm or wav file, until finish(); a wav's header goes first, filled in then
-        self._pcm = bytearray(len(WAV_STREAM_HEADER) if fmt == "wav" and not streamed else 0)
+        self._whole: WholeOutput | None = None if streamed else out
+        self._returns_whole = out is None and not streamed
+        if self._returns_whole:
+            self._whole = io.BytesIO()
         self._header_sent = False
+        if fmt == "wav" and self._whole is not None:  # its header, filled in by finish()
+            self._whole.write(bytes(len(WAV_STREAM_HEADER)))
         self._container: OutputContainer | None = None
         self._stream: AudioStream | None = None
-        self._out: _Appended | io.BytesIO | None = None
+        self._out: _Appended | WholeOutput | None = None
         self._frame_size = 0
         self._fifo: AudioFifo | None = None
         """The samples fed since the last whole frame went to the codec."""
@@ -169,7 +188,7 @@ class Encoder:
 
         spec = self.format
         assert spec.container is not None and spec.codec is not None
-        self._out = _Appended() if self.streamed else io.BytesIO()
+        self._out = _Appended() if self._whole is None else self._whole
         options = dict(spec.muxer_options + (spec.stream_options if self.streamed else ()))
         self._container = av.open(self._out, "w", format=spec.container, options=options)
         stream = self._container.add_stream(spec.codec, rate=OUTPUT_RATE, layout="mono")
@@ -194,8 +213,8 @@ class Encoder:
         self.samples += len(pcm) // 2
         spec = self.format
         if spec.container is None:
-            if not self.streamed:
-                self._pcm += pcm
+            if self._whole is not None:
+                self._whole.write(pcm)
                 return b""
             if spec.name == "wav" and not self._header_sent:
                 self._header_sent = True
@@ -205,7 +224,7 @@ class Encoder:
             self._mux(np.frombuffer(pcm, dtype="<i2"))
         return self._take()
 
-    def finish(self) -> bytes | memoryview:
+    def finish(self) -> bytes:
         """End the file: the codec's last frames and the trailer (streamed), or the whole
         file (not streamed). An empty answer is a valid file: WAV and FLAC headers say 0
         samples; MP3, AAC and Ogg Opus cannot hold nothing (FFmpeg refuses to read a file
@@ -219,12 +238,14 @@ class Encoder:
                     self._header_sent = True
                     return WAV_STREAM_HEADER
                 return b""
-            # the samples where they were gathered, the header filled in ahead of them: a
-            # whole answer can be tens of MB, and each copy of it held the event loop
-            whole, self._pcm = self._pcm, bytearray()
+            # the samples where they were written, the header filled in ahead of them
+            assert self._whole is not None
             if spec.name == "wav":
-                whole[:len(WAV_STREAM_HEADER)] = wav_header(len(whole) - len(WAV_STREAM_HEADER))
-            return memoryview(whole)
+                end = self._whole.tell()
+                self._whole.seek(0)
+                self._whole.write(wav_header(end - len(WAV_STREAM_HEADER)))
+                self._whole.seek(end)
+            return self._whole_file()
         assert self._container is not None and self._stream is not None
         if self.samples == 0 and spec.empty_needs_a_sample:
             self._mux(np.zeros(1, dtype="<i2"))
@@ -233,8 +254,8 @@ class Encoder:
             self._send_frame(last)
         self._send_frame(None)
         self._container.close()
-        if isinstance(self._out, io.BytesIO):
-            return self._out.getvalue()
+        if self._whole is not None:
+            return self._whole_file()
         return self._take()
 
     def close(self) -> None:
@@ -278,6 +299,14 @@ class Encoder:
             packet.time_base = time_base
             packet.stream = stream
             self._container.mux_one(packet)
+
+    def _whole_file(self) -> bytes:
+        """A whole file's ``finish``: the file, when it is the encoder's own (a copy: only
+        where no ``out`` was given, not on the HTTP port), else nothing."""
+        if self._returns_whole:
+            assert isinstance(self._whole, io.BytesIO)
+            return self._whole.getvalue()
+        return b""
 
     def _take(self) -> bytes:
         return self._out.take() if isinstance(self._out, _Appended) else b""

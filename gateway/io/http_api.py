@@ -83,6 +83,7 @@ from gateway.io.auth import (
 from gateway.io.lanes import Lane, LaneThread, SynthesisJob
 from gateway.io.listen import listening_sockets, note_plain_http
 from gateway.io.log_limit import limited, log_refused, peer_text
+from gateway.io.spool import Spool
 from gateway.io.telemetry import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -975,10 +976,13 @@ class Encoding:
     call is awaited before the next, and ``close`` queues behind whatever is running), so
     the loop only hands chunks over; PCM and WAV, which cost nothing, run inline.
 
+    A whole file (not ``streamed``) is written to ``spool``, which ``close`` frees (after
+    the encoder, which may write to it as it closes): the response reads it from there.
+
     Created before the first chunk: the encoder opens on the thread (and the first one
-    imports PyAV there) while the engine works. Failures of the encoder raise
-    ``SpeechFailed("encoder_failed")``. Cancelling ``encode``/``finish`` is safe: the call
-    already on the thread runs to its end and ``close`` comes after it.
+    imports PyAV there) while the engine works. Failures of the encoder (and of the spool's
+    disk) raise ``SpeechFailed("encoder_failed")``. Cancelling ``encode``/``finish`` is safe:
+    the call already on the thread runs to its end and ``close`` comes after it.
     """
 
     def __init__(self, fmt: str, *, streamed: bool, thread: LaneThread | None) -> None:
@@ -988,41 +992,58 @@ class Encoding:
         self._encoder: Encoder | None = None
         self._opened: Future[Encoder] | None = None
         self._closed = False
+        self.spool: Spool | None = None if streamed else Spool()
         if self.format.container is None:
-            self._encoder = Encoder(fmt, streamed=streamed)
+            self._encoder = Encoder(fmt, streamed=streamed, out=self.spool)
         else:
             assert thread is not None, f"{fmt} is encoded on a thread"
             with contextlib.suppress(RuntimeError):  # shut down: encode() says so
                 self._opened = thread.submit(functools.partial(Encoder, fmt,
-                                                               streamed=streamed))
+                                                               streamed=streamed,
+                                                               out=self.spool))
 
     @property
     def media_type(self) -> str:
         return self.format.media_type
 
     async def encode(self, pcm: bytes) -> bytes:
-        """The bytes ready after ``pcm`` (``b""`` for a whole file until ``finish``)."""
+        """The bytes ready after ``pcm`` (``b""`` for a whole file: it goes to ``spool``)."""
         if self._encoder is not None:
-            return self._encoder.encode(pcm)
+            return self._inline(self._encoder.encode, pcm)
         return await self._call(_encode, pcm)
 
-    async def finish(self) -> bytes | memoryview:
-        """The rest of the file (all of it for a whole file)."""
+    async def finish(self) -> bytes:
+        """The rest of the file (for a whole file: nothing, the file being in ``spool``)."""
         if self._encoder is not None:
-            return self._encoder.finish()
+            return self._inline(self._encoder.finish)
         return await self._call(_finish)
 
     def close(self) -> None:
-        """Free the encoder (after the call in progress, if any). Idempotent."""
+        """Free the encoder (after the call in progress, if any), then the spool: its
+        temporary file is gone. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        spool, self.spool = self.spool, None
         if self._encoder is not None:
             self._encoder.close()
         elif self._thread is not None and self._opened is not None:
-            with contextlib.suppress(RuntimeError):  # the thread is gone: nothing to free
-                self._thread.submit(_close, self._opened)
+            try:
+                self._thread.submit(_close, self._opened, spool)
+                spool = None  # (closed there, after the encoder)
+            except RuntimeError:  # the thread is gone: nothing left to write to the spool
+                pass
             self._opened = None  # (the response may outlive its encoder)
+        if spool is not None:
+            spool.close()
+
+    def _inline(self, fn: Callable[..., bytes], *args: Any) -> bytes:
+        """A PCM or WAV call, on the loop: only the spool's disk can fail it."""
+        try:
+            return fn(*args)
+        except OSError as exc:
+            raise SpeechFailed("encoder_failed", f"writing {self.format.name} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
 
     async def _call(self, fn: Callable[..., _Data], *args: Any) -> _Data:
         try:
@@ -1053,13 +1074,17 @@ def _encode(opened: Future[Encoder], pcm: bytes) -> bytes:
     return opened.result().encode(pcm)
 
 
-def _finish(opened: Future[Encoder]) -> bytes | memoryview:
+def _finish(opened: Future[Encoder]) -> bytes:
     return opened.result().finish()
 
 
-def _close(opened: Future[Encoder]) -> None:
-    if opened.done() and opened.exception() is None:
-        opened.result().close()
+def _close(opened: Future[Encoder], spool: Spool | None) -> None:
+    try:
+        if opened.done() and opened.exception() is None:
+            opened.result().close()
+    finally:
+        if spool is not None:
+            spool.close()
 
 
 async def _unless_ended(request: Request, work: Awaitable[_Data], stream: SpeechStream,
@@ -1128,18 +1153,21 @@ async def _chunked(request: Request, stream: SpeechStream, encoding: Encoding,
 
 async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
                  headers: dict[str, str], counter: Callable[[str], None]) -> Response:
-    """Collect the whole file (``"stream": false``), encoding each chunk as it comes; a
-    client that leaves while we wait cancels the request. ``_Streamed`` sends it
-    (``_slices``) and counts it."""
+    """Collect the whole file (``"stream": false``) in the encoding's spool, encoding each
+    chunk as it comes; a client that leaves while we wait cancels the request.
+    ``_Streamed`` sends it (``_slices``) and counts it; ``_end`` closes the spool (its
+    temporary file is gone) however the request ends."""
+    spool = encoding.spool
+    assert spool is not None, "a whole file's encoding has a spool"
 
-    async def collect() -> bytes | memoryview:
+    async def collect() -> bytes:
         async for pcm in stream.chunks():
             await encoding.encode(pcm)
         return await encoding.finish()
 
-    data = await _unless_ended(request, collect(), stream, encoding, headers, counter)
-    if isinstance(data, Response):
-        return data
+    done = await _unless_ended(request, collect(), stream, encoding, headers, counter)
+    if isinstance(done, Response):
+        return done
     usage = stream.usage()
     headers = {**headers, "X-Audio-Ms": str(usage["audio_ms"]),
                "X-Compute-Ms": str(usage["compute_ms"])}
@@ -1149,18 +1177,19 @@ async def _whole(request: Request, stream: SpeechStream, encoding: Encoding,
     # server's flow control): Starlette's Response hands the server the whole body in one
     # write and returns, so a client that left mid-file was counted completed, and a
     # shutdown could not tell an answer still being sent from a finished one
-    headers["Content-Length"] = str(len(data))
-    return _Streamed(_slices(data, request, stream), stream, counter, encoding,
+    size = spool.size()
+    headers["Content-Length"] = str(size)
+    return _Streamed(_slices(spool, size, request, stream), stream, counter, encoding,
                      media_type=encoding.media_type, headers=headers)
 
 
-async def _slices(data: bytes | memoryview, request: Request,
+async def _slices(spool: Spool, size: int, request: Request,
                   stream: SpeechStream) -> AsyncIterator[bytes]:
-    """A whole file ``WHOLE_SLICE_BYTES`` at a time; ``completed`` once it is all sent."""
-    body = memoryview(data)
-    for start in range(0, len(body), WHOLE_SLICE_BYTES):
+    """A whole file ``WHOLE_SLICE_BYTES`` at a time, read from its spool as each is sent;
+    ``completed`` once it is all sent."""
+    for start in range(0, size, WHOLE_SLICE_BYTES):
         # (once the client is gone, the server drops each slice without waiting)
-        yield bytes(body[start:start + WHOLE_SLICE_BYTES])
+        yield spool.read_at(start, WHOLE_SLICE_BYTES)
     # the last slices are in the server's buffers: as for a stream (_chunked), what a
     # client that left after they were handed over did not take goes unseen
     if not await request.is_disconnected():

@@ -1,0 +1,110 @@
+"""Where a whole-file speech answer (``"stream": false``) is held from its first byte until
+its last is sent: in memory up to ``SPOOL_MEMORY_BYTES``, in a temporary file past that.
+
+A whole answer can be tens of MB (a 4 KB input of short lines at speed 0.25 made 55 MB of
+PCM) and the HTTP port serves up to ``[server] max_speech_requests`` at once: held in RAM,
+eight such answers took the gateway from 141 to 642 MB. Spooled, each holds at most
+``SPOOL_MEMORY_BYTES`` of its own (the file is in the OS's page cache, which the OS may
+drop or write out under pressure, not in the process).
+
+The file is ``tempfile.TemporaryFile``'s: in the platform's temporary directory (``TMPDIR``,
+else ``/tmp``), removed from the directory as soon as it is made, so its disk space is
+given back when it is closed, or when the process ends however it ends. A directory where
+no file can be made (missing, not writable, full) does not fail the answer: it stays in
+memory, with one WARNING line per answer.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tempfile
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+SPOOL_MEMORY_BYTES = 1 << 20
+"""How much of one answer stays in memory before it goes to a temporary file: 1 MiB is
+21 s of PCM (or WAV), 2 min of MP3, so most answers (a sentence or a paragraph) never touch
+the disk, while 64 answers at once hold at most 64 MiB of their files in the process."""
+
+
+class Spool:
+    """A seekable binary file written once (by an ``Encoder``, or PyAV's muxer through it),
+    then read back a slice at a time (``read_at``). In memory until it grows past
+    ``memory_bytes``, then in a temporary file. ``close()`` frees it (idempotent); it is
+    then gone from memory and disk.
+
+    Not thread-safe for writes; ``read_at`` moves no file position, so reading once the
+    writing is over may happen on any thread."""
+
+    def __init__(self, memory_bytes: int | None = None) -> None:
+        """``memory_bytes``: None, ``SPOOL_MEMORY_BYTES`` (read at each spool's making)."""
+        self._file: IO[bytes] = io.BytesIO()
+        self._limit: int | None = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
+        self.on_disk = False
+        """Whether it went to a temporary file."""
+
+    # the file PyAV and the encoder write to
+    def write(self, data: bytes | memoryview) -> int:
+        written = self._file.write(data)
+        if self._limit is not None and self._file.tell() > self._limit:
+            self._roll()
+        return written
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    # reading it back
+    def size(self) -> int:
+        """Its length in bytes (the furthest byte written)."""
+        if isinstance(self._file, io.BytesIO):
+            return self._file.getbuffer().nbytes
+        self._file.flush()  # (what the file object holds back is not in the file yet)
+        return os.fstat(self._file.fileno()).st_size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``offset`` (fewer only at the end)."""
+        if isinstance(self._file, io.BytesIO):
+            with self._file.getbuffer() as buffer:
+                return bytes(buffer[offset : offset + size])
+        self._file.flush()
+        return os.pread(self._file.fileno(), size, offset)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _roll(self) -> None:
+        """Move what is held to a temporary file, where the rest goes too."""
+        self._limit = None  # (once, whatever happens)
+        memory = self._file
+        assert isinstance(memory, io.BytesIO)
+        disk: IO[bytes] | None = None
+        try:
+            disk = tempfile.TemporaryFile()
+            with memory.getbuffer() as held:
+                disk.write(held)
+            disk.seek(memory.tell())
+        except OSError as exc:
+            if disk is not None:
+                disk.close()
+            log.warning(
+                "a whole speech answer stays in memory past %d bytes: no temporary "
+                "file could be written in %s (%s: %s)",
+                memory.tell(),
+                tempfile.gettempdir(),
+                type(exc).__name__,
+                exc,
+            )
+            return
+        self._file = disk
+        self.on_disk = True
+        memory.close()
