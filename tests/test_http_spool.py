@@ -15,6 +15,7 @@ sleeping.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import logging
 import os
@@ -357,3 +358,28 @@ async def test_an_answer_whose_temporary_file_cannot_be_made_is_answered_from_me
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("a whole speech answer stays in memory")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_disk_that_fills_up_under_an_answer_fails_it_with_a_precise_error(
+    start_gateway, spools, monkeypatch
+):
+    write_all, calls = spool._write_all, []
+
+    def full(file, data):  # a TEST DOUBLE of a disk full once the file was made
+        calls.append(len(data))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write_all(file, data)
+
+    monkeypatch.setattr(spool, "_write_all", full)
+    gw = await start_gateway()
+    async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
+        answer = await client.post(
+            "/v1/audio/speech", json={"input": TEXT, "response_format": "wav", "stream": False}
+        )
+    assert answer.status_code == 500
+    assert answer.json()["error"]["code"] == "encoder_failed"
+    assert answer.json()["error"]["message"] == (
+        "writing wav failed: OSError: [Errno 28] No space left on device"
+    )
+    spools.assert_gone(1)

@@ -11,7 +11,9 @@ The file is ``tempfile.TemporaryFile``'s: in the platform's temporary directory 
 else ``/tmp``), removed from the directory as soon as it is made, so its disk space is
 given back when it is closed, or when the process ends however it ends. A directory where
 no file can be made (missing, not writable, full) does not fail the answer: it stays in
-memory, with one WARNING line per answer.
+memory, with one WARNING line per answer. The file is unbuffered, each write a system
+call (PCM comes in chunks of 4-15 KB, PyAV writes its own 32 KiB blocks): a disk that fills
+up fails the write that found it full, inside the encoder's call, not a flush later.
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ class Spool:
 
     # the file PyAV and the encoder write to
     def write(self, data: bytes | memoryview) -> int:
-        written = self._file.write(data)
-        if self._limit is not None and self._file.tell() > self._limit:
-            self._roll()
-        return written
+        if not self.on_disk:
+            self._file.write(data)
+            if self._limit is not None and self._file.tell() > self._limit:
+                self._roll()
+        else:
+            _write_all(self._file, data)
+        return len(data)
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         return self._file.seek(offset, whence)
@@ -68,7 +73,6 @@ class Spool:
         """Its length in bytes (the furthest byte written)."""
         if isinstance(self._file, io.BytesIO):
             return self._file.getbuffer().nbytes
-        self._file.flush()  # (what the file object holds back is not in the file yet)
         return os.fstat(self._file.fileno()).st_size
 
     def read_at(self, offset: int, size: int) -> bytes:
@@ -76,7 +80,6 @@ class Spool:
         if isinstance(self._file, io.BytesIO):
             with self._file.getbuffer() as buffer:
                 return bytes(buffer[offset : offset + size])
-        self._file.flush()
         return os.pread(self._file.fileno(), size, offset)
 
     def close(self) -> None:
@@ -89,9 +92,9 @@ class Spool:
         assert isinstance(memory, io.BytesIO)
         disk: IO[bytes] | None = None
         try:
-            disk = tempfile.TemporaryFile()
+            disk = tempfile.TemporaryFile(buffering=0)
             with memory.getbuffer() as held:
-                disk.write(held)
+                _write_all(disk, held)
             disk.seek(memory.tell())
         except OSError as exc:
             if disk is not None:
@@ -108,3 +111,11 @@ class Spool:
         self._file = disk
         self.on_disk = True
         memory.close()
+
+
+def _write_all(file: IO[bytes], data: bytes | memoryview) -> None:
+    """All of ``data`` to an unbuffered file (whose ``write`` may take less than given)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = file.write(view)
+        view = view[written or 0 :]
