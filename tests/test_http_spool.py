@@ -360,8 +360,14 @@ async def test_an_answer_whose_temporary_file_cannot_be_made_is_answered_from_me
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize(
+    ("text", "fmt"),
+    [(TEXT, "wav"), ("Hi.", "pcm")],
+    # past 64 KiB more after the roll, or not (and pcm: no seek to a header at the end)
+    ids=["while-encoding", "at-its-end"],
+)
 async def test_a_disk_that_fills_up_under_an_answer_fails_it_with_a_precise_error(
-    start_gateway, spools, monkeypatch
+    start_gateway, spools, monkeypatch, text, fmt
 ):
     write_all, calls = spool._write_all, []
 
@@ -375,11 +381,11 @@ async def test_a_disk_that_fills_up_under_an_answer_fails_it_with_a_precise_erro
     gw = await start_gateway()
     async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         answer = await client.post(
-            "/v1/audio/speech", json={"input": TEXT, "response_format": "wav", "stream": False}
+            "/v1/audio/speech", json={"input": text, "response_format": fmt, "stream": False}
         )
     assert answer.status_code == 500
     assert answer.json()["error"]["code"] == "encoder_failed"
     assert answer.json()["error"]["message"] == (
-        "writing wav failed: OSError: [Errno 28] No space left on device"
+        f"writing {fmt} failed: OSError: [Errno 28] No space left on device"
     )
     spools.assert_gone(1)

@@ -1013,10 +1013,11 @@ class Encoding:
         return await self._call(_encode, pcm)
 
     async def finish(self) -> bytes:
-        """The rest of the file (for a whole file: nothing, the file being in ``spool``)."""
+        """The rest of the file (for a whole file: nothing, the file being in ``spool``, all
+        of it written there)."""
         if self._encoder is not None:
-            return self._inline(self._encoder.finish)
-        return await self._call(_finish)
+            return self._inline(_finished, self._encoder, self.spool)
+        return await self._call(_finish, self.spool)
 
     def close(self) -> None:
         """Free the encoder (after the call in progress, if any), then the spool: its
@@ -1074,8 +1075,17 @@ def _encode(opened: Future[Encoder], pcm: bytes) -> bytes:
     return opened.result().encode(pcm)
 
 
-def _finish(opened: Future[Encoder]) -> bytes:
-    return opened.result().finish()
+def _finish(opened: Future[Encoder], spool: Spool | None) -> bytes:
+    return _finished(opened.result(), spool)
+
+
+def _finished(encoder: Encoder, spool: Spool | None) -> bytes:
+    """``encoder`` finished, and what its spool gathered written out (a full disk fails the
+    answer here, not once it is being sent)."""
+    rest = encoder.finish()
+    if spool is not None:
+        spool.flush()
+    return rest
 
 
 def _close(opened: Future[Encoder], spool: Spool | None) -> None:

@@ -11,9 +11,10 @@ The file is ``tempfile.TemporaryFile``'s: in the platform's temporary directory 
 else ``/tmp``), removed from the directory as soon as it is made, so its disk space is
 given back when it is closed, or when the process ends however it ends. A directory where
 no file can be made (missing, not writable, full) does not fail the answer: it stays in
-memory, with one WARNING line per answer. The file is unbuffered, each write a system
-call (PCM comes in chunks of 4-15 KB, PyAV writes its own 32 KiB blocks): a disk that fills
-up fails the write that found it full, inside the encoder's call, not a flush later.
+memory, with one WARNING line per answer. Writes to the file go out ``WRITE_BYTES`` at a
+time (the writes come as 4-15 KB PCM chunks, or PyAV's 32 KiB blocks), and ``flush()`` sends
+the rest: the encoder's last call, so that a disk that fills up fails the answer there
+(``gateway.io.http_api.Encoding``), not while it is sent.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ SPOOL_MEMORY_BYTES = 1 << 20
 """How much of one answer stays in memory before it goes to a temporary file: 1 MiB is
 21 s of PCM (or WAV), 2 min of MP3, so most answers (a sentence or a paragraph) never touch
 the disk, while 64 answers at once hold at most 64 MiB of their files in the process."""
+WRITE_BYTES = 64 * 1024
+"""Writes to the temporary file are gathered to this size: a 149 MB WAV written in its
+80 ms chunks took 39,000 system calls of 13 us each, 0.5 s of the event loop's time."""
 
 
 class Spool:
@@ -47,6 +51,8 @@ class Spool:
         self._limit: int | None = SPOOL_MEMORY_BYTES if memory_bytes is None else memory_bytes
         self.on_disk = False
         """Whether it went to a temporary file."""
+        self._pending = bytearray()
+        """Written, not in the file yet (on disk only): it goes at the file's position."""
 
     # the file PyAV and the encoder write to
     def write(self, data: bytes | memoryview) -> int:
@@ -55,14 +61,23 @@ class Spool:
             if self._limit is not None and self._file.tell() > self._limit:
                 self._roll()
         else:
-            _write_all(self._file, data)
+            self._pending += data
+            if len(self._pending) >= WRITE_BYTES:
+                self.flush()
         return len(data)
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.flush()
         return self._file.seek(offset, whence)
 
     def tell(self) -> int:
-        return self._file.tell()
+        return self._file.tell() + len(self._pending)
+
+    def flush(self) -> None:
+        """Send what is gathered to the file; raises what the disk says (``OSError``)."""
+        if self._pending:
+            pending, self._pending = self._pending, bytearray()
+            _write_all(self._file, pending)
 
     @property
     def closed(self) -> bool:
@@ -73,6 +88,7 @@ class Spool:
         """Its length in bytes (the furthest byte written)."""
         if isinstance(self._file, io.BytesIO):
             return self._file.getbuffer().nbytes
+        self.flush()
         return os.fstat(self._file.fileno()).st_size
 
     def read_at(self, offset: int, size: int) -> bytes:
@@ -80,9 +96,11 @@ class Spool:
         if isinstance(self._file, io.BytesIO):
             with self._file.getbuffer() as buffer:
                 return bytes(buffer[offset : offset + size])
+        self.flush()
         return os.pread(self._file.fileno(), size, offset)
 
     def close(self) -> None:
+        self._pending = bytearray()
         self._file.close()
 
     def _roll(self) -> None:
@@ -113,7 +131,7 @@ class Spool:
         memory.close()
 
 
-def _write_all(file: IO[bytes], data: bytes | memoryview) -> None:
+def _write_all(file: IO[bytes], data: bytes | bytearray | memoryview) -> None:
     """All of ``data`` to an unbuffered file (whose ``write`` may take less than given)."""
     view = memoryview(data).cast("B")
     while view:
