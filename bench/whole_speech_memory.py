@@ -158,7 +158,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def run(label: str, tree: Path, formats: list[str], ns: list[int]) -> list[str]:
+def run(label: str, tree: Path, formats: list[str], ns: list[int]) -> list[tuple[str, int, str]]:
+    """Each format and N's line, printed, and as (format, N, line)."""
     lines = []
     for fmt in formats:
         for n in ns:
@@ -174,7 +175,7 @@ def run(label: str, tree: Path, formats: list[str], ns: list[int]) -> list[str]:
                 f"{r['last']:6.1f} s (median answer {r['median']:6.1f} s)"
             )
             print(line, flush=True)
-            lines.append(line)
+            lines.append((fmt, n, line))
     return lines
 
 
@@ -206,7 +207,7 @@ def main() -> None:
                 subprocess.run(
                     ["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False
                 )
-    print("\n".join(["", *sorted(lines, key=lambda line: line[11:25])]))
+    print("\n".join(["", *(line for *_, line in sorted(lines, key=lambda x: x[:2]))]))
 
 
 if __name__ == "__main__":
