@@ -33,7 +33,8 @@ SPOOL_MEMORY_BYTES = 1 << 20
 the disk, while 64 answers at once hold at most 64 MiB of their files in the process."""
 WRITE_BYTES = 64 * 1024
 """Writes to the temporary file are gathered to this size: a 149 MB WAV written in its
-80 ms chunks took 39,000 system calls of 13 us each, 0.5 s of the event loop's time."""
+3,840-byte chunks (80 ms) took 0.18 s of the event loop in 39,000 system calls, gathered
+0.07 s (appending them to a bytearray in memory, as before the spool: 0.06 s)."""
 
 
 class Spool:
