@@ -120,7 +120,12 @@ on how the stream was chunked:
   segment whose spoken form is empty. A letter or Roman number opening a line numbers its
   item as ``1.`` does and ends no sentence (``   a. Product: $1.2B``, ``ii.``, ``IV.``).
 * The first segment of a turn may end at a clause mark (``,`` ``;`` ``:`` spaced dash)
-  once it holds ``first_min_words`` words: the engine can start speaking sooner.
+  once it holds ``first_min_words`` words: the engine can start speaking sooner. Not at a
+  comma inside a name, an address or a reference: before a capitalised word other than
+  "I" ("Memphis, TN", "Baker St., London", "Thu., Oct. 9", "Celtics 112, Heat 108") or
+  before a unit's abbreviation and a number ("ext. 204", "dep. 07:15", "vol. 3, ch. 7",
+  ``_UNIT_ABBREVIATIONS``); the sentence goes on to its next clause mark or end
+  (``first_max_words`` keeps its cut at that comma: it would cut one word later instead).
 * Opt-in (``first_phrase_words`` > 0): the first segment may also end right before a
   lowercase phrase-opening function word (``and``, ``but``, ``because``, ``which``,
   ``in``, ``with``...) once it holds that many words, inside no quote or bracket, with the
@@ -642,6 +647,19 @@ def _words(text: str) -> int:
     """Words in ``text`` for the eager first clause: spaced words, plus one per two Chinese
     or Japanese characters (written without spaces; a word is one to three of them)."""
     return len(text.split()) + len(_CJK.findall(text)) // 2
+
+
+_UNIT_ABBREVIATIONS = frozenset(
+    "ext tel no nos nr n núm num vol ch chap sec pp p op fig eq dep arr lat long apt ste rm fl "
+    "bldg д кв стр".split())
+"""Abbreviations a number follows inside a unit: after a comma, one of them, its full stop
+(or a number sign's "º", "°": "n.º 5", "n° 12") and a number go on what the comma is inside
+("(555) 010-0199, ext. 204", "vol. 3, ch. 7", "AA 1402, dep. 07:15", "Avda. de la Paz,
+núm. 7", "ул. Тверская, д. 7"). A closed list, not any short word and a full stop: the
+word after the comma decides at its first letter that begins none of them (only "b" of
+"but" waits, for the "u"), so the cut is not put off to the next chunk; "approx. 8 hours"
+after a comma is a clause."""
+_UNIT_ABBR_PREFIXES = frozenset(a[:n] for a in _UNIT_ABBREVIATIONS for n in range(1, len(a) + 1))
 
 
 _UNIT = re.compile(f"[{_CJK_CHAR}]|[^\\s{_CJK_CHAR}]+")
@@ -1524,14 +1542,52 @@ class Segmenter:
             return False  # only a spaced dash is a clause mark ("well - maybe", "now — then")
         end, quote, paren = self._skip_closers(i + 1)
         ok = self._need(end) and buf[end] in _SPACE and not quote and not paren
+        unit = False
         if ok and c == ",":  # "Jan 1, 1980", "1, 2, 3": not a clause
             k = end
             k = self._past_spaces(k)
             ok = k >= len(buf) or not buf[k].isdigit()
+            # (first_max_words would cut one word later instead, inside the unit: "Celtics
+            # 112, Heat | 108"; its cut at the comma stands)
+            unit = (ok and k < len(buf) and not self.config.first_max_words
+                    and self._eager_here(end) and self._comma_unit(k))
         self._pos = i + 1  # only once nothing is left to wait for
-        return ok and self._clause_at(end, out)
+        return ok and self._clause_at(end, out, eager=not unit)
 
-    def _clause_at(self, end: int, out: list[Segment]) -> bool:
+    def _eager_here(self, end: int) -> bool:
+        """A clause boundary at ``end`` would cut the eager first segment (``_clause_at``)."""
+        fmw = self.config.first_min_words
+        return (self._index == 0 and 0 < fmw <= _words(self._buf[:end])
+                and end <= self.config.max_chars)
+
+    def _comma_unit(self, k: int) -> bool:
+        """The word at ``k``, after a comma, goes on a name, an address or a reference the
+        comma is inside, so the eager first segment does not end at that comma: a capitalised
+        word ("Memphis, TN", "Paris, France", "Baker St., London", "Dr. Okafor, M.D.", "Thu.,
+        Oct. 9", "Celtics 112, Heat 108"; not "I", "I'm"), or one of ``_UNIT_ABBREVIATIONS``
+        and a number ("ext. 204", "dep. 07:15", "n.º 5", "№ 3"). Waits only as long as the
+        letters so far may still be one of those."""
+        buf = self._buf
+        c = buf[k]
+        if c.isupper() and not _GEORGIAN.match(c):
+            # "I", "I'm", "I’ll" cut; "IL 60611", "Iga", "Inc." go on
+            return c != "I" or self._need(k + 1) and buf[k + 1].isalpha()
+        j = k + 1 if c == "\u2116" else k
+        while self._need(j) and buf[j].isalpha():
+            j += 1
+            if buf[k:j].lower() not in _UNIT_ABBR_PREFIXES:
+                return False  # "but", "approx.", "the": no abbreviation of a unit
+        if j > k and buf[k:j].lower() not in _UNIT_ABBREVIATIONS:
+            return False
+        m = j
+        while self._need(j) and buf[j] in ".\u00ba\u00b0":
+            j += 1
+        if j == m and c != "\u2116":
+            return False  # "no way", "p value": no full stop, no number sign
+        j = self._past_spaces(j)
+        return self._need(j) and buf[j].isdigit()
+
+    def _clause_at(self, end: int, out: list[Segment], *, eager: bool = True) -> bool:
         """A clause boundary at ``end``, outside quotes and brackets: the long cut's place
         from now on, unless it is past ``max_chars`` (a segment ending there would be too
         long); cut the first segment there once it holds ``first_min_words`` words
@@ -1540,7 +1596,7 @@ class Segmenter:
             return False
         self._clause = (end, end, 0, 0)
         fmw = self.config.first_min_words
-        if self._index == 0 and fmw > 0 and _words(self._buf[:end]) >= fmw:
+        if eager and self._index == 0 and fmw > 0 and _words(self._buf[:end]) >= fmw:
             # the quote or bracket a closing mark before ``end`` closed is closed ('"Best
             # pizza in town," one reviewer wrote.'): the scan resumes past that mark
             self._quote = self._paren = 0
