@@ -7,7 +7,8 @@ For each tree (this one, then the baseline's code checked out in a temporary ``g
 worktree``), each format and each N, a fresh gateway runs as a child process, as the
 README's first command runs it (``voice-gateway serve``: espeak, the replay LLM), on free
 ports. N clients then ask at once for the same long answer: the 4 KB input ``"a\\n" *
-2000`` at speed 0.25 (espeak clamps it to 0.46; 573 s of audio, 55 MB of PCM), and read it
+2000`` at speed 0.25 (espeak clamps it to 0.46; each line a
+sentence of its own: 3,096 s of audio, a 149 MB WAV, a 25 MB MP3), and read it
 as fast as they can (the bytes are counted, not kept). The gateway's resident memory is
 sampled every 5 ms meanwhile; the figures:
 

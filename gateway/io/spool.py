@@ -1,9 +1,11 @@
 """Where a whole-file speech answer (``"stream": false``) is held from its first byte until
 its last is sent: in memory up to ``SPOOL_MEMORY_BYTES``, in a temporary file past that.
 
-A whole answer can be tens of MB (a 4 KB input of short lines at speed 0.25 made 55 MB of
-PCM) and the HTTP port serves up to ``[server] max_speech_requests`` at once: held in RAM,
-eight such answers took the gateway from 141 to 642 MB. Spooled, each holds at most
+A whole answer can be a hundred MB (a 4 KB input of "a\n" × 2,000 at speed 0.25 is 3,096 s
+of espeak audio: a 149 MB WAV, a 25 MB MP3) and the HTTP port serves up to ``[server]
+max_speech_requests`` at once: held in RAM, 8 such WAVs at once took the gateway's RSS to
+1,197 MiB, 32 to 4,620 MiB (spooled: 78 and 111 MiB; ``bench/whole_speech_memory.py``).
+Spooled, each holds at most
 ``SPOOL_MEMORY_BYTES`` of its own (the file is in the OS's page cache, which the OS may
 drop or write out under pressure, not in the process).
 
