@@ -128,6 +128,7 @@ from gateway.io.auth import (
     refused_bind,
     select_subprotocol,
 )
+from gateway.io.connection import message_allowed
 
 HEADER = struct.Struct("<BBHII")  # version, flags, sentence, turn_id, seq
 VERSION = 1
@@ -1048,14 +1049,10 @@ class WatchSocket(ServerConnection):
 
     def _allowed(self, now: float) -> bool:
         """One more message from the watch at ``now``: False past the allowance."""
-        allowance = min(float(MESSAGE_BURST),
-                        self._allowance + (now - self._allowance_at) * MESSAGES_PER_S)
+        allowed, self._allowance = message_allowed(
+            self._allowance, self._allowance_at, now, burst=MESSAGE_BURST, per_s=MESSAGES_PER_S)
         self._allowance_at = now
-        if allowance < 1.0:
-            self._allowance = allowance
-            return False
-        self._allowance = allowance - 1.0
-        return True
+        return allowed
 
 
 class WatchRelay:

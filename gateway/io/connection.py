@@ -88,6 +88,18 @@ too (``VoiceSocket.on_control_frame``): websockets answers each ping itself, and
 that read none of the pongs had them all queued for it in the gateway's memory; a flood of
 pongs nobody asked for took the loop from the other sessions (one client's: 20 underruns
 in another's 30 s turn, none without it)."""
+
+
+def message_allowed(allowance: float, since: float, now: float, *, burst: int,
+                    per_s: float) -> tuple[bool, float]:
+    """Whether one more message may come at ``now`` from a peer that had ``allowance`` left
+    at ``since`` (a token bucket: ``burst`` at once, ``per_s`` a second), and what it has
+    left after it. The gateway's clients (``MESSAGE_BURST``, ``MESSAGES_PER_S``) and the
+    watch relay's watches (examples/watch_relay.py, its own copy of them)."""
+    allowance = min(float(burst), allowance + (now - since) * per_s)
+    if allowance < 1.0:
+        return False, allowance
+    return True, allowance - 1.0
 CLOSE_TOO_MANY_MESSAGES = (1008, "too many messages")
 CUT_SHORT = {
     "length": "the reply reached the LLM's token limit (max_tokens); the rest is not spoken",
@@ -1014,14 +1026,10 @@ class VoiceConnection:
 
     def _allowed(self, now: float) -> bool:
         """One more message from the client at ``now``: False past the allowance."""
-        allowance = min(float(MESSAGE_BURST),
-                        self._allowance + (now - self._allowance_at) * MESSAGES_PER_S)
+        allowed, self._allowance = message_allowed(
+            self._allowance, self._allowance_at, now, burst=MESSAGE_BURST, per_s=MESSAGES_PER_S)
         self._allowance_at = now
-        if allowance < 1.0:
-            self._allowance = allowance
-            return False
-        self._allowance = allowance - 1.0
-        return True
+        return allowed
 
     def _control_frame(self) -> None:
         """A ping (websockets answered it) or a pong came: it counts as a message. Past the
