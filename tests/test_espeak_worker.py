@@ -59,23 +59,33 @@ def test_a_crash_of_the_library_fails_its_sentence_and_the_next_speaks(
         engine.close()
 
 
+def _signalled_at_its_first_buffer(engine: espeak.EspeakEngine, text: str,
+                                   signum: int) -> tuple[EngineError, int]:
+    """The error of a synthesis of ``text`` whose worker gets ``signum`` once its first
+    buffer of audio is in (again at each later one already in the pipe: no harm), and the
+    worker's pid."""
+    stream = engine.open(SynthesisRequest(text=text))
+    push, pid = stream._push, engine.worker_pid
+    assert pid is not None
+
+    def push_then_signal(samples) -> None:  # noqa: ANN001
+        push(samples)
+        os.kill(pid, signum)
+
+    stream._push = push_then_signal  # type: ignore[method-assign]
+    with pytest.raises(EngineError) as err:
+        stream.step()
+    return err.value, pid
+
+
 def test_a_worker_killed_mid_synthesis_fails_that_sentence_only() -> None:
     engine = espeak.EspeakEngine()
     engine.load()
     try:
-        stream = engine.open(SynthesisRequest(text="A long text to be cut short. " * 40))
-        push, pid = stream._push, engine.worker_pid
-        assert pid is not None
-
-        def push_then_kill(samples) -> None:  # noqa: ANN001
-            push(samples)
-            os.kill(pid, signal.SIGKILL)  # (again on a buffer already in the pipe: no harm)
-
-        stream._push = push_then_kill  # type: ignore[method-assign]
-        with pytest.raises(EngineError) as err:
-            stream.step()
-        assert err.value.code == "engine_failed"
-        assert err.value.message.startswith("espeak worker died (signal SIGKILL) speaking ")
+        error, pid = _signalled_at_its_first_buffer(
+            engine, "A long text to be cut short. " * 40, signal.SIGKILL)
+        assert error.code == "engine_failed"
+        assert error.message.startswith("espeak worker died (signal SIGKILL) speaking ")
         assert _spoken(engine, "Spoken by a new worker.")
         assert engine.worker_pid != pid
     finally:
@@ -263,18 +273,9 @@ def test_a_worker_that_hangs_while_its_stream_is_open_fails_that_sentence(
     engine = espeak.EspeakEngine()
     engine.load()
     try:
-        stream = engine.open(SynthesisRequest(text="A long text to hang in. " * 40))
-        push, pid = stream._push, engine.worker_pid
-        assert pid is not None
-
-        def push_then_hang(samples) -> None:  # noqa: ANN001
-            push(samples)
-            os.kill(pid, signal.SIGSTOP)
-
-        stream._push = push_then_hang  # type: ignore[method-assign]
-        with pytest.raises(EngineError) as err:
-            stream.step()
-        assert (err.value.code, err.value.message) == (
+        error, pid = _signalled_at_its_first_buffer(
+            engine, "A long text to hang in. " * 40, signal.SIGSTOP)
+        assert (error.code, error.message) == (
             "engine_failed",
             "espeak worker silent for 2 s (hung): killed",
         )
