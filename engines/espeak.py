@@ -111,7 +111,7 @@ from engines.espeak_library import (  # noqa: F401 - re-exported: tests and benc
     _find_counters,
     _Library,
 )
-from engines.espeak_worker import HEADER, SYNTH
+from engines.espeak_worker import HEADER, SYNTH, write_frame
 from engines.spell import amounts_in_words, english_readings
 
 _SIGN = re.compile(r"(?:(?<=^)|(?<=[\s(\[=/]))[-\u2013](?=\d)")
@@ -386,9 +386,7 @@ class _Worker:
             self.proc.stdout.close()  # type: ignore[union-attr]
 
     def _send(self, kind: bytes, payload: bytes) -> None:
-        data = memoryview(HEADER.pack(kind, len(payload)) + payload)
-        while data:
-            data = data[os.write(self._in, data):]
+        write_frame(self._in, kind, payload)
 
     def _frame(self, sink: _Synthesis | None, timeout: float | None,
                text_len: int | None = None) -> tuple[bytes, bytes]:
