@@ -7,14 +7,16 @@ for a short (~45 characters) and a long (~400 characters) sentence: time to firs
 (open to the first step's chunk) and the whole synthesis (open to the last step), p50 and
 p99 over ``--calls`` each. Then the worker's start (``load()``: the process, the library,
 its voice list and the warm-up), and the resident memory of this process and of a worker
-(``/proc``; Linux), each engine loaded in a fresh interpreter of its own, and of a real
-gateway (``voice-gateway serve``) given ``--speeches`` long speech requests, each way.
+(``bench/process_stats.py``: /proc on Linux, psutil on macOS), each engine loaded in a fresh
+interpreter of its own, and of a real gateway (``voice-gateway serve``) given ``--speeches``
+long speech requests, each way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import process_stats  # noqa: E402
 from engines.base import SynthesisRequest  # noqa: E402
 from engines.espeak import EspeakEngine  # noqa: E402
 
@@ -51,11 +54,9 @@ def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def rss_kib(pid: int | str = "self") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+def rss_kib(pid: int | None = None) -> int:
+    """``pid``'s resident memory (None: this process's), KiB."""
+    return process_stats.rss_bytes(os.getpid() if pid is None else pid) // 1024
 
 
 RSS_PROBE = """
@@ -179,11 +180,7 @@ def gateway_rss(in_process: bool, speeches: int) -> tuple[int, int]:
                 )
                 with urllib.request.urlopen(request, timeout=60) as answer:
                     answer.read()
-            children = [  # (a child is listed under the thread that started it: the lane's)
-                child
-                for task in Path(f"/proc/{proc.pid}/task").iterdir()
-                for child in (task / "children").read_text().split()
-            ]
+            children = process_stats.children(proc.pid)  # (the espeak worker)
             worker = sum(rss_kib(child) for child in children)
             return rss_kib(proc.pid), worker
         finally:

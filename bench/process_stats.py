@@ -81,6 +81,17 @@ def rss_bytes(pid: int) -> int:
         return int(process.memory_info().rss)
 
 
+def children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children (its own, not theirs): on Linux listed under the
+    thread that started each (``/proc/<pid>/task/<tid>/children``)."""
+    if _proc():
+        return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]
+    process = _process(pid)
+    with _mapped(pid):
+        return [child.pid for child in process.children()]
+
+
 def fd_count(pid: int, not_to_port: int | None = None) -> int:
     """``pid``'s open descriptors; with ``not_to_port``, not counting its TCP connections to
     that remote port."""

@@ -96,6 +96,19 @@ def test_a_process_gone_is_an_oserror_on_either_path(proc, monkeypatch):
             read(gone.pid)
 
 
+@pytest.mark.parametrize("proc", [True, False], ids=["/proc", "psutil"])
+def test_a_process_s_children_are_listed_on_either_path(child, proc, monkeypatch):
+    """bench/espeak_worker.py weighs a gateway's espeak worker by finding it among the
+    gateway's children; it read /proc/<pid>/task itself, which the hub has not."""
+    pid, _ = child
+    if not proc:
+        without_proc(monkeypatch)
+    elif not sys.platform.startswith("linux"):
+        pytest.skip("no /proc here")
+    assert process_stats.children(os.getpid()).count(pid) == 1
+    assert process_stats.children(pid) == []
+
+
 def test_without_psutil_the_bench_says_what_to_install(monkeypatch):
     without_proc(monkeypatch)
     monkeypatch.setitem(sys.modules, "psutil", None)  # (not installed)
