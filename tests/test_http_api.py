@@ -2195,6 +2195,28 @@ class GatedSleep:
         assert self.release.wait(HANG_S), "the gate was never released"
 
 
+async def leave_a_whole_wav_while_it_is_made(gw: Gateway, begun: threading.Event) -> None:
+    """Ask ``gw`` for a long whole WAV (``"stream": false``; about 48 s of audio: 150 steps
+    of 320 ms) and leave once ``begun`` is set, before a byte of the answer; back once the
+    request's log line is written (how it ended)."""
+    line = LineSeen("speech ")
+    logging.getLogger("gateway.io.http_api").addHandler(line)
+    try:
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", gw.http_port))
+            body = orjson.dumps({"input": (TEXT + " ") * 10, "response_format": "wav",
+                                 "stream": False})
+            await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1"
+                                    b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert await asyncio.to_thread(begun.wait, HANG_S)
+        async with hang_guard("the request's log line"):
+            await line.seen.wait()
+    finally:
+        logging.getLogger("gateway.io.http_api").removeHandler(line)
+
+
 async def test_a_client_leaving_while_its_whole_file_is_made_is_a_disconnect(replies, caplog):
     """A whole (``"stream": false``) answer is made before its status goes out: a client
     that leaves while it is made must be counted disconnected (499), its synthesis
@@ -2204,22 +2226,8 @@ async def test_a_client_leaving_while_its_whole_file_is_made_is_a_disconnect(rep
     caplog.set_level(logging.INFO)
     gate = GatedSleep()
     gw = await start_gateway(replies, engine=SyntheticEngine(sleep=gate))
-    line = LineSeen("speech ")
-    logging.getLogger("gateway.io.http_api").addHandler(line)
     try:
-        loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        await loop.sock_connect(sock, ("127.0.0.1", gw.http_port))
-        # about 48 s of audio: 150 steps of 320 ms, were it not cancelled
-        body = orjson.dumps({"input": (TEXT + " ") * 10, "response_format": "wav",
-                             "stream": False})
-        await loop.sock_sendall(sock, b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        assert await asyncio.to_thread(gate.entered.wait, HANG_S)  # its first step runs
-        sock.close()  # the client leaves before a byte of its answer
-        async with hang_guard("the request's log line"):
-            await line.seen.wait()
+        await leave_a_whole_wav_while_it_is_made(gw, gate.entered)  # its first step runs
         ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speech ")]
         assert len(ended) == 1 and ended[0].startswith("speech disconnected (499) (wav, whole,"),\
             ended
@@ -2246,6 +2254,5 @@ async def test_a_client_leaving_while_its_whole_file_is_made_is_a_disconnect(rep
                  "stream=whole}"] == 2
     finally:
         gate.release.set()  # (a failed check must not hold the lane's thread)
-        logging.getLogger("gateway.io.http_api").removeHandler(line)
         await gw.aclose()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -33,15 +33,15 @@ from engines.synthetic import SyntheticEngine
 from gateway.core.audio_formats import Encoder
 from gateway.io import http_api, spool
 from gateway.io.spool import Spool
-from tests.hang_guard import HANG_S, hang_guard, unless_hung
+from tests.hang_guard import HANG_S, unless_hung
 from tests.test_http_api import (
     TEXT,
     FailingEngine,
     base,
+    leave_a_whole_wav_while_it_is_made,
     read_to_the_end,
     stalled_client,
 )
-from tests.wsclient import LineSeen
 
 PROC_FDS = Path("/proc/self/fd")
 
@@ -281,24 +281,19 @@ async def test_a_whole_answer_whose_engine_failed_leaves_no_file(start_gateway, 
     spooled already."""
     gw = await start_gateway(engine=FailingEngine(rtf=0, ttfa_ms=0))
     async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
-        wav = await client.post(
-            "/v1/audio/speech",
-            json={
-                "input": "A sentence long enough for two steps of audio.",
-                "response_format": "wav",
-                "stream": False,
-            },
-        )
-        pcm = await client.post(
-            "/v1/audio/speech",
-            json={
-                "input": "A sentence long enough for two steps of audio.",
-                "response_format": "pcm",
-                "stream": False,
-            },
-        )
+        answers = [
+            await client.post(
+                "/v1/audio/speech",
+                json={
+                    "input": "A sentence long enough for two steps of audio.",
+                    "response_format": fmt,
+                    "stream": False,
+                },
+            )
+            for fmt in ("wav", "pcm")
+        ]
     await encoder_calls_done(gw)
-    for answer in (wav, pcm):
+    for answer in answers:
         assert answer.status_code == 502 and answer.json()["error"]["code"] == "engine_failed"
     spools.assert_gone(2)
 
@@ -314,27 +309,10 @@ async def test_a_whole_answer_its_client_left_while_it_was_made_leaves_no_file(
             assert release.wait(HANG_S), "never released"
 
     gw = await start_gateway(engine=SyntheticEngine(sleep=sleep))
-    line = LineSeen("speech ")
-    logging.getLogger("gateway.io.http_api").addHandler(line)
-    try:
-        loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        await loop.sock_connect(sock, ("127.0.0.1", gw.http_port))
-        body = orjson.dumps({"input": (TEXT + " ") * 10, "response_format": "wav", "stream": False})
-        await loop.sock_sendall(
-            sock,
-            b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
-        )
-        assert await asyncio.to_thread(spools.rolled.wait, HANG_S)  # on disk, being made
-        sock.close()  # the client leaves before a byte of its answer
-        async with hang_guard("the request's log line"):
-            await line.seen.wait()
+    try:  # (it leaves once the answer is on disk, being made)
+        await leave_a_whole_wav_while_it_is_made(gw, spools.rolled)
     finally:
         release.set()
-        logging.getLogger("gateway.io.http_api").removeHandler(line)
-    assert line.seen.is_set()
     spools.assert_gone(1)
 
 
