@@ -347,15 +347,21 @@ async def test_an_answer_whose_temporary_file_cannot_be_made_is_answered_from_me
 async def test_a_disk_that_fills_up_under_an_answer_fails_it_with_a_precise_error(
     start_gateway, spools, monkeypatch, text, fmt
 ):
-    write_all, calls = spool._write_all, []
+    class Full(io.FileIO):  # a TEST DOUBLE of a disk full once the file was made
+        writes = 0
 
-    def full(file, data):  # a TEST DOUBLE of a disk full once the file was made
-        calls.append(len(data))
-        if len(calls) > 1:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        write_all(file, data)
+        def write(self, data):  # noqa: ANN001, ANN202
+            self.writes += 1
+            if self.writes > 1:  # (the first: what the spool held as it rolled)
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
 
-    monkeypatch.setattr(spool, "_write_all", full)
+    def temporary_file(buffering: int) -> io.BufferedRandom:
+        fd, path = tempfile.mkstemp()
+        os.unlink(path)
+        return io.BufferedRandom(Full(fd, "r+b"), buffering)
+
+    monkeypatch.setattr(spool.tempfile, "TemporaryFile", temporary_file)
     gw = await start_gateway()
     async with httpx.AsyncClient(timeout=HANG_S, base_url=base(gw)) as client:
         answer = await client.post(
