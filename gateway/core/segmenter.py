@@ -1595,8 +1595,7 @@ class Segmenter:
         if end > self.config.max_chars:
             return False
         self._clause = (end, end, 0, 0)
-        fmw = self.config.first_min_words
-        if eager and self._index == 0 and fmw > 0 and _words(self._buf[:end]) >= fmw:
+        if eager and self._eager_here(end):
             # the quote or bracket a closing mark before ``end`` closed is closed ('"Best
             # pizza in town," one reviewer wrote.'): the scan resumes past that mark
             self._quote = self._paren = 0
