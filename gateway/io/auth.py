@@ -151,6 +151,20 @@ name of unreserved, percent-encoded and sub-delimiter characters): no user info 
 path, no white space."""
 
 
+def empty_lines_end(data: bytes | bytearray) -> int:
+    """Where a request line may begin in ``data``: past the empty lines (CRLF, or a bare LF)
+    before it, which RFC 9112 2.2 has a server ignore (a client may send one after a
+    request's body). Both ports skip them (``VoiceSocket``, ``http_api._Requests``)."""
+    start = 0
+    while True:
+        if data.startswith(b"\n", start):
+            start += 1
+        elif data.startswith(b"\r\n", start):
+            start += 2
+        else:
+            return start
+
+
 def invalid_host(hosts: Sequence[str]) -> str | None:
     """Why a request with these ``Host`` values is not a valid HTTP request (RFC 9112 3.2: a
     server answers it 400, whatever its tokens), or None: more than one, an empty one (a

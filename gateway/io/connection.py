@@ -60,6 +60,7 @@ from gateway.core.session import (
     StartLlm,
     StartSynthesis,
 )
+from gateway.io.auth import empty_lines_end
 from gateway.io.lanes import SynthesisJob
 from gateway.io.log_limit import limited, peer_text
 
@@ -681,14 +682,7 @@ class VoiceSocket(ServerConnection):
         Dropped, they hold no memory (the handshake's deadline ends a client sending only
         them)."""
         data = self.__dict__.pop("_cr", b"") + data
-        start = 0
-        while True:
-            if data.startswith(b"\n", start):
-                start += 1
-            elif data.startswith(b"\r\n", start):
-                start += 2
-            else:
-                break
+        start = empty_lines_end(data)
         if data[start:] == b"\r":
             self._cr = b"\r"
             return b""

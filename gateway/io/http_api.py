@@ -74,6 +74,7 @@ from gateway.io.aio import unless_stopped
 from gateway.io.auth import (
     API_UNAUTHORIZED,
     CHALLENGE,
+    empty_lines_end,
     invalid_host,
     refused_host,
     refused_origin,
@@ -1236,13 +1237,9 @@ def _past_empty_lines(buffer: Any) -> bool:
     extract = getattr(buffer, "_extract", None)
     if not isinstance(data, (bytes, bytearray)) or extract is None:
         return False
-    while True:
-        if buffer._data[:1] == b"\n":
-            extract(1)
-        elif buffer._data[:2] == b"\r\n":
-            extract(2)
-        else:
-            return bytes(buffer._data) == b"\r"
+    if start := empty_lines_end(data):
+        extract(start)
+    return bytes(buffer._data) == b"\r"
 
 
 class _Requests(h11.Connection):
